@@ -247,12 +247,18 @@ class Problem:
     message: str
 
 
-def stack_path(stack: str, stacks_dir: Path | None = None) -> Path:
-    return (stacks_dir or STACKS_DIR) / f"Pulumi.{stack}.yaml"
+def stacks_dir() -> Path:
+    """``$FRONTIER_STACKS_DIR`` when set (a copy of the stacks to try a change), else ``stacks/``."""
+    override = os.environ.get("FRONTIER_STACKS_DIR")
+    return Path(override) if override else STACKS_DIR
 
 
-def available_stacks(stacks_dir: Path | None = None) -> list[str]:
-    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in (stacks_dir or STACKS_DIR).glob("Pulumi.*.yaml"))
+def stack_path(stack: str) -> Path:
+    return stacks_dir() / f"Pulumi.{stack}.yaml"
+
+
+def available_stacks() -> list[str]:
+    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in stacks_dir().glob("Pulumi.*.yaml"))
 
 
 def default_stack() -> str:
