@@ -115,11 +115,18 @@ class Runtime(_Settings):
     batch: Batch
     kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp8"] = "auto"
     gpu_memory_utilization: float = Field(gt=0.0, le=0.98)
-    reserved_memory_gb: float = Field(default=1.0, ge=0, le=256, description="Activations, graphs, workspace.")
+    reserved_memory_gb: float = Field(
+        default=1.0, ge=0, le=256, description="Activations, graphs, workspace."
+    )
     tensor_parallel_size: int = Field(ge=1, le=64)
     pipeline_parallel_size: int = Field(ge=1, le=64)
     expert_parallel_size: int = Field(ge=1, le=1024)
-    api_keys_secret: str = Field(min_length=1)
+    api_keys_secret: str = Field(min_length=1, pattern=r"^[A-Za-z0-9/_+=.@:-]+$")
+    image_repository: str = Field(
+        default="frontier-runtime",
+        pattern=r"^[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9][a-z0-9._/-]*)?$",
+        description="Container repository of the runtime image (ECR URI); deployed by digest only.",
+    )
     drain_timeout_s: float = Field(ge=0, le=3600)
     block_size: int = Field(default=16, ge=1, le=256)
 
@@ -311,7 +318,7 @@ def _unnamespace(config: dict, file: Path) -> dict:
 def _pydantic_problems(exc: ValidationError) -> list[Problem]:
     problems = []
     for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"])
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
         value = err.get("input")
         problems.append(Problem(path, None if isinstance(value, dict) else value, err["msg"]))
     return problems
@@ -372,18 +379,30 @@ def cross_check(s: Settings) -> Iterator[Problem]:
             tp,
             f"must divide model.num_attention_heads ({model.num_attention_heads})",
         )
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        yield Problem(
+            "runtime.tensor_parallel_size",
+            tp,
+            f"must divide model.num_kv_heads ({model.num_kv_heads}) or be a multiple of it (KV heads are "
+            "split across tensor-parallel ranks, or replicated when there are fewer heads than ranks)",
+        )
     if model.num_layers % pp:
         yield Problem(
             "runtime.pipeline_parallel_size", pp, f"must divide model.num_layers ({model.num_layers})"
         )
     if ep > 1 and model.num_experts == 0:
-        yield Problem("runtime.expert_parallel_size", ep, "must be 1 for a dense model (model.num_experts = 0)")
+        yield Problem(
+            "runtime.expert_parallel_size", ep, "must be 1 for a dense model (model.num_experts = 0)"
+        )
     if model.num_experts and model.num_experts % ep:
         yield Problem(
             "runtime.expert_parallel_size", ep, f"must divide model.num_experts ({model.num_experts})"
         )
-    if rt.port == 22:
-        yield Problem("runtime.port", rt.port, "must not be the SSH port")
+
+    names = [group.name for group in s.node_groups]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            yield Problem(f"node_groups[{i}].name", name, "must be unique among node_groups")
 
     for i, group in enumerate(s.node_groups):
         where = f"node_groups[{i}]"
@@ -415,15 +434,18 @@ def cross_check(s: Settings) -> Iterator[Problem]:
                 "the model does not fit: " + fit.explain(),
             )
 
-    if s.rollout.canary_hosts + s.rollout.batch_size > max(2, s.serving_group.desired_size) and (
-        s.serving_group.desired_size > 1
-    ):
-        yield Problem(
-            "rollout.batch_size",
-            s.rollout.batch_size,
-            f"canary_hosts ({s.rollout.canary_hosts}) + batch_size must leave a host serving out of "
-            f"desired_size ({s.serving_group.desired_size})",
-        )
+    desired = s.serving_group.desired_size
+    if desired > 1:
+        # A rollout takes the canary hosts, then batch_size hosts, out of service at once; either way
+        # at least one host must keep serving.
+        for field in ("canary_hosts", "batch_size"):
+            value = getattr(s.rollout, field)
+            if value >= desired:
+                yield Problem(
+                    f"rollout.{field}",
+                    value,
+                    f"must be < node_groups[0].desired_size ({desired}) so that a host keeps serving",
+                )
     if s.rollout.deregistration_delay_s > s.runtime.drain_timeout_s + 600:
         yield Problem(
             "rollout.deregistration_delay_s",
@@ -442,8 +464,36 @@ def cross_check(s: Settings) -> Iterator[Problem]:
         )
     if s.inventory.source == "static" and not s.inventory.hosts:
         yield Problem("inventory.hosts", [], "a static inventory needs at least one host")
+    seen_names: set[str] = set()
+    seen_slots: set[tuple[str, int, str]] = set()
+    for i, host in enumerate(s.inventory.hosts):
+        if host.name in seen_names:
+            yield Problem(f"inventory.hosts[{i}].name", host.name, "must be unique among inventory.hosts")
+        slot = (host.address, host.ssh_port, host.root)
+        if slot in seen_slots:
+            yield Problem(
+                f"inventory.hosts[{i}].root",
+                host.root,
+                f"another host already uses {host.address}:{host.ssh_port} with this root",
+            )
+        seen_names.add(host.name)
+        seen_slots.add(slot)
+    if s.local is not None:
+        ports = {
+            "runtime.port": s.runtime.port,
+            "local.moto_port": s.local.moto_port,
+            "local.balancer_port": s.local.balancer_port,
+            "local.balancer_stats_port": s.local.balancer_stats_port,
+        }
+        taken: dict[int, str] = {}
+        for field, port in ports.items():
+            if port in taken:
+                yield Problem(field, port, f"must differ from {taken[port]} (both listen on this machine)")
+            taken.setdefault(port, field)
     if not s.is_local and not s.edge.certificate_arn.startswith("arn:aws:acm:"):
-        yield Problem("edge.certificate_arn", s.edge.certificate_arn, "must be an ACM certificate ARN (HTTPS only)")
+        yield Problem(
+            "edge.certificate_arn", s.edge.certificate_arn, "must be an ACM certificate ARN (HTTPS only)"
+        )
     if s.slo.p99_latency_ms < s.slo.ttft_ms:
         yield Problem("slo.p99_latency_ms", s.slo.p99_latency_ms, f"must be >= slo.ttft_ms ({s.slo.ttft_ms})")
 
@@ -501,7 +551,9 @@ def kv_cache_dtype_bytes(s: Settings) -> int:
     return DTYPE_BYTES[s.model.dtype if dtype == "auto" else dtype]
 
 
-def kv_bytes_per_token(model: Model, dtype_bytes: int, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> int:
+def kv_bytes_per_token(
+    model: Model, dtype_bytes: int, tensor_parallel: int = 1, pipeline_parallel: int = 1
+) -> int:
     """2 (K and V) x layers x KV heads x head_dim x bytes per element — per GPU when sharded.
 
     KV heads shard across tensor-parallel ranks (replicated when TP exceeds them); layers shard

@@ -1,0 +1,257 @@
+"""IAM: the runtime hosts' instance role and the role ``fab`` assumes to deploy.
+
+The runtime role can do exactly what a serving host needs: read its model's prefix of the weights
+bucket, read its API-keys secret, decrypt with the stack's key (only via S3 and Secrets Manager),
+pull the runtime image, write its own log groups, and put metrics in the ``Frontier/Runtime``
+namespace. When hosts are reached through Session Manager (no bastion), it also runs the SSM agent.
+
+The deploy role is for operators and CI running ``fab``: deploy history and locks, weights push,
+image push, draining targets in its own target group, reading the state of its node groups and alarms.
+Neither role has a wildcard action on a data service.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.cloud import Cloud
+from infra.monitoring import LOG_GROUP_ROOT, METRIC_NAMESPACE
+from infra.tags import STACK_TAG
+
+ECR_PULL = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+ECR_PUSH = [
+    *ECR_PULL,
+    "ecr:InitiateLayerUpload",
+    "ecr:UploadLayerPart",
+    "ecr:CompleteLayerUpload",
+    "ecr:PutImage",
+    "ecr:DescribeImages",
+]
+# What the SSM agent itself calls; none of these touch data.
+SSM_AGENT = [
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+    "ec2messages:AcknowledgeMessage",
+    "ec2messages:DeleteMessage",
+    "ec2messages:FailMessage",
+    "ec2messages:GetEndpoint",
+    "ec2messages:GetMessages",
+    "ec2messages:SendReply",
+]
+DEPLOY_SESSION_S = 4 * 3600  # a canary, gates and a drain per batch can take hours on a large group
+
+
+@dataclass(frozen=True)
+class IdentityArgs:
+    stack: str
+    cloud: Cloud
+    weights_bucket_arn: pulumi.Input[str]
+    weights_prefix: str
+    history_bucket_arn: pulumi.Input[str]
+    history_prefix: str
+    kms_key_arn: pulumi.Input[str]
+    api_keys_secret_arn: pulumi.Input[str]
+    repository_arn: pulumi.Input[str]
+    target_group_arn: pulumi.Input[str]
+    ssm_access: bool
+    tags: Mapping[str, str]
+
+
+def _statement(
+    sid: str, actions: list[str] | str, resources: Any, condition: dict | None = None
+) -> dict[str, Any]:
+    statement = {"Sid": sid, "Effect": "Allow", "Action": actions, "Resource": resources}
+    if condition:
+        statement["Condition"] = condition
+    return statement
+
+
+def _objects(bucket_arn: pulumi.Input[str], prefix: str) -> pulumi.Output[str]:
+    return pulumi.Output.concat(bucket_arn, "/", prefix.strip("/"), "/*")
+
+
+def _list_prefix(sid: str, bucket_arn: pulumi.Input[str], prefix: str) -> dict[str, Any]:
+    prefix = prefix.strip("/")
+    return _statement(
+        sid, "s3:ListBucket", bucket_arn, {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}}
+    )
+
+
+def log_groups_arn(cloud: Cloud, stack: str) -> str:
+    return cloud.arn("logs", f"log-group:{LOG_GROUP_ROOT}/{stack}/*")
+
+
+def runtime_policy(args: IdentityArgs) -> dict[str, Any]:
+    cloud = args.cloud
+    logs = log_groups_arn(cloud, args.stack)
+    statements = [
+        _statement(
+            "ReadItsModelWeights",
+            ["s3:GetObject", "s3:GetObjectVersion"],
+            _objects(args.weights_bucket_arn, args.weights_prefix),
+        ),
+        _list_prefix("ListItsModelWeights", args.weights_bucket_arn, args.weights_prefix),
+        _statement(
+            "ReadItsApiKeys",
+            ["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"],
+            args.api_keys_secret_arn,
+        ),
+        _statement(
+            "DecryptWeightsAndSecret",
+            "kms:Decrypt",
+            args.kms_key_arn,
+            {
+                "StringEquals": {
+                    "kms:ViaService": [
+                        f"s3.{cloud.region}.{cloud.dns_suffix}",
+                        f"secretsmanager.{cloud.region}.{cloud.dns_suffix}",
+                    ]
+                }
+            },
+        ),
+        _statement("PullTheRuntimeImage", ECR_PULL, args.repository_arn),
+        # Registry logins cannot be scoped to a repository; the token alone reads nothing.
+        _statement("LogInToTheRegistry", "ecr:GetAuthorizationToken", "*"),
+        _statement(
+            "WriteItsLogs",
+            ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+            [logs, f"{logs}:log-stream:*"],
+        ),
+        _statement(
+            "PutRuntimeMetrics",
+            "cloudwatch:PutMetricData",
+            "*",
+            {"StringEquals": {"cloudwatch:namespace": METRIC_NAMESPACE}},
+        ),
+    ]
+    if args.ssm_access:
+        statements.append(_statement("RunTheSessionManagerAgent", SSM_AGENT, "*"))
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def deploy_policy(args: IdentityArgs) -> dict[str, Any]:
+    cloud = args.cloud
+    own_stack = {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": args.stack}}
+    statements = [
+        _statement(
+            "ReadWriteDeployHistoryAndLocks",
+            ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+            _objects(args.history_bucket_arn, args.history_prefix),
+        ),
+        _list_prefix("ListDeployHistory", args.history_bucket_arn, args.history_prefix),
+        _statement(
+            "PushModelWeights",
+            ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+            _objects(args.weights_bucket_arn, args.weights_prefix),
+        ),
+        _list_prefix("ListModelWeights", args.weights_bucket_arn, args.weights_prefix),
+        _statement("EncryptHistoryAndWeights", ["kms:Decrypt", "kms:GenerateDataKey"], args.kms_key_arn),
+        _statement("PushRuntimeImages", ECR_PUSH, args.repository_arn),
+        _statement("LogInToTheRegistry", "ecr:GetAuthorizationToken", "*"),
+        _statement(
+            "DrainAndEnableTargets",
+            ["elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"],
+            args.target_group_arn,
+        ),
+        # Describe calls cannot be scoped to a resource in IAM.
+        _statement(
+            "SeeTheCluster",
+            [
+                "elasticloadbalancing:DescribeTargetHealth",
+                "elasticloadbalancing:DescribeTargetGroups",
+                "elasticloadbalancing:DescribeLoadBalancers",
+                "autoscaling:DescribeAutoScalingGroups",
+                "autoscaling:DescribeScalingActivities",
+                "ec2:DescribeInstances",
+                "cloudwatch:DescribeAlarms",
+                "cloudwatch:GetMetricData",
+            ],
+            "*",
+        ),
+        # max_surge: grow a node group by a host before draining one, then shrink back.
+        _statement(
+            "SurgeItsNodeGroups",
+            "autoscaling:SetDesiredCapacity",
+            cloud.arn("autoscaling", "autoScalingGroup:*"),
+            own_stack,
+        ),
+    ]
+    if args.ssm_access:
+        statements += [
+            _statement(
+                "SshOverSessionManager",
+                "ssm:StartSession",
+                cloud.arn("ec2", "instance/*"),
+                {"StringEquals": {f"ssm:resourceTag/{STACK_TAG}": args.stack}},
+            ),
+            _statement(
+                "UseTheSshSessionDocument",
+                "ssm:StartSession",
+                cloud.arn("ssm", "document/AWS-StartSSHSession", account=False),
+            ),
+            _statement(
+                "EndItsSessions",
+                ["ssm:TerminateSession", "ssm:ResumeSession"],
+                cloud.arn("ssm", "session/${aws:userid}-*"),
+            ),
+        ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def trust(principal: dict[str, str], condition: dict | None = None) -> str:
+    statement: dict[str, Any] = {"Effect": "Allow", "Principal": principal, "Action": "sts:AssumeRole"}
+    if condition:
+        statement["Condition"] = condition
+    return json.dumps({"Version": "2012-10-17", "Statement": [statement]})
+
+
+class Identity(pulumi.ComponentResource):
+    runtime_role_arn: pulumi.Output[str]
+    instance_profile_arn: pulumi.Output[str]
+    deploy_role_arn: pulumi.Output[str]
+
+    def __init__(self, name: str, args: IdentityArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("frontier:identity:Identity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        tags, cloud = dict(args.tags), args.cloud
+
+        runtime = aws.iam.Role(
+            f"{name}-runtime",
+            description=f"Frontier {args.stack}: runtime hosts",
+            assume_role_policy=trust({"Service": cloud.service_principal("ec2")}),
+            tags=tags,
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-runtime",
+            role=runtime.id,
+            policy=pulumi.Output.json_dumps(runtime_policy(args)),
+            opts=child,
+        )
+        profile = aws.iam.InstanceProfile(f"{name}-runtime", role=runtime.name, tags=tags, opts=child)
+
+        deploy = aws.iam.Role(
+            f"{name}-deploy",
+            description=f"Frontier {args.stack}: fab deploy, rollback, weights and image push",
+            # Principals of this account that IAM allows to assume it; the account decides who.
+            assume_role_policy=trust({"AWS": cloud.account_root}),
+            max_session_duration=DEPLOY_SESSION_S,
+            tags=tags,
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-deploy", role=deploy.id, policy=pulumi.Output.json_dumps(deploy_policy(args)), opts=child
+        )
+
+        self.runtime_role_arn, self.instance_profile_arn = runtime.arn, profile.arn
+        self.deploy_role_arn = deploy.arn
+        self.register_outputs({"runtime_role_arn": runtime.arn, "deploy_role_arn": deploy.arn})

@@ -1,0 +1,268 @@
+"""Compose one environment from a stack's settings: the whole Pulumi program, as a function.
+
+``infra/__main__.py`` calls :func:`build` with ``load_stack(pulumi.get_stack())``; the tests call it
+under mocks with each stack's settings. Everything the program creates follows from the settings and
+from what :mod:`infra.cloud` and :func:`infra.nodes.look_up_image` read from the account.
+"""
+
+from __future__ import annotations
+
+import pulumi
+
+from frontier.render import render_cloud_init
+from frontier.stack import Settings
+from infra.cloud import Cloud, look_up
+from infra.edge import Edge, EdgeArgs
+from infra.errors import ProvisionError
+from infra.identity import Identity, IdentityArgs
+from infra.monitoring import Monitoring, MonitoringArgs
+from infra.network import Network, NetworkArgs
+from infra.nodes import GpuNodeGroup, MachineImage, NodeGroupArgs, look_up_image, needs_efa
+from infra.outputs import StackOutputs
+from infra.registry import Registry, RegistryArgs
+from infra.secrets import Secrets, SecretsArgs
+from infra.security_groups import SecurityGroups, SecurityGroupsArgs
+from infra.storage import Storage, StorageArgs
+from infra.tags import base_tags
+
+PRODUCTION_STACKS = frozenset({"prod"})
+# ALB target group limits (the stack loader allows wider ranges, valid for HAProxy on the local stack).
+ALB_MIN_THRESHOLD = 2
+ALB_MIN_INTERVAL_S = 5
+ALB_MIN_TIMEOUT_S = 2
+WAF_MIN_RATE_LIMIT = 10
+
+
+def is_production(settings: Settings) -> bool:
+    return settings.stack in PRODUCTION_STACKS
+
+
+def refuse_local(settings: Settings) -> None:
+    if settings.is_local:
+        raise ProvisionError(
+            f"stack {settings.stack!r} is the embedded local environment ({settings.source} has a 'local:' "
+            "section): it runs on this machine through `fab`, with moto and HAProxy standing in for AWS, and is "
+            "never provisioned by Pulumi. Pick a cloud stack: pulumi up -s dev|staging|prod"
+        )
+
+
+def preflight(settings: Settings, cloud: Cloud) -> None:
+    """Problems AWS would report halfway through an update, reported before anything is created."""
+    problems = list(_problems(settings, cloud))
+    if problems:
+        lines = [f"{settings.source}: {len(problems)} problem(s) for provisioning stack {settings.stack!r}"]
+        raise ProvisionError("\n".join([*lines, *(f"  {p}" for p in problems)]))
+
+
+def _problems(s: Settings, cloud: Cloud):
+    if s.inventory.source != "aws":
+        yield (
+            f"inventory.source = {s.inventory.source!r}: a provisioned stack's hosts are its auto scaling "
+            "groups' instances; use 'aws'"
+        )
+    zones = len(cloud.availability_zones)
+    if s.network.availability_zones > zones:
+        yield (
+            f"network.availability_zones = {s.network.availability_zones}: region {cloud.region} offers "
+            f"{zones} ({', '.join(cloud.availability_zones)})"
+        )
+    cert_region = s.edge.certificate_arn.split(":")[3] if s.edge.certificate_arn.count(":") >= 5 else ""
+    if cert_region != cloud.region:
+        yield (
+            f"edge.certificate_arn = {s.edge.certificate_arn!r}: an ALB needs an ACM certificate of its own "
+            f"region ({cloud.region})"
+        )
+    registry = f"{cloud.account_id}.dkr.ecr.{cloud.region}.{cloud.dns_suffix}"
+    host, _, path = s.runtime.image_repository.partition("/")
+    if host != registry or not path:
+        yield (
+            f"runtime.image_repository = {s.runtime.image_repository!r}: hosts pull the runtime from the ECR "
+            f"repository this stack creates; expected {registry}/<name>"
+        )
+    health = s.health
+    for field in ("healthy_threshold", "unhealthy_threshold"):
+        if getattr(health, field) < ALB_MIN_THRESHOLD:
+            yield f"health.{field} = {getattr(health, field)}: an ALB target group needs 2 to 10"
+    if health.interval_s < ALB_MIN_INTERVAL_S:
+        yield f"health.interval_s = {health.interval_s}: an ALB target group checks every 5 to 300 s"
+    if health.timeout_s < ALB_MIN_TIMEOUT_S:
+        yield f"health.timeout_s = {health.timeout_s}: an ALB target group waits 2 to 120 s"
+    if 0 < s.edge.waf_rate_limit < WAF_MIN_RATE_LIMIT:
+        yield f"edge.waf_rate_limit = {s.edge.waf_rate_limit}: WAF rate limits start at {WAF_MIN_RATE_LIMIT} (0 turns WAF off)"
+
+
+def _check_image(group_index: int, settings: Settings, image: MachineImage) -> None:
+    group = settings.node_groups[group_index]
+    if group.root_volume_gb < image.root_snapshot_gb:
+        raise ProvisionError(
+            f"{settings.source}: node_groups[{group_index}].root_volume_gb = {group.root_volume_gb}: the AMI "
+            f"{image.image_id} needs at least {image.root_snapshot_gb} GB"
+        )
+
+
+def build(settings: Settings) -> StackOutputs:
+    """Create every resource of the stack; returns what ``fab`` needs to operate it."""
+    refuse_local(settings)
+    cloud = look_up(settings.region)
+    preflight(settings, cloud)
+
+    stack, production = settings.stack, is_production(settings)
+    tags = base_tags(stack)
+    retention_days = 90 if production else 30
+    bastion = bool(settings.inventory.ssh_gateway)
+    # Weights, history and the key outlive a careless `pulumi destroy` in production.
+    keep = pulumi.ResourceOptions(protect=production)
+
+    secrets = Secrets(
+        f"{stack}-secrets",
+        SecretsArgs(
+            stack=stack,
+            cloud=cloud,
+            api_keys_secret_name=settings.runtime.api_keys_secret,
+            production=production,
+            tags=tags,
+        ),
+        opts=keep,
+    )
+    network = Network(
+        f"{stack}-network",
+        NetworkArgs(
+            stack=stack,
+            cloud=cloud,
+            cidr=settings.network.vpc_cidr,
+            zones=cloud.availability_zones[: settings.network.availability_zones],
+            nat=settings.network.nat,
+            ssm_access=not bastion,
+            log_key_arn=secrets.key_arn,
+            log_retention_days=retention_days,
+            tags=tags,
+        ),
+    )
+    storage = Storage(
+        f"{stack}-storage",
+        StorageArgs(
+            stack=stack,
+            cloud=cloud,
+            weights_uri=settings.model.weights_uri,
+            kms_key_arn=secrets.key_arn,
+            weights_noncurrent_days=30,
+            history_noncurrent_days=365,
+            log_expiration_days=retention_days,
+            tags=tags,
+        ),
+        opts=keep,
+    )
+    registry = Registry(
+        f"{stack}-registry",
+        RegistryArgs(
+            image_repository=settings.runtime.image_repository, kms_key_arn=secrets.key_arn, tags=tags
+        ),
+    )
+    efa_groups = {group.name for group in settings.node_groups if needs_efa(settings, group)}
+    security = SecurityGroups(
+        f"{stack}-sg",
+        SecurityGroupsArgs(
+            vpc_id=network.vpc_id,
+            runtime_port=settings.runtime.port,
+            bastion=bastion,
+            efa=bool(efa_groups),
+            tags=tags,
+        ),
+    )
+    edge = Edge(
+        f"{stack}-edge",
+        EdgeArgs(
+            stack=stack,
+            vpc_id=network.vpc_id,
+            public_subnet_ids=network.public_subnet_ids,
+            security_group_id=security.alb_id,
+            runtime_port=settings.runtime.port,
+            health=settings.health,
+            deregistration_delay_s=settings.rollout.deregistration_delay_s,
+            certificate_arn=settings.edge.certificate_arn,
+            ssl_policy=settings.edge.ssl_policy,
+            idle_timeout_s=settings.edge.idle_timeout_s,
+            waf_rate_limit=settings.edge.waf_rate_limit,
+            deletion_protection=production,
+            logs_bucket=storage.logs_bucket,
+            tags=tags,
+        ),
+    )
+    identity = Identity(
+        f"{stack}-iam",
+        IdentityArgs(
+            stack=stack,
+            cloud=cloud,
+            weights_bucket_arn=storage.weights_bucket_arn,
+            weights_prefix=storage.weights_prefix,
+            history_bucket_arn=storage.history_bucket_arn,
+            history_prefix=storage.history_prefix,
+            kms_key_arn=secrets.key_arn,
+            api_keys_secret_arn=secrets.api_keys_secret_arn,
+            repository_arn=registry.repository_arn,
+            target_group_arn=edge.target_group_arn,
+            ssm_access=not bastion,
+            tags=tags,
+        ),
+    )
+    groups = []
+    for index, group in enumerate(settings.node_groups):
+        image = look_up_image(group)
+        _check_image(index, settings, image)
+        serving = group is settings.serving_group
+        groups.append(
+            GpuNodeGroup(
+                f"{stack}-{group.name}",
+                NodeGroupArgs(
+                    stack=stack,
+                    group=group,
+                    image=image,
+                    user_data=render_cloud_init(settings, group),
+                    instance_profile_arn=identity.instance_profile_arn,
+                    security_group_ids=[security.runtime_id],
+                    subnet_ids=network.private_subnet_ids,
+                    target_group_arns=[edge.target_group_arn] if serving else [],
+                    efa=group.name in efa_groups,
+                    health_check_grace_s=settings.rollout.readiness_timeout_s,
+                    tags=tags,
+                ),
+            )
+        )
+    monitoring = Monitoring(
+        f"{stack}-monitoring",
+        MonitoringArgs(
+            stack=stack,
+            region=cloud.region,
+            slo=settings.slo,
+            queue_depth_alarm=settings.monitoring.queue_depth_alarm,
+            alarm_email=settings.monitoring.alarm_email,
+            kms_key_arn=secrets.key_arn,
+            log_retention_days=retention_days,
+            alb_arn_suffix=edge.alb_arn_suffix,
+            target_group_arn_suffix=edge.target_group_arn_suffix,
+            asg_names=[g.asg_name for g in groups],
+            tags=tags,
+        ),
+    )
+    return StackOutputs(
+        region=cloud.region,
+        weights_bucket=storage.weights_bucket,
+        weights_prefix=storage.weights_prefix,
+        history_bucket=storage.history_bucket,
+        history_prefix=storage.history_prefix,
+        target_group_arn=edge.target_group_arn,
+        asg_names=[g.asg_name for g in groups],
+        ecr_repository_url=registry.repository_url,
+        api_keys_secret_arn=secrets.api_keys_secret_arn,
+        alb_dns_name=edge.alb_dns_name,
+        alb_zone_id=edge.alb_zone_id,
+        kms_key_arn=secrets.key_arn,
+        deploy_role_arn=identity.deploy_role_arn,
+        runtime_role_arn=identity.runtime_role_arn,
+        alarm_topic_arn=monitoring.topic_arn,
+        dashboard_name=monitoring.dashboard_name,
+        vpc_id=network.vpc_id,
+        private_subnet_ids=network.private_subnet_ids,
+        host_access="bastion" if bastion else "ssm",
+        bastion_security_group_id=security.bastion_id,
+    )

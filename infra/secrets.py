@@ -1,0 +1,115 @@
+"""Secrets: the stack's KMS key and the Secrets Manager secret that holds the runtime's API keys.
+
+The secret is created empty. Its value never passes through Pulumi (so never through a stack file
+or the state, not even encrypted); an operator sets it out of band after the first ``pulumi up``::
+
+    aws secretsmanager put-secret-value --region <region> \\
+        --secret-id <runtime.api_keys_secret> --secret-string file://api-keys.json
+
+and rotates it the same way. The runtime reads it by name at start (DESIGN rule 7).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.cloud import Cloud
+from infra.tags import with_tags
+
+
+@dataclass(frozen=True)
+class SecretsArgs:
+    stack: str
+    cloud: Cloud
+    api_keys_secret_name: str
+    production: bool
+    tags: Mapping[str, str]
+
+
+def key_policy(cloud: Cloud) -> str:
+    """Account administrators manage the key through IAM; CloudWatch Logs and alarms may use it."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    # Without this the key is unmanageable: IAM policies in the account decide who uses it.
+                    "Sid": "AccountAdministersThroughIam",
+                    "Effect": "Allow",
+                    "Principal": {"AWS": cloud.account_root},
+                    "Action": "kms:*",
+                    "Resource": "*",
+                },
+                {
+                    "Sid": "CloudWatchLogsEncryptsThisAccountsGroups",
+                    "Effect": "Allow",
+                    "Principal": {"Service": cloud.service_principal(f"logs.{cloud.region}")},
+                    "Action": [
+                        "kms:Encrypt*",
+                        "kms:Decrypt*",
+                        "kms:ReEncrypt*",
+                        "kms:GenerateDataKey*",
+                        "kms:Describe*",
+                    ],
+                    "Resource": "*",
+                    "Condition": {
+                        "ArnLike": {"kms:EncryptionContext:aws:logs:arn": cloud.arn("logs", "log-group:*")}
+                    },
+                },
+                {
+                    # Alarms publish to the KMS-encrypted SNS topic.
+                    "Sid": "CloudWatchAlarmsPublishToTheTopic",
+                    "Effect": "Allow",
+                    "Principal": {"Service": cloud.service_principal("cloudwatch")},
+                    "Action": ["kms:Decrypt", "kms:GenerateDataKey*"],
+                    "Resource": "*",
+                    "Condition": {"StringEquals": {"aws:SourceAccount": cloud.account_id}},
+                },
+            ],
+        }
+    )
+
+
+class Secrets(pulumi.ComponentResource):
+    key_arn: pulumi.Output[str]
+    key_id: pulumi.Output[str]
+    api_keys_secret_arn: pulumi.Output[str]
+
+    def __init__(self, name: str, args: SecretsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("frontier:secrets:Secrets", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        tags = dict(args.tags)
+
+        key = aws.kms.Key(
+            f"{name}-key",
+            description=f"Frontier {args.stack}: weights, history, secrets, logs, alarms",
+            key_usage="ENCRYPT_DECRYPT",
+            customer_master_key_spec="SYMMETRIC_DEFAULT",
+            enable_key_rotation=True,
+            deletion_window_in_days=30,
+            policy=key_policy(args.cloud),
+            tags=tags,
+            opts=child,
+        )
+        aws.kms.Alias(
+            f"{name}-key", name=f"alias/frontier-{args.stack}", target_key_id=key.key_id, opts=child
+        )
+
+        secret = aws.secretsmanager.Secret(
+            f"{name}-api-keys",
+            name=args.api_keys_secret_name,
+            description=f"Frontier {args.stack}: API keys the runtime accepts. Value set out of band, never by Pulumi.",
+            kms_key_id=key.arn,
+            # A deleted secret stays recoverable this long; production keeps the longest window AWS allows.
+            recovery_window_in_days=30 if args.production else 7,
+            tags=with_tags(tags, purpose="api-keys"),
+            opts=child,
+        )
+
+        self.key_arn, self.key_id, self.api_keys_secret_arn = key.arn, key.key_id, secret.arn
+        self.register_outputs({"key_arn": key.arn, "api_keys_secret_arn": secret.arn})

@@ -1,0 +1,250 @@
+"""Storage: the model weights bucket, the deploy history bucket, and the bucket for access logs.
+
+All three are private (public access blocked, owner-enforced objects, TLS-only policy). Weights and
+history are versioned and encrypted with the stack's KMS key; old versions expire after a while so
+an overwritten model does not cost twice forever. The log bucket uses SSE-S3 because ALB log
+delivery cannot write into SSE-KMS buckets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.cloud import Cloud
+from infra.tags import with_tags
+
+HISTORY_PREFIX_ROOT = "history"
+LB_LOG_PREFIX = "alb"
+S3_LOG_PREFIX = "s3"
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` → (``bucket``, ``some/prefix``)."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    return bucket, prefix.strip("/")
+
+
+@dataclass(frozen=True)
+class StorageArgs:
+    stack: str
+    cloud: Cloud
+    weights_uri: str
+    kms_key_arn: pulumi.Input[str]
+    weights_noncurrent_days: int
+    history_noncurrent_days: int
+    log_expiration_days: int
+    tags: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class PrivateBucket:
+    name: pulumi.Output[str]
+    arn: pulumi.Output[str]
+
+
+class Storage(pulumi.ComponentResource):
+    weights_bucket: pulumi.Output[str]
+    weights_bucket_arn: pulumi.Output[str]
+    weights_prefix: str
+    history_bucket: pulumi.Output[str]
+    history_bucket_arn: pulumi.Output[str]
+    history_prefix: str
+    logs_bucket: pulumi.Output[str]
+
+    def __init__(self, name: str, args: StorageArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("frontier:storage:Storage", name, None, opts)
+        self._name, self._args = name, args
+        self._child = pulumi.ResourceOptions(parent=self)
+        cloud = args.cloud
+
+        logs = self._bucket(
+            "logs",
+            f"frontier-{args.stack}-logs-{cloud.account_id}",
+            purpose="access-logs",
+            kms_key_arn=None,
+            versioned=False,
+            lifecycle=[self._expire_rule(args.log_expiration_days)],
+            statements=self._log_delivery_statements(f"frontier-{args.stack}-logs-{cloud.account_id}"),
+        )
+        weights_bucket, self.weights_prefix = split_s3_uri(args.weights_uri)
+        weights = self._bucket(
+            "weights",
+            weights_bucket,
+            purpose="weights",
+            kms_key_arn=args.kms_key_arn,
+            versioned=True,
+            lifecycle=[self._noncurrent_rule(args.weights_noncurrent_days)],
+            logs_bucket=logs.name,
+        )
+        history = self._bucket(
+            "history",
+            f"frontier-{args.stack}-history-{cloud.account_id}",
+            purpose="history",
+            kms_key_arn=args.kms_key_arn,
+            versioned=True,
+            lifecycle=[self._noncurrent_rule(args.history_noncurrent_days)],
+            logs_bucket=logs.name,
+        )
+        self.weights_bucket, self.weights_bucket_arn = weights.name, weights.arn
+        self.history_bucket, self.history_bucket_arn = history.name, history.arn
+        self.history_prefix = f"{HISTORY_PREFIX_ROOT}/{args.stack}/"
+        # Read through the bucket policy resource, so the ALB waits until log delivery may write.
+        self.logs_bucket = logs.name
+        self.register_outputs(
+            {
+                "weights_bucket": weights.name,
+                "history_bucket": history.name,
+                "history_prefix": self.history_prefix,
+                "logs_bucket": logs.name,
+            }
+        )
+
+    def _bucket(
+        self,
+        key: str,
+        bucket_name: str,
+        *,
+        purpose: str,
+        kms_key_arn: pulumi.Input[str] | None,
+        versioned: bool,
+        lifecycle: list[dict[str, Any]],
+        statements: Sequence[dict[str, Any]] = (),
+        logs_bucket: pulumi.Input[str] | None = None,
+    ) -> PrivateBucket:
+        name, child = f"{self._name}-{key}", self._child
+        tags = with_tags(dict(self._args.tags), purpose=purpose)
+        bucket = aws.s3.Bucket(name, bucket=bucket_name, force_destroy=False, tags=tags, opts=child)
+        ownership = aws.s3.BucketOwnershipControls(
+            name, bucket=bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child
+        )
+        block = aws.s3.BucketPublicAccessBlock(
+            name,
+            bucket=bucket.id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=child,
+        )
+        if kms_key_arn is None:
+            default = {"sse_algorithm": "AES256"}
+        else:
+            default = {"sse_algorithm": "aws:kms", "kms_master_key_id": kms_key_arn}
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            name,
+            bucket=bucket.id,
+            # Bucket keys cut KMS requests (and their cost) by orders of magnitude on multi-GB reads.
+            rules=[
+                {
+                    "apply_server_side_encryption_by_default": default,
+                    "bucket_key_enabled": kms_key_arn is not None,
+                }
+            ],
+            opts=child,
+        )
+        versioning = None
+        if versioned:
+            versioning = aws.s3.BucketVersioning(
+                name, bucket=bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
+            )
+        aws.s3.BucketLifecycleConfiguration(
+            name,
+            bucket=bucket.id,
+            rules=[*lifecycle, self._abort_uploads_rule()],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning] if versioning else []),
+        )
+        if logs_bucket is not None:
+            aws.s3.BucketLogging(
+                name,
+                bucket=bucket.id,
+                target_bucket=logs_bucket,
+                target_prefix=f"{S3_LOG_PREFIX}/{key}/",
+                opts=child,
+            )
+        policy = aws.s3.BucketPolicy(
+            name,
+            bucket=bucket.id,
+            policy=pulumi.Output.json_dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [self._deny_insecure_transport(bucket.arn), *statements],
+                }
+            ),
+            # S3 refuses a policy while the public access block is still being applied.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[block, ownership]),
+        )
+        return PrivateBucket(name=policy.bucket, arn=bucket.arn)
+
+    @staticmethod
+    def _deny_insecure_transport(bucket_arn: pulumi.Output[str]) -> dict[str, Any]:
+        return {
+            "Sid": "DenyInsecureTransport",
+            "Effect": "Deny",
+            "Principal": "*",
+            "Action": "s3:*",
+            "Resource": [bucket_arn, pulumi.Output.concat(bucket_arn, "/*")],
+            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+        }
+
+    def _log_delivery_statements(self, bucket_name: str) -> list[dict[str, Any]]:
+        """ALB access logs (the region's ELB account and the newer service principal) and S3 server logs."""
+        cloud = self._args.cloud
+        arn = f"arn:{cloud.partition}:s3:::{bucket_name}"
+        lb_logs = f"{arn}/{LB_LOG_PREFIX}/AWSLogs/{cloud.account_id}/*"
+        return [
+            {
+                "Sid": "ElbAccountWritesAccessLogs",
+                "Effect": "Allow",
+                "Principal": {"AWS": cloud.elb_account_arn},
+                "Action": "s3:PutObject",
+                "Resource": lb_logs,
+            },
+            {
+                "Sid": "LogDeliveryWritesAccessLogs",
+                "Effect": "Allow",
+                "Principal": {"Service": cloud.service_principal("logdelivery.elasticloadbalancing")},
+                "Action": "s3:PutObject",
+                "Resource": lb_logs,
+            },
+            {
+                "Sid": "S3ServerAccessLogs",
+                "Effect": "Allow",
+                "Principal": {"Service": cloud.service_principal("logging.s3")},
+                "Action": "s3:PutObject",
+                "Resource": f"{arn}/{S3_LOG_PREFIX}/*",
+                "Condition": {"StringEquals": {"aws:SourceAccount": cloud.account_id}},
+            },
+        ]
+
+    @staticmethod
+    def _noncurrent_rule(days: int) -> dict[str, Any]:
+        return {
+            "id": "expire-noncurrent-versions",
+            "status": "Enabled",
+            "filter": {"prefix": ""},
+            "noncurrent_version_expiration": {"noncurrent_days": days},
+        }
+
+    @staticmethod
+    def _expire_rule(days: int) -> dict[str, Any]:
+        return {
+            "id": "expire-logs",
+            "status": "Enabled",
+            "filter": {"prefix": ""},
+            "expiration": {"days": days},
+        }
+
+    @staticmethod
+    def _abort_uploads_rule() -> dict[str, Any]:
+        # A weights push interrupted mid-multipart leaves invisible parts that are billed until aborted.
+        return {
+            "id": "abort-incomplete-uploads",
+            "status": "Enabled",
+            "filter": {"prefix": ""},
+            "abort_incomplete_multipart_upload": {"days_after_initiation": 7},
+        }

@@ -1,0 +1,582 @@
+"""The rules of Frontier's policy pack, importable on their own (the pack is ``policy/__main__.py``).
+
+Each rule is a plain function ``check(args, report_violation)`` wrapped in a pulumi-policy
+``ResourceValidationPolicy`` (one resource's inputs) or ``StackValidationPolicy`` (every resource's
+outputs, for properties that pulumi-aws 7 spreads over several resources, such as a bucket and its
+encryption, versioning, public access block and policy). Properties arrive under their wire names
+(camelCase); numbers may arrive as floats and booleans of some resources as the strings
+``"true"``/``"false"``, so every comparison here tolerates both.
+
+Enforcement is mandatory, except for the few rules marked advisory, which are about hygiene rather
+than exposure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    PolicyResource,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+ANYWHERE = ("0.0.0.0/0", "::/0")
+PUBLIC_PORTS = (80, 443)
+MAX_METADATA_HOPS = 2
+# Services whose actions read or write data; a wildcard action on any of them is refused.
+DATA_SERVICES = (
+    "s3",
+    "secretsmanager",
+    "kms",
+    "dynamodb",
+    "ssm",
+    "ecr",
+    "logs",
+    "sqs",
+    "sns",
+    "rds",
+    "rds-data",
+)
+# Of those, the ones whose data actions must also name their resources (never "Resource": "*").
+SCOPED_DATA_SERVICES = ("s3", "secretsmanager", "kms", "dynamodb")
+TLS12_POLICY = re.compile(r"TLS13|TLS-1-2|FS-1-2")
+KMS_PURPOSES = ("weights", "history")
+VERSIONED_PURPOSES = ("weights", "history")
+PURPOSE_TAG = "frontier:purpose"
+ROLE_TAG = "frontier:role"
+STACK_TAG = "frontier:stack"
+DISCOVERY_TAGS = ("frontier:stack", "frontier:node-group", "frontier:role")
+
+BUCKET = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
+BUCKET_SSE = (
+    "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+    "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2",
+)
+BUCKET_VERSIONING = (
+    "aws:s3/bucketVersioning:BucketVersioning",
+    "aws:s3/bucketVersioningV2:BucketVersioningV2",
+)
+BUCKET_PUBLIC_ACCESS_BLOCK = ("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",)
+BUCKET_POLICY = ("aws:s3/bucketPolicy:BucketPolicy",)
+LAUNCH_TEMPLATE = ("aws:ec2/launchTemplate:LaunchTemplate",)
+INSTANCE = ("aws:ec2/instance:Instance",)
+VOLUME = ("aws:ebs/volume:Volume",)
+SECRET = ("aws:secretsmanager/secret:Secret",)
+KMS_KEY = ("aws:kms/key:Key",)
+ECR_REPOSITORY = ("aws:ecr/repository:Repository",)
+SECURITY_GROUP = ("aws:ec2/securityGroup:SecurityGroup",)
+SECURITY_GROUP_RULE = ("aws:ec2/securityGroupRule:SecurityGroupRule",)
+INGRESS_RULE = ("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",)
+IAM_POLICY = (
+    "aws:iam/policy:Policy",
+    "aws:iam/rolePolicy:RolePolicy",
+    "aws:iam/userPolicy:UserPolicy",
+    "aws:iam/groupPolicy:GroupPolicy",
+)
+IAM_ROLE = ("aws:iam/role:Role",)
+LISTENER = ("aws:lb/listener:Listener", "aws:alb/listener:Listener")
+LOAD_BALANCER = ("aws:lb/loadBalancer:LoadBalancer", "aws:alb/loadBalancer:LoadBalancer")
+LOG_GROUP = ("aws:cloudwatch/logGroup:LogGroup",)
+AUTOSCALING_GROUP = ("aws:autoscaling/group:Group",)
+
+
+# --- reading properties ---------------------------------------------------------------------------
+
+
+def get(props: Any, *path: str | int, default: Any = None) -> Any:
+    """``get(props, "metadataOptions", "httpTokens")``; ``default`` where any step is missing."""
+    value = props
+    for step in path:
+        if isinstance(step, int):
+            if not is_list(value) or step >= len(value):
+                return default
+        elif not isinstance(value, Mapping) or step not in value:
+            return default
+        value = value[step]
+    return default if value is None else value
+
+
+def is_list(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes)
+
+
+def as_list(value: Any) -> list[Any]:
+    """A block that providers model either as one object or as a list of them."""
+    if value is None:
+        return []
+    return list(value) if is_list(value) else [value]
+
+
+def truthy(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
+def as_int(value: Any) -> int | None:
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def tags_of(props: Mapping[str, Any]) -> Mapping[str, Any]:
+    return get(props, "tags", default={}) or get(props, "tagsAll", default={})
+
+
+def policy_document(value: Any) -> Mapping[str, Any]:
+    """An IAM/S3 policy given as JSON text or as a structured document."""
+    if isinstance(value, Mapping):
+        return value
+    if isinstance(value, str) and value.strip():
+        return json.loads(value)
+    return {}
+
+
+def statements(document: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [s for s in as_list(get(document, "Statement")) if isinstance(s, Mapping)]
+
+
+# --- resource rules -------------------------------------------------------------------------------
+
+
+def _resource_policy(
+    name: str,
+    description: str,
+    types: Sequence[str],
+    check: Callable[[Mapping[str, Any], ResourceValidationArgs], Iterable[str]],
+    enforcement: EnforcementLevel = EnforcementLevel.MANDATORY,
+    config_schema: PolicyConfigSchema | None = None,
+) -> ResourceValidationPolicy:
+    def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+        if args.resource_type not in types:
+            return
+        for message in check(args.props, args):
+            report_violation(f"{args.name}: {message}", args.urn)
+
+    return ResourceValidationPolicy(
+        name=name,
+        description=description,
+        validate=validate,
+        enforcement_level=enforcement,
+        config_schema=config_schema,
+    )
+
+
+def check_kms_rotation(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    # Only symmetric encryption keys can rotate automatically.
+    symmetric = get(props, "customerMasterKeySpec", default="SYMMETRIC_DEFAULT") == "SYMMETRIC_DEFAULT"
+    encrypts = get(props, "keyUsage", default="ENCRYPT_DECRYPT") == "ENCRYPT_DECRYPT"
+    if symmetric and encrypts and not truthy(get(props, "enableKeyRotation")):
+        yield "KMS key without automatic rotation: set enable_key_rotation=True"
+
+
+def check_ecr_immutable(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    mutability = get(props, "imageTagMutability", default="MUTABLE")
+    if mutability != "IMMUTABLE":
+        yield f"ECR repository with imageTagMutability = {mutability!r}: releases are deployed by digest; use IMMUTABLE"
+
+
+def check_ecr_scan(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    if not truthy(get(props, "imageScanningConfiguration", "scanOnPush")):
+        yield "ECR repository does not scan images on push"
+
+
+def check_imdsv2(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    options = get(props, "metadataOptions", default={})
+    if get(options, "httpEndpoint", default="enabled") == "disabled":
+        return
+    if get(options, "httpTokens") != "required":
+        yield "instance metadata allows IMDSv1: set metadata_options.http_tokens = 'required'"
+    hops = as_int(get(options, "httpPutResponseHopLimit"))
+    if hops is not None and hops > MAX_METADATA_HOPS:
+        yield f"metadata hop limit {hops} lets tokens travel beyond the host's containers (at most {MAX_METADATA_HOPS})"
+
+
+def check_ebs_encrypted(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    if args.resource_type in VOLUME:
+        if not truthy(get(props, "encrypted")):
+            yield "EBS volume is not encrypted"
+        return
+    if args.resource_type in INSTANCE:
+        devices = [("root", get(props, "rootBlockDevice", default={}))]
+        devices += [(get(d, "deviceName", default="?"), d) for d in as_list(get(props, "ebsBlockDevices"))]
+        for device, block in devices:
+            if block and not truthy(get(block, "encrypted")):
+                yield f"EBS volume {device} is not encrypted"
+        return
+    for mapping in as_list(get(props, "blockDeviceMappings")):
+        ebs = get(mapping, "ebs")
+        if ebs is not None and not truthy(get(ebs, "encrypted")):
+            yield f"launch template volume {get(mapping, 'deviceName', default='?')} is not encrypted"
+
+
+def check_no_public_ip(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    if args.resource_type in INSTANCE:
+        if truthy(get(props, "associatePublicIpAddress")):
+            yield "instance gets a public IP address; hosts live in private subnets behind the ALB"
+        return
+    for interface in as_list(get(props, "networkInterfaces")):
+        if truthy(get(interface, "associatePublicIpAddress")):
+            yield "launch template gives hosts a public IP address; hosts live in private subnets behind the ALB"
+
+
+def check_secret_kms(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    if not get(props, "kmsKeyId"):
+        yield "secret is encrypted with the AWS managed key; use the stack's KMS key (kms_key_id)"
+
+
+def _public_ingress_problem(protocol: Any, from_port: Any, to_port: Any, cidrs: Iterable[Any]) -> str | None:
+    public = sorted({str(c) for c in cidrs if str(c) in ANYWHERE})
+    if not public:
+        return None
+    low, high = as_int(from_port), as_int(to_port)
+    if str(protocol).lower() in ("tcp", "6") and low == high and low in PUBLIC_PORTS:
+        return None
+    span = "all ports" if str(protocol) in ("-1", "all") else f"{protocol} {low}-{high}"
+    return (
+        f"ingress from {', '.join(public)} on {span}: only TCP 80 and 443 (the load balancer) may be public"
+    )
+
+
+def check_no_public_ingress(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    if args.resource_type in SECURITY_GROUP:
+        for rule in as_list(get(props, "ingress")):
+            cidrs = [*as_list(get(rule, "cidrBlocks")), *as_list(get(rule, "ipv6CidrBlocks"))]
+            problem = _public_ingress_problem(
+                get(rule, "protocol"), get(rule, "fromPort"), get(rule, "toPort"), cidrs
+            )
+            if problem:
+                yield problem
+        return
+    if args.resource_type in SECURITY_GROUP_RULE:
+        if get(props, "type") != "ingress":
+            return
+        cidrs = [*as_list(get(props, "cidrBlocks")), *as_list(get(props, "ipv6CidrBlocks"))]
+        protocol = get(props, "protocol")
+    else:
+        cidrs = [c for c in (get(props, "cidrIpv4"), get(props, "cidrIpv6")) if c]
+        protocol = get(props, "ipProtocol")
+    problem = _public_ingress_problem(protocol, get(props, "fromPort"), get(props, "toPort"), cidrs)
+    if problem:
+        yield problem
+
+
+def _wildcard_problems(document: Mapping[str, Any], where: str) -> Iterator[str]:
+    for index, statement in enumerate(statements(document)):
+        if get(statement, "Effect") != "Allow":
+            continue
+        sid = get(statement, "Sid", default=f"#{index}")
+        if get(statement, "NotAction") is not None:
+            yield f"{where} statement {sid}: Allow with NotAction grants everything not listed"
+            continue
+        actions = [str(a) for a in as_list(get(statement, "Action"))]
+        resources = [str(r) for r in as_list(get(statement, "Resource"))]
+        for action in actions:
+            service, _, verb = action.partition(":")
+            if action == "*" or (service.lower() in DATA_SERVICES and "*" in verb):
+                yield f"{where} statement {sid}: wildcard action {action!r} on a data service"
+            elif service.lower() in SCOPED_DATA_SERVICES and "*" in resources:
+                yield f"{where} statement {sid}: {action} on every resource ('*'); name the bucket, secret or key"
+
+
+def check_no_wildcard_data_actions(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    if args.resource_type in IAM_ROLE:
+        for inline in as_list(get(props, "inlinePolicies")):
+            yield from _wildcard_problems(
+                policy_document(get(inline, "policy")), f"inline policy {get(inline, 'name')}"
+            )
+        return
+    yield from _wildcard_problems(policy_document(get(props, "policy")), "policy")
+
+
+def check_http_redirects(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    if str(get(props, "protocol", default="")).upper() != "HTTP":
+        return
+    for action in as_list(get(props, "defaultActions")):
+        kind = get(action, "type")
+        target = str(get(action, "redirect", "protocol", default="")).upper()
+        if kind != "redirect" or target != "HTTPS":
+            yield f"HTTP listener {kind!r} action serves plain HTTP; it must redirect to HTTPS"
+
+
+def check_tls_policy(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    if str(get(props, "protocol", default="")).upper() not in ("HTTPS", "TLS"):
+        return
+    policy = str(get(props, "sslPolicy", default=""))
+    if not TLS12_POLICY.search(policy):
+        yield f"listener TLS policy {policy or '(default)'!r} allows TLS older than 1.2"
+
+
+def check_lb_access_logs(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    logs = get(props, "accessLogs", default={})
+    if not truthy(get(logs, "enabled")) or not get(logs, "bucket"):
+        yield "load balancer does not write access logs"
+
+
+def check_lb_deletion_protection(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    production = get(args.get_config(), "productionStacks", default=["prod"])
+    stack = get(tags_of(props), STACK_TAG)
+    if stack in production and not truthy(get(props, "enableDeletionProtection")):
+        yield f"load balancer of production stack {stack!r} has no deletion protection"
+
+
+def check_log_group(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    if not get(props, "kmsKeyId"):
+        yield "log group is not encrypted with a KMS key"
+    if not as_int(get(props, "retentionInDays", default=0)):
+        yield "log group keeps logs forever; set retention_in_days"
+
+
+def check_discovery_tags(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    propagated = {
+        get(tag, "key"): get(tag, "value")
+        for tag in as_list(get(props, "tags"))
+        if truthy(get(tag, "propagateAtLaunch"))
+    }
+    missing = [key for key in DISCOVERY_TAGS if not propagated.get(key)]
+    if missing:
+        yield f"auto scaling group does not tag its instances with {', '.join(missing)}: `fab` cannot find them"
+
+
+PRODUCTION_SCHEMA = PolicyConfigSchema(
+    properties={"productionStacks": {"type": "array", "items": {"type": "string"}, "default": ["prod"]}}
+)
+
+RESOURCE_POLICIES = [
+    _resource_policy("kms-key-rotation", "KMS keys rotate automatically.", KMS_KEY, check_kms_rotation),
+    _resource_policy(
+        "ecr-immutable-tags", "ECR repositories have immutable tags.", ECR_REPOSITORY, check_ecr_immutable
+    ),
+    _resource_policy(
+        "ecr-scan-on-push",
+        "ECR repositories scan every pushed image.",
+        ECR_REPOSITORY,
+        check_ecr_scan,
+        EnforcementLevel.ADVISORY,
+    ),
+    _resource_policy(
+        "imdsv2-required",
+        "Instances require IMDSv2 with a small hop limit.",
+        LAUNCH_TEMPLATE + INSTANCE,
+        check_imdsv2,
+    ),
+    _resource_policy(
+        "ebs-encrypted",
+        "EBS volumes (launch templates, instances, volumes) are encrypted.",
+        LAUNCH_TEMPLATE + INSTANCE + VOLUME,
+        check_ebs_encrypted,
+    ),
+    _resource_policy(
+        "no-public-ip-on-hosts",
+        "Hosts get no public IP address.",
+        LAUNCH_TEMPLATE + INSTANCE,
+        check_no_public_ip,
+    ),
+    _resource_policy(
+        "secrets-use-kms", "Secrets are encrypted with a customer managed KMS key.", SECRET, check_secret_kms
+    ),
+    _resource_policy(
+        "no-public-ingress",
+        "Nothing but TCP 80/443 accepts traffic from 0.0.0.0/0 or ::/0.",
+        SECURITY_GROUP + SECURITY_GROUP_RULE + INGRESS_RULE,
+        check_no_public_ingress,
+    ),
+    _resource_policy(
+        "no-wildcard-iam-on-data",
+        "IAM policies grant no wildcard actions on data services.",
+        IAM_POLICY + IAM_ROLE,
+        check_no_wildcard_data_actions,
+    ),
+    _resource_policy(
+        "alb-http-redirects-to-https",
+        "HTTP listeners only redirect to HTTPS.",
+        LISTENER,
+        check_http_redirects,
+    ),
+    _resource_policy(
+        "alb-tls-1-2", "HTTPS listeners use a TLS 1.2+ security policy.", LISTENER, check_tls_policy
+    ),
+    _resource_policy(
+        "lb-access-logs", "Load balancers write access logs.", LOAD_BALANCER, check_lb_access_logs
+    ),
+    _resource_policy(
+        "lb-deletion-protection",
+        "Production load balancers are protected from deletion.",
+        LOAD_BALANCER,
+        check_lb_deletion_protection,
+        EnforcementLevel.ADVISORY,
+        PRODUCTION_SCHEMA,
+    ),
+    _resource_policy(
+        "log-groups-encrypted-with-retention",
+        "Log groups use a KMS key and a retention period.",
+        LOG_GROUP,
+        check_log_group,
+        EnforcementLevel.ADVISORY,
+    ),
+    _resource_policy(
+        "asg-discovery-tags",
+        "Auto scaling groups tag instances so `fab` can discover them.",
+        AUTOSCALING_GROUP,
+        check_discovery_tags,
+        EnforcementLevel.ADVISORY,
+    ),
+]
+
+
+# --- stack rules: a bucket and the resources that configure it -------------------------------------
+
+
+def _of_type(resources: Iterable[PolicyResource], types: Sequence[str]) -> list[PolicyResource]:
+    return [r for r in resources if r.resource_type in types]
+
+
+def _bucket_keys(bucket: PolicyResource) -> set[str]:
+    """What a configuration resource's ``bucket`` property may hold: the bucket's name or id."""
+    return {str(v) for v in (get(bucket.props, "bucket"), get(bucket.props, "id")) if v}
+
+
+def _configs(
+    resources: Sequence[PolicyResource], types: Sequence[str], bucket: PolicyResource
+) -> list[PolicyResource]:
+    keys = _bucket_keys(bucket)
+    return [r for r in _of_type(resources, types) if str(get(r.props, "bucket", default="")) in keys]
+
+
+def _purpose(bucket: PolicyResource) -> str:
+    return str(get(tags_of(bucket.props), PURPOSE_TAG, default=""))
+
+
+def _stack_policy(
+    name: str,
+    description: str,
+    check: Callable[[Sequence[PolicyResource]], Iterable[tuple[PolicyResource, str]]],
+) -> StackValidationPolicy:
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        for resource, message in check(list(args.resources)):
+            report_violation(f"{resource.name}: {message}", resource.urn)
+
+    return StackValidationPolicy(
+        name=name, description=description, validate=validate, enforcement_level=EnforcementLevel.MANDATORY
+    )
+
+
+def _sse_algorithms(resources: Sequence[PolicyResource], bucket: PolicyResource) -> set[str]:
+    rules = [
+        rule
+        for config in _configs(resources, BUCKET_SSE, bucket)
+        for rule in as_list(get(config.props, "rules"))
+    ]
+    rules += as_list(get(bucket.props, "serverSideEncryptionConfiguration", "rule"))
+    return {
+        str(get(rule, "applyServerSideEncryptionByDefault", "sseAlgorithm", default="")) for rule in rules
+    } - {""}
+
+
+def check_s3_encryption(resources: Sequence[PolicyResource]) -> Iterator[tuple[PolicyResource, str]]:
+    for bucket in _of_type(resources, BUCKET):
+        algorithms = _sse_algorithms(resources, bucket)
+        if not algorithms:
+            yield bucket, "bucket has no default encryption configuration"
+        elif _purpose(bucket) in KMS_PURPOSES and not algorithms <= {"aws:kms", "aws:kms:dsse"}:
+            yield (
+                bucket,
+                f"{_purpose(bucket)} bucket is encrypted with {sorted(algorithms)}, not the stack's KMS key",
+            )
+
+
+def check_s3_versioning(resources: Sequence[PolicyResource]) -> Iterator[tuple[PolicyResource, str]]:
+    for bucket in _of_type(resources, BUCKET):
+        if _purpose(bucket) not in VERSIONED_PURPOSES:
+            continue
+        statuses = [
+            get(c.props, "versioningConfiguration", "status")
+            for c in _configs(resources, BUCKET_VERSIONING, bucket)
+        ]
+        if "Enabled" not in statuses and not truthy(get(bucket.props, "versioning", "enabled")):
+            yield (
+                bucket,
+                f"{_purpose(bucket)} bucket is not versioned: an overwrite or delete would lose data",
+            )
+
+
+def check_s3_public_access(resources: Sequence[PolicyResource]) -> Iterator[tuple[PolicyResource, str]]:
+    flags = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+    for bucket in _of_type(resources, BUCKET):
+        blocks = _configs(resources, BUCKET_PUBLIC_ACCESS_BLOCK, bucket)
+        if not any(all(truthy(get(b.props, flag)) for flag in flags) for b in blocks):
+            yield bucket, "bucket does not block public access (all four public access block settings)"
+
+
+def _denies_insecure_transport(document: Mapping[str, Any]) -> bool:
+    for statement in statements(document):
+        condition = get(statement, "Condition", "Bool", "aws:SecureTransport")
+        if get(statement, "Effect") == "Deny" and str(condition).lower() == "false":
+            return True
+    return False
+
+
+def check_s3_tls_only(resources: Sequence[PolicyResource]) -> Iterator[tuple[PolicyResource, str]]:
+    for bucket in _of_type(resources, BUCKET):
+        documents = [
+            policy_document(get(p.props, "policy")) for p in _configs(resources, BUCKET_POLICY, bucket)
+        ]
+        documents.append(policy_document(get(bucket.props, "policy")))
+        if not any(_denies_insecure_transport(d) for d in documents):
+            yield bucket, "bucket policy does not deny requests without TLS (aws:SecureTransport = false)"
+
+
+def check_runtime_ingress(resources: Sequence[PolicyResource]) -> Iterator[tuple[PolicyResource, str]]:
+    """Runtime hosts accept traffic only from other security groups (the ALB, the bastion, EFA peers)."""
+    runtime_ids = {
+        str(get(sg.props, "id"))
+        for sg in _of_type(resources, SECURITY_GROUP)
+        if get(tags_of(sg.props), ROLE_TAG) == "runtime" and get(sg.props, "id")
+    }
+    for sg in _of_type(resources, SECURITY_GROUP):
+        if get(tags_of(sg.props), ROLE_TAG) == "runtime":
+            for rule in as_list(get(sg.props, "ingress")):
+                if as_list(get(rule, "cidrBlocks")) or as_list(get(rule, "ipv6CidrBlocks")):
+                    yield (
+                        sg,
+                        "runtime security group accepts an address range; only security groups may reach it",
+                    )
+    for rule in _of_type(resources, INGRESS_RULE + SECURITY_GROUP_RULE):
+        if str(get(rule.props, "securityGroupId", default="")) not in runtime_ids:
+            continue
+        if rule.resource_type in SECURITY_GROUP_RULE and get(rule.props, "type") != "ingress":
+            continue
+        ranges = [get(rule.props, key) for key in ("cidrIpv4", "cidrIpv6", "prefixListId")]
+        ranges += as_list(get(rule.props, "cidrBlocks")) + as_list(get(rule.props, "ipv6CidrBlocks"))
+        if any(ranges):
+            yield (
+                rule,
+                "runtime hosts accept an address range; only security groups (ALB, bastion) may reach them",
+            )
+
+
+STACK_POLICIES = [
+    _stack_policy(
+        "s3-encrypted", "Buckets are encrypted by default; weights and history with KMS.", check_s3_encryption
+    ),
+    _stack_policy("s3-weights-versioned", "Weights and history buckets are versioned.", check_s3_versioning),
+    _stack_policy(
+        "s3-public-access-blocked", "Buckets block every form of public access.", check_s3_public_access
+    ),
+    _stack_policy("s3-tls-only", "Bucket policies refuse requests without TLS.", check_s3_tls_only),
+    _stack_policy(
+        "runtime-ingress-from-security-groups",
+        "Runtime hosts are reachable only from the ALB's (and bastion's) security groups.",
+        check_runtime_ingress,
+    ),
+]
+
+POLICIES = RESOURCE_POLICIES + STACK_POLICIES

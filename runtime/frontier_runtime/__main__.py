@@ -1,0 +1,58 @@
+"""``python -m frontier_runtime serve --config runtime.yaml [--host H] [--port P] [--model-dir DIR]``.
+
+The working directory is the host's install root: relative paths in the config (weights cache,
+a local model directory) resolve against it. ``--host``/``--port`` override the config so one
+rendered runtime.yaml can serve several host slots on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="frontier_runtime", description="Frontier's inference runtime.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible API")
+    serve.add_argument("--config", required=True, type=Path, help="the rendered runtime.yaml")
+    serve.add_argument("--host", help="listen address (default: server.host from the config)")
+    serve.add_argument("--port", type=_port, help="listen port, 0 for any free one (default: server.port)")
+    serve.add_argument(
+        "--model-dir", type=Path, help="serve this local model directory instead of model.source"
+    )
+    return parser
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port must be an integer within 0..65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"--port must be within 0..65535, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from frontier_runtime.config import ConfigError, load_config
+    from frontier_runtime.server.logs import configure_logging
+
+    try:
+        config = load_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"frontier_runtime: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(config.logging.level, config.logging.json_logs)
+    if args.model_dir is not None and not args.model_dir.is_dir():
+        print(f"frontier_runtime: --model-dir {args.model_dir} is not a directory", file=sys.stderr)
+        return 2
+    from frontier_runtime.server.serve import serve
+
+    return serve(config, host=args.host, port=args.port, model_dir=args.model_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Paged KV cache bookkeeping: fixed-size blocks, reference counts, prefix caching.
+
+A block holds the K/V of ``block_size`` consecutive tokens of one or more sequences (shared when
+their prefixes are equal). Once a block is full and computed it is registered under a chained hash
+of (hash of the previous block, its token ids), so a later sequence with the same prefix reuses it.
+Freed blocks keep their content and hash and sit in an LRU free list: they are reusable by a
+prefix hit until the allocator evicts them for new content.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from frontier_runtime.engine.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[int, int] = {}  # chained hash -> block id
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0  # of which found
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache ---------------------------------------------------------------------------
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Blocks holding the longest cached prefix of ``seq``, at most ``num_tokens - 1`` tokens.
+
+        The cap keeps at least one token to compute, which produces the logits to sample from.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        found: list[int] = []
+        parent: int | None = None
+        for i in range((seq.num_tokens - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = hash((parent, tokens))
+            block = self.cached.get(h)
+            if block is None or self.block_tokens[block] != tokens:
+                break
+            found.append(block)
+            parent = h
+        return found
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Register the sequence's newly full, computed blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        for i in range(seq.num_hashed_blocks, full):
+            block = seq.block_table[i]
+            if self.block_hash[block] is None:
+                parent = self.block_hash[seq.block_table[i - 1]] if i else None
+                tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+                h = hash((parent, tokens))
+                self.block_hash[block] = h
+                self.block_tokens[block] = tokens
+                self.cached.setdefault(h, block)
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
+
+    # -- allocation -----------------------------------------------------------------------------
+
+    def can_admit(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> bool:
+        needed = self.blocks_for(len(cached) * self.block_size + num_new_tokens) - len(cached)
+        revived = sum(1 for b in cached if self.ref_counts[b] == 0)  # leave the free list when taken
+        return needed + revived <= len(self.free)
+
+    def admit(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> None:
+        """Give a waiting sequence its cached prefix blocks plus room for ``num_new_tokens``."""
+        for b in cached:
+            if self.ref_counts[b] == 0:
+                del self.free[b]
+            self.ref_counts[b] += 1
+        seq.block_table = list(cached)
+        seq.num_hashed_blocks = len(cached)
+        seq.num_computed_tokens = len(cached) * self.block_size
+        if seq.num_cached_prompt_tokens == 0 and seq.num_output_tokens == 0:
+            seq.num_cached_prompt_tokens = seq.num_computed_tokens
+        self.prefix_queries += seq.num_tokens
+        self.prefix_hits += seq.num_computed_tokens
+        self.append_slots(seq, num_new_tokens)
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table) <= len(self.free)
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        if needed > len(self.free):
+            raise RuntimeError(f"out of KV blocks: {needed} needed, {len(self.free)} free")
+        for _ in range(needed):
+            seq.block_table.append(self._take_free_block())
+
+    def _take_free_block(self) -> int:
+        block, _ = self.free.popitem(last=False)
+        h = self.block_hash[block]
+        if h is not None:  # evict its old content from the prefix cache
+            if self.cached.get(h) == block:
+                del self.cached[h]
+            self.block_hash[block] = None
+            self.block_tokens[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def release(self, seq: Sequence) -> None:
+        """Drop the sequence's references; blocks nobody uses go back to the free list.
+
+        The tail blocks are freed first so they are evicted first: a prefix outlives its suffixes.
+        """
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                if self.block_hash[block] is None:
+                    self.free[block] = None
+                    self.free.move_to_end(block, last=False)  # no content worth keeping: reuse first
+                else:
+                    self.free[block] = None
+        seq.block_table = []
+        seq.num_hashed_blocks = 0
+        seq.num_computed_tokens = 0

@@ -1,0 +1,71 @@
+"""Incremental detokenization with stop strings.
+
+Byte-level BPE tokens can end inside a multi-byte character: decoding such a prefix yields U+FFFD.
+Text is only released once the pending tokens decode to complete characters, so a delta never
+splits a character. When stop strings are set, the last ``max(len(stop)) - 1`` characters are held
+back until they can no longer begin a stop string, so streamed text never shows part of a stop
+string that the final text then drops.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class _Decoder(Protocol):
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: _Decoder | None, stop: tuple[str, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop = tuple(s for s in stop if s)
+        self.holdback = max((len(s) for s in self.stop), default=1) - 1
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # decoding restarts here: the text before it is final
+        self.read_offset = 0  # ids before this are already part of `text`
+        self.text = ""
+        self.emitted = 0
+
+    def append(self, token_id: int) -> str | None:
+        """Add one token; return the stop string that now ends the text, if any."""
+        self.ids.append(token_id)
+        if self.tokenizer is None:
+            return None
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return None  # an incomplete character (or a special token that decodes to nothing)
+        new = full[len(prefix) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        before = len(self.text)
+        self.text += new
+        return self._truncate_at_stop(before)
+
+    def _truncate_at_stop(self, before: int) -> str | None:
+        best: tuple[int, str] | None = None
+        for s in self.stop:
+            idx = self.text.find(s, max(0, before - len(s) + 1))
+            if idx != -1 and (best is None or idx < best[0]):
+                best = (idx, s)
+        if best is None:
+            return None
+        self.text = self.text[: best[0]]
+        return best[1]
+
+    def flush(self) -> None:
+        """At the end: release what is left, even an incomplete character."""
+        if self.tokenizer is None or self.read_offset == len(self.ids):
+            return
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        self.read_offset = len(self.ids)
+        before = len(self.text)
+        self.text += full[len(prefix) :]
+        self._truncate_at_stop(before)
+
+    def take_delta(self, finished: bool) -> str:
+        end = len(self.text) if finished else max(self.emitted, len(self.text) - self.holdback)
+        delta = self.text[self.emitted : end]
+        self.emitted = end
+        return delta

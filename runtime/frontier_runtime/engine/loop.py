@@ -1,0 +1,303 @@
+"""``AsyncEngine``: the engine loop in one background thread, streams for asyncio code.
+
+The ``LLMEngine`` is not thread-safe, so exactly one thread (started here) touches it. Everything
+else talks to that thread through a locked inbox and gets outputs back through
+``loop.call_soon_threadsafe`` into one ``asyncio.Queue`` per request.
+
+How the server uses it::
+
+    engine = AsyncEngine.from_config(runtime_config, model_dir)   # loads, sizes KV, starts the thread
+    engine.warmup()                         # blocking: one real forward; then report ready
+    ...
+    # in a request handler (inside the event loop):
+    try:
+        stream = engine.submit(request_id, prompt_ids, SamplingParams(...))   # ValueError: bad request
+    except EngineDeadError: ...             # 503
+    async for out in stream:                # RequestOutput deltas; the last has finished=True
+        ...
+    # client went away: engine.abort(request_id) (or just stop iterating / cancel the task:
+    # closing the stream early aborts the request and frees its blocks)
+
+    engine.stats()        # EngineStats (waiting includes requests not yet handed to the engine)
+    engine.heartbeat      # time.monotonic() of the loop's last iteration; it advances at least every
+                          # `idle_poll_s` while idle, so "now - heartbeat > stuck_after_s" = stuck
+    engine.error          # the exception that killed the loop, or None
+    engine.shutdown()     # aborts what is left (streams end with finish_reason "abort"), stops workers
+
+``scheduler.batch_window_ms`` applies only to an idle engine: the first request that arrives into
+an idle engine waits up to the window for companions (or until a full batch is there); requests
+that arrive while the engine is busy join the running batch at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+
+from frontier_runtime.config import RuntimeConfig
+from frontier_runtime.engine.api import EngineStats, RequestOutput, SamplingParams
+from frontier_runtime.engine.llm_engine import LLMEngine
+
+log = logging.getLogger("frontier_runtime.engine.loop")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (shut down, or failed with ``AsyncEngine.error``)."""
+
+
+class _AsyncSink:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+
+class _SyncSink:
+    def __init__(self) -> None:
+        self.outputs: list[RequestOutput] = []
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, batch_window_ms: float = 0.0, idle_poll_s: float = 0.25) -> None:
+        self.engine = engine
+        self.batch_window_s = batch_window_ms / 1000.0
+        self.idle_poll_s = idle_poll_s
+        self._cv = threading.Condition(threading.Lock())
+        self._inbox: deque[tuple] = deque()
+        self._sinks: dict[str, _AsyncSink | _SyncSink] = {}
+        self._stats = engine.stats()
+        self._stopping = False
+        self.error: BaseException | None = None
+        self.heartbeat = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="frontier-engine-loop", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: RuntimeConfig, model_dir: str | Path) -> AsyncEngine:
+        engine = LLMEngine.from_config(config, model_dir)
+        return cls(engine, batch_window_ms=config.scheduler.batch_window_ms)
+
+    @property
+    def tokenizer(self):  # noqa: ANN201 - frontier_runtime.tokenizer.Tokenizer (read-only use is thread-safe)
+        return self.engine.tokenizer
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine.max_seq_len
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and self.error is None and not self._stopping
+
+    # -- requests (any thread) -----------------------------------------------------------------
+
+    def submit(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """Queue a request; iterate the result for its outputs. Call from inside an event loop.
+
+        Raises ValueError for a request the engine refuses (before anything is queued) and
+        EngineDeadError when the loop no longer runs.
+        """
+        self.engine.validate_request(request_id, prompt_token_ids, params)
+        sink = _AsyncSink(asyncio.get_running_loop())
+        self._enqueue(request_id, list(prompt_token_ids), params, sink)
+        return self._stream(request_id, sink)
+
+    def _enqueue(self, request_id: str, prompt: list[int], params: SamplingParams, sink) -> None:  # noqa: ANN001
+        with self._cv:
+            if not self.is_running:
+                raise EngineDeadError(self._dead_reason())
+            if request_id in self._sinks:
+                raise ValueError(f"request id {request_id!r} is already in the engine")
+            self._sinks[request_id] = sink
+            self._inbox.append(("add", request_id, prompt, params))
+            self._cv.notify()
+
+    async def _stream(self, request_id: str, sink: _AsyncSink) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while True:
+                item = await sink.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:  # the consumer left early: stop generating for nobody
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its stream ends with finish_reason "abort" and its blocks are freed."""
+        with self._cv:
+            if request_id in self._sinks:
+                self._inbox.append(("abort", request_id))
+                self._cv.notify()
+
+    def call(self, fn: Callable[[LLMEngine], object]) -> Future:
+        """Run ``fn(engine)`` on the loop thread between steps (for inspection in tests and tools)."""
+        fut: Future = Future()
+        with self._cv:
+            if not self.is_running:
+                raise EngineDeadError(self._dead_reason())
+            self._inbox.append(("call", fn, fut))
+            self._cv.notify()
+        return fut
+
+    def stats(self) -> EngineStats:
+        with self._cv:
+            queued = sum(1 for item in self._inbox if item[0] == "add")
+        return replace(self._stats, waiting=self._stats.waiting + queued)
+
+    def warmup(self, timeout_s: float = 600.0) -> float:
+        """Run one real request (a forward and a sample) through the loop; returns its seconds."""
+        tok = self.engine.tokenizer
+        bos = tok.bos_token_id if tok is not None and tok.bos_token_id is not None else 0
+        sink = _SyncSink()
+        start = time.monotonic()
+        self._enqueue(f"__warmup-{id(sink)}", [bos] * 8, SamplingParams(max_tokens=2, temperature=0.0), sink)
+        if not sink.done.wait(timeout_s):
+            raise TimeoutError(f"engine warm-up did not finish within {timeout_s} s")
+        if sink.error is not None:
+            raise sink.error
+        return time.monotonic() - start
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join(timeout_s)
+        self.engine.shutdown()
+
+    def _dead_reason(self) -> str:
+        if self.error is not None:
+            return f"the engine loop failed: {type(self.error).__name__}: {self.error}"
+        return "the engine is shut down"
+
+    # -- the loop thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._wait_for_work():
+                self._drain_inbox()
+                outputs = self.engine.step()
+                self._stats = self.engine.stats()
+                self.heartbeat = time.monotonic()
+                self._dispatch(outputs)
+            self._abort_everything()
+        except BaseException as exc:  # noqa: BLE001 - the loop must report whatever killed it
+            log.exception("engine loop failed")
+            self.error = exc
+            self._fail_everything(exc)
+
+    def _wait_for_work(self) -> bool:
+        """Block while idle; apply the batch window when work arrives into an idle engine."""
+        with self._cv:
+            was_idle = False
+            while not self._stopping and not self._inbox and not self.engine.has_unfinished():
+                was_idle = True
+                self._cv.wait(self.idle_poll_s)
+                self.heartbeat = time.monotonic()
+            if self._stopping:
+                return False
+            if was_idle and self.batch_window_s > 0:
+                deadline = time.monotonic() + self.batch_window_s
+                full = self.engine.scheduler.max_batch_size
+                while not self._stopping and sum(1 for i in self._inbox if i[0] == "add") < full:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
+            return not self._stopping
+
+    def _drain_inbox(self) -> None:
+        with self._cv:
+            items = list(self._inbox)
+            self._inbox.clear()
+        for item in items:
+            kind = item[0]
+            if kind == "add":
+                _, rid, prompt, params = item
+                try:
+                    self.engine.add_request(rid, prompt, params)
+                except ValueError as exc:
+                    self._deliver_error(rid, exc)
+            elif kind == "abort":
+                self.engine.abort(item[1])
+            else:
+                _, fn, fut = item
+                try:
+                    fut.set_result(fn(self.engine))
+                except Exception as exc:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(exc)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        with self._cv:
+            for out in outputs:
+                sink = self._sinks.get(out.request_id)
+                if sink is None:
+                    continue
+                if out.finished:
+                    del self._sinks[out.request_id]
+                if isinstance(sink, _SyncSink):
+                    sink.outputs.append(out)
+                    if out.finished:
+                        sink.done.set()
+                else:
+                    by_loop.setdefault(sink.loop, []).append((sink.queue, out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that event loop is closed: nobody will read these
+                for _, out in items:
+                    if not out.finished:
+                        self.engine.abort(out.request_id)
+
+    def _deliver_error(self, request_id: str, exc: BaseException) -> None:
+        with self._cv:
+            sink = self._sinks.pop(request_id, None)
+        if isinstance(sink, _SyncSink):
+            sink.error = exc
+            sink.done.set()
+        elif sink is not None:
+            try:
+                sink.loop.call_soon_threadsafe(sink.queue.put_nowait, exc)
+            except RuntimeError:
+                pass
+
+    def _abort_everything(self) -> None:
+        self._drain_inbox()
+        self.engine.abort_all()
+        self._dispatch(self.engine.step() if self.engine.has_unfinished() else [])
+        with self._cv:
+            leftover = list(self._sinks)
+        for rid in leftover:
+            self._deliver_error(rid, EngineDeadError(self._dead_reason()))
+
+    def _fail_everything(self, exc: BaseException) -> None:
+        with self._cv:
+            leftover = list(self._sinks)
+            calls = [item[2] for item in self._inbox if item[0] == "call"]
+            self._inbox.clear()
+        for fut in calls:
+            fut.set_exception(EngineDeadError(self._dead_reason()))
+        for rid in leftover:
+            self._deliver_error(rid, EngineDeadError(self._dead_reason()))
+
+
+def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)

@@ -1,0 +1,186 @@
+"""Runs the model over one scheduled step: builds the flat batch and the attention metadata, owns
+the KV cache tensors, returns the logits of the sequences that sample a token this step.
+
+The step's inputs are a plain ``StepInput`` (lists of ints) so that under tensor parallelism rank 0
+can broadcast it and every rank builds identical tensors from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from frontier_runtime.engine import parallel
+from frontier_runtime.engine.sequence import Sequence
+from frontier_runtime.models.llama import AttentionMetadata, LlamaConfig, PrefillChunk, load_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class StepInput:
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    num_decode: int = 0
+    decode_tables: list[list[int]] = field(default_factory=list)  # padded to the longest
+    decode_context: list[int] = field(default_factory=list)  # tokens each decode attends to
+    prefills: list[tuple[int, int, int, list[int]]] = field(default_factory=list)  # start, len, before, blocks
+    logits_indices: list[int] = field(default_factory=list)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        dtype: str = "float32",
+        device: str = "cpu",
+        block_size: int = 16,
+        kv_cache_dtype: str = "auto",
+        cpu_kv_cache_bytes: int = 256 * 1024 * 1024,
+        gpu_memory_utilization: float = 0.9,
+        max_num_batched_tokens: int = 1024,
+        num_blocks: int | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        tp_init_method: str = "",
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"model.dtype {dtype!r} is not one of {sorted(DTYPES)}")
+        if kv_cache_dtype not in ("auto", *DTYPES):
+            raise ValueError(
+                f"cache.kv_cache_dtype {kv_cache_dtype!r} is not supported by this runtime "
+                f"(auto, {', '.join(sorted(DTYPES))})"
+            )
+        self.device = torch.device(device if device != "cuda" else f"cuda:{tp_rank}")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.tp = parallel.init_group(tp_rank, tp_size, tp_init_method, self.device)
+        self.dtype = DTYPES[dtype]
+        self.kv_dtype = self.dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
+        self.block_size = block_size
+        self.config = LlamaConfig.from_dir(model_dir)
+        self.model = load_model(model_dir, self.dtype, self.device, self.tp)
+        self.bytes_per_block = (
+            2 * self.config.num_layers * block_size * self.model.num_local_kv_heads * self.config.head_dim
+        ) * self.kv_dtype.itemsize
+        if num_blocks is None:
+            if self.device.type == "cuda":
+                num_blocks = self._cuda_blocks(gpu_memory_utilization, max_num_batched_tokens)
+            else:
+                num_blocks = cpu_kv_cache_bytes // self.bytes_per_block
+            if self.tp.enabled:  # every rank must agree on the block count
+                t = torch.tensor([num_blocks], device=self.device)
+                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+                num_blocks = int(t.item())
+        self.num_blocks = num_blocks
+        self.kv_caches = self._allocate(num_blocks)
+
+    def _allocate(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (num_blocks, self.block_size, self.model.num_local_kv_heads, self.config.head_dim)
+        # Zeros, not empty: padded reads are masked, but garbage NaNs would still poison softmax @ V.
+        return [
+            (
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+            )
+            for _ in range(self.config.num_layers)
+        ]
+
+    def _cuda_blocks(self, utilization: float, max_tokens: int) -> int:
+        """KV blocks that fit in ``utilization`` of the GPU after weights and a peak-sized step."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        probe_blocks = -(-max_tokens // self.block_size)
+        self.kv_caches = self._allocate(probe_blocks)
+        with torch.inference_mode():
+            step = StepInput(
+                input_ids=[0] * max_tokens,
+                positions=list(range(max_tokens)),
+                slots=list(range(max_tokens)),
+                prefills=[(0, max_tokens, 0, [])],
+                logits_indices=[max_tokens - 1],
+            )
+            self.execute_local(step)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - probe_blocks * self.bytes_per_block
+        del self.kv_caches
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
+        budget = int(total * utilization) - peak - other
+        return max(budget // self.bytes_per_block, 0)
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def prepare(self, scheduled: list[tuple[Sequence, int]]) -> tuple[StepInput, list[Sequence]]:
+        """The step's inputs, and the sequences (in logits order) that sample a token this step."""
+        step = StepInput()
+        bs = self.block_size
+        decodes = [(s, n) for s, n in scheduled if n == 1]
+        prefills = [(s, n) for s, n in scheduled if n > 1]
+        samplers: list[Sequence] = []
+        max_blocks = max((len(s.block_table) for s, _ in decodes), default=0)
+        for seq, _ in decodes:
+            pos = seq.num_computed_tokens
+            table = seq.block_table
+            step.input_ids.append(seq.token_ids[pos])
+            step.positions.append(pos)
+            step.slots.append(table[pos // bs] * bs + pos % bs)
+            step.decode_tables.append(table + [0] * (max_blocks - len(table)))
+            step.decode_context.append(pos + 1)
+            if pos + 1 == seq.num_tokens:
+                step.logits_indices.append(len(step.input_ids) - 1)
+                samplers.append(seq)
+        step.num_decode = len(decodes)
+        for seq, n in prefills:
+            start, before = len(step.input_ids), seq.num_computed_tokens
+            table = seq.block_table
+            step.input_ids.extend(seq.token_ids[before : before + n])
+            step.positions.extend(range(before, before + n))
+            step.slots.extend(table[p // bs] * bs + p % bs for p in range(before, before + n))
+            step.prefills.append((start, n, before, table[: -(-(before + n) // bs)] if before else []))
+            if before + n == seq.num_tokens:
+                step.logits_indices.append(len(step.input_ids) - 1)
+                samplers.append(seq)
+        return step, samplers
+
+    def execute(self, step: StepInput) -> torch.Tensor:
+        if self.tp.enabled:
+            parallel.broadcast_step(step)
+        return self.execute_local(step)
+
+    @torch.inference_mode()
+    def execute_local(self, step: StepInput) -> torch.Tensor:
+        dev = self.device
+        ids = torch.tensor(step.input_ids, dtype=torch.long).to(dev, non_blocking=True)
+        positions = torch.tensor(step.positions, dtype=torch.long).to(dev, non_blocking=True)
+        meta = AttentionMetadata(slot_mapping=torch.tensor(step.slots, dtype=torch.long).to(dev, non_blocking=True))
+        if step.num_decode:
+            tables = torch.tensor(step.decode_tables, dtype=torch.long)
+            context = torch.tensor(step.decode_context, dtype=torch.long)
+            span = tables.shape[1] * self.block_size
+            mask = torch.arange(span).unsqueeze(0) < context.unsqueeze(1)
+            meta.num_decode = step.num_decode
+            meta.decode_block_tables = tables.to(dev, non_blocking=True)
+            meta.decode_mask = mask.view(step.num_decode, 1, 1, span).to(dev, non_blocking=True)
+        for start, length, before, blocks in step.prefills:
+            table = mask = None
+            if before:
+                table = torch.tensor(blocks, dtype=torch.long).to(dev, non_blocking=True)
+                keys = torch.arange(before + length).unsqueeze(0)
+                mask = (keys <= torch.arange(before, before + length).unsqueeze(1)).to(dev, non_blocking=True)
+            meta.prefills.append(PrefillChunk(start, length, before, table, mask))
+        hidden = self.model(ids, positions, meta, self.kv_caches)
+        if not step.logits_indices:
+            return hidden.new_empty((0, self.config.vocab_size), dtype=torch.float32)
+        rows = torch.tensor(step.logits_indices, dtype=torch.long).to(dev, non_blocking=True)
+        return self.model.compute_logits(hidden.index_select(0, rows))
+
+    def shutdown(self) -> None:
+        if self.tp.enabled and self.tp.rank == 0:
+            parallel.broadcast_step(None)
+        if self.tp.enabled and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -1,0 +1,99 @@
+"""Token sampling for a batch, vectorised over rows.
+
+Greedy rows take the argmax of the raw logits. Sampled rows scale by temperature, mask by top-k and
+top-p, and draw with the exponential race (argmax of p / E, E ~ Exp(1)), which equals drawing from
+p. A seeded request fills its row of E from its own ``torch.Generator``, so its draws depend only on
+its seed and its own logits, never on what else shares the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from frontier_runtime.engine.api import SamplingParams, TokenLogprob
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+class Sampler:
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @torch.inference_mode()
+    def __call__(
+        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    ) -> SampleResult:
+        logits = logits.float().cpu()
+        rows, vocab = logits.shape
+        greedy = [p.greedy for p in params]
+        if all(greedy):
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample(logits, params, generators, greedy)
+        token_list = tokens.tolist()
+        want = [p.logprobs for p in params]
+        if all(w is None for w in want):
+            return SampleResult(token_list, [None] * rows)
+        return SampleResult(token_list, self._logprobs(logits, tokens, want))
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        greedy: list[bool],
+    ) -> torch.Tensor:
+        rows, vocab = logits.shape
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params]).unsqueeze(1)
+        scaled = logits / temps
+        top_ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        top_ps = [p.top_p for p in params]
+        if any(k < vocab for k in top_ks) or any(p < 1.0 for p in top_ps):
+            scaled = _mask_top_k_top_p(scaled, torch.tensor(top_ks), torch.tensor(top_ps))
+        probs = torch.softmax(scaled, dim=-1)
+        noise = torch.empty_like(probs)
+        noise.exponential_(generator=self.generator)
+        for i, g in enumerate(generators):
+            if g is not None and not greedy[i]:
+                noise[i].exponential_(generator=g)
+        sampled = (probs / noise).argmax(dim=-1)
+        if any(greedy):
+            mask = torch.tensor(greedy)
+            sampled = torch.where(mask, logits.argmax(dim=-1), sampled)
+        return sampled
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, want: list[int | None]) -> list[TokenLogprob | None]:
+        lp = torch.log_softmax(logits, dim=-1)
+        chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        top_n = max(w or 0 for w in want)
+        top_vals, top_ids = (lp.topk(top_n, dim=-1) if top_n else (None, None))
+        out: list[TokenLogprob | None] = []
+        for i, w in enumerate(want):
+            if w is None:
+                out.append(None)
+                continue
+            top = {}
+            if w:
+                top = dict(zip(top_ids[i, :w].tolist(), top_vals[i, :w].tolist(), strict=True))
+            out.append(TokenLogprob(token_id=int(tokens[i]), logprob=chosen[i], top=top))
+        return out
+
+
+def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    ranks = torch.arange(vocab).unsqueeze(0)
+    drop = ranks >= top_k.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass strictly ahead of each token
+    drop = before >= top_p.unsqueeze(1)  # the top token always stays (nothing ahead of it)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)

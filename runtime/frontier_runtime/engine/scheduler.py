@@ -1,0 +1,126 @@
+"""Iteration-level scheduling under one token budget (no separate prefill and decode phases).
+
+Each step every scheduled sequence moves its computed-token count toward its total: a decode
+moves by one, a prompt by as much as the budget allows (chunked prefill), so long prompts share
+steps with decodes instead of stalling them. Running sequences go first, in arrival order; then
+waiting ones are admitted FCFS while the budget, ``max_batch_size`` and free blocks allow. When
+blocks run out, the newest running sequence is preempted: its blocks are freed and it returns to
+the head of the queue to be recomputed later (its prefix may still be in the cache).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from frontier_runtime.engine.block_manager import BlockManager
+from frontier_runtime.engine.sequence import Sequence, Status
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, new tokens)
+    finished: list[Sequence] = field(default_factory=list)  # ended by the scheduler (can never fit)
+    num_preempted: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_batch_size: int,
+        max_num_batched_tokens: int,
+        max_seq_len: int,
+        chunked_prefill: bool = True,
+    ) -> None:
+        self.blocks = block_manager
+        self.max_batch_size = max_batch_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_seq_len = max_seq_len
+        self.chunked_prefill = chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out of the queues (finished or aborted) and free its blocks."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.release(seq)
+
+    def _never_fits(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.blocks.blocks_for(num_tokens) > self.blocks.num_blocks
+
+    def _finish_unfittable(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.blocks.release(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = "length"
+        out.finished.append(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.release(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+
+        # 1. Running sequences, oldest first; make room by preempting from the newest end.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.blocks.can_append(seq, num_new):
+                if self.running[-1] is seq and len(self.running) == 1 and self._never_fits(seq, seq.num_tokens):
+                    self.running.pop()
+                    self._finish_unfittable(seq, out)
+                    break
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.num_preempted += 1
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                break
+            self.blocks.append_slots(seq, num_new)
+            out.scheduled.append((seq, num_new))
+            budget -= num_new
+            i += 1
+
+        # 2. Waiting sequences, FCFS; none jumps ahead of a head that does not fit.
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size and not out.num_preempted:
+            seq = self.waiting[0]
+            if self._never_fits(seq, seq.num_tokens) or (
+                not self.chunked_prefill and seq.num_tokens > self.max_num_batched_tokens
+            ):
+                self.waiting.popleft()
+                self._finish_unfittable(seq, out)
+                continue
+            cached = self.blocks.find_cached_prefix(seq)
+            remaining = seq.num_tokens - len(cached) * self.blocks.block_size
+            if not self.chunked_prefill and remaining > budget:
+                break
+            num_new = min(remaining, budget)
+            if not self.blocks.can_admit(seq, cached, num_new):
+                break
+            self.waiting.popleft()
+            self.blocks.admit(seq, cached, num_new)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, num_new))
+            budget -= num_new
+        return out

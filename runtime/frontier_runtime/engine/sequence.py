@@ -1,0 +1,75 @@
+"""One request's state inside the engine."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from frontier_runtime.engine.api import FinishReason, SamplingParams, TokenLogprob
+from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Token ids (prompt + output), how many have K/V in the cache, and the blocks holding them.
+
+    ``num_computed_tokens`` only ever counts tokens whose K/V is written; after a preemption it
+    drops to 0 and the whole sequence (prompt and output so far) is recomputed.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival: int,
+        detokenizer: IncrementalDetokenizer,
+        stop_token_ids: frozenset[int],
+    ) -> None:
+        self.request_id = request_id
+        self.params = params
+        self.arrival = arrival
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_prompt_tokens = 0
+        self.block_table: list[int] = []
+        self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
+        self.status = Status.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.detokenizer = detokenizer
+        self.stop_token_ids = stop_token_ids
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+        self.pending_token_ids: list[int] = []  # produced since the last RequestOutput
+        self.pending_logprobs: list[TokenLogprob] = []
+        self.reported_first = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )

@@ -1,0 +1,1 @@
+"""Model definitions the runtime can serve (Llama family)."""

@@ -1,0 +1,390 @@
+"""A Llama-family decoder (Llama 2/3, Qwen2-style biases) over a paged KV cache, in one file.
+
+Reads a Hugging Face checkpoint directory: ``config.json`` plus ``model.safetensors`` or shards
+listed in ``model.safetensors.index.json``. RMSNorm, rotary embeddings (default, linear or llama3
+scaling), grouped-query attention, SwiGLU MLP, optional tied embeddings. Attention is torch's
+``scaled_dot_product_attention``, so the same code runs on CPU and CUDA.
+
+Tokens of one step are flat (``[num_tokens, hidden]``): decode tokens first (one per sequence),
+then each prefill chunk. ``AttentionMetadata`` says where every token's K/V goes in the cache and
+which cache blocks each sequence reads. Under tensor parallelism each rank holds its heads and MLP
+slice; the row-parallel projections all-reduce their partial sums.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+from frontier_runtime.engine.parallel import SINGLE, TPGroup
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    torch_dtype: str = "float32"
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> LlamaConfig:
+        arch = cfg.get("model_type", "llama")
+        if arch not in ("llama", "qwen2", "mistral"):
+            raise ValueError(f"config.json: model_type {arch!r} is not a Llama-family model (llama, qwen2, mistral)")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config.json: hidden_act {cfg['hidden_act']!r} is not supported (silu)")
+        heads = cfg["num_attention_heads"]
+        rope = dict(cfg.get("rope_parameters") or {})
+        theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+        scaling = rope or cfg.get("rope_scaling") or None
+        if scaling is not None:
+            scaling = dict(scaling)
+            kind = scaling.get("rope_type", scaling.get("type", "default"))
+            if kind not in ("default", "linear", "llama3"):
+                raise ValueError(f"config.json: rope type {kind!r} is not supported (default, linear, llama3)")
+            scaling["rope_type"] = kind
+            if kind == "default":
+                scaling = None
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype") or "float32",
+        )
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> LlamaConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no config.json in the model directory")
+        return cls.from_hf(json.loads(path.read_text()))
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = cfg.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = float(scaling["factor"])
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    # llama3: long wavelengths are divided by `factor`, short ones kept, the middle band interpolated.
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(cfg: LlamaConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for every position, [max_position_embeddings, head_dim], float32."""
+    inv_freq = rope_inv_freq(cfg)
+    t = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(device), emb.sin().to(device)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence's chunk of query tokens in this step."""
+
+    start: int  # index of its first token in the flat batch
+    length: int
+    context_before: int  # tokens already in the cache ahead of this chunk
+    block_table: torch.Tensor | None  # blocks covering context_before + length; None when context_before == 0
+    mask: torch.Tensor | None  # [length, context_before + length] bool; None = plain causal
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] flat cache slot of each token's K/V
+    num_decode: int = 0
+    decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks]
+    decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks * block_size] bool
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, tp: TPGroup) -> None:
+        super().__init__()
+        if cfg.num_heads % tp.world_size or cfg.num_kv_heads % tp.world_size:
+            raise ValueError(
+                f"tensor_parallel_size {tp.world_size} must divide num_attention_heads ({cfg.num_heads}) "
+                f"and num_key_value_heads ({cfg.num_kv_heads})"
+            )
+        self.tp = tp
+        self.num_heads = cfg.num_heads // tp.world_size
+        self.num_kv_heads = cfg.num_kv_heads // tp.world_size
+        self.head_dim = cfg.head_dim
+        self.group = self.num_heads // self.num_kv_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        # q, k and v fused into one column-parallel matmul: one kernel instead of three per layer.
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        hd, kvh = self.head_dim, self.num_kv_heads
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, hd)
+        k = k.view(n, kvh, hd)
+        v = v.view(n, kvh, hd)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+
+        # k_cache/v_cache: [num_blocks, block_size, kv_heads, head_dim]; slots index the flat view.
+        k_cache.view(-1, kvh, hd).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, kvh, hd).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+
+        out = torch.empty_like(q)
+        nd = meta.num_decode
+        if nd:
+            # Grouped-query trick: each KV head serves `group` query rows, so no K/V repetition.
+            bt = meta.decode_block_tables
+            kb = k_cache[bt].view(nd, -1, kvh, hd).transpose(1, 2).to(q.dtype)
+            vb = v_cache[bt].view(nd, -1, kvh, hd).transpose(1, 2).to(q.dtype)
+            qd = q[:nd].view(nd, kvh, self.group, hd)
+            o = F.scaled_dot_product_attention(qd, kb, vb, attn_mask=meta.decode_mask)
+            out[:nd] = o.reshape(nd, self.num_heads, hd)
+        for chunk in meta.prefills:
+            s, ln = chunk.start, chunk.length
+            qp = q[s : s + ln].transpose(0, 1).unsqueeze(0)
+            if chunk.context_before == 0:
+                kp, vp = k[s : s + ln], v[s : s + ln]
+            else:
+                total = chunk.context_before + ln
+                kp = k_cache[chunk.block_table].view(-1, kvh, hd)[:total].to(q.dtype)
+                vp = v_cache[chunk.block_table].view(-1, kvh, hd)[:total].to(q.dtype)
+            kp = kp.transpose(0, 1).unsqueeze(0)
+            vp = vp.transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(
+                qp, kp, vp, attn_mask=chunk.mask, is_causal=chunk.mask is None, enable_gqa=self.group > 1
+            )
+            out[s : s + ln] = o[0].transpose(0, 1)
+        return self.tp.all_reduce(self.o_proj(out.view(n, self.q_size)))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig, tp: TPGroup) -> None:
+        super().__init__()
+        if cfg.intermediate_size % tp.world_size:
+            raise ValueError(
+                f"tensor_parallel_size {tp.world_size} must divide intermediate_size ({cfg.intermediate_size})"
+            )
+        self.tp = tp
+        self.inter = cfg.intermediate_size // tp.world_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias and tp.rank == 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, tp)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg, tp)
+
+    def forward(self, x, cos, sin, meta, k_cache, v_cache):  # noqa: ANN001, ANN201 - hot path
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, k_cache, v_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: LlamaConfig, tp: TPGroup = SINGLE) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tp = tp
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # Embedding and LM head stay whole on every rank: every rank then holds the full logits.
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope_cos: torch.Tensor | None = None
+        self.rope_sin: torch.Tensor | None = None
+
+    @property
+    def num_local_kv_heads(self) -> int:
+        return self.cfg.num_kv_heads // self.tp.world_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)
+        sin = self.rope_sin[positions].to(x.dtype).unsqueeze(1)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, meta, k_cache, v_cache)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+
+def _checkpoint_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(model_dir.glob("*.safetensors"))
+    if not found:
+        raise FileNotFoundError(f"{model_dir}: no model.safetensors, index or *.safetensors files")
+    return found
+
+
+def _read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for path in _checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def load_model(
+    model_dir: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    tp: TPGroup = SINGLE,
+) -> LlamaForCausalLM:
+    """Build the model on ``device`` and fill it from the checkpoint, sharded for ``tp``."""
+    model_dir = Path(model_dir)
+    device = torch.device(device)
+    cfg = LlamaConfig.from_dir(model_dir)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, tp)
+    model = model.to_empty(device=device).to(dtype)
+    ckpt = _read_checkpoint(model_dir)
+
+    def take(name: str) -> torch.Tensor:
+        if name not in ckpt:
+            raise KeyError(f"{model_dir}: checkpoint lacks tensor {name!r}")
+        return ckpt.pop(name)
+
+    def put(param: torch.Tensor, value: torch.Tensor, what: str) -> None:
+        if tuple(param.shape) != tuple(value.shape):
+            raise ValueError(f"{model_dir}: {what} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+        param.data.copy_(value.to(dtype))
+
+    def col(name: str) -> torch.Tensor:
+        return tp.shard(take(name), 0)
+
+    with torch.no_grad():
+        put(model.embed_tokens.weight, take("model.embed_tokens.weight"), "model.embed_tokens.weight")
+        put(model.norm.weight, take("model.norm.weight"), "model.norm.weight")
+        if model.lm_head is not None:
+            put(model.lm_head.weight, take("lm_head.weight"), "lm_head.weight")
+        ckpt.pop("lm_head.weight", None)  # tied checkpoints sometimes carry a copy anyway
+        for i, layer in enumerate(model.layers):
+            p = f"model.layers.{i}."
+            put(layer.input_layernorm.weight, take(p + "input_layernorm.weight"), p + "input_layernorm")
+            put(
+                layer.post_attention_layernorm.weight,
+                take(p + "post_attention_layernorm.weight"),
+                p + "post_attention_layernorm",
+            )
+            a = p + "self_attn."
+            qkv = torch.cat([col(a + "q_proj.weight"), col(a + "k_proj.weight"), col(a + "v_proj.weight")])
+            put(layer.self_attn.qkv_proj.weight, qkv, a + "qkv_proj")
+            if cfg.attention_bias:
+                bias = torch.cat([col(a + "q_proj.bias"), col(a + "k_proj.bias"), col(a + "v_proj.bias")])
+                put(layer.self_attn.qkv_proj.bias, bias, a + "qkv_proj.bias")
+            put(layer.self_attn.o_proj.weight, tp.shard(take(a + "o_proj.weight"), 1), a + "o_proj")
+            m = p + "mlp."
+            gate_up = torch.cat([col(m + "gate_proj.weight"), col(m + "up_proj.weight")])
+            put(layer.mlp.gate_up_proj.weight, gate_up, m + "gate_up_proj")
+            put(layer.mlp.down_proj.weight, tp.shard(take(m + "down_proj.weight"), 1), m + "down_proj")
+            if cfg.mlp_bias:
+                put(
+                    layer.mlp.gate_up_proj.bias,
+                    torch.cat([col(m + "gate_proj.bias"), col(m + "up_proj.bias")]),
+                    m + "gate_up_proj.bias",
+                )
+                down_bias = take(m + "down_proj.bias")
+                if layer.mlp.down_proj.bias is not None:  # added once, on rank 0, before the all-reduce
+                    put(layer.mlp.down_proj.bias, down_bias, m + "down_proj.bias")
+    leftover = [k for k in ckpt if not k.endswith("rotary_emb.inv_freq")]
+    if leftover:
+        raise ValueError(f"{model_dir}: unexpected tensors in checkpoint: {leftover[:5]}")
+    model.rope_cos, model.rope_sin = rope_tables(cfg, device)
+    return model.eval().requires_grad_(False)

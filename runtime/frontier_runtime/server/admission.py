@@ -1,0 +1,138 @@
+"""Admission control: at most ``max_concurrency`` requests in the engine, a bounded FIFO queue.
+
+A request asks for a ticket before anything costly happens (no tokenisation, no engine work):
+
+* a free engine slot and nobody queued → admitted at once;
+* otherwise a free queue place → queued (first come, first served);
+* otherwise → ``QueueFull`` at once (answered 429 with Retry-After).
+
+A queued ticket that is not admitted within the queue timeout raises ``QueueTimeout`` (answered
+503) and never reaches the engine. ``release`` frees whatever the ticket holds — a queue place or
+an engine slot — and hands a freed slot to the oldest waiter, so a client that leaves while
+queued costs nothing further.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from contextlib import suppress
+from enum import Enum
+
+
+class QueueFull(Exception):
+    """No engine slot and no queue place: the request is refused without being started."""
+
+
+class QueueTimeout(Exception):
+    """The request waited longer than the queue timeout and was dropped without being started."""
+
+
+class TicketState(Enum):
+    QUEUED = "queued"
+    ADMITTED = "admitted"
+    RELEASED = "released"
+
+
+class Ticket:
+    def __init__(self, admission: Admission, state: TicketState) -> None:
+        self._admission = admission
+        self.state = state
+        self.enqueued_at = time.monotonic()
+        self.admitted_at: float | None = self.enqueued_at if state is TicketState.ADMITTED else None
+        self._admitted = asyncio.Event()
+        if state is TicketState.ADMITTED:
+            self._admitted.set()
+
+    @property
+    def queue_seconds(self) -> float:
+        end = self.admitted_at if self.admitted_at is not None else time.monotonic()
+        return end - self.enqueued_at
+
+    @property
+    def deadline(self) -> float:
+        return self.enqueued_at + self._admission.queue_timeout_s
+
+    async def wait(self, at_most: float | None = None) -> bool:
+        """Wait for admission: True once admitted, False if still queued after ``at_most`` seconds.
+
+        Raises ``QueueTimeout`` (and gives the queue place up) once the queue timeout has passed.
+        """
+        if self.state is TicketState.ADMITTED:
+            return True
+        if self.state is TicketState.RELEASED:
+            raise QueueTimeout("ticket already released")
+        remaining = self.deadline - time.monotonic()
+        budget = remaining if at_most is None else min(remaining, at_most)
+        if budget > 0:
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._admitted.wait(), timeout=budget)
+        if self.state is TicketState.ADMITTED:
+            return True
+        if self.state is TicketState.RELEASED or time.monotonic() >= self.deadline:
+            self.release()
+            raise QueueTimeout(f"waited {self.queue_seconds * 1000:.0f} ms for admission")
+        return False
+
+    def release(self) -> None:
+        """Give back the queue place or engine slot; idempotent."""
+        self._admission._release(self)
+
+    def _admit(self) -> None:
+        self.state = TicketState.ADMITTED
+        self.admitted_at = time.monotonic()
+        self._admitted.set()
+
+
+class Admission:
+    def __init__(self, max_concurrency: int, queue_max_length: int, queue_timeout_s: float) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.max_concurrency = max_concurrency
+        self.queue_max_length = queue_max_length
+        self.queue_timeout_s = queue_timeout_s
+        self.running = 0
+        self._queue: deque[Ticket] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    def try_enter(self) -> Ticket:
+        """A ticket, admitted or queued; ``QueueFull`` when neither is possible. Never blocks."""
+        if self.running < self.max_concurrency and not self._queue:
+            self.running += 1
+            return Ticket(self, TicketState.ADMITTED)
+        if len(self._queue) >= self.queue_max_length:
+            raise QueueFull(
+                f"{self.running} requests running and {len(self._queue)} queued (limits {self.max_concurrency} "
+                f"and {self.queue_max_length})"
+            )
+        ticket = Ticket(self, TicketState.QUEUED)
+        self._queue.append(ticket)
+        return ticket
+
+    def retry_after_s(self) -> int:
+        """A hint for Retry-After: roughly how long the queue takes to turn over, at least 1 s."""
+        return max(1, min(60, round(self.queue_timeout_s / 2)))
+
+    def _release(self, ticket: Ticket) -> None:
+        if ticket.state is TicketState.QUEUED:
+            self._queue.remove(ticket)
+        elif ticket.state is TicketState.ADMITTED:
+            self.running -= 1
+            self._admit_next()
+        ticket.state = TicketState.RELEASED
+
+    def _admit_next(self) -> None:
+        now = time.monotonic()
+        while self._queue and self.running < self.max_concurrency:
+            nxt = self._queue.popleft()
+            if now >= nxt.deadline:
+                # Expired while its waiter had not yet woken: it must not start late.
+                nxt.state = TicketState.RELEASED
+                nxt._admitted.set()
+                continue
+            self.running += 1
+            nxt._admit()

@@ -1,0 +1,478 @@
+"""The OpenAI-compatible HTTP app: routes, the order of checks, and per-request bookkeeping.
+
+Every inference request passes the same gates, cheapest first, so a refusal costs little:
+draining (503) → API key (401) → body size (413, before parsing) → JSON and fields (400) →
+model (404) → admission (429 when the queue is full; nothing tokenised yet) → tokenise →
+context length (400 naming both numbers) → wait for a slot (503 after the queue timeout) → engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from frontier_runtime.config import RuntimeConfig
+from frontier_runtime.engine.api import EngineStats
+from frontier_runtime.server.admission import Admission, QueueFull, Ticket
+from frontier_runtime.server.auth import ApiKeys
+from frontier_runtime.server.errors import APIError, invalid
+from frontier_runtime.server.formats import ChatFormat, CompletionFormat
+from frontier_runtime.server.generation import Generation
+from frontier_runtime.server.health import Health
+from frontier_runtime.server.logs import request_log
+from frontier_runtime.server.metrics import CONTENT_TYPE, ServerMetrics
+from frontier_runtime.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_body,
+    resolve_max_tokens,
+)
+from frontier_runtime.server.text import TemplateRenderError, TextCodec
+
+log = logging.getLogger("frontier_runtime.server")
+
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
+INFERENCE_ROUTES = ("/v1/completions", "/v1/chat/completions")
+# Tokenising a long prompt takes milliseconds; off the event loop so liveness stays quick.
+TOKENIZE_INLINE_CHARS = 8192
+
+
+@dataclass
+class ServerState:
+    config: RuntimeConfig
+    health: Health
+    admission: Admission
+    metrics: ServerMetrics = field(init=False)
+    engine: Any = None
+    codec: TextCodec | None = None
+    api_keys: ApiKeys | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    in_flight: int = 0
+    idle: asyncio.Event | None = None
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics(
+            self.config.model.name,
+            engine_stats=self.engine_stats,
+            queue_state=lambda: (self.admission.running, self.admission.waiting),
+            health_state=lambda: (self.health.ready()[0], self.health.draining),
+        )
+
+    def engine_stats(self) -> EngineStats | None:
+        if self.engine is None:
+            return None
+        try:
+            return self.engine.stats()
+        except Exception:  # a scrape must never fail because the engine is busy or gone
+            log.exception("engine.stats() failed")
+            return None
+
+    def attach(self, engine: Any, codec: TextCodec) -> None:
+        """Plug in the loaded engine; readiness still waits for ``health.warmed_up``."""
+        self.engine = engine
+        self.codec = codec
+        self.health.weights_loaded = True
+        beat = getattr(engine, "heartbeat", None)
+        if beat is not None:
+            self.health.heartbeat = beat if callable(beat) else (lambda: getattr(engine, "heartbeat", None))
+
+
+def create_app(state: ServerState) -> Starlette:
+    routes = [
+        Route("/v1/completions", _completions, methods=["POST"]),
+        Route("/v1/chat/completions", _chat_completions, methods=["POST"]),
+        Route("/v1/models", _models, methods=["GET"]),
+        Route(state.config.health.liveness_path, _live, methods=["GET", "HEAD"]),
+        Route(state.config.health.readiness_path, _ready, methods=["GET", "HEAD"]),
+        Route("/metrics", _metrics, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={APIError: _api_error, HTTPException: _http_error},
+    )
+    app.state.server = state
+    return RequestContext(app, state)  # type: ignore[return-value]
+
+
+# -- middleware ---------------------------------------------------------------------------
+
+
+class RequestContext:
+    """Outermost layer: request id, one JSON log line and the HTTP metrics for every request,
+    the count of in-flight inference requests (drain waits on it), and a last-resort 500."""
+
+    def __init__(self, app: Starlette, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+        self.routes = {r.path for r in app.routes if isinstance(r, Route)}
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        supplied = _header(scope, b"x-request-id")
+        request_id = supplied if supplied and REQUEST_ID.match(supplied) else uuid.uuid4().hex
+        fields: dict[str, Any] = {}
+        scope.setdefault("state", {})
+        scope["state"].update(request_id=request_id, log=fields, arrived_at=started)
+        status = 0
+        path = scope["path"]
+        route = path if path in self.routes else "other"
+        inference = path in INFERENCE_ROUTES
+        if inference:
+            self._enter()
+
+        async def send_with_id(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                if self.state.health.draining and inference:
+                    headers.append((b"connection", b"close"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": request_id, "path": path})
+            if status == 0:
+                status = 500
+                await APIError(500, "internal error", code="internal_error").response(request_id)(
+                    scope, receive, send_with_id
+                )
+        finally:
+            if inference:
+                self._leave()
+            elapsed = time.monotonic() - started
+            code = str(status or 499)  # 499: the client left before any answer was sent
+            self.state.metrics.http_requests.labels(route, code).inc()
+            self.state.metrics.http_duration.labels(route).observe(elapsed)
+            if route not in (
+                self.state.config.health.liveness_path,
+                self.state.config.health.readiness_path,
+                "/metrics",
+            ):
+                request_log.info(
+                    "request",
+                    extra={
+                        "event": "request",
+                        "request_id": request_id,
+                        "method": scope["method"],
+                        "path": path,
+                        "status": status or 499,
+                        "duration_ms": round(elapsed * 1000, 1),
+                        **fields,
+                    },
+                )
+
+    def _enter(self) -> None:
+        self.state.in_flight += 1
+        if self.state.idle is not None:
+            self.state.idle.clear()
+
+    def _leave(self) -> None:
+        self.state.in_flight -= 1
+        if self.state.in_flight == 0 and self.state.idle is not None:
+            self.state.idle.set()
+
+
+def _header(scope: Any, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+# -- error handlers -----------------------------------------------------------------------
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    state: ServerState = request.app.state.server
+    if exc.reason:
+        state.metrics.failures.labels(exc.reason).inc()
+    request.scope["state"]["log"]["error"] = exc.code or exc.reason
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        error = APIError(404, f"no route {request.url.path!r}", code="not_found")
+    elif exc.status_code == 405:
+        error = APIError(
+            405, f"method {request.method} is not allowed on {request.url.path!r}", code="method_not_allowed"
+        )
+    else:
+        error = APIError(exc.status_code, str(exc.detail))
+    return await _api_error(request, error)
+
+
+# -- gates --------------------------------------------------------------------------------
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def _refuse_unless_serving(state: ServerState) -> None:
+    if state.health.draining:
+        raise APIError(
+            503,
+            "The server is shutting down and takes no new requests; retry on another replica.",
+            code="draining",
+            reason="draining",
+            headers={"Retry-After": "1"},
+        )
+    if state.engine is None or state.codec is None or not state.health.warmed_up:
+        raise APIError(
+            503,
+            "The model is still loading.",
+            code="not_ready",
+            reason="not_ready",
+            headers={"Retry-After": "5"},
+        )
+
+
+def _authorize(state: ServerState, request: Request) -> None:
+    if state.api_keys is None:
+        return
+    if not state.api_keys.check(request.headers.get("authorization")):
+        raise APIError(
+            401,
+            "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
+            code="invalid_api_key",
+            reason="unauthorized",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+async def _read_json(state: ServerState, request: Request) -> Any:
+    limit = state.config.server.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise invalid(f"Content-Length {declared!r} is not a number")
+        if int(declared) > limit:
+            raise _too_large(int(declared), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise invalid("the request body is empty; send a JSON object")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}") from None
+
+
+def _too_large(size: int, limit: int) -> APIError:
+    return APIError(
+        413,
+        f"request body of {size} bytes exceeds the limit of {limit} bytes",
+        code="body_too_large",
+        reason="too_large",
+    )
+
+
+def _check_model(state: ServerState, model: str | None) -> str:
+    served = state.config.model.name
+    if model is not None and model != served:
+        raise APIError(
+            404,
+            f"The model {model!r} does not exist on this server; it serves {served!r}.",
+            param="model",
+            code="model_not_found",
+            reason="not_found",
+        )
+    return served
+
+
+def _enter_queue(state: ServerState) -> Ticket:
+    try:
+        return state.admission.try_enter()
+    except QueueFull as exc:
+        raise APIError(
+            429,
+            f"Model is overloaded: {exc}. Retry later.",
+            code="queue_full",
+            reason="queue_full",
+            headers={"Retry-After": str(state.admission.retry_after_s())},
+        ) from None
+
+
+async def _encode(codec: TextCodec, text: str, *, add_special_tokens: bool) -> list[int]:
+    try:
+        if len(text) <= TOKENIZE_INLINE_CHARS:
+            return codec.encode(text, add_special_tokens=add_special_tokens)
+        return await asyncio.to_thread(codec.encode, text, add_special_tokens=add_special_tokens)
+    except (UnicodeError, ValueError, TypeError, OverflowError) as exc:  # e.g. lone surrogates
+        raise invalid(f"the text cannot be tokenised: {exc}", "prompt") from None
+
+
+def _check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise invalid(f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})", param)
+
+
+# -- routes -------------------------------------------------------------------------------
+
+
+async def _completions(request: Request) -> Any:
+    state = _state(request)
+    _refuse_unless_serving(state)
+    _authorize(state, request)
+    body: CompletionRequest = parse_body(CompletionRequest, await _read_json(state, request))
+    body.check_supported()
+    model = _check_model(state, body.model)
+    prompt = body.single_prompt()
+    ticket = _enter_queue(state)
+    try:
+        codec = state.codec
+        assert codec is not None
+        if isinstance(prompt, str):
+            prompt_ids = await _encode(codec, prompt, add_special_tokens=True)
+            prompt_text = prompt
+        else:
+            _check_token_ids(prompt, codec.vocab_size, "prompt")
+            prompt_ids = list(prompt)
+            prompt_text = codec.decode(prompt_ids) if body.echo else ""
+        if not prompt_ids:
+            raise invalid("the prompt is empty", "prompt")
+        _check_token_ids(list(body.stop_token_ids or ()), codec.vocab_size, "stop_token_ids")
+        max_tokens = resolve_max_tokens(
+            body.max_tokens,
+            len(prompt_ids),
+            state.config.model.max_seq_len,
+            tokens_param="max_tokens",
+            prompt_param="prompt",
+        )
+        params = _sampling(body, max_tokens, body.logprobs)
+    except BaseException:
+        ticket.release()
+        raise
+    return _generation(state, request, ticket, prompt_ids, params, CompletionFormat, model, body, prompt_text)
+
+
+async def _chat_completions(request: Request) -> Any:
+    state = _state(request)
+    _refuse_unless_serving(state)
+    _authorize(state, request)
+    body: ChatCompletionRequest = parse_body(ChatCompletionRequest, await _read_json(state, request))
+    body.check_supported()
+    model = _check_model(state, body.model)
+    ticket = _enter_queue(state)
+    try:
+        codec = state.codec
+        assert codec is not None
+        messages = [m.as_template_input() for m in body.messages]
+        try:
+            prompt = codec.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
+        except TemplateRenderError as exc:
+            raise invalid(str(exc), "messages") from None
+        # The template already placed BOS and other special tokens where the model expects them.
+        prompt_ids = await _encode(codec, prompt, add_special_tokens=False)
+        if not prompt_ids:
+            raise invalid("the rendered conversation is empty", "messages")
+        _check_token_ids(list(body.stop_token_ids or ()), codec.vocab_size, "stop_token_ids")
+        tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        max_tokens = resolve_max_tokens(
+            body.requested_max_tokens(),
+            len(prompt_ids),
+            state.config.model.max_seq_len,
+            tokens_param=tokens_param,
+            prompt_param="messages",
+        )
+        params = _sampling(body, max_tokens, body.requested_logprobs())
+    except BaseException:
+        ticket.release()
+        raise
+    return _generation(state, request, ticket, prompt_ids, params, ChatFormat, model, body, "")
+
+
+def _sampling(body: Any, max_tokens: int, logprobs: int | None) -> Any:
+    try:
+        return body.sampling_params(max_tokens, logprobs)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+
+
+def _generation(
+    state: ServerState,
+    request: Request,
+    ticket: Ticket,
+    prompt_ids: list[int],
+    params: Any,
+    fmt_class: type[CompletionFormat],
+    model: str,
+    body: Any,
+    echo_text: str,
+) -> Generation:
+    request_id = request.scope["state"]["request_id"]
+    assert state.codec is not None
+    fields = request.scope["state"]["log"]
+    fields.update(
+        model=model, stream=body.stream, prompt_tokens=len(prompt_ids), max_tokens=params.max_tokens
+    )
+    return Generation(
+        state,
+        request_id,
+        ticket,
+        prompt_ids,
+        params,
+        fmt_class(request_id, model, int(time.time()), state.codec.decode_token),
+        stream=body.stream,
+        include_usage=body.include_usage(),
+        echo_text=echo_text if getattr(body, "echo", False) else "",
+        arrived_at=request.scope["state"]["arrived_at"],
+        log_fields=fields,
+    )
+
+
+async def _models(request: Request) -> Response:
+    state = _state(request)
+    _authorize(state, request)
+    name = state.config.model.name
+    card = {
+        "id": name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "frontier",
+        "root": name,
+        "max_model_len": state.config.model.max_seq_len,
+    }
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def _live(request: Request) -> Response:
+    ok, detail = _state(request).health.live()
+    return JSONResponse(detail, status_code=200 if ok else 503)
+
+
+async def _ready(request: Request) -> Response:
+    ok, detail = _state(request).health.ready()
+    return JSONResponse(detail, status_code=200 if ok else 503)
+
+
+async def _metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,48 @@
+"""Bearer API keys, compared in constant time.
+
+Only SHA-256 digests of the keys are kept. A presented key is hashed and compared with *every*
+stored digest (no early exit), so neither which key matched nor how much of it matched shows in
+the response time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterable
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", errors="surrogatepass")).digest()
+
+
+class ApiKeys:
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._digests = tuple(_digest(k) for k in keys)
+        if not self._digests:
+            raise ValueError("at least one API key is required when auth is on")
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+    def __repr__(self) -> str:  # never show key material, not even digests
+        return f"ApiKeys({len(self._digests)} keys)"
+
+    def check(self, authorization: str | None) -> bool:
+        """True when the ``Authorization`` header carries a known ``Bearer`` key."""
+        token = bearer_token(authorization)
+        presented = _digest(token or "")
+        matched = False
+        for digest in self._digests:
+            matched |= secrets.compare_digest(presented, digest)
+        return matched and token is not None
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token

@@ -1,0 +1,206 @@
+"""Prometheus metrics, named like vLLM's so existing dashboards keep working.
+
+Each app owns its own ``CollectorRegistry`` (several apps can live in one test process). Gauges
+that mirror engine state are read from ``engine.stats()`` at scrape time, so they are never stale.
+Besides vLLM's names, ``frontier_request_failures_total{reason}`` counts refusals by reason and
+``frontier_http_requests_total{route,status}`` with ``frontier_http_request_duration_seconds``
+let a deploy gate compute the error rate and p99 from one scrape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from frontier_runtime.engine.api import EngineStats
+
+TTFT_BUCKETS = (.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+TOKEN_LATENCY_BUCKETS = (.01, .025, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (.3, .5, .8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+HTTP_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
+TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)  # fmt: skip
+
+FAILURE_REASONS = ("queue_full", "queue_timeout", "invalid", "unauthorized", "draining", "too_large", "not_found", "client_disconnect", "engine_error", "not_ready")  # fmt: skip
+FINISH_REASONS = ("stop", "length", "abort")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ServerMetrics:
+    def __init__(
+        self,
+        model_name: str,
+        engine_stats: Callable[[], EngineStats | None],
+        queue_state: Callable[[], tuple[int, int]],
+        health_state: Callable[[], tuple[bool, bool]],
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+        reg = self.registry
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", labels, registry=reg)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels, registry=reg)
+        self.request_success = Counter(
+            "vllm:request_success",
+            "Requests finished, by finish reason.",
+            [*labels, "finished_reason"],
+            registry=reg,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=reg,
+        )
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Gap between consecutive output tokens.",
+            labels,
+            buckets=TOKEN_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.tpot = Histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "(e2e - ttft) / (output tokens - 1) per request.",
+            labels,
+            buckets=TOKEN_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Arrival to last token.",
+            labels,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Time spent waiting for admission.",
+            labels,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.request_prompt_tokens = Histogram(
+            "vllm:request_prompt_tokens",
+            "Prompt length per request.",
+            labels,
+            buckets=TOKEN_COUNT_BUCKETS,
+            registry=reg,
+        )
+        self.request_generation_tokens = Histogram(
+            "vllm:request_generation_tokens",
+            "Output length per request.",
+            labels,
+            buckets=TOKEN_COUNT_BUCKETS,
+            registry=reg,
+        )
+        self.failures = Counter(
+            "frontier_request_failures", "Requests refused or failed, by reason.", ["reason"], registry=reg
+        )
+        self.http_requests = Counter(
+            "frontier_http_requests",
+            "HTTP requests answered, by route and status.",
+            ["route", "status"],
+            registry=reg,
+        )
+        self.http_duration = Histogram(
+            "frontier_http_request_duration_seconds",
+            "HTTP request duration, by route.",
+            ["route"],
+            buckets=HTTP_BUCKETS,
+            registry=reg,
+        )
+        for reason in FAILURE_REASONS:
+            self.failures.labels(reason)
+        for reason in FINISH_REASONS:
+            self.request_success.labels(model_name, reason)
+        reg.register(_LiveCollector(model_name, engine_stats, queue_state, health_state))
+
+    def finished(
+        self,
+        *,
+        finish_reason: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        e2e_s: float,
+        ttft_s: float | None,
+    ) -> None:
+        m = self.model_name
+        self.request_success.labels(m, finish_reason).inc()
+        self.request_prompt_tokens.labels(m).observe(prompt_tokens)
+        self.request_generation_tokens.labels(m).observe(completion_tokens)
+        self.e2e.labels(m).observe(e2e_s)
+        if ttft_s is not None and completion_tokens > 1:
+            self.tpot.labels(m).observe((e2e_s - ttft_s) / (completion_tokens - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _LiveCollector(Collector):
+    """Gauges read at scrape time from the engine, the admission queue and the health state."""
+
+    def __init__(
+        self,
+        model_name: str,
+        engine_stats: Callable[[], EngineStats | None],
+        queue_state: Callable[[], tuple[int, int]],
+        health_state: Callable[[], tuple[bool, bool]],
+    ) -> None:
+        self._model = model_name
+        self._engine_stats = engine_stats
+        self._queue_state = queue_state
+        self._health_state = health_state
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self._engine_stats()
+        admitted, queued = self._queue_state()
+        ready, draining = self._health_state()
+        engine_waiting = stats.waiting if stats else 0
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric([self._model], value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric([self._model], value)
+            return c
+
+        yield gauge(
+            "vllm:num_requests_running", "Sequences running in the engine.", stats.running if stats else 0
+        )
+        yield gauge(
+            "vllm:num_requests_waiting",
+            "Requests waiting: in the admission queue plus in the engine's own queue.",
+            queued + engine_waiting,
+        )
+        yield gauge(
+            "vllm:kv_cache_usage_perc",
+            "Fraction of KV cache blocks in use (0..1).",
+            stats.kv_usage if stats else 0.0,
+        )
+        yield counter("vllm:num_preemptions", "Sequences preempted.", stats.num_preemptions if stats else 0)
+        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries if stats else 0)  # fmt: skip
+        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits if stats else 0)  # fmt: skip
+        yield gauge(
+            "frontier_batch_size",
+            "Sequences in the engine's last step.",
+            stats.last_batch_size if stats else 0,
+        )
+        yield gauge(
+            "frontier_step_tokens",
+            "Tokens in the engine's last step.",
+            stats.last_step_tokens if stats else 0,
+        )
+        yield counter("frontier_engine_steps", "Engine steps taken.", stats.steps if stats else 0)
+        yield gauge("frontier_kv_blocks_total", "KV cache blocks.", stats.kv_blocks_total if stats else 0)
+        yield gauge("frontier_kv_blocks_free", "KV cache blocks free.", stats.kv_blocks_free if stats else 0)
+        yield gauge("frontier_admitted_requests", "Requests holding an engine slot.", admitted)
+        yield gauge("frontier_queued_requests", "Requests in the admission queue.", queued)
+        yield gauge("frontier_ready", "1 when the readiness check passes.", 1.0 if ready else 0.0)
+        yield gauge("frontier_draining", "1 while draining before exit.", 1.0 if draining else 0.0)

@@ -1,0 +1,227 @@
+"""The OpenAI request bodies the server accepts, validated into engine ``SamplingParams``.
+
+Validation happens in two stages so that a refused request costs nothing: ``parse_*`` checks the
+shape and ranges of the JSON (cheap, before admission), and ``check_lengths`` checks the prompt
+against the model's context once it has been tokenised (after admission succeeded).
+Unknown fields are ignored, as vLLM does, so clients that send vendor extensions still work;
+fields we know but cannot honour (penalties, n > 1, tools) are refused with 400, never ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from frontier_runtime.engine.api import SamplingParams
+from frontier_runtime.server.errors import APIError, invalid
+
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_LENGTH = 512
+MAX_SEED = 2**63 - 1
+
+Probability = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Body):
+    model: str | None = Field(default=None, max_length=512)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: Probability = 1.0
+    top_k: int = Field(default=0, ge=-1, le=1_000_000)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
+    ignore_eos: bool = False
+    n: int = Field(default=1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_sequences(cls, value: str | list[str] | None) -> str | list[str] | None:
+        items = [value] if isinstance(value, str) else (value or [])
+        if len(items) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(items)}")
+        for item in items:
+            if not item or len(item) > MAX_STOP_LENGTH:
+                raise ValueError(
+                    f"each stop sequence must be 1..{MAX_STOP_LENGTH} characters, got {len(item)}"
+                )
+        return value
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _refuse_unsupported(self) -> None:
+        if self.n != 1:
+            raise invalid(f"n = {self.n} is not supported: send one request per choice (n must be 1)", "n")
+        if self.presence_penalty != 0.0:
+            raise invalid("presence_penalty is not supported (must be 0)", "presence_penalty")
+        if self.frequency_penalty != 0.0:
+            raise invalid("frequency_penalty is not supported (must be 0)", "frequency_penalty")
+        if self.repetition_penalty != 1.0:
+            raise invalid("repetition_penalty is not supported (must be 1)", "repetition_penalty")
+        if self.logit_bias:
+            raise invalid("logit_bias is not supported", "logit_bias")
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(0, self.top_k),
+            seed=self.seed,
+            stop=stop,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+        )
+
+
+PromptTokens = list[Annotated[int, Field(ge=0)]]
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | PromptTokens | list[str] | list[PromptTokens]
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1, le=128)
+
+    def single_prompt(self) -> str | list[int]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            if len(prompt) != 1:
+                raise invalid(
+                    f"prompt holds {len(prompt)} prompts; send one prompt per request",
+                    "prompt",
+                    "batch_not_supported",
+                )
+            prompt = prompt[0]
+        return prompt  # type: ignore[return-value]
+
+    def check_supported(self) -> None:
+        self._refuse_unsupported()
+        if self.suffix:
+            raise invalid("suffix is not supported", "suffix")
+        if self.best_of not in (None, 1):
+            raise invalid(f"best_of = {self.best_of} is not supported (must be 1)", "best_of")
+        if self.echo and self.stream:
+            raise invalid("echo is not supported together with stream", "echo")
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = Field(default=None, max_length=256)
+
+    def as_template_input(self) -> dict[str, Any]:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.name:
+            message["name"] = self.name
+        return message
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    add_generation_prompt: bool = True
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+
+    def check_supported(self) -> None:
+        self._refuse_unsupported()
+        if self.tools:
+            raise invalid("tools are not supported", "tools")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise invalid("top_logprobs requires logprobs = true", "top_logprobs")
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def requested_logprobs(self) -> int | None:
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0
+
+
+def parse_body(model: type[BaseModel], data: Any) -> Any:
+    """Validate ``data`` into ``model``; a failure is a 400 naming the field and the problem."""
+    if not isinstance(data, dict):
+        raise invalid(f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+
+
+def _validation_error(exc: ValidationError) -> APIError:
+    errors = exc.errors(include_url=False, include_input=False)
+    first = errors[0]
+    # Union branches show up in the location (``prompt.str``); keep only real field names and indices.
+    loc = [str(p) for p in first["loc"] if isinstance(p, int) or not _looks_like_type(str(p))]
+    param = ".".join(loc) or None
+    extra = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return invalid(f"{param or 'body'}: {first['msg']}{extra}", param)
+
+
+def _looks_like_type(part: str) -> bool:
+    return any(ch in part for ch in "[]()") or part in {
+        "str",
+        "int",
+        "float",
+        "bool",
+        "list",
+        "dict",
+        "function-after",
+    }
+
+
+def resolve_max_tokens(
+    requested: int | None, prompt_tokens: int, max_seq_len: int, *, tokens_param: str, prompt_param: str
+) -> int:
+    """``max_tokens`` that fits the context: omitted → what is left; too many → 400 naming both numbers."""
+    room = max_seq_len - prompt_tokens
+    if room < 1:
+        raise invalid(
+            f"This model's maximum context length is {max_seq_len} tokens. However, your prompt has "
+            f"{prompt_tokens} tokens, which leaves no room for any output. Please reduce the prompt.",
+            prompt_param,
+            "context_length_exceeded",
+        )
+    if requested is None:
+        return room
+    if requested > room:
+        raise invalid(
+            f"This model's maximum context length is {max_seq_len} tokens. However, you requested "
+            f"{prompt_tokens + requested} tokens ({prompt_tokens} in the prompt, {requested} for the "
+            f"completion). Please reduce the prompt or {tokens_param}.",
+            tokens_param,
+            "context_length_exceeded",
+        )
+    return requested

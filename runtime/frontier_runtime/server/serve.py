@@ -1,0 +1,245 @@
+"""Run the runtime: listen at once, load in the background, drain on SIGTERM, exit 0.
+
+The socket opens before the weights are fetched so that liveness answers (and readiness explains
+what it is waiting for) during a long download or warm-up. Loading order: API keys (quick, and a
+bad secret should stop the start at once) → weights (S3 + manifest, or a local directory) →
+tokenizer → engine → warm-up forward → ready. Any failure there stops the process with exit code 1
+and a message naming what failed.
+
+SIGTERM starts a drain instead of uvicorn's immediate close: readiness fails at once (the
+balancer stops sending), new requests get 503 with ``Connection: close``, and the process exits
+0 once the in-flight requests are done or ``drain.timeout_s`` has passed. A second SIGTERM or
+SIGINT exits without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from frontier_runtime.config import RuntimeConfig
+from frontier_runtime.server.admission import Admission
+from frontier_runtime.server.app import ServerState, create_app
+from frontier_runtime.server.auth import ApiKeys
+from frontier_runtime.server.health import Health
+from frontier_runtime.server.text import TextCodec
+
+log = logging.getLogger("frontier_runtime.serve")
+
+EXIT_OK = 0
+EXIT_START_FAILED = 1
+
+
+@dataclass
+class Loaded:
+    engine: Any
+    codec: TextCodec
+    api_keys: ApiKeys | None
+
+
+def new_state(config: RuntimeConfig) -> ServerState:
+    return ServerState(
+        config=config,
+        health=Health(stuck_after_s=config.health.stuck_after_s),
+        admission=Admission(
+            config.scheduler.max_concurrency,
+            config.scheduler.queue_max_length,
+            config.scheduler.queue_timeout_ms / 1000.0,
+        ),
+    )
+
+
+def resolve_model_dir(config: RuntimeConfig, model_dir: Path | None) -> Path:
+    """Where the weights lie locally: ``--model-dir``, a local ``model.source``, or the verified S3 cache."""
+    if model_dir is not None:
+        return model_dir
+    from frontier_runtime.storage.weights import fetch_weights, is_s3_uri
+
+    if not is_s3_uri(config.model.source):
+        return Path(config.model.source)
+    report = fetch_weights(config.model.source, config.model.version, Path(config.cache.weights_cache_dir))
+    return report.model_dir
+
+
+def load_runtime(config: RuntimeConfig, model_dir: Path | None) -> Loaded:
+    """Everything slow and fallible at start, in order; blocking (run it in a thread)."""
+    api_keys = None
+    if config.server.api_keys_secret_id:
+        from frontier_runtime.storage.secrets import load_api_keys
+
+        api_keys = ApiKeys(load_api_keys(config.server.api_keys_secret_id))
+    directory = resolve_model_dir(config, model_dir)
+    if not (directory / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"model directory {directory} has no tokenizer.json")
+    codec = TextCodec.from_dir(directory)
+    engine = build_engine(config, directory)
+    return Loaded(engine=engine, codec=codec, api_keys=api_keys)
+
+
+def build_engine(config: RuntimeConfig, model_dir: Path) -> Any:
+    from frontier_runtime.engine.loop import AsyncEngine
+
+    return AsyncEngine.from_config(config, model_dir)
+
+
+async def call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a method that may be sync or async (the engine decides)."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class RuntimeServer(uvicorn.Server):
+    """uvicorn with a drain on SIGTERM and the runtime's own start-up sequence."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        state: ServerState,
+        loader: Callable[[], Loaded],
+        *,
+        owns_engine: bool = True,
+    ) -> None:
+        super().__init__(config)
+        self.state = state
+        self.loader = loader
+        self.owns_engine = owns_engine
+        self.exit_code = EXIT_OK
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    # uvicorn calls this from its signal handler (main thread).
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.state.health.draining or self.should_exit:
+            log.warning(
+                "second signal: exiting without waiting", extra={"event": "force_exit", "signal": sig}
+            )
+            self.should_exit = True
+            self.force_exit = True
+            return
+        self.begin_drain(f"signal {signal.Signals(sig).name}")
+
+    def begin_drain(self, why: str) -> None:
+        self.state.health.draining = True  # readiness fails from this instant
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._spawn, self._drain(why))
+        else:
+            self.should_exit = True
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self, why: str) -> None:
+        state = self.state
+        timeout = state.config.drain.timeout_s
+        started = time.monotonic()
+        log.info(
+            "draining",
+            extra={"event": "drain_start", "reason": why, "in_flight": state.in_flight, "timeout_s": timeout},
+        )
+        assert state.idle is not None
+        if state.in_flight:
+            try:
+                await asyncio.wait_for(state.idle.wait(), timeout=timeout)
+            except TimeoutError:
+                log.warning(
+                    "drain timeout: aborting what is left",
+                    extra={"event": "drain_timeout", "in_flight": state.in_flight, "timeout_s": timeout},
+                )
+        log.info(
+            "drained",
+            extra={
+                "event": "drain_done",
+                "seconds": round(time.monotonic() - started, 3),
+                "in_flight": state.in_flight,
+            },
+        )
+        self.should_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.state.idle = asyncio.Event()
+        self.state.idle.set()
+        await super().startup(sockets=sockets)
+        for server in self.servers:
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                log.info("listening", extra={"event": "listening", "host": host, "port": port})
+        self._spawn(self._load())
+
+    async def _load(self) -> None:
+        try:
+            loaded = await asyncio.to_thread(self.loader)
+            self.state.api_keys = loaded.api_keys
+            self.state.attach(loaded.engine, loaded.codec)
+            started = time.monotonic()
+            warmup = getattr(loaded.engine, "warmup", None)
+            if warmup is not None:
+                await call(warmup)
+            self.state.health.warmed_up = True
+            log.info(
+                "ready",
+                extra={
+                    "event": "ready",
+                    "warmup_s": round(time.monotonic() - started, 3),
+                    "model": self.state.config.model.name,
+                },
+            )
+        except Exception as exc:
+            log.error(f"start-up failed: {exc}", extra={"event": "startup_failed", "error": str(exc)})
+            self.exit_code = EXIT_START_FAILED
+            self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.state.health.draining = True
+        await super().shutdown(sockets=sockets)
+        engine = self.state.engine
+        if self.owns_engine and engine is not None and hasattr(engine, "shutdown"):
+            try:
+                await call(engine.shutdown)
+            except Exception:
+                log.exception("engine shutdown failed")
+
+
+def uvicorn_config(app: Any, host: str, port: int) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        # The drain already waited for in-flight requests; this is only for the last bytes.
+        timeout_graceful_shutdown=2,
+        timeout_keep_alive=75,  # outlive a balancer's 60 s idle timeout, never the other way round
+        server_header=False,
+        h11_max_incomplete_event_size=64 * 1024,
+    )
+
+
+def serve(
+    config: RuntimeConfig, *, host: str | None = None, port: int | None = None, model_dir: Path | None = None
+) -> int:
+    """Run until drained; return the process exit code."""
+    state = new_state(config)
+    app = create_app(state)
+    server = RuntimeServer(
+        uvicorn_config(app, host or config.server.host, config.server.port if port is None else port),
+        state,
+        loader=lambda: load_runtime(config, model_dir),
+    )
+    server.run()
+    return server.exit_code

@@ -1,0 +1,85 @@
+"""The model's tokenizer: ``tokenizer.json`` through `tokenizers`, plus the chat template and
+special tokens of ``tokenizer_config.json`` / ``generation_config.json``.
+
+Chat prompts: ``apply_chat_template(messages)`` renders the template (which writes the BOS token
+itself), then ``encode(text, add_special_tokens=False)``; ``encode_chat`` does both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as _HFTokenizer
+
+
+class ChatTemplateError(ValueError):
+    """The chat template refused the messages (e.g. roles out of order)."""
+
+
+def _raise(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _token_text(value: object) -> str | None:
+    if isinstance(value, dict):  # {"content": "<s>", ...} in older tokenizer_config.json files
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | Path) -> None:
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no tokenizer.json in the model directory")
+        self._tok = _HFTokenizer.from_file(str(path))
+        cfg_path = model_dir / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        gen_path = model_dir / "generation_config.json"
+        gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+
+        self.chat_template: str | None = cfg.get("chat_template")
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        self.bos_token_id = self.token_to_id(self.bos_token) if self.bos_token else gen.get("bos_token_id")
+        eos_ids: list[int] = []
+        if self.eos_token and self.token_to_id(self.eos_token) is not None:
+            eos_ids.append(self.token_to_id(self.eos_token))
+        gen_eos = gen.get("eos_token_id")
+        for tid in gen_eos if isinstance(gen_eos, list) else ([] if gen_eos is None else [gen_eos]):
+            if tid not in eos_ids:
+                eos_ids.append(tid)
+        self.eos_token_ids: tuple[int, ...] = tuple(eos_ids)
+        self._template = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise ChatTemplateError("this model has no chat_template in tokenizer_config.json")
+        if self._template is None:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self._template = env.from_string(self.chat_template)
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)

@@ -1,0 +1,66 @@
+"""A private copy of the local stack for tests: its own state dir, loopback aliases and free ports.
+
+The copy lives in a temporary stacks folder (``$FRONTIER_STACKS_DIR``), so every task and library
+call that loads the ``local`` stack sees it, and nothing of the real ``stacks/`` or ``.frontier/``
+is touched. Host slots sit on 127.0.2.2-127.0.2.4, apart from other suites' addresses.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import yaml
+
+from frontier.stack import STACKS_DIR
+
+ADDRESSES = ("127.0.2.2", "127.0.2.3", "127.0.2.4")
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def free_port_on_all(addresses: tuple[str, ...]) -> int:
+    """A port free on every address (so each host slot can listen on the same number)."""
+    for _ in range(50):
+        port = free_port(addresses[0])
+        try:
+            for address in addresses[1:]:
+                with socket.socket() as sock:
+                    sock.bind((address, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no port free on all of {addresses}")
+
+
+def write_local_stack(root: Path, *, hosts: int = 3, edit: dict | None = None) -> Path:
+    """Write ``root/stacks/Pulumi.local.yaml``; return the stacks folder. ``edit`` overrides sections."""
+    document = yaml.safe_load((STACKS_DIR / "Pulumi.local.yaml").read_text())
+    config = document["config"]
+    state = root / "state"
+    ssh_port = free_port_on_all(ADDRESSES[:hosts])
+    runtime_port = free_port_on_all(ADDRESSES[:hosts])
+    config["frontier:local"] = {
+        "state_dir": str(state),
+        "moto_port": free_port(),
+        "balancer_port": free_port(),
+        "balancer_stats_port": free_port(),
+    }
+    config["frontier:inventory"]["ssh_key_file"] = str(state / "ssh" / "id_ed25519")
+    config["frontier:inventory"]["hosts"] = [
+        {"name": f"host-{i + 1}", "address": ADDRESSES[i], "ssh_port": ssh_port, "root": str(state / "hosts" / f"host-{i + 1}")}
+        for i in range(hosts)
+    ]
+    config["frontier:runtime"]["port"] = runtime_port
+    for group in config["frontier:node_groups"]:
+        group["min_size"] = group["desired_size"] = group["max_size"] = hosts
+    for section, values in (edit or {}).items():
+        config[f"frontier:{section}"] = {**config[f"frontier:{section}"], **values}
+    stacks = root / "stacks"
+    stacks.mkdir(parents=True, exist_ok=True)
+    (stacks / "Pulumi.local.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    return stacks

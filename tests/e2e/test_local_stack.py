@@ -1,0 +1,112 @@
+"""``local.up`` / ``local.down`` on a private copy of the local stack: real moto, sshd and HAProxy."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+
+import boto3
+import pytest
+from fabric import Config, Connection
+
+from frontier import local, services
+from frontier.stack import STACKS_DIR, load_stack
+from tests.e2e.stackcopy import write_local_stack
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch):
+    """A private local stack that each test brings up (or not) itself."""
+    monkeypatch.setenv("FRONTIER_STACKS_DIR", str(write_local_stack(tmp_path, hosts=2)))
+    monkeypatch.delenv(local.CONNECTION_ENV, raising=False)
+    s = load_stack("local")
+    yield s
+    local.down(s)
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    """One private local stack, up once for the tests that only look at it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FRONTIER_STACKS_DIR", str(write_local_stack(tmp_path_factory.mktemp("local"), hosts=2)))
+        mp.delenv(local.CONNECTION_ENV, raising=False)
+        s = load_stack("local")
+        first = local.up(s)
+        yield s, first
+        local.down(s)
+
+
+def test_up_starts_moto_sshd_per_host_and_haproxy_and_a_second_up_starts_nothing(running):
+    settings, report = running
+    first = {c.name: c.state for c in report}
+    assert first["moto"] == first["haproxy"] == first["sshd-host-1"] == first["sshd-host-2"] == "started"
+    second = {c.name: c.state for c in local.up(settings)}
+    assert set(second.values()) <= {"running", "exists"}
+
+
+def test_up_creates_the_buckets_and_a_secret_whose_key_only_the_state_file_shares(running):
+    settings, _ = running
+    env = local.aws_env(settings)
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=settings.region)
+    names = {b["Name"] for b in s3.list_buckets()["Buckets"]}
+    assert set(local.bucket_names(settings).values()) <= names
+    sm = boto3.client("secretsmanager", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=settings.region)
+    stored = json.loads(sm.get_secret_value(SecretId=settings.runtime.api_keys_secret)["SecretString"])
+    key_file = local.state_dir(settings) / local.API_KEY_FILE
+    assert stored["keys"] == [local.api_key(settings)]
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    local.up(settings)
+    assert local.api_key(settings) == stored["keys"][0]  # a second up keeps the key
+
+
+def test_host_slots_answer_over_ssh_with_the_aws_environment_pointing_at_moto(running):
+    settings, _ = running
+    host = settings.inventory.hosts[1]
+    conn = Connection(
+        host.address,
+        user=settings.inventory.ssh_user,
+        port=host.ssh_port,
+        config=Config(overrides={"load_ssh_configs": False}),
+        connect_kwargs={"key_filename": str(local.ssh_key_file(settings)), "look_for_keys": False, "allow_agent": False},
+    )
+    with conn:
+        out = conn.run("echo $AWS_ENDPOINT_URL $FRONTIER_HOST", hide=True, in_stream=False).stdout.split()
+    assert out == [local.moto_endpoint(settings), host.name]
+    env_file = (local.host_root(host) / "env").read_text()
+    assert f"AWS_ENDPOINT_URL={local.moto_endpoint(settings)}\n" in env_file
+    assert local.connection_mode(settings) == "ssh"
+
+
+def test_haproxy_serves_the_rendered_config_with_readiness_checks(running):
+    settings, _ = running
+    config = local.haproxy_config_path(settings).read_text()
+    assert f"option httpchk GET {settings.health.readiness_path}" in config
+    with socket.create_connection(("127.0.0.1", settings.local.balancer_port), timeout=2) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.0\r\n\r\n")
+        assert sock.recv(64).startswith(b"HTTP/1.1 503")  # no runtime yet: no healthy backend
+
+
+def test_down_stops_everything_and_a_second_down_finds_nothing(settings):
+    local.up(settings)
+    pids = [services.find(local.state_dir(settings), n).pid for n in ("moto", "haproxy", "sshd-host-1")]
+    stopped = {c.name: c.state for c in local.down(settings)}
+    assert stopped["moto"] == stopped["haproxy"] == stopped["sshd-host-1"] == "stopped"
+    assert not any(services._pid_alive(pid) for pid in pids)
+    assert {c.state for c in local.down(settings)} == {"absent"}
+
+
+def test_a_taken_port_is_named_before_anything_starts(settings):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", settings.local.balancer_port))
+        squatter.listen()
+        with pytest.raises(services.ServiceError, match=f"127.0.0.1:{settings.local.balancer_port} is already taken"):
+            local.up(settings)
+    assert services.find(local.state_dir(settings), "moto") is None
+
+
+def test_a_stack_without_a_local_section_is_refused():
+    with pytest.raises(local.LocalStackError, match="no 'frontier:local' section"):
+        local.up(load_stack("dev", path=STACKS_DIR / "Pulumi.dev.yaml"))

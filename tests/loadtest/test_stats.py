@@ -1,0 +1,113 @@
+"""Load-test statistics against hand-computed samples."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from frontier.loadtest_stats import Distribution, RequestSample, SloTargets, percentile, summarize
+
+SLO = SloTargets(ttft_ms=500, tpot_ms=100, p99_latency_ms=2000, error_rate=0.05)
+
+
+def ok(sent_at: float, ttft: float, e2el: float, tokens: int, itl: tuple[float, ...] = (), prompt: int = 0):
+    return RequestSample(
+        sent_at, True, ttft_s=ttft, e2el_s=e2el, output_tokens=tokens, itl_s=itl, prompt_tokens=prompt
+    )
+
+
+def test_percentile_interpolates_linearly_between_ranks():
+    values = [10.0, 20.0, 30.0, 40.0, 50.0]
+    assert percentile(values, 50) == 30.0
+    assert percentile(values, 90) == pytest.approx(46.0)  # rank 3.6: 40 + 0.6 * 10
+    assert percentile(values, 99) == pytest.approx(49.6)
+    assert percentile(values, 0) == 10.0 and percentile(values, 100) == 50.0
+
+
+def test_percentile_of_nothing_is_nan_and_q_is_range_checked():
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ValueError, match="0..100"):
+        percentile([1.0], 101)
+
+
+def test_tpot_is_decode_time_per_token_after_the_first():
+    sample = ok(0.0, ttft=0.2, e2el=1.2, tokens=11)
+    assert sample.tpot_s == pytest.approx(0.1)
+
+
+def test_tpot_is_undefined_for_a_single_token_or_a_failure():
+    assert ok(0.0, 0.2, 0.2, 1).tpot_s is None
+    assert RequestSample(0.0, False, error="http_429").tpot_s is None
+
+
+def test_a_request_meets_the_slo_only_when_every_target_holds():
+    assert ok(0, ttft=0.4, e2el=1.0, tokens=11).meets(SLO)
+    assert not ok(0, ttft=0.6, e2el=1.0, tokens=11).meets(SLO)  # TTFT 600 > 500
+    assert not ok(0, ttft=0.1, e2el=2.1, tokens=101).meets(SLO)  # E2EL 2100 > 2000
+    assert not ok(0, ttft=0.1, e2el=1.9, tokens=11).meets(SLO)  # TPOT 180 > 100
+    assert not RequestSample(0, False, error="connect").meets(SLO)
+
+
+def test_distribution_is_in_milliseconds():
+    d = Distribution.of_seconds([0.1, 0.2, 0.3])
+    assert d.count == 3
+    assert d.mean_ms == pytest.approx(200)
+    assert d.p50_ms == pytest.approx(200)
+
+
+def test_summary_counts_errors_by_kind_and_the_error_rate():
+    samples = [
+        ok(0.0, 0.1, 0.5, 5),
+        RequestSample(1.0, False, error="http_429"),
+        RequestSample(2.0, False, error="http_429"),
+        RequestSample(3.0, False, error="connect"),
+    ]
+    s = summarize(samples, window=(0.0, 10.0), slo=SLO, offered_rps=0.4)
+    assert (s.sent, s.completed, s.failed) == (4, 1, 3)
+    assert s.errors == {"http_429": 2, "connect": 1}
+    assert s.error_rate == pytest.approx(0.75)
+
+
+def test_throughput_counts_successes_finishing_inside_the_window():
+    samples = [
+        ok(0.0, 0.1, 1.0, 10, prompt=5),  # finishes at 1.0: inside
+        ok(1.0, 0.1, 2.0, 20, prompt=5),  # finishes at 3.0: inside
+        ok(3.0, 0.1, 3.0, 30, prompt=5),  # finishes at 6.0: after the 4 s window
+    ]
+    s = summarize(samples, window=(0.0, 4.0), slo=SLO, offered_rps=0.75)
+    assert s.sent_rps == pytest.approx(0.75)
+    assert s.throughput_rps == pytest.approx(0.5)
+    assert s.output_tokens_per_s == pytest.approx(30 / 4)
+    assert s.total_tokens_per_s == pytest.approx(40 / 4)
+    assert s.tracking == pytest.approx(0.5 / 0.75)
+
+
+def test_goodput_counts_only_requests_meeting_the_slo_per_second():
+    samples = [
+        ok(0, 0.1, 0.5, 5),
+        ok(1, 0.9, 1.0, 5),
+        ok(2, 0.1, 0.4, 5),
+        RequestSample(3, False, error="timeout"),
+    ]
+    s = summarize(samples, window=(0.0, 4.0), slo=SLO)
+    assert s.goodput_rps == pytest.approx(2 / 4)
+
+
+def test_itl_is_pooled_over_requests_and_tpot_taken_per_request():
+    samples = [
+        ok(0, 0.1, 0.3, 3, itl=(0.1, 0.1)),
+        ok(0, 0.1, 0.7, 3, itl=(0.3, 0.3)),
+    ]
+    s = summarize(samples, window=(0.0, 1.0), slo=SLO)
+    assert s.itl.count == 4
+    assert s.itl.p50_ms == pytest.approx(200)  # pooled [100, 100, 300, 300]
+    assert s.tpot.count == 2
+    assert s.tpot.mean_ms == pytest.approx(200)  # (100 + 300) / 2
+
+
+def test_latency_percentiles_ignore_failed_requests():
+    samples = [ok(0, 0.1, 0.2, 2), ok(0, 0.1, 0.4, 2), RequestSample(0, False, error="http_503")]
+    s = summarize(samples, window=(0.0, 1.0), slo=SLO)
+    assert s.e2el.count == 2
+    assert s.e2el.p50_ms == pytest.approx(300)

@@ -1,0 +1,75 @@
+"""Fixtures for the serving shell's tests: moto's threaded server, a tiny real model and engine, and
+the runtime served by uvicorn on a real loopback socket (port 0)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from frontier_runtime.server.serve import Loaded, build_engine
+from frontier_runtime.server.text import TextCodec
+from moto.server import ThreadedMotoServer
+from server_harness import TINY_SHAPE, RunningServer, runtime_config, start_server
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> str:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws_endpoint(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Point every default boto3 client at moto's server through the standard environment."""
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")).read()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    return moto_endpoint
+
+
+# -- a real runtime on a real socket -------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from frontier_runtime.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"), seed=0, **TINY_SHAPE)
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_model: Path) -> Iterator[Any]:
+    """One engine for the whole session (loading it is the slow part); servers come and go around it."""
+    eng = build_engine(runtime_config(tiny_model), tiny_model)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def codec(tiny_model: Path) -> TextCodec:
+    return TextCodec.from_dir(tiny_model)
+
+
+@pytest.fixture
+def serve(engine: Any, codec: TextCodec, tiny_model: Path) -> Iterator[Any]:
+    """``serve(**config_overrides) -> RunningServer`` over the shared engine; stopped after the test."""
+    running: list[RunningServer] = []
+
+    def _start(api_keys: Any = None, **overrides: Any) -> RunningServer:
+        config = runtime_config(tiny_model, **overrides)
+        srv = start_server(config, lambda: Loaded(engine=engine, codec=codec, api_keys=api_keys))
+        running.append(srv)
+        return srv
+
+    yield _start
+    for srv in running:
+        srv.stop()
+        srv.wait_idle()

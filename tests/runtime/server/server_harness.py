@@ -1,0 +1,93 @@
+"""A real runtime on a real loopback socket for tests: config builder and an in-thread server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from frontier_runtime.config import RuntimeConfig, parse_config
+from frontier_runtime.server.app import ServerState, create_app
+from frontier_runtime.server.serve import RuntimeServer, new_state, uvicorn_config
+
+MODEL = "tiny-test"
+ENGINE_MAX_SEQ_LEN = 256
+# Small enough to build fast and step in a few milliseconds on two cores; real weights, real torch.
+TINY_SHAPE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 128}
+
+
+def runtime_config(model_dir: Path | str, **overrides: Any) -> RuntimeConfig:
+    """A runtime.yaml for tests; ``overrides`` are dotted paths, e.g. ``scheduler__max_concurrency=2``."""
+    data: dict[str, Any] = {
+        "model": {"name": MODEL, "source": str(model_dir), "max_seq_len": ENGINE_MAX_SEQ_LEN},
+        "server": {"keepalive_s": 15.0},
+        "scheduler": {
+            "max_concurrency": 8,
+            "queue_max_length": 16,
+            "queue_timeout_ms": 30_000,
+            "batch_window_ms": 0,
+            "max_batch_size": 8,
+            "max_num_batched_tokens": 512,
+        },
+        "cache": {"cpu_kv_cache_bytes": 16 * 1024 * 1024, "block_size": 16},
+        "drain": {"timeout_s": 20},
+        "device": "cpu",
+    }
+    for dotted, value in overrides.items():
+        section, key = dotted.split("__")
+        data.setdefault(section, {})[key] = value
+    return parse_config(yaml.safe_dump(data))
+
+
+@dataclass
+class RunningServer:
+    url: str
+    state: ServerState
+    server: RuntimeServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until no request is in flight and the engine holds no sequence."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            stats = self.state.engine.stats()
+            quiet = self.state.in_flight == 0 and stats.running == 0 and stats.waiting == 0
+            if quiet and stats.kv_blocks_free == stats.kv_blocks_total:
+                return
+            time.sleep(0.02)
+        raise AssertionError(
+            f"server not idle: in_flight={self.state.in_flight} stats={self.state.engine.stats()}"
+        )
+
+
+def start_server(config: RuntimeConfig, loader: Any) -> RunningServer:
+    state = new_state(config)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = RuntimeServer(
+        uvicorn_config(create_app(state), "127.0.0.1", port), state, loader, owns_engine=False
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (state.health.warmed_up and server.started):
+        if server.exit_code or not thread.is_alive():
+            raise RuntimeError("test server failed to start")
+        if time.monotonic() > deadline:
+            raise TimeoutError("test server did not become ready")
+        time.sleep(0.01)
+    return RunningServer(f"http://127.0.0.1:{port}", state, server, thread)

@@ -1,0 +1,365 @@
+"""Rendering: every host file comes from templates/, deterministically, and is valid for its reader."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import jinja2
+import pytest
+import yaml
+from frontier_runtime.config import parse_config
+
+from frontier import render
+from frontier.errors import FrontierError
+from frontier.stack import REPO_ROOT, load_stack
+
+STACKS = ["local", "dev", "staging", "prod"]
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.fixture(scope="module", params=STACKS)
+def settings(request):
+    return load_stack(request.param)
+
+
+@pytest.fixture(scope="module")
+def prod():
+    return load_stack("prod")
+
+
+@pytest.fixture(scope="module")
+def local():
+    return load_stack("local")
+
+
+# --- determinism ----------------------------------------------------------------------------------
+
+
+def test_same_settings_and_digest_render_the_same_bytes(settings):
+    first = render.render_stack(settings, DIGEST)
+    second = render.render_stack(load_stack(settings.stack), DIGEST)
+    assert first == second
+    assert list(first) == sorted(first)
+
+
+def test_rendering_does_not_depend_on_hash_seed():
+    # Set and dict iteration order can change with PYTHONHASHSEED; the bytes must not.
+    script = (
+        "import hashlib, json; from frontier.stack import load_stack; from frontier.render import render_stack; "
+        f"files = render_stack(load_stack('local'), {DIGEST!r}); "
+        "print(hashlib.sha256(json.dumps(files).encode()).hexdigest())"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    ]
+    assert runs[0] == runs[1]
+
+
+def test_rendered_files_hold_no_timestamps(settings):
+    for name, text in render.render_stack(settings, DIGEST).items():
+        assert not re.search(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}", text), name
+
+
+def test_a_different_digest_changes_only_the_unit(prod):
+    a = render.render_stack(prod, DIGEST)
+    b = render.render_stack(prod, "sha256:" + "f" * 64)
+    assert [name for name in a if a[name] != b[name]] == ["release/frontier-runtime.service"]
+
+
+def test_a_missing_template_value_is_an_error_not_an_empty_string():
+    template = render.ENV.from_string("port: {{ port }}\n")
+    with pytest.raises(jinja2.UndefinedError):
+        template.render()
+
+
+def test_the_environment_does_not_escape_config_text():
+    assert render.ENV.from_string("{{ v }}").render(v="a<b & 'c'") == "a<b & 'c'"
+
+
+# --- runtime.yaml ---------------------------------------------------------------------------------
+
+
+def test_rendered_runtime_config_is_accepted_by_the_runtime(settings):
+    config = parse_config(render.render_runtime_config(settings))
+    rt = settings.runtime
+    assert config.model.name == settings.model.name
+    assert config.model.source == settings.model.weights_uri
+    assert config.model.version == settings.model.version
+    assert config.model.dtype == settings.model.dtype
+    assert config.model.max_seq_len == settings.model.max_seq_len
+    assert config.server.port == rt.port
+    assert config.server.api_keys_secret_id == rt.api_keys_secret
+    assert config.health.readiness_path == settings.health.readiness_path
+    assert config.health.liveness_path == settings.health.liveness_path
+    assert config.scheduler.max_concurrency == rt.max_concurrency
+    assert config.scheduler.queue_max_length == rt.queue.max_length
+    assert config.scheduler.queue_timeout_ms == rt.queue.timeout_ms
+    assert config.scheduler.batch_window_ms == rt.batch.window_ms
+    assert config.scheduler.max_batch_size == rt.batch.max_batch_size
+    assert config.scheduler.max_num_batched_tokens == rt.batch.max_num_batched_tokens
+    assert config.scheduler.chunked_prefill == rt.batch.chunked_prefill
+    assert config.cache.block_size == rt.block_size
+    assert config.cache.kv_cache_dtype == rt.kv_cache_dtype
+    assert config.cache.gpu_memory_utilization == rt.gpu_memory_utilization
+    assert config.parallel.tensor_parallel_size == rt.tensor_parallel_size
+    assert config.parallel.pipeline_parallel_size == rt.pipeline_parallel_size
+    assert config.parallel.expert_parallel_size == rt.expert_parallel_size
+    assert config.drain.timeout_s == rt.drain_timeout_s
+
+
+def test_cloud_runtime_config_runs_on_cuda_with_the_cache_volume(prod):
+    config = parse_config(render.render_runtime_config(prod))
+    assert config.device == "cuda"
+    assert config.cache.weights_cache_dir == "/var/cache/frontier/weights"
+
+
+def test_local_runtime_config_runs_on_cpu_with_a_relative_cache(local):
+    config = parse_config(render.render_runtime_config(local))
+    assert config.device == "cpu"
+    assert config.cache.weights_cache_dir == "cache/weights"
+
+
+def test_cpu_kv_cache_holds_max_batch_size_sequences_of_max_seq_len(local):
+    config = parse_config(render.render_runtime_config(local))
+    # tiny-llama: 2 x 4 layers x 4 KV heads x 32 head_dim x 4 bytes (float32) = 4,096 B per token
+    assert config.cache.cpu_kv_cache_bytes == 4096 * 16 * 1024
+
+
+def test_runtime_config_holds_no_secret_value(local):
+    text = render.render_runtime_config(local)
+    assert "api_keys_secret_id: \"frontier/local/api-keys\"" in text
+    assert "sk-" not in text
+
+
+def test_a_config_the_runtime_refuses_is_not_rendered(prod):
+    broken = prod.model_copy(update={"runtime": prod.runtime.model_copy(update={"port": 70000})})
+    with pytest.raises(FrontierError, match=r"the runtime refuses the rendered config:\n.*server.port = 70000"):
+        render.render_runtime_config(broken)
+
+
+# --- systemd unit ---------------------------------------------------------------------------------
+
+
+def _unit(settings, digest=DIGEST) -> str:
+    return render.render_release_files(settings, digest)[render.UNIT_NAME]
+
+
+def test_release_is_the_runtime_config_and_the_unit(prod):
+    assert sorted(render.render_release_files(prod, DIGEST)) == ["frontier-runtime.service", "runtime.yaml"]
+
+
+@pytest.mark.parametrize(
+    "reference",
+    ["latest", "v1.2.3", "sha256:abc", "sha256:" + "A" * 64, "sha256:" + "0" * 63, "sha512:" + "0" * 64],
+)
+def test_unit_refuses_anything_but_an_immutable_digest(prod, reference):
+    with pytest.raises(FrontierError, match=re.escape(repr(reference))):
+        render.render_release_files(prod, reference)
+
+
+def test_unit_runs_the_image_by_digest(prod):
+    unit = _unit(prod)
+    image = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/frontier-runtime@{DIGEST}"
+    assert f"Environment=FRONTIER_IMAGE={image}\n" in unit
+    assert "ExecStartPre=/usr/bin/docker pull ${FRONTIER_IMAGE}\n" in unit
+    assert ":latest" not in unit
+
+
+def test_unit_gives_the_container_the_gpus(prod):
+    unit = _unit(prod)
+    assert "--gpus all" in unit
+    assert "--ipc=host" in unit
+
+
+def test_cpu_unit_asks_for_no_gpus(local):
+    unit = _unit(local)
+    assert "--gpus" not in unit
+
+
+def test_unit_mounts_the_release_read_only_and_references_secrets_by_id_only(prod):
+    unit = _unit(prod)
+    assert "--read-only" in unit
+    assert "source=/opt/frontier/current,target=/etc/frontier/release,readonly" in unit
+    assert "--config /etc/frontier/release/runtime.yaml" in unit
+    assert "api-keys" not in unit
+    assert "AWS_SECRET_ACCESS_KEY" not in unit
+
+
+def test_unit_waits_longer_than_the_drain_before_killing(settings):
+    unit = _unit(settings)
+    timeout_stop = int(re.search(r"^TimeoutStopSec=(\d+)$", unit, re.M).group(1))
+    docker_grace = int(re.search(r"docker stop --time (\d+)", unit).group(1))
+    assert docker_grace >= settings.runtime.drain_timeout_s
+    assert timeout_stop > docker_grace
+
+
+def test_unit_restarts_on_failure(prod):
+    assert "\nRestart=on-failure\n" in _unit(prod)
+
+
+def test_placeholder_digest_is_marked_not_deployable(prod):
+    assert "NOT deployable" in _unit(prod, render.PLACEHOLDER_DIGEST)
+    assert "NOT deployable" not in _unit(prod)
+
+
+# --- node bootstrap -------------------------------------------------------------------------------
+
+
+def test_driver_script_is_valid_bash(prod, tmp_path):
+    script = tmp_path / "install-nvidia.sh"
+    script.write_text(render.render_driver_script(prod))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_driver_script_pins_branch_and_toolkit(prod):
+    script = render.render_driver_script(prod)
+    assert 'BRANCH="550"' in script
+    assert 'TOOLKIT_VERSION="1.17.3"' in script
+    assert "nvidia-headless-${BRANCH}-server" in script
+    assert 'EXPECTED_GPUS="${FRONTIER_EXPECTED_GPUS:-8}"' in script
+
+
+def test_cloud_init_is_yaml_with_the_driver_script_and_no_secrets(prod):
+    text = render.render_cloud_init(prod, "h100")
+    assert text.startswith("#cloud-config\n")
+    data = yaml.safe_load(text)
+    files = {f["path"]: f for f in data["write_files"]}
+    assert files["/opt/frontier/bin/install-nvidia.sh"]["content"] == render.render_driver_script(prod, "h100")
+    assert "docker.io" in data["packages"]
+    assert data["runcmd"] == [["/usr/local/sbin/frontier-bootstrap"]]
+    assert "1000 GiB" in files["/usr/local/sbin/frontier-mount-cache"]["content"]
+    assert "api-keys" not in text and "PRIVATE KEY" not in text
+
+
+def test_cloud_init_logs_docker_into_ecr_with_the_instance_profile(prod):
+    data = yaml.safe_load(render.render_cloud_init(prod, "h100"))
+    files = {f["path"]: f for f in data["write_files"]}
+    assert yaml.safe_load(files["/root/.docker/config.json"]["content"]) == {
+        "credHelpers": {"123456789012.dkr.ecr.us-east-1.amazonaws.com": "ecr-login"}
+    }
+
+
+def test_cloud_init_scripts_are_valid_bash(prod, tmp_path):
+    data = yaml.safe_load(render.render_cloud_init(prod, "h100"))
+    for item in data["write_files"]:
+        if item["content"].startswith("#!/usr/bin/env bash"):
+            script = tmp_path / "script.sh"
+            script.write_text(item["content"])
+            subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_cloud_init_of_an_unknown_group_names_the_known_ones(prod):
+    with pytest.raises(FrontierError, match=r"no node group 'a100' \(node groups: h100\)"):
+        render.render_cloud_init(prod, "a100")
+
+
+# --- HAProxy --------------------------------------------------------------------------------------
+
+
+def _haproxy(settings, **kwargs) -> str:
+    backends = [("host-1", "127.0.0.2", 8000), ("host-2", "127.0.0.3", 8000)]
+    return render.render_haproxy(settings, backends, bind_port=18080, stats_socket="/tmp/frontier-admin.sock", **kwargs)
+
+
+def test_haproxy_config_passes_haproxy_check(local, tmp_path):
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(_haproxy(local, stats_port=18081))
+    result = subprocess.run(["haproxy", "-c", "-f", str(cfg)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING" not in result.stdout + result.stderr
+
+
+def test_haproxy_config_of_the_local_stack_passes_haproxy_check(local, tmp_path):
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(render.render_stack(local, DIGEST)["balancer/haproxy.cfg"])
+    result = subprocess.run(["haproxy", "-c", "-f", str(cfg)], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_haproxy_checks_readiness_with_the_stack_health_settings(local):
+    cfg = _haproxy(local)
+    assert "option httpchk GET /health/ready" in cfg
+    assert "http-check expect status 200" in cfg
+    assert "inter 1000ms" in cfg and "fall 2" in cfg and "rise 2" in cfg
+    assert "balance leastconn" in cfg
+    assert "server host-1 127.0.0.2:8000" in cfg and "server host-2 127.0.0.3:8000" in cfg
+
+
+def test_haproxy_retries_requests_a_draining_host_refuses(local):
+    cfg = _haproxy(local)
+    assert "retry-on conn-failure empty-response 503" in cfg
+    assert "option redispatch" in cfg
+
+
+def test_haproxy_exposes_an_admin_socket_for_the_rollout(local):
+    assert "stats socket /tmp/frontier-admin.sock mode 600 level admin" in _haproxy(local)
+
+
+def test_haproxy_timeouts_outlast_a_streamed_answer(prod):
+    cfg = _haproxy(prod)
+    server_timeout = int(re.search(r"timeout server (\d+)s", cfg).group(1))
+    assert server_timeout * 1000 >= prod.slo.p99_latency_ms
+
+
+def test_haproxy_refuses_duplicate_backend_names(local):
+    with pytest.raises(FrontierError, match="distinct names"):
+        render.render_haproxy(local, [("a", "127.0.0.2", 1), ("a", "127.0.0.3", 1)], bind_port=1, stats_socket="/s")
+
+
+# --- alerts ---------------------------------------------------------------------------------------
+
+
+def test_alerts_follow_the_slos(prod):
+    rules = {r["alert"]: r for r in yaml.safe_load(render.render_alerts(prod))["groups"][0]["rules"]}
+    assert set(rules) == {
+        "FrontierTTFTHigh",
+        "FrontierLatencyHigh",
+        "FrontierErrorRateHigh",
+        "FrontierQueueDeep",
+        "FrontierKVCacheFull",
+        "FrontierHostNotReady",
+    }
+    assert rules["FrontierTTFTHigh"]["expr"].endswith("> 1.5")
+    assert rules["FrontierLatencyHigh"]["expr"].endswith("> 30.0")
+    assert rules["FrontierErrorRateHigh"]["expr"].endswith("> 0.005")
+    assert rules["FrontierQueueDeep"]["expr"].endswith("> 400")
+    assert "{{ $labels.instance }}" in rules["FrontierQueueDeep"]["annotations"]["summary"]
+
+
+def test_alerts_use_metric_names_the_runtime_exports():
+    from frontier_runtime.server import metrics
+
+    source = open(metrics.__file__).read()
+    for name in render.METRICS.values():
+        base = name.removesuffix("_bucket").removesuffix("_total")
+        assert f'"{base}"' in source, name
+
+
+# --- the whole stack ------------------------------------------------------------------------------
+
+
+def test_cloud_stack_renders_release_bootstrap_drivers_and_alerts(prod):
+    assert list(render.render_stack(prod, DIGEST)) == [
+        "cloud-init/h100.yaml",
+        "drivers/h100/install-nvidia.sh",
+        "monitoring/alerts.yaml",
+        "release/frontier-runtime.service",
+        "release/runtime.yaml",
+    ]
+
+
+def test_local_stack_renders_its_balancer_and_no_driver_script(local):
+    files = render.render_stack(local, DIGEST)
+    assert "balancer/haproxy.cfg" in files
+    assert not any(name.startswith("drivers/") for name in files)
