@@ -175,7 +175,6 @@ def render_systemd_unit(settings: Settings, digest: str) -> str:
         stack=settings.stack,
         image=image_reference(settings, digest),
         placeholder=is_placeholder(digest),
-        registry=settings.runtime.image_repository.split("/", 1)[0],
         container=CONTAINER_NAME,
         gpu=gpu,
         region=settings.region,

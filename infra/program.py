@@ -46,9 +46,9 @@ def refuse_local(settings: Settings) -> None:
         )
 
 
-def preflight(settings: Settings, cloud: Cloud) -> None:
+def preflight(settings: Settings, cloud: Cloud, images: dict[str, MachineImage]) -> None:
     """Problems AWS would report halfway through an update, reported before anything is created."""
-    problems = list(_problems(settings, cloud))
+    problems = [*_problems(settings, cloud), *_image_problems(settings, images)]
     if problems:
         lines = [f"{settings.source}: {len(problems)} problem(s) for provisioning stack {settings.stack!r}"]
         raise ProvisionError("\n".join([*lines, *(f"  {p}" for p in problems)]))
@@ -91,20 +91,22 @@ def _problems(s: Settings, cloud: Cloud):
         yield f"edge.waf_rate_limit = {s.edge.waf_rate_limit}: WAF rate limits start at {WAF_MIN_RATE_LIMIT} (0 turns WAF off)"
 
 
-def _check_image(group_index: int, settings: Settings, image: MachineImage) -> None:
-    group = settings.node_groups[group_index]
-    if group.root_volume_gb < image.root_snapshot_gb:
-        raise ProvisionError(
-            f"{settings.source}: node_groups[{group_index}].root_volume_gb = {group.root_volume_gb}: the AMI "
-            f"{image.image_id} needs at least {image.root_snapshot_gb} GB"
-        )
+def _image_problems(settings: Settings, images: dict[str, MachineImage]):
+    for index, group in enumerate(settings.node_groups):
+        image = images[group.name]
+        if group.root_volume_gb < image.root_snapshot_gb:
+            yield (
+                f"node_groups[{index}].root_volume_gb = {group.root_volume_gb}: the AMI {image.image_id} "
+                f"needs at least {image.root_snapshot_gb} GB"
+            )
 
 
 def build(settings: Settings) -> StackOutputs:
     """Create every resource of the stack; returns what ``fab`` needs to operate it."""
     refuse_local(settings)
     cloud = look_up(settings.region)
-    preflight(settings, cloud)
+    images = {group.name: look_up_image(group) for group in settings.node_groups}
+    preflight(settings, cloud, images)
 
     stack, production = settings.stack, is_production(settings)
     tags = base_tags(stack)
@@ -206,9 +208,7 @@ def build(settings: Settings) -> StackOutputs:
         ),
     )
     groups = []
-    for index, group in enumerate(settings.node_groups):
-        image = look_up_image(group)
-        _check_image(index, settings, image)
+    for group in settings.node_groups:
         serving = group is settings.serving_group
         groups.append(
             GpuNodeGroup(
@@ -216,7 +216,7 @@ def build(settings: Settings) -> StackOutputs:
                 NodeGroupArgs(
                     stack=stack,
                     group=group,
-                    image=image,
+                    image=images[group.name],
                     user_data=render_cloud_init(settings, group),
                     instance_profile_arn=identity.instance_profile_arn,
                     security_group_ids=[security.runtime_id],

@@ -24,7 +24,12 @@ from frontier.tasks.common import reports_errors, settings_for
 )
 @reports_errors
 def render(c, stack=None, out=None, digest=None):
-    """Render every file of a stack from templates/ into a folder and list what was written."""
+    """Render every file of a stack from templates/ into a folder and list what was written.
+
+    The systemd unit names the runtime image by digest. Without --digest it names an all-zero
+    placeholder, marked in the unit and in a warning: the other files are complete, the unit is
+    not deployable. Releases (`fab deploy`) always render with the digest being deployed.
+    """
     settings = settings_for(stack)
     if digest is None:
         digest = renderer.PLACEHOLDER_DIGEST
@@ -38,8 +43,19 @@ def render(c, stack=None, out=None, digest=None):
         for rel, text in files.items()
     ]
     console.print(
-        tables.table(f"rendered stack {settings.stack} into {out_dir}", ("file", "bytes", "sha256"), rows)
+        tables.table(
+            f"rendered stack {settings.stack} into {out_dir}", ("file", "bytes", "sha256"), rows, numeric=(1,)
+        )
     )
+    stale = sorted(
+        str(path.relative_to(out_dir))
+        for path in out_dir.rglob("*")
+        if path.is_file() and str(path.relative_to(out_dir)) not in files
+    )
+    if stale:
+        console.print(
+            f"note: {len(stale)} file(s) in {out_dir} were not written by this render: {', '.join(stale)}"
+        )
     if renderer.is_placeholder(digest):
         console.print(
             f"warning: no --digest given: {renderer.UNIT_NAME} names the placeholder digest "
@@ -58,7 +74,7 @@ def plan(c, stack=None):
     console = tables.console()
     model, rt = settings.model, settings.runtime
     console.print(
-        f"stack {settings.stack}: {model.name} ({model.num_parameters / 1e9:.1f}B parameters, {model.dtype}), "
+        f"stack {settings.stack}: {model.name} ({tables.count(model.num_parameters)} parameters, {model.dtype}), "
         f"TP {rt.tensor_parallel_size} x PP {rt.pipeline_parallel_size} x EP {rt.expert_parallel_size}, "
         f"max_batch_size {rt.batch.max_batch_size} x max_seq_len {model.max_seq_len}"
     )
@@ -72,11 +88,16 @@ def plan(c, stack=None):
 
 def _memory_table(p: GroupPlan):
     m, g = p.memory, p.group
+    device = "GPU" if g.accelerator == "gpu" else "device (CPU)"
     rows = [
-        ("GPU memory", tables.gb(m.gpu_memory_bytes), f"one {g.gpu_type}"),
-        ("budget", tables.gb(m.budget_bytes), f"runtime.gpu_memory_utilization {m.utilization} x GPU memory"),
-        ("weights (whole model)", tables.gb(m.weights_bytes), "parameters x bytes per parameter"),
-        ("weights per GPU", tables.gb(m.weights_per_gpu_bytes), f"/ {p.gpus_per_replica} GPUs (TP x PP)"),
+        (f"{device} memory", tables.size(m.gpu_memory_bytes), f"one {g.gpu_type}"),
+        (
+            "budget",
+            tables.size(m.budget_bytes),
+            f"runtime.gpu_memory_utilization {m.utilization} x GPU memory",
+        ),
+        ("weights (whole model)", tables.size(m.weights_bytes), "parameters x bytes per parameter"),
+        ("weights per GPU", tables.size(m.weights_per_gpu_bytes), f"/ {p.gpus_per_replica} GPUs (TP x PP)"),
         (
             "KV bytes per token (model)",
             f"{m.kv_bytes_per_token:,} B",
@@ -85,22 +106,24 @@ def _memory_table(p: GroupPlan):
         ("KV bytes per token per GPU", f"{m.kv_bytes_per_token_per_gpu:,} B", "KV heads / TP, layers / PP"),
         (
             "KV needed",
-            tables.gb(m.kv_required_bytes),
+            tables.size(m.kv_required_bytes),
             f"{m.kv_tokens_required:,} tokens = max_batch_size x max_seq_len",
         ),
         (
             "reserved",
-            tables.gb(m.reserved_bytes),
+            tables.size(m.reserved_bytes),
             "runtime.reserved_memory_gb: activations, graphs, workspace",
         ),
-        ("headroom", tables.gb(m.headroom_bytes), "budget - weights - KV needed - reserved"),
+        ("headroom", tables.size(m.headroom_bytes), "budget - weights - KV needed - reserved"),
         (
             "KV capacity",
             f"{m.kv_capacity_tokens:,} tokens",
             "(budget - weights - reserved) / KV bytes per token per GPU",
         ),
     ]
-    return tables.table(f"node group {g.name}: memory of one GPU", ("item", "value", "how"), rows)
+    return tables.table(
+        f"node group {g.name}: memory of one {device}", ("item", "value", "how"), rows, numeric=(1,)
+    )
 
 
 def _capacity_table(result: Plan, p: GroupPlan, settings):
@@ -140,7 +163,9 @@ def _capacity_table(result: Plan, p: GroupPlan, settings):
             f"whole fleet at peak_qps x avg_output_tokens ({cap.avg_output_tokens})",
         ),
     ]
-    return tables.table(f"node group {g.name}: replicas, nodes and cost", ("item", "value", "how"), rows)
+    return tables.table(
+        f"node group {g.name}: replicas, nodes and cost", ("item", "value", "how"), rows, numeric=(1,)
+    )
 
 
 def register(namespace: Collection) -> None:

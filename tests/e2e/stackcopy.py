@@ -52,7 +52,12 @@ def write_local_stack(root: Path, *, hosts: int = 3, edit: dict | None = None) -
     }
     config["frontier:inventory"]["ssh_key_file"] = str(state / "ssh" / "id_ed25519")
     config["frontier:inventory"]["hosts"] = [
-        {"name": f"host-{i + 1}", "address": ADDRESSES[i], "ssh_port": ssh_port, "root": str(state / "hosts" / f"host-{i + 1}")}
+        {
+            "name": f"host-{i + 1}",
+            "address": ADDRESSES[i],
+            "ssh_port": ssh_port,
+            "root": str(state / "hosts" / f"host-{i + 1}"),
+        }
         for i in range(hosts)
     ]
     config["frontier:runtime"]["port"] = runtime_port

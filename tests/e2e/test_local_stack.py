@@ -70,7 +70,11 @@ def test_host_slots_answer_over_ssh_with_the_aws_environment_pointing_at_moto(ru
         user=settings.inventory.ssh_user,
         port=host.ssh_port,
         config=Config(overrides={"load_ssh_configs": False}),
-        connect_kwargs={"key_filename": str(local.ssh_key_file(settings)), "look_for_keys": False, "allow_agent": False},
+        connect_kwargs={
+            "key_filename": str(local.ssh_key_file(settings)),
+            "look_for_keys": False,
+            "allow_agent": False,
+        },
     )
     with conn:
         out = conn.run("echo $AWS_ENDPOINT_URL $FRONTIER_HOST", hide=True, in_stream=False).stdout.split()
@@ -102,7 +106,9 @@ def test_a_taken_port_is_named_before_anything_starts(settings):
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", settings.local.balancer_port))
         squatter.listen()
-        with pytest.raises(services.ServiceError, match=f"127.0.0.1:{settings.local.balancer_port} is already taken"):
+        with pytest.raises(
+            services.ServiceError, match=f"127.0.0.1:{settings.local.balancer_port} is already taken"
+        ):
             local.up(settings)
     assert services.find(local.state_dir(settings), "moto") is None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import runpy
 import sys
 from pathlib import Path
 
@@ -16,14 +17,21 @@ if str(REPO) not in sys.path:
 
 from infra_mocks import Graph, run_program  # noqa: E402
 
+MAIN = REPO / "infra" / "__main__.py"
 CLOUD_STACKS = ("dev", "staging", "prod")
 _graphs: dict[str, Graph] = {}
 
 
+def run_main(stack: str, settings=None) -> Graph:
+    """Run ``infra/__main__.py`` as ``pulumi up -s <stack>`` does; ``settings`` only sets up the mocks."""
+    settings = (settings or load_stack(stack)).model_copy(update={"stack": stack})
+    return run_program(settings, program=lambda _: runpy.run_path(str(MAIN)))
+
+
 def graph_for(stack: str) -> Graph:
-    """The program's resources for a stack, built once per test session."""
+    """The program's resources and exported outputs for a stack, built once per test session."""
     if stack not in _graphs:
-        _graphs[stack] = run_program(load_stack(stack))
+        _graphs[stack] = run_main(stack)
     return _graphs[stack]
 
 
@@ -49,5 +57,7 @@ def prod() -> Graph:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
     if _graphs:
-        runs = ", ".join(f"{stack} {g.seconds:.2f} s ({len(g.resources)} resources)" for stack, g in _graphs.items())
+        runs = ", ".join(
+            f"{stack} {g.seconds:.2f} s ({len(g.resources)} resources)" for stack, g in _graphs.items()
+        )
         terminalreporter.write_line(f"pulumi program under mocks: {runs}")

@@ -14,7 +14,7 @@ import contextvars
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
@@ -71,10 +71,19 @@ class CloudMocks(pulumi.runtime.Mocks):
         }
 
     def _partition(self, _: dict) -> dict:
-        return {"partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws", "id": "aws"}
+        return {
+            "partition": "aws",
+            "dnsSuffix": "amazonaws.com",
+            "reverseDnsPrefix": "com.amazonaws",
+            "id": "aws",
+        }
 
     def _zones(self, _: dict) -> dict:
-        return {"names": self.zones, "zoneIds": [f"use1-az{i}" for i in range(len(self.zones))], "id": self.region}
+        return {
+            "names": self.zones,
+            "zoneIds": [f"use1-az{i}" for i in range(len(self.zones))],
+            "id": self.region,
+        }
 
     def _elb_account(self, args: dict) -> dict:
         account = ELB_ACCOUNTS[args.get("region") or self.region]
@@ -84,8 +93,16 @@ class CloudMocks(pulumi.runtime.Mocks):
         name = args["name"]
         image = fake_ami(name)
         self.images[image] = "arm64" if "/arm64/" in name else "x86_64"
-        return {"name": name, "value": image, "insecureValue": image, "type": "String", "version": 1, "id": name,
-                "arn": f"arn:aws:ssm:{self.region}::parameter{name}", "withDecryption": True}
+        return {
+            "name": name,
+            "value": image,
+            "insecureValue": image,
+            "type": "String",
+            "version": 1,
+            "id": name,
+            "arn": f"arn:aws:ssm:{self.region}::parameter{name}",
+            "withDecryption": True,
+        }
 
     def _ami(self, args: dict) -> dict:
         image = args["filters"][0]["values"][0]
@@ -97,7 +114,11 @@ class CloudMocks(pulumi.runtime.Mocks):
             "blockDeviceMappings": [
                 {
                     "deviceName": ROOT_DEVICE,
-                    "ebs": {"volume_size": str(self.root_snapshot_gb), "volume_type": "gp3", "encrypted": "false"},
+                    "ebs": {
+                        "volume_size": str(self.root_snapshot_gb),
+                        "volume_type": "gp3",
+                        "encrypted": "false",
+                    },
                     "noDevice": "",
                     "virtualName": "",
                 }
@@ -144,20 +165,26 @@ class CloudMocks(pulumi.runtime.Mocks):
         if typ == "aws:kms/key:Key":
             return suffix, {"arn": f"arn:aws:kms:{self.region}:{ACCOUNT_ID}:key/{suffix}", "keyId": suffix}
         if typ == "aws:secretsmanager/secret:Secret":
-            return physical, {"arn": f"arn:aws:secretsmanager:{self.region}:{ACCOUNT_ID}:secret:{physical}-AbCdEf"}
+            return physical, {
+                "arn": f"arn:aws:secretsmanager:{self.region}:{ACCOUNT_ID}:secret:{physical}-AbCdEf"
+            }
         if typ == "aws:iam/role:Role":
             return physical, {"arn": f"arn:aws:iam::{ACCOUNT_ID}:role/{physical}", "name": physical}
         if typ == "aws:iam/instanceProfile:InstanceProfile":
-            return physical, {"arn": f"arn:aws:iam::{ACCOUNT_ID}:instance-profile/{physical}", "name": physical}
+            return physical, {
+                "arn": f"arn:aws:iam::{ACCOUNT_ID}:instance-profile/{physical}",
+                "name": physical,
+            }
         if typ == "aws:cloudwatch/logGroup:LogGroup":
-            return physical, {"arn": f"arn:aws:logs:{self.region}:{ACCOUNT_ID}:log-group:{physical}", "name": physical}
+            return physical, {
+                "arn": f"arn:aws:logs:{self.region}:{ACCOUNT_ID}:log-group:{physical}",
+                "name": physical,
+            }
         if typ == "aws:ec2/launchTemplate:LaunchTemplate":
             return f"lt-{suffix}", {"arn": arn, "latestVersion": 1, "defaultVersion": 1}
         if typ in ("aws:autoscaling/group:Group", "aws:ec2/placementGroup:PlacementGroup"):
             return physical, {"arn": arn, "name": physical}
-        if typ == "aws:ec2/securityGroup:SecurityGroup":
-            return f"sg-{suffix}", {"arn": arn}
-        return f"{args.name}-id", {"arn": arn}
+        return f"{typ.split(':')[-1].lower()}-{suffix}", {"arn": arn}
 
 
 @dataclass(frozen=True)
@@ -186,7 +213,7 @@ class Graph:
     outputs: dict[str, Any]
     invokes: list[tuple[str, dict[str, Any]]]
     seconds: float
-    exports: dict[str, Any] = field(default_factory=dict)
+    cpu_seconds: float
 
     @property
     def stack(self) -> str:
@@ -231,29 +258,35 @@ def _run(settings: Settings, program: Callable[[Settings], Any], mocks: _Recorde
     monitor = MockMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="frontier", stack=settings.stack, preview=False, monitor=monitor)
     result: dict[str, Any] = {}
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     _sync_await(run_pulumi_func(lambda: result.setdefault("outputs", program(settings))))
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
 
     urns = {}
     for urn in monitor.resources:
         qualified, name = urn.split("::")[-2:]
         urns[(qualified.split("$")[-1], name)] = urn
     resources = [
-        Resource(args.typ, args.name, urns[(args.typ, args.name)], resource_id, dict(args.inputs), outputs,
-                 bool(args.custom))
+        Resource(
+            args.typ,
+            args.name,
+            urns[(args.typ, args.name)],
+            resource_id,
+            dict(args.inputs),
+            outputs,
+            bool(args.custom),
+        )
         for args, resource_id, outputs in mocks.created
     ]
     produced = result.get("outputs")
-    outputs = _resolve(produced.as_dict()) if hasattr(produced, "as_dict") else {}
-    root = pulumi.runtime.settings.get_root_resource()
-    exports = _resolve(dict(getattr(root, "outputs", {}) or {}))
-    return Graph(settings, resources, outputs, list(mocks.invokes), elapsed, exports)
+    if hasattr(produced, "as_dict"):  # build() called directly
+        outputs = _resolve(produced.as_dict())
+    else:  # the entry point ran: what it exported
+        outputs = _resolve(dict(pulumi.runtime.settings.get_root_resource().outputs))
+    return Graph(settings, resources, outputs, list(mocks.invokes), elapsed, cpu)
 
 
-def run_program(
-    settings: Settings, program: Callable[[Settings], Any] = build, **mock_options: Any
-) -> Graph:
-    """Run ``program(settings)`` (by default :func:`infra.program.build`) under fresh mocks."""
+def run_program(settings: Settings, program: Callable[[Settings], Any] = build, **mock_options: Any) -> Graph:
+    """Run ``program(settings)`` under fresh mocks: :func:`infra.program.build` or the entry point."""
     mocks = _Recorder(settings.region, **mock_options)
     return contextvars.Context().run(_run, settings, program, mocks)

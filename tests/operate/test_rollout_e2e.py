@@ -172,7 +172,9 @@ def test_a_host_unreachable_mid_rollout_stops_it_and_every_host_stays_on_a_worki
     assert runtime_pid(third) == third_pid
 
 
-def test_deploy_then_rollback_restores_the_previous_digest_and_config_byte_for_byte(cluster, wheel, release_a):
+def test_deploy_then_rollback_restores_the_previous_digest_and_config_byte_for_byte(
+    cluster, wheel, release_a
+):
     settings_b = cluster.variant("b", RELEASE_B)
     release_b = build_release(settings_b, wheel)
     assert release_b.id != release_a.id
@@ -234,8 +236,12 @@ def test_a_deploy_while_the_stack_is_locked_is_refused_naming_the_holder(cluster
 def test_status_and_history_tasks_print_what_each_host_runs(cluster, release_a):
     env = {**os.environ, "FRONTIER_STACKS_DIR": str(cluster.stack_file.parent), "COLUMNS": "200"}
     fab = [sys.executable, "-m", "fabric"]
-    status = subprocess.run([*fab, "status", "-s", "local"], cwd=REPO, env=env, capture_output=True, text=True)
-    history = subprocess.run([*fab, "history", "-s", "local"], cwd=REPO, env=env, capture_output=True, text=True)
+    status = subprocess.run(
+        [*fab, "status", "-s", "local"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    history = subprocess.run(
+        [*fab, "history", "-s", "local"], cwd=REPO, env=env, capture_output=True, text=True
+    )
 
     assert status.returncode == 0, status.stderr
     rows = [line for line in status.stdout.splitlines() if "host-" in line]

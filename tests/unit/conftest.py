@@ -30,7 +30,9 @@ def edit_stack_file(path: Path, changes: dict[str, object], delete: tuple[str, .
     config = document["config"]
     for field, value in [*changes.items(), *((f, _DELETE) for f in delete)]:
         first, *rest = _steps(field)
-        parent, last = (config, _config_key(str(first))) if not rest else (config[_config_key(str(first))], rest[-1])
+        parent, last = (
+            (config, _config_key(str(first))) if not rest else (config[_config_key(str(first))], rest[-1])
+        )
         for step in rest[:-1]:
             parent = parent[step]
         if value is _DELETE:

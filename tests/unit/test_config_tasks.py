@@ -74,6 +74,17 @@ def test_render_refuses_a_mutable_tag(capsys, tmp_path):
     assert not out.exists()
 
 
+def test_render_of_a_bad_stack_exits_non_zero_and_writes_nothing(
+    capsys, tmp_path, stacks_copy, changed_stack
+):
+    changed_stack("local", {"runtime.batch.max_batch_size": 32})
+    out = tmp_path / "out"
+    code, _, err = fab(capsys, "render", "-s", "local", "--out", str(out))
+    assert code == 2
+    assert "runtime.batch.max_batch_size = 32: must be <= runtime.max_concurrency (16)" in err
+    assert not out.exists()
+
+
 def test_render_defaults_to_the_stack_in_the_environment(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("FRONTIER_STACK", "staging")
     code, out, _ = fab(capsys, "render", "--out", str(tmp_path), "--digest", DIGEST)

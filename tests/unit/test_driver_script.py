@@ -120,7 +120,8 @@ def test_fresh_host_gets_driver_and_toolkit_and_asks_for_a_reboot(host):
     assert status(result) == "frontier-drivers: changed=1 reboot_required=1 gpus=0 driver=none toolkit=1.17.3"
     log = host.log()
     assert (
-        "apt-get install -y -qq --no-install-recommends nvidia-headless-550-server nvidia-utils-550-server" in log
+        "apt-get install -y -qq --no-install-recommends nvidia-headless-550-server nvidia-utils-550-server"
+        in log
     )
     assert any(
         line.startswith("apt-get install") and "nvidia-container-toolkit=1.17.3-1" in line for line in log
@@ -131,9 +132,10 @@ def test_fresh_host_gets_driver_and_toolkit_and_asks_for_a_reboot(host):
         "blacklist nouveau\noptions nouveau modeset=0\n"
     )
     assert '"nvidia"' in (host.root / "etc/docker/daemon.json").read_text()
-    assert "signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg" in (
-        host.root / "etc/apt/sources.list.d/nvidia-container-toolkit.list"
-    ).read_text()
+    assert (
+        "signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+        in (host.root / "etc/apt/sources.list.d/nvidia-container-toolkit.list").read_text()
+    )
 
 
 def test_second_run_after_the_reboot_changes_nothing_and_says_so(host):
@@ -147,7 +149,9 @@ def test_second_run_after_the_reboot_changes_nothing_and_says_so(host):
         f"frontier-drivers: changed=0 reboot_required=0 gpus=8 driver={DRIVER_VERSION} toolkit=1.17.3"
     )
     new = host.log()[len(before) :]
-    assert not [line for line in new if line.startswith(("apt-get", "apt-mark", "nvidia-ctk", "systemctl restart"))]
+    assert not [
+        line for line in new if line.startswith(("apt-get", "apt-mark", "nvidia-ctk", "systemctl restart"))
+    ]
 
 
 def test_only_a_stale_toolkit_is_upgraded(host):
@@ -178,7 +182,9 @@ def test_a_driver_of_another_branch_still_loaded_fails_verification(host):
     host.reboot(loaded_version="535.183.01")
     result = host.run()
     assert result.returncode == 1
-    assert "nvidia-smi sees driver 535.183.01 and 8 GPU(s); expected driver 550.x and 8 GPU(s)" in result.stderr
+    assert (
+        "nvidia-smi sees driver 535.183.01 and 8 GPU(s); expected driver 550.x and 8 GPU(s)" in result.stderr
+    )
 
 
 def test_a_missing_gpu_fails_verification(host):

@@ -116,7 +116,7 @@ def test_spare_is_the_rollout_batch_when_it_exceeds_the_surge():
     local = load_stack("local")  # batch_size 1, max_surge 0
     g = plan_stack(local, None).groups[0]
     assert g.spare.hosts == 1
-    assert "rollout.batch_size = 1 (> rollout.max_surge = 0)" == g.spare.reason
+    assert g.spare.reason == "rollout.batch_size = 1 (> rollout.max_surge = 0)"
 
 
 def test_several_replicas_per_node_share_the_node_and_its_spare():
@@ -132,7 +132,9 @@ def test_several_replicas_per_node_share_the_node_and_its_spare():
 def test_idle_gpus_are_paid_for_by_the_replicas():
     prod = load_stack("prod")
     # Planner arithmetic only: 3-GPU replicas on an 8-GPU node leave two GPUs idle.
-    three_gpus = prod.model_copy(update={"runtime": prod.runtime.model_copy(update={"tensor_parallel_size": 3})})
+    three_gpus = prod.model_copy(
+        update={"runtime": prod.runtime.model_copy(update={"tensor_parallel_size": 3})}
+    )
     g = plan_stack(three_gpus, None).groups[0]
     assert g.replicas_per_node == 2 and g.idle_gpus_per_node == 2
     assert g.replica_cost_per_hour == pytest.approx(98.32 / 2)

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import jinja2
 import pytest
@@ -138,13 +139,15 @@ def test_cpu_kv_cache_holds_max_batch_size_sequences_of_max_seq_len(local):
 
 def test_runtime_config_holds_no_secret_value(local):
     text = render.render_runtime_config(local)
-    assert "api_keys_secret_id: \"frontier/local/api-keys\"" in text
+    assert 'api_keys_secret_id: "frontier/local/api-keys"' in text
     assert "sk-" not in text
 
 
 def test_a_config_the_runtime_refuses_is_not_rendered(prod):
     broken = prod.model_copy(update={"runtime": prod.runtime.model_copy(update={"port": 70000})})
-    with pytest.raises(FrontierError, match=r"the runtime refuses the rendered config:\n.*server.port = 70000"):
+    with pytest.raises(
+        FrontierError, match=r"the runtime refuses the rendered config:\n.*server.port = 70000"
+    ):
         render.render_runtime_config(broken)
 
 
@@ -235,7 +238,9 @@ def test_cloud_init_is_yaml_with_the_driver_script_and_no_secrets(prod):
     assert text.startswith("#cloud-config\n")
     data = yaml.safe_load(text)
     files = {f["path"]: f for f in data["write_files"]}
-    assert files["/opt/frontier/bin/install-nvidia.sh"]["content"] == render.render_driver_script(prod, "h100")
+    assert files["/opt/frontier/bin/install-nvidia.sh"]["content"] == render.render_driver_script(
+        prod, "h100"
+    )
     assert "docker.io" in data["packages"]
     assert data["runcmd"] == [["/usr/local/sbin/frontier-bootstrap"]]
     assert "1000 GiB" in files["/usr/local/sbin/frontier-mount-cache"]["content"]
@@ -269,7 +274,9 @@ def test_cloud_init_of_an_unknown_group_names_the_known_ones(prod):
 
 def _haproxy(settings, **kwargs) -> str:
     backends = [("host-1", "127.0.0.2", 8000), ("host-2", "127.0.0.3", 8000)]
-    return render.render_haproxy(settings, backends, bind_port=18080, stats_socket="/tmp/frontier-admin.sock", **kwargs)
+    return render.render_haproxy(
+        settings, backends, bind_port=18080, stats_socket="/tmp/frontier-admin.sock", **kwargs
+    )
 
 
 def test_haproxy_config_passes_haproxy_check(local, tmp_path):
@@ -299,6 +306,7 @@ def test_haproxy_checks_readiness_with_the_stack_health_settings(local):
 def test_haproxy_retries_requests_a_draining_host_refuses(local):
     cfg = _haproxy(local)
     assert "retry-on conn-failure empty-response 503" in cfg
+    assert "option http-buffer-request" in cfg  # a request is retried only when wholly buffered
     assert "option redispatch" in cfg
 
 
@@ -314,7 +322,9 @@ def test_haproxy_timeouts_outlast_a_streamed_answer(prod):
 
 def test_haproxy_refuses_duplicate_backend_names(local):
     with pytest.raises(FrontierError, match="distinct names"):
-        render.render_haproxy(local, [("a", "127.0.0.2", 1), ("a", "127.0.0.3", 1)], bind_port=1, stats_socket="/s")
+        render.render_haproxy(
+            local, [("a", "127.0.0.2", 1), ("a", "127.0.0.3", 1)], bind_port=1, stats_socket="/s"
+        )
 
 
 # --- alerts ---------------------------------------------------------------------------------------
@@ -340,7 +350,7 @@ def test_alerts_follow_the_slos(prod):
 def test_alerts_use_metric_names_the_runtime_exports():
     from frontier_runtime.server import metrics
 
-    source = open(metrics.__file__).read()
+    source = Path(metrics.__file__).read_text()
     for name in render.METRICS.values():
         base = name.removesuffix("_bucket").removesuffix("_total")
         assert f'"{base}"' in source, name

@@ -87,6 +87,8 @@ class ServerState:
         beat = getattr(engine, "heartbeat", None)
         if beat is not None:
             self.health.heartbeat = beat if callable(beat) else (lambda: getattr(engine, "heartbeat", None))
+        if hasattr(engine, "is_running"):
+            self.health.engine_running = lambda: bool(engine.is_running)
 
 
 def create_app(state: ServerState) -> Starlette:

@@ -24,6 +24,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from frontier_runtime.engine.api import RequestOutput, SamplingParams
+from frontier_runtime.engine.loop import EngineDeadError
 from frontier_runtime.server.admission import QueueTimeout, Ticket
 from frontier_runtime.server.errors import APIError
 from frontier_runtime.server.formats import DONE, KEEPALIVE, CompletionFormat, sse, usage
@@ -200,7 +201,9 @@ class Generation:
             async for out in iterator:
                 now = time.monotonic()
                 if out.new_token_ids:
+                    metrics.generation_tokens.labels(model).inc(len(out.new_token_ids))
                     if first_at is None:
+                        metrics.prompt_tokens.labels(model).inc(out.prompt_tokens)
                         first_at = now
                         metrics.ttft.labels(model).observe(now - self.arrived_at)
                         self.log["ttft_ms"] = round((now - self.arrived_at) * 1000, 1)
@@ -221,6 +224,10 @@ class Generation:
             raise APIError(400, str(exc), reason="invalid") from None
         except (asyncio.CancelledError, GeneratorExit):
             raise
+        except EngineDeadError as exc:
+            self._finished = True
+            self.state.metrics.failures.labels("engine_error").inc()
+            raise APIError(503, f"The engine is not running: {exc}", code="engine_unavailable") from None
         except Exception as exc:
             self._finished = True
             log.exception("engine failed a request", extra={"request_id": self.request_id})
@@ -234,10 +241,7 @@ class Generation:
 
     def _record_finish(self, out: RequestOutput, first_at: float | None) -> None:
         metrics = self.state.metrics
-        model = metrics.model_name
         e2e = time.monotonic() - self.arrived_at
-        metrics.prompt_tokens.labels(model).inc(out.prompt_tokens)
-        metrics.generation_tokens.labels(model).inc(out.completion_tokens)
         metrics.finished(
             finish_reason=out.finish_reason or "stop",
             prompt_tokens=out.prompt_tokens,

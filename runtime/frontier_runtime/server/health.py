@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 class Health:
     stuck_after_s: float
     heartbeat: Callable[[], float | None] = field(default=lambda: None)
+    engine_running: Callable[[], bool] = field(default=lambda: True)
     weights_loaded: bool = False
     warmed_up: bool = False
     draining: bool = False
@@ -27,6 +28,9 @@ class Health:
         return None if beat is None else max(0.0, time.monotonic() - beat)
 
     def loop_stuck(self) -> bool:
+        """The engine loop died, or has not advanced for ``stuck_after_s``."""
+        if self.weights_loaded and not self.engine_running():
+            return True
         age = self.heartbeat_age_s()
         return age is not None and age > self.stuck_after_s
 

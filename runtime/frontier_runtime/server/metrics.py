@@ -115,6 +115,19 @@ class ServerMetrics:
         )
         for reason in FAILURE_REASONS:
             self.failures.labels(reason)
+        # Export every series from the first scrape (at zero), so rates and alerts work from the start.
+        for family in (
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.ttft,
+            self.itl,
+            self.tpot,
+            self.e2e,
+            self.queue_time,
+            self.request_prompt_tokens,
+            self.request_generation_tokens,
+        ):
+            family.labels(model_name)
         for reason in FINISH_REASONS:
             self.request_success.labels(model_name, reason)
         reg.register(_LiveCollector(model_name, engine_stats, queue_state, health_state))

@@ -188,7 +188,8 @@ class RuntimeServer(uvicorn.Server):
             started = time.monotonic()
             warmup = getattr(loaded.engine, "warmup", None)
             if warmup is not None:
-                await call(warmup)
+                # The engine's warm-up blocks until one real forward is done: keep it off the loop.
+                await (warmup() if inspect.iscoroutinefunction(warmup) else asyncio.to_thread(warmup))
             self.state.health.warmed_up = True
             log.info(
                 "ready",

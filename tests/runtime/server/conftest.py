@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,8 @@ def codec(tiny_model: Path) -> TextCodec:
     return TextCodec.from_dir(tiny_model)
 
 
-@pytest.fixture
-def serve(engine: Any, codec: TextCodec, tiny_model: Path) -> Iterator[Any]:
-    """``serve(**config_overrides) -> RunningServer`` over the shared engine; stopped after the test."""
+@contextmanager
+def _servers(engine: Any, codec: TextCodec, tiny_model: Path) -> Iterator[Any]:
     running: list[RunningServer] = []
 
     def _start(api_keys: Any = None, **overrides: Any) -> RunningServer:
@@ -69,7 +69,23 @@ def serve(engine: Any, codec: TextCodec, tiny_model: Path) -> Iterator[Any]:
         running.append(srv)
         return srv
 
-    yield _start
-    for srv in running:
-        srv.stop()
-        srv.wait_idle()
+    try:
+        yield _start
+    finally:
+        for srv in running:
+            srv.stop()
+            srv.wait_idle()
+
+
+@pytest.fixture
+def serve(engine: Any, codec: TextCodec, tiny_model: Path) -> Iterator[Any]:
+    """``serve(api_keys=None, **config_overrides) -> RunningServer`` over the shared engine; stopped after the test."""
+    with _servers(engine, codec, tiny_model) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def shared_server(engine: Any, codec: TextCodec, tiny_model: Path) -> Iterator[RunningServer]:
+    """One default server for a module's tests that leave no state behind."""
+    with _servers(engine, codec, tiny_model) as start:
+        yield start()

@@ -91,3 +91,30 @@ def start_server(config: RuntimeConfig, loader: Any) -> RunningServer:
             raise TimeoutError("test server did not become ready")
         time.sleep(0.01)
     return RunningServer(f"http://127.0.0.1:{port}", state, server, thread)
+
+
+class HeldSlots:
+    """Engine slots taken straight from the server's admission controller, on its own event loop,
+    so a test can keep the server "full" for exactly as long as it needs, independent of how fast
+    the engine happens to generate on this machine."""
+
+    def __init__(self, srv: RunningServer, count: int) -> None:
+        self.srv = srv
+        self.count = count
+        self.tickets: list[Any] = []
+
+    def _run(self, fn: Any) -> Any:
+        import asyncio
+
+        async def on_loop() -> Any:
+            return fn()
+
+        loop = self.srv.server._loop
+        return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=10)
+
+    def __enter__(self) -> HeldSlots:
+        self.tickets = self._run(lambda: [self.srv.state.admission.try_enter() for _ in range(self.count)])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._run(lambda: [t.release() for t in self.tickets])

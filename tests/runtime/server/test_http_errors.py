@@ -16,8 +16,9 @@ KEY = "sk-test-key-1"
 
 
 @pytest.fixture
-def srv(serve):
-    return serve()
+def srv(shared_server):
+    """The module's shared server: for tests that change nothing."""
+    return shared_server
 
 
 def _error(response: httpx.Response, status: int) -> dict:
@@ -177,7 +178,8 @@ def test_auth_guards_every_inference_route_but_not_health(serve) -> None:
     assert 'frontier_request_failures_total{reason="unauthorized"} 6.0' in metrics
 
 
-def test_draining_refuses_new_work_and_fails_readiness(srv) -> None:
+def test_draining_refuses_new_work_and_fails_readiness(serve) -> None:
+    srv = serve()
     srv.state.health.draining = True
     error = _error(httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 1}), 503)
     assert error["code"] == "draining"
@@ -186,7 +188,8 @@ def test_draining_refuses_new_work_and_fails_readiness(srv) -> None:
     assert httpx.get(f"{srv.url}/health/live").status_code == 200
 
 
-def test_a_stuck_engine_loop_fails_liveness_and_readiness(srv) -> None:
+def test_a_stuck_engine_loop_fails_liveness_and_readiness(serve) -> None:
+    srv = serve()
     srv.state.health.heartbeat = lambda: time.monotonic() - 3600
     assert httpx.get(f"{srv.url}/health/live").status_code == 503
     ready = httpx.get(f"{srv.url}/health/ready")
@@ -205,6 +208,10 @@ def test_one_json_log_line_per_request(srv, caplog: pytest.LogCaptureFixture) ->
     httpx.post(
         f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers={"X-Request-Id": "log-1"}
     )
-    (record,) = [r for r in caplog.records if getattr(r, "request_id", None) == "log-1"]
+    deadline = time.monotonic() + 5  # the line is written just after the last byte is sent
+    while not (records := [r for r in caplog.records if getattr(r, "request_id", None) == "log-1"]):
+        assert time.monotonic() < deadline, "no request log line"
+        time.sleep(0.01)
+    (record,) = records
     assert record.status == 200 and record.completion_tokens == 2 and record.path == "/v1/completions"
     assert record.prompt_tokens >= 1 and record.duration_ms > 0 and "queue_ms" in record.__dict__

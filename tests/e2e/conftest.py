@@ -1,0 +1,71 @@
+"""A private local stack with the runtime deployed on it, shared by the rollout-under-load tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from frontier import aws, local, weights
+from frontier.artifact import build_wheel
+from frontier.deploy import Environment, deploy
+from frontier.history import HistoryStore
+from frontier.stack import Settings, load_stack
+from tests.e2e.stackcopy import write_local_stack
+
+
+@dataclass
+class Cluster:
+    settings: Settings
+    digest: str
+    release_a: str
+    deploy_a_s: float
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory) -> Cluster:
+    """Two host slots on 127.0.2.2-3 over real sshd, HAProxy and moto; release A deployed on both."""
+    root = tmp_path_factory.mktemp("cluster")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FRONTIER_STACKS_DIR", str(write_local_stack(root, hosts=2)))
+        mp.delenv(local.CONNECTION_ENV, raising=False)
+        settings = load_stack("local")
+        try:
+            model = root / "model"
+            subprocess.run(
+                [sys.executable, "-m", "frontier_runtime.tiny", "--out", str(model)],
+                check=True,
+                capture_output=True,
+            )
+            local.up(settings)
+            weights.push(
+                aws.client(settings, "s3"),
+                model,
+                settings.model.weights_uri,
+                settings.model.name,
+                settings.model.version,
+            )
+            artifact, wheel = build_wheel()
+            HistoryStore.for_stack(settings).put_artifact(artifact, wheel)
+            result = deploy(Environment.for_stack(settings), artifact.digest)
+            yield Cluster(settings, artifact.digest, result.release, result.duration_s)
+        finally:
+            local.down(settings)
+
+
+def stack_variant(settings: Settings, name: str, section: str, **values: object) -> Settings:
+    """The stack file with ``section``'s values changed, loaded as the same stack by the same loader."""
+    import yaml
+
+    document = yaml.safe_load(Path(settings.source).read_text())
+    target = document["config"][f"frontier:{section.split('.')[0]}"]
+    for part in section.split(".")[1:]:
+        target = target[part]
+    target.update(values)
+    path = Path(settings.source).parent / "variants" / name / Path(settings.source).name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return load_stack(settings.stack, path=path)

@@ -1,0 +1,184 @@
+"""Who reaches whom (security groups) and who may do what (IAM)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+
+
+def sg(graph, key):
+    return graph.one("aws:ec2/securityGroup:SecurityGroup", f"{graph.stack}-sg-{key}").id
+
+
+def rules(graph, kind, group_id):
+    return [r.inputs for r in graph.of_type(kind) if r.inputs["securityGroupId"] == group_id]
+
+
+def source(rule):
+    return rule.get("cidrIpv4") or rule.get("cidrIpv6") or rule.get("referencedSecurityGroupId")
+
+
+def reachable(graph, group_id):
+    """(source, protocol, port) for every ingress rule of a security group."""
+    return {(source(r), r["ipProtocol"], r.get("fromPort")) for r in rules(graph, INGRESS, group_id)}
+
+
+def policy(graph, name):
+    return json.loads(
+        graph.one("aws:iam/rolePolicy:RolePolicy", f"{graph.stack}-iam-{name}").inputs["policy"]
+    )
+
+
+def granted(document):
+    return {sid["Sid"]: sid for sid in document["Statement"]}
+
+
+# --- security groups ------------------------------------------------------------------------------
+
+
+def test_the_alb_takes_https_and_the_redirect_port_from_anywhere(graph):
+    assert reachable(graph, sg(graph, "alb")) == {("0.0.0.0/0", "tcp", 443), ("0.0.0.0/0", "tcp", 80)}
+
+
+def test_the_alb_talks_only_to_the_runtime_port_of_the_hosts(graph):
+    [out] = rules(graph, EGRESS, sg(graph, "alb"))
+    port = graph.settings.runtime.port
+    assert (out["referencedSecurityGroupId"], out["fromPort"], out["toPort"]) == (
+        sg(graph, "runtime"),
+        port,
+        port,
+    )
+
+
+def test_only_the_alb_reaches_the_runtime_port(graph):
+    port = graph.settings.runtime.port
+    sources = {s for s, _, p in reachable(graph, sg(graph, "runtime")) if p == port}
+    assert sources == {sg(graph, "alb")}
+
+
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_with_a_bastion_hosts_take_ssh_only_from_its_group(stack, request):
+    graph = request.getfixturevalue(stack)
+    assert reachable(graph, sg(graph, "runtime")) == {
+        (sg(graph, "alb"), "tcp", graph.settings.runtime.port),
+        (sg(graph, "bastion"), "tcp", 22),
+    }
+    assert not rules(graph, INGRESS, sg(graph, "bastion"))  # the operator's bastion brings its own allow-list
+
+
+def test_without_a_bastion_hosts_take_no_ssh_at_all(dev):
+    assert dev.outputs["host_access"] == "ssm"
+    assert reachable(dev, sg(dev, "runtime")) == {(sg(dev, "alb"), "tcp", dev.settings.runtime.port)}
+    assert not [s for s in dev.of_type("aws:ec2/securityGroup:SecurityGroup") if s.name.endswith("-bastion")]
+
+
+def test_nothing_but_the_alb_accepts_traffic_from_the_internet(graph):
+    public = [
+        r
+        for r in graph.of_type(INGRESS)
+        if r.inputs.get("cidrIpv4") == "0.0.0.0/0" or r.inputs.get("cidrIpv6")
+    ]
+    assert {r.inputs["securityGroupId"] for r in public} == {sg(graph, "alb")}
+
+
+def test_hosts_reach_out_only_over_http_and_https(graph):
+    egress = {
+        (r.get("cidrIpv4"), r["ipProtocol"], r.get("fromPort"))
+        for r in rules(graph, EGRESS, sg(graph, "runtime"))
+    }
+    assert egress == {("0.0.0.0/0", "tcp", 443), ("0.0.0.0/0", "tcp", 80)}
+
+
+# --- the runtime role -----------------------------------------------------------------------------
+
+
+def test_the_runtime_role_is_assumable_only_by_ec2(graph):
+    trust = json.loads(
+        graph.one("aws:iam/role:Role", f"{graph.stack}-iam-runtime").inputs["assumeRolePolicy"]
+    )
+    assert [s["Principal"] for s in trust["Statement"]] == [{"Service": "ec2.amazonaws.com"}]
+
+
+def test_the_runtime_reads_only_its_models_prefix(graph):
+    bucket, prefix = graph.outputs["weights_bucket"], graph.outputs["weights_prefix"]
+    statements = granted(policy(graph, "runtime"))
+    assert statements["ReadItsModelWeights"]["Action"] == ["s3:GetObject", "s3:GetObjectVersion"]
+    assert statements["ReadItsModelWeights"]["Resource"] == f"arn:aws:s3:::{bucket}/{prefix}/*"
+    listing = statements["ListItsModelWeights"]
+    assert listing["Resource"] == f"arn:aws:s3:::{bucket}"
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}}
+
+
+def test_the_runtime_reads_only_its_secret_and_decrypts_only_through_s3_and_secrets_manager(graph):
+    statements = granted(policy(graph, "runtime"))
+    assert statements["ReadItsApiKeys"]["Resource"] == graph.outputs["api_keys_secret_arn"]
+    decrypt = statements["DecryptWeightsAndSecret"]
+    assert (decrypt["Action"], decrypt["Resource"]) == ("kms:Decrypt", graph.outputs["kms_key_arn"])
+    region = graph.settings.region
+    assert decrypt["Condition"]["StringEquals"]["kms:ViaService"] == [
+        f"s3.{region}.amazonaws.com",
+        f"secretsmanager.{region}.amazonaws.com",
+    ]
+
+
+def test_the_runtime_writes_only_its_own_logs_and_metrics_namespace(graph):
+    statements = granted(policy(graph, "runtime"))
+    logs = statements["WriteItsLogs"]["Resource"]
+    assert all(f":log-group:/frontier/{graph.stack}/*" in arn for arn in logs)
+    metrics = statements["PutRuntimeMetrics"]
+    assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": "Frontier/Runtime"}}
+
+
+def test_the_runtime_role_grants_nothing_else(graph):
+    actions = {
+        a
+        for s in policy(graph, "runtime")["Statement"]
+        for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    }
+    services = {a.split(":")[0] for a in actions}
+    expected = {"s3", "secretsmanager", "kms", "ecr", "logs", "cloudwatch"}
+    if graph.outputs["host_access"] == "ssm":
+        expected |= {"ssm", "ssmmessages", "ec2messages"}
+    assert services == expected
+    assert not any("*" in a for a in actions)
+    unscoped = {
+        a
+        for s in policy(graph, "runtime")["Statement"]
+        if s["Resource"] == "*"
+        for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    }
+    assert {a.split(":")[0] for a in unscoped} <= {"ecr", "cloudwatch", "ssm", "ssmmessages", "ec2messages"}
+    assert "ecr:GetAuthorizationToken" in unscoped and "ecr:BatchGetImage" not in unscoped
+
+
+# --- the deploy role ------------------------------------------------------------------------------
+
+
+def test_the_deploy_role_is_separate_and_assumed_by_the_accounts_principals(graph):
+    role = graph.one("aws:iam/role:Role", f"{graph.stack}-iam-deploy")
+    trust = json.loads(role.inputs["assumeRolePolicy"])
+    assert [s["Principal"] for s in trust["Statement"]] == [{"AWS": "arn:aws:iam::123456789012:root"}]
+    assert graph.outputs["deploy_role_arn"] == role.outputs["arn"] != graph.outputs["runtime_role_arn"]
+
+
+def test_the_deploy_role_drains_only_its_own_target_group(graph):
+    drain = granted(policy(graph, "deploy"))["DrainAndEnableTargets"]
+    assert drain["Resource"] == graph.outputs["target_group_arn"]
+    assert set(drain["Action"]) == {
+        "elasticloadbalancing:RegisterTargets",
+        "elasticloadbalancing:DeregisterTargets",
+    }
+
+
+def test_the_deploy_role_reads_and_writes_history_only_under_the_stacks_prefix(graph):
+    history = granted(policy(graph, "deploy"))["ReadWriteDeployHistoryAndLocks"]
+    assert history["Resource"] == f"arn:aws:s3:::{graph.outputs['history_bucket']}/history/{graph.stack}/*"
+
+
+def test_the_deploy_role_surges_only_its_stacks_node_groups(graph):
+    surge = granted(policy(graph, "deploy"))["SurgeItsNodeGroups"]
+    assert surge["Condition"] == {"StringEquals": {"aws:ResourceTag/frontier:stack": graph.stack}}

@@ -1,0 +1,357 @@
+"""The policy pack: every rule passes on the program's resources and fires on a violating one.
+
+Resources reach the rules as the Pulumi engine hands them over: resource rules get one resource's
+inputs, stack rules every resource's outputs, both under their wire names and wrapped in
+pulumi-policy's unknown-checking proxy. The violating resources are the program's own with one
+property changed, so each rule is shown to see exactly that property.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import runpy
+from pathlib import Path
+from typing import Any
+
+import pulumi_policy
+import pytest
+import yaml
+from infra_mocks import Graph, Resource
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyResource,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+from pulumi_policy.proxy import unknown_checking_proxy
+
+from policy.rules import POLICIES, RESOURCE_POLICIES, STACK_POLICIES
+
+POLICY_DIR = Path(__file__).resolve().parents[2] / "policy"
+BY_NAME = {p.name: p for p in POLICIES}
+ADVISORY = {
+    "ecr-scan-on-push",
+    "lb-deletion-protection",
+    "log-groups-encrypted-with-retention",
+    "asg-discovery-tags",
+}
+
+
+def resource_violations(policy: ResourceValidationPolicy, resource: Resource, config=None) -> list[str]:
+    found: list[str] = []
+    args = ResourceValidationArgs(
+        resource.type,
+        unknown_checking_proxy(copy.deepcopy(resource.inputs)),
+        resource.urn,
+        resource.name,
+        None,
+        None,
+        config,
+    )
+    policy.validate(args, lambda message, urn=None: found.append(message))
+    return found
+
+
+def stack_violations(policy: StackValidationPolicy, resources: list[Resource]) -> list[str]:
+    found: list[str] = []
+    policy_resources = [
+        PolicyResource(
+            r.type, unknown_checking_proxy(copy.deepcopy(r.outputs)), r.urn, r.name, None, None, None, [], {}
+        )
+        for r in resources
+        if r.custom
+    ]
+    policy.validate(StackValidationArgs(policy_resources), lambda message, urn=None: found.append(message))
+    return found
+
+
+def graph_violations(policy, graph: Graph) -> list[str]:
+    if isinstance(policy, StackValidationPolicy):
+        return stack_violations(policy, graph.resources)
+    return [m for r in graph.resources if r.custom for m in resource_violations(policy, r)]
+
+
+def changed(resource: Resource, change, *, outputs: bool = False) -> Resource:
+    """The resource with ``change(props)`` applied to a copy of its inputs (or outputs)."""
+    props = copy.deepcopy(resource.outputs if outputs else resource.inputs)
+    change(props)
+    if outputs:
+        return Resource(resource.type, resource.name, resource.urn, resource.id, resource.inputs, props, True)
+    return Resource(resource.type, resource.name, resource.urn, resource.id, props, resource.outputs, True)
+
+
+def setter(path: tuple, value: Any):
+    def change(props: dict) -> None:
+        target = props
+        for step in path[:-1]:
+            target = target[step]
+        target[path[-1]] = value
+
+    return change
+
+
+def deleter(key: str):
+    return lambda props: props.pop(key)
+
+
+def named(graph: Graph, typ: str, suffix: str) -> Resource:
+    return graph.one(typ, f"{graph.stack}-{suffix}")
+
+
+def bucket_config(graph: Graph, kind: str, purpose: str) -> Resource:
+    [bucket] = [
+        b for b in graph.of_type("aws:s3/bucket:Bucket") if b.inputs["tags"]["frontier:purpose"] == purpose
+    ]
+    [found] = [
+        c
+        for c in graph.of_type(f"aws:s3/bucket{kind}:Bucket{kind}")
+        if c.outputs["bucket"] == bucket.outputs["bucket"]
+    ]
+    return found
+
+
+def replace_in_stack(graph: Graph, original: Resource, replacement: Resource | None) -> list[Resource]:
+    resources = [r for r in graph.resources if r is not original]
+    return resources + ([replacement] if replacement else [])
+
+
+def runtime_policy_with(statement: dict):
+    def change(props: dict) -> None:
+        document = json.loads(props["policy"])
+        document["Statement"].append(statement)
+        props["policy"] = json.dumps(document)
+
+    return change
+
+
+LT, TG, LB = (
+    "aws:ec2/launchTemplate:LaunchTemplate",
+    "aws:lb/targetGroup:TargetGroup",
+    "aws:lb/loadBalancer:LoadBalancer",
+)
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+LISTENER, ASG = "aws:lb/listener:Listener", "aws:autoscaling/group:Group"
+
+# rule -> (stack, the program's resource, its violating change)
+RESOURCE_VIOLATIONS = {
+    "kms-key-rotation": ("dev", ("aws:kms/key:Key", "secrets-key"), setter(("enableKeyRotation",), False)),
+    "ecr-immutable-tags": (
+        "dev",
+        ("aws:ecr/repository:Repository", "registry-runtime"),
+        setter(("imageTagMutability",), "MUTABLE"),
+    ),
+    "ecr-scan-on-push": (
+        "dev",
+        ("aws:ecr/repository:Repository", "registry-runtime"),
+        setter(("imageScanningConfiguration", "scanOnPush"), False),
+    ),
+    "imdsv2-required": ("prod", (LT, "h100-lt"), setter(("metadataOptions", "httpTokens"), "optional")),
+    "ebs-encrypted": (
+        "prod",
+        (LT, "h100-lt"),
+        setter(("blockDeviceMappings", 1, "ebs", "encrypted"), "false"),
+    ),
+    "no-public-ip-on-hosts": (
+        "prod",
+        (LT, "h100-lt"),
+        setter(("networkInterfaces", 0, "associatePublicIpAddress"), "true"),
+    ),
+    "secrets-use-kms": ("dev", ("aws:secretsmanager/secret:Secret", "secrets-api-keys"), deleter("kmsKeyId")),
+    "no-public-ingress": (
+        "staging",
+        (INGRESS, "sg-runtime-ssh-from-bastion"),
+        lambda p: (p.pop("referencedSecurityGroupId"), p.update(cidrIpv4="0.0.0.0/0")),
+    ),
+    "no-wildcard-iam-on-data": (
+        "dev",
+        ("aws:iam/rolePolicy:RolePolicy", "iam-runtime"),
+        runtime_policy_with({"Effect": "Allow", "Action": "s3:*", "Resource": "*"}),
+    ),
+    "alb-http-redirects-to-https": (
+        "dev",
+        (LISTENER, "edge-http"),
+        setter(("defaultActions",), [{"type": "forward", "targetGroupArn": "tg"}]),
+    ),
+    "alb-tls-1-2": ("dev", (LISTENER, "edge-https"), setter(("sslPolicy",), "ELBSecurityPolicy-2016-08")),
+    "lb-access-logs": ("dev", (LB, "edge-alb"), setter(("accessLogs", "enabled"), False)),
+    "lb-deletion-protection": ("prod", (LB, "edge-alb"), setter(("enableDeletionProtection",), False)),
+    "log-groups-encrypted-with-retention": (
+        "dev",
+        ("aws:cloudwatch/logGroup:LogGroup", "monitoring-runtime"),
+        deleter("kmsKeyId"),
+    ),
+    "asg-discovery-tags": (
+        "dev",
+        (ASG, "a10g-asg"),
+        lambda p: p.update(tags=[t for t in p["tags"] if t["key"] != "frontier:role"]),
+    ),
+}
+
+
+def _runtime_ingress_from_a_range(graph: Graph) -> list[Resource]:
+    rule = named(graph, INGRESS, "sg-runtime-8000-from-alb")
+    # A private range passes no-public-ingress; only this rule sees that hosts trust an address, not a group.
+    widened = changed(
+        rule, lambda p: (p.pop("referencedSecurityGroupId"), p.update(cidrIpv4="10.0.0.0/8")), outputs=True
+    )
+    return replace_in_stack(graph, rule, widened)
+
+
+def _without(kind: str, purpose: str):
+    return lambda graph: replace_in_stack(graph, bucket_config(graph, kind, purpose), None)
+
+
+def _changed_config(kind: str, purpose: str, change):
+    def violate(graph: Graph) -> list[Resource]:
+        original = bucket_config(graph, kind, purpose)
+        return replace_in_stack(graph, original, changed(original, change, outputs=True))
+
+    return violate
+
+
+def _policy_without_tls_deny(props: dict) -> None:
+    document = json.loads(props["policy"])
+    document["Statement"] = [s for s in document["Statement"] if s["Effect"] != "Deny"]
+    props["policy"] = json.dumps(document)
+
+
+# rule -> [(description, stack, the program's resources with one violation)]
+STACK_VIOLATIONS = {
+    "s3-encrypted": [
+        ("no encryption config", "dev", _without("ServerSideEncryptionConfiguration", "access-logs")),
+        (
+            "weights on S3-managed keys",
+            "dev",
+            _changed_config(
+                "ServerSideEncryptionConfiguration",
+                "weights",
+                setter(("rules", 0, "applyServerSideEncryptionByDefault"), {"sseAlgorithm": "AES256"}),
+            ),
+        ),
+    ],
+    "s3-weights-versioned": [
+        ("no versioning", "prod", _without("Versioning", "weights")),
+        (
+            "versioning suspended",
+            "prod",
+            _changed_config(
+                "Versioning", "history", setter(("versioningConfiguration", "status"), "Suspended")
+            ),
+        ),
+    ],
+    "s3-public-access-blocked": [
+        (
+            "public policies allowed",
+            "staging",
+            _changed_config("PublicAccessBlock", "history", setter(("blockPublicPolicy",), False)),
+        ),
+    ],
+    "s3-tls-only": [
+        ("no TLS deny", "staging", _changed_config("Policy", "weights", _policy_without_tls_deny))
+    ],
+    "runtime-ingress-from-security-groups": [("an address range", "prod", _runtime_ingress_from_a_range)],
+}
+
+
+def test_every_rule_has_a_violation_case():
+    assert set(RESOURCE_VIOLATIONS) == {p.name for p in RESOURCE_POLICIES}
+    assert set(STACK_VIOLATIONS) == {p.name for p in STACK_POLICIES}
+
+
+def test_rule_names_are_unique():
+    assert len(BY_NAME) == len(POLICIES)
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_rule_passes_on_the_programs_resources(graph, name):
+    assert graph_violations(BY_NAME[name], graph) == []
+
+
+@pytest.mark.parametrize("name", sorted(RESOURCE_VIOLATIONS))
+def test_resource_rule_fires_on_a_violating_resource(name, request):
+    stack, (typ, suffix), change = RESOURCE_VIOLATIONS[name]
+    graph = request.getfixturevalue(stack)
+    original = named(graph, typ, suffix)
+    violations = resource_violations(BY_NAME[name], changed(original, change))
+    assert violations and all(v.startswith(f"{original.name}: ") for v in violations)
+    assert resource_violations(BY_NAME[name], original) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "case"),
+    [(n, i) for n, cases in sorted(STACK_VIOLATIONS.items()) for i in range(len(cases))],
+    ids=lambda v: v if isinstance(v, str) else str(v),
+)
+def test_stack_rule_fires_on_a_violating_stack(name, case, request):
+    _, stack, violate = STACK_VIOLATIONS[name][case]
+    violations = stack_violations(BY_NAME[name], violate(request.getfixturevalue(stack)))
+    assert len(violations) == 1
+
+
+def test_ingress_from_anywhere_to_the_runtime_port_fires(prod):
+    rule = named(prod, INGRESS, "sg-runtime-8000-from-alb")
+    violating = changed(rule, lambda p: (p.pop("referencedSecurityGroupId"), p.update(cidrIpv6="::/0")))
+    [message] = resource_violations(BY_NAME["no-public-ingress"], violating)
+    assert "::/0 on tcp 8000-8000" in message
+
+
+def test_inline_security_group_rules_are_checked_too(prod):
+    sg = named(prod, "aws:ec2/securityGroup:SecurityGroup", "sg-runtime")
+    open_ssh = changed(
+        sg,
+        setter(
+            ("ingress",), [{"protocol": "tcp", "fromPort": 22, "toPort": 22, "cidrBlocks": ["0.0.0.0/0"]}]
+        ),
+    )
+    assert resource_violations(BY_NAME["no-public-ingress"], open_ssh)
+
+
+def test_data_actions_on_every_resource_fire_even_without_a_wildcard_action(dev):
+    role_policy = named(dev, "aws:iam/rolePolicy:RolePolicy", "iam-runtime")
+    violating = changed(
+        role_policy,
+        runtime_policy_with(
+            {"Sid": "ReadEverything", "Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}
+        ),
+    )
+    [message] = resource_violations(BY_NAME["no-wildcard-iam-on-data"], violating)
+    assert "ReadEverything" in message and "every resource" in message
+
+
+def test_a_metadata_hop_limit_beyond_containers_fires(prod):
+    lt = named(prod, LT, "h100-lt")
+    violating = changed(lt, setter(("metadataOptions", "httpPutResponseHopLimit"), 3.0))
+    assert resource_violations(BY_NAME["imdsv2-required"], violating)
+
+
+def test_deletion_protection_is_only_asked_of_the_configured_production_stacks(staging):
+    alb = named(staging, LB, "edge-alb")
+    rule = BY_NAME["lb-deletion-protection"]
+    assert resource_violations(rule, alb) == []
+    assert resource_violations(rule, alb, config={"productionStacks": ["staging"]})
+
+
+def test_rules_are_mandatory_except_the_advisory_few():
+    levels = {p.name: p.enforcement_level for p in POLICIES}
+    assert {n for n, level in levels.items() if level == EnforcementLevel.ADVISORY} == ADVISORY
+    assert all(level == EnforcementLevel.MANDATORY for n, level in levels.items() if n not in ADVISORY)
+
+
+def test_the_pack_enforces_every_rule(monkeypatch):
+    packs: list[dict] = []
+    monkeypatch.setattr(pulumi_policy, "PolicyPack", lambda **kwargs: packs.append(kwargs))
+    runpy.run_path(str(POLICY_DIR / "__main__.py"))
+    [pack] = packs
+    assert pack["name"] == "frontier" and pack["policies"] == POLICIES
+    assert pack["enforcement_level"] == EnforcementLevel.MANDATORY
+
+
+def test_the_pack_runs_in_the_projects_python_environment():
+    manifest = yaml.safe_load((POLICY_DIR / "PulumiPolicy.yaml").read_text())
+    assert manifest["runtime"]["name"] == "python"
+    assert (
+        POLICY_DIR / manifest["runtime"]["options"]["virtualenv"]
+    ).resolve() == POLICY_DIR.parent / ".venv"
