@@ -7,6 +7,8 @@ from what :mod:`infra.cloud` and :func:`infra.nodes.look_up_image` read from the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pulumi
 
 from frontier.render import render_cloud_init
@@ -31,6 +33,7 @@ ALB_MIN_THRESHOLD = 2
 ALB_MIN_INTERVAL_S = 5
 ALB_MIN_TIMEOUT_S = 2
 WAF_MIN_RATE_LIMIT = 10
+USER_DATA_MAX_BYTES = 16 * 1024  # EC2's limit, before base64
 
 
 def is_production(settings: Settings) -> bool:
@@ -46,15 +49,17 @@ def refuse_local(settings: Settings) -> None:
         )
 
 
-def preflight(settings: Settings, cloud: Cloud, images: dict[str, MachineImage]) -> None:
+def preflight(
+    settings: Settings, cloud: Cloud, images: dict[str, MachineImage], user_data: dict[str, str]
+) -> None:
     """Problems AWS would report halfway through an update, reported before anything is created."""
-    problems = [*_problems(settings, cloud), *_image_problems(settings, images)]
+    problems = [*_problems(settings, cloud), *_node_problems(settings, images, user_data)]
     if problems:
         lines = [f"{settings.source}: {len(problems)} problem(s) for provisioning stack {settings.stack!r}"]
         raise ProvisionError("\n".join([*lines, *(f"  {p}" for p in problems)]))
 
 
-def _problems(s: Settings, cloud: Cloud):
+def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
     if s.inventory.source != "aws":
         yield (
             f"inventory.source = {s.inventory.source!r}: a provisioned stack's hosts are its auto scaling "
@@ -91,8 +96,21 @@ def _problems(s: Settings, cloud: Cloud):
         yield f"edge.waf_rate_limit = {s.edge.waf_rate_limit}: WAF rate limits start at {WAF_MIN_RATE_LIMIT} (0 turns WAF off)"
 
 
-def _image_problems(settings: Settings, images: dict[str, MachineImage]):
+def _node_problems(
+    settings: Settings, images: dict[str, MachineImage], user_data: dict[str, str]
+) -> Iterator[str]:
     for index, group in enumerate(settings.node_groups):
+        size = len(user_data[group.name].encode())
+        if size > USER_DATA_MAX_BYTES:
+            yield (
+                f"node_groups[{index}] ({group.name}): the cloud-init rendered from templates/cloud-init.yaml.j2 is "
+                f"{size} bytes; EC2 accepts at most {USER_DATA_MAX_BYTES}"
+            )
+        if group.cache_volume_gb == group.root_volume_gb:
+            yield (
+                f"node_groups[{index}].cache_volume_gb = {group.cache_volume_gb}: must differ from root_volume_gb; "
+                "cloud-init tells the model-cache volume from the root volume by its size"
+            )
         image = images[group.name]
         if group.root_volume_gb < image.root_snapshot_gb:
             yield (
@@ -106,7 +124,8 @@ def build(settings: Settings) -> StackOutputs:
     refuse_local(settings)
     cloud = look_up(settings.region)
     images = {group.name: look_up_image(group) for group in settings.node_groups}
-    preflight(settings, cloud, images)
+    user_data = {group.name: render_cloud_init(settings, group) for group in settings.node_groups}
+    preflight(settings, cloud, images, user_data)
 
     stack, production = settings.stack, is_production(settings)
     tags = base_tags(stack)
@@ -217,7 +236,7 @@ def build(settings: Settings) -> StackOutputs:
                     stack=stack,
                     group=group,
                     image=images[group.name],
-                    user_data=render_cloud_init(settings, group),
+                    user_data=user_data[group.name],
                     instance_profile_arn=identity.instance_profile_arn,
                     security_group_ids=[security.runtime_id],
                     subnet_ids=network.private_subnet_ids,

@@ -1,4 +1,5 @@
-"""``python -m frontier_runtime serve --config runtime.yaml [--host H] [--port P] [--model-dir DIR]``.
+"""``python -m frontier_runtime serve --config runtime.yaml [--host H] [--port P] [--model-dir DIR]``
+and ``python -m frontier_runtime probe [--ready]`` (the container's health check).
 
 The working directory is the host's install root: relative paths in the config (weights cache,
 a local model directory) resolve against it. ``--host``/``--port`` override the config so one
@@ -22,6 +23,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model-dir", type=Path, help="serve this local model directory instead of model.source"
     )
+    probe = commands.add_parser(
+        "probe", help="exit 0 when the running server is live (the container's health check)"
+    )
+    probe.add_argument("--ready", action="store_true", help="check readiness instead of liveness")
     return parser
 
 
@@ -37,6 +42,12 @@ def _port(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "probe":
+        from frontier_runtime.server.probe import run_probe
+
+        healthy, why = run_probe(ready=args.ready)
+        print(why, file=sys.stdout if healthy else sys.stderr)
+        return 0 if healthy else 1
     from frontier_runtime.config import ConfigError, load_config
     from frontier_runtime.server.logs import configure_logging
 

@@ -14,8 +14,8 @@ import pytest
 
 from frontier import local
 from frontier.deploy import Environment, deploy, rollback
-from frontier.inventory import connect, hosts
 from frontier.host import HostSession
+from frontier.inventory import connect, hosts
 from frontier.loadtest import BackgroundLoad, Target
 from frontier.rollout import RolloutFailed
 from tests.e2e.conftest import stack_variant

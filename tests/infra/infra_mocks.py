@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
+import runpy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -22,8 +24,11 @@ from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from frontier.stack import Settings
+from frontier.stack import Settings, load_stack
 from infra.program import build
+
+MAIN = Path(__file__).resolve().parents[2] / "infra" / "__main__.py"
+CLOUD_STACKS = ("dev", "staging", "prod")
 
 ACCOUNT_ID = "123456789012"
 ELB_ACCOUNTS = {"us-east-1": "127311923021", "us-west-2": "797873946194"}
@@ -290,3 +295,19 @@ def run_program(settings: Settings, program: Callable[[Settings], Any] = build, 
     """Run ``program(settings)`` under fresh mocks: :func:`infra.program.build` or the entry point."""
     mocks = _Recorder(settings.region, **mock_options)
     return contextvars.Context().run(_run, settings, program, mocks)
+
+
+def run_main(stack: str, settings: Settings | None = None) -> Graph:
+    """Run ``infra/__main__.py`` as ``pulumi up -s <stack>`` does; ``settings`` only sets up the mocks."""
+    settings = (settings or load_stack(stack)).model_copy(update={"stack": stack})
+    return run_program(settings, program=lambda _: runpy.run_path(str(MAIN)))
+
+
+run_graphs: dict[str, Graph] = {}
+
+
+def graph_for(stack: str) -> Graph:
+    """The program's resources and exported outputs for a stack, built once per test session."""
+    if stack not in run_graphs:
+        run_graphs[stack] = run_main(stack)
+    return run_graphs[stack]

@@ -68,10 +68,38 @@ def stack_violations(policy: StackValidationPolicy, resources: list[Resource]) -
     return found
 
 
+_engine_view: dict[str, tuple[list[ResourceValidationArgs], StackValidationArgs]] = {}
+
+
+def engine_view(graph: Graph) -> tuple[list[ResourceValidationArgs], StackValidationArgs]:
+    """What the engine would hand the pack for this graph: each resource's inputs, every resource's outputs."""
+    if graph.stack not in _engine_view:
+        custom = [r for r in graph.resources if r.custom]
+        resource_args = [
+            ResourceValidationArgs(r.type, unknown_checking_proxy(r.inputs), r.urn, r.name, None, None)
+            for r in custom
+        ]
+        stack_args = StackValidationArgs(
+            [
+                PolicyResource(
+                    r.type, unknown_checking_proxy(r.outputs), r.urn, r.name, None, None, None, [], {}
+                )
+                for r in custom
+            ]
+        )
+        _engine_view[graph.stack] = (resource_args, stack_args)
+    return _engine_view[graph.stack]
+
+
 def graph_violations(policy, graph: Graph) -> list[str]:
+    found: list[str] = []
+    resource_args, stack_args = engine_view(graph)
     if isinstance(policy, StackValidationPolicy):
-        return stack_violations(policy, graph.resources)
-    return [m for r in graph.resources if r.custom for m in resource_violations(policy, r)]
+        policy.validate(stack_args, lambda message, urn=None: found.append(message))
+    else:
+        for args in resource_args:
+            policy.validate(args, lambda message, urn=None: found.append(message))
+    return found
 
 
 def changed(resource: Resource, change, *, outputs: bool = False) -> Resource:

@@ -6,8 +6,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from conftest import run_main
-from infra_mocks import ACCOUNT_ID, run_program
+from infra_mocks import ACCOUNT_ID, run_main, run_program
 
 from frontier.stack import load_stack
 from infra.errors import ProvisionError
@@ -89,7 +88,7 @@ def test_outputs_name_what_fab_needs(graph):
     assert out["history_bucket"] == f"frontier-{stack}-history-{ACCOUNT_ID}"
     assert out["history_prefix"] == f"history/{stack}/"
     assert out["target_group_arn"] == tg.outputs["arn"]
-    assert out["asg_names"] == [a.outputs["name"] for a in asgs]
+    assert sorted(out["asg_names"]) == sorted(a.outputs["name"] for a in asgs)
     assert out["ecr_repository_url"] == graph.settings.runtime.image_repository
     assert out["api_keys_secret_arn"] == graph.one("aws:secretsmanager/secret:Secret").outputs["arn"]
     assert out["alb_dns_name"] == graph.one("aws:lb/loadBalancer:LoadBalancer").outputs["dnsName"]
@@ -103,7 +102,6 @@ def test_hosts_are_reached_through_the_bastion_when_the_stack_names_one(graph):
 
 def test_the_entry_point_exports_every_documented_output(graph):
     assert set(graph.outputs) == {f.name for f in fields(StackOutputs)}
-
 
 
 # --- what the program refuses ---------------------------------------------------------------------
@@ -127,6 +125,12 @@ def test_a_broken_stack_file_fails_with_the_loaders_message(tmp_path, monkeypatc
 def test_more_availability_zones_than_the_region_has_are_refused():
     with pytest.raises(ProvisionError, match=r"network\.availability_zones = 3: region us-east-1 offers 2"):
         run_program(load_stack("prod"), zones=2)
+
+
+def test_a_static_inventory_is_refused_for_a_provisioned_stack():
+    settings = with_changes(load_stack("dev"), inventory={"source": "static"})
+    with pytest.raises(ProvisionError, match=r"inventory\.source = 'static': .* use 'aws'"):
+        run_program(settings)
 
 
 def test_a_certificate_from_another_region_is_refused():
@@ -163,6 +167,23 @@ def test_a_root_volume_smaller_than_the_ami_is_refused():
         ProvisionError, match=r"node_groups\[0\]\.root_volume_gb = 100: .* needs at least 500 GB"
     ):
         run_program(load_stack("dev"), root_snapshot_gb=500)
+
+
+def test_a_cache_volume_cloud_init_cannot_tell_from_the_root_volume_is_refused():
+    settings = load_stack("dev")
+    group = settings.serving_group.model_copy(
+        update={"cache_volume_gb": settings.serving_group.root_volume_gb}
+    )
+    with pytest.raises(ProvisionError, match=r"node_groups\[0\]\.cache_volume_gb = 100: must differ"):
+        run_program(settings.model_copy(update={"node_groups": (group,)}))
+
+
+def test_user_data_beyond_ec2s_limit_is_refused(monkeypatch):
+    monkeypatch.setattr("infra.program.render_cloud_init", lambda settings, group: "#" * 17_000)
+    with pytest.raises(
+        ProvisionError, match=r"node_groups\[0\] \(a10g\): .* is 17000 bytes; EC2 accepts at most 16384"
+    ):
+        run_program(load_stack("dev"))
 
 
 def test_every_problem_is_reported_at_once():

@@ -22,6 +22,7 @@ from frontier_runtime.engine.model_runner import ModelRunner
 from frontier_runtime.engine.sampler import Sampler
 from frontier_runtime.engine.scheduler import Scheduler
 from frontier_runtime.engine.sequence import Sequence, Status
+from frontier_runtime.models.llama import LlamaConfig, check_tensor_parallel
 from frontier_runtime.tokenizer import Tokenizer
 
 log = logging.getLogger("frontier_runtime.engine")
@@ -69,6 +70,8 @@ class LLMEngine:
             "max_num_batched_tokens": max_num_batched_tokens,
             "num_blocks": num_blocks,
         }
+        if tensor_parallel_size > 1:
+            check_tensor_parallel(LlamaConfig.from_dir(model_dir), tensor_parallel_size)
         self._workers = self._start_workers(tensor_parallel_size, runner_kwargs, device)
         try:
             self.runner = ModelRunner(

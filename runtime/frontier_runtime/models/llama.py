@@ -95,6 +95,21 @@ class LlamaConfig:
         return cls.from_hf(json.loads(path.read_text()))
 
 
+def check_tensor_parallel(cfg: LlamaConfig, tp_size: int) -> None:
+    """Refuse a tensor-parallel size that does not split the heads and the MLP evenly."""
+    for name, value in (
+        ("num_attention_heads", cfg.num_heads),
+        ("num_key_value_heads", cfg.num_kv_heads),
+        ("intermediate_size", cfg.intermediate_size),
+    ):
+        if value % tp_size:
+            raise ValueError(
+                f"parallel.tensor_parallel_size {tp_size} must divide num_attention_heads ({cfg.num_heads}), "
+                f"num_key_value_heads ({cfg.num_kv_heads}) and intermediate_size ({cfg.intermediate_size}); "
+                f"{name} is {value}"
+            )
+
+
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     dim = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
@@ -166,11 +181,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig, tp: TPGroup) -> None:
         super().__init__()
-        if cfg.num_heads % tp.world_size or cfg.num_kv_heads % tp.world_size:
-            raise ValueError(
-                f"tensor_parallel_size {tp.world_size} must divide num_attention_heads ({cfg.num_heads}) "
-                f"and num_key_value_heads ({cfg.num_kv_heads})"
-            )
+        check_tensor_parallel(cfg, tp.world_size)
         self.tp = tp
         self.num_heads = cfg.num_heads // tp.world_size
         self.num_kv_heads = cfg.num_kv_heads // tp.world_size
@@ -235,10 +246,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: LlamaConfig, tp: TPGroup) -> None:
         super().__init__()
-        if cfg.intermediate_size % tp.world_size:
-            raise ValueError(
-                f"tensor_parallel_size {tp.world_size} must divide intermediate_size ({cfg.intermediate_size})"
-            )
+        check_tensor_parallel(cfg, tp.world_size)
         self.tp = tp
         self.inter = cfg.intermediate_size // tp.world_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
@@ -331,9 +339,14 @@ def load_model(
     model_dir = Path(model_dir)
     device = torch.device(device)
     cfg = LlamaConfig.from_dir(model_dir)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, tp)
-    model = model.to_empty(device=device).to(dtype)
+    if device.type == "cpu":
+        # On CPU the random init is cheap, while the meta device routes init through torch's Python
+        # meta kernels, importing ~800 more modules: +6 s at start and +3 s at exit on 2 cores.
+        model = LlamaForCausalLM(cfg, tp).to(dtype)
+    else:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg, tp)
+        model = model.to_empty(device=device).to(dtype)
     ckpt = _read_checkpoint(model_dir)
 
     def take(name: str) -> torch.Tensor:

@@ -72,7 +72,6 @@ class Generation:
         self.log = log_fields
         self._submitted = False
         self._finished = False
-        self._headers_sent = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         worker = asyncio.ensure_future(self._run(send))
@@ -177,7 +176,6 @@ class Generation:
         await self._body(send, tail + DONE, more=False)
 
     async def _start_stream(self, send: Any) -> None:
-        self._headers_sent = True
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
 
     async def _body(self, send: Any, data: bytes, more: bool = True) -> None:

@@ -32,6 +32,7 @@ from frontier_runtime.server.admission import Admission
 from frontier_runtime.server.app import ServerState, create_app
 from frontier_runtime.server.auth import ApiKeys
 from frontier_runtime.server.health import Health
+from frontier_runtime.server.probe import remove_probe_file, write_probe_file
 from frontier_runtime.server.text import TextCodec
 
 log = logging.getLogger("frontier_runtime.serve")
@@ -174,10 +175,12 @@ class RuntimeServer(uvicorn.Server):
         self.state.idle = asyncio.Event()
         self.state.idle.set()
         await super().startup(sockets=sockets)
+        health = self.state.config.health
         for server in self.servers:
             for sock in server.sockets:
                 host, port = sock.getsockname()[:2]
                 log.info("listening", extra={"event": "listening", "host": host, "port": port})
+                write_probe_file(host, port, health.liveness_path, health.readiness_path)
         self._spawn(self._load())
 
     async def _load(self) -> None:
@@ -206,6 +209,7 @@ class RuntimeServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.state.health.draining = True
+        remove_probe_file()
         await super().shutdown(sockets=sockets)
         engine = self.state.engine
         if self.owns_engine and engine is not None and hasattr(engine, "shutdown"):

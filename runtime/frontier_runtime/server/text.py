@@ -53,12 +53,22 @@ class TextCodec:
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
         try:
             if self.has_chat_template:
-                return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+                return self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=add_generation_prompt
+                )
             return self._default_template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.tokenizer.bos_token or "",
                 eos_token=self.tokenizer.eos_token or "",
             )
-        except (ChatTemplateError, TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        except (
+            ChatTemplateError,
+            TemplateError,
+            TypeError,
+            ValueError,
+            KeyError,
+            IndexError,
+            AttributeError,
+        ) as exc:
             raise TemplateRenderError(f"the chat template cannot render these messages: {exc}") from None

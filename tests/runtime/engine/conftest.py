@@ -5,9 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from engine_fixtures import Reference, encode_all, hf_greedy
 
 from frontier_runtime.tiny import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_intra_op_thread():  # noqa: ANN201
+    """Tiny models gain nothing from intra-op threads, and on a shared CI machine every OpenMP
+    barrier waiting for a descheduled thread costs milliseconds (measured: 8x slower with 2)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -52,3 +52,18 @@ def encode_all(model_dir: Path) -> list[list[int]]:
 
     tok = Tokenizer(model_dir)
     return [tok.encode(t) for t in PROMPT_TEXTS]
+
+
+def generate_tracking_batch(engine, prompts: list[list[int]], params) -> tuple[list[list[int]], int]:  # noqa: ANN001
+    """Run prompts to completion step by step; returns outputs and the largest batch of a step."""
+    ids = [f"track-{i}" for i in range(len(prompts))]
+    plist = params if isinstance(params, list) else [params] * len(prompts)
+    for rid, p, sp in zip(ids, prompts, plist, strict=True):
+        engine.add_request(rid, p, sp)
+    got: dict[str, list[int]] = {rid: [] for rid in ids}
+    largest = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id].extend(out.new_token_ids)
+        largest = max(largest, engine.stats().last_batch_size)
+    return [got[rid] for rid in ids], largest

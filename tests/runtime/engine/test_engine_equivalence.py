@@ -13,7 +13,7 @@ import pytest
 from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
 
-from engine_fixtures import MAX_NEW, Reference, random_fillers
+from engine_fixtures import MAX_NEW, Reference, generate_tracking_batch, random_fillers
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
 
@@ -47,10 +47,10 @@ def test_batched_equals_unbatched_with_prompts_among_random_fillers(gqa_ref: Ref
     batch = [(p, i) for i, p in enumerate(gqa_ref.prompts)] + [(f, None) for f in fillers]
     random.Random(3).shuffle(batch)
     engine = LLMEngine(gqa_ref.model_dir, max_batch_size=20)
-    outs = _run(engine, [p for p, _ in batch])
+    outs, largest = generate_tracking_batch(engine, [p for p, _ in batch], GREEDY)
     got = {i: o for (_, i), o in zip(batch, outs, strict=True) if i is not None}
     assert [got[i] for i in range(len(gqa_ref.prompts))] == gqa_ref.outputs
-    assert engine.stats().last_batch_size > 1
+    assert largest == 20
 
 
 def test_equal_when_the_kv_cache_is_so_small_that_sequences_are_preempted(tied_ref: Reference) -> None:

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from frontier_runtime.server.serve import Loaded, build_engine
+from frontier_runtime.server.serve import build_engine
 from frontier_runtime.server.text import TextCodec
 from moto.server import ThreadedMotoServer
-from server_harness import TINY_SHAPE, RunningServer, runtime_config, start_server
+from server_harness import TINY_SHAPE, RunningServer, runtime_config, servers
 
 
 @pytest.fixture(scope="session")
@@ -59,33 +58,15 @@ def codec(tiny_model: Path) -> TextCodec:
     return TextCodec.from_dir(tiny_model)
 
 
-@contextmanager
-def _servers(engine: Any, codec: TextCodec, tiny_model: Path) -> Iterator[Any]:
-    running: list[RunningServer] = []
-
-    def _start(api_keys: Any = None, **overrides: Any) -> RunningServer:
-        config = runtime_config(tiny_model, **overrides)
-        srv = start_server(config, lambda: Loaded(engine=engine, codec=codec, api_keys=api_keys))
-        running.append(srv)
-        return srv
-
-    try:
-        yield _start
-    finally:
-        for srv in running:
-            srv.stop()
-            srv.wait_idle()
-
-
 @pytest.fixture
 def serve(engine: Any, codec: TextCodec, tiny_model: Path) -> Iterator[Any]:
     """``serve(api_keys=None, **config_overrides) -> RunningServer`` over the shared engine; stopped after the test."""
-    with _servers(engine, codec, tiny_model) as start:
+    with servers(engine, codec, tiny_model) as start:
         yield start
 
 
 @pytest.fixture(scope="module")
 def shared_server(engine: Any, codec: TextCodec, tiny_model: Path) -> Iterator[RunningServer]:
     """One default server for a module's tests that leave no state behind."""
-    with _servers(engine, codec, tiny_model) as start:
+    with servers(engine, codec, tiny_model) as start:
         yield start()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ from typing import Any
 import yaml
 from frontier_runtime.config import RuntimeConfig, parse_config
 from frontier_runtime.server.app import ServerState, create_app
-from frontier_runtime.server.serve import RuntimeServer, new_state, uvicorn_config
+from frontier_runtime.server.serve import Loaded, RuntimeServer, new_state, uvicorn_config
 
 MODEL = "tiny-test"
 ENGINE_MAX_SEQ_LEN = 256
@@ -91,6 +93,25 @@ def start_server(config: RuntimeConfig, loader: Any) -> RunningServer:
             raise TimeoutError("test server did not become ready")
         time.sleep(0.01)
     return RunningServer(f"http://127.0.0.1:{port}", state, server, thread)
+
+
+@contextmanager
+def servers(engine: Any, codec: Any, tiny_model: Path) -> Iterator[Any]:
+    """Start servers over one shared engine with ``start(api_keys=None, **overrides)``; stop them all on exit."""
+    running: list[RunningServer] = []
+
+    def _start(api_keys: Any = None, **overrides: Any) -> RunningServer:
+        config = runtime_config(tiny_model, **overrides)
+        srv = start_server(config, lambda: Loaded(engine=engine, codec=codec, api_keys=api_keys))
+        running.append(srv)
+        return srv
+
+    try:
+        yield _start
+    finally:
+        for srv in running:
+            srv.stop()
+            srv.wait_idle()
 
 
 class HeldSlots:

@@ -7,10 +7,9 @@ import pytest
 from server_harness import MODEL
 
 
-@pytest.fixture
-def client(serve):
-    srv = serve()
-    with openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=30) as c:
+@pytest.fixture(scope="module")
+def client(shared_server):
+    with openai.OpenAI(base_url=f"{shared_server.url}/v1", api_key="unused", max_retries=0, timeout=30) as c:
         yield c
 
 
