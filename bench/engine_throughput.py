@@ -47,7 +47,7 @@ def make_requests(n: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
 
 def run_engine(model_dir: Path, requests: list[tuple[list[int], int]]) -> tuple[float, list[list[int]]]:
     engine = LLMEngine(
-        model_dir, max_batch_size=len(requests), max_num_batched_tokens=2048, cpu_kv_cache_bytes=512 << 20
+        model_dir, max_batch_size=len(requests), max_num_batched_tokens=2048, cpu_kv_cache_bytes=160 << 20
     )
     engine.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
@@ -100,7 +100,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, help="checkpoint directory (default: a fresh tiny model)")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads for all three (default: torch's)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory(prefix="frontier-bench-") as tmp:
         model_dir = args.model or make_tiny_checkpoint(Path(tmp) / "tiny", seed=args.seed)

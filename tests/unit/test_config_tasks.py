@@ -40,7 +40,7 @@ def test_render_writes_every_file_and_lists_it(capsys, tmp_path):
         assert rel in out
         assert f"{len(text.encode()):,}" in out
         assert hashlib.sha256(text.encode()).hexdigest()[:12] in out
-    assert f"image: 123456789012.dkr.ecr.us-east-1.amazonaws.com/frontier-runtime@{DIGEST}" in out
+    assert f"image: 123456789012.dkr.ecr.us-east-1.amazonaws.com/frontier-runtime-prod@{DIGEST}" in out
     assert "warning" not in out
 
 

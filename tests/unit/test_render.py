@@ -173,7 +173,7 @@ def test_unit_refuses_anything_but_an_immutable_digest(prod, reference):
 
 def test_unit_runs_the_image_by_digest(prod):
     unit = _unit(prod)
-    image = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/frontier-runtime@{DIGEST}"
+    image = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/frontier-runtime-prod@{DIGEST}"
     assert f"Environment=FRONTIER_IMAGE={image}\n" in unit
     assert "ExecStartPre=/usr/bin/docker pull ${FRONTIER_IMAGE}\n" in unit
     assert ":latest" not in unit

@@ -119,6 +119,7 @@ class RequestContext:
         self.app = app
         self.state = state
         self.routes = {r.path for r in app.routes if isinstance(r, Route)}
+        self.probes = {state.config.health.liveness_path, state.config.health.readiness_path, "/metrics"}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -161,14 +162,12 @@ class RequestContext:
             if inference:
                 self._leave()
             elapsed = time.monotonic() - started
-            code = str(status or 499)  # 499: the client left before any answer was sent
-            self.state.metrics.http_requests.labels(route, code).inc()
-            self.state.metrics.http_duration.labels(route).observe(elapsed)
-            if route not in (
-                self.state.config.health.liveness_path,
-                self.state.config.health.readiness_path,
-                "/metrics",
-            ):
+            # Probes and scrapes are not traffic: left out so that a gate's error rate and p99 over
+            # these series describe what clients saw (a draining readiness 503 is not an error).
+            if route not in self.probes:
+                code = str(status or 499)  # 499: the client left before any answer was sent
+                self.state.metrics.http_requests.labels(route, code).inc()
+                self.state.metrics.http_duration.labels(route).observe(elapsed)
                 request_log.info(
                     "request",
                     extra={

@@ -111,3 +111,12 @@ def test_unknown_paths_share_one_label(serve) -> None:
     text = httpx.get(f"{srv.url}/metrics").text
     assert 'frontier_http_requests_total{route="other",status="404"} 3.0' in text
     assert not re.search(r'route="/scan', text)
+
+
+def test_probes_and_scrapes_are_not_counted_as_traffic(serve) -> None:
+    srv = serve()
+    srv.state.health.draining = True
+    assert httpx.get(f"{srv.url}/health/ready").status_code == 503
+    httpx.get(f"{srv.url}/health/live")
+    text = httpx.get(f"{srv.url}/metrics").text
+    assert 'route="/health' not in text and 'route="/metrics"' not in text
