@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
 from frontier_runtime.tiny import make_tiny_checkpoint
@@ -74,7 +73,9 @@ def run_sequential(model, requests: list[tuple[list[int], int]]) -> tuple[float,
     start = time.perf_counter()
     for prompt, n in requests:
         ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
+        )
         outputs.append(out[0, len(prompt) :].tolist())
     return time.perf_counter() - start, outputs
 
@@ -91,7 +92,9 @@ def run_static(model, requests: list[tuple[list[int], int]]) -> float:  # noqa: 
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = 1
         longest = max(n for _, n in batch)
-        model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest, do_sample=False)
+        model.generate(
+            ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest, do_sample=False
+        )
     return time.perf_counter() - start
 
 
@@ -116,19 +119,21 @@ def main(argv: list[str] | None = None) -> None:
             f"(prompts 8-256, outputs 8-160), torch threads {torch.get_num_threads()}"
         )
 
+        def report(name: str, secs: float) -> float:
+            rate = total_out / secs
+            print(f"{name:<11} {secs:8.2f} s  {rate:9.1f} output tok/s", flush=True)
+            return rate
+
         engine_s, engine_out = run_engine(Path(model_dir), requests)
+        engine_rate = report("engine", engine_s)
         hf = load_hf(Path(model_dir))
         seq_s, seq_out = run_sequential(hf, requests)
-        static_s = run_static(hf, requests)
+        seq_rate = report("sequential", seq_s)
+        static_rate = report("static", run_static(hf, requests))
 
     same = sum(a == b for a, b in zip(engine_out, seq_out, strict=True))
-    rates = {name: total_out / s for name, s in (("engine", engine_s), ("sequential", seq_s), ("static", static_s))}
-    for name, secs in (("engine", engine_s), ("sequential", seq_s), ("static", static_s)):
-        print(f"{name:<11} {secs:8.2f} s  {rates[name]:9.1f} output tok/s")
     print(f"engine outputs identical to sequential transformers: {same}/{len(requests)}")
-    vs_seq = rates["engine"] / rates["sequential"]
-    vs_static = rates["engine"] / rates["static"]
-    print(f"vs_sequential={vs_seq:.2f} vs_static={vs_static:.2f}")
+    print(f"vs_sequential={engine_rate / seq_rate:.2f} vs_static={engine_rate / static_rate:.2f}")
     sys.stdout.flush()
 
 

@@ -34,17 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from rich.console import Console
 from rich.table import Table
 
 from frontier import local
 from frontier.errors import FrontierError
 from frontier.loadtest import BackgroundLoad, Target, run_steps
-from frontier.loadtest_report import steps_table
+from frontier.loadtest_report import step_notes, steps_table, wide_console
 from frontier.loadtest_stats import Distribution, RequestSample, SloTargets, summarize
 from frontier.stack import Settings, load_stack, stack_path
 
-console = Console(highlight=False)
+console = wide_console()
 
 
 @dataclass
@@ -256,6 +255,8 @@ def short_load(settings: Settings, target: Target, rate: float, seconds: float) 
     samples = list(results[0].samples)
     summary = summarize(samples, window=results[0].window, slo=slo_of(settings), offered_rps=rate)
     console.print(steps_table([summary], slo_of(settings)))
+    for note in step_notes([summary], slo_of(settings)):
+        console.print(f"  {note}")
     return samples
 
 
@@ -347,8 +348,8 @@ def run(settings: Settings, rate: float, load_s: float, tally: Tally) -> int:
         tally.add(samples)
     if back_to != release_a:
         raise FrontierError(f"rollback landed on {back_to}, expected release A {release_a}")
-    phases.append(Phase(f"during deploy B ({release_b})", _between(samples, 0, t1), tally.deploy_s))
-    phases.append(Phase(f"during rollback ({release_a})", _between(samples, t1, t2), tally.rollback_s))
+    phases.append(Phase(f"deploy B {release_b}", _between(samples, 0, t1), tally.deploy_s))
+    phases.append(Phase(f"rollback to A {release_a}", _between(samples, t1, t2), tally.rollback_s))
     phases.append(Phase("after rollback", _between(samples, t2, float("inf"))))
 
     step("10. summary")

@@ -15,6 +15,12 @@ from rich.table import Table
 from frontier.loadtest_stats import Knee, RequestSample, SloTargets, StepSummary
 
 
+def wide_console() -> Console:
+    """A console for tables: the terminal's width, or 160 columns when the output is a file or pipe."""
+    console = Console(highlight=False)
+    return console if console.is_terminal else Console(highlight=False, width=160)
+
+
 class LiveProgress:
     """A rich progress bar over a load's total duration with running counts of requests."""
 
@@ -73,23 +79,25 @@ def _ms(value: float) -> str:
 
 
 def steps_table(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None = None) -> Table:
-    """One row per step: load, throughput, goodput, latency percentiles and the SLO verdict."""
+    """One row per step: load, throughput, goodput, latency percentiles and the SLO verdict.
+
+    Why a step breaks the SLO, and its errors by kind, are listed by :func:`step_notes` below it.
+    """
     table = Table(title="load test", title_justify="left")
-    for name in ("offered/s", "sent", "failed", "tput/s", "tok/s", "goodput/s"):
+    for name in ("offered/s", "sent", "failed", "tput/s", "out tok/s", "goodput/s"):
         table.add_column(name, justify="right")
-    for name in ("TTFT p50/p99 ms", "TPOT p50/p99 ms", "ITL p99 ms", "E2EL p50/p90/p99 ms"):
-        table.add_column(name, justify="right")
+    for name in ("TTFT p50/p99", "TPOT p50/p99", "ITL p99", "E2EL p50/p90/p99"):
+        table.add_column(f"{name} ms", justify="right")
     table.add_column("SLO")
     for s in steps:
         load = f"{s.offered_rps:g}" if s.offered_rps is not None else f"c={s.concurrency}"
-        reasons = s.verdict(slo)
-        mark = "ok" if not reasons else "; ".join(reasons)
+        mark = "ok" if not s.verdict(slo) else "[red]broken[/]"
         if knee is not None and s is knee.step:
-            mark = "ok  <- knee"
+            mark = "[green]ok, knee[/]"
         table.add_row(
             load,
             str(s.sent),
-            f"{s.failed}" + (f" {dict(sorted(s.errors.items()))}" if s.errors else ""),
+            str(s.failed),
             f"{s.throughput_rps:.2f}",
             f"{s.output_tokens_per_s:,.0f}",
             f"{s.goodput_rps:.2f}",
@@ -100,6 +108,20 @@ def steps_table(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None
             mark,
         )
     return table
+
+
+def step_notes(steps: Sequence[StepSummary], slo: SloTargets) -> list[str]:
+    """One line per step that failed requests or broke the SLO: errors by kind, and why."""
+    notes = []
+    for s in steps:
+        load = f"{s.offered_rps:g} req/s" if s.offered_rps is not None else f"{s.concurrency} clients"
+        parts = []
+        if s.errors:
+            parts.append("errors " + ", ".join(f"{kind} x{n}" for kind, n in sorted(s.errors.items())))
+        parts += s.verdict(slo)
+        if parts:
+            notes.append(f"{load}: " + "; ".join(parts))
+    return notes
 
 
 def knee_line(knee: Knee | None, steps: Sequence[StepSummary]) -> str:

@@ -314,8 +314,13 @@ class Rollout:
                     # A release left on disk is not worth failing a good rollout for.
                     with contextlib.suppress(FrontierError):
                         self._phase(results[host.name], "prune", lambda h=host: self._prune(h))
-        except Exception as exc:  # noqa: BLE001 - any failure, ours or the network's, stops the rollout
-            result.reason = str(exc) if isinstance(exc, FrontierError) else f"{type(exc).__name__}: {exc}"
+        except (Exception, KeyboardInterrupt) as exc:  # any failure, ours, the network's or Ctrl-C, stops it
+            if isinstance(exc, KeyboardInterrupt):
+                result.reason = "interrupted by the operator"
+            elif isinstance(exc, FrontierError):
+                result.reason = str(exc)
+            else:
+                result.reason = f"{type(exc).__name__}: {exc}"
             failing = next((r for r in result.hosts if r.outcome == "pending" and r.phases), None)
             if failing is not None:
                 failing.error = result.reason

@@ -15,7 +15,7 @@ from rich.table import Table
 from frontier import local
 from frontier.errors import FrontierError
 from frontier.loadtest import LoadTestError, Target, run_concurrency, run_steps
-from frontier.loadtest_report import LiveProgress, knee_line, plot, steps_table
+from frontier.loadtest_report import LiveProgress, knee_line, plot, step_notes, steps_table, wide_console
 from frontier.loadtest_stats import Knee, SloTargets, StepSummary, find_knee, summarize
 from frontier.stack import REPO_ROOT, Settings
 from frontier.tasks.common import reports_errors, settings_for
@@ -157,7 +157,7 @@ def loadtest(
         timeout_s=float(timeout),
     )
     slo = slo_targets(settings)
-    console = Console()
+    console = wide_console()
     console.print(
         f"load test of {target.url} (model {target.model}, ~{target.prompt_tokens} prompt tokens, "
         f"{target.max_tokens} output tokens); SLO: TTFT {slo.ttft_ms:g} ms, TPOT {slo.tpot_ms:g} ms, "
@@ -179,6 +179,8 @@ def loadtest(
     )
     knee = find_knee(steps, slo) if step else None
     console.print(steps_table(steps, slo, knee))
+    for note in step_notes(steps, slo):
+        console.print(f"  {note}")
     if not step:
         _fail_on_errors(steps, slo)
         return

@@ -42,24 +42,134 @@ DEFAULT_SHAPE = {
     "rope_theta": 10000.0,
     "rope_scaling": None,
 }
-_WORDS = (
-    "the of and to in is was for on with as by at from that this it be are or an not have which one all "
-    "model token cache batch stream server request engine block layer weight tensor prefill decode "
-    "cluster node deploy rollback canary drain health latency throughput memory kernel attention "
-    "river mountain garden window morning evening winter summer coffee bread music letter story "
-    "café naïve über façade jalapeño smörgåsbord Zürich São Paulo 東京 日本語 数据 模型 привет мир "
-    "καλημέρα שלום مرحبا 🙂 🚀 ✓ € £ ¥ — … «quoted» 「括弧」"
-).split()
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "that",
+    "this",
+    "it",
+    "be",
+    "are",
+    "or",
+    "an",
+    "not",
+    "have",
+    "which",
+    "one",
+    "all",
+    "model",
+    "token",
+    "cache",
+    "batch",
+    "stream",
+    "server",
+    "request",
+    "engine",
+    "block",
+    "layer",
+    "weight",
+    "tensor",
+    "prefill",
+    "decode",
+    "cluster",
+    "node",
+    "deploy",
+    "rollback",
+    "canary",
+    "drain",
+    "health",
+    "latency",
+    "throughput",
+    "memory",
+    "kernel",
+    "attention",
+    "river",
+    "mountain",
+    "garden",
+    "window",
+    "morning",
+    "evening",
+    "winter",
+    "summer",
+    "coffee",
+    "bread",
+    "music",
+    "letter",
+    "story",
+    "café",
+    "naïve",
+    "über",
+    "façade",
+    "jalapeño",
+    "smörgåsbord",
+    "Zürich",
+    "São",
+    "Paulo",
+    "東京",
+    "日本語",
+    "数据",
+    "模型",
+    "привет",
+    "мир",
+    "καλημέρα",
+    "שלום",
+    "مرحبا",
+    "🙂",
+    "🚀",
+    "✓",
+    "€",
+    "£",
+    "¥",
+    "—",
+    "…",
+    "«quoted»",
+    "「括弧」",
+]
 
 
 def _corpus(seed: int, lines: int = 6000) -> list[str]:
     rng = random.Random(seed)
-    onsets = ["", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "st", "tr", "ch"]
+    onsets = [
+        "",
+        "b",
+        "c",
+        "d",
+        "f",
+        "g",
+        "h",
+        "k",
+        "l",
+        "m",
+        "n",
+        "p",
+        "r",
+        "s",
+        "t",
+        "v",
+        "z",
+        "st",
+        "tr",
+        "ch",
+    ]
     vowels = ["a", "e", "i", "o", "u", "ai", "ou", "ea"]
     codas = ["", "", "n", "r", "s", "l", "t", "nd", "ck"]
     pseudo = sorted(
         {
-            "".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 4)))
+            "".join(
+                rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 4))
+            )
             for _ in range(9000)
         }
     )
@@ -220,7 +330,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory to write the checkpoint into")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights")
-    parser.add_argument("--tokenizer-seed", type=int, default=0, help="seed of the tokenizer's training corpus")
+    parser.add_argument(
+        "--tokenizer-seed", type=int, default=0, help="seed of the tokenizer's training corpus"
+    )
     parser.add_argument("--shards", type=int, default=1, help="number of safetensors files")
     parser.add_argument("--tie-word-embeddings", action="store_true")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -229,7 +341,9 @@ def main(argv: list[str] | None = None) -> None:
         args.out,
         seed=args.seed,
         tokenizer_seed=args.tokenizer_seed,
-        shards=args.shards, tie_word_embeddings=args.tie_word_embeddings, dtype=args.dtype
+        shards=args.shards,
+        tie_word_embeddings=args.tie_word_embeddings,
+        dtype=args.dtype,
     )
     print(path)
 

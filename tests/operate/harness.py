@@ -53,7 +53,13 @@ def write_stack(
     group = config["frontier:node_groups"][0]
     group.update(min_size=len(addresses), desired_size=len(addresses), max_size=len(addresses))
     config["frontier:runtime"]["port"] = runtime_port
-    config["frontier:rollout"].update(deregistration_delay_s=2, readiness_timeout_s=90)
+    # One canary, then the other hosts together: both rollout steps are exercised.
+    config["frontier:rollout"].update(
+        deregistration_delay_s=2,
+        readiness_timeout_s=90,
+        canary_hosts=1,
+        batch_size=max(1, len(addresses) - 1),
+    )
     config["frontier:rollout"]["gate"].update(window_s=0.5)
     config["frontier:health"].update(interval_s=1, healthy_threshold=1)
     config["frontier:local"].update(
@@ -141,12 +147,16 @@ class Cluster:
         return (Path(host.root) / rel).read_bytes()
 
     def stop(self) -> None:
-        for host in self.hosts:
-            pid_file = Path(host.root) / "run" / "runtime.pid"
-            if pid_file.exists():
-                subprocess.run(
-                    ["bash", str(Path(host.root) / "bin" / "frontier-hostctl"), "stop"], capture_output=True
-                )
+        # The runtimes stop together (each drains on SIGTERM), then the daemons.
+        stopping = [
+            subprocess.Popen(
+                ["bash", str(Path(h.root) / "bin" / "frontier-hostctl"), "stop"], stdout=subprocess.DEVNULL
+            )
+            for h in self.hosts
+            if (Path(h.root) / "run" / "runtime.pid").exists()
+        ]
+        for process in stopping:
+            process.wait()
         for service in [*self.sshd.values(), self.haproxy, self.moto]:
             services.stop(service, timeout=5)
 

@@ -98,7 +98,9 @@ class BlockManager:
         self.append_slots(seq, num_new_tokens)
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table) <= len(self.free)
+        return self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table) <= len(
+            self.free
+        )
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)

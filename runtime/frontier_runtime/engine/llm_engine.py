@@ -5,6 +5,7 @@ Not thread-safe: one thread drives it (``AsyncEngine`` in ``loop.py`` does that 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -107,7 +108,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, max_batch_size, max_num_batched_tokens, self.max_seq_len, chunked_prefill
         )
-        self.sampler = Sampler(seed)
+        self.sampler = Sampler(seed, self.runner.device)
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             eos.update(self.tokenizer.eos_token_ids)
@@ -185,7 +186,9 @@ class LLMEngine:
         self.validate_request(request_id, prompt_token_ids, params)
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in the engine")
-        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else self.eos_token_ids
+        )
         seq = Sequence(
             request_id,
             list(prompt_token_ids),
@@ -193,6 +196,7 @@ class LLMEngine:
             next(self._arrivals),
             IncrementalDetokenizer(self.tokenizer, params.stop),
             stop_ids,
+            self.runner.device,
         )
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -247,9 +251,7 @@ class LLMEngine:
     def _append_token(self, seq: Sequence, token: int, logprob) -> RequestOutput:  # noqa: ANN001
         seq.token_ids.append(token)
         reason = None
-        if token in seq.stop_token_ids:
-            reason = "stop"
-        elif seq.detokenizer.append(token) is not None:
+        if token in seq.stop_token_ids or seq.detokenizer.append(token) is not None:
             reason = "stop"
         elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
             reason = "length"
@@ -325,8 +327,5 @@ class LLMEngine:
                 p.join(1.0)
 
     def __del__(self) -> None:  # best effort: workers are daemons anyway
-        try:
+        with contextlib.suppress(Exception):  # interpreter teardown
             self.shutdown(timeout_s=1.0)
-        except Exception:  # noqa: BLE001, S110 - interpreter teardown
-            pass
-

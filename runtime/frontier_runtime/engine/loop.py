@@ -32,6 +32,7 @@ that arrive while the engine is busy join the running batch at the next step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -273,10 +274,8 @@ class AsyncEngine:
             sink.error = exc
             sink.done.set()
         elif sink is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # that event loop is closed
                 sink.loop.call_soon_threadsafe(sink.queue.put_nowait, exc)
-            except RuntimeError:
-                pass
 
     def _abort_everything(self) -> None:
         self._drain_inbox()

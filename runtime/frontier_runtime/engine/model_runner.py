@@ -14,7 +14,13 @@ import torch
 
 from frontier_runtime.engine import parallel
 from frontier_runtime.engine.sequence import Sequence
-from frontier_runtime.models.llama import AttentionMetadata, LlamaConfig, PrefillChunk, load_model
+from frontier_runtime.models.llama import (
+    AttentionMetadata,
+    DecodeGroup,
+    LlamaConfig,
+    PrefillChunk,
+    load_model,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,12 +29,29 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class StepInput:
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    num_decode: int = 0
-    decode_tables: list[list[int]] = field(default_factory=list)  # padded to the longest
+    slots: list[int] = field(default_factory=list)  # block * block_size + offset of each token
+    decode_tables: list[list[int]] = field(default_factory=list)  # decodes come first, shortest first
     decode_context: list[int] = field(default_factory=list)  # tokens each decode attends to
-    prefills: list[tuple[int, int, int, list[int]]] = field(default_factory=list)  # start, len, before, blocks
+    decode_groups: list[tuple[int, int]] = field(default_factory=list)  # (start, count), padded together
+    prefills: list[tuple[int, int, int, list[int]]] = field(
+        default_factory=list
+    )  # start, len, before, blocks
     logits_indices: list[int] = field(default_factory=list)
+
+
+def group_by_length(block_counts: list[int], slack: float = 1.25) -> list[tuple[int, int]]:
+    """Split ascending block counts into runs padded together, each padded to at most ``slack`` x
+    its real size plus one block, so one long context does not make every short one pay for it."""
+    groups: list[tuple[int, int]] = []
+    start, total = 0, 0
+    for i, blocks in enumerate(block_counts):
+        if i > start and blocks * (i + 1 - start) > slack * (total + blocks) + blocks:
+            groups.append((start, i - start))
+            start, total = i, 0
+        total += blocks
+    if block_counts:
+        groups.append((start, len(block_counts) - start))
+    return groups
 
 
 class ModelRunner:
@@ -79,7 +102,7 @@ class ModelRunner:
         self.kv_caches = self._allocate(num_blocks)
 
     def _allocate(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        shape = (num_blocks, self.block_size, self.model.num_local_kv_heads, self.config.head_dim)
+        shape = (num_blocks, self.model.num_local_kv_heads, self.block_size, self.config.head_dim)
         # Zeros, not empty: padded reads are masked, but garbage NaNs would still poison softmax @ V.
         return [
             (
@@ -119,22 +142,21 @@ class ModelRunner:
         """The step's inputs, and the sequences (in logits order) that sample a token this step."""
         step = StepInput()
         bs = self.block_size
-        decodes = [(s, n) for s, n in scheduled if n == 1]
+        decodes = sorted((s for s, n in scheduled if n == 1), key=lambda s: s.num_computed_tokens)
         prefills = [(s, n) for s, n in scheduled if n > 1]
         samplers: list[Sequence] = []
-        max_blocks = max((len(s.block_table) for s, _ in decodes), default=0)
-        for seq, _ in decodes:
+        for seq in decodes:
             pos = seq.num_computed_tokens
             table = seq.block_table
             step.input_ids.append(seq.token_ids[pos])
             step.positions.append(pos)
             step.slots.append(table[pos // bs] * bs + pos % bs)
-            step.decode_tables.append(table + [0] * (max_blocks - len(table)))
+            step.decode_tables.append(table[: pos // bs + 1])
             step.decode_context.append(pos + 1)
             if pos + 1 == seq.num_tokens:
                 step.logits_indices.append(len(step.input_ids) - 1)
                 samplers.append(seq)
-        step.num_decode = len(decodes)
+        step.decode_groups = group_by_length([len(t) for t in step.decode_tables])
         for seq, n in prefills:
             start, before = len(step.input_ids), seq.num_computed_tokens
             table = seq.block_table
@@ -154,25 +176,38 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_local(self, step: StepInput) -> torch.Tensor:
-        dev = self.device
+        dev, bs = self.device, self.block_size
+        kvh = self.model.num_local_kv_heads
+        heads = torch.arange(kvh)
         ids = torch.tensor(step.input_ids, dtype=torch.long).to(dev, non_blocking=True)
         positions = torch.tensor(step.positions, dtype=torch.long).to(dev, non_blocking=True)
-        meta = AttentionMetadata(slot_mapping=torch.tensor(step.slots, dtype=torch.long).to(dev, non_blocking=True))
-        if step.num_decode:
-            tables = torch.tensor(step.decode_tables, dtype=torch.long)
-            context = torch.tensor(step.decode_context, dtype=torch.long)
-            span = tables.shape[1] * self.block_size
-            mask = torch.arange(span).unsqueeze(0) < context.unsqueeze(1)
-            meta.num_decode = step.num_decode
-            meta.decode_block_tables = tables.to(dev, non_blocking=True)
-            meta.decode_mask = mask.view(step.num_decode, 1, 1, span).to(dev, non_blocking=True)
+        slots = torch.tensor(step.slots, dtype=torch.long)
+        # Row of each (token, kv head) in the flat [num_blocks * kv_heads * block_size, head_dim] view.
+        write = ((slots // bs).unsqueeze(1) * kvh + heads) * bs + (slots % bs).unsqueeze(1)
+        meta = AttentionMetadata(write_index=write.view(-1).to(dev, non_blocking=True))
+        for start, count in step.decode_groups:
+            tables = step.decode_tables[start : start + count]
+            width = len(tables[-1])  # shortest first: the last is the longest
+            padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+            head_blocks = (padded.unsqueeze(1) * kvh + heads.view(1, kvh, 1)).view(-1)
+            context = torch.tensor(step.decode_context[start : start + count], dtype=torch.long)
+            mask = None
+            if int(context.min()) < width * bs:
+                mask = (torch.arange(width * bs).unsqueeze(0) < context.unsqueeze(1)).view(
+                    count, 1, 1, width * bs
+                )
+                mask = mask.to(dev, non_blocking=True)
+            meta.decode_groups.append(DecodeGroup(start, count, head_blocks.to(dev, non_blocking=True), mask))
         for start, length, before, blocks in step.prefills:
-            table = mask = None
+            head_blocks = mask = None
             if before:
-                table = torch.tensor(blocks, dtype=torch.long).to(dev, non_blocking=True)
+                table = torch.tensor(blocks, dtype=torch.long)
+                head_blocks = (
+                    (table.unsqueeze(0) * kvh + heads.unsqueeze(1)).view(-1).to(dev, non_blocking=True)
+                )
                 keys = torch.arange(before + length).unsqueeze(0)
                 mask = (keys <= torch.arange(before, before + length).unsqueeze(1)).to(dev, non_blocking=True)
-            meta.prefills.append(PrefillChunk(start, length, before, table, mask))
+            meta.prefills.append(PrefillChunk(start, length, before, head_blocks, mask))
         hidden = self.model(ids, positions, meta, self.kv_caches)
         if not step.logits_indices:
             return hidden.new_empty((0, self.config.vocab_size), dtype=torch.float32)

@@ -12,8 +12,8 @@ every rank runs the same forward on its shard (``worker_main`` is the loop of ra
 from __future__ import annotations
 
 import socket
-from datetime import timedelta
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist

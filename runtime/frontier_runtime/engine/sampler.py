@@ -22,14 +22,15 @@ class SampleResult:
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
-        self.generator = torch.Generator().manual_seed(seed)
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     @torch.inference_mode()
     def __call__(
         self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
     ) -> SampleResult:
-        logits = logits.float().cpu()
+        logits = logits.float()
         rows, vocab = logits.shape
         greedy = [p.greedy for p in params]
         if all(greedy):
@@ -50,12 +51,13 @@ class Sampler:
         greedy: list[bool],
     ) -> torch.Tensor:
         rows, vocab = logits.shape
-        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params]).unsqueeze(1)
+        dev = logits.device
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev).unsqueeze(1)
         scaled = logits / temps
         top_ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
         top_ps = [p.top_p for p in params]
         if any(k < vocab for k in top_ks) or any(p < 1.0 for p in top_ps):
-            scaled = _mask_top_k_top_p(scaled, torch.tensor(top_ks), torch.tensor(top_ps))
+            scaled = _mask_top_k_top_p(scaled, torch.tensor(top_ks, device=dev), torch.tensor(top_ps, device=dev))
         probs = torch.softmax(scaled, dim=-1)
         noise = torch.empty_like(probs)
         noise.exponential_(generator=self.generator)
@@ -64,16 +66,18 @@ class Sampler:
                 noise[i].exponential_(generator=g)
         sampled = (probs / noise).argmax(dim=-1)
         if any(greedy):
-            mask = torch.tensor(greedy)
+            mask = torch.tensor(greedy, device=dev)
             sampled = torch.where(mask, logits.argmax(dim=-1), sampled)
         return sampled
 
     @staticmethod
-    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, want: list[int | None]) -> list[TokenLogprob | None]:
+    def _logprobs(
+        logits: torch.Tensor, tokens: torch.Tensor, want: list[int | None]
+    ) -> list[TokenLogprob | None]:
         lp = torch.log_softmax(logits, dim=-1)
         chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
         top_n = max(w or 0 for w in want)
-        top_vals, top_ids = (lp.topk(top_n, dim=-1) if top_n else (None, None))
+        top_vals, top_ids = lp.topk(top_n, dim=-1) if top_n else (None, None)
         out: list[TokenLogprob | None] = []
         for i, w in enumerate(want):
             if w is None:
@@ -89,7 +93,7 @@ class Sampler:
 def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
-    ranks = torch.arange(vocab).unsqueeze(0)
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
     drop = ranks >= top_k.unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1)

@@ -85,7 +85,11 @@ class Scheduler:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.blocks.can_append(seq, num_new):
-                if self.running[-1] is seq and len(self.running) == 1 and self._never_fits(seq, seq.num_tokens):
+                if (
+                    self.running[-1] is seq
+                    and len(self.running) == 1
+                    and self._never_fits(seq, seq.num_tokens)
+                ):
                     self.running.pop()
                     self._finish_unfittable(seq, out)
                     break
@@ -102,7 +106,9 @@ class Scheduler:
             i += 1
 
         # 2. Waiting sequences, FCFS; none jumps ahead of a head that does not fit.
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size and not out.num_preempted:
+        while (
+            self.waiting and budget > 0 and len(self.running) < self.max_batch_size and not out.num_preempted
+        ):
             seq = self.waiting[0]
             if self._never_fits(seq, seq.num_tokens) or (
                 not self.chunked_prefill and seq.num_tokens > self.max_num_batched_tokens

@@ -31,6 +31,7 @@ class Sequence:
         arrival: int,
         detokenizer: IncrementalDetokenizer,
         stop_token_ids: frozenset[int],
+        device: torch.device | str = "cpu",
     ) -> None:
         self.request_id = request_id
         self.params = params
@@ -47,7 +48,8 @@ class Sequence:
         self.stop_token_ids = stop_token_ids
         self.generator: torch.Generator | None = None
         if params.seed is not None:
-            self.generator = torch.Generator().manual_seed(params.seed)
+            # On the device the logits live on, so sampling never copies them to the host.
+            self.generator = torch.Generator(device=device).manual_seed(params.seed)
         self.pending_token_ids: list[int] = []  # produced since the last RequestOutput
         self.pending_logprobs: list[TokenLogprob] = []
         self.reported_first = False

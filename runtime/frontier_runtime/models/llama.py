@@ -50,7 +50,9 @@ class LlamaConfig:
     def from_hf(cls, cfg: dict) -> LlamaConfig:
         arch = cfg.get("model_type", "llama")
         if arch not in ("llama", "qwen2", "mistral"):
-            raise ValueError(f"config.json: model_type {arch!r} is not a Llama-family model (llama, qwen2, mistral)")
+            raise ValueError(
+                f"config.json: model_type {arch!r} is not a Llama-family model (llama, qwen2, mistral)"
+            )
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"config.json: hidden_act {cfg['hidden_act']!r} is not supported (silu)")
         heads = cfg["num_attention_heads"]
@@ -61,7 +63,9 @@ class LlamaConfig:
             scaling = dict(scaling)
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind not in ("default", "linear", "llama3"):
-                raise ValueError(f"config.json: rope type {kind!r} is not supported (default, linear, llama3)")
+                raise ValueError(
+                    f"config.json: rope type {kind!r} is not supported (default, linear, llama3)"
+                )
             scaling["rope_type"] = kind
             if kind == "default":
                 scaling = None
@@ -152,16 +156,31 @@ class PrefillChunk:
     start: int  # index of its first token in the flat batch
     length: int
     context_before: int  # tokens already in the cache ahead of this chunk
-    block_table: torch.Tensor | None  # blocks covering context_before + length; None when context_before == 0
+    head_blocks: torch.Tensor | None  # [kv_heads * blocks] rows of the head-block view; None if no context
     mask: torch.Tensor | None  # [length, context_before + length] bool; None = plain causal
 
 
 @dataclass
+class DecodeGroup:
+    """Decode tokens ``start .. start + count`` (one per sequence) with similar context lengths."""
+
+    start: int
+    count: int
+    head_blocks: torch.Tensor  # [count * kv_heads * max_blocks] rows of the head-block view
+    mask: torch.Tensor | None  # [count, 1, 1, max_blocks * block_size] bool; None = every key valid
+
+
+@dataclass
 class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [num_tokens] flat cache slot of each token's K/V
-    num_decode: int = 0
-    decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks]
-    decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks * block_size] bool
+    """Where this step's K/V go and what each query reads.
+
+    The cache of a layer is ``[num_blocks, kv_heads, block_size, head_dim]``: one (block, head) is a
+    contiguous ``[block_size, head_dim]`` tile, so gathering a sequence's tiles head by head gives
+    ``[kv_heads, tokens, head_dim]`` directly in the layout attention wants, with no transpose.
+    """
+
+    write_index: torch.Tensor  # [num_tokens * kv_heads] rows of the flat [*, head_dim] cache view
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -211,31 +230,31 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
 
-        # k_cache/v_cache: [num_blocks, block_size, kv_heads, head_dim]; slots index the flat view.
-        k_cache.view(-1, kvh, hd).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-        v_cache.view(-1, kvh, hd).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+        # k_cache/v_cache: [num_blocks, kv_heads, block_size, head_dim]; see AttentionMetadata.
+        k_cache.view(-1, hd).index_copy_(0, meta.write_index, k.reshape(-1, hd).to(k_cache.dtype))
+        v_cache.view(-1, hd).index_copy_(0, meta.write_index, v.reshape(-1, hd).to(v_cache.dtype))
+        k_tiles = k_cache.view(-1, k_cache.shape[2], hd)
+        v_tiles = v_cache.view(-1, v_cache.shape[2], hd)
 
         out = torch.empty_like(q)
-        nd = meta.num_decode
-        if nd:
-            # Grouped-query trick: each KV head serves `group` query rows, so no K/V repetition.
-            bt = meta.decode_block_tables
-            kb = k_cache[bt].view(nd, -1, kvh, hd).transpose(1, 2).to(q.dtype)
-            vb = v_cache[bt].view(nd, -1, kvh, hd).transpose(1, 2).to(q.dtype)
-            qd = q[:nd].view(nd, kvh, self.group, hd)
-            o = F.scaled_dot_product_attention(qd, kb, vb, attn_mask=meta.decode_mask)
-            out[:nd] = o.reshape(nd, self.num_heads, hd)
+        for grp in meta.decode_groups:
+            s, c = grp.start, grp.count
+            kb = k_tiles.index_select(0, grp.head_blocks).view(c, kvh, -1, hd).to(q.dtype)
+            vb = v_tiles.index_select(0, grp.head_blocks).view(c, kvh, -1, hd).to(q.dtype)
+            # Grouped-query trick: the `group` query heads of one KV head are its query rows.
+            qd = q[s : s + c].view(c, kvh, self.group, hd)
+            o = F.scaled_dot_product_attention(qd, kb, vb, attn_mask=grp.mask)
+            out[s : s + c] = o.reshape(c, self.num_heads, hd)
         for chunk in meta.prefills:
             s, ln = chunk.start, chunk.length
             qp = q[s : s + ln].transpose(0, 1).unsqueeze(0)
-            if chunk.context_before == 0:
-                kp, vp = k[s : s + ln], v[s : s + ln]
+            if chunk.head_blocks is None:
+                kp = k[s : s + ln].transpose(0, 1).unsqueeze(0)
+                vp = v[s : s + ln].transpose(0, 1).unsqueeze(0)
             else:
                 total = chunk.context_before + ln
-                kp = k_cache[chunk.block_table].view(-1, kvh, hd)[:total].to(q.dtype)
-                vp = v_cache[chunk.block_table].view(-1, kvh, hd)[:total].to(q.dtype)
-            kp = kp.transpose(0, 1).unsqueeze(0)
-            vp = vp.transpose(0, 1).unsqueeze(0)
+                kp = k_tiles.index_select(0, chunk.head_blocks).view(1, kvh, -1, hd)[:, :, :total].to(q.dtype)
+                vp = v_tiles.index_select(0, chunk.head_blocks).view(1, kvh, -1, hd)[:, :, :total].to(q.dtype)
             o = F.scaled_dot_product_attention(
                 qp, kp, vp, attn_mask=chunk.mask, is_causal=chunk.mask is None, enable_gqa=self.group > 1
             )
@@ -279,7 +298,9 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # Embedding and LM head stay whole on every rank: every rank then holds the full logits.
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = (
+            None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        )
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
 
@@ -356,7 +377,9 @@ def load_model(
 
     def put(param: torch.Tensor, value: torch.Tensor, what: str) -> None:
         if tuple(param.shape) != tuple(value.shape):
-            raise ValueError(f"{model_dir}: {what} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+            raise ValueError(
+                f"{model_dir}: {what} has shape {tuple(value.shape)}, expected {tuple(param.shape)}"
+            )
         param.data.copy_(value.to(dtype))
 
     def col(name: str) -> torch.Tensor:

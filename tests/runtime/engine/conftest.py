@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 from engine_fixtures import Reference, encode_all, hf_greedy
-
 from frontier_runtime.tiny import make_tiny_checkpoint
 
 
@@ -49,7 +48,6 @@ def tied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "original_max_position_embeddings": 64,
         },
     )
-
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,9 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new: int = MAX_NEW)
     with torch.inference_mode():
         for p in prompts:
             ids = torch.tensor([p])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False)
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False
+            )
             outs.append(out[0, len(p) :].tolist())
     return outs
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 import random
 
 import pytest
-
+from engine_fixtures import MAX_NEW, Reference, generate_tracking_batch, random_fillers
 from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
-
-from engine_fixtures import MAX_NEW, Reference, generate_tracking_batch, random_fillers
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
 
@@ -86,7 +84,12 @@ def test_equal_with_a_tiny_chunk_budget(gqa_ref: Reference) -> None:
 
 def test_equal_with_chunked_prefill_preemption_and_prefix_hits_together(tied_ref: Reference) -> None:
     engine = LLMEngine(
-        tied_ref.model_dir, max_batch_size=8, max_num_batched_tokens=10, block_size=4, num_blocks=40, max_seq_len=160
+        tied_ref.model_dir,
+        max_batch_size=8,
+        max_num_batched_tokens=10,
+        block_size=4,
+        num_blocks=40,
+        max_seq_len=160,
     )
     shared = [tied_ref.prompts[5]] * 3  # identical prompts: later ones hit the first one's blocks
     outs = _run(engine, tied_ref.prompts + shared)

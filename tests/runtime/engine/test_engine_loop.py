@@ -7,7 +7,6 @@ import time
 
 import pytest
 from engine_fixtures import Reference
-
 from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
 from frontier_runtime.engine.loop import AsyncEngine, EngineDeadError
@@ -60,7 +59,9 @@ def test_abort_from_another_thread_ends_the_stream_with_reason_abort(
     aengine: AsyncEngine, tied_ref: Reference
 ) -> None:
     async def main() -> str | None:
-        stream = aengine.submit("x", tied_ref.prompts[3], SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
+        stream = aengine.submit(
+            "x", tied_ref.prompts[3], SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+        )
         reason = None
         async for out in stream:
             if out.completion_tokens == 2:
@@ -76,7 +77,9 @@ def test_abort_from_another_thread_ends_the_stream_with_reason_abort(
 def test_a_cancelled_consumer_task_aborts_its_request(aengine: AsyncEngine, tied_ref: Reference) -> None:
     async def main() -> None:
         task = asyncio.create_task(
-            _consume(aengine.submit("c", tied_ref.prompts[3], SamplingParams(max_tokens=400, ignore_eos=True)))
+            _consume(
+                aengine.submit("c", tied_ref.prompts[3], SamplingParams(max_tokens=400, ignore_eos=True))
+            )
         )
         await asyncio.sleep(0.05)
         task.cancel()

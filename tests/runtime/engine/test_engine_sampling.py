@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from engine_fixtures import Reference, generate_tracking_batch, random_fillers
-
 from frontier_runtime.engine.api import RequestOutput, SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
 
@@ -36,7 +35,9 @@ def test_a_seeded_request_samples_the_same_tokens_alone_or_in_a_full_batch(engin
     alone = engine.generate([prompt], params)[0]
 
     fillers = random_fillers(7, seed=11)
-    filler_params = [SamplingParams(max_tokens=30, temperature=0.8, seed=i if i % 2 else None) for i in range(7)]
+    filler_params = [
+        SamplingParams(max_tokens=30, temperature=0.8, seed=i if i % 2 else None) for i in range(7)
+    ]
     batch = fillers[:3] + [prompt] + fillers[3:]
     outs, largest = generate_tracking_batch(engine, batch, filler_params[:3] + [params] + filler_params[3:])
     assert outs[3] == alone
@@ -75,7 +76,9 @@ def test_a_stop_string_ends_the_text_before_it_and_never_streams_any_part_of_it(
 def test_a_stop_token_id_ends_the_request_with_that_token(engine: LLMEngine, gqa_ref: Reference) -> None:
     ref = gqa_ref.outputs[5]
     stop_id = ref[6]
-    engine.add_request("t", gqa_ref.prompts[5], SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=(stop_id,)))
+    engine.add_request(
+        "t", gqa_ref.prompts[5], SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=(stop_id,))
+    )
     outs = _collect(engine)["t"]
     assert _tokens(outs) == ref[: ref.index(stop_id) + 1]
     assert outs[-1].finished and outs[-1].finish_reason == "stop"
@@ -90,7 +93,9 @@ def test_max_tokens_ends_the_request_with_reason_length(engine: LLMEngine, gqa_r
     assert outs[-1].prompt_tokens == len(gqa_ref.prompts[1])
 
 
-def test_logprobs_report_the_chosen_token_and_the_top_alternatives(engine: LLMEngine, gqa_ref: Reference) -> None:
+def test_logprobs_report_the_chosen_token_and_the_top_alternatives(
+    engine: LLMEngine, gqa_ref: Reference
+) -> None:
     engine.add_request("l", gqa_ref.prompts[0], SamplingParams(max_tokens=4, temperature=0.0, logprobs=3))
     outs = _collect(engine)["l"]
     for out in outs:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from engine_fixtures import Reference
-
 from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
 
@@ -126,7 +125,11 @@ def test_start_is_refused_when_max_seq_len_exceeds_the_model_positions(tied_dir)
 
 @pytest.mark.parametrize(
     ("prompt", "message"),
-    [([], "at least one token"), ([5] * 600, "context is 512 tokens"), ([5, 99999], "outside the vocabulary")],
+    [
+        ([], "at least one token"),
+        ([5] * 600, "context is 512 tokens"),
+        ([5, 99999], "outside the vocabulary"),
+    ],
 )
 def test_bad_requests_are_refused_with_a_clear_error(tied_dir, prompt: list[int], message: str) -> None:  # noqa: ANN001
     engine = LLMEngine(tied_dir, num_blocks=64)

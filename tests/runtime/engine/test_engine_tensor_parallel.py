@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from engine_fixtures import Reference, generate_tracking_batch
-
 from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
 

@@ -1,0 +1,125 @@
+"""Draining waits for in-flight requests (real HAProxy); an ALB target group drains by deregistration (moto)."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from frontier import services
+from frontier.balancer import AlbBalancer, BalancerError, HAProxyBalancer
+from frontier.inventory import HostSpec
+
+HOST = HostSpec("host-1", "127.0.0.1", 22, "/opt/frontier", "cpu")
+
+
+class SlowBackend(http.server.ThreadingHTTPServer):
+    """Answers /ready at once and / after `delay` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        delay_s = delay
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path != "/ready":
+                    time.sleep(delay_s)
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def haproxy(tmp_path: Path):
+    backend = SlowBackend(delay=1.5)
+    port = services.free_port()
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(
+        f"global\n    stats socket {tmp_path / 'admin.sock'} mode 600 level admin\n"
+        "defaults\n    mode http\n    timeout connect 1s\n    timeout client 10s\n    timeout server 10s\n"
+        f"frontend f\n    bind 127.0.0.1:{port}\n    default_backend runtime\n"
+        "backend runtime\n    option httpchk GET /ready\n    default-server check inter 200ms rise 1 fall 1\n"
+        f"    server host-1 127.0.0.1:{backend.server_address[1]}\n"
+    )
+    service = services.start_haproxy(config, tmp_path)
+    try:
+        balancer = HAProxyBalancer(service.extra["admin_socket"])
+        balancer.enable(HOST, timeout=5)
+        yield balancer, port
+    finally:
+        services.stop(service)
+        backend.shutdown()
+
+
+def test_draining_waits_for_the_request_in_flight_then_takes_the_host_out(haproxy):
+    balancer, port = haproxy
+    answered: list[int] = []
+    request = threading.Thread(
+        target=lambda: answered.append(urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).status)
+    )
+    request.start()
+    time.sleep(0.3)  # the request is now in flight
+
+    started = time.monotonic()
+    still_open = balancer.drain(HOST, timeout=10)
+    waited = time.monotonic() - started
+    request.join()
+
+    assert still_open == 0 and answered == [200] and waited >= 0.8
+    assert balancer.state(HOST) == "MAINT"
+
+
+def test_draining_gives_up_after_the_deregistration_delay(haproxy):
+    balancer, port = haproxy
+
+    def slow_request() -> None:
+        with contextlib.suppress(OSError):  # HAProxy may be gone before the answer comes
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).close()
+
+    threading.Thread(target=slow_request, daemon=True).start()
+    time.sleep(0.3)
+    assert balancer.drain(HOST, timeout=0.2) == 1
+    assert balancer.state(HOST) == "MAINT"
+
+
+def test_enabling_waits_for_haproxy_own_health_check(haproxy):
+    balancer, _ = haproxy
+    balancer.drain(HOST, timeout=5)
+    balancer.enable(HOST, timeout=5)
+    assert balancer.state(HOST) == "UP"
+
+
+def test_an_unknown_server_is_a_clear_error(haproxy):
+    balancer, _ = haproxy
+    with pytest.raises(BalancerError, match="no server runtime/host-9"):
+        balancer.state(HostSpec("host-9", "127.0.0.9", 22, "/", "cpu"))
+
+
+def test_an_alb_target_is_deregistered_and_registered_again():
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        elbv2 = boto3.client("elbv2", region_name="us-east-1")
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        arn = elbv2.create_target_group(
+            Name="runtime", Protocol="HTTP", Port=8000, VpcId=vpc, TargetType="ip"
+        )["TargetGroups"][0]["TargetGroupArn"]
+        alb = AlbBalancer(elbv2, arn, 8000, poll_s=0.01)
+        host = HostSpec("gpu-1", "10.0.1.5", 22, "/opt/frontier", "h100")
+
+        alb.enable(host, timeout=5)
+        assert alb.state(host) == "healthy"
+        assert alb.drain(host, timeout=5) == 0
+        assert alb.state(host) == "unused"  # what AWS reports for a target that is not registered
