@@ -125,7 +125,8 @@ class AlbBalancer:
 
     def drain(self, host: HostSpec, timeout: float) -> int:
         self.elbv2.deregister_targets(TargetGroupArn=self.target_group_arn, Targets=[self._target(host)])
-        deadline = time.monotonic() + timeout
+        # The ALB itself ends draining after the group's deregistration delay; allow it a margin.
+        deadline = time.monotonic() + timeout + 30
         while self._health(host) in ("draining", "healthy", "initial", "unhealthy"):
             if time.monotonic() > deadline:
                 return 1
@@ -154,5 +155,5 @@ def balancer_for(settings: Settings) -> Balancer:
     if settings.is_local:
         return HAProxyBalancer(haproxy_socket(settings))
     return AlbBalancer(
-        aws.client(settings, "elbv2"), aws.stack_output(settings, "targetGroupArn"), settings.runtime.port
+        aws.client(settings, "elbv2"), aws.stack_output(settings, "target_group_arn"), settings.runtime.port
     )

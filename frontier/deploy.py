@@ -65,6 +65,45 @@ def deploy(env: Environment, digest: str, *, reporter: Reporter | None = None) -
     return _roll(env, release, "deploy", reporter)
 
 
+@dataclass(frozen=True)
+class PlannedHost:
+    wave: str
+    host: str
+    current: str
+    target: str
+    action: str  # "update" | "skip (already runs it)" | "unreachable: ..."
+
+
+def plan(env: Environment, release: Release) -> list[PlannedHost]:
+    """What a rollout of ``release`` would do, host by host, without changing anything."""
+    from frontier.host import HostSession
+    from frontier.rollout import waves
+
+    rollout = env.settings.rollout
+    planned = []
+    for wave_name, wave in waves(env.hosts, rollout.canary_hosts, rollout.batch_size):
+        for host in wave:
+            try:
+                session = HostSession(env.settings, host, env.connect(host))
+                try:
+                    facts = session.facts(release.id)
+                finally:
+                    session.close()
+            except FrontierError as exc:
+                planned.append(PlannedHost(wave_name, host.name, "?", release.id, f"unreachable: {exc}"))
+                continue
+            same = facts.current == release.id and facts.running_release == release.id
+            action = "skip (already runs it)" if same else "update"
+            planned.append(PlannedHost(wave_name, host.name, facts.current or "-", release.id, action))
+    return planned
+
+
+def deploy_plan(env: Environment, digest: str) -> tuple[Release, list[PlannedHost]]:
+    check_digest(digest)
+    release = build_release(env.settings, env.store.get_artifact(digest))
+    return release, plan(env, release)
+
+
 def rollback_target(env: Environment, to: str | None = None) -> Release:
     """The release ``--to`` names, else the last good release before the one now deployed."""
     if to:

@@ -1,15 +1,16 @@
 """The stack's history bucket: artifacts, releases, the deploy history and the deploy lock.
 
-Layout under ``s3://<bucket>/<stack>/``::
+Layout under ``s3://<bucket>/history/<stack>/``::
 
     artifacts/sha256-<hex>/artifact.json, <wheel file>   what release.build registered
     releases/<id>/release.json, files/<name>              every release ever rolled, byte for byte
-    history/<UTC time>-<kind>-<release>.json              one record per deploy or rollback
+    records/<UTC time>-<kind>-<release>.json              one record per deploy or rollback
     lock/deploy.json                                      the deploy lock (conditional put)
 
 Records are separate objects (never a read-modify-write of one list), so two writers cannot lose
 each other's entries. The bucket is ``frontier-<stack>-history`` on the local stack (moto) and
-the ``historyBucket`` Pulumi stack output on cloud stacks (see :mod:`frontier.aws`).
+the ``history_bucket`` / ``history_prefix`` Pulumi stack outputs on cloud stacks (see
+:mod:`frontier.aws`); the deploy role may write only under that prefix.
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ class LockHeld(FrontierError):
 def history_bucket(settings: Settings) -> str:
     if settings.is_local:
         return f"frontier-{settings.stack}-history"
-    return aws.stack_output(settings, "historyBucket")
+    return aws.stack_output(settings, "history_bucket")
+
+
+def history_prefix(settings: Settings) -> str:
+    default = f"history/{settings.stack}/"
+    if settings.is_local:
+        return default
+    return str(aws.stack_outputs(settings).get("history_prefix") or default)
 
 
 def now() -> dt.datetime:
@@ -77,15 +85,20 @@ class LockInfo:
 class HistoryStore:
     """One stack's prefix in its history bucket."""
 
-    def __init__(self, s3: Any, bucket: str, stack: str) -> None:
+    def __init__(self, s3: Any, bucket: str, stack: str, prefix: str | None = None) -> None:
         self.s3 = s3
         self.bucket = bucket
-        self.prefix = f"{stack}/"
+        self.prefix = (prefix or f"history/{stack}/").rstrip("/") + "/"
         self.stack = stack
 
     @classmethod
     def for_stack(cls, settings: Settings, s3: Any | None = None) -> HistoryStore:
-        store = cls(s3 or aws.client(settings, "s3"), history_bucket(settings), settings.stack)
+        store = cls(
+            s3 or aws.client(settings, "s3"),
+            history_bucket(settings),
+            settings.stack,
+            history_prefix(settings),
+        )
         if settings.is_local:
             store.ensure_bucket()
         return store
@@ -177,14 +190,14 @@ class HistoryStore:
     # --- history ----------------------------------------------------------------------------------
 
     def append(self, record: dict[str, Any]) -> str:
-        key = f"history/{record['started_at'].replace(':', '')}-{record['kind']}-{record.get('release', 'none')}.json"
+        key = f"records/{record['started_at'].replace(':', '')}-{record['kind']}-{record.get('release', 'none')}.json"
         self._put(key, json.dumps(record, indent=2, sort_keys=True) + "\n", IfNoneMatch="*")
         return key
 
     def records(self) -> list[dict[str, Any]]:
         """Every deploy and rollback of the stack, oldest first."""
         out = []
-        for key in self._keys("history/"):
+        for key in self._keys("records/"):
             body = self._get(key)
             if body:
                 out.append(json.loads(body))

@@ -84,7 +84,7 @@ def steps_table(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None
     Why a step breaks the SLO, and its errors by kind, are listed by :func:`step_notes` below it.
     """
     table = Table(title="load test", title_justify="left")
-    for name in ("offered/s", "sent", "failed", "tput/s", "out tok/s", "goodput/s"):
+    for name in ("offered/s", "sent", "failed", "tput/s", "out tok/s", "goodput/s", "met SLO"):
         table.add_column(name, justify="right")
     for name in ("TTFT p50/p99", "TPOT p50/p99", "ITL p99", "E2EL p50/p90/p99"):
         table.add_column(f"{name} ms", justify="right")
@@ -101,6 +101,7 @@ def steps_table(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None
             f"{s.throughput_rps:.2f}",
             f"{s.output_tokens_per_s:,.0f}",
             f"{s.goodput_rps:.2f}",
+            f"{s.attainment:.0%}" if s.completed else "-",
             f"{_ms(s.ttft.p50_ms)}/{_ms(s.ttft.p99_ms)}",
             f"{_ms(s.tpot.p50_ms)}/{_ms(s.tpot.p99_ms)}",
             _ms(s.itl.p99_ms),

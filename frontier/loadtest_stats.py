@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 
 PERCENTILES = (50, 90, 99)
 
-# Achieved throughput "tracks" offered load while successful completions in a step's window are at
-# least this share of the requests sent in it. Below it the server has fallen behind (a queue grows).
+# Achieved throughput "tracks" offered load while successful completions in a step's (lagged) window
+# are at least this share of the requests sent in it. Below it the server has fallen behind.
 DEFAULT_MIN_TRACKING = 0.8
+# A step holds the per-request SLOs while at least this share of its completed requests met every one.
+DEFAULT_MIN_ATTAINMENT = 0.9
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,10 @@ class StepSummary:
     """What one constant-rate step (or a whole single-rate run) measured.
 
     ``offered_rps`` is the nominal arrival rate (None for a fixed-concurrency run); ``sent_rps`` the
-    realised one. ``throughput_rps`` counts successful completions *inside* the step's window, so a
-    server that falls behind shows a throughput below the arrivals while its queue grows.
+    realised one. ``throughput_rps`` counts successful completions inside the step's window shifted
+    by the step's median end-to-end latency (``lag_s``): in a steady state the requests sent in
+    ``[start, end]`` finish in ``[start + lag, end + lag]``, so a server that keeps up completes as
+    many as were sent, and one that falls behind completes fewer while its queue grows.
     """
 
     offered_rps: float | None
@@ -126,6 +130,13 @@ class StepSummary:
     itl: Distribution
     e2el: Distribution
     concurrency: int | None = None
+    lag_s: float = 0.0
+    met_slo: int = 0
+
+    @property
+    def attainment(self) -> float:
+        """Share of the completed requests that met every per-request SLO (TTFT, TPOT, E2EL)."""
+        return self.met_slo / self.completed if self.completed else 0.0
 
     @property
     def error_rate(self) -> float:
@@ -136,7 +147,12 @@ class StepSummary:
         """Successful completions in the window per request sent in it (1.0 = keeping up)."""
         return self.throughput_rps / self.sent_rps if self.sent_rps else 0.0
 
-    def verdict(self, slo: SloTargets, min_tracking: float = DEFAULT_MIN_TRACKING) -> list[str]:
+    def verdict(
+        self,
+        slo: SloTargets,
+        min_tracking: float = DEFAULT_MIN_TRACKING,
+        min_attainment: float = DEFAULT_MIN_ATTAINMENT,
+    ) -> list[str]:
         """Why this step breaks the SLO (empty when it holds). See :func:`find_knee`."""
         reasons = []
         if self.sent == 0:
@@ -147,6 +163,8 @@ class StepSummary:
             reasons.append("no request completed")
         elif self.e2el.p99_ms > slo.p99_latency_ms:
             reasons.append(f"p99 E2EL {self.e2el.p99_ms:.0f} ms > {slo.p99_latency_ms:.0f} ms")
+        if self.completed and self.attainment < min_attainment:
+            reasons.append(f"only {self.attainment:.0%} of requests met every SLO (< {min_attainment:.0%})")
         if self.tracking < min_tracking:
             reasons.append(
                 f"throughput {self.throughput_rps:.2f}/s < {min_tracking:.0%} of {self.sent_rps:.2f}/s sent"
@@ -166,17 +184,21 @@ def summarize(
     """Summarise the requests *sent* in ``window`` (start, end).
 
     Latencies describe those requests wherever they finished. Throughput counts the successful
-    ``completions`` (default: ``samples``) that *finished* inside the window — during a step load pass
-    every sample of the run, so a step's throughput includes the tail of the previous step, as a
-    server would see it.
+    ``completions`` (default: ``samples``) that finished inside the window shifted by the median
+    E2EL of this step's requests — during a step load pass every sample of the run, so a step's
+    throughput includes the tail of the previous step, as a server would see it.
     """
     start, end = window
     duration = max(end - start, 1e-9)
     ok = [s for s in samples if s.ok]
     failed = [s for s in samples if not s.ok]
+    lag = percentile([s.e2el_s for s in ok if s.e2el_s is not None], 50) if ok else 0.0
     finished = [
-        s for s in (samples if completions is None else completions) if s.ok and start <= s.finished_at <= end
+        s
+        for s in (samples if completions is None else completions)
+        if s.ok and start + lag <= s.finished_at <= end + lag
     ]
+    met = sum(1 for s in ok if s.meets(slo))
     out_tokens = sum(s.output_tokens for s in finished)
     all_tokens = out_tokens + sum(s.prompt_tokens for s in finished)
     return StepSummary(
@@ -191,7 +213,9 @@ def summarize(
         throughput_rps=len(finished) / duration,
         output_tokens_per_s=out_tokens / duration,
         total_tokens_per_s=all_tokens / duration,
-        goodput_rps=sum(1 for s in ok if s.meets(slo)) / duration,
+        goodput_rps=met / duration,
+        lag_s=lag,
+        met_slo=met,
         ttft=Distribution.of_seconds(s.ttft_s for s in ok if s.ttft_s is not None),
         tpot=Distribution.of_seconds(t for s in ok if (t := s.tpot_s) is not None),
         itl=Distribution.of_seconds(gap for s in ok for gap in s.itl_s),
@@ -210,7 +234,10 @@ class Knee:
 
 
 def find_knee(
-    steps: Sequence[StepSummary], slo: SloTargets, min_tracking: float = DEFAULT_MIN_TRACKING
+    steps: Sequence[StepSummary],
+    slo: SloTargets,
+    min_tracking: float = DEFAULT_MIN_TRACKING,
+    min_attainment: float = DEFAULT_MIN_ATTAINMENT,
 ) -> Knee | None:
     """The knee of a step load.
 
@@ -218,9 +245,12 @@ def find_knee(
 
     1. its error rate is at most ``slo.error_rate``;
     2. its p99 end-to-end latency is at most ``slo.p99_latency_ms``;
-    3. achieved throughput tracks offered load: successful completions inside the step's window are
-       at least ``min_tracking`` (default 80 %) of the requests sent in it — below that a queue grows
-       and latency only stays low because the step ended.
+    3. at least ``min_attainment`` (default 90 %) of its completed requests met every per-request
+       SLO — TTFT ``slo.ttft_ms``, TPOT ``slo.tpot_ms``, E2EL ``slo.p99_latency_ms`` — so a rate
+       where most users wait past the TTFT target does not count as capacity;
+    4. achieved throughput tracks offered load: successful completions inside the step's window,
+       shifted by its median E2EL, are at least ``min_tracking`` (default 80 %) of the requests sent
+       in it — below that a queue grows and latency only stays low because the step ended.
 
     The knee is the highest offered rate of the *unbroken run* of holding steps from the lowest rate:
     a step that holds after one that broke is noise past saturation, not capacity. ``None`` when the
@@ -229,7 +259,7 @@ def find_knee(
     ordered = sorted((s for s in steps if s.offered_rps is not None), key=lambda s: s.offered_rps or 0.0)
     knee: StepSummary | None = None
     for step in ordered:
-        reasons = step.verdict(slo, min_tracking)
+        reasons = step.verdict(slo, min_tracking, min_attainment)
         if reasons:
             if knee is None:
                 return None

@@ -221,10 +221,21 @@ class Rollout:
 
     # --- one wave: every host of it through each phase ---------------------------------------------
 
-    def _switch(self, wave: list[HostSpec], results: dict[str, HostResult], target: dict[str, str]) -> None:
-        """Drain → stop → swap + start → readiness → enable, for every host of the wave."""
+    def _switch(
+        self,
+        wave: list[HostSpec],
+        results: dict[str, HostResult],
+        target: dict[str, str],
+        touched: list[HostSpec] | None = None,
+    ) -> None:
+        """Drain → stop → swap + start → readiness → enable, for every host of the wave.
+
+        A host counts as touched (and is restored on failure) from the moment its drain begins.
+        """
         rollout = self.settings.rollout
         for host in wave:
+            if touched is not None and host not in touched:
+                touched.append(host)
             left = self._phase(
                 results[host.name], "drain", lambda h=host: self.balancer.drain(h, self.drain_timeout)
             )
@@ -306,8 +317,7 @@ class Rollout:
                     todo.append(host)
                 if not todo:
                     continue
-                touched.extend(todo)
-                self._switch(todo, results, {h.name: release.id for h in todo})
+                self._switch(todo, results, {h.name: release.id for h in todo}, touched)
                 self._gate(todo, results)
                 for host in todo:
                     results[host.name].outcome = "updated"

@@ -202,7 +202,10 @@ def _wait_banner(service: Service, timeout: float) -> None:
     while time.monotonic() < deadline:
         if not service.alive():
             raise ServiceError(f"{service.name} exited during start-up{_log_tail(service)}")
-        with contextlib.suppress(OSError), socket.create_connection((service.address, service.port), 0.5) as s:
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection((service.address, service.port), 0.5) as s,
+        ):
             s.settimeout(1.0)
             if s.recv(64).startswith(b"SSH-"):
                 return
@@ -237,12 +240,16 @@ def start_haproxy(
     state.mkdir(parents=True, exist_ok=True)
     config = Path(config_path).resolve()
     text = config.read_text()
-    binds = [(addr if addr not in ("*", "") else "127.0.0.1", int(port)) for addr, port in _BIND.findall(text)]
+    binds = [
+        (addr if addr not in ("*", "") else "127.0.0.1", int(port)) for addr, port in _BIND.findall(text)
+    ]
     if not binds:
         raise ServiceError(f"{config}: no 'bind ADDRESS:PORT' line; HAProxy would listen nowhere")
     for addr, port in binds:
         require_free_port(addr, port, name)
-    check = subprocess.run([haproxy, "-c", "-q", "-f", str(config)], capture_output=True, text=True, cwd=workdir)
+    check = subprocess.run(
+        [haproxy, "-c", "-q", "-f", str(config)], capture_output=True, text=True, cwd=workdir
+    )
     if check.returncode != 0:
         raise ServiceError(f"{name}: HAProxy refuses {config}:\n{(check.stderr or check.stdout).strip()}")
     match = _SOCKET.search(text)

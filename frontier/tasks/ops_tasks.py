@@ -14,7 +14,7 @@ from frontier import artifact as artifacts
 from frontier import aws, tables
 from frontier import drivers as nvidia
 from frontier import weights as model_weights
-from frontier.deploy import Environment
+from frontier.deploy import Environment, deploy_plan
 from frontier.deploy import deploy as run_deploy
 from frontier.deploy import rollback as run_rollback
 from frontier.history import HistoryStore
@@ -61,15 +61,30 @@ def _roll(fn, console) -> None:
     _summary(console, result)
 
 
-@task(help={"stack": STACK, "digest": "runtime artifact digest, sha256:<64 hex> (tags are refused)"})
+@task(
+    help={
+        "stack": STACK,
+        "digest": "runtime artifact digest, sha256:<64 hex> (tags are refused)",
+        "plan": "only show what would happen, host by host; change nothing",
+    }
+)
 @reports_errors
-def deploy(c, stack=None, digest=None):
+def deploy(c, stack=None, digest=None, plan=False):
     """Roll a runtime digest over the stack: canary, batches, drain, readiness, gate, auto-rollback."""
     if not digest:
         raise Exit("error: --digest sha256:<64 hex> is required (fab release.build prints it)", code=2)
     settings = settings_for(stack)
     console = tables.console()
-    _roll(lambda report: run_deploy(Environment.for_stack(settings), digest, reporter=report), console)
+    env = Environment.for_stack(settings)
+    if plan:
+        release, rows = deploy_plan(env, digest)
+        title = (
+            f"plan: deploy {release.id} (digest {release.digest[:19]}…, config {release.config_hash[:19]}…)"
+        )
+        cells = [(p.wave, p.host, p.current, p.target, p.action) for p in rows]
+        console.print(tables.table(title, ("wave", "host", "runs now", "target", "action"), cells))
+        return
+    _roll(lambda report: run_deploy(env, digest, reporter=report), console)
 
 
 @task(help={"stack": STACK, "to": "release id to roll back to (default: the previous good release)"})

@@ -8,7 +8,13 @@ SLO = SloTargets(ttft_ms=1000, tpot_ms=200, p99_latency_ms=2000, error_rate=0.01
 
 
 def step(
-    rate: float, *, p99_ms: float = 800, failed: int = 0, tracking: float = 1.0, sent: int = 100
+    rate: float,
+    *,
+    p99_ms: float = 800,
+    failed: int = 0,
+    tracking: float = 1.0,
+    sent: int = 100,
+    met: float = 1.0,
 ) -> StepSummary:
     e2el = Distribution(
         count=sent - failed, mean_ms=p99_ms / 2, p50_ms=p99_ms / 2, p90_ms=p99_ms * 0.8, p99_ms=p99_ms
@@ -25,7 +31,8 @@ def step(
         throughput_rps=sent_rps * tracking,
         output_tokens_per_s=0,
         total_tokens_per_s=0,
-        goodput_rps=0,
+        goodput_rps=(sent - failed) * met / 10,
+        met_slo=round((sent - failed) * met),
         ttft=e2el,
         tpot=e2el,
         itl=e2el,
@@ -52,6 +59,13 @@ def test_throughput_that_stops_tracking_offered_load_breaks_a_step():
     knee = find_knee([step(1), step(2, tracking=0.95), step(4, tracking=0.6)], SLO)
     assert knee is not None and knee.rate_rps == 2
     assert "throughput" in knee.broke_because[0]
+
+
+def test_a_step_where_too_few_requests_meet_every_slo_breaks():
+    # p99 E2EL still fine, but a quarter of the requests waited past the TTFT target.
+    knee = find_knee([step(1), step(2, met=0.95), step(4, met=0.75)], SLO)
+    assert knee is not None and knee.rate_rps == 2
+    assert knee.broke_because == ["only 75% of requests met every SLO (< 90%)"]
 
 
 def test_a_step_that_holds_after_a_broken_one_is_not_capacity():

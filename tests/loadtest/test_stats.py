@@ -69,18 +69,40 @@ def test_summary_counts_errors_by_kind_and_the_error_rate():
     assert s.error_rate == pytest.approx(0.75)
 
 
-def test_throughput_counts_successes_finishing_inside_the_window():
-    samples = [
-        ok(0.0, 0.1, 1.0, 10, prompt=5),  # finishes at 1.0: inside
-        ok(1.0, 0.1, 2.0, 20, prompt=5),  # finishes at 3.0: inside
-        ok(3.0, 0.1, 3.0, 30, prompt=5),  # finishes at 6.0: after the 4 s window
+def test_throughput_counts_completions_in_the_window_shifted_by_the_median_latency():
+    step = [
+        ok(10.0, 0.1, 1.0, 10, prompt=5),
+        ok(11.0, 0.1, 1.0, 20, prompt=5),
+        ok(13.0, 0.1, 1.0, 30, prompt=5),
     ]
-    s = summarize(samples, window=(0.0, 4.0), slo=SLO, offered_rps=0.75)
+    earlier = [ok(9.5, 0.1, 1.0, 40), ok(9.8, 0.1, 1.5, 50)]  # finish at 10.5 (before 11) and 11.3
+    s = summarize(step, window=(10.0, 14.0), slo=SLO, offered_rps=0.75, completions=[*earlier, *step])
+    assert s.lag_s == pytest.approx(1.0)
     assert s.sent_rps == pytest.approx(0.75)
-    assert s.throughput_rps == pytest.approx(0.5)
-    assert s.output_tokens_per_s == pytest.approx(30 / 4)
-    assert s.total_tokens_per_s == pytest.approx(40 / 4)
-    assert s.tracking == pytest.approx(0.5 / 0.75)
+    assert s.throughput_rps == pytest.approx(4 / 4)  # finished within [11, 15]: 11.3, 11, 12, 14
+    assert s.output_tokens_per_s == pytest.approx((50 + 10 + 20 + 30) / 4)
+    assert s.total_tokens_per_s == pytest.approx((110 + 15) / 4)
+
+
+def test_a_server_falling_behind_completes_fewer_than_were_sent():
+    # Each request waits longer than the one before: a queue grows.
+    samples = [ok(10.0 + i, 0.1, 1.0 + i, 5) for i in range(4)]  # finish at 11, 13, 15, 17
+    s = summarize(samples, window=(10.0, 14.0), slo=SLO, offered_rps=1.0)
+    assert s.lag_s == pytest.approx(2.5)
+    assert s.throughput_rps == pytest.approx(2 / 4)  # within [12.5, 16.5]: 13 and 15
+    assert s.tracking == pytest.approx(0.5)
+
+
+def test_attainment_is_the_share_of_completed_requests_meeting_every_slo():
+    samples = [
+        ok(0, 0.1, 0.5, 5),
+        ok(0, 0.9, 1.0, 5),
+        ok(0, 0.1, 0.4, 5),
+        RequestSample(0, False, error="http_429"),
+    ]
+    s = summarize(samples, window=(0.0, 4.0), slo=SLO)
+    assert s.met_slo == 2
+    assert s.attainment == pytest.approx(2 / 3)
 
 
 def test_goodput_counts_only_requests_meeting_the_slo_per_second():

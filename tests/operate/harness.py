@@ -19,7 +19,7 @@ import yaml
 
 from frontier import services
 from frontier.artifact import Artifact, build_wheel
-from frontier.balancer import HAProxyBalancer
+from frontier.balancer import HAProxyBalancer, haproxy_socket
 from frontier.deploy import Environment
 from frontier.history import HistoryStore
 from frontier.inventory import HostSpec, connect, hosts
@@ -181,7 +181,7 @@ def start_cluster(base: Path, count: int = 3, changes: dict[str, Any] | None = N
                 settings,
                 backends,
                 bind_port=settings.local.balancer_port,
-                stats_socket=str(base / "state" / "admin.sock"),
+                stats_socket=str(haproxy_socket(settings)),
             )
         )
         haproxy = services.start_haproxy(cfg, base / "state")

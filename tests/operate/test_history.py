@@ -10,8 +10,10 @@ import pytest
 from moto import mock_aws
 
 from frontier.artifact import Artifact, ArtifactError, store_wheel
+from frontier.errors import FrontierError
 from frontier.history import HistoryStore, LockHeld, iso, now
 from frontier.release import Release
+from frontier.stack import load_stack
 
 
 @pytest.fixture
@@ -82,3 +84,18 @@ def test_releasing_someone_elses_lock_does_nothing(store):
     store.release_lock(mine)
     assert store.read_lock().holder == "bob@ci"
     store.release_lock(theirs)
+
+
+def test_a_cloud_stack_finds_its_history_in_the_saved_pulumi_outputs(tmp_path, monkeypatch):
+    outputs = tmp_path / "prod.json"
+    outputs.write_text('{"history_bucket": "frontier-prod-history-1a2b", "history_prefix": "history/prod/"}')
+    monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(outputs))
+    with mock_aws():
+        store = HistoryStore.for_stack(load_stack("prod"))
+    assert (store.bucket, store.prefix) == ("frontier-prod-history-1a2b", "history/prod/")
+
+
+def test_a_cloud_stack_without_saved_outputs_says_how_to_save_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(tmp_path / "missing.json"))
+    with pytest.raises(FrontierError, match=r"pulumi stack output --json -s prod >"):
+        HistoryStore.for_stack(load_stack("prod"))

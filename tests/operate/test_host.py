@@ -87,3 +87,31 @@ def test_a_tampered_upload_is_never_staged(session):
 def test_starting_without_a_release_fails_with_the_reason(session):
     with pytest.raises(HostError, match="no current release"):
         session.ctl("start", "start")
+
+
+def test_on_a_systemd_host_the_release_unit_is_installed_and_restarted(session, tmp_path, monkeypatch):
+    """systemd cannot run here: its presence directory, unit directory and systemctl are stand-ins,
+    and systemctl records what it was asked to do."""
+    calls = tmp_path / "systemctl.calls"
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (shims / "systemctl").chmod(0o755)
+    (tmp_path / "run-systemd").mkdir()
+    (tmp_path / "units").mkdir()
+    monkeypatch.setenv("PATH", f"{shims}:{os.environ['PATH']}")
+    monkeypatch.setenv("FRONTIER_SYSTEMD_RUN_DIR", str(tmp_path / "run-systemd"))
+    monkeypatch.setenv("FRONTIER_UNIT_DIR", str(tmp_path / "units"))
+    r = Release(
+        Artifact("sha256:" + "e" * 64, "image"),
+        {"runtime.yaml": "n: 1\n", "frontier-runtime.service": "[Unit]\n"},
+    )
+    session.stage(r, None)
+
+    session.activate_and_start(r.id)
+    session.stop()
+
+    assert (tmp_path / "units" / "frontier-runtime.service").read_text() == "[Unit]\n"
+    changes = [c for c in calls.read_text().splitlines() if not c.startswith("is-active")]
+    assert changes == ["daemon-reload", "restart frontier-runtime", "stop frontier-runtime"]
+    assert session.facts().systemd is True

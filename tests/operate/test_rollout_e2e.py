@@ -21,7 +21,7 @@ import pytest
 from harness import API_KEY, Cluster, push_model, register_wheel, start_cluster
 
 from frontier.artifact import Artifact
-from frontier.deploy import deploy, rollback
+from frontier.deploy import deploy, deploy_plan
 from frontier.errors import FrontierError
 from frontier.history import LockHeld
 from frontier.inventory import HostSpec
@@ -93,6 +93,15 @@ def assert_runs(cluster: Cluster, host: HostSpec, release) -> None:
     assert runtime_pythonpath(host) == f"PYTHONPATH={root / 'releases' / release.id / 'site'}"
     assert is_ready(cluster, host)
     assert haproxy_status(cluster, host) == "UP"
+
+
+def fab_command(task: str) -> list[str]:
+    return [sys.executable, "-m", "fabric", task, "-s", "local"]
+
+
+def fab_env(cluster: Cluster) -> dict[str, str]:
+    """`fab` as an operator runs it, against this cluster's copy of the local stack."""
+    return {**os.environ, "FRONTIER_STACKS_DIR": str(cluster.stack_file.parent)}
 
 
 # --- the scenarios, in order ---------------------------------------------------------------------
@@ -185,9 +194,16 @@ def test_deploy_then_rollback_restores_the_previous_digest_and_config_byte_for_b
     for host in cluster.hosts:
         assert_runs(cluster, host, release_b)
 
-    result = rollback(cluster.environment())
+    done = subprocess.run(
+        fab_command("rollback"), cwd=REPO, env=fab_env(cluster), capture_output=True, text=True
+    )
 
-    assert result.kind == "rollback" and result.release == release_a.id
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"rollback {release_a.id}: succeeded" in done.stdout
+    for phase in ("drain", "stop", "start", "readiness", "enable", "gate"):
+        assert sum(1 for line in done.stdout.splitlines() if f" {phase} " in line and " ok " in line) >= 3, (
+            phase
+        )
     for host in cluster.hosts:
         assert_runs(cluster, host, release_a)
         assert (Path(host.root) / "current" / "release.json").read_text() == release_a.manifest()
@@ -236,9 +252,8 @@ def test_a_deploy_while_the_stack_is_locked_is_refused_naming_the_holder(cluster
 
 
 def test_status_and_history_tasks_print_what_each_host_runs(cluster, release_a):
-    env = {**os.environ, "FRONTIER_STACKS_DIR": str(cluster.stack_file.parent), "COLUMNS": "200"}
-    command = [sys.executable, "-m", "fabric", "status", "-s", "local", "history", "-s", "local"]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    command = fab_command("status") + fab_command("history")[3:]
+    done = subprocess.run(command, cwd=REPO, env=fab_env(cluster), capture_output=True, text=True)
 
     assert done.returncode == 0, done.stderr
     status, _, history = done.stdout.partition("history of stack local")
@@ -246,3 +261,18 @@ def test_status_and_history_tasks_print_what_each_host_runs(cluster, release_a):
     assert len(rows) == 3 and all(release_a.id in row and "yes" in row for row in rows)
     assert "deploy lock: free" in status
     assert history.count("rolled_back") == 2 and "rollback" in history
+
+
+def test_a_deploy_plan_shows_each_host_and_changes_nothing(cluster, wheel, release_a):
+    pids = [runtime_pid(h) for h in cluster.hosts]
+
+    release_b, rows = deploy_plan(cluster.environment(cluster.variant("b", RELEASE_B)), wheel.digest)
+    _, same = deploy_plan(cluster.environment(), wheel.digest)
+
+    assert [(p.wave, p.host, p.current, p.target, p.action) for p in rows] == [
+        ("canary", "host-1", release_a.id, release_b.id, "update"),
+        ("batch 1", "host-2", release_a.id, release_b.id, "update"),
+        ("batch 1", "host-3", release_a.id, release_b.id, "update"),
+    ]
+    assert {p.action for p in same} == {"skip (already runs it)"}
+    assert [runtime_pid(h) for h in cluster.hosts] == pids

@@ -73,12 +73,13 @@ class LLMEngine:
         }
         if tensor_parallel_size > 1:
             check_tensor_parallel(LlamaConfig.from_dir(model_dir), tensor_parallel_size)
-        self._workers = self._start_workers(tensor_parallel_size, runner_kwargs, device)
+        self._workers, pipes = self._start_workers(tensor_parallel_size, runner_kwargs, device)
         try:
             self.runner = ModelRunner(
                 tp_rank=0,
                 tp_size=tensor_parallel_size,
                 tp_init_method=getattr(self, "_tp_init_method", ""),
+                tp_step_pipes=pipes,
                 **runner_kwargs,
             )
         except BaseException:
@@ -123,7 +124,15 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: RuntimeConfig, model_dir: str | Path) -> LLMEngine:
-        s, c = config.scheduler, config.cache
+        s, c, par = config.scheduler, config.cache, config.parallel
+        for name, value in (
+            ("pipeline_parallel_size", par.pipeline_parallel_size),
+            ("expert_parallel_size", par.expert_parallel_size),
+        ):
+            if value != 1:
+                raise ValueError(
+                    f"parallel.{name} = {value}: this runtime supports only 1 (tensor parallelism only)"
+                )
         return cls(
             model_dir,
             dtype=config.model.dtype,
@@ -141,9 +150,10 @@ class LLMEngine:
             seed=config.seed,
         )
 
-    def _start_workers(self, tp: int, runner_kwargs: dict, device: str) -> list:
+    def _start_workers(self, tp: int, runner_kwargs: dict, device: str) -> tuple[list, list]:
+        """Spawn ranks 1..tp-1; returns the processes and the pipes that carry each step to them."""
         if tp == 1:
-            return []
+            return [], []
         if device == "cuda" and torch.cuda.device_count() < tp:
             raise ValueError(
                 f"parallel.tensor_parallel_size {tp} needs {tp} GPUs, found {torch.cuda.device_count()}"
@@ -151,18 +161,21 @@ class LLMEngine:
         self._tp_init_method = f"tcp://127.0.0.1:{parallel.free_tcp_port()}"
         ctx = torch.multiprocessing.get_context("spawn")
         threads = max(1, (os.cpu_count() or 1) // tp)
-        workers = []
+        workers, pipes = [], []
         for rank in range(1, tp):
+            receive, send = ctx.Pipe(duplex=False)
             kwargs = dict(runner_kwargs, num_threads=threads)
             p = ctx.Process(
                 target=parallel.worker_main,
-                args=(rank, tp, self._tp_init_method, kwargs),
+                args=(rank, tp, self._tp_init_method, kwargs, receive),
                 daemon=True,
                 name=f"frontier-tp-rank{rank}",
             )
             p.start()
+            receive.close()  # the worker holds its own copy
             workers.append(p)
-        return workers
+            pipes.append(send)
+        return workers, pipes
 
     # -- requests -------------------------------------------------------------------------------
 

@@ -2,11 +2,12 @@
 the KV cache tensors, returns the logits of the sequences that sample a token this step.
 
 The step's inputs are a plain ``StepInput`` (lists of ints) so that under tensor parallelism rank 0
-can broadcast it and every rank builds identical tensors from it.
+can send it to the other ranks and every rank builds identical tensors from it.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,7 @@ class ModelRunner:
         tp_rank: int = 0,
         tp_size: int = 1,
         tp_init_method: str = "",
+        tp_step_pipes: list | None = None,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"model.dtype {dtype!r} is not one of {sorted(DTYPES)}")
@@ -81,6 +83,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.tp = parallel.init_group(tp_rank, tp_size, tp_init_method, self.device)
+        self.step_pipes = tp_step_pipes or []  # rank 0: one per other rank
         self.dtype = DTYPES[dtype]
         self.kv_dtype = self.dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
         self.block_size = block_size
@@ -170,8 +173,8 @@ class ModelRunner:
         return step, samplers
 
     def execute(self, step: StepInput) -> torch.Tensor:
-        if self.tp.enabled:
-            parallel.broadcast_step(step)
+        for pipe in self.step_pipes:
+            pipe.send(step)
         return self.execute_local(step)
 
     @torch.inference_mode()
@@ -215,7 +218,10 @@ class ModelRunner:
         return self.model.compute_logits(hidden.index_select(0, rows))
 
     def shutdown(self) -> None:
-        if self.tp.enabled and self.tp.rank == 0:
-            parallel.broadcast_step(None)
+        for pipe in self.step_pipes:
+            with contextlib.suppress(OSError):  # that worker is already gone
+                pipe.send(None)
+                pipe.close()
+        self.step_pipes = []
         if self.tp.enabled and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -5,8 +5,10 @@ slice of the output features: its own attention heads and KV heads, its slice of
 second is row-parallel (each rank holds the matching input slice) and its partial sums are
 all-reduced over the whole activation tensor, every row of the batch.
 
-For serving, rank 0 runs the scheduler and sampler; each step it broadcasts the step's inputs and
-every rank runs the same forward on its shard (``worker_main`` is the loop of ranks >= 1).
+For serving, rank 0 runs the scheduler and sampler; each step it sends the step's inputs to every
+other rank over a pipe and all ranks run the same forward on their shards (``worker_main`` is the
+loop of ranks >= 1). Steps travel over pipes rather than a collective so that an idle engine never
+trips the process group's timeout, and a worker whose rank 0 died sees EOF and exits.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.connection import Connection
 
 import torch
 import torch.distributed as dist
@@ -66,26 +69,21 @@ def init_group(rank: int, world_size: int, init_method: str, device: torch.devic
     return TPGroup(rank=rank, world_size=world_size)
 
 
-def broadcast_step(payload: object | None) -> object | None:
-    """Rank 0 sends the step's inputs (``None`` = shut down); other ranks receive them."""
-    box = [payload]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def worker_main(rank: int, world_size: int, init_method: str, runner_kwargs: dict) -> None:
+def worker_main(rank: int, world_size: int, init_method: str, runner_kwargs: dict, steps: Connection) -> None:
     """Entry point of tensor-parallel ranks >= 1: load the shard, then mirror rank 0's steps."""
     from frontier_runtime.engine.model_runner import ModelRunner
 
     torch.set_num_threads(runner_kwargs.pop("num_threads", torch.get_num_threads()))
     runner = ModelRunner(tp_rank=rank, tp_size=world_size, tp_init_method=init_method, **runner_kwargs)
     try:
-        with torch.inference_mode():
-            while True:
-                step = broadcast_step(None)
-                if step is None:
-                    break
-                runner.execute_local(step)
+        while True:
+            try:
+                step = steps.recv()
+            except EOFError:  # rank 0 is gone
+                break
+            if step is None:
+                break
+            runner.execute_local(step)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -57,7 +57,9 @@ class Sampler:
         top_ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
         top_ps = [p.top_p for p in params]
         if any(k < vocab for k in top_ks) or any(p < 1.0 for p in top_ps):
-            scaled = _mask_top_k_top_p(scaled, torch.tensor(top_ks, device=dev), torch.tensor(top_ps, device=dev))
+            scaled = _mask_top_k_top_p(
+                scaled, torch.tensor(top_ks, device=dev), torch.tensor(top_ps, device=dev)
+            )
         probs = torch.softmax(scaled, dim=-1)
         noise = torch.empty_like(probs)
         noise.exponential_(generator=self.generator)

@@ -59,21 +59,20 @@ class Ticket:
 
         Raises ``QueueTimeout`` (and gives the queue place up) once the queue timeout has passed.
         """
-        if self.state is TicketState.ADMITTED:
-            return True
-        if self.state is TicketState.RELEASED:
-            raise QueueTimeout("ticket already released")
-        remaining = self.deadline - time.monotonic()
-        budget = remaining if at_most is None else min(remaining, at_most)
-        if budget > 0:
+        give_up_at = None if at_most is None else time.monotonic() + at_most
+        while True:
+            if self.state is TicketState.ADMITTED:
+                return True
+            now = time.monotonic()
+            if self.state is TicketState.RELEASED or now >= self.deadline:
+                self.release()
+                raise QueueTimeout(f"waited {self.queue_seconds * 1000:.0f} ms for admission")
+            if give_up_at is not None and now >= give_up_at:
+                return False
+            # Timers may fire a hair early: the loop re-checks the clock rather than trusting them.
+            budget = self.deadline - now if give_up_at is None else min(self.deadline, give_up_at) - now
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._admitted.wait(), timeout=budget)
-        if self.state is TicketState.ADMITTED:
-            return True
-        if self.state is TicketState.RELEASED or time.monotonic() >= self.deadline:
-            self.release()
-            raise QueueTimeout(f"waited {self.queue_seconds * 1000:.0f} ms for admission")
-        return False
 
     def release(self) -> None:
         """Give back the queue place or engine slot; idempotent."""

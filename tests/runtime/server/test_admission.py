@@ -103,3 +103,27 @@ def test_leaving_the_queue_frees_the_place_and_release_is_idempotent() -> None:
 def test_retry_after_is_a_positive_whole_number_of_seconds() -> None:
     assert Admission(1, 1, 0.1).retry_after_s() == 1
     assert Admission(1, 1, 30).retry_after_s() == 15
+
+
+def test_a_timer_that_fires_early_never_lets_a_waiter_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    import frontier_runtime.server.admission as admission_module
+
+    real_wait_for = asyncio.wait_for
+
+    async def early_wait_for(awaitable, timeout):  # wakes at half the time asked for
+        try:
+            return await real_wait_for(awaitable, timeout / 2)
+        except TimeoutError:
+            raise TimeoutError from None
+
+    monkeypatch.setattr(admission_module.asyncio, "wait_for", early_wait_for)
+
+    async def scenario() -> None:
+        admission = Admission(max_concurrency=1, queue_max_length=1, queue_timeout_s=0.05)
+        admission.try_enter()
+        queued = admission.try_enter()
+        with pytest.raises(QueueTimeout):
+            await queued.wait()
+        assert queued.queue_seconds >= 0.05
+
+    asyncio.run(scenario())
