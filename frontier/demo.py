@@ -188,8 +188,10 @@ def openai_requests(settings: Settings, base_url: str, key: str) -> list[Request
     client = OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=30)
     model = settings.model.name
     samples = []
+    first_chunk: list[float] = []  # when the streamed call saw its first text (TTFT is a streaming figure)
 
     def timed(label: str, call) -> None:
+        first_chunk.clear()
         started = time.perf_counter()
         try:
             text = call()
@@ -198,8 +200,12 @@ def openai_requests(settings: Settings, base_url: str, key: str) -> list[Request
             console.print(f"  {label}: [red]{type(exc).__name__}: {exc}[/]")
             return
         elapsed = time.perf_counter() - started
-        samples.append(RequestSample(started, True, ttft_s=elapsed, e2el_s=elapsed, output_tokens=1))
-        console.print(f"  {label} ({elapsed * 1000:.0f} ms): {text!r}")
+        ttft = first_chunk[0] - started if first_chunk else None
+        samples.append(RequestSample(started, True, ttft_s=ttft, e2el_s=elapsed, output_tokens=1))
+        shown = f"{elapsed * 1000:.0f} ms" + (
+            f", first token {ttft * 1000:.0f} ms" if ttft is not None else ""
+        )
+        console.print(f"  {label} ({shown}): {text!r}")
 
     console.print(f"  models: {[m.id for m in client.models.list().data]}")
     timed(
@@ -234,7 +240,9 @@ def openai_requests(settings: Settings, base_url: str, key: str) -> list[Request
         )
         parts, usage = [], None
         for chunk in stream:
-            if chunk.choices:
+            if chunk.choices and chunk.choices[0].text:
+                if not first_chunk:
+                    first_chunk.append(time.perf_counter())
                 parts.append(chunk.choices[0].text)
             usage = chunk.usage or usage
         return "".join(parts) + (f"  [usage: {usage.completion_tokens} tokens]" if usage else "")

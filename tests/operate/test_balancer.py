@@ -121,7 +121,8 @@ def test_an_unknown_server_is_a_clear_error(haproxy):
         balancer.state(HostSpec("host-9", "127.0.0.9", 22, "/", "cpu"))
 
 
-def test_an_alb_target_is_deregistered_and_registered_again():
+def test_an_alb_target_is_deregistered_and_registered_again(monkeypatch):
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # the VPC needs none; loading them is slow
     with mock_aws():
         ec2 = boto3.client("ec2", region_name="us-east-1")
         elbv2 = boto3.client("elbv2", region_name="us-east-1")

@@ -119,6 +119,7 @@ class ModelRunner:
         """KV blocks that fit in ``utilization`` of the GPU after weights and a peak-sized step."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
+        max_tokens = min(max_tokens, self.config.max_position_embeddings)
         probe_blocks = -(-max_tokens // self.block_size)
         self.kv_caches = self._allocate(probe_blocks)
         with torch.inference_mode():

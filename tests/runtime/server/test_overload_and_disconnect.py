@@ -169,3 +169,23 @@ def test_hanging_up_while_queued_gives_the_place_back_and_never_runs(serve) -> N
     assert after.status_code == 200
     assert _metric(srv, "frontier_request_failures_total", 'reason="client_disconnect"') == 2
     assert _metric(srv, "vllm:request_success_total") == 1  # only the request sent afterwards
+
+
+def test_a_refused_request_is_never_tokenised(serve, monkeypatch) -> None:
+    srv = serve(scheduler__max_concurrency=1, scheduler__max_batch_size=1, scheduler__queue_max_length=0)
+    encoded: list[str] = []
+    real_encode = srv.state.codec.encode
+    monkeypatch.setattr(
+        srv.state.codec, "encode", lambda text, **kw: encoded.append(text) or real_encode(text, **kw)
+    )
+    with HeldSlots(srv, 1):
+        refused = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "refused prompt", "max_tokens": 1})
+        chat = httpx.post(
+            f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "no"}]}
+        )
+    assert refused.status_code == chat.status_code == 429
+    assert encoded == []
+    assert (
+        httpx.post(f"{srv.url}/v1/completions", json={"prompt": "served", "max_tokens": 1}).status_code == 200
+    )
+    assert encoded == ["served"]
