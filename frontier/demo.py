@@ -385,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep-up", action="store_true", help="leave the local stack running at the end")
     args = parser.parse_args(argv)
+    if args.rate <= 0 or args.load_seconds <= 0:
+        parser.error(f"--rate ({args.rate}) and --load-seconds ({args.load_seconds}) must be > 0")
     code = 2
     settings = None
     tally = Tally()
@@ -394,13 +396,18 @@ def main(argv: list[str] | None = None) -> int:
             raise FrontierError(
                 f"stack {settings.stack!r} is not a local stack: the demo runs on the embedded local stack"
             )
-        code = run(settings, args.rate, args.load_seconds, tally)
+        # Every AWS call of the demo goes to the stack's moto, whatever the shell's AWS settings are.
+        with local.aws_environment(settings):
+            code = run(settings, args.rate, args.load_seconds, tally)
     except FrontierError as exc:
         console.print(f"[red]demo failed: {exc}[/]")
         code = 2
     except KeyboardInterrupt:
         console.print("[red]interrupted[/]")
         code = 130
+    except Exception:  # noqa: BLE001 - show it, take the stack down, and still end with the summary line
+        console.print_exception()
+        code = 2
     finally:
         if settings is not None and settings.is_local and not args.keep_up:
             console.print(

@@ -1,24 +1,79 @@
-"""Showing a load test: live progress, the closing table, and the latency-vs-load plot."""
+"""Running a load test for a person: live progress, the closing table, and the latency-vs-load plot."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from frontier.loadtest_stats import Knee, RequestSample, SloTargets, StepSummary
+from frontier.loadtest import Target, run_concurrency, run_steps
+from frontier.loadtest_stats import Knee, RequestSample, SloTargets, StepSummary, summarize
 
 
 def wide_console() -> Console:
     """A console for tables: the terminal's width, or 160 columns when the output is a file or pipe."""
     console = Console(highlight=False)
     return console if console.is_terminal else Console(highlight=False, width=160)
+
+
+@dataclass(frozen=True)
+class LoadShape:
+    """What to send: Poisson ``rates`` (one rate, or a step load held ``seconds`` each) or a closed
+    loop of ``concurrency`` clients for ``seconds``."""
+
+    rates: tuple[float, ...] = ()
+    concurrency: int | None = None
+    seconds: float = 30.0
+    burstiness: float = 1.0
+    max_in_flight: int | None = None
+    seed: int = 0
+
+    @property
+    def total_s(self) -> float:
+        return self.seconds * max(1, len(self.rates))
+
+    @property
+    def label(self) -> str:
+        if self.concurrency is not None:
+            return f"{self.concurrency} clients"
+        return "step load" if len(self.rates) > 1 else f"{self.rates[0]:g} req/s"
+
+
+def measure(target: Target, shape: LoadShape, slo: SloTargets, console: Console) -> list[StepSummary]:
+    """Run the load with a live progress bar; one summary per step (one for a single rate or loop)."""
+    with LiveProgress(console, shape.total_s, shape.label) as progress:
+        if shape.concurrency is not None:
+            result = asyncio.run(
+                run_concurrency(
+                    target, shape.concurrency, shape.seconds, seed=shape.seed, on_event=progress.on_event
+                )
+            )
+            return [summarize(result.samples, window=result.window, slo=slo, concurrency=shape.concurrency)]
+        results = asyncio.run(
+            run_steps(
+                target,
+                shape.rates,
+                shape.seconds,
+                burstiness=shape.burstiness,
+                seed=shape.seed,
+                max_in_flight=shape.max_in_flight,
+                on_event=progress.on_event,
+                on_step=progress.on_step,
+            )
+        )
+    everything = [s for r in results for s in r.samples]
+    return [
+        summarize(r.samples, window=r.window, slo=slo, offered_rps=r.rate_rps, completions=everything)
+        for r in results
+    ]
 
 
 class LiveProgress:

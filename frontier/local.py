@@ -335,23 +335,32 @@ def haproxy_config_path(settings: Settings) -> Path:
     return state_dir(settings) / "haproxy" / "haproxy.cfg"
 
 
+def render_balancer_config(settings: Settings) -> str:
+    """The local balancer's haproxy.cfg, rendered from the stack (backends = the host slots)."""
+    assert settings.local is not None
+    return render_haproxy(
+        settings,
+        local_balancer_backends(settings),
+        bind_port=settings.local.balancer_port,
+        stats_socket=str(admin_socket(settings)),
+        stats_port=settings.local.balancer_stats_port,
+    )
+
+
 def _up_haproxy(settings: Settings, state: Path) -> Component:
     assert settings.local is not None
+    config = haproxy_config_path(settings)
     running = services.find(state, "haproxy")
     if running is not None:
-        return Component("haproxy", "running", f"{balancer_url(settings)} (pid {running.pid})")
-    config = haproxy_config_path(settings)
+        detail = f"{balancer_url(settings)} (pid {running.pid})"
+        if not config.exists() or config.read_text() != render_balancer_config(settings):
+            detail += (
+                "; its config differs from the stack file: `fab local.down` then `fab local.up` to apply it"
+            )
+        return Component("haproxy", "running", detail)
     config.parent.mkdir(parents=True, exist_ok=True)
     admin_socket(settings).unlink(missing_ok=True)
-    config.write_text(
-        render_haproxy(
-            settings,
-            local_balancer_backends(settings),
-            bind_port=settings.local.balancer_port,
-            stats_socket=str(admin_socket(settings)),
-            stats_port=settings.local.balancer_stats_port,
-        )
-    )
+    config.write_text(render_balancer_config(settings))
     service = services.start_haproxy(config, state)
     stats = f"http://127.0.0.1:{settings.local.balancer_stats_port}/stats"
     return Component("haproxy", "started", f"{balancer_url(settings)} (pid {service.pid}); stats {stats}")

@@ -186,11 +186,10 @@ class Rollout:
         self.connect = connect
         self.report = reporter or (lambda event: None)
         self.sessions: dict[str, HostSession] = {}
-        rt, health = settings.runtime, settings.health
+        health = settings.health
         self.excluded_routes = {health.readiness_path, health.liveness_path, "/metrics"}
         self.enable_timeout = health.interval_s * (health.healthy_threshold + 2) + health.timeout_s + 10
         self.drain_timeout = float(settings.rollout.deregistration_delay_s)
-        del rt
 
     def session(self, host: HostSpec) -> HostSession:
         if host.name not in self.sessions:

