@@ -164,7 +164,7 @@ class StepSummary:
         elif self.e2el.p99_ms > slo.p99_latency_ms:
             reasons.append(f"p99 E2EL {self.e2el.p99_ms:.0f} ms > {slo.p99_latency_ms:.0f} ms")
         if self.completed and self.attainment < min_attainment:
-            reasons.append(f"only {self.attainment:.0%} of requests met every SLO (< {min_attainment:.0%})")
+            reasons.append(f"only {self.attainment:.1%} of requests met every SLO (< {min_attainment:.0%})")
         if self.tracking < min_tracking:
             reasons.append(
                 f"throughput {self.throughput_rps:.2f}/s < {min_tracking:.0%} of {self.sent_rps:.2f}/s sent"

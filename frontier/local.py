@@ -387,9 +387,7 @@ def _write_state(settings: Settings, state: Path, connection: str) -> None:
 def down(settings: Settings) -> list[Component]:
     """Stop everything ``up`` started and any runtime still running on a host slot. Idempotent."""
     state = state_dir(settings)
-    report = []
-    for host in settings.inventory.hosts:
-        report += _stop_host_processes(host)
+    report = _stop_runtimes(settings.inventory.hosts)
     names = ["haproxy", *(f"sshd-{h.name}" for h in settings.inventory.hosts), "moto"]
     for name in names:
         service = services.find(state, name) if state.exists() else None
@@ -402,28 +400,33 @@ def down(settings: Settings) -> list[Component]:
     return report
 
 
-def _stop_host_processes(host: Host, timeout: float = 15.0) -> list[Component]:
-    """SIGTERM (then SIGKILL) every process whose pid file lies under the slot's ``run/`` directory."""
-    report = []
-    run = host_root(host) / "run"
-    for pid_file in sorted(run.glob("*.pid")) if run.exists() else []:
-        try:
-            pid = int(pid_file.read_text().split()[0])
-        except (ValueError, IndexError, OSError):
-            pid_file.unlink(missing_ok=True)
-            continue
+def _stop_runtimes(hosts: tuple[Host, ...], timeout: float = 15.0) -> list[Component]:
+    """Stop every process with a pid file under a slot's ``run/``: SIGTERM all (each drains), wait,
+    SIGKILL what is left; then clear ``run/`` so no slot claims to run a release any more."""
+    found: list[tuple[Host, str, int]] = []
+    for host in hosts:
+        run = host_root(host) / "run"
+        for pid_file in sorted(run.glob("*.pid")) if run.exists() else []:
+            with contextlib.suppress(ValueError, IndexError, OSError):
+                pid = int(pid_file.read_text().split()[0])
+                if _alive(pid):
+                    found.append((host, pid_file.stem, pid))
+    for _, _, pid in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid) for _, _, pid in found) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for _, _, pid in found:
         if _alive(pid):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            report.append(Component(f"{host.name} {pid_file.stem}", "stopped", f"pid {pid}"))
-        pid_file.unlink(missing_ok=True)
-    return report
+                os.kill(pid, signal.SIGKILL)
+    for host in hosts:
+        run = host_root(host) / "run"
+        for leftover in run.iterdir() if run.exists() else []:
+            if leftover.is_file():
+                leftover.unlink(missing_ok=True)
+    return [Component(f"{host.name} {name}", "stopped", f"pid {pid}") for host, name, pid in found]
 
 
 def _alive(pid: int) -> bool:

@@ -15,6 +15,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -247,8 +248,8 @@ class Rollout:
                         f"{left} session(s) still open after {self.drain_timeout:.0f}s",
                     )
                 )
-        for host in wave:
-            self._phase(results[host.name], "stop", self.session(host).stop)
+        # Stops run together: each waits out its runtime's drain, and the hosts are already out of rotation.
+        self._concurrently(wave, results, "stop", lambda h: self.session(h).stop())
         for host in wave:
             rid = target[host.name]
             self._phase(
@@ -264,6 +265,21 @@ class Rollout:
             self._phase(
                 results[host.name], "enable", lambda h=host: self.balancer.enable(h, self.enable_timeout)
             )
+
+    def _concurrently(
+        self, wave: list[HostSpec], results: dict[str, HostResult], phase: str, fn: Callable[[HostSpec], Any]
+    ) -> None:
+        """One phase on every host of the wave at once (each host has its own connection)."""
+        if len(wave) == 1:
+            self._phase(results[wave[0].name], phase, lambda: fn(wave[0]))
+            return
+        for host in wave:
+            self.session(host)  # connections are opened here, not from the worker threads
+        with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+            futures = [pool.submit(self._phase, results[h.name], phase, lambda h=h: fn(h)) for h in wave]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise errors[0]
 
     def _gate(self, wave: list[HostSpec], results: dict[str, HostResult]) -> None:
         gate = self.settings.rollout.gate

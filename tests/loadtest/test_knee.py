@@ -65,7 +65,7 @@ def test_a_step_where_too_few_requests_meet_every_slo_breaks():
     # p99 E2EL still fine, but a quarter of the requests waited past the TTFT target.
     knee = find_knee([step(1), step(2, met=0.95), step(4, met=0.75)], SLO)
     assert knee is not None and knee.rate_rps == 2
-    assert knee.broke_because == ["only 75% of requests met every SLO (< 90%)"]
+    assert knee.broke_because == ["only 75.0% of requests met every SLO (< 90%)"]
 
 
 def test_a_step_that_holds_after_a_broken_one_is_not_capacity():

@@ -156,8 +156,8 @@ def test_a_release_that_fails_readiness_on_the_canary_is_rolled_back_and_other_h
 
 
 def test_a_canary_that_fails_its_gate_is_rolled_back(cluster, wheel, release_a):
-    # No traffic reaches the canary in the window, and this variant's gate demands some.
-    settings = cluster.variant("strict-gate", {"rollout.gate.min_requests": 1})
+    # A new release (another batching window) whose stack demands traffic in the gate window; none comes.
+    settings = cluster.variant("strict-gate", {"runtime.batch.window_ms": 3, "rollout.gate.min_requests": 1})
     others = {h.name: runtime_pid(h) for h in cluster.hosts[1:]}
 
     with pytest.raises(RolloutFailed) as failed:
