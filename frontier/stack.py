@@ -129,6 +129,9 @@ class Runtime(_Settings):
     )
     drain_timeout_s: float = Field(ge=0, le=3600)
     block_size: int = Field(default=16, ge=1, le=256)
+    cpu_threads: int = Field(
+        default=0, ge=0, le=1024, description="Intra-op threads per runtime on CPU hosts; 0 = all cores."
+    )
 
 
 class Health(_Settings):

@@ -100,6 +100,9 @@ class RuntimeConfig(_Strict):
     drain: DrainConfig = DrainConfig()
     logging: LoggingConfig = LoggingConfig()
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    cpu_threads: int = Field(
+        default=0, ge=0, le=1024, description="Intra-op threads on CPU; 0 keeps torch's default (all cores)."
+    )
     seed: int = 0
 
 

@@ -25,9 +25,13 @@ class Cluster:
     deploy_a_s: float
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Cluster:
-    """Two host slots on 127.0.2.2-3 over real sshd, HAProxy and moto; release A deployed on both."""
+    """Two host slots on 127.0.2.2-3 over real sshd, HAProxy and moto; release A deployed on both.
+
+    Module-scoped: its stacks folder ($FRONTIER_STACKS_DIR) and processes end with the module, so
+    no other test module sees them.
+    """
     root = tmp_path_factory.mktemp("cluster")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FRONTIER_STACKS_DIR", str(write_local_stack(root, hosts=2)))
