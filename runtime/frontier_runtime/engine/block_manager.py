@@ -5,6 +5,12 @@ their prefixes are equal). Once a block is full and computed it is registered un
 of (hash of the previous block, its token ids), so a later sequence with the same prefix reuses it.
 Freed blocks keep their content and hash and sit in an LRU free list: they are reusable by a
 prefix hit until the allocator evicts them for new content.
+
+Where it can, the allocator keeps a sequence's blocks consecutive (attention then reads them in
+place instead of gathering a copy): a sequence starting from scratch begins a run of empty blocks
+long enough for its whole expected length, clear of the runs other sequences are growing into, and
+each later block is the one right after its last, when that one is free and empty. These are
+preferences only: when no such block is free, any free block will do.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class BlockManager:
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # chained hash -> block id
+        self.reserved: dict[Sequence, tuple[int, int]] = {}  # [first, end) run a sequence grows into
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
 
@@ -106,8 +113,41 @@ class BlockManager:
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if needed > len(self.free):
             raise RuntimeError(f"out of KV blocks: {needed} needed, {len(self.free)} free")
+        if needed and not seq.block_table:
+            expected = seq.num_tokens + max(seq.params.max_tokens - seq.num_output_tokens, 0)
+            first = self._find_empty_run(max(self.blocks_for(expected), needed))
+            if first is not None:
+                self.reserved[seq] = (first, first + self.blocks_for(expected))
+                for b in range(first, first + needed):
+                    self._take_block(b)
+                seq.block_table.extend(range(first, first + needed))
+                return
         for _ in range(needed):
-            seq.block_table.append(self._take_free_block())
+            following = seq.block_table[-1] + 1 if seq.block_table else self.num_blocks
+            if following < self.num_blocks and following in self.free and self.block_hash[following] is None:
+                self._take_block(following)
+                seq.block_table.append(following)
+            else:
+                seq.block_table.append(self._take_free_block())
+
+    def _find_empty_run(self, length: int) -> int | None:
+        """First block of ``length`` free, empty blocks outside every reserved run; None if none."""
+        if length > self.num_blocks:
+            return None
+        taken = [b for b in range(self.num_blocks) if b not in self.free or self.block_hash[b] is not None]
+        for first, end in self.reserved.values():
+            taken.extend(range(first, min(end, self.num_blocks)))
+        taken.sort()
+        start = 0
+        for b in taken:
+            if b - start >= length:
+                return start
+            start = max(start, b + 1)
+        return start if self.num_blocks - start >= length else None
+
+    def _take_block(self, block: int) -> None:
+        del self.free[block]
+        self.ref_counts[block] = 1
 
     def _take_free_block(self) -> int:
         block, _ = self.free.popitem(last=False)
@@ -134,5 +174,6 @@ class BlockManager:
                 else:
                     self.free[block] = None
         seq.block_table = []
+        self.reserved.pop(seq, None)
         seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0

@@ -31,7 +31,10 @@ class StepInput:
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)  # block * block_size + offset of each token
-    decode_tables: list[list[int]] = field(default_factory=list)  # decodes come first, shortest first
+    # Decodes come first: those whose blocks are consecutive (attended in place), then the others,
+    # shortest first, whose blocks are gathered.
+    decode_spans: list[tuple[int, int]] = field(default_factory=list)  # (first block, context)
+    decode_tables: list[list[int]] = field(default_factory=list)
     decode_context: list[int] = field(default_factory=list)  # tokens each decode attends to
     decode_groups: list[tuple[int, int]] = field(default_factory=list)  # (start, count), padded together
     prefills: list[tuple[int, int, int, list[int]]] = field(
@@ -105,7 +108,7 @@ class ModelRunner:
         self.kv_caches = self._allocate(num_blocks)
 
     def _allocate(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        shape = (num_blocks, self.model.num_local_kv_heads, self.block_size, self.config.head_dim)
+        shape = (self.model.num_local_kv_heads, num_blocks, self.block_size, self.config.head_dim)
         # Zeros, not empty: padded reads are masked, but garbage NaNs would still poison softmax @ V.
         return [
             (
@@ -146,17 +149,28 @@ class ModelRunner:
         """The step's inputs, and the sequences (in logits order) that sample a token this step."""
         step = StepInput()
         bs = self.block_size
-        decodes = sorted((s for s, n in scheduled if n == 1), key=lambda s: s.num_computed_tokens)
+        in_place: list[Sequence] = []
+        gathered: list[Sequence] = []
+        for seq, n in scheduled:
+            if n == 1:
+                table, used = seq.block_table, seq.num_computed_tokens // bs + 1
+                first = table[0]
+                consecutive = table[used - 1] - first == used - 1 and table[:used] == list(range(first, first + used))
+                (in_place if consecutive else gathered).append(seq)
+        gathered.sort(key=lambda s: s.num_computed_tokens)
         prefills = [(s, n) for s, n in scheduled if n > 1]
         samplers: list[Sequence] = []
-        for seq in decodes:
+        for seq in in_place + gathered:
             pos = seq.num_computed_tokens
             table = seq.block_table
             step.input_ids.append(seq.token_ids[pos])
             step.positions.append(pos)
             step.slots.append(table[pos // bs] * bs + pos % bs)
-            step.decode_tables.append(table[: pos // bs + 1])
-            step.decode_context.append(pos + 1)
+            if len(step.decode_spans) < len(in_place):
+                step.decode_spans.append((table[0], pos + 1))
+            else:
+                step.decode_tables.append(table[: pos // bs + 1])
+                step.decode_context.append(pos + 1)
             if pos + 1 == seq.num_tokens:
                 step.logits_indices.append(len(step.input_ids) - 1)
                 samplers.append(seq)
@@ -182,18 +196,22 @@ class ModelRunner:
     def execute_local(self, step: StepInput) -> torch.Tensor:
         dev, bs = self.device, self.block_size
         kvh = self.model.num_local_kv_heads
+        nb = self.kv_caches[0][0].shape[1]  # also right for the probe cache of _cuda_blocks
         heads = torch.arange(kvh)
+        head_rows = heads * nb  # first tile row of each head in the [kv_heads * num_blocks, ...] view
         ids = torch.tensor(step.input_ids, dtype=torch.long).to(dev, non_blocking=True)
         positions = torch.tensor(step.positions, dtype=torch.long).to(dev, non_blocking=True)
         slots = torch.tensor(step.slots, dtype=torch.long)
-        # Row of each (token, kv head) in the flat [num_blocks * kv_heads * block_size, head_dim] view.
-        write = ((slots // bs).unsqueeze(1) * kvh + heads) * bs + (slots % bs).unsqueeze(1)
+        # Row of each (token, kv head) in the flat [kv_heads * num_blocks * block_size, head_dim] view.
+        write = head_rows * bs + slots.unsqueeze(1)
         meta = AttentionMetadata(write_index=write.view(-1).to(dev, non_blocking=True))
+        meta.decode_spans = [(first * bs, context) for first, context in step.decode_spans]
+        offset = len(step.decode_spans)
         for start, count in step.decode_groups:
             tables = step.decode_tables[start : start + count]
             width = len(tables[-1])  # shortest first: the last is the longest
             padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
-            head_blocks = (padded.unsqueeze(1) * kvh + heads.view(1, kvh, 1)).view(-1)
+            head_blocks = (padded.unsqueeze(1) + head_rows.view(1, kvh, 1)).view(-1)
             context = torch.tensor(step.decode_context[start : start + count], dtype=torch.long)
             mask = None
             if int(context.min()) < width * bs:
@@ -201,13 +219,15 @@ class ModelRunner:
                     count, 1, 1, width * bs
                 )
                 mask = mask.to(dev, non_blocking=True)
-            meta.decode_groups.append(DecodeGroup(start, count, head_blocks.to(dev, non_blocking=True), mask))
+            meta.decode_groups.append(
+                DecodeGroup(offset + start, count, head_blocks.to(dev, non_blocking=True), mask)
+            )
         for start, length, before, blocks in step.prefills:
             head_blocks = mask = None
             if before:
                 table = torch.tensor(blocks, dtype=torch.long)
                 head_blocks = (
-                    (table.unsqueeze(0) * kvh + heads.unsqueeze(1)).view(-1).to(dev, non_blocking=True)
+                    (table.unsqueeze(0) + head_rows.unsqueeze(1)).view(-1).to(dev, non_blocking=True)
                 )
                 keys = torch.arange(before + length).unsqueeze(0)
                 mask = (keys <= torch.arange(before, before + length).unsqueeze(1)).to(dev, non_blocking=True)

@@ -174,12 +174,16 @@ class DecodeGroup:
 class AttentionMetadata:
     """Where this step's K/V go and what each query reads.
 
-    The cache of a layer is ``[num_blocks, kv_heads, block_size, head_dim]``: one (block, head) is a
+    The cache of a layer is ``[kv_heads, num_blocks, block_size, head_dim]``: one (head, block) is a
     contiguous ``[block_size, head_dim]`` tile, so gathering a sequence's tiles head by head gives
-    ``[kv_heads, tokens, head_dim]`` directly in the layout attention wants, with no transpose.
+    ``[kv_heads, tokens, head_dim]`` directly in the layout attention wants, with no transpose; and
+    a sequence whose blocks are consecutive is already ``[kv_heads, tokens, head_dim]`` in place (a
+    strided view), so its decode token attends with no copy at all.
     """
 
     write_index: torch.Tensor  # [num_tokens * kv_heads] rows of the flat [*, head_dim] cache view
+    # Decode tokens 0 .. len-1 whose blocks are consecutive: (first cache row, context length).
+    decode_spans: list[tuple[int, int]] = field(default_factory=list)
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
@@ -250,13 +254,25 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
 
-        # k_cache/v_cache: [num_blocks, kv_heads, block_size, head_dim]; see AttentionMetadata.
+        # k_cache/v_cache: [kv_heads, num_blocks, block_size, head_dim]; see AttentionMetadata.
         k_cache.view(-1, hd).index_copy_(0, meta.write_index, k.reshape(-1, hd).to(k_cache.dtype))
         v_cache.view(-1, hd).index_copy_(0, meta.write_index, v.reshape(-1, hd).to(v_cache.dtype))
         k_tiles = k_cache.view(-1, k_cache.shape[2], hd)
         v_tiles = v_cache.view(-1, v_cache.shape[2], hd)
 
         out = torch.empty_like(q)
+        if meta.decode_spans:
+            # Consecutive blocks: attend to the cache in place. Reading K/V once instead of
+            # gathering a copy first matters more than one kernel call per sequence.
+            k_rows, v_rows = k_cache.view(kvh, -1, hd), v_cache.view(kvh, -1, hd)
+            qs = q[: len(meta.decode_spans)].view(-1, kvh, self.group, hd)
+            outs = [
+                F.scaled_dot_product_attention(
+                    qs[i], k_rows[:, first : first + ctx].to(q.dtype), v_rows[:, first : first + ctx].to(q.dtype)
+                )
+                for i, (first, ctx) in enumerate(meta.decode_spans)
+            ]
+            out[: len(outs)] = torch.stack(outs).view(len(outs), self.num_heads, hd)
         for grp in meta.decode_groups:
             s, c = grp.start, grp.count
             kb = k_tiles.index_select(0, grp.head_blocks).view(c, kvh, -1, hd).to(q.dtype)
