@@ -155,7 +155,11 @@ class ModelRunner:
             if n == 1:
                 table, used = seq.block_table, seq.num_computed_tokens // bs + 1
                 first = table[0]
-                consecutive = table[used - 1] - first == used - 1 and table[:used] == list(range(first, first + used))
+                consecutive = (
+                    self.device.type == "cpu"  # on a GPU one batched gather beats a kernel per sequence
+                    and table[used - 1] - first == used - 1
+                    and table[:used] == list(range(first, first + used))
+                )
                 (in_place if consecutive else gathered).append(seq)
         gathered.sort(key=lambda s: s.num_computed_tokens)
         prefills = [(s, n) for s, n in scheduled if n > 1]
