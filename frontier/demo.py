@@ -152,8 +152,6 @@ def variant_b(settings: Settings) -> Settings:
 
 
 def _reporter(event) -> None:
-    if event.status == "ok" and event.phase == "gate" and event.detail.startswith("#"):
-        return  # the first scrape of /metrics, before the gate's window
     if event.status == "ok" and event.phase in ("drain", "stop", "start", "readiness", "enable", "gate"):
         console.print(
             f"    {event.host:<8} {event.phase:<9} {event.elapsed_s:6.2f}s  [dim]{event.detail[:70]}[/]"

@@ -92,7 +92,7 @@ def plan(env: Environment, release: Release) -> list[PlannedHost]:
             except FrontierError as exc:
                 planned.append(PlannedHost(wave_name, host.name, "?", release.id, f"unreachable: {exc}"))
                 continue
-            same = facts.current == release.id and facts.running_release == release.id
+            same = facts.runs(release.id)
             action = "skip (already runs it)" if same else "update"
             planned.append(PlannedHost(wave_name, host.name, facts.current or "-", release.id, action))
     return planned

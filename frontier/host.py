@@ -56,6 +56,10 @@ class HostFacts:
     live: bool = False
     digest: str = ""
 
+    def runs(self, release_id: str) -> bool:
+        """The host's live runtime process serves ``release_id`` (a stale record of a dead one does not count)."""
+        return self.running and self.current == release_id and self.running_release == release_id
+
 
 def runtime_python(settings: Settings) -> str:
     """The interpreter a host runs the runtime with: this environment's on the local stack."""

@@ -324,7 +324,7 @@ class Rollout:
                         res, "check", lambda h=host: self.session(h).facts(release.id)
                     )
                     res.from_release = facts.current
-                    if facts.current == release.id and facts.running_release == release.id:
+                    if facts.runs(release.id):
                         res.outcome = "skipped"
                         self.report(Event(host.name, "check", "info", f"already runs {release.id}"))
                         continue
