@@ -409,16 +409,16 @@ def _stop_runtimes(hosts: tuple[Host, ...], timeout: float = 15.0) -> list[Compo
         for pid_file in sorted(run.glob("*.pid")) if run.exists() else []:
             with contextlib.suppress(ValueError, IndexError, OSError):
                 pid = int(pid_file.read_text().split()[0])
-                if _alive(pid):
+                if services.pid_alive(pid):
                     found.append((host, pid_file.stem, pid))
     for _, _, pid in found:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while any(_alive(pid) for _, _, pid in found) and time.monotonic() < deadline:
+    while any(services.pid_alive(pid) for _, _, pid in found) and time.monotonic() < deadline:
         time.sleep(0.1)
     for _, _, pid in found:
-        if _alive(pid):
+        if services.pid_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     for host in hosts:
@@ -428,14 +428,6 @@ def _stop_runtimes(hosts: tuple[Host, ...], timeout: float = 15.0) -> list[Compo
                 leftover.unlink(missing_ok=True)
     return [Component(f"{host.name} {name}", "stopped", f"pid {pid}") for host, name, pid in found]
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     return True

@@ -62,7 +62,7 @@ class Service:
     def alive(self) -> bool:
         if self.handle is not None:
             return True
-        return self.pid is not None and _pid_alive(self.pid)
+        return self.pid is not None and pid_alive(self.pid)
 
 
 # --- checks -------------------------------------------------------------------------------------
@@ -339,7 +339,7 @@ def stop(service: Service, timeout: float = 10.0) -> None:
     if service.handle is not None:
         service.handle.stop()
         service.handle = None
-    elif service.pid is not None and _pid_alive(service.pid) and _same_process(service):
+    elif service.pid is not None and pid_alive(service.pid) and _same_process(service):
         with contextlib.suppress(ProcessLookupError):
             os.kill(service.pid, signal.SIGTERM)
         if not _wait_exit(service.pid, timeout):
@@ -359,7 +359,7 @@ def find(state_dir: str | Path, name: str) -> Service | None:
         service = Service(**json.loads(record.read_text()))
     except (ValueError, TypeError):
         return None
-    if service.pid is None or not _pid_alive(service.pid) or not _same_process(service):
+    if service.pid is None or not pid_alive(service.pid) or not _same_process(service):
         return None
     return service
 
@@ -394,7 +394,8 @@ def _write_record(service: Service) -> None:
     service.record_file.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (children started here are polled, so they are reaped)."""
     child = _CHILDREN.get(pid)
     if child is not None:
         return child.poll() is None
@@ -435,7 +436,7 @@ def _wait_exit(pid: int, timeout: float) -> bool:
         return True
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return True
         time.sleep(0.05)
     return False

@@ -107,7 +107,7 @@ def test_down_stops_everything_and_a_second_down_finds_nothing(settings):
     pids = [services.find(local.state_dir(settings), n).pid for n in ("moto", "haproxy", "sshd-host-1")]
     stopped = {c.name: c.state for c in local.down(settings)}
     assert stopped["moto"] == stopped["haproxy"] == stopped["sshd-host-1"] == "stopped"
-    assert not any(services._pid_alive(pid) for pid in pids)
+    assert not any(services.pid_alive(pid) for pid in pids)
     assert {c.state for c in local.down(settings)} == {"absent"}
 
 

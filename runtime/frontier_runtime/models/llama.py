@@ -266,14 +266,25 @@ class Attention(nn.Module):
             # copy first is worth a few small kernels per sequence; softmax(q k^T) v by hand, since
             # SDPA's CPU kernel costs ~0.1 ms a call at this size (decode rows, no mask needed).
             k_rows, v_rows = k_cache.view(kvh, -1, hd), v_cache.view(kvh, -1, hd)
+            if k_rows.dtype != q.dtype:
+                k_rows, v_rows = None, None  # converted per sequence below
+            keys_t = None if k_rows is None else k_rows.transpose(1, 2)  # [kv_heads, head_dim, rows]
             nd = len(meta.decode_spans)
-            qs = (q[:nd] * hd**-0.5).view(nd, kvh, self.group, hd)
+            queries = (q[:nd] * hd**-0.5).view(nd, kvh, self.group, hd).unbind(0)
             outs = []
-            for i, (first, ctx) in enumerate(meta.decode_spans):
-                kd = k_rows[:, first : first + ctx].to(q.dtype)
-                vd = v_rows[:, first : first + ctx].to(q.dtype)
-                weights = torch.softmax(torch.bmm(qs[i], kd.transpose(1, 2)).float(), dim=-1)
-                outs.append(torch.bmm(weights.to(q.dtype), vd))
+            for qi, (first, ctx) in zip(queries, meta.decode_spans, strict=True):
+                end = first + ctx
+                if keys_t is None:  # the cache has its own dtype
+                    kd = k_cache.view(kvh, -1, hd)[:, first:end].to(q.dtype).transpose(1, 2)
+                    vd = v_cache.view(kvh, -1, hd)[:, first:end].to(q.dtype)
+                else:
+                    kd, vd = keys_t[:, :, first:end], v_rows[:, first:end]
+                scores = torch.bmm(qi, kd)
+                if scores.dtype == torch.float32:
+                    weights = torch.softmax(scores, dim=-1)
+                else:  # softmax in float32, as SDPA does
+                    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+                outs.append(torch.bmm(weights, vd))
             out[:nd] = torch.stack(outs).view(nd, self.num_heads, hd)
         for grp in meta.decode_groups:
             s, c = grp.start, grp.count
