@@ -56,6 +56,23 @@ class HostFacts:
     live: bool = False
     digest: str = ""
 
+    @classmethod
+    def parse(cls, output: str) -> HostFacts:
+        """Facts from the ``key=value`` lines that ``frontier-hostctl facts|status`` prints."""
+        data = _parse(output)
+        return cls(
+            current=data.get("current", ""),
+            previous=data.get("previous", ""),
+            systemd=data.get("systemd") == "1",
+            running=data.get("running") == "1",
+            running_release=data.get("running_release", ""),
+            releases=data.get("releases", "").split(),
+            staged_manifest=data.get("staged_manifest", ""),
+            ready=data.get("ready") == "1",
+            live=data.get("live") == "1",
+            digest=data.get("digest", ""),
+        )
+
     def runs(self, release_id: str) -> bool:
         """The host's live runtime process serves ``release_id`` (a stale record of a dead one does not count)."""
         return self.running and self.current == release_id and self.running_release == release_id
@@ -167,31 +184,10 @@ class HostSession:
     # --- phases -----------------------------------------------------------------------------------
 
     def facts(self, release_id: str = "") -> HostFacts:
-        data = _parse(self.ctl("facts", "facts", *([release_id] if release_id else [])))
-        return HostFacts(
-            current=data.get("current", ""),
-            previous=data.get("previous", ""),
-            systemd=data.get("systemd") == "1",
-            running=data.get("running") == "1",
-            running_release=data.get("running_release", ""),
-            releases=data.get("releases", "").split(),
-            staged_manifest=data.get("staged_manifest", ""),
-        )
+        return HostFacts.parse(self.ctl("facts", "facts", *([release_id] if release_id else [])))
 
     def status(self) -> HostFacts:
-        data = _parse(self.ctl("status", "status"))
-        facts = HostFacts(
-            current=data.get("current", ""),
-            previous=data.get("previous", ""),
-            systemd=data.get("systemd") == "1",
-            running=data.get("running") == "1",
-            running_release=data.get("running_release", ""),
-            releases=data.get("releases", "").split(),
-        )
-        facts.ready = data.get("ready") == "1"
-        facts.live = data.get("live") == "1"
-        facts.digest = data.get("digest", "")
-        return facts
+        return HostFacts.parse(self.ctl("status", "status"))
 
     def stage(self, release: Release, wheel: Path | None) -> bool:
         """Put the release into ``releases/<id>/``; False when it was already there, intact."""

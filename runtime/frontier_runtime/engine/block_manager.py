@@ -21,12 +21,15 @@ from frontier_runtime.engine.sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, keep_runs: bool = True
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.keep_runs = keep_runs  # prefer consecutive blocks per sequence (see the module docstring)
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
@@ -113,7 +116,7 @@ class BlockManager:
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if needed > len(self.free):
             raise RuntimeError(f"out of KV blocks: {needed} needed, {len(self.free)} free")
-        if needed and not seq.block_table:
+        if needed and not seq.block_table and self.keep_runs:
             expected = seq.num_tokens + max(seq.params.max_tokens - seq.num_output_tokens, 0)
             first = self._find_empty_run(max(self.blocks_for(expected), needed))
             if first is not None:

@@ -105,7 +105,10 @@ class LLMEngine:
                 f"holds {self.runner.num_blocks} blocks ({have} bytes): raise cache.cpu_kv_cache_bytes / "
                 f"cache.gpu_memory_utilization or lower model.max_seq_len"
             )
-        self.block_manager = BlockManager(self.runner.num_blocks, block_size, prefix_caching)
+        # Consecutive blocks only pay off where attention reads them in place (CPU, see ModelRunner).
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, block_size, prefix_caching, keep_runs=self.runner.device.type == "cpu"
+        )
         self.scheduler = Scheduler(
             self.block_manager, max_batch_size, max_num_batched_tokens, self.max_seq_len, chunked_prefill
         )
