@@ -45,12 +45,16 @@ class ServerConfig(_Strict):
 class HealthConfig(_Strict):
     readiness_path: str = Field(default="/health/ready", pattern=r"^/[A-Za-z0-9_./-]*$")
     liveness_path: str = Field(default="/health/live", pattern=r"^/[A-Za-z0-9_./-]*$")
-    stuck_after_s: float = Field(default=30.0, gt=0, le=3600, description="Engine loop silent this long = not live.")
+    stuck_after_s: float = Field(
+        default=30.0, gt=0, le=3600, description="Engine loop silent this long = not live."
+    )
 
 
 class SchedulerConfig(_Strict):
     max_concurrency: int = Field(ge=1, le=65536, description="Requests admitted into the engine at once.")
-    queue_max_length: int = Field(ge=0, le=1_000_000, description="Requests waiting for admission; beyond: 429.")
+    queue_max_length: int = Field(
+        ge=0, le=1_000_000, description="Requests waiting for admission; beyond: 429."
+    )
     queue_timeout_ms: int = Field(ge=1, le=3_600_000, description="Longest wait for admission; beyond: 503.")
     batch_window_ms: float = Field(ge=0, le=1000, description="Wait for companions while the engine is idle.")
     max_batch_size: int = Field(ge=1, le=4096, description="Sequences per engine step.")

@@ -59,7 +59,9 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ManifestError(f"manifest format must be {FORMAT!r}, got {data.get('format')!r}")
         try:
-            files = tuple(ManifestEntry(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in data["files"])
+            files = tuple(
+                ManifestEntry(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in data["files"]
+            )
             manifest = cls(
                 model=str(data["model"]),
                 version=str(data["version"]),
