@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-fast demo lint fmt bench clean
+.PHONY: install system-packages test test-fast demo lint fmt bench clean
 
 install: $(STAMP)
 
@@ -16,13 +16,16 @@ $(STAMP): pyproject.toml runtime/pyproject.toml
 	$(BIN)/pip install --quiet -e './runtime' -e '.[dev]'
 	touch $(STAMP)
 
-test: install
+system-packages:
+	bash scripts/system-packages.sh
+
+test: install system-packages
 	$(BIN)/python -m pytest -q
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e and not slow"
 
-demo: install
+demo: install system-packages
 	$(BIN)/python -m frontier.demo
 
 lint: install

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The Debian packages the local stack and the tests need: sshd for the host slots, HAProxy as the
+# balancer, socat for its admin socket. Installs what is missing when run as root with apt-get;
+# otherwise says what to install and fails.
+set -euo pipefail
+packages=(openssh-server openssh-client haproxy socat)
+missing=()
+for pkg in "${packages[@]}"; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "missing Debian packages: ${missing[*]} (install them: sudo apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+echo "installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
