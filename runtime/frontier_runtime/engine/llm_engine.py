@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from frontier_runtime.config import RuntimeConfig
-from frontier_runtime.engine import parallel
+from frontier_runtime.distributed import StepSender, free_tcp_port
 from frontier_runtime.engine.api import EngineStats, RequestOutput, SamplingParams
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
@@ -23,7 +23,8 @@ from frontier_runtime.engine.model_runner import ModelRunner
 from frontier_runtime.engine.sampler import Sampler
 from frontier_runtime.engine.scheduler import Scheduler
 from frontier_runtime.engine.sequence import Sequence, Status
-from frontier_runtime.models.llama import LlamaConfig, check_tensor_parallel
+from frontier_runtime.engine.tp_worker import worker_main
+from frontier_runtime.models.llama.config import LlamaConfig, check_tensor_parallel
 from frontier_runtime.tokenizer import Tokenizer
 
 log = logging.getLogger("frontier_runtime.engine")
@@ -73,14 +74,13 @@ class LLMEngine:
         }
         if tensor_parallel_size > 1:
             check_tensor_parallel(LlamaConfig.from_dir(model_dir), tensor_parallel_size)
-        self._workers, pipes = self._start_workers(tensor_parallel_size, runner_kwargs, device)
+        init_method = f"tcp://127.0.0.1:{free_tcp_port()}" if tensor_parallel_size > 1 else ""
+        self._workers, self._steps_out = self._start_workers(
+            tensor_parallel_size, init_method, runner_kwargs, device
+        )
         try:
             self.runner = ModelRunner(
-                tp_rank=0,
-                tp_size=tensor_parallel_size,
-                tp_init_method=getattr(self, "_tp_init_method", ""),
-                tp_step_pipes=pipes,
-                **runner_kwargs,
+                tp_rank=0, tp_size=tensor_parallel_size, tp_init_method=init_method, **runner_kwargs
             )
         except BaseException:
             for p in self._workers:
@@ -153,15 +153,17 @@ class LLMEngine:
             seed=config.seed,
         )
 
-    def _start_workers(self, tp: int, runner_kwargs: dict, device: str) -> tuple[list, list]:
-        """Spawn ranks 1..tp-1; returns the processes and the pipes that carry each step to them."""
+    @staticmethod
+    def _start_workers(
+        tp: int, init_method: str, runner_kwargs: dict, device: str
+    ) -> tuple[list, StepSender]:
+        """Spawn ranks 1..tp-1; returns the processes and the sender that carries each step to them."""
         if tp == 1:
-            return [], []
+            return [], StepSender([])
         if device == "cuda" and torch.cuda.device_count() < tp:
             raise ValueError(
                 f"parallel.tensor_parallel_size {tp} needs {tp} GPUs, found {torch.cuda.device_count()}"
             )
-        self._tp_init_method = f"tcp://127.0.0.1:{parallel.free_tcp_port()}"
         ctx = torch.multiprocessing.get_context("spawn")
         threads = max(1, (os.cpu_count() or 1) // tp)
         workers, pipes = [], []
@@ -169,8 +171,8 @@ class LLMEngine:
             receive, send = ctx.Pipe(duplex=False)
             kwargs = dict(runner_kwargs, num_threads=threads)
             p = ctx.Process(
-                target=parallel.worker_main,
-                args=(rank, tp, self._tp_init_method, kwargs, receive),
+                target=worker_main,
+                args=(rank, tp, init_method, kwargs, receive),
                 daemon=True,
                 name=f"frontier-tp-rank{rank}",
             )
@@ -178,7 +180,7 @@ class LLMEngine:
             receive.close()  # the worker holds its own copy
             workers.append(p)
             pipes.append(send)
-        return workers, pipes
+        return workers, StepSender(pipes)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -253,6 +255,7 @@ class LLMEngine:
         self._last_tokens = sched.num_tokens
 
         step, samplers = self.runner.prepare(sched.scheduled)
+        self._steps_out.send(step)
         logits = self.runner.execute(step)
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
@@ -331,6 +334,9 @@ class LLMEngine:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        steps_out = getattr(self, "_steps_out", None)
+        if steps_out is not None:
+            steps_out.close()
         runner = getattr(self, "runner", None)
         if runner is not None:
             runner.shutdown()

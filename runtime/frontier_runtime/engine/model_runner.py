@@ -7,21 +7,16 @@ can send it to the other ranks and every rank builds identical tensors from it.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from frontier_runtime.engine import parallel
+from frontier_runtime.distributed import init_group
 from frontier_runtime.engine.sequence import Sequence
-from frontier_runtime.models.llama import (
-    AttentionMetadata,
-    DecodeGroup,
-    LlamaConfig,
-    PrefillChunk,
-    load_model,
-)
+from frontier_runtime.models.llama.attention import AttentionMetadata, DecodeGroup, PrefillChunk
+from frontier_runtime.models.llama.config import LlamaConfig
+from frontier_runtime.models.llama.loader import load_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -73,7 +68,6 @@ class ModelRunner:
         tp_rank: int = 0,
         tp_size: int = 1,
         tp_init_method: str = "",
-        tp_step_pipes: list | None = None,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"model.dtype {dtype!r} is not one of {sorted(DTYPES)}")
@@ -85,8 +79,7 @@ class ModelRunner:
         self.device = torch.device(device if device != "cuda" else f"cuda:{tp_rank}")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.tp = parallel.init_group(tp_rank, tp_size, tp_init_method, self.device)
-        self.step_pipes = tp_step_pipes or []  # rank 0: one per other rank
+        self.tp = init_group(tp_rank, tp_size, tp_init_method, self.device)
         self.dtype = DTYPES[dtype]
         self.kv_dtype = self.dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
         self.block_size = block_size
@@ -100,10 +93,7 @@ class ModelRunner:
                 num_blocks = self._cuda_blocks(gpu_memory_utilization, max_num_batched_tokens)
             else:
                 num_blocks = cpu_kv_cache_bytes // self.bytes_per_block
-            if self.tp.enabled:  # every rank must agree on the block count
-                t = torch.tensor([num_blocks], device=self.device)
-                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
-                num_blocks = int(t.item())
+            num_blocks = self.tp.min_over_ranks(num_blocks, self.device)  # every rank must agree
         self.num_blocks = num_blocks
         self.kv_caches = self._allocate(num_blocks)
 
@@ -133,7 +123,7 @@ class ModelRunner:
                 prefills=[(0, max_tokens, 0, [])],
                 logits_indices=[max_tokens - 1],
             )
-            self.execute_local(step)
+            self.execute(step)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - probe_blocks * self.bytes_per_block
         del self.kv_caches
@@ -191,13 +181,9 @@ class ModelRunner:
                 samplers.append(seq)
         return step, samplers
 
-    def execute(self, step: StepInput) -> torch.Tensor:
-        for pipe in self.step_pipes:
-            pipe.send(step)
-        return self.execute_local(step)
-
     @torch.inference_mode()
-    def execute_local(self, step: StepInput) -> torch.Tensor:
+    def execute(self, step: StepInput) -> torch.Tensor:
+        """Run the step on this rank's shard; the logits of ``step.logits_indices``, float32."""
         dev, bs = self.device, self.block_size
         kvh = self.model.num_local_kv_heads
         nb = self.kv_caches[0][0].shape[1]  # also right for the probe cache of _cuda_blocks
@@ -243,10 +229,4 @@ class ModelRunner:
         return self.model.compute_logits(hidden.index_select(0, rows))
 
     def shutdown(self) -> None:
-        for pipe in self.step_pipes:
-            with contextlib.suppress(OSError):  # that worker is already gone
-                pipe.send(None)
-                pipe.close()
-        self.step_pipes = []
-        if self.tp.enabled and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        self.tp.destroy()

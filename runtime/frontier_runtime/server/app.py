@@ -14,7 +14,6 @@ import logging
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
@@ -23,22 +22,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from frontier_runtime.config import RuntimeConfig
-from frontier_runtime.engine.api import EngineStats
-from frontier_runtime.server.admission import Admission, QueueFull, Ticket
-from frontier_runtime.server.auth import ApiKeys
+from frontier_runtime.server.admission import QueueFull, Ticket
 from frontier_runtime.server.errors import APIError, invalid
 from frontier_runtime.server.formats import ChatFormat, CompletionFormat
 from frontier_runtime.server.generation import Generation
-from frontier_runtime.server.health import Health
 from frontier_runtime.server.logs import request_log
-from frontier_runtime.server.metrics import CONTENT_TYPE, ServerMetrics
+from frontier_runtime.server.metrics import CONTENT_TYPE
 from frontier_runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_body,
     resolve_max_tokens,
 )
+from frontier_runtime.server.state import ServerState
 from frontier_runtime.server.text import TemplateRenderError, TextCodec
 
 log = logging.getLogger("frontier_runtime.server")
@@ -47,48 +43,6 @@ REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
 INFERENCE_ROUTES = ("/v1/completions", "/v1/chat/completions")
 # Tokenising a long prompt takes milliseconds; off the event loop so liveness stays quick.
 TOKENIZE_INLINE_CHARS = 8192
-
-
-@dataclass
-class ServerState:
-    config: RuntimeConfig
-    health: Health
-    admission: Admission
-    metrics: ServerMetrics = field(init=False)
-    engine: Any = None
-    codec: TextCodec | None = None
-    api_keys: ApiKeys | None = None
-    created: int = field(default_factory=lambda: int(time.time()))
-    in_flight: int = 0
-    idle: asyncio.Event | None = None
-
-    def __post_init__(self) -> None:
-        self.metrics = ServerMetrics(
-            self.config.model.name,
-            engine_stats=self.engine_stats,
-            queue_state=lambda: (self.admission.running, self.admission.waiting),
-            health_state=lambda: (self.health.ready()[0], self.health.draining),
-        )
-
-    def engine_stats(self) -> EngineStats | None:
-        if self.engine is None:
-            return None
-        try:
-            return self.engine.stats()
-        except Exception:  # a scrape must never fail because the engine is busy or gone
-            log.exception("engine.stats() failed")
-            return None
-
-    def attach(self, engine: Any, codec: TextCodec) -> None:
-        """Plug in the loaded engine; readiness still waits for ``health.warmed_up``."""
-        self.engine = engine
-        self.codec = codec
-        self.health.weights_loaded = True
-        beat = getattr(engine, "heartbeat", None)
-        if beat is not None:
-            self.health.heartbeat = beat if callable(beat) else (lambda: getattr(engine, "heartbeat", None))
-        if hasattr(engine, "is_running"):
-            self.health.engine_running = lambda: bool(engine.is_running)
 
 
 def create_app(state: ServerState) -> Starlette:

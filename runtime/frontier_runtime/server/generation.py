@@ -21,16 +21,14 @@ import logging
 import time
 import uuid
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from frontier_runtime.engine.api import RequestOutput, SamplingParams
 from frontier_runtime.engine.loop import EngineDeadError
 from frontier_runtime.server.admission import QueueTimeout, Ticket
 from frontier_runtime.server.errors import APIError
 from frontier_runtime.server.formats import DONE, KEEPALIVE, CompletionFormat, sse, usage
-
-if TYPE_CHECKING:
-    from frontier_runtime.server.app import ServerState
+from frontier_runtime.server.state import ServerState
 
 log = logging.getLogger("frontier_runtime.server")
 

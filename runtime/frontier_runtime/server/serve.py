@@ -29,10 +29,11 @@ import uvicorn
 
 from frontier_runtime.config import RuntimeConfig
 from frontier_runtime.server.admission import Admission
-from frontier_runtime.server.app import ServerState, create_app
+from frontier_runtime.server.app import create_app
 from frontier_runtime.server.auth import ApiKeys
 from frontier_runtime.server.health import Health
 from frontier_runtime.server.probe import remove_probe_file, write_probe_file
+from frontier_runtime.server.state import ServerState
 from frontier_runtime.server.text import TextCodec
 
 log = logging.getLogger("frontier_runtime.serve")

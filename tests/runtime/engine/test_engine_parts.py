@@ -13,7 +13,8 @@ from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
 from frontier_runtime.engine.model_runner import group_by_length
 from frontier_runtime.engine.sampler import _mask_top_k_top_p
 from frontier_runtime.engine.sequence import Sequence
-from frontier_runtime.models.llama import LlamaConfig, rope_inv_freq
+from frontier_runtime.models.llama.config import LlamaConfig
+from frontier_runtime.models.llama.layers import rope_inv_freq
 from frontier_runtime.tiny import make_tiny_checkpoint
 from frontier_runtime.tokenizer import Tokenizer
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import yaml
 from frontier_runtime.config import RuntimeConfig, parse_config
-from frontier_runtime.server.app import ServerState, create_app
+from frontier_runtime.server.app import create_app
 from frontier_runtime.server.serve import Loaded, RuntimeServer, new_state, uvicorn_config
+from frontier_runtime.server.state import ServerState
 
 MODEL = "tiny-test"
 ENGINE_MAX_SEQ_LEN = 256

@@ -1,19 +1,20 @@
-"""Tensor parallelism over ``torch.distributed`` (gloo on CPU, NCCL on CUDA).
+"""Tensor-parallel primitives over ``torch.distributed`` (gloo on CPU, NCCL on CUDA).
 
 Megatron-style sharding: the first projection of each block is column-parallel (each rank holds a
 slice of the output features: its own attention heads and KV heads, its slice of the MLP), the
 second is row-parallel (each rank holds the matching input slice) and its partial sums are
 all-reduced over the whole activation tensor, every row of the batch.
 
-For serving, rank 0 runs the scheduler and sampler; each step it sends the step's inputs to every
-other rank over a pipe and all ranks run the same forward on their shards (``worker_main`` is the
-loop of ranks >= 1). Steps travel over pipes rather than a collective so that an idle engine never
-trips the process group's timeout, and a worker whose rank 0 died sees EOF and exits.
+Rank 0 hands each step to the other ranks over pipes (``StepSender``, ``receive_steps``) rather
+than a collective, so that an idle engine never trips the process group's timeout, and a rank
+whose rank 0 died sees EOF and exits. Imports nothing else from the runtime.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -34,9 +35,18 @@ class TPGroup:
         return self.world_size > 1
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum ``x`` over the ranks, in place."""
         if self.world_size > 1:
             dist.all_reduce(x)
         return x
+
+    def min_over_ranks(self, value: int, device: torch.device) -> int:
+        """The smallest ``value`` any rank holds (every rank must call it)."""
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
 
     def shard(self, w: torch.Tensor, dim: int) -> torch.Tensor:
         """This rank's contiguous slice of ``w`` along ``dim`` (which must divide evenly)."""
@@ -47,6 +57,10 @@ class TPGroup:
             raise ValueError(f"dimension {dim} of size {size} does not split over {self.world_size} ranks")
         part = size // self.world_size
         return w.narrow(dim, self.rank * part, part)
+
+    def destroy(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 SINGLE = TPGroup()
@@ -59,6 +73,7 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
 
 
 def init_group(rank: int, world_size: int, init_method: str, device: torch.device) -> TPGroup:
+    """Join the process group (every rank must call it); ``SINGLE`` when there is one rank."""
     if world_size == 1:
         return SINGLE
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -69,21 +84,32 @@ def init_group(rank: int, world_size: int, init_method: str, device: torch.devic
     return TPGroup(rank=rank, world_size=world_size)
 
 
-def worker_main(rank: int, world_size: int, init_method: str, runner_kwargs: dict, steps: Connection) -> None:
-    """Entry point of tensor-parallel ranks >= 1: load the shard, then mirror rank 0's steps."""
-    from frontier_runtime.engine.model_runner import ModelRunner
+class StepSender:
+    """Rank 0's end of the pipes to the other ranks: every step goes to all of them."""
 
-    torch.set_num_threads(runner_kwargs.pop("num_threads", torch.get_num_threads()))
-    runner = ModelRunner(tp_rank=rank, tp_size=world_size, tp_init_method=init_method, **runner_kwargs)
-    try:
-        while True:
-            try:
-                step = steps.recv()
-            except EOFError:  # rank 0 is gone
-                break
-            if step is None:
-                break
-            runner.execute_local(step)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    def __init__(self, pipes: list[Connection]) -> None:
+        self.pipes = pipes
+
+    def send(self, step: object) -> None:
+        for pipe in self.pipes:
+            pipe.send(step)
+
+    def close(self) -> None:
+        """Tell every rank to stop, then close the pipes; a rank already gone is skipped."""
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(None)
+                pipe.close()
+        self.pipes = []
+
+
+def receive_steps(pipe: Connection) -> Iterator[object]:
+    """The steps rank 0 sends, until it says stop or its end of the pipe closes."""
+    while True:
+        try:
+            step = pipe.recv()
+        except EOFError:  # rank 0 is gone
+            return
+        if step is None:
+            return
+        yield step

@@ -1,0 +1,113 @@
+"""The runtime's modules import one another without a cycle.
+
+Built statically from the source: every ``import`` and ``from ... import`` anywhere in a module
+(top level, inside functions, under ``TYPE_CHECKING``) is an edge, so a cycle cannot hide behind a
+function-level import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import frontier_runtime
+
+PACKAGE = "frontier_runtime"
+ROOT = Path(frontier_runtime.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The runtime modules that ``name`` imports."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            # ``from a import b`` imports the module a.b when there is one, else a name of a.
+            targets = [
+                f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in known else origin
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            if target == PACKAGE or target.startswith(PACKAGE + "."):
+                while target not in known:  # ``import a.b.c`` of a name inside a.b
+                    target = target.rpartition(".")[0]
+                found.add(target)
+    found.discard(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: _imports(name, path, known) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_runtime_has_no_import_cycle() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_graph_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from . import sibling\n"
+        "def f():\n"
+        "    from frontier_runtime.engine import model_runner\n"
+        "    import frontier_runtime.engine.api\n"
+    )
+    known = {"frontier_runtime.engine", "frontier_runtime.engine.model_runner", "frontier_runtime.engine.api"}
+    known |= {"frontier_runtime.engine.sibling"}
+    assert _imports("frontier_runtime.engine.m", module, known) == known - {"frontier_runtime.engine"}
+
+
+def test_models_and_distributed_do_not_import_the_engine() -> None:
+    graph = import_graph()
+    for name, deps in graph.items():
+        if name == f"{PACKAGE}.distributed":
+            assert not {d for d in deps if d.startswith(PACKAGE)}, deps
+        if name.startswith(f"{PACKAGE}.models"):
+            assert not {d for d in deps if d.startswith(f"{PACKAGE}.engine")}, (name, deps)
