@@ -17,19 +17,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.sequence import Sequence
 
 
 class BlockManager:
-    def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, keep_runs: bool = True
-    ) -> None:
+    def __init__(self, config: EngineConfig, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
-        self.keep_runs = keep_runs  # prefer consecutive blocks per sequence (see the module docstring)
+        self.block_size = config.block_size
+        self.enable_prefix_caching = config.prefix_caching
+        # Prefer consecutive blocks per sequence (see the module docstring): that pays off only where
+        # attention reads them in place, on CPU (see ModelRunner.prepare).
+        self.keep_runs = config.device == "cpu"
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks

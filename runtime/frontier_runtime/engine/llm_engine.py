@@ -7,95 +7,53 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
-import os
-import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from frontier_runtime.config import RuntimeConfig
-from frontier_runtime.distributed import StepSender, free_tcp_port
 from frontier_runtime.engine.api import EngineStats, RequestOutput, SamplingParams
 from frontier_runtime.engine.block_manager import BlockManager
+from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
 from frontier_runtime.engine.model_runner import ModelRunner
 from frontier_runtime.engine.sampler import Sampler
 from frontier_runtime.engine.scheduler import Scheduler
 from frontier_runtime.engine.sequence import Sequence, Status
-from frontier_runtime.engine.tp_worker import worker_main
-from frontier_runtime.models.llama.config import LlamaConfig, check_tensor_parallel
+from frontier_runtime.engine.tp_worker import TPWorkers
 from frontier_runtime.tokenizer import Tokenizer
-
-log = logging.getLogger("frontier_runtime.engine")
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device is 'cuda' but no CUDA device is available (use 'cpu' or 'auto')")
-    return device
 
 
 class LLMEngine:
-    def __init__(
-        self,
-        model_dir: str | Path,
-        *,
-        dtype: str = "float32",
-        device: str = "cpu",
-        max_seq_len: int | None = None,
-        max_batch_size: int = 16,
-        max_num_batched_tokens: int = 1024,
-        chunked_prefill: bool = True,
-        block_size: int = 16,
-        kv_cache_dtype: str = "auto",
-        cpu_kv_cache_bytes: int = 256 * 1024 * 1024,
-        gpu_memory_utilization: float = 0.9,
-        num_blocks: int | None = None,
-        prefix_caching: bool = True,
-        tensor_parallel_size: int = 1,
-        seed: int = 0,
-    ) -> None:
-        model_dir = Path(model_dir)
-        device = resolve_device(device)
+    def __init__(self, config: EngineConfig | str | Path, **settings: Any) -> None:
+        """``LLMEngine(EngineConfig(...))``, or ``LLMEngine(model_dir, **settings)`` with the same fields."""
+        if isinstance(config, EngineConfig):
+            config = replace(config, **settings) if settings else config
+        else:
+            config = EngineConfig(model_dir=Path(config), **settings)
+        self.config = config
+        if config.cpu_threads:
+            torch.set_num_threads(config.threads_per_rank)
+        model_dir = config.model_dir
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").is_file() else None
-        runner_kwargs = {
-            "model_dir": str(model_dir),
-            "dtype": dtype,
-            "device": device,
-            "block_size": block_size,
-            "kv_cache_dtype": kv_cache_dtype,
-            "cpu_kv_cache_bytes": cpu_kv_cache_bytes,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "max_num_batched_tokens": max_num_batched_tokens,
-            "num_blocks": num_blocks,
-        }
-        if tensor_parallel_size > 1:
-            check_tensor_parallel(LlamaConfig.from_dir(model_dir), tensor_parallel_size)
-        init_method = f"tcp://127.0.0.1:{free_tcp_port()}" if tensor_parallel_size > 1 else ""
-        self._workers, self._steps_out = self._start_workers(
-            tensor_parallel_size, init_method, runner_kwargs, device
-        )
+        self.workers = TPWorkers(config)
         try:
-            self.runner = ModelRunner(
-                tp_rank=0, tp_size=tensor_parallel_size, tp_init_method=init_method, **runner_kwargs
-            )
+            self.runner = ModelRunner(config, rank=0, init_method=self.workers.init_method)
         except BaseException:
-            for p in self._workers:
-                p.terminate()
+            self.workers.terminate()
             raise
-        cfg = self.runner.config
+        cfg = self.runner.model_config
         self.model_config = cfg
-        self.max_seq_len = max_seq_len or cfg.max_position_embeddings
+        self.max_seq_len = config.max_seq_len or cfg.max_position_embeddings
         if self.max_seq_len > cfg.max_position_embeddings:
             self.shutdown()
             raise ValueError(
                 f"model.max_seq_len {self.max_seq_len} exceeds the model's max_position_embeddings "
                 f"({cfg.max_position_embeddings})"
             )
-        needed = -(-self.max_seq_len // block_size)
+        needed = -(-self.max_seq_len // config.block_size)
         if needed > self.runner.num_blocks:
             have = self.runner.num_blocks * self.runner.bytes_per_block
             want = needed * self.runner.bytes_per_block
@@ -105,14 +63,9 @@ class LLMEngine:
                 f"holds {self.runner.num_blocks} blocks ({have} bytes): raise cache.cpu_kv_cache_bytes / "
                 f"cache.gpu_memory_utilization or lower model.max_seq_len"
             )
-        # Consecutive blocks only pay off where attention reads them in place (CPU, see ModelRunner).
-        self.block_manager = BlockManager(
-            self.runner.num_blocks, block_size, prefix_caching, keep_runs=self.runner.device.type == "cpu"
-        )
-        self.scheduler = Scheduler(
-            self.block_manager, max_batch_size, max_num_batched_tokens, self.max_seq_len, chunked_prefill
-        )
-        self.sampler = Sampler(seed, self.runner.device)
+        self.block_manager = BlockManager(config, self.runner.num_blocks)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.sampler = Sampler(config.seed, self.runner.device)
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             eos.update(self.tokenizer.eos_token_ids)
@@ -127,60 +80,7 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: RuntimeConfig, model_dir: str | Path) -> LLMEngine:
-        s, c, par = config.scheduler, config.cache, config.parallel
-        for name, value in (
-            ("pipeline_parallel_size", par.pipeline_parallel_size),
-            ("expert_parallel_size", par.expert_parallel_size),
-        ):
-            if value != 1:
-                raise ValueError(
-                    f"parallel.{name} = {value}: this runtime supports only 1 (tensor parallelism only)"
-                )
-        return cls(
-            model_dir,
-            dtype=config.model.dtype,
-            device=config.device,
-            max_seq_len=config.model.max_seq_len,
-            max_batch_size=s.max_batch_size,
-            max_num_batched_tokens=s.max_num_batched_tokens,
-            chunked_prefill=s.chunked_prefill,
-            block_size=c.block_size,
-            kv_cache_dtype=c.kv_cache_dtype,
-            cpu_kv_cache_bytes=c.cpu_kv_cache_bytes,
-            gpu_memory_utilization=c.gpu_memory_utilization,
-            prefix_caching=c.prefix_caching,
-            tensor_parallel_size=config.parallel.tensor_parallel_size,
-            seed=config.seed,
-        )
-
-    @staticmethod
-    def _start_workers(
-        tp: int, init_method: str, runner_kwargs: dict, device: str
-    ) -> tuple[list, StepSender]:
-        """Spawn ranks 1..tp-1; returns the processes and the sender that carries each step to them."""
-        if tp == 1:
-            return [], StepSender([])
-        if device == "cuda" and torch.cuda.device_count() < tp:
-            raise ValueError(
-                f"parallel.tensor_parallel_size {tp} needs {tp} GPUs, found {torch.cuda.device_count()}"
-            )
-        ctx = torch.multiprocessing.get_context("spawn")
-        threads = max(1, (os.cpu_count() or 1) // tp)
-        workers, pipes = [], []
-        for rank in range(1, tp):
-            receive, send = ctx.Pipe(duplex=False)
-            kwargs = dict(runner_kwargs, num_threads=threads)
-            p = ctx.Process(
-                target=worker_main,
-                args=(rank, tp, init_method, kwargs, receive),
-                daemon=True,
-                name=f"frontier-tp-rank{rank}",
-            )
-            p.start()
-            receive.close()  # the worker holds its own copy
-            workers.append(p)
-            pipes.append(send)
-        return workers, StepSender(pipes)
+        return cls(EngineConfig.from_runtime(config, model_dir))
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -255,7 +155,7 @@ class LLMEngine:
         self._last_tokens = sched.num_tokens
 
         step, samplers = self.runner.prepare(sched.scheduled)
-        self._steps_out.send(step)
+        self.workers.send(step)
         logits = self.runner.execute(step)
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
@@ -334,19 +234,14 @@ class LLMEngine:
         if getattr(self, "_closed", False):
             return
         self._closed = True
-        steps_out = getattr(self, "_steps_out", None)
-        if steps_out is not None:
-            steps_out.close()
+        workers = getattr(self, "workers", None)
+        if workers is not None:
+            workers.close()
         runner = getattr(self, "runner", None)
         if runner is not None:
             runner.shutdown()
-        deadline = time.monotonic() + timeout_s
-        for p in getattr(self, "_workers", []):
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                log.warning("tensor-parallel worker %s did not exit; terminating it", p.name)
-                p.terminate()
-                p.join(1.0)
+        if workers is not None:
+            workers.join(timeout_s)
 
     def __del__(self) -> None:  # best effort: workers are daemons anyway
         with contextlib.suppress(Exception):  # interpreter teardown

@@ -67,9 +67,9 @@ class _SyncSink:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, batch_window_ms: float = 0.0, idle_poll_s: float = 0.25) -> None:
+    def __init__(self, engine: LLMEngine, idle_poll_s: float = 0.25) -> None:
         self.engine = engine
-        self.batch_window_s = batch_window_ms / 1000.0
+        self.batch_window_s = engine.config.batch_window_ms / 1000.0
         self.idle_poll_s = idle_poll_s
         self._cv = threading.Condition(threading.Lock())
         self._inbox: deque[tuple] = deque()
@@ -83,8 +83,7 @@ class AsyncEngine:
 
     @classmethod
     def from_config(cls, config: RuntimeConfig, model_dir: str | Path) -> AsyncEngine:
-        engine = LLMEngine.from_config(config, model_dir)
-        return cls(engine, batch_window_ms=config.scheduler.batch_window_ms)
+        return cls(LLMEngine.from_config(config, model_dir))
 
     @property
     def tokenizer(self):  # noqa: ANN201 - frontier_runtime.tokenizer.Tokenizer (read-only use is thread-safe)
@@ -215,7 +214,7 @@ class AsyncEngine:
                 return False
             if was_idle and self.batch_window_s > 0:
                 deadline = time.monotonic() + self.batch_window_s
-                full = self.engine.scheduler.max_batch_size
+                full = self.engine.config.max_batch_size
                 while not self._stopping and sum(1 for i in self._inbox if i[0] == "add") < full:
                     left = deadline - time.monotonic()
                     if left <= 0:

@@ -8,11 +8,11 @@ can send it to the other ranks and every rank builds identical tensors from it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from frontier_runtime.distributed import init_group
+from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.sequence import Sequence
 from frontier_runtime.models.llama.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from frontier_runtime.models.llama.config import LlamaConfig
@@ -54,65 +54,48 @@ def group_by_length(block_counts: list[int], slack: float = 1.25) -> list[tuple[
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        model_dir: str | Path,
-        dtype: str = "float32",
-        device: str = "cpu",
-        block_size: int = 16,
-        kv_cache_dtype: str = "auto",
-        cpu_kv_cache_bytes: int = 256 * 1024 * 1024,
-        gpu_memory_utilization: float = 0.9,
-        max_num_batched_tokens: int = 1024,
-        num_blocks: int | None = None,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        tp_init_method: str = "",
-    ) -> None:
-        if dtype not in DTYPES:
-            raise ValueError(f"model.dtype {dtype!r} is not one of {sorted(DTYPES)}")
-        if kv_cache_dtype not in ("auto", *DTYPES):
-            raise ValueError(
-                f"cache.kv_cache_dtype {kv_cache_dtype!r} is not supported by this runtime "
-                f"(auto, {', '.join(sorted(DTYPES))})"
-            )
-        self.device = torch.device(device if device != "cuda" else f"cuda:{tp_rank}")
+    """One rank's model shard and KV cache; rank 0's also prepares each step's inputs."""
+
+    def __init__(self, config: EngineConfig, rank: int = 0, init_method: str = "") -> None:
+        self.config = config
+        self.device = torch.device(config.device if config.device != "cuda" else f"cuda:{rank}")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.tp = init_group(tp_rank, tp_size, tp_init_method, self.device)
-        self.dtype = DTYPES[dtype]
-        self.kv_dtype = self.dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
-        self.block_size = block_size
-        self.config = LlamaConfig.from_dir(model_dir)
-        self.model = load_model(model_dir, self.dtype, self.device, self.tp)
-        self.bytes_per_block = (
-            2 * self.config.num_layers * block_size * self.model.num_local_kv_heads * self.config.head_dim
-        ) * self.kv_dtype.itemsize
+        self.tp = init_group(rank, config.tensor_parallel_size, init_method, self.device)
+        self.dtype = DTYPES[config.dtype]
+        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
+        self.block_size = config.block_size
+        self.model = load_model(config.model_dir, self.dtype, self.device, self.tp)
+        self.model_config: LlamaConfig = self.model.cfg
+        cfg = self.model_config
+        kv_per_token = 2 * cfg.num_layers * self.model.num_local_kv_heads * cfg.head_dim
+        self.bytes_per_block = kv_per_token * self.block_size * self.kv_dtype.itemsize
+        num_blocks = config.num_blocks
         if num_blocks is None:
             if self.device.type == "cuda":
-                num_blocks = self._cuda_blocks(gpu_memory_utilization, max_num_batched_tokens)
+                num_blocks = self._cuda_blocks(config.gpu_memory_utilization, config.max_num_batched_tokens)
             else:
-                num_blocks = cpu_kv_cache_bytes // self.bytes_per_block
+                num_blocks = config.cpu_kv_cache_bytes // self.bytes_per_block
             num_blocks = self.tp.min_over_ranks(num_blocks, self.device)  # every rank must agree
         self.num_blocks = num_blocks
         self.kv_caches = self._allocate(num_blocks)
 
     def _allocate(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        shape = (self.model.num_local_kv_heads, num_blocks, self.block_size, self.config.head_dim)
+        shape = (self.model.num_local_kv_heads, num_blocks, self.block_size, self.model_config.head_dim)
         # Zeros, not empty: padded reads are masked, but garbage NaNs would still poison softmax @ V.
         return [
             (
                 torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
                 torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
             )
-            for _ in range(self.config.num_layers)
+            for _ in range(self.model_config.num_layers)
         ]
 
     def _cuda_blocks(self, utilization: float, max_tokens: int) -> int:
         """KV blocks that fit in ``utilization`` of the GPU after weights and a peak-sized step."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        max_tokens = min(max_tokens, self.config.max_position_embeddings)
+        max_tokens = min(max_tokens, self.model_config.max_position_embeddings)
         probe_blocks = -(-max_tokens // self.block_size)
         self.kv_caches = self._allocate(probe_blocks)
         with torch.inference_mode():
@@ -224,7 +207,7 @@ class ModelRunner:
             meta.prefills.append(PrefillChunk(start, length, before, head_blocks, mask))
         hidden = self.model(ids, positions, meta, self.kv_caches)
         if not step.logits_indices:
-            return hidden.new_empty((0, self.config.vocab_size), dtype=torch.float32)
+            return hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32)
         rows = torch.tensor(step.logits_indices, dtype=torch.long).to(dev, non_blocking=True)
         return self.model.compute_logits(hidden.index_select(0, rows))
 

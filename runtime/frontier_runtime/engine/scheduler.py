@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from frontier_runtime.engine.block_manager import BlockManager
+from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.sequence import Sequence, Status
 
 
@@ -29,19 +30,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(
-        self,
-        block_manager: BlockManager,
-        max_batch_size: int,
-        max_num_batched_tokens: int,
-        max_seq_len: int,
-        chunked_prefill: bool = True,
-    ) -> None:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
         self.blocks = block_manager
-        self.max_batch_size = max_batch_size
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_seq_len = max_seq_len
-        self.chunked_prefill = chunked_prefill
+        self.max_batch_size = config.max_batch_size
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.chunked_prefill = config.chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -60,7 +53,7 @@ class Scheduler:
             self.waiting.remove(seq)
         self.blocks.release(seq)
 
-    def _never_fits(self, seq: Sequence, num_tokens: int) -> bool:
+    def _never_fits(self, num_tokens: int) -> bool:
         return self.blocks.blocks_for(num_tokens) > self.blocks.num_blocks
 
     def _finish_unfittable(self, seq: Sequence, out: SchedulerOutput) -> None:
@@ -85,11 +78,7 @@ class Scheduler:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.blocks.can_append(seq, num_new):
-                if (
-                    self.running[-1] is seq
-                    and len(self.running) == 1
-                    and self._never_fits(seq, seq.num_tokens)
-                ):
+                if self.running[-1] is seq and len(self.running) == 1 and self._never_fits(seq.num_tokens):
                     self.running.pop()
                     self._finish_unfittable(seq, out)
                     break
@@ -110,7 +99,7 @@ class Scheduler:
             self.waiting and budget > 0 and len(self.running) < self.max_batch_size and not out.num_preempted
         ):
             seq = self.waiting[0]
-            if self._never_fits(seq, seq.num_tokens) or (
+            if self._never_fits(seq.num_tokens) or (
                 not self.chunked_prefill and seq.num_tokens > self.max_num_batched_tokens
             ):
                 self.waiting.popleft()

@@ -89,14 +89,8 @@ def load_runtime(config: RuntimeConfig, model_dir: Path | None) -> Loaded:
 
 
 def build_engine(config: RuntimeConfig, model_dir: Path) -> Any:
-    import torch
-
     from frontier_runtime.engine.loop import AsyncEngine
 
-    if config.cpu_threads:
-        # Several runtimes sharing a host's cores each want a slice, not all of them: oversubscribed
-        # intra-op threads make every step several times slower.
-        torch.set_num_threads(config.cpu_threads)
     return AsyncEngine.from_config(config, model_dir)
 
 

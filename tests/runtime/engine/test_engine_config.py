@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from frontier_runtime.config import parse_config
 from frontier_runtime.engine.api import SamplingParams
+from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.llm_engine import LLMEngine
 from frontier_runtime.engine.loop import AsyncEngine
 
@@ -60,3 +62,32 @@ def test_the_async_engine_takes_the_batch_window_from_the_config(tied_dir: Path)
         assert engine.max_seq_len == 256
     finally:
         engine.shutdown()
+
+
+def test_the_engine_config_carries_every_setting_from_the_runtime_config(tied_dir: Path) -> None:
+    config = EngineConfig.from_runtime(_config(tied_dir).model_copy(update={"cpu_threads": 6}), tied_dir)
+    assert config == EngineConfig(
+        model_dir=tied_dir,
+        dtype="float32",
+        device="cpu",
+        max_seq_len=256,
+        max_batch_size=4,
+        max_num_batched_tokens=64,
+        batch_window_ms=5,
+        block_size=8,
+        cpu_kv_cache_bytes=1 << 20,
+        prefix_caching=False,
+        cpu_threads=6,
+        seed=3,
+    )
+    assert replace(config, tensor_parallel_size=4).threads_per_rank == 1
+    assert replace(config, tensor_parallel_size=2).threads_per_rank == 3
+
+
+def test_engine_settings_are_checked_when_the_config_is_built(tied_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"model.dtype 'int8' is not one of"):
+        EngineConfig(tied_dir, dtype="int8")
+    with pytest.raises(ValueError, match=r"cache.kv_cache_dtype 'fp8' is not supported"):
+        EngineConfig(tied_dir, kv_cache_dtype="fp8")
+    with pytest.raises(TypeError, match="max_batch"):
+        LLMEngine(tied_dir, max_batch=4)

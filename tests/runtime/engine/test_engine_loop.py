@@ -16,7 +16,7 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 
 @pytest.fixture
 def aengine(tied_dir):  # noqa: ANN001, ANN201
-    engine = AsyncEngine(LLMEngine(tied_dir, max_batch_size=8), batch_window_ms=0)
+    engine = AsyncEngine(LLMEngine(tied_dir, max_batch_size=8))
     yield engine
     engine.shutdown()
 
@@ -110,7 +110,7 @@ def test_warmup_runs_a_real_forward_and_the_heartbeat_advances_while_idle(aengin
 
 
 def test_the_batch_window_gathers_companions_when_the_engine_is_idle(tied_dir) -> None:  # noqa: ANN001
-    engine = AsyncEngine(LLMEngine(tied_dir, max_batch_size=8), batch_window_ms=300)
+    engine = AsyncEngine(LLMEngine(tied_dir, max_batch_size=8, batch_window_ms=300))
     try:
 
         async def main() -> None:
@@ -127,7 +127,7 @@ def test_the_batch_window_gathers_companions_when_the_engine_is_idle(tied_dir) -
 
 
 def test_the_batch_window_does_not_delay_requests_joining_a_busy_engine(tied_dir) -> None:  # noqa: ANN001
-    engine = AsyncEngine(LLMEngine(tied_dir, max_batch_size=8), batch_window_ms=1000)
+    engine = AsyncEngine(LLMEngine(tied_dir, max_batch_size=8, batch_window_ms=1000))
     try:
 
         async def main() -> float:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.block_manager import BlockManager
+from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
 from frontier_runtime.engine.model_runner import group_by_length
 from frontier_runtime.engine.sampler import _mask_top_k_top_p
@@ -17,6 +18,11 @@ from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.layers import rope_inv_freq
 from frontier_runtime.tiny import make_tiny_checkpoint
 from frontier_runtime.tokenizer import Tokenizer
+
+
+def _block_manager(num_blocks: int, block_size: int, prefix_caching: bool = True) -> BlockManager:
+    config = EngineConfig(Path("unused"), block_size=block_size, prefix_caching=prefix_caching)
+    return BlockManager(config, num_blocks)
 
 
 def _seq(tokens: list[int], rid: str = "r") -> Sequence:
@@ -35,7 +41,7 @@ def _computed(bm: BlockManager, seq: Sequence) -> None:
 
 
 def test_a_prefix_hit_never_covers_the_whole_prompt() -> None:
-    bm = BlockManager(num_blocks=8, block_size=4)
+    bm = _block_manager(8, 4)
     first = _seq(list(range(8)))  # exactly two full blocks
     _computed(bm, first)
     again = _seq(list(range(8)), "again")
@@ -43,7 +49,7 @@ def test_a_prefix_hit_never_covers_the_whole_prompt() -> None:
 
 
 def test_identical_prefixes_share_blocks_by_reference() -> None:
-    bm = BlockManager(num_blocks=8, block_size=4)
+    bm = _block_manager(8, 4)
     a = _seq(list(range(10)), "a")
     _computed(bm, a)
     b = _seq(list(range(8)) + [50, 51, 52], "b")
@@ -57,7 +63,7 @@ def test_identical_prefixes_share_blocks_by_reference() -> None:
 
 
 def test_freed_blocks_stay_reusable_until_evicted() -> None:
-    bm = BlockManager(num_blocks=4, block_size=4)
+    bm = _block_manager(4, 4)
     a = _seq(list(range(9)), "a")
     _computed(bm, a)
     bm.release(a)
@@ -68,19 +74,19 @@ def test_freed_blocks_stay_reusable_until_evicted() -> None:
 
 
 def test_a_different_earlier_block_breaks_the_chain() -> None:
-    bm = BlockManager(num_blocks=8, block_size=4)
+    bm = _block_manager(8, 4)
     _computed(bm, _seq([1, 2, 3, 4, 5, 6, 7, 8, 9], "a"))
     assert bm.find_cached_prefix(_seq([9, 2, 3, 4, 5, 6, 7, 8, 9], "b")) == []
 
 
 def test_prefix_caching_off_finds_nothing() -> None:
-    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    bm = _block_manager(8, 4, prefix_caching=False)
     _computed(bm, _seq(list(range(9)), "a"))
     assert bm.find_cached_prefix(_seq(list(range(9)), "b")) == []
 
 
 def test_admission_accounts_for_cached_blocks_leaving_the_free_list() -> None:
-    bm = BlockManager(num_blocks=3, block_size=4)
+    bm = _block_manager(3, 4)
     a = _seq(list(range(9)), "a")
     _computed(bm, a)
     bm.release(a)  # 3 free blocks, 2 of them holding a's prefix

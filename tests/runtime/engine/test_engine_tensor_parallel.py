@@ -19,7 +19,7 @@ def test_tp2_over_gloo_equals_tp1_with_a_full_batch(gqa_ref: Reference) -> None:
     finally:
         engine.shutdown()
     assert outs == gqa_ref.outputs
-    assert all(not p.is_alive() for p in engine._workers)
+    assert all(not p.is_alive() for p in engine.workers.processes)
 
 
 def test_tp_size_that_does_not_divide_the_kv_heads_is_refused(tied_dir) -> None:  # noqa: ANN001
