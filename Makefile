@@ -26,7 +26,7 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e and not slow"
 
 demo: install system-packages
-	$(BIN)/python -m frontier.demo
+	$(BIN)/python -m frontier.local.demo
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,3 +1,3 @@
 """`fab` entry point. Every task takes --stack/-s (default $FRONTIER_STACK, else `local`)."""
 
-from frontier.tasks import namespace  # noqa: F401  (Fabric looks for `namespace` here)
+from frontier.cli import namespace  # noqa: F401  (Fabric looks for `namespace` here)

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "operate"
 
 from harness import API_KEY, make_tiny_model, push_model, register_wheel, start_cluster  # noqa: E402
 
-from frontier.deploy import deploy, rollback  # noqa: E402
-from frontier.rollout import RolloutResult  # noqa: E402
+from frontier.rollout.deploy import deploy, rollback  # noqa: E402
+from frontier.rollout.rolling import RolloutResult  # noqa: E402
 
 PHASES = ("check", "stage", "drain", "stop", "start", "readiness", "enable", "gate", "prune")
 

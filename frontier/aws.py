@@ -19,10 +19,10 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from frontier import project
+from frontier.config.stack import Settings
+from frontier.contracts import LOCAL_AWS_KEY_ID, LOCAL_AWS_SECRET
 from frontier.errors import FrontierError
-from frontier.stack import REPO_ROOT, Settings
-
-OUTPUTS_DIR = ".frontier/outputs"
 
 
 def local_endpoint(settings: Settings) -> str | None:
@@ -39,14 +39,14 @@ def client(settings: Settings, service: str, **kwargs: Any) -> Any:
         extra["endpoint_url"] = endpoint
     if settings.local is not None and not os.environ.get("AWS_ACCESS_KEY_ID"):
         # moto accepts any credentials; a fresh shell on the local stack has none.
-        extra.update(aws_access_key_id="local", aws_secret_access_key="local")
+        extra.update(aws_access_key_id=LOCAL_AWS_KEY_ID, aws_secret_access_key=LOCAL_AWS_SECRET)
     config = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60)
     return boto3.client(service, region_name=settings.region, config=config, **extra, **kwargs)
 
 
 def outputs_file(settings: Settings) -> Path:
     override = os.environ.get("FRONTIER_STACK_OUTPUTS")
-    return Path(override) if override else REPO_ROOT / OUTPUTS_DIR / f"{settings.stack}.json"
+    return Path(override) if override else project.state_dir() / "outputs" / f"{settings.stack}.json"
 
 
 def stack_outputs(settings: Settings) -> dict[str, Any]:

@@ -20,8 +20,9 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from frontier.contracts import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 from infra.cloud import Cloud
-from infra.monitoring import LOG_GROUP_ROOT, METRIC_NAMESPACE
+from infra.monitoring import LOG_GROUP_ROOT
 from infra.tags import STACK_TAG
 
 ECR_PULL = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]

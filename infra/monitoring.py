@@ -19,11 +19,11 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from frontier.stack import Slo
+from frontier.config.stack import Slo
+from frontier.contracts import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
+from frontier.contracts import QUEUE_DEPTH_METRIC
 
 LOG_GROUP_ROOT = "/frontier"
-METRIC_NAMESPACE = "Frontier/Runtime"
-QUEUE_DEPTH_METRIC = "QueueDepth"
 ALB_NAMESPACE = "AWS/ApplicationELB"
 PERIOD_S = 60
 EVALUATION_PERIODS = 5

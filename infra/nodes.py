@@ -3,7 +3,7 @@
 Hosts boot the AWS Deep Learning Base AMI (Ubuntu 22.04, NVIDIA driver and container toolkit
 preinstalled; ``fab drivers`` pins the branch) found by its public SSM parameter, with IMDSv2
 required, encrypted gp3 root and model-cache volumes, no public address, and the cloud-init user data
-rendered by :func:`frontier.render.render_cloud_init`. The ASG spreads hosts over the private subnets;
+rendered by :func:`frontier.render.files.render_cloud_init`. The ASG spreads hosts over the private subnets;
 a group that needs EFA (``efa: true``, or a model sharded across nodes) gets a cluster placement
 group in one AZ instead, as EFA requires.
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from frontier.render import CACHE_DEVICE_NAME
-from frontier.stack import NodeGroup, Settings
+from frontier.config.stack import NodeGroup, Settings
+from frontier.contracts import CACHE_DEVICE_NAME
 from infra.errors import ProvisionError
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pulumi
 
-from frontier.render import render_cloud_init
-from frontier.stack import Settings
+from frontier.config.stack import Settings
+from frontier.render.files import render_cloud_init
 from infra.cloud import Cloud, look_up
 from infra.edge import Edge, EdgeArgs
 from infra.errors import ProvisionError
@@ -41,7 +41,7 @@ def is_production(settings: Settings) -> bool:
 
 
 def refuse_local(settings: Settings) -> None:
-    if settings.is_local:
+    if settings.target == "local":
         raise ProvisionError(
             f"stack {settings.stack!r} is the embedded local environment ({settings.source} has a 'local:' "
             "section): it runs on this machine through `fab`, with moto and HAProxy standing in for AWS, and is "

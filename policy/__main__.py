@@ -3,17 +3,11 @@
 Rules live in :mod:`policy.rules` so the tests can run them on their own against a mocked program.
 """
 
-import sys
-from pathlib import Path
+# The CLI runs this file from policy/ with the project's .venv (PulumiPolicy.yaml), where
+# `make install` put the toolkit: the rules are imported as the installed `policy` package.
+from pulumi_policy import EnforcementLevel, PolicyPack
 
-# The CLI runs this file from policy/; the rules are imported as the `policy` package.
-_ROOT = str(Path(__file__).resolve().parent.parent)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from pulumi_policy import EnforcementLevel, PolicyPack  # noqa: E402
-
-from policy.rules import POLICIES  # noqa: E402
+from policy.rules import POLICIES
 
 PolicyPack(
     name="frontier",

@@ -29,6 +29,8 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
+from frontier.contracts import DISCOVERY_TAGS, PURPOSE_TAG, ROLE_TAG, STACK_TAG
+
 ANYWHERE = ("0.0.0.0/0", "::/0")
 PUBLIC_PORTS = (80, 443)
 MAX_METADATA_HOPS = 2
@@ -51,10 +53,6 @@ SCOPED_DATA_SERVICES = ("s3", "secretsmanager", "kms", "dynamodb")
 TLS12_POLICY = re.compile(r"TLS13|TLS-1-2|FS-1-2")
 KMS_PURPOSES = ("weights", "history")
 VERSIONED_PURPOSES = ("weights", "history")
-PURPOSE_TAG = "frontier:purpose"
-ROLE_TAG = "frontier:role"
-STACK_TAG = "frontier:stack"
-DISCOVERY_TAGS = ("frontier:stack", "frontier:node-group", "frontier:role")
 
 BUCKET = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
 BUCKET_SSE = (

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from frontier import aws, local, weights
-from frontier.artifact import build_wheel
-from frontier.deploy import Environment, deploy
-from frontier.history import HistoryStore
-from frontier.stack import Settings, load_stack
+from frontier import aws
+from frontier.backends import backend_for
+from frontier.config.stack import Settings, load_stack
+from frontier.local import cluster as local
+from frontier.release import weights
+from frontier.release.artifact import build_wheel
+from frontier.rollout.deploy import Environment, deploy
 from tests.e2e.stackcopy import write_local_stack
 
 
@@ -53,7 +55,7 @@ def cluster(tmp_path_factory) -> Cluster:
                 settings.model.version,
             )
             artifact, wheel = build_wheel()
-            HistoryStore.for_stack(settings).put_artifact(artifact, wheel)
+            backend_for(settings).history_store().put_artifact(artifact, wheel)
             result = deploy(Environment.for_stack(settings), artifact.digest)
             yield Cluster(settings, artifact.digest, result.release, result.duration_s)
         finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from frontier.stack import STACKS_DIR
+from frontier import project
 
 ADDRESSES = ("127.0.2.2", "127.0.2.3", "127.0.2.4")
 
@@ -39,7 +39,7 @@ def free_port_on_all(addresses: tuple[str, ...]) -> int:
 
 def write_local_stack(root: Path, *, hosts: int = 3, edit: dict | None = None) -> Path:
     """Write ``root/stacks/Pulumi.local.yaml``; return the stacks folder. ``edit`` overrides sections."""
-    document = yaml.safe_load((STACKS_DIR / "Pulumi.local.yaml").read_text())
+    document = yaml.safe_load(((project.root() / "stacks") / "Pulumi.local.yaml").read_text())
     config = document["config"]
     state = root / "state"
     ssh_port = free_port_on_all(ADDRESSES[:hosts])

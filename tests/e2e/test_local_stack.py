@@ -10,9 +10,12 @@ import boto3
 import pytest
 from fabric import Config, Connection
 
-from frontier import local, services
-from frontier.inventory import LocalConnection, connect, hosts
-from frontier.stack import STACKS_DIR, load_stack
+from frontier import project
+from frontier.backends import backend_for
+from frontier.config.stack import load_stack
+from frontier.fleet.inventory import LocalConnection
+from frontier.local import cluster as local
+from frontier.local import services
 from tests.e2e.stackcopy import write_local_stack
 
 pytestmark = pytest.mark.e2e
@@ -127,8 +130,8 @@ def test_without_sshd_the_host_slots_are_driven_by_a_local_connection(settings, 
     started = {c.name for c in local.up(settings)}
     assert not any(name.startswith("sshd-") for name in started)
     assert local.connection_mode(settings) == "local"
-    host = hosts(settings)[0]
-    conn = connect(settings, host)
+    host = backend_for(settings).hosts()[0]
+    conn = backend_for(settings).connect(host)
     assert isinstance(conn, LocalConnection)
     out = conn.run(f". {host.root}/env && echo $AWS_ENDPOINT_URL", in_stream=False).stdout.strip()
     assert out == local.moto_endpoint(settings)
@@ -142,4 +145,4 @@ def test_an_unknown_connection_choice_is_refused(settings, monkeypatch):
 
 def test_a_stack_without_a_local_section_is_refused():
     with pytest.raises(local.LocalStackError, match="no 'frontier:local' section"):
-        local.up(load_stack("dev", path=STACKS_DIR / "Pulumi.dev.yaml"))
+        local.up(load_stack("dev", path=(project.root() / "stacks") / "Pulumi.dev.yaml"))

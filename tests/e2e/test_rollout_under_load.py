@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from frontier import local
-from frontier.demo import variant_b
-from frontier.deploy import Environment, deploy, rollback
-from frontier.host import HostSession
-from frontier.inventory import connect, hosts
-from frontier.loadtest import BackgroundLoad, Target
-from frontier.rollout import RolloutFailed
+from frontier.backends import backend_for
+from frontier.fleet.host import HostSession
+from frontier.loadtest.client import BackgroundLoad, Target
+from frontier.local import cluster as local
+from frontier.local.demo import variant_b
+from frontier.rollout.deploy import Environment, deploy, rollback
+from frontier.rollout.rolling import RolloutFailed
 from tests.e2e.conftest import stack_variant
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -42,8 +42,8 @@ def steady_load(settings) -> BackgroundLoad:
 
 def running_releases(settings) -> dict[str, str]:
     out = {}
-    for host in hosts(settings):
-        session = HostSession(settings, host, connect(settings, host))
+    for host in backend_for(settings).hosts():
+        session = HostSession(settings, host, backend_for(settings).connect(host))
         try:
             facts = session.facts()
             out[host.name] = facts.running_release if facts.running else ""
@@ -105,7 +105,7 @@ def test_a_release_failing_readiness_on_the_canary_is_rolled_back_while_clients_
     )
     assert result.outcome == "rolled_back"
     assert "readiness" in result.reason
-    canary, other = (h.name for h in hosts(settings))
+    canary, other = (h.name for h in backend_for(settings).hosts())
     assert outcomes[canary] == "restored"
     assert outcomes[other] in ("pending", "untouched")  # the rollout stopped before reaching it
     assert failed == [], {s.error for s in failed}

@@ -7,8 +7,9 @@ import base64
 import pytest
 from infra_mocks import ROOT_DEVICE, fake_ami, run_program
 
-from frontier.render import CACHE_DEVICE_NAME, render_cloud_init
-from frontier.stack import load_stack
+from frontier.config.stack import load_stack
+from frontier.contracts import CACHE_DEVICE_NAME
+from frontier.render.files import render_cloud_init
 from infra.nodes import GPU_AMI_PARAMETER, architecture, needs_efa
 
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"

@@ -8,7 +8,7 @@ import socket
 import numpy as np
 import pytest
 
-from frontier.loadtest import (
+from frontier.loadtest.client import (
     BackgroundLoad,
     LoadTestError,
     Target,
@@ -17,7 +17,7 @@ from frontier.loadtest import (
     run_steps,
     stream_request,
 )
-from frontier.loadtest import _client as client_for
+from frontier.loadtest.client import _client as client_for
 from tests.loadtest.sse_server import SseServer
 
 

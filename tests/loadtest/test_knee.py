@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from frontier.loadtest_stats import Distribution, SloTargets, StepSummary, find_knee
+from frontier.loadtest.stats import Distribution, SloTargets, StepSummary, find_knee
 
 SLO = SloTargets(ttft_ms=1000, tpot_ms=200, p99_latency_ms=2000, error_rate=0.01)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from frontier.loadtest_report import knee_line, plot, step_notes, steps_table
-from frontier.loadtest_stats import SloTargets, find_knee
+from frontier.loadtest.report import knee_line, plot, step_notes, steps_table
+from frontier.loadtest.stats import SloTargets, find_knee
 from tests.loadtest.test_knee import step
 
 SLO = SloTargets(ttft_ms=1000, tpot_ms=200, p99_latency_ms=2000, error_rate=0.01)

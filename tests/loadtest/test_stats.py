@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from frontier.loadtest_stats import Distribution, RequestSample, SloTargets, percentile, summarize
+from frontier.loadtest.stats import Distribution, RequestSample, SloTargets, percentile, summarize
 
 SLO = SloTargets(ttft_ms=500, tpot_ms=100, p99_latency_ms=2000, error_rate=0.05)
 

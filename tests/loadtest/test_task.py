@@ -9,9 +9,9 @@ import pytest
 from invoke import Context
 from invoke.exceptions import Exit
 
-from frontier.baseline import load_baseline
-from frontier.stack import STACKS_DIR
-from frontier.tasks.local_tasks import loadtest
+from frontier import project
+from frontier.capacity.baseline import load_baseline
+from frontier.cli.local import loadtest
 from tests.loadtest.sse_server import SseServer
 
 
@@ -43,7 +43,7 @@ def stack_copy(tmp_path, monkeypatch):
     """A copy of the stacks folder, so a saved baseline lands in tmp and not in stacks/baselines."""
     stacks = tmp_path / "stacks"
     stacks.mkdir()
-    shutil.copy(STACKS_DIR / "Pulumi.local.yaml", stacks)
+    shutil.copy((project.root() / "stacks") / "Pulumi.local.yaml", stacks)
     monkeypatch.setenv("FRONTIER_STACKS_DIR", str(stacks))
     return stacks
 

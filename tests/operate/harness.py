@@ -17,14 +17,16 @@ from typing import Any
 
 import yaml
 
-from frontier import services
-from frontier.artifact import Artifact, build_wheel
-from frontier.balancer import HAProxyBalancer, haproxy_socket
-from frontier.deploy import Environment
-from frontier.history import HistoryStore
-from frontier.inventory import HostSpec, connect, hosts
-from frontier.render import render_haproxy
-from frontier.stack import STACKS_DIR, Settings, load_stack
+from frontier import project
+from frontier.backends import backend_for
+from frontier.config.stack import Settings, load_stack
+from frontier.fleet.balancer import HAProxyBalancer
+from frontier.fleet.inventory import HostSpec
+from frontier.local import services
+from frontier.release.artifact import Artifact, build_wheel
+from frontier.release.history import HistoryStore
+from frontier.render.files import render_haproxy
+from frontier.rollout.deploy import Environment
 
 ADDRESSES = [f"127.0.1.{i}" for i in range(2, 10)]
 SSH_PORT = 2222
@@ -35,7 +37,7 @@ def write_stack(
     base: Path, addresses: list[str], moto_port: int, changes: dict[str, Any] | None = None
 ) -> Path:
     """A copy of the local stack whose hosts, ports and directories are this cluster's."""
-    document = yaml.safe_load((STACKS_DIR / "Pulumi.local.yaml").read_text())
+    document = yaml.safe_load(((project.root() / "stacks") / "Pulumi.local.yaml").read_text())
     config = document["config"]
     runtime_port = _free_on_all(addresses)
     config["frontier:inventory"].update(
@@ -100,7 +102,7 @@ class Cluster:
 
     @property
     def hosts(self) -> list[HostSpec]:
-        return hosts(self.settings)
+        return backend_for(self.settings).hosts()
 
     @property
     def endpoint(self) -> str:
@@ -123,16 +125,16 @@ class Cluster:
         return load_stack("local", path=path)
 
     def store(self) -> HistoryStore:
-        return HistoryStore.for_stack(self.settings)
+        return backend_for(self.settings).history_store()
 
     def environment(self, settings: Settings | None = None) -> Environment:
         settings = settings or self.settings
         return Environment(
             settings=settings,
-            store=HistoryStore.for_stack(settings),
+            store=backend_for(settings).history_store(),
             balancer=HAProxyBalancer(self.haproxy.extra["admin_socket"]),
-            hosts=hosts(settings),
-            connect=lambda host: connect(settings, host),
+            hosts=backend_for(settings).hosts(),
+            connect=backend_for(settings).connect,
         )
 
     def kill_sshd(self, host_name: str) -> None:
@@ -181,7 +183,7 @@ def start_cluster(base: Path, count: int = 3, changes: dict[str, Any] | None = N
                 settings,
                 backends,
                 bind_port=settings.local.balancer_port,
-                stats_socket=str(haproxy_socket(settings)),
+                stats_socket=backend_for(settings).admin_socket(),
             )
         )
         haproxy = services.start_haproxy(cfg, base / "state")
@@ -218,7 +220,8 @@ def _prepare_aws(cluster: Cluster) -> None:
 
 
 def push_model(cluster: Cluster, model_dir: Path) -> None:
-    from frontier import aws, weights
+    from frontier import aws
+    from frontier.release import weights
 
     s = cluster.settings
     weights.push(

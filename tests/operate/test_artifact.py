@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from frontier.artifact import RUNTIME_DIR, ArtifactError, build_wheel, container_engine, store_wheel, verify
+from frontier.release.artifact import (
+    RUNTIME_DIR,
+    ArtifactError,
+    build_wheel,
+    container_engine,
+    store_wheel,
+    verify,
+)
 
 
 def test_two_builds_of_the_same_sources_give_the_same_digest(tmp_path: Path):

@@ -13,9 +13,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from frontier import services
-from frontier.balancer import AlbBalancer, BalancerError, HAProxyBalancer
-from frontier.inventory import HostSpec
+from frontier.fleet.balancer import AlbBalancer, BalancerError, HAProxyBalancer
+from frontier.fleet.inventory import HostSpec
+from frontier.local import services
 
 HOST = HostSpec("host-1", "127.0.0.1", 22, "/opt/frontier", "cpu")
 

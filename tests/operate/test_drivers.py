@@ -18,9 +18,11 @@ import pytest
 import yaml
 from harness import SSH_PORT
 
-from frontier import drivers, services
-from frontier.inventory import connect, hosts
-from frontier.stack import STACKS_DIR, load_stack
+from frontier import project
+from frontier.backends import backend_for
+from frontier.config.stack import load_stack
+from frontier.fleet import drivers
+from frontier.local import services
 
 SHIMS = Path(__file__).parent / "shims"
 ADDRESS = "127.0.1.9"
@@ -35,7 +37,7 @@ def gpu_host(tmp_path: Path):
     state, root = tmp_path / "shim-state", tmp_path / "host-root"
     state.mkdir()
     (root / "sys" / "module" / "nouveau").mkdir(parents=True)  # nouveau is loaded: a reboot is due
-    document = yaml.safe_load((STACKS_DIR / "Pulumi.local.yaml").read_text())
+    document = yaml.safe_load(((project.root() / "stacks") / "Pulumi.local.yaml").read_text())
     config = document["config"]
     config["frontier:node_groups"][0].update(
         accelerator="gpu", gpu_type="H100-SXM-80GB", min_size=1, desired_size=1
@@ -59,7 +61,7 @@ def gpu_host(tmp_path: Path):
 
 
 def run(settings):
-    return drivers.run(settings, hosts(settings), lambda h: connect(settings, h))
+    return drivers.run(settings, backend_for(settings).hosts(), backend_for(settings).connect)
 
 
 def test_the_first_run_installs_and_reports_the_reboot_it_does_not_do(gpu_host):
@@ -105,4 +107,4 @@ def test_the_drivers_task_prints_the_table_and_the_hosts_to_reboot(gpu_host):
 
 def test_a_host_without_a_gpu_fails_clearly():
     with pytest.raises(Exception, match="no GPU hosts"):
-        drivers.gpu_hosts(load_stack("local"), hosts(load_stack("local")))
+        drivers.gpu_hosts(load_stack("local"), backend_for(load_stack("local")).hosts())

@@ -9,11 +9,12 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from frontier.artifact import Artifact, ArtifactError, store_wheel
+from frontier.backends import backend_for
+from frontier.config.stack import load_stack
 from frontier.errors import FrontierError
-from frontier.history import HistoryStore, LockHeld, iso, now
-from frontier.release import Release
-from frontier.stack import load_stack
+from frontier.release.artifact import Artifact, ArtifactError, store_wheel
+from frontier.release.history import HistoryStore, LockHeld, iso, now
+from frontier.release.release import Release
 
 
 @pytest.fixture
@@ -91,11 +92,11 @@ def test_a_cloud_stack_finds_its_history_in_the_saved_pulumi_outputs(tmp_path, m
     outputs.write_text('{"history_bucket": "frontier-prod-history-1a2b", "history_prefix": "history/prod/"}')
     monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(outputs))
     with mock_aws():
-        store = HistoryStore.for_stack(load_stack("prod"))
+        store = backend_for(load_stack("prod")).history_store()
     assert (store.bucket, store.prefix) == ("frontier-prod-history-1a2b", "history/prod/")
 
 
 def test_a_cloud_stack_without_saved_outputs_says_how_to_save_them(tmp_path, monkeypatch):
     monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(tmp_path / "missing.json"))
     with pytest.raises(FrontierError, match=r"pulumi stack output --json -s prod >"):
-        HistoryStore.for_stack(load_stack("prod"))
+        backend_for(load_stack("prod")).history_store()

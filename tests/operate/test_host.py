@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from frontier.artifact import Artifact
-from frontier.host import HostError, HostSession
-from frontier.inventory import HostSpec, LocalConnection
-from frontier.release import Release
-from frontier.stack import load_stack
+from frontier.config.stack import load_stack
+from frontier.fleet.host import HostError, HostSession
+from frontier.fleet.inventory import HostSpec, LocalConnection
+from frontier.release.artifact import Artifact
+from frontier.release.release import Release
 
 
 @pytest.fixture

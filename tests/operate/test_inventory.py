@@ -5,14 +5,18 @@ from __future__ import annotations
 import boto3
 from moto import mock_aws
 
-from frontier.inventory import GROUP_TAG, STACK_TAG, hosts
-from frontier.stack import REPO_ROOT, load_stack
+from frontier import project
+from frontier.backends import backend_for
+from frontier.config.stack import load_stack
+from frontier.contracts import HOST_ROOT, STACK_TAG
+from frontier.contracts import NODE_GROUP_TAG as GROUP_TAG
+from frontier.fleet.inventory import discover
 
 
 def test_local_hosts_are_static_with_roots_inside_the_project():
-    found = hosts(load_stack("local"))
+    found = backend_for(load_stack("local")).hosts()
     assert [h.name for h in found] == ["host-1", "host-2", "host-3"]
-    assert all(h.root.startswith(str(REPO_ROOT)) and h.ssh_port == 2222 for h in found)
+    assert all(h.root.startswith(str(project.root())) and h.ssh_port == 2222 for h in found)
 
 
 def test_cloud_hosts_are_the_running_instances_tagged_for_the_stack_and_group(monkeypatch):
@@ -36,7 +40,7 @@ def test_cloud_hosts_are_the_running_instances_tagged_for_the_stack_and_group(mo
         launch("prod", "other-group", 1)
         ec2.terminate_instances(InstanceIds=[ours[0]])
 
-        found = hosts(settings, ec2=ec2)
+        found = discover(settings, ec2, group, root=HOST_ROOT, python="/usr/bin/python3")
 
     assert sorted(h.instance_id for h in found) == sorted(ours[1:])
     assert all(h.root == "/opt/frontier" and h.ssh_port == 22 and h.address.startswith("10.") for h in found)

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from frontier.artifact import Artifact
+from frontier.config.stack import load_stack
 from frontier.errors import FrontierError
-from frontier.release import Release, ReleaseError, build_release, check_release_id, release_from_manifest
-from frontier.stack import load_stack
+from frontier.release.artifact import Artifact
+from frontier.release.release import (
+    Release,
+    ReleaseError,
+    build_release,
+    check_release_id,
+    release_from_manifest,
+)
 
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64

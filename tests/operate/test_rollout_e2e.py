@@ -20,13 +20,13 @@ import httpx
 import pytest
 from harness import API_KEY, Cluster, push_model, register_wheel, start_cluster
 
-from frontier.artifact import Artifact
-from frontier.deploy import deploy, deploy_plan
 from frontier.errors import FrontierError
-from frontier.history import LockHeld
-from frontier.inventory import HostSpec
-from frontier.release import build_release
-from frontier.rollout import Event, RolloutFailed
+from frontier.fleet.inventory import HostSpec
+from frontier.release.artifact import Artifact
+from frontier.release.history import LockHeld
+from frontier.release.release import build_release
+from frontier.rollout.deploy import deploy, deploy_plan
+from frontier.rollout.rolling import Event, RolloutFailed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

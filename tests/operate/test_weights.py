@@ -11,7 +11,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from moto import mock_aws
 
-from frontier.weights import WeightsError, push
+from frontier.release.weights import WeightsError, push
 
 URI = "s3://frontier-test-weights/tiny"
 SMALL_PARTS = TransferConfig(multipart_threshold=5 * 1024 * 1024, multipart_chunksize=5 * 1024 * 1024)

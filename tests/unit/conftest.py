@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from frontier.stack import STACKS_DIR
+from frontier import project
 
 _STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
@@ -50,7 +50,7 @@ _DELETE = object()
 def stacks_copy(tmp_path: Path) -> Path:
     """A copy of stacks/ (stack files and any baselines) to change freely."""
     target = tmp_path / "stacks"
-    shutil.copytree(STACKS_DIR, target, ignore=shutil.ignore_patterns("baselines"))
+    shutil.copytree((project.root() / "stacks"), target, ignore=shutil.ignore_patterns("baselines"))
     return target
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from frontier.baseline import Baseline, baseline_path, load_baseline, save_baseline
+from frontier.capacity.baseline import Baseline, baseline_path, load_baseline, save_baseline
 from frontier.errors import FrontierError
 
 FIELDS = dict(

@@ -7,9 +7,10 @@ import hashlib
 import pytest
 from fabric.main import program
 
-from frontier.baseline import Baseline, save_baseline
-from frontier.render import render_stack
-from frontier.stack import REPO_ROOT, load_stack
+from frontier import project
+from frontier.capacity.baseline import Baseline, save_baseline
+from frontier.config.stack import load_stack
+from frontier.render.files import render_stack
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -26,7 +27,7 @@ def fab(capsys, *args: str) -> tuple[int, str, str]:
 
 @pytest.fixture(autouse=True)
 def _in_repo(monkeypatch, stacks_copy):
-    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.chdir(project.root())
     monkeypatch.setenv("FRONTIER_STACKS_DIR", str(stacks_copy))
     monkeypatch.delenv("FRONTIER_STACK", raising=False)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from frontier.render import render_driver_script
-from frontier.stack import load_stack
+from frontier.config.stack import load_stack
+from frontier.render.files import render_driver_script
 
 DRIVER_VERSION = "550.127.05"
 

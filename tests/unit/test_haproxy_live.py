@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from frontier.render import render_haproxy
-from frontier.stack import load_stack
+from frontier.config.stack import load_stack
+from frontier.render.files import render_haproxy
 
 
 class _Backend(ThreadingHTTPServer):

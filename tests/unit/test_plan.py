@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from frontier.baseline import Baseline
-from frontier.plan import plan_stack, replicas_for_peak
-from frontier.stack import kv_bytes_per_token, load_stack
+from frontier.capacity.baseline import Baseline
+from frontier.capacity.plan import plan_stack, replicas_for_peak
+from frontier.config.stack import kv_bytes_per_token, load_stack
 
 
 @pytest.fixture(scope="module")

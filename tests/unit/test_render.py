@@ -13,9 +13,10 @@ import pytest
 import yaml
 from frontier_runtime.config import parse_config
 
-from frontier import render
+from frontier import project
+from frontier.config.stack import load_stack
 from frontier.errors import FrontierError
-from frontier.stack import REPO_ROOT, load_stack
+from frontier.render import files as render
 
 STACKS = ["local", "dev", "staging", "prod"]
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -49,7 +50,7 @@ def test_same_settings_and_digest_render_the_same_bytes(settings):
 def test_rendering_does_not_depend_on_hash_seed():
     # Set and dict iteration order can change with PYTHONHASHSEED; the bytes must not.
     script = (
-        "import hashlib, json; from frontier.stack import load_stack; from frontier.render import render_stack; "
+        "import hashlib, json; from frontier.config.stack import load_stack; from frontier.render.files import render_stack; "
         f"files = render_stack(load_stack('local'), {DIGEST!r}); "
         "print(hashlib.sha256(json.dumps(files).encode()).hexdigest())"
     )
@@ -57,7 +58,7 @@ def test_rendering_does_not_depend_on_hash_seed():
         subprocess.run(
             [sys.executable, "-c", script],
             env={**os.environ, "PYTHONHASHSEED": seed},
-            cwd=REPO_ROOT,
+            cwd=project.root(),
             capture_output=True,
             text=True,
             check=True,

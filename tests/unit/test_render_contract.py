@@ -6,8 +6,8 @@ from frontier_runtime.config import parse_config
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from frontier.render import render_runtime_config
-from frontier.stack import Settings, cross_check, load_stack
+from frontier.config.stack import Settings, cross_check, load_stack
+from frontier.render.files import render_runtime_config
 
 BASE = {name: load_stack(name).model_dump() for name in ("local", "prod")}
 

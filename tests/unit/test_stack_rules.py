@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from frontier import project
+from frontier.config.stack import available_stacks, load_stack
 from frontier.errors import StackError
-from frontier.stack import REPO_ROOT, available_stacks, load_stack
 
 FAB = str(Path(sys.executable).with_name("fab"))
 
@@ -394,7 +395,9 @@ def test_fp8_kv_cache_halves_kv_memory_so_the_model_fits_a_smaller_gpu(changed_s
 
 def _fab(*args: str, stacks_dir: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "FRONTIER_STACKS_DIR": str(stacks_dir), "FRONTIER_STACK": ""}
-    return subprocess.run([FAB, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [FAB, *args], cwd=project.root(), env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_fab_plan_on_a_bad_value_exits_non_zero_naming_the_field(stacks_copy, changed_stack):

@@ -1,0 +1,12 @@
+"""The `fab` task namespace, assembled from one module per Fabric collection.
+
+Tasks are thin: they parse options, load the stack, call into the library and print tables.
+"""
+
+from invoke import Collection
+
+from frontier.cli import config, local, ops
+
+namespace = Collection()
+for module in (config, ops, local):
+    module.register(namespace)

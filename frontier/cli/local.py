@@ -1,0 +1,246 @@
+"""Tasks of the embedded local stack and of load testing: ``local.up``, ``local.down``, ``loadtest``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from invoke import Collection, task
+from invoke.exceptions import Exit
+from rich.console import Console
+from rich.table import Table
+
+from frontier import project
+from frontier.backends import backend_for
+from frontier.cli.common import reports_errors, settings_for
+from frontier.config.stack import Settings
+from frontier.errors import FrontierError
+from frontier.loadtest.client import LoadTestError, Target
+from frontier.loadtest.report import (
+    LoadShape,
+    knee_line,
+    measure,
+    plot,
+    step_notes,
+    steps_table,
+    wide_console,
+)
+from frontier.loadtest.stats import Knee, SloTargets, StepSummary, find_knee
+from frontier.local import cluster as local
+
+STACK_HELP = "stack name (default $FRONTIER_STACK, else local)"
+
+
+def _components_table(title: str, rows: list[local.Component]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in ("component", "state", "detail"):
+        table.add_column(name)
+    colour = {"started": "green", "created": "green", "stopped": "yellow"}
+    for row in rows:
+        state = f"[{colour[row.state]}]{row.state}[/]" if row.state in colour else row.state
+        table.add_row(row.name, state, row.detail)
+    return table
+
+
+@task(name="up", help={"stack": STACK_HELP})
+@reports_errors
+def local_up(c, stack=None):
+    """Bring up the embedded local stack (moto, host slots over SSH, HAProxy); idempotent."""
+    settings = settings_for(stack)
+    rows = local.up(settings)
+    console = Console()
+    console.print(_components_table(f"local stack {settings.stack!r}", rows))
+    already = all(r.state in ("running", "exists") for r in rows)
+    console.print(
+        ("everything was already running; " if already else "")
+        + f"balancer {local.balancer_url(settings)}, connection: {local.connection_mode(settings)}"
+    )
+
+
+@task(name="down", help={"stack": STACK_HELP})
+@reports_errors
+def local_down(c, stack=None):
+    """Stop every process of the embedded local stack (runtimes, HAProxy, sshd, moto)."""
+    settings = settings_for(stack)
+    Console().print(_components_table(f"local stack {settings.stack!r}", local.down(settings)))
+
+
+def slo_targets(settings: Settings) -> SloTargets:
+    slo = settings.slo
+    return SloTargets(
+        ttft_ms=slo.ttft_ms, tpot_ms=slo.tpot_ms, p99_latency_ms=slo.p99_latency_ms, error_rate=slo.error_rate
+    )
+
+
+def _parse_rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise LoadTestError(f"--step {text!r}: expected comma-separated rates, e.g. 1,2,4,8") from None
+    if not rates or any(r <= 0 for r in rates):
+        raise LoadTestError(f"--step {text!r}: every rate must be > 0 requests per second")
+    return rates
+
+
+def default_target_url(settings: Settings) -> str:
+    try:
+        return backend_for(settings).endpoint()
+    except FrontierError as exc:
+        raise LoadTestError(
+            f"stack {settings.stack!r}: give --url, the HTTPS address of the stack's load balancer "
+            f"(for example the `endpoint` output of `pulumi stack output -s {settings.stack}`): {exc}"
+        ) from None
+
+
+def default_api_key(settings: Settings) -> str | None:
+    if os.environ.get("FRONTIER_API_KEY"):
+        return os.environ["FRONTIER_API_KEY"]
+    try:
+        return backend_for(settings).api_key()
+    except FrontierError:
+        return None
+
+
+@task(
+    name="loadtest",
+    help={
+        "stack": STACK_HELP,
+        "url": "base URL of an OpenAI-compatible endpoint (default: the local stack's balancer)",
+        "rate": "Poisson arrivals at this many requests/s (default: the stack's capacity.peak_qps)",
+        "step": "a step load: comma-separated rates, each held --step-duration seconds; finds the knee",
+        "concurrency": "closed loop with this many clients instead of arrivals at a rate",
+        "duration": "seconds of a single-rate or fixed-concurrency run (default 30)",
+        "step_duration": "seconds per rate of a step load (default 20)",
+        "burstiness": "gamma shape of the arrival gaps: 1 is Poisson, <1 burstier (default 1)",
+        "prompt_tokens": "approximate prompt length (default capacity.avg_prompt_tokens)",
+        "max_tokens": "tokens to generate per request (default capacity.avg_output_tokens)",
+        "endpoint": "completions or chat (default completions)",
+        "max_in_flight": "cap on requests in flight from this client (default none)",
+        "replicas": "replicas behind --url, to turn the knee into per-replica capacity (default 1)",
+        "save_baseline": "save the knee of a step load as the stack's capacity baseline (default on)",
+        "out": "folder for the PNG plot (default .frontier/loadtest/<stack>)",
+        "seed": "random seed of arrivals and prompts",
+        "timeout": "seconds before one request counts as timed out (default 60)",
+        "release": "release id the target runs, recorded in the baseline (default: the last good deploy)",
+    },
+)
+@reports_errors
+def loadtest(
+    c,
+    stack=None,
+    url=None,
+    rate=None,
+    step=None,
+    concurrency=None,
+    duration=30.0,
+    step_duration=20.0,
+    burstiness=1.0,
+    prompt_tokens=None,
+    max_tokens=None,
+    endpoint="completions",
+    max_in_flight=None,
+    replicas=1,
+    save_baseline=True,
+    out=None,
+    seed=0,
+    timeout=60.0,
+    release=None,
+):
+    """Load an OpenAI-compatible endpoint with streaming clients; a step load finds the knee."""
+    settings = settings_for(stack)
+    if endpoint not in ("completions", "chat"):
+        raise LoadTestError(f"--endpoint {endpoint!r}: must be 'completions' or 'chat'")
+    if sum(x is not None for x in (rate, step, concurrency)) > 1:
+        raise LoadTestError("give one of --rate, --step or --concurrency")
+    if int(replicas) < 1:
+        raise LoadTestError(f"--replicas {replicas}: must be >= 1")
+    target = Target(
+        base_url=url or default_target_url(settings),
+        model=settings.model.name,
+        api_key=default_api_key(settings),
+        endpoint=endpoint,
+        prompt_tokens=int(prompt_tokens or settings.capacity.avg_prompt_tokens),
+        max_tokens=int(max_tokens or settings.capacity.avg_output_tokens),
+        timeout_s=float(timeout),
+    )
+    slo = slo_targets(settings)
+    console = wide_console()
+    console.print(
+        f"load test of {target.url} (model {target.model}, ~{target.prompt_tokens} prompt tokens, "
+        f"{target.max_tokens} output tokens); SLO: TTFT {slo.ttft_ms:g} ms, TPOT {slo.tpot_ms:g} ms, "
+        f"p99 {slo.p99_latency_ms:g} ms, errors {slo.error_rate:.1%}"
+    )
+    if step:
+        shape = LoadShape(rates=tuple(_parse_rates(step)), seconds=float(step_duration))
+    elif concurrency is not None:
+        shape = LoadShape(concurrency=int(concurrency), seconds=float(duration))
+    else:
+        shape = LoadShape(
+            rates=(float(rate) if rate is not None else settings.capacity.peak_qps,), seconds=float(duration)
+        )
+    shape = replace(
+        shape,
+        burstiness=float(burstiness),
+        max_in_flight=int(max_in_flight) if max_in_flight else None,
+        seed=int(seed),
+    )
+    steps = measure(target, shape, slo, console)
+    knee = find_knee(steps, slo) if step else None
+    console.print(steps_table(steps, slo, knee))
+    for note in step_notes(steps, slo):
+        console.print(f"  {note}")
+    if not step:
+        _fail_on_errors(steps, slo)
+        return
+    console.print(knee_line(knee, steps))
+    folder = Path(out) if out else project.state_dir() / "loadtest" / settings.stack
+    png = plot(steps, slo, knee, folder / "latency-vs-load.png", f"{settings.stack}: {target.url}")
+    console.print(f"plot: {png}")
+    if knee is not None and save_baseline:
+        path = save_knee_baseline(settings, knee, int(replicas), release or current_release(settings))
+        console.print(
+            f"capacity baseline saved: {path} ({knee.rate_rps / int(replicas):g} req/s per replica); `fab plan` now uses it"
+        )
+    if knee is None:
+        raise Exit("no step held the SLO: no baseline saved", code=1)
+
+
+def _fail_on_errors(steps: list[StepSummary], slo: SloTargets) -> None:
+    broken = [reason for s in steps for reason in s.verdict(slo)]
+    if broken:
+        raise Exit("SLO not met: " + "; ".join(broken), code=1)
+
+
+def save_knee_baseline(settings: Settings, knee: Knee, replicas: int, release_id: str) -> Path:
+    """Record the knee as the stack's capacity baseline, per replica, for ``fab plan``."""
+    from frontier.capacity.baseline import Baseline, save_baseline
+
+    step = knee.step
+    baseline = Baseline(
+        stack=settings.stack,
+        measured_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        replica_qps=round(knee.rate_rps / replicas, 4),
+        output_tokens_per_s=round(step.output_tokens_per_s / replicas, 2),
+        p50_latency_ms=round(step.e2el.p50_ms, 1),
+        p99_latency_ms=round(step.e2el.p99_ms, 1),
+        ttft_p99_ms=round(step.ttft.p99_ms, 1),
+        hosts_measured=replicas,
+        release_id=release_id,
+    )
+    return save_baseline(baseline)
+
+
+def current_release(settings: Settings) -> str:
+    """The release the stack last rolled successfully (what the load test measured), or 'unknown'."""
+    try:
+        record = backend_for(settings).history_store().last_good()
+    except Exception:  # an unreachable history only loses the label, never the measurement
+        return "unknown"
+    return str(record.get("release", "unknown")) if record else "unknown"
+
+
+def register(namespace: Collection) -> None:
+    namespace.add_collection(Collection("local", local_up, local_down))
+    namespace.add_task(loadtest)

@@ -1,0 +1,244 @@
+"""Operate a stack: ``deploy``, ``rollback``, ``status``, ``history``, ``drivers``, ``unlock``,
+``weights.push``, ``release.build``, ``image.build`` and ``image.push``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from invoke import Collection, task
+from invoke.exceptions import Exit
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from frontier import aws
+from frontier.backends import backend_for
+from frontier.cli import tables
+from frontier.cli.common import reports_errors, settings_for
+from frontier.fleet import drivers as nvidia
+from frontier.release import artifact as artifacts
+from frontier.release import weights as model_weights
+from frontier.rollout.deploy import Environment, deploy_plan
+from frontier.rollout.deploy import deploy as run_deploy
+from frontier.rollout.deploy import rollback as run_rollback
+from frontier.rollout.rolling import Event, RolloutFailed, RolloutResult
+
+STACK = "stack name (default $FRONTIER_STACK, else local)"
+_COLOUR = {"ok": "green", "fail": "red", "info": "cyan", "start": "dim"}
+
+
+def _reporter(console):
+    started = time.monotonic()
+
+    def report(event: Event) -> None:
+        if event.status == "start":
+            return
+        status = f"[{_COLOUR[event.status]}]{event.status:4}[/]"
+        took = f"{event.elapsed_s:6.2f}s" if event.status in ("ok", "fail") else " " * 7
+        detail = event.detail.splitlines()[0][:100] if event.detail else ""
+        console.print(
+            f"{time.monotonic() - started:7.1f}s  {event.host:14} {event.phase:10} {status} {took}  {detail}"
+        )
+
+    return report
+
+
+def _summary(console, result: RolloutResult) -> None:
+    rows = [
+        (h.name, h.from_release or "-", h.to_release, h.outcome, f"{h.out_of_service_s:.1f}s", h.error[:70])
+        for h in result.hosts
+    ]
+    title = f"{result.kind} {result.release}: {result.outcome} in {result.duration_s:.1f}s"
+    console.print(tables.table(title, ("host", "from", "to", "outcome", "out of service", "error"), rows))
+
+
+def _roll(fn, console) -> None:
+    try:
+        result = fn(_reporter(console))
+    except RolloutFailed as exc:
+        _summary(console, exc.result)
+        raise Exit(f"error: {exc}", code=1) from None
+    _summary(console, result)
+
+
+@task(
+    help={
+        "stack": STACK,
+        "digest": "runtime artifact digest, sha256:<64 hex> (tags are refused)",
+        "plan": "only show what would happen, host by host; change nothing",
+    }
+)
+@reports_errors
+def deploy(c, stack=None, digest=None, plan=False):
+    """Roll a runtime digest over the stack: canary, batches, drain, readiness, gate, auto-rollback."""
+    if not digest:
+        raise Exit("error: --digest sha256:<64 hex> is required (fab release.build prints it)", code=2)
+    settings = settings_for(stack)
+    console = tables.console()
+    env = Environment.for_stack(settings)
+    if plan:
+        release, rows = deploy_plan(env, digest)
+        title = (
+            f"plan: deploy {release.id} (digest {release.digest[:19]}…, config {release.config_hash[:19]}…)"
+        )
+        cells = [(p.wave, p.host, p.current, p.target, p.action) for p in rows]
+        console.print(tables.table(title, ("wave", "host", "runs now", "target", "action"), cells))
+        return
+    _roll(lambda report: run_deploy(env, digest, reporter=report), console)
+
+
+@task(help={"stack": STACK, "to": "release id to roll back to (default: the previous good release)"})
+@reports_errors
+def rollback(c, stack=None, to=None):
+    """Roll the previous good release (or --to) through the same path; no rebuild, no re-render."""
+    settings = settings_for(stack)
+    console = tables.console()
+    _roll(lambda report: run_rollback(Environment.for_stack(settings), to, reporter=report), console)
+
+
+@task(help={"stack": STACK})
+@reports_errors
+def status(c, stack=None):
+    """What each host runs, and whether it is ready."""
+    settings = settings_for(stack)
+    backend = backend_for(settings)
+    rows = []
+    for host in backend.hosts():
+        try:
+            session = backend.session(host)
+            try:
+                f = session.status()
+            finally:
+                session.close()
+            rows.append(
+                (host.name, host.address, f.current or "-", f.digest[:19] or "-", f.previous or "-",
+                 "yes" if f.running else "no", "yes" if f.ready else "no", "yes" if f.live else "no")
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - one unreachable host is a row, not the end of the table
+            rows.append((host.name, host.address, "?", "?", "?", "?", "?", f"unreachable: {exc}"[:60]))
+    store = backend.history_store()
+    lock = store.read_lock()
+    console = tables.console()
+    columns = ("host", "address", "release", "digest", "previous", "running", "ready", "live")
+    console.print(tables.table(f"stack {settings.stack}", columns, rows))
+    console.print(f"deploy lock: {lock.describe() if lock else 'free'}")
+
+
+@task(help={"stack": STACK, "limit": "show the last N entries (default 20)"})
+@reports_errors
+def history(c, stack=None, limit=20):
+    """Every deploy and rollback of the stack: who, when, what, outcome and why."""
+    settings = settings_for(stack)
+    records = backend_for(settings).history_store().records()[-int(limit) :]
+    rows = [
+        (r["started_at"][:19].replace("T", " "), r["kind"], r["release"], r["digest"][:19], r["config_hash"][:19],
+         r["who"], f"{r['duration_s']:.1f}s", r["outcome"], r.get("reason", "")[:60])
+        for r in records
+    ]  # fmt: skip
+    columns = ("started (UTC)", "kind", "release", "digest", "config", "who", "took", "outcome", "reason")
+    tables.console().print(tables.table(f"history of stack {settings.stack}", columns, rows))
+
+
+@task(help={"stack": STACK})
+@reports_errors
+def unlock(c, stack=None):
+    """Break the stack's deploy lock (after a deploy died); prints who held it."""
+    settings = settings_for(stack)
+    held = backend_for(settings).history_store().break_lock()
+    print(f"removed the deploy lock held by {held.describe()}" if held else "the deploy lock was free")
+
+
+@task(help={"stack": STACK})
+@reports_errors
+def drivers(c, stack=None):
+    """Install the pinned NVIDIA driver and container toolkit on GPU hosts; reports reboots, never reboots."""
+    settings = settings_for(stack)
+    backend = backend_for(settings)
+    results = nvidia.run(settings, backend.hosts(), backend.connect)
+    rows = [
+        (r.host, "ok" if r.ok else "FAILED", "changed" if r.changed else "nothing changed",
+         "REBOOT REQUIRED" if r.reboot_required else "no", r.gpus, r.driver, r.toolkit, r.error[:60])
+        for r in results
+    ]  # fmt: skip
+    columns = ("host", "result", "changes", "reboot", "gpus", "driver", "toolkit", "error")
+    tables.console().print(tables.table(f"NVIDIA drivers on stack {settings.stack}", columns, rows))
+    reboot = [r.host for r in results if r.reboot_required]
+    if reboot:
+        print(f"not rebooted (do it in a maintenance window): {', '.join(reboot)}")
+    if not all(r.ok for r in results):
+        raise Exit(
+            "error: the driver script failed on " + ", ".join(r.host for r in results if not r.ok), code=1
+        )
+
+
+# --- weights, release, image ----------------------------------------------------------------------
+
+
+@task(
+    name="push",
+    help={
+        "stack": STACK,
+        "src": "model directory to upload",
+        "version": "weights version (default: model.version)",
+    },
+)
+@reports_errors
+def weights_push(c, stack=None, src=None, version=None):
+    """Upload a model directory to the stack's weights bucket with a sha256 manifest (written last)."""
+    if not src:
+        raise Exit("error: --src DIR is required (the model directory to upload)", code=2)
+    settings = settings_for(stack)
+    backend = backend_for(settings)
+    version = version or settings.model.version
+    files = [p for p in Path(src).rglob("*") if p.is_file()] if Path(src).is_dir() else []
+    total = sum(p.stat().st_size for p in files)
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    with Progress(*columns, console=tables.console(), transient=True) as bar:
+        job = bar.add_task(f"weights {settings.model.name}@{version}", total=total)
+        report = model_weights.push(
+            backend.aws_client("s3"), Path(src), settings.model.weights_uri, settings.model.name, version,
+            progress=lambda _path, sent: bar.advance(job, sent), create_bucket=backend.creates_buckets,
+        )  # fmt: skip
+    print(
+        f"{report.uri}: uploaded {len(report.uploaded)} file(s) ({report.bytes_uploaded:,} bytes), "
+        f"skipped {len(report.skipped)} identical; manifest "
+        + ("written" if report.manifest_written else "already in place")
+    )
+
+
+@task(name="build", help={"stack": STACK})
+@reports_errors
+def release_build(c, stack=None):
+    """Build the runtime wheel reproducibly and register its digest (where no container engine runs)."""
+    settings = settings_for(stack)
+    built, path = artifacts.build_wheel()
+    backend_for(settings).history_store().put_artifact(built, path)
+    print(f"built {path.name} ({built.size:,} bytes)\ndigest: {built.digest}")
+    print(f"deploy it with: fab deploy -s {settings.stack} --digest {built.digest}")
+
+
+@task(name="build", help={"stack": STACK, "tag": "local tag for the image (default: the toolkit's version)"})
+@reports_errors
+def image_build(c, stack=None, tag="0.1.0"):
+    """docker build the runtime image (needs a container engine)."""
+    settings = settings_for(stack)
+    image_id = artifacts.build_image(settings.runtime.image_repository, tag)
+    print(f"built {settings.runtime.image_repository}:{tag} ({image_id}); push it with fab image.push")
+
+
+@task(name="push", help={"stack": STACK, "tag": "tag to push (default: the toolkit's version)"})
+@reports_errors
+def image_push(c, stack=None, tag="0.1.0"):
+    """Push the runtime image to ECR and register the digest ECR returns (needs a container engine)."""
+    settings = settings_for(stack)
+    artifacts.container_engine()
+    built = artifacts.push_image(settings.runtime.image_repository, tag, aws.client(settings, "ecr"))
+    backend_for(settings).history_store().put_artifact(built, None)
+    print(f"pushed {built.image}\ndeploy it with: fab deploy -s {settings.stack} --digest {built.digest}")
+
+
+def register(namespace: Collection) -> None:
+    for t in (deploy, rollback, status, history, drivers, unlock):
+        namespace.add_task(t)
+    namespace.add_collection(Collection("weights", weights_push))
+    namespace.add_collection(Collection("release", release_build))
+    namespace.add_collection(Collection("image", image_build, image_push))

@@ -1,0 +1,176 @@
+"""The runtime artifact: a reproducible wheel (no container engine) or an OCI image (docker + ECR).
+
+A wheel is built from a clean copy of ``runtime/`` with fixed file times, modes and
+``SOURCE_DATE_EPOCH``, so the same sources always give the same bytes and the same digest
+(``sha256:<hex>`` of the wheel file). Built artifacts are kept in a local cache by digest and
+registered in the stack's history bucket (:mod:`frontier.release.history`), from which any operator's
+``deploy`` and ``rollback`` fetch them byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from frontier import project
+from frontier.errors import FrontierError
+from frontier.render.files import check_digest
+
+RUNTIME_DIR = project.runtime_dir()
+CACHE_DIR = project.state_dir() / "artifacts"
+# 1980-01-01, the earliest time a zip entry can carry: a constant, so the digest depends on content only.
+SOURCE_DATE_EPOCH = 315532800
+_SKIP = {"__pycache__", "build", "dist"}
+
+
+class ArtifactError(FrontierError):
+    """An artifact that cannot be built, found or verified."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    digest: str
+    kind: str  # "wheel" or "image"
+    filename: str = ""  # the wheel's file name
+    size: int = 0
+    image: str = ""  # repository@digest for images
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Artifact:
+        data = json.loads(text)
+        return cls(**{k: data[k] for k in ("digest", "kind", "filename", "size", "image") if k in data})
+
+
+def sha256_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return f"sha256:{h.hexdigest()}"
+
+
+def build_wheel(source_dir: Path = RUNTIME_DIR, cache_dir: Path = CACHE_DIR) -> tuple[Artifact, Path]:
+    """Build the runtime wheel reproducibly; return it and its path in the local cache."""
+    source_dir = Path(source_dir)
+    if not (source_dir / "pyproject.toml").exists():
+        raise ArtifactError(f"{source_dir}: no pyproject.toml; not a Python distribution to build")
+    with tempfile.TemporaryDirectory(prefix="frontier-wheel-") as tmp:
+        clean = Path(tmp) / "src"
+        _clean_copy(source_dir, clean)
+        out = Path(tmp) / "out"
+        env = dict(os.environ, SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH), PYTHONHASHSEED="0")
+        command = [
+            sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
+            "--disable-pip-version-check", "--quiet", "--wheel-dir", str(out), str(clean),
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp)
+        if result.returncode != 0:
+            raise ArtifactError(f"building the runtime wheel failed:\n{result.stderr.strip()[-3000:]}")
+        wheels = sorted(out.glob("*.whl"))
+        if len(wheels) != 1:
+            raise ArtifactError(f"expected one wheel from {source_dir}, got {[w.name for w in wheels]}")
+        return store_wheel(wheels[0], cache_dir)
+
+
+def store_wheel(wheel: Path, cache_dir: Path = CACHE_DIR) -> tuple[Artifact, Path]:
+    """Put a wheel into the local cache under its digest."""
+    digest = sha256_digest(wheel)
+    artifact = Artifact(digest=digest, kind="wheel", filename=wheel.name, size=wheel.stat().st_size)
+    target = cached_path(artifact, cache_dir)
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        shutil.copyfile(wheel, tmp)
+        tmp.replace(target)
+    return artifact, target
+
+
+def cached_path(artifact: Artifact, cache_dir: Path = CACHE_DIR) -> Path:
+    return Path(cache_dir) / artifact.digest.replace(":", "-") / artifact.filename
+
+
+def verify(path: Path, digest: str) -> None:
+    actual = sha256_digest(path)
+    if actual != digest:
+        raise ArtifactError(f"{path}: sha256 is {actual}, expected {digest}; the file is corrupt or replaced")
+
+
+def _clean_copy(source: Path, target: Path) -> None:
+    """Copy the sources without build leftovers, with fixed times and modes (both end up in the zip)."""
+    for path in sorted(source.rglob("*")):
+        rel = path.relative_to(source)
+        if any(part in _SKIP or part.endswith(".egg-info") for part in rel.parts):
+            continue
+        if path.is_symlink() or path.suffix in (".pyc", ".pyo"):
+            continue
+        dest = target / rel
+        if path.is_dir():
+            dest.mkdir(parents=True, exist_ok=True)
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+        dest.chmod(0o644)
+        os.utime(dest, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+
+
+# --- container images -----------------------------------------------------------------------------
+
+
+def container_engine() -> str:
+    """The docker CLI with a reachable daemon, or a clear refusal."""
+    docker = shutil.which("docker")
+    if not docker:
+        raise ArtifactError(
+            "no container engine here (docker is not installed): on this machine build the runtime wheel "
+            "with `fab release.build` and deploy its digest; image.build/image.push need docker"
+        )
+    probe = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise ArtifactError(f"docker is installed but its daemon does not answer: {probe.stderr.strip()}")
+    return docker
+
+
+def build_image(repository: str, tag: str, context: Path = RUNTIME_DIR) -> str:
+    """``docker build`` the runtime image; returns the local image id."""
+    docker = container_engine()
+    ref = f"{repository}:{tag}"
+    result = subprocess.run([docker, "build", "--pull", "-t", ref, str(context)], text=True)
+    if result.returncode != 0:
+        raise ArtifactError(f"docker build of {ref} failed (exit {result.returncode})")
+    image_id = subprocess.run(
+        [docker, "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return image_id
+
+
+def push_image(repository: str, tag: str, ecr_client: object) -> Artifact:
+    """Log in to ECR, push ``repository:tag`` and return the immutable digest ECR reports."""
+    docker = container_engine()
+    import base64
+
+    auth = ecr_client.get_authorization_token()["authorizationData"][0]  # type: ignore[attr-defined]
+    user, password = base64.b64decode(auth["authorizationToken"]).decode().split(":", 1)
+    registry = auth["proxyEndpoint"].removeprefix("https://")
+    login = subprocess.run(
+        [docker, "login", "--username", user, "--password-stdin", registry], input=password, text=True,
+        capture_output=True,
+    )  # fmt: skip
+    if login.returncode != 0:
+        raise ArtifactError(f"docker login to {registry} failed: {login.stderr.strip()}")
+    ref = f"{repository}:{tag}"
+    if subprocess.run([docker, "push", ref], text=True).returncode != 0:
+        raise ArtifactError(f"docker push {ref} failed")
+    name = repository.split("/", 1)[1] if "/" in repository else repository
+    images = ecr_client.describe_images(repositoryName=name, imageIds=[{"imageTag": tag}])  # type: ignore[attr-defined]
+    digest = check_digest(images["imageDetails"][0]["imageDigest"])
+    return Artifact(digest=digest, kind="image", image=f"{repository}@{digest}")

@@ -1,0 +1,342 @@
+"""Render every file that lands on a host or in a launch template from ``templates/``.
+
+One Jinja environment, StrictUndefined (a missing value is an error, never an empty string), no
+autoescaping (these are config files, not HTML). Rendering is pure: the same settings and digest
+give the same bytes — no clocks, no hostnames, no ordering taken from sets or dicts we did not sort.
+
+The rendered ``runtime.yaml`` is checked against the runtime's own config model before it leaves
+this module, so a setting the runtime would refuse never reaches a host.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from frontier_runtime.config import ConfigError, parse_config
+
+from frontier import contracts, project
+from frontier.config.stack import NodeGroup, Settings, kv_bytes_per_token, kv_cache_dtype_bytes
+from frontier.contracts import (
+    CACHE_DEVICE_NAME,
+    CACHE_MOUNT,
+    CLOUD_WEIGHTS_CACHE,
+    CONTAINER_NAME,
+    CONTAINER_RELEASE_DIR,
+    DIGEST_PATTERN,
+    HOST_ROOT,
+    PLACEHOLDER_DIGEST,
+    UNIT_NAME,
+)
+from frontier.errors import FrontierError
+
+TEMPLATES_DIR = project.templates_dir()
+
+# Metric names the alert rules read, as the runtime exports them (histograms by their buckets).
+METRICS = {
+    "ttft_bucket": f"{contracts.TTFT_METRIC}_bucket",
+    "e2e_bucket": f"{contracts.E2E_LATENCY_METRIC}_bucket",
+    "http_requests_total": f"{contracts.HTTP_REQUESTS_METRIC}_total",
+    "waiting": contracts.WAITING_METRIC,
+    "kv_usage": contracts.KV_USAGE_METRIC,
+    "ready": contracts.READY_METRIC,
+}
+
+
+def _quote(value: object) -> str:
+    """A scalar as a YAML/JSON literal: strings double-quoted and escaped, numbers and bools bare."""
+    return json.dumps(value)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["q"] = _quote
+    return env
+
+
+ENV = _environment()
+
+
+def _render(template: str, **context: Any) -> str:
+    try:
+        return ENV.get_template(template).render(**context)
+    except jinja2.UndefinedError as exc:
+        raise FrontierError(f"templates/{template}: {exc}") from exc
+
+
+def check_digest(digest: str) -> str:
+    """An immutable image/artifact digest, ``sha256:`` + 64 lowercase hex. Tags are refused."""
+    if not isinstance(digest, str) or not DIGEST_PATTERN.match(digest):
+        raise FrontierError(
+            f"digest {digest!r} is not an immutable digest: expected 'sha256:' followed by 64 lowercase "
+            "hex characters (mutable tags such as ':latest' are refused)"
+        )
+    return digest
+
+
+def is_placeholder(digest: str) -> bool:
+    return digest == PLACEHOLDER_DIGEST
+
+
+# --- runtime.yaml ---------------------------------------------------------------------------------
+
+
+def cpu_kv_cache_bytes(settings: Settings) -> int:
+    """KV cache for max_batch_size sequences of max_seq_len tokens, the whole model on one device."""
+    per_token = kv_bytes_per_token(settings.model, kv_cache_dtype_bytes(settings))
+    return per_token * settings.runtime.batch.max_batch_size * settings.model.max_seq_len
+
+
+def runtime_context(settings: Settings) -> dict[str, Any]:
+    rt, model = settings.runtime, settings.model
+    on_cpu = settings.serving_group.accelerator == "cpu"
+    return {
+        "stack": settings.stack,
+        "model": {
+            "name": model.name,
+            "source": model.weights_uri,
+            "version": model.version,
+            "dtype": model.dtype,
+            "max_seq_len": model.max_seq_len,
+        },
+        "server": {"port": rt.port, "api_keys_secret_id": rt.api_keys_secret},
+        "health": {
+            "readiness_path": settings.health.readiness_path,
+            "liveness_path": settings.health.liveness_path,
+        },
+        "scheduler": {
+            "max_concurrency": rt.max_concurrency,
+            "queue_max_length": rt.queue.max_length,
+            "queue_timeout_ms": rt.queue.timeout_ms,
+            "batch_window_ms": rt.batch.window_ms,
+            "max_batch_size": rt.batch.max_batch_size,
+            "max_num_batched_tokens": rt.batch.max_num_batched_tokens,
+            "chunked_prefill": rt.batch.chunked_prefill,
+        },
+        "cache": {
+            "block_size": rt.block_size,
+            "kv_cache_dtype": rt.kv_cache_dtype,
+            "gpu_memory_utilization": rt.gpu_memory_utilization,
+            "cpu_kv_cache_bytes": cpu_kv_cache_bytes(settings) if on_cpu else None,
+            "weights_cache_dir": rt.weights_cache_dir,
+        },
+        "parallel": {
+            "tensor_parallel_size": rt.tensor_parallel_size,
+            "pipeline_parallel_size": rt.pipeline_parallel_size,
+            "expert_parallel_size": rt.expert_parallel_size,
+        },
+        "drain_timeout_s": rt.drain_timeout_s,
+        "device": "cpu" if on_cpu else "cuda",
+        "cpu_threads": rt.cpu_threads,
+    }
+
+
+def render_runtime_config(settings: Settings) -> str:
+    """``runtime.yaml`` for this stack, validated by the runtime's own config model."""
+    text = _render("runtime.yaml.j2", **runtime_context(settings))
+    try:
+        parse_config(text, source=f"runtime.yaml rendered for stack {settings.stack!r}")
+    except ConfigError as exc:
+        raise FrontierError(f"the runtime refuses the rendered config:\n{exc}") from None
+    return text
+
+
+# --- one release on a host ------------------------------------------------------------------------
+
+
+def image_reference(settings: Settings, digest: str) -> str:
+    return f"{settings.runtime.image_repository}@{check_digest(digest)}"
+
+
+def render_systemd_unit(settings: Settings, digest: str) -> str:
+    rt = settings.runtime
+    gpu = settings.serving_group.accelerator == "gpu"
+    # docker stop waits this long for the runtime's own drain before SIGKILL; systemd waits longer.
+    stop_grace_s = math.ceil(rt.drain_timeout_s) + 15
+    return _render(
+        "frontier-runtime.service.j2",
+        stack=settings.stack,
+        image=image_reference(settings, digest),
+        placeholder=is_placeholder(digest),
+        container=CONTAINER_NAME,
+        gpu=gpu,
+        region=settings.region,
+        host_root=HOST_ROOT,
+        release_dir=CONTAINER_RELEASE_DIR,
+        weights_cache=CLOUD_WEIGHTS_CACHE,
+        stop_grace_s=stop_grace_s,
+        timeout_stop_s=stop_grace_s + 15,
+        start_timeout_s=math.ceil(settings.rollout.readiness_timeout_s),
+    )
+
+
+def render_release_files(settings: Settings, digest: str) -> dict[str, str]:
+    """The files of one release: what ``releases/<id>/`` holds on every host of the stack."""
+    check_digest(digest)
+    return {
+        "runtime.yaml": render_runtime_config(settings),
+        UNIT_NAME: render_systemd_unit(settings, digest),
+    }
+
+
+# --- node bootstrap -------------------------------------------------------------------------------
+
+
+def _group(settings: Settings, group: NodeGroup | str | None) -> NodeGroup:
+    if group is None:
+        return settings.serving_group
+    if isinstance(group, NodeGroup):
+        return group
+    for candidate in settings.node_groups:
+        if candidate.name == group:
+            return candidate
+    known = ", ".join(g.name for g in settings.node_groups)
+    raise FrontierError(f"stack {settings.stack!r} has no node group {group!r} (node groups: {known})")
+
+
+def render_driver_script(settings: Settings, group: NodeGroup | str | None = None) -> str:
+    """The NVIDIA driver + container toolkit install script; idempotent, ends in a status line."""
+    node_group = _group(settings, group)
+    return _render(
+        "install-nvidia.sh.j2",
+        stack=settings.stack,
+        group=node_group.name,
+        expected_gpus=node_group.gpus_per_node,
+        driver_branch=settings.drivers.driver_branch,
+        toolkit_version=settings.drivers.container_toolkit_version,
+    )
+
+
+def render_cloud_init(settings: Settings, group: NodeGroup | str) -> str:
+    """Cloud-init user data for one node group. No secrets: hosts fetch them by id at runtime."""
+    node_group = _group(settings, group)
+    driver_script = render_driver_script(settings, node_group)
+    registry = settings.runtime.image_repository.split("/", 1)[0]
+    return _render(
+        "cloud-init.yaml.j2",
+        stack=settings.stack,
+        group=node_group,
+        region=settings.region,
+        cache_mount=CACHE_MOUNT,
+        cache_device_name=CACHE_DEVICE_NAME,
+        cache_volume_bytes=node_group.cache_volume_gb * 1024**3,
+        host_root=HOST_ROOT,
+        weights_cache=CLOUD_WEIGHTS_CACHE,
+        gpu=node_group.accelerator == "gpu",
+        ecr_registry=registry if ".dkr.ecr." in registry else None,
+        driver_script=driver_script,
+    )
+
+
+# --- balancer and alerts --------------------------------------------------------------------------
+
+
+def render_haproxy(
+    settings: Settings,
+    backends: Iterable[tuple[str, str, int]],
+    *,
+    bind_port: int,
+    stats_socket: str,
+    bind_address: str | None = None,
+    stats_port: int | None = None,
+) -> str:
+    """HAProxy config: active health checks on the readiness path, retries away from draining hosts."""
+    servers = [(str(name), str(address), int(port)) for name, address, port in backends]
+    names = [name for name, _, _ in servers]
+    if len(set(names)) != len(names):
+        raise FrontierError(f"haproxy backends must have distinct names, got {names}")
+    health = settings.health
+    # Streams stay open for the whole generation; the runtime sends SSE keep-alives, so an idle
+    # timeout comfortably above the keep-alive interval and the slowest answer is enough.
+    stream_timeout_s = max(settings.edge.idle_timeout_s, math.ceil(settings.slo.p99_latency_ms / 1000) * 2)
+    return _render(
+        "haproxy.cfg.j2",
+        stack=settings.stack,
+        servers=servers,
+        bind_address=bind_address or (settings.local.bind_address if settings.local else "0.0.0.0"),
+        bind_port=int(bind_port),
+        # HAProxy reads a bare relative path as host:port; unix@ makes it a socket path relative to
+        # the directory HAProxy starts in.
+        stats_socket=stats_socket if stats_socket.startswith(("/", "unix@")) else f"unix@{stats_socket}",
+        stats_port=stats_port,
+        readiness_path=health.readiness_path,
+        inter_ms=health.interval_s * 1000,
+        check_timeout_ms=health.timeout_s * 1000,
+        fall=health.unhealthy_threshold,
+        rise=health.healthy_threshold,
+        queue_timeout_ms=settings.runtime.queue.timeout_ms,
+        stream_timeout_s=stream_timeout_s,
+        maxconn=max(
+            1, (settings.runtime.max_concurrency + settings.runtime.queue.max_length) * max(1, len(servers))
+        ),
+        server_maxconn=settings.runtime.max_concurrency + settings.runtime.queue.max_length,
+    )
+
+
+def render_alerts(settings: Settings) -> str:
+    """Prometheus alerting rules from the stack's SLOs."""
+    slo = settings.slo
+    return _render(
+        "alerts.yaml.j2",
+        stack=settings.stack,
+        metrics=METRICS,
+        ttft_s=slo.ttft_ms / 1000,
+        p99_s=slo.p99_latency_ms / 1000,
+        error_rate=slo.error_rate,
+        queue_depth=settings.monitoring.queue_depth_alarm,
+        kv_usage=settings.monitoring.kv_usage_alarm,
+    )
+
+
+# --- everything -----------------------------------------------------------------------------------
+
+
+def local_balancer_backends(settings: Settings) -> list[tuple[str, str, int]]:
+    return [(h.name, h.address, settings.runtime.port) for h in settings.inventory.hosts]
+
+
+def render_stack(settings: Settings, digest: str) -> dict[str, str]:
+    """Every file Frontier renders for a stack, keyed by relative path, in a stable order."""
+    files: dict[str, str] = {}
+    for name, text in render_release_files(settings, digest).items():
+        files[f"release/{name}"] = text
+    for group in settings.node_groups:
+        files[f"cloud-init/{group.name}.yaml"] = render_cloud_init(settings, group)
+        if group.accelerator == "gpu":
+            files[f"drivers/{group.name}/install-nvidia.sh"] = render_driver_script(settings, group)
+    if settings.inventory.source == "static" and settings.inventory.hosts:
+        local = settings.local
+        files["balancer/haproxy.cfg"] = render_haproxy(
+            settings,
+            local_balancer_backends(settings),
+            bind_port=local.balancer_port if local else 80,
+            stats_socket=f"{local.state_dir if local else contracts.CLOUD_HAPROXY_STATE}/{contracts.HAPROXY_ADMIN_SOCKET}",
+            stats_port=local.balancer_stats_port if local else None,
+        )
+    files["monitoring/alerts.yaml"] = render_alerts(settings)
+    return dict(sorted(files.items()))
+
+
+def write_files(files: Mapping[str, str], out_dir: Path) -> list[Path]:
+    """Write rendered files under ``out_dir`` (atomically each); scripts become executable."""
+    written = []
+    for rel, text in files.items():
+        path = out_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755 if rel.endswith(".sh") else 0o644)
+        tmp.replace(path)
+        written.append(path)
+    return written

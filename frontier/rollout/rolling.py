@@ -1,0 +1,396 @@
+"""The rolling deploy: canary first, then batches; drain, stop, swap, start, readiness, enable, gate.
+
+Every host goes through the same path, and so does every way back: when any step on any host
+fails, the rollout stops there and returns every host it touched (the failing one included) to
+the release it ran before, through the same drain → stop → swap → start → readiness → enable
+steps. Hosts are visited by our own loop, never a Fabric group, so the first failure stops it.
+
+Staging (upload + install) happens while a host still serves, so a host is out of rotation only
+from drain to enable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from frontier import contracts
+from frontier.config.stack import Gate, Settings
+from frontier.errors import FrontierError
+from frontier.fleet.balancer import Balancer
+from frontier.fleet.host import HostError, HostFacts, HostSession
+from frontier.fleet.inventory import HostSpec
+from frontier.release.release import Release
+
+REQUESTS_METRIC = contracts.HTTP_REQUESTS_METRIC
+DURATION_METRIC = contracts.HTTP_DURATION_METRIC
+
+
+class RolloutFailed(FrontierError):
+    """A deploy or rollback that stopped; the result says what was restored."""
+
+    def __init__(self, result: RolloutResult) -> None:
+        super().__init__(
+            f"{result.kind} of {result.release} {result.outcome.replace('_', ' ')}: {result.reason}"
+        )
+        self.result = result
+
+
+@dataclass(frozen=True)
+class Event:
+    host: str
+    phase: str
+    status: str  # start | ok | fail | info
+    detail: str = ""
+    elapsed_s: float = 0.0
+
+
+Reporter = Callable[[Event], None]
+
+
+@dataclass
+class HostResult:
+    name: str
+    from_release: str = ""
+    to_release: str = ""
+    outcome: str = "pending"  # pending | skipped | updated | restored | failed | untouched
+    phases: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def out_of_service_s(self) -> float:
+        return sum(self.phases.get(p, 0.0) for p in ("drain", "stop", "start", "readiness", "enable"))
+
+
+@dataclass
+class RolloutResult:
+    kind: str
+    release: str
+    outcome: str = "succeeded"  # succeeded | rolled_back | failed
+    reason: str = ""
+    hosts: list[HostResult] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- the gate -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GateReading:
+    requests: float
+    errors: float
+    p99_s: float | None
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def describe(self) -> str:
+        p99 = "n/a" if self.p99_s is None else f"{self.p99_s * 1000:.0f} ms"
+        return f"{self.requests:.0f} requests, error rate {self.error_rate:.2%}, p99 {p99}"
+
+
+def _samples(text: str, excluded_routes: set[str]) -> tuple[dict[tuple, float], dict[float, float]]:
+    """Request counts by (route, status) and latency bucket counts by upper bound, for served routes."""
+    requests: dict[tuple, float] = {}
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            route = sample.labels.get("route", "")
+            if route in excluded_routes:
+                continue
+            if sample.name == f"{REQUESTS_METRIC}_total":
+                key = (route, sample.labels.get("status", ""))
+                requests[key] = requests.get(key, 0.0) + sample.value
+            elif sample.name == f"{DURATION_METRIC}_bucket":
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    return requests, buckets
+
+
+def quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative bucket counts (linear inside a bucket)."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return bounds[-1]
+
+
+def read_gate(before: str, after: str, excluded_routes: set[str]) -> GateReading:
+    """Requests, server errors (5xx) and p99 latency served between two scrapes of /metrics."""
+    req0, b0 = _samples(before, excluded_routes)
+    req1, b1 = _samples(after, excluded_routes)
+    deltas = {key: max(0.0, value - req0.get(key, 0.0)) for key, value in req1.items()}
+    total = sum(deltas.values())
+    errors = sum(v for (_, status), v in deltas.items() if status[:1] == "5")
+    window = {le: max(0.0, count - b0.get(le, 0.0)) for le, count in b1.items()}
+    return GateReading(total, errors, quantile(0.99, window))
+
+
+def judge(reading: GateReading, gate: Gate) -> str | None:
+    """None when the reading passes the stack's gate, else why it does not."""
+    if reading.requests < gate.min_requests:
+        return f"only {reading.requests:.0f} requests in the window; rollout.gate.min_requests is {gate.min_requests}"
+    if reading.requests and reading.error_rate > gate.max_error_rate:
+        return f"error rate {reading.error_rate:.2%} > rollout.gate.max_error_rate {gate.max_error_rate:.2%} ({reading.describe()})"
+    if reading.p99_s is not None and reading.p99_s * 1000 > gate.max_p99_latency_ms:
+        return f"p99 {reading.p99_s * 1000:.0f} ms > rollout.gate.max_p99_latency_ms {gate.max_p99_latency_ms:.0f} ({reading.describe()})"
+    return None
+
+
+# --- the rollout ----------------------------------------------------------------------------------
+
+
+def waves(hosts: list[HostSpec], canary: int, batch: int) -> Iterator[tuple[str, list[HostSpec]]]:
+    """Canary host(s) first, then batches of ``batch`` hosts."""
+    canary = min(canary, len(hosts))
+    if canary:
+        yield "canary", hosts[:canary]
+    rest = hosts[canary:]
+    for i in range(0, len(rest), batch):
+        yield f"batch {i // batch + 1}", rest[i : i + batch]
+
+
+class Rollout:
+    """Rolls one release over a stack's hosts; restores every touched host on failure."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        hosts: list[HostSpec],
+        balancer: Balancer,
+        connect: Callable[[HostSpec], Any],
+        reporter: Reporter | None = None,
+    ) -> None:
+        self.settings = settings
+        self.hosts = hosts
+        self.balancer = balancer
+        self.connect = connect
+        self.report = reporter or (lambda event: None)
+        self.sessions: dict[str, HostSession] = {}
+        health = settings.health
+        self.excluded_routes = {health.readiness_path, health.liveness_path, "/metrics"}
+        self.enable_timeout = health.interval_s * (health.healthy_threshold + 2) + health.timeout_s + 10
+        self.drain_timeout = float(settings.rollout.deregistration_delay_s)
+
+    def session(self, host: HostSpec) -> HostSession:
+        if host.name not in self.sessions:
+            self.sessions[host.name] = HostSession(self.settings, host, self.connect(host))
+        return self.sessions[host.name]
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            # Closing a dead connection must not hide the real error.
+            with contextlib.suppress(Exception):
+                session.close()
+        self.sessions.clear()
+
+    def _phase(self, result: HostResult, phase: str, fn: Callable[[], Any]) -> Any:
+        self.report(Event(result.name, phase, "start"))
+        start = time.monotonic()
+        try:
+            value = fn()
+        except Exception as exc:
+            elapsed = time.monotonic() - start
+            result.phases[phase] = round(elapsed, 3)
+            self.report(Event(result.name, phase, "fail", str(exc), elapsed))
+            raise
+        elapsed = time.monotonic() - start
+        result.phases[phase] = round(result.phases.get(phase, 0.0) + elapsed, 3)
+        self.report(Event(result.name, phase, "ok", value if isinstance(value, str) else "", elapsed))
+        return value
+
+    # --- one wave: every host of it through each phase ---------------------------------------------
+
+    def _switch(
+        self,
+        wave: list[HostSpec],
+        results: dict[str, HostResult],
+        target: dict[str, str],
+        touched: list[HostSpec] | None = None,
+    ) -> None:
+        """Drain → stop → swap + start → readiness → enable, for every host of the wave.
+
+        A host counts as touched (and is restored on failure) from the moment its drain begins.
+        """
+        rollout = self.settings.rollout
+        for host in wave:
+            if touched is not None and host not in touched:
+                touched.append(host)
+            left = self._phase(
+                results[host.name], "drain", lambda h=host: self.balancer.drain(h, self.drain_timeout)
+            )
+            if left:
+                self.report(
+                    Event(
+                        host.name,
+                        "drain",
+                        "info",
+                        f"{left} session(s) still open after {self.drain_timeout:.0f}s",
+                    )
+                )
+        # Stops run together: each waits out its runtime's drain, and the hosts are already out of rotation.
+        self._concurrently(wave, results, "stop", lambda h: self.session(h).stop())
+        for host in wave:
+            rid = target[host.name]
+            self._phase(
+                results[host.name], "start", lambda h=host, r=rid: self.session(h).activate_and_start(r)
+            )
+        for host in wave:
+            self._phase(
+                results[host.name],
+                "readiness",
+                lambda h=host: self.session(h).wait_ready(rollout.readiness_timeout_s),
+            )
+        for host in wave:
+            self._phase(
+                results[host.name], "enable", lambda h=host: self.balancer.enable(h, self.enable_timeout)
+            )
+
+    def _concurrently(
+        self, wave: list[HostSpec], results: dict[str, HostResult], phase: str, fn: Callable[[HostSpec], Any]
+    ) -> None:
+        """One phase on every host of the wave at once (each host has its own connection)."""
+        if len(wave) == 1:
+            self._phase(results[wave[0].name], phase, lambda: fn(wave[0]))
+            return
+        for host in wave:
+            self.session(host)  # connections are opened here, not from the worker threads
+        with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+            futures = [pool.submit(self._phase, results[h.name], phase, lambda h=h: fn(h)) for h in wave]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise errors[0]
+
+    def _gate(self, wave: list[HostSpec], results: dict[str, HostResult]) -> None:
+        gate = self.settings.rollout.gate
+        if gate.window_s <= 0:
+            for host in wave:
+                self.report(Event(host.name, "gate", "info", "skipped: rollout.gate.window_s is 0"))
+            return
+        before: dict[str, str] = {}
+        for host in wave:
+
+            def baseline(h: HostSpec = host) -> str:
+                before[h.name] = self.session(h).metrics()
+                return f"watching {gate.window_s:g}s"
+
+            self._phase(results[host.name], "gate", baseline)
+        time.sleep(gate.window_s)
+        for host in wave:
+
+            def check(h: HostSpec = host) -> str:
+                reading = read_gate(before[h.name], self.session(h).metrics(), self.excluded_routes)
+                verdict = judge(reading, gate)
+                if verdict:
+                    raise HostError(h.name, "gate", verdict)
+                return reading.describe()
+
+            self._phase(results[host.name], "gate", check)
+
+    def run(self, release: Release, wheel: Any, kind: str = "deploy") -> RolloutResult:
+        started = time.monotonic()
+        result = RolloutResult(kind=kind, release=release.id)
+        results = {h.name: HostResult(h.name, to_release=release.id) for h in self.hosts}
+        result.hosts = list(results.values())
+        touched: list[HostSpec] = []
+        try:
+            rollout = self.settings.rollout
+            for wave_name, wave in waves(self.hosts, rollout.canary_hosts, rollout.batch_size):
+                self.report(Event(",".join(h.name for h in wave), wave_name, "info"))
+                todo = []
+                for host in wave:
+                    res = results[host.name]
+                    facts: HostFacts = self._phase(
+                        res, "check", lambda h=host: self.session(h).facts(release.id)
+                    )
+                    res.from_release = facts.current
+                    if facts.runs(release.id):
+                        res.outcome = "skipped"
+                        self.report(Event(host.name, "check", "info", f"already runs {release.id}"))
+                        continue
+                    self._phase(res, "stage", lambda h=host: self._stage(h, release, wheel))
+                    todo.append(host)
+                if not todo:
+                    continue
+                self._switch(todo, results, {h.name: release.id for h in todo}, touched)
+                self._gate(todo, results)
+                for host in todo:
+                    results[host.name].outcome = "updated"
+                    # A release left on disk is not worth failing a good rollout for.
+                    with contextlib.suppress(FrontierError):
+                        self._phase(results[host.name], "prune", lambda h=host: self._prune(h))
+        except (Exception, KeyboardInterrupt) as exc:  # any failure, ours, the network's or Ctrl-C, stops it
+            if isinstance(exc, KeyboardInterrupt):
+                result.reason = "interrupted by the operator"
+            elif isinstance(exc, FrontierError):
+                result.reason = str(exc)
+            else:
+                result.reason = f"{type(exc).__name__}: {exc}"
+            failing = next((r for r in result.hosts if r.outcome == "pending" and r.phases), None)
+            if failing is not None:
+                failing.error = result.reason
+            result.outcome = "rolled_back" if self._restore(touched, results) else "failed"
+        finally:
+            result.duration_s = round(time.monotonic() - started, 3)
+            self.close()
+        return result
+
+    def _stage(self, host: HostSpec, release: Release, wheel: Any) -> str:
+        return "staged" if self.session(host).stage(release, wheel) else "already staged"
+
+    def _prune(self, host: HostSpec) -> str:
+        return " ".join(self.session(host).prune(self.settings.rollout.keep_releases)) or "nothing to prune"
+
+    def _restore(self, touched: list[HostSpec], results: dict[str, HostResult]) -> bool:
+        """Return every touched host to the release it ran before; True when all of them are back."""
+        all_back = True
+        for host in touched:
+            res = results[host.name]
+            if not res.from_release:
+                # A host with nothing before: keep it out of rotation rather than serve a bad release.
+                try:
+                    self._phase(res, "restore", self.session(host).stop)
+                except Exception as exc:  # noqa: BLE001
+                    res.error = res.error or str(exc)
+                res.outcome = "failed"
+                all_back = False
+                continue
+            try:
+                self.report(Event(host.name, "restore", "info", f"back to {res.from_release}"))
+                # A fresh connection: the old one may be what broke.
+                old = self.sessions.pop(host.name, None)
+                if old is not None:
+                    old.close()
+                self._switch([host], results, {host.name: res.from_release})
+                res.outcome = "restored"
+            except Exception as exc:  # noqa: BLE001 - keep restoring the others
+                res.outcome = "failed"
+                res.error = res.error or str(exc)
+                all_back = False
+                with contextlib.suppress(Exception):
+                    self.balancer.enable(host, 1.0)  # let the balancer's health check decide
+        for res in results.values():
+            if res.outcome == "pending":
+                res.outcome = "untouched"
+        return all_back
