@@ -1,26 +1,17 @@
-"""The engine's public surface: what the server hands in and what it gets back.
+"""The engine's public types: what goes in (``SamplingParams``), what comes out (``RequestOutput``
+deltas, ``EngineStats``), and ``EngineClient``, what the server needs from an engine.
 
-The server (``frontier_runtime.server``) drives the engine only through these types and the
-methods of ``LLMEngine``:
-
-    engine = LLMEngine.from_config(runtime_config, model_dir)   # loads weights, sizes the KV cache
-    engine.add_request(request_id, prompt_token_ids, SamplingParams(...))
-    outputs: list[RequestOutput] = engine.step()               # one iteration of the batch
-    engine.abort(request_id)                                    # frees its blocks at once
-    engine.has_unfinished()  ->  bool
-    engine.stats()           ->  EngineStats
-    engine.tokenizer         ->  the loaded ``tokenizers.Tokenizer`` wrapper (encode / decode)
-
-``step`` returns one ``RequestOutput`` per request that produced tokens (or finished) in that step;
-``new_token_ids`` / ``new_text`` are the deltas since the previous output of that request.
+Torch-free, so the server and tools can import it without loading the engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol, get_args, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
+FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
 
 
 @dataclass(frozen=True)
@@ -61,6 +52,9 @@ class TokenLogprob:
 
 @dataclass
 class RequestOutput:
+    """One request's progress in one step: ``new_token_ids`` and ``new_text`` are the deltas since
+    its previous output; the last output has ``finished`` set."""
+
     request_id: str
     new_token_ids: list[int]
     new_text: str
@@ -90,3 +84,46 @@ class EngineStats:
         if self.kv_blocks_total == 0:
             return 0.0
         return 1.0 - self.kv_blocks_free / self.kv_blocks_total
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (shut down, or failed)."""
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """What the server drives: ``AsyncEngine`` is the real one. Call ``submit`` inside an event loop,
+    the rest from any thread."""
+
+    @property
+    def heartbeat(self) -> float:
+        """``time.monotonic()`` of the engine loop's last iteration; it advances while idle too."""
+        ...
+
+    @property
+    def is_running(self) -> bool:
+        """False once the loop has stopped or failed: the engine takes no more requests."""
+        ...
+
+    def submit(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """Queue a request and stream its outputs; leaving the stream early aborts the request.
+
+        Raises ValueError for a request the engine refuses and EngineDeadError when it no longer runs.
+        """
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its stream ends with finish_reason "abort" and its KV blocks are freed."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+    def warmup(self, timeout_s: float = 600.0) -> float:
+        """Run one real request through the engine (blocking); returns its seconds."""
+        ...
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Abort what is left and stop the engine (blocking)."""
+        ...

@@ -2,31 +2,12 @@
 
 The ``LLMEngine`` is not thread-safe, so exactly one thread (started here) touches it. Everything
 else talks to that thread through a locked inbox and gets outputs back through
-``loop.call_soon_threadsafe`` into one ``asyncio.Queue`` per request.
+``loop.call_soon_threadsafe`` into one ``asyncio.Queue`` per request. ``AsyncEngine`` is the
+server's ``EngineClient`` (see ``api``).
 
-How the server uses it::
-
-    engine = AsyncEngine.from_config(runtime_config, model_dir)   # loads, sizes KV, starts the thread
-    engine.warmup()                         # blocking: one real forward; then report ready
-    ...
-    # in a request handler (inside the event loop):
-    try:
-        stream = engine.submit(request_id, prompt_ids, SamplingParams(...))   # ValueError: bad request
-    except EngineDeadError: ...             # 503
-    async for out in stream:                # RequestOutput deltas; the last has finished=True
-        ...
-    # client went away: engine.abort(request_id) (or just stop iterating / cancel the task:
-    # closing the stream early aborts the request and frees its blocks)
-
-    engine.stats()        # EngineStats (waiting includes requests not yet handed to the engine)
-    engine.heartbeat      # time.monotonic() of the loop's last iteration; it advances at least every
-                          # `idle_poll_s` while idle, so "now - heartbeat > stuck_after_s" = stuck
-    engine.error          # the exception that killed the loop, or None
-    engine.shutdown()     # aborts what is left (streams end with finish_reason "abort"), stops workers
-
-``scheduler.batch_window_ms`` applies only to an idle engine: the first request that arrives into
-an idle engine waits up to the window for companions (or until a full batch is there); requests
-that arrive while the engine is busy join the running batch at the next step.
+``batch_window_ms`` applies only to an idle engine: the first request that arrives into an idle
+engine waits up to the window for companions (or until a full batch is there); requests that
+arrive while the engine is busy join the running batch at the next step.
 """
 
 from __future__ import annotations
@@ -43,14 +24,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from frontier_runtime.config import RuntimeConfig
-from frontier_runtime.engine.api import EngineStats, RequestOutput, SamplingParams
+from frontier_runtime.engine.api import EngineDeadError, EngineStats, RequestOutput, SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.tokenizer import Tokenizer
 
 log = logging.getLogger("frontier_runtime.engine.loop")
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop has stopped (shut down, or failed with ``AsyncEngine.error``)."""
 
 
 class _AsyncSink:
@@ -86,7 +64,7 @@ class AsyncEngine:
         return cls(LLMEngine.from_config(config, model_dir))
 
     @property
-    def tokenizer(self):  # noqa: ANN201 - frontier_runtime.tokenizer.Tokenizer (read-only use is thread-safe)
+    def tokenizer(self) -> Tokenizer | None:  # read-only use is thread-safe
         return self.engine.tokenizer
 
     @property
@@ -112,7 +90,9 @@ class AsyncEngine:
         self._enqueue(request_id, list(prompt_token_ids), params, sink)
         return self._stream(request_id, sink)
 
-    def _enqueue(self, request_id: str, prompt: list[int], params: SamplingParams, sink) -> None:  # noqa: ANN001
+    def _enqueue(
+        self, request_id: str, prompt: list[int], params: SamplingParams, sink: _AsyncSink | _SyncSink
+    ) -> None:
         with self._cv:
             if not self.is_running:
                 raise EngineDeadError(self._dead_reason())
@@ -157,6 +137,7 @@ class AsyncEngine:
         return fut
 
     def stats(self) -> EngineStats:
+        """As of the last step; ``waiting`` includes requests not yet handed to the engine."""
         with self._cv:
             queued = sum(1 for item in self._inbox if item[0] == "add")
         return replace(self._stats, waiting=self._stats.waiting + queued)

@@ -15,16 +15,17 @@ timeouts would otherwise cut it); if it then times out, the stream carries an er
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import suppress
 from typing import Any
 
-from frontier_runtime.engine.api import RequestOutput, SamplingParams
-from frontier_runtime.engine.loop import EngineDeadError
+from starlette.types import Receive, Scope, Send
+
+from frontier_runtime.engine.api import EngineClient, EngineDeadError, RequestOutput, SamplingParams
 from frontier_runtime.server.admission import QueueTimeout, Ticket
 from frontier_runtime.server.errors import APIError
 from frontier_runtime.server.formats import DONE, KEEPALIVE, CompletionFormat, sse, usage
@@ -71,7 +72,7 @@ class Generation:
         self._submitted = False
         self._finished = False
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         worker = asyncio.ensure_future(self._run(send))
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         try:
@@ -88,7 +89,7 @@ class Generation:
         if not worker.cancelled() and worker.exception() is not None:
             raise worker.exception()  # type: ignore[misc]
 
-    async def _run(self, send: Any) -> None:
+    async def _run(self, send: Send) -> None:
         try:
             if self.stream:
                 await self._run_streaming(send)
@@ -96,11 +97,11 @@ class Generation:
                 await self._run_unary(send)
         finally:
             if self._submitted and not self._finished:
-                await self._abort()
+                self._abort()
             self.ticket.release()
 
     # -- non-streaming ---------------------------------------------------------------------
-    async def _run_unary(self, send: Any) -> None:
+    async def _run_unary(self, send: Send) -> None:
         try:
             await self.ticket.wait()
         except QueueTimeout as exc:
@@ -140,7 +141,7 @@ class Generation:
         await send({"type": "http.response.body", "body": payload})
 
     # -- streaming -------------------------------------------------------------------------
-    async def _run_streaming(self, send: Any) -> None:
+    async def _run_streaming(self, send: Send) -> None:
         keepalive = self.state.config.server.keepalive_s
         try:
             admitted = await self.ticket.wait(at_most=keepalive)
@@ -173,10 +174,10 @@ class Generation:
         tail = sse(self.fmt.usage_chunk(self._usage(last))) if self.include_usage else b""
         await self._body(send, tail + DONE, more=False)
 
-    async def _start_stream(self, send: Any) -> None:
+    async def _start_stream(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
 
-    async def _body(self, send: Any, data: bytes, more: bool = True) -> None:
+    async def _body(self, send: Send, data: bytes, more: bool = True) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": more})
 
     # -- shared ----------------------------------------------------------------------------
@@ -185,7 +186,13 @@ class Generation:
         self.log["queue_ms"] = round(queue_s * 1000, 1)
         self.state.metrics.queue_time.labels(self.state.metrics.model_name).observe(queue_s)
 
-    async def _outputs(self):  # -> AsyncIterator[RequestOutput]
+    @property
+    def engine(self) -> EngineClient:
+        engine = self.state.engine
+        assert engine is not None  # the app admits no request before the engine is attached
+        return engine
+
+    async def _outputs(self) -> AsyncIterator[RequestOutput]:
         metrics = self.state.metrics
         model = metrics.model_name
         first_at: float | None = None
@@ -193,7 +200,7 @@ class Generation:
         generated = 0
         try:
             self._submitted = True
-            iterator = self.state.engine.submit(self.engine_id, self.prompt_ids, self.params)
+            iterator = self.engine.submit(self.engine_id, self.prompt_ids, self.params)
             async for out in iterator:
                 now = time.monotonic()
                 if out.new_token_ids:
@@ -257,11 +264,9 @@ class Generation:
             return usage(len(self.prompt_ids), 0, 0)
         return usage(last.prompt_tokens, last.completion_tokens, last.cached_prompt_tokens)
 
-    async def _abort(self) -> None:
+    def _abort(self) -> None:
         try:
-            result = self.state.engine.abort(self.engine_id)
-            if inspect.isawaitable(result):
-                await result
+            self.engine.abort(self.engine_id)
         except Exception:
             log.exception("abort failed", extra={"request_id": self.request_id})
         self.log["aborted"] = True
@@ -277,7 +282,7 @@ class Generation:
             headers={"Retry-After": str(self.state.admission.retry_after_s())},
         )
 
-    async def _send_error(self, send: Any, exc: APIError) -> None:
+    async def _send_error(self, send: Send, exc: APIError) -> None:
         if exc.reason:
             self.state.metrics.failures.labels(exc.reason).inc()
         self.log["error"] = exc.code or exc.reason
@@ -288,7 +293,7 @@ class Generation:
         await send({"type": "http.response.body", "body": payload})
 
 
-async def _wait_for_disconnect(receive: Any) -> None:
+async def _wait_for_disconnect(receive: Receive) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

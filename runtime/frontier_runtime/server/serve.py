@@ -15,19 +15,21 @@ SIGINT exits without waiting.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from frontier_runtime.config import RuntimeConfig
+from frontier_runtime.engine.api import EngineClient
 from frontier_runtime.server.admission import Admission
 from frontier_runtime.server.app import create_app
 from frontier_runtime.server.auth import ApiKeys
@@ -44,7 +46,7 @@ EXIT_START_FAILED = 1
 
 @dataclass
 class Loaded:
-    engine: Any
+    engine: EngineClient
     codec: TextCodec
     api_keys: ApiKeys | None
 
@@ -88,18 +90,10 @@ def load_runtime(config: RuntimeConfig, model_dir: Path | None) -> Loaded:
     return Loaded(engine=engine, codec=codec, api_keys=api_keys)
 
 
-def build_engine(config: RuntimeConfig, model_dir: Path) -> Any:
+def build_engine(config: RuntimeConfig, model_dir: Path) -> EngineClient:
     from frontier_runtime.engine.loop import AsyncEngine
 
     return AsyncEngine.from_config(config, model_dir)
-
-
-async def call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a method that may be sync or async (the engine decides)."""
-    result = fn(*args)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
 
 
 class RuntimeServer(uvicorn.Server):
@@ -122,7 +116,7 @@ class RuntimeServer(uvicorn.Server):
         self._tasks: set[asyncio.Task] = set()
 
     # uvicorn calls this from its signal handler (main thread).
-    def handle_exit(self, sig: int, frame: Any) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.state.health.draining or self.should_exit:
             log.warning(
                 "second signal: exiting without waiting", extra={"event": "force_exit", "signal": sig}
@@ -139,7 +133,7 @@ class RuntimeServer(uvicorn.Server):
         else:
             self.should_exit = True
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -190,10 +184,8 @@ class RuntimeServer(uvicorn.Server):
             self.state.api_keys = loaded.api_keys
             self.state.attach(loaded.engine, loaded.codec)
             started = time.monotonic()
-            warmup = getattr(loaded.engine, "warmup", None)
-            if warmup is not None:
-                # The engine's warm-up blocks until one real forward is done: keep it off the loop.
-                await (warmup() if inspect.iscoroutinefunction(warmup) else asyncio.to_thread(warmup))
+            # The warm-up blocks until one real forward is done: keep it off the loop.
+            await asyncio.to_thread(loaded.engine.warmup)
             self.state.health.warmed_up = True
             log.info(
                 "ready",
@@ -213,14 +205,14 @@ class RuntimeServer(uvicorn.Server):
         remove_probe_file()
         await super().shutdown(sockets=sockets)
         engine = self.state.engine
-        if self.owns_engine and engine is not None and hasattr(engine, "shutdown"):
+        if self.owns_engine and engine is not None:
             try:
-                await call(engine.shutdown)
+                engine.shutdown()
             except Exception:
                 log.exception("engine shutdown failed")
 
 
-def uvicorn_config(app: Any, host: str, port: int) -> uvicorn.Config:
+def uvicorn_config(app: ASGIApp, host: str, port: int) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,

@@ -6,10 +6,9 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from frontier_runtime.config import RuntimeConfig
-from frontier_runtime.engine.api import EngineStats
+from frontier_runtime.engine.api import EngineClient, EngineStats
 from frontier_runtime.server.admission import Admission
 from frontier_runtime.server.auth import ApiKeys
 from frontier_runtime.server.health import Health
@@ -25,7 +24,7 @@ class ServerState:
     health: Health
     admission: Admission
     metrics: ServerMetrics = field(init=False)
-    engine: Any = None
+    engine: EngineClient | None = None
     codec: TextCodec | None = None
     api_keys: ApiKeys | None = None
     created: int = field(default_factory=lambda: int(time.time()))
@@ -49,13 +48,10 @@ class ServerState:
             log.exception("engine.stats() failed")
             return None
 
-    def attach(self, engine: Any, codec: TextCodec) -> None:
+    def attach(self, engine: EngineClient, codec: TextCodec) -> None:
         """Plug in the loaded engine; readiness still waits for ``health.warmed_up``."""
         self.engine = engine
         self.codec = codec
         self.health.weights_loaded = True
-        beat = getattr(engine, "heartbeat", None)
-        if beat is not None:
-            self.health.heartbeat = beat if callable(beat) else (lambda: getattr(engine, "heartbeat", None))
-        if hasattr(engine, "is_running"):
-            self.health.engine_running = lambda: bool(engine.is_running)
+        self.health.heartbeat = lambda: engine.heartbeat
+        self.health.engine_running = lambda: engine.is_running

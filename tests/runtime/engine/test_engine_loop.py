@@ -7,9 +7,9 @@ import time
 
 import pytest
 from engine_fixtures import Reference
-from frontier_runtime.engine.api import SamplingParams
+from frontier_runtime.engine.api import EngineDeadError, SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
-from frontier_runtime.engine.loop import AsyncEngine, EngineDeadError
+from frontier_runtime.engine.loop import AsyncEngine
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 

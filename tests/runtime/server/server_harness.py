@@ -1,11 +1,12 @@
-"""A real runtime on a real loopback socket for tests: config builder and an in-thread server."""
+"""A real runtime on a real loopback socket for tests: config builder, an in-thread server, and a
+scripted engine for the server's failure paths."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import yaml
 from frontier_runtime.config import RuntimeConfig, parse_config
+from frontier_runtime.engine.api import EngineClient, EngineStats, RequestOutput, SamplingParams
 from frontier_runtime.server.app import create_app
 from frontier_runtime.server.serve import Loaded, RuntimeServer, new_state, uvicorn_config
 from frontier_runtime.server.state import ServerState
@@ -21,6 +23,71 @@ MODEL = "tiny-test"
 ENGINE_MAX_SEQ_LEN = 256
 # Small enough to build fast and step in a few milliseconds on two cores; real weights, real torch.
 TINY_SHAPE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 128}
+
+
+class ScriptedEngine:
+    """An ``EngineClient`` without a model: every request gets ``tokens`` (one per output, then
+    finish reason "length"), unless ``submit_error`` is raised at submit or ``stream_error``
+    after ``fail_after`` outputs."""
+
+    def __init__(
+        self,
+        tokens: tuple[int, ...] = (5, 6, 7),
+        *,
+        submit_error: Exception | None = None,
+        stream_error: Exception | None = None,
+        fail_after: int = 0,
+    ) -> None:
+        self.tokens = tokens
+        self.submit_error = submit_error
+        self.stream_error = stream_error
+        self.fail_after = fail_after
+        self.running = True
+        self.submitted: list[str] = []
+        self.aborted: list[str] = []
+
+    @property
+    def heartbeat(self) -> float:
+        return time.monotonic()
+
+    @property
+    def is_running(self) -> bool:
+        return self.running
+
+    def submit(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        if self.submit_error is not None:
+            raise self.submit_error
+        self.submitted.append(request_id)
+        return self._stream(request_id, len(prompt_token_ids))
+
+    async def _stream(self, request_id: str, prompt_tokens: int) -> AsyncIterator[RequestOutput]:
+        for i, token in enumerate(self.tokens):
+            if self.stream_error is not None and i == self.fail_after:
+                raise self.stream_error
+            last = i == len(self.tokens) - 1
+            yield RequestOutput(
+                request_id=request_id,
+                new_token_ids=[token],
+                new_text=f"<{token}>",
+                finished=last,
+                finish_reason="length" if last else None,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=i + 1,
+            )
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(0, 0, 1, 1, 0, 0, 0, 0, 0, 0)
+
+    def warmup(self, timeout_s: float = 600.0) -> float:
+        return 0.0
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        self.running = False
 
 
 def runtime_config(model_dir: Path | str, **overrides: Any) -> RuntimeConfig:
@@ -97,7 +164,7 @@ def start_server(config: RuntimeConfig, loader: Any) -> RunningServer:
 
 
 @contextmanager
-def servers(engine: Any, codec: Any, tiny_model: Path) -> Iterator[Any]:
+def servers(engine: EngineClient, codec: Any, tiny_model: Path) -> Iterator[Any]:
     """Start servers over one shared engine with ``start(api_keys=None, **overrides)``; stop them all on exit."""
     running: list[RunningServer] = []
 
