@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from jinja2 import Template
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
@@ -20,6 +21,16 @@ class ChatTemplateError(ValueError):
 
 def _raise(message: str) -> None:
     raise ChatTemplateError(message)
+
+
+# One sandbox for every chat template: templates come with downloaded weights, so they must not
+# reach Python internals. Compiled templates are safe to render from several threads.
+_TEMPLATES = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+_TEMPLATES.globals["raise_exception"] = _raise
+
+
+def compile_chat_template(source: str) -> Template:
+    return _TEMPLATES.from_string(source)
 
 
 def _token_text(value: object) -> str | None:
@@ -52,7 +63,7 @@ class Tokenizer:
             if tid not in eos_ids:
                 eos_ids.append(tid)
         self.eos_token_ids: tuple[int, ...] = tuple(eos_ids)
-        self._template = None
+        self._template: Template | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -67,14 +78,17 @@ class Tokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        if not self.chat_template:
-            raise ChatTemplateError("this model has no chat_template in tokenizer_config.json")
-        if self._template is None:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise
-            self._template = env.from_string(self.chat_template)
-        return self._template.render(
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, template: Template | None = None
+    ) -> str:
+        """Render ``messages`` with ``template`` (``compile_chat_template``), by default the model's own."""
+        if template is None:
+            if not self.chat_template:
+                raise ChatTemplateError("this model has no chat_template in tokenizer_config.json")
+            if self._template is None:
+                self._template = compile_chat_template(self.chat_template)
+            template = self._template
+        return template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",

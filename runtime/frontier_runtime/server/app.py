@@ -14,13 +14,16 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from frontier_runtime.server.admission import QueueFull, Ticket
 from frontier_runtime.server.errors import APIError, invalid
@@ -31,6 +34,7 @@ from frontier_runtime.server.metrics import CONTENT_TYPE
 from frontier_runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    GenerationRequest,
     parse_body,
     resolve_max_tokens,
 )
@@ -45,7 +49,7 @@ INFERENCE_ROUTES = ("/v1/completions", "/v1/chat/completions")
 TOKENIZE_INLINE_CHARS = 8192
 
 
-def create_app(state: ServerState) -> Starlette:
+def create_app(state: ServerState) -> ASGIApp:
     routes = [
         Route("/v1/completions", _completions, methods=["POST"]),
         Route("/v1/chat/completions", _chat_completions, methods=["POST"]),
@@ -59,7 +63,7 @@ def create_app(state: ServerState) -> Starlette:
         exception_handlers={APIError: _api_error, HTTPException: _http_error},
     )
     app.state.server = state
-    return RequestContext(app, state)  # type: ignore[return-value]
+    return RequestContext(app, state)
 
 
 # -- middleware ---------------------------------------------------------------------------
@@ -75,7 +79,7 @@ class RequestContext:
         self.routes = {r.path for r in app.routes if isinstance(r, Route)}
         self.probes = {state.config.health.liveness_path, state.config.health.readiness_path, "/metrics"}
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -92,7 +96,7 @@ class RequestContext:
         if inference:
             self._enter()
 
-        async def send_with_id(message: dict) -> None:
+        async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
@@ -146,7 +150,7 @@ class RequestContext:
             self.state.idle.set()
 
 
-def _header(scope: Any, name: bytes) -> str | None:
+def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
         if key == name:
             return value.decode("latin-1")
@@ -293,112 +297,99 @@ def _check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 # -- routes -------------------------------------------------------------------------------
 
 
-async def _completions(request: Request) -> Any:
-    state = _state(request)
-    _refuse_unless_serving(state)
-    _authorize(state, request)
-    body: CompletionRequest = parse_body(CompletionRequest, await _read_json(state, request))
-    body.check_supported()
-    model = _check_model(state, body.model)
+async def _completions(request: Request) -> Generation:
+    return await _generate(request, CompletionRequest, CompletionFormat, _completion_prompt)
+
+
+async def _chat_completions(request: Request) -> Generation:
+    return await _generate(request, ChatCompletionRequest, ChatFormat, _chat_prompt)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    token_ids: list[int]
+    param: str  # the body field it came from, named in errors
+    echo_text: str = ""  # text the response starts with (completions with echo)
+
+
+async def _completion_prompt(body: CompletionRequest, codec: TextCodec) -> Prompt:
     prompt = body.single_prompt()
-    ticket = _enter_queue(state)
+    if isinstance(prompt, str):
+        ids = await _encode(codec, prompt, add_special_tokens=True)
+        text = prompt
+    else:
+        _check_token_ids(prompt, codec.vocab_size, "prompt")
+        ids = list(prompt)
+        text = codec.decode(ids) if body.echo else ""
+    if not ids:
+        raise invalid("the prompt is empty", "prompt")
+    return Prompt(ids, "prompt", text if body.echo else "")
+
+
+async def _chat_prompt(body: ChatCompletionRequest, codec: TextCodec) -> Prompt:
+    messages = [m.as_template_input() for m in body.messages]
     try:
-        codec = state.codec
-        assert codec is not None
-        if isinstance(prompt, str):
-            prompt_ids = await _encode(codec, prompt, add_special_tokens=True)
-            prompt_text = prompt
-        else:
-            _check_token_ids(prompt, codec.vocab_size, "prompt")
-            prompt_ids = list(prompt)
-            prompt_text = codec.decode(prompt_ids) if body.echo else ""
-        if not prompt_ids:
-            raise invalid("the prompt is empty", "prompt")
-        _check_token_ids(list(body.stop_token_ids or ()), codec.vocab_size, "stop_token_ids")
-        max_tokens = resolve_max_tokens(
-            body.max_tokens,
-            len(prompt_ids),
-            state.config.model.max_seq_len,
-            tokens_param="max_tokens",
-            prompt_param="prompt",
-        )
-        params = _sampling(body, max_tokens, body.logprobs)
-    except BaseException:
-        ticket.release()
-        raise
-    return _generation(state, request, ticket, prompt_ids, params, CompletionFormat, model, body, prompt_text)
+        text = codec.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
+    except TemplateRenderError as exc:
+        raise invalid(str(exc), "messages") from None
+    # The template already placed BOS and other special tokens where the model expects them.
+    ids = await _encode(codec, text, add_special_tokens=False)
+    if not ids:
+        raise invalid("the rendered conversation is empty", "messages")
+    return Prompt(ids, "messages")
 
 
-async def _chat_completions(request: Request) -> Any:
+Body = TypeVar("Body", bound=GenerationRequest)
+
+
+async def _generate(
+    request: Request,
+    body_type: type[Body],
+    fmt_class: type[CompletionFormat],
+    build_prompt: Callable[[Body, TextCodec], Awaitable[Prompt]],
+) -> Generation:
+    """Both generation routes: the gates in order, then the prompt, then a ``Generation``."""
     state = _state(request)
     _refuse_unless_serving(state)
     _authorize(state, request)
-    body: ChatCompletionRequest = parse_body(ChatCompletionRequest, await _read_json(state, request))
+    body = parse_body(body_type, await _read_json(state, request))
     body.check_supported()
     model = _check_model(state, body.model)
     ticket = _enter_queue(state)
     try:
         codec = state.codec
-        assert codec is not None
-        messages = [m.as_template_input() for m in body.messages]
-        try:
-            prompt = codec.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
-        except TemplateRenderError as exc:
-            raise invalid(str(exc), "messages") from None
-        # The template already placed BOS and other special tokens where the model expects them.
-        prompt_ids = await _encode(codec, prompt, add_special_tokens=False)
-        if not prompt_ids:
-            raise invalid("the rendered conversation is empty", "messages")
+        assert codec is not None  # _refuse_unless_serving
+        prompt = await build_prompt(body, codec)
         _check_token_ids(list(body.stop_token_ids or ()), codec.vocab_size, "stop_token_ids")
-        tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_tokens = resolve_max_tokens(
             body.requested_max_tokens(),
-            len(prompt_ids),
+            len(prompt.token_ids),
             state.config.model.max_seq_len,
-            tokens_param=tokens_param,
-            prompt_param="messages",
+            tokens_param=body.max_tokens_param(),
+            prompt_param=prompt.param,
         )
-        params = _sampling(body, max_tokens, body.requested_logprobs())
+        try:
+            params = body.sampling_params(max_tokens)
+        except ValueError as exc:
+            raise invalid(str(exc)) from None
     except BaseException:
         ticket.release()
         raise
-    return _generation(state, request, ticket, prompt_ids, params, ChatFormat, model, body, "")
-
-
-def _sampling(body: Any, max_tokens: int, logprobs: int | None) -> Any:
-    try:
-        return body.sampling_params(max_tokens, logprobs)
-    except ValueError as exc:
-        raise invalid(str(exc)) from None
-
-
-def _generation(
-    state: ServerState,
-    request: Request,
-    ticket: Ticket,
-    prompt_ids: list[int],
-    params: Any,
-    fmt_class: type[CompletionFormat],
-    model: str,
-    body: Any,
-    echo_text: str,
-) -> Generation:
     request_id = request.scope["state"]["request_id"]
-    assert state.codec is not None
     fields = request.scope["state"]["log"]
     fields.update(
-        model=model, stream=body.stream, prompt_tokens=len(prompt_ids), max_tokens=params.max_tokens
+        model=model, stream=body.stream, prompt_tokens=len(prompt.token_ids), max_tokens=params.max_tokens
     )
     return Generation(
         state,
         request_id,
         ticket,
-        prompt_ids,
+        prompt.token_ids,
         params,
-        fmt_class(request_id, model, int(time.time()), state.codec.decode_token),
+        fmt_class(request_id, model, int(time.time()), codec.decode_token),
         stream=body.stream,
         include_usage=body.include_usage(),
-        echo_text=echo_text if getattr(body, "echo", False) else "",
+        echo_text=prompt.echo_text,
         arrived_at=request.scope["state"]["arrived_at"],
         log_fields=fields,
     )

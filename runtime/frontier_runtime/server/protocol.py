@@ -1,8 +1,9 @@
 """The OpenAI request bodies the server accepts, validated into engine ``SamplingParams``.
 
-Validation happens in two stages so that a refused request costs nothing: ``parse_*`` checks the
-shape and ranges of the JSON (cheap, before admission), and ``check_lengths`` checks the prompt
-against the model's context once it has been tokenised (after admission succeeded).
+Validation happens in two stages so that a refused request costs nothing: ``parse_body`` and
+``check_supported`` check the shape, ranges and features of the JSON (cheap, before admission),
+and ``resolve_max_tokens`` checks the prompt against the model's context once it has been
+tokenised (after admission succeeded).
 Unknown fields are ignored, as vLLM does, so clients that send vendor extensions still work;
 fields we know but cannot honour (penalties, n > 1, tools) are refused with 400, never ignored.
 """
@@ -31,7 +32,9 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class _SamplingFields(_Body):
+class GenerationRequest(_Body):
+    """The fields and checks both generation routes share."""
+
     model: str | None = Field(default=None, max_length=512)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
@@ -66,7 +69,8 @@ class _SamplingFields(_Body):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def _refuse_unsupported(self) -> None:
+    def check_supported(self) -> None:
+        """400 for fields this server knows but cannot honour."""
         if self.n != 1:
             raise invalid(f"n = {self.n} is not supported: send one request per choice (n must be 1)", "n")
         if self.presence_penalty != 0.0:
@@ -78,7 +82,18 @@ class _SamplingFields(_Body):
         if self.logit_bias:
             raise invalid("logit_bias is not supported", "logit_bias")
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def max_tokens_param(self) -> str:
+        """The field that set the completion length, named in errors."""
+        return "max_tokens"
+
+    def requested_logprobs(self) -> int | None:
+        """Top-N logprobs per token; None when not asked for."""
+        raise NotImplementedError
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(
             max_tokens=max_tokens,
@@ -89,34 +104,39 @@ class _SamplingFields(_Body):
             stop=stop,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
-            logprobs=logprobs,
+            logprobs=self.requested_logprobs(),
         )
 
 
 PromptTokens = list[Annotated[int, Field(ge=0)]]
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(GenerationRequest):
     prompt: str | PromptTokens | list[str] | list[PromptTokens]
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=20)
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1, le=128)
 
-    def single_prompt(self) -> str | list[int]:
+    def _is_batch(self) -> bool:
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-            if len(prompt) != 1:
-                raise invalid(
-                    f"prompt holds {len(prompt)} prompts; send one prompt per request",
-                    "prompt",
-                    "batch_not_supported",
-                )
-            prompt = prompt[0]
-        return prompt  # type: ignore[return-value]
+        return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str | list)
+
+    def single_prompt(self) -> str | list[int]:
+        """The prompt: text or token ids (``check_supported`` refuses more than one)."""
+        return self.prompt[0] if self._is_batch() else self.prompt  # type: ignore[return-value]
+
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
 
     def check_supported(self) -> None:
-        self._refuse_unsupported()
+        super().check_supported()
+        if self._is_batch() and len(self.prompt) != 1:
+            raise invalid(
+                f"prompt holds {len(self.prompt)} prompts; send one prompt per request",
+                "prompt",
+                "batch_not_supported",
+            )
         if self.suffix:
             raise invalid("suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
@@ -145,7 +165,7 @@ class ChatMessage(_Body):
         return message
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
@@ -155,7 +175,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Any = None
 
     def check_supported(self) -> None:
-        self._refuse_unsupported()
+        super().check_supported()
         if self.tools:
             raise invalid("tools are not supported", "tools")
         if self.top_logprobs is not None and not self.logprobs:
@@ -163,6 +183,9 @@ class ChatCompletionRequest(_SamplingFields):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     def requested_logprobs(self) -> int | None:
         if not self.logprobs:

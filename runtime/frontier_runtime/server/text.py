@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from frontier_runtime.tokenizer import ChatTemplateError, Tokenizer
+from frontier_runtime.tokenizer import ChatTemplateError, Tokenizer, compile_chat_template
 
 # Used when the model ships no chat template: ChatML role tags, which most instruction data uses.
 DEFAULT_CHAT_TEMPLATE = (
@@ -33,9 +32,8 @@ class TextCodec:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
-        self.has_chat_template = bool(tokenizer.chat_template)
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self._default_template = env.from_string(DEFAULT_CHAT_TEMPLATE)
+        # None: the model's own template.
+        self._template = None if tokenizer.chat_template else compile_chat_template(DEFAULT_CHAT_TEMPLATE)
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> TextCodec:
@@ -52,16 +50,7 @@ class TextCodec:
 
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
         try:
-            if self.has_chat_template:
-                return self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=add_generation_prompt
-                )
-            return self._default_template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.tokenizer.bos_token or "",
-                eos_token=self.tokenizer.eos_token or "",
-            )
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt, self._template)
         except (
             ChatTemplateError,
             TemplateError,
