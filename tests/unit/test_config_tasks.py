@@ -9,7 +9,7 @@ from fabric.main import program
 
 from frontier import project
 from frontier.capacity.baseline import Baseline, save_baseline
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from frontier.render.files import render_stack
 
 DIGEST = "sha256:" + "ab" * 32
@@ -137,4 +137,4 @@ def test_plan_uses_the_measured_baseline_when_there_is_one(capsys):
 def test_plan_of_an_unknown_stack_names_the_known_ones(capsys):
     code, _, err = fab(capsys, "plan", "-s", "qa")
     assert code == 2
-    assert "known stacks: dev, local, prod, staging" in err
+    assert "known stacks: dev, eks-prod, local, prod, staging" in err

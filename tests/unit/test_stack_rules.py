@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from frontier import project
-from frontier.config.stack import available_stacks, load_stack
+from frontier.config.load import available_stacks, load_stack
 from frontier.errors import StackError
 
 FAB = str(Path(sys.executable).with_name("fab"))
@@ -112,13 +112,13 @@ def _problem_line(message: str, field: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("stack", ["local", "dev", "staging", "prod"])
+@pytest.mark.parametrize("stack", ["local", "dev", "staging", "prod", "eks-prod"])
 def test_every_shipped_stack_loads(stack):
     assert load_stack(stack).stack == stack
 
 
-def test_the_four_stacks_are_shipped():
-    assert available_stacks() == ["dev", "local", "prod", "staging"]
+def test_the_five_stacks_are_shipped():
+    assert available_stacks() == ["dev", "eks-prod", "local", "prod", "staging"]
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ def test_missing_region_is_refused(changed_stack):
 
 
 def test_missing_stack_file_names_the_known_stacks():
-    with pytest.raises(StackError, match=r"no such stack file.*known stacks: dev, local, prod, staging"):
+    with pytest.raises(StackError, match=r"no such stack file.*known stacks: dev, eks-prod, local, prod, staging"):
         load_stack("qa")
 
 

@@ -1,0 +1,345 @@
+"""Typed settings of one stack: every field of ``stacks/Pulumi.<stack>.yaml``, with its allowed range.
+
+The stack file is the one source of truth for an environment. Pulumi reads it as project config
+(``frontier:<key>``); everything else in Frontier reads it through :func:`frontier.config.load.load_stack`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from frontier.contracts import CLOUD_WEIGHTS_CACHE, HOST_ROOT
+
+PROJECT = "frontier"
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
+GIB = 1024**3
+GB = 10**9
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Network(_Settings):
+    availability_zones: int = Field(ge=2, le=6)
+    vpc_cidr: str
+    nat: Literal["single", "per_az"]
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        net = ipaddress.ip_network(value, strict=True)
+        if not 16 <= net.prefixlen <= 24:
+            raise ValueError(f"prefix length must be between /16 and /24, got /{net.prefixlen}")
+        return value
+
+
+class NodeGroup(_Settings):
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")
+    instance_type: str = Field(min_length=1)
+    gpu_type: str = Field(min_length=1)
+    accelerator: Literal["gpu", "cpu"] = "gpu"
+    gpus_per_node: int = Field(ge=1, le=16)
+    gpu_memory_gb: float = Field(gt=0, le=1024, description="Memory of one GPU (decimal GB).")
+    nvlink_domain_gpus: int = Field(ge=1, le=576, description="GPUs joined by NVLink (one node or a rack).")
+    min_size: int = Field(ge=0, le=1000)
+    desired_size: int = Field(ge=0, le=1000)
+    max_size: int = Field(ge=1, le=1000)
+    price_per_hour: float = Field(ge=0, le=10_000)
+    root_volume_gb: int = Field(default=100, ge=20, le=16_384)
+    cache_volume_gb: int = Field(default=200, ge=1, le=65_536)
+    efa: bool = False
+
+
+class Model(_Settings):
+    name: str = Field(min_length=1)
+    weights_uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
+    version: str = Field(min_length=1)
+    num_layers: int = Field(ge=1, le=512)
+    hidden_size: int = Field(ge=16, le=65_536)
+    intermediate_size: int = Field(ge=16, le=262_144)
+    num_attention_heads: int = Field(ge=1, le=1024)
+    num_kv_heads: int = Field(ge=1, le=1024)
+    vocab_size: int = Field(ge=16, le=1_048_576)
+    tie_word_embeddings: bool = False
+    dtype: Literal["float32", "bfloat16", "float16"]
+    max_seq_len: int = Field(ge=16, le=1_048_576)
+    num_experts: int = Field(default=0, ge=0, le=1024, description="0 for a dense model.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameters of a Llama-family decoder, from its shape."""
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        attention = h * h + 2 * h * kv + h * h
+        experts = max(1, self.num_experts)
+        mlp = 3 * h * self.intermediate_size * experts + (h * self.num_experts if self.num_experts else 0)
+        per_layer = attention + mlp + 2 * h
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + h
+
+
+class Queue(_Settings):
+    max_length: int = Field(ge=0, le=1_000_000)
+    timeout_ms: int = Field(ge=1, le=3_600_000)
+
+
+class Batch(_Settings):
+    window_ms: float = Field(ge=0, le=1000)
+    max_batch_size: int = Field(ge=1, le=4096)
+    max_num_batched_tokens: int = Field(ge=16, le=1_048_576)
+    chunked_prefill: bool = True
+
+
+class Runtime(_Settings):
+    port: int = Field(ge=1024, le=65535)
+    max_concurrency: int = Field(ge=1, le=65_536)
+    queue: Queue
+    batch: Batch
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp8"] = "auto"
+    gpu_memory_utilization: float = Field(gt=0.0, le=0.98)
+    reserved_memory_gb: float = Field(
+        default=1.0, ge=0, le=256, description="Activations, graphs, workspace."
+    )
+    tensor_parallel_size: int = Field(ge=1, le=64)
+    pipeline_parallel_size: int = Field(ge=1, le=64)
+    expert_parallel_size: int = Field(ge=1, le=1024)
+    api_keys_secret: str = Field(min_length=1, pattern=r"^[A-Za-z0-9/_+=.@:-]+$")
+    image_repository: str = Field(
+        default="frontier-runtime",
+        pattern=r"^[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9][a-z0-9._/-]*)?$",
+        description="Container repository of the runtime image (ECR URI); deployed by digest only.",
+    )
+    drain_timeout_s: float = Field(ge=0, le=3600)
+    block_size: int = Field(default=16, ge=1, le=256)
+    weights_cache_dir: str = Field(
+        default=CLOUD_WEIGHTS_CACHE,
+        min_length=1,
+        description="Where a host keeps verified weights; relative paths are taken from the host's root.",
+    )
+    cpu_threads: int = Field(
+        default=0, ge=0, le=1024, description="Intra-op threads per runtime on CPU hosts; 0 = all cores."
+    )
+
+
+class Health(_Settings):
+    readiness_path: str = Field(pattern=r"^/[A-Za-z0-9_./-]*$")
+    liveness_path: str = Field(pattern=r"^/[A-Za-z0-9_./-]*$")
+    interval_s: int = Field(ge=1, le=300)
+    timeout_s: int = Field(ge=1, le=120)
+    healthy_threshold: int = Field(ge=1, le=10)
+    unhealthy_threshold: int = Field(ge=1, le=10)
+
+
+class Gate(_Settings):
+    window_s: float = Field(ge=0, le=3600)
+    max_error_rate: float = Field(ge=0, le=1)
+    max_p99_latency_ms: float = Field(gt=0, le=3_600_000)
+    min_requests: int = Field(ge=0, le=1_000_000)
+
+
+class Rollout(_Settings):
+    canary_hosts: int = Field(ge=0, le=100)
+    batch_size: int = Field(ge=1, le=100, description="Hosts out of service at once after the canary.")
+    max_surge: int = Field(ge=0, le=100, description="Extra nodes added first when the group can grow.")
+    deregistration_delay_s: int = Field(ge=0, le=3600)
+    readiness_timeout_s: float = Field(gt=0, le=7200)
+    keep_releases: int = Field(ge=2, le=50)
+    gate: Gate
+
+
+class Slo(_Settings):
+    ttft_ms: float = Field(gt=0, le=600_000)
+    tpot_ms: float = Field(gt=0, le=60_000)
+    p99_latency_ms: float = Field(gt=0, le=3_600_000)
+    error_rate: float = Field(ge=0, le=1)
+
+
+class Capacity(_Settings):
+    peak_qps: float = Field(gt=0, le=1_000_000)
+    safety_factor: float = Field(ge=1.3, le=1.5, description="Headroom over the peak (the brief: 1.3-1.5).")
+    avg_prompt_tokens: int = Field(ge=1, le=1_048_576)
+    avg_output_tokens: int = Field(ge=1, le=1_048_576)
+    assumed_replica_qps: float = Field(gt=0, le=1_000_000, description="Used until a baseline is measured.")
+
+
+class Host(_Settings):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    address: str
+    ssh_port: int = Field(default=22, ge=1, le=65535)
+    root: str = Field(default=HOST_ROOT, min_length=1)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        ipaddress.ip_address(value)
+        return value
+
+
+class Inventory(_Settings):
+    source: Literal["static", "aws"]
+    ssh_user: str = Field(min_length=1)
+    ssh_key_file: str = ""
+    ssh_gateway: str = ""
+    hosts: tuple[Host, ...] = ()
+
+
+class Edge(_Settings):
+    certificate_arn: str = ""
+    ssl_policy: str = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+    idle_timeout_s: int = Field(default=300, ge=1, le=4000)
+    waf_rate_limit: int = Field(default=0, ge=0, le=2_000_000_000, description="0 turns WAF off.")
+
+
+class Drivers(_Settings):
+    driver_branch: str = Field(pattern=r"^[0-9]{3}$")
+    container_toolkit_version: str = Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
+
+
+class Monitoring(_Settings):
+    alarm_email: str = ""
+    queue_depth_alarm: int = Field(ge=1, le=1_000_000)
+    # Fraction of the KV cache in use above which an alert fires (preemptions follow soon after).
+    kv_usage_alarm: float = Field(default=0.95, gt=0, le=1)
+
+
+class Local(_Settings):
+    state_dir: str = ".frontier/local"
+    # The balancer and the moto server listen here only: nothing of the local stack leaves the machine.
+    bind_address: str = "127.0.0.1"
+    moto_port: int = Field(ge=1024, le=65535)
+    balancer_port: int = Field(ge=1024, le=65535)
+    balancer_stats_port: int = Field(ge=1024, le=65535)
+
+
+class KubernetesCluster(_Settings):
+    """Which cluster the workloads run on: one this stack creates (EKS), or one that exists."""
+
+    mode: Literal["create", "existing"]
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,99}$", description="EKS cluster name.")
+    # The API version the manifests are validated against (kubernetes-validate ships 1.25-1.37).
+    version: str = Field(pattern=r"^1\.(2[5-9]|3[0-7])$")
+    private_endpoint: bool = Field(default=True, description="create: the API only inside the VPC.")
+    kubeconfig: str = Field(default="", description="existing: path of the kubeconfig file.")
+    context: str = Field(default="", description="existing: the kubeconfig context to use.")
+
+
+class Taint(_Settings):
+    key: str = Field(pattern=r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
+    value: str = Field(default="", max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class NodePool(_Settings):
+    """GPU nodes for the runtime: the hardware of one ``node_groups`` entry, as Kubernetes sees it."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")
+    node_group: str = Field(min_length=1, description="The node_groups entry with its GPUs and sizes.")
+    instance_types: tuple[str, ...] = Field(
+        default=(), description="EC2 types the managed node group may use; empty: the node group's own."
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: tuple[Taint, ...] = (Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule"),)
+
+
+class KubernetesIngress(_Settings):
+    # alb: the AWS Load Balancer Controller makes an ALB (IP targets) with edge.certificate_arn;
+    # class: an ingress controller that already runs in the cluster, TLS from a Secret.
+    kind: Literal["alb", "class"]
+    class_name: str = Field(default="alb", pattern=r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
+    host: str = Field(pattern=r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
+    tls_secret: str = Field(default="", description="class: the Secret holding the certificate.")
+    controller_namespace: str = Field(
+        default="ingress-nginx", description="class: where the controller runs."
+    )
+    controller_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "ingress-nginx"},
+        description="class: the controller pods' labels (the only pods that may reach the runtime).",
+    )
+
+
+class KubernetesAutoscaling(_Settings):
+    min_replicas: int = Field(ge=1, le=1000)
+    max_replicas: int = Field(ge=1, le=1000)
+    # Requests waiting per replica above which KEDA adds one (the runtime's queue-depth gauge).
+    target_queue_depth: int = Field(ge=1, le=100_000)
+    polling_interval_s: int = Field(default=15, ge=5, le=3600)
+    cooldown_s: int = Field(default=300, ge=30, le=86_400)
+    prometheus_url: str = Field(pattern=r"^https?://[A-Za-z0-9.:/_-]+$")
+
+
+class KubernetesMonitoring(_Settings):
+    prometheus_namespace: str = "monitoring"
+    prometheus_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "prometheus"}
+    )
+    # Labels the Prometheus Operator selects ServiceMonitors by.
+    service_monitor_labels: dict[str, str] = Field(default_factory=lambda: {"release": "prometheus"})
+    scrape_interval_s: int = Field(default=15, ge=1, le=600)
+
+
+class Kubernetes(_Settings):
+    cluster: KubernetesCluster
+    namespace: str
+    node_pools: tuple[NodePool, ...] = Field(min_length=1)
+    ingress: KubernetesIngress
+    autoscaling: KubernetesAutoscaling
+    monitoring: KubernetesMonitoring = KubernetesMonitoring()
+    identity: Literal["pod_identity", "irsa"] = "pod_identity"
+    runtime_role_arn: str = Field(
+        default="", description="existing: the IAM role the runtime's service account assumes."
+    )
+    service_account: str = Field(default="frontier-runtime", pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    progress_deadline_s: int = Field(default=1800, ge=60, le=86_400)
+    image: str = Field(
+        default="",
+        description="The runtime image `fab render` writes into manifests: <repository>@sha256:<64 hex>.",
+    )
+    weights_cache_gb: int = Field(default=200, ge=1, le=65_536)
+    shm_gb: int = Field(default=16, ge=1, le=2048)
+    run_as_user: int = Field(default=10001, ge=1, le=2_147_483_647)
+
+
+class Settings(_Settings):
+    """Every setting of one stack, typed. Built only by :func:`load_stack`."""
+
+    stack: str
+    source: str
+    #: Where the fleet runs: ``ec2`` hosts, a ``kubernetes`` cluster, or ``local`` (the embedded
+    #: stack, inferred from its ``local:`` section); picks the backend.
+    target: Literal["local", "ec2", "kubernetes"] = "ec2"
+    region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]$")
+    network: Network
+    node_groups: tuple[NodeGroup, ...] = Field(min_length=1)
+    model: Model
+    runtime: Runtime
+    health: Health
+    rollout: Rollout
+    slo: Slo
+    capacity: Capacity
+    inventory: Inventory
+    edge: Edge
+    drivers: Drivers
+    monitoring: Monitoring
+    local: Local | None = None
+    kubernetes: Kubernetes | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_local(cls, data: object) -> object:
+        # The local stack has always been recognised by its section; it need not say so twice.
+        if isinstance(data, dict) and data.get("local") is not None and "target" not in data:
+            return {**data, "target": "local"}
+        return data
+
+    @property
+    def serving_group(self) -> NodeGroup:
+        """The node group the model is served on (the first one)."""
+        return self.node_groups[0]
