@@ -13,6 +13,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from frontier_runtime.contracts import DEFAULT_LIVENESS_PATH, DEFAULT_READINESS_PATH
+
 Dtype = Literal["float32", "bfloat16", "float16"]
 KvCacheDtype = Literal["auto", "float32", "bfloat16", "float16", "fp8"]
 
@@ -43,8 +45,8 @@ class ServerConfig(_Strict):
 
 
 class HealthConfig(_Strict):
-    readiness_path: str = Field(default="/health/ready", pattern=r"^/[A-Za-z0-9_./-]*$")
-    liveness_path: str = Field(default="/health/live", pattern=r"^/[A-Za-z0-9_./-]*$")
+    readiness_path: str = Field(default=DEFAULT_READINESS_PATH, pattern=r"^/[A-Za-z0-9_./-]*$")
+    liveness_path: str = Field(default=DEFAULT_LIVENESS_PATH, pattern=r"^/[A-Za-z0-9_./-]*$")
     stuck_after_s: float = Field(
         default=30.0, gt=0, le=3600, description="Engine loop silent this long = not live."
     )

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from frontier_runtime import contracts
 from frontier_runtime.server.admission import QueueFull, Ticket
 from frontier_runtime.server.errors import APIError, invalid
 from frontier_runtime.server.formats import ChatFormat, CompletionFormat
@@ -44,19 +45,19 @@ from frontier_runtime.server.text import TemplateRenderError, TextCodec
 log = logging.getLogger("frontier_runtime.server")
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
-INFERENCE_ROUTES = ("/v1/completions", "/v1/chat/completions")
+INFERENCE_ROUTES = (contracts.COMPLETIONS_PATH, contracts.CHAT_COMPLETIONS_PATH)
 # Tokenising a long prompt takes milliseconds; off the event loop so liveness stays quick.
 TOKENIZE_INLINE_CHARS = 8192
 
 
 def create_app(state: ServerState) -> ASGIApp:
     routes = [
-        Route("/v1/completions", _completions, methods=["POST"]),
-        Route("/v1/chat/completions", _chat_completions, methods=["POST"]),
-        Route("/v1/models", _models, methods=["GET"]),
+        Route(contracts.COMPLETIONS_PATH, _completions, methods=["POST"]),
+        Route(contracts.CHAT_COMPLETIONS_PATH, _chat_completions, methods=["POST"]),
+        Route(contracts.MODELS_PATH, _models, methods=["GET"]),
         Route(state.config.health.liveness_path, _live, methods=["GET", "HEAD"]),
         Route(state.config.health.readiness_path, _ready, methods=["GET", "HEAD"]),
-        Route("/metrics", _metrics, methods=["GET"]),
+        Route(contracts.METRICS_PATH, _metrics, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,
@@ -77,7 +78,8 @@ class RequestContext:
         self.app = app
         self.state = state
         self.routes = {r.path for r in app.routes if isinstance(r, Route)}
-        self.probes = {state.config.health.liveness_path, state.config.health.readiness_path, "/metrics"}
+        health = state.config.health
+        self.probes = {health.liveness_path, health.readiness_path, contracts.METRICS_PATH}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -91,7 +93,7 @@ class RequestContext:
         scope["state"].update(request_id=request_id, log=fields, arrived_at=started)
         status = 0
         path = scope["path"]
-        route = path if path in self.routes else "other"
+        route = path if path in self.routes else contracts.OTHER_ROUTE
         inference = path in INFERENCE_ROUTES
         if inference:
             self._enter()

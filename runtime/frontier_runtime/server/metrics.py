@@ -1,10 +1,9 @@
-"""Prometheus metrics, named like vLLM's so existing dashboards keep working.
+"""Prometheus metrics, named like vLLM's so existing dashboards keep working (names: ``contracts``).
 
 Each app owns its own ``CollectorRegistry`` (several apps can live in one test process). Gauges
 that mirror engine state are read from ``engine.stats()`` at scrape time, so they are never stale.
-Besides vLLM's names, ``frontier_request_failures_total{reason}`` counts refusals by reason and
-``frontier_http_requests_total{route,status}`` with ``frontier_http_request_duration_seconds``
-let a deploy gate compute the error rate and p99 from one scrape.
+Besides vLLM's names, the failure counter counts refusals by reason, and the HTTP request counter
+and duration histogram let a deploy gate compute the error rate and p99 from one scrape.
 """
 
 from __future__ import annotations
@@ -15,7 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from frontier_runtime.engine.api import EngineStats
+from frontier_runtime import contracts
+from frontier_runtime.engine.api import FINISH_REASONS, EngineStats
 
 TTFT_BUCKETS = (.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 TOKEN_LATENCY_BUCKETS = (.01, .025, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
@@ -24,7 +24,6 @@ HTTP_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 20.0, 40
 TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)  # fmt: skip
 
 FAILURE_REASONS = ("queue_full", "queue_timeout", "invalid", "unauthorized", "draining", "too_large", "not_found", "client_disconnect", "engine_error", "not_ready")  # fmt: skip
-FINISH_REASONS = ("stop", "length", "abort")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -38,78 +37,85 @@ class ServerMetrics:
     ) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
-        labels = ["model_name"]
+        labels = [contracts.MODEL_LABEL]
         reg = self.registry
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", labels, registry=reg)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels, registry=reg)
+        self.prompt_tokens = Counter(
+            contracts.PROMPT_TOKENS_METRIC, "Prompt tokens processed.", labels, registry=reg
+        )
+        self.generation_tokens = Counter(
+            contracts.GENERATION_TOKENS_METRIC, "Tokens generated.", labels, registry=reg
+        )
         self.request_success = Counter(
-            "vllm:request_success",
+            contracts.REQUEST_SUCCESS_METRIC,
             "Requests finished, by finish reason.",
-            [*labels, "finished_reason"],
+            [*labels, contracts.FINISHED_REASON_LABEL],
             registry=reg,
         )
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
+            contracts.TTFT_METRIC,
             "Time to first token.",
             labels,
             buckets=TTFT_BUCKETS,
             registry=reg,
         )
         self.itl = Histogram(
-            "vllm:inter_token_latency_seconds",
+            contracts.ITL_METRIC,
             "Gap between consecutive output tokens.",
             labels,
             buckets=TOKEN_LATENCY_BUCKETS,
             registry=reg,
         )
         self.tpot = Histogram(
-            "vllm:request_time_per_output_token_seconds",
+            contracts.TPOT_METRIC,
             "(e2e - ttft) / (output tokens - 1) per request.",
             labels,
             buckets=TOKEN_LATENCY_BUCKETS,
             registry=reg,
         )
         self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
+            contracts.E2E_LATENCY_METRIC,
             "Arrival to last token.",
             labels,
             buckets=REQUEST_LATENCY_BUCKETS,
             registry=reg,
         )
         self.queue_time = Histogram(
-            "vllm:request_queue_time_seconds",
+            contracts.QUEUE_TIME_METRIC,
             "Time spent waiting for admission.",
             labels,
             buckets=REQUEST_LATENCY_BUCKETS,
             registry=reg,
         )
         self.request_prompt_tokens = Histogram(
-            "vllm:request_prompt_tokens",
+            contracts.REQUEST_PROMPT_TOKENS_METRIC,
             "Prompt length per request.",
             labels,
             buckets=TOKEN_COUNT_BUCKETS,
             registry=reg,
         )
         self.request_generation_tokens = Histogram(
-            "vllm:request_generation_tokens",
+            contracts.REQUEST_GENERATION_TOKENS_METRIC,
             "Output length per request.",
             labels,
             buckets=TOKEN_COUNT_BUCKETS,
             registry=reg,
         )
         self.failures = Counter(
-            "frontier_request_failures", "Requests refused or failed, by reason.", ["reason"], registry=reg
+            contracts.REQUEST_FAILURES_METRIC,
+            "Requests refused or failed, by reason.",
+            [contracts.REASON_LABEL],
+            registry=reg,
         )
         self.http_requests = Counter(
-            "frontier_http_requests",
+            contracts.HTTP_REQUESTS_METRIC,
             "HTTP requests answered, by route and status.",
-            ["route", "status"],
+            [contracts.ROUTE_LABEL, contracts.STATUS_LABEL],
             registry=reg,
         )
         self.http_duration = Histogram(
-            "frontier_http_request_duration_seconds",
+            contracts.HTTP_DURATION_METRIC,
             "HTTP request duration, by route.",
-            ["route"],
+            [contracts.ROUTE_LABEL],
             buckets=HTTP_BUCKETS,
             registry=reg,
         )
@@ -175,45 +181,59 @@ class _LiveCollector(Collector):
         engine_waiting = stats.waiting if stats else 0
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g = GaugeMetricFamily(name, doc, labels=[contracts.MODEL_LABEL])
             g.add_metric([self._model], value)
             return g
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c = CounterMetricFamily(name, doc, labels=[contracts.MODEL_LABEL])
             c.add_metric([self._model], value)
             return c
 
         yield gauge(
-            "vllm:num_requests_running", "Sequences running in the engine.", stats.running if stats else 0
+            contracts.RUNNING_METRIC, "Sequences running in the engine.", stats.running if stats else 0
         )
         yield gauge(
-            "vllm:num_requests_waiting",
+            contracts.WAITING_METRIC,
             "Requests waiting: in the admission queue plus in the engine's own queue.",
             queued + engine_waiting,
         )
         yield gauge(
-            "vllm:kv_cache_usage_perc",
+            contracts.KV_USAGE_METRIC,
             "Fraction of KV cache blocks in use (0..1).",
             stats.kv_usage if stats else 0.0,
         )
-        yield counter("vllm:num_preemptions", "Sequences preempted.", stats.num_preemptions if stats else 0)
-        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries if stats else 0)  # fmt: skip
-        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits if stats else 0)  # fmt: skip
+        yield counter(
+            contracts.PREEMPTIONS_METRIC, "Sequences preempted.", stats.num_preemptions if stats else 0
+        )
+        yield counter(
+            contracts.PREFIX_CACHE_QUERIES_METRIC,
+            "Prompt tokens looked up in the prefix cache.",
+            stats.prefix_cache_queries if stats else 0,
+        )
+        yield counter(
+            contracts.PREFIX_CACHE_HITS_METRIC,
+            "Prompt tokens found in the prefix cache.",
+            stats.prefix_cache_hits if stats else 0,
+        )
         yield gauge(
-            "frontier_batch_size",
+            contracts.BATCH_SIZE_METRIC,
             "Sequences in the engine's last step.",
             stats.last_batch_size if stats else 0,
         )
         yield gauge(
-            "frontier_step_tokens",
+            contracts.STEP_TOKENS_METRIC,
             "Tokens in the engine's last step.",
             stats.last_step_tokens if stats else 0,
         )
-        yield counter("frontier_engine_steps", "Engine steps taken.", stats.steps if stats else 0)
-        yield gauge("frontier_kv_blocks_total", "KV cache blocks.", stats.kv_blocks_total if stats else 0)
-        yield gauge("frontier_kv_blocks_free", "KV cache blocks free.", stats.kv_blocks_free if stats else 0)
-        yield gauge("frontier_admitted_requests", "Requests holding an engine slot.", admitted)
-        yield gauge("frontier_queued_requests", "Requests in the admission queue.", queued)
-        yield gauge("frontier_ready", "1 when the readiness check passes.", 1.0 if ready else 0.0)
-        yield gauge("frontier_draining", "1 while draining before exit.", 1.0 if draining else 0.0)
+        yield counter(contracts.ENGINE_STEPS_METRIC, "Engine steps taken.", stats.steps if stats else 0)
+        yield gauge(
+            contracts.KV_BLOCKS_TOTAL_METRIC, "KV cache blocks.", stats.kv_blocks_total if stats else 0
+        )
+        yield gauge(
+            contracts.KV_BLOCKS_FREE_METRIC, "KV cache blocks free.", stats.kv_blocks_free if stats else 0
+        )
+        yield gauge(contracts.ADMITTED_METRIC, "Requests holding an engine slot.", admitted)
+        yield gauge(contracts.QUEUED_METRIC, "Requests in the admission queue.", queued)
+        yield gauge(contracts.READY_METRIC, "1 when the readiness check passes.", 1.0 if ready else 0.0)
+        yield gauge(contracts.DRAINING_METRIC, "1 while draining before exit.", 1.0 if draining else 0.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import httpx
+from frontier_runtime import contracts
 from frontier_runtime.server.metrics import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import MODEL
@@ -46,6 +47,12 @@ def test_vllm_names_are_exported_before_any_request(serve) -> None:
         assert name in families, name
     reasons = {s.labels["reason"] for s in families["frontier_request_failures"]}
     assert {"queue_full", "queue_timeout", "invalid", "unauthorized", "draining"} <= reasons
+
+
+def test_contracts_name_every_exported_family(serve) -> None:
+    exported = {name for name in _scrape(serve().url) if not name.endswith("_created")}
+    assert exported == set(contracts.METRIC_NAMES)
+    assert len(set(contracts.METRIC_NAMES)) == len(contracts.METRIC_NAMES)
 
 
 def test_histograms_use_the_llm_latency_buckets(serve) -> None:
