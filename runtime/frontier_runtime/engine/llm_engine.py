@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from frontier_runtime.config import RuntimeConfig
-from frontier_runtime.engine.api import EngineStats, RequestOutput, SamplingParams
+from frontier_runtime.engine.api import EngineStats, RequestOutput, SamplingParams, TokenLogprob
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
@@ -84,7 +84,7 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def validate_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError for a request the engine would refuse. Safe to call from any thread."""
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
@@ -101,7 +101,7 @@ class LLMEngine:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        self.validate_request(request_id, prompt_token_ids, params)
+        self.validate_request(prompt_token_ids, params)
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         stop_ids = frozenset(params.stop_token_ids) | (
@@ -167,7 +167,7 @@ class LLMEngine:
             outputs.append(self._append_token(seq, token, lp))
         return outputs
 
-    def _append_token(self, seq: Sequence, token: int, logprob) -> RequestOutput:  # noqa: ANN001
+    def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq.token_ids.append(token)
         reason = None
         if token in seq.stop_token_ids or seq.detokenizer.append(token) is not None:
@@ -185,7 +185,9 @@ class LLMEngine:
         return self._output(seq, [token], text, None if logprob is None else [logprob])
 
     @staticmethod
-    def _output(seq: Sequence, tokens: list[int], text: str, logprobs: list | None) -> RequestOutput:
+    def _output(
+        seq: Sequence, tokens: list[int], text: str, logprobs: list[TokenLogprob] | None
+    ) -> RequestOutput:
         return RequestOutput(
             request_id=seq.request_id,
             new_token_ids=tokens,

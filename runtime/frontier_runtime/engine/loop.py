@@ -85,7 +85,7 @@ class AsyncEngine:
         Raises ValueError for a request the engine refuses (before anything is queued) and
         EngineDeadError when the loop no longer runs.
         """
-        self.engine.validate_request(request_id, prompt_token_ids, params)
+        self.engine.validate_request(prompt_token_ids, params)
         sink = _AsyncSink(asyncio.get_running_loop())
         self._enqueue(request_id, list(prompt_token_ids), params, sink)
         return self._stream(request_id, sink)

@@ -6,7 +6,7 @@ import enum
 
 import torch
 
-from frontier_runtime.engine.api import FinishReason, SamplingParams, TokenLogprob
+from frontier_runtime.engine.api import FinishReason, SamplingParams
 from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
 
 
@@ -50,9 +50,6 @@ class Sequence:
         if params.seed is not None:
             # On the device the logits live on, so sampling never copies them to the host.
             self.generator = torch.Generator(device=device).manual_seed(params.seed)
-        self.pending_token_ids: list[int] = []  # produced since the last RequestOutput
-        self.pending_logprobs: list[TokenLogprob] = []
-        self.reported_first = False
 
     @property
     def num_tokens(self) -> int:
@@ -61,10 +58,6 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:

@@ -21,7 +21,6 @@ class Health:
     weights_loaded: bool = False
     warmed_up: bool = False
     draining: bool = False
-    started_at: float = field(default_factory=time.monotonic)
 
     def heartbeat_age_s(self) -> float | None:
         beat = self.heartbeat()

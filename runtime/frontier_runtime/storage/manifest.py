@@ -41,10 +41,6 @@ class Manifest:
     format: str = FORMAT
     extra: dict = field(default_factory=dict)
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
-
     def to_json(self) -> str:
         data = asdict(self)
         data["files"] = [asdict(f) for f in self.files]

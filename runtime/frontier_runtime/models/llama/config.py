@@ -24,9 +24,7 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     mlp_bias: bool = False
-    bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    torch_dtype: str = "float32"
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> LlamaConfig:
@@ -68,9 +66,7 @@ class LlamaConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype") or "float32",
         )
 
     @classmethod
