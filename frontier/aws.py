@@ -20,7 +20,7 @@ import boto3
 from botocore.config import Config
 
 from frontier import project
-from frontier.config.stack import Settings
+from frontier.config.schema import Settings
 from frontier.contracts import LOCAL_AWS_KEY_ID, LOCAL_AWS_SECRET
 from frontier.errors import FrontierError
 

@@ -44,15 +44,24 @@ DIGEST_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
 RELEASE_ID_PATTERN = re.compile(r"^r-[0-9a-f]{12}$")
 
-# --- metrics: the runtime exports them; the gate, alerts and autoscaling read them -------------
-HTTP_REQUESTS_METRIC = "frontier_http_requests"  # a counter: the exposition adds _total
-HTTP_DURATION_METRIC = "frontier_http_request_duration_seconds"
-READY_METRIC = "frontier_ready"
-TTFT_METRIC = "vllm:time_to_first_token_seconds"
-E2E_LATENCY_METRIC = "vllm:e2e_request_latency_seconds"
-WAITING_METRIC = "vllm:num_requests_waiting"
-RUNNING_METRIC = "vllm:num_requests_running"
-KV_USAGE_METRIC = "vllm:kv_cache_usage_perc"
+# --- metrics and paths: the runtime defines them (it exports them); the gate, alerts and ----------
+# autoscaling read them. Re-exported here so the toolkit has one place to import shared names from.
+from frontier_runtime.contracts import (  # noqa: E402,F401
+    DEFAULT_LIVENESS_PATH,
+    DEFAULT_READINESS_PATH,
+    E2E_LATENCY_METRIC,
+    HTTP_DURATION_METRIC,
+    HTTP_REQUESTS_METRIC,
+    KV_USAGE_METRIC,
+    METRIC_NAMES,
+    METRICS_PATH,
+    PREFIX_CACHE_HITS_METRIC,
+    PREFIX_CACHE_QUERIES_METRIC,
+    READY_METRIC,
+    RUNNING_METRIC,
+    TTFT_METRIC,
+    WAITING_METRIC,
+)
 
 # CloudWatch: what each host publishes and the alarms and scaling policies read.
 CLOUDWATCH_NAMESPACE = "Frontier/Runtime"
@@ -62,3 +71,17 @@ QUEUE_DEPTH_METRIC = "QueueDepth"
 # moto accepts any credentials; these mark requests as the local stack's own.
 LOCAL_AWS_KEY_ID = "frontier-local"
 LOCAL_AWS_SECRET = "frontier-local"
+
+# --- Kubernetes: the renderer writes these, the backend patches them, the policy pack checks them
+K8S_APP_LABEL = "app.kubernetes.io/name"
+K8S_INSTANCE_LABEL = "app.kubernetes.io/instance"
+K8S_MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+# stable | canary: the canary Deployment's pods share the Service but not the stable selector.
+K8S_TRACK_LABEL = "frontier.dev/track"
+# On the pod template: a change of runtime.yaml changes the template, so the Deployment rolls.
+K8S_CONFIG_HASH_ANNOTATION = "frontier.dev/config-hash"
+K8S_RELEASE_ANNOTATION = "frontier.dev/release"
+GPU_RESOURCE = "nvidia.com/gpu"
+# The EC2 instance metadata service: no pod of ours may reach it (credentials come from Pod
+# Identity or IRSA, never the node's role).
+INSTANCE_METADATA_CIDR = "169.254.169.254/32"

@@ -1,6 +1,6 @@
 """``pulumi up -s <stack>``: build the environment described by ``stacks/Pulumi.<stack>.yaml``.
 
-The settings come only from :func:`frontier.config.stack.load_stack`, the loader every Frontier tool uses.
+The settings come only from :func:`frontier.config.load.load_stack`, the loader every Frontier tool uses.
 The local stack is refused: it is never provisioned by Pulumi. Outputs are listed in
 :class:`infra.outputs.StackOutputs`.
 """
@@ -9,7 +9,7 @@ The local stack is refused: it is never provisioned by Pulumi. Outputs are liste
 # the toolkit (frontier, infra, policy) as an editable install: plain imports find them.
 import pulumi
 
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from frontier.errors import StackError
 from infra.errors import ProvisionError
 from infra.program import build

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from frontier.config.stack import Health
+from frontier.config.schema import Health
 from infra.storage import LB_LOG_PREFIX
 
 # New hosts get a linearly growing share of requests for this long: a fresh runtime has cold CUDA

@@ -19,7 +19,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from frontier.config.stack import Slo
+from frontier.config.schema import Slo
 from frontier.contracts import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 from frontier.contracts import QUEUE_DEPTH_METRIC
 

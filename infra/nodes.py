@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from frontier.config.stack import NodeGroup, Settings
+from frontier.config.schema import NodeGroup, Settings
 from frontier.contracts import CACHE_DEVICE_NAME
 from infra.errors import ProvisionError
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pulumi
 
-from frontier.config.stack import Settings
+from frontier.config.schema import Settings
 from frontier.render.files import render_cloud_init
 from infra.cloud import Cloud, look_up
 from infra.edge import Edge, EdgeArgs

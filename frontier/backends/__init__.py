@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from frontier.backends.base import Backend
-from frontier.config.stack import Settings
+from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 
 

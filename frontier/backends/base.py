@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from frontier.config.stack import Settings
+from frontier.config.schema import Settings
 from frontier.fleet.balancer import Balancer
 from frontier.fleet.host import HostSession
 from frontier.fleet.inventory import HostSpec

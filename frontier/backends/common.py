@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from frontier import aws
-from frontier.config.stack import Settings
+from frontier.config.schema import Settings
 from frontier.fleet.host import HostSession
 from frontier.fleet.inventory import HostSpec, ssh_connection
 from frontier.release.history import HistoryStore

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from frontier.capacity.baseline import Baseline
-from frontier.config.stack import MemoryFit, NodeGroup, Settings, memory_fit
+from frontier.capacity.memory import MemoryFit, memory_fit
+from frontier.config.schema import NodeGroup, Settings
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,17 @@ class Throughput:
 
     replica_qps: float
     output_tokens_per_s: float
-    source: Literal["baseline", "assumption"]
+    source: Literal["baseline", "assumption", "roofline"]
     baseline: Baseline | None
+    detail: str = ""  # for the roofline: the operating point and where its figures come from
 
     @property
     def explanation(self) -> str:
+        if self.source == "roofline":
+            return (
+                f"MODELLED by the roofline: {self.replica_qps:,.2f} req/s and {self.output_tokens_per_s:,.0f} "
+                f"output tokens/s per replica at the largest concurrency meeting every SLO ({self.detail})"
+            )
         if self.baseline is not None:
             b = self.baseline
             return (
@@ -153,6 +160,10 @@ def _warnings(group: NodeGroup, nodes: int) -> list[str]:
 
 
 def plan_stack(settings: Settings, baseline: Baseline | None) -> Plan:
-    throughput = replica_throughput(settings, baseline)
+    return plan_with(settings, replica_throughput(settings, baseline))
+
+
+def plan_with(settings: Settings, throughput: Throughput) -> Plan:
+    """The plan for a given per-replica throughput (measured, assumed or modelled)."""
     groups = tuple(plan_group(settings, group, throughput) for group in settings.node_groups)
     return Plan(stack=settings.stack, throughput=throughput, groups=groups)

@@ -8,7 +8,8 @@ from typing import Any
 
 from invoke.exceptions import Exit
 
-from frontier.config.stack import Settings, load_stack
+from frontier.config.load import load_stack
+from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 
 

@@ -9,9 +9,15 @@ from invoke import Collection, task
 
 from frontier import project
 from frontier.capacity.baseline import load_baseline
-from frontier.capacity.plan import GroupPlan, Plan, plan_stack
+from frontier.capacity.chart import pareto_png
+from frontier.capacity.explore import MAX_BATCH_SIZES, TENSOR_PARALLEL, Exploration, Option, explore
+from frontier.capacity.gpus import INSTANCES
+from frontier.capacity.plan import GroupPlan, Plan, plan_stack, plan_with
+from frontier.capacity.replica import ReplicaModel, model_stack
+from frontier.capacity.roofline import NotModelled, OperatingPoint, slo_violations
 from frontier.cli import tables
 from frontier.cli.common import reports_errors, settings_for
+from frontier.kubernetes.manifests import manifest_files
 from frontier.render import files as renderer
 
 
@@ -34,6 +40,7 @@ def render(c, stack=None, out=None, digest=None):
     if digest is None:
         digest = renderer.PLACEHOLDER_DIGEST
     files = renderer.render_stack(settings, digest)
+    files = dict(sorted({**files, **manifest_files(settings, digest)}.items()))
     out_dir = Path(out) if out else project.root() / "rendered" / settings.stack
     renderer.write_files(files, out_dir)
 
@@ -65,12 +72,26 @@ def render(c, stack=None, out=None, digest=None):
         console.print(f"image: {renderer.image_reference(settings, digest)}")
 
 
-@task(help={"stack": "stack to plan (default: $FRONTIER_STACK, else local)"})
+@task(
+    help={
+        "stack": "stack to plan (default: $FRONTIER_STACK, else local)",
+        "explore": "sweep instance type x tensor parallel x max_batch_size; print the price-latency Pareto front",
+        "png": "where --explore writes its chart (default: .frontier/plan/<stack>-pareto.png)",
+        "refresh-cpu": "CPU stacks: run the CPU micro-benchmark again instead of using its cached result",
+    }
+)
 @reports_errors
-def plan(c, stack=None):
-    """GPU memory fit, replicas, nodes and cost per node group of a stack."""
+def plan(c, stack=None, explore=False, png=None, refresh_cpu=False):
+    """GPU memory fit, replicas, nodes and cost per node group of a stack, and its replica's roofline.
+
+    The first tables size the fleet from the measured baseline (else the stated assumption); the
+    roofline then models one replica from the GPU's datasheet (or the CPU's micro-benchmark),
+    calibrated to the baseline where one exists, and sizes the fleet from that. --explore sweeps
+    the serving settings and prints the Pareto front of cost per 1M output tokens vs TPOT.
+    """
     settings = settings_for(stack)
-    result = plan_stack(settings, load_baseline(settings.stack))
+    baseline = load_baseline(settings.stack)
+    result = plan_stack(settings, baseline)
     console = tables.console()
     model, rt = settings.model, settings.runtime
     console.print(
@@ -84,6 +105,16 @@ def plan(c, stack=None):
         console.print(_capacity_table(result, group_plan, settings))
         for warning in group_plan.warnings:
             console.print(f"warning: {warning}")
+    try:
+        model = model_stack(settings, baseline, refresh_cpu=refresh_cpu)
+    except NotModelled as exc:
+        if explore:
+            raise
+        console.print(f"roofline: not modelled: {exc}")
+        return
+    _print_roofline(console, settings, model)
+    if explore:
+        _print_exploration(console, settings, model, png)
 
 
 def _memory_table(p: GroupPlan):
@@ -126,9 +157,13 @@ def _memory_table(p: GroupPlan):
     )
 
 
-def _capacity_table(result: Plan, p: GroupPlan, settings):
+def _capacity_table(result: Plan, p: GroupPlan, settings, title_suffix: str = ""):
     t, g, cap = result.throughput, p.group, settings.capacity
-    source = "measured baseline" if t.source == "baseline" else "ASSUMPTION (capacity.assumed_replica_qps)"
+    source = {
+        "baseline": "measured baseline",
+        "assumption": "ASSUMPTION (capacity.assumed_replica_qps)",
+        "roofline": "MODELLED (roofline)",
+    }[t.source]
     rows = [
         (
             "demand",
@@ -164,8 +199,190 @@ def _capacity_table(result: Plan, p: GroupPlan, settings):
         ),
     ]
     return tables.table(
-        f"node group {g.name}: replicas, nodes and cost", ("item", "value", "how"), rows, numeric=(1,)
+        f"node group {g.name}: replicas, nodes and cost{title_suffix}",
+        ("item", "value", "how"),
+        rows,
+        numeric=(1,),
     )
+
+
+def _concurrency_grid(model: ReplicaModel) -> list[int]:
+    top = model.replica.max_concurrency
+    grid = {1, top, model.replica.max_batch_size}
+    grid.update(2**i for i in range(1, 20) if 2**i < top)
+    if model.fit.best is not None:
+        grid.add(model.fit.best.concurrency)
+    return sorted(c for c in grid if c <= top)
+
+
+def _point_row(p: OperatingPoint, settings, mark: str = "") -> tuple:
+    broken = slo_violations(p, settings.slo)
+    return (
+        f"{p.concurrency}{mark}",
+        p.batch,
+        f"{p.ttft_s * 1e3:,.0f}",
+        f"{p.tpot_s * 1e3:,.1f}",
+        f"{p.e2e_s * 1e3:,.0f}",
+        f"{p.output_tokens_per_s:,.0f}",
+        f"{p.requests_per_s:,.2f}",
+        p.mean_step.bound + (", budget" if p.budget_bound else ""),
+        "ok" if not broken else "breaks " + ", ".join(broken),
+    )
+
+
+def _print_roofline(console, settings, model: ReplicaModel) -> None:
+    d, e, r = model.device, model.efficiency, model.replica
+    console.print(
+        f"roofline of one replica: {r.tensor_parallel} x {d.name}, {tables.size(d.bandwidth)}/s, "
+        f"{d.flops / 1e12:,.3g} TFLOP/s, link {tables.size(d.link_bandwidth)}/s ({d.source})"
+    )
+    console.print(
+        f"efficiencies: bandwidth {e.bandwidth:g}, FLOPs {e.flops:g}, link {e.link:g}, all-reduce latency "
+        f"{e.allreduce_latency_s * 1e6:g} us, overhead {e.step_overhead_s * 1e3:.3g} ms/step + "
+        f"{e.seq_overhead_s * 1e3:.3g} ms/sequence ({e.source})"
+    )
+    best = model.fit.best
+    rows = [
+        _point_row(p, settings, " (best)" if best is not None and p.concurrency == best.concurrency else "")
+        for p in (model.fit.curve[c - 1] for c in _concurrency_grid(model))
+    ]
+    console.print(
+        tables.table(
+            f"roofline: one replica at each concurrency ({model.prompt} prompt + {model.output} output tokens; "
+            "means, modelled)",
+            ("concurrency", "batch", "TTFT ms", "TPOT ms", "E2E ms", "out tok/s", "req/s", "bound", "SLO"),
+            rows,
+            numeric=(0, 1, 2, 3, 4, 5, 6),
+        )
+    )
+    cal = model.calibration
+    measured = (
+        "-" if cal is None else f"{cal.baseline.replica_qps:,.2f} req/s (baseline {cal.baseline.measured_at})"
+    )
+    figures = [
+        (
+            "device bandwidth, FLOP/s",
+            "measured (micro-benchmark)" if d.source.startswith("measured") else "datasheet",
+        ),
+        ("efficiencies, engine overhead", "calibrated" if cal is not None and cal.fitted else "modelled"),
+        ("TTFT, TPOT, throughput per concurrency", "modelled"),
+        (
+            "knee (req/s per replica)",
+            f"modelled {cal.calibrated_qps if cal else (best.requests_per_s if best else 0):,.2f}"
+            + (f", uncalibrated {cal.modelled_qps:,.2f}" if cal else "")
+            + f"; measured {measured}",
+        ),
+    ]
+    if cal is not None:
+        figures.append(("calibration", cal.note))
+    console.print(
+        tables.table("roofline: which figures are modelled and which measured", ("figure", "source"), figures)
+    )
+    throughput = model.throughput()
+    if throughput is None:
+        console.print(
+            "roofline: no concurrency meets the SLOs; even one request at a time breaks "
+            + ", ".join(model.fit.broken_at_1)
+        )
+        return
+    console.print(f"per-replica throughput from the roofline: {throughput.explanation}")
+    modelled = plan_with(settings, throughput)
+    console.print(_capacity_table(modelled, modelled.groups[0], settings, " (from the roofline)"))
+
+
+def _per_million(value: float) -> str:
+    """Dollars per 1M tokens: cents, or three significant figures below ten cents (tiny models)."""
+    return tables.money(value) if value >= 0.1 else f"${value:.3g}"
+
+
+_MARKS = {
+    (True, True): "current, cheapest",
+    (True, False): "current",
+    (False, True): "cheapest",
+    (False, False): "",
+}
+
+
+def _option_row(o: Option, ex: Exploration, mark: str | None = None) -> tuple:
+    p, g = o.point, o.plan
+    price = INSTANCES.get(o.candidate.instance_type)
+    estimate = price is not None and price.price_source.startswith("ESTIMATE") and not o.current
+    return (
+        mark if mark is not None else _MARKS[(o.current, o is ex.cheapest)],
+        o.candidate.instance_type,
+        o.candidate.tensor_parallel,
+        o.candidate.max_batch_size,
+        p.concurrency,
+        f"{p.ttft_s * 1e3:,.0f}",
+        f"{p.tpot_s * 1e3:,.1f}",
+        f"{p.output_tokens_per_s:,.0f}",
+        _per_million(o.cost_per_million),
+        g.replicas,
+        g.nodes,
+        tables.money(g.cost_per_hour) + (" (est.)" if estimate else ""),
+    )
+
+
+def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
+    ex = explore(settings, model)
+    console.print(
+        f"explore: {ex.considered} candidates = instance types x tensor_parallel_size "
+        f"{sorted({*TENSOR_PARALLEL, settings.runtime.tensor_parallel_size})} x max_batch_size "
+        f"{sorted({*MAX_BATCH_SIZES, settings.runtime.batch.max_batch_size})}; {len(ex.options)} fit and meet every "
+        f"SLO; {ex.kv_note}"
+    )
+    console.print(
+        tables.table(
+            "explore: candidates dropped, by the first rule they break",
+            ("reason", "candidates"),
+            ex.dropped,
+            numeric=(1,),
+        )
+    )
+    rows = [_option_row(o, ex) for o in ex.front]
+    if ex.current is not None and ex.current not in ex.front:
+        rows.append(_option_row(ex.current, ex, "current (off the front)"))
+    console.print(
+        tables.table(
+            f"explore: Pareto front of cost per 1M output tokens vs TPOT, stack {ex.stack} "
+            f"(each at its largest concurrency meeting every SLO; peak {settings.capacity.peak_qps:g} req/s "
+            f"x {settings.capacity.safety_factor:g})",
+            (
+                "",
+                "instance",
+                "TP",
+                "max batch",
+                "conc.",
+                "TTFT ms",
+                "TPOT ms",
+                "tok/s",
+                "$/1M out",
+                "replicas",
+                "nodes",
+                "fleet $/h",
+            ),
+            rows,
+            numeric=tuple(range(2, 12)),
+        )
+    )
+    if ex.current is None:
+        console.print(f"current choice: dropped: {ex.current_dropped}")
+    cheap, cur = ex.cheapest, ex.current
+    if cur is not None and cheap is not cur:
+        console.print(
+            f"cheapest meeting every SLO: {cheap.candidate.label} at {_per_million(cheap.cost_per_million)} per 1M "
+            f"output tokens vs {_per_million(cur.cost_per_million)} for the current choice "
+            f"({cheap.cost_per_million / cur.cost_per_million - 1:+.0%}); fleet for the peak "
+            f"{tables.money(cheap.plan.cost_per_hour)}/h vs {tables.money(cur.plan.cost_per_hour)}/h"
+        )
+    fleet = min(ex.options, key=lambda o: (o.plan.cost_per_hour, o.cost_per_million))
+    console.print(
+        f"cheapest fleet for the peak: {fleet.candidate.label}, {fleet.plan.nodes} nodes at "
+        f"{tables.money(fleet.plan.cost_per_hour)}/h ({_per_million(fleet.cost_per_million)} per 1M output tokens "
+        "at full load; whole nodes and the rolling-upgrade spare round the fleet up)"
+    )
+    out = Path(png) if png else project.state_dir() / "plan" / f"{settings.stack}-pareto.png"
+    console.print(f"chart: {pareto_png(ex, settings.slo, out)}")
 
 
 def register(namespace: Collection) -> None:

@@ -15,7 +15,7 @@ from rich.table import Table
 from frontier import project
 from frontier.backends import backend_for
 from frontier.cli.common import reports_errors, settings_for
-from frontier.config.stack import Settings
+from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.loadtest.client import LoadTestError, Target
 from frontier.loadtest.report import (

@@ -216,21 +216,23 @@ def release_build(c, stack=None):
     print(f"deploy it with: fab deploy -s {settings.stack} --digest {built.digest}")
 
 
-@task(name="build", help={"stack": STACK, "tag": "local tag for the image (default: the toolkit's version)"})
+@task(name="build", help={"stack": STACK, "tag": "local tag for the image (default: src-<hash of the runtime sources>)"})
 @reports_errors
-def image_build(c, stack=None, tag="0.1.0"):
+def image_build(c, stack=None, tag=None):
     """docker build the runtime image (needs a container engine)."""
     settings = settings_for(stack)
+    tag = tag or artifacts.source_tag()
     image_id = artifacts.build_image(settings.runtime.image_repository, tag)
     print(f"built {settings.runtime.image_repository}:{tag} ({image_id}); push it with fab image.push")
 
 
-@task(name="push", help={"stack": STACK, "tag": "tag to push (default: the toolkit's version)"})
+@task(name="push", help={"stack": STACK, "tag": "tag to push (default: src-<hash of the runtime sources>)"})
 @reports_errors
-def image_push(c, stack=None, tag="0.1.0"):
+def image_push(c, stack=None, tag=None):
     """Push the runtime image to ECR and register the digest ECR returns (needs a container engine)."""
     settings = settings_for(stack)
     artifacts.container_engine()
+    tag = tag or artifacts.source_tag()
     built = artifacts.push_image(settings.runtime.image_repository, tag, aws.client(settings, "ecr"))
     backend_for(settings).history_store().put_artifact(built, None)
     print(f"pushed {built.image}\ndeploy it with: fab deploy -s {settings.stack} --digest {built.digest}")

@@ -255,6 +255,18 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[Problem]:
             k.runtime_role_arn,
             "an existing cluster needs the IAM role (arn:aws:iam::<account>:role/<name>) its runtime assumes",
         )
+    if cluster.mode == "existing" and not cluster.api_server_cidrs:
+        yield Problem(
+            "kubernetes.cluster.api_server_cidrs",
+            [],
+            "an existing cluster needs the CIDRs its API server reaches pods from (the gate reads /metrics that way)",
+        )
+    if cluster.mode == "existing" and k.ingress.kind == "alb" and not k.ingress.source_cidrs:
+        yield Problem(
+            "kubernetes.ingress.source_cidrs",
+            [],
+            "an ALB in an existing cluster's VPC needs the CIDRs of the subnets it lives in",
+        )
     groups = {group.name: group for group in s.node_groups}
     gpus = s.runtime.tensor_parallel_size * s.runtime.pipeline_parallel_size
     names: list[str] = []

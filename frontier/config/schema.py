@@ -229,6 +229,17 @@ class KubernetesCluster(_Settings):
     private_endpoint: bool = Field(default=True, description="create: the API only inside the VPC.")
     kubeconfig: str = Field(default="", description="existing: path of the kubeconfig file.")
     context: str = Field(default="", description="existing: the kubeconfig context to use.")
+    # Where the API server reaches pods from (the rollout gate reads pods' /metrics through its
+    # proxy); the only source besides the ingress and Prometheus that the NetworkPolicy admits.
+    # create: empty, the control-plane subnets this stack makes; existing: required.
+    api_server_cidrs: tuple[str, ...] = ()
+
+    @field_validator("api_server_cidrs")
+    @classmethod
+    def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=True)
+        return value
 
 
 class Taint(_Settings):
@@ -256,6 +267,9 @@ class KubernetesIngress(_Settings):
     class_name: str = Field(default="alb", pattern=r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
     host: str = Field(pattern=r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
     tls_secret: str = Field(default="", description="class: the Secret holding the certificate.")
+    # alb: where the load balancer's addresses live (IP targets reach pods from there); empty: the
+    # public subnets of network.vpc_cidr, which this stack creates.
+    source_cidrs: tuple[str, ...] = ()
     controller_namespace: str = Field(
         default="ingress-nginx", description="class: where the controller runs."
     )
@@ -263,6 +277,13 @@ class KubernetesIngress(_Settings):
         default_factory=lambda: {"app.kubernetes.io/name": "ingress-nginx"},
         description="class: the controller pods' labels (the only pods that may reach the runtime).",
     )
+
+    @field_validator("source_cidrs")
+    @classmethod
+    def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=True)
+        return value
 
 
 class KubernetesAutoscaling(_Settings):

@@ -25,7 +25,10 @@ class BalancerError(FrontierError):
 
 
 class Balancer(Protocol):
-    def drain(self, host: HostSpec, timeout: float) -> int: ...
+    def drain(self, host: HostSpec, timeout: float) -> int | None:
+        """Take ``host`` out of rotation; the sessions still open at ``timeout`` (None: unknown)."""
+        ...
+
     def enable(self, host: HostSpec, timeout: float) -> None: ...
     def state(self, host: HostSpec) -> str: ...
 
@@ -105,6 +108,8 @@ class AlbBalancer:
     target_group_arn: str
     port: int
     poll_s: float = 2.0
+    # The ALB ends draining on its own after the group's deregistration delay; allow it this margin.
+    drain_margin_s: float = 30.0
 
     def _target(self, host: HostSpec) -> dict[str, Any]:
         return {"Id": host.instance_id or host.address, "Port": self.port}
@@ -121,13 +126,15 @@ class AlbBalancer:
     def state(self, host: HostSpec) -> str:
         return self._health(host) or "unregistered"
 
-    def drain(self, host: HostSpec, timeout: float) -> int:
+    def drain(self, host: HostSpec, timeout: float) -> int | None:
+        """Deregister and wait for the ALB to finish draining. The ALB does not tell how many
+        connections are still open, so a target still draining at the deadline reports ``None``
+        (unknown); a finished drain reports 0."""
         self.elbv2.deregister_targets(TargetGroupArn=self.target_group_arn, Targets=[self._target(host)])
-        # The ALB itself ends draining after the group's deregistration delay; allow it a margin.
-        deadline = time.monotonic() + timeout + 30
+        deadline = time.monotonic() + timeout + self.drain_margin_s
         while self._health(host) in ("draining", "healthy", "initial", "unhealthy"):
             if time.monotonic() > deadline:
-                return 1
+                return None
             time.sleep(self.poll_s)
         return 0
 

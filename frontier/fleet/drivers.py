@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from frontier.config.stack import Settings
+from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.fleet.inventory import HostSpec
 from frontier.render.files import render_driver_script

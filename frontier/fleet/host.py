@@ -1,12 +1,16 @@
 """What runs on one host, over a Fabric connection.
 
-Files travel by SFTP; every step on the host is one call of ``frontier-hostctl`` (rendered from
-``templates/frontier-hostctl.sh.j2`` for this host), so a phase costs one SSH command. The layout
-follows releases/current::
+Files travel by SFTP; every step on the host is one call of the host agent
+(:mod:`frontier.fleet.agent`, uploaded as it is, with its configuration rendered for this host by
+:func:`frontier.render.files.render_agent_config`), so a phase costs one SSH command. The agent
+answers in JSON, read here into typed results; a failed step raises :class:`HostError` with the
+phase and the agent's own message. The layout follows releases/current::
 
     <root>/releases/<id>/      runtime.yaml, the systemd unit, release.json, site/ (the wheel, installed)
-    <root>/current -> releases/<id>      swapped atomically (temp symlink + mv -T)
+    <root>/releases.json       the release order, most recent first (prune keeps the newest)
+    <root>/current -> releases/<id>      swapped atomically (temp symlink + rename)
     <root>/previous -> releases/<id>     what current pointed at before the last swap
+    <root>/bin/                the agent and its configuration (frontier-agent.py, frontier-agent.json)
     <root>/artifacts/          wheels copied to this host, by digest
     <root>/env                 the runtime's environment (AWS endpoint and credentials), written by whoever prepares the host
     <root>/run/, <root>/logs/  pid file and the runtime's log (process launcher only)
@@ -15,21 +19,28 @@ follows releases/current::
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fabric import Connection
 
-from frontier.config.stack import Settings
+from frontier.config.schema import Settings
 from frontier.errors import FrontierError
+from frontier.fleet import agent
+from frontier.fleet.agent import CONFIG_NAME, Facts
 from frontier.fleet.inventory import HostSpec
 from frontier.release.release import MANIFEST, Release
-from frontier.render.files import ENV
+from frontier.render.files import render_agent_config
 
-CTL_TEMPLATE = "frontier-hostctl.sh.j2"
+AGENT_NAME = "frontier-agent.py"
+# The agent ships as its own source file: what is tested here is byte for byte what hosts run.
+AGENT_SOURCE = Path(agent.__file__)
+
+# What a host runs and holds, as the agent reports it (``runs(release_id)`` included).
+HostFacts = Facts
 
 
 class HostError(FrontierError):
@@ -42,66 +53,29 @@ class HostError(FrontierError):
         self.detail = detail
 
 
-@dataclass
-class HostFacts:
-    current: str = ""
-    previous: str = ""
-    systemd: bool = False
-    running: bool = False
-    running_release: str = ""
-    releases: list[str] = field(default_factory=list)
-    staged_manifest: str = ""
-    ready: bool = False
-    live: bool = False
-    digest: str = ""
-
-    @classmethod
-    def parse(cls, output: str) -> HostFacts:
-        """Facts from the ``key=value`` lines that ``frontier-hostctl facts|status`` prints."""
-        data = _parse(output)
-        return cls(
-            current=data.get("current", ""),
-            previous=data.get("previous", ""),
-            systemd=data.get("systemd") == "1",
-            running=data.get("running") == "1",
-            running_release=data.get("running_release", ""),
-            releases=data.get("releases", "").split(),
-            staged_manifest=data.get("staged_manifest", ""),
-            ready=data.get("ready") == "1",
-            live=data.get("live") == "1",
-            digest=data.get("digest", ""),
-        )
-
-    def runs(self, release_id: str) -> bool:
-        """The host's live runtime process serves ``release_id`` (a stale record of a dead one does not count)."""
-        return self.running and self.current == release_id and self.running_release == release_id
-
-
-def render_ctl(settings: Settings, host: HostSpec) -> str:
-    return ENV.get_template(CTL_TEMPLATE).render(
-        stack=settings.stack,
-        host=host.name,
-        root=host.root,
-        python=host.python,
-        address=host.address,
-        port=settings.runtime.port,
-        readiness_path=settings.health.readiness_path,
-        liveness_path=settings.health.liveness_path,
-        drain_timeout_s=int(settings.runtime.drain_timeout_s + 0.999),
+def render_host_agent_config(settings: Settings, host: HostSpec) -> str:
+    """The agent configuration of ``host`` (``frontier-agent.json``)."""
+    return render_agent_config(
+        settings, host=host.name, root=host.root, python=host.python, address=host.address
     )
 
 
-def _parse(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.isidentifier():
-            out[key] = value.strip()
-    return out
+def _answer(stdout: str) -> dict[str, Any] | None:
+    """The agent's JSON answer: the last line of its output that is a JSON object."""
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                break
+            if isinstance(data, dict):
+                return data
+    return None
 
 
 class HostSession:
-    """One host during one command: a connection and the host control script."""
+    """One host during one command: a connection and the host agent."""
 
     def __init__(self, settings: Settings, host: HostSpec, conn: Connection) -> None:
         self.settings = settings
@@ -109,10 +83,11 @@ class HostSession:
         self.conn = conn
         self.root = host.root.rstrip("/")
         self.sudo = "" if settings.inventory.ssh_user == "root" else "sudo -n "
-        # Non-root users upload to /tmp and the control script (under sudo) moves things into place.
+        # Non-root users upload to /tmp and the agent (under sudo) moves things into place.
         self.upload_root = self.root if not self.sudo else f"/tmp/frontier-upload-{settings.stack}"
-        self.ctl_path = f"{self.upload_root}/bin/frontier-hostctl"
-        self._ctl_ready = False
+        self.agent_path = f"{self.upload_root}/bin/{AGENT_NAME}"
+        self.config_path = f"{self.upload_root}/bin/{CONFIG_NAME}"
+        self._agent_ready = False
         self._sftp: Any = None
 
     # --- plumbing ---------------------------------------------------------------------------------
@@ -154,34 +129,50 @@ class HostSession:
         except FileNotFoundError:
             return None
 
-    def ensure_ctl(self) -> None:
-        if self._ctl_ready:
-            return
-        text = render_ctl(self.settings, self.host).encode()
-        self._mkdirs(f"{self.upload_root}/bin")
-        if self._remote_sha(self.ctl_path) != hashlib.sha256(text).hexdigest():
-            self._put_bytes(text, self.ctl_path, 0o755)
-        self._ctl_ready = True
+    def _put_if_changed(self, data: bytes, remote: str, mode: int) -> None:
+        if self._remote_sha(remote) != hashlib.sha256(data).hexdigest():
+            self._put_bytes(data, remote, mode)
 
-    def ctl(self, step: str, *args: str, timeout: float | None = None) -> str:
-        self.ensure_ctl()
-        command = f"{self.sudo}bash {shlex.quote(self.ctl_path)} " + " ".join(shlex.quote(a) for a in args)
+    def ensure_agent(self) -> None:
+        """Upload the agent and its configuration where they differ from what the host has."""
+        if self._agent_ready:
+            return
+        self._mkdirs(f"{self.upload_root}/bin")
+        self._put_if_changed(AGENT_SOURCE.read_bytes(), self.agent_path, 0o755)
+        self._put_if_changed(
+            render_host_agent_config(self.settings, self.host).encode(), self.config_path, 0o644
+        )
+        self._agent_ready = True
+
+    def agent(self, step: str, *args: str, timeout: float | None = None) -> dict[str, Any]:
+        """Run one agent command for the rollout phase ``step``; its JSON answer, or HostError."""
+        self.ensure_agent()
+        words = [self.host.python, self.agent_path, "--config", self.config_path, *args]
+        command = self.sudo + " ".join(shlex.quote(w) for w in words)
         try:
             result = self.conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
         except Exception as exc:
             raise HostError(self.host.name, step, f"{type(exc).__name__}: {exc}") from exc
-        if result.exited != 0:
-            detail = (result.stdout + result.stderr).strip()
-            raise HostError(self.host.name, step, detail or f"exit {result.exited}")
-        return result.stdout
+        answer = _answer(result.stdout)
+        if result.exited != 0 or answer is None or not answer.get("ok"):
+            if answer is not None and answer.get("error"):
+                detail = str(answer["error"])
+                if answer.get("log_tail"):
+                    detail += "\n" + str(answer["log_tail"]).rstrip()
+            else:
+                detail = (result.stdout + result.stderr).strip() or f"exit {result.exited}"
+            raise HostError(self.host.name, step, detail)
+        return answer
 
     # --- phases -----------------------------------------------------------------------------------
 
     def facts(self, release_id: str = "") -> HostFacts:
-        return HostFacts.parse(self.ctl("facts", "facts", *([release_id] if release_id else [])))
+        return HostFacts.from_dict(
+            self.agent("facts", "facts", *(["--release", release_id] if release_id else []))
+        )
 
     def status(self) -> HostFacts:
-        return HostFacts.parse(self.ctl("status", "status"))
+        return HostFacts.from_dict(self.agent("status", "status"))
 
     def stage(self, release: Release, wheel: Path | None) -> bool:
         """Put the release into ``releases/<id>/``; False when it was already there, intact."""
@@ -205,22 +196,31 @@ class HostSession:
             if self._remote_sha(remote_wheel) != release.digest.split(":", 1)[1]:
                 self._mkdirs(remote_dir)
                 self._put_bytes(wheel.read_bytes(), remote_wheel)
-            args.append(remote_wheel)
-        self.ctl("stage", *args)
+            args += ["--wheel", remote_wheel]
+        self.agent("stage", *args)
         return True
 
-    def stop(self) -> None:
-        self.ctl("stop", "stop")
+    def stop(self) -> str:
+        """Stop the runtime; how it went (``terminated``, ``killed``, ``absent``, ``stopped`` by systemd)."""
+        return str(self.agent("stop", "stop")["outcome"])
+
+    def activate(self, release_id: str) -> None:
+        self.agent("activate", "activate", release_id)
 
     def activate_and_start(self, release_id: str) -> None:
-        self.ctl("activate", "activate", release_id)
-        self.ctl("start", "start")
+        """Point ``current`` at the release and start it: one command on the host."""
+        self.agent("start", "start", "--activate", release_id)
 
-    def wait_ready(self, timeout: float) -> None:
-        self.ctl("readiness", "wait-ready", str(int(timeout + 0.999)), timeout=timeout + 30)
+    def start(self) -> None:
+        self.agent("start", "start")
+
+    def wait_ready(self, timeout: float) -> float:
+        """Seconds until the runtime answered ready; HostError when it exits or is not ready in time."""
+        answer = self.agent("readiness", "wait-ready", f"{timeout:g}", timeout=timeout + 30)
+        return float(answer["after_s"])
 
     def metrics(self) -> str:
-        return self.ctl("metrics", "metrics", timeout=30)
+        return str(self.agent("metrics", "metrics", timeout=30)["metrics"])
 
     def prune(self, keep: int) -> list[str]:
-        return _parse(self.ctl("prune", "prune", str(keep))).get("pruned", "").split()
+        return [str(r) for r in self.agent("prune", "prune", str(keep))["pruned"]]

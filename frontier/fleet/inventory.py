@@ -17,7 +17,7 @@ from typing import Any
 from fabric import Config, Connection
 
 from frontier import project
-from frontier.config.stack import Settings
+from frontier.config.schema import Settings
 from frontier.contracts import NODE_GROUP_TAG as GROUP_TAG
 from frontier.contracts import STACK_TAG
 from frontier.errors import FrontierError

@@ -29,16 +29,16 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
-import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from frontier import project
-from frontier.config.stack import Host, Settings
+from frontier.config.schema import Host, Settings
 from frontier.contracts import HAPROXY_ADMIN_SOCKET, LOCAL_AWS_KEY_ID, LOCAL_AWS_SECRET
 from frontier.errors import FrontierError
+from frontier.fleet.agent import terminate_then_kill
 from frontier.local import services
 from frontier.render.files import local_balancer_backends, render_haproxy
 
@@ -398,8 +398,8 @@ def down(settings: Settings) -> list[Component]:
 
 
 def _stop_runtimes(hosts: tuple[Host, ...], timeout: float = 15.0) -> list[Component]:
-    """Stop every process with a pid file under a slot's ``run/``: SIGTERM all (each drains), wait,
-    SIGKILL what is left; then clear ``run/`` so no slot claims to run a release any more."""
+    """Stop every process with a pid file under a slot's ``run/``, all at once (each drains on
+    SIGTERM; SIGKILL after ``timeout``); then clear ``run/`` so no slot claims to run a release."""
     found: list[tuple[Host, str, int]] = []
     for host in hosts:
         run = host_root(host) / "run"
@@ -408,23 +408,17 @@ def _stop_runtimes(hosts: tuple[Host, ...], timeout: float = 15.0) -> list[Compo
                 pid = int(pid_file.read_text().split()[0])
                 if services.pid_alive(pid):
                     found.append((host, pid_file.stem, pid))
-    for _, _, pid in found:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while any(services.pid_alive(pid) for _, _, pid in found) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for _, _, pid in found:
-        if services.pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    if found:
+        with ThreadPoolExecutor(max_workers=len(found)) as pool:
+            outcomes = list(pool.map(lambda item: terminate_then_kill(item[2], timeout), found))
+    else:
+        outcomes = []
     for host in hosts:
         run = host_root(host) / "run"
         for leftover in run.iterdir() if run.exists() else []:
             if leftover.is_file():
                 leftover.unlink(missing_ok=True)
-    return [Component(f"{host.name} {name}", "stopped", f"pid {pid}") for host, name, pid in found]
-
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    return True
+    return [
+        Component(f"{host.name} {name}", "stopped", f"pid {pid} ({outcome})")
+        for (host, name, pid), outcome in zip(found, outcomes, strict=True)
+    ]

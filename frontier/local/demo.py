@@ -37,7 +37,8 @@ import yaml
 from rich.table import Table
 
 from frontier.backends import backend_for
-from frontier.config.stack import Settings, load_stack, stack_path
+from frontier.config.load import load_stack, stack_path
+from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.loadtest.client import BackgroundLoad, Target, run_steps
 from frontier.loadtest.report import step_notes, steps_table, wide_console
@@ -190,46 +191,38 @@ def openai_requests(settings: Settings, base_url: str, key: str) -> list[Request
     first_chunk: list[float] = []  # when the streamed call saw its first text (TTFT is a streaming figure)
 
     def timed(label: str, call) -> None:
+        """``call`` returns the text and the completion tokens the server counted (its usage)."""
         first_chunk.clear()
         started = time.perf_counter()
         try:
-            text = call()
+            text, tokens = call()
         except Exception as exc:  # noqa: BLE001 - a failed request is a result of the demo, not a crash
             samples.append(RequestSample(started, False, error=type(exc).__name__))
             console.print(f"  {label}: [red]{type(exc).__name__}: {exc}[/]")
             return
         elapsed = time.perf_counter() - started
         ttft = first_chunk[0] - started if first_chunk else None
-        samples.append(RequestSample(started, True, ttft_s=ttft, e2el_s=elapsed, output_tokens=1))
+        samples.append(RequestSample(started, True, ttft_s=ttft, e2el_s=elapsed, output_tokens=tokens))
         shown = f"{elapsed * 1000:.0f} ms" + (
             f", first token {ttft * 1000:.0f} ms" if ttft is not None else ""
         )
         console.print(f"  {label} ({shown}): {text!r}")
 
     console.print(f"  models: {[m.id for m in client.models.list().data]}")
-    timed(
-        "completion",
-        lambda: (
-            client.completions.create(model=model, prompt="The cluster", max_tokens=12, temperature=0)
-            .choices[0]
-            .text
-        ),
-    )
-    timed(
-        "chat",
-        lambda: (
-            client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": "Say hello."}],
-                max_tokens=12,
-                temperature=0,
-            )
-            .choices[0]
-            .message.content
-        ),
-    )
+    def completion() -> tuple[str, int]:
+        reply = client.completions.create(model=model, prompt="The cluster", max_tokens=12, temperature=0)
+        return reply.choices[0].text, reply.usage.completion_tokens
 
-    def streamed() -> str:
+    def chat() -> tuple[str, int]:
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=12, temperature=0
+        )
+        return reply.choices[0].message.content or "", reply.usage.completion_tokens
+
+    timed("completion", completion)
+    timed("chat", chat)
+
+    def streamed() -> tuple[str, int]:
         stream = client.completions.create(
             model=model,
             prompt="Once upon a time",
@@ -244,7 +237,9 @@ def openai_requests(settings: Settings, base_url: str, key: str) -> list[Request
                     first_chunk.append(time.perf_counter())
                 parts.append(chunk.choices[0].text)
             usage = chunk.usage or usage
-        return "".join(parts) + (f"  [usage: {usage.completion_tokens} tokens]" if usage else "")
+        if usage is None:
+            raise RuntimeError("the stream ended without the usage chunk that include_usage asks for")
+        return "".join(parts), usage.completion_tokens
 
     timed("stream", streamed)
     return samples

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from frontier.errors import FrontierError
+from frontier.fleet import agent
+from frontier.fleet.agent import terminate_then_kill
 
 SSHD = "/usr/sbin/sshd"
 
@@ -339,13 +340,13 @@ def stop(service: Service, timeout: float = 10.0) -> None:
     if service.handle is not None:
         service.handle.stop()
         service.handle = None
-    elif service.pid is not None and pid_alive(service.pid) and _same_process(service):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(service.pid, signal.SIGTERM)
-        if not _wait_exit(service.pid, timeout):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(service.pid, signal.SIGKILL)
-            _wait_exit(service.pid, 5)
+    elif service.pid is not None:
+        terminate_then_kill(
+            service.pid,
+            timeout,
+            still_ours=lambda: _same_process(service),
+            process=_CHILDREN.pop(service.pid, None),
+        )
     for path in (service.pid_file, service.record_file):
         path.unlink(missing_ok=True)
 
@@ -399,16 +400,7 @@ def pid_alive(pid: int) -> bool:
     child = _CHILDREN.get(pid)
     if child is not None:
         return child.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        # A zombie is not alive.
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    return True
+    return agent.pid_alive(pid)
 
 
 def _same_process(service: Service) -> bool:
@@ -423,23 +415,6 @@ def _same_process(service: Service) -> bool:
     first = cmdline[0].decode(errors="replace")
     # sshd retitles its listener "sshd: /usr/sbin/sshd -D -f ... [listener] ...".
     return os.path.basename(first) == program or first.startswith(f"{program}: ")
-
-
-def _wait_exit(pid: int, timeout: float) -> bool:
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        try:
-            child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        _CHILDREN.pop(pid, None)
-        return True
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _port_holder(port: int) -> str:

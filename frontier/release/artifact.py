@@ -140,6 +140,17 @@ def container_engine() -> str:
     return docker
 
 
+def source_tag(source_dir: Path = RUNTIME_DIR) -> str:
+    """An image tag derived from the runtime's sources: the same sources always get the same tag.
+
+    Tags only name a local build; releases still deploy by the digest the registry returns.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(p for p in source_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(source_dir)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"src-{digest.hexdigest()[:12]}"
+
+
 def build_image(repository: str, tag: str, context: Path = RUNTIME_DIR) -> str:
     """``docker build`` the runtime image; returns the local image id."""
     docker = container_engine()

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from frontier.config.stack import Settings
+from frontier.config.schema import Settings
 from frontier.contracts import RELEASE_ID_PATTERN as RELEASE_ID
 from frontier.contracts import RELEASE_MANIFEST as MANIFEST
 from frontier.errors import FrontierError

@@ -20,7 +20,8 @@ import jinja2
 from frontier_runtime.config import ConfigError, parse_config
 
 from frontier import contracts, project
-from frontier.config.stack import NodeGroup, Settings, kv_bytes_per_token, kv_cache_dtype_bytes
+from frontier.capacity.memory import kv_bytes_per_token, kv_cache_dtype_bytes
+from frontier.config.schema import NodeGroup, Settings
 from frontier.contracts import (
     CACHE_DEVICE_NAME,
     CACHE_MOUNT,
@@ -30,9 +31,12 @@ from frontier.contracts import (
     DIGEST_PATTERN,
     HOST_ROOT,
     PLACEHOLDER_DIGEST,
+    RELEASE_ID_PATTERN,
+    RELEASE_MANIFEST,
     UNIT_NAME,
 )
 from frontier.errors import FrontierError
+from frontier.fleet.agent import AgentConfig
 
 TEMPLATES_DIR = project.templates_dir()
 
@@ -188,6 +192,25 @@ def render_release_files(settings: Settings, digest: str) -> dict[str, str]:
         "runtime.yaml": render_runtime_config(settings),
         UNIT_NAME: render_systemd_unit(settings, digest),
     }
+
+
+def render_agent_config(settings: Settings, *, host: str, root: str, python: str, address: str) -> str:
+    """``frontier-agent.json``: what the host agent of ``host`` needs to know (pure, sorted keys)."""
+    config = AgentConfig(
+        stack=settings.stack,
+        host=host,
+        root=root.rstrip("/") or "/",
+        python=python,
+        address=address,
+        port=settings.runtime.port,
+        readiness_path=settings.health.readiness_path,
+        liveness_path=settings.health.liveness_path,
+        drain_timeout_s=float(settings.runtime.drain_timeout_s),
+        unit=UNIT_NAME,
+        manifest=RELEASE_MANIFEST,
+        release_id_pattern=RELEASE_ID_PATTERN.pattern,
+    )
+    return config.to_json()
 
 
 # --- node bootstrap -------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from frontier.backends import backend_for
-from frontier.config.stack import Settings
+from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.fleet.balancer import Balancer
 from frontier.fleet.inventory import HostSpec
@@ -158,16 +158,5 @@ def _record(
         "release": release.id,
         "outcome": result.outcome,
         "reason": result.reason,
-        "hosts": [
-            {
-                "name": h.name,
-                "from": h.from_release,
-                "to": h.to_release,
-                "outcome": h.outcome,
-                "error": h.error,
-                "phases": h.phases,
-                "out_of_service_s": round(h.out_of_service_s, 3),
-            }
-            for h in result.hosts
-        ],
+        "hosts": [h.to_record() for h in result.hosts],
     }

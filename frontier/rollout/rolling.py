@@ -12,25 +12,19 @@ from drain to enable.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from frontier import contracts
-from frontier.config.stack import Gate, Settings
+from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.fleet.balancer import Balancer
 from frontier.fleet.host import HostError, HostFacts, HostSession
 from frontier.fleet.inventory import HostSpec
 from frontier.release.release import Release
-
-REQUESTS_METRIC = contracts.HTTP_REQUESTS_METRIC
-DURATION_METRIC = contracts.HTTP_DURATION_METRIC
+from frontier.rollout.gate import judge, read_gate
 
 
 class RolloutFailed(FrontierError):
@@ -68,6 +62,18 @@ class HostResult:
     def out_of_service_s(self) -> float:
         return sum(self.phases.get(p, 0.0) for p in ("drain", "stop", "start", "readiness", "enable"))
 
+    def to_record(self) -> dict[str, Any]:
+        """This host's entry in the stack's deploy history (the JSON format history readers expect)."""
+        return {
+            "name": self.name,
+            "from": self.from_release,
+            "to": self.to_release,
+            "outcome": self.outcome,
+            "error": self.error,
+            "phases": self.phases,
+            "out_of_service_s": round(self.out_of_service_s, 3),
+        }
+
 
 @dataclass
 class RolloutResult:
@@ -77,85 +83,6 @@ class RolloutResult:
     reason: str = ""
     hosts: list[HostResult] = field(default_factory=list)
     duration_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# --- the gate -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GateReading:
-    requests: float
-    errors: float
-    p99_s: float | None
-
-    @property
-    def error_rate(self) -> float:
-        return self.errors / self.requests if self.requests else 0.0
-
-    def describe(self) -> str:
-        p99 = "n/a" if self.p99_s is None else f"{self.p99_s * 1000:.0f} ms"
-        return f"{self.requests:.0f} requests, error rate {self.error_rate:.2%}, p99 {p99}"
-
-
-def _samples(text: str, excluded_routes: set[str]) -> tuple[dict[tuple, float], dict[float, float]]:
-    """Request counts by (route, status) and latency bucket counts by upper bound, for served routes."""
-    requests: dict[tuple, float] = {}
-    buckets: dict[float, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            route = sample.labels.get("route", "")
-            if route in excluded_routes:
-                continue
-            if sample.name == f"{REQUESTS_METRIC}_total":
-                key = (route, sample.labels.get("status", ""))
-                requests[key] = requests.get(key, 0.0) + sample.value
-            elif sample.name == f"{DURATION_METRIC}_bucket":
-                le = float(sample.labels["le"])
-                buckets[le] = buckets.get(le, 0.0) + sample.value
-    return requests, buckets
-
-
-def quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """Prometheus' histogram_quantile over cumulative bucket counts (linear inside a bucket)."""
-    bounds = sorted(buckets)
-    if not bounds or buckets[bounds[-1]] <= 0:
-        return None
-    rank = q * buckets[bounds[-1]]
-    lower, below = 0.0, 0.0
-    for bound in bounds:
-        count = buckets[bound]
-        if count >= rank:
-            if math.isinf(bound):
-                return lower
-            inside = count - below
-            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
-        lower, below = bound, count
-    return bounds[-1]
-
-
-def read_gate(before: str, after: str, excluded_routes: set[str]) -> GateReading:
-    """Requests, server errors (5xx) and p99 latency served between two scrapes of /metrics."""
-    req0, b0 = _samples(before, excluded_routes)
-    req1, b1 = _samples(after, excluded_routes)
-    deltas = {key: max(0.0, value - req0.get(key, 0.0)) for key, value in req1.items()}
-    total = sum(deltas.values())
-    errors = sum(v for (_, status), v in deltas.items() if status[:1] == "5")
-    window = {le: max(0.0, count - b0.get(le, 0.0)) for le, count in b1.items()}
-    return GateReading(total, errors, quantile(0.99, window))
-
-
-def judge(reading: GateReading, gate: Gate) -> str | None:
-    """None when the reading passes the stack's gate, else why it does not."""
-    if reading.requests < gate.min_requests:
-        return f"only {reading.requests:.0f} requests in the window; rollout.gate.min_requests is {gate.min_requests}"
-    if reading.requests and reading.error_rate > gate.max_error_rate:
-        return f"error rate {reading.error_rate:.2%} > rollout.gate.max_error_rate {gate.max_error_rate:.2%} ({reading.describe()})"
-    if reading.p99_s is not None and reading.p99_s * 1000 > gate.max_p99_latency_ms:
-        return f"p99 {reading.p99_s * 1000:.0f} ms > rollout.gate.max_p99_latency_ms {gate.max_p99_latency_ms:.0f} ({reading.describe()})"
-    return None
 
 
 # --- the rollout ----------------------------------------------------------------------------------
@@ -240,13 +167,14 @@ class Rollout:
             left = self._phase(
                 results[host.name], "drain", lambda h=host: self.balancer.drain(h, self.drain_timeout)
             )
-            if left:
+            if left != 0:
+                open_sessions = "an unknown number of" if left is None else str(left)
                 self.report(
                     Event(
                         host.name,
                         "drain",
                         "info",
-                        f"{left} session(s) still open after {self.drain_timeout:.0f}s",
+                        f"{open_sessions} session(s) still open after {self.drain_timeout:.0f}s",
                     )
                 )
         # Stops run together: each waits out its runtime's drain, and the hosts are already out of rotation.

@@ -11,7 +11,8 @@ import pytest
 
 from frontier import aws
 from frontier.backends import backend_for
-from frontier.config.stack import Settings, load_stack
+from frontier.config.load import load_stack
+from frontier.config.schema import Settings
 from frontier.local import cluster as local
 from frontier.release import weights
 from frontier.release.artifact import build_wheel

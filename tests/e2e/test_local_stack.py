@@ -12,7 +12,7 @@ from fabric import Config, Connection
 
 from frontier import project
 from frontier.backends import backend_for
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from frontier.fleet.inventory import LocalConnection
 from frontier.local import cluster as local
 from frontier.local import services

@@ -24,7 +24,8 @@ from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from frontier.config.stack import Settings, load_stack
+from frontier.config.load import load_stack
+from frontier.config.schema import Settings
 from infra.program import build
 
 MAIN = Path(__file__).resolve().parents[2] / "infra" / "__main__.py"

@@ -7,7 +7,7 @@ import base64
 import pytest
 from infra_mocks import ROOT_DEVICE, fake_ami, run_program
 
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from frontier.contracts import CACHE_DEVICE_NAME
 from frontier.render.files import render_cloud_init
 from infra.nodes import GPU_AMI_PARAMETER, architecture, needs_efa

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from infra_mocks import ACCOUNT_ID, run_main, run_program
 
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from infra.errors import ProvisionError
 from infra.outputs import StackOutputs
 

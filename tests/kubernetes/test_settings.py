@@ -133,12 +133,16 @@ def test_an_existing_cluster_needs_kubeconfig_context_and_a_role(k8s_stack):
     path = k8s_stack({"kubernetes.cluster.mode": "existing"})
     assert "both kubeconfig" in _refused(path, "kubernetes.cluster.kubeconfig")
     assert "arn:aws:iam::" in _refused(path, "kubernetes.runtime_role_arn")
+    assert "API server" in _refused(path, "kubernetes.cluster.api_server_cidrs")
+    assert "subnets it lives in" in _refused(path, "kubernetes.ingress.source_cidrs")
     ok = k8s_stack(
         {
             "kubernetes.cluster.mode": "existing",
             "kubernetes.cluster.kubeconfig": "~/.kube/config",
             "kubernetes.cluster.context": "prod",
             "kubernetes.runtime_role_arn": "arn:aws:iam::123456789012:role/frontier-runtime",
+            "kubernetes.cluster.api_server_cidrs": ["10.60.240.0/24"],
+            "kubernetes.ingress.source_cidrs": ["10.60.128.0/20"],
         }
     )
     assert load_stack("eks-prod", path=ok).kubernetes.cluster.context == "prod"

@@ -19,8 +19,10 @@ import yaml
 
 from frontier import project
 from frontier.backends import backend_for
-from frontier.config.stack import Settings, load_stack
+from frontier.config.load import load_stack
+from frontier.config.schema import Settings
 from frontier.fleet.balancer import HAProxyBalancer
+from frontier.fleet.host import AGENT_NAME
 from frontier.fleet.inventory import HostSpec
 from frontier.local import services
 from frontier.release.artifact import Artifact, build_wheel
@@ -152,7 +154,7 @@ class Cluster:
         # The runtimes stop together (each drains on SIGTERM), then the daemons.
         stopping = [
             subprocess.Popen(
-                ["bash", str(Path(h.root) / "bin" / "frontier-hostctl"), "stop"], stdout=subprocess.DEVNULL
+                [h.python, str(Path(h.root) / "bin" / AGENT_NAME), "stop"], stdout=subprocess.DEVNULL
             )
             for h in self.hosts
             if (Path(h.root) / "run" / "runtime.pid").exists()

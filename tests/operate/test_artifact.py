@@ -12,6 +12,7 @@ from frontier.release.artifact import (
     ArtifactError,
     build_wheel,
     container_engine,
+    source_tag,
     store_wheel,
     verify,
 )
@@ -42,3 +43,12 @@ def test_image_builds_refuse_clearly_without_a_container_engine(monkeypatch, tmp
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ArtifactError, match="no container engine here.*fab release.build"):
         container_engine()
+
+
+def test_the_default_image_tag_follows_the_runtime_sources(tmp_path):
+    sources = tmp_path / "runtime"
+    shutil.copytree(RUNTIME_DIR, sources, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    first = source_tag(sources)
+    assert first == source_tag(sources) and first.startswith("src-")
+    (sources / "pyproject.toml").write_text((sources / "pyproject.toml").read_text() + "\n# changed\n")
+    assert source_tag(sources) != first

@@ -20,7 +20,7 @@ from harness import SSH_PORT
 
 from frontier import project
 from frontier.backends import backend_for
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from frontier.fleet import drivers
 from frontier.local import services
 

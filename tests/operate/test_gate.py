@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from frontier.config.stack import Gate
+from frontier.config.schema import Gate
 from frontier.fleet.inventory import HostSpec
-from frontier.rollout.rolling import GateReading, judge, quantile, read_gate, waves
+from frontier.rollout.gate import GateReading, judge, quantile, read_gate
+from frontier.rollout.rolling import waves
 
 HEALTH = {"/health/ready", "/health/live", "/metrics"}
 GATE = Gate(window_s=1, max_error_rate=0.05, max_p99_latency_ms=1000, min_requests=10)

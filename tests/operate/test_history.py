@@ -10,7 +10,7 @@ import pytest
 from moto import mock_aws
 
 from frontier.backends import backend_for
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from frontier.errors import FrontierError
 from frontier.release.artifact import Artifact, ArtifactError, store_wheel
 from frontier.release.history import HistoryStore, LockHeld, iso, now

@@ -1,5 +1,5 @@
-"""One host's release directory, driven by the real host control script (through a local connection:
-the same commands SSH would run, on a scratch root)."""
+"""One host's release directory, driven through HostSession and the real host agent (over a local
+connection: the same commands SSH would run, on a scratch root)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from frontier.fleet.host import HostError, HostSession
 from frontier.fleet.inventory import HostSpec, LocalConnection
 from frontier.release.artifact import Artifact
@@ -47,8 +47,8 @@ def test_activation_swaps_current_and_remembers_previous(session):
     one, two = release(1), release(2)
     session.stage(one, None)
     session.stage(two, None)
-    session.ctl("activate", "activate", one.id)
-    session.ctl("activate", "activate", two.id)
+    session.activate(one.id)
+    session.activate(two.id)
 
     assert link(session, "current") == two.id and link(session, "previous") == one.id
     facts = session.facts()
@@ -60,8 +60,8 @@ def test_prune_keeps_the_newest_releases_and_never_current_or_previous(session):
     releases = [release(n) for n in range(1, 7)]
     for r in releases:
         session.stage(r, None)
-    session.ctl("activate", "activate", releases[0].id)
-    session.ctl("activate", "activate", releases[1].id)  # current = 2, previous = 1 (the oldest)
+    session.activate(releases[0].id)
+    session.activate(releases[1].id)  # current = 2, previous = 1 (the oldest)
 
     removed = session.prune(3)
 
@@ -77,16 +77,14 @@ def test_a_tampered_upload_is_never_staged(session):
     (incoming / "runtime.yaml").write_text("n: 999\n")
     (incoming / "unit.service").write_text("[Unit]\n")
     (incoming / "release.json").write_text(r.manifest())
-    session.ensure_ctl()
-
-    with pytest.raises(HostError, match="runtime.yaml has sha256"):
-        session.ctl("stage", "stage", r.id, str(incoming))
+    with pytest.raises(HostError, match="stage failed: stage: runtime.yaml has sha256"):
+        session.agent("stage", "stage", r.id, str(incoming))
     assert not (Path(session.root) / "releases" / r.id).exists()
 
 
 def test_starting_without_a_release_fails_with_the_reason(session):
-    with pytest.raises(HostError, match="no current release"):
-        session.ctl("start", "start")
+    with pytest.raises(HostError, match="start failed: start: no current release"):
+        session.start()
 
 
 def test_on_a_systemd_host_the_release_unit_is_installed_and_restarted(session, tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ from moto import mock_aws
 
 from frontier import project
 from frontier.backends import backend_for
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from frontier.contracts import HOST_ROOT, STACK_TAG
 from frontier.contracts import NODE_GROUP_TAG as GROUP_TAG
 from frontier.fleet.inventory import discover

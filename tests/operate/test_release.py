@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from frontier.errors import FrontierError
 from frontier.release.artifact import Artifact
 from frontier.release.release import (

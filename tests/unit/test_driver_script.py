@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from frontier.render.files import render_driver_script
 
 DRIVER_VERSION = "550.127.05"

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from frontier.config.stack import load_stack
+from frontier.config.load import load_stack
 from frontier.render.files import render_haproxy
 
 

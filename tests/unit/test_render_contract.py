@@ -6,7 +6,9 @@ from frontier_runtime.config import parse_config
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from frontier.config.stack import Settings, cross_check, load_stack
+from frontier.config.checks import cross_check
+from frontier.config.load import load_stack
+from frontier.config.schema import Settings
 from frontier.render.files import render_runtime_config
 
 BASE = {name: load_stack(name).model_dump() for name in ("local", "prod")}

@@ -1,0 +1,90 @@
+"""Load and validate a stack: ``stacks/Pulumi.<stack>.yaml`` into typed settings.
+
+A bad value fails here, at load time, with the file, the field path, the value and the allowed
+range; no Pulumi CLI is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from frontier.config.checks import Problem, cross_check
+from frontier.config.schema import PROJECT, Settings
+from frontier.errors import StackError
+from frontier.project import stacks_dir
+
+
+def stack_path(stack: str) -> Path:
+    return stacks_dir() / f"Pulumi.{stack}.yaml"
+
+
+def available_stacks() -> list[str]:
+    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in stacks_dir().glob("Pulumi.*.yaml"))
+
+
+def default_stack() -> str:
+    return os.environ.get("FRONTIER_STACK") or "local"
+
+
+def load_stack(stack: str | None = None, *, path: Path | str | None = None) -> Settings:
+    """Read ``stacks/Pulumi.<stack>.yaml`` (or ``path``) and return validated settings.
+
+    Raises :class:`StackError` listing every problem as ``file: field = value: what is allowed``.
+    """
+    stack = stack or default_stack()
+    file = Path(path) if path else stack_path(stack)
+    if not file.exists():
+        known = ", ".join(available_stacks()) or "none"
+        raise StackError(f"{file}: no such stack file (stack {stack!r}; known stacks: {known})")
+    try:
+        document = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise StackError(f"{file}: not valid YAML: {exc}") from exc
+    config = document.get("config") if isinstance(document, dict) else None
+    if not isinstance(config, dict):
+        raise StackError(f"{file}: expected a top-level 'config:' mapping")
+    raw = _unnamespace(config, file)
+    raw.update(stack=stack, source=str(file))
+    try:
+        settings = Settings.model_validate(raw)
+    except ValidationError as exc:
+        raise StackError(_describe(file, _pydantic_problems(exc))) from None
+    problems = list(cross_check(settings))
+    if problems:
+        raise StackError(_describe(file, problems))
+    return settings
+
+
+def _unnamespace(config: dict, file: Path) -> dict:
+    """``frontier:model`` → ``model``; ``aws:region`` → ``region``; other namespaces are Pulumi's."""
+    raw: dict = {}
+    for key, value in config.items():
+        namespace, _, name = str(key).partition(":")
+        if namespace == PROJECT and name:
+            raw[name] = value
+        elif key == "aws:region":
+            raw["region"] = value
+    if "region" not in raw:
+        raise StackError(f"{file}: aws:region: missing (set the AWS region of this stack)")
+    return raw
+
+
+def _pydantic_problems(exc: ValidationError) -> list[Problem]:
+    problems = []
+    for err in exc.errors():
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+        value = err.get("input")
+        problems.append(Problem(path, None if isinstance(value, dict) else value, err["msg"]))
+    return problems
+
+
+def _describe(file: Path, problems: list[Problem]) -> str:
+    lines = [f"{file}: {len(problems)} problem(s)"]
+    for p in problems:
+        shown = "" if p.value is None else f" = {p.value!r}"
+        lines.append(f"  {p.path}{shown}: {p.message}")
+    return "\n".join(lines)
