@@ -5,7 +5,6 @@ Not thread-safe: one thread drives it (``AsyncEngine`` in ``loop.py`` does that 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +33,7 @@ class LLMEngine:
         else:
             config = EngineConfig(model_dir=Path(config), **settings)
         self.config = config
-        if config.cpu_threads:
+        if config.cpu_threads:  # rank 0 takes its share of the budget, like the other ranks
             torch.set_num_threads(config.threads_per_rank)
         model_dir = config.model_dir
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").is_file() else None
@@ -246,5 +245,8 @@ class LLMEngine:
             workers.join(timeout_s)
 
     def __del__(self) -> None:  # best effort: workers are daemons anyway
-        with contextlib.suppress(Exception):  # interpreter teardown
+        # Not contextlib.suppress: at interpreter exit the contextlib module may already be gone.
+        try:  # noqa: SIM105
             self.shutdown(timeout_s=1.0)
+        except Exception:
+            pass
