@@ -1,0 +1,63 @@
+"""The roofline device of a node group and its default efficiencies: a GPU from the datasheet table,
+the CPU of a local stack from the micro-benchmark."""
+
+from __future__ import annotations
+
+import os
+
+from frontier.capacity.cpu import measured_cpu
+from frontier.capacity.gpus import GpuSpec, gpu_spec
+from frontier.capacity.roofline import GPU_EFFICIENCY, Device, Efficiency
+from frontier.config.schema import DTYPE_BYTES, GB, NodeGroup, Settings
+
+# The CPU's bandwidth and FLOP/s are measured, so their efficiencies are 1. The engine's own time per
+# step (Python: scheduling, sampling, detokenising, the block tables) was fitted on this project's
+# runtime with the tiny model at concurrency 1 and 32 (`bench/roofline_vs_measured.py` prints
+# the fit); calibration against a stack's baseline refits it.
+CPU_EFFICIENCY = Efficiency(
+    bandwidth=1.0,
+    flops=1.0,
+    link=1.0,
+    allreduce_latency_s=50e-6,
+    step_overhead_s=2.5e-3,
+    seq_overhead_s=0.3e-3,
+    source="modelled: measured CPU peaks; engine overhead 2.5 ms/step + 0.3 ms/sequence (fitted on the tiny model)",
+)
+
+
+def cpu_threads(settings: Settings) -> int:
+    """The intra-op threads one runtime of the stack uses (``runtime.cpu_threads``; 0 = all cores)."""
+    return settings.runtime.cpu_threads or os.cpu_count() or 1
+
+
+def gpu_device(spec: GpuSpec, model_dtype: str) -> Device:
+    return Device(
+        name=spec.name,
+        memory_bytes=spec.memory_gb * GB,
+        bandwidth=spec.bandwidth,
+        flops=spec.flops_for(DTYPE_BYTES[model_dtype]),
+        link_bandwidth=spec.link_bandwidth,
+        source=f"datasheet: {spec.source}",
+    )
+
+
+def device_for(settings: Settings, index: int = 0, *, refresh_cpu: bool = False) -> tuple[Device, Efficiency]:
+    """The device of ``node_groups[index]`` and the efficiencies to start from."""
+    group: NodeGroup = settings.node_groups[index]
+    if group.accelerator == "cpu":
+        threads = cpu_threads(settings)
+        m, cached = measured_cpu(threads, refresh=refresh_cpu)
+        when = f"cached from {m.measured_at}" if cached else "just now"
+        device = Device(
+            name=f"CPU, {threads} thread(s)",
+            memory_bytes=group.gpu_memory_gb * GB,
+            bandwidth=m.bandwidth,
+            flops=m.flops,
+            # Tensor-parallel ranks on one CPU exchange activations through shared memory.
+            link_bandwidth=m.bandwidth,
+            source=f"measured on this machine ({m.machine}; {when}): copy {m.bandwidth / 1e9:.1f} GB/s, "
+            f"matmul {m.flops / 1e9:.1f} GFLOP/s",
+        )
+        return device, CPU_EFFICIENCY
+    spec = gpu_spec(group.gpu_type, f"node_groups[{index}].gpu_type")
+    return gpu_device(spec, settings.model.dtype), GPU_EFFICIENCY

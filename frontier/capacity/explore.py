@@ -1,0 +1,228 @@
+"""Sweep a stack's serving settings and keep the price-latency Pareto front.
+
+Candidates are instance type x tensor parallel x max_batch_size, everything else as the stack has
+it. Each candidate is the stack with those fields changed, checked by the same cross-field rules a
+stack file is (``frontier.config.checks.cross_check``: memory fit, topology, batching), then
+modelled by the roofline (``roofline.py``) at the largest concurrency meeting every SLO, and sized
+for the stack's peak by the planner (``plan.py``). What fails says why, counted per reason.
+
+kv_cache_dtype is not swept: this project's runtime refuses fp8 KV caches
+(``frontier_runtime.engine.config`` accepts auto, bfloat16, float16 and float32), and the others
+are at least as wide as the model's own dtype, so none would save memory.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from frontier.capacity.devices import gpu_device
+from frontier.capacity.gpus import GPUS, INSTANCES, gpu_spec
+from frontier.capacity.plan import GroupPlan, Throughput, plan_with
+from frontier.capacity.replica import ReplicaModel
+from frontier.capacity.roofline import GPU_EFFICIENCY, Device, Efficiency, OperatingPoint, Replica, fit_slo
+from frontier.config.checks import Problem, cross_check
+from frontier.config.schema import Settings
+from frontier.errors import FrontierError
+
+TENSOR_PARALLEL = (1, 2, 4, 8)
+MAX_BATCH_SIZES = (8, 16, 32, 64, 128, 256)
+# What the runtime accepts (frontier_runtime.engine.config.DTYPE_NAMES plus auto); a unit test keeps
+# the two in step.
+RUNTIME_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
+KV_NOTE = (
+    "kv_cache_dtype is not swept: the runtime refuses fp8 (it accepts auto, bfloat16, float16, float32) "
+    "and the others are no narrower than the model's dtype"
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    instance_type: str
+    gpu_type: str
+    tensor_parallel: int
+    max_batch_size: int
+    kv_cache_dtype: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.instance_type} TP{self.tensor_parallel} mbs{self.max_batch_size}"
+
+
+@dataclass(frozen=True)
+class Option:
+    """A candidate that fits and meets every SLO: its best point and its fleet for the peak."""
+
+    candidate: Candidate
+    point: OperatingPoint
+    plan: GroupPlan
+    current: bool
+
+    @property
+    def cost_per_million(self) -> float:
+        """One replica at its best SLO point, paying its share of the node."""
+        return self.plan.cost_per_million_output_tokens
+
+    @property
+    def tpot_ms(self) -> float:
+        return self.point.tpot_s * 1e3
+
+
+@dataclass(frozen=True)
+class Exploration:
+    stack: str
+    considered: int
+    options: tuple[Option, ...]  # every candidate meeting every SLO
+    front: tuple[Option, ...]  # the Pareto front of cost per 1M output tokens vs TPOT, cheapest first
+    dropped: tuple[tuple[str, int], ...]  # reason, count; most frequent first
+    current: Option | None
+    current_dropped: str | None  # why the stack's own choice is not an option, when it is not
+    kv_note: str = KV_NOTE
+
+    @property
+    def cheapest(self) -> Option:
+        return self.front[0]
+
+
+def candidates(settings: Settings) -> list[Candidate]:
+    """Every instance type of the table (and the stack's own) x TP x max_batch_size."""
+    group, rt = settings.serving_group, settings.runtime
+    instances = {name: (i.gpu, i.gpus_per_node) for name, i in INSTANCES.items()}
+    instances[group.instance_type] = (group.gpu_type, group.gpus_per_node)
+    batch_sizes = sorted({*MAX_BATCH_SIZES, rt.batch.max_batch_size})
+    return [
+        Candidate(name, gpu, tp, mbs, rt.kv_cache_dtype)
+        for name, (gpu, gpus) in sorted(instances.items())
+        for tp in sorted({*TENSOR_PARALLEL, rt.tensor_parallel_size})
+        for mbs in batch_sizes
+    ]
+
+
+def variant(settings: Settings, c: Candidate) -> Settings:
+    """The stack with the candidate's instance, TP and max_batch_size (queue and concurrency widened to hold it)."""
+    group, rt = settings.serving_group, settings.runtime
+    if c.instance_type == group.instance_type:
+        new_group = group  # the stack's own price and sizes win over the table
+    else:
+        inst, spec = INSTANCES[c.instance_type], GPUS[c.gpu_type]
+        new_group = group.model_copy(
+            update={
+                "instance_type": inst.name,
+                "gpu_type": inst.gpu,
+                "accelerator": "gpu",
+                "gpus_per_node": inst.gpus_per_node,
+                "gpu_memory_gb": spec.memory_gb,
+                "nvlink_domain_gpus": inst.nvlink_domain_gpus,
+                "price_per_hour": inst.price_per_hour,
+            }
+        )
+    concurrency = max(rt.max_concurrency, c.max_batch_size)
+    new_rt = rt.model_copy(
+        update={
+            "tensor_parallel_size": c.tensor_parallel,
+            "max_concurrency": concurrency,
+            "queue": rt.queue.model_copy(update={"max_length": max(rt.queue.max_length, concurrency)}),
+            "batch": rt.batch.model_copy(update={"max_batch_size": c.max_batch_size}),
+            "kv_cache_dtype": c.kv_cache_dtype,
+        }
+    )
+    return settings.model_copy(
+        update={"node_groups": (new_group, *settings.node_groups[1:]), "runtime": new_rt}
+    )
+
+
+def reason_of(problem: Problem) -> str:
+    """A reason that groups alike problems (the figures in the message differ per candidate)."""
+    if problem.path.endswith(".gpu_memory_gb"):
+        return "memory: weights + KV cache for max_batch_size x max_seq_len exceed the GPU's budget"
+    if problem.path == "runtime.tensor_parallel_size" and "GPUs per node" in problem.message:
+        return "topology: tensor parallel needs more GPUs than a node has"
+    if problem.path == "runtime.tensor_parallel_size":
+        return "topology: tensor parallel does not divide the model's heads"
+    return f"{problem.path}: {problem.message}"
+
+
+def _slo_reason(broken: tuple[str, ...]) -> str:
+    fields = ", ".join(b.split(" ")[0] for b in broken)
+    return f"SLO: one request at a time already breaks {fields}"
+
+
+def explore(settings: Settings, current_model: ReplicaModel) -> Exploration:
+    """Sweep, drop what does not fit or meet the SLOs, and return the options and their front.
+
+    ``current_model`` is the stack's own replica (its device and, where a baseline exists,
+    calibrated efficiencies): the stack's own instance type is modelled with those, the others with
+    their datasheets and the default GPU efficiencies.
+    """
+    cap, slo = settings.capacity, settings.slo
+    group = settings.serving_group
+    current_key = (
+        group.instance_type,
+        settings.runtime.tensor_parallel_size,
+        settings.runtime.batch.max_batch_size,
+    )
+    dropped: Counter[str] = Counter()
+    options: list[Option] = []
+    current_dropped = None
+    all_candidates = candidates(settings)
+    for c in all_candidates:
+        is_current = (c.instance_type, c.tensor_parallel, c.max_batch_size) == current_key
+        s = variant(settings, c)
+        problems = list(cross_check(s))
+        if problems:
+            reason = reason_of(problems[0])
+            dropped[reason] += 1
+            if is_current:
+                current_dropped = reason
+            continue
+        device, eff = _device(c, group.instance_type, current_model, settings.model.dtype)
+        fit = fit_slo(
+            device, eff, Replica.from_settings(s), slo, cap.avg_prompt_tokens, cap.avg_output_tokens
+        )
+        if fit.best is None:
+            reason = _slo_reason(fit.broken_at_1)
+            dropped[reason] += 1
+            if is_current:
+                current_dropped = reason
+            continue
+        best = fit.best
+        throughput = Throughput(best.requests_per_s, best.output_tokens_per_s, "roofline", None, c.label)
+        options.append(Option(c, best, plan_with(s, throughput).groups[0], is_current))
+    reasons = tuple(sorted(dropped.items(), key=lambda kv: (-kv[1], kv[0])))
+    if not options:
+        counts = "; ".join(f"{n} x {reason}" for reason, n in reasons)
+        raise FrontierError(
+            f"stack {settings.stack}: none of the {len(all_candidates)} candidates (instance type x "
+            f"tensor_parallel_size x max_batch_size) fits and meets every SLO: {counts}"
+        )
+    current = next((o for o in options if o.current), None)
+    return Exploration(
+        stack=settings.stack,
+        considered=len(all_candidates),
+        options=tuple(options),
+        front=pareto_front(options),
+        dropped=reasons,
+        current=current,
+        current_dropped=current_dropped,
+    )
+
+
+def _device(
+    c: Candidate, current_instance: str, current_model: ReplicaModel, dtype: str
+) -> tuple[Device, Efficiency]:
+    if c.instance_type == current_instance:
+        return current_model.device, current_model.efficiency
+    return gpu_device(gpu_spec(c.gpu_type), dtype), GPU_EFFICIENCY
+
+
+def pareto_front(options: list[Option]) -> tuple[Option, ...]:
+    """Options no other is both cheaper (per 1M output tokens) and faster (TPOT) than; cheapest first.
+
+    Ties on cost keep the lower TPOT; ties on both keep the cheaper fleet at the peak.
+    """
+    ranked = sorted(options, key=lambda o: (o.cost_per_million, o.tpot_ms, o.plan.cost_per_hour))
+    front: list[Option] = []
+    for option in ranked:
+        if not front or option.tpot_ms < front[-1].tpot_ms:
+            front.append(option)
+    return tuple(front)

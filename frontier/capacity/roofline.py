@@ -1,0 +1,359 @@
+"""The performance of one serving replica from first principles: a roofline per engine step.
+
+One engine step runs every scheduled token through every layer once. Per GPU of a replica:
+
+- memory time  = (weight bytes / TP + KV bytes read) / (bandwidth x eff.bandwidth)
+  weight bytes = the matmul parameters (attention, MLP, LM head; embeddings are looked up, not
+  read whole) x bytes per parameter; KV bytes read = decoding sequences x their context x KV bytes
+  per token per GPU (``memory.kv_bytes_per_token``).
+- compute time = FLOPs / (peak x eff.flops), FLOPs = 2 x matmul parameters x tokens / TP plus
+  attention, 4 x layers x hidden x positions attended per token / TP (QK^T and AV).
+- the step takes max(memory, compute): decode (few tokens, all weights) is bound by bandwidth,
+  prefill (many tokens per weight read) by FLOPs;
+- plus the tensor-parallel all-reduces, 2 per layer (after attention and after the MLP) of
+  tokens x hidden activations, at ring cost 2 (TP - 1) / TP x bytes / (link bandwidth x eff.link) +
+  a fixed latency each;
+- plus the engine's own time: a fixed overhead per step and a small one per scheduled sequence
+  (scheduling, sampling, detokenising) — software, not physics, hence the figures calibration fits.
+
+A replica at concurrency c (a closed loop: c requests in flight, each ``prompt`` tokens in and
+``output`` tokens out) runs b = min(c, max_batch_size) sequences; the rest wait in its queue. The
+scheduler's token budget (``max_num_batched_tokens``) holds the decode tokens and the prefill chunks
+of one step: each sequence needs its prompt once every ``output`` decode steps, so an average step
+carries b decode tokens and b x prompt / output prefill tokens; when that exceeds the budget a
+sequence's tokens take more steps than it has output tokens.
+
+Everything here is arithmetic on typed inputs: devices come from ``gpus.py`` (datasheets) or from
+the CPU micro-benchmark (``cpu.py``), efficiency factors from defaults or from ``calibrate.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from frontier.capacity.memory import kv_bytes_per_token
+from frontier.config.schema import DTYPE_BYTES, Model, Settings, Slo
+from frontier.errors import FrontierError
+
+
+class NotModelled(FrontierError):
+    """A valid stack the roofline has no model for (pipeline parallel, mixture of experts)."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator of a replica (a GPU, or the CPU of a local host)."""
+
+    name: str
+    memory_bytes: float
+    bandwidth: float  # bytes/s
+    flops: float  # FLOP/s at the model's compute dtype
+    link_bandwidth: float  # bytes/s per device, one direction (tensor-parallel all-reduce)
+    source: str
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of the peaks a real step reaches, and the engine's own time per step."""
+
+    bandwidth: float
+    flops: float
+    link: float
+    allreduce_latency_s: float
+    step_overhead_s: float
+    seq_overhead_s: float
+    source: str  # "modelled: …" or "calibrated: …"
+
+    def __post_init__(self) -> None:
+        for name in ("bandwidth", "flops", "link"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise FrontierError(f"efficiency.{name} = {value!r}: must lie in (0, 1]")
+        for name in ("allreduce_latency_s", "step_overhead_s", "seq_overhead_s"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise FrontierError(f"efficiency.{name} = {value!r}: must be >= 0")
+
+    def with_overhead_scale(self, k: float, source: str) -> Efficiency:
+        return replace(
+            self,
+            step_overhead_s=self.step_overhead_s * k,
+            seq_overhead_s=self.seq_overhead_s * k,
+            source=source,
+        )
+
+
+# Typical of a CUDA serving engine: decode GEMVs reach ~80 % of HBM bandwidth, mixed steps ~60 % of
+# dense peak, NCCL rings ~70 % of NVLink/PCIe; a Python engine spends ~2 ms of its own per step.
+GPU_EFFICIENCY = Efficiency(
+    bandwidth=0.8,
+    flops=0.6,
+    link=0.7,
+    allreduce_latency_s=10e-6,
+    step_overhead_s=2e-3,
+    seq_overhead_s=10e-6,
+    source="modelled: default GPU efficiencies (80 % bandwidth, 60 % FLOPs, 70 % link, 2 ms/step)",
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A dense Llama-family decoder, as far as the roofline needs it."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    dtype_bytes: int
+
+    @classmethod
+    def from_model(cls, model: Model) -> Shape:
+        if model.num_experts:
+            raise NotModelled(
+                f"model.num_experts = {model.num_experts}: the roofline models dense decoders only (0 experts)"
+            )
+        return cls(
+            layers=model.num_layers,
+            hidden=model.hidden_size,
+            intermediate=model.intermediate_size,
+            heads=model.num_attention_heads,
+            kv_heads=model.num_kv_heads,
+            vocab=model.vocab_size,
+            dtype_bytes=DTYPE_BYTES[model.dtype],
+        )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def layer_matmul_parameters(self) -> int:
+        """q and o (hidden x hidden each), k and v (hidden x KV heads x head_dim each), gate/up/down."""
+        h = self.hidden
+        return 2 * h * h + 2 * h * self.kv_heads * self.head_dim + 3 * h * self.intermediate
+
+    @property
+    def matmul_parameters(self) -> int:
+        """Every weight a decode step multiplies by: all layers plus the LM head."""
+        return self.layers * self.layer_matmul_parameters + self.vocab * self.hidden
+
+
+@dataclass(frozen=True)
+class Replica:
+    """The settings of one replica that shape its steps."""
+
+    shape: Shape
+    tensor_parallel: int
+    kv_bytes_per_token_per_gpu: int
+    max_batch_size: int
+    max_num_batched_tokens: int
+    max_concurrency: int
+    chunked_prefill: bool
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> Replica:
+        rt = s.runtime
+        if rt.pipeline_parallel_size != 1:
+            raise NotModelled(
+                f"runtime.pipeline_parallel_size = {rt.pipeline_parallel_size}: the roofline models tensor "
+                "parallelism only (1)"
+            )
+        kv_dtype = s.model.dtype if rt.kv_cache_dtype == "auto" else rt.kv_cache_dtype
+        tp = rt.tensor_parallel_size
+        return cls(
+            shape=Shape.from_model(s.model),
+            tensor_parallel=tp,
+            kv_bytes_per_token_per_gpu=kv_bytes_per_token(s.model, DTYPE_BYTES[kv_dtype], tp),
+            max_batch_size=rt.batch.max_batch_size,
+            max_num_batched_tokens=rt.batch.max_num_batched_tokens,
+            max_concurrency=rt.max_concurrency,
+            chunked_prefill=rt.batch.chunked_prefill,
+        )
+
+
+@dataclass(frozen=True)
+class Step:
+    """One engine step on one GPU of the replica, and where its time goes."""
+
+    tokens: float
+    weight_bytes: float
+    kv_bytes: float
+    flops: float
+    memory_s: float
+    compute_s: float
+    comm_s: float
+    overhead_s: float
+
+    @property
+    def bound(self) -> Literal["memory", "compute"]:
+        return "memory" if self.memory_s >= self.compute_s else "compute"
+
+    @property
+    def total_s(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.comm_s + self.overhead_s
+
+
+def allreduce_s(device: Device, eff: Efficiency, tensor_parallel: int, message_bytes: float) -> float:
+    """A ring all-reduce: each rank sends and receives 2 (n - 1) / n of the message, plus a latency."""
+    if tensor_parallel == 1:
+        return 0.0
+    share = 2 * (tensor_parallel - 1) / tensor_parallel
+    return share * message_bytes / (device.link_bandwidth * eff.link) + eff.allreduce_latency_s
+
+
+def step(
+    device: Device,
+    eff: Efficiency,
+    replica: Replica,
+    *,
+    decode_seqs: float,
+    context: float,
+    prefill_tokens: float = 0.0,
+    prefill_attended: float = 0.0,
+) -> Step:
+    """A step that decodes ``decode_seqs`` sequences of ``context`` tokens each and prefills
+    ``prefill_tokens`` prompt tokens that attend to ``prefill_attended`` positions on average.
+
+    A prefill chunk also reads the KV of its prompt's earlier chunks once; that read is left out
+    (it is per chunk, not per token, and small beside the weights).
+    """
+    sh, tp = replica.shape, replica.tensor_parallel
+    tokens = decode_seqs + prefill_tokens
+    weight_bytes = sh.matmul_parameters * sh.dtype_bytes / tp
+    kv_bytes = decode_seqs * context * replica.kv_bytes_per_token_per_gpu
+    linear_flops = 2 * sh.matmul_parameters * tokens / tp
+    attended = decode_seqs * context + prefill_tokens * prefill_attended
+    attention_flops = 4 * sh.layers * sh.hidden * attended / tp
+    flops = linear_flops + attention_flops
+    message = tokens * sh.hidden * sh.dtype_bytes
+    seqs = decode_seqs + (1 if prefill_tokens else 0)
+    return Step(
+        tokens=tokens,
+        weight_bytes=weight_bytes,
+        kv_bytes=kv_bytes,
+        flops=flops,
+        memory_s=(weight_bytes + kv_bytes) / (device.bandwidth * eff.bandwidth),
+        compute_s=flops / (device.flops * eff.flops),
+        comm_s=2 * sh.layers * allreduce_s(device, eff, tp, message),
+        overhead_s=eff.step_overhead_s + eff.seq_overhead_s * seqs,
+    )
+
+
+def decode_tokens_per_s(
+    device: Device, eff: Efficiency, replica: Replica, batch: int, context: float
+) -> float:
+    """Output tokens/s of steps that only decode ``batch`` sequences of ``context`` tokens."""
+    return batch / step(device, eff, replica, decode_seqs=batch, context=context).total_s
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """A replica at one concurrency (closed loop): latencies are means, not percentiles."""
+
+    concurrency: int
+    batch: int
+    ttft_s: float
+    tpot_s: float
+    e2e_s: float
+    queue_wait_s: float
+    output_tokens_per_s: float
+    requests_per_s: float
+    mean_step: Step
+    budget_bound: bool  # the token budget, not the output length, sets the steps per request
+
+
+def operating_point(
+    device: Device, eff: Efficiency, replica: Replica, prompt: int, output: int, concurrency: int
+) -> OperatingPoint:
+    """TTFT, TPOT and throughput of the replica with ``concurrency`` requests in flight."""
+    if concurrency < 1:
+        raise FrontierError(f"concurrency = {concurrency}: must be >= 1")
+    b = min(concurrency, replica.max_batch_size)
+    budget = replica.max_num_batched_tokens
+    # Steps for one request's life in a full batch: one per output token, unless the budget cannot
+    # carry b x (prompt + output) tokens in that many steps.
+    steps = max(output, b * (prompt + output) / budget)
+    context = prompt + output / 2  # mean context of a decoding sequence
+    mean = step(
+        device,
+        eff,
+        replica,
+        decode_seqs=b * output / steps,
+        context=context,
+        prefill_tokens=b * prompt / steps,
+        prefill_attended=prompt / 2,
+    )
+    tpot = mean.total_s * steps / output
+    # A new request's prompt takes what the other b - 1 decodes leave of the budget, chunk by chunk.
+    chunk = min(prompt, max(1, budget - (b - 1))) if replica.chunked_prefill else prompt
+    chunks = math.ceil(prompt / chunk)
+    first = step(
+        device,
+        eff,
+        replica,
+        decode_seqs=b - 1,
+        context=context,
+        prefill_tokens=chunk,
+        prefill_attended=prompt / 2,
+    )
+    ttft_engine = chunks * first.total_s
+    in_engine = ttft_engine + (output - 1) * tpot
+    # Little's law: b slots each held for `in_engine` seconds; the other c - b requests queue.
+    requests_per_s = b / in_engine
+    wait = concurrency / requests_per_s - in_engine
+    ttft = wait + ttft_engine
+    return OperatingPoint(
+        concurrency=concurrency,
+        batch=b,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=ttft + (output - 1) * tpot,
+        queue_wait_s=wait,
+        output_tokens_per_s=requests_per_s * output,
+        requests_per_s=requests_per_s,
+        mean_step=mean,
+        budget_bound=steps > output,
+    )
+
+
+def slo_violations(point: OperatingPoint, slo: Slo) -> list[str]:
+    """The SLO fields the point breaks, each with its figure."""
+    broken = []
+    if point.ttft_s * 1000 > slo.ttft_ms:
+        broken.append(f"slo.ttft_ms ({point.ttft_s * 1000:,.0f} > {slo.ttft_ms:g})")
+    if point.tpot_s * 1000 > slo.tpot_ms:
+        broken.append(f"slo.tpot_ms ({point.tpot_s * 1000:,.1f} > {slo.tpot_ms:g})")
+    if point.e2e_s * 1000 > slo.p99_latency_ms:
+        broken.append(f"slo.p99_latency_ms ({point.e2e_s * 1000:,.0f} > {slo.p99_latency_ms:g})")
+    return broken
+
+
+@dataclass(frozen=True)
+class SloFit:
+    """The replica's curve over concurrency 1..max_concurrency and its best point under the SLOs."""
+
+    curve: tuple[OperatingPoint, ...]
+    best: OperatingPoint | None  # the largest concurrency of the unbroken run from 1 meeting every SLO
+    broken_at_1: tuple[str, ...]  # why even one request at a time fails, when it does
+
+    @property
+    def meets_slo(self) -> bool:
+        return self.best is not None
+
+
+def fit_slo(device: Device, eff: Efficiency, replica: Replica, slo: Slo, prompt: int, output: int) -> SloFit:
+    curve = tuple(
+        operating_point(device, eff, replica, prompt, output, c)
+        for c in range(1, replica.max_concurrency + 1)
+    )
+    best = None
+    for point in curve:
+        if slo_violations(point, slo):
+            break
+        best = point
+    broken = tuple(slo_violations(curve[0], slo)) if best is None else ()
+    return SloFit(curve=curve, best=best, broken_at_1=broken)

@@ -1,0 +1,607 @@
+"""The host agent: the runtime's life cycle on one host, one subcommand per rollout phase.
+
+This file is uploaded as it is to every host (next to ``frontier-agent.json``, its configuration
+rendered by :func:`frontier.render.files.render_agent_config`) and run there by the host's own
+``python3``. So it imports the standard library only and runs on Python 3.8 and later. Every
+command prints exactly one JSON object on stdout; a failed command prints ``{"ok": false, "error":
+..., "phase": ...}`` and exits non-zero (2: refused or failed, 3: the runtime exited during
+start-up, 4: not ready in time)::
+
+    facts [--release ID]     current/previous release, what runs, releases newest first, a staged manifest's hash
+    stage ID DIR [--wheel W] verify DIR against its release.json, install the wheel, move it to releases/ID
+    activate ID              point ``current`` at releases/ID atomically; ``previous`` at what it was
+    start [--activate ID]    (activate, then) start the current release: systemd where it runs, else a process
+    stop                     stop the runtime (the process launcher: SIGTERM, drain, SIGKILL)
+    wait-ready SECONDS       poll the readiness path; fail early when the runtime exits
+    metrics | status         the runtime's /metrics; facts plus readiness, liveness and digest
+    prune KEEP               keep the KEEP most recent releases (never current or previous)
+
+The host layout follows releases/current::
+
+    <root>/releases/<id>/     release.json, the rendered files, site/ (the wheel, installed)
+    <root>/current, previous  symlinks to releases/<id>, swapped atomically (temp symlink + rename)
+    <root>/releases.json      the release order, most recent first (staged or activated): prune reads
+                              it, never file times; written atomically
+    <root>/run/               runtime.pid, runtime.release (the process launcher only)
+    <root>/logs/runtime.log   the runtime's output (the process launcher only)
+    <root>/env                KEY=VALUE lines added to the runtime's environment
+
+A release directory that the order does not name (one staged before the order was kept) counts as
+older than every release it names, so prune removes those first; current and previous never go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+CONFIG_NAME = "frontier-agent.json"
+# Where systemd announces itself and keeps local units (overridable to test the agent without it).
+SYSTEMD_RUN_DIR_ENV = "FRONTIER_SYSTEMD_RUN_DIR"
+UNIT_DIR_ENV = "FRONTIER_UNIT_DIR"
+# The mark of a runtime process in its command line: a recycled pid never passes for the runtime.
+RUNTIME_MODULE = "frontier_runtime"
+LOG_TAIL_LINES = 40
+
+
+class AgentError(Exception):
+    """A step that cannot be done; ``code`` is the exit status, ``extra`` more JSON fields."""
+
+    def __init__(self, message: str, code: int = 2, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.extra = extra
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What the agent knows of its host and stack: rendered by the toolkit, one file per host."""
+
+    stack: str
+    host: str
+    root: str
+    python: str
+    address: str
+    port: int
+    readiness_path: str
+    liveness_path: str
+    drain_timeout_s: float
+    unit: str
+    manifest: str
+    release_id_pattern: str
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AgentConfig:
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise AgentError(f"agent config lacks {', '.join(missing)}")
+        return cls(**{n: data[n] for n in names})
+
+    @classmethod
+    def load(cls, path: str) -> AgentConfig:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise AgentError(f"cannot read the agent config {path}: {exc}") from None
+        return cls.from_dict(data)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+
+@dataclass
+class Facts:
+    """What a host runs and holds. ``ready``, ``live`` and ``digest`` are filled by ``status`` only."""
+
+    current: str = ""
+    previous: str = ""
+    systemd: bool = False
+    running: bool = False
+    running_release: str = ""
+    releases: list[str] = field(default_factory=list)
+    staged_manifest: str = ""
+    ready: bool = False
+    live: bool = False
+    digest: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Facts:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+    def runs(self, release_id: str) -> bool:
+        """The host's live runtime serves ``release_id`` (a stale record of a dead one does not count)."""
+        return self.running and self.current == release_id and self.running_release == release_id
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie. (Reaping is its parent's business: pass the Popen.)"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        # The state is the first field after the command name, which is in parentheses.
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def wait_exit(pid: int, timeout: float, process: subprocess.Popen | None = None) -> bool:
+    """True once ``pid`` has exited (within ``timeout`` seconds)."""
+    if process is not None:
+        try:
+            process.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def terminate_then_kill(
+    pid: int,
+    timeout: float,
+    *,
+    kill_timeout: float = 5.0,
+    still_ours: Callable[[], bool] | None = None,
+    process: subprocess.Popen | None = None,
+) -> str:
+    """Stop one process: SIGTERM, wait ``timeout`` s, SIGKILL, wait ``kill_timeout`` s.
+
+    Returns ``"absent"`` (it was already gone, a zombie, or the pid now belongs to another
+    program), ``"terminated"`` (it exited on SIGTERM), ``"killed"`` (it needed SIGKILL) or
+    ``"stuck"`` (it outlived SIGKILL too, e.g. in uninterruptible sleep). ``still_ours`` is asked
+    before each signal, so a pid recycled meanwhile is never signalled; ``process``, when the
+    caller started it, is waited on so that it is reaped.
+    """
+
+    def ours() -> bool:
+        alive = process.poll() is None if process is not None else pid_alive(pid)
+        return alive and (still_ours is None or still_ours())
+
+    if not ours():
+        return "absent"
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if wait_exit(pid, timeout, process):
+        return "terminated"
+    if not ours():
+        return "terminated"
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return "killed" if wait_exit(pid, kill_timeout, process) else "stuck"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    """``KEY=VALUE`` lines (``export`` and quotes allowed, ``#`` comments), as a shell would source them."""
+    out: dict[str, str] = {}
+    if not path.exists():
+        return out
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export ") :].strip()
+        key, sep, value = line.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            continue
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key] = value
+    return out
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _atomic_symlink(link: Path, target: str) -> None:
+    tmp = link.with_name(f".{link.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+# --- the agent ------------------------------------------------------------------------------------
+
+
+class Agent:
+    """One host's release directory and runtime, as the configuration describes them."""
+
+    def __init__(self, config: AgentConfig, environ: dict[str, str] | None = None) -> None:
+        environ = dict(os.environ if environ is None else environ)
+        self.config = config
+        self.root = Path(config.root)
+        self.releases_dir = self.root / "releases"
+        self.order_file = self.root / "releases.json"
+        self.run_dir = self.root / "run"
+        self.pid_file = self.run_dir / "runtime.pid"
+        self.release_file = self.run_dir / "runtime.release"
+        self.log_file = self.root / "logs" / "runtime.log"
+        self.systemd_run_dir = Path(environ.get(SYSTEMD_RUN_DIR_ENV, "/run/systemd/system"))
+        self.unit_dir = Path(environ.get(UNIT_DIR_ENV, "/etc/systemd/system"))
+        self.unit = config.unit[: -len(".service")] if config.unit.endswith(".service") else config.unit
+        self._release_id = re.compile(config.release_id_pattern)
+
+    # --- what is where --------------------------------------------------------------------------
+
+    def check_id(self, release_id: str, phase: str) -> str:
+        if not self._release_id.match(release_id):
+            raise AgentError(
+                f"{phase}: {release_id!r} is not a release id (pattern {self.config.release_id_pattern})"
+            )
+        return release_id
+
+    def link(self, name: str) -> str:
+        """The release id a symlink (``current``/``previous``) points at, or ''."""
+        try:
+            return os.path.basename(os.readlink(self.root / name))
+        except OSError:
+            return ""
+
+    def order(self) -> list[str]:
+        """Every release directory, most recent first: the recorded order, then unrecorded ones."""
+        try:
+            recorded = [str(i) for i in json.loads(self.order_file.read_text())["releases"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            recorded = []
+        present = set()
+        if self.releases_dir.is_dir():
+            present = {
+                p.name for p in self.releases_dir.iterdir() if p.is_dir() and not p.name.startswith(".")
+            }
+        return [i for i in recorded if i in present] + sorted(present - set(recorded))
+
+    def _touch_order(self, release_id: str) -> None:
+        order = [release_id] + [i for i in self.order() if i != release_id]
+        _atomic_write(self.order_file, json.dumps({"releases": order}, indent=2) + "\n")
+
+    def systemd(self) -> bool:
+        return self.systemd_run_dir.is_dir() and shutil.which("systemctl") is not None
+
+    def running_pid(self) -> int | None:
+        """The pid of the runtime this agent started, if it still runs (a recycled pid does not count)."""
+        try:
+            pid = int(self.pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if pid_alive(pid) and RUNTIME_MODULE in _cmdline(pid):
+            return pid
+        return None
+
+    def is_running(self) -> bool:
+        if self.systemd():
+            return self._systemctl("is-active", "--quiet", self.unit, check=False).returncode == 0
+        return self.running_pid() is not None
+
+    def _systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run(["systemctl", *args], capture_output=True, text=True)
+        if check and done.returncode != 0:
+            raise AgentError(f"systemctl {' '.join(args)}: {(done.stderr or done.stdout).strip()}")
+        return done
+
+    def http_status(self, path: str, timeout: float = 2.0) -> int:
+        url = f"http://{self.config.address}:{self.config.port}{path}"
+        # No proxy: the runtime is on this host, whatever http_proxy says.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(url, timeout=timeout) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except (OSError, ValueError):
+            return 0
+
+    def log_tail(self) -> str:
+        if self.systemd():
+            done = subprocess.run(
+                ["journalctl", "-u", self.unit, "-n", str(LOG_TAIL_LINES), "--no-pager"],
+                capture_output=True,
+                text=True,
+            )
+            return done.stdout
+        if self.log_file.exists():
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
+        return ""
+
+    # --- the phases -----------------------------------------------------------------------------
+
+    def facts(self, release_id: str = "") -> Facts:
+        running = self.is_running()
+        running_release = ""
+        if running:
+            with contextlib.suppress(OSError):
+                running_release = self.release_file.read_text().strip()
+        staged = ""
+        if release_id:
+            manifest = self.releases_dir / self.check_id(release_id, "facts") / self.config.manifest
+            if manifest.is_file():
+                staged = hashlib.sha256(manifest.read_bytes()).hexdigest()
+        return Facts(
+            current=self.link("current"),
+            previous=self.link("previous"),
+            systemd=self.systemd(),
+            running=running,
+            running_release=running_release,
+            releases=self.order(),
+            staged_manifest=staged,
+        )
+
+    def stage(self, release_id: str, incoming: str, wheel: str = "") -> dict[str, Any]:
+        """Verify an uploaded release directory, install its wheel, and move it into releases/."""
+        self.check_id(release_id, "stage")
+        source = Path(incoming)
+        manifest = source / self.config.manifest
+        if not manifest.is_file():
+            raise AgentError(f"stage: {manifest} is missing")
+        try:
+            files = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError) as exc:
+            raise AgentError(f"stage: {manifest} is not a release manifest ({exc})") from None
+        # Every file must match the hash release.json gives it: nothing half-uploaded is ever activated.
+        for name, want in sorted(files.items()):
+            path = source / name
+            got = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "(missing)"
+            if got != want:
+                raise AgentError(f"stage: {name} has sha256 {got}, {self.config.manifest} says {want}")
+        if wheel:
+            done = subprocess.run(
+                [
+                    self.config.python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--disable-pip-version-check", "--target", str(source / "site"), wheel,
+                ],
+                capture_output=True,
+                text=True,
+            )  # fmt: skip
+            if done.returncode != 0:
+                raise AgentError(f"stage: pip cannot install {wheel}: {(done.stderr or done.stdout).strip()}")
+        self.releases_dir.mkdir(parents=True, exist_ok=True)
+        target = self.releases_dir / release_id
+        if target.exists():
+            shutil.rmtree(target)
+        # A rename where the upload is on the same filesystem, a copy where it is not (sudo uploads to /tmp).
+        shutil.move(str(source), str(target))
+        self._touch_order(release_id)
+        return {"staged": release_id}
+
+    def activate(self, release_id: str) -> dict[str, Any]:
+        self.check_id(release_id, "activate")
+        if not (self.releases_dir / release_id / self.config.manifest).is_file():
+            raise AgentError(f"activate: release {release_id} is not staged")
+        old = self.link("current")
+        if old and old != release_id:
+            _atomic_symlink(self.root / "previous", f"releases/{old}")
+        _atomic_symlink(self.root / "current", f"releases/{release_id}")
+        self._touch_order(release_id)
+        return {"current": release_id, "previous": self.link("previous")}
+
+    def start(self) -> dict[str, Any]:
+        current = self.root / "current"
+        release = Path(os.path.realpath(current)) if current.is_symlink() else None
+        if release is None or not release.is_dir():
+            raise AgentError(f"start: no current release under {self.root}")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        pid: int | None = None
+        if self.systemd():
+            self.unit_dir.mkdir(parents=True, exist_ok=True)
+            unit_file = self.unit_dir / f"{self.unit}.service"
+            shutil.copyfile(release / f"{self.unit}.service", unit_file)
+            os.chmod(unit_file, 0o644)
+            self._systemctl("daemon-reload")
+            self._systemctl("restart", self.unit)
+        else:
+            running = self.running_pid()
+            if running is not None:
+                raise AgentError(f"start: the runtime already runs (pid {running}); stop it first")
+            pid = self._spawn(release)
+            _atomic_write(self.pid_file, f"{pid}\n")
+        _atomic_write(self.release_file, release.name + "\n")
+        return {"started": release.name, "pid": pid, "launcher": "systemd" if pid is None else "process"}
+
+    def _spawn(self, release: Path) -> int:
+        env = dict(os.environ)
+        env.update(_read_env_file(self.root / "env"))
+        env["PYTHONPATH"] = str(release / "site")
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with self.log_file.open("ab") as log:
+            log.write(f"=== {stamp} start {release.name}\n".encode())
+            log.flush()
+            # A new session: the runtime outlives the agent (and the SSH command that ran it).
+            process = subprocess.Popen(
+                [
+                    self.config.python, "-m", RUNTIME_MODULE, "serve", "--config", str(release / "runtime.yaml"),
+                    "--host", self.config.address, "--port", str(self.config.port),
+                ],
+                cwd=str(self.root),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        return process.pid
+
+    def stop(self) -> dict[str, Any]:
+        outcome = "absent"
+        pid = None
+        if self.systemd():
+            self._systemctl("stop", self.unit, check=False)
+            outcome = "stopped"
+        else:
+            pid = self.running_pid()
+            if pid is not None:
+                # SIGTERM: the runtime turns unready, finishes in-flight requests within its drain
+                # timeout and exits; SIGKILL only if it outlives that by 5 s.
+                outcome = terminate_then_kill(
+                    pid,
+                    self.config.drain_timeout_s + 5,
+                    still_ours=lambda: RUNTIME_MODULE in _cmdline(pid),
+                )
+        for path in (self.pid_file, self.release_file):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return {"stopped": True, "pid": pid, "outcome": outcome}
+
+    def wait_ready(self, timeout: float) -> dict[str, Any]:
+        started = time.monotonic()
+        while True:
+            if self.http_status(self.config.readiness_path) == 200:
+                return {"ready": True, "after_s": round(time.monotonic() - started, 3)}
+            if not self.is_running():
+                raise AgentError(
+                    "the runtime exited during start-up", code=3, ready=False, log_tail=self.log_tail()
+                )
+            if time.monotonic() - started >= timeout:
+                raise AgentError(
+                    f"not ready after {timeout:g}s", code=4, ready=False, log_tail=self.log_tail()
+                )
+            time.sleep(0.2)
+
+    def metrics(self) -> dict[str, Any]:
+        url = f"http://{self.config.address}:{self.config.port}/metrics"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(url, timeout=5) as response:
+                return {"metrics": response.read().decode()}
+        except (OSError, ValueError) as exc:
+            raise AgentError(f"metrics: {url}: {exc}") from None
+
+    def status(self) -> Facts:
+        facts = self.facts()
+        facts.ready = self.http_status(self.config.readiness_path) == 200
+        facts.live = self.http_status(self.config.liveness_path) == 200
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            facts.digest = json.loads((self.root / "current" / self.config.manifest).read_text())["digest"]
+        return facts
+
+    def prune(self, keep: int) -> dict[str, Any]:
+        """Remove all but the ``keep`` most recent releases; current and previous always stay."""
+        if keep < 1:
+            raise AgentError(f"prune: keep is {keep}; it must be at least 1")
+        if self.releases_dir.is_dir():
+            for leftover in self.releases_dir.glob(".incoming-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+        kept = {self.link("current"), self.link("previous")} - {""}
+        removed = []
+        for n, release_id in enumerate(self.order(), start=1):
+            if n > keep and release_id not in kept:
+                shutil.rmtree(self.releases_dir / release_id)
+                removed.append(release_id)
+        if removed:
+            _atomic_write(self.order_file, json.dumps({"releases": self.order()}, indent=2) + "\n")
+        return {"pruned": removed}
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="frontier-agent", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--config",
+        default=str(Path(__file__).resolve().with_name(CONFIG_NAME)),
+        help=f"the rendered configuration (default: {CONFIG_NAME} beside this file)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    p = sub.add_parser("facts")
+    p.add_argument("--release", default="")
+    p = sub.add_parser("stage")
+    p.add_argument("release")
+    p.add_argument("dir")
+    p.add_argument("--wheel", default="")
+    p = sub.add_parser("activate")
+    p.add_argument("release")
+    p = sub.add_parser("start")
+    p.add_argument("--activate", default="")
+    sub.add_parser("stop")
+    p = sub.add_parser("wait-ready")
+    p.add_argument("seconds", type=float)
+    sub.add_parser("metrics")
+    sub.add_parser("status")
+    p = sub.add_parser("prune")
+    p.add_argument("keep", type=int)
+    return parser
+
+
+def run(agent: Agent, args: argparse.Namespace) -> dict[str, Any]:
+    """One subcommand on ``agent``; the JSON-ready result."""
+    command = args.command
+    if command == "facts":
+        return asdict(agent.facts(args.release))
+    if command == "stage":
+        return agent.stage(args.release, args.dir, args.wheel)
+    if command == "activate":
+        return agent.activate(args.release)
+    if command == "start":
+        activated = agent.activate(args.activate) if args.activate else {}
+        return {**activated, **agent.start()}
+    if command == "stop":
+        return agent.stop()
+    if command == "wait-ready":
+        return agent.wait_ready(args.seconds)
+    if command == "metrics":
+        return agent.metrics()
+    if command == "status":
+        return asdict(agent.status())
+    if command == "prune":
+        return agent.prune(args.keep)
+    raise AgentError(f"unknown command {command!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        result = run(Agent(AgentConfig.load(args.config)), args)
+    except AgentError as exc:
+        print(json.dumps({"ok": False, "phase": args.command, "error": str(exc), **exc.extra}))
+        return exc.code
+    except OSError as exc:
+        # A filesystem or process error is the host's answer: report it as such, not as a traceback.
+        reason = f"{errno.errorcode.get(exc.errno or 0, type(exc).__name__)}: {exc}"
+        print(json.dumps({"ok": False, "phase": args.command, "error": reason}))
+        return 2
+    print(json.dumps({"ok": True, "phase": args.command, **result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""The rendered Kubernetes objects: valid for the cluster version each stack names, and what they promise.
+
+Core objects are validated with kubernetes-validate (the Kubernetes OpenAPI schemas of that
+version, strict: an unknown field fails); the CRD objects (KEDA's ScaledObject, the Prometheus
+Operator's ServiceMonitor) against the pinned schemas in ``schemas/``. No API server runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from fabric.main import program
+
+from frontier import contracts, project
+from frontier.config.load import available_stacks, load_stack
+from frontier.config.schema import Settings
+from frontier.errors import FrontierError
+from frontier.kubernetes import manifests as m
+from frontier.render.files import render_runtime_config
+
+DIGEST = "sha256:" + "ab" * 32
+SCHEMAS = Path(__file__).parent / "schemas"
+CRD_SCHEMAS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): "keda-2.16-scaledobject.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "prometheus-operator-0.80-servicemonitor.json",
+}
+EXISTING = {
+    "kubernetes.cluster.mode": "existing",
+    "kubernetes.cluster.kubeconfig": "~/.kube/config",
+    "kubernetes.cluster.context": "prod",
+    "kubernetes.cluster.version": "1.30",
+    "kubernetes.cluster.api_server_cidrs": ["10.60.240.0/28"],
+    "kubernetes.runtime_role_arn": "arn:aws:iam::123456789012:role/frontier-runtime",
+    "kubernetes.identity": "irsa",
+    "kubernetes.ingress.kind": "class",
+    "kubernetes.ingress.class_name": "nginx",
+    "kubernetes.ingress.tls_secret": "frontier-tls",
+}
+
+
+def kubernetes_stacks() -> list[Settings]:
+    stacks = [load_stack(name) for name in available_stacks()]
+    return [s for s in stacks if s.kubernetes is not None]
+
+
+@pytest.fixture(scope="module")
+def existing(tmp_path_factory) -> Settings:
+    """eks-prod moved to an existing 1.30 cluster with its own ingress class and IRSA."""
+    from conftest import set_field
+
+    path = tmp_path_factory.mktemp("existing") / "Pulumi.eks-prod.yaml"
+    document = yaml.safe_load((project.stacks_dir() / "Pulumi.eks-prod.yaml").read_text())
+    for field, value in EXISTING.items():
+        set_field(document["config"], field, value)
+    path.write_text(yaml.safe_dump(document))
+    return load_stack("eks-prod", path=path)
+
+
+def validate(manifest: dict, version: str) -> None:
+    key = (manifest["apiVersion"], manifest["kind"])
+    if key in CRD_SCHEMAS:
+        schema = json.loads((SCHEMAS / CRD_SCHEMAS[key]).read_text())
+        jsonschema.validate(manifest, schema, cls=jsonschema.Draft202012Validator)
+    else:
+        kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_there_is_a_kubernetes_stack():
+    assert [s.stack for s in kubernetes_stacks()] == ["eks-prod"]
+
+
+@pytest.mark.parametrize("variant", ["shipped", "existing"])
+def test_every_manifest_of_every_kubernetes_stack_validates_for_its_version(variant, existing):
+    stacks = kubernetes_stacks() if variant == "shipped" else [existing]
+    for settings in stacks:
+        objects = m.render_workload(settings, DIGEST).all()
+        kinds = {o.kind for o in objects}
+        assert kinds == {
+            "Namespace",
+            "ServiceAccount",
+            "ConfigMap",
+            "NetworkPolicy",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "Ingress",
+            "ScaledObject",
+            "ServiceMonitor",
+        }
+        for manifest in objects:
+            validate(manifest.to_dict(), settings.kubernetes.cluster.version)
+        canary = m.deployment(settings, DIGEST, render_runtime_config(settings), track="canary", replicas=1)
+        validate(canary.to_dict(), settings.kubernetes.cluster.version)
+
+
+def test_the_validators_refuse_what_they_should(eks_prod):
+    """Controls: strict validation fails an unknown field; the CRD schemas fail a wrong type."""
+    deployment = m.render_workload(eks_prod, DIGEST).deployment.to_dict()
+    deployment["spec"]["template"]["spec"]["containers"][0]["gpus"] = 8
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, "1.33", strict=True)
+    scaled = m.scaled_object(eks_prod).to_dict()
+    scaled["spec"]["triggers"][0]["metadata"]["threshold"] = 64  # KEDA takes strings only
+    with pytest.raises(jsonschema.ValidationError):
+        validate(scaled, "1.33")
+    monitor = m.service_monitor(eks_prod).to_dict()
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(monitor, "1.33")
+
+
+def _pod(settings: Settings) -> dict:
+    return m.render_workload(settings, DIGEST).deployment.to_dict()["spec"]["template"]
+
+
+def test_the_deployment_runs_the_image_by_digest_and_refuses_a_tag(eks_prod):
+    container = _pod(eks_prod)["spec"]["containers"][0]
+    assert container["image"] == f"{eks_prod.runtime.image_repository}@{DIGEST}"
+    with pytest.raises(FrontierError, match="mutable tags"):
+        m.render_workload(eks_prod, "latest")
+
+
+def test_gpu_requests_equal_limits_and_cover_tensor_times_pipeline_parallel(eks_prod):
+    resources = _pod(eks_prod)["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"] == {contracts.GPU_RESOURCE: "8"}
+
+
+def test_probes_cover_the_load_time_then_readiness_and_liveness_on_the_configured_paths(eks_prod):
+    container = _pod(eks_prod)["spec"]["containers"][0]
+    health, rollout = eks_prod.health, eks_prod.rollout
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == health.readiness_path
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= rollout.readiness_timeout_s
+    assert container["readinessProbe"]["httpGet"]["path"] == health.readiness_path
+    assert container["readinessProbe"]["successThreshold"] == health.healthy_threshold
+    assert container["livenessProbe"]["httpGet"]["path"] == health.liveness_path
+    assert container["livenessProbe"]["successThreshold"] == 1
+
+
+def test_termination_outlasts_deregistration_and_drain(eks_prod):
+    pod = _pod(eks_prod)
+    sleep = int(pod["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert sleep >= eks_prod.rollout.deregistration_delay_s
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= sleep + math.ceil(eks_prod.runtime.drain_timeout_s)
+
+
+def test_the_pod_is_locked_down_with_memory_shm_and_a_weights_cache(eks_prod):
+    spec = _pod(eks_prod)["spec"]
+    container = spec["containers"][0]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False and security["privileged"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    mounts = {v["name"]: v["mountPath"] for v in container["volumeMounts"]}
+    assert mounts["dshm"] == "/dev/shm"
+    assert mounts["weights-cache"] == eks_prod.runtime.weights_cache_dir
+    assert volumes["weights-cache"]["emptyDir"]["sizeLimit"] == f"{eks_prod.kubernetes.weights_cache_gb}Gi"
+
+
+def test_one_replica_per_node_on_the_gpu_pool(eks_prod):
+    spec = _pod(eks_prod)["spec"]
+    term = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == m.selector(eks_prod)
+    pool = eks_prod.kubernetes.node_pools[0]
+    assert spec["nodeSelector"] == pool.labels
+    assert spec["tolerations"] == [
+        {"key": "nvidia.com/gpu", "effect": "NoSchedule", "operator": "Equal", "value": "present"}
+    ]
+
+
+def test_rolling_update_surges_first_when_the_pool_can_grow(eks_prod):
+    spec = m.render_workload(eks_prod, DIGEST).deployment.to_dict()["spec"]
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert "replicas" not in spec  # KEDA owns the count
+    full = eks_prod.model_copy(
+        update={"node_groups": (eks_prod.serving_group.model_copy(update={"max_size": 6}),)}
+    )
+    assert m.strategy(full)["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 1}
+
+
+def test_a_config_change_changes_the_config_map_and_the_pod_template(eks_prod):
+    changed = eks_prod.model_copy(
+        update={"runtime": eks_prod.runtime.model_copy(update={"drain_timeout_s": 45})}
+    )
+    a, b = m.render_workload(eks_prod, DIGEST), m.render_workload(changed, DIGEST)
+    assert a.config_map.name != b.config_map.name
+    annotation = contracts.K8S_CONFIG_HASH_ANNOTATION
+    pod_a, pod_b = (w.deployment.to_dict()["spec"]["template"] for w in (a, b))
+    assert pod_a["metadata"]["annotations"][annotation] != pod_b["metadata"]["annotations"][annotation]
+    assert pod_b["spec"]["volumes"][0]["configMap"]["name"] == b.config_map.name
+    assert b.config_map.body["data"]["runtime.yaml"] == render_runtime_config(changed)
+    assert b.config_map.body["immutable"] is True
+
+
+def test_the_namespace_enforces_restricted_pod_security(eks_prod):
+    labels = m.namespace(eks_prod).labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert labels["pod-security.kubernetes.io/enforce-version"] == "v1.33"
+
+
+def test_the_disruption_budget_follows_the_rollout_batch(eks_prod):
+    pdb = m.disruption_budget(eks_prod).to_dict()["spec"]
+    assert pdb["maxUnavailable"] == eks_prod.rollout.batch_size
+    assert pdb["selector"]["matchLabels"] == m.selector(eks_prod, "stable")
+
+
+def test_keda_scales_on_the_runtimes_queue_depth(eks_prod):
+    spec = m.scaled_object(eks_prod).to_dict()["spec"]
+    auto = eks_prod.kubernetes.autoscaling
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (auto.min_replicas, auto.max_replicas)
+    trigger = spec["triggers"][0]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metadata"]["query"].startswith(f"sum({contracts.WAITING_METRIC}{{")
+    assert trigger["metadata"]["threshold"] == str(auto.target_queue_depth)
+    assert spec["scaleTargetRef"]["name"] == m.app_name(eks_prod)
+
+
+def test_ingress_terminates_tls(eks_prod, existing):
+    alb = m.ingress(eks_prod).to_dict()
+    assert alb["spec"]["tls"] == [{"hosts": [eks_prod.kubernetes.ingress.host]}]
+    annotations = alb["metadata"]["annotations"]
+    assert annotations["alb.ingress.kubernetes.io/certificate-arn"] == eks_prod.edge.certificate_arn
+    assert json.loads(annotations["alb.ingress.kubernetes.io/listen-ports"]) == [{"HTTPS": 443}]
+    assert annotations["alb.ingress.kubernetes.io/healthcheck-path"] == eks_prod.health.readiness_path
+    nginx = m.ingress(existing).to_dict()
+    assert nginx["spec"]["tls"][0]["secretName"] == "frontier-tls"
+    assert nginx["spec"]["ingressClassName"] == "nginx"
+
+
+def _policies(settings: Settings) -> dict[str, dict]:
+    return {p.name.rsplit("-", 1)[-1]: p.to_dict()["spec"] for p in m.network_policies(settings)}
+
+
+def test_network_policies_deny_by_default_and_admit_only_ingress_prometheus_and_the_api_server(
+    eks_prod, existing
+):
+    for settings in (eks_prod, existing):
+        policies = _policies(settings)
+        assert policies["deny"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+        (rule,) = policies["ingress"]["ingress"]
+        assert rule["ports"] == [{"protocol": "TCP", "port": settings.runtime.port}]
+        peers = rule["from"]
+        namespaces = [
+            p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+            for p in peers
+            if "namespaceSelector" in p
+        ]
+        blocks = [p["ipBlock"]["cidr"] for p in peers if "ipBlock" in p]
+        assert "monitoring" in namespaces
+        if settings.kubernetes.ingress.kind == "alb":
+            # The public quarter of the VPC (the ALB) and the control plane's own /28s: no pod.
+            assert blocks == ["10.50.128.0/18", "10.50.255.224/28", "10.50.255.240/28"]
+        else:
+            assert namespaces == ["ingress-nginx", "monitoring"] and blocks == ["10.60.240.0/28"]
+
+
+def test_egress_is_dns_and_https_only_and_never_the_metadata_address(eks_prod, existing):
+    for settings in (eks_prod, existing):
+        egress = _policies(settings)["egress"]["egress"]
+        ports = sorted((p["protocol"], p["port"]) for rule in egress for p in rule["ports"])
+        blocks = [peer["ipBlock"] for rule in egress for peer in rule["to"] if "ipBlock" in peer]
+        for block in blocks:
+            assert block["cidr"] != contracts.INSTANCE_METADATA_CIDR
+            if block["cidr"] == "0.0.0.0/0":
+                assert block["except"] == [contracts.INSTANCE_METADATA_CIDR]
+        if settings.kubernetes.identity == "pod_identity":
+            assert ports == [("TCP", 53), ("TCP", 80), ("TCP", 443), ("UDP", 53)]
+            assert {"cidr": m.POD_IDENTITY_AGENT} in blocks
+        else:
+            assert ports == [("TCP", 53), ("TCP", 443), ("UDP", 53)]
+
+
+def test_the_service_account_carries_the_irsa_role_only_with_irsa(eks_prod, existing):
+    assert m.service_account(eks_prod, "arn:aws:iam::1:role/x").annotations == {}
+    assert m.service_account(existing).annotations == {
+        m.IRSA_ROLE_ANNOTATION: "arn:aws:iam::123456789012:role/frontier-runtime"
+    }
+
+
+def test_the_service_monitor_scrapes_metrics_with_the_operators_labels(eks_prod):
+    monitor = m.service_monitor(eks_prod).to_dict()
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_fab_render_writes_the_manifests_as_yaml(capsys, tmp_path, monkeypatch, eks_prod):
+    monkeypatch.chdir(project.root())
+    try:
+        program.run(["fab", "render", "-s", "eks-prod", "--out", str(tmp_path), "--digest", DIGEST])
+    except SystemExit as exc:
+        assert not exc.code
+    out = capsys.readouterr().out
+    expected = m.render_workload(eks_prod, DIGEST).all()
+    written = sorted((tmp_path / "kubernetes").glob("*.yaml"))
+    assert len(written) == len(expected)
+    for path, manifest in zip(written, expected, strict=True):
+        assert yaml.safe_load(path.read_text()) == manifest.to_dict()
+        assert path.name in out
+    assert (tmp_path / "release" / "runtime.yaml").exists()
+
+
+def test_other_stacks_render_no_manifests():
+    assert m.manifest_files(load_stack("prod"), DIGEST) == {}
