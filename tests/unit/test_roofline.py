@@ -205,7 +205,10 @@ def test_an_unknown_gpu_type_names_the_field_and_the_known_types(prod):
         device_for(odd)
     message = str(err.value)
     assert "node_groups[0].gpu_type = 'B200-192GB': unknown GPU type" in message
-    assert "known types: A10G-24GB, A100-SXM4-40GB, A100-SXM4-80GB, H100-SXM-80GB" in message
+    assert (
+        "known types: A100-SXM4-40GB, A100-SXM4-80GB, A10G-24GB, H100-SXM-80GB, H200-SXM-141GB, L4-24GB, L40S-48GB"
+        in message
+    )
 
 
 def test_pipeline_parallel_is_not_modelled(prod):

@@ -1,0 +1,49 @@
+"""The local stack's CPU as a roofline device: measured with real torch, cached, and calibrated to
+the measured knee in stacks/baselines/local.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from frontier.capacity import cpu
+from frontier.capacity.baseline import load_baseline
+from frontier.capacity.devices import device_for
+from frontier.capacity.replica import model_stack
+from frontier.config.load import load_stack
+
+
+@pytest.fixture(autouse=True)
+def _state_in_tmp(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu, "state_dir", lambda: tmp_path)
+
+
+def test_the_micro_benchmark_measures_bandwidth_and_flops_and_caches_them(tmp_path):
+    first, cached = cpu.measured_cpu(1)
+    assert not cached
+    # Any CPU that runs this moves more than 0.5 GB/s and multiplies faster than 1 GFLOP/s.
+    assert first.bandwidth > 0.5e9 and first.flops > 1e9 and first.threads == 1
+    assert json.loads(cpu.cache_path(1).read_text())["bandwidth"] == first.bandwidth
+    again, cached = cpu.measured_cpu(1)
+    assert cached and again == first
+
+
+def test_a_damaged_cache_is_measured_again(tmp_path):
+    cpu.cache_path(1).parent.mkdir(parents=True)
+    cpu.cache_path(1).write_text("{not json")
+    result, cached = cpu.measured_cpu(1)
+    assert not cached and result.bandwidth > 0
+
+
+def test_the_local_stack_is_modelled_on_its_measured_cpu_and_calibrated_to_its_knee():
+    local = load_stack("local")
+    device, _ = device_for(local)
+    assert device.name == "CPU, 1 thread(s)"  # runtime.cpu_threads = 1
+    assert device.source.startswith("measured on this machine")
+    baseline = load_baseline("local")
+    model = model_stack(local, baseline)
+    assert model.calibration is not None and model.calibration.fitted
+    assert model.fit.best is not None
+    assert model.fit.best.requests_per_s == pytest.approx(baseline.replica_qps, rel=0.01)
+    assert model.efficiency.source.startswith("calibrated")
