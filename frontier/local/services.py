@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,18 +123,42 @@ def free_port(address: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_port(address: str, port: int, timeout: float, service: Service | None = None) -> None:
+def wait_until(
+    ready: Callable[[], bool],
+    timeout: float,
+    failure: str,
+    service: Service | None = None,
+    *,
+    poll_s: float = 0.05,
+    stop_on_failure: bool = False,
+) -> None:
+    """Poll ``ready`` until it holds; fail with ``failure`` at the deadline or when ``service`` dies.
+
+    Every start-up wait of this module is this loop with its own readiness probe.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if service is not None and not service.alive():
             raise ServiceError(f"{service.name} exited during start-up{_log_tail(service)}")
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.settimeout(0.5)
-            if sock.connect_ex((address, port)) == 0:
-                return
-        time.sleep(0.05)
+        if ready():
+            return
+        time.sleep(poll_s)
+    if service is not None and stop_on_failure:
+        stop(service)
+    raise ServiceError(f"{failure} within {timeout:.0f}s{_log_tail(service)}")
+
+
+def _listens(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((address, port)) == 0
+
+
+def wait_for_port(address: str, port: int, timeout: float, service: Service | None = None) -> None:
     name = service.name if service else "service"
-    raise ServiceError(f"{name} did not listen on {address}:{port} within {timeout:.0f}s{_log_tail(service)}")
+    wait_until(
+        lambda: _listens(address, port), timeout, f"{name} did not listen on {address}:{port}", service
+    )
 
 
 # --- sshd -------------------------------------------------------------------------------------
@@ -199,20 +224,16 @@ def start_sshd(
 
 
 def _wait_banner(service: Service, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not service.alive():
-            raise ServiceError(f"{service.name} exited during start-up{_log_tail(service)}")
+    def banner() -> bool:
         with (
             contextlib.suppress(OSError),
             socket.create_connection((service.address, service.port), 0.5) as s,
         ):
             s.settimeout(1.0)
-            if s.recv(64).startswith(b"SSH-"):
-                return
-        time.sleep(0.05)
-    stop(service)
-    raise ServiceError(f"{service.name} gave no SSH banner within {timeout:.0f}s{_log_tail(service)}")
+            return s.recv(64).startswith(b"SSH-")
+        return False
+
+    wait_until(banner, timeout, f"{service.name} gave no SSH banner", service, stop_on_failure=True)
 
 
 # --- haproxy ------------------------------------------------------------------------------------
@@ -270,12 +291,13 @@ def start_haproxy(
 
 
 def _wait_path(path: Path, timeout: float, service: Service) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline or not service.alive():
-            stop(service)
-            raise ServiceError(f"{service.name}: admin socket {path} did not appear{_log_tail(service)}")
-        time.sleep(0.05)
+    wait_until(
+        path.exists,
+        timeout,
+        f"{service.name}: admin socket {path} did not appear",
+        service,
+        stop_on_failure=True,
+    )
 
 
 # --- moto ---------------------------------------------------------------------------------------
@@ -320,16 +342,14 @@ def start_moto(
 
 
 def _wait_http(url: str, timeout: float, service: Service) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not service.alive():
-            raise ServiceError(f"{service.name} exited during start-up{_log_tail(service)}")
+    def answers() -> bool:
         with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as response:
-            if response.status == 200:
-                return
-        time.sleep(0.1)
-    stop(service)
-    raise ServiceError(f"{service.name}: {url} did not answer within {timeout:.0f}s{_log_tail(service)}")
+            return response.status == 200
+        return False
+
+    wait_until(
+        answers, timeout, f"{service.name}: {url} did not answer", service, poll_s=0.1, stop_on_failure=True
+    )
 
 
 # --- lifecycle ----------------------------------------------------------------------------------

@@ -59,3 +59,14 @@ def test_moto_as_a_process_answers_and_stops(tmp_path):
     finally:
         services.stop(moto)
     assert not services.port_in_use("127.0.0.1", moto.port)
+
+
+def test_a_wait_names_what_never_became_ready_and_how_long_it_waited():
+    with pytest.raises(ServiceError, match=r"^the thing never appeared within 0s"):
+        services.wait_until(lambda: False, 0.2, "the thing never appeared")
+
+
+def test_a_wait_returns_as_soon_as_its_probe_holds():
+    calls = []
+    services.wait_until(lambda: calls.append(1) or len(calls) >= 3, 5, "never", poll_s=0.01)
+    assert len(calls) == 3
