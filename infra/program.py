@@ -17,6 +17,7 @@ from infra.cloud import Cloud, look_up
 from infra.edge import Edge, EdgeArgs
 from infra.errors import ProvisionError
 from infra.identity import Identity, IdentityArgs
+from infra.kubernetes_program import KubernetesOutputs, build_kubernetes
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
 from infra.nodes import GpuNodeGroup, MachineImage, NodeGroupArgs, look_up_image, needs_efa
@@ -119,9 +120,11 @@ def _node_problems(
             )
 
 
-def build(settings: Settings) -> StackOutputs:
+def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
     """Create every resource of the stack; returns what ``fab`` needs to operate it."""
     refuse_local(settings)
+    if settings.target == "kubernetes":
+        return build_kubernetes(settings)
     cloud = look_up(settings.region)
     images = {group.name: look_up_image(group) for group in settings.node_groups}
     user_data = {group.name: render_cloud_init(settings, group) for group in settings.node_groups}

@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from fabric.main import program
+from kube_stack_edit import set_field
 
 from frontier import contracts, project
 from frontier.config.load import available_stacks, load_stack
@@ -52,8 +53,6 @@ def kubernetes_stacks() -> list[Settings]:
 @pytest.fixture(scope="module")
 def existing(tmp_path_factory) -> Settings:
     """eks-prod moved to an existing 1.30 cluster with its own ingress class and IRSA."""
-    from conftest import set_field
-
     path = tmp_path_factory.mktemp("existing") / "Pulumi.eks-prod.yaml"
     document = yaml.safe_load((project.stacks_dir() / "Pulumi.eks-prod.yaml").read_text())
     for field, value in EXISTING.items():

@@ -1,0 +1,311 @@
+"""An EKS cluster for a ``kubernetes`` stack with ``cluster: create``, and its managed GPU node groups.
+
+- The control plane's network interfaces get two /28 subnets of their own at the top of the VPC
+  range (:func:`frontier.kubernetes.network.control_plane_subnets`), so the runtime's NetworkPolicy
+  can admit the API server without admitting pods. With ``private_endpoint`` the API is reachable
+  only from inside the VPC.
+- Secrets are envelope-encrypted with the stack's KMS key; the API, audit and authenticator logs go
+  to CloudWatch.
+- The VPC CNI runs with network policy enforcement on (without it NetworkPolicies are ignored);
+  the Pod Identity agent is installed when the runtime uses Pod Identity.
+- Node groups run the NVIDIA-accelerated AL2023 AMI (driver and container toolkit included), from a
+  launch template that requires IMDSv2 with a hop limit of 1 (pods cannot reach the node's
+  credentials even before the NetworkPolicy does its part) and encrypts the root volume.
+- Access entries (API authentication mode): whoever runs ``pulumi up`` is cluster admin; the deploy
+  role may edit only the runtime's namespace.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from frontier.config.schema import Kubernetes, NodeGroup, NodePool
+from frontier.kubernetes.network import control_plane_subnets
+from infra.cloud import Cloud
+from infra.identity import trust
+
+NVIDIA_AMI_TYPE = "AL2023_x86_64_NVIDIA"
+CPU_AMI_TYPE = "AL2023_x86_64_STANDARD"
+LOG_TYPES = ("api", "audit", "authenticator")
+NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly", "AmazonEKS_CNI_Policy")
+TAINT_EFFECTS = {
+    "NoSchedule": "NO_SCHEDULE",
+    "PreferNoSchedule": "PREFER_NO_SCHEDULE",
+    "NoExecute": "NO_EXECUTE",
+}
+NAMESPACE_EDIT_POLICY = "AmazonEKSEditPolicy"
+
+
+@dataclass(frozen=True)
+class EksArgs:
+    stack: str
+    cloud: Cloud
+    kubernetes: Kubernetes
+    node_groups: Sequence[NodeGroup]
+    vpc_id: pulumi.Input[str]
+    vpc_cidr: str
+    zones: Sequence[str]
+    private_subnet_ids: Sequence[pulumi.Input[str]]
+    kms_key_arn: pulumi.Input[str]
+    deploy_role_arn: pulumi.Input[str]
+    tags: Mapping[str, str]
+
+
+def managed_policy(cloud: Cloud, name: str) -> str:
+    return f"arn:{cloud.partition}:iam::aws:policy/{name}"
+
+
+def kubeconfig(
+    name: pulumi.Input[str], endpoint: pulumi.Input[str], ca: pulumi.Input[str], region: str
+) -> pulumi.Output[str]:
+    """A kubeconfig that gets a token from ``aws eks get-token`` with the caller's credentials."""
+
+    def document(args: list[str]) -> str:
+        cluster, server, data = args
+        return json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": cluster, "cluster": {"server": server, "certificate-authority-data": data}}
+                ],
+                "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": cluster}}],
+                "current-context": cluster,
+                "users": [
+                    {
+                        "name": cluster,
+                        "user": {
+                            "exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                                "command": "aws",
+                                "args": ["eks", "get-token", "--cluster-name", cluster, "--region", region],
+                            }
+                        },
+                    }
+                ],
+            }
+        )
+
+    return pulumi.Output.all(name, endpoint, ca).apply(document)
+
+
+class EksCluster(pulumi.ComponentResource):
+    name: pulumi.Output[str]
+    arn: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]
+    oidc_issuer: pulumi.Output[str]
+
+    def __init__(self, name: str, args: EksArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("frontier:kubernetes:EksCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        tags, cloud, k = dict(args.tags), args.cloud, args.kubernetes
+
+        control_plane = [
+            aws.ec2.Subnet(
+                f"{name}-control-plane-{i}",
+                vpc_id=args.vpc_id,
+                cidr_block=cidr,
+                availability_zone=zone,
+                map_public_ip_on_launch=False,
+                tags=tags | {"Name": f"{name}-control-plane-{zone}", "frontier:tier": "control-plane"},
+                opts=child,
+            )
+            for i, (cidr, zone) in enumerate(
+                zip(control_plane_subnets(args.vpc_cidr), args.zones, strict=False)
+            )
+        ]
+        role = aws.iam.Role(
+            f"{name}-cluster",
+            description=f"Frontier {args.stack}: the EKS control plane",
+            assume_role_policy=trust({"Service": cloud.service_principal("eks")}),
+            tags=tags,
+            opts=child,
+        )
+        attachment = aws.iam.RolePolicyAttachment(
+            f"{name}-cluster",
+            role=role.name,
+            policy_arn=managed_policy(cloud, "AmazonEKSClusterPolicy"),
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-cluster-kms",
+            role=role.id,
+            policy=pulumi.Output.json_dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Sid": "EncryptClusterSecrets",
+                            "Effect": "Allow",
+                            "Action": ["kms:Encrypt", "kms:Decrypt", "kms:DescribeKey", "kms:CreateGrant"],
+                            "Resource": args.kms_key_arn,
+                        }
+                    ],
+                }
+            ),
+            opts=child,
+        )
+        cluster = aws.eks.Cluster(
+            f"{name}-cluster",
+            name=k.cluster.name,
+            version=k.cluster.version,
+            role_arn=role.arn,
+            vpc_config=aws.eks.ClusterVpcConfigArgs(
+                subnet_ids=[s.id for s in control_plane],
+                endpoint_private_access=True,
+                endpoint_public_access=not k.cluster.private_endpoint,
+            ),
+            access_config=aws.eks.ClusterAccessConfigArgs(
+                authentication_mode="API", bootstrap_cluster_creator_admin_permissions=True
+            ),
+            encryption_config=aws.eks.ClusterEncryptionConfigArgs(
+                resources=["secrets"],
+                provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=args.kms_key_arn),
+            ),
+            enabled_cluster_log_types=list(LOG_TYPES),
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[attachment]),
+        )
+        addons = [
+            aws.eks.Addon(
+                f"{name}-vpc-cni",
+                cluster_name=cluster.name,
+                addon_name="vpc-cni",
+                # NetworkPolicies are only enforced when the CNI's policy agent runs.
+                configuration_values=json.dumps({"enableNetworkPolicy": "true"}),
+                resolve_conflicts_on_update="OVERWRITE",
+                tags=tags,
+                opts=child,
+            )
+        ]
+        if k.identity == "pod_identity":
+            addons.append(
+                aws.eks.Addon(
+                    f"{name}-pod-identity-agent",
+                    cluster_name=cluster.name,
+                    addon_name="eks-pod-identity-agent",
+                    tags=tags,
+                    opts=child,
+                )
+            )
+        self._node_groups(name, args, cluster, addons)
+
+        aws.eks.AccessEntry(
+            f"{name}-deploy",
+            cluster_name=cluster.name,
+            principal_arn=args.deploy_role_arn,
+            tags=tags,
+            opts=child,
+        )
+        aws.eks.AccessPolicyAssociation(
+            f"{name}-deploy",
+            cluster_name=cluster.name,
+            principal_arn=args.deploy_role_arn,
+            policy_arn=f"arn:{cloud.partition}:eks::aws:cluster-access-policy/{NAMESPACE_EDIT_POLICY}",
+            access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(
+                type="namespace", namespaces=[k.namespace]
+            ),
+            opts=child,
+        )
+
+        self.name, self.arn = cluster.name, cluster.arn
+        self.oidc_issuer = cluster.identities.apply(lambda ids: ids[0].oidcs[0].issuer if ids else "")
+        self.kubeconfig = kubeconfig(
+            cluster.name,
+            cluster.endpoint,
+            cluster.certificate_authority.apply(lambda ca: ca.data),
+            cloud.region,
+        )
+        self.register_outputs({"name": cluster.name, "arn": cluster.arn})
+
+    def _node_groups(self, name: str, args: EksArgs, cluster: aws.eks.Cluster, addons: list) -> None:
+        child = pulumi.ResourceOptions(parent=self)
+        tags, cloud = dict(args.tags), args.cloud
+        role = aws.iam.Role(
+            f"{name}-node",
+            description=f"Frontier {args.stack}: EKS GPU nodes",
+            assume_role_policy=trust({"Service": cloud.service_principal("ec2")}),
+            tags=tags,
+            opts=child,
+        )
+        attachments = [
+            aws.iam.RolePolicyAttachment(
+                f"{name}-node-{policy}", role=role.name, policy_arn=managed_policy(cloud, policy), opts=child
+            )
+            for policy in NODE_POLICIES
+        ]
+        groups = {group.name: group for group in args.node_groups}
+        for pool in args.kubernetes.node_pools:
+            group = groups[pool.node_group]
+            self._node_group(name, args, cluster, role, pool, group, [*attachments, *addons])
+
+    def _node_group(
+        self,
+        name: str,
+        args: EksArgs,
+        cluster: aws.eks.Cluster,
+        role: aws.iam.Role,
+        pool: NodePool,
+        group: NodeGroup,
+        after: list,
+    ) -> None:
+        child = pulumi.ResourceOptions(parent=self)
+        tags = dict(args.tags)
+        template = aws.ec2.LaunchTemplate(
+            f"{name}-{pool.name}",
+            description=f"Frontier {args.stack}: EKS node pool {pool.name}",
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name="/dev/xvda",
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        # The weights cache is an emptyDir: it lives on the node's root volume.
+                        volume_size=group.root_volume_gb + group.cache_volume_gb,
+                        volume_type="gp3",
+                        encrypted="true",
+                        kms_key_id=args.kms_key_arn,
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type="instance", tags=tags),
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type="volume", tags=tags),
+            ],
+            tags=tags,
+            opts=child,
+        )
+        aws.eks.NodeGroup(
+            f"{name}-{pool.name}",
+            cluster_name=cluster.name,
+            node_group_name=f"{args.stack}-{pool.name}",
+            node_role_arn=role.arn,
+            subnet_ids=list(args.private_subnet_ids),
+            ami_type=NVIDIA_AMI_TYPE if group.accelerator == "gpu" else CPU_AMI_TYPE,
+            instance_types=list(pool.instance_types or (group.instance_type,)),
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=group.min_size, desired_size=group.desired_size, max_size=group.max_size
+            ),
+            # Node replacement during an AMI update: one node at a time, like a rollout batch.
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            labels=dict(pool.labels),
+            taints=[
+                aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value or None, effect=TAINT_EFFECTS[t.effect])
+                for t in pool.taints
+            ],
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=template.id, version=template.latest_version.apply(str)
+            ),
+            tags=tags,
+            # The cluster autoscaler (or Karpenter) moves desired_size; Pulumi keeps min and max.
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=after, ignore_changes=["scalingConfig.desiredSize"]
+            ),
+        )

@@ -1,0 +1,238 @@
+"""The Pulumi program of a ``kubernetes`` stack: the same buckets, key, secret and registry as on EC2,
+then either an EKS cluster with GPU node groups (``cluster: create``) or an existing cluster's
+kubeconfig (``cluster: existing``), and the runtime's workloads on it.
+
+:func:`infra.program.build` hands a ``kubernetes`` stack here; everything follows from the settings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from frontier.config.schema import Kubernetes, Settings
+from infra.cloud import Cloud, look_up
+from infra.eks import EksArgs, EksCluster
+from infra.errors import ProvisionError
+from infra.identity import IdentityArgs
+from infra.network import Network, NetworkArgs
+from infra.registry import Registry, RegistryArgs
+from infra.secrets import Secrets, SecretsArgs
+from infra.storage import Storage, StorageArgs
+from infra.tags import base_tags
+from infra.workload_identity import KubernetesDeployRole, WorkloadIdentity, WorkloadIdentityArgs
+from infra.workloads import Workloads, WorkloadsArgs
+
+PRODUCTION_STACKS = frozenset({"prod", "eks-prod"})
+# Where the AWS Load Balancer Controller looks for the subnets of an internet-facing ALB.
+ALB_SUBNET_TAG = "kubernetes.io/role/elb"
+
+
+@dataclass(frozen=True)
+class KubernetesOutputs:
+    """What ``fab`` and operators read after ``pulumi up`` of a ``kubernetes`` stack."""
+
+    region: str
+    weights_bucket: pulumi.Output[str]
+    weights_prefix: str
+    history_bucket: pulumi.Output[str]
+    history_prefix: str
+    ecr_repository_url: pulumi.Output[str]
+    api_keys_secret_arn: pulumi.Output[str]
+    kms_key_arn: pulumi.Output[str]
+    deploy_role_arn: pulumi.Output[str]
+    runtime_role_arn: pulumi.Input[str]
+    cluster_name: pulumi.Input[str]
+    namespace: str
+    deployment: str
+    endpoint: str
+
+    def export(self) -> None:
+        for field in fields(self):
+            pulumi.export(field.name, getattr(self, field.name))
+
+    def as_dict(self) -> dict[str, object]:
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+def _k8s(settings: Settings) -> Kubernetes:
+    assert settings.kubernetes is not None
+    return settings.kubernetes
+
+
+def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
+    k = _k8s(s)
+    if k.ingress.kind == "alb":
+        cert_region = s.edge.certificate_arn.split(":")[3] if s.edge.certificate_arn.count(":") >= 5 else ""
+        if cert_region != cloud.region:
+            yield (
+                f"edge.certificate_arn = {s.edge.certificate_arn!r}: an ALB needs an ACM certificate of its own "
+                f"region ({cloud.region})"
+            )
+    registry = f"{cloud.account_id}.dkr.ecr.{cloud.region}.{cloud.dns_suffix}"
+    host, _, path = s.runtime.image_repository.partition("/")
+    if host != registry or not path:
+        yield (
+            f"runtime.image_repository = {s.runtime.image_repository!r}: nodes pull the runtime from the ECR "
+            f"repository this stack creates; expected {registry}/<name>"
+        )
+    if k.cluster.mode == "create" and len(cloud.availability_zones) < 2:
+        yield f"region {cloud.region}: EKS needs two availability zones for its control plane"
+    if k.cluster.mode == "existing" and not os.path.exists(os.path.expanduser(k.cluster.kubeconfig)):
+        yield f"kubernetes.cluster.kubeconfig = {k.cluster.kubeconfig!r}: no such file"
+
+
+def preflight(settings: Settings, cloud: Cloud) -> None:
+    problems = list(_problems(settings, cloud))
+    if problems:
+        lines = [f"{settings.source}: {len(problems)} problem(s) for provisioning stack {settings.stack!r}"]
+        raise ProvisionError("\n".join([*lines, *(f"  {p}" for p in problems)]))
+
+
+def build_kubernetes(settings: Settings) -> KubernetesOutputs:
+    k = _k8s(settings)
+    cloud = look_up(settings.region)
+    preflight(settings, cloud)
+    stack, production = settings.stack, settings.stack in PRODUCTION_STACKS
+    tags = base_tags(stack)
+    keep = pulumi.ResourceOptions(protect=production)
+    retention_days = 90 if production else 30
+
+    secrets = Secrets(
+        f"{stack}-secrets",
+        SecretsArgs(
+            stack=stack,
+            cloud=cloud,
+            api_keys_secret_name=settings.runtime.api_keys_secret,
+            production=production,
+            tags=tags,
+        ),
+        opts=keep,
+    )
+    storage = Storage(
+        f"{stack}-storage",
+        StorageArgs(
+            stack=stack,
+            cloud=cloud,
+            weights_uri=settings.model.weights_uri,
+            kms_key_arn=secrets.key_arn,
+            weights_noncurrent_days=30,
+            history_noncurrent_days=365,
+            log_expiration_days=retention_days,
+            tags=tags,
+        ),
+        opts=keep,
+    )
+    registry = Registry(
+        f"{stack}-registry",
+        RegistryArgs(
+            image_repository=settings.runtime.image_repository, kms_key_arn=secrets.key_arn, tags=tags
+        ),
+    )
+    identity = IdentityArgs(
+        stack=stack,
+        cloud=cloud,
+        weights_bucket_arn=storage.weights_bucket_arn,
+        weights_prefix=storage.weights_prefix,
+        history_bucket_arn=storage.history_bucket_arn,
+        history_prefix=storage.history_prefix,
+        kms_key_arn=secrets.key_arn,
+        api_keys_secret_arn=secrets.api_keys_secret_arn,
+        repository_arn=registry.repository_arn,
+        target_group_arn="",  # no target group: the ALB belongs to the load balancer controller
+        ssm_access=False,
+        tags=tags,
+    )
+    deploy = KubernetesDeployRole(f"{stack}-k8s", identity, cloud.arn("eks", f"cluster/{k.cluster.name}"))
+
+    if k.cluster.mode == "create":
+        network = Network(
+            f"{stack}-network",
+            NetworkArgs(
+                stack=stack,
+                cloud=cloud,
+                cidr=settings.network.vpc_cidr,
+                zones=cloud.availability_zones[: settings.network.availability_zones],
+                nat=settings.network.nat,
+                ssm_access=False,
+                log_key_arn=secrets.key_arn,
+                log_retention_days=retention_days,
+                tags=tags,
+            ),
+        )
+        for i, subnet_id in enumerate(network.public_subnet_ids):
+            aws.ec2.Tag(f"{stack}-public-{i}-elb", resource_id=subnet_id, key=ALB_SUBNET_TAG, value="1")
+        cluster = EksCluster(
+            f"{stack}-eks",
+            EksArgs(
+                stack=stack,
+                cloud=cloud,
+                kubernetes=k,
+                node_groups=settings.node_groups,
+                vpc_id=network.vpc_id,
+                vpc_cidr=settings.network.vpc_cidr,
+                zones=cloud.availability_zones[: settings.network.availability_zones],
+                private_subnet_ids=network.private_subnet_ids,
+                kms_key_arn=secrets.key_arn,
+                deploy_role_arn=deploy.arn,
+                tags=tags,
+            ),
+            opts=pulumi.ResourceOptions(protect=production),
+        )
+        runtime = WorkloadIdentity(
+            f"{stack}-pods",
+            WorkloadIdentityArgs(
+                identity=identity,
+                mode=k.identity,
+                namespace=k.namespace,
+                service_account=k.service_account,
+                cluster_name=cluster.name,
+                oidc_issuer=cluster.oidc_issuer,
+                tags=tags,
+            ),
+        )
+        runtime_role_arn: pulumi.Input[str] = runtime.runtime_role_arn
+        cluster_name: pulumi.Input[str] = cluster.name
+        provider = k8s.Provider(f"{stack}-k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True)
+    else:
+        runtime_role_arn, cluster_name = k.runtime_role_arn, k.cluster.name
+        if k.identity == "pod_identity":
+            aws.eks.PodIdentityAssociation(
+                f"{stack}-pods-runtime",
+                cluster_name=k.cluster.name,
+                namespace=k.namespace,
+                service_account=k.service_account,
+                role_arn=k.runtime_role_arn,
+                tags=tags,
+            )
+        provider = k8s.Provider(
+            f"{stack}-k8s",
+            kubeconfig=os.path.expanduser(k.cluster.kubeconfig),
+            context=k.cluster.context,
+            enable_server_side_apply=True,
+        )
+
+    workloads = Workloads(
+        f"{stack}-runtime", WorkloadsArgs(settings=settings, provider=provider, role_arn=runtime_role_arn)
+    )
+    return KubernetesOutputs(
+        region=cloud.region,
+        weights_bucket=storage.weights_bucket,
+        weights_prefix=storage.weights_prefix,
+        history_bucket=storage.history_bucket,
+        history_prefix=storage.history_prefix,
+        ecr_repository_url=registry.repository_url,
+        api_keys_secret_arn=secrets.api_keys_secret_arn,
+        kms_key_arn=secrets.key_arn,
+        deploy_role_arn=deploy.arn,
+        runtime_role_arn=runtime_role_arn,
+        cluster_name=cluster_name,
+        namespace=workloads.namespace,
+        deployment=workloads.deployment_name,
+        endpoint=f"https://{k.ingress.host}",
+    )

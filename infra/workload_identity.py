@@ -1,0 +1,167 @@
+"""IAM for a ``kubernetes`` stack: the runtime pods' role and the role ``fab`` deploys with.
+
+The runtime role carries exactly the EC2 hosts' least-privilege policy
+(:func:`infra.identity.runtime_policy`: its model's weights prefix, its API-keys secret, the key
+only via S3 and Secrets Manager, its image, its logs and metrics), but is assumed by the runtime's
+service account instead of an instance: through EKS Pod Identity (an association of namespace and
+service account to the role) or IRSA (the cluster's OIDC provider, the trust pinned to that
+service account). Image pulls are the kubelet's, through the node role.
+
+The deploy role keeps the EC2 deploy role's history, weights and image statements; instead of
+draining target groups it may describe its own cluster (Kubernetes access itself comes from an
+EKS access entry scoped to the runtime's namespace, see :mod:`infra.eks`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.identity import DEPLOY_SESSION_S, IdentityArgs, deploy_policy, runtime_policy, trust
+
+POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
+# EC2-only statements of the deploy policy: there are no target groups or ASGs to drive on Kubernetes.
+EC2_ONLY_DEPLOY_STATEMENTS = frozenset({"DrainAndEnableTargets", "SeeTheCluster", "SurgeItsNodeGroups"})
+# Pod Identity trust: the agent assumes the role and tags the session with the pod's identity.
+POD_IDENTITY_ACTIONS = ["sts:AssumeRole", "sts:TagSession"]
+
+
+@dataclass(frozen=True)
+class WorkloadIdentityArgs:
+    identity: IdentityArgs
+    mode: str  # "pod_identity" | "irsa"
+    namespace: str
+    service_account: str
+    cluster_name: pulumi.Input[str]
+    oidc_issuer: pulumi.Input[str]
+    tags: Mapping[str, str]
+
+
+def runtime_pod_policy(args: IdentityArgs) -> dict[str, Any]:
+    """The hosts' runtime policy less what the kubelet does for a pod (pulling the image)."""
+    document = runtime_policy(args)
+    pulls = {"PullTheRuntimeImage", "LogInToTheRegistry", "RunTheSessionManagerAgent"}
+    return {**document, "Statement": [s for s in document["Statement"] if s["Sid"] not in pulls]}
+
+
+def kubernetes_deploy_policy(args: IdentityArgs, cluster_arn: str) -> dict[str, Any]:
+    document = deploy_policy(args)
+    statements = [s for s in document["Statement"] if s["Sid"] not in EC2_ONLY_DEPLOY_STATEMENTS]
+    statements.append(
+        {"Sid": "SeeItsCluster", "Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": cluster_arn}
+    )
+    return {**document, "Statement": statements}
+
+
+def pod_identity_trust() -> str:
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": POD_IDENTITY_PRINCIPAL},
+                    "Action": POD_IDENTITY_ACTIONS,
+                }
+            ],
+        }
+    )
+
+
+def irsa_trust(provider_arn: str, issuer: str, namespace: str, service_account: str) -> str:
+    host = issuer.removeprefix("https://")
+    statement = {
+        "Effect": "Allow",
+        "Principal": {"Federated": provider_arn},
+        "Action": "sts:AssumeRoleWithWebIdentity",
+        "Condition": {
+            "StringEquals": {
+                f"{host}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+                f"{host}:aud": "sts.amazonaws.com",
+            }
+        },
+    }
+    return json.dumps({"Version": "2012-10-17", "Statement": [statement]})
+
+
+class KubernetesDeployRole(pulumi.ComponentResource):
+    """Made before the cluster: the cluster's access entry names it."""
+
+    arn: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: IdentityArgs, cluster_arn: str, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("frontier:kubernetes:DeployRole", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        deploy = aws.iam.Role(
+            f"{name}-deploy",
+            description=f"Frontier {args.stack}: fab deploy, rollback, weights and image push",
+            assume_role_policy=trust({"AWS": args.cloud.account_root}),
+            max_session_duration=DEPLOY_SESSION_S,
+            tags=dict(args.tags),
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-deploy",
+            role=deploy.id,
+            policy=pulumi.Output.json_dumps(kubernetes_deploy_policy(args, cluster_arn)),
+            opts=child,
+        )
+        self.arn = deploy.arn
+        self.register_outputs({"arn": deploy.arn})
+
+
+class WorkloadIdentity(pulumi.ComponentResource):
+    runtime_role_arn: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: WorkloadIdentityArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("frontier:kubernetes:WorkloadIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        tags, base = dict(args.tags), args.identity
+
+        if args.mode == "irsa":
+            provider = aws.iam.OpenIdConnectProvider(
+                f"{name}-oidc",
+                url=args.oidc_issuer,
+                client_id_lists=["sts.amazonaws.com"],
+                tags=tags,
+                opts=child,
+            )
+            assume = pulumi.Output.all(provider.arn, args.oidc_issuer).apply(
+                lambda a: irsa_trust(a[0], a[1], args.namespace, args.service_account)
+            )
+        else:
+            assume = pulumi.Output.from_input(pod_identity_trust())
+        runtime = aws.iam.Role(
+            f"{name}-runtime",
+            description=f"Frontier {base.stack}: runtime pods ({args.namespace}/{args.service_account})",
+            assume_role_policy=assume,
+            tags=tags,
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-runtime",
+            role=runtime.id,
+            policy=pulumi.Output.json_dumps(runtime_pod_policy(base)),
+            opts=child,
+        )
+        if args.mode == "pod_identity":
+            aws.eks.PodIdentityAssociation(
+                f"{name}-runtime",
+                cluster_name=args.cluster_name,
+                namespace=args.namespace,
+                service_account=args.service_account,
+                role_arn=runtime.arn,
+                tags=tags,
+                opts=child,
+            )
+        self.runtime_role_arn = runtime.arn
+        self.register_outputs({"runtime_role_arn": runtime.arn})

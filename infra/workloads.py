@@ -1,0 +1,100 @@
+"""The runtime's Kubernetes objects as typed ``pulumi_kubernetes`` resources.
+
+Built from :func:`frontier.kubernetes.manifests.render_workload`, the same renderer ``fab render``
+writes YAML from, so what Pulumi applies and what a GitOps tool would apply are one thing. No Helm
+chart or YAML expansion inside the provider: every object is a resource of its own kind, visible to
+the policy pack and to tests under mocks.
+
+Who owns what: Pulumi creates the objects and keeps their shape; the Deployment's pod template and
+replica count belong to ``fab deploy`` (releases roll through the canary and the gate) and to KEDA
+(replicas), so Pulumi ignores changes there and does not wait for the Deployment to become ready.
+ConfigMaps are named by content and kept when replaced, so a previous revision can still start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from frontier.config.schema import Settings
+from frontier.contracts import PLACEHOLDER_DIGEST
+from frontier.kubernetes.manifests import Manifest, Workload, render_workload
+
+KINDS: Mapping[tuple[str, str], Any] = {
+    ("v1", "Namespace"): k8s.core.v1.Namespace,
+    ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
+    ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,
+    ("v1", "Service"): k8s.core.v1.Service,
+    ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
+    ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
+    ("networking.k8s.io/v1", "Ingress"): k8s.networking.v1.Ingress,
+    ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
+}
+# Top-level fields of the objects above, by their Python argument names.
+ARGUMENTS = {
+    "spec": "spec",
+    "data": "data",
+    "immutable": "immutable",
+    "automountServiceAccountToken": "automount_service_account_token",
+}
+SKIP_AWAIT = "pulumi.com/skipAwait"
+# What `fab deploy` and KEDA change on a live Deployment.
+RELEASE_FIELDS = ["spec.template", "spec.replicas"]
+
+
+@dataclass(frozen=True)
+class WorkloadsArgs:
+    settings: Settings
+    provider: k8s.Provider
+    role_arn: pulumi.Input[str] | None = None
+
+
+def release_digest(settings: Settings) -> str:
+    """The image the first Deployment names: ``kubernetes.image`` where set, else the placeholder."""
+    k = settings.kubernetes
+    return k.image.partition("@")[2] if k is not None and k.image else PLACEHOLDER_DIGEST
+
+
+def resource_for(name: str, manifest: Manifest, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
+    key = (manifest.api_version, manifest.kind)
+    metadata = manifest.metadata
+    if manifest.kind == "Deployment":
+        metadata = {**metadata, "annotations": {**metadata.get("annotations", {}), SKIP_AWAIT: "true"}}
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(ignore_changes=RELEASE_FIELDS))
+    if manifest.kind == "ConfigMap":
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(retain_on_delete=True))
+    if key not in KINDS:  # a custom resource (KEDA, the Prometheus Operator)
+        return k8s.apiextensions.CustomResource(
+            name,
+            api_version=manifest.api_version,
+            kind=manifest.kind,
+            metadata=metadata,
+            spec=manifest.body["spec"],
+            opts=opts,
+        )
+    kwargs = {ARGUMENTS[field]: value for field, value in manifest.body.items()}
+    return KINDS[key](name, metadata=metadata, opts=opts, **kwargs)
+
+
+class Workloads(pulumi.ComponentResource):
+    deployment_name: str
+    namespace: str
+
+    def __init__(self, name: str, args: WorkloadsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("frontier:kubernetes:Workloads", name, None, opts)
+        workload: Workload = render_workload(
+            args.settings, release_digest(args.settings), role_arn=args.role_arn
+        )
+        child = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        namespace = resource_for(f"{name}-namespace", workload.namespace, child)
+        inside = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[namespace])
+        self.resources = {"Namespace": [namespace]}
+        for manifest in workload.all()[1:]:
+            resource = resource_for(f"{name}-{manifest.kind.lower()}-{manifest.name}", manifest, inside)
+            self.resources.setdefault(manifest.kind, []).append(resource)
+        self.deployment_name, self.namespace = workload.deployment.name, workload.namespace.name
+        self.register_outputs({"deployment": workload.deployment.name, "namespace": workload.namespace.name})

@@ -1,0 +1,296 @@
+"""The Kubernetes stacks' Pulumi program, asserted on the resource graph it builds under mocks.
+
+Mocked: the Pulumi engine and the AWS and Kubernetes providers (``pulumi.runtime.set_mocks``, see
+``k8s_mocks``): resources are recorded with the inputs the program gives them; nothing is created.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from typing import Any
+
+import pytest
+import yaml
+from infra_mocks import Graph
+from k8s_mocks import CA_DATA, ENDPOINT, OIDC_ISSUER, run_kubernetes
+
+from frontier import project
+from frontier.config.load import load_stack
+from frontier.config.schema import Settings
+from frontier.kubernetes import manifests as m
+from frontier.kubernetes.network import control_plane_subnets, public_range
+from frontier.render.files import render_runtime_config
+from infra.workloads import SKIP_AWAIT, release_digest
+
+EXISTING = {
+    "mode": "existing",
+    "kubeconfig": "~/.kube/config",
+    "context": "prod",
+    "api_server_cidrs": ["10.60.240.0/28"],
+}
+
+
+def _plain(value: Any) -> Any:
+    """Mocks hand numbers back as floats: compare whole numbers as ints."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def eks() -> Graph:
+    return run_kubernetes(load_stack("eks-prod"))
+
+
+def _variant(tmp_path, changes: dict[str, Any]) -> Settings:
+    document = yaml.safe_load((project.stacks_dir() / "Pulumi.eks-prod.yaml").read_text())
+    block = document["config"]["frontier:kubernetes"]
+    for key, value in changes.items():
+        section, _, field = key.rpartition(".")
+        (block[section] if section else block)[field] = value
+    path = tmp_path / "Pulumi.eks-prod.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return load_stack("eks-prod", path=path)
+
+
+def _policy(resource) -> dict:
+    policy = resource.inputs["policy"]
+    return json.loads(policy) if isinstance(policy, str) else policy
+
+
+def test_the_eks_cluster_is_private_encrypted_logged_and_in_its_own_subnets(eks):
+    settings = eks.settings
+    cluster = eks.one("aws:eks/cluster:Cluster")
+    inputs = cluster.inputs
+    assert inputs["name"] == "frontier-eks-prod" and inputs["version"] == "1.33"
+    vpc = inputs["vpcConfig"]
+    assert vpc["endpointPrivateAccess"] is True and vpc["endpointPublicAccess"] is False
+    subnets = [eks.by_id(i) for i in vpc["subnetIds"]]
+    assert sorted(s.inputs["cidrBlock"] for s in subnets) == sorted(
+        control_plane_subnets(settings.network.vpc_cidr)
+    )
+    assert len({s.inputs["availabilityZone"] for s in subnets}) == 2
+    assert inputs["encryptionConfig"]["resources"] == ["secrets"]
+    key = eks.one("aws:kms/key:Key")
+    assert inputs["encryptionConfig"]["provider"]["keyArn"] == key.outputs["arn"]
+    assert inputs["enabledClusterLogTypes"] == ["api", "audit", "authenticator"]
+    assert inputs["accessConfig"]["authenticationMode"] == "API"
+
+
+def test_the_cni_enforces_network_policies_and_pod_identity_runs(eks):
+    addons = {a.inputs["addonName"]: a.inputs for a in eks.of_type("aws:eks/addon:Addon")}
+    assert json.loads(addons["vpc-cni"]["configurationValues"]) == {"enableNetworkPolicy": "true"}
+    assert "eks-pod-identity-agent" in addons
+
+
+def test_gpu_node_groups_run_the_nvidia_ami_with_taints_labels_and_imdsv2(eks):
+    settings = eks.settings
+    group, pool = settings.serving_group, settings.kubernetes.node_pools[0]
+    (nodes,) = eks.of_type("aws:eks/nodeGroup:NodeGroup")
+    inputs = _plain(nodes.inputs)
+    assert inputs["amiType"] == "AL2023_x86_64_NVIDIA"
+    assert inputs["instanceTypes"] == ["p5.48xlarge"]
+    assert inputs["scalingConfig"] == {
+        "minSize": group.min_size,
+        "desiredSize": group.desired_size,
+        "maxSize": group.max_size,
+    }
+    assert inputs["labels"] == pool.labels
+    assert inputs["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
+    subnets = [eks.by_id(i).inputs["cidrBlock"] for i in inputs["subnetIds"]]
+    vpc = ipaddress.ip_network(settings.network.vpc_cidr)
+    first_half = next(vpc.subnets(prefixlen_diff=1))
+    assert all(ipaddress.ip_network(c).subnet_of(first_half) for c in subnets)  # private tier
+    template = _plain(eks.by_id(inputs["launchTemplate"]["id"]).inputs)
+    assert template["metadataOptions"] == {
+        "httpEndpoint": "enabled",
+        "httpTokens": "required",
+        "httpPutResponseHopLimit": 1,
+    }
+    ebs = template["blockDeviceMappings"][0]["ebs"]
+    assert ebs["encrypted"] == "true" and ebs["volumeSize"] == group.root_volume_gb + group.cache_volume_gb
+
+
+def test_the_node_role_has_the_eks_node_policies(eks):
+    node_role = next(r for r in eks.of_type("aws:iam/role:Role") if r.name == "eks-prod-eks-node")
+    attached = sorted(
+        a.inputs["policyArn"].rsplit("/", 1)[1]
+        for a in eks.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+        if a.inputs["role"] == node_role.outputs["name"]
+    )
+    assert attached == [
+        "AmazonEC2ContainerRegistryReadOnly",
+        "AmazonEKSWorkerNodePolicy",
+        "AmazonEKS_CNI_Policy",
+    ]
+
+
+def test_the_runtime_pods_assume_a_least_privilege_role_through_pod_identity(eks):
+    settings = eks.settings
+    role = next(r for r in eks.of_type("aws:iam/role:Role") if r.name == "eks-prod-pods-runtime")
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
+    assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert trust["Action"] == ["sts:AssumeRole", "sts:TagSession"]
+    policy = _policy(eks.one("aws:iam/rolePolicy:RolePolicy", "eks-prod-pods-runtime"))
+    sids = {s["Sid"]: s for s in policy["Statement"]}
+    assert set(sids) == {
+        "ReadItsModelWeights",
+        "ListItsModelWeights",
+        "ReadItsApiKeys",
+        "DecryptWeightsAndSecret",
+        "WriteItsLogs",
+        "PutRuntimeMetrics",
+    }
+    assert (
+        sids["ReadItsModelWeights"]["Resource"]
+        == "arn:aws:s3:::frontier-eks-prod-weights/llama-3.1-70b-instruct/*"
+    )
+    secret = eks.one("aws:secretsmanager/secret:Secret")
+    assert sids["ReadItsApiKeys"]["Resource"] == secret.outputs["arn"]
+    association = eks.one("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    assert association.inputs["namespace"] == settings.kubernetes.namespace
+    assert association.inputs["serviceAccount"] == settings.kubernetes.service_account
+    assert association.inputs["roleArn"] == role.outputs["arn"]
+    assert association.inputs["clusterName"] == "frontier-eks-prod"
+
+
+def test_the_deploy_role_reaches_history_and_only_its_namespace(eks):
+    policy = _policy(eks.one("aws:iam/rolePolicy:RolePolicy", "eks-prod-k8s-deploy"))
+    sids = {s["Sid"]: s for s in policy["Statement"]}
+    assert "DrainAndEnableTargets" not in sids and "SurgeItsNodeGroups" not in sids
+    assert sids["SeeItsCluster"]["Resource"] == "arn:aws:eks:us-east-1:123456789012:cluster/frontier-eks-prod"
+    assert sids["ReadWriteDeployHistoryAndLocks"]["Resource"].endswith("/history/eks-prod/*")
+    deploy = eks.one("aws:iam/role:Role", "eks-prod-k8s-deploy")
+    entry = eks.one("aws:eks/accessEntry:AccessEntry")
+    assert entry.inputs["principalArn"] == deploy.outputs["arn"]
+    association = eks.one("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+    assert association.inputs["accessScope"] == {"type": "namespace", "namespaces": ["frontier-prod"]}
+    assert association.inputs["policyArn"].endswith("cluster-access-policy/AmazonEKSEditPolicy")
+
+
+def test_public_subnets_are_tagged_for_the_load_balancer_controller(eks):
+    tags = eks.of_type("aws:ec2/tag:Tag")
+    assert len(tags) == eks.settings.network.availability_zones
+    for tag in tags:
+        assert (tag.inputs["key"], tag.inputs["value"]) == ("kubernetes.io/role/elb", "1")
+        cidr = ipaddress.ip_network(eks.by_id(tag.inputs["resourceId"]).inputs["cidrBlock"])
+        assert cidr.subnet_of(ipaddress.ip_network(public_range(eks.settings.network.vpc_cidr)))
+
+
+def test_the_provider_talks_to_the_new_cluster_with_an_eks_token(eks):
+    provider = eks.one("pulumi:providers:kubernetes")
+    kubeconfig = json.loads(provider.inputs["kubeconfig"])
+    cluster = kubeconfig["clusters"][0]["cluster"]
+    assert cluster == {"server": ENDPOINT, "certificate-authority-data": CA_DATA}
+    assert kubeconfig["users"][0]["user"]["exec"]["args"][:4] == [
+        "eks",
+        "get-token",
+        "--cluster-name",
+        "frontier-eks-prod",
+    ]
+
+
+def test_every_rendered_object_is_a_typed_resource_with_the_rendered_properties(eks):
+    """The workloads on the graph are exactly the renderer's objects (no Helm, no YAML groups)."""
+    settings = eks.settings
+    workload = m.render_workload(settings, release_digest(settings))
+    k8s_resources = [r for r in eks.resources if r.type.startswith("kubernetes:")]
+    assert len(k8s_resources) == len(workload.all())
+    by_name = {(r.type.rsplit(":", 1)[1], r.inputs["metadata"]["name"]): r for r in k8s_resources}
+    for manifest in workload.all():
+        resource = by_name[(manifest.kind, manifest.name)]
+        group_version = "core/v1" if manifest.api_version == "v1" else manifest.api_version
+        assert resource.type == f"kubernetes:{group_version}:{manifest.kind}"
+        expected = manifest.to_dict()
+        metadata = _plain(resource.inputs["metadata"])
+        if manifest.kind == "Deployment":
+            assert metadata["annotations"].pop(SKIP_AWAIT) == "true"
+            if not metadata["annotations"]:
+                metadata.pop("annotations")
+        assert metadata == expected["metadata"]
+        for field, value in manifest.body.items():
+            assert _plain(resource.inputs[field]) == _plain(value), (manifest.kind, field)
+
+
+def test_the_workloads_carry_every_runtime_property(eks):
+    """Spot checks of the Deployment as Pulumi would send it."""
+    settings = eks.settings
+    deployment = next(r for r in eks.resources if r.type == "kubernetes:apps/v1:Deployment")
+    pod = _plain(deployment.inputs["spec"]["template"])
+    container = pod["spec"]["containers"][0]
+    assert container["image"].endswith("@" + release_digest(settings))
+    assert container["resources"]["requests"] == container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    sleep = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert sleep >= settings.rollout.deregistration_delay_s
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= sleep + settings.runtime.drain_timeout_s
+    assert pod["spec"]["nodeSelector"] == settings.kubernetes.node_pools[0].labels
+    config = next(r for r in eks.resources if r.type == "kubernetes:core/v1:ConfigMap")
+    assert config.inputs["data"]["runtime.yaml"] == render_runtime_config(settings)
+    assert pod["spec"]["volumes"][0]["configMap"]["name"] == config.inputs["metadata"]["name"]
+    sa = next(r for r in eks.resources if r.type == "kubernetes:core/v1:ServiceAccount")
+    assert sa.inputs["automountServiceAccountToken"] is False
+
+
+def test_irsa_trusts_only_the_runtime_service_account(tmp_path):
+    graph = run_kubernetes(_variant(tmp_path, {"identity": "irsa"}))
+    provider = graph.one("aws:iam/openIdConnectProvider:OpenIdConnectProvider")
+    assert provider.inputs["url"] == OIDC_ISSUER and provider.inputs["clientIdLists"] == ["sts.amazonaws.com"]
+    role = next(r for r in graph.of_type("aws:iam/role:Role") if r.name == "eks-prod-pods-runtime")
+    statement = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
+    host = OIDC_ISSUER.removeprefix("https://")
+    assert statement["Action"] == "sts:AssumeRoleWithWebIdentity"
+    assert statement["Principal"] == {"Federated": provider.outputs["arn"]}
+    assert (
+        statement["Condition"]["StringEquals"][f"{host}:sub"]
+        == "system:serviceaccount:frontier-prod:frontier-runtime"
+    )
+    sa = next(r for r in graph.resources if r.type == "kubernetes:core/v1:ServiceAccount")
+    assert sa.inputs["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": role.outputs["arn"]}
+    assert not graph.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+
+
+def test_an_existing_cluster_gets_only_the_workloads_and_the_stacks_aws_resources(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    changes = {f"cluster.{k}": v for k, v in EXISTING.items()} | {
+        "cluster.kubeconfig": str(kubeconfig),
+        "runtime_role_arn": "arn:aws:iam::123456789012:role/frontier-runtime",
+        "ingress.source_cidrs": ["10.60.128.0/20"],
+    }
+    graph = run_kubernetes(_variant(tmp_path, changes))
+    for absent in ("aws:eks/cluster:Cluster", "aws:eks/nodeGroup:NodeGroup", "aws:ec2/vpc:Vpc"):
+        assert not graph.of_type(absent), absent
+    provider = graph.one("pulumi:providers:kubernetes")
+    assert (provider.inputs["kubeconfig"], provider.inputs["context"]) == (str(kubeconfig), "prod")
+    association = graph.one("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    assert association.inputs["roleArn"] == "arn:aws:iam::123456789012:role/frontier-runtime"
+    assert graph.of_type("aws:s3/bucket:Bucket") and graph.of_type("aws:ecr/repository:Repository")
+    assert len([r for r in graph.resources if r.type.startswith("kubernetes:")]) == 12
+
+
+def test_an_existing_cluster_without_its_kubeconfig_is_refused_before_anything_is_created(tmp_path):
+    from infra.errors import ProvisionError
+
+    changes = {f"cluster.{k}": v for k, v in EXISTING.items()} | {
+        "cluster.kubeconfig": str(tmp_path / "missing"),
+        "runtime_role_arn": "arn:aws:iam::123456789012:role/frontier-runtime",
+        "ingress.source_cidrs": ["10.60.128.0/20"],
+    }
+    with pytest.raises(ProvisionError, match=r"kubernetes.cluster.kubeconfig = .*missing': no such file"):
+        run_kubernetes(_variant(tmp_path, changes))
+
+
+def test_the_outputs_tell_fab_where_the_history_and_the_workload_are(eks):
+    outputs = eks.outputs
+    assert outputs["history_prefix"] == "history/eks-prod/"
+    assert outputs["namespace"] == "frontier-prod"
+    assert outputs["deployment"] == m.app_name(eks.settings)
+    assert outputs["cluster_name"] == "frontier-eks-prod"
+    assert outputs["endpoint"] == "https://api.eks-prod.frontier.example"
