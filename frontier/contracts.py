@@ -57,6 +57,7 @@ from frontier_runtime.contracts import (  # noqa: E402,F401
     METRICS_PATH,
     PREFIX_CACHE_HITS_METRIC,
     PREFIX_CACHE_QUERIES_METRIC,
+    PRIORITY_CLASSES,
     READY_METRIC,
     RUNNING_METRIC,
     TTFT_METRIC,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from frontier.capacity.memory import memory_fit
-from frontier.config.schema import Kubernetes, Settings
+from frontier.config.schema import Kubernetes, ModelPool, Settings
 from frontier.contracts import DIGEST_PATTERN
 
 
@@ -98,6 +98,8 @@ def cross_check(s: Settings) -> Iterator[Problem]:
                 group.desired_size,
                 f"must lie within min_size ({group.min_size}) .. max_size ({group.max_size})",
             )
+        if not _runs_first_pool(s, group):
+            continue  # another pool's node group: checked with that pool's runtime below
         if tp * pp > group.gpus_per_node:
             yield Problem(
                 "runtime.tensor_parallel_size",
@@ -177,6 +179,8 @@ def cross_check(s: Settings) -> Iterator[Problem]:
                 yield Problem(field, port, f"must differ from {taken[port]} (both listen on this machine)")
             taken.setdefault(port, field)
     yield from _target_problems(s)
+    yield from pool_problems(s)
+    yield from tenant_problems(s)
     if s.kubernetes is not None:
         yield from kubernetes_problems(s, s.kubernetes)
     # The edge terminates TLS with an ACM certificate, except behind a cluster's own ingress class.
@@ -346,4 +350,132 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[Problem]:
                 "kubernetes.image",
                 k.image,
                 f"must be from runtime.image_repository ({s.runtime.image_repository})",
+            )
+
+
+# --- model pools, the gateway and tenants ----------------------------------------------------------
+
+
+def _runs_first_pool(s: Settings, group: object) -> bool:
+    # A one-model stack may run its model on any node group; a stack that lists models runs each
+    # pool on its own group only.
+    return not s.models or group == s.pool_group(s.pools[0])
+
+
+# Problems a pool's own model and runtime can have, as cross_check words them for the first pool.
+_POOL_FIELDS = ("model.", "runtime.", "node_groups[0].gpu_memory_gb")
+
+
+def pool_problems(s: Settings) -> Iterator[Problem]:
+    """Each listed model: a unique name, a known node group and hosts, its own fit and rules."""
+    if not s.models:
+        return
+    groups = [group.name for group in s.node_groups]
+    hosts = [host.name for host in s.inventory.hosts]
+    seen: dict[str, int] = {}
+    host_owner: dict[str, str] = {}
+    for i, pool in enumerate(s.pools):
+        where = f"models[{i}]"
+        if pool.name in seen:
+            yield Problem(
+                f"{where}.model.name", pool.name, f"must be unique among models (models[{seen[pool.name]}])"
+            )
+        seen.setdefault(pool.name, i)
+        if pool.node_group and pool.node_group not in groups:
+            yield Problem(
+                f"{where}.node_group", pool.node_group, f"must name one of node_groups ({', '.join(groups)})"
+            )
+        for j, host in enumerate(pool.hosts):
+            if host not in hosts:
+                yield Problem(
+                    f"{where}.hosts[{j}]", host, f"must name one of inventory.hosts ({', '.join(hosts)})"
+                )
+            elif host in host_owner:
+                yield Problem(
+                    f"{where}.hosts[{j}]", host, f"already runs model {host_owner[host]!r}: one pool per host"
+                )
+            host_owner.setdefault(host, pool.name)
+        if len(s.pools) > 1 and s.inventory.source == "static" and not pool.hosts:
+            yield Problem(
+                f"{where}.hosts",
+                [],
+                "with several models, each pool must list the inventory.hosts it runs on",
+            )
+        if i:
+            yield from _pool_rules(s, i, pool)
+    if len(s.pools) > 1 and s.gateway is None:
+        yield Problem(
+            "gateway", None, f"{len(s.pools)} models need a 'frontier:gateway' section to route by model"
+        )
+
+
+def _pool_rules(s: Settings, i: int, pool: ModelPool) -> Iterator[Problem]:
+    """cross_check's model, runtime and memory rules for pool ``i``, named by its place in models."""
+    group = s.pool_group(pool)
+    alone = s.for_pool(pool.name).model_copy(
+        update={"node_groups": (group,), "models": (), "tenants": (), "gateway": None}
+    )
+    for problem in cross_check(alone):
+        if problem.path.startswith(_POOL_FIELDS):
+            path = problem.path.replace("node_groups[0]", f"node_groups[{s.node_groups.index(group)}]")
+            if not path.startswith("node_groups"):
+                path = f"models[{i}].{path}"
+            yield Problem(path, problem.value, problem.message)
+
+
+def tenant_problems(s: Settings) -> Iterator[Problem]:
+    """Tenants name served models, unique names and secrets; a gateway has tenants and vice versa."""
+    if s.gateway is not None and not s.tenants:
+        yield Problem(
+            "tenants",
+            [],
+            "a stack with a gateway needs at least one tenant (name, api_key_secret, models, quotas, priority)",
+        )
+    if s.tenants and s.gateway is None:
+        yield Problem(
+            "gateway", None, "tenants need a 'frontier:gateway' section (the gateway enforces their quotas)"
+        )
+    served = [pool.name for pool in s.pools]
+    names: dict[str, int] = {}
+    secrets: dict[str, int] = {}
+    for i, tenant in enumerate(s.tenants):
+        where = f"tenants[{i}]"
+        if tenant.name in names:
+            yield Problem(
+                f"{where}.name", tenant.name, f"must be unique among tenants (tenants[{names[tenant.name]}])"
+            )
+        names.setdefault(tenant.name, i)
+        if tenant.api_key_secret in secrets:
+            yield Problem(
+                f"{where}.api_key_secret",
+                tenant.api_key_secret,
+                f"must differ from tenants[{secrets[tenant.api_key_secret]}]'s: a key identifies one tenant",
+            )
+        secrets.setdefault(tenant.api_key_secret, i)
+        for j, model in enumerate(tenant.models):
+            if model not in served:
+                yield Problem(
+                    f"{where}.models[{j}]",
+                    model,
+                    f"must name a model this stack serves ({', '.join(served)})",
+                )
+    gw = s.gateway
+    if gw is not None:
+        if not gw.min_size <= gw.desired_size <= gw.max_size:
+            yield Problem(
+                "gateway.desired_size",
+                gw.desired_size,
+                f"must lie within min_size ({gw.min_size}) .. max_size ({gw.max_size})",
+            )
+        if s.local is not None:
+            taken = {s.runtime.port, s.local.moto_port, s.local.balancer_port, s.local.balancer_stats_port}
+            if gw.port in taken:
+                yield Problem(
+                    "gateway.port",
+                    gw.port,
+                    f"must differ from the runtime, moto and balancer ports ({sorted(taken)})",
+                )
+        elif gw.metering_uri and not gw.metering_uri.startswith("s3://"):
+            yield Problem(
+                "gateway.metering_uri", gw.metering_uri, "must be s3://bucket/prefix outside the local stack"
             )

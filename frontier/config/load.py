@@ -52,7 +52,11 @@ def load_stack(stack: str | None = None, *, path: Path | str | None = None) -> S
     try:
         settings = Settings.model_validate(raw)
     except ValidationError as exc:
-        raise StackError(_describe(file, _pydantic_problems(exc))) from None
+        problems = _pydantic_problems(exc)
+        if "models" in raw:
+            # model and runtime are copies of models[0]'s: name each problem once, where it was written.
+            problems = [p for p in problems if not p.path.startswith(("model.", "runtime."))]
+        raise StackError(_describe(file, problems)) from None
     problems = list(cross_check(settings))
     if problems:
         raise StackError(_describe(file, problems))

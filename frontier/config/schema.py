@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from frontier.contracts import CLOUD_WEIGHTS_CACHE, HOST_ROOT
+from frontier.contracts import CLOUD_WEIGHTS_CACHE, HOST_ROOT, PRIORITY_CLASSES
 
 PROJECT = "frontier"
 
@@ -328,6 +328,66 @@ class Kubernetes(_Settings):
     run_as_user: int = Field(default=10001, ge=1, le=2_147_483_647)
 
 
+class ModelPool(_Settings):
+    """One model a stack serves: its own node group, runtime settings, replicas and releases.
+
+    Clients name it by ``model.name`` in the ``model`` field of a request; the gateway routes there.
+    """
+
+    model: Model
+    runtime: Runtime
+    node_group: str = Field(default="", description="The node_groups entry it runs on; empty: the first.")
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="Replicas of this pool; empty: the node group's desired_size.",
+    )
+    hosts: tuple[str, ...] = Field(
+        default=(), description="Static inventory: the inventory.hosts names that run this pool; empty: all."
+    )
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+
+class Tenant(_Settings):
+    """One customer of a shared stack: its key, the models it may use and its quotas."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,62}$")
+    # Secrets Manager secret holding only SHA-256 digests of the tenant's keys: {"sha256": ["<hex>", ...]}.
+    api_key_secret: str = Field(min_length=1, pattern=r"^[A-Za-z0-9/_+=.@:-]+$")
+    models: tuple[str, ...] = Field(min_length=1, description="Model names this tenant may call.")
+    requests_per_minute: int = Field(ge=1, le=10_000_000)
+    tokens_per_minute: int = Field(ge=1, le=10_000_000_000)
+    max_concurrent_requests: int = Field(ge=1, le=1_000_000)
+    priority: Literal[PRIORITY_CLASSES] = Field(  # type: ignore[valid-type]
+        description="interactive, or batch: served only on capacity interactive work leaves free."
+    )
+
+
+class Gateway(_Settings):
+    """The access layer in front of the model pools: routing, tenants, quotas, metering."""
+
+    port: int = Field(default=8090, ge=1024, le=65535)
+    # prefix: hash of the prompt's first prefix_chars characters; header: session_header's value.
+    session_affinity: Literal["off", "header", "prefix"] = "prefix"
+    session_header: str = Field(default="x-session-id", pattern=r"^[a-z0-9-]{1,64}$")
+    prefix_chars: int = Field(default=256, ge=16, le=65_536)
+    retries: int = Field(default=2, ge=0, le=10, description="Other replicas tried before any byte is sent.")
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, le=104_857_600)
+    probe_interval_s: float = Field(default=1.0, gt=0, le=60)
+    # Where metering records go: s3://bucket/prefix (one object per flush) or a local file path.
+    metering_uri: str = Field(min_length=1)
+    metering_flush_s: float = Field(default=10.0, gt=0, le=3600)
+    # EC2: the gateway's own small CPU node group behind the ALB.
+    instance_type: str = Field(default="c7i.large", min_length=1)
+    min_size: int = Field(default=2, ge=1, le=100)
+    desired_size: int = Field(default=2, ge=1, le=100)
+    max_size: int = Field(default=4, ge=1, le=100)
+
+
 class Settings(_Settings):
     """Every setting of one stack, typed. Built only by :func:`load_stack`."""
 
@@ -351,6 +411,12 @@ class Settings(_Settings):
     monitoring: Monitoring
     local: Local | None = None
     kubernetes: Kubernetes | None = None
+    #: Every model the stack serves. A stack file may list them under ``frontier:models``; one
+    #: written with a single ``model`` and ``runtime`` leaves this empty (see :attr:`pools`), and
+    #: ``model`` / ``runtime`` always hold the first pool's.
+    models: tuple[ModelPool, ...] = ()
+    gateway: Gateway | None = None
+    tenants: tuple[Tenant, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -359,6 +425,64 @@ class Settings(_Settings):
         if isinstance(data, dict) and data.get("local") is not None and "target" not in data:
             return {**data, "target": "local"}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_pool(cls, data: object) -> object:
+        # A stack that lists models keeps model and runtime as the first pool's, so code that
+        # serves one model at a time reads them as before.
+        if isinstance(data, dict) and isinstance(data.get("models"), list) and data["models"]:
+            first = data["models"][0]
+            if isinstance(first, dict) and "model" not in data and "runtime" not in data:
+                return {**data, "model": first.get("model"), "runtime": first.get("runtime")}
+        return data
+
+    @property
+    def pools(self) -> tuple[ModelPool, ...]:
+        """Every model pool, the first one always carrying ``model`` and ``runtime``."""
+        if not self.models:
+            return (ModelPool(model=self.model, runtime=self.runtime),)
+        first = self.models[0].model_copy(update={"model": self.model, "runtime": self.runtime})
+        return (first, *self.models[1:])
+
+    def pool(self, name: str) -> ModelPool:
+        """The pool serving model ``name``; KeyError naming the models served otherwise."""
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(
+            f"model {name!r} is not served by stack {self.stack!r}: it serves " + self.model_names()
+        )
+
+    def model_names(self) -> str:
+        return ", ".join(pool.name for pool in self.pools)
+
+    def pool_group(self, pool: ModelPool) -> NodeGroup:
+        """The node group a pool runs on (the first one unless the pool names another)."""
+        for group in self.node_groups:
+            if group.name == pool.node_group:
+                return group
+        return self.node_groups[0]
+
+    def for_pool(self, name: str) -> Settings:
+        """These settings as if the stack served only model ``name``: its runtime, its node group
+        first, its hosts. Deploys, renders and plans work on one pool through this view."""
+        pool = self.pool(name)
+        group = self.pool_group(pool)
+        inventory = self.inventory
+        if pool.hosts:
+            hosts = tuple(host for host in inventory.hosts if host.name in pool.hosts)
+            inventory = inventory.model_copy(update={"hosts": hosts})
+        groups = (group, *(g for g in self.node_groups if g.name != group.name))
+        return self.model_copy(
+            update={
+                "model": pool.model,
+                "runtime": pool.runtime,
+                "node_groups": groups,
+                "inventory": inventory,
+                "models": (pool,) if self.models else (),
+            }
+        )
 
     @property
     def serving_group(self) -> NodeGroup:

@@ -19,6 +19,14 @@ METRICS_PATH = "/metrics"
 DEFAULT_READINESS_PATH = "/health/ready"
 DEFAULT_LIVENESS_PATH = "/health/live"
 
+# --- request priority ----------------------------------------------------------------------------
+# The classes a request may carry in its ``priority`` body field (the gateway sets it from the
+# tenant's class): batch runs only on capacity interactive work leaves free and is preempted first.
+PRIORITY_FIELD = "priority"
+INTERACTIVE = "interactive"
+BATCH = "batch"
+PRIORITY_CLASSES = (INTERACTIVE, BATCH)
+
 # --- metric labels -------------------------------------------------------------------------------
 MODEL_LABEL = "model_name"
 ROUTE_LABEL = "route"  # an app route, or OTHER_ROUTE for any path the app does not serve

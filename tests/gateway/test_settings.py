@@ -1,0 +1,126 @@
+"""Several models and tenants in one stack file: what loads, and what is refused naming field and range."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from frontier.config.load import available_stacks, load_stack
+from frontier.errors import StackError
+from tests.gateway.stacks import two_model_config, write_stack
+
+
+def _load(tmp_path: Path, document: dict):
+    return load_stack("local", path=write_stack(tmp_path, document))
+
+
+@pytest.mark.parametrize("stack", available_stacks())
+def test_every_single_model_stack_is_a_one_pool_list(stack: str) -> None:
+    settings = load_stack(stack)
+    assert [pool.name for pool in settings.pools] == [settings.model.name]
+    assert settings.pools[0].runtime == settings.runtime
+    assert settings.tenants == () and settings.gateway is None
+
+
+def test_two_models_load_with_their_own_hosts_and_runtime(tmp_path: Path) -> None:
+    settings = _load(tmp_path, two_model_config())
+    assert [pool.name for pool in settings.pools] == ["tiny-llama", "tiny-llama-small"]
+    # model and runtime stay the first pool's, so one-model code reads them as before.
+    assert settings.model.name == "tiny-llama"
+    small = settings.for_pool("tiny-llama-small")
+    assert small.model.hidden_size == 128
+    assert [host.name for host in small.inventory.hosts] == ["host-3"]
+    assert [host.name for host in settings.for_pool("tiny-llama").inventory.hosts] == ["host-1", "host-2"]
+    assert [t.priority for t in settings.tenants] == ["interactive", "batch"]
+    with pytest.raises(KeyError, match="serves tiny-llama, tiny-llama-small"):
+        settings.pool("gpt-4")
+
+
+def _refused(tmp_path: Path, document: dict) -> str:
+    with pytest.raises(StackError) as info:
+        _load(tmp_path, document)
+    return str(info.value)
+
+
+def test_a_tenant_naming_an_unknown_model_is_refused(tmp_path: Path) -> None:
+    document = two_model_config()
+    document["config"]["frontier:tenants"][1]["models"] = ["tiny-llama-small", "llama-405b"]
+    message = _refused(tmp_path, document)
+    assert "tenants[1].models[1] = 'llama-405b'" in message
+    assert "must name a model this stack serves (tiny-llama, tiny-llama-small)" in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "allowed"),
+    [
+        ("requests_per_minute", 0, "greater than or equal to 1"),
+        ("tokens_per_minute", 0, "greater than or equal to 1"),
+        ("max_concurrent_requests", 0, "greater than or equal to 1"),
+        ("priority", "urgent", "'interactive' or 'batch'"),
+        ("models", [], "at least 1 item"),
+        ("name", "Acme Corp", "should match pattern"),
+    ],
+)
+def test_a_bad_tenant_quota_names_field_value_and_range(
+    tmp_path: Path, field: str, value: object, allowed: str
+) -> None:
+    document = two_model_config()
+    document["config"]["frontier:tenants"][0][field] = value
+    message = _refused(tmp_path, document)
+    assert f"tenants[0].{field} = {value!r}" in message
+    assert allowed in message
+
+
+def test_missing_tenant_settings_are_named(tmp_path: Path) -> None:
+    document = two_model_config()
+    del document["config"]["frontier:tenants"][0]["tokens_per_minute"]
+    del document["config"]["frontier:tenants"][1]["priority"]
+    message = _refused(tmp_path, document)
+    assert "tenants[0].tokens_per_minute: Field required" in message
+    assert "tenants[1].priority: Field required" in message
+
+
+def test_a_gateway_needs_tenants_and_several_models_need_a_gateway(tmp_path: Path) -> None:
+    document = two_model_config()
+    del document["config"]["frontier:tenants"]
+    assert "tenants = []: a stack with a gateway needs at least one tenant" in _refused(tmp_path, document)
+    document = two_model_config()
+    del document["config"]["frontier:tenants"]
+    del document["config"]["frontier:gateway"]
+    assert "gateway: 2 models need a 'frontier:gateway' section" in _refused(tmp_path, document)
+
+
+def test_a_bad_value_in_a_pool_is_named_once_where_it_was_written(tmp_path: Path) -> None:
+    document = two_model_config()
+    document["config"]["frontier:models"][0]["model"]["num_layers"] = 0
+    message = _refused(tmp_path, document)
+    assert "models[0].model.num_layers = 0: Input should be greater than or equal to 1" in message
+    assert "\n  model.num_layers" not in message
+
+
+def test_the_second_pool_gets_the_same_cross_checks(tmp_path: Path) -> None:
+    document = two_model_config()
+    document["config"]["frontier:models"][1]["model"]["num_kv_heads"] = 3
+    document["config"]["frontier:models"][1]["runtime"]["batch"]["max_batch_size"] = 32
+    message = _refused(tmp_path, document)
+    assert "models[1].model.num_kv_heads = 3: must divide model.num_attention_heads (4)" in message
+    assert "models[1].runtime.batch.max_batch_size = 32: must be <= runtime.max_concurrency (16)" in message
+
+
+def test_pools_must_split_the_hosts(tmp_path: Path) -> None:
+    document = two_model_config()
+    document["config"]["frontier:models"][1]["hosts"] = ["host-2", "host-9"]
+    message = _refused(tmp_path, document)
+    assert "models[1].hosts[0] = 'host-2': already runs model 'tiny-llama'" in message
+    assert (
+        "models[1].hosts[1] = 'host-9': must name one of inventory.hosts (host-1, host-2, host-3)" in message
+    )
+
+
+def test_a_gateway_port_may_not_collide_on_the_local_stack(tmp_path: Path) -> None:
+    document = two_model_config()
+    document["config"]["frontier:gateway"]["port"] = 8080
+    assert "gateway.port = 8080: must differ from the runtime, moto and balancer ports" in _refused(
+        tmp_path, document
+    )
