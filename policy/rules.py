@@ -29,7 +29,7 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from frontier.contracts import DISCOVERY_TAGS, PURPOSE_TAG, ROLE_TAG, STACK_TAG
+from frontier.contracts import DIGEST_PATTERN, DISCOVERY_TAGS, GPU_RESOURCE, PURPOSE_TAG, ROLE_TAG, STACK_TAG
 
 ANYWHERE = ("0.0.0.0/0", "::/0")
 PUBLIC_PORTS = (80, 443)
@@ -85,6 +85,21 @@ LISTENER = ("aws:lb/listener:Listener", "aws:alb/listener:Listener")
 LOAD_BALANCER = ("aws:lb/loadBalancer:LoadBalancer", "aws:alb/loadBalancer:LoadBalancer")
 LOG_GROUP = ("aws:cloudwatch/logGroup:LogGroup",)
 AUTOSCALING_GROUP = ("aws:autoscaling/group:Group",)
+# Kubernetes objects that run pods, and where each keeps its pod spec.
+K8S_POD = ("kubernetes:core/v1:Pod",)
+K8S_CRON_JOB = ("kubernetes:batch/v1:CronJob",)
+K8S_TEMPLATED = (
+    "kubernetes:apps/v1:Deployment",
+    "kubernetes:apps/v1:StatefulSet",
+    "kubernetes:apps/v1:DaemonSet",
+    "kubernetes:apps/v1:ReplicaSet",
+    "kubernetes:batch/v1:Job",
+)
+K8S_POD_OWNERS = K8S_POD + K8S_CRON_JOB + K8S_TEMPLATED
+# Long-running workloads: each needs a disruption budget and a network policy of its own.
+K8S_WORKLOADS = ("kubernetes:apps/v1:Deployment", "kubernetes:apps/v1:StatefulSet")
+K8S_PDB = ("kubernetes:policy/v1:PodDisruptionBudget",)
+K8S_NETWORK_POLICY = ("kubernetes:networking.k8s.io/v1:NetworkPolicy",)
 
 
 # --- reading properties ---------------------------------------------------------------------------
@@ -344,6 +359,68 @@ def check_discovery_tags(props: Mapping[str, Any], _: ResourceValidationArgs) ->
         yield f"auto scaling group does not tag its instances with {', '.join(missing)}: `fab` cannot find them"
 
 
+# --- Kubernetes: pods, as the typed pulumi_kubernetes resources carry them -------------------------
+
+
+def pod_spec(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any]:
+    if resource_type in K8S_POD:
+        return get(props, "spec", default={})
+    if resource_type in K8S_CRON_JOB:
+        return get(props, "spec", "jobTemplate", "spec", "template", "spec", default={})
+    return get(props, "spec", "template", "spec", default={})
+
+
+def pod_containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [
+        c for key in ("initContainers", "containers", "ephemeralContainers") for c in as_list(get(spec, key))
+    ]
+
+
+def check_k8s_digest_images(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    for container in pod_containers(pod_spec(args.resource_type, props)):
+        image = str(get(container, "image", default=""))
+        _, _, digest = image.partition("@")
+        if not DIGEST_PATTERN.match(digest):
+            yield (
+                f"container {get(container, 'name')!r} runs {image!r}: images must be pinned by digest "
+                "(<repository>@sha256:<64 hex>), never a tag"
+            )
+
+
+def check_k8s_not_privileged(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    spec = pod_spec(args.resource_type, props)
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if truthy(get(spec, key)):
+            yield f"pod shares the node's namespaces ({key}: true)"
+    for volume in as_list(get(spec, "volumes")):
+        if get(volume, "hostPath") is not None:
+            yield f"volume {get(volume, 'name')!r} mounts a path of the node (hostPath)"
+    pod_non_root = truthy(get(spec, "securityContext", "runAsNonRoot"))
+    for container in pod_containers(spec):
+        name, security = get(container, "name"), get(container, "securityContext", default={})
+        if truthy(get(security, "privileged")):
+            yield f"container {name!r} is privileged"
+        if get(security, "allowPrivilegeEscalation") not in (False, "false"):
+            yield f"container {name!r} does not set allowPrivilegeEscalation: false"
+        if as_list(get(security, "capabilities", "add")):
+            yield f"container {name!r} adds capabilities {as_list(get(security, 'capabilities', 'add'))}"
+        if not (pod_non_root or truthy(get(security, "runAsNonRoot"))):
+            yield f"container {name!r} may run as root (no runAsNonRoot: true on it or its pod)"
+
+
+def check_k8s_gpu_requests_equal_limits(
+    props: Mapping[str, Any], args: ResourceValidationArgs
+) -> Iterator[str]:
+    for container in pod_containers(pod_spec(args.resource_type, props)):
+        request = get(container, "resources", "requests", GPU_RESOURCE)
+        limit = get(container, "resources", "limits", GPU_RESOURCE)
+        if (request is not None or limit is not None) and as_int(request) != as_int(limit):
+            yield (
+                f"container {get(container, 'name')!r} requests {request} {GPU_RESOURCE} but is limited to "
+                f"{limit}: GPUs are not shared, requests must equal limits"
+            )
+
+
 PRODUCTION_SCHEMA = PolicyConfigSchema(
     properties={"productionStacks": {"type": "array", "items": {"type": "string"}, "default": ["prod"]}}
 )
@@ -426,6 +503,24 @@ RESOURCE_POLICIES = [
         AUTOSCALING_GROUP,
         check_discovery_tags,
         EnforcementLevel.ADVISORY,
+    ),
+    _resource_policy(
+        "k8s-images-by-digest",
+        "Kubernetes workloads run images pinned by digest.",
+        K8S_POD_OWNERS,
+        check_k8s_digest_images,
+    ),
+    _resource_policy(
+        "k8s-no-privileged-pods",
+        "Kubernetes pods run unprivileged, as non-root, without the node's namespaces or paths.",
+        K8S_POD_OWNERS,
+        check_k8s_not_privileged,
+    ),
+    _resource_policy(
+        "k8s-gpu-requests-equal-limits",
+        "GPU requests equal GPU limits.",
+        K8S_POD_OWNERS,
+        check_k8s_gpu_requests_equal_limits,
     ),
 ]
 
@@ -561,6 +656,32 @@ def check_runtime_ingress(resources: Sequence[PolicyResource]) -> Iterator[tuple
             )
 
 
+def _selects(selector: Any, labels: Mapping[str, Any]) -> bool:
+    """A label selector's matchLabels against a pod's labels (an empty selector selects every pod)."""
+    wanted = get(selector, "matchLabels", default={})
+    return all(labels.get(key) == value for key, value in wanted.items())
+
+
+def check_k8s_pdb_and_network_policy(
+    resources: Sequence[PolicyResource],
+) -> Iterator[tuple[PolicyResource, str]]:
+    """Every workload has a disruption budget and a network policy that select its pods by their labels."""
+    for workload in _of_type(resources, K8S_WORKLOADS):
+        namespace = get(workload.props, "metadata", "namespace")
+        labels = get(workload.props, "spec", "template", "metadata", "labels", default={})
+        near = [r for r in resources if get(r.props, "metadata", "namespace") == namespace]
+        if not any(_selects(get(p.props, "spec", "selector"), labels) for p in _of_type(near, K8S_PDB)):
+            yield workload, "no PodDisruptionBudget selects its pods: a node drain may take them all at once"
+        own = [
+            p
+            for p in _of_type(near, K8S_NETWORK_POLICY)
+            if get(p.props, "spec", "podSelector", "matchLabels")
+            and _selects(get(p.props, "spec", "podSelector"), labels)
+        ]
+        if not own:
+            yield workload, "no NetworkPolicy selects its pods: what may reach them is not declared"
+
+
 STACK_POLICIES = [
     _stack_policy(
         "s3-encrypted", "Buckets are encrypted by default; weights and history with KMS.", check_s3_encryption
@@ -574,6 +695,11 @@ STACK_POLICIES = [
         "runtime-ingress-from-security-groups",
         "Runtime hosts are reachable only from the ALB's (and bastion's) security groups.",
         check_runtime_ingress,
+    ),
+    _stack_policy(
+        "k8s-pdb-and-network-policy-per-workload",
+        "Every Kubernetes workload has a PodDisruptionBudget and a NetworkPolicy of its own.",
+        check_k8s_pdb_and_network_policy,
     ),
 ]
 

@@ -162,6 +162,23 @@ LT, TG, LB = (
 )
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 LISTENER, ASG = "aws:lb/listener:Listener", "aws:autoscaling/group:Group"
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+RUNTIME_DEPLOYMENT = "runtime-deployment-frontier-llama-3-1-70b-instruct"
+CONTAINER = ("spec", "template", "spec", "containers", 0)
+_eks_graph: list[Graph] = []
+
+
+@pytest.fixture
+def eks_prod() -> Graph:
+    """The Kubernetes stack's program under mocks (see k8s_mocks), built once."""
+    if not _eks_graph:
+        from k8s_mocks import run_kubernetes
+
+        from frontier.config.load import load_stack
+
+        _eks_graph.append(run_kubernetes(load_stack("eks-prod")))
+    return _eks_graph[0]
+
 
 # rule -> (stack, the program's resource, its violating change)
 RESOURCE_VIOLATIONS = {
@@ -215,6 +232,21 @@ RESOURCE_VIOLATIONS = {
         "dev",
         (ASG, "a10g-asg"),
         lambda p: p.update(tags=[t for t in p["tags"] if t["key"] != "frontier:role"]),
+    ),
+    "k8s-images-by-digest": (
+        "eks_prod",
+        (DEPLOYMENT, RUNTIME_DEPLOYMENT),
+        setter((*CONTAINER, "image"), "123456789012.dkr.ecr.us-east-1.amazonaws.com/frontier-runtime:latest"),
+    ),
+    "k8s-no-privileged-pods": (
+        "eks_prod",
+        (DEPLOYMENT, RUNTIME_DEPLOYMENT),
+        setter((*CONTAINER, "securityContext", "privileged"), True),
+    ),
+    "k8s-gpu-requests-equal-limits": (
+        "eks_prod",
+        (DEPLOYMENT, RUNTIME_DEPLOYMENT),
+        setter((*CONTAINER, "resources", "limits", "nvidia.com/gpu"), "4"),
     ),
 }
 
@@ -281,7 +313,24 @@ STACK_VIOLATIONS = {
         ("no TLS deny", "staging", _changed_config("Policy", "weights", _policy_without_tls_deny))
     ],
     "runtime-ingress-from-security-groups": [("an address range", "prod", _runtime_ingress_from_a_range)],
+    "k8s-pdb-and-network-policy-per-workload": [
+        ("no disruption budget", "eks_prod", lambda g: _without_kubernetes(g, "PodDisruptionBudget")),
+        (
+            "only the default deny",
+            "eks_prod",
+            lambda g: _without_kubernetes(g, "NetworkPolicy", keep="default-deny"),
+        ),
+    ],
 }
+
+
+def _without_kubernetes(graph: Graph, kind: str, keep: str = "") -> list[Resource]:
+    """The graph less every object of ``kind`` (but the one named ``keep``)."""
+    return [
+        r
+        for r in graph.resources
+        if not (r.type.endswith(f":{kind}") and r.inputs["metadata"]["name"] != keep)
+    ]
 
 
 def test_every_rule_has_a_violation_case():
@@ -383,3 +432,57 @@ def test_the_pack_runs_in_the_projects_python_environment():
     assert (
         POLICY_DIR / manifest["runtime"]["options"]["virtualenv"]
     ).resolve() == POLICY_DIR.parent / ".venv"
+
+
+# --- Kubernetes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_rule_passes_on_the_kubernetes_stacks_resources(eks_prod, name):
+    assert graph_violations(BY_NAME[name], eks_prod) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (setter(("spec", "template", "spec", "hostNetwork"), True), "hostNetwork: true"),
+        (
+            lambda p: p["spec"]["template"]["spec"]["volumes"].append(
+                {"name": "host", "hostPath": {"path": "/"}}
+            ),
+            "hostPath",
+        ),
+        (
+            setter((*CONTAINER, "securityContext", "allowPrivilegeEscalation"), True),
+            "allowPrivilegeEscalation",
+        ),
+        (setter((*CONTAINER, "securityContext", "capabilities"), {"add": ["SYS_ADMIN"]}), "SYS_ADMIN"),
+        (
+            lambda p: (
+                p["spec"]["template"]["spec"]["securityContext"].pop("runAsNonRoot"),
+                p["spec"]["template"]["spec"]["containers"][0]["securityContext"].pop("runAsNonRoot"),
+            ),
+            "may run as root",
+        ),
+    ],
+)
+def test_each_way_of_privilege_fires(eks_prod, change, fragment):
+    original = named(eks_prod, DEPLOYMENT, RUNTIME_DEPLOYMENT)
+    violations = resource_violations(BY_NAME["k8s-no-privileged-pods"], changed(original, change))
+    assert len(violations) == 1 and fragment in violations[0]
+
+
+def test_a_gpu_limit_without_a_request_fires(eks_prod):
+    original = named(eks_prod, DEPLOYMENT, RUNTIME_DEPLOYMENT)
+    change = lambda p: p["spec"]["template"]["spec"]["containers"][0]["resources"].pop("requests")  # noqa: E731
+    (violation,) = resource_violations(BY_NAME["k8s-gpu-requests-equal-limits"], changed(original, change))
+    assert "requests None nvidia.com/gpu but is limited to 8" in violation
+
+
+def test_an_init_container_by_tag_fires_too(eks_prod):
+    original = named(eks_prod, DEPLOYMENT, RUNTIME_DEPLOYMENT)
+    change = setter(
+        ("spec", "template", "spec", "initContainers"), [{"name": "fetch", "image": "busybox:1.36"}]
+    )
+    (violation,) = resource_violations(BY_NAME["k8s-images-by-digest"], changed(original, change))
+    assert "'fetch' runs 'busybox:1.36'" in violation
