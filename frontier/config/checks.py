@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from frontier.capacity.memory import memory_fit
-from frontier.config.schema import Kubernetes, ModelPool, Settings
+from frontier.config.hardware import INSTANCE_STORE, instance_store
+from frontier.config.schema import Kubernetes, ModelPool, NodeGroup, Settings
 from frontier.contracts import DIGEST_PATTERN
 
 
@@ -92,7 +93,8 @@ def cross_check(s: Settings) -> Iterator[Problem]:
 
     for i, group in enumerate(s.node_groups):
         where = f"node_groups[{i}]"
-        if not group.min_size <= group.desired_size <= group.max_size:
+        yield from _fleet_problems(s, where, group)
+        if group.min_size <= group.max_size and not group.min_size <= group.desired_size <= group.max_size:
             yield Problem(
                 f"{where}.desired_size",
                 group.desired_size,
@@ -216,6 +218,32 @@ GPUS_PER_INSTANCE = {
     "p5e.48xlarge": 8,
     "p5en.48xlarge": 8,
 }
+
+
+def _fleet_problems(s: Settings, where: str, group: NodeGroup) -> Iterator[Problem]:
+    """Sizes, the pinned AMI and the model cache of one node group the EC2 fleet builds."""
+    if group.min_size > group.max_size:
+        yield Problem(
+            f"{where}.min_size",
+            group.min_size,
+            f"must be <= max_size ({group.max_size}); the group scales between them",
+        )
+    if s.target != "ec2":
+        return
+    if not group.ami_id:
+        yield Problem(
+            f"{where}.ami_id",
+            group.ami_id,
+            "an EC2 stack pins its AMI (ami- followed by 8 or 17 hex digits); "
+            f"`fab ami.latest -s {s.stack}` proposes the newest one",
+        )
+    if group.model_cache == "instance_store" and instance_store(group.instance_type)[0] == 0:
+        known = ", ".join(sorted(INSTANCE_STORE))
+        yield Problem(
+            f"{where}.model_cache",
+            group.model_cache,
+            f"{group.instance_type} has no NVMe instance store; use 'ebs', or one of: {known}",
+        )
 
 
 def _target_problems(s: Settings) -> Iterator[Problem]:

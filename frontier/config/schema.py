@@ -53,6 +53,15 @@ class NodeGroup(_Settings):
     root_volume_gb: int = Field(default=100, ge=20, le=16_384)
     cache_volume_gb: int = Field(default=200, ge=1, le=65_536)
     efa: bool = False
+    # The AMI every host of the group boots, pinned: a change is an instance refresh, never drift.
+    # `fab ami.latest -s <stack>` proposes the newest one. Empty only where no EC2 group is built.
+    ami_id: str = Field(default="", pattern=r"^(ami-([0-9a-f]{8}|[0-9a-f]{17}))?$")
+    # Requests waiting per host that the target-tracking policy holds the group at (between
+    # min_size and max_size), read from the QueueDepth metric each host publishes.
+    target_queue_depth: float = Field(default=16, gt=0, le=100_000)
+    # Where the model cache lives: the instance's own NVMe disks (RAID 0, formatted at boot; the
+    # type must have them) or an EBS gp3 volume of cache_volume_gb.
+    model_cache: Literal["instance_store", "ebs"] = "ebs"
 
 
 class Model(_Settings):

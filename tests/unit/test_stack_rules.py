@@ -37,6 +37,15 @@ FIELD_RULES = [
     ("prod", "node_groups[0].price_per_hour", -1, "greater than or equal to 0"),
     ("prod", "node_groups[0].root_volume_gb", 10, "greater than or equal to 20"),
     ("prod", "node_groups[0].cache_volume_gb", 0, "greater than or equal to 1"),
+    ("prod", "node_groups[0].target_queue_depth", 0, "greater than 0"),
+    (
+        "prod",
+        "node_groups[0].ami_id",
+        "ubuntu-22.04",
+        "should match pattern '^(ami-([0-9a-f]{8}|[0-9a-f]{17}))?$'",
+    ),
+    ("prod", "node_groups[0].ami_id", "ami-0123", "should match pattern"),
+    ("prod", "node_groups[0].model_cache", "tmpfs", "'instance_store' or 'ebs'"),
     ("prod", "model.name", "", "at least 1 character"),
     ("prod", "model.weights_uri", "https://example.com/weights", "should match pattern"),
     ("prod", "model.version", "", "at least 1 character"),
@@ -156,7 +165,9 @@ def test_missing_region_is_refused(changed_stack):
 
 
 def test_missing_stack_file_names_the_known_stacks():
-    with pytest.raises(StackError, match=r"no such stack file.*known stacks: dev, eks-prod, local, prod, staging"):
+    with pytest.raises(
+        StackError, match=r"no such stack file.*known stacks: dev, eks-prod, local, prod, staging"
+    ):
         load_stack("qa")
 
 
@@ -273,6 +284,24 @@ CROSS_RULES = {
         {"node_groups[0].desired_size": 11},
         "node_groups[0].desired_size = 11",
         "must lie within min_size (4) .. max_size (10)",
+    ),
+    "min size not above max size": (
+        "prod",
+        {"node_groups[0].min_size": 11},
+        "node_groups[0].min_size = 11",
+        "must be <= max_size (10); the group scales between them",
+    ),
+    "an EC2 stack pins its AMI": (
+        "prod",
+        {"node_groups[0].ami_id": ""},
+        "node_groups[0].ami_id = ''",
+        "an EC2 stack pins its AMI (ami- followed by 8 or 17 hex digits); `fab ami.latest -s prod` proposes",
+    ),
+    "instance-store cache needs a type that has one": (
+        "prod",
+        {"node_groups[0].instance_type": "p5.4xlarge", "node_groups[0].model_cache": "instance_store"},
+        "node_groups[0].model_cache = 'instance_store'",
+        "p5.4xlarge has no NVMe instance store; use 'ebs', or one of: g5.12xlarge",
     ),
     "canary leaves a host serving": (
         "local",

@@ -1,0 +1,40 @@
+"""What a node group's EC2 instance type has besides its GPUs: instance-store disks and NVSwitch.
+
+Both decide how a host is set up: instance-store NVMe holds the model cache (RAID 0) instead of an
+EBS volume, and GPUs joined by NVSwitch need NVIDIA's fabric manager running before CUDA starts.
+Sources: the EC2 instance type pages (accelerated computing, "Instance storage" column).
+"""
+
+from __future__ import annotations
+
+# Instance type -> (NVMe instance-store disks, GB each).
+INSTANCE_STORE: dict[str, tuple[int, int]] = {
+    "g5.xlarge": (1, 250),
+    "g5.2xlarge": (1, 450),
+    "g5.12xlarge": (1, 3800),
+    "g5.48xlarge": (2, 3800),
+    "g6.xlarge": (1, 250),
+    "g6.12xlarge": (4, 940),
+    "g6e.xlarge": (1, 250),
+    "g6e.12xlarge": (2, 1900),
+    "g6e.48xlarge": (4, 1900),
+    "p4d.24xlarge": (8, 1000),
+    "p4de.24xlarge": (8, 1000),
+    "p5.48xlarge": (8, 3840),
+    "p5e.48xlarge": (8, 3840),
+    "p5en.48xlarge": (8, 3840),
+}
+
+# Families whose GPUs talk through NVSwitch (SXM boards): fabric manager must run, at the
+# driver's exact version.
+NVSWITCH_FAMILIES = ("p4d", "p5", "p6")
+
+
+def instance_store(instance_type: str) -> tuple[int, int]:
+    """(disks, GB each) of the type's NVMe instance store; (0, 0) where it has none or is unknown."""
+    return INSTANCE_STORE.get(instance_type, (0, 0))
+
+
+def has_nvswitch(instance_type: str) -> bool:
+    # p4de, p5e, p5en, p6-b200 ... share their family's prefix.
+    return instance_type.split(".", 1)[0].startswith(NVSWITCH_FAMILIES)
