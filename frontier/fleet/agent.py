@@ -13,8 +13,16 @@ start-up, 4: not ready in time)::
     start [--activate ID]    (activate, then) start the current release: systemd where it runs, else a process
     stop                     stop the runtime (the process launcher: SIGTERM, drain, SIGKILL)
     wait-ready SECONDS       poll the readiness path; fail early when the runtime exits
-    metrics | status         the runtime's /metrics; facts plus readiness, liveness and digest
+    metrics | status         the runtime's /metrics; facts plus readiness, liveness, digest and restarts
     prune KEEP               keep the KEEP most recent releases (never current or previous)
+    supervise                (run by ``start``) keep the current release's runtime up: see :class:`Supervisor`
+
+Self-healing: where systemd runs, the release's unit restarts a runtime that dies
+(``Restart=on-failure``). Elsewhere (the local stack's host slots, any host without systemd) the
+process launcher is a supervisor: ``start`` runs this file again as ``supervise``, detached, and
+that process launches the runtime as its child, restarts it when it dies or when liveness fails
+``liveness_failures`` times in a row, and counts the restarts; ``stop`` stops the supervisor, which
+stops the runtime.
 
 The host layout follows releases/current::
 
@@ -22,8 +30,9 @@ The host layout follows releases/current::
     <root>/current, previous  symlinks to releases/<id>, swapped atomically (temp symlink + rename)
     <root>/releases.json      the release order, most recent first (staged or activated): prune reads
                               it, never file times; written atomically
-    <root>/run/               runtime.pid, runtime.release (the process launcher only)
-    <root>/logs/runtime.log   the runtime's output (the process launcher only)
+    <root>/run/               runtime.pid, runtime.release, supervisor.pid, supervisor.json (restarts)
+    <root>/logs/runtime.log   the runtime's (and the supervisor's) output (the process launcher only)
+    <root>/logs/agent.jsonl   the supervisor's history: start, restart (why), recovered (after how long), stop
     <root>/env                KEY=VALUE lines added to the runtime's environment
 
 A release directory that the order does not name (one staged before the order was kept) counts as
@@ -58,6 +67,16 @@ UNIT_DIR_ENV = "FRONTIER_UNIT_DIR"
 # The mark of a runtime process in its command line: a recycled pid never passes for the runtime.
 RUNTIME_MODULE = "frontier_runtime"
 LOG_TAIL_LINES = 40
+SUPERVISOR_PID_NAME = "supervisor.pid"
+SUPERVISE_COMMAND = "supervise"
+# What the supervisor did, one JSON object a line (start, restart, recovered, stop).
+HISTORY_NAME = "agent.jsonl"
+# How often the supervisor looks at its child, and how long it waits for a fresh one to be ready
+# (a fresh one is probed for readiness that often too, so the recovery time is measured closely).
+SUPERVISOR_TICK_S = 0.1
+READY_PROBE_S = 0.1
+# Restarts of a runtime that dies before it is ready again wait 1, 2, 4 ... s, at most this long.
+MAX_BACKOFF_S = 30.0
 
 
 class AgentError(Exception):
@@ -85,6 +104,11 @@ class AgentConfig:
     unit: str
     manifest: str
     release_id_pattern: str
+    # The supervisor probes liveness every interval (each probe waiting up to the timeout) and
+    # restarts the runtime after this many failed probes in a row (the stack's health settings).
+    liveness_interval_s: float
+    liveness_timeout_s: float
+    liveness_failures: int
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AgentConfig:
@@ -120,6 +144,10 @@ class Facts:
     ready: bool = False
     live: bool = False
     digest: str = ""
+    # The supervisor: whether one watches the runtime, how often it restarted it, and why last.
+    supervised: bool = False
+    restarts: int = 0
+    last_restart: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Facts:
@@ -205,6 +233,17 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _is_supervisor(pid: int) -> bool:
+    words = _cmdline(pid).split()
+    return SUPERVISE_COMMAND in words and any(
+        w.endswith(".py") and "agent" in os.path.basename(w) for w in words
+    )
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def _read_env_file(path: Path) -> dict[str, str]:
     """``KEY=VALUE`` lines (``export`` and quotes allowed, ``#`` comments), as a shell would source them."""
     out: dict[str, str] = {}
@@ -245,9 +284,13 @@ def _atomic_symlink(link: Path, target: str) -> None:
 class Agent:
     """One host's release directory and runtime, as the configuration describes them."""
 
-    def __init__(self, config: AgentConfig, environ: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: AgentConfig, config_path: str | None = None, environ: dict[str, str] | None = None
+    ) -> None:
         environ = dict(os.environ if environ is None else environ)
         self.config = config
+        # The supervisor is this file run again with the same configuration file.
+        self.config_path = config_path
         self.root = Path(config.root)
         self.releases_dir = self.root / "releases"
         self.order_file = self.root / "releases.json"
@@ -255,6 +298,10 @@ class Agent:
         self.pid_file = self.run_dir / "runtime.pid"
         self.release_file = self.run_dir / "runtime.release"
         self.log_file = self.root / "logs" / "runtime.log"
+        self.history_file = self.root / "logs" / HISTORY_NAME
+        self.supervisor_pid_file = self.run_dir / SUPERVISOR_PID_NAME
+        self.supervisor_state_file = self.run_dir / "supervisor.json"
+        self._supervisor: subprocess.Popen | None = None
         self.systemd_run_dir = Path(environ.get(SYSTEMD_RUN_DIR_ENV, "/run/systemd/system"))
         self.unit_dir = Path(environ.get(UNIT_DIR_ENV, "/etc/systemd/system"))
         self.unit = config.unit[: -len(".service")] if config.unit.endswith(".service") else config.unit
@@ -306,6 +353,22 @@ class Agent:
             return pid
         return None
 
+    def supervisor_pid(self) -> int | None:
+        """The pid of this host's supervisor, if it runs."""
+        try:
+            pid = int(self.supervisor_pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if pid_alive(pid) and _is_supervisor(pid):
+            return pid
+        return None
+
+    def supervisor_state(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.supervisor_state_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return {}
+
     def is_running(self) -> bool:
         if self.systemd():
             return self._systemctl("is-active", "--quiet", self.unit, check=False).returncode == 0
@@ -354,6 +417,9 @@ class Agent:
             manifest = self.releases_dir / self.check_id(release_id, "facts") / self.config.manifest
             if manifest.is_file():
                 staged = hashlib.sha256(manifest.read_bytes()).hexdigest()
+        supervised = self.supervisor_pid() is not None
+        state = self.supervisor_state() if supervised else {}
+        last = state.get("last_restart") or {}
         return Facts(
             current=self.link("current"),
             previous=self.link("previous"),
@@ -362,6 +428,9 @@ class Agent:
             running_release=running_release,
             releases=self.order(),
             staged_manifest=staged,
+            supervised=supervised,
+            restarts=int(state.get("restarts", 0)),
+            last_restart=f"{last.get('at', '')} {last.get('reason', '')}".strip(),
         )
 
     def stage(self, release_id: str, incoming: str, wheel: str = "") -> dict[str, Any]:
@@ -412,14 +481,17 @@ class Agent:
         self._touch_order(release_id)
         return {"current": release_id, "previous": self.link("previous")}
 
-    def start(self) -> dict[str, Any]:
+    def current_release(self, phase: str) -> Path:
         current = self.root / "current"
         release = Path(os.path.realpath(current)) if current.is_symlink() else None
         if release is None or not release.is_dir():
-            raise AgentError(f"start: no current release under {self.root}")
+            raise AgentError(f"{phase}: no current release under {self.root}")
+        return release
+
+    def start(self) -> dict[str, Any]:
+        release = self.current_release("start")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        pid: int | None = None
         if self.systemd():
             self.unit_dir.mkdir(parents=True, exist_ok=True)
             unit_file = self.unit_dir / f"{self.unit}.service"
@@ -427,24 +499,59 @@ class Agent:
             os.chmod(unit_file, 0o644)
             self._systemctl("daemon-reload")
             self._systemctl("restart", self.unit)
-        else:
-            running = self.running_pid()
-            if running is not None:
-                raise AgentError(f"start: the runtime already runs (pid {running}); stop it first")
-            pid = self._spawn(release)
-            _atomic_write(self.pid_file, f"{pid}\n")
-        _atomic_write(self.release_file, release.name + "\n")
-        return {"started": release.name, "pid": pid, "launcher": "systemd" if pid is None else "process"}
+            _atomic_write(self.release_file, release.name + "\n")
+            return {"started": release.name, "pid": None, "launcher": "systemd"}
+        running = self.running_pid() or self.supervisor_pid()
+        if running is not None:
+            raise AgentError(f"start: the runtime already runs (pid {running}); stop it first")
+        supervisor = self._start_supervisor()
+        pid = self._wait_launched(supervisor)
+        return {"started": release.name, "pid": pid, "supervisor": supervisor.pid, "launcher": "process"}
 
-    def _spawn(self, release: Path) -> int:
+    def _start_supervisor(self) -> subprocess.Popen:
+        if not self.config_path:
+            raise AgentError("start: the supervisor needs the agent's configuration file; none was given")
+        for stale in (self.pid_file, self.release_file, self.supervisor_state_file):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+        with self.log_file.open("ab") as log:
+            # A new session: the supervisor (and the runtime under it) outlive this command and the
+            # SSH session that ran it.
+            self._supervisor = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--config", self.config_path, SUPERVISE_COMMAND],
+                cwd=str(self.root),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self._supervisor
+
+    def _wait_launched(self, supervisor: subprocess.Popen, timeout: float = 30.0) -> int:
+        """The runtime's pid once the supervisor has launched it and recorded it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.supervisor_state()
+            if state.get("pid") == supervisor.pid and state.get("runtime_pid"):
+                return int(state["runtime_pid"])
+            if supervisor.poll() is not None:
+                raise AgentError(
+                    f"start: the supervisor exited with status {supervisor.returncode}",
+                    log_tail=self.log_tail(),
+                )
+            time.sleep(0.02)
+        raise AgentError(
+            f"start: the supervisor launched no runtime within {timeout:g}s", log_tail=self.log_tail()
+        )
+
+    def launch(self, release: Path, word: str = "start") -> subprocess.Popen:
+        """The runtime of ``release`` as a child of this process; its output goes to the runtime log."""
         env = dict(os.environ)
         env.update(_read_env_file(self.root / "env"))
         env["PYTHONPATH"] = str(release / "site")
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         with self.log_file.open("ab") as log:
-            log.write(f"=== {stamp} start {release.name}\n".encode())
+            log.write(f"=== {_now()} {word} {release.name}\n".encode())
             log.flush()
-            # A new session: the runtime outlives the agent (and the SSH command that ran it).
             process = subprocess.Popen(
                 [
                     self.config.python, "-m", RUNTIME_MODULE, "serve", "--config", str(release / "runtime.yaml"),
@@ -455,37 +562,52 @@ class Agent:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
             )  # fmt: skip
-        return process.pid
+        _atomic_write(self.pid_file, f"{process.pid}\n")
+        _atomic_write(self.release_file, release.name + "\n")
+        return process
 
     def stop(self) -> dict[str, Any]:
-        outcome = "absent"
-        pid = None
         if self.systemd():
             self._systemctl("stop", self.unit, check=False)
-            outcome = "stopped"
-        else:
-            pid = self.running_pid()
-            if pid is not None:
-                # SIGTERM: the runtime turns unready, finishes in-flight requests within its drain
-                # timeout and exits; SIGKILL only if it outlives that by 5 s.
-                outcome = terminate_then_kill(
-                    pid,
-                    self.config.drain_timeout_s + 5,
-                    still_ours=lambda: RUNTIME_MODULE in _cmdline(pid),
-                )
-        for path in (self.pid_file, self.release_file):
+            with contextlib.suppress(FileNotFoundError):
+                self.release_file.unlink()
+            return {"stopped": True, "pid": None, "outcome": "stopped"}
+        pid = self.running_pid()
+        outcome = "absent"
+        supervisor = self.supervisor_pid()
+        if supervisor is not None:
+            # The supervisor stops its runtime (SIGTERM, drain, SIGKILL) and says how that went.
+            own = self._supervisor if self._supervisor and self._supervisor.pid == supervisor else None
+            terminate_then_kill(
+                supervisor,
+                self.config.drain_timeout_s + 10,
+                still_ours=lambda: _is_supervisor(supervisor),
+                process=own,
+            )
+            outcome = str(self.supervisor_state().get("stop_outcome", outcome))
+        left = self.running_pid()
+        if left is not None:
+            # A runtime without its supervisor (one killed, or a runtime started before there was one).
+            # SIGTERM: the runtime turns unready, finishes in-flight requests within its drain
+            # timeout and exits; SIGKILL only if it outlives that by 5 s.
+            outcome = terminate_then_kill(
+                left, self.config.drain_timeout_s + 5, still_ours=lambda: RUNTIME_MODULE in _cmdline(left)
+            )
+        for path in (self.pid_file, self.release_file, self.supervisor_pid_file, self.supervisor_state_file):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         return {"stopped": True, "pid": pid, "outcome": outcome}
+
+    def supervise(self) -> dict[str, Any]:
+        return Supervisor(self, self.current_release("supervise")).run()
 
     def wait_ready(self, timeout: float) -> dict[str, Any]:
         started = time.monotonic()
         while True:
             if self.http_status(self.config.readiness_path) == 200:
                 return {"ready": True, "after_s": round(time.monotonic() - started, 3)}
-            if not self.is_running():
+            if not self.is_running() or self.supervisor_state().get("exits_before_ready"):
                 raise AgentError(
                     "the runtime exited during start-up", code=3, ready=False, log_tail=self.log_tail()
                 )
@@ -530,6 +652,165 @@ class Agent:
         return {"pruned": removed}
 
 
+# --- the supervisor -------------------------------------------------------------------------------
+
+
+class Supervisor:
+    """Keeps one release's runtime serving: the runtime's parent on hosts without systemd.
+
+    ``start`` runs ``agent.py supervise`` detached; the supervisor launches the runtime as its own
+    child and then, every ``SUPERVISOR_TICK_S``, looks at it:
+
+    * it exits, or it fails ``liveness_failures`` liveness probes in a row (one every
+      ``liveness_interval_s``, each waiting up to ``liveness_timeout_s``) → the supervisor stops
+      what is left of it (SIGTERM, drain, SIGKILL) and launches it again: at once the first time,
+      then after 1, 2, 4 … 30 s while runtimes keep exiting before they are ready (a crash loop
+      backs off, as Kubernetes' does);
+    * liveness is probed only once a runtime has answered ready, so loading a model is never
+      mistaken for a hang;
+    * a runtime that exits before it is ready is counted (``exits_before_ready``): ``wait-ready``
+      fails at once on it, so a release that cannot start fails its rollout's readiness phase
+      (which then stops the host or rolls it back) instead of waiting out the timeout.
+
+    Every restart is counted in ``run/supervisor.json`` (``status`` reports it) and written, with
+    its reason and the measured time until the runtime was ready again, to ``logs/agent.jsonl``.
+    SIGTERM stops the supervisor: it stops its runtime and records how (``stop_outcome``).
+    """
+
+    def __init__(self, agent: Agent, release: Path) -> None:
+        self.agent = agent
+        self.config = agent.config
+        self.release = release
+        self.stopping = False
+        self.state: dict[str, Any] = {
+            "pid": os.getpid(),
+            "release": release.name,
+            "runtime_pid": None,
+            "restarts": 0,
+            "last_restart": None,
+            "state": "starting",
+        }
+
+    def _on_stop(self, *_args: object) -> None:
+        self.stopping = True
+
+    def _save(self) -> None:
+        _atomic_write(self.agent.supervisor_state_file, json.dumps(self.state, sort_keys=True) + "\n")
+
+    def _event(self, event: str, **details: Any) -> None:
+        line = {
+            "at": _now(),
+            "host": self.config.host,
+            "event": event,
+            "release": self.release.name,
+            **details,
+        }
+        with self.agent.history_file.open("a") as out:
+            out.write(json.dumps(line, sort_keys=True) + "\n")
+
+    def _launch(self, word: str) -> subprocess.Popen:
+        child = self.agent.launch(self.release, word)
+        self.state["runtime_pid"] = child.pid
+        self._save()
+        return child
+
+    def _pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(SUPERVISOR_TICK_S, max(0.0, deadline - time.monotonic())))
+
+    def run(self) -> dict[str, Any]:
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        self.agent.history_file.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.agent.supervisor_pid_file, f"{os.getpid()}\n")
+        child = self._launch("start")
+        self._event("start", pid=child.pid)
+        up = False  # the current child has answered ready since it was launched
+        failures = 0  # liveness probes failed in a row
+        dying_young = 0  # runtimes in a row that exited before they were ready
+        down_since: float | None = None
+        next_probe = time.monotonic()
+        while not self.stopping:
+            status = child.poll()
+            reason = ""
+            if status is not None:
+                reason = f"the runtime exited with status {status}"
+                if not up:
+                    reason += " before it was ready"
+                    # wait-ready reads this: a release that cannot start fails its rollout at once.
+                    self.state["exits_before_ready"] = self.state.get("exits_before_ready", 0) + 1
+            elif time.monotonic() >= next_probe:
+                if not up:
+                    next_probe = time.monotonic() + READY_PROBE_S
+                    if (
+                        self.agent.http_status(self.config.readiness_path, self.config.liveness_timeout_s)
+                        == 200
+                    ):
+                        up = True
+                        failures = dying_young = 0
+                        self.state.update(state="serving", exits_before_ready=0)
+                        self._save()
+                        if down_since is not None:
+                            self._event(
+                                "recovered", pid=child.pid, after_s=round(time.monotonic() - down_since, 3)
+                            )
+                            down_since = None
+                else:
+                    next_probe = time.monotonic() + self.config.liveness_interval_s
+                    if (
+                        self.agent.http_status(self.config.liveness_path, self.config.liveness_timeout_s)
+                        == 200
+                    ):
+                        failures = 0
+                    else:
+                        failures += 1
+                        if failures >= self.config.liveness_failures:
+                            reason = f"liveness failed {failures} times in a row"
+            if reason:
+                down_since = time.monotonic()
+                dying_young = dying_young + 1 if not up else 0
+                fresh = self._restart(child, reason, dying_young)
+                if fresh is None:
+                    return self._stopped(child, str(self.state.get("stop_outcome", "terminated")))
+                child, up, failures = fresh, False, 0
+                next_probe = time.monotonic()
+                continue
+            time.sleep(SUPERVISOR_TICK_S)
+        return self._stopped(
+            child, terminate_then_kill(child.pid, self.config.drain_timeout_s + 5, process=child)
+        )
+
+    def _stopped(self, child: subprocess.Popen, outcome: str) -> dict[str, Any]:
+        self.state.update(state="stopped", stop_outcome=outcome)
+        self._save()
+        self._event("stop", pid=child.pid, outcome=outcome, restarts=self.state["restarts"])
+        return {"supervised": False, "stop_outcome": outcome, "restarts": self.state["restarts"]}
+
+    def _restart(self, child: subprocess.Popen, reason: str, dying_young: int) -> subprocess.Popen | None:
+        """Stop what is left of ``child`` and launch the release again; None when asked to stop meanwhile."""
+        self.state["state"] = "restarting"
+        self._save()
+        outcome = terminate_then_kill(child.pid, self.config.drain_timeout_s + 5, process=child)
+        if dying_young > 1:
+            self._pause(min(MAX_BACKOFF_S, 2.0 ** (dying_young - 2)))
+        if self.stopping:
+            self.state["stop_outcome"] = outcome
+            return None
+        self.state["restarts"] += 1
+        self.state["last_restart"] = {"at": _now(), "reason": reason}
+        fresh = self._launch("restart")
+        self._event(
+            "restart",
+            reason=reason,
+            old_pid=child.pid,
+            pid=fresh.pid,
+            old_outcome=outcome,
+            restarts=self.state["restarts"],
+        )
+        return fresh
+
+
 # --- the command line -----------------------------------------------------------------------------
 
 
@@ -559,6 +840,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("status")
     p = sub.add_parser("prune")
     p.add_argument("keep", type=int)
+    sub.add_parser(SUPERVISE_COMMAND)
     return parser
 
 
@@ -584,13 +866,15 @@ def run(agent: Agent, args: argparse.Namespace) -> dict[str, Any]:
         return asdict(agent.status())
     if command == "prune":
         return agent.prune(args.keep)
+    if command == SUPERVISE_COMMAND:
+        return agent.supervise()
     raise AgentError(f"unknown command {command!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        result = run(Agent(AgentConfig.load(args.config)), args)
+        result = run(Agent(AgentConfig.load(args.config), args.config), args)
     except AgentError as exc:
         print(json.dumps({"ok": False, "phase": args.command, "error": str(exc), **exc.extra}))
         return exc.code

@@ -38,7 +38,7 @@ from frontier import project
 from frontier.config.schema import Host, Settings
 from frontier.contracts import HAPROXY_ADMIN_SOCKET, LOCAL_AWS_KEY_ID, LOCAL_AWS_SECRET
 from frontier.errors import FrontierError
-from frontier.fleet.agent import terminate_then_kill
+from frontier.fleet.agent import SUPERVISOR_PID_NAME, terminate_then_kill
 from frontier.local import services
 from frontier.render.files import local_balancer_backends, render_haproxy
 
@@ -408,11 +408,14 @@ def _stop_runtimes(hosts: tuple[Host, ...], timeout: float = 15.0) -> list[Compo
                 pid = int(pid_file.read_text().split()[0])
                 if services.pid_alive(pid):
                     found.append((host, pid_file.stem, pid))
-    if found:
-        with ThreadPoolExecutor(max_workers=len(found)) as pool:
-            outcomes = list(pool.map(lambda item: terminate_then_kill(item[2], timeout), found))
-    else:
-        outcomes = []
+    # Supervisors first (each stops its runtime), so none sees its runtime exit and restarts it.
+    supervisors = [item for item in found if f"{item[1]}.pid" == SUPERVISOR_PID_NAME]
+    found = supervisors + [item for item in found if item not in supervisors]
+    outcomes: list[str] = []
+    for batch in (found[: len(supervisors)], found[len(supervisors) :]):
+        if batch:
+            with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+                outcomes += pool.map(lambda item: terminate_then_kill(item[2], timeout), batch)
     for host in hosts:
         run = host_root(host) / "run"
         for leftover in run.iterdir() if run.exists() else []:

@@ -209,6 +209,9 @@ def render_agent_config(settings: Settings, *, host: str, root: str, python: str
         unit=UNIT_NAME,
         manifest=RELEASE_MANIFEST,
         release_id_pattern=RELEASE_ID_PATTERN.pattern,
+        liveness_interval_s=float(settings.health.interval_s),
+        liveness_timeout_s=float(settings.health.timeout_s),
+        liveness_failures=settings.health.unhealthy_threshold,
     )
     return config.to_json()
 

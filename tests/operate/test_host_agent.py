@@ -48,9 +48,9 @@ def config(tmp_path: Path) -> AgentConfig:
 
 
 @pytest.fixture
-def host(config: AgentConfig):
+def host(tmp_path: Path, config: AgentConfig):
     """An agent on the scratch root; whatever runtime a test leaves running is stopped after it."""
-    a = Agent(config)
+    a = Agent(config, str(write_config(config, tmp_path / "agent.json")))
     yield a
     a.stop()
 
@@ -166,8 +166,8 @@ def test_activate_swaps_current_and_previous_and_refuses_what_is_not_staged(host
     assert host.link("current") == two.id
 
 
-def test_the_release_order_is_recorded_not_read_from_file_times(tmp_path, config):
-    a = Agent(config)
+def test_the_release_order_is_recorded_not_read_from_file_times(tmp_path, host, config):
+    a = host
     r1, r2, r3 = (staged(a, release(config, n)) for n in (1, 2, 3))
     a.activate(r1.id)  # activating makes a release the most recent, as staging does
     # File times say r2 is the newest: the recorded order does not care.
@@ -226,7 +226,8 @@ def test_start_status_stop_with_a_real_process(tmp_path, host, config):
 
     stopped = host.stop()
     assert stopped == {"stopped": True, "pid": started["pid"], "outcome": "terminated"}
-    assert not services.pid_alive(started["pid"])
+    assert not services.pid_alive(started["pid"]) and not services.pid_alive(started["supervisor"])
+    assert [e["event"] for e in history(host)] == ["start", "stop"]
     after = host.facts()
     assert (after.running, after.running_release, after.current) == (False, "", r.id)
     assert not after.runs(r.id)
@@ -245,6 +246,8 @@ def test_restore_brings_back_the_release_that_ran_before(host, config):
     with pytest.raises(agent.AgentError, match="the runtime exited during start-up") as failed:
         host.wait_ready(30)
     assert failed.value.code == 3 and "cannot load the model" in failed.value.extra["log_tail"]
+    restart = wait_for(lambda: next((e for e in history(host) if e["event"] == "restart"), None))
+    assert restart["reason"] == "the runtime exited with status 1 before it was ready"
 
     host.stop()
     host.activate(good.id)
@@ -276,6 +279,87 @@ def test_the_cli_answers_in_json_with_the_phase_and_exit_status(tmp_path, host, 
 def test_start_without_a_release_fails_with_the_reason(host):
     with pytest.raises(agent.AgentError, match="start: no current release under"):
         host.start()
+
+
+# --- the supervisor ---------------------------------------------------------------------------------
+
+
+def history(a: Agent) -> list[dict]:
+    return [json.loads(line) for line in a.history_file.read_text().splitlines()]
+
+
+def wait_for(predicate, timeout: float = 30.0, step: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(step)
+    return value
+
+
+def test_a_runtime_killed_with_sigkill_is_restarted_and_ready_again(tmp_path, host, config, capsys):
+    r = staged(host, release(config, 1))
+    host.activate(r.id)
+    first = host.start()["pid"]
+    host.wait_ready(30)
+    wait_for(lambda: host.supervisor_state().get("state") == "serving")  # it has seen the runtime serve
+
+    os.kill(first, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(
+        lambda: (host.running_pid() or first) != first and host.http_status(config.readiness_path) == 200
+    )
+    recovery_s = time.monotonic() - killed
+
+    rc, status = cli(Path(host.config_path), "status")
+    assert rc == 0 and status["ready"] and status["live"] and status["supervised"]
+    assert status["restarts"] == 1 and "the runtime exited with status -9" in status["last_restart"]
+    assert status["running_release"] == r.id
+    events = wait_for(
+        lambda: (e := [e for e in history(host) if e["event"] in ("restart", "recovered")])[1:] and e
+    )
+    assert [e["event"] for e in events] == ["restart", "recovered"]
+    assert events[0]["old_pid"] == first and events[0]["pid"] == host.running_pid()
+    with capsys.disabled():
+        print(
+            f"\n  supervisor: kill -9 → ready again in {recovery_s:.2f}s (the supervisor measured {events[1]['after_s']:.2f}s)"
+        )
+    assert recovery_s < 10
+
+
+def test_a_hung_runtime_is_restarted_after_failed_liveness_probes(tmp_path, config):
+    hang = tmp_path / "hang"
+    config = dataclasses.replace(config, liveness_interval_s=0.2, liveness_failures=2)
+    a = Agent(config, str(write_config(config, tmp_path / "agent.json")))
+    try:
+        # The stand-in fails liveness while the hang file exists; the restarted one has its own file.
+        r = staged(a, release(config, 1, hang_file=str(hang)))
+        a.activate(r.id)
+        first = a.start()["pid"]
+        a.wait_ready(30)
+        hang.write_text("")
+        wait_for(lambda: a.facts().restarts == 1)
+        hang.unlink()
+        wait_for(lambda: a.status().live and a.running_pid() != first)
+        restart = next(e for e in history(a) if e["event"] == "restart")
+        # It was asked to stop first (SIGTERM), as a hung runtime in Kubernetes is.
+        assert (
+            restart["reason"] == "liveness failed 2 times in a row" and restart["old_outcome"] == "terminated"
+        )
+        assert a.facts().restarts == 1
+    finally:
+        a.stop()
+
+
+def test_stopping_the_supervisor_stops_the_runtime_and_restarts_nothing(host, config):
+    r = staged(host, release(config, 1))
+    host.activate(r.id)
+    started = host.start()
+    host.wait_ready(30)
+    assert host.stop()["outcome"] == "terminated"
+    assert host.http_status(config.readiness_path) == 0  # nothing listens any more
+    time.sleep(0.3)
+    assert not services.pid_alive(started["supervisor"]) and host.running_pid() is None
+    assert history(host)[-1] == {**history(host)[-1], "event": "stop", "restarts": 0, "outcome": "terminated"}
 
 
 # --- terminate_then_kill ----------------------------------------------------------------------------
