@@ -10,10 +10,14 @@ from frontier.capacity.gpus import GpuSpec, gpu_spec
 from frontier.capacity.roofline import GPU_EFFICIENCY, Device, Efficiency
 from frontier.config.schema import DTYPE_BYTES, GB, NodeGroup, Settings
 
-# The CPU's bandwidth and FLOP/s are measured, so their efficiencies are 1. The engine's own time per
-# step (Python: scheduling, sampling, detokenising, the block tables) was fitted on this project's
-# runtime with the tiny model at concurrency 1 and 32 (`bench/roofline_vs_measured.py` prints
-# the fit); calibration against a stack's baseline refits it.
+# The CPU's bandwidth and FLOP/s are measured, so their efficiencies are 1. One core does not overlap
+# memory traffic with arithmetic (overlap 0), and torch's CPU BLAS packs each weight matrix before a
+# GEMM of more than one row (weights read, written packed, read again: 3 passes); both show in a
+# micro-benchmark of the runtime's own layer shapes (a 768-wide, 100M-parameter stack of [in, out]
+# weights on this 2-core machine, one thread: 23 ms at 1 row, 95 ms at 8, 168 ms at 32 — the
+# model gives 28, 99 and 167). The engine's own time per step (Python: scheduling, sampling,
+# detokenising, block tables) was fitted with the tiny model at concurrency 1 and 32
+# (`bench/roofline_vs_measured.py` prints the fit); calibration against a stack's baseline refits it.
 CPU_EFFICIENCY = Efficiency(
     bandwidth=1.0,
     flops=1.0,
@@ -21,7 +25,10 @@ CPU_EFFICIENCY = Efficiency(
     allreduce_latency_s=50e-6,
     step_overhead_s=2.5e-3,
     seq_overhead_s=0.3e-3,
-    source="modelled: measured CPU peaks; engine overhead 2.5 ms/step + 0.3 ms/sequence (fitted on the tiny model)",
+    source="modelled: measured CPU peaks, no overlap, 3 weight passes per GEMM; engine overhead 2.5 ms/step "
+    "+ 0.3 ms/sequence (fitted on the tiny model)",
+    overlap=0.0,
+    gemm_weight_passes=3.0,
 )
 
 

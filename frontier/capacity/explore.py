@@ -22,6 +22,7 @@ from frontier.capacity.plan import GroupPlan, Throughput, plan_with
 from frontier.capacity.replica import ReplicaModel
 from frontier.capacity.roofline import GPU_EFFICIENCY, Device, Efficiency, OperatingPoint, Replica, fit_slo
 from frontier.config.checks import Problem, cross_check
+from frontier.config.hardware import instance_store
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 
@@ -114,6 +115,9 @@ def variant(settings: Settings, c: Candidate) -> Settings:
                 "gpu_memory_gb": spec.memory_gb,
                 "nvlink_domain_gpus": inst.nvlink_domain_gpus,
                 "price_per_hour": inst.price_per_hour,
+                # Where the weights cache lives changes start-up, not serving: a type without
+                # instance-store NVMe keeps it on EBS instead of being dropped.
+                "model_cache": group.model_cache if instance_store(inst.name)[0] else "ebs",
             }
         )
     concurrency = max(rt.max_concurrency, c.max_batch_size)

@@ -9,7 +9,11 @@ One engine step runs every scheduled token through every layer once. Per GPU of 
 - compute time = FLOPs / (peak x eff.flops), FLOPs = 2 x matmul parameters x tokens / TP plus
   attention, 4 x layers x hidden x positions attended per token / TP (QK^T and AV).
 - the step takes max(memory, compute): decode (few tokens, all weights) is bound by bandwidth,
-  prefill (many tokens per weight read) by FLOPs;
+  prefill (many tokens per weight read) by FLOPs. That assumes the two overlap, as on a GPU; a
+  single CPU core does not overlap them (``eff.overlap`` = 0 adds the shorter one), and its BLAS
+  packs each weight matrix before a multi-row GEMM, so the weights cross memory
+  ``eff.gemm_weight_passes`` times (read, write packed, read packed: 3) when a step has more than
+  one token — a one-token step is a GEMV that reads them once;
 - plus the tensor-parallel all-reduces, 2 per layer (after attention and after the MLP) of
   tokens x hidden activations, at ring cost 2 (TP - 1) / TP x bytes / (link bandwidth x eff.link) +
   a fixed latency each;
@@ -65,6 +69,8 @@ class Efficiency:
     step_overhead_s: float
     seq_overhead_s: float
     source: str  # "modelled: …" or "calibrated: …"
+    overlap: float = 1.0  # share of the shorter of memory and compute time hidden under the longer
+    gemm_weight_passes: float = 1.0  # times the weights cross memory in a step of more than one token
 
     def __post_init__(self) -> None:
         for name in ("bandwidth", "flops", "link"):
@@ -75,6 +81,10 @@ class Efficiency:
             value = getattr(self, name)
             if not value >= 0:
                 raise FrontierError(f"efficiency.{name} = {value!r}: must be >= 0")
+        if not 0 <= self.overlap <= 1:
+            raise FrontierError(f"efficiency.overlap = {self.overlap!r}: must lie in [0, 1]")
+        if not self.gemm_weight_passes >= 1:
+            raise FrontierError(f"efficiency.gemm_weight_passes = {self.gemm_weight_passes!r}: must be >= 1")
 
     def with_overhead_scale(self, k: float, source: str) -> Efficiency:
         return replace(
@@ -187,6 +197,7 @@ class Step:
     compute_s: float
     comm_s: float
     overhead_s: float
+    overlap: float = 1.0
 
     @property
     def bound(self) -> Literal["memory", "compute"]:
@@ -194,7 +205,8 @@ class Step:
 
     @property
     def total_s(self) -> float:
-        return max(self.memory_s, self.compute_s) + self.comm_s + self.overhead_s
+        longer, shorter = max(self.memory_s, self.compute_s), min(self.memory_s, self.compute_s)
+        return longer + (1 - self.overlap) * shorter + self.comm_s + self.overhead_s
 
 
 def allreduce_s(device: Device, eff: Efficiency, tensor_parallel: int, message_bytes: float) -> float:
@@ -231,15 +243,17 @@ def step(
     flops = linear_flops + attention_flops
     message = tokens * sh.hidden * sh.dtype_bytes
     seqs = decode_seqs + (1 if prefill_tokens else 0)
+    passes = eff.gemm_weight_passes if tokens > 1 else 1.0
     return Step(
         tokens=tokens,
         weight_bytes=weight_bytes,
         kv_bytes=kv_bytes,
         flops=flops,
-        memory_s=(weight_bytes + kv_bytes) / (device.bandwidth * eff.bandwidth),
+        memory_s=(weight_bytes * passes + kv_bytes) / (device.bandwidth * eff.bandwidth),
         compute_s=flops / (device.flops * eff.flops),
         comm_s=2 * sh.layers * allreduce_s(device, eff, tp, message),
         overhead_s=eff.step_overhead_s + eff.seq_overhead_s * seqs,
+        overlap=eff.overlap,
     )
 
 

@@ -15,6 +15,7 @@ from frontier.capacity.calibrate import calibrate, knee_qps
 from frontier.capacity.devices import device_for, gpu_device
 from frontier.capacity.gpus import GPUS, INSTANCES, gpu_spec
 from frontier.capacity.roofline import (
+    Device,
     Efficiency,
     NotModelled,
     Replica,
@@ -250,3 +251,37 @@ def test_calibration_refuses_a_knee_beyond_the_roofline(prod, h100, llama70b_tp8
     fitted, cal = calibrate(h100, EFF, llama70b_tp8, prod.slo, 1500, 350, _baseline(500.0))
     assert not cal.fitted and fitted == EFF
     assert "not fitted: the measured knee (500 req/s) beats the roofline" in cal.note
+
+
+CPU_EFF = Efficiency(
+    bandwidth=1.0,
+    flops=1.0,
+    link=1.0,
+    allreduce_latency_s=0.0,
+    step_overhead_s=2.5e-3,
+    seq_overhead_s=0.3e-3,
+    source="test",
+    overlap=0.0,
+    gemm_weight_passes=3.0,
+)
+CPU = Device("CPU", 2e9, bandwidth=10e9, flops=50e9, link_bandwidth=10e9, source="test")
+
+
+def test_tiny_model_on_a_cpu_without_overlap_and_with_packed_gemm_weights():
+    tiny = Replica.from_settings(load_stack("local"))
+    # 4 layers x (2 x 256^2 + 2 x 256 x 128 + 3 x 256 x 688 = 724,992) + LM head 4096 x 256 = 3,948,544
+    assert tiny.shape.matmul_parameters == 3_948_544
+    assert tiny.kv_bytes_per_token_per_gpu == 2 * 4 * 4 * 32 * 4 == 4096  # float32 KV
+    # Batch 8, context 64: the GEMM packs the weights, so 3 x 15,794,176 B cross memory, + KV
+    # 8 x 64 x 4096 = 2,097,152 B: 49,479,680 B / 10 GB/s = 4.948 ms
+    s = step(CPU, CPU_EFF, tiny, decode_seqs=8, context=64)
+    assert s.memory_s == pytest.approx(49_479_680 / 10e9)
+    # FLOPs 2 x 3,948,544 x 8 + 4 x 4 x 256 x 8 x 64 = 65,273,856 / 50 GFLOP/s = 1.305 ms
+    assert s.compute_s == pytest.approx(65_273_856 / 50e9)
+    # no overlap: 4.948 + 1.305 + overhead 2.5 + 8 x 0.3 = 11.153 ms
+    assert s.total_s == pytest.approx(11.1535 * MS, rel=1e-4)
+    # Batch 1 is a GEMV: the weights once, 15,794,176 + 64 x 4096 = 16,056,320 B = 1.606 ms;
+    # FLOPs 7,897,088 + 262,144 = 8,159,232 = 0.163 ms; + 2.5 + 0.3 ms = 4.569 ms
+    one = step(CPU, CPU_EFF, tiny, decode_seqs=1, context=64)
+    assert one.memory_s == pytest.approx(16_056_320 / 10e9)
+    assert one.total_s == pytest.approx(4.5688 * MS, rel=1e-4)
