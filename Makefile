@@ -8,12 +8,12 @@ STAMP   := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml runtime/pyproject.toml
+$(STAMP): pyproject.toml runtime/pyproject.toml gateway/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU wheel of torch lies on local disk; pin it first so nothing pulls a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e './runtime' -e '.[dev]'
+	$(BIN)/pip install --quiet -e './runtime' -e './gateway' -e '.[dev]'
 	touch $(STAMP)
 
 system-packages:

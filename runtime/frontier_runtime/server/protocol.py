@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from frontier_runtime.contracts import INTERACTIVE, PRIORITY_CLASSES
 from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.server.errors import APIError, invalid
 
@@ -52,6 +53,9 @@ class GenerationRequest(_Body):
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # The request's class (the gateway sets it from the tenant's): batch work is admitted only on
+    # capacity interactive work leaves free, and preempted first.
+    priority: Literal[PRIORITY_CLASSES] = INTERACTIVE  # type: ignore[valid-type]
 
     @field_validator("stop")
     @classmethod

@@ -1,0 +1,225 @@
+"""The gateway's HTTP app: OpenAI-compatible routes in front of the model pools.
+
+Each inference request passes the same gates, cheapest first: API key (401) → body size (413) →
+JSON (400) → model known and allowed to the tenant (404, the same answer for both so a key learns
+nothing about models it may not use) → priority (400) → tenant quotas (429 with OpenAI's
+``x-ratelimit-*`` headers) → a ready replica (503) → the runtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from frontier_gateway import contracts
+from frontier_gateway.config import GatewayConfig
+from frontier_gateway.errors import GatewayError, invalid
+from frontier_gateway.metering import Sink
+from frontier_gateway.metrics import CONTENT_TYPE, Metrics
+from frontier_gateway.pools import Pools
+from frontier_gateway.proxy import Call, Proxy
+from frontier_gateway.quotas import Quotas, Refusal, estimate_tokens
+from frontier_gateway.tenants import Tenant, Tenants
+
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
+
+
+@dataclass
+class Gateway:
+    """Everything a request needs, built once at start."""
+
+    config: GatewayConfig
+    tenants: Tenants
+    quotas: Quotas
+    pools: Pools
+    metrics: Metrics
+    sink: Sink
+    upstream_auth: str | None = None
+    proxy: Proxy | None = None  # set at start-up, once the HTTP client exists
+
+    def start(self, client: httpx.AsyncClient) -> None:
+        self.proxy = Proxy(client, self.metrics, self.sink, self.config.retries, self.upstream_auth)
+
+
+def create_app(gateway: Gateway, lifespan: Any = None) -> Starlette:
+    routes = [
+        Route(contracts.COMPLETIONS_PATH, _completions, methods=["POST"]),
+        Route(contracts.CHAT_COMPLETIONS_PATH, _chat_completions, methods=["POST"]),
+        Route(contracts.MODELS_PATH, _models, methods=["GET"]),
+        Route(contracts.READINESS_PATH, _ready, methods=["GET", "HEAD"]),
+        Route(contracts.LIVENESS_PATH, _live, methods=["GET", "HEAD"]),
+        Route(contracts.METRICS_PATH, _metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={GatewayError: _error}, lifespan=lifespan)
+    app.state.gateway = gateway
+    return app
+
+
+async def _error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return exc.response()
+
+
+def _gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def _identify(gw: Gateway, request: Request) -> Tenant:
+    tenant = gw.tenants.identify(request.headers.get("authorization"))
+    if tenant is None:
+        raise GatewayError(
+            401,
+            "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return tenant
+
+
+async def _read_body(gw: Gateway, request: Request) -> dict[str, Any]:
+    limit = gw.config.max_body_bytes
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(
+                413,
+                f"request body of more than {limit} bytes exceeds the limit of {limit} bytes",
+                code="body_too_large",
+            )
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError) as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _affinity_key(gw: Gateway, request: Request, body: dict[str, Any]) -> str | None:
+    affinity = gw.config.affinity
+    if affinity.mode == "off":
+        return None
+    session = request.headers.get(affinity.header)
+    if session:
+        return "session:" + session
+    if affinity.mode == "header":
+        return None
+    if isinstance(body.get("messages"), list):
+        text = "".join(
+            f"{m.get('role')}:{m.get('content')}\n" for m in body["messages"] if isinstance(m, dict)
+        )
+    else:
+        text = json.dumps(body.get("prompt"))
+    prefix = text[: affinity.prefix_chars]
+    return "prefix:" + hashlib.blake2b(prefix.encode("utf-8", errors="replace"), digest_size=16).hexdigest()
+
+
+async def _completions(request: Request) -> Response:
+    return await _generate(request, contracts.COMPLETIONS_PATH)
+
+
+async def _chat_completions(request: Request) -> Response:
+    return await _generate(request, contracts.CHAT_COMPLETIONS_PATH)
+
+
+async def _generate(request: Request, path: str) -> Response:
+    gw = _gateway(request)
+    supplied = request.headers.get(contracts.REQUEST_ID_HEADER)
+    request_id = supplied if supplied and REQUEST_ID.match(supplied) else uuid.uuid4().hex
+    tenant = _identify(gw, request)
+    headers = {contracts.REQUEST_ID_HEADER: request_id}
+    try:
+        body = await _read_body(gw, request)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise invalid("model: a model name is required", "model")
+        pool = gw.pools.get(model)
+        if pool is None or model not in tenant.models:
+            allowed = ", ".join(sorted(tenant.models))
+            raise GatewayError(
+                404,
+                f"The model {model!r} does not exist or you do not have access to it (this key may use: {allowed}).",
+                code="model_not_found",
+                param="model",
+            )
+        asked = body.get(contracts.PRIORITY_FIELD)
+        if asked is not None and asked not in contracts.PRIORITY_CLASSES:
+            raise invalid(
+                f"{contracts.PRIORITY_FIELD}: must be one of {', '.join(contracts.PRIORITY_CLASSES)}, got {asked!r}",
+                contracts.PRIORITY_FIELD,
+            )
+        # A tenant's class is the most it gets; any tenant may ask for batch on its own.
+        priority = contracts.BATCH if contracts.BATCH in (tenant.priority, asked) else contracts.INTERACTIVE
+        body[contracts.PRIORITY_FIELD] = priority
+        stream = bool(body.get("stream"))
+        options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+        wants_usage = bool(options.get("include_usage"))
+        if stream:
+            # The runtime's usage chunk is the meter; asked for on the client's behalf, then dropped.
+            body["stream_options"] = {**options, "include_usage": True}
+        admitted = gw.quotas.admit(tenant, estimate_tokens(body, gw.config.default_max_tokens))
+        headers.update(gw.quotas.headers(tenant))
+        if isinstance(admitted, Refusal):
+            gw.metrics.rate_limited.labels(tenant.name, admitted.limit).inc()
+            gw.metrics.requests.labels(tenant.name, model, "429").inc()
+            raise GatewayError(
+                429,
+                admitted.message,
+                code="rate_limit_exceeded",
+                type_=admitted.limit,
+                headers={"Retry-After": str(max(1, round(admitted.retry_after_s + 0.5)))},
+            )
+    except GatewayError as exc:
+        return exc.response(headers)
+    call = Call(
+        request_id=request_id,
+        tenant=tenant,
+        model=model,
+        priority=priority,
+        path=path,
+        body=json.dumps(body).encode(),
+        stream=stream,
+        client_wants_usage=wants_usage,
+        grant=admitted,
+        affinity_key=_affinity_key(gw, request, body),
+        headers=headers,
+    )
+    assert gw.proxy is not None  # set at start-up
+    return await gw.proxy.forward(call, pool)
+
+
+async def _models(request: Request) -> Response:
+    gw = _gateway(request)
+    tenant = _identify(gw, request)
+    cards = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "frontier"}
+        for name in gw.pools.by_model
+        if name in tenant.models
+    ]
+    return JSONResponse({"object": "list", "data": cards})
+
+
+async def _ready(request: Request) -> Response:
+    pools = _gateway(request).pools
+    ready = pools.ready()
+    return JSONResponse({"ready": ready, "models": pools.summary()}, status_code=200 if ready else 503)
+
+
+async def _live(request: Request) -> Response:
+    return JSONResponse({"live": True})
+
+
+async def _metrics(request: Request) -> Response:
+    return Response(_gateway(request).metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,150 @@
+"""The gateway's typed configuration, read from the rendered ``gateway.yaml``.
+
+The toolkit renders it per stack from the stack's models, tenants and gateway settings; the gateway
+refuses anything else at start with the file, field and value.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from frontier_gateway.contracts import PRIORITY_CLASSES, READINESS_PATH, SESSION_HEADER
+
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolConfig(_Strict):
+    """One model and the runtimes that serve it."""
+
+    name: str = Field(min_length=1, max_length=512)
+    replicas: tuple[str, ...] = Field(min_length=1, description="Base URLs, e.g. http://10.0.1.7:8000.")
+
+    @field_validator("replicas")
+    @classmethod
+    def _urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            if not re.match(r"^https?://[A-Za-z0-9.:\[\]_-]+$", url):
+                raise ValueError(f"replica {url!r} must be a base URL like http://10.0.1.7:8000 (no path)")
+        if len(set(value)) != len(value):
+            raise ValueError("replicas must be unique")
+        return value
+
+
+class TenantConfig(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,62}$")
+    # Either the digests themselves (tests, files kept as secrets) or the Secrets Manager secret that
+    # holds them as {"sha256": ["<hex>", ...]}; never a key in clear.
+    key_sha256: tuple[str, ...] = ()
+    api_key_secret: str = ""
+    models: tuple[str, ...] = Field(min_length=1)
+    requests_per_minute: int = Field(ge=1, le=10_000_000)
+    tokens_per_minute: int = Field(ge=1, le=10_000_000_000)
+    max_concurrent_requests: int = Field(ge=1, le=1_000_000)
+    priority: Literal[PRIORITY_CLASSES]  # type: ignore[valid-type]
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _digests(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for digest in value:
+            if not SHA256_HEX.match(digest):
+                raise ValueError("each key_sha256 entry must be 64 lowercase hex digits")
+        return value
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> TenantConfig:
+        if bool(self.key_sha256) == bool(self.api_key_secret):
+            raise ValueError("give exactly one of key_sha256 and api_key_secret")
+        return self
+
+
+class AffinityConfig(_Strict):
+    # prefix: the hash of the prompt's first prefix_chars characters picks the replica, so turns of a
+    # conversation (same system prompt and history) land where their prefix is cached.
+    mode: Literal["off", "header", "prefix"] = "prefix"
+    header: str = Field(default=SESSION_HEADER, pattern=r"^[a-z0-9-]{1,64}$")
+    prefix_chars: int = Field(default=256, ge=16, le=65_536)
+    # Leave the affine replica when it holds this many more requests than the least loaded one.
+    max_imbalance: int = Field(default=8, ge=1, le=10_000)
+
+
+class ProbeConfig(_Strict):
+    path: str = Field(default=READINESS_PATH, pattern=r"^/[A-Za-z0-9_./-]*$")
+    interval_s: float = Field(default=1.0, gt=0, le=60)
+    timeout_s: float = Field(default=1.0, gt=0, le=60)
+
+
+class MeteringConfig(_Strict):
+    # A local file (JSON lines, appended) or s3://bucket/prefix (one object per flush).
+    uri: str = Field(min_length=1)
+    flush_s: float = Field(default=10.0, gt=0, le=3600)
+
+
+class GatewayConfig(_Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(default=8090, ge=0, le=65535)
+    models: tuple[PoolConfig, ...] = Field(min_length=1)
+    tenants: tuple[TenantConfig, ...] = Field(min_length=1)
+    # The key the gateway presents to the runtimes (their runtime.api_keys_secret); empty: none.
+    upstream_api_key_secret: str = ""
+    affinity: AffinityConfig = AffinityConfig()
+    probe: ProbeConfig = ProbeConfig()
+    metering: MeteringConfig
+    retries: int = Field(default=2, ge=0, le=10)
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, le=104_857_600)
+    connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    request_timeout_s: float = Field(default=600.0, gt=0, le=3600)
+    # Completion tokens counted against tokens/min up front when a request names no max_tokens.
+    default_max_tokens: int = Field(default=256, ge=1, le=1_048_576)
+
+    @model_validator(mode="after")
+    def _tenants_name_models(self) -> GatewayConfig:
+        served = [pool.name for pool in self.models]
+        if len(set(served)) != len(served):
+            raise ValueError(f"models must have unique names, got {served}")
+        for tenant in self.tenants:
+            unknown = [m for m in tenant.models if m not in served]
+            if unknown:
+                raise ValueError(
+                    f"tenant {tenant.name!r} names models {unknown} that no pool serves ({served})"
+                )
+        names = [tenant.name for tenant in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tenants must have unique names, got {names}")
+        return self
+
+
+class ConfigError(ValueError):
+    """A gateway.yaml the gateway refuses; the message names the file, field and value."""
+
+
+def parse_config(text: str, source: str = "gateway.yaml") -> GatewayConfig:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            path = ".".join(str(p) for p in err["loc"]) or "(root)"
+            value = err.get("input")
+            shown = "" if isinstance(value, dict) else f" = {value!r}"
+            lines.append(f"{source}: {path}{shown}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    path = Path(path)
+    return parse_config(path.read_text(), source=str(path))

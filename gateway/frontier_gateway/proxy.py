@@ -1,0 +1,311 @@
+"""Forwarding one admitted request to a replica of its model, streaming the answer back.
+
+A request moves to another replica only while nothing has been sent to the client: on a refused
+or broken connection, on a retryable status (429 queue full, 502, 503 draining, 504), or when a
+streaming replica dies before its first data event (the gateway holds the response headers back
+until that event arrives). Once a byte has gone out, a failure ends the stream with an error event.
+
+Every request ends in ``Call.finish`` exactly once: the tenant's tokens are settled with the
+runtime's usage, a metering record is written and the per-tenant metrics move.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+from starlette.responses import Response, StreamingResponse
+
+from frontier_gateway import contracts
+from frontier_gateway.errors import GatewayError
+from frontier_gateway.metering import MeterRecord, Sink
+from frontier_gateway.metrics import Metrics
+from frontier_gateway.pools import Pool, Replica
+from frontier_gateway.quotas import Grant
+from frontier_gateway.tenants import Tenant
+
+log = logging.getLogger("frontier_gateway.proxy")
+
+RETRYABLE = frozenset({429, 502, 503, 504})
+# Hop-by-hop and length headers are the gateway's own to set.
+DROPPED = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "date", "server"}
+)
+
+
+@dataclass
+class Call:
+    """One admitted request and what the gateway learns while answering it."""
+
+    request_id: str
+    tenant: Tenant
+    model: str
+    priority: str
+    path: str
+    body: bytes
+    stream: bool
+    client_wants_usage: bool
+    grant: Grant
+    affinity_key: str | None
+    headers: dict[str, str]  # sent to the client with the answer (rate limits, request id)
+    started: float = field(default_factory=time.monotonic)
+    ttft_s: float | None = None
+    finished: bool = False
+
+
+class Proxy:
+    def __init__(
+        self, client: httpx.AsyncClient, metrics: Metrics, sink: Sink, retries: int, upstream_auth: str | None
+    ) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.sink = sink
+        self.retries = retries
+        self.upstream_auth = upstream_auth
+
+    async def forward(self, call: Call, pool: Pool) -> Response:
+        tried: list[str] = []
+        last: Response | None = None
+        self.metrics.in_flight.labels(call.tenant.name).inc()
+        try:
+            for attempt in range(self.retries + 1):
+                replica = pool.choose(call.affinity_key, tried)
+                if replica is None:
+                    break
+                if attempt:
+                    self.metrics.retries.labels(call.model).inc()
+                tried.append(replica.url)
+                answer = await self._try(call, replica, final=attempt == self.retries)
+                if answer is None:
+                    continue  # nothing reached the client: the next replica gets it
+                if isinstance(answer, StreamingResponse):
+                    return answer  # the stream finishes the call when it ends
+                if answer.status_code in RETRYABLE and attempt < self.retries and pool.choose(None, tried):
+                    last = answer
+                    continue
+                self._finish(call, answer.status_code, _usage_of(answer.body), replica.url)
+                return answer
+        except BaseException:
+            self._finish(call, 500, None, "")
+            raise
+        if last is not None:
+            self._finish(call, last.status_code, None, tried[-1])
+            return last
+        self._finish(call, 503, None, tried[-1] if tried else "")
+        error = GatewayError(
+            503,
+            f"No ready replica of model {call.model!r} could take the request"
+            + (f" (tried {len(tried)})" if tried else "")
+            + "; retry shortly.",
+            code="no_replica",
+            type_="server_error",
+            headers={"Retry-After": "1"},
+        )
+        return error.response(call.headers)
+
+    async def _try(self, call: Call, replica: Replica, *, final: bool) -> Response | None:
+        """The answer of ``replica``, or None when it failed before anything could be sent."""
+        headers = {"content-type": "application/json", contracts.REQUEST_ID_HEADER: call.request_id}
+        if self.upstream_auth:
+            headers["authorization"] = f"Bearer {self.upstream_auth}"
+        request = self.client.build_request(
+            "POST", replica.url + call.path, content=call.body, headers=headers
+        )
+        replica.outstanding += 1
+        handed_over = False
+        try:
+            try:
+                upstream = await self.client.send(request, stream=True)
+            except httpx.TransportError as exc:
+                log.warning(
+                    "replica unreachable",
+                    extra={"event": "upstream_error", "replica": replica.url, "error": repr(exc)},
+                )
+                replica.mark_down()
+                return None
+            try:
+                if call.stream and upstream.status_code == 200:
+                    events = _events(upstream)
+                    held = await _until_first_data(events)
+                    if held is None:
+                        await upstream.aclose()
+                        replica.mark_down()
+                        return None
+                    call.ttft_s = time.monotonic() - call.started
+                    handed_over = True
+                    return StreamingResponse(
+                        self._relay(call, replica, upstream, held, events),
+                        status_code=200,
+                        headers=self._client_headers(call, upstream, replica),
+                        media_type="text/event-stream",
+                    )
+                content = await upstream.aread()
+            except httpx.TransportError as exc:
+                log.warning(
+                    "replica failed mid-answer",
+                    extra={"event": "upstream_error", "replica": replica.url, "error": repr(exc)},
+                )
+                replica.mark_down()
+                return None
+            finally:
+                if not handed_over:
+                    await upstream.aclose()
+            return Response(
+                content,
+                status_code=upstream.status_code,
+                headers=self._client_headers(call, upstream, replica),
+            )
+        finally:
+            if not handed_over:
+                replica.outstanding -= 1
+
+    def _client_headers(self, call: Call, upstream: httpx.Response, replica: Replica) -> dict[str, str]:
+        passed = {k: v for k, v in upstream.headers.items() if k.lower() not in DROPPED}
+        return {**passed, **call.headers, contracts.REPLICA_HEADER: replica.url}
+
+    async def _relay(
+        self,
+        call: Call,
+        replica: Replica,
+        upstream: httpx.Response,
+        held: list[bytes],
+        events: AsyncIterator[bytes],
+    ) -> AsyncIterator[bytes]:
+        usage: dict | None = None
+        status = 200
+        try:
+            for event in held:
+                usage = _event_usage(event) or usage
+                if _keep(event, call.client_wants_usage):
+                    yield event
+            async for event in events:
+                usage = _event_usage(event) or usage
+                if _keep(event, call.client_wants_usage):
+                    yield event
+        except httpx.TransportError as exc:
+            # Bytes already reached the client: the request cannot move; say so in the stream.
+            status = 502
+            replica.mark_down()
+            log.warning(
+                "replica failed mid-stream",
+                extra={"event": "upstream_error", "replica": replica.url, "error": repr(exc)},
+            )
+            error = {
+                "error": {
+                    "message": f"the replica serving this stream failed: {type(exc).__name__}",
+                    "type": "server_error",
+                    "code": "upstream_failed",
+                }
+            }
+            yield f"data: {json.dumps(error)}\n\n".encode()
+        except BaseException:
+            status = 499  # the client left
+            raise
+        finally:
+            replica.outstanding -= 1
+            await upstream.aclose()
+            self._finish(call, status, usage, replica.url)
+
+    def _finish(self, call: Call, status: int, usage: dict | None, replica: str) -> None:
+        if call.finished:
+            return
+        call.finished = True
+        prompt = int((usage or {}).get("prompt_tokens") or 0)
+        completion = int((usage or {}).get("completion_tokens") or 0)
+        call.grant.settle(prompt + completion if usage else None)
+        elapsed = time.monotonic() - call.started
+        tenant, model = call.tenant.name, call.model
+        m = self.metrics
+        m.in_flight.labels(tenant).dec()
+        m.requests.labels(tenant, model, str(status)).inc()
+        m.duration.labels(tenant, model).observe(elapsed)
+        if call.ttft_s is not None:
+            m.ttft.labels(tenant, model).observe(call.ttft_s)
+        if usage:
+            m.tokens.labels(tenant, model, "prompt").inc(prompt)
+            m.tokens.labels(tenant, model, "completion").inc(completion)
+        record = MeterRecord(
+            time=time.time(),
+            request_id=call.request_id,
+            tenant=tenant,
+            model=model,
+            priority=call.priority,
+            status=status,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            latency_ms=round(elapsed * 1000, 1),
+            ttft_ms=None if call.ttft_s is None else round(call.ttft_s * 1000, 1),
+            stream=call.stream,
+            replica=replica,
+        )
+        try:
+            self.sink.write(record)
+        except OSError:
+            log.exception(
+                "metering write failed", extra={"event": "metering_failed", "request_id": call.request_id}
+            )
+
+
+async def _events(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    """Server-sent events, each with its blank-line terminator."""
+    buffer = b""
+    async for chunk in upstream.aiter_raw():
+        buffer += chunk.replace(b"\r\n", b"\n")
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            yield event + b"\n\n"
+    if buffer.strip():
+        yield buffer
+
+
+async def _until_first_data(events: AsyncIterator[bytes]) -> list[bytes] | None:
+    """Events up to and including the first ``data:`` one; None when the stream broke before it."""
+    held: list[bytes] = []
+    try:
+        async for event in events:
+            held.append(event)
+            if event.startswith(b"data:"):
+                return held
+    except httpx.TransportError:
+        return None
+    return None
+
+
+def _event_json(event: bytes) -> dict | None:
+    if not event.startswith(b"data:"):
+        return None
+    payload = event[5:].strip()
+    if not payload.startswith(b"{"):
+        return None
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _event_usage(event: bytes) -> dict | None:
+    data = _event_json(event)
+    usage = data.get("usage") if data else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _keep(event: bytes, client_wants_usage: bool) -> bool:
+    """Drop the usage-only chunk the gateway asked for on the client's behalf."""
+    if client_wants_usage:
+        return True
+    data = _event_json(event)
+    return not (data is not None and data.get("usage") and not data.get("choices"))
+
+
+def _usage_of(body: bytes | memoryview) -> dict | None:
+    try:
+        data = json.loads(bytes(body))
+    except ValueError:
+        return None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    return usage if isinstance(usage, dict) else None
