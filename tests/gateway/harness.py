@@ -109,6 +109,7 @@ class _StandIn(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append((self.path, body, dict(self.headers)))
+        time.sleep(self.server.delay_s)
         if self.server.status != 200:
             self._json(
                 self.server.status, {"error": {"message": "busy", "type": "overloaded", "code": "queue_full"}}
@@ -174,6 +175,7 @@ class StandIn(ThreadingHTTPServer):
         self.prompt_tokens = prompt_tokens
         self.ready = True
         self.status = 200
+        self.delay_s = 0.0
         self.requests: list[tuple[str, dict, dict]] = []
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
         self._thread.start()

@@ -1,0 +1,1 @@
+"""The access layer, toolkit side: the gateway's config per stack, metering sums, batch jobs."""
