@@ -25,8 +25,31 @@ import pulumi_aws as aws
 from infra.identity import DEPLOY_SESSION_S, IdentityArgs, deploy_policy, runtime_policy, trust
 
 POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
-# EC2-only statements of the deploy policy: there are no target groups or ASGs to drive on Kubernetes.
-EC2_ONLY_DEPLOY_STATEMENTS = frozenset({"DrainAndEnableTargets", "SeeTheCluster", "SurgeItsNodeGroups"})
+# Of the hosts' runtime policy, what the runtime process itself uses: its weights, its API keys,
+# the key behind both, its logs and its metrics.
+POD_STATEMENTS = frozenset(
+    {
+        "ReadItsModelWeights",
+        "ListItsModelWeights",
+        "ReadItsApiKeys",
+        "DecryptWeightsAndSecret",
+        "WriteItsLogs",
+        "PutRuntimeMetrics",
+    }
+)
+# Of the EC2 deploy policy, what `fab` does on Kubernetes too: history and locks, weights and image
+# pushes (no target groups or auto scaling groups to drive).
+DEPLOY_STATEMENTS = frozenset(
+    {
+        "ReadWriteDeployHistoryAndLocks",
+        "ListDeployHistory",
+        "PushModelWeights",
+        "ListModelWeights",
+        "EncryptHistoryAndWeights",
+        "PushRuntimeImages",
+        "LogInToTheRegistry",
+    }
+)
 # Pod Identity trust: the agent assumes the role and tags the session with the pod's identity.
 POD_IDENTITY_ACTIONS = ["sts:AssumeRole", "sts:TagSession"]
 
@@ -43,15 +66,15 @@ class WorkloadIdentityArgs:
 
 
 def runtime_pod_policy(args: IdentityArgs) -> dict[str, Any]:
-    """The hosts' runtime policy less what the kubelet does for a pod (pulling the image)."""
+    """The hosts' runtime statements a pod needs: what a host does for itself (boot, image pulls,
+    lifecycle) is the node's or the kubelet's business on Kubernetes."""
     document = runtime_policy(args)
-    pulls = {"PullTheRuntimeImage", "LogInToTheRegistry", "RunTheSessionManagerAgent"}
-    return {**document, "Statement": [s for s in document["Statement"] if s["Sid"] not in pulls]}
+    return {**document, "Statement": [s for s in document["Statement"] if s["Sid"] in POD_STATEMENTS]}
 
 
 def kubernetes_deploy_policy(args: IdentityArgs, cluster_arn: str) -> dict[str, Any]:
     document = deploy_policy(args)
-    statements = [s for s in document["Statement"] if s["Sid"] not in EC2_ONLY_DEPLOY_STATEMENTS]
+    statements = [s for s in document["Statement"] if s["Sid"] in DEPLOY_STATEMENTS]
     statements.append(
         {"Sid": "SeeItsCluster", "Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": cluster_arn}
     )

@@ -17,6 +17,10 @@ def backend_for(settings: Settings) -> Backend:
             from frontier.backends.ec2 import Ec2Backend
 
             return Ec2Backend(settings)
+        case "kubernetes":
+            from frontier.backends.kubernetes import KubernetesBackend
+
+            return KubernetesBackend(settings)
     raise FrontierError(f"stack {settings.stack!r}: target {settings.target!r} has no backend")
 
 

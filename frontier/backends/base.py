@@ -15,11 +15,13 @@ from frontier.fleet.balancer import Balancer
 from frontier.fleet.host import HostSession
 from frontier.fleet.inventory import HostSpec
 from frontier.release.history import HistoryStore
+from frontier.release.release import Release
+from frontier.rollout.rolling import Reporter, RolloutResult
 
 
 class Backend(Protocol):
     settings: Settings
-    #: "local" or "ec2"; printed in tables and history, never branched on outside the factory.
+    #: "local", "ec2" or "kubernetes"; printed in tables and history, never branched on outside the factory.
     kind: str
     #: Buckets on this target are created by the toolkit (moto) rather than by Pulumi.
     creates_buckets: bool
@@ -36,8 +38,17 @@ class Backend(Protocol):
         """A connection plus the host agent, ready for one command's phases."""
         ...
 
-    def balancer(self) -> Balancer:
-        """What drains and enables hosts: HAProxy's runtime API or an ALB target group."""
+    def balancer(self) -> Balancer | None:
+        """What drains and enables hosts: HAProxy's runtime API or an ALB target group.
+
+        None where the platform takes pods out of its Service itself (Kubernetes).
+        """
+        ...
+
+    def roll(self, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
+        """Roll ``release`` over the fleet, restoring what it touched on failure; never raises for a
+        failed rollout (the result says so). Host backends run :class:`frontier.rollout.rolling.Rollout`.
+        """
         ...
 
     def aws_client(self, service: str) -> Any:

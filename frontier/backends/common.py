@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from frontier import aws
 from frontier.config.schema import Settings
+from frontier.fleet.balancer import Balancer
 from frontier.fleet.host import HostSession
 from frontier.fleet.inventory import HostSpec, ssh_connection
 from frontier.release.history import HistoryStore
+from frontier.release.release import Release
+from frontier.rollout.rolling import Reporter, Rollout, RolloutResult
+
+
+def roll_hosts(
+    settings: Settings,
+    store: HistoryStore,
+    hosts: list[HostSpec],
+    balancer: Balancer,
+    connect: Callable[[HostSpec], Any],
+    release: Release,
+    kind: str,
+    reporter: Reporter | None,
+) -> RolloutResult:
+    """The host rollout every host backend shares: the wheel (if any) from the history, then Rollout."""
+    wheel = store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
+    return Rollout(settings, hosts, balancer, connect, reporter).run(release, wheel, kind)
 
 
 class BackendBase:
@@ -26,6 +45,18 @@ class BackendBase:
 
     def session(self, host: HostSpec) -> HostSession:
         return HostSession(self.settings, host, self.connect(host))
+
+    def roll(self, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
+        balancer = self.balancer()  # type: ignore[attr-defined]
+        hosts = self.hosts()  # type: ignore[attr-defined]
+        store = self.history_store()  # type: ignore[attr-defined]
+        return roll_hosts(self.settings, store, hosts, balancer, self.connect, release, kind, reporter)
+
+    def _outputs_history(self) -> HistoryStore:
+        """The history bucket and prefix a cloud stack's Pulumi outputs name."""
+        outputs = aws.stack_outputs(self.settings)
+        prefix = str(outputs.get("history_prefix") or f"history/{self.settings.stack}/")
+        return self._history(aws.stack_output(self.settings, "history_bucket"), prefix)
 
     def _history(self, bucket: str, prefix: str) -> HistoryStore:
         return HistoryStore(self.aws_client("s3"), bucket, self.settings.stack, prefix)

@@ -30,9 +30,7 @@ class Ec2Backend(BackendBase):
         return AlbBalancer(self.aws_client("elbv2"), target_group, self.settings.runtime.port)
 
     def history_store(self) -> HistoryStore:
-        outputs = aws.stack_outputs(self.settings)
-        prefix = str(outputs.get("history_prefix") or f"history/{self.settings.stack}/")
-        return self._history(aws.stack_output(self.settings, "history_bucket"), prefix)
+        return self._outputs_history()
 
     def endpoint(self) -> str:
         return aws.stack_output(self.settings, "endpoint")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from frontier.backends import backend_for
+from frontier.backends.common import roll_hosts
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.fleet.balancer import Balancer
@@ -21,7 +21,7 @@ from frontier.fleet.inventory import HostSpec
 from frontier.release.history import HistoryStore, iso, now, operator
 from frontier.release.release import Release, build_release, check_release_id
 from frontier.render.files import check_digest
-from frontier.rollout.rolling import Reporter, Rollout, RolloutFailed, RolloutResult
+from frontier.rollout.rolling import Reporter, RolloutFailed, RolloutResult
 
 
 @dataclass
@@ -30,9 +30,11 @@ class Environment:
 
     settings: Settings
     store: HistoryStore
-    balancer: Balancer
+    balancer: Balancer | None
     hosts: list[HostSpec]
     connect: Callable[[HostSpec], Any]
+    #: How the target rolls a release (the backend's); None: the host rollout over the fields above.
+    roll: Callable[[Release, str, Reporter | None], RolloutResult] | None = None
 
     @classmethod
     def for_stack(cls, settings: Settings) -> Environment:
@@ -43,11 +45,16 @@ class Environment:
             balancer=backend.balancer(),
             hosts=backend.hosts(),
             connect=backend.connect,
+            roll=backend.roll,
         )
 
 
 def lock_ttl_s(settings: Settings, host_count: int) -> float:
-    """Long enough for a slow rollout of every host twice (there and back), never under an hour."""
+    """Long enough for a slow rollout of every host twice (there and back), never under an hour.
+
+    Where the platform places the replicas (no host list), the serving group's largest size counts.
+    """
+    host_count = host_count or settings.serving_group.max_size
     r = settings.rollout
     per_host = (
         r.deregistration_delay_s
@@ -128,15 +135,23 @@ def rollback(env: Environment, to: str | None = None, *, reporter: Reporter | No
     return _roll(env, rollback_target(env, to), "rollback", reporter)
 
 
-def _roll(env: Environment, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
-    wheel: Path | None = (
-        env.store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
+def _roll_hosts(env: Environment) -> Callable[[Release, str, Reporter | None], RolloutResult]:
+    if env.balancer is None:
+        raise FrontierError(f"stack {env.settings.stack!r}: no balancer to roll hosts behind")
+    balancer = env.balancer
+    return lambda release, kind, reporter: roll_hosts(
+        env.settings, env.store, env.hosts, balancer, env.connect, release, kind, reporter
     )
+
+
+def _roll(env: Environment, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
+    roll = env.roll or _roll_hosts(env)
+    if release.artifact.kind == "wheel":
+        env.store.fetch_artifact(release.artifact)  # a missing or corrupt wheel fails before the lock
     env.store.put_release(release)
     started = now()
     with env.store.locked(f"{kind} {release.id}", ttl_s=lock_ttl_s(env.settings, len(env.hosts))):
-        rollout = Rollout(env.settings, env.hosts, env.balancer, env.connect, reporter)
-        result = rollout.run(release, wheel, kind)
+        result = roll(release, kind, reporter)
         env.store.append(_record(env, release, result, started))
     if result.outcome != "succeeded":
         raise RolloutFailed(result)

@@ -162,7 +162,16 @@ def test_the_runtime_pods_assume_a_least_privilege_role_through_pod_identity(eks
 def test_the_deploy_role_reaches_history_and_only_its_namespace(eks):
     policy = _policy(eks.one("aws:iam/rolePolicy:RolePolicy", "eks-prod-k8s-deploy"))
     sids = {s["Sid"]: s for s in policy["Statement"]}
-    assert "DrainAndEnableTargets" not in sids and "SurgeItsNodeGroups" not in sids
+    assert set(sids) == {
+        "ReadWriteDeployHistoryAndLocks",
+        "ListDeployHistory",
+        "PushModelWeights",
+        "ListModelWeights",
+        "EncryptHistoryAndWeights",
+        "PushRuntimeImages",
+        "LogInToTheRegistry",
+        "SeeItsCluster",
+    }
     assert sids["SeeItsCluster"]["Resource"] == "arn:aws:eks:us-east-1:123456789012:cluster/frontier-eks-prod"
     assert sids["ReadWriteDeployHistoryAndLocks"]["Resource"].endswith("/history/eks-prod/*")
     deploy = eks.one("aws:iam/role:Role", "eks-prod-k8s-deploy")

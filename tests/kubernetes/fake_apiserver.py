@@ -1,0 +1,298 @@
+"""A small Kubernetes API server over a real socket, for the handful of endpoints the rollout uses.
+
+What is real: the ``kubernetes`` client library, its kubeconfig loading, its HTTP requests and
+error handling, over TCP to this server. What is mocked: the API server and the controllers
+behind it. This server keeps Deployments, ConfigMaps and Pods in memory and plays the Deployment
+controller in the simplest way: a changed pod template replaces that Deployment's pods at once,
+and the status reports them updated and available after ``settle_reads`` further reads. Each pod
+serves ``/metrics`` through the pod proxy path, counting requests as a runtime would; what an image
+does is chosen per digest (``behaviour``): ``good`` answers 200s, ``errors`` answers 500s,
+``stuck`` never becomes available and reports ``ProgressDeadlineExceeded``.
+
+Endpoints: GET/PATCH(json-patch)/DELETE ``/apis/apps/v1/namespaces/{ns}/deployments/{name}``,
+POST ``/apis/apps/v1/namespaces/{ns}/deployments``, POST ``/api/v1/namespaces/{ns}/configmaps``,
+GET ``/api/v1/namespaces/{ns}/pods?labelSelector=``, GET
+``/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics``. Anything else answers 404.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlparse
+
+from frontier import contracts
+
+DEPLOYMENT = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments(?:/([^/]+))?$")
+CONFIG_MAPS = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps$")
+PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
+PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+):(\d+)/proxy/metrics$")
+ROUTE = "/v1/chat/completions"
+REQUESTS_PER_SCRAPE = 100
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "reason": reason,
+        "message": message,
+        "code": code,
+    }
+
+
+def _pointer_set(document: dict, path: str, value: Any) -> None:
+    steps = [s.replace("~1", "/").replace("~0", "~") for s in path.lstrip("/").split("/")]
+    target = document
+    for step in steps[:-1]:
+        target = target[step]
+    target[steps[-1]] = value
+
+
+@dataclass
+class FakeCluster:
+    namespace: str
+    behaviour: Callable[[str], str] = lambda image: "good"
+    settle_reads: int = 1
+    deployments: dict[str, dict] = field(default_factory=dict)
+    config_maps: dict[str, dict] = field(default_factory=dict)
+    pods: dict[str, dict] = field(default_factory=dict)
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    scrapes: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _pending: dict[str, int] = field(default_factory=dict)
+
+    # --- the Deployment controller, simplified ------------------------------------------------------
+
+    def put_deployment(self, body: dict) -> dict:
+        name = body["metadata"]["name"]
+        live = copy.deepcopy(body)
+        live["metadata"].setdefault("generation", 0)
+        live["metadata"]["generation"] += 1
+        live["spec"].setdefault("replicas", 1)
+        live.setdefault("status", {})
+        self.deployments[name] = live
+        self._replace_pods(live)
+        self._pending[name] = self.settle_reads
+        live["status"] = {
+            "observedGeneration": live["metadata"]["generation"] - 1,
+            "replicas": live["spec"]["replicas"],
+        }
+        return live
+
+    def _image(self, deployment: dict) -> str:
+        return deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    def _replace_pods(self, deployment: dict) -> None:
+        name = deployment["metadata"]["name"]
+        for pod in [p for p, v in self.pods.items() if v["owner"] == name]:
+            del self.pods[pod]
+        template = deployment["spec"]["template"]
+        template_hash = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+        for i in range(deployment["spec"]["replicas"]):
+            pod = f"{name}-{template_hash}-{i}"
+            self.pods[pod] = {
+                "owner": name,
+                "image": self._image(deployment),
+                "metadata": {
+                    "name": pod,
+                    "namespace": self.namespace,
+                    "labels": dict(template["metadata"].get("labels") or {}),
+                    "annotations": dict(template["metadata"].get("annotations") or {}),
+                },
+            }
+
+    def read_deployment(self, name: str) -> dict | None:
+        live = self.deployments.get(name)
+        if live is None:
+            return None
+        behaviour = self.behaviour(self._image(live))
+        replicas = live["spec"]["replicas"]
+        if behaviour == "stuck":
+            live["status"] = {
+                "observedGeneration": live["metadata"]["generation"],
+                "replicas": replicas + 1,
+                "updatedReplicas": 1,
+                "availableReplicas": replicas - 1 if replicas > 1 else 0,
+                "conditions": [
+                    {
+                        "type": "Progressing",
+                        "status": "False",
+                        "reason": "ProgressDeadlineExceeded",
+                        "message": f'ReplicaSet "{name}" has timed out progressing.',
+                    }
+                ],
+            }
+        elif self._pending.get(name, 0) > 0:
+            self._pending[name] -= 1
+        else:
+            live["status"] = {
+                "observedGeneration": live["metadata"]["generation"],
+                "replicas": replicas,
+                "updatedReplicas": replicas,
+                "readyReplicas": replicas,
+                "availableReplicas": replicas,
+                "conditions": [
+                    {"type": "Available", "status": "True"},
+                    {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+                ],
+            }
+        return live
+
+    # --- a runtime's /metrics ---------------------------------------------------------------------
+
+    def metrics(self, pod: str) -> str:
+        count = self.scrapes.get(pod, 0) + 1
+        self.scrapes[pod] = count
+        errors = self.behaviour(self.pods[pod]["image"]) == "errors"
+        served = count * REQUESTS_PER_SCRAPE
+        failed = served // 4 if errors else 0
+        requests, duration = contracts.HTTP_REQUESTS_METRIC, contracts.HTTP_DURATION_METRIC
+        lines = [
+            f"# TYPE {requests} counter",
+            f'{requests}_total{{route="{ROUTE}",status="200"}} {served - failed}',
+            f'{requests}_total{{route="{ROUTE}",status="500"}} {failed}',
+            f'{requests}_total{{route="/health/ready",status="200"}} {count * 7}',
+            f"# TYPE {duration} histogram",
+        ]
+        for le in ("0.5", "1.0", "5.0", "+Inf"):
+            lines.append(f'{duration}_bucket{{route="{ROUTE}",le="{le}"}} {served}')
+        lines += [
+            f'{duration}_count{{route="{ROUTE}"}} {served}',
+            f'{duration}_sum{{route="{ROUTE}"}} {served * 0.2}',
+        ]
+        return "\n".join(lines) + "\n"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    cluster: FakeCluster
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length)) if length else None
+
+    def _handle(self, method: str) -> None:
+        url = urlparse(self.path)
+        url = url._replace(path=unquote(url.path))  # as the API server reads it (pod:port arrives as %3A)
+        cluster = self.cluster
+        with cluster.lock:
+            cluster.requests.append((method, url.path))
+            if match := DEPLOYMENT.match(url.path):
+                return self._deployment(method, match.group(2))
+            if (match := CONFIG_MAPS.match(url.path)) and method == "POST":
+                body = self._body()
+                name = body["metadata"]["name"]
+                if name in cluster.config_maps:
+                    return self._send(
+                        409, _status(409, "AlreadyExists", f'configmaps "{name}" already exists')
+                    )
+                cluster.config_maps[name] = body
+                return self._send(201, body)
+            if PODS.match(url.path) and method == "GET":
+                wanted = dict(
+                    pair.split("=", 1)
+                    for pair in parse_qs(url.query).get("labelSelector", [""])[0].split(",")
+                    if pair
+                )
+                items = [
+                    {"metadata": pod["metadata"]}
+                    for pod in cluster.pods.values()
+                    if all(pod["metadata"]["labels"].get(k) == v for k, v in wanted.items())
+                ]
+                return self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+            if (match := PROXY.match(url.path)) and method == "GET":
+                pod = match.group(2)
+                if pod not in cluster.pods:
+                    return self._send(404, _status(404, "NotFound", f'pods "{pod}" not found'))
+                return self._send(200, cluster.metrics(pod), "text/plain; version=0.0.4")
+            return self._send(404, _status(404, "NotFound", f"{method} {url.path}"))
+
+    def _deployment(self, method: str, name: str | None) -> None:
+        cluster = self.cluster
+        if method == "POST" and name is None:
+            body = self._body()
+            if body["metadata"]["name"] in cluster.deployments:
+                return self._send(409, _status(409, "AlreadyExists", "deployment exists"))
+            return self._send(201, cluster.put_deployment(body))
+        live = cluster.read_deployment(name) if name else None
+        if live is None:
+            return self._send(404, _status(404, "NotFound", f'deployments.apps "{name}" not found'))
+        if method == "GET":
+            return self._send(200, live)
+        if method == "DELETE":
+            del cluster.deployments[name]
+            for pod in [p for p, v in cluster.pods.items() if v["owner"] == name]:
+                del cluster.pods[pod]
+            return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+        if method == "PATCH":
+            if self.headers.get("Content-Type") != "application/json-patch+json":
+                return self._send(
+                    415, _status(415, "UnsupportedMediaType", self.headers.get("Content-Type", ""))
+                )
+            updated = copy.deepcopy(live)
+            for op in self._body():
+                if op["op"] not in ("replace", "add"):
+                    return self._send(422, _status(422, "Invalid", f"op {op['op']}"))
+                _pointer_set(updated, op["path"], op["value"])
+            return self._send(200, cluster.put_deployment(updated))
+        return self._send(405, _status(405, "MethodNotAllowed", method))
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._handle("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._handle("POST")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._handle("PATCH")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._handle("DELETE")
+
+
+class FakeApiServer:
+    def __init__(self, cluster: FakeCluster) -> None:
+        handler = type("Handler", (_Handler,), {"cluster": cluster})
+        self.cluster = cluster
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeApiServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def kubeconfig(self, context: str) -> str:
+        return json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+                "contexts": [{"name": context, "context": {"cluster": "fake", "user": "fake"}}],
+                "current-context": context,
+            }
+        )

@@ -1,0 +1,251 @@
+"""``deploy`` and ``rollback`` on the Kubernetes target, against the API the client library speaks.
+
+Real here: the ``kubernetes`` client (kubeconfig loading, requests, errors) over a TCP socket; the
+deploy path of :mod:`frontier.rollout.deploy` (release, lock, history record); the history bucket
+on moto's S3 (in process). Mocked: the Kubernetes API server and its Deployment controller, played
+by ``fake_apiserver`` (a small HTTP server with the endpoints the rollout uses; see its docstring
+for what it simulates); time, by a virtual clock, so gate windows and polls do not wait.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import boto3
+import pytest
+from fake_apiserver import FakeApiServer, FakeCluster
+from moto import mock_aws
+
+from frontier import contracts
+from frontier.backends import backend_for
+from frontier.backends.kubernetes import KubernetesBackend
+from frontier.config.schema import Settings
+from frontier.kubernetes import manifests as m
+from frontier.kubernetes.rollout import Clock
+from frontier.release.artifact import Artifact
+from frontier.release.history import HistoryStore, LockHeld
+from frontier.render.files import render_runtime_config
+from frontier.rollout.deploy import Environment, deploy, rollback
+from frontier.rollout.rolling import RolloutFailed
+
+GOOD_A = "sha256:" + "a" * 64
+GOOD_B = "sha256:" + "b" * 64
+ERRORS = "sha256:" + "e" * 64
+STUCK = "sha256:" + "5" * 64
+BUCKET = "frontier-eks-prod-history"
+REPLICAS = 3
+
+
+@dataclass
+class VirtualClock(Clock):
+    t: float = 0.0
+    slept: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.now = lambda: self.t
+        self.sleep = self._sleep
+
+    def _sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
+
+
+def behaviour(image: str) -> str:
+    digest = image.rpartition("@")[2]
+    return {ERRORS: "errors", STUCK: "stuck"}.get(digest, "good")
+
+
+@pytest.fixture
+def settings(eks_prod: Settings, tmp_path) -> Settings:
+    """eks-prod as an existing cluster reached through a kubeconfig file (written per test)."""
+    k = eks_prod.kubernetes
+    cluster = k.cluster.model_copy(
+        update={"mode": "existing", "kubeconfig": str(tmp_path / "kubeconfig"), "context": "fake"}
+    )
+    return eks_prod.model_copy(update={"kubernetes": k.model_copy(update={"cluster": cluster})})
+
+
+@pytest.fixture
+def cluster(settings: Settings) -> Iterator[FakeApiServer]:
+    fake = FakeCluster(namespace=settings.kubernetes.namespace, behaviour=behaviour)
+    with FakeApiServer(fake) as server:
+        Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
+        # What `pulumi up` left: the Deployment with the stack's first image, scaled by KEDA to 3.
+        first = m.deployment(settings, GOOD_A, render_runtime_config(settings), replicas=REPLICAS)
+        fake.put_deployment(first.to_dict())
+        fake.requests.clear()
+        yield server
+
+
+@pytest.fixture
+def s3(monkeypatch, tmp_path) -> Iterator[object]:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"history_bucket": BUCKET, "history_prefix": "history/eks-prod/"}))
+    monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(outputs))
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        store = HistoryStore(client, BUCKET, "eks-prod", "history/eks-prod/")
+        for digest in (GOOD_A, GOOD_B, ERRORS, STUCK):
+            store.put_artifact(Artifact(digest=digest, kind="image", image=f"repo@{digest}"), None)
+        yield client
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+def env(settings, cluster, s3, clock) -> Environment:
+    """As ``Environment.for_stack`` builds it, with the virtual clock handed to the backend."""
+    backend = KubernetesBackend(settings, clock=clock)
+    return Environment(
+        settings=settings,
+        store=backend.history_store(),
+        balancer=backend.balancer(),
+        hosts=backend.hosts(),
+        connect=backend.connect,
+        roll=backend.roll,
+    )
+
+
+def _stable(cluster: FakeApiServer, settings: Settings) -> dict:
+    return cluster.cluster.deployments[m.app_name(settings)]
+
+
+def _image(deployment: dict) -> str:
+    return deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def _writes(cluster: FakeApiServer) -> list[tuple[str, str]]:
+    return [(method, path.rsplit("/", 1)[-1]) for method, path in cluster.cluster.requests if method != "GET"]
+
+
+def test_the_factory_gives_kubernetes_stacks_the_kubernetes_backend(settings, cluster, s3):
+    backend = backend_for(settings)
+    assert isinstance(backend, KubernetesBackend) and backend.kind == "kubernetes"
+    assert backend.hosts() == [] and backend.balancer() is None
+    env = Environment.for_stack(settings)
+    assert env.roll is not None and env.store.bucket == BUCKET
+
+
+def test_deploy_goes_through_a_canary_and_the_gate_then_rolls_the_deployment(
+    env, cluster, settings, s3, clock
+):
+    events = []
+    result = deploy(env, GOOD_B, reporter=events.append)
+    assert result.outcome == "succeeded"
+    stable = _stable(cluster, settings)
+    assert _image(stable).endswith("@" + GOOD_B)
+    annotations = stable["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[contracts.K8S_RELEASE_ANNOTATION] == result.release
+    # The release's config as an immutable ConfigMap, named in the new template.
+    (config,) = cluster.cluster.config_maps.values()
+    assert config["immutable"] is True and config["data"]["runtime.yaml"] == render_runtime_config(settings)
+    assert stable["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == config["metadata"]["name"]
+    # canary created, gated, then the Deployment patched, gated, and the canary removed: in that order.
+    canary = m.canary_name(settings)
+    assert _writes(cluster) == [
+        ("POST", "configmaps"),
+        ("DELETE", canary),  # a leftover canary would be removed first (none here: 404)
+        ("POST", "deployments"),
+        ("PATCH", m.app_name(settings)),
+        ("DELETE", canary),
+    ]
+    assert canary not in cluster.cluster.deployments
+    gates = [e for e in events if e.phase == "gate" and e.status == "ok"]
+    assert [g.host for g in gates] == [f"deployment/{canary}", f"deployment/{m.app_name(settings)}"]
+    assert "requests, error rate 0.00%" in gates[0].detail
+    assert settings.rollout.gate.window_s in clock.slept  # the gate waited its window (virtually)
+    (record,) = HistoryStore(s3, BUCKET, "eks-prod", "history/eks-prod/").records()
+    assert (record["kind"], record["outcome"], record["digest"]) == ("deploy", "succeeded", GOOD_B)
+    assert [h["name"] for h in record["hosts"]] == [
+        f"deployment/{canary}",
+        f"deployment/{m.app_name(settings)}",
+    ]
+    assert [h["outcome"] for h in record["hosts"]] == ["updated", "updated"]
+
+
+def test_a_canary_that_fails_the_gate_is_removed_and_the_deployment_never_changes(env, cluster, settings, s3):
+    before = json.dumps(_stable(cluster, settings)["spec"]["template"], sort_keys=True)
+    with pytest.raises(RolloutFailed) as err:
+        deploy(env, ERRORS)
+    result = err.value.result
+    assert result.outcome == "rolled_back"
+    assert "gate on pod" in result.reason and "rollout.gate.max_error_rate" in result.reason
+    assert json.dumps(_stable(cluster, settings)["spec"]["template"], sort_keys=True) == before
+    assert ("PATCH", m.app_name(settings)) not in _writes(cluster)
+    assert m.canary_name(settings) not in cluster.cluster.deployments
+    (record,) = HistoryStore(s3, BUCKET, "eks-prod", "history/eks-prod/").records()
+    assert record["outcome"] == "rolled_back" and "gate on pod" in record["reason"]
+
+
+def _without_canary(settings: Settings) -> Settings:
+    return settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"canary_hosts": 0})})
+
+
+def test_a_gate_failure_after_the_roll_puts_the_previous_revision_back(settings, cluster, s3, clock):
+    settings = _without_canary(settings)
+    backend = KubernetesBackend(settings, clock=clock)
+    env = Environment(settings, backend.history_store(), None, [], backend.connect, roll=backend.roll)
+    before = _stable(cluster, settings)["spec"]["template"]
+    with pytest.raises(RolloutFailed) as err:
+        deploy(env, ERRORS)
+    result = err.value.result
+    assert result.outcome == "rolled_back" and "gate on pod" in result.reason
+    stable = _stable(cluster, settings)
+    assert stable["spec"]["template"] == before and _image(stable).endswith("@" + GOOD_A)
+    patches = [w for w in _writes(cluster) if w[0] == "PATCH"]
+    assert len(patches) == 2  # the release, then the previous template back
+    assert result.hosts[1].outcome == "restored"
+
+
+def test_a_progress_deadline_rolls_back(settings, cluster, s3, clock):
+    settings = _without_canary(settings)
+    backend = KubernetesBackend(settings, clock=clock)
+    env = Environment(settings, backend.history_store(), None, [], backend.connect, roll=backend.roll)
+    with pytest.raises(RolloutFailed) as err:
+        deploy(env, STUCK)
+    result = err.value.result
+    assert result.outcome == "rolled_back"
+    assert "progress deadline exceeded" in result.reason
+    assert _image(_stable(cluster, settings)).endswith("@" + GOOD_A)
+
+
+def test_a_deploy_is_refused_while_another_holds_the_lock(env, cluster, settings, s3):
+    env.store.acquire("deploy r-000000000000", holder="ci@elsewhere")
+    with pytest.raises(LockHeld, match="locked by another deploy: ci@elsewhere"):
+        deploy(env, GOOD_B)
+    assert _writes(cluster) == []  # nothing touched the cluster
+    assert _image(_stable(cluster, settings)).endswith("@" + GOOD_A)
+    assert HistoryStore(s3, BUCKET, "eks-prod", "history/eks-prod/").records() == []
+
+
+def test_rollback_returns_to_the_previous_good_release_by_the_same_path(env, cluster, settings, s3):
+    first = deploy(env, GOOD_A)  # records the release pulumi started with
+    assert first.outcome == "succeeded"
+    second = deploy(env, GOOD_B)
+    assert _image(_stable(cluster, settings)).endswith("@" + GOOD_B)
+    back = rollback(env)
+    assert back.outcome == "succeeded" and back.release == first.release != second.release
+    assert _image(_stable(cluster, settings)).endswith("@" + GOOD_A)
+    kinds = [r["kind"] for r in HistoryStore(s3, BUCKET, "eks-prod", "history/eks-prod/").records()]
+    assert kinds == ["deploy", "deploy", "rollback"]
+
+
+def test_deploying_the_release_that_runs_changes_nothing(env, cluster, settings):
+    deploy(env, GOOD_B)
+    cluster.cluster.requests.clear()
+    result = deploy(env, GOOD_B)
+    assert [h.outcome for h in result.hosts] == ["skipped", "skipped"]
+    assert _writes(cluster) == []
+
+
+def test_a_missing_deployment_says_to_provision_first(env, cluster, settings):
+    cluster.cluster.deployments.clear()
+    with pytest.raises(RolloutFailed, match="does not exist: provision the stack first"):
+        deploy(env, GOOD_B)
