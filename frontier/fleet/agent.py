@@ -17,12 +17,19 @@ start-up, 4: not ready in time)::
     prune KEEP               keep the KEEP most recent releases (never current or previous)
     supervise                (run by ``start``) keep the current release's runtime up: see :class:`Supervisor`
 
-Self-healing: where systemd runs, the release's unit restarts a runtime that dies
-(``Restart=on-failure``). Elsewhere (the local stack's host slots, any host without systemd) the
-process launcher is a supervisor: ``start`` runs this file again as ``supervise``, detached, and
-that process launches the runtime as its child, restarts it when it dies or when liveness fails
-``liveness_failures`` times in a row, and counts the restarts; ``stop`` stops the supervisor, which
-stops the runtime.
+Self-healing (the choice, in short): the supervisor is this file run as ``supervise``.
+
+* Without systemd (the local stack's host slots, any plain host), ``start`` runs it detached; it
+  launches the runtime as its child and restarts it when it exits or when liveness fails
+  ``liveness_failures`` times in a row (:class:`Supervisor`); ``stop`` stops the supervisor, which
+  stops the runtime.
+* With systemd (EC2), the release's unit restarts a runtime that exits (``Restart=on-failure``), and
+  ``start`` installs and runs ``frontier-agent.service``, a liveness watchdog that restarts the unit
+  when liveness fails that many times (:class:`Watchdog`).
+
+Either way the restarts are counted in ``run/supervisor.json`` (``status`` reports them) and each
+one is a line in ``logs/agent.jsonl``. The interval, probe timeout and failure count are the stack's
+health settings (``health.interval_s``, ``health.timeout_s``, ``health.unhealthy_threshold``).
 
 The host layout follows releases/current::
 
@@ -30,6 +37,7 @@ The host layout follows releases/current::
     <root>/current, previous  symlinks to releases/<id>, swapped atomically (temp symlink + rename)
     <root>/releases.json      the release order, most recent first (staged or activated): prune reads
                               it, never file times; written atomically
+    <root>/bin/               this file and its configuration (the systemd watchdog runs these)
     <root>/run/               runtime.pid, runtime.release, supervisor.pid, supervisor.json (restarts)
     <root>/logs/runtime.log   the runtime's (and the supervisor's) output (the process launcher only)
     <root>/logs/agent.jsonl   the supervisor's history: start, restart (why), recovered (after how long), stop
@@ -61,6 +69,9 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_NAME = "frontier-agent.json"
+AGENT_FILE_NAME = "frontier-agent.py"
+# On systemd hosts the supervisor runs as this unit (a liveness watchdog of the runtime's unit).
+WATCHDOG_UNIT = "frontier-agent"
 # Where systemd announces itself and keeps local units (overridable to test the agent without it).
 SYSTEMD_RUN_DIR_ENV = "FRONTIER_SYSTEMD_RUN_DIR"
 UNIT_DIR_ENV = "FRONTIER_UNIT_DIR"
@@ -109,6 +120,8 @@ class AgentConfig:
     liveness_interval_s: float
     liveness_timeout_s: float
     liveness_failures: int
+    # The watchdog's systemd unit (rendered from templates/frontier-agent.service.j2).
+    watchdog_unit: str
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AgentConfig:
@@ -497,8 +510,11 @@ class Agent:
             unit_file = self.unit_dir / f"{self.unit}.service"
             shutil.copyfile(release / f"{self.unit}.service", unit_file)
             os.chmod(unit_file, 0o644)
+            watchdog_changed = self._install_watchdog()
             self._systemctl("daemon-reload")
             self._systemctl("restart", self.unit)
+            self._systemctl("enable", f"{WATCHDOG_UNIT}.service")
+            self._systemctl("restart" if watchdog_changed else "start", f"{WATCHDOG_UNIT}.service")
             _atomic_write(self.release_file, release.name + "\n")
             return {"started": release.name, "pid": None, "launcher": "systemd"}
         running = self.running_pid() or self.supervisor_pid()
@@ -507,6 +523,29 @@ class Agent:
         supervisor = self._start_supervisor()
         pid = self._wait_launched(supervisor)
         return {"started": release.name, "pid": pid, "supervisor": supervisor.pid, "launcher": "process"}
+
+    def _install_watchdog(self) -> bool:
+        """The agent, its configuration and the watchdog unit under <root>/bin; True when any changed.
+
+        The agent may run from an upload folder (``/tmp`` for a non-root SSH user): the watchdog
+        runs from a copy under the root, which outlives that folder.
+        """
+        bin_dir = self.root / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        wanted = {
+            bin_dir / AGENT_FILE_NAME: Path(os.path.abspath(__file__)).read_bytes(),
+            bin_dir / CONFIG_NAME: self.config.to_json().encode(),
+            self.unit_dir / f"{WATCHDOG_UNIT}.service": self.config.watchdog_unit.encode(),
+        }
+        changed = False
+        for path, data in wanted.items():
+            if not path.exists() or path.read_bytes() != data:
+                tmp = path.with_name(f".{path.name}.tmp")
+                tmp.write_bytes(data)
+                os.chmod(tmp, 0o755 if path.suffix == ".py" else 0o644)
+                os.replace(tmp, path)
+                changed = True
+        return changed
 
     def _start_supervisor(self) -> subprocess.Popen:
         if not self.config_path:
@@ -600,6 +639,8 @@ class Agent:
         return {"stopped": True, "pid": pid, "outcome": outcome}
 
     def supervise(self) -> dict[str, Any]:
+        if self.systemd():
+            return Watchdog(self).run()
         return Supervisor(self, self.current_release("supervise")).run()
 
     def wait_ready(self, timeout: float) -> dict[str, Any]:
@@ -719,6 +760,12 @@ class Supervisor:
         while not self.stopping and time.monotonic() < deadline:
             time.sleep(min(SUPERVISOR_TICK_S, max(0.0, deadline - time.monotonic())))
 
+    def _still_in_charge(self) -> bool:
+        try:
+            return int(self.agent.supervisor_pid_file.read_text().split()[0]) == os.getpid()
+        except (OSError, ValueError, IndexError):
+            return False
+
     def run(self) -> dict[str, Any]:
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
@@ -732,6 +779,11 @@ class Supervisor:
         down_since: float | None = None
         next_probe = time.monotonic()
         while not self.stopping:
+            if not self._still_in_charge():
+                # The host's record names no supervisor or another one (its root was cleared or
+                # removed): this one is an orphan, and an orphan must not keep a runtime alive.
+                self.stopping = True
+                break
             status = child.poll()
             reason = ""
             if status is not None:
@@ -783,8 +835,9 @@ class Supervisor:
 
     def _stopped(self, child: subprocess.Popen, outcome: str) -> dict[str, Any]:
         self.state.update(state="stopped", stop_outcome=outcome)
-        self._save()
-        self._event("stop", pid=child.pid, outcome=outcome, restarts=self.state["restarts"])
+        with contextlib.suppress(OSError):  # an orphan's root may be gone
+            self._save()
+            self._event("stop", pid=child.pid, outcome=outcome, restarts=self.state["restarts"])
         return {"supervised": False, "stop_outcome": outcome, "restarts": self.state["restarts"]}
 
     def _restart(self, child: subprocess.Popen, reason: str, dying_young: int) -> subprocess.Popen | None:
@@ -809,6 +862,92 @@ class Supervisor:
             restarts=self.state["restarts"],
         )
         return fresh
+
+
+class Watchdog:
+    """The supervisor where systemd runs (``frontier-agent.service``, installed by ``start``).
+
+    systemd already restarts a runtime that exits (``Restart=on-failure`` in the release's unit).
+    The watchdog covers a runtime that still runs but no longer answers: while the runtime's unit
+    is active and has answered ready, it probes liveness every ``liveness_interval_s`` and, after
+    ``liveness_failures`` failures in a row, runs ``systemctl restart`` on the unit. A stopped unit
+    (a rollout's stop phase) is left alone. Restarts are counted and logged as the process
+    supervisor's are (``run/supervisor.json``, ``logs/agent.jsonl``); stopping the watchdog never
+    stops the runtime.
+    """
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.config = agent.config
+        self.stopping = False
+        self.state: dict[str, Any] = {
+            "pid": os.getpid(),
+            "restarts": 0,
+            "last_restart": None,
+            "state": "watching",
+        }
+
+    def _on_stop(self, *_args: object) -> None:
+        self.stopping = True
+
+    def _pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(SUPERVISOR_TICK_S, max(0.0, deadline - time.monotonic())))
+
+    def _event(self, event: str, **details: Any) -> None:
+        line = {
+            "at": _now(),
+            "host": self.config.host,
+            "event": event,
+            "release": self.agent.link("current"),
+            **details,
+        }
+        with self.agent.history_file.open("a") as out:
+            out.write(json.dumps(line, sort_keys=True) + "\n")
+
+    def _save(self) -> None:
+        _atomic_write(self.agent.supervisor_state_file, json.dumps(self.state, sort_keys=True) + "\n")
+
+    def run(self) -> dict[str, Any]:
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        self.agent.run_dir.mkdir(parents=True, exist_ok=True)
+        self.agent.history_file.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.agent.supervisor_pid_file, f"{os.getpid()}\n")
+        self._save()
+        up, failures = False, 0
+        down_since: float | None = None
+        while not self.stopping:
+            if not self.agent.is_running():
+                up, failures = False, 0
+                self._pause(self.config.liveness_interval_s)
+                continue
+            if not up:
+                if self.agent.http_status(self.config.readiness_path, self.config.liveness_timeout_s) == 200:
+                    up = True
+                    if down_since is not None:
+                        self._event("recovered", after_s=round(time.monotonic() - down_since, 3))
+                        down_since = None
+                self._pause(READY_PROBE_S)
+                continue
+            if self.agent.http_status(self.config.liveness_path, self.config.liveness_timeout_s) == 200:
+                failures = 0
+            else:
+                failures += 1
+                if failures >= self.config.liveness_failures:
+                    reason = f"liveness failed {failures} times in a row"
+                    down_since = time.monotonic()
+                    self.agent._systemctl("restart", self.agent.unit, check=False)
+                    self.state["restarts"] += 1
+                    self.state["last_restart"] = {"at": _now(), "reason": reason}
+                    self._save()
+                    self._event(
+                        "restart", reason=reason, unit=self.agent.unit, restarts=self.state["restarts"]
+                    )
+                    up, failures = False, 0
+            self._pause(self.config.liveness_interval_s)
+        return {"supervised": False, "restarts": self.state["restarts"]}
 
 
 # --- the command line -----------------------------------------------------------------------------

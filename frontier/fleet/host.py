@@ -35,7 +35,7 @@ from frontier.fleet.inventory import HostSpec
 from frontier.release.release import MANIFEST, Release
 from frontier.render.files import render_agent_config
 
-AGENT_NAME = "frontier-agent.py"
+AGENT_NAME = agent.AGENT_FILE_NAME
 # The agent ships as its own source file: what is tested here is byte for byte what hosts run.
 AGENT_SOURCE = Path(agent.__file__)
 

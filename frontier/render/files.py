@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from frontier_runtime.config import ConfigError, parse_config
 
 from frontier import contracts, project
 from frontier.capacity.memory import kv_bytes_per_token, kv_cache_dtype_bytes
+from frontier.config.hardware import has_nvswitch, instance_store
 from frontier.config.schema import NodeGroup, Settings
 from frontier.contracts import (
     CACHE_DEVICE_NAME,
@@ -36,7 +38,7 @@ from frontier.contracts import (
     UNIT_NAME,
 )
 from frontier.errors import FrontierError
-from frontier.fleet.agent import AgentConfig
+from frontier.fleet.agent import AGENT_FILE_NAME, CONFIG_NAME, SUPERVISE_COMMAND, AgentConfig
 
 TEMPLATES_DIR = project.templates_dir()
 
@@ -212,6 +214,19 @@ def render_agent_config(settings: Settings, *, host: str, root: str, python: str
         liveness_interval_s=float(settings.health.interval_s),
         liveness_timeout_s=float(settings.health.timeout_s),
         liveness_failures=settings.health.unhealthy_threshold,
+        watchdog_unit=_render(
+            "frontier-agent.service.j2",
+            stack=settings.stack,
+            runtime_unit=UNIT_NAME,
+            python=python,
+            root=root.rstrip("/") or "/",
+            agent_file=AGENT_FILE_NAME,
+            config_file=CONFIG_NAME,
+            command=SUPERVISE_COMMAND,
+            liveness_path=settings.health.liveness_path,
+            interval_s=settings.health.interval_s,
+            failures=settings.health.unhealthy_threshold,
+        ),
     )
     return config.to_json()
 
@@ -232,36 +247,122 @@ def _group(settings: Settings, group: NodeGroup | str | None) -> NodeGroup:
 
 
 def render_driver_script(settings: Settings, group: NodeGroup | str | None = None) -> str:
-    """The NVIDIA driver + container toolkit install script; idempotent, ends in a status line."""
+    """The NVIDIA driver check (or install, on plain Ubuntu); idempotent, ends in a status line."""
     node_group = _group(settings, group)
     return _render(
         "install-nvidia.sh.j2",
         stack=settings.stack,
         group=node_group.name,
+        instance_type=node_group.instance_type,
+        nvswitch=has_nvswitch(node_group.instance_type),
         expected_gpus=node_group.gpus_per_node,
         driver_branch=settings.drivers.driver_branch,
         toolkit_version=settings.drivers.container_toolkit_version,
     )
 
 
-def render_cloud_init(settings: Settings, group: NodeGroup | str) -> str:
-    """Cloud-init user data for one node group. No secrets: hosts fetch them by id at runtime."""
+def render_mount_cache(settings: Settings, group: NodeGroup | str) -> str:
+    """The model-cache mount: instance-store NVMe in RAID 0 where the stack asks for it, else gp3."""
     node_group = _group(settings, group)
-    driver_script = render_driver_script(settings, node_group)
+    disks, disk_gb = instance_store(node_group.instance_type)
+    return _render(
+        "mount-cache.sh.j2",
+        stack=settings.stack,
+        group=node_group.name,
+        instance_type=node_group.instance_type,
+        instance_store=node_group.model_cache == "instance_store" and disks > 0,
+        disks=disks,
+        disk_gb=disk_gb,
+        cache_mount=CACHE_MOUNT,
+        cache_device_name=CACHE_DEVICE_NAME,
+        cache_volume_gb=node_group.cache_volume_gb,
+        cache_volume_bytes=node_group.cache_volume_gb * 1024**3,
+        weights_cache=CLOUD_WEIGHTS_CACHE,
+    )
+
+
+@dataclass(frozen=True)
+class ShippedLog:
+    path: str
+    group: str
+    stream: str
+
+
+def shipped_logs(settings: Settings) -> list[ShippedLog]:
+    """The host files the CloudWatch agent ships, and the log group (``/frontier/<stack>/...``) of each."""
+    root = f"/frontier/{settings.stack}"
+    return [
+        ShippedLog("/var/lib/docker/containers/*/*-json.log", f"{root}/runtime", "runtime"),
+        ShippedLog(f"{HOST_ROOT}/logs/agent.jsonl", f"{root}/runtime", "agent"),
+        ShippedLog("/var/log/frontier-bootstrap.log", f"{root}/cloud-init", "bootstrap"),
+        ShippedLog("/var/log/cloud-init-output.log", f"{root}/cloud-init", "cloud-init"),
+    ]
+
+
+def render_cloudwatch_agent(settings: Settings) -> str:
+    """The CloudWatch agent's configuration: logs only (metrics come from the bootstrap's publisher)."""
+    text = _render("cloudwatch-agent.json.j2", logs=shipped_logs(settings))
+    json.loads(text)  # a template typo fails here, not on a host
+    return text
+
+
+def node_env(settings: Settings, group: NodeGroup, *, history_bucket: str, history_prefix: str) -> list[tuple[str, str]]:
+    """``/etc/frontier/node.env``: what the host bootstrap (frontier/fleet/bootstrap.py) reads."""
+    return [
+        ("FRONTIER_STACK", settings.stack),
+        ("FRONTIER_NODE_GROUP", group.name),
+        ("FRONTIER_ACCELERATOR", group.accelerator),
+        ("FRONTIER_GPUS_PER_NODE", str(group.gpus_per_node)),
+        ("AWS_REGION", settings.region),
+        ("FRONTIER_ROOT", HOST_ROOT),
+        ("FRONTIER_HISTORY_BUCKET", history_bucket),
+        ("FRONTIER_HISTORY_PREFIX", history_prefix),
+        ("FRONTIER_LAUNCH_HOOK", contracts.LAUNCH_HOOK),
+        ("FRONTIER_TERMINATE_HOOK", contracts.TERMINATE_HOOK),
+        ("FRONTIER_READINESS_TIMEOUT_S", str(math.ceil(settings.rollout.readiness_timeout_s))),
+        ("FRONTIER_METRICS_URL", f"http://127.0.0.1:{settings.runtime.port}{contracts.METRICS_PATH}"),
+        ("FRONTIER_METRIC_NAMESPACE", contracts.CLOUDWATCH_NAMESPACE),
+        ("FRONTIER_QUEUE_METRIC", contracts.QUEUE_DEPTH_METRIC),
+        ("FRONTIER_RUNNING_METRIC", contracts.RUNNING_REQUESTS_METRIC),
+        ("FRONTIER_LATENCY_METRIC", contracts.E2E_LATENCY_CW_METRIC),
+        ("FRONTIER_WAITING_SERIES", contracts.WAITING_METRIC),
+        ("FRONTIER_RUNNING_SERIES", contracts.RUNNING_METRIC),
+        ("FRONTIER_E2E_SERIES", contracts.E2E_LATENCY_METRIC),
+    ]
+
+
+# Placeholders `fab render` shows where only `pulumi up` knows the value (the account id).
+HISTORY_BUCKET_PLACEHOLDER = "<history bucket>"
+PUBLISH_INTERVAL_S = 60
+
+
+def render_cloud_init(
+    settings: Settings,
+    group: NodeGroup | str,
+    *,
+    history_bucket: str = HISTORY_BUCKET_PLACEHOLDER,
+    history_prefix: str = "",
+    launch_timeout_s: int = 3600,
+) -> str:
+    """Cloud-init user data for one node group: thin, it fetches the host tools and bootstraps.
+
+    No secrets: hosts fetch them by id at runtime. The tools live under the history prefix's
+    ``host/`` (uploaded by ``pulumi up``), beside the releases the host bootstraps from.
+    """
+    node_group = _group(settings, group)
+    prefix = history_prefix or f"history/{settings.stack}/"
     registry = settings.runtime.image_repository.split("/", 1)[0]
     return _render(
         "cloud-init.yaml.j2",
         stack=settings.stack,
         group=node_group,
-        region=settings.region,
-        cache_mount=CACHE_MOUNT,
-        cache_device_name=CACHE_DEVICE_NAME,
-        cache_volume_bytes=node_group.cache_volume_gb * 1024**3,
+        node_env=node_env(settings, node_group, history_bucket=history_bucket, history_prefix=prefix),
+        tools_uri=f"s3://{history_bucket}/{prefix}{contracts.HOST_TOOLS_PREFIX}{node_group.name}/",
         host_root=HOST_ROOT,
-        weights_cache=CLOUD_WEIGHTS_CACHE,
         gpu=node_group.accelerator == "gpu",
         ecr_registry=registry if ".dkr.ecr." in registry else None,
-        driver_script=driver_script,
+        publish_interval_s=PUBLISH_INTERVAL_S,
+        launch_timeout_s=launch_timeout_s,
     )
 
 
@@ -339,6 +440,7 @@ def render_stack(settings: Settings, digest: str) -> dict[str, str]:
         files[f"release/{name}"] = text
     for group in settings.node_groups:
         files[f"cloud-init/{group.name}.yaml"] = render_cloud_init(settings, group)
+        files[f"host/{group.name}/mount-cache.sh"] = render_mount_cache(settings, group)
         if group.accelerator == "gpu":
             files[f"drivers/{group.name}/install-nvidia.sh"] = render_driver_script(settings, group)
     if settings.inventory.source == "static" and settings.inventory.hosts:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from frontier.config.load import load_stack
-from frontier.fleet.host import HostError, HostSession
+from frontier.fleet.host import AGENT_SOURCE, HostError, HostSession
 from frontier.fleet.inventory import HostSpec, LocalConnection
 from frontier.release.artifact import Artifact
 from frontier.release.release import Release
@@ -107,9 +107,28 @@ def test_on_a_systemd_host_the_release_unit_is_installed_and_restarted(session, 
     session.stage(r, None)
 
     session.activate_and_start(r.id)
+    session.activate_and_start(r.id)  # again: the watchdog, unchanged, is only asked to run
     session.stop()
 
     assert (tmp_path / "units" / "frontier-runtime.service").read_text() == "[Unit]\n"
+    # The liveness watchdog runs from a copy of the agent under the root, whatever the upload folder.
+    watchdog = (tmp_path / "units" / "frontier-agent.service").read_text()
+    root = Path(session.root)
+    assert (
+        f"ExecStart={session.host.python} {root}/bin/frontier-agent.py --config {root}/bin/frontier-agent.json supervise"
+        in watchdog
+    )
+    assert (root / "bin" / "frontier-agent.py").read_bytes() == AGENT_SOURCE.read_bytes()
     changes = [c for c in calls.read_text().splitlines() if not c.startswith("is-active")]
-    assert changes == ["daemon-reload", "restart frontier-runtime", "stop frontier-runtime"]
+    assert changes == [
+        "daemon-reload",
+        "restart frontier-runtime",
+        "enable frontier-agent.service",
+        "restart frontier-agent.service",
+        "daemon-reload",
+        "restart frontier-runtime",
+        "enable frontier-agent.service",
+        "start frontier-agent.service",
+        "stop frontier-runtime",
+    ]
     assert session.facts().systemd is True

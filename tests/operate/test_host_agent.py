@@ -362,6 +362,91 @@ def test_stopping_the_supervisor_stops_the_runtime_and_restarts_nothing(host, co
     assert history(host)[-1] == {**history(host)[-1], "event": "stop", "restarts": 0, "outcome": "terminated"}
 
 
+def test_a_supervisor_whose_record_is_gone_stops_its_runtime_and_exits(host, config):
+    """An orphan (its root cleared or removed under it) must not keep a runtime alive for ever."""
+    r = staged(host, release(config, 1))
+    host.activate(r.id)
+    started = host.start()
+    host.wait_ready(30)
+    host.supervisor_pid_file.unlink()
+    wait_for(lambda: not services.pid_alive(started["supervisor"]), timeout=10)
+    assert not services.pid_alive(started["pid"])
+    assert history(host)[-1]["event"] == "stop" and history(host)[-1]["outcome"] == "terminated"
+
+
+def test_on_a_systemd_host_the_watchdog_restarts_a_unit_that_fails_liveness(tmp_path, config):
+    """systemd cannot run here: systemctl is a stand-in that records its calls, answers is-active
+    from a file, and 'restarts' the runtime by ending its hang. The runtime (the container the unit
+    would run) is the stand-in process, started here."""
+    calls, hang, active = tmp_path / "calls", tmp_path / "hang", tmp_path / "active"
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "systemctl").write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        f'case "$1" in\n  is-active) test -f {active}; exit $? ;;\n  restart) rm -f {hang} ;;\nesac\nexit 0\n'
+    )
+    (shims / "systemctl").chmod(0o755)
+    (tmp_path / "run-systemd").mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{shims}:{os.environ['PATH']}",
+        agent.SYSTEMD_RUN_DIR_ENV: str(tmp_path / "run-systemd"),
+        agent.UNIT_DIR_ENV: str(tmp_path / "units"),
+    }
+    config = dataclasses.replace(config, liveness_interval_s=0.2, liveness_failures=2)
+    cfg = write_config(config, tmp_path / "agent.json")
+    runtime_yaml = tmp_path / "runtime.yaml"
+    runtime_yaml.write_text(
+        json.dumps(
+            {
+                "readiness_path": config.readiness_path,
+                "liveness_path": config.liveness_path,
+                "hang_file": str(hang),
+            }
+        )
+    )
+    runtime = subprocess.Popen(
+        [
+            sys.executable,
+            str(STANDIN),
+            "serve",
+            "--config",
+            str(runtime_yaml),
+            "--host",
+            config.address,
+            "--port",
+            str(config.port),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    watchdog = subprocess.Popen([sys.executable, agent.__file__, "--config", str(cfg), "supervise"], env=env)
+    a = Agent(config, str(cfg), environ=env)
+    try:
+        active.write_text("")
+        wait_for(lambda: a.http_status(config.readiness_path) == 200)
+        time.sleep(0.5)  # the watchdog has seen it ready
+        hang.write_text("")
+        wait_for(lambda: a.supervisor_state().get("restarts") == 1)
+        assert f"restart {agent.WATCHDOG_UNIT}" not in calls.read_text()
+        assert "restart frontier-runtime" in calls.read_text().splitlines()
+        assert not hang.exists() and a.http_status(config.liveness_path) == 200
+        events = wait_for(lambda: (e := [x["event"] for x in history(a)])[1:] and e)
+        assert events == ["restart", "recovered"]
+        assert a.supervisor_state()["last_restart"]["reason"] == "liveness failed 2 times in a row"
+        # A stopped unit (a rollout's stop phase) is left alone, and stopping the watchdog leaves the runtime.
+        active.unlink()
+        hang.write_text("")
+        time.sleep(1.0)
+        assert a.supervisor_state()["restarts"] == 1
+        assert terminate_then_kill(watchdog.pid, 5, process=watchdog) == "terminated"
+        assert runtime.poll() is None
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+        runtime.terminate()
+        runtime.wait()
+
+
 # --- terminate_then_kill ----------------------------------------------------------------------------
 
 
