@@ -249,3 +249,66 @@ def test_a_missing_deployment_says_to_provision_first(env, cluster, settings):
     cluster.cluster.deployments.clear()
     with pytest.raises(RolloutFailed, match="does not exist: provision the stack first"):
         deploy(env, GOOD_B)
+
+
+# --- the same through `fab`, as an operator types it ------------------------------------------------
+
+
+def _fab(capsys, *args: str) -> tuple[int, str]:
+    from fabric.main import program
+
+    try:
+        program.run(["fab", *args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_fab_deploy_history_and_rollback_on_a_kubernetes_stack(capsys, monkeypatch, tmp_path, s3):
+    """`fab` reads the stack file, the saved outputs and the kubeconfig like on a real cluster."""
+    import yaml
+
+    from frontier import project
+
+    fake = FakeCluster(namespace="frontier-prod", behaviour=behaviour, settle_reads=0)
+    with FakeApiServer(fake) as server:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(server.kubeconfig("prod"))
+        stacks = tmp_path / "stacks"
+        stacks.mkdir()
+        document = yaml.safe_load((project.stacks_dir() / "Pulumi.eks-prod.yaml").read_text())
+        block = document["config"]["frontier:kubernetes"]
+        block["cluster"].update(
+            mode="existing", kubeconfig=str(kubeconfig), context="prod", api_server_cidrs=["10.60.240.0/28"]
+        )
+        block["runtime_role_arn"] = "arn:aws:iam::123456789012:role/frontier-runtime"
+        block["ingress"]["source_cidrs"] = ["10.60.128.0/20"]
+        document["config"]["frontier:rollout"]["gate"]["window_s"] = 0.2  # real seconds here
+        (stacks / "Pulumi.eks-prod.yaml").write_text(yaml.safe_dump(document))
+        monkeypatch.setenv("FRONTIER_STACKS_DIR", str(stacks))
+        monkeypatch.chdir(project.root())
+        from frontier.config.load import load_stack
+
+        settings = load_stack("eks-prod")
+        first = m.deployment(settings, GOOD_A, render_runtime_config(settings), replicas=REPLICAS)
+        fake.put_deployment(first.to_dict())
+
+        code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_A)
+        assert code == 0, out
+        code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_B)
+        assert code == 0, out
+        assert "succeeded" in out and f"deployment/{m.app_name(settings)}" in out
+        assert _image(fake.deployments[m.app_name(settings)]).endswith("@" + GOOD_B)
+
+        code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", ERRORS)
+        assert code == 1 and "rolled back" in out and "gate on pod" in out
+        assert _image(fake.deployments[m.app_name(settings)]).endswith("@" + GOOD_B)
+
+        code, out = _fab(capsys, "rollback", "-s", "eks-prod")
+        assert code == 0, out
+        assert _image(fake.deployments[m.app_name(settings)]).endswith("@" + GOOD_A)
+
+        code, out = _fab(capsys, "history", "-s", "eks-prod")
+        assert code == 0 and out.count("succeeded") == 3 and "rolled_back" in out
