@@ -58,6 +58,16 @@ class SchedulerConfig(_Strict):
         ge=0, le=1_000_000, description="Requests waiting for admission; beyond: 429."
     )
     queue_timeout_ms: int = Field(ge=1, le=3_600_000, description="Longest wait for admission; beyond: 503.")
+    # Batch-priority requests wait in their own queue (None: the same bounds as interactive ones).
+    batch_queue_max_length: int | None = Field(
+        default=None, ge=0, le=1_000_000, description="Batch requests waiting for admission; beyond: 429."
+    )
+    batch_queue_timeout_ms: int | None = Field(
+        default=None,
+        ge=1,
+        le=86_400_000,
+        description="Longest wait of a batch request for admission; beyond: 503.",
+    )
     batch_window_ms: float = Field(ge=0, le=1000, description="Wait for companions while the engine is idle.")
     max_batch_size: int = Field(ge=1, le=4096, description="Sequences per engine step.")
     max_num_batched_tokens: int = Field(ge=16, le=1_048_576, description="Tokens per engine step.")

@@ -1,4 +1,5 @@
-"""Admission control: at most ``max_concurrency`` requests in the engine, a bounded FIFO queue.
+"""Admission control: at most ``max_concurrency`` requests in the engine, a bounded FIFO queue
+per priority class.
 
 A request asks for a ticket before anything costly happens (no tokenisation, no engine work):
 
@@ -10,6 +11,12 @@ A queued ticket that is not admitted within the queue timeout raises ``QueueTime
 503) and never reaches the engine. ``release`` frees whatever the ticket holds — a queue place or
 an engine slot — and hands a freed slot to the oldest waiter, so a client that leaves while
 queued costs nothing further.
+
+Priority: interactive requests count only against each other, so batch work never holds a slot
+an interactive request is waiting for (the engine's scheduler runs interactive sequences first
+and preempts batch ones to make room). Batch requests are admitted only while the engine holds
+fewer than ``max_concurrency`` requests of either class and no interactive request is queued,
+and wait in their own queue with its own length and timeout.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import time
 from collections import deque
 from contextlib import suppress
 from enum import Enum
+
+from frontier_runtime.contracts import BATCH, INTERACTIVE
 
 
 class QueueFull(Exception):
@@ -36,8 +45,9 @@ class TicketState(Enum):
 
 
 class Ticket:
-    def __init__(self, admission: Admission, state: TicketState) -> None:
+    def __init__(self, admission: Admission, state: TicketState, priority: str = INTERACTIVE) -> None:
         self._admission = admission
+        self.priority = priority
         self.state = state
         self.enqueued_at = time.monotonic()
         self.admitted_at: float | None = self.enqueued_at if state is TicketState.ADMITTED else None
@@ -52,7 +62,7 @@ class Ticket:
 
     @property
     def deadline(self) -> float:
-        return self.enqueued_at + self._admission.queue_timeout_s
+        return self.enqueued_at + self._admission.timeout_for(self.priority)
 
     async def wait(self, at_most: float | None = None) -> bool:
         """Wait for admission: True once admitted, False if still queued after ``at_most`` seconds.
@@ -85,22 +95,47 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, max_concurrency: int, queue_max_length: int, queue_timeout_s: float) -> None:
+    def __init__(
+        self,
+        max_concurrency: int,
+        queue_max_length: int,
+        queue_timeout_s: float,
+        *,
+        batch_queue_max_length: int | None = None,
+        batch_queue_timeout_s: float | None = None,
+    ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.max_concurrency = max_concurrency
         self.queue_max_length = queue_max_length
         self.queue_timeout_s = queue_timeout_s
+        self.batch_queue_max_length = (
+            queue_max_length if batch_queue_max_length is None else batch_queue_max_length
+        )
+        self.batch_queue_timeout_s = (
+            queue_timeout_s if batch_queue_timeout_s is None else batch_queue_timeout_s
+        )
         self.running = 0
+        self.running_batch = 0
         self._queue: deque[Ticket] = deque()
+        self._batch_queue: deque[Ticket] = deque()
 
     @property
     def waiting(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._batch_queue)
 
-    def try_enter(self) -> Ticket:
+    @property
+    def waiting_batch(self) -> int:
+        return len(self._batch_queue)
+
+    def timeout_for(self, priority: str) -> float:
+        return self.batch_queue_timeout_s if priority == BATCH else self.queue_timeout_s
+
+    def try_enter(self, priority: str = INTERACTIVE) -> Ticket:
         """A ticket, admitted or queued; ``QueueFull`` when neither is possible. Never blocks."""
-        if self.running < self.max_concurrency and not self._queue:
+        if priority == BATCH:
+            return self._try_enter_batch()
+        if self.running - self.running_batch < self.max_concurrency and not self._queue:
             self.running += 1
             return Ticket(self, TicketState.ADMITTED)
         if len(self._queue) >= self.queue_max_length:
@@ -112,21 +147,40 @@ class Admission:
         self._queue.append(ticket)
         return ticket
 
+    def _batch_may_start(self) -> bool:
+        return self.running < self.max_concurrency and not self._queue
+
+    def _try_enter_batch(self) -> Ticket:
+        if self._batch_may_start() and not self._batch_queue:
+            self.running += 1
+            self.running_batch += 1
+            return Ticket(self, TicketState.ADMITTED, BATCH)
+        if len(self._batch_queue) >= self.batch_queue_max_length:
+            raise QueueFull(
+                f"{self.running} requests running and {len(self._batch_queue)} batch requests queued (limits "
+                f"{self.max_concurrency} and {self.batch_queue_max_length} for batch)"
+            )
+        ticket = Ticket(self, TicketState.QUEUED, BATCH)
+        self._batch_queue.append(ticket)
+        return ticket
+
     def retry_after_s(self) -> int:
         """A hint for Retry-After: roughly how long the queue takes to turn over, at least 1 s."""
         return max(1, min(60, round(self.queue_timeout_s / 2)))
 
     def _release(self, ticket: Ticket) -> None:
         if ticket.state is TicketState.QUEUED:
-            self._queue.remove(ticket)
+            (self._batch_queue if ticket.priority == BATCH else self._queue).remove(ticket)
         elif ticket.state is TicketState.ADMITTED:
             self.running -= 1
+            self.running_batch -= ticket.priority == BATCH
             self._admit_next()
         ticket.state = TicketState.RELEASED
 
     def _admit_next(self) -> None:
         now = time.monotonic()
-        while self._queue and self.running < self.max_concurrency:
+        # Interactive first; batch only on what interactive leaves free.
+        while self._queue and self.running - self.running_batch < self.max_concurrency:
             nxt = self._queue.popleft()
             if now >= nxt.deadline:
                 # Expired while its waiter had not yet woken: it must not start late.
@@ -134,4 +188,13 @@ class Admission:
                 nxt._admitted.set()
                 continue
             self.running += 1
+            nxt._admit()
+        while self._batch_queue and self._batch_may_start():
+            nxt = self._batch_queue.popleft()
+            if now >= nxt.deadline:
+                nxt.state = TicketState.RELEASED
+                nxt._admitted.set()
+                continue
+            self.running += 1
+            self.running_batch += 1
             nxt._admit()

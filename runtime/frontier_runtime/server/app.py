@@ -268,9 +268,9 @@ def _check_model(state: ServerState, model: str | None) -> str:
     return served
 
 
-def _enter_queue(state: ServerState) -> Ticket:
+def _enter_queue(state: ServerState, priority: str) -> Ticket:
     try:
-        return state.admission.try_enter()
+        return state.admission.try_enter(priority)
     except QueueFull as exc:
         raise APIError(
             429,
@@ -357,7 +357,7 @@ async def _generate(
     body = parse_body(body_type, await _read_json(state, request))
     body.check_supported()
     model = _check_model(state, body.model)
-    ticket = _enter_queue(state)
+    ticket = _enter_queue(state, body.priority)
     try:
         codec = state.codec
         assert codec is not None  # _refuse_unless_serving

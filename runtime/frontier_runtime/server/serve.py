@@ -59,6 +59,10 @@ def new_state(config: RuntimeConfig) -> ServerState:
             config.scheduler.max_concurrency,
             config.scheduler.queue_max_length,
             config.scheduler.queue_timeout_ms / 1000.0,
+            batch_queue_max_length=config.scheduler.batch_queue_max_length,
+            batch_queue_timeout_s=None
+            if config.scheduler.batch_queue_timeout_ms is None
+            else config.scheduler.batch_queue_timeout_ms / 1000.0,
         ),
     )
 
