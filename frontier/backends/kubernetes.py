@@ -23,9 +23,10 @@ from frontier import aws
 from frontier.backends.common import BackendBase
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
-from frontier.fleet.host import HostSession
 from frontier.fleet.inventory import HostSpec
-from frontier.kubernetes.rollout import Clock, KubernetesRollout
+from frontier.kubernetes import manifests as m
+from frontier.kubernetes.rollout import Clock, KubernetesRollout, list_pods
+from frontier.kubernetes.status import PodSession, pod_facts
 from frontier.release.history import HistoryStore
 from frontier.release.release import Release
 from frontier.rollout.rolling import Reporter, RolloutResult
@@ -49,6 +50,7 @@ class KubernetesBackend(BackendBase):
         super().__init__(settings)
         self._api = api
         self.clock = clock or Clock()
+        self._pods: dict[str, dict[str, Any]] = {}
 
     def api(self) -> ApiClient:
         if self._api is None:
@@ -65,8 +67,25 @@ class KubernetesBackend(BackendBase):
         return self._api
 
     def hosts(self, group: str | None = None) -> list[HostSpec]:
-        """None to visit: the Deployment's controller chooses which pods to replace."""
-        return []
+        """The runtime's pods (stable and canary), as ``fab status`` and ``deploy --plan`` list them.
+
+        A rollout does not visit them: the Deployment's controller chooses which pods to replace.
+        """
+        assert self.settings.kubernetes is not None
+        pods = list_pods(self.api(), self.settings.kubernetes.namespace, m.selector(self.settings))
+        self._pods = {pod["metadata"]["name"]: pod for pod in pods}
+        group_name = group or self.settings.serving_group.name
+        return [
+            HostSpec(
+                name=name,
+                address=str((pod.get("status") or {}).get("podIP") or "-"),
+                ssh_port=0,
+                root="",
+                group=group_name,
+                instance_id=str((pod.get("spec") or {}).get("nodeName") or ""),
+            )
+            for name, pod in sorted(self._pods.items())
+        ]
 
     def balancer(self) -> None:
         """None to drive: a terminating pod leaves its Service's endpoints by itself."""
@@ -75,8 +94,12 @@ class KubernetesBackend(BackendBase):
     def connect(self, host: HostSpec) -> Any:
         raise FrontierError(f"stack {self.settings.stack!r}: pods are not reached over SSH (use kubectl)")
 
-    def session(self, host: HostSpec) -> HostSession:
-        return self.connect(host)
+    def session(self, host: HostSpec) -> PodSession:  # type: ignore[override]
+        if host.name not in self._pods:
+            self.hosts()
+        if host.name not in self._pods:
+            raise FrontierError(f"pod {host.name} is gone")
+        return PodSession(pod_facts(self._pods[host.name]))
 
     def history_store(self) -> HistoryStore:
         return self._outputs_history()

@@ -75,6 +75,15 @@ def _json(response: Any) -> dict[str, Any]:
     return json.loads(response.data)
 
 
+def list_pods(api: ApiClient, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Pods matching ``labels``, as the API server returns them (plain dicts)."""
+    selector = ",".join(f"{k}={v}" for k, v in labels.items())
+    listed = _json(
+        CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+    )
+    return list(listed.get("items", []))
+
+
 @dataclass
 class KubernetesRollout:
     settings: Settings
@@ -176,12 +185,8 @@ class KubernetesRollout:
     # --- the gate ---------------------------------------------------------------------------------
 
     def pods(self, track: str, release_id: str) -> list[str]:
-        selector = ",".join(f"{k}={v}" for k, v in m.selector(self.settings, track).items())
-        listed = _json(
-            self.core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False)
-        )
         names = []
-        for pod in listed.get("items", []):
+        for pod in list_pods(self.api, self.namespace, m.selector(self.settings, track)):
             meta = pod["metadata"]
             if (meta.get("annotations") or {}).get(K8S_RELEASE_ANNOTATION) != release_id or meta.get(
                 "deletionTimestamp"

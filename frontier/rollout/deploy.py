@@ -35,6 +35,8 @@ class Environment:
     connect: Callable[[HostSpec], Any]
     #: How the target rolls a release (the backend's); None: the host rollout over the fields above.
     roll: Callable[[Release, str, Reporter | None], RolloutResult] | None = None
+    #: What a host (or pod) says it runs (the backend's); None: the host agent over ``connect``.
+    session: Callable[[HostSpec], Any] | None = None
 
     @classmethod
     def for_stack(cls, settings: Settings) -> Environment:
@@ -46,6 +48,7 @@ class Environment:
             hosts=backend.hosts(),
             connect=backend.connect,
             roll=backend.roll,
+            session=backend.session,
         )
 
 
@@ -93,7 +96,9 @@ def plan(env: Environment, release: Release) -> list[PlannedHost]:
     for wave_name, wave in waves(env.hosts, rollout.canary_hosts, rollout.batch_size):
         for host in wave:
             try:
-                session = HostSession(env.settings, host, env.connect(host))
+                session = (
+                    env.session(host) if env.session else HostSession(env.settings, host, env.connect(host))
+                )
                 try:
                     facts = session.facts(release.id)
                 finally:

@@ -97,16 +97,31 @@ class FakeCluster:
             del self.pods[pod]
         template = deployment["spec"]["template"]
         template_hash = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+        image = self._image(deployment)
+        up = self.behaviour(image) != "stuck"
         for i in range(deployment["spec"]["replicas"]):
             pod = f"{name}-{template_hash}-{i}"
             self.pods[pod] = {
                 "owner": name,
-                "image": self._image(deployment),
+                "image": image,
                 "metadata": {
                     "name": pod,
                     "namespace": self.namespace,
                     "labels": dict(template["metadata"].get("labels") or {}),
                     "annotations": dict(template["metadata"].get("annotations") or {}),
+                },
+                "spec": {"nodeName": f"ip-10-50-0-{len(self.pods) + 10}.ec2.internal"},
+                "status": {
+                    "phase": "Running" if up else "Pending",
+                    "podIP": f"10.50.1.{len(self.pods) + 10}",
+                    "conditions": [{"type": "Ready", "status": "True" if up else "False"}],
+                    "containerStatuses": [
+                        {
+                            "image": image,
+                            "imageID": image,
+                            "state": {"running": {}} if up else {"waiting": {}},
+                        }
+                    ],
                 },
             }
 
@@ -214,7 +229,7 @@ class _Handler(BaseHTTPRequestHandler):
                     if pair
                 )
                 items = [
-                    {"metadata": pod["metadata"]}
+                    {key: pod[key] for key in ("metadata", "spec", "status")}
                     for pod in cluster.pods.values()
                     if all(pod["metadata"]["labels"].get(k) == v for k, v in wanted.items())
                 ]

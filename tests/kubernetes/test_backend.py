@@ -128,7 +128,11 @@ def _writes(cluster: FakeApiServer) -> list[tuple[str, str]]:
 def test_the_factory_gives_kubernetes_stacks_the_kubernetes_backend(settings, cluster, s3):
     backend = backend_for(settings)
     assert isinstance(backend, KubernetesBackend) and backend.kind == "kubernetes"
-    assert backend.hosts() == [] and backend.balancer() is None
+    assert backend.balancer() is None
+    pods = backend.hosts()
+    assert len(pods) == REPLICAS and all(p.name.startswith(m.app_name(settings)) for p in pods)
+    facts = backend.session(pods[0]).status()
+    assert facts.running and facts.ready and facts.live and facts.digest == GOOD_A
     env = Environment.for_stack(settings)
     assert env.roll is not None and env.store.bucket == BUCKET
 
@@ -312,3 +316,11 @@ def test_fab_deploy_history_and_rollback_on_a_kubernetes_stack(capsys, monkeypat
 
         code, out = _fab(capsys, "history", "-s", "eks-prod")
         assert code == 0 and out.count("succeeded") == 3 and "rolled_back" in out
+
+        code, out = _fab(capsys, "status", "-s", "eks-prod")
+        pods = [line for line in out.splitlines() if m.app_name(settings)[:20] in line]
+        assert code == 0 and len(pods) == REPLICAS, out
+        assert "deploy lock: free" in out
+
+        code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_B, "--plan")
+        assert code == 0 and out.count("update") == REPLICAS, out

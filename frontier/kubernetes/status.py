@@ -1,0 +1,59 @@
+"""What each runtime pod runs and whether it is ready: the Kubernetes answer to a host's facts.
+
+``fab status`` and ``fab deploy --plan`` ask every target's hosts the same questions (release,
+digest, running, ready, live); on Kubernetes the pods answer from their own objects, read from the
+API server, without reaching into them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from frontier.contracts import K8S_RELEASE_ANNOTATION, K8S_TRACK_LABEL
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    current: str
+    digest: str
+    previous: str
+    running: bool
+    ready: bool
+    live: bool
+    track: str = ""
+
+    def runs(self, release_id: str) -> bool:
+        return self.current == release_id and self.ready
+
+
+def pod_facts(pod: dict[str, Any]) -> PodFacts:
+    meta, status = pod["metadata"], pod.get("status") or {}
+    containers = status.get("containerStatuses") or []
+    image = containers[0].get("imageID") or containers[0].get("image", "") if containers else ""
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    return PodFacts(
+        current=str((meta.get("annotations") or {}).get(K8S_RELEASE_ANNOTATION, "")),
+        digest=image.rpartition("@")[2] if "@" in image else "",
+        previous="",  # a pod runs one release for its whole life; the Deployment keeps the revisions
+        running=status.get("phase") == "Running",
+        ready=conditions.get("Ready") == "True",
+        live=bool(containers) and "running" in (containers[0].get("state") or {}),
+        track=str((meta.get("labels") or {}).get(K8S_TRACK_LABEL, "")),
+    )
+
+
+@dataclass
+class PodSession:
+    """What ``backend.session(host)`` gives for a pod: its facts, nothing to close."""
+
+    facts_now: PodFacts
+
+    def facts(self, release_id: str = "") -> PodFacts:
+        return self.facts_now
+
+    def status(self) -> PodFacts:
+        return self.facts_now
+
+    def close(self) -> None:
+        return None
