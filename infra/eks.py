@@ -39,6 +39,8 @@ TAINT_EFFECTS = {
     "NoExecute": "NO_EXECUTE",
 }
 NAMESPACE_EDIT_POLICY = "AmazonEKSEditPolicy"
+# Where the AWS Load Balancer Controller looks for the subnets of an internet-facing ALB.
+ALB_SUBNET_TAG = "kubernetes.io/role/elb"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class EksArgs:
     vpc_cidr: str
     zones: Sequence[str]
     private_subnet_ids: Sequence[pulumi.Input[str]]
+    public_subnet_ids: Sequence[pulumi.Input[str]]
     kms_key_arn: pulumi.Input[str]
     deploy_role_arn: pulumi.Input[str]
     tags: Mapping[str, str]
@@ -194,6 +197,10 @@ class EksCluster(pulumi.ComponentResource):
                 )
             )
         self._node_groups(name, args, cluster, addons)
+        for i, subnet_id in enumerate(args.public_subnet_ids):
+            aws.ec2.Tag(
+                f"{name}-public-{i}-elb", resource_id=subnet_id, key=ALB_SUBNET_TAG, value="1", opts=child
+            )
 
         aws.eks.AccessEntry(
             f"{name}-deploy",

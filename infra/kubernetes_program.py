@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 import pulumi
-import pulumi_aws as aws
-import pulumi_kubernetes as k8s
 
 from frontier.config.schema import Kubernetes, Settings
 from infra.cloud import Cloud, look_up
@@ -29,8 +27,6 @@ from infra.workload_identity import KubernetesDeployRole, WorkloadIdentity, Work
 from infra.workloads import Workloads, WorkloadsArgs
 
 PRODUCTION_STACKS = frozenset({"prod", "eks-prod"})
-# Where the AWS Load Balancer Controller looks for the subnets of an internet-facing ALB.
-ALB_SUBNET_TAG = "kubernetes.io/role/elb"
 
 
 @dataclass(frozen=True)
@@ -151,13 +147,14 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs:
     deploy = KubernetesDeployRole(f"{stack}-k8s", identity, cloud.arn("eks", f"cluster/{k.cluster.name}"))
 
     if k.cluster.mode == "create":
+        zones = cloud.availability_zones[: settings.network.availability_zones]
         network = Network(
             f"{stack}-network",
             NetworkArgs(
                 stack=stack,
                 cloud=cloud,
                 cidr=settings.network.vpc_cidr,
-                zones=cloud.availability_zones[: settings.network.availability_zones],
+                zones=zones,
                 nat=settings.network.nat,
                 ssm_access=False,
                 log_key_arn=secrets.key_arn,
@@ -165,8 +162,6 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs:
                 tags=tags,
             ),
         )
-        for i, subnet_id in enumerate(network.public_subnet_ids):
-            aws.ec2.Tag(f"{stack}-public-{i}-elb", resource_id=subnet_id, key=ALB_SUBNET_TAG, value="1")
         cluster = EksCluster(
             f"{stack}-eks",
             EksArgs(
@@ -176,49 +171,41 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs:
                 node_groups=settings.node_groups,
                 vpc_id=network.vpc_id,
                 vpc_cidr=settings.network.vpc_cidr,
-                zones=cloud.availability_zones[: settings.network.availability_zones],
+                zones=zones,
                 private_subnet_ids=network.private_subnet_ids,
+                public_subnet_ids=network.public_subnet_ids,
                 kms_key_arn=secrets.key_arn,
                 deploy_role_arn=deploy.arn,
                 tags=tags,
             ),
             opts=pulumi.ResourceOptions(protect=production),
         )
-        runtime = WorkloadIdentity(
-            f"{stack}-pods",
-            WorkloadIdentityArgs(
-                identity=identity,
-                mode=k.identity,
-                namespace=k.namespace,
-                service_account=k.service_account,
-                cluster_name=cluster.name,
-                oidc_issuer=cluster.oidc_issuer,
-                tags=tags,
-            ),
-        )
-        runtime_role_arn: pulumi.Input[str] = runtime.runtime_role_arn
         cluster_name: pulumi.Input[str] = cluster.name
-        provider = k8s.Provider(f"{stack}-k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True)
+        oidc_issuer: pulumi.Input[str] = cluster.oidc_issuer
+        kubeconfig: pulumi.Input[str] = cluster.kubeconfig
+        context = None
     else:
-        runtime_role_arn, cluster_name = k.runtime_role_arn, k.cluster.name
-        if k.identity == "pod_identity":
-            aws.eks.PodIdentityAssociation(
-                f"{stack}-pods-runtime",
-                cluster_name=k.cluster.name,
-                namespace=k.namespace,
-                service_account=k.service_account,
-                role_arn=k.runtime_role_arn,
-                tags=tags,
-            )
-        provider = k8s.Provider(
-            f"{stack}-k8s",
-            kubeconfig=os.path.expanduser(k.cluster.kubeconfig),
-            context=k.cluster.context,
-            enable_server_side_apply=True,
-        )
+        cluster_name, oidc_issuer = k.cluster.name, ""
+        kubeconfig, context = os.path.expanduser(k.cluster.kubeconfig), k.cluster.context
+    runtime = WorkloadIdentity(
+        f"{stack}-pods",
+        WorkloadIdentityArgs(
+            identity=identity,
+            mode=k.identity,
+            namespace=k.namespace,
+            service_account=k.service_account,
+            cluster_name=cluster_name,
+            oidc_issuer=oidc_issuer,
+            tags=tags,
+            role_arn=k.runtime_role_arn if k.cluster.mode == "existing" else "",
+        ),
+    )
 
     workloads = Workloads(
-        f"{stack}-runtime", WorkloadsArgs(settings=settings, provider=provider, role_arn=runtime_role_arn)
+        f"{stack}-runtime",
+        WorkloadsArgs(
+            settings=settings, kubeconfig=kubeconfig, context=context, role_arn=runtime.runtime_role_arn
+        ),
     )
     return KubernetesOutputs(
         region=cloud.region,
@@ -230,7 +217,7 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs:
         api_keys_secret_arn=secrets.api_keys_secret_arn,
         kms_key_arn=secrets.key_arn,
         deploy_role_arn=deploy.arn,
-        runtime_role_arn=runtime_role_arn,
+        runtime_role_arn=runtime.runtime_role_arn,
         cluster_name=cluster_name,
         namespace=workloads.namespace,
         deployment=workloads.deployment_name,

@@ -63,6 +63,8 @@ class WorkloadIdentityArgs:
     cluster_name: pulumi.Input[str]
     oidc_issuer: pulumi.Input[str]
     tags: Mapping[str, str]
+    #: An existing cluster's role for the runtime (``kubernetes.runtime_role_arn``): none is made.
+    role_arn: str = ""
 
 
 def runtime_pod_policy(args: IdentityArgs) -> dict[str, Any]:
@@ -149,6 +151,12 @@ class WorkloadIdentity(pulumi.ComponentResource):
         super().__init__("frontier:kubernetes:WorkloadIdentity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         tags, base = dict(args.tags), args.identity
+        if args.role_arn:
+            self.runtime_role_arn = pulumi.Output.from_input(args.role_arn)
+            if args.mode == "pod_identity":
+                self._associate(name, args, args.role_arn, tags)
+            self.register_outputs({"runtime_role_arn": args.role_arn})
+            return
 
         if args.mode == "irsa":
             provider = aws.iam.OpenIdConnectProvider(
@@ -177,14 +185,20 @@ class WorkloadIdentity(pulumi.ComponentResource):
             opts=child,
         )
         if args.mode == "pod_identity":
-            aws.eks.PodIdentityAssociation(
-                f"{name}-runtime",
-                cluster_name=args.cluster_name,
-                namespace=args.namespace,
-                service_account=args.service_account,
-                role_arn=runtime.arn,
-                tags=tags,
-                opts=child,
-            )
+            self._associate(name, args, runtime.arn, tags)
         self.runtime_role_arn = runtime.arn
         self.register_outputs({"runtime_role_arn": runtime.arn})
+
+    def _associate(
+        self, name: str, args: WorkloadIdentityArgs, role_arn: pulumi.Input[str], tags: dict[str, str]
+    ) -> None:
+        """EKS Pod Identity: the runtime's service account gets the role's credentials."""
+        aws.eks.PodIdentityAssociation(
+            f"{name}-runtime",
+            cluster_name=args.cluster_name,
+            namespace=args.namespace,
+            service_account=args.service_account,
+            role_arn=role_arn,
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self),
+        )

@@ -49,7 +49,9 @@ RELEASE_FIELDS = ["spec.template", "spec.replicas"]
 @dataclass(frozen=True)
 class WorkloadsArgs:
     settings: Settings
-    provider: k8s.Provider
+    #: The cluster's kubeconfig (its contents, or a file path) and the context in it, if not current.
+    kubeconfig: pulumi.Input[str]
+    context: str | None = None
     role_arn: pulumi.Input[str] | None = None
 
 
@@ -89,9 +91,16 @@ class Workloads(pulumi.ComponentResource):
         workload: Workload = render_workload(
             args.settings, release_digest(args.settings), role_arn=args.role_arn
         )
-        child = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        provider = k8s.Provider(
+            f"{name}-cluster",
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        child = pulumi.ResourceOptions(parent=self, provider=provider)
         namespace = resource_for(f"{name}-namespace", workload.namespace, child)
-        inside = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[namespace])
+        inside = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace])
         self.resources = {"Namespace": [namespace]}
         for manifest in workload.all()[1:]:
             resource = resource_for(f"{name}-{manifest.kind.lower()}-{manifest.name}", manifest, inside)

@@ -303,3 +303,20 @@ def test_the_outputs_tell_fab_where_the_history_and_the_workload_are(eks):
     assert outputs["deployment"] == m.app_name(eks.settings)
     assert outputs["cluster_name"] == "frontier-eks-prod"
     assert outputs["endpoint"] == "https://api.eks-prod.frontier.example"
+
+
+def test_every_resource_is_a_child_of_a_frontier_component_named_after_it(eks):
+    components = {(r.type, r.name) for r in eks.resources if not r.custom}
+    for resource in eks.resources:
+        if resource.custom:
+            assert resource.parent_types and resource.parent_types[0].startswith("frontier:"), resource.urn
+            parent = resource.parent_types[-1]
+            assert any(t == parent and resource.name.startswith(f"{n}-") for t, n in components), (
+                resource.name
+            )
+
+
+def test_the_kubernetes_objects_use_the_clusters_provider(eks):
+    provider = eks.one("pulumi:providers:kubernetes")
+    assert provider.parent_types == ["frontier:kubernetes:Workloads"]
+    assert provider.inputs["enableServerSideApply"] in (True, "true")
