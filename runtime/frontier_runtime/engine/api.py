@@ -10,8 +10,28 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args, runtime_checkable
 
+from frontier_runtime import contracts
+
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
+StructuredKind = Literal["json_object", "json_schema", "regex", "choice"]
+STRUCTURED_KINDS: tuple[StructuredKind, ...] = get_args(StructuredKind)
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on a request's output (``frontier_runtime.structured`` enforces it).
+
+    ``spec`` is JSON text for ``json_schema`` (the schema) and ``choice`` (the list of strings),
+    the pattern for ``regex``, and empty for ``json_object`` (any JSON object).
+    """
+
+    kind: StructuredKind
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"structured output kind {self.kind!r} is not one of {list(STRUCTURED_KINDS)}")
 
 
 @dataclass(frozen=True)
@@ -25,6 +45,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per generated token; None = off
+    structured: StructuredOutput | None = None  # None: free text
+    priority: str = contracts.INTERACTIVE  # one of contracts.PRIORITY_CLASSES
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -37,6 +59,11 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be within 0..20, got {self.logprobs}")
+        if self.priority not in contracts.PRIORITY_CLASSES:
+            raise ValueError(f"priority {self.priority!r} is not one of {list(contracts.PRIORITY_CLASSES)}")
+        if self.structured is not None and self.stop:
+            # A stop string could cut the output short of what the constraint guarantees.
+            raise ValueError("stop sequences cannot be combined with a structured output constraint")
 
     @property
     def greedy(self) -> bool:

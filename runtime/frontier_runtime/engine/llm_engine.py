@@ -22,6 +22,7 @@ from frontier_runtime.engine.sampler import Sampler
 from frontier_runtime.engine.scheduler import Scheduler
 from frontier_runtime.engine.sequence import Sequence, Status
 from frontier_runtime.engine.tp_worker import TPWorkers
+from frontier_runtime.structured.decoding import StructuredDecoder
 from frontier_runtime.tokenizer import Tokenizer
 
 
@@ -69,6 +70,9 @@ class LLMEngine:
         if self.tokenizer is not None:
             eos.update(self.tokenizer.eos_token_ids)
         self.eos_token_ids = frozenset(eos)
+        self.structured = StructuredDecoder.for_model(
+            model_dir, cfg.vocab_size, self.eos_token_ids, pin_memory=self.runner.device.type == "cuda"
+        )
         self._seqs: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []  # aborts, delivered by the next step()
         self._arrivals = itertools.count()
@@ -98,11 +102,15 @@ class LLMEngine:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if params.structured is not None and self.structured is None:
+            raise ValueError("structured output needs the model's tokenizer.json, which this model lacks")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.validate_request(prompt_token_ids, params)
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in the engine")
+        if params.structured is not None:
+            self.structured.add(request_id, params.structured)  # a bad constraint raises ValueError
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.eos_token_ids
         )
@@ -124,6 +132,7 @@ class LLMEngine:
         if seq is None:
             return False
         self.scheduler.remove(seq)
+        self._release_structured(seq.request_id)
         seq.status = Status.FINISHED
         seq.finish_reason = "abort"
         self._pending.append(self._output(seq, [], "", None))
@@ -146,6 +155,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         for seq in sched.finished:
             self._seqs.pop(seq.request_id, None)
+            self._release_structured(seq.request_id)
             outputs.append(self._output(seq, [], seq.detokenizer.take_delta(True), None))
         if not sched.scheduled:
             return outputs
@@ -154,6 +164,7 @@ class LLMEngine:
         self._last_tokens = sched.num_tokens
 
         step, samplers = self.runner.prepare(sched.scheduled)
+        masks = self.structured.start(samplers) if self.structured is not None else None
         self.workers.send(step)
         logits = self.runner.execute(step)
         for seq, n in sched.scheduled:
@@ -161,7 +172,12 @@ class LLMEngine:
             self.block_manager.cache_computed_blocks(seq)
         if not samplers:
             return outputs
-        result = self.sampler(logits, [s.params for s in samplers], [s.generator for s in samplers])
+        result = self.sampler(
+            logits,
+            [s.params for s in samplers],
+            [s.generator for s in samplers],
+            masks.result() if masks is not None else None,
+        )
         for seq, token, lp in zip(samplers, result.token_ids, result.logprobs, strict=True):
             outputs.append(self._append_token(seq, token, lp))
         return outputs
@@ -169,8 +185,12 @@ class LLMEngine:
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq.token_ids.append(token)
         reason = None
+        grammar = self.structured.accept(seq.request_id, token) if self.structured is not None else None
         if token in seq.stop_token_ids or seq.detokenizer.append(token) is not None:
             reason = "stop"
+        elif grammar is not None:  # the constraint is complete (or, never expected, broken)
+            reason = grammar
+            seq.detokenizer.flush()
         elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
             reason = "length"
         if reason is not None:
@@ -178,10 +198,15 @@ class LLMEngine:
             if reason == "length":
                 seq.detokenizer.flush()
             self.scheduler.remove(seq)
+            self._release_structured(seq.request_id)
             seq.status = Status.FINISHED
             self._seqs.pop(seq.request_id, None)
         text = seq.detokenizer.take_delta(reason is not None)
         return self._output(seq, [token], text, None if logprob is None else [logprob])
+
+    def _release_structured(self, request_id: str) -> None:
+        if self.structured is not None:
+            self.structured.release(request_id)
 
     @staticmethod
     def _output(
@@ -235,6 +260,9 @@ class LLMEngine:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        structured = getattr(self, "structured", None)
+        if structured is not None:
+            structured.close()
         workers = getattr(self, "workers", None)
         if workers is not None:
             workers.close()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from frontier_runtime.engine.api import SamplingParams, TokenLogprob
+from frontier_runtime.structured.bitmask import TokenBitmask
 
 
 @dataclass
@@ -28,9 +29,15 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(
-        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        allowed: TokenBitmask | None = None,
     ) -> SampleResult:
         logits = logits.float()
+        if allowed is not None:  # structured output: disallowed tokens of constrained rows -> -inf
+            allowed.apply(logits)
         rows, vocab = logits.shape
         greedy = [p.greedy for p in params]
         if all(greedy):

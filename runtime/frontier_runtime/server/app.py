@@ -41,6 +41,7 @@ from frontier_runtime.server.protocol import (
 )
 from frontier_runtime.server.state import ServerState
 from frontier_runtime.server.text import TemplateRenderError, TextCodec
+from frontier_runtime.structured.grammar import compile_grammar
 
 log = logging.getLogger("frontier_runtime.server")
 
@@ -341,6 +342,17 @@ async def _chat_prompt(body: ChatCompletionRequest, codec: TextCodec) -> Prompt:
     return Prompt(ids, "messages")
 
 
+def _check_structured_output(body: GenerationRequest) -> None:
+    """Compile the request's output constraint (cached) before it takes a slot: 400 naming the problem."""
+    output = body.structured_output()
+    if output is None:
+        return
+    try:
+        compile_grammar(output)
+    except ValueError as exc:
+        raise invalid(str(exc), body.structured_output_param(), "invalid_structured_output") from None
+
+
 Body = TypeVar("Body", bound=GenerationRequest)
 
 
@@ -356,6 +368,7 @@ async def _generate(
     _authorize(state, request)
     body = parse_body(body_type, await _read_json(state, request))
     body.check_supported()
+    _check_structured_output(body)
     model = _check_model(state, body.model)
     ticket = _enter_queue(state, body.priority)
     try:
@@ -380,8 +393,17 @@ async def _generate(
     request_id = request.scope["state"]["request_id"]
     fields = request.scope["state"]["log"]
     fields.update(
-        model=model, stream=body.stream, prompt_tokens=len(prompt.token_ids), max_tokens=params.max_tokens
+        model=model,
+        stream=body.stream,
+        prompt_tokens=len(prompt.token_ids),
+        max_tokens=params.max_tokens,
+        priority=params.priority,
     )
+    if params.structured is not None:
+        fields["structured_output"] = params.structured.kind
+    for name in ("user", "safety_identifier"):
+        if getattr(body, name):
+            fields[name] = getattr(body, name)
     return Generation(
         state,
         request_id,

@@ -30,9 +30,12 @@ from frontier_runtime.server.admission import QueueTimeout, Ticket
 from frontier_runtime.server.errors import APIError
 from frontier_runtime.server.formats import DONE, KEEPALIVE, CompletionFormat, sse, usage
 from frontier_runtime.server.state import ServerState
+from frontier_runtime.structured.validate import output_problem
 
 log = logging.getLogger("frontier_runtime.server")
 
+# The failure reason counted when a finished constrained output fails its check.
+STRUCTURED_OUTPUT_INVALID = "structured_output_invalid"
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -121,6 +124,7 @@ class Generation:
             await self._send_error(send, exc)
             return
         use = self._usage(last)
+        self._check_structured_output("".join(text), reason)
         body = self.fmt.response(
             self.echo_text + "".join(text),
             logprobs if self.params.logprobs is not None else None,
@@ -161,10 +165,15 @@ class Generation:
         if opening is not None:
             await self._body(send, sse(opening))
         last = None
+        text: list[str] = []
         try:
             async for out in self._outputs():
                 last = out
                 reason = (out.finish_reason or "stop") if out.finished else None
+                if self.params.structured is not None:
+                    text.append(out.new_text)
+                    if reason is not None:
+                        self._check_structured_output("".join(text), reason)
                 if out.new_text or out.new_token_ids or reason:
                     logprobs = out.logprobs if self.params.logprobs is not None else None
                     await self._body(send, sse(self.fmt.chunk(out.new_text, logprobs, reason)))
@@ -241,6 +250,28 @@ class Generation:
         finally:
             if generated:
                 self.log["completion_tokens"] = generated
+
+    def _check_structured_output(self, text: str, finish_reason: str) -> None:
+        """A constrained output that finished with "stop" must satisfy its constraint; one that does
+        not is logged with its raw text (for troubleshooting) and counted, and returned as is. Cut
+        short by "length", the partial output is returned as is without a check."""
+        output = self.params.structured
+        if output is None or finish_reason != "stop":
+            return
+        problem = output_problem(output, text)
+        if problem is None:
+            return
+        self.state.metrics.failures.labels(STRUCTURED_OUTPUT_INVALID).inc()
+        self.log["structured_output_invalid"] = problem
+        log.warning(
+            "structured output does not satisfy its constraint",
+            extra={
+                "request_id": self.request_id,
+                "kind": output.kind,
+                "problem": problem,
+                "raw_output": text,
+            },
+        )
 
     def _record_finish(self, out: RequestOutput, first_at: float | None) -> None:
         metrics = self.state.metrics

@@ -23,7 +23,7 @@ REQUEST_LATENCY_BUCKETS = (.3, .5, .8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0
 HTTP_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
 TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)  # fmt: skip
 
-FAILURE_REASONS = ("queue_full", "queue_timeout", "invalid", "unauthorized", "draining", "too_large", "not_found", "client_disconnect", "engine_error", "not_ready")  # fmt: skip
+FAILURE_REASONS = ("queue_full", "queue_timeout", "invalid", "unauthorized", "draining", "too_large", "not_found", "client_disconnect", "engine_error", "not_ready", "structured_output_invalid")  # fmt: skip
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 

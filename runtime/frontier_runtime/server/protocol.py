@@ -4,18 +4,21 @@ Validation happens in two stages so that a refused request costs nothing: ``pars
 ``check_supported`` check the shape, ranges and features of the JSON (cheap, before admission),
 and ``resolve_max_tokens`` checks the prompt against the model's context once it has been
 tokenised (after admission succeeded).
-Unknown fields are ignored, as vLLM does, so clients that send vendor extensions still work;
-fields we know but cannot honour (penalties, n > 1, tools) are refused with 400, never ignored.
+Nothing is dropped silently: an unknown field is a 400 naming it (``extra="forbid"``), and a
+field this runtime knows but does not implement (``NOT_IMPLEMENTED``: penalties, n > 1, tools,
+audio, ...) is a 400 naming it unless it carries its no-op value (``n: 1``, ``store: false``),
+which some clients always send. The README's runtime section lists both sets.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import json
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from frontier_runtime.contracts import INTERACTIVE, PRIORITY_CLASSES
-from frontier_runtime.engine.api import SamplingParams
+from frontier_runtime.engine.api import SamplingParams, StructuredOutput
 from frontier_runtime.server.errors import APIError, invalid
 
 MAX_STOP_SEQUENCES = 16
@@ -26,11 +29,82 @@ Probability = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(_Body):
     include_usage: bool = False
+
+
+# Known fields this runtime does not implement, with the values that mean "not used" (accepted, as
+# they change nothing); any other value is a 400 naming the field.
+NOT_IMPLEMENTED_COMMON: dict[str, tuple[Any, ...]] = {
+    "min_p": (None, 0, 0.0),
+    "min_tokens": (None, 0),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "include_stop_str_in_output": (None, False),
+    "truncate_prompt_tokens": (None,),
+    "prompt_logprobs": (None,),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "guided_grammar": (None,),
+    "guided_decoding_backend": (None,),
+    "guided_whitespace_pattern": (None,),
+    "structured_outputs": (None,),
+    "service_tier": (None, "auto", "default"),
+    "store": (None, False),
+    "metadata": (None, {}),
+    "prompt_cache_key": (None,),
+}
+NOT_IMPLEMENTED_CHAT: dict[str, tuple[Any, ...]] = {
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "parallel_tool_calls": (None, True),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+    "web_search_options": (None,),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "continue_final_message": (None, False),
+    "documents": (None, []),
+    "echo": (None, False),
+}
+
+
+class ResponseFormatText(_Body):
+    type: Literal["text"]
+
+
+class ResponseFormatJsonObject(_Body):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(_Body):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | bool = Field(alias="schema")
+    # The output always follows the schema, strict or not: accepted, changes nothing.
+    strict: bool | None = None
+
+
+class ResponseFormatJsonSchema(_Body):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[
+    ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema, Field(discriminator="type")
+]
 
 
 class GenerationRequest(_Body):
@@ -52,7 +126,17 @@ class GenerationRequest(_Body):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    user: str | None = Field(default=None, max_length=256)  # recorded in the request log
+    safety_identifier: str | None = Field(default=None, max_length=256)  # recorded in the request log
+    # Structured output: OpenAI's response_format, and vLLM's guided_* extensions.
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = Field(default=None, max_length=4096)
+    guided_choice: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
+        default=None, min_length=1, max_length=256
+    )
+
+    NOT_IMPLEMENTED: ClassVar[dict[str, tuple[Any, ...]]] = NOT_IMPLEMENTED_COMMON
     # The request's class (the gateway sets it from the tenant's): batch work is admitted only on
     # capacity interactive work leaves free, and preempted first.
     priority: Literal[PRIORITY_CLASSES] = INTERACTIVE  # type: ignore[valid-type]
@@ -85,6 +169,54 @@ class GenerationRequest(_Body):
             raise invalid("repetition_penalty is not supported (must be 1)", "repetition_penalty")
         if self.logit_bias:
             raise invalid("logit_bias is not supported", "logit_bias")
+        constraints = [
+            name
+            for name, value in (
+                ("response_format", self.structured_output_param() if self.response_format else None),
+                ("guided_json", self.guided_json),
+                ("guided_regex", self.guided_regex),
+                ("guided_choice", self.guided_choice),
+            )
+            if value is not None
+        ]
+        if len(constraints) > 1:
+            raise invalid(
+                f"at most one output constraint per request, got {', '.join(constraints)}", constraints[1]
+            )
+        if constraints and self.stop:
+            raise invalid(
+                f"stop cannot be combined with {constraints[0]}: a stop sequence would cut the structured "
+                f"output short",
+                "stop",
+            )
+
+    def structured_output_param(self) -> str | None:
+        """The body field that carries the output constraint, named in errors; None when there is none."""
+        rf = self.response_format
+        if isinstance(rf, ResponseFormatJsonSchema):
+            return "response_format.json_schema.schema"
+        if isinstance(rf, ResponseFormatJsonObject):
+            return "response_format"
+        for name in ("guided_json", "guided_regex", "guided_choice"):
+            if getattr(self, name) is not None:
+                return name
+        return None
+
+    def structured_output(self) -> StructuredOutput | None:
+        rf = self.response_format
+        if isinstance(rf, ResponseFormatJsonObject):
+            return StructuredOutput("json_object")
+        if isinstance(rf, ResponseFormatJsonSchema):
+            return StructuredOutput("json_schema", json.dumps(rf.json_schema.schema_, sort_keys=True))
+        if self.guided_json is not None:
+            spec = self.guided_json
+            text = spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True)
+            return StructuredOutput("json_schema", text)
+        if self.guided_regex is not None:
+            return StructuredOutput("regex", self.guided_regex)
+        if self.guided_choice is not None:
+            return StructuredOutput("choice", json.dumps(self.guided_choice))
+        return None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -109,6 +241,8 @@ class GenerationRequest(_Body):
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
             logprobs=self.requested_logprobs(),
+            structured=self.structured_output(),
+            priority=self.priority,
         )
 
 
@@ -175,13 +309,11 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     add_generation_prompt: bool = True
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+
+    NOT_IMPLEMENTED: ClassVar[dict[str, tuple[Any, ...]]] = NOT_IMPLEMENTED_COMMON | NOT_IMPLEMENTED_CHAT
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.tools:
-            raise invalid("tools are not supported", "tools")
         if self.top_logprobs is not None and not self.logprobs:
             raise invalid("top_logprobs requires logprobs = true", "top_logprobs")
 
@@ -201,6 +333,17 @@ def parse_body(model: type[BaseModel], data: Any) -> Any:
     """Validate ``data`` into ``model``; a failure is a 400 naming the field and the problem."""
     if not isinstance(data, dict):
         raise invalid(f"the request body must be a JSON object, got {type(data).__name__}")
+    not_implemented: dict[str, tuple[Any, ...]] = getattr(model, "NOT_IMPLEMENTED", {})
+    if not_implemented.keys() & data.keys():
+        data = dict(data)
+        for name in sorted(not_implemented.keys() & data.keys()):
+            value = data.pop(name)
+            if not any(value == v and type(value) is type(v) for v in not_implemented[name]):
+                raise invalid(
+                    f"{name} is not supported by this runtime (got {json.dumps(value)[:80]}); leave it out",
+                    name,
+                    "unsupported_parameter",
+                )
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -210,6 +353,13 @@ def parse_body(model: type[BaseModel], data: Any) -> Any:
 def _validation_error(exc: ValidationError) -> APIError:
     errors = exc.errors(include_url=False, include_input=False)
     first = errors[0]
+    if first["type"] == "extra_forbidden":
+        param = ".".join(str(p) for p in first["loc"])
+        return invalid(
+            f"{param}: unknown field; this runtime does not implement it (leave it out)",
+            param,
+            "unsupported_parameter",
+        )
     # Union branches show up in the location (``prompt.str``); keep only real field names and indices.
     loc = [str(p) for p in first["loc"] if isinstance(p, int) or not _looks_like_type(str(p))]
     param = ".".join(loc) or None
