@@ -7,9 +7,10 @@ their inputs like any other (the engine and the provider are what the mocks stan
 from __future__ import annotations
 
 import contextvars
+import runpy
 from typing import Any
 
-from infra_mocks import ACCOUNT_ID, Graph, _Recorder, _run
+from infra_mocks import ACCOUNT_ID, MAIN, Graph, _Recorder, _run
 from pulumi.runtime.mocks import MockResourceArgs
 
 from frontier.config.schema import Settings
@@ -39,6 +40,8 @@ class EksMocks(_Recorder):
         return super()._computed(args)
 
 
-def run_kubernetes(settings: Settings) -> Graph:
+def run_kubernetes(settings: Settings, *, entry_point: bool = False) -> Graph:
+    """``build(settings)``, or with ``entry_point`` ``infra/__main__.py`` as ``pulumi up`` runs it."""
     mocks = EksMocks(settings.region)
-    return contextvars.Context().run(_run, settings, build, mocks)
+    program = (lambda _: runpy.run_path(str(MAIN))) if entry_point else build
+    return contextvars.Context().run(_run, settings, program, mocks)

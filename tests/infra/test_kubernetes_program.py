@@ -320,3 +320,10 @@ def test_the_kubernetes_objects_use_the_clusters_provider(eks):
     provider = eks.one("pulumi:providers:kubernetes")
     assert provider.parent_types == ["frontier:kubernetes:Workloads"]
     assert provider.inputs["enableServerSideApply"] in (True, "true")
+
+
+def test_the_entry_point_exports_what_fab_reads_for_a_kubernetes_stack():
+    graph = run_kubernetes(load_stack("eks-prod"), entry_point=True)
+    for key in ("history_bucket", "history_prefix", "endpoint", "namespace", "deployment", "cluster_name"):
+        assert graph.outputs[key], key
+    assert "target_group_arn" not in graph.outputs  # nothing of the EC2 edge on this target
