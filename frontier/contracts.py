@@ -67,6 +67,20 @@ from frontier_runtime.contracts import (  # noqa: E402,F401
 # CloudWatch: what each host publishes and the alarms and scaling policies read.
 CLOUDWATCH_NAMESPACE = "Frontier/Runtime"
 QUEUE_DEPTH_METRIC = "QueueDepth"
+RUNNING_REQUESTS_METRIC = "RunningRequests"
+# Milliseconds, published as values with counts from the runtime's histogram, so CloudWatch
+# computes true percentiles of whole requests (the ALB's TargetResponseTime is time to first byte).
+E2E_LATENCY_CW_METRIC = "EndToEndLatency"
+# Every host of a node group publishes under the same dimensions: the group's Average is the
+# per-host figure the scaling policy tracks.
+CLOUDWATCH_DIMENSIONS = ("Stack", "NodeGroup")
+
+# --- auto scaling lifecycle hooks: infra/ creates them, the host bootstrap completes them ----------
+LAUNCH_HOOK = "frontier-launch"
+TERMINATE_HOOK = "frontier-terminate"
+# Under the history prefix: what Pulumi uploads for hosts to bootstrap with, and their boot records.
+HOST_TOOLS_PREFIX = "host/"
+BOOT_RECORDS_PREFIX = "boots/"
 
 # --- the local stack's stand-in for AWS ------------------------------------------------------
 # moto accepts any credentials; these mark requests as the local stack's own.

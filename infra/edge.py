@@ -4,6 +4,7 @@ HTTPS only (port 80 answers with a permanent redirect), a TLS 1.2+ policy from `
 the ACM certificate from ``edge.certificate_arn``. The target group checks ``health.readiness_path``
 (readiness drains; liveness is for the host's own supervisor), and drains deregistered targets for
 ``rollout.deregistration_delay_s`` so ``fab deploy`` never cuts a stream. Optional WAF rate limit.
+The HTTPS listener forwards only ``/v1/*`` (a listener rule); everything else gets a fixed 404.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from infra.storage import LB_LOG_PREFIX
 # New hosts get a linearly growing share of requests for this long: a fresh runtime has cold CUDA
 # graphs and an empty prefix cache. (ALB cannot combine slow start with least-outstanding-requests.)
 SLOW_START_S = 60
+# The OpenAI-compatible API: the only paths the load balancer forwards.
+API_PATH_PATTERNS = ("/v1/*",)
+API_RULE_PRIORITY = 100
+NOT_FOUND_BODY = '{"error": {"message": "not found", "type": "not_found"}}'
 
 
 @dataclass(frozen=True)
@@ -91,14 +96,34 @@ class Edge(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        aws.lb.Listener(
+        https = aws.lb.Listener(
             f"{name}-https",
             load_balancer_arn=alb.arn,
             port=443,
             protocol="HTTPS",
             ssl_policy=args.ssl_policy,
             certificate_arn=args.certificate_arn,
-            default_actions=[{"type": "forward", "target_group_arn": target_group.arn}],
+            # Only the API is public: /metrics and /health/* answer the target group's checks and
+            # the host itself, never the internet. Anything the rule below does not match is a 404.
+            default_actions=[
+                {
+                    "type": "fixed-response",
+                    "fixed_response": {
+                        "content_type": "application/json",
+                        "message_body": NOT_FOUND_BODY,
+                        "status_code": "404",
+                    },
+                }
+            ],
+            tags=tags,
+            opts=child,
+        )
+        aws.lb.ListenerRule(
+            f"{name}-api",
+            listener_arn=https.arn,
+            priority=API_RULE_PRIORITY,
+            conditions=[{"path_pattern": {"values": list(API_PATH_PATTERNS)}}],
+            actions=[{"type": "forward", "target_group_arn": target_group.arn}],
             tags=tags,
             opts=child,
         )

@@ -48,6 +48,11 @@ SSM_AGENT = [
     "ec2messages:GetMessages",
     "ec2messages:SendReply",
 ]
+# What a booting host reads under the history prefix: deploy records, releases (with a wheel's
+# artifact where a release runs from one), the host tools.
+BOOT_READS = ("artifacts", "host", "records", "releases")
+# The lifecycle actions a host completes (launch: ready or not; terminate: drained), on its own groups.
+LIFECYCLE_ACTIONS = ["autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat"]
 DEPLOY_SESSION_S = 4 * 3600  # a canary, gates and a drain per batch can take hours on a large group
 
 
@@ -91,7 +96,34 @@ def log_groups_arn(cloud: Cloud, stack: str) -> str:
     return cloud.arn("logs", f"log-group:{LOG_GROUP_ROOT}/{stack}/*")
 
 
-def runtime_policy(args: IdentityArgs) -> dict[str, Any]:
+def host_boot_statements(args: IdentityArgs) -> list[dict[str, Any]]:
+    """What an EC2 host needs to bootstrap itself (pods get their release from Kubernetes)."""
+    cloud = args.cloud
+    return [
+        # A host bootstraps itself: the current good release from the history (read only), the host
+        # tools beside it, and its own boot record under boots/ (never records/, which says what
+        # is current: a host cannot make a release current).
+        _statement(
+            "ReadTheCurrentRelease",
+            "s3:GetObject",
+            [_objects(args.history_bucket_arn, args.history_prefix + sub) for sub in BOOT_READS],
+        ),
+        _list_prefix("ListDeployRecords", args.history_bucket_arn, args.history_prefix + "records"),
+        _statement(
+            "RecordItsBoot", "s3:PutObject", _objects(args.history_bucket_arn, args.history_prefix + "boots")
+        ),
+        _statement(
+            "EncryptItsBootRecord",
+            "kms:GenerateDataKey",
+            args.kms_key_arn,
+            {"StringEquals": {"kms:ViaService": f"s3.{cloud.region}.{cloud.dns_suffix}"}},
+        ),
+        # Which group and lifecycle state the host is in (describe calls cannot be scoped).
+        _statement("SeeItsLifecycleState", "autoscaling:DescribeAutoScalingInstances", "*"),
+    ]
+
+
+def runtime_policy(args: IdentityArgs, *, hosts: bool = False) -> dict[str, Any]:
     cloud = args.cloud
     logs = log_groups_arn(cloud, args.stack)
     statements = [
@@ -134,6 +166,8 @@ def runtime_policy(args: IdentityArgs) -> dict[str, Any]:
             {"StringEquals": {"cloudwatch:namespace": METRIC_NAMESPACE}},
         ),
     ]
+    if hosts:
+        statements += host_boot_statements(args)
     if args.ssm_access:
         statements.append(_statement("RunTheSessionManagerAgent", SSM_AGENT, "*"))
     return {"Version": "2012-10-17", "Statement": statements}
@@ -178,12 +212,25 @@ def deploy_policy(args: IdentityArgs) -> dict[str, Any]:
             ],
             "*",
         ),
-        # max_surge: grow a node group by a host before draining one, then shrink back.
+        # max_surge: grow a node group by a host before draining one, then shrink back; `fab scale`;
+        # while a deploy runs, the hosts it touches are protected from scale-in and AZRebalance waits.
         _statement(
             "SurgeItsNodeGroups",
-            "autoscaling:SetDesiredCapacity",
+            [
+                "autoscaling:SetDesiredCapacity",
+                "autoscaling:SetInstanceProtection",
+                "autoscaling:SuspendProcesses",
+                "autoscaling:ResumeProcesses",
+                "autoscaling:TerminateInstanceInAutoScalingGroup",
+            ],
             cloud.arn("autoscaling", "autoScalingGroup:*"),
             own_stack,
+        ),
+        # `fab ami.latest`: the public parameters AWS publishes the AMI ids under.
+        _statement(
+            "ReadPublishedAmiIds",
+            "ssm:GetParameter",
+            cloud.arn("ssm", "parameter/aws/service/*", account=False),
         ),
     ]
     if args.ssm_access:
@@ -217,11 +264,13 @@ def trust(principal: dict[str, str], condition: dict | None = None) -> str:
 
 class Identity(pulumi.ComponentResource):
     runtime_role_arn: pulumi.Output[str]
+    runtime_role_name: pulumi.Output[str]
     instance_profile_arn: pulumi.Output[str]
     deploy_role_arn: pulumi.Output[str]
 
     def __init__(self, name: str, args: IdentityArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("frontier:identity:Identity", name, None, opts)
+        self.name = name
         child = pulumi.ResourceOptions(parent=self)
         tags, cloud = dict(args.tags), args.cloud
 
@@ -235,7 +284,7 @@ class Identity(pulumi.ComponentResource):
         aws.iam.RolePolicy(
             f"{name}-runtime",
             role=runtime.id,
-            policy=pulumi.Output.json_dumps(runtime_policy(args)),
+            policy=pulumi.Output.json_dumps(runtime_policy(args, hosts=True)),
             opts=child,
         )
         profile = aws.iam.InstanceProfile(f"{name}-runtime", role=runtime.name, tags=tags, opts=child)
@@ -254,5 +303,26 @@ class Identity(pulumi.ComponentResource):
         )
 
         self.runtime_role_arn, self.instance_profile_arn = runtime.arn, profile.arn
+        self.runtime_role_name = runtime.name
         self.deploy_role_arn = deploy.arn
         self.register_outputs({"runtime_role_arn": runtime.arn, "deploy_role_arn": deploy.arn})
+
+
+def lifecycle_policy(asg_arns: list[pulumi.Input[str]]) -> pulumi.Output[str]:
+    """The runtime hosts may complete lifecycle actions only on the stack's own groups."""
+    return pulumi.Output.json_dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [_statement("CompleteItsLifecycleActions", LIFECYCLE_ACTIONS, list(asg_arns))],
+        }
+    )
+
+
+def grant_lifecycle_actions(identity: Identity, asg_arns: list[pulumi.Input[str]]) -> aws.iam.RolePolicy:
+    """Made after the groups exist (their ARNs name them exactly), as a child of the identity."""
+    return aws.iam.RolePolicy(
+        f"{identity.name}-lifecycle",
+        role=identity.runtime_role_name,
+        policy=lifecycle_policy(asg_arns),
+        opts=pulumi.ResourceOptions(parent=identity),
+    )

@@ -2,12 +2,16 @@
 
 Alarms:
 - ALB 5xx rate (ELB + target 5xx over requests, metric math) above ``slo.error_rate``;
-- target p99 response time above ``slo.p99_latency_ms``;
-- any unhealthy host in the target group;
+- p99 end-to-end latency of whole requests above ``slo.p99_latency_ms``, from the runtime's own
+  histogram (the ALB's TargetResponseTime is time to first byte for a stream);
+- unhealthy hosts beyond what a rollout takes out at once (a rollout's own hosts do not page);
 - runtime queue depth above ``monitoring.queue_depth_alarm``.
 
-The runtime's hosts publish ``QueueDepth`` in the ``Frontier/Runtime`` namespace with one dimension,
-``Stack`` (see :func:`queue_depth_dimensions`); the alarm reads exactly that series.
+Each host's bootstrap (``frontier/fleet/bootstrap.py watch``) scrapes the runtime's /metrics and
+publishes ``QueueDepth``, ``RunningRequests`` and ``EndToEndLatency`` (values with counts) in the
+``Frontier/Runtime`` namespace under the dimensions ``Stack`` and ``NodeGroup`` (see
+:func:`runtime_dimensions`); the alarms, the dashboard and the scaling policy read exactly those.
+The log groups receive the CloudWatch agent's files (``templates/cloudwatch-agent.json.j2``).
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import pulumi
 import pulumi_aws as aws
 
 from frontier.config.schema import Slo
+from frontier.contracts import CLOUDWATCH_DIMENSIONS, E2E_LATENCY_CW_METRIC, QUEUE_DEPTH_METRIC
 from frontier.contracts import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
-from frontier.contracts import QUEUE_DEPTH_METRIC
 
 LOG_GROUP_ROOT = "/frontier"
 ALB_NAMESPACE = "AWS/ApplicationELB"
@@ -30,8 +34,8 @@ EVALUATION_PERIODS = 5
 DATAPOINTS_TO_ALARM = 3
 
 
-def queue_depth_dimensions(stack: str) -> dict[str, str]:
-    return {"Stack": stack}
+def runtime_dimensions(stack: str, node_group: str) -> dict[str, str]:
+    return dict(zip(CLOUDWATCH_DIMENSIONS, (stack, node_group), strict=True))
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,9 @@ class MonitoringArgs:
     region: str
     slo: Slo
     queue_depth_alarm: int
+    node_group: str
+    # Hosts a rollout takes out of service at once: more unhealthy hosts than this is an incident.
+    unhealthy_allowance: int
     alarm_email: str
     kms_key_arn: pulumi.Input[str]
     log_retention_days: int
@@ -151,27 +158,28 @@ class Monitoring(pulumi.ComponentResource):
             threshold=slo.error_rate,
             metric_queries=error_rate_queries(args.alb_arn_suffix),
         )
+        runtime = runtime_dimensions(args.stack, args.node_group)
         self._alarm(
             "p99-latency",
-            f"Target p99 response time above the SLO ({slo.p99_latency_ms:.0f} ms) for 3 of 5 minutes",
+            f"p99 end-to-end request latency above the SLO ({slo.p99_latency_ms:.0f} ms) for 3 of 5 minutes",
             topic_arn,
-            namespace=ALB_NAMESPACE,
-            metric_name="TargetResponseTime",  # seconds
-            dimensions=lb_and_tg,
+            namespace=METRIC_NAMESPACE,
+            metric_name=E2E_LATENCY_CW_METRIC,  # milliseconds, from the runtime's histogram
+            dimensions=runtime,
             extended_statistic="p99",
             period=PERIOD_S,
-            threshold=slo.p99_latency_ms / 1000,
+            threshold=slo.p99_latency_ms,
         )
         self._alarm(
             "unhealthy-hosts",
-            "A runtime host fails the readiness check (drained hosts are not counted)",
+            f"More runtime hosts fail the readiness check than a rollout takes out ({args.unhealthy_allowance})",
             topic_arn,
             namespace=ALB_NAMESPACE,
             metric_name="UnHealthyHostCount",
             dimensions=lb_and_tg,
             statistic="Maximum",
             period=PERIOD_S,
-            threshold=0,
+            threshold=args.unhealthy_allowance,
         )
         self._alarm(
             "queue-depth",
@@ -179,7 +187,7 @@ class Monitoring(pulumi.ComponentResource):
             topic_arn,
             namespace=METRIC_NAMESPACE,
             metric_name=QUEUE_DEPTH_METRIC,
-            dimensions=queue_depth_dimensions(args.stack),
+            dimensions=runtime,
             statistic="Maximum",
             period=PERIOD_S,
             threshold=args.queue_depth_alarm,
@@ -188,6 +196,7 @@ class Monitoring(pulumi.ComponentResource):
     def _dashboard(self) -> aws.cloudwatch.Dashboard:
         args = self._args
         alb, tg = args.alb_arn_suffix, args.target_group_arn_suffix
+        dims = [part for pair in runtime_dimensions(args.stack, args.node_group).items() for part in pair]
 
         def widget(title: str, metrics: list, y: int, x: int = 0, **props: Any) -> dict[str, Any]:
             return {
@@ -273,7 +282,10 @@ class Monitoring(pulumi.ComponentResource):
                 ),
                 widget(
                     "Runtime queue depth",
-                    [[METRIC_NAMESPACE, QUEUE_DEPTH_METRIC, "Stack", args.stack, {"stat": "Maximum"}]],
+                    [
+                        [METRIC_NAMESPACE, QUEUE_DEPTH_METRIC, *dims, {"stat": stat}]
+                        for stat in ("Maximum", "Average")
+                    ],
                     12,
                     annotations={"horizontal": [{"label": "alarm", "value": args.queue_depth_alarm}]},
                 ),

@@ -1,7 +1,7 @@
 """GPU node groups: a launch template and an auto scaling group per ``node_groups[]`` entry.
 
 Hosts boot the AWS Deep Learning Base AMI (Ubuntu 22.04, NVIDIA driver and container toolkit
-preinstalled; ``fab drivers`` pins the branch) found by its public SSM parameter, with IMDSv2
+preinstalled; the driver script trusts it) pinned by id in the stack, with IMDSv2
 required, encrypted gp3 root and model-cache volumes, no public address, and the cloud-init user data
 rendered by :func:`frontier.render.files.render_cloud_init`. The ASG spreads hosts over the private subnets;
 a group that needs EFA (``efa: true``, or a model sharded across nodes) gets a cluster placement
@@ -21,29 +21,79 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from frontier.config.hardware import (  # re-exported: the tests and `fab ami.latest` share them
+    CPU_AMI_PARAMETER,  # noqa: F401
+    GPU_AMI_PARAMETER,  # noqa: F401
+    ami_parameter,
+    architecture,
+    instance_store,
+)
 from frontier.config.schema import NodeGroup, Settings
-from frontier.contracts import CACHE_DEVICE_NAME
+from frontier.contracts import (
+    CACHE_DEVICE_NAME,
+    CLOUDWATCH_DIMENSIONS,
+    CLOUDWATCH_NAMESPACE,
+    LAUNCH_HOOK,
+    QUEUE_DEPTH_METRIC,
+    TERMINATE_HOOK,
+)
 from infra.errors import ProvisionError
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE
 
-# Published by AWS for the Deep Learning AMIs; "latest" follows their monthly patch releases.
-GPU_AMI_PARAMETER = (
-    "/aws/service/deeplearning/ami/{arch}/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
-)
-CPU_AMI_PARAMETER = "/aws/service/canonical/ubuntu/server/22.04/stable/current/{arch}/hvm/ebs-gp2/ami-id"
-# Graviton families (g5g) and Grace-Blackwell (p6e-gb200) are arm64; everything else here is x86_64.
-ARM_FAMILIES = ("g5g", "p6e-gb", "c7g", "m7g", "r7g", "c8g", "m8g")
 # Fast volume for weights: loading a 140 GB model at 1000 MiB/s takes ~2.5 min instead of ~19 at gp3's default.
 CACHE_IOPS = 4000
 CACHE_THROUGHPUT_MIBPS = 1000
 # Containers on the host (the runtime runs in one) are one network hop further from IMDS.
 METADATA_HOP_LIMIT = 2
 MAX_GRACE_S = 7200
+# Lifecycle hooks wait at most 2 h (AWS's limit for one heartbeat timeout).
+MAX_HOOK_S = 7200
+# A first boot before the runtime starts: drivers checked, cache formatted, image pulled.
+BOOT_ALLOWANCE_S = 900
+# Beyond the drain itself, before a terminating host is let go regardless.
+TERMINATE_MARGIN_S = 60
+# Scale out fast on a queue, scale in slowly: GPU hosts take minutes to come and cost much to churn.
+SCALE_IN_COOLDOWN_S = 600
 
 
-def architecture(instance_type: str) -> str:
-    family = instance_type.split(".", 1)[0]
-    return "arm64" if family.startswith(ARM_FAMILIES) else "x86_64"
+def launch_timeout_s(readiness_timeout_s: float) -> int:
+    """How long the launch hook waits for a host to bootstrap and be ready before ABANDON."""
+    return min(MAX_HOOK_S, BOOT_ALLOWANCE_S + math.ceil(readiness_timeout_s))
+
+
+def terminate_timeout_s(settings: Settings) -> int:
+    """How long a scale-in waits for the host to drain (deregistration, then the runtime's drain)."""
+    drain = settings.rollout.deregistration_delay_s + math.ceil(settings.runtime.drain_timeout_s)
+    return min(MAX_HOOK_S, max(30, drain + TERMINATE_MARGIN_S))
+
+
+def refresh_preferences(settings: Settings, group: NodeGroup) -> dict:
+    """Instance refresh: surge where max_size leaves room (launch first, then retire), else one
+    batch of hosts unavailable at a time; either way each new host passes the launch hook first."""
+    desired = max(1, group.desired_size)
+    surge = min(settings.rollout.max_surge, group.max_size - group.desired_size)
+    if surge > 0:
+        healthy = {
+            "min_healthy_percentage": 100,
+            "max_healthy_percentage": min(200, 100 + math.ceil(100 * surge / desired)),
+        }
+    else:
+        down = min(desired, settings.rollout.batch_size)
+        healthy = {
+            "min_healthy_percentage": max(0, 100 - math.ceil(100 * down / desired)),
+            "max_healthy_percentage": 100,
+        }
+    return {
+        **healthy,
+        # Past the hook a new host is ready; the warm-up is the metric gate's window.
+        "instance_warmup": str(math.ceil(settings.rollout.gate.window_s)),
+        "skip_matching": True,
+        "auto_rollback": True,
+    }
+
+
+def uses_instance_store(group: NodeGroup) -> bool:
+    return group.model_cache == "instance_store" and instance_store(group.instance_type)[0] > 0
 
 
 def needs_efa(settings: Settings, group: NodeGroup) -> bool:
@@ -60,13 +110,18 @@ class MachineImage:
 
 
 def look_up_image(group: NodeGroup) -> MachineImage:
-    """The AMI from its SSM parameter, then its root device name (the root volume mapping must match it)."""
+    """The stack's pinned AMI, then its root device name (the root volume mapping must match it).
+
+    The id comes from ``node_groups[].ami_id``, never from "latest" at every ``pulumi up``: a new
+    AMI is a reviewed change of the stack file (``fab ami.latest`` proposes it) and rolls out as an
+    instance refresh through the same readiness gate as a launch.
+    """
     arch = architecture(group.instance_type)
-    if group.accelerator == "gpu":
-        parameter = GPU_AMI_PARAMETER.format(arch=arch)
-    else:
-        parameter = CPU_AMI_PARAMETER.format(arch="arm64" if arch == "arm64" else "amd64")
-    image_id = aws.ssm.get_parameter(name=parameter).value
+    if not group.ami_id:
+        raise ProvisionError(
+            f"node_groups[{group.name}].ami_id is empty: pin an AMI (`fab ami.latest` proposes one)"
+        )
+    image_id = group.ami_id
     image = aws.ec2.get_ami(
         owners=["amazon", "099720109477"],  # AWS (Deep Learning AMIs) and Canonical
         filters=[aws.ec2.GetAmiFilterArgs(name="image-id", values=[image_id])],
@@ -74,7 +129,7 @@ def look_up_image(group: NodeGroup) -> MachineImage:
     if image.architecture != arch:
         raise ProvisionError(
             f"node_groups[{group.name}].instance_type = {group.instance_type!r}: is {arch}, but the AMI "
-            f"{image_id} from {parameter} is {image.architecture}"
+            f"{image_id} pinned in ami_id is {image.architecture} (`fab ami.latest` reads {ami_parameter(group)})"
         )
     root = next((m for m in image.block_device_mappings if m.device_name == image.root_device_name), None)
     root_gb = int((root.ebs or {}).get("volume_size") or 0) if root else 0
@@ -94,6 +149,10 @@ class NodeGroupArgs:
     efa: bool
     health_check_grace_s: float
     tags: Mapping[str, str]
+    # Launch hook, terminate hook and instance refresh, from the stack (see the functions above).
+    launch_timeout_s: int = BOOT_ALLOWANCE_S
+    terminate_timeout_s: int = 300
+    refresh: Mapping[str, object] | None = None
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -135,13 +194,21 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 "http_put_response_hop_limit": METADATA_HOP_LIMIT,
                 "instance_metadata_tags": "disabled",
             },
+            # The model cache: the type's own NVMe disks where the stack asks for them (Nitro shows
+            # them without a mapping; cloud-init stripes them), else a fast gp3 volume.
             block_device_mappings=[
                 self._volume(args.image.root_device_name, group.root_volume_gb),
-                self._volume(
-                    CACHE_DEVICE_NAME,
-                    group.cache_volume_gb,
-                    iops=CACHE_IOPS,
-                    throughput=CACHE_THROUGHPUT_MIBPS,
+                *(
+                    []
+                    if uses_instance_store(group)
+                    else [
+                        self._volume(
+                            CACHE_DEVICE_NAME,
+                            group.cache_volume_gb,
+                            iops=CACHE_IOPS,
+                            throughput=CACHE_THROUGHPUT_MIBPS,
+                        )
+                    ]
                 ),
             ],
             network_interfaces=[
@@ -178,8 +245,29 @@ class GpuNodeGroup(pulumi.ComponentResource):
             # enough for a first boot (driver check, image pull, weights download, warm-up).
             health_check_type="ELB" if args.target_group_arns else "EC2",
             health_check_grace_period=min(MAX_GRACE_S, math.ceil(args.health_check_grace_s)),
-            # GPU capacity can take long to appear; `pulumi up` must not hang on it. `fab status` shows it.
-            wait_for_capacity_timeout="0",
+            # `pulumi up` fails when the GPUs never come (no capacity, hosts that ABANDON their launch),
+            # instead of ending green with none: it waits as long as one launch hook may take.
+            wait_for_capacity_timeout=f"{math.ceil(args.launch_timeout_s / 60) + 5}m",
+            # Hooks on the group itself, so even the first hosts wait: a host is InService (and in the
+            # target group) only once it serves the current release; scale-in drains a host first.
+            initial_lifecycle_hooks=[
+                {
+                    "name": LAUNCH_HOOK,
+                    "lifecycle_transition": "autoscaling:EC2_INSTANCE_LAUNCHING",
+                    "default_result": "ABANDON",
+                    "heartbeat_timeout": args.launch_timeout_s,
+                },
+                {
+                    "name": TERMINATE_HOOK,
+                    "lifecycle_transition": "autoscaling:EC2_INSTANCE_TERMINATING",
+                    "default_result": "CONTINUE",
+                    "heartbeat_timeout": args.terminate_timeout_s,
+                },
+            ],
+            # A new AMI or launch template rolls through the fleet, each new host through the hooks.
+            instance_refresh={"strategy": "Rolling", "preferences": dict(args.refresh or {})}
+            if args.refresh
+            else None,
             termination_policies=["OldestLaunchTemplate", "OldestInstance"],
             enabled_metrics=[
                 "GroupInServiceInstances",
@@ -190,6 +278,26 @@ class GpuNodeGroup(pulumi.ComponentResource):
             tags=[
                 {"key": key, "value": value, "propagate_at_launch": True} for key, value in host_tags.items()
             ],
+            # The scaling policy and `fab scale` own the desired capacity once the group exists.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity"]),
+        )
+        aws.autoscaling.Policy(
+            f"{name}-queue-depth",
+            autoscaling_group_name=asg.name,
+            policy_type="TargetTrackingScaling",
+            target_tracking_configuration={
+                "target_value": group.target_queue_depth,
+                "customized_metric_specification": {
+                    "namespace": CLOUDWATCH_NAMESPACE,
+                    "metric_name": QUEUE_DEPTH_METRIC,
+                    "metric_dimensions": [
+                        {"name": key, "value": value}
+                        for key, value in zip(CLOUDWATCH_DIMENSIONS, (args.stack, group.name), strict=True)
+                    ],
+                    # Every host publishes under the group's dimensions: the average is per host.
+                    "statistic": "Average",
+                },
+            },
             opts=child,
         )
         self.asg_name, self.asg_arn, self.launch_template_id = asg.name, asg.arn, template.id

@@ -11,21 +11,31 @@ from collections.abc import Iterator
 
 import pulumi
 
-from frontier.config.schema import Settings
+from frontier.config.schema import NodeGroup, Settings
 from frontier.render.files import render_cloud_init
 from infra.cloud import Cloud, look_up
 from infra.edge import Edge, EdgeArgs
 from infra.errors import ProvisionError
-from infra.identity import Identity, IdentityArgs
+from infra.host_tools import HostTools, HostToolsArgs
+from infra.identity import Identity, IdentityArgs, grant_lifecycle_actions
 from infra.kubernetes_program import KubernetesOutputs, build_kubernetes
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
-from infra.nodes import GpuNodeGroup, MachineImage, NodeGroupArgs, look_up_image, needs_efa
+from infra.nodes import (
+    GpuNodeGroup,
+    MachineImage,
+    NodeGroupArgs,
+    launch_timeout_s,
+    look_up_image,
+    needs_efa,
+    refresh_preferences,
+    terminate_timeout_s,
+)
 from infra.outputs import StackOutputs
 from infra.registry import Registry, RegistryArgs
 from infra.secrets import Secrets, SecretsArgs
 from infra.security_groups import SecurityGroups, SecurityGroupsArgs
-from infra.storage import Storage, StorageArgs
+from infra.storage import HISTORY_PREFIX_ROOT, Storage, StorageArgs, bucket_suffix, unique_bucket_name
 from infra.tags import base_tags
 
 PRODUCTION_STACKS = frozenset({"prod"})
@@ -35,6 +45,17 @@ ALB_MIN_INTERVAL_S = 5
 ALB_MIN_TIMEOUT_S = 2
 WAF_MIN_RATE_LIMIT = 10
 USER_DATA_MAX_BYTES = 16 * 1024  # EC2's limit, before base64
+
+
+def node_user_data(settings: Settings, group: NodeGroup, cloud: Cloud) -> str:
+    """The group's cloud-init, pointing at this stack's history bucket (its name is known up front)."""
+    return render_cloud_init(
+        settings,
+        group,
+        history_bucket=unique_bucket_name(settings.stack, "history", cloud),
+        history_prefix=f"{HISTORY_PREFIX_ROOT}/{settings.stack}/",
+        launch_timeout_s=launch_timeout_s(settings.rollout.readiness_timeout_s),
+    )
 
 
 def is_production(settings: Settings) -> bool:
@@ -85,6 +106,12 @@ def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
             f"runtime.image_repository = {s.runtime.image_repository!r}: hosts pull the runtime from the ECR "
             f"repository this stack creates; expected {registry}/<name>"
         )
+    weights_bucket = s.model.weights_uri.removeprefix("s3://").split("/", 1)[0]
+    if not weights_bucket.endswith(bucket_suffix(cloud)):
+        yield (
+            f"model.weights_uri = {s.model.weights_uri!r}: S3 bucket names are global; name the weights "
+            f"bucket with this account and region, e.g. frontier-{s.stack}-weights{bucket_suffix(cloud)}"
+        )
     health = s.health
     for field in ("healthy_threshold", "unhealthy_threshold"):
         if getattr(health, field) < ALB_MIN_THRESHOLD:
@@ -127,7 +154,7 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
         return build_kubernetes(settings)
     cloud = look_up(settings.region)
     images = {group.name: look_up_image(group) for group in settings.node_groups}
-    user_data = {group.name: render_cloud_init(settings, group) for group in settings.node_groups}
+    user_data = {group.name: node_user_data(settings, group, cloud) for group in settings.node_groups}
     preflight(settings, cloud, images, user_data)
 
     stack, production = settings.stack, is_production(settings)
@@ -229,6 +256,17 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
             tags=tags,
         ),
     )
+    # What a booting host fetches; uploaded before any group can launch one.
+    tools = HostTools(
+        f"{stack}-host-tools",
+        HostToolsArgs(
+            settings=settings,
+            history_bucket=storage.history_bucket,
+            history_prefix=storage.history_prefix,
+            kms_key_arn=secrets.key_arn,
+            tags=tags,
+        ),
+    )
     groups = []
     for group in settings.node_groups:
         serving = group is settings.serving_group
@@ -247,9 +285,15 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
                     efa=group.name in efa_groups,
                     health_check_grace_s=settings.rollout.readiness_timeout_s,
                     tags=tags,
+                    launch_timeout_s=launch_timeout_s(settings.rollout.readiness_timeout_s),
+                    terminate_timeout_s=terminate_timeout_s(settings),
+                    refresh=refresh_preferences(settings, group),
                 ),
+                opts=pulumi.ResourceOptions(depends_on=[tools]),
             )
         )
+    # Hosts complete lifecycle actions on these groups only (their ARNs exist only now).
+    grant_lifecycle_actions(identity, [g.asg_arn for g in groups])
     monitoring = Monitoring(
         f"{stack}-monitoring",
         MonitoringArgs(
@@ -257,6 +301,8 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
             region=cloud.region,
             slo=settings.slo,
             queue_depth_alarm=settings.monitoring.queue_depth_alarm,
+            node_group=settings.serving_group.name,
+            unhealthy_allowance=max(settings.rollout.batch_size, settings.rollout.canary_hosts),
             alarm_email=settings.monitoring.alarm_email,
             kms_key_arn=secrets.key_arn,
             log_retention_days=retention_days,

@@ -23,6 +23,15 @@ LB_LOG_PREFIX = "alb"
 S3_LOG_PREFIX = "s3"
 
 
+def bucket_suffix(cloud: Cloud) -> str:
+    """What makes a bucket name ours alone: S3 names are global across every account and region."""
+    return f"-{cloud.account_id}-{cloud.region}"
+
+
+def unique_bucket_name(stack: str, purpose: str, cloud: Cloud) -> str:
+    return f"frontier-{stack}-{purpose}{bucket_suffix(cloud)}"
+
+
 def split_s3_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` → (``bucket``, ``some/prefix``)."""
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
@@ -64,12 +73,12 @@ class Storage(pulumi.ComponentResource):
 
         logs = self._bucket(
             "logs",
-            f"frontier-{args.stack}-logs-{cloud.account_id}",
+            unique_bucket_name(args.stack, "logs", cloud),
             purpose="access-logs",
             kms_key_arn=None,
             versioned=False,
             lifecycle=[self._expire_rule(args.log_expiration_days)],
-            statements=self._log_delivery_statements(f"frontier-{args.stack}-logs-{cloud.account_id}"),
+            statements=self._log_delivery_statements(unique_bucket_name(args.stack, "logs", cloud)),
         )
         weights_bucket, self.weights_prefix = split_s3_uri(args.weights_uri)
         weights = self._bucket(
@@ -83,7 +92,7 @@ class Storage(pulumi.ComponentResource):
         )
         history = self._bucket(
             "history",
-            f"frontier-{args.stack}-history-{cloud.account_id}",
+            unique_bucket_name(args.stack, "history", cloud),
             purpose="history",
             kms_key_arn=args.kms_key_arn,
             versioned=True,

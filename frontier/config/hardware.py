@@ -7,6 +7,8 @@ Sources: the EC2 instance type pages (accelerated computing, "Instance storage" 
 
 from __future__ import annotations
 
+from frontier.config.schema import NodeGroup
+
 # Instance type -> (NVMe instance-store disks, GB each).
 INSTANCE_STORE: dict[str, tuple[int, int]] = {
     "g5.xlarge": (1, 250),
@@ -38,3 +40,26 @@ def instance_store(instance_type: str) -> tuple[int, int]:
 def has_nvswitch(instance_type: str) -> bool:
     # p4de, p5e, p5en, p6-b200 ... share their family's prefix.
     return instance_type.split(".", 1)[0].startswith(NVSWITCH_FAMILIES)
+
+
+# Published by AWS for the Deep Learning AMIs; "latest" follows their monthly patch releases.
+# Read by `fab ami.latest` to propose a new pin, never by `pulumi up`.
+GPU_AMI_PARAMETER = (
+    "/aws/service/deeplearning/ami/{arch}/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+)
+CPU_AMI_PARAMETER = "/aws/service/canonical/ubuntu/server/22.04/stable/current/{arch}/hvm/ebs-gp2/ami-id"
+# Graviton families (g5g) and Grace-Blackwell (p6e-gb200) are arm64; everything else here is x86_64.
+ARM_FAMILIES = ("g5g", "p6e-gb", "c7g", "m7g", "r7g", "c8g", "m8g")
+
+
+def architecture(instance_type: str) -> str:
+    family = instance_type.split(".", 1)[0]
+    return "arm64" if family.startswith(ARM_FAMILIES) else "x86_64"
+
+
+def ami_parameter(group: NodeGroup) -> str:
+    """The public SSM parameter holding the newest AMI for the group's accelerator and architecture."""
+    arch = architecture(group.instance_type)
+    if group.accelerator == "gpu":
+        return GPU_AMI_PARAMETER.format(arch=arch)
+    return CPU_AMI_PARAMETER.format(arch="arm64" if arch == "arm64" else "amd64")

@@ -306,7 +306,9 @@ def render_cloudwatch_agent(settings: Settings) -> str:
     return text
 
 
-def node_env(settings: Settings, group: NodeGroup, *, history_bucket: str, history_prefix: str) -> list[tuple[str, str]]:
+def node_env(
+    settings: Settings, group: NodeGroup, *, history_bucket: str, history_prefix: str
+) -> list[tuple[str, str]]:
     """``/etc/frontier/node.env``: what the host bootstrap (frontier/fleet/bootstrap.py) reads."""
     return [
         ("FRONTIER_STACK", settings.stack),

@@ -51,6 +51,7 @@ class CloudMocks(pulumi.runtime.Mocks):
         self.root_snapshot_gb = root_snapshot_gb
         self.invokes: list[tuple[str, dict[str, Any]]] = []
         self.images: dict[str, str] = {}
+        self.arm_images: set[str] = set()
 
     # --- invokes ----------------------------------------------------------------------------------
 
@@ -115,7 +116,8 @@ class CloudMocks(pulumi.runtime.Mocks):
         return {
             "id": image,
             "imageId": image,
-            "architecture": self.images[image],
+            # A pinned AMI of the stack file, or one the SSM parameter named.
+            "architecture": self.images.get(image, "arm64" if image in self.arm_images else "x86_64"),
             "rootDeviceName": ROOT_DEVICE,
             "blockDeviceMappings": [
                 {
@@ -202,6 +204,11 @@ class Resource:
     inputs: dict[str, Any]
     outputs: dict[str, Any]
     custom: bool
+    options: pulumi.ResourceOptions | None = None
+
+    @property
+    def ignored_changes(self) -> list[str]:
+        return list((self.options.ignore_changes if self.options else None) or [])
 
     @property
     def parent_types(self) -> list[str]:
@@ -265,7 +272,17 @@ def _run(settings: Settings, program: Callable[[Settings], Any], mocks: _Recorde
     pulumi.runtime.set_mocks(mocks, project="frontier", stack=settings.stack, preview=False, monitor=monitor)
     result: dict[str, Any] = {}
     started, cpu_started = time.perf_counter(), time.process_time()
-    _sync_await(run_pulumi_func(lambda: result.setdefault("outputs", program(settings))))
+    options: dict[tuple[str, str], pulumi.ResourceOptions] = {}
+
+    def record(args: pulumi.ResourceTransformationArgs) -> None:
+        # The engine, not the mocks, sees resource options: keep them for the tests here.
+        options[(args.type_, args.name)] = args.opts
+
+    def main() -> None:
+        pulumi.runtime.register_stack_transformation(record)
+        result.setdefault("outputs", program(settings))
+
+    _sync_await(run_pulumi_func(main))
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
 
     urns = {}
@@ -281,6 +298,7 @@ def _run(settings: Settings, program: Callable[[Settings], Any], mocks: _Recorde
             dict(args.inputs),
             outputs,
             bool(args.custom),
+            options.get((args.typ, args.name)),
         )
         for args, resource_id, outputs in mocks.created
     ]

@@ -140,7 +140,7 @@ def test_the_runtime_role_grants_nothing_else(graph):
         for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
     }
     services = {a.split(":")[0] for a in actions}
-    expected = {"s3", "secretsmanager", "kms", "ecr", "logs", "cloudwatch"}
+    expected = {"s3", "secretsmanager", "kms", "ecr", "logs", "cloudwatch", "autoscaling"}
     if graph.outputs["host_access"] == "ssm":
         expected |= {"ssm", "ssmmessages", "ec2messages"}
     assert services == expected
@@ -151,8 +151,55 @@ def test_the_runtime_role_grants_nothing_else(graph):
         if s["Resource"] == "*"
         for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
     }
-    assert {a.split(":")[0] for a in unscoped} <= {"ecr", "cloudwatch", "ssm", "ssmmessages", "ec2messages"}
+    assert {a.split(":")[0] for a in unscoped} <= {
+        "ecr",
+        "cloudwatch",
+        "ssm",
+        "ssmmessages",
+        "ec2messages",
+        "autoscaling",
+    }
     assert "ecr:GetAuthorizationToken" in unscoped and "ecr:BatchGetImage" not in unscoped
+    # The one unscoped autoscaling action only reads which group and lifecycle state a host is in.
+    assert {a for a in unscoped if a.startswith("autoscaling:")} == {
+        "autoscaling:DescribeAutoScalingInstances"
+    }
+
+
+def test_a_booting_host_reads_the_history_and_writes_only_its_boot_record(graph):
+    statements = granted(policy(graph, "runtime"))
+    history = f"arn:aws:s3:::{graph.outputs['history_bucket']}/history/{graph.stack}"
+    assert statements["ReadTheCurrentRelease"]["Action"] == "s3:GetObject"
+    assert sorted(statements["ReadTheCurrentRelease"]["Resource"]) == [
+        f"{history}/{sub}/*" for sub in ("artifacts", "host", "records", "releases")
+    ]
+    assert statements["RecordItsBoot"] == {
+        "Sid": "RecordItsBoot",
+        "Effect": "Allow",
+        "Action": "s3:PutObject",
+        "Resource": f"{history}/boots/*",
+    }
+    # Nothing lets a host write what the stack serves (records/) or a release.
+    writes = [s for s in statements.values() if "s3:PutObject" in s["Action"]]
+    assert [s["Sid"] for s in writes] == ["RecordItsBoot"]
+
+
+def test_hosts_complete_lifecycle_actions_only_on_the_stacks_own_groups(graph):
+    lifecycle = json.loads(
+        graph.one("aws:iam/rolePolicy:RolePolicy", f"{graph.stack}-iam-lifecycle").inputs["policy"]
+    )
+    [statement] = lifecycle["Statement"]
+    asg_arns = [g.outputs["arn"] for g in graph.of_type("aws:autoscaling/group:Group")]
+    assert statement["Action"] == [
+        "autoscaling:CompleteLifecycleAction",
+        "autoscaling:RecordLifecycleActionHeartbeat",
+    ]
+    assert statement["Resource"] == asg_arns and len(asg_arns) == len(graph.settings.node_groups)
+    role = graph.one("aws:iam/role:Role", f"{graph.stack}-iam-runtime")
+    assert (
+        graph.one("aws:iam/rolePolicy:RolePolicy", f"{graph.stack}-iam-lifecycle").inputs["role"]
+        == (role.outputs["name"])
+    )
 
 
 # --- the deploy role ------------------------------------------------------------------------------
@@ -182,3 +229,11 @@ def test_the_deploy_role_reads_and_writes_history_only_under_the_stacks_prefix(g
 def test_the_deploy_role_surges_only_its_stacks_node_groups(graph):
     surge = granted(policy(graph, "deploy"))["SurgeItsNodeGroups"]
     assert surge["Condition"] == {"StringEquals": {"aws:ResourceTag/frontier:stack": graph.stack}}
+    # Scale, protect the hosts a deploy touches, pause AZRebalance, retire a host after a surge.
+    assert set(surge["Action"]) == {
+        "autoscaling:SetDesiredCapacity",
+        "autoscaling:SetInstanceProtection",
+        "autoscaling:SuspendProcesses",
+        "autoscaling:ResumeProcesses",
+        "autoscaling:TerminateInstanceInAutoScalingGroup",
+    }

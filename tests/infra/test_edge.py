@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fnmatch
+
 LB = "aws:lb/loadBalancer:LoadBalancer"
 LISTENER = "aws:lb/listener:Listener"
+RULE = "aws:lb/listenerRule:ListenerRule"
 TG = "aws:lb/targetGroup:TargetGroup"
 
 
@@ -51,9 +54,34 @@ def test_https_listener_uses_the_stacks_certificate_and_tls_policy(graph):
     assert https["protocol"] == "HTTPS"
     assert https["certificateArn"] == graph.settings.edge.certificate_arn
     assert https["sslPolicy"] == graph.settings.edge.ssl_policy
-    assert https["defaultActions"] == [
-        {"type": "forward", "targetGroupArn": graph.outputs["target_group_arn"]}
-    ]
+    assert [action["type"] for action in https["defaultActions"]] == ["fixed-response"]
+
+
+def _route(graph, path: str) -> str:
+    """Where the HTTPS listener sends ``path``: the target group ARN, or the fixed status code.
+
+    ALB path patterns are case-sensitive globs (``*``, ``?``) over the path; rules go by priority.
+    """
+    https = next(r for r in graph.of_type(LISTENER) if r.inputs["port"] == 443)
+    rules = sorted(
+        (r.inputs for r in graph.of_type(RULE) if r.inputs["listenerArn"] == https.outputs["arn"]),
+        key=lambda rule: rule["priority"],
+    )
+    for rule in rules:
+        patterns = [v for c in rule["conditions"] for v in c["pathPattern"]["values"]]
+        if any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns):
+            [action] = rule["actions"]
+            return action["targetGroupArn"]
+    [default] = https.inputs["defaultActions"]
+    return default["fixedResponse"]["statusCode"]
+
+
+def test_the_load_balancer_forwards_only_the_api_paths(graph):
+    target_group = graph.outputs["target_group_arn"]
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models"):
+        assert _route(graph, path) == target_group, path
+    for path in ("/metrics", "/health/ready", "/health/live", "/", "/v1", "/V1/completions", "/admin/v1/x"):
+        assert _route(graph, path) == "404", path
 
 
 def test_http_only_redirects_to_https(graph):

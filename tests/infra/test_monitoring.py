@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
+
+import yaml
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 
@@ -33,29 +36,66 @@ def test_the_5xx_rate_alarm_divides_errors_by_requests_against_the_slo(graph):
     assert returned["expression"] == "(FILL(elb5xx, 0) + FILL(target5xx, 0)) / requests"
 
 
-def test_the_latency_alarm_watches_target_p99_against_the_slo_in_seconds(graph):
+def runtime_dims(graph):
+    return {"Stack": graph.stack, "NodeGroup": graph.settings.serving_group.name}
+
+
+def test_the_latency_alarm_watches_the_p99_of_whole_requests_not_time_to_first_byte(graph):
     latency = alarm(graph, "p99-latency")
-    assert latency["metricName"] == "TargetResponseTime" and latency["extendedStatistic"] == "p99"
-    assert latency["threshold"] == graph.settings.slo.p99_latency_ms / 1000
-    alb, tg = arn_suffixes(graph)
-    assert latency["dimensions"] == {"LoadBalancer": alb, "TargetGroup": tg}
+    assert (latency["namespace"], latency["metricName"]) == ("Frontier/Runtime", "EndToEndLatency")
+    assert latency["extendedStatistic"] == "p99"
+    assert latency["threshold"] == graph.settings.slo.p99_latency_ms  # milliseconds, as published
+    assert latency["dimensions"] == runtime_dims(graph)
 
 
-def test_any_unhealthy_host_raises_an_alarm(graph):
+def test_unhealthy_hosts_alarm_only_beyond_what_a_rollout_takes_out(graph):
     unhealthy = alarm(graph, "unhealthy-hosts")
+    rollout = graph.settings.rollout
     assert (unhealthy["metricName"], unhealthy["statistic"], unhealthy["threshold"]) == (
         "UnHealthyHostCount",
         "Maximum",
-        0,
+        max(rollout.batch_size, rollout.canary_hosts),
     )
+    assert unhealthy["threshold"] >= 1  # a host out for its rollout step never pages
     assert unhealthy["comparisonOperator"] == "GreaterThanThreshold"
 
 
 def test_the_queue_depth_alarm_reads_the_runtimes_metric_against_the_stacks_limit(graph):
     queue = alarm(graph, "queue-depth")
     assert (queue["namespace"], queue["metricName"]) == ("Frontier/Runtime", "QueueDepth")
-    assert queue["dimensions"] == {"Stack": graph.stack}
+    assert queue["dimensions"] == runtime_dims(graph)
     assert queue["threshold"] == graph.settings.monitoring.queue_depth_alarm
+
+
+def published_series(graph):
+    """(namespace, metric, dimensions) the hosts' bootstrap publishes, read from the rendered node.env."""
+    lt = graph.one(
+        "aws:ec2/launchTemplate:LaunchTemplate", f"{graph.stack}-{graph.settings.serving_group.name}-lt"
+    )
+    user_data = base64.b64decode(lt.inputs["userData"]).decode()
+    env_text = next(
+        f["content"]
+        for f in yaml.safe_load(user_data)["write_files"]
+        if f["path"] == "/etc/frontier/node.env"
+    )
+    env = dict(line.split("=", 1) for line in env_text.splitlines() if line)
+    dims = {"Stack": env["FRONTIER_STACK"], "NodeGroup": env["FRONTIER_NODE_GROUP"]}
+    names = (env["FRONTIER_QUEUE_METRIC"], env["FRONTIER_RUNNING_METRIC"], env["FRONTIER_LATENCY_METRIC"])
+    return {(env["FRONTIER_METRIC_NAMESPACE"], name, tuple(sorted(dims.items()))) for name in names}
+
+
+def test_every_runtime_alarm_reads_a_series_the_hosts_publish(graph):
+    published = published_series(graph)
+    runtime_alarms = [
+        a.inputs for a in graph.of_type(ALARM) if a.inputs.get("namespace") == "Frontier/Runtime"
+    ]
+    assert len(runtime_alarms) == 2
+    for a in runtime_alarms:
+        assert (a["namespace"], a["metricName"], tuple(sorted(a["dimensions"].items()))) in published
+    others = [
+        a.inputs for a in graph.of_type(ALARM) if a.inputs.get("namespace") not in (None, "Frontier/Runtime")
+    ]
+    assert {a["namespace"] for a in others} == {"AWS/ApplicationELB"}  # AWS publishes these itself
 
 
 def test_every_alarm_notifies_the_topic_and_ignores_missing_data(graph):
@@ -91,5 +131,14 @@ def test_the_dashboard_shows_the_stacks_load_balancer_queue_and_hosts(graph):
     series = [m for w in body["widgets"] for m in w["properties"]["metrics"]]
     alb, tg = arn_suffixes(graph)
     assert any(alb in m for m in series) and any(tg in m for m in series)
-    assert ["Frontier/Runtime", "QueueDepth", "Stack", graph.stack, {"stat": "Maximum"}] in series
+    group = graph.settings.serving_group.name
+    assert [
+        "Frontier/Runtime",
+        "QueueDepth",
+        "Stack",
+        graph.stack,
+        "NodeGroup",
+        group,
+        {"stat": "Maximum"},
+    ] in series
     assert {m[3] for m in series if m[0] == "AWS/AutoScaling"} == set(graph.outputs["asg_names"])

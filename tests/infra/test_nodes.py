@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import pytest
-from infra_mocks import ROOT_DEVICE, fake_ami, run_program
+from infra_mocks import ROOT_DEVICE, run_program
 
 from frontier.config.load import load_stack
 from frontier.contracts import CACHE_DEVICE_NAME
-from frontier.render.files import render_cloud_init
-from infra.nodes import GPU_AMI_PARAMETER, architecture, needs_efa
+from frontier.fleet import bootstrap as frontier_bootstrap
+from frontier.render.files import render_cloud_init, render_mount_cache
+from infra.nodes import architecture, launch_timeout_s, needs_efa
 
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"
@@ -49,10 +51,12 @@ def test_launch_template_uses_the_stacks_instance_type(graph):
     assert template(graph).inputs["instanceType"] == graph.settings.serving_group.instance_type
 
 
-def test_launch_template_boots_the_gpu_ami_found_by_its_ssm_parameter(graph):
-    parameter = GPU_AMI_PARAMETER.format(arch="x86_64")
-    assert ("aws:ssm/getParameter:getParameter", {"name": parameter}) in graph.invokes
-    assert template(graph).inputs["imageId"] == fake_ami(parameter)
+def test_launch_template_boots_the_ami_pinned_in_the_stack_never_latest(graph):
+    assert template(graph).inputs["imageId"] == graph.settings.serving_group.ami_id
+    # No "latest" lookup at `pulumi up`: the SSM parameter is read only by `fab ami.latest`.
+    assert not [token for token, _ in graph.invokes if token == "aws:ssm/getParameter:getParameter"]
+    [(_, ami_lookup)] = [i for i in graph.invokes if i[0] == "aws:ec2/getAmi:getAmi"]
+    assert ami_lookup["filters"] == [{"name": "image-id", "values": [graph.settings.serving_group.ami_id]}]
 
 
 def test_instance_metadata_requires_imdsv2_within_two_hops(graph):
@@ -71,7 +75,28 @@ def test_root_volume_is_encrypted_gp3_of_the_configured_size_on_the_amis_root_de
     }
 
 
-def test_model_cache_volume_is_encrypted_gp3_where_cloud_init_mounts_it(graph):
+def test_model_cache_is_instance_store_nvme_where_the_type_has_it_else_gp3(graph):
+    devices = [m["deviceName"] for m in template(graph).inputs["blockDeviceMappings"]]
+    script = render_mount_cache(graph.settings, graph.settings.serving_group)
+    if graph.settings.serving_group.model_cache == "instance_store":
+        # p5 / g6e: no EBS cache volume; the host stripes its NVMe disks at boot.
+        assert devices == [ROOT_DEVICE]
+        assert "mdadm --create" in script and "--level=0" in script
+    else:
+        assert devices == [ROOT_DEVICE, CACHE_DEVICE_NAME]
+        assert "Elastic Block Store" in script and "mdadm" not in script
+
+
+def test_the_shipped_stacks_use_nvme_on_p5_and_g6e_and_gp3_on_g5(prod, staging, dev):
+    assert [g.settings.serving_group.model_cache for g in (prod, staging, dev)] == [
+        "instance_store",
+        "instance_store",
+        "ebs",
+    ]
+
+
+def test_model_cache_volume_is_encrypted_gp3_where_cloud_init_mounts_it(dev):
+    graph = dev
     cache = volume(graph, CACHE_DEVICE_NAME)
     assert cache["volumeType"] == "gp3" and cache["encrypted"] == "true"
     assert cache["volumeSize"] == graph.settings.serving_group.cache_volume_gb
@@ -94,7 +119,96 @@ def test_hosts_run_with_the_runtime_instance_profile(graph):
 
 def test_user_data_is_the_cloud_init_rendered_for_the_group(graph):
     user_data = base64.b64decode(template(graph).inputs["userData"]).decode()
-    assert user_data == render_cloud_init(graph.settings, graph.settings.serving_group)
+    history = graph.outputs["history_bucket"]
+    assert user_data == render_cloud_init(
+        graph.settings,
+        graph.settings.serving_group,
+        history_bucket=history,
+        history_prefix=graph.outputs["history_prefix"],
+        launch_timeout_s=launch_timeout_s(graph.settings.rollout.readiness_timeout_s),
+    )
+    # Thin: the host tools come from the history bucket, where `pulumi up` puts them.
+    assert f"s3://{history}/history/{graph.stack}/host/{graph.settings.serving_group.name}/" in user_data
+    # No package list: docker.io is installed only where the AMI has no container engine at all.
+    assert "packages:" not in user_data
+    assert user_data.count("apt-get install -y -qq docker.io") == 1
+    assert "if ! command -v docker >/dev/null; then" in user_data
+
+
+def test_the_host_tools_are_uploaded_beside_the_history(graph):
+    group = graph.settings.serving_group.name
+    keys = {o.inputs["key"] for o in graph.of_type("aws:s3/bucketObjectv2:BucketObjectv2")}
+    prefix = f"history/{graph.stack}/host/{group}/"
+    assert {k for k in keys if k.startswith(prefix)} == {
+        prefix + name
+        for name in (
+            "frontier-agent.py",
+            "frontier-bootstrap.py",
+            "frontier-agent.json",
+            "install-nvidia.sh",
+            "mount-cache.sh",
+            "cloudwatch-agent.json",
+        )
+    }
+    objects = graph.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
+    assert {o.inputs["bucket"] for o in objects} == {graph.outputs["history_bucket"]}
+    assert all(o.inputs["serverSideEncryption"] == "aws:kms" for o in objects)
+    bootstrap = next(o for o in objects if o.inputs["key"].endswith("frontier-bootstrap.py"))
+    assert bootstrap.inputs["content"] == Path(frontier_bootstrap.__file__).read_text()
+
+
+def test_lifecycle_hooks_hold_a_new_host_until_it_serves_and_drain_one_on_scale_in(graph):
+    hooks = {h["name"]: h for h in asg(graph).inputs["initialLifecycleHooks"]}
+    launch, terminate = hooks["frontier-launch"], hooks["frontier-terminate"]
+    assert launch["lifecycleTransition"] == "autoscaling:EC2_INSTANCE_LAUNCHING"
+    assert launch["defaultResult"] == "ABANDON"  # a host that never says it is ready never serves
+    assert launch["heartbeatTimeout"] >= graph.settings.rollout.readiness_timeout_s
+    assert terminate["lifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
+    assert terminate["defaultResult"] == "CONTINUE"
+    rollout, runtime = graph.settings.rollout, graph.settings.runtime
+    assert terminate["heartbeatTimeout"] >= rollout.deregistration_delay_s + runtime.drain_timeout_s
+
+
+def test_a_target_tracking_policy_scales_on_the_published_queue_depth_per_host(graph):
+    group = graph.settings.serving_group
+    policy = graph.one("aws:autoscaling/policy:Policy", f"{graph.stack}-{group.name}-queue-depth").inputs
+    assert policy["autoscalingGroupName"] == asg(graph).outputs["name"]
+    assert policy["policyType"] == "TargetTrackingScaling"
+    tracking = policy["targetTrackingConfiguration"]
+    assert tracking["targetValue"] == group.target_queue_depth
+    metric = tracking["customizedMetricSpecification"]
+    assert (metric["namespace"], metric["metricName"], metric["statistic"]) == (
+        "Frontier/Runtime",
+        "QueueDepth",
+        "Average",
+    )
+    assert metric["metricDimensions"] == [
+        {"name": "Stack", "value": graph.stack},
+        {"name": "NodeGroup", "value": group.name},
+    ]
+
+
+def test_pulumi_leaves_the_desired_capacity_to_the_scaling_policy(graph):
+    assert asg(graph).ignored_changes == ["desiredCapacity"]
+
+
+def test_pulumi_up_fails_when_the_gpus_never_come(graph):
+    timeout = asg(graph).inputs["waitForCapacityTimeout"]
+    assert timeout != "0" and timeout.endswith("m")
+    assert int(timeout[:-1]) * 60 >= launch_timeout_s(graph.settings.rollout.readiness_timeout_s)
+
+
+def test_an_ami_or_template_change_rolls_as_an_instance_refresh(graph):
+    refresh = asg(graph).inputs["instanceRefresh"]
+    assert refresh["strategy"] == "Rolling"
+    preferences = refresh["preferences"]
+    group, rollout = graph.settings.serving_group, graph.settings.rollout
+    if rollout.max_surge and group.max_size > group.desired_size:
+        # Surge: new hosts first (each through the launch hook), then old ones retire.
+        assert preferences["minHealthyPercentage"] == 100 and preferences["maxHealthyPercentage"] > 100
+    else:
+        assert preferences["maxHealthyPercentage"] == 100 and preferences["minHealthyPercentage"] < 100
+    assert preferences["skipMatching"] is True and preferences["autoRollback"] is True
 
 
 def test_auto_scaling_group_follows_the_stacks_sizes(graph):

@@ -197,7 +197,7 @@ RESOURCE_VIOLATIONS = {
     "ebs-encrypted": (
         "prod",
         (LT, "h100-lt"),
-        setter(("blockDeviceMappings", 1, "ebs", "encrypted"), "false"),
+        setter(("blockDeviceMappings", 0, "ebs", "encrypted"), "false"),
     ),
     "no-public-ip-on-hosts": (
         "prod",

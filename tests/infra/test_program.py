@@ -22,13 +22,13 @@ COMPONENTS = {
     "frontier:identity:Identity",
     "frontier:monitoring:Monitoring",
     "frontier:nodes:GpuNodeGroup",
+    "frontier:hosts:HostTools",
 }
 INVOKES = {
     "aws:index/getCallerIdentity:getCallerIdentity",
     "aws:index/getPartition:getPartition",
     "aws:index/getAvailabilityZones:getAvailabilityZones",
     "aws:elb/getServiceAccount:getServiceAccount",
-    "aws:ssm/getParameter:getParameter",
     "aws:ec2/getAmi:getAmi",
 }
 
@@ -69,11 +69,11 @@ def test_the_program_makes_only_invokes_the_mocks_answer(graph):
     assert {token for token, _ in graph.invokes} == INVOKES
 
 
-def test_a_node_groups_ami_is_looked_up_once_per_group(graph):
-    parameters = [
-        args["name"] for token, args in graph.invokes if token == "aws:ssm/getParameter:getParameter"
+def test_a_node_groups_pinned_ami_is_looked_up_once_per_group(graph):
+    images = [
+        args["filters"][0]["values"] for token, args in graph.invokes if token == "aws:ec2/getAmi:getAmi"
     ]
-    assert len(parameters) == len(graph.settings.node_groups)
+    assert images == [[group.ami_id] for group in graph.settings.node_groups]
 
 
 # --- outputs --------------------------------------------------------------------------------------
@@ -85,7 +85,9 @@ def test_outputs_name_what_fab_needs(graph):
     asgs = graph.of_type("aws:autoscaling/group:Group")
     assert out["region"] == graph.settings.region
     assert f"s3://{out['weights_bucket']}/{out['weights_prefix']}" == graph.settings.model.weights_uri
-    assert out["history_bucket"] == f"frontier-{stack}-history-{ACCOUNT_ID}"
+    # Globally unique: S3 bucket names are shared by every account and region.
+    assert out["history_bucket"] == f"frontier-{stack}-history-{ACCOUNT_ID}-{graph.settings.region}"
+    assert out["weights_bucket"].endswith(f"-{ACCOUNT_ID}-{graph.settings.region}")
     assert out["history_prefix"] == f"history/{stack}/"
     assert out["target_group_arn"] == tg.outputs["arn"]
     assert sorted(out["asg_names"]) == sorted(a.outputs["name"] for a in asgs)
@@ -179,7 +181,7 @@ def test_a_cache_volume_cloud_init_cannot_tell_from_the_root_volume_is_refused()
 
 
 def test_user_data_beyond_ec2s_limit_is_refused(monkeypatch):
-    monkeypatch.setattr("infra.program.render_cloud_init", lambda settings, group: "#" * 17_000)
+    monkeypatch.setattr("infra.program.render_cloud_init", lambda settings, group, **_: "#" * 17_000)
     with pytest.raises(
         ProvisionError, match=r"node_groups\[0\] \(a10g\): .* is 17000 bytes; EC2 accepts at most 16384"
     ):
@@ -192,3 +194,14 @@ def test_every_problem_is_reported_at_once():
     )
     with pytest.raises(ProvisionError, match=r"2 problem\(s\)"):
         run_program(settings)
+
+
+def test_a_weights_bucket_without_account_and_region_in_its_name_is_refused():
+    settings = load_stack("prod")
+    model = settings.model.model_copy(update={"weights_uri": "s3://frontier-prod-weights/llama"})
+    with pytest.raises(
+        ProvisionError,
+        match=r"model\.weights_uri = 's3://frontier-prod-weights/llama': S3 bucket names are global; .*"
+        r"frontier-prod-weights-123456789012-us-east-1",
+    ):
+        run_program(settings.model_copy(update={"model": model}))

@@ -233,18 +233,28 @@ def test_driver_script_pins_branch_and_toolkit(prod):
     assert 'EXPECTED_GPUS="${FRONTIER_EXPECTED_GPUS:-8}"' in script
 
 
-def test_cloud_init_is_yaml_with_the_driver_script_and_no_secrets(prod):
-    text = render.render_cloud_init(prod, "h100")
+def test_cloud_init_is_thin_yaml_that_bootstraps_from_the_history_and_holds_no_secrets(prod):
+    text = render.render_cloud_init(prod, "h100", history_bucket="frontier-prod-history-1-us-east-1")
     assert text.startswith("#cloud-config\n")
     data = yaml.safe_load(text)
     files = {f["path"]: f for f in data["write_files"]}
-    assert files["/opt/frontier/bin/install-nvidia.sh"]["content"] == render.render_driver_script(
-        prod, "h100"
+    env = dict(line.split("=", 1) for line in files["/etc/frontier/node.env"]["content"].splitlines())
+    assert (env["FRONTIER_HISTORY_BUCKET"], env["FRONTIER_HISTORY_PREFIX"]) == (
+        "frontier-prod-history-1-us-east-1",
+        "history/prod/",
     )
-    assert "docker.io" in data["packages"]
-    assert data["runcmd"] == [["/usr/local/sbin/frontier-bootstrap"]]
-    assert "1000 GiB" in files["/usr/local/sbin/frontier-mount-cache"]["content"]
+    assert (env["FRONTIER_LAUNCH_HOOK"], env["FRONTIER_TERMINATE_HOOK"]) == (
+        "frontier-launch",
+        "frontier-terminate",
+    )
+    bootstrap = files["/usr/local/sbin/frontier-bootstrap"]["content"]
+    assert "s3://frontier-prod-history-1-us-east-1/history/prod/host/h100/" in bootstrap
+    assert 'frontier-bootstrap.py" boot' in bootstrap and "abandon --reason" in bootstrap
+    # No package list: nothing (docker.io least of all) is installed beside the AMI's own engine.
+    assert "packages" not in data
+    assert data["runcmd"][-1] == ["systemctl", "enable", "--now", "--no-block", "frontier-bootstrap.service"]
     assert "api-keys" not in text and "PRIVATE KEY" not in text
+    assert len(text.encode()) < 16 * 1024 // 2  # well inside EC2's user-data limit
 
 
 def test_cloud_init_logs_docker_into_ecr_with_the_instance_profile(prod):
@@ -362,6 +372,7 @@ def test_cloud_stack_renders_release_bootstrap_drivers_and_alerts(prod):
     assert list(render.render_stack(prod, DIGEST)) == [
         "cloud-init/h100.yaml",
         "drivers/h100/install-nvidia.sh",
+        "host/h100/mount-cache.sh",
         "monitoring/alerts.yaml",
         "release/frontier-runtime.service",
         "release/runtime.yaml",

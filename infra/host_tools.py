@@ -1,0 +1,85 @@
+"""Host tools: what a host fetches at boot to bootstrap itself, uploaded beside the releases.
+
+Under ``<history prefix>host/<node group>/`` of the history bucket: the host agent and the
+bootstrap (their source files, byte for byte what the tests run), the agent's configuration
+(rendered for the stack; the bootstrap fills in the host's name and address), the driver and
+model-cache scripts of the group, and the CloudWatch agent's configuration. cloud-init stays thin
+(EC2 user data is limited to 16 KB) and fetches them; the runtime role may read only this prefix,
+the releases and the deploy records (see :mod:`infra.identity`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_aws as aws
+
+from frontier.config.schema import NodeGroup, Settings
+from frontier.contracts import HOST_ROOT, HOST_TOOLS_PREFIX
+from frontier.fleet import agent, bootstrap
+from frontier.render.files import (
+    render_agent_config,
+    render_cloudwatch_agent,
+    render_driver_script,
+    render_mount_cache,
+)
+
+AGENT_FILE = "frontier-agent.py"
+BOOTSTRAP_FILE = "frontier-bootstrap.py"
+# The bootstrap writes the host's own name and address over these.
+PLACEHOLDER_HOST = "bootstrap"
+PLACEHOLDER_ADDRESS = "0.0.0.0"
+
+
+def host_tools(settings: Settings, group: NodeGroup) -> dict[str, str]:
+    """File name -> content, for one node group."""
+    files = {
+        AGENT_FILE: Path(agent.__file__).read_text(),
+        BOOTSTRAP_FILE: Path(bootstrap.__file__).read_text(),
+        bootstrap.AGENT_CONFIG: render_agent_config(
+            settings,
+            host=PLACEHOLDER_HOST,
+            root=HOST_ROOT,
+            python="/usr/bin/python3",
+            address=PLACEHOLDER_ADDRESS,
+        ),
+        "mount-cache.sh": render_mount_cache(settings, group),
+        "cloudwatch-agent.json": render_cloudwatch_agent(settings),
+    }
+    if group.accelerator == "gpu":
+        files["install-nvidia.sh"] = render_driver_script(settings, group)
+    return dict(sorted(files.items()))
+
+
+@dataclass(frozen=True)
+class HostToolsArgs:
+    settings: Settings
+    history_bucket: pulumi.Input[str]
+    history_prefix: str
+    kms_key_arn: pulumi.Input[str]
+    tags: Mapping[str, str]
+
+
+class HostTools(pulumi.ComponentResource):
+    def __init__(self, name: str, args: HostToolsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("frontier:hosts:HostTools", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.keys: list[str] = []
+        for group in args.settings.node_groups:
+            for file_name, content in host_tools(args.settings, group).items():
+                key = f"{args.history_prefix}{HOST_TOOLS_PREFIX}{group.name}/{file_name}"
+                aws.s3.BucketObjectv2(
+                    f"{name}-{group.name}-{file_name}",
+                    bucket=args.history_bucket,
+                    key=key,
+                    content=content,
+                    server_side_encryption="aws:kms",
+                    kms_key_id=args.kms_key_arn,
+                    tags=dict(args.tags),
+                    opts=child,
+                )
+                self.keys.append(key)
+        self.register_outputs({"keys": self.keys})
