@@ -18,6 +18,7 @@ rollout's, one entry per Deployment, so history records look alike on every targ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -144,6 +145,32 @@ class KubernetesRollout:
         patch = [{"op": "replace", "path": "/spec/template", "value": template}]
         self.apps.patch_namespaced_deployment(self.name, self.namespace, patch, _preload_content=False)
 
+    def prune_configs(self, in_use: str) -> str:
+        """Delete the release ConfigMaps beyond ``rollout.keep_releases`` (newest kept; never ``in_use``).
+
+        As many as the Deployment keeps revisions of, so a previous revision still finds its config.
+        """
+        selector = ",".join(f"{k}={v}" for k, v in m.selector(self.settings).items())
+        listed = _json(
+            self.core.list_namespaced_config_map(
+                self.namespace, label_selector=selector, _preload_content=False
+            )
+        )
+        newest_first = sorted(
+            listed.get("items", []), key=lambda c: c["metadata"].get("creationTimestamp", ""), reverse=True
+        )
+        kept, deleted = {in_use}, []
+        for item in newest_first:
+            name = item["metadata"]["name"]
+            if name in kept:
+                continue
+            if len(kept) < self.settings.rollout.keep_releases:
+                kept.add(name)
+                continue
+            self.core.delete_namespaced_config_map(name, self.namespace, _preload_content=False)
+            deleted.append(name)
+        return " ".join(deleted) or "nothing to prune"
+
     def _delete_canary(self) -> str:
         try:
             self.apps.delete_namespaced_deployment(self.canary, self.namespace, _preload_content=False)
@@ -258,6 +285,10 @@ class KubernetesRollout:
             _Step(canary, self.report).phase("cleanup", self._delete_canary)
             if canary.outcome == "pending":
                 canary.outcome = "updated"  # it served the release through its gate, then made way
+            # An old ConfigMap left behind is not worth failing a good rollout for.
+            with contextlib.suppress(ApiException):
+                in_use = m.config_map_name(self.settings, release.files[CONFIG_FILE])
+                steps.phase("prune", lambda: self.prune_configs(in_use))
         except (Exception, KeyboardInterrupt) as exc:
             result.reason = self._reason(exc)
             failing = next((r for r in (canary, stable) if r.outcome == "pending" and r.phases), stable)

@@ -10,7 +10,8 @@ does is chosen per digest (``behaviour``): ``good`` answers 200s, ``errors`` ans
 ``stuck`` never becomes available and reports ``ProgressDeadlineExceeded``.
 
 Endpoints: GET/PATCH(json-patch)/DELETE ``/apis/apps/v1/namespaces/{ns}/deployments/{name}``,
-POST ``/apis/apps/v1/namespaces/{ns}/deployments``, POST ``/api/v1/namespaces/{ns}/configmaps``,
+POST ``/apis/apps/v1/namespaces/{ns}/deployments``, POST/GET ``/api/v1/namespaces/{ns}/configmaps``,
+DELETE ``/api/v1/namespaces/{ns}/configmaps/{name}``,
 GET ``/api/v1/namespaces/{ns}/pods?labelSelector=``, GET
 ``/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics``. Anything else answers 404.
 """
@@ -31,7 +32,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 from frontier import contracts
 
 DEPLOYMENT = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments(?:/([^/]+))?$")
-CONFIG_MAPS = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps$")
+CONFIG_MAPS = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+):(\d+)/proxy/metrics$")
 ROUTE = "/v1/chat/completions"
@@ -213,15 +214,8 @@ class _Handler(BaseHTTPRequestHandler):
             cluster.requests.append((method, url.path))
             if match := DEPLOYMENT.match(url.path):
                 return self._deployment(method, match.group(2))
-            if (match := CONFIG_MAPS.match(url.path)) and method == "POST":
-                body = self._body()
-                name = body["metadata"]["name"]
-                if name in cluster.config_maps:
-                    return self._send(
-                        409, _status(409, "AlreadyExists", f'configmaps "{name}" already exists')
-                    )
-                cluster.config_maps[name] = body
-                return self._send(201, body)
+            if match := CONFIG_MAPS.match(url.path):
+                return self._config_map(method, match.group(2), url.query)
             if PODS.match(url.path) and method == "GET":
                 wanted = dict(
                     pair.split("=", 1)
@@ -240,6 +234,32 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._send(404, _status(404, "NotFound", f'pods "{pod}" not found'))
                 return self._send(200, cluster.metrics(pod), "text/plain; version=0.0.4")
             return self._send(404, _status(404, "NotFound", f"{method} {url.path}"))
+
+    def _config_map(self, method: str, name: str | None, query: str) -> None:
+        cluster = self.cluster
+        if method == "POST" and name is None:
+            body = self._body()
+            name = body["metadata"]["name"]
+            if name in cluster.config_maps:
+                return self._send(409, _status(409, "AlreadyExists", f'configmaps "{name}" already exists'))
+            # Creation order, as the API server's timestamps would give it.
+            body["metadata"]["creationTimestamp"] = f"2026-12-03T09:{len(cluster.config_maps):02d}:00Z"
+            cluster.config_maps[name] = body
+            return self._send(201, body)
+        if method == "GET" and name is None:
+            wanted = dict(
+                p.split("=", 1) for p in parse_qs(query).get("labelSelector", [""])[0].split(",") if p
+            )
+            items = [
+                c
+                for c in cluster.config_maps.values()
+                if all((c["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
+            ]
+            return self._send(200, {"kind": "ConfigMapList", "apiVersion": "v1", "items": items})
+        if method == "DELETE" and name in cluster.config_maps:
+            del cluster.config_maps[name]
+            return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+        return self._send(404, _status(404, "NotFound", f'configmaps "{name}" not found'))
 
     def _deployment(self, method: str, name: str | None) -> None:
         cluster = self.cluster

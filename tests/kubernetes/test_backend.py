@@ -324,3 +324,21 @@ def test_fab_deploy_history_and_rollback_on_a_kubernetes_stack(capsys, monkeypat
 
         code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_B, "--plan")
         assert code == 0 and out.count("update") == REPLICAS, out
+
+
+def test_config_maps_beyond_keep_releases_are_pruned_never_the_one_in_use(settings, cluster, s3, clock):
+    names = []
+    for drain in (30, 40, 50, 60):  # four configs: four ConfigMaps
+        variant = settings.model_copy(
+            update={
+                "runtime": settings.runtime.model_copy(update={"drain_timeout_s": drain}),
+                "rollout": settings.rollout.model_copy(update={"keep_releases": 2}),
+            }
+        )
+        backend = KubernetesBackend(variant, clock=clock)
+        env = Environment(variant, backend.history_store(), None, [], backend.connect, roll=backend.roll)
+        assert deploy(env, GOOD_B).outcome == "succeeded"
+        names.append(m.config_map_name(variant, render_runtime_config(variant)))
+    assert sorted(cluster.cluster.config_maps) == sorted(names[-2:])
+    volume = _stable(cluster, settings)["spec"]["template"]["spec"]["volumes"][0]
+    assert volume["configMap"]["name"] == names[-1]
