@@ -6,6 +6,12 @@ steps with decodes instead of stalling them. Running sequences go first, in arri
 waiting ones are admitted FCFS while the budget, ``max_batch_size`` and free blocks allow. When
 blocks run out, the newest running sequence is preempted: its blocks are freed and it returns to
 the head of the queue to be recomputed later (its prefix may still be in the cache).
+
+Priority classes: interactive sequences queue ahead of batch ones and run first within a step, so
+batch work gets only the budget, batch slots and blocks interactive work leaves free. Batch
+sequences are the first preempted under block pressure, an interactive sequence waiting for a
+slot or blocks preempts the newest batch ones to get them, and batch sequences skip the steps in
+which an interactive prompt waits or is prefilled.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from frontier_runtime.contracts import BATCH
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.sequence import Sequence, Status
@@ -40,7 +47,16 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if _is_batch(seq):
+            self.waiting.append(seq)
+        else:
+            self.waiting.insert(self._first_waiting_batch(), seq)
+
+    def _first_waiting_batch(self) -> int:
+        for i, seq in enumerate(self.waiting):
+            if _is_batch(seq):
+                return i
+        return len(self.waiting)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -65,17 +81,56 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.release(seq)
         seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
+        if _is_batch(seq):
+            self.waiting.insert(self._first_waiting_batch(), seq)
+        else:
+            self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def _interactive_prefill_pending(self) -> bool:
+        if self.waiting and not _is_batch(self.waiting[0]):
+            return True
+        return any(not _is_batch(s) and s.num_computed_tokens < s.num_tokens - 1 for s in self.running)
+
+    def _make_room_for_interactive(self, out: SchedulerOutput) -> None:
+        """Preempt the newest batch sequences while interactive ones wait for slots or blocks."""
+        waiting_interactive = self._first_waiting_batch()
+        if not waiting_interactive:
+            return
+        head = self.waiting[0]
+        if self._never_fits(head.num_tokens):
+            return  # it will be finished as unfittable; no batch work need make way for it
+        while True:
+            victim = next((s for s in reversed(self.running) if _is_batch(s)), None)
+            if victim is None:
+                return
+            if len(self.running) + min(waiting_interactive, self.max_batch_size) <= self.max_batch_size:
+                cached = self.blocks.find_cached_prefix(head)
+                remaining = head.num_tokens - len(cached) * self.blocks.block_size
+                if self.blocks.can_admit(head, cached, min(remaining, self.max_num_batched_tokens)):
+                    return
+            self.running.remove(victim)
+            self._preempt(victim)
+            out.num_preempted += 1
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        self._make_room_for_interactive(out)
+        # Interactive first (each class oldest first): they get the budget first and the newest
+        # batch sequence is the first preempted from the end.
+        self.running.sort(key=_is_batch)
+        starved = False
+        # While an interactive prompt waits or prefills, batch sequences sit the step out: its
+        # first token (TTFT) then costs what it would cost without any batch work.
+        pause_batch = self._interactive_prefill_pending()
 
         # 1. Running sequences, oldest first; make room by preempting from the newest end.
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if pause_batch and _is_batch(seq):
+                break  # every later one is batch too (sorted above)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.blocks.can_append(seq, num_new):
                 if self.running[-1] is seq and len(self.running) == 1 and self._never_fits(seq.num_tokens):
@@ -85,6 +140,7 @@ class Scheduler:
                 victim = self.running.pop()
                 self._preempt(victim)
                 out.num_preempted += 1
+                starved = True
                 if victim is seq:
                     break
             if seq.status is not Status.RUNNING:
@@ -95,10 +151,10 @@ class Scheduler:
             i += 1
 
         # 2. Waiting sequences, FCFS; none jumps ahead of a head that does not fit.
-        while (
-            self.waiting and budget > 0 and len(self.running) < self.max_batch_size and not out.num_preempted
-        ):
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size and not starved:
             seq = self.waiting[0]
+            if pause_batch and _is_batch(seq):
+                break
             if self._never_fits(seq.num_tokens) or (
                 not self.chunked_prefill and seq.num_tokens > self.max_num_batched_tokens
             ):
@@ -119,3 +175,7 @@ class Scheduler:
             out.scheduled.append((seq, num_new))
             budget -= num_new
         return out
+
+
+def _is_batch(seq: Sequence) -> bool:
+    return seq.params.priority == BATCH
