@@ -30,7 +30,7 @@ from frontier.render.files import (
 AGENT_FILE = "frontier-agent.py"
 BOOTSTRAP_FILE = "frontier-bootstrap.py"
 # The bootstrap writes the host's own name and address over these.
-PLACEHOLDER_HOST = "bootstrap"
+PLACEHOLDER_HOST = bootstrap.PLACEHOLDER_HOST
 PLACEHOLDER_ADDRESS = "0.0.0.0"
 
 

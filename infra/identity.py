@@ -108,7 +108,17 @@ def host_boot_statements(args: IdentityArgs) -> list[dict[str, Any]]:
             "s3:GetObject",
             [_objects(args.history_bucket_arn, args.history_prefix + sub) for sub in BOOT_READS],
         ),
-        _list_prefix("ListDeployRecords", args.history_bucket_arn, args.history_prefix + "records"),
+        _statement(
+            "ListTheCurrentRelease",
+            "s3:ListBucket",
+            args.history_bucket_arn,
+            {
+                "StringLike": {
+                    "s3:prefix": [f"{args.history_prefix.strip('/')}/{sub}/*" for sub in BOOT_READS]
+                    + [f"{args.history_prefix.strip('/')}/{sub}" for sub in BOOT_READS]
+                }
+            },
+        ),
         _statement(
             "RecordItsBoot", "s3:PutObject", _objects(args.history_bucket_arn, args.history_prefix + "boots")
         ),

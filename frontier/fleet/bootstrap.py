@@ -55,6 +55,8 @@ MANIFEST = "release.json"
 RELEASE_ID = re.compile(r"^r-[0-9a-f]{12}$")
 TERMINATING = "Terminating:Wait"
 PUBLISHER_STATE = "publisher.json"
+# The host name the uploaded agent configuration carries until a host fills in its own.
+PLACEHOLDER_HOST = "bootstrap"
 
 
 class BootError(Exception):
@@ -157,6 +159,12 @@ class Aws:
         self.run("s3api", "get-object", "--bucket", bucket, "--key", key, str(target))
         return target
 
+    def copy_prefix(self, bucket: str, prefix: str, target: Path) -> Path:
+        """Every object under ``prefix`` into ``target`` (one CLI call: each costs a second or two)."""
+        target.mkdir(parents=True, exist_ok=True)
+        self.run("s3", "cp", "--quiet", "--recursive", f"s3://{bucket}/{prefix}", str(target))
+        return target
+
     def put(self, bucket: str, key: str, body: bytes) -> None:
         with tempfile.NamedTemporaryFile(suffix=".json") as fh:
             fh.write(body)
@@ -232,15 +240,24 @@ def fetch_release(aws: Aws, config: NodeConfig, release: str, incoming: Path) ->
     base = f"{config.history_prefix}releases/{release}/"
     if incoming.exists():
         shutil.rmtree(incoming)
-    manifest_path = aws.get(config.history_bucket, base + MANIFEST, incoming / MANIFEST)
-    manifest = json.loads(manifest_path.read_text())
+    download = aws.copy_prefix(config.history_bucket, base, incoming.with_name(incoming.name + ".download"))
+    if not (download / MANIFEST).is_file():
+        raise BootError(f"release {release} is not in s3://{config.history_bucket}/{base}")
+    manifest = json.loads((download / MANIFEST).read_text())
+    incoming.mkdir(parents=True)
+    (incoming / MANIFEST).write_bytes((download / MANIFEST).read_bytes())
     for name, want in sorted(manifest["files"].items()):
         if "/" in name or name.startswith("."):
             raise BootError(f"release {release}: refusing file name {name!r}")
-        path = aws.get(config.history_bucket, f"{base}files/{name}", incoming / name)
+        source = download / "files" / name
+        if not source.is_file():
+            raise BootError(f"release {release}: {name} is missing from the history")
+        path = incoming / name
+        shutil.copyfile(source, path)
         got = hashlib.sha256(path.read_bytes()).hexdigest()
         if got != want:
             raise BootError(f"release {release}: {name} has sha256 {got}, {MANIFEST} says {want}")
+    shutil.rmtree(download)
     computed = release_id(manifest["digest"], manifest["files"])
     if manifest.get("id") != release or computed != release:
         raise BootError(f"release {release}: its manifest gives id {computed}; refusing it")
@@ -266,16 +283,22 @@ def fetch_wheel(aws: Aws, config: NodeConfig, artifact: dict[str, Any], target_d
 def install_agent(aws: Aws, config: NodeConfig, host: str, address: str) -> Path:
     """The agent and its configuration (this host's name and address filled in) under <root>/bin."""
     bin_dir = Path(config.root) / "bin"
-    tools = config.history_prefix + "host/"
-    agent = aws.get(config.history_bucket, tools + AGENT_NAME, bin_dir / AGENT_NAME)
-    raw = aws.get(config.history_bucket, tools + AGENT_CONFIG, bin_dir / (AGENT_CONFIG + ".template"))
-    agent_config = json.loads(raw.read_text())
+    tools = f"{config.history_prefix}host/{config.node_group}/"
+    # cloud-init fetched them already on EC2; the local stack's slots fetch them here.
+    if not (bin_dir / AGENT_NAME).is_file() or not (bin_dir / AGENT_CONFIG).is_file():
+        aws.copy_prefix(config.history_bucket, tools, bin_dir)
+    # What came from S3 still names no host: keep it as the template this host's config is made from.
+    template = bin_dir / (AGENT_CONFIG + ".template")
+    fetched = json.loads((bin_dir / AGENT_CONFIG).read_text())
+    if fetched.get("host") == PLACEHOLDER_HOST or not template.is_file():
+        template.write_text(json.dumps(fetched, indent=2, sort_keys=True) + "\n")
+    agent_config = json.loads(template.read_text())
     agent_config.update({"host": host, "address": address, "root": config.root, "python": sys.executable})
     target = bin_dir / AGENT_CONFIG
     tmp = target.with_suffix(".tmp")
     tmp.write_text(json.dumps(agent_config, indent=2, sort_keys=True) + "\n")
     tmp.replace(target)
-    return agent
+    return bin_dir / AGENT_NAME
 
 
 def agent(config: NodeConfig, *args: str, timeout: float = 600) -> dict[str, Any]:
@@ -348,7 +371,7 @@ def boot(config: NodeConfig, aws: Aws) -> dict[str, Any]:
         reason = str(exc) or type(exc).__name__
         log(f"ABANDON: {reason}")
         _record(aws, config, instance_id, "abandoned", release, reason)
-        if group:
+        if group and state.startswith("Pending"):
             aws.complete(group, config.launch_hook, instance_id, "ABANDON")
         return {"ok": False, "outcome": "abandoned", "release": release, "reason": reason, "group": group}
     log(f"CONTINUE: {reason}")
@@ -360,10 +383,11 @@ def boot(config: NodeConfig, aws: Aws) -> dict[str, Any]:
 
 def abandon(config: NodeConfig, aws: Aws, reason: str) -> dict[str, Any]:
     instance_id, _ = identity(config)
-    group, _ = aws.group_of(instance_id)
+    group, state = aws.group_of(instance_id)
     log(f"ABANDON: {reason}")
     _record(aws, config, instance_id, "abandoned", "", reason)
-    if group:
+    # Only a launch waits for an answer; a host that already serves (a later boot) just logs it.
+    if group and state.startswith("Pending"):
         aws.complete(group, config.launch_hook, instance_id, "ABANDON")
     return {"ok": False, "outcome": "abandoned", "reason": reason, "group": group}
 
