@@ -1,6 +1,6 @@
 """The roofline's prediction against measurement on this machine.
 
-    python bench/roofline_vs_measured.py [--threads 1] [--repeats 3] [--prompt 32] [--output 64]
+    python bench/roofline_vs_measured.py [--threads 1] [--repeats 3] [--prompt 32] [--output 32]
 
 Two checkpoints written on the fly with ``frontier_runtime.tiny.make_tiny_checkpoint``: the tiny
 model (hidden 256, 4 layers, 8/4 heads, vocab 4096; 5M parameters) and a ~100M-parameter Llama with
@@ -8,10 +8,13 @@ GQA (hidden 768, 12 layers, 12 query / 4 KV heads, MLP 2048, vocab 16384), both 
 
 - measured: decode output tokens/s of ``LLMEngine`` at concurrency 1, 8 and 32 — all requests
   submitted at once, greedy, EOS ignored; the clock starts after the step that prefills every
-  prompt, so only decode steps count; the best of ``--repeats`` runs (on a shared machine the
-  best is the one least disturbed by other work).
+  prompt, so only decode steps count. Each step is timed by the CPU time of the thread that runs
+  it (with ``--threads 1`` torch runs every op on that thread): on a machine shared with other
+  work, the wall clock would count the time spent waiting for a core. The median step over
+  ``--repeats`` runs sets the figure; the wall-clock median is printed beside it.
 - predicted: ``roofline.decode_tokens_per_s`` on the CPU measured by ``frontier.capacity.cpu``
-  (a large copy and a matmul, at the same thread count) with the CPU efficiencies of
+  (a large copy and a matmul, at the same thread count and on the same clock) right before each
+  of those runs, the best of those measurements — with the efficiencies of
   ``frontier.capacity.devices.CPU_EFFICIENCY``; and, to show what the engine's own time is worth,
   the bare roofline with no overhead.
 - the local stack's knee: the roofline's best point of ``stacks/Pulumi.local.yaml`` (uncalibrated:
@@ -40,10 +43,9 @@ from frontier_runtime.engine.llm_engine import LLMEngine
 from frontier_runtime.tiny import make_tiny_checkpoint
 
 from frontier.capacity.baseline import load_baseline
-from frontier.capacity.cpu import measure
-from frontier.capacity.devices import CPU_EFFICIENCY
-from frontier.capacity.replica import model_stack
-from frontier.capacity.roofline import Device, Replica, Shape, decode_tokens_per_s
+from frontier.capacity.cpu import clock, measure
+from frontier.capacity.devices import CPU_EFFICIENCY, cpu_threads
+from frontier.capacity.roofline import Device, Replica, Shape, decode_tokens_per_s, fit_slo
 from frontier.config.load import load_stack
 
 CONCURRENCY = (1, 8, 32)
@@ -91,17 +93,40 @@ def replica_of(model_dir: Path, max_batch: int) -> Replica:
     return Replica(shape, 1, kv_per_token, max_batch, 2048, max_batch, True)
 
 
-def measure_decode(engine: LLMEngine, vocab: int, concurrency: int, prompt: int, output: int) -> float:
-    """Decode output tokens/s of ``concurrency`` requests run together, prefill excluded."""
+def cpu_device(threads: int) -> Device:
+    m = measure(threads)
+    return Device(f"CPU, {threads} thread(s)", 16e9, m.bandwidth, m.flops, m.bandwidth, "measured")
+
+
+def best_device(devices: list[Device]) -> Device:
+    """The least disturbed of several measurements: the highest bandwidth and FLOP/s seen."""
+    bandwidth, flops = max(d.bandwidth for d in devices), max(d.flops for d in devices)
+    return replace(devices[0], bandwidth=bandwidth, flops=flops, link_bandwidth=bandwidth)
+
+
+def measure_decode(
+    engine: LLMEngine, vocab: int, concurrency: int, prompt: int, output: int, threads: int
+) -> list[tuple[float, float]]:
+    """(CPU-clock seconds, wall seconds) of each decode step of ``concurrency`` requests run
+    together (prefill excluded); every step decodes one token of each."""
+    now = clock(threads)
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     for i in range(concurrency):
         ids = [8 + (i * 131 + j * 17) % (vocab - 8) for j in range(prompt)]  # distinct: no prefix hits
         engine.add_request(f"c{concurrency}-{time.monotonic_ns()}-{i}", ids, params)
     engine.step()  # every prompt fits the budget: this step prefills them all and samples token 1
-    tokens, start = 0, time.perf_counter()
+    steps = []
     while engine.has_unfinished():
-        tokens += sum(len(out.new_token_ids) for out in engine.step())
-    return tokens / (time.perf_counter() - start)
+        start, wall = now(), time.perf_counter()
+        tokens = sum(len(out.new_token_ids) for out in engine.step())
+        steps.append((now() - start, time.perf_counter() - wall))
+        assert tokens == concurrency, f"a decode step produced {tokens} tokens, expected {concurrency}"
+    return steps
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,25 +136,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=32)
-    parser.add_argument("--output", type=int, default=64)
+    parser.add_argument("--output", type=int, default=32)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
 
-    cpu = measure(args.threads)
-    device = Device(
-        name=f"CPU, {args.threads} thread(s)",
-        memory_bytes=16e9,
-        bandwidth=cpu.bandwidth,
-        flops=cpu.flops,
-        link_bandwidth=cpu.bandwidth,
-        source="measured",
-    )
-    print(
-        f"CPU ({cpu.machine}, {args.threads} thread(s)): copy {cpu.bandwidth / 1e9:.1f} GB/s, "
-        f"matmul {cpu.flops / 1e9:.1f} GFLOP/s; load average {load_before:.2f}",
-        flush=True,
-    )
+    print(f"{os.cpu_count()} cores, {args.threads} thread(s); load average {load_before:.2f}", flush=True)
+    seen: list[Device] = []  # every CPU measurement, for the local knee at the end
     eff, bare_eff = CPU_EFFICIENCY, replace(CPU_EFFICIENCY, step_overhead_s=0.0, seq_overhead_s=0.0)
     context = args.prompt + args.output / 2
     rows: list[Row] = []
@@ -158,10 +171,18 @@ def main(argv: list[str] | None = None) -> None:
             )
             engine.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
             for c in CONCURRENCY:
-                measured = max(
-                    measure_decode(engine, cfg["vocab_size"], c, args.prompt, args.output)
-                    for _ in range(args.repeats)
-                )
+                # The CPU is measured right before each run, so both sides of a row see the same
+                # moments of a shared machine.
+                steps, cpus = [], []
+                for _ in range(args.repeats):
+                    cpus.append(cpu_device(args.threads))
+                    steps += measure_decode(
+                        engine, cfg["vocab_size"], c, args.prompt, args.output, args.threads
+                    )
+                measured = c / median([cpu_s for cpu_s, _ in steps])
+                wall = c / median([wall_s for _, wall_s in steps])
+                device = best_device(cpus)
+                seen.extend(cpus)
                 predicted = decode_tokens_per_s(device, eff, replica, c, context)
                 bare = decode_tokens_per_s(device, bare_eff, replica, c, context)
                 step_times[(name, c)] = (c / measured, c / bare)
@@ -176,7 +197,9 @@ def main(argv: list[str] | None = None) -> None:
                     )
                 )
                 print(
-                    f"  concurrency {c}: measured {measured:,.1f} tok/s, predicted {predicted:,.1f}",
+                    f"  concurrency {c}: measured {measured:,.1f} tok/s (wall clock: {wall:,.1f}), "
+                    f"predicted {predicted:,.1f} "
+                    f"(CPU copy {device.bandwidth / 1e9:.1f} GB/s, matmul {device.flops / 1e9:.1f} GFLOP/s)",
                     flush=True,
                 )
             engine.shutdown()
@@ -193,7 +216,19 @@ def main(argv: list[str] | None = None) -> None:
     local = load_stack("local")
     baseline = load_baseline("local")
     if baseline is not None:
-        knee = model_stack(local, None, refresh_cpu=True).fit.best  # CPU measured again, at 1 thread
+        # The stack's runtime uses runtime.cpu_threads (1): the model of its replica, uncalibrated.
+        local_cpu = (
+            best_device(seen) if args.threads == cpu_threads(local) else cpu_device(cpu_threads(local))
+        )
+        cap = local.capacity
+        knee = fit_slo(
+            local_cpu,
+            eff,
+            Replica.from_settings(local),
+            local.slo,
+            cap.avg_prompt_tokens,
+            cap.avg_output_tokens,
+        ).best
         predicted_knee = knee.requests_per_s if knee is not None else 0.0
         rows.append(
             Row(

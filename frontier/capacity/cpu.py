@@ -4,6 +4,11 @@ A few seconds of torch: a large copy (bytes read + written per second) and a squ
 matmul (FLOP/s), each the best of several runs, at the thread count the runtime will use. The
 result is cached under ``.frontier/roofline/`` per thread count and machine, so ``fab plan`` pays
 for it once.
+
+With one thread the runs are timed by that thread's CPU time, not the wall clock: on a machine
+shared with other work the wall clock counts the time the thread waited for a core, which says
+nothing about the core. (Memory bandwidth taken by the others still shows.) With more threads the
+work runs on torch's pool, whose time only the wall clock sees.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class CpuMeasurement:
     flops: float  # float32 FLOP/s of a 1024^3 matmul
     machine: str
     measured_at: str
+    clock: str  # "thread CPU time" or "wall"
 
 
 def _machine() -> str:
@@ -40,13 +46,18 @@ def cache_path(threads: int) -> Path:
     return state_dir() / "roofline" / f"cpu-{threads}-threads.json"
 
 
-def _best_s(fn: Callable[[], object]) -> float:
+def clock(threads: int) -> Callable[[], float]:
+    """The clock that times work on ``threads`` intra-op threads (see the module's note)."""
+    return time.thread_time if threads == 1 else time.perf_counter
+
+
+def _best_s(fn: Callable[[], object], now: Callable[[], float]) -> float:
     fn()  # warm-up: page faults, thread pool start
     best = float("inf")
     for _ in range(REPEATS):
-        start = time.perf_counter()
+        start = now()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, now() - start)
     return best
 
 
@@ -59,10 +70,11 @@ def measure(threads: int) -> CpuMeasurement:
     try:
         src = torch.ones(COPY_BYTES // 4, dtype=torch.float32)
         dst = torch.empty_like(src)
-        copy_s = _best_s(lambda: dst.copy_(src))
+        now = clock(threads)
+        copy_s = _best_s(lambda: dst.copy_(src), now)
         a = torch.randn(MATMUL_N, MATMUL_N)
         b = torch.randn(MATMUL_N, MATMUL_N)
-        matmul_s = _best_s(lambda: a @ b)
+        matmul_s = _best_s(lambda: a @ b, now)
     finally:
         torch.set_num_threads(previous)
     return CpuMeasurement(
@@ -71,6 +83,7 @@ def measure(threads: int) -> CpuMeasurement:
         flops=2 * MATMUL_N**3 / matmul_s,
         machine=_machine(),
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        clock="thread CPU time" if threads == 1 else "wall",
     )
 
 
@@ -82,7 +95,7 @@ def measured_cpu(threads: int, *, refresh: bool = False) -> tuple[CpuMeasurement
         try:
             cached = CpuMeasurement(**json.loads(path.read_text()))
         except (json.JSONDecodeError, TypeError):
-            cached = None  # a damaged cache is measured again, not trusted
+            cached = None  # a damaged or older-format cache is measured again, not trusted
         if cached is not None and cached.machine == _machine() and cached.threads == threads:
             return cached, True
     result = measure(threads)

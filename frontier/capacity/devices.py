@@ -63,7 +63,7 @@ def device_for(settings: Settings, index: int = 0, *, refresh_cpu: bool = False)
             # Tensor-parallel ranks on one CPU exchange activations through shared memory.
             link_bandwidth=m.bandwidth,
             source=f"measured on this machine ({m.machine}; {when}): copy {m.bandwidth / 1e9:.1f} GB/s, "
-            f"matmul {m.flops / 1e9:.1f} GFLOP/s",
+            f"matmul {m.flops / 1e9:.1f} GFLOP/s, timed by {m.clock}",
         )
         return device, CPU_EFFICIENCY
     spec = gpu_spec(group.gpu_type, f"node_groups[{index}].gpu_type")

@@ -1,14 +1,15 @@
 """Sweep a stack's serving settings and keep the price-latency Pareto front.
 
-Candidates are instance type x tensor parallel x max_batch_size, everything else as the stack has
-it. Each candidate is the stack with those fields changed, checked by the same cross-field rules a
+Candidates are instance type x tensor parallel x max_batch_size (x kv_cache_dtype fp8 where the
+runtime accepts it), everything else as the stack has it. Each candidate is the stack with those fields changed, checked by the same cross-field rules a
 stack file is (``frontier.config.checks.cross_check``: memory fit, topology, batching), then
 modelled by the roofline (``roofline.py``) at the largest concurrency meeting every SLO, and sized
 for the stack's peak by the planner (``plan.py``). What fails says why, counted per reason.
 
-kv_cache_dtype is not swept: this project's runtime refuses fp8 KV caches
-(``frontier_runtime.engine.config`` accepts auto, bfloat16, float16 and float32), and the others
-are at least as wide as the model's own dtype, so none would save memory.
+kv_cache_dtype: the sweep asks the runtime which KV cache dtypes its engine accepts
+(``frontier_runtime.engine.config``) rather than assuming. Only fp8 is worth sweeping — half the KV
+bytes of bf16, so larger batches fit and decode reads less; the other dtypes are no narrower than
+the model's own. Where the engine refuses fp8, the sweep keeps the stack's dtype and says so.
 """
 
 from __future__ import annotations
@@ -28,13 +29,29 @@ from frontier.errors import FrontierError
 
 TENSOR_PARALLEL = (1, 2, 4, 8)
 MAX_BATCH_SIZES = (8, 16, 32, 64, 128, 256)
-# What the runtime accepts (frontier_runtime.engine.config.DTYPE_NAMES plus auto); a unit test keeps
-# the two in step.
-RUNTIME_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
-KV_NOTE = (
-    "kv_cache_dtype is not swept: the runtime refuses fp8 (it accepts auto, bfloat16, float16, float32) "
-    "and the others are no narrower than the model's dtype"
-)
+
+
+def runtime_kv_cache_dtypes() -> tuple[str, ...]:
+    """The KV cache dtypes this project's engine accepts, asked of the engine itself."""
+    from frontier_runtime.engine import config as engine  # imports torch: only a sweep pays for it
+
+    return tuple(getattr(engine, "KV_CACHE_DTYPES", ("auto", *engine.DTYPE_NAMES)))
+
+
+def kv_dtypes_to_sweep(settings: Settings, accepted: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """The stack's KV cache dtype, plus fp8 where the engine accepts it; and a note saying which."""
+    own = settings.runtime.kv_cache_dtype
+    if own == "fp8":
+        return (own,), "kv_cache_dtype is the stack's own, fp8, the narrowest there is"
+    if "fp8" in accepted:
+        return (
+            own,
+            "fp8",
+        ), f"kv_cache_dtype swept over {own} and fp8 (the runtime accepts fp8: half the KV bytes)"
+    return (own,), (
+        f"kv_cache_dtype is not swept: the runtime refuses fp8 (it accepts {', '.join(accepted)}) and the "
+        "others are no narrower than the model's dtype"
+    )
 
 
 @dataclass(frozen=True)
@@ -47,7 +64,8 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return f"{self.instance_type} TP{self.tensor_parallel} mbs{self.max_batch_size}"
+        kv = " kv-fp8" if self.kv_cache_dtype == "fp8" else ""
+        return f"{self.instance_type} TP{self.tensor_parallel} mbs{self.max_batch_size}{kv}"
 
 
 @dataclass(frozen=True)
@@ -78,24 +96,25 @@ class Exploration:
     dropped: tuple[tuple[str, int], ...]  # reason, count; most frequent first
     current: Option | None
     current_dropped: str | None  # why the stack's own choice is not an option, when it is not
-    kv_note: str = KV_NOTE
+    kv_note: str
 
     @property
     def cheapest(self) -> Option:
         return self.front[0]
 
 
-def candidates(settings: Settings) -> list[Candidate]:
-    """Every instance type of the table (and the stack's own) x TP x max_batch_size."""
+def candidates(settings: Settings, kv_dtypes: tuple[str, ...] | None = None) -> list[Candidate]:
+    """Every instance type of the table (and the stack's own) x TP x max_batch_size x KV dtype."""
     group, rt = settings.serving_group, settings.runtime
     instances = {name: (i.gpu, i.gpus_per_node) for name, i in INSTANCES.items()}
     instances[group.instance_type] = (group.gpu_type, group.gpus_per_node)
     batch_sizes = sorted({*MAX_BATCH_SIZES, rt.batch.max_batch_size})
     return [
-        Candidate(name, gpu, tp, mbs, rt.kv_cache_dtype)
+        Candidate(name, gpu, tp, mbs, kv)
         for name, (gpu, gpus) in sorted(instances.items())
         for tp in sorted({*TENSOR_PARALLEL, rt.tensor_parallel_size})
         for mbs in batch_sizes
+        for kv in kv_dtypes or (rt.kv_cache_dtype,)
     ]
 
 
@@ -151,26 +170,32 @@ def _slo_reason(broken: tuple[str, ...]) -> str:
     return f"SLO: one request at a time already breaks {fields}"
 
 
-def explore(settings: Settings, current_model: ReplicaModel) -> Exploration:
+def explore(
+    settings: Settings, current_model: ReplicaModel, accepted_kv_dtypes: tuple[str, ...] | None = None
+) -> Exploration:
     """Sweep, drop what does not fit or meet the SLOs, and return the options and their front.
 
     ``current_model`` is the stack's own replica (its device and, where a baseline exists,
     calibrated efficiencies): the stack's own instance type is modelled with those, the others with
-    their datasheets and the default GPU efficiencies.
+    their datasheets and the default GPU efficiencies. ``accepted_kv_dtypes`` defaults to what the
+    runtime's engine accepts.
     """
+    accepted = accepted_kv_dtypes if accepted_kv_dtypes is not None else runtime_kv_cache_dtypes()
+    kv_dtypes, kv_note = kv_dtypes_to_sweep(settings, accepted)
     cap, slo = settings.capacity, settings.slo
     group = settings.serving_group
     current_key = (
         group.instance_type,
         settings.runtime.tensor_parallel_size,
         settings.runtime.batch.max_batch_size,
+        settings.runtime.kv_cache_dtype,
     )
     dropped: Counter[str] = Counter()
     options: list[Option] = []
     current_dropped = None
-    all_candidates = candidates(settings)
+    all_candidates = candidates(settings, kv_dtypes)
     for c in all_candidates:
-        is_current = (c.instance_type, c.tensor_parallel, c.max_batch_size) == current_key
+        is_current = (c.instance_type, c.tensor_parallel, c.max_batch_size, c.kv_cache_dtype) == current_key
         s = variant(settings, c)
         problems = list(cross_check(s))
         if problems:
@@ -197,7 +222,8 @@ def explore(settings: Settings, current_model: ReplicaModel) -> Exploration:
         counts = "; ".join(f"{n} x {reason}" for reason, n in reasons)
         raise FrontierError(
             f"stack {settings.stack}: none of the {len(all_candidates)} candidates (instance type x "
-            f"tensor_parallel_size x max_batch_size) fits and meets every SLO: {counts}"
+            f"tensor_parallel_size x max_batch_size x kv_cache_dtype {'/'.join(kv_dtypes)}) fits and meets "
+            f"every SLO: {counts}"
         )
     current = next((o for o in options if o.current), None)
     return Exploration(
@@ -208,6 +234,7 @@ def explore(settings: Settings, current_model: ReplicaModel) -> Exploration:
         dropped=reasons,
         current=current,
         current_dropped=current_dropped,
+        kv_note=kv_note,
     )
 
 

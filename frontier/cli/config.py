@@ -295,6 +295,7 @@ def _per_million(value: float) -> str:
     return tables.money(value) if value >= 0.1 else f"${value:.3g}"
 
 
+_SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _MARKS = {
     (True, True): "current, cheapest",
     (True, False): "current",
@@ -303,15 +304,20 @@ _MARKS = {
 }
 
 
+def _price_source(o: Option) -> str:
+    inst = INSTANCES.get(o.candidate.instance_type)
+    return "the stack's own" if o.current or inst is None else inst.price_source
+
+
 def _option_row(o: Option, ex: Exploration, mark: str | None = None) -> tuple:
     p, g = o.point, o.plan
-    price = INSTANCES.get(o.candidate.instance_type)
-    estimate = price is not None and price.price_source.startswith("ESTIMATE") and not o.current
+    estimate = _price_source(o).startswith("ESTIMATE")
     return (
         mark if mark is not None else _MARKS[(o.current, o is ex.cheapest)],
         o.candidate.instance_type,
         o.candidate.tensor_parallel,
         o.candidate.max_batch_size,
+        _SHORT_DTYPES.get(o.candidate.kv_cache_dtype, o.candidate.kv_cache_dtype),
         p.concurrency,
         f"{p.ttft_s * 1e3:,.0f}",
         f"{p.tpot_s * 1e3:,.1f}",
@@ -319,7 +325,7 @@ def _option_row(o: Option, ex: Exploration, mark: str | None = None) -> tuple:
         _per_million(o.cost_per_million),
         g.replicas,
         g.nodes,
-        tables.money(g.cost_per_hour) + (" (est.)" if estimate else ""),
+        ("~" if estimate else "") + tables.money(g.cost_per_hour),
     )
 
 
@@ -328,7 +334,8 @@ def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
     console.print(
         f"explore: {ex.considered} candidates = instance types x tensor_parallel_size "
         f"{sorted({*TENSOR_PARALLEL, settings.runtime.tensor_parallel_size})} x max_batch_size "
-        f"{sorted({*MAX_BATCH_SIZES, settings.runtime.batch.max_batch_size})}; {len(ex.options)} fit and meet every "
+        f"{sorted({*MAX_BATCH_SIZES, settings.runtime.batch.max_batch_size})} x kv_cache_dtype; "
+        f"{len(ex.options)} fit and meet every "
         f"SLO; {ex.kv_note}"
     )
     console.print(
@@ -352,6 +359,7 @@ def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
                 "instance",
                 "TP",
                 "max batch",
+                "KV",
                 "conc.",
                 "TTFT ms",
                 "TPOT ms",
@@ -362,9 +370,12 @@ def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
                 "fleet $/h",
             ),
             rows,
-            numeric=tuple(range(2, 12)),
+            numeric=(2, 3, *range(5, 13)),
         )
     )
+    estimated = sorted({o.candidate.instance_type for o in ex.front if "ESTIMATE" in _price_source(o)})
+    if estimated:
+        console.print(f"~ an estimated price ({', '.join(estimated)}): see frontier/capacity/gpus.py")
     if ex.current is None:
         console.print(f"current choice: dropped: {ex.current_dropped}")
     cheap, cur = ex.cheapest, ex.current

@@ -6,7 +6,14 @@ import pytest
 from fabric.main import program
 
 from frontier import project
-from frontier.capacity.explore import RUNTIME_KV_CACHE_DTYPES, candidates, explore, pareto_front, variant
+from frontier.capacity.explore import (
+    candidates,
+    explore,
+    kv_dtypes_to_sweep,
+    pareto_front,
+    runtime_kv_cache_dtypes,
+    variant,
+)
 from frontier.capacity.replica import model_stack
 from frontier.config.checks import cross_check
 from frontier.config.load import load_stack
@@ -25,9 +32,15 @@ def prod():
     return load_stack("prod")
 
 
+# The sweep asks the runtime which KV cache dtypes it accepts; most tests pin the answer so their
+# counts do not depend on it.
+WITHOUT_FP8 = ("auto", "bfloat16", "float16", "float32")
+WITH_FP8 = (*WITHOUT_FP8, "fp8")
+
+
 @pytest.fixture
 def prod_explored(prod):
-    return explore(prod, model_stack(prod, None))
+    return explore(prod, model_stack(prod, None), WITHOUT_FP8)
 
 
 def fab(capsys, *args: str) -> tuple[int, str, str]:
@@ -94,7 +107,7 @@ def test_pareto_front_keeps_the_lower_tpot_on_a_cost_tie(prod_explored):
 def test_a_sweep_with_nothing_feasible_counts_each_reason(prod):
     impossible = prod.model_copy(update={"slo": prod.slo.model_copy(update={"tpot_ms": 1})})
     with pytest.raises(FrontierError) as err:
-        explore(impossible, model_stack(prod, None))
+        explore(impossible, model_stack(prod, None), WITHOUT_FP8)
     message = str(err.value)
     assert "none of the 312 candidates" in message
     assert "x memory: weights + KV cache" in message
@@ -110,11 +123,43 @@ def test_an_slo_of_zero_is_refused_when_the_stack_loads(changed_stack):
         changed_stack("prod", {field: 1000})
 
 
-def test_the_sweep_leaves_kv_dtypes_to_what_the_runtime_accepts():
-    from frontier_runtime.engine.config import DTYPE_NAMES
+def test_the_sweep_asks_the_engine_whether_it_takes_an_fp8_kv_cache(prod, tmp_path):
+    from frontier_runtime.engine.config import EngineConfig
 
-    assert set(RUNTIME_KV_CACHE_DTYPES) == {"auto", *DTYPE_NAMES}
-    assert "fp8" not in RUNTIME_KV_CACHE_DTYPES
+    accepted = runtime_kv_cache_dtypes()
+    try:
+        EngineConfig(model_dir=tmp_path, dtype="float32", kv_cache_dtype="fp8")
+        engine_takes_fp8 = True
+    except ValueError:
+        engine_takes_fp8 = False
+    assert ("fp8" in accepted) == engine_takes_fp8
+    swept, note = kv_dtypes_to_sweep(prod, accepted)
+    assert swept == (("bfloat16", "fp8") if engine_takes_fp8 else ("bfloat16",))
+    assert note.startswith("kv_cache_dtype swept" if engine_takes_fp8 else "kv_cache_dtype is not swept")
+
+
+def test_without_fp8_the_note_says_why_the_kv_dtype_is_not_swept(prod):
+    swept, note = kv_dtypes_to_sweep(prod, WITHOUT_FP8)
+    assert swept == ("bfloat16",)
+    assert note == (
+        "kv_cache_dtype is not swept: the runtime refuses fp8 (it accepts auto, bfloat16, float16, float32) "
+        "and the others are no narrower than the model's dtype"
+    )
+
+
+def test_an_fp8_kv_cache_halves_the_kv_bytes_so_larger_batches_fit(prod):
+    ex = explore(prod, model_stack(prod, None), WITH_FP8)
+    assert ex.considered == 2 * 312
+    by_label = {c.label: c for c in candidates(prod, ("bfloat16", "fp8"))}
+    # p5.48xlarge TP8 at 256 sequences x 8192 tokens: 85.9 GB of bf16 KV per GPU does not fit 72 GB;
+    # in fp8 it is 42.9 GB, which does.
+    assert [p.path for p in cross_check(variant(prod, by_label["p5.48xlarge TP8 mbs256"]))] == [
+        "node_groups[0].gpu_memory_gb"
+    ]
+    assert list(cross_check(variant(prod, by_label["p5.48xlarge TP8 mbs256 kv-fp8"]))) == []
+    fp8 = {o.candidate.label: o for o in ex.options}["p5.48xlarge TP8 mbs128 kv-fp8"]
+    assert fp8.point.mean_step.kv_bytes < ex.current.point.mean_step.kv_bytes
+    assert ex.current.candidate.kv_cache_dtype == "bfloat16"  # the stack's own stays marked
 
 
 def test_fab_plan_explore_prints_the_front_and_writes_the_chart(capsys, tmp_path):
@@ -127,7 +172,7 @@ def test_fab_plan_explore_prints_the_front_and_writes_the_chart(capsys, tmp_path
     assert "node group h100: replicas, nodes and cost (from the roofline)" in out
     assert "explore: Pareto front of cost per 1M output tokens vs TPOT, stack prod" in out
     assert "cheapest" in out and "current" in out
-    assert "kv_cache_dtype is not swept: the runtime refuses fp8" in out
+    assert "kv_cache_dtype" in out and "x kv_cache_dtype;" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"chart: {png}" in out
 
