@@ -356,6 +356,14 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[Problem]:
             auto.max_replicas,
             f"one replica per node: must be <= node_groups[0].max_size ({s.serving_group.max_size})",
         )
+    spare = s.rollout.max_surge + s.rollout.canary_hosts
+    if auto.max_replicas + spare > s.serving_group.max_size:
+        yield Problem(
+            "kubernetes.autoscaling.max_replicas",
+            auto.max_replicas,
+            f"one replica per node: at full scale a rollout also places rollout.max_surge + rollout.canary_hosts "
+            f"= {spare} pod(s), so at most node_groups[0].max_size - {spare} = {s.serving_group.max_size - spare}",
+        )
     if auto.min_replicas <= s.rollout.batch_size:
         yield Problem(
             "kubernetes.autoscaling.min_replicas",

@@ -95,6 +95,12 @@ def test_an_image_by_digest_from_the_stacks_repository_loads(k8s_stack, eks_prod
             "node_groups[0].max_size (10)",
         ),
         (
+            "kubernetes.autoscaling.max_replicas",
+            9,
+            "kubernetes.autoscaling.max_replicas",
+            "rollout.max_surge + rollout.canary_hosts = 2 pod(s), so at most node_groups[0].max_size - 2 = 8",
+        ),
+        (
             "kubernetes.autoscaling.min_replicas",
             1,
             "kubernetes.autoscaling.min_replicas",
