@@ -4,14 +4,9 @@ Plain functions, one per object, each returning a :class:`Manifest`: the Pulumi 
 into typed ``pulumi_kubernetes`` resources, ``fab render`` writes them as YAML for GitOps tooling,
 and the Kubernetes backend patches the Deployment they describe. Nothing here talks to a cluster.
 
-Choices worth knowing:
+Choices worth knowing (autoscaling: :mod:`frontier.kubernetes.autoscaling`; network policies:
+:mod:`frontier.kubernetes.network_policies`):
 
-- **Autoscaling with KEDA, not an HPA on an external metric.** The signal is the runtime's queue
-  depth (``vllm:num_requests_waiting``), which Prometheus already scrapes. An HPA can only read it
-  through an adapter (prometheus-adapter) with a rule per metric, a second component to run and keep
-  in step with the query; KEDA's ScaledObject carries the PromQL query itself, next to the threshold,
-  and drives the same HPA machinery underneath (behavior, stabilisation). Scale-down is one replica
-  per period, slower than the runtime's drain, so load moves off a replica before it goes.
 - **The ConfigMap is named by its content** (``<app>-config-<hash>``, immutable): a Deployment revision
   names the exact config it ran with, so rolling back to a previous revision brings its config back
   too; the hash is also annotated on the pod template.
@@ -22,117 +17,51 @@ Choices worth knowing:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from frontier.config.schema import Kubernetes, NodePool, Settings
+from frontier.config.schema import NodePool, Settings
 from frontier.contracts import (
     CONTAINER_NAME,
     CONTAINER_RELEASE_DIR,
     GPU_RESOURCE,
-    INSTANCE_METADATA_CIDR,
-    K8S_APP_LABEL,
     K8S_CONFIG_HASH_ANNOTATION,
-    K8S_INSTANCE_LABEL,
-    K8S_MANAGED_BY_LABEL,
     K8S_RELEASE_ANNOTATION,
     K8S_TRACK_LABEL,
-    WAITING_METRIC,
 )
 from frontier.errors import FrontierError
-from frontier.kubernetes.network import api_server_cidrs, ingress_source_cidrs
+from frontier.kubernetes.autoscaling import scaled_object, service_monitor
+from frontier.kubernetes.network_policies import network_policies
+from frontier.kubernetes.objects import (
+    CONFIG_FILE,
+    Manifest,
+    app_labels,
+    app_name,
+    canary_name,
+    config_hash,
+    config_map_name,
+    kubernetes_of,
+    selector,
+)
 from frontier.render.files import image_reference, is_placeholder, render_runtime_config
 
-CONFIG_FILE = "runtime.yaml"
 HOME_DIR = "/var/lib/frontier"
-# EKS Pod Identity's agent on every node: plain HTTP on a link-local address that is not the
-# instance metadata service.
-POD_IDENTITY_AGENT = "169.254.170.23/32"
 IRSA_ROLE_ANNOTATION = "eks.amazonaws.com/role-arn"
 # Added on top of preStop + the runtime's drain before the kubelet sends SIGKILL.
 GRACE_MARGIN_S = 15
 TRACKS = ("stable", "canary")
 
 
-@dataclass(frozen=True)
-class Manifest:
-    """One Kubernetes object: its identity plus everything under it but ``metadata``."""
-
-    api_version: str
-    kind: str
-    name: str
-    namespace: str | None
-    body: Mapping[str, Any]
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": self.name}
-        if self.namespace:
-            meta["namespace"] = self.namespace
-        if self.labels:
-            meta["labels"] = dict(self.labels)
-        if self.annotations:
-            meta["annotations"] = dict(self.annotations)
-        return meta
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"apiVersion": self.api_version, "kind": self.kind, "metadata": self.metadata, **self.body}
-
-
-def _k8s(settings: Settings) -> Kubernetes:
-    if settings.kubernetes is None:
-        raise FrontierError(f"stack {settings.stack!r} has no 'frontier:kubernetes' section")
-    return settings.kubernetes
-
-
-# --- names and labels -----------------------------------------------------------------------------
-
-
-def app_name(settings: Settings) -> str:
-    """``frontier-<model>``: a DNS-1035 label (Service names allow no dots), one per model."""
-    slug = re.sub(r"[^a-z0-9]+", "-", settings.model.name.lower()).strip("-")
-    return f"frontier-{slug}"[:48].rstrip("-")
-
-
-def canary_name(settings: Settings) -> str:
-    return f"{app_name(settings)}-canary"
-
-
-def config_map_name(settings: Settings, runtime_yaml: str) -> str:
-    return f"{app_name(settings)}-config-{config_hash(runtime_yaml)[:10]}"
-
-
-def config_hash(runtime_yaml: str) -> str:
-    return hashlib.sha256(runtime_yaml.encode()).hexdigest()
-
-
-def app_labels(settings: Settings) -> dict[str, str]:
-    """What every object of the stack carries and what the Service selects (both tracks)."""
-    return {
-        K8S_APP_LABEL: CONTAINER_NAME,
-        K8S_INSTANCE_LABEL: app_name(settings),
-        K8S_MANAGED_BY_LABEL: "frontier",
-    }
-
-
-def selector(settings: Settings, track: str | None = None) -> dict[str, str]:
-    labels = {K8S_APP_LABEL: CONTAINER_NAME, K8S_INSTANCE_LABEL: app_name(settings)}
-    if track:
-        labels[K8S_TRACK_LABEL] = track
-    return labels
+# --- placement ------------------------------------------------------------------------------------
 
 
 def serving_pool(settings: Settings) -> NodePool:
-    k = _k8s(settings)
+    k = kubernetes_of(settings)
     return next(p for p in k.node_pools if p.node_group == settings.serving_group.name)
 
 
@@ -179,7 +108,7 @@ def strategy(settings: Settings) -> dict[str, Any]:
 
 
 def namespace(settings: Settings) -> Manifest:
-    k = _k8s(settings)
+    k = kubernetes_of(settings)
     version = f"v{k.cluster.version}"
     labels = {
         **app_labels(settings),
@@ -197,7 +126,7 @@ def namespace(settings: Settings) -> Manifest:
 
 def service_account(settings: Settings, role_arn: Any = None) -> Manifest:
     """The runtime's identity. ``role_arn``: a string or a Pulumi Output of one (IRSA only)."""
-    k = _k8s(settings)
+    k = kubernetes_of(settings)
     annotations: dict[str, Any] = {}
     if k.identity == "irsa":
         annotations[IRSA_ROLE_ANNOTATION] = role_arn or k.runtime_role_arn
@@ -215,7 +144,7 @@ def service_account(settings: Settings, role_arn: Any = None) -> Manifest:
 
 
 def config_map(settings: Settings, runtime_yaml: str) -> Manifest:
-    k = _k8s(settings)
+    k = kubernetes_of(settings)
     return Manifest(
         "v1",
         "ConfigMap",
@@ -253,7 +182,7 @@ def _tolerations(pool: NodePool) -> list[dict[str, Any]]:
 def pod_template(
     settings: Settings, digest: str, runtime_yaml: str, *, track: str, release_id: str = ""
 ) -> dict[str, Any]:
-    k, rt, health = _k8s(settings), settings.runtime, settings.health
+    k, rt, health = kubernetes_of(settings), settings.runtime, settings.health
     pool = serving_pool(settings)
     gpu = settings.serving_group.accelerator == "gpu"
     resources: dict[str, Any] = {}
@@ -366,7 +295,7 @@ def deployment(
     """The runtime's Deployment; ``replicas`` None leaves the count to the autoscaler."""
     if track not in TRACKS:
         raise FrontierError(f"track {track!r}: expected one of {', '.join(TRACKS)}")
-    k = _k8s(settings)
+    k = kubernetes_of(settings)
     body: dict[str, Any] = {
         "spec": {
             "selector": {"matchLabels": selector(settings, track)},
@@ -391,7 +320,7 @@ def deployment(
 
 
 def service(settings: Settings) -> Manifest:
-    k = _k8s(settings)
+    k = kubernetes_of(settings)
     port = settings.runtime.port
     body = {
         "spec": {
@@ -404,7 +333,7 @@ def service(settings: Settings) -> Manifest:
 
 
 def ingress(settings: Settings) -> Manifest:
-    k, health, edge = _k8s(settings), settings.health, settings.edge
+    k, health, edge = kubernetes_of(settings), settings.health, settings.edge
     annotations: dict[str, str] = {}
     tls: dict[str, Any] = {"hosts": [k.ingress.host]}
     if k.ingress.kind == "alb":
@@ -464,7 +393,7 @@ def ingress(settings: Settings) -> Manifest:
 
 def disruption_budget(settings: Settings) -> Manifest:
     """Voluntary evictions (node drains, upgrades) take at most a rollout batch at once."""
-    k = _k8s(settings)
+    k = kubernetes_of(settings)
     body = {
         "spec": {
             "maxUnavailable": settings.rollout.batch_size,
@@ -474,159 +403,6 @@ def disruption_budget(settings: Settings) -> Manifest:
     return Manifest(
         "policy/v1", "PodDisruptionBudget", app_name(settings), k.namespace, body, labels=app_labels(settings)
     )
-
-
-def queue_depth_query(settings: Settings) -> str:
-    k = _k8s(settings)
-    return f'sum({WAITING_METRIC}{{namespace="{k.namespace}",service="{app_name(settings)}"}})'
-
-
-def scaled_object(settings: Settings) -> Manifest:
-    k = _k8s(settings)
-    auto = k.autoscaling
-    body = {
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": app_name(settings)},
-            "pollingInterval": auto.polling_interval_s,
-            "cooldownPeriod": auto.cooldown_s,
-            "minReplicaCount": auto.min_replicas,
-            "maxReplicaCount": auto.max_replicas,
-            "advanced": {
-                "horizontalPodAutoscalerConfig": {
-                    "behavior": {
-                        "scaleUp": {
-                            "stabilizationWindowSeconds": 0,
-                            "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}],
-                        },
-                        "scaleDown": {
-                            "stabilizationWindowSeconds": auto.cooldown_s,
-                            "policies": [{"type": "Pods", "value": 1, "periodSeconds": auto.cooldown_s}],
-                        },
-                    }
-                }
-            },
-            "triggers": [
-                {
-                    "type": "prometheus",
-                    "name": "queue-depth",
-                    "metricType": "AverageValue",
-                    # KEDA reads trigger metadata as strings only.
-                    "metadata": {
-                        "serverAddress": auto.prometheus_url,
-                        "query": queue_depth_query(settings),
-                        "threshold": str(auto.target_queue_depth),
-                    },
-                }
-            ],
-        }
-    }
-    return Manifest(
-        "keda.sh/v1alpha1", "ScaledObject", app_name(settings), k.namespace, body, labels=app_labels(settings)
-    )
-
-
-def service_monitor(settings: Settings) -> Manifest:
-    k = _k8s(settings)
-    body = {
-        "spec": {
-            "selector": {"matchLabels": selector(settings)},
-            "namespaceSelector": {"matchNames": [k.namespace]},
-            "endpoints": [
-                {
-                    "port": "http",
-                    "path": "/metrics",
-                    "scheme": "http",
-                    "interval": f"{k.monitoring.scrape_interval_s}s",
-                }
-            ],
-        }
-    }
-    return Manifest(
-        "monitoring.coreos.com/v1",
-        "ServiceMonitor",
-        app_name(settings),
-        k.namespace,
-        body,
-        labels={**app_labels(settings), **k.monitoring.service_monitor_labels},
-    )
-
-
-def _namespace_peer(name: str, pod_labels: Mapping[str, str]) -> dict[str, Any]:
-    return {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}},
-        "podSelector": {"matchLabels": dict(pod_labels)},
-    }
-
-
-def network_policies(settings: Settings) -> list[Manifest]:
-    """Default deny, then exactly what the runtime needs in and out."""
-    k = _k8s(settings)
-    labels = app_labels(settings)
-    deny = Manifest(
-        "networking.k8s.io/v1",
-        "NetworkPolicy",
-        "default-deny",
-        k.namespace,
-        {"spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}},
-        labels=labels,
-    )
-    if k.ingress.kind == "alb":
-        # IP targets: the ALB's own addresses, in subnets that hold no pod.
-        front = [{"ipBlock": {"cidr": cidr}} for cidr in ingress_source_cidrs(settings)]
-    else:
-        front = [_namespace_peer(k.ingress.controller_namespace, k.ingress.controller_labels)]
-    prometheus = [_namespace_peer(k.monitoring.prometheus_namespace, k.monitoring.prometheus_labels)]
-    api_server = [{"ipBlock": {"cidr": cidr}} for cidr in api_server_cidrs(settings)]
-    runtime_in = Manifest(
-        "networking.k8s.io/v1",
-        "NetworkPolicy",
-        f"{app_name(settings)}-ingress",
-        k.namespace,
-        {
-            "spec": {
-                "podSelector": {"matchLabels": selector(settings)},
-                "policyTypes": ["Ingress"],
-                "ingress": [
-                    {
-                        "from": [*front, *prometheus, *api_server],
-                        "ports": [{"protocol": "TCP", "port": settings.runtime.port}],
-                    }
-                ],
-            }
-        },
-        labels=labels,
-    )
-    egress: list[dict[str, Any]] = [
-        {
-            "to": [_namespace_peer("kube-system", {"k8s-app": "kube-dns"})],
-            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-        },
-        {
-            # S3 (weights), Secrets Manager (API keys), STS and ECR: HTTPS anywhere but the
-            # instance metadata service, whose node credentials are not the runtime's.
-            "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [INSTANCE_METADATA_CIDR]}}],
-            "ports": [{"protocol": "TCP", "port": 443}],
-        },
-    ]
-    if k.identity == "pod_identity":
-        egress.append(
-            {"to": [{"ipBlock": {"cidr": POD_IDENTITY_AGENT}}], "ports": [{"protocol": "TCP", "port": 80}]}
-        )
-    runtime_out = Manifest(
-        "networking.k8s.io/v1",
-        "NetworkPolicy",
-        f"{app_name(settings)}-egress",
-        k.namespace,
-        {
-            "spec": {
-                "podSelector": {"matchLabels": selector(settings)},
-                "policyTypes": ["Egress"],
-                "egress": egress,
-            }
-        },
-        labels=labels,
-    )
-    return [deny, runtime_in, runtime_out]
 
 
 # --- everything -----------------------------------------------------------------------------------

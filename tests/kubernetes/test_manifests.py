@@ -22,7 +22,9 @@ from frontier import contracts, project
 from frontier.config.load import available_stacks, load_stack
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
+from frontier.kubernetes import autoscaling
 from frontier.kubernetes import manifests as m
+from frontier.kubernetes import network_policies as netpol
 from frontier.render.files import render_runtime_config
 
 DIGEST = "sha256:" + "ab" * 32
@@ -104,11 +106,11 @@ def test_the_validators_refuse_what_they_should(eks_prod):
     deployment["spec"]["template"]["spec"]["containers"][0]["gpus"] = 8
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, "1.33", strict=True)
-    scaled = m.scaled_object(eks_prod).to_dict()
+    scaled = autoscaling.scaled_object(eks_prod).to_dict()
     scaled["spec"]["triggers"][0]["metadata"]["threshold"] = 64  # KEDA takes strings only
     with pytest.raises(jsonschema.ValidationError):
         validate(scaled, "1.33")
-    monitor = m.service_monitor(eks_prod).to_dict()
+    monitor = autoscaling.service_monitor(eks_prod).to_dict()
     monitor["spec"]["endpoints"][0]["intervall"] = "15s"
     with pytest.raises(jsonschema.ValidationError):
         validate(monitor, "1.33")
@@ -216,7 +218,7 @@ def test_the_disruption_budget_follows_the_rollout_batch(eks_prod):
 
 
 def test_keda_scales_on_the_runtimes_queue_depth(eks_prod):
-    spec = m.scaled_object(eks_prod).to_dict()["spec"]
+    spec = autoscaling.scaled_object(eks_prod).to_dict()["spec"]
     auto = eks_prod.kubernetes.autoscaling
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (auto.min_replicas, auto.max_replicas)
     trigger = spec["triggers"][0]
@@ -239,7 +241,7 @@ def test_ingress_terminates_tls(eks_prod, existing):
 
 
 def _policies(settings: Settings) -> dict[str, dict]:
-    return {p.name.rsplit("-", 1)[-1]: p.to_dict()["spec"] for p in m.network_policies(settings)}
+    return {p.name.rsplit("-", 1)[-1]: p.to_dict()["spec"] for p in netpol.network_policies(settings)}
 
 
 def test_network_policies_deny_by_default_and_admit_only_ingress_prometheus_and_the_api_server(
@@ -276,7 +278,7 @@ def test_egress_is_dns_and_https_only_and_never_the_metadata_address(eks_prod, e
                 assert block["except"] == [contracts.INSTANCE_METADATA_CIDR]
         if settings.kubernetes.identity == "pod_identity":
             assert ports == [("TCP", 53), ("TCP", 80), ("TCP", 443), ("UDP", 53)]
-            assert {"cidr": m.POD_IDENTITY_AGENT} in blocks
+            assert {"cidr": netpol.POD_IDENTITY_AGENT} in blocks
         else:
             assert ports == [("TCP", 53), ("TCP", 443), ("UDP", 53)]
 
@@ -289,7 +291,7 @@ def test_the_service_account_carries_the_irsa_role_only_with_irsa(eks_prod, exis
 
 
 def test_the_service_monitor_scrapes_metrics_with_the_operators_labels(eks_prod):
-    monitor = m.service_monitor(eks_prod).to_dict()
+    monitor = autoscaling.service_monitor(eks_prod).to_dict()
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
 
