@@ -1,22 +1,57 @@
 """Build a ``LlamaForCausalLM`` and fill it from a safetensors checkpoint, sharded for its rank.
 
 Reads ``model.safetensors``, or the shards listed in ``model.safetensors.index.json``, or every
-``*.safetensors`` file of the directory. q/k/v and gate/up are concatenated into the fused
-projections as they are read.
+``*.safetensors`` file of the directory.
+
+The path is the same on CPU and CUDA, and its memory stays near the size of one rank's weights:
+
+- the model is built on the meta device with parameter init skipped (no storage, no random
+  numbers; skipping init also keeps torch's meta kernels, ~800 modules and seconds to import, out);
+- each parameter is then allocated once, on its device and in its target dtype, and filled piece by
+  piece: q/k/v and gate/up go straight into their slices of the fused projections, cast by the
+  copy, so no float32 or whole-model copy ever exists;
+- each piece is this rank's slice only, read with safetensors' ``get_slice`` from a file opened for
+  that one tensor: a rank never reads the other ranks' heads or MLP columns, and the file's mapped
+  pages are released after every tensor rather than accumulating over a multi-GB shard.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from frontier_runtime.distributed import SINGLE, TPGroup
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.layers import Linear, rope_tables
 from frontier_runtime.models.llama.model import LlamaForCausalLM
+
+# nn.Linear / nn.Embedding call these from reset_parameters; on the meta device they would only
+# pull in torch's meta kernels, and every value is overwritten from the checkpoint anyway.
+_INIT_FUNCTIONS = ("kaiming_uniform_", "uniform_", "normal_", "trunc_normal_", "xavier_uniform_")
+
+
+@contextlib.contextmanager
+def _skipped_init() -> Iterator[None]:
+    saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
+    try:
+        for name in _INIT_FUNCTIONS:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def build_on_meta(cfg: LlamaConfig, tp: TPGroup = SINGLE) -> LlamaForCausalLM:
+    """The model's modules with every parameter on the meta device: shapes only, no memory."""
+    with _skipped_init(), torch.device("meta"):
+        return LlamaForCausalLM(cfg, tp)
 
 
 def _checkpoint_files(model_dir: Path) -> list[Path]:
@@ -33,13 +68,71 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
     return found
 
 
-def _read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for path in _checkpoint_files(model_dir):
+class Checkpoint:
+    """Where each tensor lives, and this rank's slice of it on demand."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.location: dict[str, Path] = {}
+        for path in _checkpoint_files(model_dir):
+            with safe_open(str(path), framework="pt") as f:  # reads the header only
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    self.location[name] = path
+        self.unread = set(self.location)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.location
+
+    def read(self, name: str, tp: TPGroup = SINGLE, dim: int | None = None) -> torch.Tensor:
+        """Tensor ``name`` (its rank's contiguous slice along ``dim`` when given), in its stored dtype."""
+        path = self.location.get(name)
+        if path is None:
+            raise KeyError(f"{self.model_dir}: checkpoint lacks tensor {name!r}")
+        self.unread.discard(name)
         with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                tensors[name] = f.get_tensor(name)
-    return tensors
+            piece = f.get_slice(name)
+            shape = piece.get_shape()
+            if dim is None or tp.world_size == 1:
+                return piece[:]
+            size = shape[dim]
+            if size % tp.world_size:
+                raise ValueError(
+                    f"{self.model_dir}: {name} dimension {dim} of size {size} does not split over "
+                    f"{tp.world_size} ranks"
+                )
+            part = size // tp.world_size
+            index = [slice(None)] * len(shape)
+            index[dim] = slice(tp.rank * part, (tp.rank + 1) * part)
+            return piece[tuple(index)]
+
+
+class _Filler:
+    """Allocates each parameter on its device in its dtype and copies checkpoint pieces into it."""
+
+    def __init__(self, ckpt: Checkpoint, tp: TPGroup, dtype: torch.dtype, device: torch.device) -> None:
+        self.ckpt, self.tp, self.dtype, self.device = ckpt, tp, dtype, device
+
+    def fill(self, module: nn.Module, attr: str, what: str, pieces: list[tuple[str, int | None]]) -> None:
+        """``module.<attr>`` from ``pieces`` (checkpoint name, shard dim) stacked along dim 0."""
+        meta = getattr(module, attr)
+        target = torch.empty(meta.shape, dtype=self.dtype, device=self.device)
+        row = 0
+        for name, dim in pieces:
+            value = self.ckpt.read(name, self.tp, dim)
+            rows = value.shape[0] if value.dim() else 1
+            if tuple(value.shape[1:]) != tuple(meta.shape[1:]) or row + rows > meta.shape[0]:
+                raise ValueError(
+                    f"{self.ckpt.model_dir}: {what} gets {name} of shape {tuple(value.shape)} "
+                    f"(this rank's slice), which does not fit the expected {tuple(meta.shape)}"
+                )
+            target[row : row + rows].copy_(value)  # casts on the way: no full-precision copy stays
+            row += rows
+            del value
+        if row != meta.shape[0]:
+            raise ValueError(
+                f"{self.ckpt.model_dir}: {what} has {row} rows from the checkpoint, expected {meta.shape[0]}"
+            )
+        module._parameters[attr] = nn.Parameter(target, requires_grad=False)
 
 
 def load_model(
@@ -52,68 +145,57 @@ def load_model(
     model_dir = Path(model_dir)
     device = torch.device(device)
     cfg = LlamaConfig.from_dir(model_dir)
-    if device.type == "cpu":
-        # On CPU the random init is cheap, while the meta device routes init through torch's Python
-        # meta kernels, importing ~800 more modules: +6 s at start and +3 s at exit on 2 cores.
-        model = LlamaForCausalLM(cfg, tp).to(dtype)
-    else:
-        with torch.device("meta"):
-            model = LlamaForCausalLM(cfg, tp)
-        model = model.to_empty(device=device).to(dtype)
-    ckpt = _read_checkpoint(model_dir)
+    model = build_on_meta(cfg, tp)
+    ckpt = Checkpoint(model_dir)
+    put = _Filler(ckpt, tp, dtype, device).fill
 
-    def take(name: str) -> torch.Tensor:
-        if name not in ckpt:
-            raise KeyError(f"{model_dir}: checkpoint lacks tensor {name!r}")
-        return ckpt.pop(name)
-
-    def put(param: torch.Tensor, value: torch.Tensor, what: str) -> None:
-        if tuple(param.shape) != tuple(value.shape):
-            raise ValueError(
-                f"{model_dir}: {what} has shape {tuple(value.shape)}, expected {tuple(param.shape)}"
-            )
-        param.data.copy_(value.to(dtype))
-
-    def col(name: str) -> torch.Tensor:
-        return tp.shard(take(name), 0)
-
-    with torch.no_grad():
-        put(model.embed_tokens.weight, take("model.embed_tokens.weight"), "model.embed_tokens.weight")
-        put(model.norm.weight, take("model.norm.weight"), "model.norm.weight")
-        if model.lm_head is not None:
-            put(model.lm_head.weight, take("lm_head.weight"), "lm_head.weight")
-        ckpt.pop("lm_head.weight", None)  # tied checkpoints sometimes carry a copy anyway
-        for i, layer in enumerate(model.layers):
-            p = f"model.layers.{i}."
-            put(layer.input_layernorm.weight, take(p + "input_layernorm.weight"), p + "input_layernorm")
+    put(model.embed_tokens, "weight", "embed_tokens", [("model.embed_tokens.weight", None)])
+    put(model.norm, "weight", "norm", [("model.norm.weight", None)])
+    if model.lm_head is not None:
+        put(model.lm_head, "weight", "lm_head", [("lm_head.weight", None)])
+    ckpt.unread.discard("lm_head.weight")  # tied checkpoints sometimes carry a copy anyway
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        put(layer.input_layernorm, "weight", p + "input_layernorm", [(p + "input_layernorm.weight", None)])
+        put(
+            layer.post_attention_layernorm,
+            "weight",
+            p + "post_attention_layernorm",
+            [(p + "post_attention_layernorm.weight", None)],
+        )
+        a = p + "self_attn."
+        attn = layer.self_attn
+        put(attn.qkv_proj, "weight", a + "qkv_proj", [(a + f"{x}_proj.weight", 0) for x in "qkv"])
+        if cfg.attention_bias:
+            put(attn.qkv_proj, "bias", a + "qkv_proj.bias", [(a + f"{x}_proj.bias", 0) for x in "qkv"])
+        put(attn.o_proj, "weight", a + "o_proj", [(a + "o_proj.weight", 1)])
+        m = p + "mlp."
+        mlp = layer.mlp
+        put(
+            mlp.gate_up_proj,
+            "weight",
+            m + "gate_up_proj",
+            [(m + "gate_proj.weight", 0), (m + "up_proj.weight", 0)],
+        )
+        put(mlp.down_proj, "weight", m + "down_proj", [(m + "down_proj.weight", 1)])
+        if cfg.mlp_bias:
             put(
-                layer.post_attention_layernorm.weight,
-                take(p + "post_attention_layernorm.weight"),
-                p + "post_attention_layernorm",
+                mlp.gate_up_proj,
+                "bias",
+                m + "gate_up_proj.bias",
+                [(m + "gate_proj.bias", 0), (m + "up_proj.bias", 0)],
             )
-            a = p + "self_attn."
-            qkv = torch.cat([col(a + "q_proj.weight"), col(a + "k_proj.weight"), col(a + "v_proj.weight")])
-            put(layer.self_attn.qkv_proj.weight, qkv, a + "qkv_proj")
-            if cfg.attention_bias:
-                bias = torch.cat([col(a + "q_proj.bias"), col(a + "k_proj.bias"), col(a + "v_proj.bias")])
-                put(layer.self_attn.qkv_proj.bias, bias, a + "qkv_proj.bias")
-            put(layer.self_attn.o_proj.weight, tp.shard(take(a + "o_proj.weight"), 1), a + "o_proj")
-            m = p + "mlp."
-            gate_up = torch.cat([col(m + "gate_proj.weight"), col(m + "up_proj.weight")])
-            put(layer.mlp.gate_up_proj.weight, gate_up, m + "gate_up_proj")
-            put(layer.mlp.down_proj.weight, tp.shard(take(m + "down_proj.weight"), 1), m + "down_proj")
-            if cfg.mlp_bias:
-                put(
-                    layer.mlp.gate_up_proj.bias,
-                    torch.cat([col(m + "gate_proj.bias"), col(m + "up_proj.bias")]),
-                    m + "gate_up_proj.bias",
-                )
-                down_bias = take(m + "down_proj.bias")
-                if layer.mlp.down_proj.bias is not None:  # added once, on rank 0, before the all-reduce
-                    put(layer.mlp.down_proj.bias, down_bias, m + "down_proj.bias")
-    leftover = [k for k in ckpt if not k.endswith("rotary_emb.inv_freq")]
+            if mlp.down_proj.bias is not None:  # added once, on rank 0, before the all-reduce
+                put(mlp.down_proj, "bias", m + "down_proj.bias", [(m + "down_proj.bias", None)])
+            else:
+                ckpt.unread.discard(m + "down_proj.bias")
+    leftover = sorted(k for k in ckpt.unread if not k.endswith("rotary_emb.inv_freq"))
     if leftover:
         raise ValueError(f"{model_dir}: unexpected tensors in checkpoint: {leftover[:5]}")
+    # Names only: a list of the tensors would keep every weight alive through the transposes below.
+    still_meta = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if still_meta:
+        raise ValueError(f"{model_dir}: no checkpoint tensor filled {still_meta[:5]}")
     model.rope_cos, model.rope_sin = rope_tables(cfg, device)
     if device.type == "cpu":
         for module in model.modules():
