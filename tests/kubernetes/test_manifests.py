@@ -314,3 +314,17 @@ def test_fab_render_writes_the_manifests_as_yaml(capsys, tmp_path, monkeypatch, 
 
 def test_other_stacks_render_no_manifests():
     assert m.manifest_files(load_stack("prod"), DIGEST) == {}
+
+
+@pytest.mark.parametrize("minor", range(25, 38))
+def test_every_version_the_settings_allow_validates_the_manifests(eks_prod, minor):
+    """kubernetes.cluster.version allows 1.25-1.37: each of them accepts every core object."""
+    version = f"1.{minor}"
+    k = eks_prod.kubernetes
+    settings = eks_prod.model_copy(
+        update={
+            "kubernetes": k.model_copy(update={"cluster": k.cluster.model_copy(update={"version": version})})
+        }
+    )
+    for manifest in m.render_workload(settings, DIGEST).all():
+        validate(manifest.to_dict(), version)
