@@ -59,4 +59,7 @@ class BackendBase:
         return self._history(aws.stack_output(self.settings, "history_bucket"), prefix)
 
     def _history(self, bucket: str, prefix: str) -> HistoryStore:
+        if self.settings.models:
+            # A stack of several models keeps each pool's releases, history and lock apart.
+            prefix = f"{prefix.rstrip('/')}/models/{self.settings.model.name}/"
         return HistoryStore(self.aws_client("s3"), bucket, self.settings.stack, prefix)

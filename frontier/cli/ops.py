@@ -13,7 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from frontier import aws
 from frontier.backends import backend_for
 from frontier.cli import tables
-from frontier.cli.common import reports_errors, settings_for
+from frontier.cli.common import pool_settings, reports_errors, settings_for
 from frontier.fleet import drivers as nvidia
 from frontier.release import artifact as artifacts
 from frontier.release import weights as model_weights
@@ -65,14 +65,15 @@ def _roll(fn, console) -> None:
         "stack": STACK,
         "digest": "runtime artifact digest, sha256:<64 hex> (tags are refused)",
         "plan": "only show what would happen, host by host; change nothing",
+        "model": "the model pool to roll (a stack of several models needs it); the others are untouched",
     }
 )
 @reports_errors
-def deploy(c, stack=None, digest=None, plan=False):
+def deploy(c, stack=None, digest=None, plan=False, model=None):
     """Roll a runtime digest over the stack: canary, batches, drain, readiness, gate, auto-rollback."""
     if not digest:
         raise Exit("error: --digest sha256:<64 hex> is required (fab release.build prints it)", code=2)
-    settings = settings_for(stack)
+    settings = pool_settings(stack, model)
     console = tables.console()
     env = Environment.for_stack(settings)
     if plan:
@@ -86,11 +87,17 @@ def deploy(c, stack=None, digest=None, plan=False):
     _roll(lambda report: run_deploy(env, digest, reporter=report), console)
 
 
-@task(help={"stack": STACK, "to": "release id to roll back to (default: the previous good release)"})
+@task(
+    help={
+        "stack": STACK,
+        "to": "release id to roll back to (default: the previous good release)",
+        "model": "the model pool to roll back (a stack of several models needs it)",
+    }
+)
 @reports_errors
-def rollback(c, stack=None, to=None):
+def rollback(c, stack=None, to=None, model=None):
     """Roll the previous good release (or --to) through the same path; no rebuild, no re-render."""
-    settings = settings_for(stack)
+    settings = pool_settings(stack, model)
     console = tables.console()
     _roll(lambda report: run_rollback(Environment.for_stack(settings), to, reporter=report), console)
 

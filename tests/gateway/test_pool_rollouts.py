@@ -1,0 +1,65 @@
+"""Rollouts per model: ``--model`` narrows a stack to one pool's hosts, runtime and history."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from frontier.backends import backend_for
+from frontier.cli.common import pool_settings
+from frontier.errors import StackError
+from frontier.render.files import render_runtime_config
+from tests.gateway.stacks import two_model_config, write_stack
+
+FAB = str(Path(sys.executable).with_name("fab"))
+
+
+@pytest.fixture
+def two_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    stacks = tmp_path / "stacks"
+    write_stack(stacks, two_model_config())
+    monkeypatch.setenv("FRONTIER_STACKS_DIR", str(stacks))
+    return stacks
+
+
+def test_one_pool_is_its_own_hosts_runtime_and_history(two_models: Path) -> None:
+    small = pool_settings("local", "tiny-llama-small")
+    backend = backend_for(small)
+    assert [h.name for h in backend.hosts()] == ["host-3"]
+    assert small.model.hidden_size == 128
+    store = backend._history("frontier-local-history", "history/local/")
+    assert store.prefix == "history/local/models/tiny-llama-small/"
+    big = pool_settings("local", "tiny-llama")
+    assert [h.name for h in backend_for(big).hosts()] == ["host-1", "host-2"]
+    assert backend_for(big)._history("b", "history/local/").prefix == "history/local/models/tiny-llama/"
+    # Each pool renders its own runtime.yaml, hence its own release id.
+    assert render_runtime_config(small) != render_runtime_config(big)
+
+
+def test_a_one_model_stack_keeps_its_history_where_it_was() -> None:
+    settings = pool_settings("local", None)
+    assert backend_for(settings)._history("b", "history/local/").prefix == "history/local/"
+    assert pool_settings("local", "tiny-llama").inventory == settings.inventory
+
+
+def test_a_stack_of_several_models_needs_model_to_roll(two_models: Path) -> None:
+    with pytest.raises(StackError, match=r"serves 2 models \(tiny-llama, tiny-llama-small\): name the pool"):
+        pool_settings("local", None)
+    env = {**os.environ, "FRONTIER_STACKS_DIR": str(two_models), "FRONTIER_STACK": ""}
+    digest = "sha256:" + "a" * 64
+    done = subprocess.run(
+        [FAB, "deploy", "-s", "local", "--digest", digest, "--model", "gpt-4"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert (
+        "--model: model 'gpt-4' is not served by stack 'local': it serves tiny-llama, tiny-llama-small"
+        in done.stderr
+    )
