@@ -13,6 +13,7 @@ from frontier.fleet.inventory import HostSpec, ssh_connection
 from frontier.release.history import HistoryStore
 from frontier.release.release import Release
 from frontier.rollout.rolling import Reporter, Rollout, RolloutResult
+from frontier.rollout.strategy import choose
 
 
 def roll_hosts(
@@ -50,7 +51,14 @@ class BackendBase:
         balancer = self.balancer()  # type: ignore[attr-defined]
         hosts = self.hosts()  # type: ignore[attr-defined]
         store = self.history_store()  # type: ignore[attr-defined]
-        return roll_hosts(self.settings, store, hosts, balancer, self.connect, release, kind, reporter)
+        result = roll_hosts(self.settings, store, hosts, balancer, self.connect, release, kind, reporter)
+        # A fixed set of hosts cannot grow: always one batch out of service at a time.
+        result.strategy = choose(self.settings.rollout, None).describe()
+        return result
+
+    def fleet(self, group: str | None = None) -> Any:
+        """The node group as a group that can grow and shrink; None where the hosts are fixed."""
+        return None
 
     def _outputs_history(self) -> HistoryStore:
         """The history bucket and prefix a cloud stack's Pulumi outputs name."""

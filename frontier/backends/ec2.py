@@ -2,16 +2,151 @@
 
 Bucket names, the target group and the endpoint come from the Pulumi stack outputs saved under
 ``.frontier/outputs/<stack>.json`` (see :mod:`frontier.aws`).
+
+The node group is an auto scaling group (:class:`AsgFleet`, found by its tags): a rollout surges
+where its ``max_size`` leaves room (see :mod:`frontier.rollout.strategy`), protects the hosts it
+touches from scale-in and suspends AZRebalance while it runs; ``fab scale`` sets its desired
+capacity within min..max.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from botocore.exceptions import ClientError
+
 from frontier import aws
-from frontier.backends.common import BackendBase
-from frontier.contracts import HOST_ROOT
+from frontier.backends.common import BackendBase, roll_hosts
+from frontier.config.schema import Settings
+from frontier.contracts import HOST_ROOT, NODE_GROUP_TAG, STACK_TAG
+from frontier.errors import FrontierError
 from frontier.fleet.balancer import AlbBalancer, Balancer
 from frontier.fleet.inventory import HostSpec, discover, static_hosts
 from frontier.release.history import HistoryStore
+from frontier.release.release import Release
+from frontier.rollout.rolling import Reporter, RolloutResult
+from frontier.rollout.strategy import SURGE, GroupSize, choose, surge_rollout
+
+# While a deploy runs the group must not move hosts between AZs on its own (it would launch and
+# terminate hosts under the rollout's feet).
+HELD_PROCESSES = ["AZRebalance"]
+# A surge host boots (drivers, image, weights) before its readiness timeout starts to count.
+LAUNCH_ALLOWANCE_S = 900
+POLL_S = 5.0
+
+
+class FleetError(FrontierError):
+    """The auto scaling group cannot do what was asked (size out of range, hosts that never came)."""
+
+
+class AsgFleet:
+    """One node group's auto scaling group, through boto3."""
+
+    def __init__(
+        self, settings: Settings, autoscaling: Any, ec2: Any, group: str, *, poll_s: float = POLL_S
+    ) -> None:
+        self.settings = settings
+        self.autoscaling = autoscaling
+        self.ec2 = ec2
+        self.group = group
+        self.poll_s = poll_s
+        self.name = self._find()
+
+    def _find(self) -> str:
+        """The group tagged with this stack and node group (Pulumi names it; the tags are ours)."""
+        wanted = {STACK_TAG: self.settings.stack, NODE_GROUP_TAG: self.group}
+        for page in self.autoscaling.get_paginator("describe_auto_scaling_groups").paginate():
+            for found in page["AutoScalingGroups"]:
+                tags = {t["Key"]: t["Value"] for t in found.get("Tags", [])}
+                if all(tags.get(k) == v for k, v in wanted.items()):
+                    return found["AutoScalingGroupName"]
+        raise FleetError(
+            f"stack {self.settings.stack!r}: no auto scaling group tagged {STACK_TAG}={self.settings.stack} "
+            f"and {NODE_GROUP_TAG}={self.group} in {self.settings.region} (has `pulumi up` run?)"
+        )
+
+    def _describe(self) -> dict[str, Any]:
+        return self.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[self.name])[
+            "AutoScalingGroups"
+        ][0]
+
+    def size(self) -> GroupSize:
+        group = self._describe()
+        return GroupSize(group["MinSize"], group["DesiredCapacity"], group["MaxSize"])
+
+    def in_service(self) -> set[str]:
+        return {i["InstanceId"] for i in self._describe()["Instances"] if i["LifecycleState"] == "InService"}
+
+    def scale(self, replicas: int) -> GroupSize:
+        """Set the desired capacity; a value outside min..max is refused and changes nothing."""
+        size = self.size()
+        if not size.min_size <= replicas <= size.max_size:
+            raise FleetError(
+                f"--replicas {replicas}: the group {self.name} of stack {self.settings.stack!r} scales between "
+                f"min_size {size.min_size} and max_size {size.max_size} (node_groups[].min_size / max_size; "
+                "change the stack file and `pulumi up` to go beyond)"
+            )
+        self.autoscaling.set_desired_capacity(
+            AutoScalingGroupName=self.name, DesiredCapacity=replicas, HonorCooldown=False
+        )
+        return GroupSize(size.min_size, replicas, size.max_size)
+
+    def grow(self, count: int, timeout_s: float) -> list[HostSpec]:
+        """``count`` more hosts, returned once InService (past the launch hook: they serve)."""
+        before = {i["InstanceId"] for i in self._describe()["Instances"]}
+        size = self.size()
+        if size.desired + count > size.max_size:
+            raise FleetError(f"{self.name}: {size.desired} + {count} hosts exceed max_size {size.max_size}")
+        self.autoscaling.set_desired_capacity(
+            AutoScalingGroupName=self.name, DesiredCapacity=size.desired + count, HonorCooldown=False
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            new = self.in_service() - before
+            if len(new) >= count:
+                break
+            if time.monotonic() > deadline:
+                raise FleetError(
+                    f"{self.name}: {len(new)} of {count} new host(s) in service after {timeout_s:.0f}s "
+                    "(no capacity, or hosts that abandoned their launch hook: see their boot records)"
+                )
+            time.sleep(self.poll_s)
+        hosts = discover(self.settings, self.ec2, self.group, root=HOST_ROOT, python=HOST_PYTHON)
+        return [h for h in hosts if h.instance_id in new]
+
+    def retire(self, hosts: list[HostSpec]) -> None:
+        """Terminate ``hosts``, one fewer desired each; the terminate hook drains them first."""
+        for host in hosts:
+            self.autoscaling.set_instance_protection(
+                AutoScalingGroupName=self.name, InstanceIds=[host.instance_id], ProtectedFromScaleIn=False
+            )
+            self.autoscaling.terminate_instance_in_auto_scaling_group(
+                InstanceId=host.instance_id, ShouldDecrementDesiredCapacity=True
+            )
+
+    @contextlib.contextmanager
+    def hold(self, hosts: list[HostSpec]) -> Iterator[None]:
+        """Protect ``hosts`` from scale-in and suspend AZRebalance; both undone however it ends."""
+        ids = [h.instance_id for h in hosts if h.instance_id]
+        self.autoscaling.suspend_processes(AutoScalingGroupName=self.name, ScalingProcesses=HELD_PROCESSES)
+        if ids:
+            self.autoscaling.set_instance_protection(
+                AutoScalingGroupName=self.name, InstanceIds=ids, ProtectedFromScaleIn=True
+            )
+        try:
+            yield
+        finally:
+            remaining = [i for i in ids if i in {x["InstanceId"] for x in self._describe()["Instances"]}]
+            if remaining:
+                with contextlib.suppress(ClientError):
+                    self.autoscaling.set_instance_protection(
+                        AutoScalingGroupName=self.name, InstanceIds=remaining, ProtectedFromScaleIn=False
+                    )
+            self.autoscaling.resume_processes(AutoScalingGroupName=self.name, ScalingProcesses=HELD_PROCESSES)
+
 
 HOST_PYTHON = "/usr/bin/python3"
 
@@ -31,6 +166,41 @@ class Ec2Backend(BackendBase):
 
     def history_store(self) -> HistoryStore:
         return self._outputs_history()
+
+    def fleet(self, group: str | None = None) -> AsgFleet | None:
+        """The node group's auto scaling group; None for a static inventory (a fixed fleet)."""
+        if self.settings.inventory.source == "static":
+            return None
+        return AsgFleet(
+            self.settings,
+            self.aws_client("autoscaling"),
+            self.aws_client("ec2"),
+            group or self.settings.serving_group.name,
+        )
+
+    def roll(self, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
+        """Surge where the group can grow, else one batch at a time; the group held while it runs."""
+        hosts, balancer, store = self.hosts(), self.balancer(), self.history_store()
+        fleet = self.fleet()
+        strategy = choose(self.settings.rollout, fleet.size() if fleet else None)
+
+        def roll(over: list[HostSpec]) -> RolloutResult:
+            return roll_hosts(self.settings, store, over, balancer, self.connect, release, kind, reporter)
+
+        with fleet.hold(hosts) if fleet else contextlib.nullcontext():
+            if fleet is not None and strategy.kind == SURGE:
+                return surge_rollout(
+                    fleet,
+                    hosts,
+                    strategy,
+                    roll,
+                    kind=kind,
+                    release=release.id,
+                    launch_timeout_s=self.settings.rollout.readiness_timeout_s + LAUNCH_ALLOWANCE_S,
+                )
+            result = roll(hosts)
+        result.strategy = strategy.describe()
+        return result
 
     def endpoint(self) -> str:
         return aws.stack_output(self.settings, "endpoint")

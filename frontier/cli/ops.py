@@ -15,6 +15,7 @@ from frontier.backends import backend_for
 from frontier.cli import tables
 from frontier.cli.common import pool_settings, reports_errors, settings_for
 from frontier.fleet import drivers as nvidia
+from frontier.fleet.ami import latest_amis
 from frontier.release import artifact as artifacts
 from frontier.release import weights as model_weights
 from frontier.rollout.deploy import Environment, deploy_plan
@@ -223,7 +224,10 @@ def release_build(c, stack=None):
     print(f"deploy it with: fab deploy -s {settings.stack} --digest {built.digest}")
 
 
-@task(name="build", help={"stack": STACK, "tag": "local tag for the image (default: src-<hash of the runtime sources>)"})
+@task(
+    name="build",
+    help={"stack": STACK, "tag": "local tag for the image (default: src-<hash of the runtime sources>)"},
+)
 @reports_errors
 def image_build(c, stack=None, tag=None):
     """docker build the runtime image (needs a container engine)."""
@@ -245,9 +249,51 @@ def image_push(c, stack=None, tag=None):
     print(f"pushed {built.image}\ndeploy it with: fab deploy -s {settings.stack} --digest {built.digest}")
 
 
+@task(
+    help={"stack": STACK, "replicas": "hosts the serving node group should run (within min_size..max_size)"}
+)
+@reports_errors
+def scale(c, stack=None, replicas=None):
+    """Set the serving group's desired capacity by hand; the scaling policy takes over from there."""
+    if replicas is None:
+        raise Exit("error: --replicas N is required", code=2)
+    settings = settings_for(stack)
+    fleet = backend_for(settings).fleet()
+    if fleet is None:
+        raise Exit(
+            f"error: stack {settings.stack!r} has a fixed set of hosts (inventory.source = "
+            f"{settings.inventory.source!r}); only an auto scaling group can be scaled",
+            code=2,
+        )
+    before = fleet.size()
+    after = fleet.scale(int(replicas))
+    tables.console().print(
+        f"{fleet.name}: desired {before.desired} -> {after.desired} (min {after.min_size}, max {after.max_size})"
+    )
+
+
+@task(name="latest", help={"stack": STACK})
+@reports_errors
+def ami_latest(c, stack=None):
+    """Propose the newest published AMI for each node group against the one the stack pins."""
+    settings = settings_for(stack)
+    proposals = latest_amis(settings, backend_for(settings).aws_client("ssm"))
+    rows = [(p.group, p.pinned or "-", p.latest, p.action()) for p in proposals]
+    console = tables.console()
+    console.print(
+        tables.table(f"AMIs of stack {settings.stack}", ("node group", "pinned", "latest", "action"), rows)
+    )
+    stale = [p for p in proposals if not p.current]
+    if stale:
+        console.print(f"edit {settings.source}:")
+        for p in stale:
+            console.print(f"  {p.field}: {p.pinned or '(empty)'} -> {p.latest}")
+
+
 def register(namespace: Collection) -> None:
-    for t in (deploy, rollback, status, history, drivers, unlock):
+    for t in (deploy, rollback, status, history, drivers, unlock, scale):
         namespace.add_task(t)
     namespace.add_collection(Collection("weights", weights_push))
     namespace.add_collection(Collection("release", release_build))
     namespace.add_collection(Collection("image", image_build, image_push))
+    namespace.add_collection(Collection("ami", ami_latest))

@@ -157,6 +157,7 @@ def _roll(env: Environment, release: Release, kind: str, reporter: Reporter | No
     started = now()
     with env.store.locked(f"{kind} {release.id}", ttl_s=lock_ttl_s(env.settings, len(env.hosts))):
         result = roll(release, kind, reporter)
+        # The stack's current release from now on: hosts that launch later bootstrap it.
         env.store.append(_record(env, release, result, started))
     if result.outcome != "succeeded":
         raise RolloutFailed(result)
@@ -178,5 +179,7 @@ def _record(
         "release": release.id,
         "outcome": result.outcome,
         "reason": result.reason,
+        # surge or one-unavailable, and why (frontier.rollout.strategy)
+        "strategy": result.strategy,
         "hosts": [h.to_record() for h in result.hosts],
     }

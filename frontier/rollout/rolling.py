@@ -54,7 +54,7 @@ class HostResult:
     name: str
     from_release: str = ""
     to_release: str = ""
-    outcome: str = "pending"  # pending | skipped | updated | restored | failed | untouched
+    outcome: str = "pending"  # pending | skipped | updated | restored | failed | untouched | retired
     phases: dict[str, float] = field(default_factory=dict)
     error: str = ""
 
@@ -83,6 +83,8 @@ class RolloutResult:
     reason: str = ""
     hosts: list[HostResult] = field(default_factory=list)
     duration_s: float = 0.0
+    #: How capacity was kept: surge or one-unavailable, and why (see frontier.rollout.strategy).
+    strategy: str = ""
 
 
 # --- the rollout ----------------------------------------------------------------------------------

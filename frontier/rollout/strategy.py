@@ -1,0 +1,137 @@
+"""How a rollout keeps capacity: surge where the group can grow, else one batch unavailable at a time.
+
+Surge ("先增后减", add first, then remove), for each wave of up to ``rollout.max_surge`` hosts:
+launch that many new hosts (each boots the current release and passes the launch hook), roll the
+new release onto them through the usual gates (they are extra capacity, so this costs nothing),
+and only then retire as many old hosts (scale-in drains them first). Serving capacity never drops
+below the group's desired size. A failed wave retires its new hosts; old ones were never touched.
+
+Where the group cannot grow (``max_size`` reached, ``max_surge`` 0, or a fixed fleet such as the
+local stack) the rollout takes ``rollout.batch_size`` hosts out at a time, in place, as before.
+The choice and its reason are written into the rollout's result and the deploy history.
+
+The mechanics of growing and retiring belong to the backend (:class:`Fleet`); the decision and
+the order of steps live here, so both can be tested on their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from frontier.config.schema import Rollout as RolloutSettings
+from frontier.errors import FrontierError
+from frontier.fleet.inventory import HostSpec
+from frontier.rollout.rolling import HostResult, RolloutResult
+
+SURGE = "surge"
+IN_PLACE = "one-unavailable"
+
+
+@dataclass(frozen=True)
+class GroupSize:
+    min_size: int
+    desired: int
+    max_size: int
+
+
+@dataclass(frozen=True)
+class Strategy:
+    kind: Literal["surge", "one-unavailable"]
+    #: New hosts launched per wave (surge), or hosts out of service at once (in place).
+    hosts_per_wave: int
+    reason: str
+
+    def describe(self) -> str:
+        if self.kind == SURGE:
+            return (
+                f"surge: +{self.hosts_per_wave} host(s) first, then retire as many old ones ({self.reason})"
+            )
+        return f"one-unavailable: {self.hosts_per_wave} host(s) out of service at a time ({self.reason})"
+
+
+def choose(rollout: RolloutSettings, group: GroupSize | None) -> Strategy:
+    """Surge when the group can grow by at least one host; in place otherwise, saying why."""
+    in_place = rollout.batch_size
+    if group is None:
+        return Strategy(IN_PLACE, in_place, "a fixed fleet cannot grow")
+    if rollout.max_surge == 0:
+        return Strategy(IN_PLACE, in_place, "rollout.max_surge is 0")
+    room = group.max_size - group.desired
+    if room <= 0:
+        return Strategy(
+            IN_PLACE,
+            in_place,
+            f"the group is at max_size ({group.max_size} = desired {group.desired}): no room to surge",
+        )
+    surge = min(rollout.max_surge, room)
+    return Strategy(
+        SURGE, surge, f"max_size {group.max_size} leaves room for {room} above desired {group.desired}"
+    )
+
+
+class Fleet(Protocol):
+    """A group of hosts that can grow and shrink (an auto scaling group)."""
+
+    def size(self) -> GroupSize: ...
+
+    def grow(self, count: int, timeout_s: float) -> list[HostSpec]:
+        """Launch ``count`` hosts; return them once in service (they passed the launch hook)."""
+        ...
+
+    def retire(self, hosts: list[HostSpec]) -> None:
+        """Terminate ``hosts`` and shrink the group by as many (scale-in drains each first)."""
+        ...
+
+    def hold(self, hosts: list[HostSpec]) -> contextlib.AbstractContextManager[None]:
+        """While a rollout runs: ``hosts`` protected from scale-in, AZ rebalancing suspended."""
+        ...
+
+
+# Runs the usual rollout (canary, batches, gates, restore) over some hosts.
+RollHosts = Callable[[list[HostSpec]], RolloutResult]
+
+
+def surge_waves(old: list[HostSpec], per_wave: int) -> Iterator[list[HostSpec]]:
+    for i in range(0, len(old), per_wave):
+        yield old[i : i + per_wave]
+
+
+def surge_rollout(
+    fleet: Fleet,
+    old_hosts: list[HostSpec],
+    strategy: Strategy,
+    roll: RollHosts,
+    *,
+    kind: str,
+    release: str,
+    launch_timeout_s: float,
+) -> RolloutResult:
+    """Per wave: grow, roll the release onto the new hosts (gated), then retire old hosts."""
+    started = time.monotonic()
+    result = RolloutResult(kind=kind, release=release, strategy=strategy.describe())
+    retired = {h.name: HostResult(h.name, to_release=release, outcome="untouched") for h in old_hosts}
+    result.hosts = list(retired.values())
+    for wave in surge_waves(old_hosts, strategy.hosts_per_wave):
+        try:
+            new = fleet.grow(len(wave), launch_timeout_s)
+        except FrontierError as exc:
+            result.outcome, result.reason = "failed", f"surge: {exc}"
+            break
+        rolled = roll(new)
+        result.hosts += rolled.hosts
+        if rolled.outcome != "succeeded":
+            # The wave's new hosts go; the old ones never left service.
+            fleet.retire(new)
+            for host in rolled.hosts:
+                host.outcome = "retired"
+            result.outcome, result.reason = "rolled_back", rolled.reason
+            break
+        fleet.retire(wave)
+        for host in wave:
+            retired[host.name].outcome = "retired"
+    result.duration_s = round(time.monotonic() - started, 3)
+    return result

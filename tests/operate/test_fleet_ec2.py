@@ -1,0 +1,278 @@
+"""The EC2 node group as an auto scaling group, against moto: scale, surge, hold, AMI proposals.
+
+moto's auto scaling launches instances InService at once (it has no lifecycle hooks to wait on),
+which is what a host looks like once its bootstrap completed the launch hook.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import boto3
+import pytest
+from invoke import Context
+from invoke.exceptions import Exit
+from moto import mock_aws
+from moto.ssm.models import Parameter, ssm_backends
+
+from frontier.backends.ec2 import AsgFleet, Ec2Backend, FleetError
+from frontier.cli import ops
+from frontier.config.hardware import ami_parameter
+from frontier.config.load import load_stack
+from frontier.contracts import NODE_GROUP_TAG, ROLE_TAG, STACK_TAG
+from frontier.fleet.ami import latest_amis
+from frontier.fleet.inventory import HostSpec
+from frontier.release.artifact import Artifact
+from frontier.release.release import Release
+from frontier.rollout.rolling import HostResult, RolloutResult
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+
+
+def publish_ami(name: str, value: str) -> None:
+    """AWS publishes the AMI parameters under /aws/service/; moto refuses puts there (as AWS does),
+    so the value goes into moto's store the way moto loads its own published parameters."""
+    versions = ssm_backends[ACCOUNT][REGION]._parameters[name]
+    versions.append(
+        Parameter(
+            account_id=ACCOUNT,
+            name=name,
+            value=value,
+            parameter_type="String",
+            description=None,
+            allowed_pattern=None,
+            keyid=None,
+            last_modified_date=datetime.datetime.now(datetime.UTC),
+            version=len(versions) + 1,
+            data_type="text",
+        )
+    )
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        yield
+
+
+@pytest.fixture
+def prod(aws):
+    """The prod stack's node group as Pulumi makes it: 4..10 hosts, 6 desired, tagged for fab."""
+    settings = load_stack("prod")
+    group = settings.serving_group
+    ec2 = boto3.client("ec2", region_name=REGION)
+    vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.40.1.0/24", AvailabilityZone=f"{REGION}a")["Subnet"][
+        "SubnetId"
+    ]
+    template = ec2.create_launch_template(
+        LaunchTemplateName="prod-h100",
+        LaunchTemplateData={"ImageId": group.ami_id, "InstanceType": "p5.48xlarge"},
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    tags = {STACK_TAG: "prod", NODE_GROUP_TAG: group.name, ROLE_TAG: "runtime", "Name": "frontier-prod-h100"}
+    autoscaling = boto3.client("autoscaling", region_name=REGION)
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName="prod-h100-asg-1a2b3c",
+        LaunchTemplate={"LaunchTemplateId": template},
+        MinSize=group.min_size,
+        MaxSize=group.max_size,
+        DesiredCapacity=group.desired_size,
+        VPCZoneIdentifier=subnet,
+        Tags=[
+            {
+                "Key": k,
+                "Value": v,
+                "PropagateAtLaunch": True,
+                "ResourceId": "prod-h100-asg-1a2b3c",
+                "ResourceType": "auto-scaling-group",
+            }
+            for k, v in tags.items()
+        ],
+    )
+    return settings
+
+
+def fleet(settings) -> AsgFleet:
+    return AsgFleet(
+        settings,
+        boto3.client("autoscaling", region_name=REGION),
+        boto3.client("ec2", region_name=REGION),
+        "h100",
+        poll_s=0.01,
+    )
+
+
+def group_state() -> dict:
+    return boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups()[
+        "AutoScalingGroups"
+    ][0]
+
+
+def test_the_group_is_found_by_its_stack_and_node_group_tags(prod):
+    f = fleet(prod)
+    assert f.name == "prod-h100-asg-1a2b3c"
+    assert (f.size().min_size, f.size().desired, f.size().max_size) == (4, 6, 10)
+    other = prod.model_copy(update={"stack": "staging"})
+    with pytest.raises(FleetError, match="no auto scaling group tagged frontier:stack=staging"):
+        fleet(other)
+
+
+def test_scale_sets_the_desired_capacity_within_min_and_max(prod):
+    assert fleet(prod).scale(8).desired == 8
+    assert group_state()["DesiredCapacity"] == 8
+    assert len(group_state()["Instances"]) == 8
+
+
+@pytest.mark.parametrize("replicas", [3, 11])
+def test_scale_outside_min_and_max_is_refused_and_changes_nothing(prod, replicas):
+    with pytest.raises(FleetError) as refused:
+        fleet(prod).scale(replicas)
+    assert f"--replicas {replicas}:" in str(refused.value)
+    assert "min_size 4 and max_size 10" in str(refused.value)
+    assert group_state()["DesiredCapacity"] == 6
+
+
+def test_fab_scale_task_sets_it_and_refuses_a_value_outside_with_the_range(prod, capsys):
+    ops.scale(Context(), stack="prod", replicas=7)
+    assert "desired 6 -> 7 (min 4, max 10)" in capsys.readouterr().out
+    with pytest.raises(Exit) as refused:
+        ops.scale(Context(), stack="prod", replicas=12)
+    assert "--replicas 12" in str(refused.value.message) and "max_size 10" in str(refused.value.message)
+    assert group_state()["DesiredCapacity"] == 7
+
+
+def test_a_deploy_holds_its_hosts_from_scale_in_and_pauses_az_rebalance(prod):
+    f = fleet(prod)
+    hosts = Ec2Backend(prod).hosts()
+    assert len(hosts) == 6
+    with f.hold(hosts):
+        state = group_state()
+        assert [p["ProcessName"] for p in state["SuspendedProcesses"]] == ["AZRebalance"]
+        assert all(i["ProtectedFromScaleIn"] for i in state["Instances"])
+    state = group_state()
+    assert state["SuspendedProcesses"] == []
+    assert not any(i["ProtectedFromScaleIn"] for i in state["Instances"])
+
+
+def test_the_hold_is_undone_when_the_rollout_fails(prod):
+    f = fleet(prod)
+    with pytest.raises(RuntimeError), f.hold(Ec2Backend(prod).hosts()):
+        raise RuntimeError("rollout died")
+    assert group_state()["SuspendedProcesses"] == []
+
+
+def test_surge_grows_the_group_with_new_hosts_then_retires_old_ones(prod):
+    f = fleet(prod)
+    old = Ec2Backend(prod).hosts()
+    new = f.grow(1, timeout_s=30)
+    assert len(new) == 1 and isinstance(new[0], HostSpec)
+    assert new[0].instance_id not in {h.instance_id for h in old}
+    assert group_state()["DesiredCapacity"] == 7
+    f.retire(old[:1])
+    state = group_state()
+    assert state["DesiredCapacity"] == 6
+    assert old[0].instance_id not in {i["InstanceId"] for i in state["Instances"]}
+
+
+def test_surge_beyond_max_size_is_refused(prod):
+    f = fleet(prod)
+    f.scale(10)
+    with pytest.raises(FleetError, match="exceed max_size 10"):
+        f.grow(1, timeout_s=1)
+
+
+def test_ami_latest_proposes_the_published_ami_against_the_pinned_one(prod):
+    ssm = boto3.client("ssm", region_name=REGION)
+    parameter = ami_parameter(prod.serving_group)
+    publish_ami(parameter, "ami-0fedcba9876543210")
+    [proposal] = latest_amis(prod, ssm)
+    assert (proposal.field, proposal.pinned, proposal.latest) == (
+        "node_groups[0].ami_id",
+        prod.serving_group.ami_id,
+        "ami-0fedcba9876543210",
+    )
+    assert proposal.action().startswith("set node_groups[0].ami_id: ami-0fedcba9876543210")
+    publish_ami(parameter, prod.serving_group.ami_id)
+    assert latest_amis(prod, ssm)[0].action() == "up to date"
+
+
+def test_fab_ami_latest_prints_the_line_to_change(prod, capsys):
+    publish_ami(ami_parameter(prod.serving_group), "ami-0fedcba9876543210")
+    ops.ami_latest(Context(), stack="prod")
+    out = capsys.readouterr().out
+    assert f"node_groups[0].ami_id: {prod.serving_group.ami_id} -> ami-0fedcba9876543210" in out
+
+
+def test_a_missing_parameter_is_reported_naming_it(prod):
+    with pytest.raises(Exception, match="cannot read /aws/service/deeplearning"):
+        latest_amis(prod, boto3.client("ssm", region_name=REGION))
+
+
+def test_an_ec2_rollout_surges_while_holding_the_group_and_says_so(prod, monkeypatch, tmp_path):
+    """Ec2Backend.roll with the per-host rollout replaced by a recorder: the SSH rollout itself is
+    tested against real sshd hosts elsewhere; here moto's instances have no sshd to reach."""
+    outputs = tmp_path / "prod.json"
+    outputs.write_text(
+        '{"target_group_arn": "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/tg/1", '
+        '"history_bucket": "frontier-prod-history-123456789012-us-east-1", "history_prefix": "history/prod/"}'
+    )
+    monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(outputs))
+    seen = []
+
+    def roll_hosts(settings, store, hosts, balancer, connect, release, kind, reporter):
+        state = group_state()
+        seen.append(
+            (
+                [h.instance_id for h in hosts],
+                state["DesiredCapacity"],
+                [p["ProcessName"] for p in state["SuspendedProcesses"]],
+            )
+        )
+        return RolloutResult(
+            kind,
+            release.id,
+            hosts=[HostResult(h.name, to_release=release.id, outcome="updated") for h in hosts],
+        )
+
+    monkeypatch.setattr("frontier.backends.ec2.roll_hosts", roll_hosts)
+    backend = Ec2Backend(
+        prod.model_copy(update={"rollout": prod.rollout.model_copy(update={"max_surge": 2})})
+    )
+    old = {h.instance_id for h in backend.hosts()}
+    release = Release(Artifact("sha256:" + "a" * 64, "image"), {"runtime.yaml": "x: 1\n"})
+    result = backend.roll(release, "deploy", None)
+    assert result.outcome == "succeeded"
+    assert result.strategy.startswith("surge: +2 host(s) first")
+    # Three waves of two new hosts, each rolled while the group ran 8 (6 + 2) and AZRebalance waited.
+    assert [(len(ids), desired, held) for ids, desired, held in seen] == [(2, 8, ["AZRebalance"])] * 3
+    assert not any(set(ids) & old for ids, _, _ in seen)
+    state = group_state()
+    assert state["DesiredCapacity"] == 6 and state["SuspendedProcesses"] == []
+    assert not old & {i["InstanceId"] for i in state["Instances"]}  # every old host retired
+
+
+def test_an_ec2_rollout_at_max_size_goes_one_unavailable_at_a_time(prod, monkeypatch, tmp_path):
+    outputs = tmp_path / "prod.json"
+    outputs.write_text(
+        '{"target_group_arn": "arn:tg", "history_bucket": "b", "history_prefix": "history/prod/"}'
+    )
+    monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(outputs))
+    fleet(prod).scale(10)
+    monkeypatch.setattr(
+        "frontier.backends.ec2.roll_hosts",
+        lambda settings, store, hosts, *rest: RolloutResult(rest[-2], rest[-3].id),
+    )
+    result = Ec2Backend(prod).roll(Release(Artifact("sha256:" + "b" * 64, "image"), {}), "deploy", None)
+    assert result.strategy.startswith(
+        "one-unavailable: 1 host(s) out of service at a time (the group is at max_size"
+    )
+    assert group_state()["DesiredCapacity"] == 10
