@@ -13,6 +13,7 @@ whose rank 0 died sees EOF and exits. Imports nothing else from the runtime.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -91,8 +92,12 @@ class StepSender:
         self.pipes = pipes
 
     def send(self, step: object) -> None:
+        """Pickle the step once and write the same bytes to every rank (``recv`` unpickles them)."""
+        if not self.pipes:
+            return
+        data = pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL)
         for pipe in self.pipes:
-            pipe.send(step)
+            pipe.send_bytes(data)
 
     def close(self) -> None:
         """Tell every rank to stop, then close the pipes; a rank already gone is skipped."""

@@ -6,11 +6,11 @@ of (hash of the previous block, its token ids), so a later sequence with the sam
 Freed blocks keep their content and hash and sit in an LRU free list: they are reusable by a
 prefix hit until the allocator evicts them for new content.
 
-Where it can, the allocator keeps a sequence's blocks consecutive (attention then reads them in
-place instead of gathering a copy): a sequence starting from scratch begins a run of empty blocks
-long enough for its whole expected length, clear of the runs other sequences are growing into, and
-each later block is the one right after its last, when that one is free and empty. These are
-preferences only: when no such block is free, any free block will do.
+Every sequence holding blocks also holds a row of the device-side block table (``row_of``).
+Each change to a sequence's block list is logged as a ``(row, column, block)`` triple
+(``take_table_updates``): the model runner applies only those to its table tensor each step
+instead of rebuilding every table from Python lists, and sends them to the other
+tensor-parallel ranks, which keep identical tables.
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = config.block_size
         self.enable_prefix_caching = config.prefix_caching
-        # Prefer consecutive blocks per sequence (see the module docstring): that pays off only where
-        # attention reads them in place, on CPU (see ModelRunner.prepare).
-        self.keep_runs = config.device == "cpu"
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # chained hash -> block id
-        self.reserved: dict[Sequence, tuple[int, int]] = {}  # [first, end) run a sequence grows into
+        self.row_of: dict[Sequence, int] = {}  # block-table row of each sequence holding blocks
+        self.free_rows: list[int] = []
+        self.num_rows = 0
+        self.updates: dict[tuple[int, int], int] = {}  # (row, column) -> block, since the last take
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
 
@@ -100,6 +100,9 @@ class BlockManager:
                 del self.free[b]
             self.ref_counts[b] += 1
         seq.block_table = list(cached)
+        row = self._row(seq)
+        for col, b in enumerate(cached):
+            self.updates[(row, col)] = b
         seq.num_hashed_blocks = len(cached)
         seq.num_computed_tokens = len(cached) * self.block_size
         if seq.num_cached_prompt_tokens == 0 and seq.num_output_tokens == 0:
@@ -117,41 +120,32 @@ class BlockManager:
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if needed > len(self.free):
             raise RuntimeError(f"out of KV blocks: {needed} needed, {len(self.free)} free")
-        if needed and not seq.block_table and self.keep_runs:
-            expected = seq.num_tokens + max(seq.params.max_tokens - seq.num_output_tokens, 0)
-            first = self._find_empty_run(max(self.blocks_for(expected), needed))
-            if first is not None:
-                self.reserved[seq] = (first, first + self.blocks_for(expected))
-                for b in range(first, first + needed):
-                    self._take_block(b)
-                seq.block_table.extend(range(first, first + needed))
-                return
+        if needed <= 0:
+            return
+        row = self._row(seq)
         for _ in range(needed):
-            following = seq.block_table[-1] + 1 if seq.block_table else self.num_blocks
-            if following < self.num_blocks and following in self.free and self.block_hash[following] is None:
-                self._take_block(following)
-                seq.block_table.append(following)
+            self.updates[(row, len(seq.block_table))] = block = self._take_free_block()
+            seq.block_table.append(block)
+
+    def _row(self, seq: Sequence) -> int:
+        row = self.row_of.get(seq)
+        if row is None:
+            if self.free_rows:
+                row = self.free_rows.pop()
             else:
-                seq.block_table.append(self._take_free_block())
+                row, self.num_rows = self.num_rows, self.num_rows + 1
+            self.row_of[seq] = row
+        return row
 
-    def _find_empty_run(self, length: int) -> int | None:
-        """First block of ``length`` free, empty blocks outside every reserved run; None if none."""
-        if length > self.num_blocks:
-            return None
-        taken = [b for b in range(self.num_blocks) if b not in self.free or self.block_hash[b] is not None]
-        for first, end in self.reserved.values():
-            taken.extend(range(first, min(end, self.num_blocks)))
-        taken.sort()
-        start = 0
-        for b in taken:
-            if b - start >= length:
-                return start
-            start = max(start, b + 1)
-        return start if self.num_blocks - start >= length else None
+    def row(self, seq: Sequence) -> int:
+        """The block-table row of a sequence that holds blocks."""
+        return self.row_of[seq]
 
-    def _take_block(self, block: int) -> None:
-        del self.free[block]
-        self.ref_counts[block] = 1
+    def take_table_updates(self) -> list[int]:
+        """The table cells changed since the last call, flat ``row, column, block`` triples."""
+        flat = [x for (row, col), block in self.updates.items() for x in (row, col, block)]
+        self.updates.clear()
+        return flat
 
     def _take_free_block(self) -> int:
         block, _ = self.free.popitem(last=False)
@@ -178,6 +172,8 @@ class BlockManager:
                 else:
                     self.free[block] = None
         seq.block_table = []
-        self.reserved.pop(seq, None)
+        row = self.row_of.pop(seq, None)
+        if row is not None:
+            self.free_rows.append(row)
         seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0

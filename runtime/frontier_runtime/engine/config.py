@@ -3,21 +3,26 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from frontier_runtime.config import RuntimeConfig
+if TYPE_CHECKING:  # the engine itself runs without pydantic (bench/gpu_check.py imports only this path)
+    from frontier_runtime.config import RuntimeConfig
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
+KV_CACHE_DTYPES = ("auto", *DTYPE_NAMES, "fp8")
+ATTENTION_BACKENDS = ("auto", "cpu-kernel", "flash-varlen", "sdpa-gather")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model_dir: Path
-    dtype: str = "float32"
+    dtype: str = "float32"  # or "auto": the checkpoint's own (config.json torch_dtype)
     device: str = "cpu"  # "cpu", "cuda", or "auto" (resolved to one of them when the config is built)
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     # Scheduling.
@@ -27,7 +32,7 @@ class EngineConfig:
     batch_window_ms: float = 0.0  # AsyncEngine: how long an idle engine waits for companions
     # KV cache.
     block_size: int = 16
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # "fp8": e4m3 with a per-layer scale, half the bytes of bf16
     cpu_kv_cache_bytes: int = 256 * 1024 * 1024
     gpu_memory_utilization: float = 0.9
     num_blocks: int | None = None  # None: as many as the budget above holds
@@ -36,18 +41,31 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     cpu_threads: int = 0  # intra-op threads of the whole engine, split over its ranks; 0: all cores
     seed: int = 0
+    # Kernels.
+    attention_backend: str = "auto"  # see ops.paged_attention; "auto" picks the fastest that works
+    cuda_graphs: bool = True  # decode steps replay captured graphs (CUDA, paged flash kernel)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPE_NAMES:
-            raise ValueError(f"model.dtype {self.dtype!r} is not one of {sorted(DTYPE_NAMES)}")
-        if self.kv_cache_dtype not in ("auto", *DTYPE_NAMES):
+        if self.dtype not in ("auto", *DTYPE_NAMES):
+            raise ValueError(f"model.dtype {self.dtype!r} is not one of {['auto', *sorted(DTYPE_NAMES)]}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"cache.kv_cache_dtype {self.kv_cache_dtype!r} is not supported by this runtime "
-                f"(auto, {', '.join(sorted(DTYPE_NAMES))})"
+                f"({', '.join(KV_CACHE_DTYPES)})"
             )
-        # Frozen, so the two normalisations below go through object.__setattr__.
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend {self.attention_backend!r} is not one of {', '.join(ATTENTION_BACKENDS)}"
+            )
+        # Frozen, so the normalisations below go through object.__setattr__.
         object.__setattr__(self, "model_dir", Path(self.model_dir))
         object.__setattr__(self, "device", resolve_device(self.device))
+        if self.device == "cuda" and self.dtype == "float32":
+            raise ValueError(
+                "model.dtype 'float32' is refused on CUDA: it halves throughput and doubles memory for "
+                "no gain in serving quality, and the paged flash kernels take only bfloat16/float16; "
+                "use 'bfloat16', 'float16' or 'auto' (the checkpoint's dtype)"
+            )
 
     @classmethod
     def from_runtime(cls, config: RuntimeConfig, model_dir: str | Path) -> EngineConfig:
@@ -89,6 +107,32 @@ class EngineConfig:
         """
         budget = self.cpu_threads or os.cpu_count() or 1
         return max(1, budget // self.tensor_parallel_size)
+
+
+def checkpoint_dtype(model_dir: Path) -> str:
+    """The dtype a checkpoint's config.json declares (``dtype`` or ``torch_dtype``); float32 if none."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    name = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32").removeprefix("torch.")
+    return {"float": "float32", "half": "float16", "bfloat": "bfloat16"}.get(name, name)
+
+
+def resolve_dtype(config: EngineConfig) -> str:
+    """The model dtype to run: the configured one, or for "auto" the checkpoint's own, except that
+    a float32 checkpoint runs in bfloat16 on CUDA (float32 is refused there)."""
+    if config.dtype != "auto":
+        return config.dtype
+    name = checkpoint_dtype(config.model_dir)
+    if name not in DTYPE_NAMES:
+        raise ValueError(
+            f"model.dtype 'auto': {config.model_dir}/config.json declares dtype {name!r}, "
+            f"not one of {sorted(DTYPE_NAMES)}"
+        )
+    if name == "float32" and config.device == "cuda":
+        return "bfloat16"
+    return name
 
 
 def resolve_device(device: str) -> str:

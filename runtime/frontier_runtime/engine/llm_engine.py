@@ -163,7 +163,8 @@ class LLMEngine:
         self._last_batch = len(sched.scheduled)
         self._last_tokens = sched.num_tokens
 
-        step, samplers = self.runner.prepare(sched.scheduled)
+        bm = self.block_manager
+        step, samplers = self.runner.prepare(sched.scheduled, bm.row_of, bm.take_table_updates())
         masks = self.structured.start(samplers) if self.structured is not None else None
         self.workers.send(step)
         logits = self.runner.execute(step)

@@ -1,56 +1,54 @@
 """Runs the model over one scheduled step: builds the flat batch and the attention metadata, owns
-the KV cache tensors, returns the logits of the sequences that sample a token this step.
+the KV cache and the block-table tensor, returns the logits of the sequences that sample a token.
 
 The step's inputs are a plain ``StepInput`` (lists of ints) so that under tensor parallelism rank 0
-can send it to the other ranks and every rank builds identical tensors from it.
+can send it to the other ranks and every rank builds identical tensors from it. Block tables are
+not rebuilt per step: the block manager logs which cells changed and each rank applies just those
+to its table tensor. Everything a step needs goes to the device in one copy; positions and slots
+are derived there from the tables.
+
+On CUDA with the paged flash kernel, decode-only steps replay CUDA graphs captured at padded batch
+sizes over static buffers (``cuda_graphs``).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
 
 from frontier_runtime.distributed import init_group
-from frontier_runtime.engine.config import EngineConfig
+from frontier_runtime.engine.config import EngineConfig, resolve_dtype
 from frontier_runtime.engine.sequence import Sequence
-from frontier_runtime.models.llama.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.loader import load_model
+from frontier_runtime.ops.paged_attention import AttentionMetadata, allocate_kv, select_backend
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+log = logging.getLogger("frontier_runtime.engine")
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp8": torch.float8_e4m3fn,
+}
+FP8_MAX = 448.0
 
 
 @dataclass
 class StepInput:
     input_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)  # block * block_size + offset of each token
-    # Decodes come first: those whose blocks are consecutive (attended in place), then the others,
-    # shortest first, whose blocks are gathered.
-    decode_spans: list[tuple[int, int]] = field(default_factory=list)  # (first block, context)
-    decode_tables: list[list[int]] = field(default_factory=list)
-    decode_context: list[int] = field(default_factory=list)  # tokens each decode attends to
-    decode_groups: list[tuple[int, int]] = field(default_factory=list)  # (start, count), padded together
-    prefills: list[tuple[int, int, int, list[int]]] = field(
-        default_factory=list
-    )  # start, len, before, blocks
+    rows: list[int] = field(default_factory=list)  # block-table row of each sequence
+    computed: list[int] = field(default_factory=list)  # tokens each sequence already has in the cache
+    counts: list[int] = field(default_factory=list)  # its new tokens this step (decodes first: 1 each)
+    num_decodes: int = 0
+    table_updates: list[int] = field(default_factory=list)  # flat (row, column, block) triples
     logits_indices: list[int] = field(default_factory=list)
 
-
-def group_by_length(block_counts: list[int], slack: float = 1.25) -> list[tuple[int, int]]:
-    """Split ascending block counts into runs padded together, each padded to at most ``slack`` x
-    its real size plus one block, so one long context does not make every short one pay for it."""
-    groups: list[tuple[int, int]] = []
-    start, total = 0, 0
-    for i, blocks in enumerate(block_counts):
-        if i > start and blocks * (i + 1 - start) > slack * (total + blocks) + blocks:
-            groups.append((start, i - start))
-            start, total = i, 0
-        total += blocks
-    if block_counts:
-        groups.append((start, len(block_counts) - start))
-    return groups
+    @property
+    def is_decode_only(self) -> bool:
+        return self.num_decodes == len(self.rows)
 
 
 class ModelRunner:
@@ -62,154 +60,335 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.tp = init_group(rank, config.tensor_parallel_size, init_method, self.device)
-        self.dtype = DTYPES[config.dtype]
+        self.dtype = DTYPES[resolve_dtype(config)]
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
         self.block_size = config.block_size
         self.model = load_model(config.model_dir, self.dtype, self.device, self.tp)
         self.model_config: LlamaConfig = self.model.cfg
         cfg = self.model_config
+        self.max_seq_len = config.max_seq_len or cfg.max_position_embeddings
+        self.max_blocks_per_seq = -(-self.max_seq_len // self.block_size)
+        self.backend = select_backend(self.device, self.block_size, self.dtype, config.attention_backend)
+        if self.kv_dtype == torch.float8_e4m3fn:
+            self._set_fp8_scales()
+            if self.backend == "flash-varlen":  # FlashAttention reads no fp8 cache
+                self.backend = "sdpa-gather"
+        log.info("attention backend %s, KV cache %s", self.backend, self.kv_dtype)
         kv_per_token = 2 * cfg.num_layers * self.model.num_local_kv_heads * cfg.head_dim
         self.bytes_per_block = kv_per_token * self.block_size * self.kv_dtype.itemsize
+        self.tables = torch.zeros(
+            max(config.max_batch_size, 1), self.max_blocks_per_seq, dtype=torch.int32, device=self.device
+        )
         num_blocks = config.num_blocks
         if num_blocks is None:
             if self.device.type == "cuda":
-                num_blocks = self._cuda_blocks(config.gpu_memory_utilization, config.max_num_batched_tokens)
+                num_blocks = self._cuda_blocks(config.gpu_memory_utilization)
             else:
                 num_blocks = config.cpu_kv_cache_bytes // self.bytes_per_block
             num_blocks = self.tp.min_over_ranks(num_blocks, self.device)  # every rank must agree
         self.num_blocks = num_blocks
-        self.kv_caches = self._allocate(num_blocks)
+        # One block more than the engine hands out: padded rows of a CUDA graph write and read it.
+        self.scratch_block = num_blocks
+        self.kv_caches = self._allocate(num_blocks + 1)
+        self.graphs: dict[int, _DecodeGraph] = {}
+        if self.use_cuda_graphs:
+            self._capture_graphs()
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        return (
+            self.device.type == "cuda"
+            and self.config.cuda_graphs
+            and self.backend == "flash-varlen"
+            and not self.tp.enabled  # NCCL inside captured graphs is left for later
+        )
+
+    def _set_fp8_scales(self) -> None:
+        for layer in self.model.layers:
+            k_bound, v_bound = layer.self_attn.kv_bound(layer.input_layernorm.weight)
+            layer.self_attn.k_scale = max(k_bound, 1e-6) / FP8_MAX
+            layer.self_attn.v_scale = max(v_bound, 1e-6) / FP8_MAX
 
     def _allocate(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        shape = (self.model.num_local_kv_heads, num_blocks, self.block_size, self.model_config.head_dim)
-        # Zeros, not empty: padded reads are masked, but garbage NaNs would still poison softmax @ V.
+        cfg = self.model_config
+        kvh = self.model.num_local_kv_heads
         return [
-            (
-                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+            allocate_kv(
+                self.backend, num_blocks, self.block_size, kvh, cfg.head_dim, self.kv_dtype, self.device
             )
-            for _ in range(self.model_config.num_layers)
+            for _ in range(cfg.num_layers)
         ]
 
-    def _cuda_blocks(self, utilization: float, max_tokens: int) -> int:
-        """KV blocks that fit in ``utilization`` of the GPU after weights and a peak-sized step."""
+    # -- sizing ---------------------------------------------------------------------------------
+
+    def worst_step(self) -> StepInput:
+        """The step that needs the most activation memory: ``max_batch_size`` sequences at full
+        context, as many decodes as the token budget leaves room for beside one prefill chunk that
+        takes the rest of ``max_num_batched_tokens``, every one sampling. All tables point at the
+        same blocks (``ceil(max_seq_len / block_size)`` of them): what is read does not matter."""
+        c = self.config
+        budget = max(1, c.max_num_batched_tokens)
+        decodes = min(c.max_batch_size - 1, budget - 1)
+        chunk = min(budget - decodes, self.max_seq_len)
+        step = StepInput(num_decodes=decodes)
+        for i in range(decodes + 1):
+            n = 1 if i < decodes else chunk
+            step.rows.append(0)
+            step.computed.append(self.max_seq_len - n)
+            step.counts.append(n)
+            step.input_ids.extend([0] * n)
+            step.logits_indices.append(len(step.input_ids) - 1)
+        for col in range(self.max_blocks_per_seq):
+            step.table_updates.extend((0, col, col))
+        return step
+
+    def profile_worst_step(self) -> None:
+        """Run ``worst_step`` on a cache just big enough for it, then forget it (the real cache
+        and tables come after)."""
+        self.kv_caches = self._allocate(self.max_blocks_per_seq)
+        try:
+            self.execute(self.worst_step())
+        finally:
+            del self.kv_caches
+            self.tables.zero_()
+
+    def _cuda_blocks(self, utilization: float) -> int:
+        """KV blocks that fit in ``utilization`` of the GPU after weights and the worst step."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        max_tokens = min(max_tokens, self.model_config.max_position_embeddings)
-        probe_blocks = -(-max_tokens // self.block_size)
-        self.kv_caches = self._allocate(probe_blocks)
-        with torch.inference_mode():
-            step = StepInput(
-                input_ids=[0] * max_tokens,
-                positions=list(range(max_tokens)),
-                slots=list(range(max_tokens)),
-                prefills=[(0, max_tokens, 0, [])],
-                logits_indices=[max_tokens - 1],
-            )
-            self.execute(step)
+        self.profile_worst_step()
         torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - probe_blocks * self.bytes_per_block
-        del self.kv_caches
+        probe = self.max_blocks_per_seq * self.bytes_per_block
+        peak = torch.cuda.max_memory_allocated(self.device) - probe
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
-        budget = int(total * utilization) - peak - other
-        return max(budget // self.bytes_per_block, 0)
+        budget = int(total * utilization) - peak - other - self._graph_reserve()
+        return max(budget // self.bytes_per_block - 1, 0)  # - 1: the scratch block
+
+    def _graph_reserve(self) -> int:
+        """Room for the CUDA graphs' memory pool: about one decode step at the largest size."""
+        if not self.use_cuda_graphs:
+            return 0
+        cfg = self.model_config
+        per_token = 4 * (cfg.hidden_size * 4 + cfg.intermediate_size * 3)  # activations, generously
+        return self.config.max_batch_size * per_token + (64 << 20)
 
     # -- one step -------------------------------------------------------------------------------
 
-    def prepare(self, scheduled: list[tuple[Sequence, int]]) -> tuple[StepInput, list[Sequence]]:
+    def prepare(
+        self, scheduled: list[tuple[Sequence, int]], rows: dict[Sequence, int], table_updates: list[int]
+    ) -> tuple[StepInput, list[Sequence]]:
         """The step's inputs, and the sequences (in logits order) that sample a token this step."""
-        step = StepInput()
-        bs = self.block_size
-        in_place: list[Sequence] = []
-        gathered: list[Sequence] = []
-        for seq, n in scheduled:
-            if n == 1:
-                table, used = seq.block_table, seq.num_computed_tokens // bs + 1
-                first = table[0]
-                consecutive = (
-                    self.device.type == "cpu"  # on a GPU one batched gather beats a kernel per sequence
-                    and table[used - 1] - first == used - 1
-                    and table[:used] == list(range(first, first + used))
-                )
-                (in_place if consecutive else gathered).append(seq)
-        gathered.sort(key=lambda s: s.num_computed_tokens)
-        prefills = [(s, n) for s, n in scheduled if n > 1]
+        step = StepInput(table_updates=table_updates)
+        ordered = [x for x in scheduled if x[1] == 1] + [x for x in scheduled if x[1] != 1]
+        step.num_decodes = len(ordered) - sum(1 for _, n in scheduled if n != 1)
         samplers: list[Sequence] = []
-        for seq in in_place + gathered:
-            pos = seq.num_computed_tokens
-            table = seq.block_table
-            step.input_ids.append(seq.token_ids[pos])
-            step.positions.append(pos)
-            step.slots.append(table[pos // bs] * bs + pos % bs)
-            if len(step.decode_spans) < len(in_place):
-                step.decode_spans.append((table[0], pos + 1))
+        ids = step.input_ids
+        for seq, n in ordered:
+            before = seq.num_computed_tokens
+            step.rows.append(rows[seq])
+            step.computed.append(before)
+            step.counts.append(n)
+            if n == 1:
+                ids.append(seq.token_ids[before])
             else:
-                step.decode_tables.append(table[: pos // bs + 1])
-                step.decode_context.append(pos + 1)
-            if pos + 1 == seq.num_tokens:
-                step.logits_indices.append(len(step.input_ids) - 1)
-                samplers.append(seq)
-        step.decode_groups = group_by_length([len(t) for t in step.decode_tables])
-        for seq, n in prefills:
-            start, before = len(step.input_ids), seq.num_computed_tokens
-            table = seq.block_table
-            step.input_ids.extend(seq.token_ids[before : before + n])
-            step.positions.extend(range(before, before + n))
-            step.slots.extend(table[p // bs] * bs + p % bs for p in range(before, before + n))
-            step.prefills.append((start, n, before, table[: -(-(before + n) // bs)] if before else []))
+                ids.extend(seq.token_ids[before : before + n])
             if before + n == seq.num_tokens:
-                step.logits_indices.append(len(step.input_ids) - 1)
+                step.logits_indices.append(len(ids) - 1)
                 samplers.append(seq)
         return step, samplers
+
+    def _apply_table_updates(self, updates: torch.Tensor) -> None:
+        upd = updates.view(-1, 3)
+        top = int(upd[:, 0].max()) + 1 if self.device.type == "cpu" else 0
+        if top > self.tables.shape[0]:  # more live sequences than max_batch_size (standalone use)
+            grown = torch.zeros(top, self.tables.shape[1], dtype=torch.int32, device=self.device)
+            grown[: self.tables.shape[0]] = self.tables
+            self.tables = grown
+        self.tables[upd[:, 0], upd[:, 1]] = upd[:, 2].to(torch.int32)
+
+    def _metadata(
+        self, step: StepInput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """input ids, positions, attention metadata and logits rows, from one host-to-device copy."""
+        dev, bs = self.device, self.block_size
+        t, s, n_logits = len(step.input_ids), len(step.rows), len(step.logits_indices)
+        host = torch.tensor(
+            step.input_ids
+            + step.rows
+            + step.computed
+            + step.counts
+            + step.logits_indices
+            + step.table_updates,
+            dtype=torch.int64,
+        )
+        if dev.type == "cuda":
+            packed = host.pin_memory().to(dev, non_blocking=True)
+        else:
+            packed = host
+        ids, rows, computed, counts, logit_rows, updates = packed.split(
+            [t, s, s, s, n_logits, len(step.table_updates)]
+        )
+        if step.table_updates:
+            self._apply_table_updates(updates)
+        seq_lens = computed + counts
+        query_start = torch.zeros(s + 1, dtype=torch.int64, device=dev)
+        if step.is_decode_only:
+            positions = computed
+            query_start[1:] = torch.arange(1, s + 1, device=dev)
+            token_rows = rows
+        else:
+            torch.cumsum(counts, 0, out=query_start[1:])
+            seq_of_token = torch.repeat_interleave(torch.arange(s, device=dev), counts, output_size=t)
+            positions = computed[seq_of_token] + torch.arange(t, device=dev) - query_start[seq_of_token]
+            token_rows = rows[seq_of_token]
+        slots = self.tables[token_rows, positions // bs].long() * bs + positions % bs
+        rows32 = rows.to(torch.int32)
+        seq_lens32 = seq_lens.to(torch.int32)
+        max_q = max(step.counts)
+        max_k = max(c + n for c, n in zip(step.computed, step.counts, strict=True))
+        meta = AttentionMetadata(
+            slots=slots,
+            tables=self.tables,
+            rows=rows32,
+            query_start=query_start.to(torch.int32),
+            seq_lens=seq_lens32,
+            num_decodes=step.num_decodes,
+            max_query_len=max_q,
+            max_seq_len=max_k,
+            backend=self.backend,
+        )
+        if self.backend == "flash-varlen":
+            meta.step_tables = self.tables.index_select(0, rows32)
+            cu = torch.zeros(s + 1, dtype=torch.int32, device=dev)
+            torch.cumsum(seq_lens32, 0, out=cu[1:])
+            meta.cu_seq_k = cu
+        elif self.backend == "sdpa-gather":
+            meta.host_query_lens = list(step.counts)
+            meta.host_seq_lens = [c + n for c, n in zip(step.computed, step.counts, strict=True)]
+        return ids, positions, meta, logit_rows
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:
         """Run the step on this rank's shard; the logits of ``step.logits_indices``, float32."""
-        dev, bs = self.device, self.block_size
-        kvh = self.model.num_local_kv_heads
-        nb = self.kv_caches[0][0].shape[1]  # also right for the probe cache of _cuda_blocks
-        heads = torch.arange(kvh)
-        head_rows = heads * nb  # first tile row of each head in the [kv_heads * num_blocks, ...] view
-        ids = torch.tensor(step.input_ids, dtype=torch.long).to(dev, non_blocking=True)
-        positions = torch.tensor(step.positions, dtype=torch.long).to(dev, non_blocking=True)
-        slots = torch.tensor(step.slots, dtype=torch.long)
-        # Row of each (token, kv head) in the flat [kv_heads * num_blocks * block_size, head_dim] view.
-        write = head_rows * bs + slots.unsqueeze(1)
-        meta = AttentionMetadata(write_index=write.view(-1).to(dev, non_blocking=True))
-        meta.decode_spans = [(first * bs, context) for first, context in step.decode_spans]
-        offset = len(step.decode_spans)
-        for start, count in step.decode_groups:
-            tables = step.decode_tables[start : start + count]
-            width = len(tables[-1])  # shortest first: the last is the longest
-            padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
-            head_blocks = (padded.unsqueeze(1) + head_rows.view(1, kvh, 1)).view(-1)
-            context = torch.tensor(step.decode_context[start : start + count], dtype=torch.long)
-            mask = None
-            if int(context.min()) < width * bs:
-                mask = (torch.arange(width * bs).unsqueeze(0) < context.unsqueeze(1)).view(
-                    count, 1, 1, width * bs
-                )
-                mask = mask.to(dev, non_blocking=True)
-            meta.decode_groups.append(
-                DecodeGroup(offset + start, count, head_blocks.to(dev, non_blocking=True), mask)
-            )
-        for start, length, before, blocks in step.prefills:
-            head_blocks = mask = None
-            if before:
-                table = torch.tensor(blocks, dtype=torch.long)
-                head_blocks = (
-                    (table.unsqueeze(0) + head_rows.unsqueeze(1)).view(-1).to(dev, non_blocking=True)
-                )
-                keys = torch.arange(before + length).unsqueeze(0)
-                mask = (keys <= torch.arange(before, before + length).unsqueeze(1)).to(dev, non_blocking=True)
-            meta.prefills.append(PrefillChunk(start, length, before, head_blocks, mask))
+        if self.graphs and step.is_decode_only and len(step.rows) <= max(self.graphs):
+            return self._replay(step)
+        ids, positions, meta, logit_rows = self._metadata(step)
         hidden = self.model(ids, positions, meta, self.kv_caches)
         if not step.logits_indices:
             return hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32)
-        rows = torch.tensor(step.logits_indices, dtype=torch.long).to(dev, non_blocking=True)
-        return self.model.compute_logits(hidden.index_select(0, rows))
+        return self.model.compute_logits(hidden.index_select(0, logit_rows))
+
+    # -- CUDA graphs ----------------------------------------------------------------------------
+
+    def graph_sizes(self) -> list[int]:
+        """Padded decode batch sizes a graph is captured for: 1, 2, 4, 8, then every 16."""
+        top = self.config.max_batch_size
+        sizes = [b for b in (1, 2, 4, 8) if b < top] + list(range(16, top, 16)) + [top]
+        return sorted(set(sizes))
+
+    def _capture_graphs(self) -> None:
+        sizes = self.graph_sizes()
+        top = sizes[-1]
+        dev = self.device
+        static = _DecodeGraph.buffers(top, self.max_blocks_per_seq, dev)
+        pool = torch.cuda.graph_pool_handle()
+        for size in reversed(sizes):  # largest first: smaller ones reuse its pool
+            graph = _DecodeGraph(self, size, static, pool)
+            self.graphs[size] = graph
+        torch.cuda.synchronize(dev)
+        log.info("captured CUDA graphs for decode batches of %s", sizes)
+
+    def _replay(self, step: StepInput) -> torch.Tensor:
+        s = len(step.rows)
+        size = next(b for b in sorted(self.graphs) if b >= s)
+        graph = self.graphs[size]
+        host = torch.tensor(
+            step.input_ids + step.rows + step.computed + step.table_updates, dtype=torch.int64
+        )
+        packed = host.pin_memory().to(self.device, non_blocking=True)
+        ids, rows, computed, updates = packed.split([s, s, s, len(step.table_updates)])
+        if step.table_updates:
+            self._apply_table_updates(updates)
+        hidden = graph.replay(self, ids, rows, computed)
+        return self.model.compute_logits(hidden[: len(step.logits_indices)])
 
     def shutdown(self) -> None:
         self.tp.destroy()
+
+
+class _DecodeGraph:
+    """One captured decode step at a padded batch size, over buffers shared by all sizes.
+
+    Padded rows decode one token of a pretend sequence whose only block is the scratch block, so
+    they write nowhere the engine uses."""
+
+    def __init__(self, runner: ModelRunner, size: int, static: dict[str, torch.Tensor], pool: object) -> None:
+        self.size = size
+        self.static = static
+        bs = runner.block_size
+        st = {
+            k: v[:size] if k not in ("query_start", "cu_seq_k") else v[: size + 1] for k, v in static.items()
+        }
+        self.views = st
+        self.meta = AttentionMetadata(
+            slots=st["slots"],
+            tables=runner.tables,
+            rows=st["rows"],
+            query_start=st["query_start"],
+            seq_lens=st["seq_lens"],
+            num_decodes=size,
+            max_query_len=1,
+            max_seq_len=runner.max_seq_len,
+            backend=runner.backend,
+            step_tables=st["step_tables"],
+            cu_seq_k=st["cu_seq_k"],
+        )
+        st["step_tables"].fill_(runner.scratch_block)
+        st["seq_lens"].fill_(1)
+        st["slots"].fill_(runner.scratch_block * bs)
+        st["positions"].zero_()
+        torch.cumsum(st["seq_lens"], 0, out=st["cu_seq_k"][1:])
+        for _ in range(2):  # warm up outside the graph (allocator, lazy init)
+            runner.model(st["ids"], st["positions"], self.meta, runner.kv_caches)
+        torch.cuda.synchronize(runner.device)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.hidden = runner.model(st["ids"], st["positions"], self.meta, runner.kv_caches)
+
+    @staticmethod
+    def buffers(top: int, max_blocks: int, dev: torch.device) -> dict[str, torch.Tensor]:
+        i32 = dict(dtype=torch.int32, device=dev)
+        return {
+            "ids": torch.zeros(top, dtype=torch.long, device=dev),
+            "positions": torch.zeros(top, dtype=torch.long, device=dev),
+            "slots": torch.zeros(top, dtype=torch.long, device=dev),
+            "rows": torch.zeros(top, **i32),
+            "seq_lens": torch.ones(top, **i32),
+            "query_start": torch.arange(top + 1, **i32),
+            "cu_seq_k": torch.zeros(top + 1, **i32),
+            "step_tables": torch.zeros(top, max_blocks, **i32),
+        }
+
+    def replay(
+        self, runner: ModelRunner, ids: torch.Tensor, rows: torch.Tensor, computed: torch.Tensor
+    ) -> torch.Tensor:
+        s, st, bs = ids.shape[0], self.views, runner.block_size
+        st["ids"][:s].copy_(ids)
+        st["positions"][:s].copy_(computed)
+        tables = runner.tables.index_select(0, rows)
+        st["step_tables"][:s].copy_(tables)
+        st["slots"][:s].copy_(
+            tables.gather(1, (computed // bs).unsqueeze(1)).squeeze(1).long() * bs + computed % bs
+        )
+        st["seq_lens"][:s].copy_(computed + 1)
+        # Padded rows keep their scratch values from capture (seq_len 1, scratch block).
+        st["seq_lens"][s:].fill_(1)
+        st["step_tables"][s:].fill_(runner.scratch_block)
+        st["slots"][s:].fill_(runner.scratch_block * bs)
+        st["ids"][s:].zero_()
+        st["positions"][s:].zero_()
+        torch.cumsum(st["seq_lens"], 0, out=st["cu_seq_k"][1:])
+        self.graph.replay()
+        return self.hidden[:s]

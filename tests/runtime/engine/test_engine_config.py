@@ -87,7 +87,9 @@ def test_the_engine_config_carries_every_setting_from_the_runtime_config(tied_di
 def test_engine_settings_are_checked_when_the_config_is_built(tied_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"model.dtype 'int8' is not one of"):
         EngineConfig(tied_dir, dtype="int8")
-    with pytest.raises(ValueError, match=r"cache.kv_cache_dtype 'fp8' is not supported"):
-        EngineConfig(tied_dir, kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match=r"cache.kv_cache_dtype 'int4' is not supported"):
+        EngineConfig(tied_dir, kv_cache_dtype="int4")
+    with pytest.raises(ValueError, match=r"attention_backend 'flex' is not one of"):
+        EngineConfig(tied_dir, attention_backend="flex")
     with pytest.raises(TypeError, match="max_batch"):
         LLMEngine(tied_dir, max_batch=4)

@@ -11,7 +11,6 @@ from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
-from frontier_runtime.engine.model_runner import group_by_length
 from frontier_runtime.engine.sampler import _mask_top_k_top_p
 from frontier_runtime.engine.sequence import Sequence
 from frontier_runtime.models.llama.config import LlamaConfig
@@ -272,11 +271,31 @@ def test_top_k_and_top_p_masks_keep_the_right_tokens() -> None:
     assert kept[2] == [False, False, False, True]  # one token already holds > 0.5
 
 
-def test_decode_groups_bound_the_padding() -> None:
-    assert group_by_length([]) == []
-    assert group_by_length([3, 3, 3]) == [(0, 3)]
-    groups = group_by_length([1, 1, 2, 2, 3, 5, 8, 13, 26, 26])
-    assert sum(c for _, c in groups) == 10 and len(groups) > 1
+def test_table_updates_rebuild_every_block_table_and_rows_are_reused() -> None:
+    bm = _block_manager(16, 4)
+    table: dict[tuple[int, int], int] = {}
+
+    def apply() -> None:
+        flat = bm.take_table_updates()
+        for i in range(0, len(flat), 3):
+            table[(flat[i], flat[i + 1])] = flat[i + 2]
+
+    a, b = _seq(list(range(10)), "a"), _seq(list(range(100, 103)), "b")
+    _computed(bm, a)
+    _computed(bm, b)
+    apply()
+    bm.append_slots(a, 3)  # a grows into a fourth block
+    apply()
+    assert bm.take_table_updates() == []  # nothing changed since
+    for seq in (a, b):
+        row = bm.row(seq)
+        assert [table[(row, c)] for c in range(len(seq.block_table))] == seq.block_table
+    row_b = bm.row(b)
+    bm.release(b)
+    c = _seq(list(range(10)), "c")  # shares a's two full blocks
+    _computed(bm, c)
+    apply()
+    assert bm.row(c) == row_b and [table[(row_b, i)] for i in range(3)] == c.block_table
 
 
 def test_bf16_weights_give_logits_close_to_fp32(gqa_dir: Path) -> None:
@@ -286,7 +305,10 @@ def test_bf16_weights_give_logits_close_to_fp32(gqa_dir: Path) -> None:
     logits = {}
     for dtype in ("float32", "bfloat16"):
         engine = LLMEngine(gqa_dir, dtype=dtype, num_blocks=16, max_seq_len=64)
-        step, _ = engine.runner.prepare([(_admitted(engine, prompt), len(prompt))])
+        bm = engine.block_manager
+        step, _ = engine.runner.prepare(
+            [(_admitted(engine, prompt), len(prompt))], bm.row_of, bm.take_table_updates()
+        )
         logits[dtype] = engine.runner.execute(step)
     assert logits["bfloat16"].dtype == torch.float32  # logits are always returned in fp32
     similarity = torch.nn.functional.cosine_similarity(logits["bfloat16"], logits["float32"], dim=-1)

@@ -4,7 +4,7 @@
 attention and its metadata), ``model`` (the decoder), ``loader`` (safetensors into the model).
 """
 
-from frontier_runtime.models.llama.attention import AttentionMetadata, DecodeGroup, PrefillChunk
+from frontier_runtime.models.llama.attention import AttentionMetadata
 from frontier_runtime.models.llama.config import LlamaConfig, check_tensor_parallel
 from frontier_runtime.models.llama.layers import rope_inv_freq
 from frontier_runtime.models.llama.loader import load_model
@@ -12,10 +12,8 @@ from frontier_runtime.models.llama.model import LlamaForCausalLM
 
 __all__ = [
     "AttentionMetadata",
-    "DecodeGroup",
     "LlamaConfig",
     "LlamaForCausalLM",
-    "PrefillChunk",
     "check_tensor_parallel",
     "load_model",
     "rope_inv_freq",

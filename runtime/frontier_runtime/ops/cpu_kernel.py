@@ -1,0 +1,309 @@
+"""The CPU paged-attention kernel: C++ source, compiled with the system's g++ on first use.
+
+One call per layer attends every query token of the step (decodes and prefill chunks alike) to
+its own sequence's keys, read in place from the paged cache through the block table: no gather
+copy, no Python loop over sequences. Work is split over (sequence, tile of 16 query tokens, KV
+head) with ``at::parallel_for``, so it uses torch's intra-op threads. Each work item keeps the
+``group`` query heads of its KV head together, so a key block is read once for all of them (GQA
+costs no extra memory traffic), and runs an online softmax in float32 over the blocks.
+
+The shared library is cached under ``$FRONTIER_KERNEL_CACHE`` (default
+``~/.cache/frontier-runtime/kernels``), keyed by the source, torch's version and the CPU's flags;
+a build is written to a temporary name and renamed, so ranks starting together never load half a
+file. ``load()`` returns False (and says why once) where no compiler is found; the caller then
+uses the portable torch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("frontier_runtime.ops")
+
+SOURCE = r"""
+#include <torch/library.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t QTILE = 16;     // query tokens of one sequence per work item
+constexpr float NEG = -1.0e30f;   // "minus infinity" that stays finite through exp()
+
+// exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-6 polynomial; ~1 ulp), written so
+// the compiler vectorises it inside the simd loops below (libm's expf would not be).
+inline float exp_neg(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float f = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * f + 1.3981999507e-3f;
+  p = p * f + 8.3334519073e-3f;
+  p = p * f + 4.1665795894e-2f;
+  p = p * f + 1.6666665459e-1f;
+  p = p * f + 5.0000001201e-1f;
+  p = p * f * f + f + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+template <typename C>
+inline void to_float(const C* src, float* dst, int64_t n, float scale) {
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+}
+
+// K cache [blocks, kv_heads, head_dim, block_size] (keys of a block side by side, so one query's
+// scores against a block are head_dim vector FMAs); V cache [blocks, kv_heads, block_size, head_dim].
+template <typename Q, typename C>
+void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& query_start,
+            const at::Tensor& seq_lens, double scale, double k_scale, double v_scale) {
+  const int64_t S = rows.size(0);
+  const int64_t Hq = q.size(1), D = q.size(2);
+  const int64_t KVH = k_cache.size(1), BS = k_cache.size(3);
+  const int64_t G = Hq / KVH;
+  const int64_t max_blocks = tables.size(1);
+  const int32_t* tab = tables.data_ptr<int32_t>();
+  const int32_t* row = rows.data_ptr<int32_t>();
+  const int32_t* qs = query_start.data_ptr<int32_t>();
+  const int32_t* sl = seq_lens.data_ptr<int32_t>();
+  const Q* qp = q.data_ptr<Q>();
+  Q* op = out.data_ptr<Q>();
+  const C* kp = k_cache.data_ptr<C>();
+  const C* vp = v_cache.data_ptr<C>();
+  const float ks = static_cast<float>(k_scale), vs = static_cast<float>(v_scale);
+  // A float32 cache at scale 1 is read where it lies; any other is converted a block at a time.
+  const bool direct = std::is_same<C, float>::value && ks == 1.0f && vs == 1.0f;
+
+  std::vector<int64_t> item_seq, item_first;
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t t = qs[s]; t < qs[s + 1]; t += QTILE) {
+      item_seq.push_back(s);
+      item_first.push_back(t);
+    }
+  }
+  const int64_t work = static_cast<int64_t>(item_seq.size()) * KVH;
+  at::parallel_for(0, work, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(QTILE * G * D), acc(QTILE * G * D), kf(BS * D), vf(BS * D);
+    std::vector<float> m(QTILE * G), l(QTILE * G), score(BS), prob(BS);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t it = w / KVH, h = w % KVH;
+      const int64_t s = item_seq[it], q0 = item_first[it];
+      const int64_t q1 = std::min<int64_t>(qs[s + 1], q0 + QTILE);
+      const int64_t nq = q1 - q0, R = nq * G;
+      // Position of query q0: the sequence's new tokens are its last (qs[s+1] - qs[s]) ones.
+      const int64_t first_pos = sl[s] - (qs[s + 1] - qs[s]) + (q0 - qs[s]);
+      const int64_t num_keys = first_pos + nq;  // the last query sees keys 0 .. its position
+      for (int64_t i = 0; i < nq; ++i)
+        for (int64_t g = 0; g < G; ++g)
+          to_float(qp + ((q0 + i) * Hq + h * G + g) * D, &qf[(i * G + g) * D], D, static_cast<float>(scale));
+      std::fill(m.begin(), m.begin() + R, NEG);
+      std::fill(l.begin(), l.begin() + R, 0.0f);
+      std::fill(acc.begin(), acc.begin() + R * D, 0.0f);
+      const int32_t* trow = tab + static_cast<int64_t>(row[s]) * max_blocks;
+      for (int64_t b = 0; b * BS < num_keys; ++b) {
+        const int64_t tile = (static_cast<int64_t>(trow[b]) * KVH + h) * D * BS;
+        const int64_t kn = std::min<int64_t>(BS, num_keys - b * BS);
+        const float* kt;
+        const float* vt;
+        if (direct) {
+          kt = reinterpret_cast<const float*>(kp) + tile;
+          vt = reinterpret_cast<const float*>(vp) + tile;
+        } else {
+          to_float(kp + tile, kf.data(), D * BS, ks);
+          to_float(vp + tile, vf.data(), kn * D, vs);
+          kt = kf.data();
+          vt = vf.data();
+        }
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t pos = first_pos + r / G;
+          const int64_t valid = std::min<int64_t>(kn, pos - b * BS + 1);
+          if (valid <= 0) continue;
+          const float* qr = &qf[r * D];
+          float* sc = score.data();
+          std::fill(sc, sc + BS, 0.0f);
+          for (int64_t d = 0; d < D; ++d) {
+            const float qd = qr[d];
+            const float* kd = kt + d * BS;
+#pragma omp simd
+            for (int64_t t = 0; t < BS; ++t) sc[t] += qd * kd[t];
+          }
+          float block_max = NEG;
+          for (int64_t t = 0; t < valid; ++t) block_max = std::max(block_max, sc[t]);
+          float* ar = &acc[r * D];
+          const float m_new = std::max(m[r], block_max);
+          if (m_new > m[r] && l[r] > 0.0f) {
+            const float corr = exp_neg(m[r] - m_new);
+            l[r] *= corr;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) ar[d] *= corr;
+          }
+          m[r] = m_new;
+          float* p = prob.data();
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t t = 0; t < BS; ++t) {
+            const float e = t < valid ? exp_neg(sc[t] - m_new) : 0.0f;
+            p[t] = e;
+            sum += e;
+          }
+          for (int64_t t = 0; t < valid; ++t) {
+            const float pt = p[t];
+            const float* v = vt + t * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) ar[d] += pt * v[d];
+          }
+          l[r] += sum;
+        }
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r = i * G + g;
+          const float inv = 1.0f / l[r];
+          Q* o = op + ((q0 + i) * Hq + h * G + g) * D;
+          for (int64_t d = 0; d < D; ++d) o[d] = static_cast<Q>(acc[r * D + d] * inv);
+        }
+      }
+    }
+  });
+}
+template <typename Q>
+void by_cache(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& qstart,
+              const at::Tensor& seqlens, double scale, double ks, double vs) {
+  switch (k.scalar_type()) {
+    case at::kFloat: return attend<Q, float>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
+    case at::kBFloat16: return attend<Q, c10::BFloat16>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
+    case at::kHalf: return attend<Q, c10::Half>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
+    case at::kFloat8_e4m3fn:
+      return attend<Q, c10::Float8_e4m3fn>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
+    default: TORCH_CHECK(false, "paged_attention: unsupported KV cache dtype ", k.scalar_type());
+  }
+}
+
+void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& query_start,
+                     const at::Tensor& seq_lens, double scale, double k_scale, double v_scale) {
+  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "paged_attention: q, out and the caches must be contiguous");
+  TORCH_CHECK(tables.scalar_type() == at::kInt && rows.scalar_type() == at::kInt &&
+              query_start.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
+              "paged_attention: tables, rows, query_start and seq_lens must be int32");
+  TORCH_CHECK(k_cache.dim() == 4 && q.size(1) % k_cache.size(1) == 0, "paged_attention: query heads must divide by KV heads");
+  switch (q.scalar_type()) {
+    case at::kFloat: return by_cache<float>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale);
+    case at::kBFloat16: return by_cache<c10::BFloat16>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale);
+    case at::kHalf: return by_cache<c10::Half>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale);
+    default: TORCH_CHECK(false, "paged_attention: unsupported query dtype ", q.scalar_type());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(frontier, m) {
+  m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor rows, "
+        "Tensor query_start, Tensor seq_lens, float scale, float k_scale, float v_scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(frontier, CPU, m) { m.impl("paged_attention", &paged_attention); }
+"""
+
+_lock = threading.Lock()
+_state: dict[str, bool] = {}
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("FRONTIER_KERNEL_CACHE") or Path.home() / ".cache" / "frontier-runtime" / "kernels"
+    return Path(root)
+
+
+def library_path() -> Path:
+    key = hashlib.sha256(
+        "\0".join([SOURCE, torch.__version__, _cpu_flags(), str(torch._C._GLIBCXX_USE_CXX11_ABI)]).encode()
+    ).hexdigest()[:16]
+    return _cache_dir() / f"paged_attention-{key}.so"
+
+
+def _compile(target: Path) -> None:
+    from torch.utils import cpp_extension  # only when building: it imports setuptools
+
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src = Path(tmp) / "paged_attention.cpp"
+        src.write_text(SOURCE)
+        partial = Path(tmp) / target.name
+        cmd = [
+            compiler,
+            "-O3",
+            "-march=native",
+            "-fopenmp-simd",
+            "-std=c++17",
+            "-shared",
+            "-fPIC",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            *[f"-I{p}" for p in cpp_extension.include_paths()],
+            str(src),
+            "-o",
+            str(partial),
+            *[f"-L{p}" for p in cpp_extension.library_paths()],
+            "-lc10",
+            "-ltorch_cpu",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"compiling the CPU attention kernel failed:\n{proc.stderr[-3000:]}")
+        os.replace(partial, target)  # atomic: another rank may be loading the same name
+
+
+def load() -> bool:
+    """Make ``torch.ops.frontier.paged_attention`` available; False if it cannot be built here."""
+    with _lock:
+        if "ok" in _state:
+            return _state["ok"]
+        target = library_path()
+        try:
+            if not target.is_file():
+                start = time.monotonic()
+                _compile(target)
+                log.info("built the CPU attention kernel in %.1f s: %s", time.monotonic() - start, target)
+            torch.ops.load_library(str(target))
+            _state["ok"] = True
+        except (RuntimeError, OSError) as exc:
+            log.warning("CPU attention kernel unavailable, using the portable torch path: %s", exc)
+            _state["ok"] = False
+        return _state["ok"]

@@ -1,0 +1,119 @@
+"""The paged-attention backends against a plain per-sequence reference (real kernels, real torch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from frontier_runtime.ops import cpu_kernel
+from frontier_runtime.ops.paged_attention import (
+    AttentionMetadata,
+    allocate_kv,
+    attend,
+    select_backend,
+    write_kv,
+)
+
+BLOCK = 4
+
+
+def _step(
+    backend: str,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    heads: int = 6,
+    kv_heads: int = 2,
+    hd: int = 16,
+):
+    """Two decodes and two prefill chunks (one with cached context), blocks scattered in the pool."""
+    gen = torch.Generator().manual_seed(0)
+    query_lens = [1, 1, 7, 5]
+    seq_lens = [9, 2, 7, 13]  # the last chunk follows 8 cached tokens
+    num_blocks = 24
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, used = [], 0
+    for n in seq_lens:
+        need = -(-n // BLOCK)
+        tables.append(perm[used : used + need])
+        used += need
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    rows = torch.tensor([2, 0, 3, 1], dtype=torch.int32)  # sequences sit on arbitrary rows
+    full = torch.zeros(4, width, dtype=torch.int32)
+    full[rows.long()] = table
+    k_cache, v_cache = allocate_kv(backend, num_blocks, BLOCK, kv_heads, hd, cache_dtype)
+    keys = [torch.randn(n, kv_heads, hd, generator=gen) for n in seq_lens]
+    values = [torch.randn(n, kv_heads, hd, generator=gen) for n in seq_lens]
+    for t, k, v in zip(tables, keys, values, strict=True):
+        slots = torch.tensor([t[p // BLOCK] * BLOCK + p % BLOCK for p in range(k.shape[0])])
+        write_kv(k_cache, v_cache, k, v, _meta(backend, slots), 0.05, 0.05)
+    q = torch.randn(sum(query_lens), heads, hd, generator=gen).to(dtype)
+    qs = [0]
+    for n in query_lens:
+        qs.append(qs[-1] + n)
+    meta = AttentionMetadata(
+        slots=torch.zeros(0, dtype=torch.long),
+        tables=full,
+        rows=rows,
+        query_start=torch.tensor(qs, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        num_decodes=2,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        backend=backend,
+        host_query_lens=query_lens,
+        host_seq_lens=seq_lens,
+    )
+    # Reference: each sequence alone, SDPA with the causal mask aligned to its end.
+    ref = []
+    for i, (n, total) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        k = keys[i].to(cache_dtype).float() if cache_dtype != torch.float8_e4m3fn else _fp8(keys[i])
+        v = values[i].to(cache_dtype).float() if cache_dtype != torch.float8_e4m3fn else _fp8(values[i])
+        qi = q[qs[i] : qs[i + 1]].float().transpose(0, 1)
+        mask = torch.arange(total).unsqueeze(0) <= torch.arange(total - n, total).unsqueeze(1)
+        o = F.scaled_dot_product_attention(
+            qi, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=hd**-0.5, enable_gqa=True
+        )
+        ref.append(o.transpose(0, 1))
+    return q, k_cache, v_cache, meta, torch.cat(ref), hd**-0.5
+
+
+def _meta(backend: str, slots: torch.Tensor) -> AttentionMetadata:
+    i32 = torch.zeros(0, dtype=torch.int32)
+    return AttentionMetadata(slots, i32, i32, i32, i32, 0, 0, 0, backend)
+
+
+def _fp8(x: torch.Tensor) -> torch.Tensor:
+    return (x / 0.05).to(torch.float8_e4m3fn).float() * 0.05
+
+
+CASES = [
+    (torch.float32, torch.float32, 1e-5),
+    (torch.bfloat16, torch.bfloat16, 2e-2),
+    (torch.float32, torch.float8_e4m3fn, 1e-4),
+    (torch.bfloat16, torch.float8_e4m3fn, 2e-2),
+]
+
+
+@pytest.mark.parametrize("backend", ["cpu-kernel", "sdpa-gather"])
+@pytest.mark.parametrize(("dtype", "cache_dtype", "tol"), CASES)
+def test_backends_match_per_sequence_sdpa(
+    backend: str, dtype: torch.dtype, cache_dtype: torch.dtype, tol: float
+) -> None:
+    select_backend(torch.device("cpu"), BLOCK, dtype, prefer=backend)  # builds the kernel
+    q, k_cache, v_cache, meta, ref, scale = _step(backend, dtype, cache_dtype)
+    out = attend(q, k_cache, v_cache, meta, scale, 0.05, 0.05)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+def test_the_cpu_kernel_builds_here_and_is_chosen() -> None:
+    assert cpu_kernel.load(), "g++ is installed on CI machines; the kernel must build"
+    assert select_backend(torch.device("cpu"), BLOCK, torch.float32) == "cpu-kernel"
+
+
+def test_an_unknown_or_unfit_backend_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="'flex' is not one of"):
+        select_backend(torch.device("cpu"), BLOCK, torch.float32, prefer="flex")
+    with pytest.raises(ValueError, match="flash-varlen' needs a CUDA device"):
+        select_backend(torch.device("cpu"), BLOCK, torch.float32, prefer="flash-varlen")
