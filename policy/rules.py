@@ -359,6 +359,35 @@ def check_discovery_tags(props: Mapping[str, Any], _: ResourceValidationArgs) ->
         yield f"auto scaling group does not tag its instances with {', '.join(missing)}: `fab` cannot find them"
 
 
+def check_launch_hook(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    """A serving group's hosts join the target group only once they say they are ready."""
+    if not as_list(get(props, "targetGroupArns")):
+        return
+    launching = [
+        hook
+        for hook in as_list(get(props, "initialLifecycleHooks"))
+        if get(hook, "lifecycleTransition") == "autoscaling:EC2_INSTANCE_LAUNCHING"
+    ]
+    if not launching:
+        yield "auto scaling group behind a load balancer has no launch lifecycle hook: hosts would serve before they are ready"
+    elif any(get(hook, "defaultResult") != "ABANDON" for hook in launching):
+        yield "launch lifecycle hook continues by default: a host that never reports ready would join the target group"
+
+
+def check_waits_for_capacity(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    timeout = str(get(props, "waitForCapacityTimeout", default="10m"))
+    if timeout in ("0", "0s", "0m"):
+        yield "wait_for_capacity_timeout is 0: `pulumi up` would end green with no hosts in service"
+
+
+def check_listener_forwards_only_api(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
+    if str(get(props, "protocol", default="")).upper() not in ("HTTPS", "TLS"):
+        return
+    for action in as_list(get(props, "defaultActions")):
+        if get(action, "type") == "forward":
+            yield "HTTPS listener forwards every path by default: /metrics and /health/* would answer the internet"
+
+
 # --- Kubernetes: pods, as the typed pulumi_kubernetes resources carry them -------------------------
 
 
@@ -503,6 +532,24 @@ RESOURCE_POLICIES = [
         AUTOSCALING_GROUP,
         check_discovery_tags,
         EnforcementLevel.ADVISORY,
+    ),
+    _resource_policy(
+        "asg-launch-hook",
+        "Serving auto scaling groups hold new hosts in a launch lifecycle hook that abandons by default.",
+        AUTOSCALING_GROUP,
+        check_launch_hook,
+    ),
+    _resource_policy(
+        "asg-waits-for-capacity",
+        "Auto scaling groups make `pulumi up` wait for capacity.",
+        AUTOSCALING_GROUP,
+        check_waits_for_capacity,
+    ),
+    _resource_policy(
+        "alb-forwards-only-api",
+        "HTTPS listeners forward nothing by default (listener rules name the API paths).",
+        LISTENER,
+        check_listener_forwards_only_api,
     ),
     _resource_policy(
         "k8s-images-by-digest",

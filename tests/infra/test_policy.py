@@ -233,6 +233,21 @@ RESOURCE_VIOLATIONS = {
         (ASG, "a10g-asg"),
         lambda p: p.update(tags=[t for t in p["tags"] if t["key"] != "frontier:role"]),
     ),
+    "asg-launch-hook": (
+        "prod",
+        (ASG, "h100-asg"),
+        lambda p: p.update(
+            initialLifecycleHooks=[
+                h for h in p["initialLifecycleHooks"] if "LAUNCHING" not in h["lifecycleTransition"]
+            ]
+        ),
+    ),
+    "asg-waits-for-capacity": ("dev", (ASG, "a10g-asg"), setter(("waitForCapacityTimeout",), "0")),
+    "alb-forwards-only-api": (
+        "dev",
+        (LISTENER, "edge-https"),
+        setter(("defaultActions",), [{"type": "forward", "targetGroupArn": "tg"}]),
+    ),
     "k8s-images-by-digest": (
         "eks_prod",
         (DEPLOYMENT, RUNTIME_DEPLOYMENT),
@@ -486,3 +501,14 @@ def test_an_init_container_by_tag_fires_too(eks_prod):
     )
     (violation,) = resource_violations(BY_NAME["k8s-images-by-digest"], changed(original, change))
     assert "'fetch' runs 'busybox:1.36'" in violation
+
+
+def test_a_launch_hook_that_continues_by_default_fires(prod):
+    asg = named(prod, ASG, "h100-asg")
+
+    def continue_by_default(props):
+        for hook in props["initialLifecycleHooks"]:
+            hook["defaultResult"] = "CONTINUE"
+
+    [message] = resource_violations(BY_NAME["asg-launch-hook"], changed(asg, continue_by_default))
+    assert "continues by default" in message
