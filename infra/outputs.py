@@ -29,6 +29,8 @@ class StackOutputs:
     private_subnet_ids: list[pulumi.Output[str]]
     host_access: str  # "bastion" or "ssm"
     bastion_security_group_id: pulumi.Output[str] | None
+    # The group a metrics scraper joins: the only source besides the ALB of the runtime port.
+    monitoring_security_group_id: pulumi.Output[str]
 
     def export(self) -> None:
         for field in fields(self):

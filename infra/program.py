@@ -12,10 +12,11 @@ from collections.abc import Iterator
 import pulumi
 
 from frontier.config.schema import NodeGroup, Settings
-from frontier.render.files import render_cloud_init
+from frontier.render.files import render_cloud_init, render_gateway_cloud_init
 from infra.cloud import Cloud, look_up
 from infra.edge import Edge, EdgeArgs
 from infra.errors import ProvisionError
+from infra.gateway import GatewayNodes, GatewayNodesArgs
 from infra.host_tools import HostTools, HostToolsArgs
 from infra.identity import Identity, IdentityArgs, grant_lifecycle_actions
 from infra.kubernetes_program import KubernetesOutputs, build_kubernetes
@@ -55,6 +56,44 @@ def node_user_data(settings: Settings, group: NodeGroup, cloud: Cloud) -> str:
         history_bucket=unique_bucket_name(settings.stack, "history", cloud),
         history_prefix=f"{HISTORY_PREFIX_ROOT}/{settings.stack}/",
         launch_timeout_s=launch_timeout_s(settings.rollout.readiness_timeout_s),
+    )
+
+
+def gateway_nodes(settings: Settings, cloud: Cloud, network, security, edge, secrets, tags) -> GatewayNodes:  # noqa: ANN001
+    """The gateway's CPU node group in the private subnets, registered in the ALB's target group."""
+    gw = settings.gateway
+    assert gw is not None
+    bucket, _, prefix = gw.metering_uri.removeprefix("s3://").partition("/")
+    history_bucket = unique_bucket_name(settings.stack, "history", cloud)
+    return GatewayNodes(
+        f"{settings.stack}-gateway",
+        GatewayNodesArgs(
+            stack=settings.stack,
+            region=cloud.region,
+            account_id=cloud.account_id,
+            vpc_id=network.vpc_id,
+            subnet_ids=network.private_subnet_ids,
+            alb_security_group_id=security.alb_id,
+            runtime_security_group_id=security.runtime_id,
+            target_group_arn=edge.target_group_arn,
+            port=gw.port,
+            runtime_port=settings.runtime.port,
+            instance_type=gw.instance_type,
+            ami_id=gw.ami_id,
+            min_size=gw.min_size,
+            desired_size=gw.desired_size,
+            max_size=gw.max_size,
+            secret_names=[*(t.api_key_secret for t in settings.tenants), settings.runtime.api_keys_secret],
+            kms_key_arn=secrets.key_arn,
+            metering_bucket=bucket,
+            metering_prefix=prefix or "metering",
+            user_data=render_gateway_cloud_init(
+                settings,
+                history_bucket=history_bucket,
+                history_prefix=f"{HISTORY_PREFIX_ROOT}/{settings.stack}/",
+            ),
+            tags=tags,
+        ),
     )
 
 
@@ -218,6 +257,7 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
             bastion=bastion,
             efa=bool(efa_groups),
             tags=tags,
+            alb_to_runtime=settings.gateway is None,
         ),
     )
     edge = Edge(
@@ -227,7 +267,8 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
             vpc_id=network.vpc_id,
             public_subnet_ids=network.public_subnet_ids,
             security_group_id=security.alb_id,
-            runtime_port=settings.runtime.port,
+            # Behind a gateway the ALB's targets are the gateway's hosts.
+            runtime_port=settings.gateway.port if settings.gateway else settings.runtime.port,
             health=settings.health,
             deregistration_delay_s=settings.rollout.deregistration_delay_s,
             certificate_arn=settings.edge.certificate_arn,
@@ -269,7 +310,7 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
     )
     groups = []
     for group in settings.node_groups:
-        serving = group is settings.serving_group
+        serving = group is settings.serving_group and settings.gateway is None
         groups.append(
             GpuNodeGroup(
                 f"{stack}-{group.name}",
@@ -292,6 +333,8 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
                 opts=pulumi.ResourceOptions(depends_on=[tools]),
             )
         )
+    if settings.gateway is not None:
+        gateway_nodes(settings, cloud, network, security, edge, secrets, tags)
     # Hosts complete lifecycle actions on these groups only (their ARNs exist only now).
     grant_lifecycle_actions(identity, [g.asg_arn for g in groups])
     monitoring = Monitoring(
@@ -333,4 +376,5 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
         private_subnet_ids=network.private_subnet_ids,
         host_access="bastion" if bastion else "ssm",
         bastion_security_group_id=security.bastion_id,
+        monitoring_security_group_id=security.monitoring_id,
     )

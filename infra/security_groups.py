@@ -2,7 +2,10 @@
 
 - The ALB takes HTTPS (443) and the redirect port (80) from anywhere, and talks only to the runtime
   port of the hosts.
-- Runtime hosts take the runtime port only from the ALB's group. SSH comes only from the bastion's
+- Runtime hosts take the runtime port only from the ALB's group and the monitoring group. The ALB
+  forwards only ``/v1/*`` (its listener rules) and probes the readiness path of its targets, so
+  ``/metrics`` answers only the monitoring side: a scraper the operator places in the monitoring
+  group, and the host itself (its bootstrap publishes to CloudWatch from localhost). SSH comes only from the bastion's
   group when the stack names an ``inventory.ssh_gateway``; otherwise hosts take no SSH at all and are
   reached through Session Manager. Nodes of an EFA group also talk to each other on every port (EFA
   requires it), and only to members of the same group.
@@ -29,11 +32,14 @@ class SecurityGroupsArgs:
     bastion: bool
     efa: bool
     tags: Mapping[str, str]
+    # False behind a gateway: the ALB forwards to the gateway, which alone reaches the runtimes.
+    alb_to_runtime: bool = True
 
 
 class SecurityGroups(pulumi.ComponentResource):
     alb_id: pulumi.Output[str]
     runtime_id: pulumi.Output[str]
+    monitoring_id: pulumi.Output[str]
     bastion_id: pulumi.Output[str] | None
 
     def __init__(
@@ -64,11 +70,31 @@ class SecurityGroups(pulumi.ComponentResource):
                 cidr=ANYWHERE,
                 description=f"Clients on {listener_port} (80 only redirects to HTTPS)",
             )
-        self._egress(f"alb-to-runtime-{port}", alb, port, group=runtime, description="Forward to the runtime")
-        self._ingress(
-            f"runtime-{port}-from-alb", runtime, port, group=alb, description="Requests from the ALB"
-        )
+        if args.alb_to_runtime:
+            self._egress(
+                f"alb-to-runtime-{port}", alb, port, group=runtime, description="Forward to the runtime"
+            )
+            self._ingress(
+                f"runtime-{port}-from-alb", runtime, port, group=alb, description="Requests from the ALB"
+            )
 
+        monitoring = self._group(
+            "monitoring",
+            f"Monitoring: scrapes /metrics on port {port} of the runtime hosts",
+            args.vpc_id,
+            with_tags(tags, role="monitoring"),
+        )
+        self._ingress(
+            f"runtime-{port}-from-monitoring",
+            runtime,
+            port,
+            group=monitoring,
+            description="Metrics scrapes from the monitoring side",
+        )
+        self._egress(
+            f"monitoring-to-runtime-{port}", monitoring, port, group=runtime, description="Scrape /metrics"
+        )
+        self.monitoring_id = monitoring.id
         self.bastion_id = None
         if args.bastion:
             # The bastion host itself (named by inventory.ssh_gateway) is the operator's; it joins this group

@@ -54,10 +54,15 @@ def test_the_alb_talks_only_to_the_runtime_port_of_the_hosts(graph):
     )
 
 
-def test_only_the_alb_reaches_the_runtime_port(graph):
+def test_only_the_alb_and_the_monitoring_side_reach_the_runtime_port(graph):
     port = graph.settings.runtime.port
     sources = {s for s, _, p in reachable(graph, sg(graph, "runtime")) if p == port}
-    assert sources == {sg(graph, "alb")}
+    assert sources == {sg(graph, "alb"), sg(graph, "monitoring")}
+    assert graph.outputs["monitoring_security_group_id"] == sg(graph, "monitoring")
+    # The monitoring group takes nothing in; it only scrapes the runtime port.
+    assert not rules(graph, INGRESS, sg(graph, "monitoring"))
+    [out] = rules(graph, EGRESS, sg(graph, "monitoring"))
+    assert (out["referencedSecurityGroupId"], out["fromPort"]) == (sg(graph, "runtime"), port)
 
 
 @pytest.mark.parametrize("stack", ["staging", "prod"])
@@ -65,6 +70,7 @@ def test_with_a_bastion_hosts_take_ssh_only_from_its_group(stack, request):
     graph = request.getfixturevalue(stack)
     assert reachable(graph, sg(graph, "runtime")) == {
         (sg(graph, "alb"), "tcp", graph.settings.runtime.port),
+        (sg(graph, "monitoring"), "tcp", graph.settings.runtime.port),
         (sg(graph, "bastion"), "tcp", 22),
     }
     assert not rules(graph, INGRESS, sg(graph, "bastion"))  # the operator's bastion brings its own allow-list
@@ -72,7 +78,11 @@ def test_with_a_bastion_hosts_take_ssh_only_from_its_group(stack, request):
 
 def test_without_a_bastion_hosts_take_no_ssh_at_all(dev):
     assert dev.outputs["host_access"] == "ssm"
-    assert reachable(dev, sg(dev, "runtime")) == {(sg(dev, "alb"), "tcp", dev.settings.runtime.port)}
+    port = dev.settings.runtime.port
+    assert reachable(dev, sg(dev, "runtime")) == {
+        (sg(dev, "alb"), "tcp", port),
+        (sg(dev, "monitoring"), "tcp", port),
+    }
     assert not [s for s in dev.of_type("aws:ec2/securityGroup:SecurityGroup") if s.name.endswith("-bastion")]
 
 
