@@ -16,17 +16,18 @@ from frontier.config.schema import DTYPE_BYTES, GB, NodeGroup, Settings
 # micro-benchmark of the runtime's own layer shapes (a 768-wide, 100M-parameter stack of [in, out]
 # weights on this 2-core machine, one thread: 23 ms at 1 row, 95 ms at 8, 168 ms at 32 — the
 # model gives 28, 99 and 167). The engine's own time per step (Python: scheduling, sampling,
-# detokenising, block tables) was fitted with the tiny model at concurrency 1 and 32
-# (`bench/roofline_vs_measured.py` prints the fit); calibration against a stack's baseline refits it.
+# detokenising, block tables) was fitted with the tiny model at concurrency 1 and 32, timed by
+# thread CPU time (`bench/roofline_vs_measured.py` prints the fit: 3.68 ms + 0.093 ms/sequence);
+# calibration against a stack's baseline refits it.
 CPU_EFFICIENCY = Efficiency(
     bandwidth=1.0,
     flops=1.0,
     link=1.0,
     allreduce_latency_s=50e-6,
-    step_overhead_s=2.5e-3,
-    seq_overhead_s=0.3e-3,
-    source="modelled: measured CPU peaks, no overlap, 3 weight passes per GEMM; engine overhead 2.5 ms/step "
-    "+ 0.3 ms/sequence (fitted on the tiny model)",
+    step_overhead_s=3.7e-3,
+    seq_overhead_s=0.09e-3,
+    source="modelled: measured CPU peaks, no overlap, 3 weight passes per GEMM; engine overhead 3.7 ms/step "
+    "+ 0.09 ms/sequence (fitted on the tiny model)",
     overlap=0.0,
     gemm_weight_passes=3.0,
 )
