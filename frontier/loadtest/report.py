@@ -7,13 +7,15 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from frontier.contracts import PREFIX_CACHE_HITS_METRIC, PREFIX_CACHE_QUERIES_METRIC
 from frontier.loadtest.client import Target, run_concurrency, run_steps
 from frontier.loadtest.stats import Knee, RequestSample, SloTargets, StepSummary, summarize
 
@@ -47,8 +49,70 @@ class LoadShape:
         return "step load" if len(self.rates) > 1 else f"{self.rates[0]:g} req/s"
 
 
+@dataclass(frozen=True)
+class ServedStep(StepSummary):
+    """A step with what the runtime's /metrics said about it: the share of prompt tokens found in
+    its prefix cache (None where /metrics could not be read, e.g. behind a balancer that hides it)."""
+
+    prefix_cache_hit_rate: float | None = None
+
+
+def prefix_cache_counters(target: Target) -> tuple[float, float] | None:
+    """(prompt tokens looked up, found) in the prefix cache, summed over /metrics; None if unreadable."""
+    try:
+        text = httpx.get(target.base_url.rstrip("/") + "/metrics", headers=target.headers(), timeout=5).text
+    except httpx.HTTPError:
+        return None
+    totals = {PREFIX_CACHE_QUERIES_METRIC: 0.0, PREFIX_CACHE_HITS_METRIC: 0.0}
+    seen = False
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
+        if name in totals and not line.startswith("#"):
+            totals[name] += float(line.rsplit(" ", 1)[1])
+            seen = True
+    return (totals[PREFIX_CACHE_QUERIES_METRIC], totals[PREFIX_CACHE_HITS_METRIC]) if seen else None
+
+
+class _PrefixCacheSnapshots:
+    """/metrics read at each step's start (on a thread, so the load's event loop never waits) and at
+    the end; step i's hit rate is the change between snapshot i and i + 1."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.threads: dict[int, threading.Thread] = {}
+        self.values: dict[int, tuple[float, float] | None] = {}
+
+    def take(self, index: int) -> None:
+        def read() -> None:
+            self.values[index] = prefix_cache_counters(self.target)
+
+        self.threads[index] = thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+
+    def rates(self, steps: int) -> list[float | None]:
+        for thread in self.threads.values():
+            thread.join(10)
+        out: list[float | None] = []
+        for i in range(steps):
+            before, after = self.values.get(i), self.values.get(i + 1)
+            if before is None or after is None or after[0] <= before[0]:
+                out.append(None)
+            else:
+                out.append((after[1] - before[1]) / (after[0] - before[0]))
+        return out
+
+
+def _with_prefix_cache(steps: list[StepSummary], rates: list[float | None]) -> list[StepSummary]:
+    return [
+        ServedStep(**{f.name: getattr(s, f.name) for f in fields(StepSummary)}, prefix_cache_hit_rate=r)
+        for s, r in zip(steps, rates, strict=True)
+    ]
+
+
 def measure(target: Target, shape: LoadShape, slo: SloTargets, console: Console) -> list[StepSummary]:
     """Run the load with a live progress bar; one summary per step (one for a single rate or loop)."""
+    snapshots = _PrefixCacheSnapshots(target)
+    snapshots.take(0)
     with LiveProgress(console, shape.total_s, shape.label) as progress:
         if shape.concurrency is not None:
             result = asyncio.run(
@@ -56,7 +120,15 @@ def measure(target: Target, shape: LoadShape, slo: SloTargets, console: Console)
                     target, shape.concurrency, shape.seconds, seed=shape.seed, on_event=progress.on_event
                 )
             )
-            return [summarize(result.samples, window=result.window, slo=slo, concurrency=shape.concurrency)]
+            snapshots.take(1)
+            step = summarize(result.samples, window=result.window, slo=slo, concurrency=shape.concurrency)
+            return _with_prefix_cache([step], snapshots.rates(1))
+
+        def on_step(index: int, rate: float) -> None:
+            if index:
+                snapshots.take(index)
+            progress.on_step(index, rate)
+
         results = asyncio.run(
             run_steps(
                 target,
@@ -66,14 +138,16 @@ def measure(target: Target, shape: LoadShape, slo: SloTargets, console: Console)
                 seed=shape.seed,
                 max_in_flight=shape.max_in_flight,
                 on_event=progress.on_event,
-                on_step=progress.on_step,
+                on_step=on_step,
             )
         )
+    snapshots.take(len(results))
     everything = [s for r in results for s in r.samples]
-    return [
+    steps = [
         summarize(r.samples, window=r.window, slo=slo, offered_rps=r.rate_rps, completions=everything)
         for r in results
     ]
+    return _with_prefix_cache(steps, snapshots.rates(len(steps)))
 
 
 class LiveProgress:
@@ -143,6 +217,7 @@ def steps_table(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None
         table.add_column(name, justify="right")
     for name in ("TTFT p50/p99", "TPOT p50/p99", "ITL p99", "E2EL p50/p90/p99"):
         table.add_column(f"{name} ms", justify="right")
+    table.add_column("prefix hit", justify="right")
     table.add_column("SLO")
     for s in steps:
         load = f"{s.offered_rps:g}" if s.offered_rps is not None else f"c={s.concurrency}"
@@ -161,6 +236,7 @@ def steps_table(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None
             f"{_ms(s.tpot.p50_ms)}/{_ms(s.tpot.p99_ms)}",
             _ms(s.itl.p99_ms),
             f"{_ms(s.e2el.p50_ms)}/{_ms(s.e2el.p90_ms)}/{_ms(s.e2el.p99_ms)}",
+            "-" if (hit := getattr(s, "prefix_cache_hit_rate", None)) is None else f"{hit:.0%}",
             mark,
         )
     return table

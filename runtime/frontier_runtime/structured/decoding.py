@@ -31,6 +31,18 @@ class _Sampling(Protocol):
     request_id: str
 
 
+class PendingMasks:
+    """A step's masks being filled; ``result()`` waits for them."""
+
+    def __init__(self, done: Future[None], masks: TokenBitmask) -> None:
+        self._done = done
+        self._masks = masks
+
+    def result(self) -> TokenBitmask:
+        self._done.result()
+        return self._masks
+
+
 class StructuredDecoder:
     def __init__(
         self,
@@ -74,25 +86,25 @@ class StructuredDecoder:
     def release(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
 
-    def start(self, samplers: list[_Sampling]) -> Future[TokenBitmask] | None:
+    def start(self, samplers: list[_Sampling]) -> PendingMasks | None:
         """Begin filling the masks of the constrained rows among ``samplers`` (logits order)."""
         if not self._matchers:
             return None
-        jobs = [
-            (matcher, row)
-            for row, seq in enumerate(samplers)
-            if (matcher := self._matchers.get(seq.request_id)) is not None
-        ]
-        if not jobs:
+        rows, matchers = [], []
+        for row, seq in enumerate(samplers):
+            matcher = self._matchers.get(seq.request_id)
+            if matcher is not None:
+                rows.append(row)
+                matchers.append((matcher, len(matchers)))
+        if not rows:
             return None
-        return self._pool.submit(self._fill, jobs)
-
-    def _fill(self, jobs: list[tuple[llguidance.LLMatcher, int]]) -> TokenBitmask:
-        bits = torch.empty((len(jobs), self.words), dtype=torch.int32, pin_memory=self.pin_memory)
-        self._executor.unsafe_compute_mask_ptr(
-            [(matcher, k) for k, (matcher, _) in enumerate(jobs)], bits.data_ptr(), self.words * 4, len(jobs)
+        bits = torch.empty((len(rows), self.words), dtype=torch.int32, pin_memory=self.pin_memory)
+        # The helper thread runs nothing but the Rust call, which releases the GIL at once: the
+        # engine thread is not held up while it builds and runs the step.
+        done = self._pool.submit(
+            self._executor.unsafe_compute_mask_ptr, matchers, bits.data_ptr(), self.words * 4, len(rows)
         )
-        return TokenBitmask([row for _, row in jobs], bits)
+        return PendingMasks(done, TokenBitmask(rows, bits))
 
     def accept(self, request_id: str, token: int) -> FinishReason | None:
         """Advance the request's matcher by its sampled token: "stop" once its grammar is complete,
