@@ -511,7 +511,9 @@ def tenant_problems(s: Settings) -> Iterator[Problem]:
                     gw.port,
                     f"must differ from the runtime, moto and balancer ports ({sorted(taken)})",
                 )
-        elif gw.metering_uri and not gw.metering_uri.startswith("s3://"):
+        elif not gw.ami_id:
+            yield Problem("gateway.ami_id", "", "the gateway's node group needs a pinned AMI (ami-...)")
+        if s.local is None and gw.metering_uri and not gw.metering_uri.startswith("s3://"):
             yield Problem(
                 "gateway.metering_uri", gw.metering_uri, "must be s3://bucket/prefix outside the local stack"
             )

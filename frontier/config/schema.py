@@ -392,6 +392,7 @@ class Gateway(_Settings):
     metering_flush_s: float = Field(default=10.0, gt=0, le=3600)
     # EC2: the gateway's own small CPU node group behind the ALB.
     instance_type: str = Field(default="c7i.large", min_length=1)
+    ami_id: str = Field(default="", pattern=r"^(ami-[0-9a-f]{8,17})?$", description="EC2: the pinned AMI.")
     min_size: int = Field(default=2, ge=1, le=100)
     desired_size: int = Field(default=2, ge=1, le=100)
     max_size: int = Field(default=4, ge=1, le=100)

@@ -338,6 +338,18 @@ HISTORY_BUCKET_PLACEHOLDER = "<history bucket>"
 PUBLISH_INTERVAL_S = 60
 
 
+def render_gateway_cloud_init(settings: Settings, *, history_bucket: str, history_prefix: str) -> str:
+    """Cloud-init of the gateway's CPU hosts: its wheel and gateway.yaml from the history bucket."""
+    assert settings.gateway is not None
+    return _render(
+        "gateway-cloud-init.yaml.j2",
+        stack=settings.stack,
+        port=settings.gateway.port,
+        history_bucket=history_bucket,
+        history_prefix=history_prefix,
+    )
+
+
 def render_cloud_init(
     settings: Settings,
     group: NodeGroup | str,
