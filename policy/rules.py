@@ -435,6 +435,9 @@ def check_k8s_not_privileged(props: Mapping[str, Any], args: ResourceValidationA
             yield f"container {name!r} adds capabilities {as_list(get(security, 'capabilities', 'add'))}"
         if not (pod_non_root or truthy(get(security, "runAsNonRoot"))):
             yield f"container {name!r} may run as root (no runAsNonRoot: true on it or its pod)"
+        user = get(security, "runAsUser", default=get(spec, "securityContext", "runAsUser"))
+        if as_int(user) == 0:
+            yield f"container {name!r} runs as root (runAsUser: 0)"
 
 
 def check_k8s_gpu_requests_equal_limits(

@@ -479,6 +479,7 @@ def test_rule_passes_on_the_kubernetes_stacks_resources(eks_prod, name):
             ),
             "may run as root",
         ),
+        (setter(("spec", "template", "spec", "securityContext", "runAsUser"), 0), "runAsUser: 0"),
     ],
 )
 def test_each_way_of_privilege_fires(eks_prod, change, fragment):
