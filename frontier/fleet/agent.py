@@ -239,11 +239,18 @@ def terminate_then_kill(
     return "killed" if wait_exit(pid, kill_timeout, process) else "stuck"
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+def _cmdline(pid: int, settle_s: float = 0.5) -> str:
+    """The process's command line. A process reads as '' for a moment while it is being started
+    (seen here just after a supervisor launched the runtime): wait that moment out."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return ""
+        if text or time.monotonic() >= deadline:
+            return text
+        time.sleep(0.01)
 
 
 def _is_supervisor(pid: int) -> bool:
@@ -300,7 +307,8 @@ class Agent:
     def __init__(
         self, config: AgentConfig, config_path: str | None = None, environ: dict[str, str] | None = None
     ) -> None:
-        environ = dict(os.environ if environ is None else environ)
+        # The environment the agent's commands and the runtime see (tests give stand-ins here).
+        self.environ = environ = dict(os.environ if environ is None else environ)
         self.config = config
         # The supervisor is this file run again with the same configuration file.
         self.config_path = config_path
@@ -354,7 +362,10 @@ class Agent:
         _atomic_write(self.order_file, json.dumps({"releases": order}, indent=2) + "\n")
 
     def systemd(self) -> bool:
-        return self.systemd_run_dir.is_dir() and shutil.which("systemctl") is not None
+        return (
+            self.systemd_run_dir.is_dir()
+            and shutil.which("systemctl", path=self.environ.get("PATH")) is not None
+        )
 
     def running_pid(self) -> int | None:
         """The pid of the runtime this agent started, if it still runs (a recycled pid does not count)."""
@@ -388,7 +399,7 @@ class Agent:
         return self.running_pid() is not None
 
     def _systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run(["systemctl", *args], capture_output=True, text=True)
+        done = subprocess.run(["systemctl", *args], capture_output=True, text=True, env=self.environ)
         if check and done.returncode != 0:
             raise AgentError(f"systemctl {' '.join(args)}: {(done.stderr or done.stdout).strip()}")
         return done
@@ -407,10 +418,13 @@ class Agent:
 
     def log_tail(self) -> str:
         if self.systemd():
+            if shutil.which("journalctl", path=self.environ.get("PATH")) is None:
+                return ""
             done = subprocess.run(
                 ["journalctl", "-u", self.unit, "-n", str(LOG_TAIL_LINES), "--no-pager"],
                 capture_output=True,
                 text=True,
+                env=self.environ,
             )
             return done.stdout
         if self.log_file.exists():
@@ -433,16 +447,24 @@ class Agent:
         supervised = self.supervisor_pid() is not None
         state = self.supervisor_state() if supervised else {}
         last = state.get("last_restart") or {}
+        systemd = self.systemd()
+        restarts = int(state.get("restarts", 0))
+        if systemd:
+            # systemd restarts a runtime that exits by itself (Restart=on-failure) and counts those.
+            shown = self._systemctl(
+                "show", "-p", "NRestarts", "--value", self.unit, check=False
+            ).stdout.strip()
+            restarts += int(shown) if shown.isdigit() else 0
         return Facts(
             current=self.link("current"),
             previous=self.link("previous"),
-            systemd=self.systemd(),
+            systemd=systemd,
             running=running,
             running_release=running_release,
             releases=self.order(),
             staged_manifest=staged,
             supervised=supervised,
-            restarts=int(state.get("restarts", 0)),
+            restarts=restarts,
             last_restart=f"{last.get('at', '')} {last.get('reason', '')}".strip(),
         )
 
@@ -471,6 +493,7 @@ class Agent:
                 ],
                 capture_output=True,
                 text=True,
+                env=self.environ,
             )  # fmt: skip
             if done.returncode != 0:
                 raise AgentError(f"stage: pip cannot install {wheel}: {(done.stderr or done.stdout).strip()}")
@@ -585,7 +608,7 @@ class Agent:
 
     def launch(self, release: Path, word: str = "start") -> subprocess.Popen:
         """The runtime of ``release`` as a child of this process; its output goes to the runtime log."""
-        env = dict(os.environ)
+        env = dict(self.environ)
         env.update(_read_env_file(self.root / "env"))
         env["PYTHONPATH"] = str(release / "site")
         with self.log_file.open("ab") as log:

@@ -119,7 +119,7 @@ def test_on_a_systemd_host_the_release_unit_is_installed_and_restarted(session, 
         in watchdog
     )
     assert (root / "bin" / "frontier-agent.py").read_bytes() == AGENT_SOURCE.read_bytes()
-    changes = [c for c in calls.read_text().splitlines() if not c.startswith("is-active")]
+    changes = [c for c in calls.read_text().splitlines() if not c.startswith(("is-active", "show"))]
     assert changes == [
         "daemon-reload",
         "restart frontier-runtime",
@@ -132,3 +132,4 @@ def test_on_a_systemd_host_the_release_unit_is_installed_and_restarted(session, 
         "stop frontier-runtime",
     ]
     assert session.facts().systemd is True
+    assert "show -p NRestarts --value frontier-runtime" in calls.read_text().splitlines()

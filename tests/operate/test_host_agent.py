@@ -383,7 +383,7 @@ def test_on_a_systemd_host_the_watchdog_restarts_a_unit_that_fails_liveness(tmp_
     shims.mkdir()
     (shims / "systemctl").write_text(
         f'#!/bin/sh\necho "$*" >> {calls}\n'
-        f'case "$1" in\n  is-active) test -f {active}; exit $? ;;\n  restart) rm -f {hang} ;;\nesac\nexit 0\n'
+        f'case "$1" in\n  is-active) test -f {active}; exit $? ;;\n  restart) rm -f {hang} ;;\n  show) echo 3 ;;\nesac\nexit 0\n'
     )
     (shims / "systemctl").chmod(0o755)
     (tmp_path / "run-systemd").mkdir()
@@ -433,6 +433,9 @@ def test_on_a_systemd_host_the_watchdog_restarts_a_unit_that_fails_liveness(tmp_
         events = wait_for(lambda: (e := [x["event"] for x in history(a)])[1:] and e)
         assert events == ["restart", "recovered"]
         assert a.supervisor_state()["last_restart"]["reason"] == "liveness failed 2 times in a row"
+        # status adds systemd's own count of the unit's automatic restarts (NRestarts: 3 here).
+        facts = a.facts()
+        assert facts.supervised and facts.restarts == 1 + 3 and "liveness failed" in facts.last_restart
         # A stopped unit (a rollout's stop phase) is left alone, and stopping the watchdog leaves the runtime.
         active.unlink()
         hang.write_text("")
