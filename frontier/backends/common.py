@@ -67,7 +67,11 @@ class BackendBase:
         return self._history(aws.stack_output(self.settings, "history_bucket"), prefix)
 
     def _history(self, bucket: str, prefix: str) -> HistoryStore:
+        stack_prefix = prefix
         if self.settings.models:
-            # A stack of several models keeps each pool's releases, history and lock apart.
+            # A stack of several models keeps each pool's releases, history and lock apart; the
+            # artifacts (runtime wheels and images) stay the stack's.
             prefix = f"{prefix.rstrip('/')}/models/{self.settings.model.name}/"
-        return HistoryStore(self.aws_client("s3"), bucket, self.settings.stack, prefix)
+        return HistoryStore(
+            self.aws_client("s3"), bucket, self.settings.stack, prefix, artifacts_prefix=stack_prefix
+        )

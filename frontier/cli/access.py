@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from frontier.access import batch as batches
 from frontier.access import usage as metering
+from frontier.access.report import usage_table
 from frontier.backends import backend_for
 from frontier.cli import tables
 from frontier.cli.common import reports_errors, settings_for
@@ -41,49 +42,6 @@ def usage(c, stack=None):
     print(
         f"usage: records={len(found.records)} tenants={len({r.tenant for r in rows})} models={len({r.model for r in rows})} cost_usd={total:.6f}"
     )
-
-
-def usage_table(stack: str, uri: str, rows: list[metering.Usage], prices: dict[str, float]):
-    body = [
-        (
-            r.tenant,
-            r.model,
-            f"{r.requests:,}",
-            f"{r.errors:,}",
-            f"{r.prompt_tokens:,}",
-            f"{r.completion_tokens:,}",
-            f"{r.p50_latency_ms:,.0f}",
-            f"${prices.get(r.model, 0.0) * 1e6:,.2f}",
-            f"${r.cost_usd:,.6f}",
-        )
-        for r in rows
-    ]
-    if rows:
-        body.append(
-            (
-                "total",
-                "",
-                f"{sum(r.requests for r in rows):,}",
-                f"{sum(r.errors for r in rows):,}",
-                f"{sum(r.prompt_tokens for r in rows):,}",
-                f"{sum(r.completion_tokens for r in rows):,}",
-                "",
-                "",
-                f"${sum(r.cost_usd for r in rows):,.6f}",
-            )
-        )
-    columns = (
-        "tenant",
-        "model",
-        "requests",
-        "errors",
-        "prompt tok",
-        "completion tok",
-        "p50 ms",
-        "$/1M out tok",
-        "cost",
-    )
-    return tables.table(f"usage of {stack} ({uri})", columns, body, numeric=range(2, 9))
 
 
 @task(

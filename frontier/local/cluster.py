@@ -385,7 +385,7 @@ def down(settings: Settings) -> list[Component]:
     """Stop everything ``up`` started and any runtime still running on a host slot. Idempotent."""
     state = state_dir(settings)
     report = _stop_runtimes(settings.inventory.hosts)
-    names = ["haproxy", *(f"sshd-{h.name}" for h in settings.inventory.hosts), "moto"]
+    names = ["gateway", "haproxy", *(f"sshd-{h.name}" for h in settings.inventory.hosts), "moto"]
     for name in names:
         service = services.find(state, name) if state.exists() else None
         if service is None:
@@ -421,7 +421,14 @@ def _stop_runtimes(hosts: tuple[Host, ...], timeout: float = 15.0) -> list[Compo
         for leftover in run.iterdir() if run.exists() else []:
             if leftover.is_file():
                 leftover.unlink(missing_ok=True)
+    supervised = {host.name for host, _, _ in supervisors}
     return [
-        Component(f"{host.name} {name}", "stopped", f"pid {pid} ({outcome})")
+        Component(
+            f"{host.name} {name}",
+            "stopped",
+            f"pid {pid} (stopped by its supervisor)"
+            if outcome == "absent" and host.name in supervised
+            else f"pid {pid} ({outcome})",
+        )
         for (host, name, pid), outcome in zip(found, outcomes, strict=True)
     ]

@@ -15,7 +15,12 @@
    of change an operator rolls and may want back. It is written as a copy of the stack file with
    that one change (``<state_dir>/demo/Pulumi.local.yaml``) and loaded by the same loader;
 9. ``rollback`` under the same load: back to A, byte for byte, through the same gates;
-10. a closing table, then exactly one last line:
+10. two models behind the gateway: the stack file as two pools (the tiny model on every slot but
+    the last, a smaller model of another shape on the last), each rolled with ``deploy --model``,
+    the gateway started in front with two tenants — ``acme`` (interactive, both models) streams
+    chats to each model, ``nightly`` (batch, the small model only) is refused the other model
+    (404) and runs a 16-line batch job — then the gateway's metering summed per tenant and model;
+11. a closing table and the usage table, then exactly one last line:
     ``demo: sent=<n> failed=<n> deploy_s=<s> rollback_s=<s>``.
 
 It exits non-zero when any request failed or any step failed. The stack is taken down at the end
@@ -209,6 +214,7 @@ def openai_requests(settings: Settings, base_url: str, key: str) -> list[Request
         console.print(f"  {label} ({shown}): {text!r}")
 
     console.print(f"  models: {[m.id for m in client.models.list().data]}")
+
     def completion() -> tuple[str, int]:
         reply = client.completions.create(model=model, prompt="The cluster", max_tokens=12, temperature=0)
         return reply.choices[0].text, reply.usage.completion_tokens
@@ -354,8 +360,13 @@ def run(settings: Settings, rate: float, load_s: float, tally: Tally) -> int:
     phases.append(Phase(f"rollback to A {release_a}", _between(samples, t1, t2), tally.rollback_s))
     phases.append(Phase("after rollback", _between(samples, t2, float("inf"))))
 
-    step("10. summary")
+    step("10. two models, two tenants behind the gateway")
+    model_phases, usage = models_part(settings, digest, tally)
+    phases += model_phases
+
+    step("11. summary")
     console.print(closing_table(phases))
+    console.print(usage)
     if tally.failed:
         kinds: dict[str, int] = {}
         for s in (s for p in phases for s in p.samples if not s.ok):
@@ -366,6 +377,46 @@ def run(settings: Settings, rate: float, load_s: float, tally: Tally) -> int:
         f"--stack prod (stack file {stack_path('prod').name})"
     )
     return 1 if tally.failed else 0
+
+
+def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Phase], Table]:
+    """Two pools rolled one at a time, the gateway in front, two tenants' traffic, their usage."""
+    from frontier.access.report import usage_table
+    from frontier.local import demo_models as dm
+    from frontier.local import gateway as local_gateway
+
+    multi = dm.two_model_settings(settings)
+    small = multi.for_pool(dm.SMALL_MODEL)
+    push_weights(small, dm.small_model_dir(settings))
+    for pool in multi.pools:
+        console.print(
+            f"  deploy --model {pool.name} ({len(multi.for_pool(pool.name).inventory.hosts)} host slot(s))"
+        )
+        roll("deploy", multi.for_pool(pool.name), digest)
+    dm.keep_out_of_balancer(settings, multi, backend_for(settings).balancer())
+    for component in dm.start_gateway(multi):
+        console.print(f"  {component.name:<16} {component.state:<8} {component.detail}")
+    url = local_gateway.gateway_url(multi)
+    acme, nightly = local_gateway.tenant_key(multi, "acme"), local_gateway.tenant_key(multi, "nightly")
+    phases = []
+    for model in (settings.model.name, dm.SMALL_MODEL):
+        phases.append(Phase(f"gateway: acme on {model}", dm.gateway_requests(url, acme, model, 8)))
+        tally.add(phases[-1].samples)
+    status = dm.refused(url, nightly, settings.model.name)
+    console.print(f"  nightly asking for {settings.model.name} (not its model): HTTP {status}")
+    if status != 404:
+        raise FrontierError(f"tenant nightly reached {settings.model.name}: HTTP {status}, expected 404")
+    summary, took = dm.batch_job(settings, url, nightly, 16)
+    console.print(
+        f"  nightly batch job at batch priority: {summary.succeeded} ok, {summary.failed} failed, "
+        f"{summary.malformed} malformed in {took:.1f}s"
+    )
+    if summary.failed or summary.malformed:
+        raise FrontierError(
+            f"the batch job had {summary.failed} failed and {summary.malformed} malformed lines"
+        )
+    rows, prices, uri = dm.usage_rows(multi)
+    return phases, usage_table(multi.stack, uri, rows, prices)
 
 
 def main(argv: list[str] | None = None) -> int:

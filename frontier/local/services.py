@@ -385,8 +385,22 @@ def find(state_dir: str | Path, name: str) -> Service | None:
     return service
 
 
+def spawn(
+    name: str, command: list[str], state: Path, log: Path, address: str, port: int, *, env: dict | None = None
+) -> Service:
+    """Start another daemon of the local stack (the gateway), recorded like the built-in ones."""
+    return _spawn(name, command, state, log, address, port, env=env)
+
+
 def _spawn(
-    name: str, command: list[str], state: Path, log: Path, address: str, port: int, cwd: Path | None = None
+    name: str,
+    command: list[str],
+    state: Path,
+    log: Path,
+    address: str,
+    port: int,
+    cwd: Path | None = None,
+    env: dict | None = None,
 ) -> Service:
     with log.open("ab") as out:
         # A new session: the daemon outlives the command that started it and ignores its terminal.
@@ -397,6 +411,7 @@ def _spawn(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=cwd,
+            env=env,
         )
     service = Service(name, process.pid, address, port, str(state), str(log), command)
     service.pid_file.write_text(f"{process.pid}\n")

@@ -70,10 +70,20 @@ class LockInfo:
 class HistoryStore:
     """One stack's prefix in its history bucket."""
 
-    def __init__(self, s3: Any, bucket: str, stack: str, prefix: str | None = None) -> None:
+    def __init__(
+        self,
+        s3: Any,
+        bucket: str,
+        stack: str,
+        prefix: str | None = None,
+        *,
+        artifacts_prefix: str | None = None,
+    ) -> None:
         self.s3 = s3
         self.bucket = bucket
         self.prefix = (prefix or f"history/{stack}/").rstrip("/") + "/"
+        # Artifacts are the stack's, shared by its model pools (each pool keeps its own releases).
+        self.artifacts_prefix = (artifacts_prefix or self.prefix).rstrip("/") + "/"
         self.stack = stack
 
     def ensure_bucket(self) -> None:
@@ -88,13 +98,13 @@ class HistoryStore:
 
     # --- objects ----------------------------------------------------------------------------------
 
-    def _put(self, key: str, body: bytes | str, **kwargs: Any) -> dict:
+    def _put(self, key: str, body: bytes | str, *, root: str | None = None, **kwargs: Any) -> dict:
         data = body.encode() if isinstance(body, str) else body
-        return self.s3.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data, **kwargs)
+        return self.s3.put_object(Bucket=self.bucket, Key=(root or self.prefix) + key, Body=data, **kwargs)
 
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str, *, root: str | None = None) -> bytes | None:
         try:
-            return self.s3.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"].read()
+            return self.s3.get_object(Bucket=self.bucket, Key=(root or self.prefix) + key)["Body"].read()
         except ClientError as exc:
             if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
                 return None
@@ -114,11 +124,11 @@ class HistoryStore:
         base = f"artifacts/{artifact.digest.replace(':', '-')}/"
         if path is not None:
             verify(path, artifact.digest)
-            self.s3.upload_file(str(path), self.bucket, self.prefix + base + artifact.filename)
-        self._put(base + "artifact.json", artifact.to_json())
+            self.s3.upload_file(str(path), self.bucket, self.artifacts_prefix + base + artifact.filename)
+        self._put(base + "artifact.json", artifact.to_json(), root=self.artifacts_prefix)
 
     def get_artifact(self, digest: str) -> Artifact:
-        body = self._get(f"artifacts/{digest.replace(':', '-')}/artifact.json")
+        body = self._get(f"artifacts/{digest.replace(':', '-')}/artifact.json", root=self.artifacts_prefix)
         if body is None:
             raise ArtifactError(
                 f"digest {digest} is not a known artifact of stack {self.stack!r}: build it with "
@@ -132,7 +142,7 @@ class HistoryStore:
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.part")
-            key = f"{self.prefix}artifacts/{artifact.digest.replace(':', '-')}/{artifact.filename}"
+            key = f"{self.artifacts_prefix}artifacts/{artifact.digest.replace(':', '-')}/{artifact.filename}"
             self.s3.download_file(self.bucket, key, str(tmp))
             verify(tmp, artifact.digest)
             tmp.replace(path)

@@ -33,6 +33,7 @@ def test_one_pool_is_its_own_hosts_runtime_and_history(two_models: Path) -> None
     assert small.model.hidden_size == 128
     store = backend._history("frontier-local-history", "history/local/")
     assert store.prefix == "history/local/models/tiny-llama-small/"
+    assert store.artifacts_prefix == "history/local/"  # one release.build serves every pool
     big = pool_settings("local", "tiny-llama")
     assert [h.name for h in backend_for(big).hosts()] == ["host-1", "host-2"]
     assert backend_for(big)._history("b", "history/local/").prefix == "history/local/models/tiny-llama/"
@@ -62,4 +63,26 @@ def test_a_stack_of_several_models_needs_model_to_roll(two_models: Path) -> None
     assert (
         "--model: model 'gpt-4' is not served by stack 'local': it serves tiny-llama, tiny-llama-small"
         in done.stderr
+    )
+
+
+def test_the_gateway_config_of_a_stack_is_what_the_gateway_accepts(two_models: Path) -> None:
+    from frontier_gateway.config import parse_config
+
+    from frontier.access.gateway import render_gateway_config, static_replicas
+    from frontier.config.load import load_stack
+
+    settings = load_stack("local")
+    config = parse_config(render_gateway_config(settings, static_replicas(settings)))
+    assert {m.name: m.replicas for m in config.models} == {
+        "tiny-llama": ("http://127.0.0.2:8000", "http://127.0.0.3:8000"),
+        "tiny-llama-small": ("http://127.0.0.4:8000",),
+    }
+    assert [(t.name, t.api_key_secret, t.priority) for t in config.tenants] == [
+        ("acme", "frontier/local/tenants/acme", "interactive"),
+        ("nightly", "frontier/local/tenants/nightly", "batch"),
+    ]
+    assert config.upstream_api_key_secret == "frontier/local/api-keys"
+    assert not any(
+        "sk-" in line for line in render_gateway_config(settings, static_replicas(settings)).splitlines()
     )
