@@ -17,6 +17,7 @@ Choices worth knowing (autoscaling: :mod:`frontier.kubernetes.autoscaling`; netw
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ from frontier.kubernetes.autoscaling import scaled_object, service_monitor
 from frontier.kubernetes.network_policies import network_policies
 from frontier.kubernetes.objects import (
     CONFIG_FILE,
+    TEMPLATE_HASH_ANNOTATION,
     Manifest,
     app_labels,
     app_name,
@@ -277,10 +279,13 @@ def pod_template(
             {"name": "home", "emptyDir": {"sizeLimit": "1Gi"}},
         ],
     }
-    return {
+    template = {
         "metadata": {"labels": {**app_labels(settings), K8S_TRACK_LABEL: track}, "annotations": annotations},
         "spec": spec,
     }
+    shape = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
+    annotations[TEMPLATE_HASH_ANNOTATION] = shape
+    return template
 
 
 def deployment(

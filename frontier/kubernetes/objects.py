@@ -23,6 +23,9 @@ from frontier.contracts import (
 from frontier.errors import FrontierError
 
 CONFIG_FILE = "runtime.yaml"
+# On the pod template: a hash of the template itself, so a deploy of the release that runs still
+# rolls when the stack changed the pod's shape (probes, volumes, placement) but not the release.
+TEMPLATE_HASH_ANNOTATION = "frontier.dev/pod-template-hash"
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from frontier.config.schema import Settings
 from frontier.contracts import K8S_RELEASE_ANNOTATION
 from frontier.errors import FrontierError
 from frontier.kubernetes import manifests as m
+from frontier.kubernetes.objects import TEMPLATE_HASH_ANNOTATION
 from frontier.release.release import Release
 from frontier.rollout.gate import judge, read_gate
 from frontier.rollout.rolling import Event, HostResult, Reporter, RolloutResult
@@ -135,6 +136,12 @@ class KubernetesRollout:
             if exc.status != 409:  # immutable and named by content: one that exists is this one
                 raise
             return f"{manifest.name} exists"
+
+    def _same_shape(self, live: dict[str, Any], release: Release) -> bool:
+        """The live pod template is the one this stack renders for ``release`` (by its hash)."""
+        key = TEMPLATE_HASH_ANNOTATION
+        running = (live["spec"]["template"]["metadata"].get("annotations") or {}).get(key)
+        return running == self._template(release, "stable")["metadata"]["annotations"][key]
 
     def _template(self, release: Release, track: str) -> dict[str, Any]:
         return m.pod_template(
@@ -261,7 +268,7 @@ class KubernetesRollout:
                 self.current_release()  # raises, naming what to do
             assert live is not None
             stable.from_release = canary.from_release = self.current_release()
-            if stable.from_release == release.id:
+            if stable.from_release == release.id and self._same_shape(live, release):
                 self.wait_available(self.name, timeout)
                 stable.outcome = canary.outcome = "skipped"
                 self.report(Event(stable.name, "check", "info", f"already runs {release.id}"))

@@ -249,6 +249,21 @@ def test_deploying_the_release_that_runs_changes_nothing(env, cluster, settings)
     assert _writes(cluster) == []
 
 
+def test_a_changed_pod_shape_rolls_even_when_the_release_is_the_same(settings, cluster, s3, clock):
+    """The release names the digest and runtime.yaml; a pod-only change (here /dev/shm) rolls too."""
+    backend = KubernetesBackend(settings, clock=clock)
+    env = Environment(settings, backend.history_store(), None, [], backend.connect, roll=backend.roll)
+    first = deploy(env, GOOD_B)
+    bigger = settings.kubernetes.model_copy(update={"shm_gb": 128})
+    changed = settings.model_copy(update={"kubernetes": bigger})
+    backend = KubernetesBackend(changed, clock=clock)
+    env = Environment(changed, backend.history_store(), None, [], backend.connect, roll=backend.roll)
+    again = deploy(env, GOOD_B)
+    assert again.release == first.release and [h.outcome for h in again.hosts] == ["updated", "updated"]
+    volumes = {v["name"]: v for v in _stable(cluster, settings)["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["sizeLimit"] == "128Gi"
+
+
 def test_a_missing_deployment_says_to_provision_first(env, cluster, settings):
     cluster.cluster.deployments.clear()
     with pytest.raises(RolloutFailed, match="does not exist: provision the stack first"):
