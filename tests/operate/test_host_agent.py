@@ -21,9 +21,11 @@ from pathlib import Path
 import pytest
 
 from frontier.config.load import load_stack
+from frontier.config.schema import Host
 from frontier.contracts import UNIT_NAME
 from frontier.fleet import agent
 from frontier.fleet.agent import Agent, AgentConfig, terminate_then_kill
+from frontier.local import cluster as local_cluster
 from frontier.local import services
 from frontier.release.artifact import Artifact
 from frontier.release.release import MANIFEST, Release
@@ -372,6 +374,23 @@ def test_a_supervisor_whose_record_is_gone_stops_its_runtime_and_exits(host, con
     wait_for(lambda: not services.pid_alive(started["supervisor"]), timeout=10)
     assert not services.pid_alive(started["pid"])
     assert history(host)[-1]["event"] == "stop" and history(host)[-1]["outcome"] == "terminated"
+
+
+def test_local_down_stops_supervisors_first_and_clears_the_slot(host, config):
+    """The local stack's `down` path: the supervisor stops its runtime; nothing is restarted."""
+    r = staged(host, release(config, 1))
+    host.activate(r.id)
+    started = host.start()
+    host.wait_ready(30)
+
+    report = local_cluster._stop_runtimes((Host(name="host-t", address="127.0.0.1", root=str(host.root)),))
+
+    assert {c.name: c.detail for c in report} == {
+        "host-t supervisor": f"pid {started['supervisor']} (terminated)",
+        "host-t runtime": f"pid {started['pid']} (stopped by its supervisor)",
+    }
+    assert not services.pid_alive(started["pid"]) and not list(host.run_dir.iterdir())
+    assert [e["event"] for e in history(host)] == ["start", "stop"]
 
 
 def test_on_a_systemd_host_the_watchdog_restarts_a_unit_that_fails_liveness(tmp_path, config):
