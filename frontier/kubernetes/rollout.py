@@ -27,6 +27,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from frontier.config.schema import Settings
 from frontier.contracts import K8S_RELEASE_ANNOTATION
@@ -38,6 +39,11 @@ from frontier.rollout.gate import judge, read_gate
 from frontier.rollout.rolling import Event, HostResult, Reporter, RolloutResult
 
 CONFIG_FILE = m.CONFIG_FILE
+
+
+# Every API call: the raw JSON (plain dicts, like the manifests), and never a hang on a dead server.
+REQUEST_TIMEOUT_S = 30
+CALL: dict[str, Any] = {"_preload_content": False, "_request_timeout": REQUEST_TIMEOUT_S}
 
 
 class KubernetesRolloutError(FrontierError):
@@ -80,9 +86,7 @@ def _json(response: Any) -> dict[str, Any]:
 def list_pods(api: ApiClient, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
     """Pods matching ``labels``, as the API server returns them (plain dicts)."""
     selector = ",".join(f"{k}={v}" for k, v in labels.items())
-    listed = _json(
-        CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
-    )
+    listed = _json(CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector, **CALL))
     return list(listed.get("items", []))
 
 
@@ -111,7 +115,7 @@ class KubernetesRollout:
 
     def deployment(self, name: str) -> dict[str, Any] | None:
         try:
-            return _json(self.apps.read_namespaced_deployment(name, self.namespace, _preload_content=False))
+            return _json(self.apps.read_namespaced_deployment(name, self.namespace, **CALL))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -130,7 +134,7 @@ class KubernetesRollout:
     def _ensure_config(self, release: Release) -> str:
         manifest = m.config_map(self.settings, release.files[CONFIG_FILE])
         try:
-            self.core.create_namespaced_config_map(self.namespace, manifest.to_dict(), _preload_content=False)
+            self.core.create_namespaced_config_map(self.namespace, manifest.to_dict(), **CALL)
             return f"created {manifest.name}"
         except ApiException as exc:
             if exc.status != 409:  # immutable and named by content: one that exists is this one
@@ -150,7 +154,7 @@ class KubernetesRollout:
 
     def _replace_template(self, template: dict[str, Any]) -> None:
         patch = [{"op": "replace", "path": "/spec/template", "value": template}]
-        self.apps.patch_namespaced_deployment(self.name, self.namespace, patch, _preload_content=False)
+        self.apps.patch_namespaced_deployment(self.name, self.namespace, patch, **CALL)
 
     def prune_configs(self, in_use: str) -> str:
         """Delete the release ConfigMaps beyond ``rollout.keep_releases`` (newest kept; never ``in_use``).
@@ -158,11 +162,7 @@ class KubernetesRollout:
         As many as the Deployment keeps revisions of, so a previous revision still finds its config.
         """
         selector = ",".join(f"{k}={v}" for k, v in m.selector(self.settings).items())
-        listed = _json(
-            self.core.list_namespaced_config_map(
-                self.namespace, label_selector=selector, _preload_content=False
-            )
-        )
+        listed = _json(self.core.list_namespaced_config_map(self.namespace, label_selector=selector, **CALL))
         newest_first = sorted(
             listed.get("items", []), key=lambda c: c["metadata"].get("creationTimestamp", ""), reverse=True
         )
@@ -174,13 +174,13 @@ class KubernetesRollout:
             if len(kept) < self.settings.rollout.keep_releases:
                 kept.add(name)
                 continue
-            self.core.delete_namespaced_config_map(name, self.namespace, _preload_content=False)
+            self.core.delete_namespaced_config_map(name, self.namespace, **CALL)
             deleted.append(name)
         return " ".join(deleted) or "nothing to prune"
 
     def _delete_canary(self) -> str:
         try:
-            self.apps.delete_namespaced_deployment(self.canary, self.namespace, _preload_content=False)
+            self.apps.delete_namespaced_deployment(self.canary, self.namespace, **CALL)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -231,7 +231,7 @@ class KubernetesRollout:
 
     def metrics(self, pod: str) -> str:
         response = self.core.connect_get_namespaced_pod_proxy_with_path(
-            f"{pod}:{self.settings.runtime.port}", self.namespace, "metrics", _preload_content=False
+            f"{pod}:{self.settings.runtime.port}", self.namespace, "metrics", **CALL
         )
         return response.data.decode()
 
@@ -293,7 +293,7 @@ class KubernetesRollout:
             if canary.outcome == "pending":
                 canary.outcome = "updated"  # it served the release through its gate, then made way
             # An old ConfigMap left behind is not worth failing a good rollout for.
-            with contextlib.suppress(ApiException):
+            with contextlib.suppress(ApiException, HTTPError):
                 in_use = m.config_map_name(self.settings, release.files[CONFIG_FILE])
                 steps.phase("prune", lambda: self.prune_configs(in_use))
         except (Exception, KeyboardInterrupt) as exc:
@@ -317,7 +317,7 @@ class KubernetesRollout:
 
         def create() -> str:
             self._delete_canary()  # a canary left by an interrupted rollout is not this release's
-            self.apps.create_namespaced_deployment(self.namespace, manifest.to_dict(), _preload_content=False)
+            self.apps.create_namespaced_deployment(self.namespace, manifest.to_dict(), **CALL)
             return f"{manifest.name}: {self.settings.rollout.canary_hosts} replica(s)"
 
         step.phase("canary", create)

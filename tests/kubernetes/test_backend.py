@@ -357,3 +357,13 @@ def test_config_maps_beyond_keep_releases_are_pruned_never_the_one_in_use(settin
     assert sorted(cluster.cluster.config_maps) == sorted(names[-2:])
     volume = _stable(cluster, settings)["spec"]["template"]["spec"]["volumes"][0]
     assert volume["configMap"]["name"] == names[-1]
+
+
+def test_an_unreachable_api_server_fails_the_deploy_with_the_reason_recorded(env, cluster, s3):
+    cluster.httpd.shutdown()
+    cluster.httpd.server_close()
+    with pytest.raises(RolloutFailed) as err:
+        deploy(env, GOOD_B)
+    assert "Connection refused" in err.value.result.reason or "MaxRetryError" in err.value.result.reason
+    (record,) = HistoryStore(s3, BUCKET, "eks-prod", "history/eks-prod/").records()
+    assert record["reason"] == err.value.result.reason
