@@ -204,7 +204,11 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs:
     workloads = Workloads(
         f"{stack}-runtime",
         WorkloadsArgs(
-            settings=settings, kubeconfig=kubeconfig, context=context, role_arn=runtime.runtime_role_arn
+            settings=settings,
+            kubeconfig=kubeconfig,
+            context=context,
+            role_arn=runtime.runtime_role_arn,
+            access_logs_bucket=storage.logs_bucket,
         ),
     )
     return KubernetesOutputs(

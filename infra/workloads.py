@@ -13,6 +13,7 @@ ConfigMaps are named by content and kept when replaced, so a previous revision c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ import pulumi_kubernetes as k8s
 from frontier.config.schema import Settings
 from frontier.contracts import PLACEHOLDER_DIGEST
 from frontier.kubernetes.manifests import Manifest, Workload, render_workload
+from infra.storage import LB_LOG_PREFIX
 
 KINDS: Mapping[tuple[str, str], Any] = {
     ("v1", "Namespace"): k8s.core.v1.Namespace,
@@ -42,6 +44,7 @@ ARGUMENTS = {
     "automountServiceAccountToken": "automount_service_account_token",
 }
 SKIP_AWAIT = "pulumi.com/skipAwait"
+LB_ATTRIBUTES = "alb.ingress.kubernetes.io/load-balancer-attributes"
 # What `fab deploy` and KEDA change on a live Deployment.
 RELEASE_FIELDS = ["spec.template", "spec.replicas"]
 
@@ -53,12 +56,27 @@ class WorkloadsArgs:
     kubeconfig: pulumi.Input[str]
     context: str | None = None
     role_arn: pulumi.Input[str] | None = None
+    #: The stack's access-log bucket: an ALB made by the load balancer controller logs there too.
+    access_logs_bucket: pulumi.Input[str] | None = None
 
 
 def release_digest(settings: Settings) -> str:
     """The image the first Deployment names: ``kubernetes.image`` where set, else the placeholder."""
     k = settings.kubernetes
     return k.image.partition("@")[2] if k is not None and k.image else PLACEHOLDER_DIGEST
+
+
+def with_access_logs(ingress: Manifest, bucket: pulumi.Input[str]) -> Manifest:
+    """The ALB's attributes plus access logs to the stack's bucket (a name known only to Pulumi)."""
+    if LB_ATTRIBUTES not in ingress.annotations:  # an ingress class of the cluster's own: not an ALB
+        return ingress
+    attributes = pulumi.Output.concat(
+        ingress.annotations[LB_ATTRIBUTES],
+        ",access_logs.s3.enabled=true,access_logs.s3.bucket=",
+        bucket,
+        f",access_logs.s3.prefix={LB_LOG_PREFIX}",
+    )
+    return dataclasses.replace(ingress, annotations={**ingress.annotations, LB_ATTRIBUTES: attributes})
 
 
 def resource_for(name: str, manifest: Manifest, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
@@ -103,6 +121,8 @@ class Workloads(pulumi.ComponentResource):
         inside = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace])
         self.resources = {"Namespace": [namespace]}
         for manifest in workload.all()[1:]:
+            if manifest.kind == "Ingress" and args.access_logs_bucket is not None:
+                manifest = with_access_logs(manifest, args.access_logs_bucket)
             resource = resource_for(f"{name}-{manifest.kind.lower()}-{manifest.name}", manifest, inside)
             self.resources.setdefault(manifest.kind, []).append(resource)
         self.deployment_name, self.namespace = workload.deployment.name, workload.namespace.name

@@ -21,7 +21,7 @@ from frontier.config.schema import Settings
 from frontier.kubernetes import manifests as m
 from frontier.kubernetes.network import control_plane_subnets, public_range
 from frontier.render.files import render_runtime_config
-from infra.workloads import SKIP_AWAIT, release_digest
+from infra.workloads import LB_ATTRIBUTES, SKIP_AWAIT, release_digest
 
 EXISTING = {
     "mode": "existing",
@@ -217,6 +217,10 @@ def test_every_rendered_object_is_a_typed_resource_with_the_rendered_properties(
         assert resource.type == f"kubernetes:{group_version}:{manifest.kind}"
         expected = manifest.to_dict()
         metadata = _plain(resource.inputs["metadata"])
+        if manifest.kind == "Ingress":  # Pulumi adds the access-log bucket it made (see below)
+            attributes = metadata["annotations"][LB_ATTRIBUTES]
+            assert attributes.startswith(manifest.annotations[LB_ATTRIBUTES] + ",access_logs.s3.enabled=true")
+            metadata["annotations"][LB_ATTRIBUTES] = manifest.annotations[LB_ATTRIBUTES]
         if manifest.kind == "Deployment":
             assert metadata["annotations"].pop(SKIP_AWAIT) == "true"
             if not metadata["annotations"]:
@@ -327,3 +331,19 @@ def test_the_entry_point_exports_what_fab_reads_for_a_kubernetes_stack():
     for key in ("history_bucket", "history_prefix", "endpoint", "namespace", "deployment", "cluster_name"):
         assert graph.outputs[key], key
     assert "target_group_arn" not in graph.outputs  # nothing of the EC2 edge on this target
+
+
+def test_the_alb_logs_to_the_stacks_access_log_bucket(eks):
+    ingress = next(r for r in eks.resources if r.type == "kubernetes:networking.k8s.io/v1:Ingress")
+    bucket = next(
+        b
+        for b in eks.of_type("aws:s3/bucket:Bucket")
+        if b.inputs["tags"]["frontier:purpose"] == "access-logs"
+    )
+    attributes = dict(
+        a.split("=", 1) for a in ingress.inputs["metadata"]["annotations"][LB_ATTRIBUTES].split(",")
+    )
+    assert attributes["access_logs.s3.enabled"] == "true"
+    assert attributes["access_logs.s3.bucket"] == bucket.outputs["bucket"]
+    assert attributes["access_logs.s3.prefix"] == "alb"
+    assert attributes["idle_timeout.timeout_seconds"] == str(eks.settings.edge.idle_timeout_s)
