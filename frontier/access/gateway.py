@@ -10,7 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets as token_source
+import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -18,17 +21,28 @@ from frontier_gateway.config import GatewayConfig, parse_config
 
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
+from frontier.project import root
 
 
 def gateway_document(
-    settings: Settings, replicas: Mapping[str, list[str]], *, metering_uri: str | None = None
+    settings: Settings, replicas: Mapping[str, list[str]] | None, *, metering_uri: str | None = None
 ) -> dict:
-    """``gateway.yaml`` as data; ``replicas``: base URLs of each model's runtimes."""
+    """``gateway.yaml`` as data; ``replicas``: base URLs of each model's runtimes, or None to find
+    them on EC2 by their tags (each pool's node group)."""
     gw = settings.gateway
     if gw is None:
         raise FrontierError(f"stack {settings.stack!r} has no 'frontier:gateway' section")
-    models = []
+    models: list[dict[str, Any]] = []
     for pool in settings.pools:
+        if replicas is None:
+            discovery = {
+                "stack": settings.stack,
+                "node_group": settings.pool_group(pool).name,
+                "port": pool.runtime.port,
+                "region": settings.region,
+            }
+            models.append({"name": pool.name, "discovery": discovery})
+            continue
         urls = list(replicas.get(pool.name) or ())
         if not urls:
             raise FrontierError(f"model {pool.name!r} of stack {settings.stack!r} has no replica address")
@@ -63,7 +77,7 @@ def gateway_document(
     }
 
 
-def render_gateway_config(settings: Settings, replicas: Mapping[str, list[str]], **kwargs: Any) -> str:
+def render_gateway_config(settings: Settings, replicas: Mapping[str, list[str]] | None, **kwargs: Any) -> str:
     """The file, checked by the gateway's own model first."""
     text = yaml.safe_dump(gateway_document(settings, replicas, **kwargs), sort_keys=False)
     parse_config(text, source=f"gateway.yaml of stack {settings.stack}")
@@ -88,3 +102,23 @@ def new_tenant_key() -> tuple[str, str]:
 
 def parse(text: str) -> GatewayConfig:
     return parse_config(text)
+
+
+def build_gateway_wheel(out_dir: Path) -> Path:
+    """The gateway's wheel, built from ``gateway/`` (what its hosts install)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+    done = subprocess.run(
+        [*command, "-w", str(out_dir), str(root() / "gateway")], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise FrontierError(f"building the gateway wheel failed:\n{(done.stderr or done.stdout)[-2000:]}")
+    return max(out_dir.glob("frontier_gateway-*.whl"), key=lambda p: p.stat().st_mtime)
+
+
+def publish(s3: Any, bucket: str, prefix: str, config_text: str, wheel: Path) -> list[str]:
+    """Upload what gateway hosts boot from: ``<prefix>gateway/gateway.yaml`` and the wheel."""
+    base = f"{prefix.rstrip('/')}/gateway/"
+    s3.put_object(Bucket=bucket, Key=base + "gateway.yaml", Body=config_text.encode())
+    s3.upload_file(str(wheel), bucket, base + wheel.name)
+    return [f"s3://{bucket}/{base}gateway.yaml", f"s3://{bucket}/{base}{wheel.name}"]

@@ -122,6 +122,25 @@ def batch(c, stack=None, model=None, input=None, output=None, url=None, concurre
         raise Exit(code=1)
 
 
+@task(name="publish", help={"stack": STACK})
+@reports_errors
+def gateway_publish(c, stack=None):
+    """Upload gateway.yaml (replicas found on EC2 by tag) and the gateway wheel for its hosts to boot from."""
+    import tempfile
+
+    from frontier.access import gateway as gateway_files
+
+    settings = settings_for(stack)
+    text = gateway_files.render_gateway_config(settings, None)
+    store = backend_for(settings).history_store()
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = gateway_files.build_gateway_wheel(Path(tmp))
+        uris = gateway_files.publish(store.s3, store.bucket, store.artifacts_prefix, text, wheel)
+    for uri in uris:
+        print(f"published {uri}")
+
+
 def register(namespace: Collection) -> None:
     namespace.add_task(usage)
     namespace.add_task(batch)
+    namespace.add_collection(Collection("gateway", gateway_publish))

@@ -439,6 +439,18 @@ def pool_problems(s: Settings) -> Iterator[Problem]:
             )
         if i:
             yield from _pool_rules(s, i, pool)
+    if len(s.pools) > 1 and s.local is None:
+        # Outside the local stack the gateway finds a pool's hosts by their node group's tag.
+        seen_groups: dict[str, str] = {}
+        for i, pool in enumerate(s.pools):
+            group = s.pool_group(pool).name
+            if group in seen_groups:
+                yield Problem(
+                    f"models[{i}].node_group",
+                    pool.node_group or group,
+                    f"already runs model {seen_groups[group]!r}: each pool needs its own node group",
+                )
+            seen_groups.setdefault(group, pool.name)
     if len(s.pools) > 1 and s.gateway is None:
         yield Problem(
             "gateway", None, f"{len(s.pools)} models need a 'frontier:gateway' section to route by model"

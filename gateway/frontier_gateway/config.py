@@ -22,11 +22,28 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Ec2Discovery(_Strict):
+    """Runtime hosts found by their tags: running instances of one stack's node group."""
+
+    stack: str = Field(min_length=1)
+    node_group: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    region: str = Field(min_length=1)
+    interval_s: float = Field(default=15.0, gt=0, le=3600)
+
+
 class PoolConfig(_Strict):
-    """One model and the runtimes that serve it."""
+    """One model and the runtimes that serve it: fixed base URLs, or found on EC2."""
 
     name: str = Field(min_length=1, max_length=512)
-    replicas: tuple[str, ...] = Field(min_length=1, description="Base URLs, e.g. http://10.0.1.7:8000.")
+    replicas: tuple[str, ...] = Field(default=(), description="Base URLs, e.g. http://10.0.1.7:8000.")
+    discovery: Ec2Discovery | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PoolConfig:
+        if bool(self.replicas) == (self.discovery is not None):
+            raise ValueError(f"model {self.name!r}: give either replicas (base URLs) or discovery, not both")
+        return self
 
     @field_validator("replicas")
     @classmethod

@@ -22,6 +22,12 @@ INTERACTIVE = "interactive"
 BATCH = "batch"
 PRIORITY_CLASSES = (INTERACTIVE, BATCH)
 
+# --- EC2 discovery: the toolkit's tags on runtime hosts (frontier.contracts; a test keeps them equal)
+STACK_TAG = "frontier:stack"
+NODE_GROUP_TAG = "frontier:node-group"
+ROLE_TAG = "frontier:role"
+RUNTIME_ROLE = "runtime"
+
 # --- headers -------------------------------------------------------------------------------------
 SESSION_HEADER = "x-session-id"  # the default affinity header
 REQUEST_ID_HEADER = "x-request-id"

@@ -45,6 +45,11 @@ class Pool:
         self.max_imbalance = max_imbalance
         self._turn = itertools.count()
 
+    def set_urls(self, urls: Iterable[str]) -> None:
+        """The replicas a discovery found: known ones keep their state, new ones wait for a probe."""
+        known = {r.url: r for r in self.replicas}
+        self.replicas = [known.get(url) or Replica(url) for url in dict.fromkeys(urls)]
+
     @property
     def ready_count(self) -> int:
         return sum(r.ready for r in self.replicas)

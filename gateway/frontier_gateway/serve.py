@@ -13,7 +13,8 @@ import httpx
 import uvicorn
 
 from frontier_gateway.app import Gateway, create_app
-from frontier_gateway.config import GatewayConfig
+from frontier_gateway.config import Ec2Discovery, GatewayConfig
+from frontier_gateway.discovery import discover, follow
 from frontier_gateway.metering import flush_forever, open_sink
 from frontier_gateway.metrics import Metrics
 from frontier_gateway.pools import Pools
@@ -43,6 +44,12 @@ def build_gateway(config: GatewayConfig, *, secrets_client: Any | None = None) -
     )
 
 
+def ec2_client(spec: Ec2Discovery) -> Any:
+    import boto3
+
+    return boto3.client("ec2", region_name=spec.region)
+
+
 def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
     config = gateway.config
 
@@ -52,9 +59,24 @@ def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
         timeout = httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
             gateway.start(client)
+            for pool_config in config.models:
+                if pool_config.discovery is not None:
+                    pool = gateway.pools.by_model[pool_config.name]
+                    pool.set_urls(
+                        await asyncio.to_thread(
+                            discover, ec2_client(pool_config.discovery), pool_config.discovery
+                        )
+                    )
             # One probe round before taking traffic, so readiness is true from the start when it can be.
             await gateway.pools.probe_once(client, config.probe)
             tasks = [
+                asyncio.create_task(
+                    follow(gateway.pools.by_model[p.name], p.discovery, ec2_client(p.discovery))
+                )
+                for p in config.models
+                if p.discovery is not None
+            ]
+            tasks += [
                 asyncio.create_task(gateway.pools.probe_forever(client, config.probe)),
                 asyncio.create_task(flush_forever(gateway.sink, config.metering.flush_s)),
             ]

@@ -1,0 +1,134 @@
+"""EC2 discovery of a pool's runtimes, against moto's server (no AWS account here)."""
+
+from __future__ import annotations
+
+import logging
+
+import boto3
+import pytest
+from frontier_gateway import contracts
+from frontier_gateway.config import Ec2Discovery, PoolConfig
+from frontier_gateway.discovery import discover
+from frontier_gateway.pools import Pool
+from moto.server import ThreadedMotoServer
+from pydantic import ValidationError
+
+import frontier.contracts as toolkit
+
+
+@pytest.fixture
+def ec2():
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield boto3.client("ec2", region_name="us-east-1", endpoint_url=f"http://{host}:{port}")
+    server.stop()
+
+
+def _launch(ec2, stack: str, group: str, count: int = 1) -> list[str]:
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    tags = {
+        contracts.STACK_TAG: stack,
+        contracts.NODE_GROUP_TAG: group,
+        contracts.ROLE_TAG: contracts.RUNTIME_ROLE,
+    }
+    reply = ec2.run_instances(
+        ImageId=image,
+        MinCount=count,
+        MaxCount=count,
+        InstanceType="g5.xlarge",
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+        ],
+    )
+    return [i["InstanceId"] for i in reply["Instances"]]
+
+
+def test_discovery_finds_the_running_hosts_of_one_pool_only(ec2) -> None:
+    mine = _launch(ec2, "prod", "h100", count=2)
+    _launch(ec2, "prod", "l40s")  # another pool's group
+    _launch(ec2, "staging", "h100")  # another stack
+    spec = Ec2Discovery(stack="prod", node_group="h100", port=8000, region="us-east-1")
+    found = discover(ec2, spec)
+    addresses = {
+        i["PrivateIpAddress"]
+        for r in ec2.describe_instances(InstanceIds=mine)["Reservations"]
+        for i in r["Instances"]
+    }
+    assert found == sorted(f"http://{a}:8000" for a in addresses)
+    ec2.terminate_instances(InstanceIds=mine[:1])
+    assert len(discover(ec2, spec)) == 1
+
+
+def test_a_pool_keeps_what_it_knew_of_a_replica_across_discoveries() -> None:
+    pool = Pool("m", ["http://10.0.0.1:8000"])
+    pool.replicas[0].ready = True
+    pool.set_urls(["http://10.0.0.2:8000", "http://10.0.0.1:8000"])
+    assert [(r.url, r.ready) for r in pool.replicas] == [
+        ("http://10.0.0.2:8000", False),
+        ("http://10.0.0.1:8000", True),
+    ]
+
+
+def test_a_pool_names_replicas_or_discovery_and_the_tags_are_the_toolkits() -> None:
+    with pytest.raises(ValidationError, match="either replicas"):
+        PoolConfig(name="m")
+    assert (contracts.STACK_TAG, contracts.NODE_GROUP_TAG, contracts.ROLE_TAG, contracts.RUNTIME_ROLE) == (
+        toolkit.STACK_TAG,
+        toolkit.NODE_GROUP_TAG,
+        toolkit.ROLE_TAG,
+        toolkit.RUNTIME_ROLE,
+    )
+
+
+def test_gateway_publish_uploads_a_config_that_finds_replicas_by_tag_and_the_wheel(tmp_path) -> None:
+    import yaml as yaml_lib
+    from frontier_gateway.config import parse_config
+
+    from frontier import project
+    from frontier.access.gateway import build_gateway_wheel, publish, render_gateway_config
+    from frontier.config.load import load_stack
+
+    document = yaml_lib.safe_load((project.root() / "stacks" / "Pulumi.dev.yaml").read_text())
+    config = document["config"]
+    config["frontier:gateway"] = {
+        "metering_uri": "s3://metering-bucket/metering",
+        "ami_id": "ami-0123456789abcdef0",
+    }
+    config["frontier:tenants"] = [
+        {
+            "name": "acme",
+            "api_key_secret": "frontier/dev/tenants/acme",
+            "models": [config["frontier:model"]["name"]],
+            "requests_per_minute": 60,
+            "tokens_per_minute": 10000,
+            "max_concurrent_requests": 4,
+            "priority": "interactive",
+        }
+    ]
+    path = tmp_path / "Pulumi.dev.yaml"
+    path.write_text(yaml_lib.safe_dump(document, sort_keys=False))
+    settings = load_stack("dev", path=path)
+    text = render_gateway_config(settings, None)
+    [pool] = parse_config(text).models
+    assert pool.discovery == Ec2Discovery(
+        stack="dev",
+        node_group=settings.serving_group.name,
+        port=settings.runtime.port,
+        region=settings.region,
+    )
+    wheel = build_gateway_wheel(tmp_path / "dist")
+    assert wheel.name.startswith("frontier_gateway-0.1.0-")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=f"http://{host}:{port}")
+        s3.create_bucket(Bucket="history")
+        uris = publish(s3, "history", "history/dev/", text, wheel)
+        keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="history")["Contents"])
+    finally:
+        server.stop()
+    assert keys == sorted(["history/dev/gateway/gateway.yaml", f"history/dev/gateway/{wheel.name}"])
+    assert uris[0] == "s3://history/history/dev/gateway/gateway.yaml"
