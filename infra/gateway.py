@@ -4,8 +4,9 @@
   group, whose health check probes the gateway's readiness (ready while every model has a ready
   replica).
 - Runtime hosts take their port from the gateway's security group only.
-- The gateway's role reads its tenants' key digests and the runtimes' key (Secrets Manager, KMS)
-  and writes metering records under its S3 prefix; nothing else.
+- The gateway's role reads its tenants' key digests and the runtimes' key (Secrets Manager, KMS),
+  lists instances (it finds each pool's runtimes by their tags) and writes metering records under
+  its S3 prefix; nothing else.
 """
 
 from __future__ import annotations
@@ -159,6 +160,14 @@ class GatewayNodes(pulumi.ComponentResource):
                                 "Effect": "Allow",
                                 "Action": "kms:Decrypt",
                                 "Resource": key,
+                            },
+                            {
+                                # Replicas are found by their tags; DescribeInstances has no
+                                # resource-level permissions.
+                                "Sid": "DiscoverRuntimes",
+                                "Effect": "Allow",
+                                "Action": "ec2:DescribeInstances",
+                                "Resource": "*",
                             },
                             {
                                 "Sid": "WriteMetering",

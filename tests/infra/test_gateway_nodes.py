@@ -88,7 +88,8 @@ def test_runtimes_take_their_port_from_the_gateway_only(gated) -> None:
 def test_the_gateway_reads_digests_and_writes_metering_only(gated) -> None:
     policy = json.loads(gated.one("aws:iam/rolePolicy:RolePolicy", "dev-gateway-policy").inputs["policy"])
     by_sid = {s["Sid"]: s for s in policy["Statement"]}
-    assert set(by_sid) == {"ReadKeyDigests", "DecryptSecrets", "WriteMetering"}
+    assert set(by_sid) == {"ReadKeyDigests", "DecryptSecrets", "DiscoverRuntimes", "WriteMetering"}
+    assert by_sid["DiscoverRuntimes"]["Action"] == "ec2:DescribeInstances"
     assert any("secret:frontier/dev/tenants/acme-*" in arn for arn in by_sid["ReadKeyDigests"]["Resource"])
     assert (
         by_sid["WriteMetering"]["Resource"]
