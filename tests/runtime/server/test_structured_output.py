@@ -270,3 +270,22 @@ def test_an_output_that_fails_its_check_is_logged_raw_and_counted(
         assert "not valid JSON" in records[0].problem
         metrics = httpx.get(f"{srv.url}/metrics").text
         assert 'frontier_request_failures_total{reason="structured_output_invalid"} 1.0' in metrics
+
+
+def test_a_large_schema_is_compiled_off_the_event_loop_and_still_checked(client: openai.OpenAI) -> None:
+    properties = {f"field_{i}": {"enum": ["on", "off"]} for i in range(120)}
+    good = {
+        "type": "object",
+        "properties": properties,
+        "required": ["field_0"],
+        "additionalProperties": False,
+    }
+    assert len(json.dumps(good)) > 4096
+    rf = {"type": "json_schema", "json_schema": {"name": "big", "schema": good}}
+    text, reason = _chat(client, 0, response_format=rf)
+    if reason == "stop":
+        jsonschema.validate(json.loads(text), good)
+    bad = {**good, "properties": {**properties, "broken": {"type": "strin"}}}
+    rf = {"type": "json_schema", "json_schema": {"name": "big", "schema": bad}}
+    with pytest.raises(openai.BadRequestError, match="strin"):
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, response_format=rf)
