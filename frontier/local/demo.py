@@ -18,8 +18,9 @@
 10. two models behind the gateway: the stack file as two pools (the tiny model on every slot but
     the last, a smaller model of another shape on the last), each rolled with ``deploy --model``,
     the gateway started in front with two tenants — ``acme`` (interactive, both models) streams
-    chats to each model, ``nightly`` (batch, the small model only) is refused the other model
-    (404) and runs a 16-line batch job — then the gateway's metering summed per tenant and model;
+    chats to each model, ``nightly`` (batch, the small model only) streams four of its own, is
+    refused the other model (404) and runs a 16-line batch job — then the gateway's metering
+    summed per tenant and model;
 11. a closing table and the usage table, then exactly one last line:
     ``demo: sent=<n> failed=<n> deploy_s=<s> rollback_s=<s>``.
 
@@ -402,6 +403,15 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
     for model in (settings.model.name, dm.SMALL_MODEL):
         phases.append(Phase(f"gateway: acme on {model}", dm.gateway_requests(url, acme, model, 8)))
         tally.add(phases[-1].samples)
+    # nightly's class is batch (served on capacity interactive work leaves free); 4 at once is
+    # its max_concurrent_requests.
+    phases.append(
+        Phase(
+            f"gateway: nightly (batch) on {dm.SMALL_MODEL}",
+            dm.gateway_requests(url, nightly, dm.SMALL_MODEL, 4),
+        )
+    )
+    tally.add(phases[-1].samples)
     status = dm.refused(url, nightly, settings.model.name)
     console.print(f"  nightly asking for {settings.model.name} (not its model): HTTP {status}")
     if status != 404:
