@@ -55,7 +55,9 @@ def _fab(*args: str, stack_dir: Path, **env: str) -> subprocess.CompletedProcess
     return subprocess.run([FAB, *args], capture_output=True, text=True, env=full_env, timeout=120)
 
 
-def test_usage_sums_records_per_tenant_and_model_with_cost(stack_dir: Path, tmp_path: Path, monkeypatch) -> None:
+def test_usage_sums_records_per_tenant_and_model_with_cost(
+    stack_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
     monkeypatch.setenv("FRONTIER_STACKS_DIR", str(stack_dir))  # the same stack (and no baseline) as fab's
     lines = [
         _record("acme", "tiny-llama", 10, 20),
