@@ -299,6 +299,13 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[Problem]:
             [],
             "an ALB in an existing cluster's VPC needs the CIDRs of the subnets it lives in",
         )
+    if len(s.pools) > 1:
+        yield Problem(
+            "models",
+            [pool.name for pool in s.pools],
+            "a kubernetes stack serves one model (one Deployment behind its Ingress); the gateway that "
+            "routes between model pools runs on the ec2 and local targets only: one stack per model",
+        )
     groups = {group.name: group for group in s.node_groups}
     gpus = s.runtime.tensor_parallel_size * s.runtime.pipeline_parallel_size
     names: list[str] = []

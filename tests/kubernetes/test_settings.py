@@ -152,3 +152,14 @@ def test_an_existing_cluster_needs_kubeconfig_context_and_a_role(k8s_stack):
         }
     )
     assert load_stack("eks-prod", path=ok).kubernetes.cluster.context == "prod"
+
+
+def test_a_kubernetes_stack_of_several_models_is_refused(k8s_stack, eks_prod):
+    second = {
+        "model": {**eks_prod.model.model_dump(), "name": "llama-3.1-8b-instruct"},
+        "runtime": eks_prod.runtime.model_dump(),
+    }
+    first = {"model": eks_prod.model.model_dump(), "runtime": eks_prod.runtime.model_dump()}
+    path = k8s_stack({"models": [first, second]})
+    line = _refused(path, "models")
+    assert "llama-3.1-8b-instruct" in line and "one model" in line
