@@ -306,6 +306,13 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[Problem]:
             "a kubernetes stack serves one model (one Deployment behind its Ingress); the gateway that "
             "routes between model pools runs on the ec2 and local targets only: one stack per model",
         )
+    if s.gateway is not None:
+        yield Problem(
+            "gateway",
+            None,
+            "the gateway runs on the ec2 and local targets only; a kubernetes stack's Ingress reaches its "
+            "runtime directly",
+        )
     groups = {group.name: group for group in s.node_groups}
     gpus = s.runtime.tensor_parallel_size * s.runtime.pipeline_parallel_size
     names: list[str] = []

@@ -163,3 +163,9 @@ def test_a_kubernetes_stack_of_several_models_is_refused(k8s_stack, eks_prod):
     path = k8s_stack({"models": [first, second]})
     line = _refused(path, "models")
     assert "llama-3.1-8b-instruct" in line and "one model" in line
+
+
+def test_a_gateway_on_a_kubernetes_stack_is_refused(k8s_stack):
+    path = k8s_stack({"gateway": {"metering_uri": "s3://frontier-eks-prod-metering/usage"}})
+    with pytest.raises(StackError, match=r"\n  gateway: the gateway runs on the ec2 and local targets only"):
+        load_stack("eks-prod", path=path)
