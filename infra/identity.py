@@ -20,6 +20,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from frontier.contracts import BOOT_RECORDS_PREFIX, HOST_TOOLS_PREFIX
 from frontier.contracts import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 from infra.cloud import Cloud
 from infra.monitoring import LOG_GROUP_ROOT
@@ -50,7 +51,7 @@ SSM_AGENT = [
 ]
 # What a booting host reads under the history prefix: deploy records, releases (with a wheel's
 # artifact where a release runs from one), the host tools.
-BOOT_READS = ("artifacts", "host", "records", "releases")
+BOOT_READS = ("artifacts", HOST_TOOLS_PREFIX.rstrip("/"), "records", "releases")
 # The lifecycle actions a host completes (launch: ready or not; terminate: drained), on its own groups.
 LIFECYCLE_ACTIONS = ["autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat"]
 DEPLOY_SESSION_S = 4 * 3600  # a canary, gates and a drain per batch can take hours on a large group
@@ -120,7 +121,9 @@ def host_boot_statements(args: IdentityArgs) -> list[dict[str, Any]]:
             },
         ),
         _statement(
-            "RecordItsBoot", "s3:PutObject", _objects(args.history_bucket_arn, args.history_prefix + "boots")
+            "RecordItsBoot",
+            "s3:PutObject",
+            _objects(args.history_bucket_arn, args.history_prefix + BOOT_RECORDS_PREFIX.rstrip("/")),
         ),
         _statement(
             "EncryptItsBootRecord",

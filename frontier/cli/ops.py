@@ -50,6 +50,8 @@ def _summary(console, result: RolloutResult) -> None:
     ]
     title = f"{result.kind} {result.release}: {result.outcome} in {result.duration_s:.1f}s"
     console.print(tables.table(title, ("host", "from", "to", "outcome", "out of service", "error"), rows))
+    if result.strategy:
+        console.print(f"capacity: {result.strategy}")
 
 
 def _roll(fn, console) -> None:

@@ -57,6 +57,10 @@ TERMINATING = "Terminating:Wait"
 PUBLISHER_STATE = "publisher.json"
 # The host name the uploaded agent configuration carries until a host fills in its own.
 PLACEHOLDER_HOST = "bootstrap"
+# Under the history prefix; the same as frontier.contracts' (this file imports no Frontier module:
+# tests/operate/test_bootstrap.py checks they agree).
+HOST_TOOLS_PREFIX = "host/"
+BOOT_RECORDS_PREFIX = "boots/"
 
 
 class BootError(Exception):
@@ -283,7 +287,7 @@ def fetch_wheel(aws: Aws, config: NodeConfig, artifact: dict[str, Any], target_d
 def install_agent(aws: Aws, config: NodeConfig, host: str, address: str) -> Path:
     """The agent and its configuration (this host's name and address filled in) under <root>/bin."""
     bin_dir = Path(config.root) / "bin"
-    tools = f"{config.history_prefix}host/{config.node_group}/"
+    tools = f"{config.history_prefix}{HOST_TOOLS_PREFIX}{config.node_group}/"
     # cloud-init fetched them already on EC2; the local stack's slots fetch them here.
     if not (bin_dir / AGENT_NAME).is_file() or not (bin_dir / AGENT_CONFIG).is_file():
         aws.copy_prefix(config.history_bucket, tools, bin_dir)
@@ -331,7 +335,7 @@ def _record(aws: Aws, config: NodeConfig, host: str, outcome: str, release: str,
         "outcome": outcome,
         "reason": reason,
     }
-    key = f"{config.history_prefix}boots/{moment}-{host}.json"
+    key = f"{config.history_prefix}{BOOT_RECORDS_PREFIX}{moment}-{host}.json"
     try:
         aws.put(config.history_bucket, key, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
     except BootError as exc:  # the hook's outcome matters more than its record

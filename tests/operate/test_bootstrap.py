@@ -346,3 +346,12 @@ def test_the_command_hosts_run_publishes_with_the_real_cli(cloud):
         server.shutdown()
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["queue_depth"] == 1
+
+
+def test_the_host_side_names_agree_with_the_contracts():
+    # The bootstrap runs on hosts with the standard library only, so it spells these itself.
+    assert (bootstrap.HOST_TOOLS_PREFIX, bootstrap.BOOT_RECORDS_PREFIX) == (
+        contracts.HOST_TOOLS_PREFIX,
+        contracts.BOOT_RECORDS_PREFIX,
+    )
+    assert bootstrap.AGENT_CONFIG == "frontier-agent.json"
