@@ -142,3 +142,31 @@ def test_the_dashboard_shows_the_stacks_load_balancer_queue_and_hosts(graph):
         {"stat": "Maximum"},
     ] in series
     assert {m[3] for m in series if m[0] == "AWS/AutoScaling"} == set(graph.outputs["asg_names"])
+
+
+def test_the_cloudwatch_agent_ships_host_logs_into_the_log_groups_the_program_creates(graph):
+    group = graph.settings.serving_group.name
+    [config] = [
+        o.inputs["content"]
+        for o in graph.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
+        if o.inputs["key"].endswith(f"/host/{group}/cloudwatch-agent.json")
+    ]
+    shipped = json.loads(config)["logs"]["logs_collected"]["files"]["collect_list"]
+    created = {g.inputs["name"] for g in graph.of_type("aws:cloudwatch/logGroup:LogGroup")}
+    assert (
+        {f["log_group_name"] for f in shipped}
+        == created
+        == {
+            f"/frontier/{graph.stack}/runtime",
+            f"/frontier/{graph.stack}/cloud-init",
+        }
+    )
+    paths = {f["file_path"] for f in shipped}
+    assert "/var/lib/docker/containers/*/*-json.log" in paths  # the runtime container's output
+    assert "/var/log/frontier-bootstrap.log" in paths  # why a host continued or abandoned
+    # The runtime role may write exactly there.
+    policy = json.loads(
+        graph.one("aws:iam/rolePolicy:RolePolicy", f"{graph.stack}-iam-runtime").inputs["policy"]
+    )
+    logs = next(s for s in policy["Statement"] if s["Sid"] == "WriteItsLogs")
+    assert all(f":log-group:/frontier/{graph.stack}/*" in arn for arn in logs["Resource"])
