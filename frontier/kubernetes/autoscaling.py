@@ -1,4 +1,4 @@
-"""Autoscaling and scraping of the runtime: a KEDA ScaledObject on its queue depth, a ServiceMonitor.
+"""Autoscaling of the runtime: a KEDA ScaledObject on its queue depth.
 
 **KEDA, not an HPA on an external metric.** The signal is the runtime's queue depth
 (``vllm:num_requests_waiting``), which Prometheus already scrapes. An HPA can only read it through
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from frontier.config.schema import Settings
 from frontier.contracts import WAITING_METRIC
-from frontier.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of, selector
+from frontier.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of
 
 
 def queue_depth_query(settings: Settings) -> str:
@@ -61,30 +61,4 @@ def scaled_object(settings: Settings) -> Manifest:
     }
     return Manifest(
         "keda.sh/v1alpha1", "ScaledObject", app_name(settings), k.namespace, body, labels=app_labels(settings)
-    )
-
-
-def service_monitor(settings: Settings) -> Manifest:
-    k = kubernetes_of(settings)
-    body = {
-        "spec": {
-            "selector": {"matchLabels": selector(settings)},
-            "namespaceSelector": {"matchNames": [k.namespace]},
-            "endpoints": [
-                {
-                    "port": "http",
-                    "path": "/metrics",
-                    "scheme": "http",
-                    "interval": f"{k.monitoring.scrape_interval_s}s",
-                }
-            ],
-        }
-    }
-    return Manifest(
-        "monitoring.coreos.com/v1",
-        "ServiceMonitor",
-        app_name(settings),
-        k.namespace,
-        body,
-        labels={**app_labels(settings), **k.monitoring.service_monitor_labels},
     )

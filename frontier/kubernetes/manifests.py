@@ -36,7 +36,8 @@ from frontier.contracts import (
     K8S_TRACK_LABEL,
 )
 from frontier.errors import FrontierError
-from frontier.kubernetes.autoscaling import scaled_object, service_monitor
+from frontier.kubernetes.autoscaling import scaled_object
+from frontier.kubernetes.monitoring import prometheus_rule, service_monitor
 from frontier.kubernetes.network_policies import network_policies
 from frontier.kubernetes.objects import (
     CONFIG_FILE,
@@ -427,6 +428,7 @@ class Workload:
     ingress: Manifest
     scaled_object: Manifest
     service_monitor: Manifest
+    prometheus_rule: Manifest
 
     def all(self) -> list[Manifest]:
         return [
@@ -440,6 +442,7 @@ class Workload:
             self.ingress,
             self.scaled_object,
             self.service_monitor,
+            self.prometheus_rule,
         ]
 
 
@@ -459,6 +462,7 @@ def render_workload(
         ingress=ingress(settings),
         scaled_object=scaled_object(settings),
         service_monitor=service_monitor(settings),
+        prometheus_rule=prometheus_rule(settings),
     )
 
 

@@ -285,7 +285,7 @@ def test_an_existing_cluster_gets_only_the_workloads_and_the_stacks_aws_resource
     association = graph.one("aws:eks/podIdentityAssociation:PodIdentityAssociation")
     assert association.inputs["roleArn"] == "arn:aws:iam::123456789012:role/frontier-runtime"
     assert graph.of_type("aws:s3/bucket:Bucket") and graph.of_type("aws:ecr/repository:Repository")
-    assert len([r for r in graph.resources if r.type.startswith("kubernetes:")]) == 12
+    assert len([r for r in graph.resources if r.type.startswith("kubernetes:")]) == 13
 
 
 def test_an_existing_cluster_without_its_kubeconfig_is_refused_before_anything_is_created(tmp_path):

@@ -22,7 +22,7 @@ from frontier import contracts, project
 from frontier.config.load import available_stacks, load_stack
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
-from frontier.kubernetes import autoscaling
+from frontier.kubernetes import autoscaling, monitoring
 from frontier.kubernetes import manifests as m
 from frontier.kubernetes import network_policies as netpol
 from frontier.render.files import render_runtime_config
@@ -32,6 +32,7 @@ SCHEMAS = Path(__file__).parent / "schemas"
 CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "keda-2.16-scaledobject.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "prometheus-operator-0.80-servicemonitor.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheus-operator-0.80-prometheusrule.json",
 }
 EXISTING = {
     "kubernetes.cluster.mode": "existing",
@@ -93,6 +94,7 @@ def test_every_manifest_of_every_kubernetes_stack_validates_for_its_version(vari
             "Ingress",
             "ScaledObject",
             "ServiceMonitor",
+            "PrometheusRule",
         }
         for manifest in objects:
             validate(manifest.to_dict(), settings.kubernetes.cluster.version)
@@ -110,7 +112,7 @@ def test_the_validators_refuse_what_they_should(eks_prod):
     scaled["spec"]["triggers"][0]["metadata"]["threshold"] = 64  # KEDA takes strings only
     with pytest.raises(jsonschema.ValidationError):
         validate(scaled, "1.33")
-    monitor = autoscaling.service_monitor(eks_prod).to_dict()
+    monitor = monitoring.service_monitor(eks_prod).to_dict()
     monitor["spec"]["endpoints"][0]["intervall"] = "15s"
     with pytest.raises(jsonschema.ValidationError):
         validate(monitor, "1.33")
@@ -291,7 +293,7 @@ def test_the_service_account_carries_the_irsa_role_only_with_irsa(eks_prod, exis
 
 
 def test_the_service_monitor_scrapes_metrics_with_the_operators_labels(eks_prod):
-    monitor = autoscaling.service_monitor(eks_prod).to_dict()
+    monitor = monitoring.service_monitor(eks_prod).to_dict()
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
 
@@ -328,3 +330,20 @@ def test_every_version_the_settings_allow_validates_the_manifests(eks_prod, mino
     )
     for manifest in m.render_workload(settings, DIGEST).all():
         validate(manifest.to_dict(), version)
+
+
+def test_the_stacks_alert_rules_go_to_the_operator_and_match_the_scrapes_job(eks_prod):
+    from frontier.render.files import render_alerts
+
+    rule = monitoring.prometheus_rule(eks_prod).to_dict()
+    assert rule["spec"]["groups"] == yaml.safe_load(render_alerts(eks_prod))["groups"]
+    job = monitoring.service_monitor(eks_prod).to_dict()["spec"]["jobLabel"]
+    service_labels = m.service(eks_prod).labels
+    # Prometheus names the job after the Service's label jobLabel names: the rules' job.
+    assert all(
+        f'job="{service_labels[job]}"' in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]
+    )
+    broken = json.loads(json.dumps(rule))
+    broken["spec"]["groups"][0]["rules"][0]["for"] = "ten minutes"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken, "1.33")
