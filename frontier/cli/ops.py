@@ -160,7 +160,7 @@ def unlock(c, stack=None):
 @task(help={"stack": STACK})
 @reports_errors
 def drivers(c, stack=None):
-    """Install the pinned NVIDIA driver and container toolkit on GPU hosts; reports reboots, never reboots."""
+    """Check the NVIDIA driver on GPU hosts: trust the AMI's, install the pinned one on plain Ubuntu; never reboots."""
     settings = settings_for(stack)
     backend = backend_for(settings)
     results = nvidia.run(settings, backend.hosts(), backend.connect)

@@ -1,4 +1,4 @@
-"""``drivers``: the pinned NVIDIA driver and container toolkit on every GPU host, idempotently.
+"""``drivers``: the NVIDIA driver on every GPU host (the AMI's where it ships one, else the pinned branch).
 
 The script is rendered per node group (``templates/install-nvidia.sh.j2``); it checks before it
 changes anything, verifies with ``nvidia-smi``, never reboots, and ends with one machine-readable
