@@ -24,6 +24,9 @@ from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.sequence import Sequence, Status
 
+# Batch sequences share at most 1/BATCH_SHARE of a step's token budget (at least one decode each).
+BATCH_SHARE = 8
+
 
 @dataclass
 class SchedulerOutput:
@@ -124,6 +127,14 @@ class Scheduler:
         # While an interactive prompt waits or prefills, batch sequences sit the step out: its
         # first token (TTFT) then costs what it would cost without any batch work.
         pause_batch = self._interactive_prefill_pending()
+        # Batch work gets a small share of a step's tokens (its decodes always fit), so a step that
+        # carries a batch prompt, or one recomputed after preemption, stays short for an
+        # interactive request that arrives during it.
+        batch_budget = (
+            max(self.max_batch_size, self.max_num_batched_tokens // BATCH_SHARE)
+            if self.chunked_prefill
+            else budget
+        )
 
         # 1. Running sequences, oldest first; make room by preempting from the newest end.
         i = 0
@@ -132,6 +143,10 @@ class Scheduler:
             if pause_batch and _is_batch(seq):
                 break  # every later one is batch too (sorted above)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if _is_batch(seq):
+                num_new = min(num_new, batch_budget)
+                if num_new <= 0:
+                    break
             while not self.blocks.can_append(seq, num_new):
                 if self.running[-1] is seq and len(self.running) == 1 and self._never_fits(seq.num_tokens):
                     self.running.pop()
@@ -148,6 +163,7 @@ class Scheduler:
             self.blocks.append_slots(seq, num_new)
             out.scheduled.append((seq, num_new))
             budget -= num_new
+            batch_budget -= num_new if _is_batch(seq) else 0
             i += 1
 
         # 2. Waiting sequences, FCFS; none jumps ahead of a head that does not fit.
@@ -165,7 +181,9 @@ class Scheduler:
             remaining = seq.num_tokens - len(cached) * self.blocks.block_size
             if not self.chunked_prefill and remaining > budget:
                 break
-            num_new = min(remaining, budget)
+            num_new = min(remaining, budget, batch_budget if _is_batch(seq) else budget)
+            if num_new <= 0:
+                break
             if not self.blocks.can_admit(seq, cached, num_new):
                 break
             self.waiting.popleft()
@@ -174,6 +192,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append((seq, num_new))
             budget -= num_new
+            batch_budget -= num_new if _is_batch(seq) else 0
         return out
 
 

@@ -83,3 +83,16 @@ def test_under_block_pressure_batch_sequences_are_preempted_before_interactive_o
         after = {rid for rid, seq in engine._seqs.items() if seq.status.value == "waiting"}
         preempted += sorted(before & after)
     assert preempted and set(preempted) == {"batch"}
+
+
+def test_batch_prompts_take_a_small_share_of_a_step(tied_ref: Reference) -> None:
+    # 256 tokens a step, 1/8 of them for batch work: a 100-token batch prompt prefills 32 at a time.
+    engine = LLMEngine(tied_ref.model_dir, max_batch_size=4, max_num_batched_tokens=256, block_size=4)
+    engine.add_request("batch", list(range(10, 110)), BATCH_PARAMS)
+    engine.step()
+    assert engine._seqs["batch"].num_computed_tokens == 32
+    engine.add_request("chat", list(range(200, 300)), INTERACTIVE_PARAMS)
+    engine.step()
+    # The interactive prompt prefills whole, alone (batch sits out interactive prefill steps).
+    assert engine._seqs["chat"].num_computed_tokens == 100
+    assert engine._seqs["batch"].num_computed_tokens == 32
