@@ -54,6 +54,8 @@ class AsgFleet:
         self.group = group
         self.poll_s = poll_s
         self.name = self._find()
+        # Instances this fleet protected from scale-in while a rollout holds the group.
+        self.protected: set[str] = set()
 
     def _find(self) -> str:
         """The group tagged with this stack and node group (Pulumi names it; the tags are ours)."""
@@ -114,15 +116,26 @@ class AsgFleet:
                     "(no capacity, or hosts that abandoned their launch hook: see their boot records)"
                 )
             time.sleep(self.poll_s)
+        # A surge host is not spare capacity for the scaling policy to take back mid-rollout.
+        self._protect(sorted(new), True)
         hosts = discover(self.settings, self.ec2, self.group, root=HOST_ROOT, python=HOST_PYTHON)
         return [h for h in hosts if h.instance_id in new]
+
+    def _protect(self, ids: list[str], protect: bool) -> None:
+        if not ids:
+            return
+        self.autoscaling.set_instance_protection(
+            AutoScalingGroupName=self.name, InstanceIds=ids, ProtectedFromScaleIn=protect
+        )
+        if protect:
+            self.protected |= set(ids)
+        else:
+            self.protected -= set(ids)
 
     def retire(self, hosts: list[HostSpec]) -> None:
         """Terminate ``hosts``, one fewer desired each; the terminate hook drains them first."""
         for host in hosts:
-            self.autoscaling.set_instance_protection(
-                AutoScalingGroupName=self.name, InstanceIds=[host.instance_id], ProtectedFromScaleIn=False
-            )
+            self._protect([host.instance_id], False)
             self.autoscaling.terminate_instance_in_auto_scaling_group(
                 InstanceId=host.instance_id, ShouldDecrementDesiredCapacity=True
             )
@@ -132,19 +145,15 @@ class AsgFleet:
         """Protect ``hosts`` from scale-in and suspend AZRebalance; both undone however it ends."""
         ids = [h.instance_id for h in hosts if h.instance_id]
         self.autoscaling.suspend_processes(AutoScalingGroupName=self.name, ScalingProcesses=HELD_PROCESSES)
-        if ids:
-            self.autoscaling.set_instance_protection(
-                AutoScalingGroupName=self.name, InstanceIds=ids, ProtectedFromScaleIn=True
-            )
+        self._protect(ids, True)
         try:
             yield
         finally:
-            remaining = [i for i in ids if i in {x["InstanceId"] for x in self._describe()["Instances"]}]
-            if remaining:
-                with contextlib.suppress(ClientError):
-                    self.autoscaling.set_instance_protection(
-                        AutoScalingGroupName=self.name, InstanceIds=remaining, ProtectedFromScaleIn=False
-                    )
+            # Everything protected for the rollout (its hosts and any surge hosts) is released.
+            present = {x["InstanceId"] for x in self._describe()["Instances"]}
+            with contextlib.suppress(ClientError):
+                self._protect(sorted(self.protected & present), False)
+            self.protected.clear()
             self.autoscaling.resume_processes(AutoScalingGroupName=self.name, ScalingProcesses=HELD_PROCESSES)
 
 

@@ -230,6 +230,8 @@ def test_an_ec2_rollout_surges_while_holding_the_group_and_says_so(prod, monkeyp
 
     def roll_hosts(settings, store, hosts, balancer, connect, release, kind, reporter):
         state = group_state()
+        protected = {i["InstanceId"] for i in state["Instances"] if i["ProtectedFromScaleIn"]}
+        assert {h.instance_id for h in hosts} <= protected  # surge hosts are not the policy's to take back
         seen.append(
             (
                 [h.instance_id for h in hosts],
@@ -257,6 +259,7 @@ def test_an_ec2_rollout_surges_while_holding_the_group_and_says_so(prod, monkeyp
     assert not any(set(ids) & old for ids, _, _ in seen)
     state = group_state()
     assert state["DesiredCapacity"] == 6 and state["SuspendedProcesses"] == []
+    assert not any(i["ProtectedFromScaleIn"] for i in state["Instances"])
     assert not old & {i["InstanceId"] for i in state["Instances"]}  # every old host retired
 
 
