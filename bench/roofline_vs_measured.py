@@ -21,8 +21,9 @@ GQA (hidden 768, 12 layers, 12 query / 4 KV heads, MLP 2048, vocab 16384), both 
   the defaults, not fitted to the baseline) against ``stacks/baselines/local.json``, which
   ``fab loadtest`` measured through the server (HTTP, streaming, one thread per replica).
 
-It also fits the two overhead terms to the tiny model's concurrency 1 and 32 (the source of the
-defaults; those two rows are therefore in-sample, the rest are held out) and prints the fit.
+It also fits the engine-overhead terms (per layer and per sequence, per step) to the tiny model
+at concurrency 1 and 32 — the source of the defaults, so those two rows are in-sample; the 100M
+model and the knee are held out — and prints the fit.
 The last line is exactly ``roofline_vs_measured: max_abs_err=<r> mean_abs_err=<r> within_30pct=<k>/<n>``.
 """
 
@@ -143,7 +144,8 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"{os.cpu_count()} cores, {args.threads} thread(s); load average {load_before:.2f}", flush=True)
     seen: list[Device] = []  # every CPU measurement, for the local knee at the end
-    eff, bare_eff = CPU_EFFICIENCY, replace(CPU_EFFICIENCY, step_overhead_s=0.0, seq_overhead_s=0.0)
+    eff = CPU_EFFICIENCY
+    bare_eff = replace(eff, step_overhead_s=0.0, seq_overhead_s=0.0, layer_overhead_s=0.0)
     context = args.prompt + args.output / 2
     rows: list[Row] = []
     step_times: dict[tuple[str, int], tuple[float, float]] = {}  # measured step s, bare roofline step s
@@ -204,13 +206,15 @@ def main(argv: list[str] | None = None) -> None:
                 )
             engine.shutdown()
 
-    # The overhead fit behind CPU_EFFICIENCY: measured step = bare roofline step + a + b x batch.
-    (t1, r1), (t32, r32) = step_times[("tiny (5M)", 1)], step_times[("tiny (5M)", 32)]
-    per_seq = ((t32 - r32) - (t1 - r1)) / 31
-    per_step = (t1 - r1) - per_seq
+    # The overhead fit behind CPU_EFFICIENCY: measured step - bare roofline step = b x layers +
+    # c x batch, from the tiny model (4 layers) at concurrency 1 and 32.
+    residual = {key: measured_s - bare_s for key, (measured_s, bare_s) in step_times.items()}
+    tiny_1, tiny_32 = residual[("tiny (5M)", 1)], residual[("tiny (5M)", 32)]
+    per_seq = (tiny_32 - tiny_1) / 31
+    per_layer = (tiny_1 - per_seq) / 4
     print(
-        f"overhead fitted on the tiny model (c=1, c=32): {per_step * 1e3:.2f} ms/step + {per_seq * 1e3:.3f} ms/sequence "
-        f"(CPU_EFFICIENCY uses {eff.step_overhead_s * 1e3:.2f} + {eff.seq_overhead_s * 1e3:.3f})"
+        f"overhead fitted on the tiny model (c=1, c=32): {per_layer * 1e3:.3f} ms/layer + {per_seq * 1e3:.3f} "
+        f"ms/sequence per step (CPU_EFFICIENCY uses {eff.layer_overhead_s * 1e3:.3f} + {eff.seq_overhead_s * 1e3:.3f})"
     )
 
     local = load_stack("local")

@@ -68,7 +68,8 @@ def calibrate(
         f"({target:g} req/s per replica); peaks and their efficiencies as modelled",
     )
     note = (
-        f"overhead {fitted.step_overhead_s * 1e3:.2f} ms/step + {fitted.seq_overhead_s * 1e3:.3f} ms/sequence "
+        f"overhead {fitted.step_overhead_s * 1e3:.2f} ms/step + {fitted.layer_overhead_s * 1e3:.3f} ms/layer + "
+        f"{fitted.seq_overhead_s * 1e3:.3f} ms/sequence "
         f"(x {lo:.3g} of the defaults): modelled knee {modelled:,.2f} -> {knee(lo):,.2f} req/s, measured {target:g}"
     )
     return fitted, Calibration(baseline, True, lo, modelled, knee(lo), note)

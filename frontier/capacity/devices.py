@@ -15,21 +15,23 @@ from frontier.config.schema import DTYPE_BYTES, GB, NodeGroup, Settings
 # GEMM of more than one row (weights read, written packed, read again: 3 passes); both show in a
 # micro-benchmark of the runtime's own layer shapes (a 768-wide, 100M-parameter stack of [in, out]
 # weights on this 2-core machine, one thread: 23 ms at 1 row, 95 ms at 8, 168 ms at 32 — the
-# model gives 28, 99 and 167). The engine's own time per step (Python: scheduling, sampling,
-# detokenising, block tables) was fitted with the tiny model at concurrency 1 and 32, timed by
-# thread CPU time (`bench/roofline_vs_measured.py` prints the fit: 3.68 ms + 0.093 ms/sequence);
-# calibration against a stack's baseline refits it.
+# model gives 28, 99 and 167). The engine's own time per step (Python: each layer's ops dispatched
+# one by one, then per sequence scheduling, sampling, detokenising) was fitted with the tiny model
+# (4 layers) at concurrency 1 and 32, timed by thread CPU time: 0.92 ms per layer + 0.13 ms per
+# sequence (`bench/roofline_vs_measured.py` prints the fit; a fit with a fixed term as well, on the
+# 100M model too, put that term at or below zero). Calibration against a stack's baseline refits it.
 CPU_EFFICIENCY = Efficiency(
     bandwidth=1.0,
     flops=1.0,
     link=1.0,
     allreduce_latency_s=50e-6,
-    step_overhead_s=3.7e-3,
-    seq_overhead_s=0.09e-3,
-    source="modelled: measured CPU peaks, no overlap, 3 weight passes per GEMM; engine overhead 3.7 ms/step "
-    "+ 0.09 ms/sequence (fitted on the tiny model)",
+    step_overhead_s=0.0,
+    seq_overhead_s=0.13e-3,
+    source="modelled: measured CPU peaks, no overlap, 3 weight passes per GEMM; engine overhead 0.92 ms/layer "
+    "+ 0.13 ms/sequence per step (fitted on the tiny model)",
     overlap=0.0,
     gemm_weight_passes=3.0,
+    layer_overhead_s=0.92e-3,
 )
 
 

@@ -17,8 +17,9 @@ One engine step runs every scheduled token through every layer once. Per GPU of 
 - plus the tensor-parallel all-reduces, 2 per layer (after attention and after the MLP) of
   tokens x hidden activations, at ring cost 2 (TP - 1) / TP x bytes / (link bandwidth x eff.link) +
   a fixed latency each;
-- plus the engine's own time: a fixed overhead per step and a small one per scheduled sequence
-  (scheduling, sampling, detokenising) — software, not physics, hence the figures calibration fits.
+- plus the engine's own time: a fixed overhead per step, one per layer (each layer's ops
+  dispatched from Python) and one per scheduled sequence (scheduling, sampling, detokenising) —
+  software, not physics, hence the figures calibration fits.
 
 A replica at concurrency c (a closed loop: c requests in flight, each ``prompt`` tokens in and
 ``output`` tokens out) runs b = min(c, max_batch_size) sequences; the rest wait in its queue. The
@@ -71,13 +72,14 @@ class Efficiency:
     source: str  # "modelled: …" or "calibrated: …"
     overlap: float = 1.0  # share of the shorter of memory and compute time hidden under the longer
     gemm_weight_passes: float = 1.0  # times the weights cross memory in a step of more than one token
+    layer_overhead_s: float = 0.0  # the engine's own time per layer per step (op dispatch)
 
     def __post_init__(self) -> None:
         for name in ("bandwidth", "flops", "link"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise FrontierError(f"efficiency.{name} = {value!r}: must lie in (0, 1]")
-        for name in ("allreduce_latency_s", "step_overhead_s", "seq_overhead_s"):
+        for name in ("allreduce_latency_s", "step_overhead_s", "seq_overhead_s", "layer_overhead_s"):
             value = getattr(self, name)
             if not value >= 0:
                 raise FrontierError(f"efficiency.{name} = {value!r}: must be >= 0")
@@ -91,6 +93,7 @@ class Efficiency:
             self,
             step_overhead_s=self.step_overhead_s * k,
             seq_overhead_s=self.seq_overhead_s * k,
+            layer_overhead_s=self.layer_overhead_s * k,
             source=source,
         )
 
@@ -252,7 +255,7 @@ def step(
         memory_s=(weight_bytes * passes + kv_bytes) / (device.bandwidth * eff.bandwidth),
         compute_s=flops / (device.flops * eff.flops),
         comm_s=2 * sh.layers * allreduce_s(device, eff, tp, message),
-        overhead_s=eff.step_overhead_s + eff.seq_overhead_s * seqs,
+        overhead_s=eff.step_overhead_s + eff.layer_overhead_s * sh.layers + eff.seq_overhead_s * seqs,
         overlap=eff.overlap,
     )
 

@@ -239,7 +239,7 @@ def _print_roofline(console, settings, model: ReplicaModel) -> None:
     console.print(
         f"efficiencies: bandwidth {e.bandwidth:g}, FLOPs {e.flops:g}, link {e.link:g}, all-reduce latency "
         f"{e.allreduce_latency_s * 1e6:g} us, overhead {e.step_overhead_s * 1e3:.3g} ms/step + "
-        f"{e.seq_overhead_s * 1e3:.3g} ms/sequence ({e.source})"
+        f"{e.layer_overhead_s * 1e3:.3g} ms/layer + {e.seq_overhead_s * 1e3:.3g} ms/sequence ({e.source})"
     )
     best = model.fit.best
     rows = [

@@ -285,3 +285,12 @@ def test_tiny_model_on_a_cpu_without_overlap_and_with_packed_gemm_weights():
     one = step(CPU, CPU_EFF, tiny, decode_seqs=1, context=64)
     assert one.memory_s == pytest.approx(16_056_320 / 10e9)
     assert one.total_s == pytest.approx(4.5688 * MS, rel=1e-4)
+
+
+def test_the_engine_overhead_has_a_part_per_layer(h100, llama70b_tp8):
+    # 2 ms per step + 80 layers x 0.1 ms + 1 sequence x 10 us = 10.01 ms
+    per_layer = dataclasses.replace(EFF, layer_overhead_s=0.1e-3)
+    s = step(h100, per_layer, llama70b_tp8, decode_seqs=1, context=2048)
+    assert s.overhead_s == pytest.approx(10.01 * MS)
+    scaled = per_layer.with_overhead_scale(2.0, "test")
+    assert scaled.layer_overhead_s == pytest.approx(0.2e-3) and scaled.step_overhead_s == pytest.approx(4e-3)
