@@ -8,11 +8,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from frontier_runtime.config import RuntimeConfig
 from frontier_runtime.engine.api import EngineStats, RequestOutput, SamplingParams, TokenLogprob
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
@@ -24,6 +23,9 @@ from frontier_runtime.engine.sequence import Sequence, Status
 from frontier_runtime.engine.tp_worker import TPWorkers
 from frontier_runtime.structured.decoding import StructuredDecoder
 from frontier_runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # pydantic stays out of the engine's import path (bench/gpu_check.py runs without it)
+    from frontier_runtime.config import RuntimeConfig
 
 
 class LLMEngine:

@@ -143,14 +143,19 @@ class ModelRunner:
         return step
 
     def profile_worst_step(self) -> None:
-        """Run ``worst_step`` on a cache just big enough for it, then forget it (the real cache
-        and tables come after)."""
+        """Run ``worst_step`` on a cache just big enough for it, then put back the cache and the
+        tables there were before (none yet, when sizing at start)."""
+        saved_caches = getattr(self, "kv_caches", None)
+        saved_tables = self.tables.clone()
         self.kv_caches = self._allocate(self.max_blocks_per_seq)
         try:
             self.execute(self.worst_step())
         finally:
-            del self.kv_caches
-            self.tables.zero_()
+            if saved_caches is None:
+                del self.kv_caches
+            else:
+                self.kv_caches = saved_caches
+            self.tables.copy_(saved_tables)
 
     def _cuda_blocks(self, utilization: float) -> int:
         """KV blocks that fit in ``utilization`` of the GPU after weights and the worst step."""

@@ -74,6 +74,49 @@ inline void to_float(const C* src, float* dst, int64_t n, float scale) {
   for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]) * scale;
 }
 
+// One query row against one block of keys: scores, online-softmax update, V accumulation.
+// BSC is the block size when known at compile time (16, the default: scores stay in registers).
+template <int BSC>
+inline void row_block(const float* qr, const float* kt, const float* vt, int64_t D, int64_t bs_dyn,
+                      int64_t valid, float& m, float& l, float* ar, float* sc_buf, float* p_buf) {
+  const int64_t BS = BSC ? BSC : bs_dyn;
+  float sc_local[BSC ? BSC : 1];
+  float p_local[BSC ? BSC : 1];
+  float* sc = BSC ? sc_local : sc_buf;
+  float* p = BSC ? p_local : p_buf;
+  for (int64_t t = 0; t < BS; ++t) sc[t] = 0.0f;
+  for (int64_t d = 0; d < D; ++d) {
+    const float qd = qr[d];
+    const float* kd = kt + d * BS;
+#pragma omp simd
+    for (int64_t t = 0; t < BS; ++t) sc[t] += qd * kd[t];
+  }
+  float block_max = NEG;
+  for (int64_t t = 0; t < valid; ++t) block_max = std::max(block_max, sc[t]);
+  const float m_new = std::max(m, block_max);
+  if (m_new > m && l > 0.0f) {
+    const float corr = exp_neg(m - m_new);
+    l *= corr;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) ar[d] *= corr;
+  }
+  m = m_new;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t t = 0; t < BS; ++t) {
+    const float e = t < valid ? exp_neg(sc[t] - m_new) : 0.0f;
+    p[t] = e;
+    sum += e;
+  }
+  for (int64_t t = 0; t < valid; ++t) {
+    const float pt = p[t];
+    const float* v = vt + t * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) ar[d] += pt * v[d];
+  }
+  l += sum;
+}
+
 // K cache [blocks, kv_heads, head_dim, block_size] (keys of a block side by side, so one query's
 // scores against a block are head_dim vector FMAs); V cache [blocks, kv_heads, block_size, head_dim].
 template <typename Q, typename C>
@@ -141,41 +184,11 @@ void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
           const int64_t pos = first_pos + r / G;
           const int64_t valid = std::min<int64_t>(kn, pos - b * BS + 1);
           if (valid <= 0) continue;
-          const float* qr = &qf[r * D];
-          float* sc = score.data();
-          std::fill(sc, sc + BS, 0.0f);
-          for (int64_t d = 0; d < D; ++d) {
-            const float qd = qr[d];
-            const float* kd = kt + d * BS;
-#pragma omp simd
-            for (int64_t t = 0; t < BS; ++t) sc[t] += qd * kd[t];
+          if (BS == 16) {
+            row_block<16>(&qf[r * D], kt, vt, D, 16, valid, m[r], l[r], &acc[r * D], score.data(), prob.data());
+          } else {
+            row_block<0>(&qf[r * D], kt, vt, D, BS, valid, m[r], l[r], &acc[r * D], score.data(), prob.data());
           }
-          float block_max = NEG;
-          for (int64_t t = 0; t < valid; ++t) block_max = std::max(block_max, sc[t]);
-          float* ar = &acc[r * D];
-          const float m_new = std::max(m[r], block_max);
-          if (m_new > m[r] && l[r] > 0.0f) {
-            const float corr = exp_neg(m[r] - m_new);
-            l[r] *= corr;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ar[d] *= corr;
-          }
-          m[r] = m_new;
-          float* p = prob.data();
-          float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t t = 0; t < BS; ++t) {
-            const float e = t < valid ? exp_neg(sc[t] - m_new) : 0.0f;
-            p[t] = e;
-            sum += e;
-          }
-          for (int64_t t = 0; t < valid; ++t) {
-            const float pt = p[t];
-            const float* v = vt + t * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ar[d] += pt * v[d];
-          }
-          l[r] += sum;
         }
       }
       for (int64_t i = 0; i < nq; ++i) {
