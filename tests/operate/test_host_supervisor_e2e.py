@@ -11,6 +11,7 @@ takes the dead one out.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -32,13 +33,22 @@ RATE = 2.0  # requests/s through HAProxy: well within one host's capacity
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
-    c = start_cluster(tmp_path_factory.mktemp("supervised"), 2)
+    # moto's in-process state is shared by every cluster of this test process: an API-key secret of
+    # its own, and a reset at the end, keep this cluster out of the other modules' way.
+    c = start_cluster(
+        tmp_path_factory.mktemp("supervised"),
+        2,
+        {"runtime.api_keys_secret": "frontier/local/supervised-api-keys"},
+    )
     try:
         push_model(c, tiny_model)
         result = deploy(c.environment(), register_wheel(c, cache=c.base / "artifacts").digest)
         assert result.outcome == "succeeded"
         yield c
     finally:
+        reset = urllib.request.Request(f"{c.endpoint}/moto-api/reset", method="POST")
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(reset, timeout=5).close()
         c.stop()
 
 
