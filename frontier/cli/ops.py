@@ -16,6 +16,7 @@ from frontier.cli import tables
 from frontier.cli.common import pool_settings, reports_errors, settings_for
 from frontier.fleet import drivers as nvidia
 from frontier.fleet.ami import latest_amis
+from frontier.fleet.boots import boot_records
 from frontier.release import artifact as artifacts
 from frontier.release import weights as model_weights
 from frontier.rollout.deploy import Environment, deploy_plan
@@ -138,14 +139,23 @@ def status(c, stack=None):
 def history(c, stack=None, limit=20):
     """Every deploy and rollback of the stack: who, when, what, outcome and why."""
     settings = settings_for(stack)
-    records = backend_for(settings).history_store().records()[-int(limit) :]
+    store = backend_for(settings).history_store()
+    records = store.records()[-int(limit) :]
     rows = [
         (r["started_at"][:19].replace("T", " "), r["kind"], r["release"], r["digest"][:19], r["config_hash"][:19],
          r["who"], f"{r['duration_s']:.1f}s", r["outcome"], r.get("reason", "")[:60])
         for r in records
     ]  # fmt: skip
     columns = ("started (UTC)", "kind", "release", "digest", "config", "who", "took", "outcome", "reason")
-    tables.console().print(tables.table(f"history of stack {settings.stack}", columns, rows))
+    console = tables.console()
+    console.print(tables.table(f"history of stack {settings.stack}", columns, rows))
+    if records and records[-1].get("strategy"):
+        console.print(f"last {records[-1]['kind']} kept capacity by {records[-1]['strategy']}")
+    boots = boot_records(store, int(limit))
+    if boots:
+        boot_rows = [(b.at, b.host, b.node_group, b.release or "-", b.outcome, b.reason[:70]) for b in boots]
+        boot_columns = ("booted (UTC)", "host", "group", "release", "outcome", "reason")
+        console.print(tables.table(f"host boots of stack {settings.stack}", boot_columns, boot_rows))
 
 
 @task(help={"stack": STACK})

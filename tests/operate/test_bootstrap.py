@@ -32,6 +32,7 @@ from frontier import contracts
 from frontier.config.load import load_stack
 from frontier.contracts import UNIT_NAME
 from frontier.fleet import bootstrap
+from frontier.fleet.boots import boot_records
 from frontier.fleet.bootstrap import Aws, NodeConfig
 from frontier.local import services
 from frontier.release.artifact import Artifact
@@ -227,6 +228,9 @@ def test_a_release_altered_in_the_bucket_is_abandoned_with_the_reason(cloud):
     assert [c[-1] for c in aws.completed] == ["ABANDON"]
     [record] = boots(store)
     assert record["outcome"] == "abandoned" and "runtime.yaml has sha256" in record["reason"]
+    # What `fab history` lists beside the deploy records.
+    [listed] = boot_records(store)
+    assert (listed.outcome, listed.release, listed.host) == ("abandoned", release.id, record["host"])
 
 
 def test_the_newest_good_record_wins_and_failed_ones_are_skipped(cloud):

@@ -7,6 +7,7 @@ which is what a host looks like once its bootstrap completed the launch hook.
 from __future__ import annotations
 
 import datetime
+import json
 
 import boto3
 import pytest
@@ -279,3 +280,33 @@ def test_an_ec2_rollout_at_max_size_goes_one_unavailable_at_a_time(prod, monkeyp
         "one-unavailable: 1 host(s) out of service at a time (the group is at max_size"
     )
     assert group_state()["DesiredCapacity"] == 10
+
+
+def test_fab_history_says_how_capacity_was_kept_and_lists_host_boots(prod, monkeypatch, tmp_path, capsys):
+    bucket = "frontier-prod-history-123456789012-us-east-1"
+    outputs = tmp_path / "prod.json"
+    outputs.write_text(f'{{"history_bucket": "{bucket}", "history_prefix": "history/prod/"}}')
+    monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(outputs))
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket=bucket)
+    record = {
+        "kind": "deploy", "stack": "prod", "who": "ops@box", "started_at": "2026-12-03T09:00:00.000000Z",
+        "duration_s": 1800.0, "digest": "sha256:" + "a" * 64, "config_hash": "sha256:" + "b" * 64,
+        "release": "r-0123456789ab", "outcome": "succeeded", "reason": "",
+        "strategy": "surge: +1 host(s) first, then retire as many old ones (max_size 10 leaves room for 4 above desired 6)",
+        "hosts": [],
+    }  # fmt: skip
+    s3.put_object(
+        Bucket=bucket,
+        Key="history/prod/records/2026-12-03T090000-deploy-r-0123456789ab.json",
+        Body=json.dumps(record),
+    )
+    boot = {"at": "2026-12-03T093000Z", "host": "i-0abc", "node_group": "h100", "release": "r-0123456789ab",
+            "outcome": "abandoned", "reason": "agent wait-ready: not ready after 900s"}  # fmt: skip
+    s3.put_object(
+        Bucket=bucket, Key="history/prod/boots/2026-12-03T093000Z-i-0abc.json", Body=json.dumps(boot)
+    )
+    ops.history(Context(), stack="prod")
+    out = capsys.readouterr().out
+    assert "last deploy kept capacity by surge: +1 host(s) first" in out
+    assert "host boots of stack prod" in out and "i-0abc" in out and "abandoned" in out
