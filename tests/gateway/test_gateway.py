@@ -87,7 +87,9 @@ def test_a_tenant_over_its_requests_per_minute_gets_429_while_another_is_served(
         assert over.headers[contracts.REMAINING_REQUESTS] == "0"
         # A full bucket of 3/min refills one request every 20 s: reset is just under a minute.
         reset = over.headers[contracts.RESET_REQUESTS]
-        assert reset == "1m0s" or reset.startswith("59."), reset
+        # (a slow machine may take seconds between the requests: the bucket refills meanwhile)
+        minutes, _, seconds = reset.rstrip("s").rpartition("m")
+        assert 40 <= 60 * int(minutes or 0) + float(seconds) <= 60, reset
         assert 15 <= int(over.headers["retry-after"]) <= 21
         sent = len(standins["a1"].requests) + len(standins["a2"].requests)
         assert sent == 3  # the refused request never reached a runtime
@@ -108,7 +110,8 @@ def test_tokens_per_minute_counts_the_estimate_then_settles_with_usage(standins,
         first = _complete(gw.url, SMALL, "model-a", max_tokens=40)
         assert first.status_code == 200
         assert first.headers[contracts.LIMIT_TOKENS] == "100"
-        assert int(first.headers[contracts.REMAINING_TOKENS]) in (58, 59)  # 100 - 42, plus refill
+        # 100 - 42, plus what refilled meanwhile (100/min: under 2 a second)
+        assert 58 <= int(first.headers[contracts.REMAINING_TOKENS]) <= 62
         assert int(httpx.get(f"{gw.url}/v1/models", headers=_auth(SMALL)).status_code) == 200
         second = _complete(gw.url, SMALL, "model-a", max_tokens=40)
         assert second.status_code == 200
@@ -167,9 +170,8 @@ def test_streams_are_metered_from_the_runtimes_usage(standins, tmp_path) -> None
         assert response.status_code == 200 and response.headers[contracts.REMAINING_REQUESTS] == "999"
         # The gateway asked for usage on the client's behalf and kept it to itself.
         assert [e["choices"][0]["text"] for e in events] == ["t0", "t1", "t2"]
-        assert standins["a1"].requests[-1][1]["stream_options"] == {"include_usage": True} or standins[
-            "a2"
-        ].requests[-1][1]["stream_options"] == {"include_usage": True}
+        [(_, sent, _)] = standins["a1"].requests + standins["a2"].requests
+        assert sent["stream_options"] == {"include_usage": True}
         events, _ = _stream(gw.url, ACME, stream_options={"include_usage": True})
         assert events[-1]["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
         _complete(gw.url, NIGHTLY, "model-b", max_tokens=7)
