@@ -18,7 +18,8 @@ server, no pydantic) and nothing else of the project.
 4. The same with an fp8 (e4m3) KV cache: twice the blocks, and its greedy agreement with the
    bfloat16 cache (tokens equal, position by position, over the 8 prompts).
 
-Prints one table; the last line is ``gpu_check ok=<bool> ...``.
+Prints one table; the last line is ``gpu_check ok=<bool> ...``. ``--smoke`` runs the same script
+on CPU with a 5M-parameter model (a check of the script itself where no GPU is).
 """
 
 from __future__ import annotations
@@ -46,6 +47,17 @@ SHAPE = {
     "initializer_range": 0.02,
     "dtype": "bfloat16",
 }
+SMOKE_SHAPE = {
+    **SHAPE,
+    "hidden_size": 256,
+    "num_heads": 8,
+    "num_kv_heads": 4,
+    "intermediate_size": 688,
+    "vocab_size": 4096,
+    "max_position_embeddings": 1024,
+    "initializer_range": 0.1,
+}
+DEVICE = "cuda"
 PROMPT_VOCAB = 4096  # ids the tokenizer knows (it has 4096 tokens; the model's vocab is larger)
 STREAMS = (1, 16, 64)
 
@@ -59,20 +71,30 @@ def prompts(n: int, length: int, seed: int) -> list[list[int]]:
 def hf_greedy(model_dir: Path, inputs: list[list[int]], new: int) -> list[list[int]]:
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda").eval()
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(DEVICE).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     outs = []
     for p in inputs:
-        ids = torch.tensor([p], device="cuda")
+        ids = torch.tensor([p], device=DEVICE)
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False
         )
         outs.append(out[0, len(p) :].tolist())
     del model
-    gc.collect()
-    torch.cuda.empty_cache()
+    release()
     return outs
+
+
+def release() -> None:
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -87,10 +109,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def throughput(engine: LLMEngine, streams: int, prompt_len: int, new: int) -> float:
     work = prompts(streams, prompt_len, seed=streams)
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
-    torch.cuda.synchronize()
+    sync()
     start = time.perf_counter()
     outs = engine.generate(work, params)
-    torch.cuda.synchronize()
+    sync()
     return sum(len(o) for o in outs) / (time.perf_counter() - start)
 
 
@@ -99,7 +121,7 @@ def run_engine(model_dir: Path, kv: str, block: int, eq_prompts: list[list[int]]
     engine = LLMEngine(
         model_dir,
         dtype="auto",
-        device="cuda",
+        device=DEVICE,
         kv_cache_dtype=kv,
         block_size=block,
         max_batch_size=64,
@@ -122,8 +144,7 @@ def run_engine(model_dir: Path, kv: str, block: int, eq_prompts: list[list[int]]
         row[f"tok_s_{n}"] = throughput(engine, n, 128, 256)
     engine.shutdown()
     del engine, runner
-    gc.collect()
-    torch.cuda.empty_cache()
+    release()
     return row
 
 
@@ -132,14 +153,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="where to write the checkpoint (default: a temporary dir)")
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--new", type=int, default=32, help="new tokens per prompt in the equality check")
+    parser.add_argument("--smoke", action="store_true", help="run on CPU with a 5M model (checks the script)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    global DEVICE
+    shape = SHAPE
+    if args.smoke:
+        DEVICE, shape, args.layers = "cpu", SMOKE_SHAPE, 2
+    elif not torch.cuda.is_available():
         raise SystemExit("gpu_check: no CUDA device")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="frontier-gpu-check-") as tmp:
         model_dir = args.out or Path(tmp) / "llama-1b"
         if not (model_dir / "config.json").is_file():
-            make_tiny_checkpoint(model_dir, seed=0, num_layers=args.layers, **SHAPE)
+            make_tiny_checkpoint(model_dir, seed=0, num_layers=args.layers, **shape)
         params = sum(
             t.numel()
             for t in __import__("safetensors.torch", fromlist=["load_file"])
@@ -152,9 +178,9 @@ def main() -> None:
         eq_prompts = [p[: 16 + 13 * i] for i, p in enumerate(prompts(8, 128, seed=1))]
         ref = hf_greedy(model_dir, eq_prompts, args.new)
         # FlashAttention's paged kernel may require pages of 256 tokens; use the smallest that works.
-        block = next(
-            (b for b in (16, 256) if _flash_varlen_works(torch.device("cuda"), b, torch.bfloat16)), 16
-        )
+        dev = torch.device(DEVICE)
+        fits = [b for b in (16, 256) if dev.type == "cuda" and _flash_varlen_works(dev, b, torch.bfloat16)]
+        block = fits[0] if fits else 16
         rows = [run_engine(model_dir, kv, block, eq_prompts, args.new) for kv in ("auto", "fp8")]
 
     bf16, fp8 = rows
@@ -164,7 +190,8 @@ def main() -> None:
     fp8_equal = sum(
         x == y for a, b in zip(fp8["greedy"], bf16["greedy"], strict=True) for x, y in zip(a, b, strict=True)
     )
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, block size {block}")
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU (smoke run)"
+    print(f"\n{name}, torch {torch.__version__}, block size {block}")
     print(
         f"greedy vs transformers (bf16, {len(ref)} prompts x {args.new} tokens): {same}/{len(ref)} identical, "
         f"mean common prefix {prefix:.1f} tokens"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Frontier's engine on an NVIDIA GPU: greedy equality vs transformers, tok/s at 1/16/64 streams,
+# KV cache memory, fp8 KV agreement. One table; within a few minutes.
+#
+#   bash bench/gpu_check.sh prepare   # here, with PyPI: wheels the GPU machine lacks -> .frontier/gpu-wheels
+#   bash bench/gpu_check.sh           # on the GPU machine, from the repository root, no network
+#
+# The GPU machine has python3 (3.12) with torch (CUDA), transformers, safetensors and tokenizers
+# only. The engine needs two more pure imports: llguidance (structured output, imported by the
+# engine) and jinja2 (chat templates, imported by the tokenizer); carry .frontier/gpu-wheels along.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=.frontier/gpu-wheels
+SITE=.frontier/gpu-site
+PY=${PYTHON:-python3}
+
+if [[ "${1:-}" == "prepare" ]]; then
+  mkdir -p "$WHEELS"
+  .venv/bin/pip download -q --only-binary=:all: --no-deps --python-version 3.12 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 \
+    -d "$WHEELS" 'llguidance==1.7.6' 'jinja2==3.1.6' 'markupsafe==3.0.3'
+  ls -l "$WHEELS"
+  exit 0
+fi
+
+if ! "$PY" -c 'import llguidance, jinja2' 2>/dev/null; then
+  [[ -d "$WHEELS" ]] || { echo "missing $WHEELS: run 'bash bench/gpu_check.sh prepare' where PyPI is reachable" >&2; exit 2; }
+  "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+PYTHONPATH="runtime:$SITE" timeout 600 "$PY" bench/gpu_check.py "$@"
