@@ -11,6 +11,7 @@ runtime's usage, a metering record is written and the per-tenant metrics move.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -89,6 +90,9 @@ class Proxy:
                     continue
                 self._finish(call, answer.status_code, _usage_of(answer.body), replica.url)
                 return answer
+        except asyncio.CancelledError:
+            self._finish(call, 499, None, "")  # the client left while the request was forwarded
+            raise
         except BaseException:
             self._finish(call, 500, None, "")
             raise
@@ -216,7 +220,13 @@ class Proxy:
         call.finished = True
         prompt = int((usage or {}).get("prompt_tokens") or 0)
         completion = int((usage or {}).get("completion_tokens") or 0)
-        call.grant.settle(prompt + completion if usage else None)
+        if usage:
+            used: int | None = prompt + completion
+        elif status in (200, 499, 502):
+            used = None  # tokens may have been spent without a usage report: the estimate stands
+        else:
+            used = 0  # refused or never served: the tenant gets its tokens back
+        call.grant.settle(used)
         elapsed = time.monotonic() - call.started
         tenant, model = call.tenant.name, call.model
         m = self.metrics

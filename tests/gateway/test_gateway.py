@@ -256,3 +256,15 @@ def test_the_gateways_priority_names_are_the_runtimes() -> None:
     assert contracts.PRIORITY_CLASSES == runtime.PRIORITY_CLASSES
     assert contracts.PRIORITY_FIELD == runtime.PRIORITY_FIELD
     assert contracts.COMPLETIONS_PATH == runtime.COMPLETIONS_PATH
+
+
+def test_tokens_come_back_when_no_runtime_served_the_request(standins, tmp_path) -> None:
+    config = _config(standins, tmp_path / "m.jsonl", tenant("small", SMALL, ["model-a"], tpm=100))
+    with running_gateway(config) as gw:
+        standins["a1"].status = standins["a2"].status = 400  # e.g. a prompt over the context length
+        refused = _complete(gw.url, SMALL, "model-a", max_tokens=60)
+        assert refused.status_code == 400
+        assert int(refused.headers[contracts.REMAINING_TOKENS]) < 40  # taken up front
+        standins["a1"].status = standins["a2"].status = 200
+        # The 62 tokens were given back when the 400 came: a full-size request fits again.
+        assert _complete(gw.url, SMALL, "model-a", max_tokens=90).status_code == 200
