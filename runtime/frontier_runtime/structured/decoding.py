@@ -12,8 +12,9 @@ soon as its grammar is complete. Requests without a constraint cost one dict loo
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -32,14 +33,20 @@ class _Sampling(Protocol):
 
 
 class PendingMasks:
-    """A step's masks being filled; ``result()`` waits for them."""
+    """A step's masks being filled; ``result()`` returns them once filled."""
 
-    def __init__(self, done: Future[None], masks: TokenBitmask) -> None:
+    def __init__(self, done: Future[None], masks: TokenBitmask, fill: Callable[[], None]) -> None:
         self._done = done
         self._masks = masks
+        self._fill = fill
 
     def result(self) -> TokenBitmask:
-        self._done.result()
+        # Not started yet (on a machine with no core to spare, the helper thread may not have been
+        # scheduled during the whole forward): fill here rather than sleep until it is.
+        if self._done.cancel():
+            self._fill()
+        else:
+            self._done.result()
         return self._masks
 
 
@@ -109,10 +116,10 @@ class StructuredDecoder:
         bits = torch.empty((len(rows), self.words), dtype=torch.int32, pin_memory=self.pin_memory)
         # The helper thread runs nothing but the Rust call, which releases the GIL at once: the
         # engine thread is not held up while it builds and runs the step.
-        done = self._pool.submit(
+        fill = partial(
             self._executor.unsafe_compute_mask_ptr, matchers, bits.data_ptr(), self.words * 4, len(rows)
         )
-        return PendingMasks(done, TokenBitmask(rows, bits))
+        return PendingMasks(self._pool.submit(fill), TokenBitmask(rows, bits), fill)
 
     def accept(self, request_id: str, token: int) -> FinishReason | None:
         """Advance the request's matcher by its sampled token: "stop" once its grammar is complete,

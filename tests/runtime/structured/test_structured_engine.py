@@ -7,6 +7,7 @@ import json
 
 import jsonschema
 import pytest
+import torch
 from frontier_runtime.engine.api import SamplingParams, StructuredOutput
 from frontier_runtime.engine.llm_engine import LLMEngine
 
@@ -101,3 +102,29 @@ def test_a_bad_constraint_is_refused_at_add_and_leaves_nothing(engine: LLMEngine
     with pytest.raises(ValueError, match="unclosed group"):
         engine.add_request("bad", [5, 6], SamplingParams(structured=StructuredOutput("regex", "(a")))
     assert "bad" not in engine.structured and not engine.has_unfinished()
+
+
+def test_masks_not_yet_started_by_the_helper_are_filled_by_the_engine_thread(engine: LLMEngine) -> None:
+    import threading
+    from types import SimpleNamespace
+
+    decoder = engine.structured
+    decoder.add("m1", StructuredOutput("choice", '["yes", "no"]'))
+    try:
+        ready = decoder.start(
+            [SimpleNamespace(request_id="other"), SimpleNamespace(request_id="m1")]
+        ).result()
+        release = threading.Event()
+        decoder._pool.submit(release.wait, 10)  # the helper thread is busy: the next fill cannot start
+        inline = decoder.start(
+            [SimpleNamespace(request_id="other"), SimpleNamespace(request_id="m1")]
+        ).result()
+        release.set()
+        assert inline.rows == ready.rows == [1]
+        assert torch.equal(inline.bits, ready.bits)
+        allowed = {
+            t for t in range(engine.model_config.vocab_size) if inline.bits[0, t // 32] >> (t % 32) & 1
+        }
+        assert allowed and all(engine.tokenizer.decode([t]) in ("y", "ye", "yes", "n", "no") for t in allowed)
+    finally:
+        decoder.release("m1")
