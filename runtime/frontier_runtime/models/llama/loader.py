@@ -18,6 +18,9 @@ The path is the same on CPU and CUDA, and its memory stays near the size of one 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +49,24 @@ def _skipped_init() -> Iterator[None]:
     finally:
         for name, fn in saved.items():
             setattr(nn.init, name, fn)
+
+
+@functools.cache
+def _libc_malloc_trim() -> ctypes._CFuncPtr | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc). Once glibc has freed a few multi-MB
+    blocks its mmap threshold grows, later blocks of that size come from the heap, and the heap
+    keeps what is freed: without this, each layout swap below (a new copy, then the old one freed)
+    would leave its old copy resident, ~25 % over the weights at the peak."""
+    trim = _libc_malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def build_on_meta(cfg: LlamaConfig, tp: TPGroup = SINGLE) -> LlamaForCausalLM:
@@ -201,4 +222,5 @@ def load_model(
         for module in model.modules():
             if isinstance(module, Linear):
                 module.use_transposed_weight()
+                _return_freed_memory()
     return model.eval().requires_grad_(False)
