@@ -310,14 +310,18 @@ class ModelRunner:
         size = next(b for b in sorted(self.graphs) if b >= s)
         graph = self.graphs[size]
         host = torch.tensor(
-            step.input_ids + step.rows + step.computed + step.table_updates, dtype=torch.int64
+            step.input_ids + step.rows + step.computed + step.logits_indices + step.table_updates,
+            dtype=torch.int64,
         )
         packed = host.pin_memory().to(self.device, non_blocking=True)
-        ids, rows, computed, updates = packed.split([s, s, s, len(step.table_updates)])
+        ids, rows, computed, logit_rows, updates = packed.split(
+            [s, s, s, len(step.logits_indices), len(step.table_updates)]
+        )
         if step.table_updates:
             self._apply_table_updates(updates)
         hidden = graph.replay(self, ids, rows, computed)
-        return self.model.compute_logits(hidden[: len(step.logits_indices)])
+        # Not every one-token step samples: a prompt chunk of one token may stop short of its end.
+        return self.model.compute_logits(hidden.index_select(0, logit_rows))
 
     def shutdown(self) -> None:
         self.tp.destroy()

@@ -117,3 +117,18 @@ def test_an_unknown_or_unfit_backend_is_refused_by_name() -> None:
         select_backend(torch.device("cpu"), BLOCK, torch.float32, prefer="flex")
     with pytest.raises(ValueError, match="flash-varlen' needs a CUDA device"):
         select_backend(torch.device("cpu"), BLOCK, torch.float32, prefer="flash-varlen")
+
+
+def test_the_engine_on_the_portable_sdpa_path_equals_transformers(gqa_ref) -> None:  # noqa: ANN001
+    """The path CUDA takes without the paged flash kernel (and CPU without a compiler), batched,
+    with chunked prefills behind cached context: still token for token transformers' greedy."""
+    from engine_fixtures import MAX_NEW
+    from frontier_runtime.engine.api import SamplingParams
+    from frontier_runtime.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(
+        gqa_ref.model_dir, attention_backend="sdpa-gather", max_batch_size=8, max_num_batched_tokens=16
+    )
+    assert engine.runner.backend == "sdpa-gather"
+    out = engine.generate(gqa_ref.prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0.0))
+    assert out == gqa_ref.outputs
