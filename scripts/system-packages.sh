@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The Debian packages the local stack and the tests need: sshd for the host slots, HAProxy as the
-# balancer, socat for its admin socket. Installs what is missing when run as root with apt-get;
+# balancer, socat for its admin socket, the AWS CLI that the host bootstrap calls (tested against moto). Installs what is missing when run as root with apt-get;
 # otherwise says what to install and fails.
 set -euo pipefail
 packages=(openssh-server openssh-client haproxy socat)
+# The host bootstrap shells out to `aws`; the tests run it against moto. Any aws on PATH will do.
+command -v aws >/dev/null 2>&1 || packages+=(awscli)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
