@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -65,6 +66,51 @@ def local_down(c, stack=None):
     """Stop every process of the embedded local stack (runtimes, HAProxy, sshd, moto)."""
     settings = settings_for(stack)
     Console().print(_components_table(f"local stack {settings.stack!r}", local.down(settings)))
+
+
+@task(
+    name="autoscale",
+    help={
+        "stack": STACK_HELP,
+        "seconds": "stop after this many seconds (default: run until interrupted)",
+    },
+)
+@reports_errors
+def local_autoscale(c, stack=None, seconds=None):
+    """Scale the local group on the runtimes' queue depth: launch spare slots, retire drained ones."""
+    from frontier.local.autoscaler import Autoscaler, Decision, Observation
+
+    settings = settings_for(stack)
+    fleet = backend_for(settings).fleet()
+    console = Console()
+    policy = settings.local.autoscaler if settings.local else None
+    size = fleet.size()
+    console.print(
+        f"{fleet.name}: {size.desired} in service (min {size.min_size}, max {size.max_size}); target "
+        f"{settings.serving_group.target_queue_depth:g} waiting per host; out after "
+        f"{policy.scale_out_after_s:g}s, in after {policy.scale_in_after_s:g}s"
+    )
+    fleet.say = lambda line: console.print(f"  {line}")
+    last = [0.0]
+
+    def observed(seen: Observation) -> None:
+        if seen.at - last[0] >= 5:  # one line every few seconds, not per scrape
+            last[0] = seen.at
+            console.print(
+                f"  [dim]{seen.hosts} host(s): {seen.waiting:.0f} waiting, {seen.running:.0f} running"
+                + (f", {seen.unreachable} not answering" if seen.unreachable else "")
+                + "[/]"
+            )
+
+    def decided(decision: Decision, outcome: str) -> None:
+        console.print(
+            f"[bold]scale {decision.direction}[/] {decision.current} -> {decision.desired}: {decision.reason}; {outcome}"
+        )
+
+    scaler = Autoscaler(settings, fleet, on_observation=observed, on_decision=decided)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the loop, not the report
+        scaler.run(float(seconds) if seconds is not None else None)
+    console.print(f"{fleet.name}: {fleet.size().desired} in service")
 
 
 def slo_targets(settings: Settings) -> SloTargets:
@@ -242,5 +288,5 @@ def current_release(settings: Settings) -> str:
 
 
 def register(namespace: Collection) -> None:
-    namespace.add_collection(Collection("local", local_up, local_down))
+    namespace.add_collection(Collection("local", local_up, local_down, local_autoscale))
     namespace.add_task(loadtest)

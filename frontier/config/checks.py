@@ -228,6 +228,14 @@ def _fleet_problems(s: Settings, where: str, group: NodeGroup) -> Iterator[Probl
             group.min_size,
             f"must be <= max_size ({group.max_size}); the group scales between them",
         )
+    slots = len(s.inventory.hosts)
+    if s.local is not None and s.inventory.source == "static" and not s.models and group.max_size > slots:
+        # The local stand-in for an auto scaling group grows only into the slots the stack lists.
+        yield Problem(
+            f"{where}.max_size",
+            group.max_size,
+            f"must be <= the {slots} host slot(s) of inventory.hosts: a local group launches only listed slots",
+        )
     if s.target != "ec2":
         return
     if not group.ami_id:

@@ -219,6 +219,22 @@ class Monitoring(_Settings):
     kv_usage_alarm: float = Field(default=0.95, gt=0, le=1)
 
 
+class LocalAutoscaler(_Settings):
+    """The local stack's autoscaler (``fab local.autoscale``): target tracking on the runtimes' queue
+    depth, as the cloud's policy on the QueueDepth metric, with SkyServe-style up/down delays."""
+
+    interval_s: float = Field(default=1.0, gt=0, le=60, description="Seconds between scrapes of /metrics.")
+    scale_out_after_s: float = Field(
+        default=10, ge=0, le=3600, description="Queue depth over target this long: launch a slot."
+    )
+    scale_in_after_s: float = Field(
+        default=30, ge=0, le=3600, description="Nothing waiting and little running this long: retire one."
+    )
+    cooldown_s: float = Field(default=10, ge=0, le=3600, description="Quiet time after each change.")
+    # Scale in only when the remaining hosts would run at most this fraction of their concurrency.
+    scale_in_utilisation: float = Field(default=0.5, gt=0, le=1)
+
+
 class Local(_Settings):
     state_dir: str = ".frontier/local"
     # The balancer and the moto server listen here only: nothing of the local stack leaves the machine.
@@ -226,6 +242,7 @@ class Local(_Settings):
     moto_port: int = Field(ge=1024, le=65535)
     balancer_port: int = Field(ge=1024, le=65535)
     balancer_stats_port: int = Field(ge=1024, le=65535)
+    autoscaler: LocalAutoscaler = LocalAutoscaler()
 
 
 class KubernetesCluster(_Settings):

@@ -1,4 +1,4 @@
-"""Load generation against any OpenAI-compatible endpoint, always streaming with usage.
+"""Load generation against any OpenAI-compatible endpoint, streaming with usage by default.
 
 Three shapes of load, as in vLLM's ``benchmark_serving`` and genai-perf:
 
@@ -10,7 +10,8 @@ Three shapes of load, as in vLLM's ``benchmark_serving`` and genai-perf:
 
 Every request is a streamed ``/v1/completions`` (or ``/v1/chat/completions``) call with
 ``stream_options.include_usage``; the client timestamps each server-sent event and turns the stream
-into a :class:`~frontier.loadtest.stats.RequestSample`. Failures are samples too, classified by kind
+into a :class:`~frontier.loadtest.stats.RequestSample`. With ``Target.stream`` off a request is one
+non-streamed answer (no TTFT), which HAProxy may retry on another host until it has begun. Failures are samples too, classified by kind
 (``http_429``, ``connect``, ``timeout``, ``disconnect``, ``truncated``, ...), never exceptions.
 
 :class:`BackgroundLoad` keeps a steady load running in a thread while something else happens (a
@@ -65,6 +66,9 @@ class Target:
     # Generate exactly max_tokens (as vLLM's benchmark does), so every request costs the same.
     ignore_eos: bool = True
     extra_body: dict = field(default_factory=dict)
+    # Streamed (the default) times every token; a non-streamed request gets one answer, which a
+    # balancer can still retry on another host when the one serving it dies before answering.
+    stream: bool = True
 
     @property
     def url(self) -> str:
@@ -78,10 +82,10 @@ class Target:
         body: dict = {
             "model": self.model,
             "max_tokens": self.max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
             "temperature": 0.0,
         }
+        if self.stream:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
         if self.ignore_eos:
             body["ignore_eos"] = True
         if self.endpoint == "chat":
@@ -180,6 +184,34 @@ async def stream_request(client: httpx.AsyncClient, target: Target, prompt: str)
     )
 
 
+async def whole_request(client: httpx.AsyncClient, target: Target, prompt: str) -> RequestSample:
+    """Send one non-streamed request; its latency is the whole answer's (there is no first token)."""
+    sent = time.perf_counter()
+    try:
+        resp = await client.post(target.url, json=target.body(prompt), headers=target.headers())
+        answer = resp.json() if resp.status_code == 200 else None
+    except (httpx.ConnectError, httpx.ConnectTimeout):
+        return RequestSample(sent_at=sent, ok=False, error="connect")
+    except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
+        return RequestSample(sent_at=sent, ok=False, error="timeout")
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+        return RequestSample(sent_at=sent, ok=False, error="disconnect")
+    except json.JSONDecodeError:
+        return RequestSample(sent_at=sent, ok=False, error="protocol")
+    if answer is None:
+        return RequestSample(sent_at=sent, ok=False, error=f"http_{resp.status_code}")
+    usage = answer.get("usage") or {}
+    if not answer.get("choices") or not usage.get("completion_tokens"):
+        return RequestSample(sent_at=sent, ok=False, error="empty")
+    return RequestSample(
+        sent_at=sent,
+        ok=True,
+        e2el_s=time.perf_counter() - sent,
+        output_tokens=int(usage["completion_tokens"]),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+    )
+
+
 def _client(target: Target) -> httpx.AsyncClient:
     timeout = httpx.Timeout(target.timeout_s, connect=min(5.0, target.timeout_s))
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
@@ -197,9 +229,8 @@ async def _guarded(
         if on_event:
             on_event("sent", None)
         try:
-            sample = await asyncio.wait_for(
-                stream_request(client, target, prompt), timeout=target.timeout_s + 5
-            )
+            send = stream_request if target.stream else whole_request
+            sample = await asyncio.wait_for(send(client, target, prompt), timeout=target.timeout_s + 5)
         except TimeoutError:
             sample = RequestSample(
                 sent_at=time.perf_counter() - target.timeout_s - 5, ok=False, error="timeout"

@@ -40,6 +40,7 @@ from frontier.contracts import HAPROXY_ADMIN_SOCKET, LOCAL_AWS_KEY_ID, LOCAL_AWS
 from frontier.errors import FrontierError
 from frontier.fleet.agent import SUPERVISOR_PID_NAME, terminate_then_kill
 from frontier.local import services
+from frontier.local.group import STATE_FILE as GROUP_STATE_FILE
 from frontier.render.files import local_balancer_backends, render_haproxy
 
 # moto accepts any credentials; these name the local stack rather than pose as real keys.
@@ -394,6 +395,8 @@ def down(settings: Settings) -> list[Component]:
         services.stop(service)
         report.append(Component(name, "stopped", f"pid {service.pid}"))
     (state / STATE_FILE).unlink(missing_ok=True)
+    # The next `up` starts with the stack's desired_size in service again.
+    (state / GROUP_STATE_FILE).unlink(missing_ok=True)
     return report
 
 

@@ -15,13 +15,19 @@
    of change an operator rolls and may want back. It is written as a copy of the stack file with
    that one change (``<state_dir>/demo/Pulumi.local.yaml``) and loaded by the same loader;
 9. ``rollback`` under the same load: back to A, byte for byte, through the same gates;
-10. two models behind the gateway: the stack file as two pools (the tiny model on every slot but
+10. self-healing under a steady load of non-streamed requests: ``kill -9`` of host-2's runtime;
+    its supervisor relaunches it and HAProxy puts it back, timed (no request fails: HAProxy retries
+    the ones the killed runtime was answering on another host);
+11. a launch: the spare slot (host-4) boots the current release by itself from the history —
+    the same ``bootstrap.py boot`` cloud-init runs on an EC2 host — and joins HAProxy; then it is
+    retired, drained first (what ``fab local.autoscale`` does on queue depth);
+12. two models behind the gateway: the stack file as two pools (the tiny model on every slot but
     the last, a smaller model of another shape on the last), each rolled with ``deploy --model``,
     the gateway started in front with two tenants — ``acme`` (interactive, both models) streams
     chats to each model, ``nightly`` (batch, the small model only) streams four of its own, is
     refused the other model (404) and runs a 16-line batch job — then the gateway's metering
     summed per tenant and model;
-11. a closing table and the usage table, then exactly one last line:
+13. a closing table and the usage table, then exactly one last line:
     ``demo: sent=<n> failed=<n> deploy_s=<s> rollback_s=<s>``.
 
 It exits non-zero when any request failed or any step failed. The stack is taken down at the end
@@ -36,7 +42,7 @@ import asyncio
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -361,11 +367,13 @@ def run(settings: Settings, rate: float, load_s: float, tally: Tally) -> int:
     phases.append(Phase(f"rollback to A {release_a}", _between(samples, t1, t2), tally.rollback_s))
     phases.append(Phase("after rollback", _between(samples, t2, float("inf"))))
 
-    step("10. two models, two tenants behind the gateway")
+    phases += fleet_part(settings, target, rate, tally)
+
+    step("12. two models, two tenants behind the gateway")
     model_phases, usage = models_part(settings, digest, tally)
     phases += model_phases
 
-    step("11. summary")
+    step("13. summary")
     console.print(closing_table(phases))
     console.print(usage)
     if tally.failed:
@@ -378,6 +386,71 @@ def run(settings: Settings, rate: float, load_s: float, tally: Tally) -> int:
         f"--stack prod (stack file {stack_path('prod').name})"
     )
     return 1 if tally.failed else 0
+
+
+def fleet_part(settings: Settings, target: Target, rate: float, tally: Tally) -> list[Phase]:
+    """A killed runtime heals itself; a spare slot joins by itself, then leaves drained."""
+    from frontier.local.heal import kill_and_recover
+
+    backend = backend_for(settings)
+    fleet = backend.fleet()
+    fleet.say = lambda line: console.print(f"  {line}")
+    victim = backend.hosts()[1]
+    # Non-streamed requests: one the killed runtime was answering is retried by HAProxy on another
+    # host (a stream that has begun could not move).
+    whole = replace(target, stream=False)
+    step(f"10. self-healing: kill -9 the runtime of {victim.name} under {rate:g} req/s")
+    load = BackgroundLoad(whole, rate, seed=3).start()
+    try:
+        time.sleep(2.0)
+        recovery = kill_and_recover(settings, victim, backend.balancer())
+        time.sleep(2.0)
+    finally:
+        samples = load.stop()
+        tally.add(samples)
+    console.print(
+        f"  {victim.name}: relaunched by its supervisor after {recovery.relaunched_s:.2f}s, ready after "
+        f"{recovery.ready_s:.2f}s, back in HAProxy rotation after {recovery.in_rotation_s:.2f}s"
+    )
+    phases = [
+        Phase(
+            f"kill -9 {victim.name}: back in {recovery.in_rotation_s:.1f}s", samples, recovery.in_rotation_s
+        )
+    ]
+
+    spares = fleet.spares()
+    if not spares:
+        console.print("  no spare host slot in inventory.hosts: the launch step is skipped")
+        return phases
+    spare = spares[0]
+    step(f"11. a new host slot: {spare.name} boots the current release by itself, joins, then retires")
+    load = BackgroundLoad(target, rate, seed=4).start()
+    try:
+        time.sleep(1.0)
+        launched = fleet.launch(spare, settings.rollout.readiness_timeout_s)
+        t1 = time.perf_counter()
+        time.sleep(3.0)  # it takes its share of the traffic
+        t2 = time.perf_counter()
+        fleet.retire([spare])
+        t3 = time.perf_counter()
+        time.sleep(1.0)
+    finally:
+        samples = load.stop()
+        tally.add(samples)
+    console.print(
+        f"  {spare.name}: booted {launched.release} in {launched.boot_s:.1f}s (bootstrap from the history), "
+        f"in HAProxy rotation after {launched.in_rotation_s:.1f}s; retired drained in {t3 - t2:.1f}s"
+    )
+    return [
+        *phases,
+        Phase(
+            f"launch {spare.name}: joined in {launched.in_rotation_s:.1f}s",
+            _between(samples, 0, t1),
+            launched.in_rotation_s,
+        ),
+        Phase(f"{spare.name} serving", _between(samples, t1, t2)),
+        Phase(f"retire {spare.name} (drained)", _between(samples, t2, float("inf")), t3 - t2),
+    ]
 
 
 def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Phase], Table]:

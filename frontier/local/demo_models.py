@@ -28,6 +28,7 @@ from frontier.loadtest.client import Target
 from frontier.loadtest.stats import RequestSample
 from frontier.local import cluster
 from frontier.local import gateway as local_gateway
+from frontier.local.group import read_state
 
 SMALL_MODEL = "tiny-llama-small"
 # The runtime's tiny checkpoint fields for the small model, and the stack's model block for it.
@@ -45,9 +46,17 @@ def two_model_settings(settings: Settings) -> Settings:
     """The stack file as two pools behind a gateway with two tenants, written under the demo folder."""
     document = yaml.safe_load(Path(settings.source).read_text())
     config = document["config"]
-    hosts = [h.name for h in settings.inventory.hosts]
+    # The slots in service are split between the pools; spare slots stay out of this copy.
+    serving = set(read_state(settings, cluster.state_dir(settings)).in_service)
+    hosts = [h.name for h in settings.inventory.hosts if h.name in serving]
     if len(hosts) < 2:
-        raise FrontierError("the two-model part of the demo needs at least two host slots")
+        raise FrontierError("the two-model part of the demo needs at least two host slots in service")
+    inventory = config["frontier:inventory"]
+    inventory["hosts"] = [h for h in inventory["hosts"] if h["name"] in serving]
+    for group in config["frontier:node_groups"]:
+        group["max_size"] = min(group["max_size"], len(hosts))
+        group["min_size"] = min(group["min_size"], group["max_size"])
+        group["desired_size"] = min(max(group["desired_size"], group["min_size"]), group["max_size"])
     model, runtime = config.pop("frontier:model"), config.pop("frontier:runtime")
     small = {
         **copy.deepcopy(model),

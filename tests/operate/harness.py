@@ -23,7 +23,7 @@ from frontier.config.load import load_stack
 from frontier.config.schema import Settings
 from frontier.fleet.balancer import HAProxyBalancer
 from frontier.fleet.host import AGENT_NAME
-from frontier.fleet.inventory import HostSpec
+from frontier.fleet.inventory import HostSpec, static_hosts
 from frontier.local import services
 from frontier.release.artifact import Artifact, build_wheel
 from frontier.release.history import HistoryStore
@@ -36,9 +36,16 @@ API_KEY = "operate-test-key"
 
 
 def write_stack(
-    base: Path, addresses: list[str], moto_port: int, changes: dict[str, Any] | None = None
+    base: Path,
+    addresses: list[str],
+    moto_port: int,
+    changes: dict[str, Any] | None = None,
+    group: dict[str, Any] | None = None,
 ) -> Path:
-    """A copy of the local stack whose hosts, ports and directories are this cluster's."""
+    """A copy of the local stack whose hosts, ports and directories are this cluster's.
+
+    Every slot serves unless ``group`` says otherwise (``min_size``, ``desired_size``, ``max_size``).
+    """
     document = yaml.safe_load(((project.root() / "stacks") / "Pulumi.local.yaml").read_text())
     config = document["config"]
     runtime_port = _free_on_all(addresses)
@@ -54,8 +61,9 @@ def write_stack(
             for i, a in enumerate(addresses)
         ],
     )
-    group = config["frontier:node_groups"][0]
-    group.update(min_size=len(addresses), desired_size=len(addresses), max_size=len(addresses))
+    node_group = config["frontier:node_groups"][0]
+    node_group.update(min_size=len(addresses), desired_size=len(addresses), max_size=len(addresses))
+    node_group.update(group or {})
     config["frontier:runtime"]["port"] = runtime_port
     # One canary, then the other hosts together: both rollout steps are exercised.
     config["frontier:rollout"].update(
@@ -104,7 +112,15 @@ class Cluster:
 
     @property
     def hosts(self) -> list[HostSpec]:
+        """The slots in service (what a rollout goes over)."""
         return backend_for(self.settings).hosts()
+
+    @property
+    def slots(self) -> list[HostSpec]:
+        """Every host slot of the stack, serving or spare."""
+        return static_hosts(
+            self.settings, self.settings.serving_group.name, python=sys.executable, resolve_root=str
+        )
 
     @property
     def endpoint(self) -> str:
@@ -156,7 +172,7 @@ class Cluster:
             subprocess.Popen(
                 [h.python, str(Path(h.root) / "bin" / AGENT_NAME), "stop"], stdout=subprocess.DEVNULL
             )
-            for h in self.hosts
+            for h in self.slots
             if (Path(h.root) / "run" / "runtime.pid").exists()
         ]
         for process in stopping:
@@ -165,13 +181,15 @@ class Cluster:
             services.stop(service, timeout=5)
 
 
-def start_cluster(base: Path, count: int = 3, changes: dict[str, Any] | None = None) -> Cluster:
+def start_cluster(
+    base: Path, count: int = 3, changes: dict[str, Any] | None = None, group: dict[str, Any] | None = None
+) -> Cluster:
     base.mkdir(parents=True, exist_ok=True)
     moto = services.start_moto(0, base / "state", in_process=True)
     started: list[services.Service] = [moto]
     try:
         addresses = ADDRESSES[:count]
-        stack_file = write_stack(base, addresses, moto.port, changes)
+        stack_file = write_stack(base, addresses, moto.port, changes, group)
         settings = load_stack("local", path=stack_file)
         key = base / "ssh" / "id_ed25519"
         key.parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +209,7 @@ def start_cluster(base: Path, count: int = 3, changes: dict[str, Any] | None = N
         haproxy = services.start_haproxy(cfg, base / "state")
         started.append(haproxy)
         cluster = Cluster(base, stack_file, settings, moto, haproxy, public_key=public_key)
-        for host in cluster.hosts:
+        for host in cluster.slots:
             cluster.start_sshd(host)
             started.append(cluster.sshd[host.name])
             _prepare_host(host, moto.endpoint)

@@ -38,6 +38,8 @@ FIELD_RULES = [
     ("prod", "node_groups[0].root_volume_gb", 10, "greater than or equal to 20"),
     ("prod", "node_groups[0].cache_volume_gb", 0, "greater than or equal to 1"),
     ("prod", "node_groups[0].target_queue_depth", 0, "greater than 0"),
+    ("local", "local.autoscaler.scale_in_after_s", -5, "greater than or equal to 0"),
+    ("local", "local.autoscaler.scale_in_utilisation", 0, "greater than 0"),
     (
         "prod",
         "node_groups[0].ami_id",
@@ -302,6 +304,12 @@ CROSS_RULES = {
         {"node_groups[0].instance_type": "p5.4xlarge", "node_groups[0].model_cache": "instance_store"},
         "node_groups[0].model_cache = 'instance_store'",
         "p5.4xlarge has no NVMe instance store; use 'ebs', or one of: g5.12xlarge",
+    ),
+    "a local group grows only into listed slots": (
+        "local",
+        {"node_groups[0].max_size": 5},
+        "node_groups[0].max_size = 5",
+        "must be <= the 4 host slot(s) of inventory.hosts",
     ),
     "canary leaves a host serving": (
         "local",

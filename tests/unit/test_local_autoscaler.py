@@ -1,0 +1,89 @@
+"""The local autoscaler's decisions: target tracking on queue depth, with delays and a cooldown."""
+
+from __future__ import annotations
+
+import pytest
+
+from frontier.config.load import load_stack
+from frontier.config.schema import LocalAutoscaler
+from frontier.local.autoscaler import Decider, Observation, Policy
+
+TIMING = LocalAutoscaler(
+    interval_s=1, scale_out_after_s=5, scale_in_after_s=10, cooldown_s=3, scale_in_utilisation=0.5
+)
+
+
+def policy(min_size: int = 1, max_size: int = 4) -> Policy:
+    return Policy(target_queue_depth=4, min_size=min_size, max_size=max_size, max_concurrency=8, timing=TIMING)
+
+
+def feed(decider: Decider, seconds: range, hosts: int, waiting: float, running: float):
+    decisions = [decider.feed(Observation(float(t), hosts, waiting, running)) for t in seconds]
+    return [d for d in decisions if d is not None]
+
+
+def test_a_queue_over_target_scales_out_only_once_it_has_lasted_the_delay():
+    decider = Decider(policy())
+    assert feed(decider, range(0, 5), hosts=1, waiting=6, running=8) == []
+    [decision] = feed(decider, range(5, 6), hosts=1, waiting=6, running=8)
+    assert (decision.current, decision.desired, decision.direction) == (1, 2, "out")
+    assert "waiting per host" in decision.reason
+
+
+def test_scale_out_is_proportional_to_the_queue_and_capped_at_max_size():
+    decider = Decider(policy(max_size=3))
+    [decision] = feed(decider, range(0, 6), hosts=1, waiting=40, running=8)
+    assert decision.desired == 3  # ceil(40 / 4) = 10 hosts wanted, max_size 3
+
+
+def test_a_queue_that_dips_under_target_restarts_the_delay():
+    decider = Decider(policy())
+    assert feed(decider, range(0, 4), hosts=1, waiting=6, running=8) == []
+    assert feed(decider, range(4, 5), hosts=1, waiting=2, running=8) == []
+    assert feed(decider, range(5, 9), hosts=1, waiting=6, running=8) == []
+
+
+def test_an_idle_group_scales_in_by_one_after_the_delay_and_never_below_min_size():
+    decider = Decider(policy(min_size=2))
+    [decision] = feed(decider, range(0, 11), hosts=3, waiting=0, running=1)
+    assert (decision.current, decision.desired, decision.direction) == (3, 2, "in")
+    decider.changed(11)
+    assert feed(decider, range(11, 40), hosts=2, waiting=0, running=0) == []
+
+
+def test_an_empty_queue_alone_does_not_scale_in_when_fewer_hosts_could_not_carry_the_load():
+    # 2 hosts of 8 concurrency run 12 requests: one host at 50% (4 requests) could not carry them.
+    decider = Decider(policy())
+    assert feed(decider, range(0, 60), hosts=2, waiting=0, running=12) == []
+
+
+def test_nothing_is_decided_during_the_cooldown_after_a_change():
+    decider = Decider(policy())
+    decider.changed(0)
+    assert feed(decider, range(0, 3), hosts=1, waiting=20, running=8) == []
+    assert feed(decider, range(3, 8), hosts=1, waiting=20, running=8) == []
+    assert len(feed(decider, range(8, 9), hosts=1, waiting=20, running=8)) == 1
+
+
+def test_a_host_that_does_not_answer_holds_every_decision():
+    decider = Decider(policy())
+    seen = [decider.feed(Observation(float(t), 2, 20, 16, unreachable=1)) for t in range(0, 30)]
+    assert seen == [None] * 30
+
+
+def test_the_policy_comes_from_the_stack():
+    settings = load_stack("local")
+    p = Policy.of(settings)
+    group = settings.serving_group
+    assert (p.min_size, p.max_size, p.target_queue_depth) == (
+        group.min_size,
+        group.max_size,
+        group.target_queue_depth,
+    )
+    assert p.max_size <= len(settings.inventory.hosts)
+
+
+@pytest.mark.parametrize("field", ["scale_out_after_s", "cooldown_s"])
+def test_negative_delays_are_refused(field):
+    with pytest.raises(ValueError, match=field):
+        LocalAutoscaler(**{field: -1})
