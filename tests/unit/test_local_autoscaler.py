@@ -14,7 +14,9 @@ TIMING = LocalAutoscaler(
 
 
 def policy(min_size: int = 1, max_size: int = 4) -> Policy:
-    return Policy(target_queue_depth=4, min_size=min_size, max_size=max_size, max_concurrency=8, timing=TIMING)
+    return Policy(
+        target_queue_depth=4, min_size=min_size, max_size=max_size, max_concurrency=8, timing=TIMING
+    )
 
 
 def feed(decider: Decider, seconds: range, hosts: int, waiting: float, running: float):
