@@ -71,6 +71,7 @@ RUNNING_REQUESTS_METRIC = "RunningRequests"
 # Milliseconds, published as values with counts from the runtime's histogram, so CloudWatch
 # computes true percentiles of whole requests (the ALB's TargetResponseTime is time to first byte).
 E2E_LATENCY_CW_METRIC = "EndToEndLatency"
+RESTARTS_CW_METRIC = "RuntimeRestarts"
 # Every host of a node group publishes under the same dimensions: the group's Average is the
 # per-host figure the scaling policy tracks.
 CLOUDWATCH_DIMENSIONS = ("Stack", "NodeGroup")

@@ -24,12 +24,19 @@ import pulumi
 import pulumi_aws as aws
 
 from frontier.config.schema import Slo
-from frontier.contracts import CLOUDWATCH_DIMENSIONS, E2E_LATENCY_CW_METRIC, QUEUE_DEPTH_METRIC
+from frontier.contracts import (
+    CLOUDWATCH_DIMENSIONS,
+    E2E_LATENCY_CW_METRIC,
+    QUEUE_DEPTH_METRIC,
+    RESTARTS_CW_METRIC,
+)
 from frontier.contracts import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 
 LOG_GROUP_ROOT = "/frontier"
 ALB_NAMESPACE = "AWS/ApplicationELB"
 PERIOD_S = 60
+# One restart is a host healing itself; more than this a minute, on 3 of 5 minutes, is a crash loop.
+RESTART_ALARM = 1
 EVALUATION_PERIODS = 5
 DATAPOINTS_TO_ALARM = 3
 
@@ -191,6 +198,18 @@ class Monitoring(pulumi.ComponentResource):
             statistic="Maximum",
             period=PERIOD_S,
             threshold=args.queue_depth_alarm,
+        )
+        self._alarm(
+            "runtime-restarts",
+            f"Runtimes restarted by their supervisor more than {RESTART_ALARM} times a minute "
+            "(crash-looping or failing liveness)",
+            topic_arn,
+            namespace=METRIC_NAMESPACE,
+            metric_name=RESTARTS_CW_METRIC,
+            dimensions=runtime,
+            statistic="Sum",
+            period=PERIOD_S,
+            threshold=RESTART_ALARM,
         )
 
     def _dashboard(self) -> aws.cloudwatch.Dashboard:

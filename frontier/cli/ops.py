@@ -120,16 +120,17 @@ def status(c, stack=None):
                 f = session.status()
             finally:
                 session.close()
+            restarts = f"{f.restarts} ({f.last_restart[:40]})" if f.restarts else "0"
             rows.append(
                 (host.name, host.address, f.current or "-", f.digest[:19] or "-", f.previous or "-",
-                 "yes" if f.running else "no", "yes" if f.ready else "no", "yes" if f.live else "no")
+                 "yes" if f.running else "no", "yes" if f.ready else "no", "yes" if f.live else "no", restarts)
             )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - one unreachable host is a row, not the end of the table
-            rows.append((host.name, host.address, "?", "?", "?", "?", "?", f"unreachable: {exc}"[:60]))
+            rows.append((host.name, host.address, "?", "?", "?", "?", "?", f"unreachable: {exc}"[:60], "?"))
     store = backend.history_store()
     lock = store.read_lock()
     console = tables.console()
-    columns = ("host", "address", "release", "digest", "previous", "running", "ready", "live")
+    columns = ("host", "address", "release", "digest", "previous", "running", "ready", "live", "restarts")
     console.print(tables.table(f"stack {settings.stack}", columns, rows))
     console.print(f"deploy lock: {lock.describe() if lock else 'free'}")
 

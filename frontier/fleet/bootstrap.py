@@ -13,9 +13,9 @@ prefix's ``host/``)::
                target group ready. Any failure: ABANDON, with the reason in the log and in a boot
                record under ``boots/`` of the history prefix.
     abandon    ABANDON the launch hook with a reason (cloud-init's steps before ``boot`` use it).
-    publish    scrape the runtime's /metrics once and put QueueDepth, RunningRequests and the
+    publish    scrape the runtime's /metrics once and put QueueDepth, RunningRequests, the
                end-to-end latency (values with counts from the histogram, so CloudWatch computes true
-               percentiles) into CloudWatch.
+               percentiles) and RuntimeRestarts (restarts since the last publish) into CloudWatch.
     watch      every ``--interval`` seconds: publish, and look at the host's lifecycle state; on
                Terminating:Wait (scale-in, instance refresh) stop the runtime through the agent,
                which drains it, then complete the terminate hook, so no request is cut.
@@ -55,6 +55,8 @@ MANIFEST = "release.json"
 RELEASE_ID = re.compile(r"^r-[0-9a-f]{12}$")
 TERMINATING = "Terminating:Wait"
 PUBLISHER_STATE = "publisher.json"
+# CloudWatch metric of runtime restarts per publish interval (the same as frontier.contracts').
+RESTARTS_METRIC = "RuntimeRestarts"
 # The host name the uploaded agent configuration carries until a host fills in its own.
 PLACEHOLDER_HOST = "bootstrap"
 # Under the history prefix; the same as frontier.contracts' (this file imports no Frontier module:
@@ -449,9 +451,10 @@ def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
     buckets = histogram_buckets(samples, config.e2e_series)
     state_path = Path(config.root) / "run" / PUBLISHER_STATE
     try:
-        before = {float(k): v for k, v in json.loads(state_path.read_text()).items()}
-    except (OSError, ValueError):
-        before = {}
+        before_state = json.loads(state_path.read_text())
+        before = {float(k): v for k, v in before_state.get("buckets", {}).items()}
+    except (OSError, ValueError, AttributeError):
+        before_state, before = {}, {}
     values, counts = latency_values(before, buckets)
     dimensions = [{"Name": "Stack", "Value": config.stack}, {"Name": "NodeGroup", "Value": config.node_group}]
     data: list[dict[str, Any]] = [
@@ -468,10 +471,33 @@ def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
                 "Unit": "Milliseconds",
             }
         )
+    # Restarts by the supervisor (or systemd's watchdog) since the last publish: a host that heals
+    # itself all the time shows up here, not only in its own log.
+    restarts = _restarts(config)
+    restarted = max(0, restarts - int(before_state.get("restarts", restarts)))
+    data.append(
+        {"MetricName": RESTARTS_METRIC, "Dimensions": dimensions, "Value": restarted, "Unit": "Count"}
+    )
     aws.put_metrics(config.namespace, data)
     state_path.parent.mkdir(parents=True, exist_ok=True)
-    state_path.write_text(json.dumps({str(k): v for k, v in buckets.items()}))
-    return {"ok": True, "queue_depth": waiting, "running": running, "latency_requests": sum(counts)}
+    state_path.write_text(
+        json.dumps({"buckets": {str(k): v for k, v in buckets.items()}, "restarts": restarts})
+    )
+    return {
+        "ok": True,
+        "queue_depth": waiting,
+        "running": running,
+        "latency_requests": sum(counts),
+        "restarts": restarted,
+    }
+
+
+def _restarts(config: NodeConfig) -> int:
+    """How often the runtime was restarted on this host (the agent's ``status``); 0 when unknown."""
+    try:
+        return int(agent(config, "status", timeout=30).get("restarts", 0))
+    except (BootError, OSError, ValueError, subprocess.TimeoutExpired):
+        return 0
 
 
 # --- scale-in: drain, then let the group terminate -------------------------------------------------

@@ -114,7 +114,8 @@ def test_pools_must_split_the_hosts(tmp_path: Path) -> None:
     message = _refused(tmp_path, document)
     assert "models[1].hosts[0] = 'host-2': already runs model 'tiny-llama'" in message
     assert (
-        "models[1].hosts[1] = 'host-9': must name one of inventory.hosts (host-1, host-2, host-3)" in message
+        "models[1].hosts[1] = 'host-9': must name one of inventory.hosts (host-1, host-2, host-3, host-4)"
+        in message
     )
 
 

@@ -7,6 +7,8 @@ import json
 
 import yaml
 
+from frontier.fleet import bootstrap
+
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 
 
@@ -80,8 +82,19 @@ def published_series(graph):
     )
     env = dict(line.split("=", 1) for line in env_text.splitlines() if line)
     dims = {"Stack": env["FRONTIER_STACK"], "NodeGroup": env["FRONTIER_NODE_GROUP"]}
-    names = (env["FRONTIER_QUEUE_METRIC"], env["FRONTIER_RUNNING_METRIC"], env["FRONTIER_LATENCY_METRIC"])
+    names = (
+        env["FRONTIER_QUEUE_METRIC"],
+        env["FRONTIER_RUNNING_METRIC"],
+        env["FRONTIER_LATENCY_METRIC"],
+        bootstrap.RESTARTS_METRIC,  # spelled by the bootstrap itself, not passed in node.env
+    )
     return {(env["FRONTIER_METRIC_NAMESPACE"], name, tuple(sorted(dims.items()))) for name in names}
+
+
+def test_a_crash_looping_runtime_raises_the_restarts_alarm(graph):
+    restarts = alarm(graph, "runtime-restarts")
+    assert restarts["metricName"] == "RuntimeRestarts" and restarts["statistic"] == "Sum"
+    assert restarts["threshold"] >= 1  # one restart is a host healing itself
 
 
 def test_every_runtime_alarm_reads_a_series_the_hosts_publish(graph):
@@ -89,7 +102,7 @@ def test_every_runtime_alarm_reads_a_series_the_hosts_publish(graph):
     runtime_alarms = [
         a.inputs for a in graph.of_type(ALARM) if a.inputs.get("namespace") == "Frontier/Runtime"
     ]
-    assert len(runtime_alarms) == 2
+    assert len(runtime_alarms) == 3
     for a in runtime_alarms:
         assert (a["namespace"], a["metricName"], tuple(sorted(a["dimensions"].items()))) in published
     others = [
@@ -101,7 +114,7 @@ def test_every_runtime_alarm_reads_a_series_the_hosts_publish(graph):
 def test_every_alarm_notifies_the_topic_and_ignores_missing_data(graph):
     topic = graph.outputs["alarm_topic_arn"]
     alarms = graph.of_type(ALARM)
-    assert len(alarms) == 4
+    assert len(alarms) == 5
     for a in alarms:
         assert a.inputs["alarmActions"] == [topic] and a.inputs["okActions"] == [topic]
         assert a.inputs["treatMissingData"] == "notBreaching"

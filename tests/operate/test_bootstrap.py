@@ -290,7 +290,7 @@ def test_queue_depth_running_requests_and_latency_reach_cloudwatch(cloud):
         for m in found
         if sorted(m["Dimensions"], key=lambda d: d["Name"]) == sorted(dims, key=lambda d: d["Name"])
     }
-    assert names == {"QueueDepth", "RunningRequests", "EndToEndLatency"}
+    assert names == {"QueueDepth", "RunningRequests", "EndToEndLatency", "RuntimeRestarts"}
     stats = cloudwatch.get_metric_statistics(
         Namespace="Frontier/Runtime",
         MetricName="QueueDepth",
@@ -301,6 +301,23 @@ def test_queue_depth_running_requests_and_latency_reach_cloudwatch(cloud):
         Statistics=["Maximum", "SampleCount"],
     )["Datapoints"]
     assert max(d["Maximum"] for d in stats) == 9 and sum(d["SampleCount"] for d in stats) == 2
+
+
+def test_restarts_are_published_as_the_count_since_the_last_publish(cloud, monkeypatch):
+    config, *_ = cloud
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = replace(config, metrics_url=f"http://127.0.0.1:{server.server_address[1]}/metrics")
+    counted = iter([1, 3, 3])  # what the agent's status reports at each publish
+    monkeypatch.setattr(bootstrap, "_restarts", lambda _config: next(counted))
+    try:
+        Metrics.body = exposition(0, 0, {"+Inf": 0})
+        aws = Aws(config.region, command=AWS_CLI or "aws")
+        published = [bootstrap.publish(config, aws)["restarts"] for _ in range(3)]
+    finally:
+        server.shutdown()
+    assert published == [0, 2, 0]
+    assert bootstrap.RESTARTS_METRIC == contracts.RESTARTS_CW_METRIC
 
 
 def test_latency_values_come_from_histogram_deltas_and_a_restart_starts_over():

@@ -40,7 +40,7 @@ def gpu_host(tmp_path: Path):
     document = yaml.safe_load(((project.root() / "stacks") / "Pulumi.local.yaml").read_text())
     config = document["config"]
     config["frontier:node_groups"][0].update(
-        accelerator="gpu", gpu_type="H100-SXM-80GB", min_size=1, desired_size=1
+        accelerator="gpu", gpu_type="H100-SXM-80GB", min_size=1, desired_size=1, max_size=1
     )
     config["frontier:inventory"].update(
         ssh_key_file=str(key),
