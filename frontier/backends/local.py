@@ -40,7 +40,7 @@ class LocalBackend(BackendBase):
     def fleet(self, group: str | None = None) -> LocalFleet:
         return LocalFleet(
             self.settings,
-            self.history_store(),
+            self.history_store,
             self.balancer(),
             self.connect,
             state_dir=cluster.state_dir(self.settings),

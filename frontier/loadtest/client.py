@@ -134,6 +134,21 @@ def _content(chunk: dict) -> str:
     return (first.get("delta") or {}).get("content") or ""
 
 
+# How a request that did not complete failed, by the exception that ended it.
+_FAILURE_KINDS: tuple[tuple[tuple[type[Exception], ...], str], ...] = (
+    ((httpx.ConnectError, httpx.ConnectTimeout), "connect"),
+    ((httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout), "timeout"),
+    ((httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError), "disconnect"),
+    ((json.JSONDecodeError,), "protocol"),
+)
+_FAILURES = tuple(kind for kinds, _ in _FAILURE_KINDS for kind in kinds)
+
+
+def _failed(sent: float, exc: Exception) -> RequestSample:
+    error = next(name for kinds, name in _FAILURE_KINDS if isinstance(exc, kinds))
+    return RequestSample(sent_at=sent, ok=False, error=error)
+
+
 async def stream_request(client: httpx.AsyncClient, target: Target, prompt: str) -> RequestSample:
     """Send one streaming request and time its server-sent events."""
     sent = time.perf_counter()
@@ -161,14 +176,8 @@ async def stream_request(client: httpx.AsyncClient, target: Target, prompt: str)
                     stamps.append(time.perf_counter())
                 if chunk.get("usage"):
                     usage = chunk["usage"]
-    except (httpx.ConnectError, httpx.ConnectTimeout):
-        return RequestSample(sent_at=sent, ok=False, error="connect")
-    except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
-        return RequestSample(sent_at=sent, ok=False, error="timeout")
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-        return RequestSample(sent_at=sent, ok=False, error="disconnect")
-    except json.JSONDecodeError:
-        return RequestSample(sent_at=sent, ok=False, error="protocol")
+    except _FAILURES as exc:
+        return _failed(sent, exc)
     if not done:
         return RequestSample(sent_at=sent, ok=False, error="truncated")
     if not stamps:
@@ -190,14 +199,8 @@ async def whole_request(client: httpx.AsyncClient, target: Target, prompt: str) 
     try:
         resp = await client.post(target.url, json=target.body(prompt), headers=target.headers())
         answer = resp.json() if resp.status_code == 200 else None
-    except (httpx.ConnectError, httpx.ConnectTimeout):
-        return RequestSample(sent_at=sent, ok=False, error="connect")
-    except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
-        return RequestSample(sent_at=sent, ok=False, error="timeout")
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-        return RequestSample(sent_at=sent, ok=False, error="disconnect")
-    except json.JSONDecodeError:
-        return RequestSample(sent_at=sent, ok=False, error="protocol")
+    except _FAILURES as exc:
+        return _failed(sent, exc)
     if answer is None:
         return RequestSample(sent_at=sent, ok=False, error=f"http_{resp.status_code}")
     usage = answer.get("usage") or {}

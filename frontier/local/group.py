@@ -101,7 +101,7 @@ class LocalFleet:
     def __init__(
         self,
         settings: Settings,
-        store: HistoryStore,
+        history: Callable[[], HistoryStore],
         balancer: Balancer,
         connect: Callable[[HostSpec], object],
         *,
@@ -111,7 +111,8 @@ class LocalFleet:
         self.settings = settings
         self.group = settings.serving_group
         self.name = f"{settings.stack}-{self.group.name}"
-        self.store = store
+        # The history (moto's S3) is reached only when a slot launches: sizes and refusals need none.
+        self._history = history
         self.balancer = balancer
         self.connect = connect
         self.state_path = state_dir / STATE_FILE
@@ -284,15 +285,14 @@ class LocalFleet:
         for sub in ("bin", "logs", "run", "releases"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         # `pulumi up` uploads the host tools of a cloud stack; here this checkout's are the truth.
-        publish_host_tools(self.settings, self.store)
-        tools = f"{self.store.prefix}{contracts.HOST_TOOLS_PREFIX}{self.group.name}/"
+        store = self._history()
+        publish_host_tools(self.settings, store)
+        tools = f"{store.prefix}{contracts.HOST_TOOLS_PREFIX}{self.group.name}/"
         for name in (bootstrap.AGENT_NAME, bootstrap.AGENT_CONFIG, BOOTSTRAP_NAME):
-            body = self.store.s3.get_object(Bucket=self.store.bucket, Key=tools + name)["Body"].read()
+            body = store.s3.get_object(Bucket=store.bucket, Key=tools + name)["Body"].read()
             (root / "bin" / name).write_bytes(body)
         env = dict(
-            node_env(
-                self.settings, self.group, history_bucket=self.store.bucket, history_prefix=self.store.prefix
-            )
+            node_env(self.settings, self.group, history_bucket=store.bucket, history_prefix=store.prefix)
         )
         env |= {
             "FRONTIER_ROOT": str(root),

@@ -8,9 +8,12 @@ is a copy of ``stacks/Pulumi.local.yaml`` pointed at these addresses, ports and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,7 @@ from frontier.local import services
 from frontier.release.artifact import Artifact, build_wheel
 from frontier.release.history import HistoryStore
 from frontier.render.files import render_haproxy
-from frontier.rollout.deploy import Environment
+from frontier.rollout.deploy import Environment, deploy
 
 ADDRESSES = [f"127.0.1.{i}" for i in range(2, 10)]
 SSH_PORT = 2222
@@ -219,6 +222,32 @@ def start_cluster(
         for service in reversed(started):
             services.stop(service, timeout=5)
         raise
+
+
+@contextlib.contextmanager
+def deployed_cluster(
+    base: Path,
+    count: int,
+    model_dir: Path,
+    changes: dict[str, Any],
+    group: dict[str, Any] | None = None,
+) -> Iterator[Cluster]:
+    """A cluster with the tiny model pushed and the runtime deployed on the slots in service.
+
+    moto's in-process state is shared by every cluster of a test process: give ``changes`` an
+    API-key secret of the cluster's own (``runtime.api_keys_secret``); the state is reset at the end.
+    """
+    cluster = start_cluster(base, count, changes, group)
+    try:
+        push_model(cluster, model_dir)
+        result = deploy(cluster.environment(), register_wheel(cluster, cache=base / "artifacts").digest)
+        assert result.outcome == "succeeded", result
+        yield cluster
+    finally:
+        reset = urllib.request.Request(f"{cluster.endpoint}/moto-api/reset", method="POST")
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(reset, timeout=5).close()
+        cluster.stop()
 
 
 def _prepare_host(host: HostSpec, endpoint: str) -> None:

@@ -12,19 +12,16 @@ cut, which is why the load here is non-streamed.)
 
 from __future__ import annotations
 
-import contextlib
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from harness import API_KEY, push_model, register_wheel, start_cluster
+from harness import API_KEY, deployed_cluster
 
 from frontier.fleet.host import HostSession
 from frontier.fleet.inventory import LocalConnection
 from frontier.loadtest.client import BackgroundLoad, Target
 from frontier.local.heal import kill_and_recover
-from frontier.rollout.deploy import deploy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,23 +30,9 @@ RATE = 2.0  # requests/s through HAProxy: well within one host's capacity
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
-    # moto's in-process state is shared by every cluster of this test process: an API-key secret of
-    # its own, and a reset at the end, keep this cluster out of the other modules' way.
-    c = start_cluster(
-        tmp_path_factory.mktemp("supervised"),
-        2,
-        {"runtime.api_keys_secret": "frontier/local/supervised-api-keys"},
-    )
-    try:
-        push_model(c, tiny_model)
-        result = deploy(c.environment(), register_wheel(c, cache=c.base / "artifacts").digest)
-        assert result.outcome == "succeeded"
+    secret = {"runtime.api_keys_secret": "frontier/local/supervised-api-keys"}
+    with deployed_cluster(tmp_path_factory.mktemp("supervised"), 2, tiny_model, secret) as c:
         yield c
-    finally:
-        reset = urllib.request.Request(f"{c.endpoint}/moto-api/reset", method="POST")
-        with contextlib.suppress(OSError):
-            urllib.request.urlopen(reset, timeout=5).close()
-        c.stop()
 
 
 def test_a_killed_runtime_is_restarted_by_its_supervisor_and_back_in_rotation_with_no_failed_request(

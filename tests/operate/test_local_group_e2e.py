@@ -10,15 +10,13 @@ moto's S3. The runtimes admit 2 requests at a time, so a modest closed-loop load
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from harness import API_KEY, Cluster, push_model, register_wheel, start_cluster
+from harness import API_KEY, Cluster, deployed_cluster
 
 from frontier.backends import backend_for
 from frontier.fleet.host import HostSession
@@ -27,37 +25,24 @@ from frontier.loadtest.client import BackgroundLoad, Target, run_concurrency
 from frontier.loadtest.stats import RequestSample
 from frontier.local.autoscaler import Autoscaler
 from frontier.local.group import LocalFleet
-from frontier.rollout.deploy import deploy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
-    c = start_cluster(
-        tmp_path_factory.mktemp("group"),
-        2,
-        {
-            "runtime.api_keys_secret": "frontier/local/group-api-keys",
-            "runtime.max_concurrency": 2,
-            "runtime.batch.max_batch_size": 2,
-            "local.autoscaler.scale_out_after_s": 2,
-            "local.autoscaler.scale_in_after_s": 3,
-            "local.autoscaler.cooldown_s": 1,
-            "local.autoscaler.interval_s": 0.5,
-        },
-        group={"min_size": 1, "desired_size": 1, "max_size": 2, "target_queue_depth": 2},
-    )
-    try:
-        push_model(c, tiny_model)
-        result = deploy(c.environment(), register_wheel(c, cache=c.base / "artifacts").digest)
-        assert result.outcome == "succeeded"
+    changes = {
+        "runtime.api_keys_secret": "frontier/local/group-api-keys",
+        "runtime.max_concurrency": 2,
+        "runtime.batch.max_batch_size": 2,
+        "local.autoscaler.scale_out_after_s": 2,
+        "local.autoscaler.scale_in_after_s": 3,
+        "local.autoscaler.cooldown_s": 1,
+        "local.autoscaler.interval_s": 0.5,
+    }
+    group = {"min_size": 1, "desired_size": 1, "max_size": 2, "target_queue_depth": 2}
+    with deployed_cluster(tmp_path_factory.mktemp("group"), 2, tiny_model, changes, group) as c:
         yield c
-    finally:
-        reset = urllib.request.Request(f"{c.endpoint}/moto-api/reset", method="POST")
-        with contextlib.suppress(OSError):
-            urllib.request.urlopen(reset, timeout=5).close()
-        c.stop()
 
 
 def fleet_of(cluster: Cluster) -> LocalFleet:

@@ -89,3 +89,20 @@ def test_the_policy_comes_from_the_stack():
 def test_negative_delays_are_refused(field):
     with pytest.raises(ValueError, match=field):
         LocalAutoscaler(**{field: -1})
+
+
+def test_fab_scale_on_the_local_stack_refuses_a_size_outside_the_group_and_touches_nothing(
+    monkeypatch, capsys
+):
+    from fabric.main import program
+
+    from frontier import project
+
+    # Nothing of the local stack needs to run: the refusal reaches neither moto nor a host.
+    monkeypatch.setenv("FRONTIER_STACK", "local")
+    monkeypatch.chdir(project.root())
+    with pytest.raises(SystemExit) as exit_info:
+        program.run(["fab", "scale", "--replicas", "9"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code != 0
+    assert "--replicas 9" in err and "min_size 2 and max_size 4" in err
