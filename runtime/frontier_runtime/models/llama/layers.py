@@ -28,18 +28,31 @@ class Linear(nn.Linear):
     weight_t: torch.Tensor | None = None
     widen: bool = False  # weight_t is a float32 copy of a 16-bit weight
 
-    def use_transposed_weight(self) -> None:
-        weight = self.weight.detach()
-        half = weight.dtype in (torch.bfloat16, torch.float16)
+    @staticmethod
+    def transposed_dtype(dtype: torch.dtype) -> torch.dtype | None:
+        """The dtype of the [in, out] copy a CPU layer multiplies by; None to keep [out, in]."""
+        half = dtype in (torch.bfloat16, torch.float16)
         if half and native_half_gemm():
-            return  # oneDNN's bf16 path wants the [out, in] layout F.linear passes it
-        self.widen = half
-        if self.widen:
-            weight = weight.float()
-            if self.bias is not None:
-                self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
-        self.weight_t = weight.t().contiguous()
+            return None  # oneDNN's bf16 path wants the [out, in] layout F.linear passes it
+        return torch.float32 if half else dtype
+
+    def adopt_transposed(self, weight_t: torch.Tensor, dtype: torch.dtype) -> None:
+        """Take ``weight_t`` ([in, out], filled by the loader) as the weight of a ``dtype`` model."""
+        self.widen = weight_t.dtype != dtype
+        self.weight_t = weight_t
         self.weight = None  # one copy only
+        if self.widen and self.bias is not None:
+            self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
+
+    def use_transposed_weight(self) -> None:
+        """Swap a loaded [out, in] weight for the CPU layout (a copy, then the original is freed)."""
+        if self.weight_t is not None:
+            return
+        weight = self.weight.detach()
+        layout = self.transposed_dtype(weight.dtype)
+        if layout is None:
+            return
+        self.adopt_transposed(weight.to(layout).t().contiguous(), weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight_t is None:

@@ -136,7 +136,17 @@ class _Filler:
     def fill(self, module: nn.Module, attr: str, what: str, pieces: list[tuple[str, int | None]]) -> None:
         """``module.<attr>`` from ``pieces`` (checkpoint name, shard dim) stacked along dim 0."""
         meta = getattr(module, attr)
-        target = torch.empty(meta.shape, dtype=self.dtype, device=self.device)
+        # A CPU linear multiplies by its weight laid out [in, out]: fill that layout directly, so no
+        # second copy of the weight ever exists (a swap after loading would hold both at once).
+        layout = None
+        if isinstance(module, Linear) and attr == "weight" and self.device.type == "cpu":
+            layout = Linear.transposed_dtype(self.dtype)
+        if layout is None:
+            target = torch.empty(meta.shape, dtype=self.dtype, device=self.device)
+            rows_of = target
+        else:
+            target = torch.empty(tuple(reversed(meta.shape)), dtype=layout, device=self.device)
+            rows_of = target.t()
         row = 0
         for name, dim in pieces:
             value = self.ckpt.read(name, self.tp, dim)
@@ -146,14 +156,21 @@ class _Filler:
                     f"{self.ckpt.model_dir}: {what} gets {name} of shape {tuple(value.shape)} "
                     f"(this rank's slice), which does not fit the expected {tuple(meta.shape)}"
                 )
-            target[row : row + rows].copy_(value)  # casts on the way: no full-precision copy stays
+            # Casts on the way (through the model's dtype first, so a widened copy holds exactly
+            # its 16-bit values): no full-precision copy of the weight stays.
+            rows_of[row : row + rows].copy_(
+                value.to(self.dtype) if layout not in (None, self.dtype) else value
+            )
             row += rows
             del value
         if row != meta.shape[0]:
             raise ValueError(
                 f"{self.ckpt.model_dir}: {what} has {row} rows from the checkpoint, expected {meta.shape[0]}"
             )
-        module._parameters[attr] = nn.Parameter(target, requires_grad=False)
+        if layout is None:
+            module._parameters[attr] = nn.Parameter(target, requires_grad=False)
+        else:
+            module.adopt_transposed(target, self.dtype)
 
 
 def load_model(
