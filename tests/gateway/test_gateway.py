@@ -39,10 +39,20 @@ def _complete(url: str, key: str, model: str, **body) -> httpx.Response:
     )
 
 
+def _until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
 def test_requests_go_to_the_pool_serving_their_model(standins, tmp_path) -> None:
-    with running_gateway(_config(standins, tmp_path / "m.jsonl")) as gw:
+    # No affinity: the replica comes from least-outstanding alone (prompt-prefix hashing over the
+    # stand-ins' random ports could send all four prompts to one replica).
+    config = _config(standins, tmp_path / "m.jsonl", affinity={"mode": "off"})
+    with running_gateway(config) as gw:
+        _until(lambda: gw.gateway.pools.get("model-a").ready_count == 2)  # both probed ready
         for i in range(4):
-            # Different prompts: no prefix affinity ties them to one replica.
             assert _complete(gw.url, ACME, "model-a", prompt=f"hello {i}").json()["served_by"] in ("a1", "a2")
         assert _complete(gw.url, ACME, "model-b").json()["served_by"] == "b1"
         # Least outstanding with rotating ties: both replicas of model-a took work.
