@@ -84,12 +84,36 @@ inline void row_block(const float* qr, const float* kt, const float* vt, int64_t
   float p_local[BSC ? BSC : 1];
   float* sc = BSC ? sc_local : sc_buf;
   float* p = BSC ? p_local : p_buf;
-  for (int64_t t = 0; t < BS; ++t) sc[t] = 0.0f;
-  for (int64_t d = 0; d < D; ++d) {
-    const float qd = qr[d];
-    const float* kd = kt + d * BS;
+  // Four partial sums over head_dim: a single one would chain D dependent FMAs per block.
+  float part[4][BSC ? BSC : 1];
+  if (BSC) {
+    for (int j = 0; j < 4; ++j)
+      for (int64_t t = 0; t < BS; ++t) part[j][t] = 0.0f;
+    int64_t d = 0;
+    for (; d + 4 <= D; d += 4) {
+      for (int j = 0; j < 4; ++j) {
+        const float qd = qr[d + j];
+        const float* kd = kt + (d + j) * BS;
 #pragma omp simd
-    for (int64_t t = 0; t < BS; ++t) sc[t] += qd * kd[t];
+        for (int64_t t = 0; t < BS; ++t) part[j][t] += qd * kd[t];
+      }
+    }
+    for (; d < D; ++d) {
+      const float qd = qr[d];
+      const float* kd = kt + d * BS;
+#pragma omp simd
+      for (int64_t t = 0; t < BS; ++t) part[0][t] += qd * kd[t];
+    }
+#pragma omp simd
+    for (int64_t t = 0; t < BS; ++t) sc[t] = (part[0][t] + part[1][t]) + (part[2][t] + part[3][t]);
+  } else {
+    for (int64_t t = 0; t < BS; ++t) sc[t] = 0.0f;
+    for (int64_t d = 0; d < D; ++d) {
+      const float qd = qr[d];
+      const float* kd = kt + d * BS;
+#pragma omp simd
+      for (int64_t t = 0; t < BS; ++t) sc[t] += qd * kd[t];
+    }
   }
   float block_max = NEG;
   for (int64_t t = 0; t < valid; ++t) block_max = std::max(block_max, sc[t]);
@@ -243,6 +267,11 @@ TORCH_LIBRARY(frontier, m) {
 TORCH_LIBRARY_IMPL(frontier, CPU, m) { m.impl("paged_attention", &paged_attention); }
 """
 
+# -fopenmp: at::parallel_for is an OpenMP pragma inlined from ATen's header; compiled without it the
+# kernel runs on one thread whatever torch.get_num_threads() says. The libgomp it links is the one
+# torch already loaded (same soname), so both share one thread pool.
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC"]
+
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
 
@@ -264,7 +293,7 @@ def _cache_dir() -> Path:
 
 def library_path() -> Path:
     key = hashlib.sha256(
-        "\0".join([SOURCE, torch.__version__, _cpu_flags(), str(torch._C._GLIBCXX_USE_CXX11_ABI)]).encode()
+        "\0".join([SOURCE, *FLAGS, torch.__version__, _cpu_flags(), str(torch._C._GLIBCXX_USE_CXX11_ABI)]).encode()
     ).hexdigest()[:16]
     return _cache_dir() / f"paged_attention-{key}.so"
 
@@ -282,12 +311,7 @@ def _compile(target: Path) -> None:
         partial = Path(tmp) / target.name
         cmd = [
             compiler,
-            "-O3",
-            "-march=native",
-            "-fopenmp-simd",
-            "-std=c++17",
-            "-shared",
-            "-fPIC",
+            *FLAGS,
             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             *[f"-I{p}" for p in cpp_extension.include_paths()],
             str(src),

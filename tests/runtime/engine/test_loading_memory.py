@@ -51,7 +51,9 @@ MEASURE = textwrap.dedent(
     peak = status("VmHWM")
     held = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     held += sum(t.numel() * t.element_size() for t in (model.rope_cos, model.rope_sin))
-    held += sum(m.weight_t.numel() * m.weight_t.element_size() for m in model.modules() if getattr(m, "weight_t", None) is not None)
+    cpu_weights = [getattr(m, "weight_t", None) for m in model.modules()]
+    cpu_weights += [getattr(m, "packed", None) for m in model.modules()]
+    held += sum(w.numel() * w.element_size() for w in cpu_weights if w is not None)
     print(json.dumps({"added": peak - before, "held": held}))
     """
 )
@@ -100,10 +102,10 @@ def test_a_rank_reads_only_its_slices(tmp_path: Path) -> None:
     model_dir = make_tiny_checkpoint(tmp_path, seed=3, shards=2, **SMALL)
     whole = load_model(model_dir, torch.float32, "cpu")
     halves = [load_model(model_dir, torch.float32, "cpu", TPGroup(r, 2)) for r in range(2)]
-    w = whole.layers[0].mlp.down_proj.weight_t  # [in, out]: rank r holds input rows r
-    assert torch.equal(torch.cat([h.layers[0].mlp.down_proj.weight_t for h in halves], 0), w)
-    qkv = [h.layers[0].self_attn.qkv_proj.weight_t for h in halves]
-    assert qkv[0].shape[1] * 2 == whole.layers[0].self_attn.qkv_proj.weight_t.shape[1]
+    w = whole.layers[0].mlp.down_proj.dense_weight()  # [out, in]: rank r holds input columns r
+    assert torch.equal(torch.cat([h.layers[0].mlp.down_proj.dense_weight() for h in halves], 1), w)
+    qkv = [h.layers[0].self_attn.qkv_proj.dense_weight() for h in halves]
+    assert qkv[0].shape[0] * 2 == whole.layers[0].self_attn.qkv_proj.dense_weight().shape[0]
     assert torch.equal(halves[0].embed_tokens.weight, whole.embed_tokens.weight)
 
 

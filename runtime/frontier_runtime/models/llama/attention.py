@@ -48,8 +48,7 @@ class Attention(nn.Module):
         values below bound / 2**15, which are too small to matter in softmax(qk) v.
         """
         proj = self.qkv_proj
-        weight = proj.weight if proj.weight_t is None else proj.weight_t.t()
-        w = weight.float()[self.q_size :]
+        w = proj.dense_weight().float()[self.q_size :]
         x_norm = norm_weight.float().abs().max() * norm_weight.shape[0] ** 0.5
         rows = w.norm(dim=1) * x_norm
         if proj.bias is not None:

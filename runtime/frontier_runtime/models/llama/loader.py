@@ -171,6 +171,9 @@ class _Filler:
             module._parameters[attr] = nn.Parameter(target, requires_grad=False)
         else:
             module.adopt_transposed(target, self.dtype)
+            del target, rows_of
+            module.pack()  # now, so at most one layer's weight is ever held twice
+            _return_freed_memory()
 
 
 def load_model(
@@ -239,5 +242,6 @@ def load_model(
         for module in model.modules():
             if isinstance(module, Linear):
                 module.use_transposed_weight()
+                module.pack()
                 _return_freed_memory()
     return model.eval().requires_grad_(False)
