@@ -293,7 +293,9 @@ def _cache_dir() -> Path:
 
 def library_path() -> Path:
     key = hashlib.sha256(
-        "\0".join([SOURCE, *FLAGS, torch.__version__, _cpu_flags(), str(torch._C._GLIBCXX_USE_CXX11_ABI)]).encode()
+        "\0".join(
+            [SOURCE, *FLAGS, torch.__version__, _cpu_flags(), str(torch._C._GLIBCXX_USE_CXX11_ABI)]
+        ).encode()
     ).hexdigest()[:16]
     return _cache_dir() / f"paged_attention-{key}.so"
 

@@ -12,7 +12,6 @@ from torch import nn
 from frontier_runtime.distributed import TPGroup
 from frontier_runtime.models.llama.config import LlamaConfig
 
-
 # The batch size oneDNN lays a packed weight out for. The layout serves every batch size (rows of
 # the output do not depend on how many there are); 32 is the middle of a decode step's range.
 PACK_HINT_ROWS = 32
