@@ -34,6 +34,7 @@ SOURCE = r"""
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/Dispatch.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <c10/util/Float8_e4m3fn.h>
@@ -157,6 +158,7 @@ void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
   const int32_t* qs = query_start.data_ptr<int32_t>();
   const int32_t* sl = seq_lens.data_ptr<int32_t>();
   const Q* qp = q.data_ptr<Q>();
+  const int64_t q_row = q.stride(0);  // q may be a view into the fused qkv projection
   Q* op = out.data_ptr<Q>();
   const C* kp = k_cache.data_ptr<C>();
   const C* vp = v_cache.data_ptr<C>();
@@ -185,7 +187,7 @@ void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
       const int64_t num_keys = first_pos + nq;  // the last query sees keys 0 .. its position
       for (int64_t i = 0; i < nq; ++i)
         for (int64_t g = 0; g < G; ++g)
-          to_float(qp + ((q0 + i) * Hq + h * G + g) * D, &qf[(i * G + g) * D], D, static_cast<float>(scale));
+          to_float(qp + (q0 + i) * q_row + (h * G + g) * D, &qf[(i * G + g) * D], D, static_cast<float>(scale));
       std::fill(m.begin(), m.begin() + R, NEG);
       std::fill(l.begin(), l.begin() + R, 0.0f);
       std::fill(acc.begin(), acc.begin() + R * D, 0.0f);
@@ -243,8 +245,8 @@ void by_cache(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const a
 void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& query_start,
                      const at::Tensor& seq_lens, double scale, double k_scale, double v_scale) {
-  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "paged_attention: q, out and the caches must be contiguous");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && out.is_contiguous() && k_cache.is_contiguous() &&
+              v_cache.is_contiguous(), "paged_attention: q rows must be dense [heads, head_dim], out and the caches contiguous");
   TORCH_CHECK(tables.scalar_type() == at::kInt && rows.scalar_type() == at::kInt &&
               query_start.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
               "paged_attention: tables, rows, query_start and seq_lens must be int32");
@@ -257,14 +259,166 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
   }
 }
 
+
+// ---- fused elementwise kernels: one pass over memory where torch would make several ----------
+
+template <typename T>
+inline T round_to(float x) { return static_cast<T>(x); }
+
+// With a residual: residual += x (rounded to T, as torch's add), then out = w * norm(residual).
+// Without: out = w * norm(x). norm(h) = h / sqrt(mean(h^2) + eps), in float32, rounded to T before
+// the weight multiplies it (as the model's RMSNorm does).
+template <typename T>
+void rms_norm_rows(T* out, T* x, T* residual, const T* w, int64_t rows, int64_t H, float eps) {
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> h(H);
+    for (int64_t r = begin; r < end; ++r) {
+      T* xr = x + r * H;
+      if (residual != nullptr) {
+        T* rr = residual + r * H;
+        for (int64_t d = 0; d < H; ++d) {
+          const T sum = round_to<T>(static_cast<float>(rr[d]) + static_cast<float>(xr[d]));
+          rr[d] = sum;
+          h[d] = static_cast<float>(sum);
+        }
+      } else {
+        for (int64_t d = 0; d < H; ++d) h[d] = static_cast<float>(xr[d]);
+      }
+      float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t d = 0; d < H; ++d) ss += h[d] * h[d];
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(H) + eps);
+      T* o = out + r * H;
+      for (int64_t d = 0; d < H; ++d)
+        o[d] = round_to<T>(static_cast<float>(w[d]) * static_cast<float>(round_to<T>(h[d] * inv)));
+    }
+  });
+}
+
+void rms_norm(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> residual, const at::Tensor& weight,
+              double eps) {
+  TORCH_CHECK(x.is_contiguous() && out.is_contiguous() && weight.is_contiguous(), "rms_norm: contiguous tensors only");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type() && out.scalar_type() == x.scalar_type(), "rms_norm: one dtype");
+  const int64_t H = x.size(-1), rows = x.numel() / H;
+  if (residual.has_value())
+    TORCH_CHECK(residual->is_contiguous() && residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(),
+                "rms_norm: the residual must match x");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    scalar_t* res = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
+    rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), res, weight.data_ptr<scalar_t>(),
+                            rows, H, static_cast<float>(eps));
+  });
+}
+
+// silu(x) = x * sigmoid(x), sigmoid from exp of a non-positive number only (no overflow).
+inline float silu(float x) {
+  const float e = exp_neg(-std::fabs(x));
+  const float sig = x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+  return x * sig;
+}
+
+// out[r] = silu(gate_up[r, :I]) * gate_up[r, I:] (each product rounded to T, as torch's two ops).
+template <typename T>
+void silu_and_mul_rows(T* o, const T* gu, int64_t rows, int64_t I) {
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gu + r * 2 * I;
+      const T* u = g + I;
+      T* orow = o + r * I;
+#pragma omp simd
+      for (int64_t j = 0; j < I; ++j) {
+        const float act = static_cast<float>(round_to<T>(silu(static_cast<float>(g[j]))));
+        orow[j] = round_to<T>(act * static_cast<float>(u[j]));
+      }
+    }
+  });
+}
+
+void silu_and_mul(at::Tensor out, const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.is_contiguous() && out.is_contiguous(), "silu_and_mul: contiguous tensors only");
+  const int64_t I = out.size(-1), rows = out.numel() / I;
+  TORCH_CHECK(gate_up.size(-1) == 2 * I && gate_up.numel() == 2 * out.numel(), "silu_and_mul: gate_up must be [.., 2 * I]");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "silu_and_mul", [&] {
+    silu_and_mul_rows<scalar_t>(out.data_ptr<scalar_t>(), gate_up.data_ptr<scalar_t>(), rows, I);
+  });
+}
+
+// Rotary embedding of q (in place) and k, and k, v written at their cache slots, in one pass.
+// q, k, v: [tokens, heads, head_dim] with dense rows (views into the qkv projection); cos, sin:
+// [positions, head_dim] float32; the caches in the CPU kernel's layout, of the activations' dtype.
+template <typename T>
+inline void rotate(const T* x, T* dst, int64_t dst_stride, const float* c, const float* s, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < half; ++d) {
+    const float x1 = static_cast<float>(x[d]), x2 = static_cast<float>(x[d + half]);
+    const float c1 = static_cast<float>(round_to<T>(c[d])), c2 = static_cast<float>(round_to<T>(c[d + half]));
+    const float s1 = static_cast<float>(round_to<T>(s[d])), s2 = static_cast<float>(round_to<T>(s[d + half]));
+    dst[d * dst_stride] = round_to<T>(static_cast<float>(round_to<T>(x1 * c1)) + static_cast<float>(round_to<T>(-x2 * s1)));
+    dst[(d + half) * dst_stride] =
+        round_to<T>(static_cast<float>(round_to<T>(x2 * c2)) + static_cast<float>(round_to<T>(x1 * s2)));
+  }
+}
+
+void rotary_and_cache(at::Tensor q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                      const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache,
+                      const at::Tensor& slots) {
+  const int64_t T_ = q.size(0), Hq = q.size(1), D = q.size(2), KVH = k.size(1);
+  const int64_t BS = k_cache.size(3);
+  TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1 && q.stride(1) == D && k.stride(1) == D &&
+              v.stride(1) == D, "rotary_and_cache: q, k, v rows must be dense [heads, head_dim]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
+              cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "rotary_and_cache: contiguous tables and caches");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong, "rotary_and_cache: int64 positions and slots");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && D % 2 == 0, "rotary_and_cache: the cache must have q's dtype");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t qs = q.stride(0), ks = k.stride(0), vs = v.stride(0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rotary_and_cache", [&] {
+    scalar_t* qp = q.data_ptr<scalar_t>();
+    const scalar_t* kp = k.data_ptr<scalar_t>();
+    const scalar_t* vp = v.data_ptr<scalar_t>();
+    scalar_t* kc = k_cache.data_ptr<scalar_t>();
+    scalar_t* vc = v_cache.data_ptr<scalar_t>();
+    const float* cp = cos.data_ptr<float>();
+    const float* sp = sin.data_ptr<float>();
+    at::parallel_for(0, T_, 16, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> tmp(D);
+      for (int64_t t = begin; t < end; ++t) {
+        const float* c = cp + pos[t] * D;
+        const float* s = sp + pos[t] * D;
+        for (int64_t h = 0; h < Hq; ++h) {
+          scalar_t* row = qp + t * qs + h * D;
+          rotate(row, tmp.data(), 1, c, s, D);
+          std::memcpy(row, tmp.data(), D * sizeof(scalar_t));
+        }
+        const int64_t block = slot[t] / BS, off = slot[t] % BS;
+        for (int64_t h = 0; h < KVH; ++h) {
+          // K tile [head_dim, block_size]: element d of this token at d * BS + off.
+          rotate(kp + t * ks + h * D, kc + ((block * KVH + h) * D) * BS + off, BS, c, s, D);
+          std::memcpy(vc + ((block * KVH + h) * BS + off) * D, vp + t * vs + h * D, D * sizeof(scalar_t));
+        }
+      }
+    });
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(frontier, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor rows, "
         "Tensor query_start, Tensor seq_lens, float scale, float k_scale, float v_scale) -> ()");
+  m.def("rms_norm(Tensor(a!) out, Tensor(b!) x, Tensor(c!)? residual, Tensor weight, float eps) -> ()");
+  m.def("silu_and_mul(Tensor(a!) out, Tensor gate_up) -> ()");
+  m.def("rotary_and_cache(Tensor(a!) q, Tensor k, Tensor v, Tensor positions, Tensor cos, Tensor sin, "
+        "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(frontier, CPU, m) { m.impl("paged_attention", &paged_attention); }
+TORCH_LIBRARY_IMPL(frontier, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("rotary_and_cache", &rotary_and_cache);
+}
 """
 
 # -fopenmp: at::parallel_for is an OpenMP pragma inlined from ATen's header; compiled without it the

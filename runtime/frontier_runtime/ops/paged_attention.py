@@ -121,10 +121,11 @@ def attend(
     if k_cache.dtype != torch.float8_e4m3fn:
         k_scale = v_scale = 1.0
     if meta.backend == "cpu-kernel":
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dense_rows = q.stride(2) == 1 and q.stride(1) == q.shape[2]  # a view into qkv is read in place
         torch.ops.frontier.paged_attention(
             out,
-            q.contiguous(),
+            q if dense_rows else q.contiguous(),
             k_cache,
             v_cache,
             meta.tables,

@@ -8,15 +8,37 @@ CUDA, SDPA over gathered blocks where neither is available).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch import nn
 
 from frontier_runtime.distributed import TPGroup
 from frontier_runtime.models.llama.config import LlamaConfig
-from frontier_runtime.models.llama.layers import Linear, rotate_half
+from frontier_runtime.models.llama.layers import Linear
+from frontier_runtime.ops import fused
 from frontier_runtime.ops.paged_attention import AttentionMetadata, attend, write_kv
 
-__all__ = ["Attention", "AttentionMetadata"]
+__all__ = ["Attention", "AttentionMetadata", "Rope"]
+
+
+@dataclass
+class Rope:
+    """A step's token positions and the model's rotary tables ([max_positions, head_dim], float32)."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    _gathered: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated copies of q and k (the torch path; the rows of the tables gathered once a step)."""
+        if q.dtype not in self._gathered:
+            c = self.cos[self.positions].to(q.dtype).unsqueeze(1)
+            s = self.sin[self.positions].to(q.dtype).unsqueeze(1)
+            self._gathered[q.dtype] = (c, s)
+        c, s = self._gathered[q.dtype]
+        return q * c + fused.rotate_half(q) * s, k * c + fused.rotate_half(k) * s
 
 
 class Attention(nn.Module):
@@ -59,8 +81,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: Rope,
         meta: AttentionMetadata,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
@@ -71,8 +92,11 @@ class Attention(nn.Module):
         q = q.view(n, self.num_heads, hd)
         k = k.view(n, kvh, hd)
         v = v.view(n, kvh, hd)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        write_kv(k_cache, v_cache, k, v, meta, self.k_scale, self.v_scale)
+        if fused.can_rotate_into_cache(q, k_cache, meta.backend):
+            # q is rotated where it lies in the projection's output and read from there.
+            fused.rotary_and_cache(q, k, v, rope.positions, rope.cos, rope.sin, k_cache, v_cache, meta.slots)
+        else:
+            q, k = rope.apply(q, k)
+            write_kv(k_cache, v_cache, k, v, meta, self.k_scale, self.v_scale)
         out = attend(q, k_cache, v_cache, meta, hd**-0.5, self.k_scale, self.v_scale)
         return self.tp.all_reduce(self.o_proj(out.view(n, self.q_size)))

@@ -11,6 +11,7 @@ from torch import nn
 
 from frontier_runtime.distributed import TPGroup
 from frontier_runtime.models.llama.config import LlamaConfig
+from frontier_runtime.ops import fused
 
 # The batch size oneDNN lays a packed weight out for. The layout serves every batch size (rows of
 # the output do not depend on how many there are); 32 is the middle of a decode step's range.
@@ -46,6 +47,22 @@ class Linear(nn.Linear):
             return None  # oneDNN's bf16 path wants the [out, in] layout F.linear passes it
         return torch.float32 if half else dtype
 
+    @staticmethod
+    def packs(dtype: torch.dtype) -> bool:
+        """Whether a CPU layer of a ``dtype`` model multiplies by a oneDNN-packed float32 weight."""
+        return Linear.transposed_dtype(dtype) == torch.float32 and onednn_packing()
+
+    def adopt_packed(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
+        """Pack ``weight`` ([out, in] float32, contiguous, filled by the loader) for a ``dtype`` model.
+
+        oneDNN reorders a contiguous [out, in] weight straight into its layout; from a transposed
+        view it would first make a contiguous copy (a second transient copy of the weight)."""
+        self.widen = dtype != torch.float32
+        if self.widen and self.bias is not None:
+            self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT_ROWS)
+        self.weight = None
+
     def adopt_transposed(self, weight_t: torch.Tensor, dtype: torch.dtype) -> None:
         """Take ``weight_t`` ([in, out], filled by the loader) as the weight of a ``dtype`` model."""
         self.widen = weight_t.dtype != dtype
@@ -68,7 +85,7 @@ class Linear(nn.Linear):
         """Hand a float32 [in, out] weight to oneDNN's packed layout (no-op where it cannot)."""
         if self.weight_t is None or self.weight_t.dtype != torch.float32 or not onednn_packing():
             return
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight_t.t(), PACK_HINT_ROWS)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight_t.t().contiguous(), PACK_HINT_ROWS)
         self.weight_t = None
 
     def dense_weight(self) -> torch.Tensor:
@@ -145,11 +162,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(residual + x), residual + x)``; the sum is written into ``residual`` in place."""
+        return fused.rms_norm(x, self.weight, self.eps, residual)
 
 
 class MLP(nn.Module):
@@ -164,8 +181,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias and tp.rank == 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
+        return self.tp.all_reduce(self.down_proj(fused.silu_and_mul(self.gate_up_proj(x))))
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -196,8 +212,3 @@ def rope_tables(cfg: LlamaConfig, device: torch.device) -> tuple[torch.Tensor, t
     freqs = torch.outer(t, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(device), emb.sin().to(device)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -136,13 +136,15 @@ class _Filler:
     def fill(self, module: nn.Module, attr: str, what: str, pieces: list[tuple[str, int | None]]) -> None:
         """``module.<attr>`` from ``pieces`` (checkpoint name, shard dim) stacked along dim 0."""
         meta = getattr(module, attr)
-        # A CPU linear multiplies by its weight laid out [in, out]: fill that layout directly, so no
-        # second copy of the weight ever exists (a swap after loading would hold both at once).
-        layout = None
+        # A CPU linear multiplies by a oneDNN-packed float32 weight (filled [out, in], then packed),
+        # or else by its weight laid out [in, out]: filled in that layout directly, so no second
+        # copy of the weight ever exists (a swap after loading would hold both at once).
+        layout, packed = None, False
         if isinstance(module, Linear) and attr == "weight" and self.device.type == "cpu":
             layout = Linear.transposed_dtype(self.dtype)
-        if layout is None:
-            target = torch.empty(meta.shape, dtype=self.dtype, device=self.device)
+            packed = Linear.packs(self.dtype)
+        if layout is None or packed:
+            target = torch.empty(meta.shape, dtype=layout or self.dtype, device=self.device)
             rows_of = target
         else:
             target = torch.empty(tuple(reversed(meta.shape)), dtype=layout, device=self.device)
@@ -167,13 +169,14 @@ class _Filler:
             raise ValueError(
                 f"{self.ckpt.model_dir}: {what} has {row} rows from the checkpoint, expected {meta.shape[0]}"
             )
-        if layout is None:
+        if packed:
+            module.adopt_packed(target, self.dtype)
+            del target, rows_of
+            _return_freed_memory()
+        elif layout is None:
             module._parameters[attr] = nn.Parameter(target, requires_grad=False)
         else:
             module.adopt_transposed(target, self.dtype)
-            del target, rows_of
-            module.pack()  # now, so at most one layer's weight is ever held twice
-            _return_freed_memory()
 
 
 def load_model(

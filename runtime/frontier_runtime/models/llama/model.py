@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from frontier_runtime.distributed import SINGLE, TPGroup
-from frontier_runtime.models.llama.attention import Attention, AttentionMetadata
+from frontier_runtime.models.llama.attention import Attention, AttentionMetadata, Rope
 from frontier_runtime.models.llama.config import LlamaConfig, check_tensor_parallel
 from frontier_runtime.models.llama.layers import MLP, Linear, RMSNorm
 
@@ -28,14 +28,18 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: Rope,
         meta: AttentionMetadata,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, k_cache, v_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` is the previous layer's output, not yet added to ``residual`` (the stream): each
+        norm adds it and normalises in one pass. Returns this layer's output and the stream."""
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, rope, meta, k_cache, v_cache)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -66,11 +70,11 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)
-        sin = self.rope_sin[positions].to(x.dtype).unsqueeze(1)
+        rope = Rope(positions, self.rope_cos, self.rope_sin)
+        residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, meta, k_cache, v_cache)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, meta, k_cache, v_cache)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:

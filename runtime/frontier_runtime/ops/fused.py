@@ -1,0 +1,83 @@
+"""Elementwise steps of a decoder layer fused into one pass each on CPU (the C++ of ``cpu_kernel``).
+
+Torch runs RMSNorm as five kernels, SwiGLU as three and rotary embedding as six, each reading and
+writing the whole activation: at a 2048-token prefill chunk that is hundreds of MB of memory
+traffic per layer. The fused kernels compute the same expressions in the same order, rounding to
+the activations' dtype where torch's separate ops would, in one pass. Elsewhere (CUDA, or a CPU
+without a compiler) each function runs the plain torch expression.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from frontier_runtime.ops import cpu_kernel
+
+
+def _fused(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and cpu_kernel.load()
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weight * norm(r), r)`` with ``r = residual + x`` (or ``x`` without a residual).
+
+    The sum is the stream the next layer adds to; with a residual given, it is written into
+    ``residual`` in place (the caller hands over its buffer)."""
+    if _fused(x) and x.is_contiguous() and weight.dtype == x.dtype:
+        out = torch.empty_like(x)
+        torch.ops.frontier.rms_norm(out, x, residual, weight, eps)
+        return out, (x if residual is None else residual)
+    summed = x if residual is None else residual.add_(x)
+    h = summed.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype), summed
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` along the last dimension."""
+    inter = gate_up.shape[-1] // 2
+    if _fused(gate_up) and gate_up.is_contiguous():
+        out = gate_up.new_empty((*gate_up.shape[:-1], inter))
+        torch.ops.frontier.silu_and_mul(out, gate_up)
+        return out
+    gate, up = gate_up.split(inter, dim=-1)
+    return F.silu(gate) * up
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary embedding of q and k ([tokens, heads, head_dim]) at ``positions`` (torch path)."""
+    c = cos[positions].to(q.dtype).unsqueeze(1)
+    s = sin[positions].to(q.dtype).unsqueeze(1)
+    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+
+
+def can_rotate_into_cache(q: torch.Tensor, k_cache: torch.Tensor, backend: str) -> bool:
+    """Whether ``rotary_and_cache`` applies: the CPU kernel's cache layout, in q's own dtype."""
+    return backend == "cpu-kernel" and k_cache.dtype == q.dtype and _fused(q)
+
+
+def rotary_and_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Rotate q in place and write rotated k and v at ``slots`` of the CPU kernel's cache, one pass."""
+    torch.ops.frontier.rotary_and_cache(
+        q, k, v, positions.contiguous(), cos, sin, k_cache, v_cache, slots.contiguous()
+    )
