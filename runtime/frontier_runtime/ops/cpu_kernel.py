@@ -53,7 +53,7 @@ constexpr float NEG = -1.0e30f;   // "minus infinity" that stays finite through 
 // exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-6 polynomial; ~1 ulp), written so
 // the compiler vectorises it inside the simd loops below (libm's expf would not be).
 inline float exp_neg(float x) {
-  x = std::max(x, -87.0f);
+  x = std::max(x, -87.0f);  // (also right for 0 < x <= 88: silu uses that)
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   const float f = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -310,12 +310,9 @@ void rms_norm(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> residual, 
   });
 }
 
-// silu(x) = x * sigmoid(x), sigmoid from exp of a non-positive number only (no overflow).
-inline float silu(float x) {
-  const float e = exp_neg(-std::fabs(x));
-  const float sig = x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-  return x * sig;
-}
+// silu(x) = x / (1 + exp(-x)); exp's argument is clamped at 88, where 1 / (1 + e^88) is already 0
+// in float32 (the polynomial exp is exact in form for |x| <= 88 and vectorises; libm's would not).
+inline float silu(float x) { return x / (1.0f + exp_neg(std::min(-x, 88.0f))); }
 
 // out[r] = silu(gate_up[r, :I]) * gate_up[r, I:] (each product rounded to T, as torch's two ops).
 template <typename T>
@@ -424,7 +421,18 @@ TORCH_LIBRARY_IMPL(frontier, CPU, m) {
 # -fopenmp: at::parallel_for is an OpenMP pragma inlined from ATen's header; compiled without it the
 # kernel runs on one thread whatever torch.get_num_threads() says. The libgomp it links is the one
 # torch already loaded (same soname), so both share one thread pool.
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC"]
+# -fno-trapping-math: without it GCC will not vectorise exp_neg's float-to-int conversion (it could
+# raise an FP exception nobody reads), and every loop that calls it runs scalar.
+FLAGS = [
+    "-O3",
+    "-march=native",
+    "-mprefer-vector-width=512",
+    "-fno-trapping-math",
+    "-fopenmp",
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+]
 
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
