@@ -200,6 +200,17 @@ void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
         if (direct) {
           kt = reinterpret_cast<const float*>(kp) + tile;
           vt = reinterpret_cast<const float*>(vp) + tile;
+          // The next block of the table is anywhere in the pool, beyond the hardware prefetcher's
+          // reach (it follows a page): ask for its K and V tiles while this block is computed.
+          if ((b + 1) * BS < num_keys) {
+            const int64_t next = (static_cast<int64_t>(trow[b + 1]) * KVH + h) * D * BS;
+            const char* nk = reinterpret_cast<const char*>(reinterpret_cast<const float*>(kp) + next);
+            const char* nv = reinterpret_cast<const char*>(reinterpret_cast<const float*>(vp) + next);
+            for (int64_t byte = 0; byte < D * BS * 4; byte += 64) {
+              __builtin_prefetch(nk + byte);
+              __builtin_prefetch(nv + byte);
+            }
+          }
         } else {
           to_float(kp + tile, kf.data(), D * BS, ks);
           to_float(vp + tile, vf.data(), kn * D, vs);
