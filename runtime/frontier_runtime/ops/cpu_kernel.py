@@ -38,6 +38,9 @@ SOURCE = r"""
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <c10/util/Float8_e4m3fn.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -410,6 +413,135 @@ void rotary_and_cache(at::Tensor q, const at::Tensor& k, const at::Tensor& v, co
   });
 }
 
+// ---- float32 GEMM for a linear layer: out[M, N] = x[M, K] . W^T (+ bias) -------------------------
+// W is packed once into panels of 32 output columns, [P, K, 32] (panel p holds columns 32p..32p+31,
+// row k of the panel being W[32p:32p+32, k]), so a K step of a panel is two 64-byte vectors.
+// The microkernel keeps an 8 x 32 tile of the output in 16 registers; a K block of a panel (128
+// steps, 16 KB) stays in L1 while every 8-row tile of the step's rows uses it. Few rows (decode)
+// and the weights stream from memory once per call, so the kernel prefetches the next block into
+// L1 and the one after into L2 while it computes: oneDNN's packed GEMM leaves the memory bus idle
+// part of the time at these sizes. Each output is summed over k in the order 0..K-1 whatever M or
+// the tiling is (partial sums pass through the output in float32), so a row's result never
+// depends on the batch it is in.
+#if defined(__AVX512F__)
+#define FRONTIER_PANEL_GEMM 1
+
+constexpr int64_t NR = 32;         // output columns per panel
+constexpr int64_t MR = 8;          // rows per register tile
+constexpr int64_t KC = 128;        // K steps per block
+constexpr int64_t ROWS_SPLIT = 128;  // rows per thread above which threads split rows, not panels
+
+template <int R, bool PREFETCH>
+inline void gemm_tile(const float* a, int64_t lda, const float* b, int64_t kc, float* c, int64_t ldc,
+                      __mmask16 m0, __mmask16 m1, bool first, const float* bias, const float* next) {
+  __m512 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * ldc);
+    acc1[r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * ldc + 16);
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    if (PREFETCH) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + k * NR), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(next + k * NR + 16), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(next + (2 * KC + k) * NR), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(next + (2 * KC + k) * NR + 16), _MM_HINT_T1);
+    }
+    const __m512 b0 = _mm512_load_ps(b + k * NR), b1 = _mm512_load_ps(b + k * NR + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(a[r * lda + k]);
+      acc0[r] = _mm512_fmadd_ps(x, b0, acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(x, b1, acc1[r]);
+    }
+  }
+  if (bias != nullptr) {
+    const __m512 bias0 = _mm512_maskz_loadu_ps(m0, bias), bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = _mm512_add_ps(acc0[r], bias0);
+      acc1[r] = _mm512_add_ps(acc1[r], bias1);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(c + r * ldc, m0, acc0[r]);
+    _mm512_mask_storeu_ps(c + r * ldc + 16, m1, acc1[r]);
+  }
+}
+
+using GemmTile = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, __mmask16, __mmask16,
+                          bool, const float*, const float*);
+template <bool PREFETCH>
+constexpr GemmTile GEMM_TILES[MR + 1] = {nullptr,
+                                         gemm_tile<1, PREFETCH>, gemm_tile<2, PREFETCH>, gemm_tile<3, PREFETCH>,
+                                         gemm_tile<4, PREFETCH>, gemm_tile<5, PREFETCH>, gemm_tile<6, PREFETCH>,
+                                         gemm_tile<7, PREFETCH>, gemm_tile<8, PREFETCH>};
+
+inline __mmask16 lanes(int64_t n) { return n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
+
+void panel_linear(at::Tensor out, const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  const int64_t M = x.size(0), K = x.size(1), P = w.size(0), N = out.size(1);
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && out.dim() == 2, "panel_linear: x [M, K], panels [P, K, 32], out [M, N]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
+              "panel_linear: float32 only");
+  TORCH_CHECK(x.stride(1) == 1 && w.is_contiguous() && out.is_contiguous() && w.size(1) == K && w.size(2) == NR &&
+              out.size(0) == M && P * NR >= N && (P - 1) * NR < N, "panel_linear: shapes do not match");
+  TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N),
+              "panel_linear: bias must be N contiguous floats");
+  const float* ap = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* cp = out.data_ptr<float>();
+  const int64_t lda = x.stride(0);
+  // Rows a pass keeps in L2 (about 1 MB of x) while the panels stream past.
+  const int64_t mc_max = std::max<int64_t>(MR, ((1 << 20) / (4 * K)) / MR * MR);
+
+  // Panels [p0, p1) of rows [r0, r1), a chunk of at most mc rows at a time.
+  auto run = [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1, int64_t mc) {
+    for (int64_t m0 = r0; m0 < r1; m0 += mc) {
+      const int64_t m1 = std::min(r1, m0 + mc);
+      for (int64_t p = p0; p < p1; ++p) {
+        const __mmask16 lo = lanes(N - p * NR), hi = lanes(N - p * NR - 16);
+        const float* panel = wp + p * K * NR;
+        for (int64_t kb = 0; kb < K; kb += KC) {
+          const int64_t kc = std::min(KC, K - kb);
+          const bool last = kb + kc >= K;
+          // What the rows' first tile prefetches: this panel's next block, or the next panel's
+          // first (a prefetch past the weight's end is a hint that never faults).
+          const float* next = !last ? panel + (kb + kc) * NR : (p + 1 < p1 ? panel + K * NR : nullptr);
+          for (int64_t m = m0; m < m1; m += MR) {
+            const int64_t rows = std::min(MR, m1 - m);
+            const GemmTile tile = (m == m0 && next != nullptr ? GEMM_TILES<true> : GEMM_TILES<false>)[rows];
+            tile(ap + m * lda + kb, lda, panel + kb * NR, kc, cp + m * N + p * NR, N, lo, hi, kb == 0,
+                 last && bp != nullptr ? bp + p * NR : nullptr, next);
+          }
+        }
+      }
+    }
+  };
+  const int64_t threads = at::get_num_threads();
+  if (M >= ROWS_SPLIT * threads) {
+    // Many rows: each thread takes its own rows and every panel. It is compute-bound, so reading
+    // the weights once per chunk costs less than two threads sharing each chunk of rows would.
+    const int64_t per = (M + threads - 1) / threads;
+    const int64_t mc = std::min(mc_max, (per + MR - 1) / MR * MR);
+    at::parallel_for(0, M, per, [&](int64_t r0, int64_t r1) { run(r0, r1, 0, P, mc); });
+  } else {
+    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) { run(0, M, p0, p1, mc_max); });
+  }
+}
+#else
+void panel_linear(at::Tensor, const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&) {
+  TORCH_CHECK(false, "panel_linear: built without AVX-512");
+}
+#endif
+
+bool panel_gemm() {
+#ifdef FRONTIER_PANEL_GEMM
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(frontier, m) {
@@ -419,6 +551,8 @@ TORCH_LIBRARY(frontier, m) {
   m.def("silu_and_mul(Tensor(a!) out, Tensor gate_up) -> ()");
   m.def("rotary_and_cache(Tensor(a!) q, Tensor k, Tensor v, Tensor positions, Tensor cos, Tensor sin, "
         "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots) -> ()");
+  m.def("panel_linear(Tensor(a!) out, Tensor x, Tensor panels, Tensor? bias) -> ()");
+  m.def("panel_gemm() -> bool", &panel_gemm);
 }
 
 TORCH_LIBRARY_IMPL(frontier, CPU, m) {
@@ -426,6 +560,7 @@ TORCH_LIBRARY_IMPL(frontier, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("rotary_and_cache", &rotary_and_cache);
+  m.impl("panel_linear", &panel_linear);
 }
 """
 
