@@ -76,3 +76,29 @@ def test_a_cpu_linear_layer_multiplies_by_its_panels(dtype: torch.dtype) -> None
     torch.testing.assert_close(
         layer(x), want, **({} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2))
     )
+
+
+def test_a_long_cpu_mlp_pass_runs_in_blocks_with_the_same_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    from frontier_runtime.distributed import SINGLE
+    from frontier_runtime.models.llama import layers
+    from frontier_runtime.models.llama.config import LlamaConfig
+
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
+    mlp = layers.MLP(cfg, SINGLE).requires_grad_(False)
+    for proj in (mlp.gate_up_proj, mlp.down_proj):
+        proj.use_transposed_weight()
+        proj.pack()
+    x = torch.randn(300, 64)
+    whole = mlp(x)
+    monkeypatch.setattr(layers, "MLP_BLOCK_BYTES", 64 * 2 * 96 * 4)  # 64-row blocks
+    assert mlp.block_rows(x) == 64
+    assert torch.equal(mlp(x), whole)
