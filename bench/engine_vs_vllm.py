@@ -87,6 +87,7 @@ def child_frontier(spec: dict) -> dict:
         max_num_batched_tokens=MAX_TOKENS_PER_STEP,
         cpu_kv_cache_bytes=KV_BYTES,
         cpu_threads=spec["threads"],
+        cpu_bind_threads=True,  # as vLLM's VLLM_CPU_OMP_THREADS_BIND below
     )
     engine.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in spec["requests"]]

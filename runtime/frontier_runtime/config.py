@@ -119,6 +119,9 @@ class RuntimeConfig(_Strict):
     cpu_threads: int = Field(
         default=0, ge=0, le=1024, description="Intra-op threads on CPU; 0 keeps torch's default (all cores)."
     )
+    cpu_bind_threads: bool = Field(
+        default=False, description="Pin each intra-op thread to a core of its own (one runtime per host)."
+    )
     seed: int = 0
 
 

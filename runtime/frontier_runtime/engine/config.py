@@ -40,6 +40,7 @@ class EngineConfig:
     # Parallelism and CPU.
     tensor_parallel_size: int = 1
     cpu_threads: int = 0  # intra-op threads of the whole engine, split over its ranks; 0: all cores
+    cpu_bind_threads: bool = False  # pin each intra-op thread to a core of its own (engine.affinity)
     seed: int = 0
     # Kernels.
     attention_backend: str = "auto"  # see ops.paged_attention; "auto" picks the fastest that works
@@ -95,6 +96,7 @@ class EngineConfig:
             prefix_caching=c.prefix_caching,
             tensor_parallel_size=par.tensor_parallel_size,
             cpu_threads=config.cpu_threads,
+            cpu_bind_threads=config.cpu_bind_threads,
             seed=config.seed,
         )
 

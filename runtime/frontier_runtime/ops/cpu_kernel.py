@@ -42,6 +42,9 @@ SOURCE = r"""
 #include <immintrin.h>
 #endif
 #include <algorithm>
+#include <atomic>
+#include <pthread.h>
+#include <sched.h>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -534,6 +537,21 @@ void panel_linear(at::Tensor, const at::Tensor&, const at::Tensor&, const c10::o
 }
 #endif
 
+// Pins intra-op thread i (OpenMP thread i of torch's pool; 0 is the calling thread) to cpus[i].
+// at::parallel_for over as many items as threads hands each thread exactly one item.
+void bind_threads(at::IntArrayRef cpus) {
+  const int64_t n = at::get_num_threads();
+  TORCH_CHECK(static_cast<int64_t>(cpus.size()) == n, "bind_threads: ", cpus.size(), " CPUs for ", n, " threads");
+  std::atomic<int> failed{0};
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(static_cast<int>(cpus[at::get_thread_num()]), &set);
+    if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) failed.fetch_add(1);
+  });
+  TORCH_CHECK(failed.load() == 0, "bind_threads: the kernel refused ", failed.load(), " of the pins");
+}
+
 bool panel_gemm() {
 #ifdef FRONTIER_PANEL_GEMM
   return true;
@@ -553,6 +571,7 @@ TORCH_LIBRARY(frontier, m) {
         "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots) -> ()");
   m.def("panel_linear(Tensor(a!) out, Tensor x, Tensor panels, Tensor? bias) -> ()");
   m.def("panel_gemm() -> bool", &panel_gemm);
+  m.def("bind_threads(int[] cpus) -> ()", &bind_threads);
 }
 
 TORCH_LIBRARY_IMPL(frontier, CPU, m) {
