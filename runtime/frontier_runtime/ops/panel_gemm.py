@@ -8,8 +8,8 @@ whole weight streaming from memory once per step. Measured against oneDNN's pack
 100M model's shapes (two threads, weights streaming from memory, best of 3):
 
     rows           1    4    8   16   32   48   64  128  512  2048
-    oneDNN GFLOPS 12   41   72  104  181  223  249  288  311  267
-    panel  GFLOPS 15   54   89  123  207  242  258  277  302  263
+    oneDNN GFLOPS 13   46   67  132  188  221  221  289  317  287
+    panel  GFLOPS 15   59   81  161  211  242  260  283  302  263
 
 Each output is summed over k in order whatever the number of rows, so a sequence's logits do not
 depend on the batch it shares a step with. Available where the kernel builds with AVX-512
