@@ -136,6 +136,10 @@ class Runtime(_Settings):
     cpu_threads: int = Field(
         default=0, ge=0, le=1024, description="Intra-op threads per runtime on CPU hosts; 0 = all cores."
     )
+    cpu_bind_threads: bool = Field(
+        default=False,
+        description="Pin each intra-op thread to a core of its own: for CPU hosts that run one runtime.",
+    )
 
 
 class Health(_Settings):

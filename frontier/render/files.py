@@ -145,6 +145,7 @@ def runtime_context(settings: Settings) -> dict[str, Any]:
         "drain_timeout_s": rt.drain_timeout_s,
         "device": "cpu" if on_cpu else "cuda",
         "cpu_threads": rt.cpu_threads,
+        "cpu_bind_threads": rt.cpu_bind_threads,
     }
 
 

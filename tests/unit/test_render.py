@@ -117,6 +117,13 @@ def test_rendered_runtime_config_is_accepted_by_the_runtime(settings):
     assert config.parallel.pipeline_parallel_size == rt.pipeline_parallel_size
     assert config.parallel.expert_parallel_size == rt.expert_parallel_size
     assert config.drain.timeout_s == rt.drain_timeout_s
+    assert config.cpu_threads == rt.cpu_threads
+    assert config.cpu_bind_threads == rt.cpu_bind_threads
+
+
+def test_a_stack_can_pin_its_runtime_threads(local):
+    pinned = local.model_copy(update={"runtime": local.runtime.model_copy(update={"cpu_bind_threads": True})})
+    assert parse_config(render.render_runtime_config(pinned)).cpu_bind_threads is True
 
 
 def test_cloud_runtime_config_runs_on_cuda_with_the_cache_volume(prod):

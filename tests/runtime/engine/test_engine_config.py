@@ -65,7 +65,8 @@ def test_the_async_engine_takes_the_batch_window_from_the_config(tied_dir: Path)
 
 
 def test_the_engine_config_carries_every_setting_from_the_runtime_config(tied_dir: Path) -> None:
-    config = EngineConfig.from_runtime(_config(tied_dir).model_copy(update={"cpu_threads": 6}), tied_dir)
+    runtime = _config(tied_dir).model_copy(update={"cpu_threads": 6, "cpu_bind_threads": True})
+    config = EngineConfig.from_runtime(runtime, tied_dir)
     assert config == EngineConfig(
         model_dir=tied_dir,
         dtype="float32",
@@ -78,6 +79,7 @@ def test_the_engine_config_carries_every_setting_from_the_runtime_config(tied_di
         cpu_kv_cache_bytes=1 << 20,
         prefix_caching=False,
         cpu_threads=6,
+        cpu_bind_threads=True,
         seed=3,
     )
     assert replace(config, tensor_parallel_size=4).threads_per_rank == 1
