@@ -5,11 +5,13 @@ panel padded with zeros), the layout the kernel's 8 x 32 register tile reads wit
 loads per K step. The kernel keeps a K block of a panel in L1 for every row tile of the step and
 prefetches the weights ahead while it computes, which is what decode steps need: few rows, the
 whole weight streaming from memory once per step. Measured against oneDNN's packed GEMM on the
-100M model's shapes (two threads, weights streaming from memory, best of 3):
+100M model's shapes (``bench/panel_gemm_vs_onednn.py --threads 2``: weights streaming from memory,
+best GFLOPS of 5 alternating pairs, ratio the median of the pairs):
 
     rows           1    4    8   16   32   48   64  128  512  2048
-    oneDNN GFLOPS 13   46   67  132  188  221  221  289  317  287
-    panel  GFLOPS 15   59   81  161  211  242  260  283  302  263
+    panel  GFLOPS 14   56  103  152  204  233  247  275  291   283
+    oneDNN GFLOPS 13   47   81  133  190  221  243  284  310   317
+    ratio       1.07 1.19 1.26 1.14 1.08 1.07 1.01 0.98 0.94  0.89
 
 Each output is summed over k in order whatever the number of rows, so a sequence's logits do not
 depend on the batch it shares a step with. Available where the kernel builds with AVX-512
