@@ -64,12 +64,16 @@ class Linear(nn.Linear):
         self.widen = dtype != torch.float32
         if self.widen and self.bias is not None:
             self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
+        self._pack(weight)
+        self.weight = None
+
+    def _pack(self, weight: torch.Tensor) -> None:
+        """Hold ``weight`` ([out, in] float32, contiguous) packed for the panel GEMM, else oneDNN."""
         self.panels = panel_gemm.available()
         if self.panels:
             self.packed = panel_gemm.pack(weight)
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT_ROWS)
-        self.weight = None
 
     def adopt_transposed(self, weight_t: torch.Tensor, dtype: torch.dtype) -> None:
         """Take ``weight_t`` ([in, out], filled by the loader) as the weight of a ``dtype`` model."""
@@ -93,9 +97,8 @@ class Linear(nn.Linear):
         """Pack a float32 [in, out] weight for the CPU's GEMM (no-op where none packs)."""
         if self.weight_t is None or self.weight_t.dtype != torch.float32 or not self.packs(torch.float32):
             return
-        widen = self.widen
-        self.adopt_packed(self.weight_t.t().contiguous(), torch.float32)
-        self.widen, self.weight_t = widen, None
+        self._pack(self.weight_t.t().contiguous())
+        self.weight_t = None
 
     def dense_weight(self) -> torch.Tensor:
         """The weight as [out, in], whichever form the layer holds (a copy when packed)."""
