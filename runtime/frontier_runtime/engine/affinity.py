@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.ops import cpu_kernel
 
 log = logging.getLogger("frontier_runtime.engine")
@@ -42,3 +43,9 @@ def bind_intra_op_threads(rank: int) -> list[int]:
     torch.ops.frontier.bind_threads(cores)
     log.info("rank %d: %d intra-op threads pinned to cores %s", rank, threads, cores)
     return cores
+
+
+def pin_if_configured(config: EngineConfig, rank: int) -> None:
+    """Pin this rank's intra-op threads when a CPU engine's config asks for it."""
+    if config.cpu_bind_threads and config.device == "cpu":
+        bind_intra_op_threads(rank)

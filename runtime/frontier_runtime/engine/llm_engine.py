@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from frontier_runtime.engine.affinity import bind_intra_op_threads
+from frontier_runtime.engine.affinity import pin_if_configured
 from frontier_runtime.engine.api import EngineStats, RequestOutput, SamplingParams, TokenLogprob
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
@@ -39,8 +39,7 @@ class LLMEngine:
         self.config = config
         if config.cpu_threads:  # rank 0 takes its share of the budget, like the other ranks
             torch.set_num_threads(config.threads_per_rank)
-        if config.cpu_bind_threads and config.device == "cpu":
-            bind_intra_op_threads(rank=0)
+        pin_if_configured(config, rank=0)
         model_dir = config.model_dir
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").is_file() else None
         self.workers = TPWorkers(config)

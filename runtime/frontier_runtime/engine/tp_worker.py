@@ -15,7 +15,7 @@ from multiprocessing.process import BaseProcess
 import torch
 
 from frontier_runtime.distributed import StepSender, free_tcp_port, receive_steps
-from frontier_runtime.engine.affinity import bind_intra_op_threads
+from frontier_runtime.engine.affinity import pin_if_configured
 from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.model_runner import ModelRunner, StepInput
 from frontier_runtime.models.llama.config import LlamaConfig, check_tensor_parallel
@@ -81,8 +81,7 @@ class TPWorkers:
 def worker_main(config: EngineConfig, rank: int, init_method: str, steps: Connection) -> None:
     """Entry point of tensor-parallel ranks >= 1: load the shard, then mirror rank 0's steps."""
     torch.set_num_threads(config.threads_per_rank)
-    if config.cpu_bind_threads and config.device == "cpu":
-        bind_intra_op_threads(rank)
+    pin_if_configured(config, rank)
     runner = ModelRunner(config, rank=rank, init_method=init_method)
     try:
         for step in receive_steps(steps):
