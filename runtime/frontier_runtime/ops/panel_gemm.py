@@ -3,15 +3,16 @@
 A weight [N, K] is packed once, at load, into panels of 32 output columns ([P, K, 32], the last
 panel padded with zeros), the layout the kernel's 8 x 32 register tile reads with two vector
 loads per K step. The kernel keeps a K block of a panel in L1 for every row tile of the step and
-prefetches the weights ahead while it computes, which is what decode steps need: few rows, the
-whole weight streaming from memory once per step. Measured against oneDNN's packed GEMM on the
-100M model's shapes (``bench/panel_gemm_vs_onednn.py --threads 2``: weights streaming from memory,
-best GFLOPS of 5 alternating pairs, ratio the median of the pairs):
+prefetches the weights ahead while it computes, spread evenly over the tiles' K steps, which is
+what decode steps need: few rows, the whole weight streaming from memory once per step. Measured
+against oneDNN's packed GEMM on the 100M model's shapes (``bench/panel_gemm_vs_onednn.py
+--threads 2``: weights streaming from memory, best GFLOPS of 5 alternating pairs, ratio the
+median of the pairs):
 
     rows           1    4    8   16   32   48   64  128  512  2048
-    panel  GFLOPS 14   56  103  152  204  233  247  275  291   283
-    oneDNN GFLOPS 13   47   81  133  190  221  243  284  310   317
-    ratio       1.07 1.19 1.26 1.14 1.08 1.07 1.01 0.98 0.94  0.89
+    panel  GFLOPS 14   57  104  179  279  286  307  311  315   265
+    oneDNN GFLOPS 13   47   82  136  189  224  251  290  323   293
+    ratio       1.05 1.19 1.26 1.32 1.46 1.27 1.22 1.08 0.98  0.90
 
 Each output is summed over k in order whatever the number of rows, so a sequence's logits do not
 depend on the batch it shares a step with. Available where the kernel builds with AVX-512

@@ -24,8 +24,8 @@ class Linear(nn.Linear):
     A float32 CPU weight is packed once, at load: into the panels of Frontier's own GEMM
     (:mod:`frontier_runtime.ops.panel_gemm`) where the CPU has AVX-512, else into oneDNN's
     blocked layout. Measured on the 100M model's shapes with the weights streaming from memory
-    (two threads): the panel GEMM is 7-26 % faster than oneDNN's at the 1-48 rows of decode steps
-    and 2-11 % slower at 128-2048 rows; oneDNN's is itself 10-30 % faster than MKL's GEMM
+    (two threads): the panel GEMM is 5-46 % faster than oneDNN's at the 1-128 rows of decode steps
+    and 2-10 % slower at 512-2048 rows; oneDNN's is itself 10-30 % faster than MKL's GEMM
     at 8-256 rows. Where neither is available the weight stays [in, out] and ``torch.matmul``
     multiplies by it (MKL is 10-35 % faster in that layout than with [out, in] at 16-256 rows).
 
