@@ -502,8 +502,13 @@ void panel_linear(at::Tensor out, const at::Tensor& x, const at::Tensor& w, cons
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* cp = out.data_ptr<float>();
   const int64_t lda = x.stride(0);
-  // Rows a pass keeps in L2 (about 1 MB of x) while the panels stream past.
+  // Rows a pass keeps in L2 (about 1 MB of x) while the panels stream past, in chunks of equal
+  // size: a short last chunk would stream every weight again for a few rows.
   const int64_t mc_max = std::max<int64_t>(MR, ((1 << 20) / (4 * K)) / MR * MR);
+  auto chunk = [&](int64_t rows) {
+    const int64_t chunks = (rows + mc_max - 1) / mc_max;
+    return ((rows + chunks - 1) / chunks + MR - 1) / MR * MR;
+  };
 
   // Panels [p0, p1) of rows [r0, r1), a chunk of at most mc rows at a time.
   auto run = [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1, int64_t mc) {
@@ -539,12 +544,9 @@ void panel_linear(at::Tensor out, const at::Tensor& x, const at::Tensor& w, cons
     // Many rows: each thread takes its own rows and every panel. It is compute-bound, so reading
     // the weights once per chunk costs less than two threads sharing each chunk of rows would.
     const int64_t per = (M + threads - 1) / threads;
-    // Chunks of equal size: a short last chunk would stream every weight again for a few rows.
-    const int64_t chunks = (per + mc_max - 1) / mc_max;
-    const int64_t mc = ((per + chunks - 1) / chunks + MR - 1) / MR * MR;
-    at::parallel_for(0, M, per, [&](int64_t r0, int64_t r1) { run(r0, r1, 0, P, mc); });
+    at::parallel_for(0, M, per, [&](int64_t r0, int64_t r1) { run(r0, r1, 0, P, chunk(per)); });
   } else {
-    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) { run(0, M, p0, p1, mc_max); });
+    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) { run(0, M, p0, p1, chunk(M)); });
   }
 }
 #else
