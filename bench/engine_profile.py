@@ -1,0 +1,113 @@
+"""Where a Frontier engine run's time goes: wall time by step kind, linears by rows, attention.
+
+    python bench/engine_profile.py [--model llama-100m] [--dtype float32] [--threads 2] [--ops]
+
+Runs the 64 requests of ``bench/engine_vs_vllm.py`` (same checkpoint, same settings) through
+``LLMEngine`` alone. Each ``ModelRunner.execute`` is timed and filed under its step kind (prefill,
+decode of more than 16 sequences, decode of at most 16); with ``--ops`` each linear layer is
+timed too, filed by the rows it multiplies (with its GFLOPS), and each attention call. Timers
+wrap the calls with ``time.perf_counter``: no profiler hooks in the kernels, so the figures are
+the run's own (the ``--ops`` timers add a few microseconds per call). One table, biggest first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT.parent / "runtime"))
+
+import engine_vs_vllm as bench  # noqa: E402  (the workload and the checkpoints)
+
+ROW_BUCKETS = ((1, 8), (9, 16), (17, 32), (33, 64), (65, 127))
+
+
+def rows_bucket(rows: int) -> str:
+    """The label a linear of ``rows`` rows is filed under."""
+    for low, high in ROW_BUCKETS:
+        if rows <= high:
+            return f"linear, {low}-{high} rows"
+    return "linear, >= 128 rows"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-100m", choices=sorted(bench.SHAPES))
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ops", action="store_true", help="time each linear and attention call too")
+    args = parser.parse_args()
+
+    import torch
+    from frontier_runtime.engine import model_runner
+    from frontier_runtime.engine.api import SamplingParams
+    from frontier_runtime.engine.llm_engine import LLMEngine
+    from frontier_runtime.models.llama import attention, layers
+
+    torch.set_num_threads(args.threads)
+    model = bench.ensure_model(args.model)
+    requests = bench.make_requests(64, bench.SHAPES[args.model].get("vocab_size", 4096), 0)
+    engine = LLMEngine(
+        str(model),
+        dtype=args.dtype,
+        max_batch_size=bench.MAX_BATCH,
+        max_num_batched_tokens=bench.MAX_TOKENS_PER_STEP,
+        cpu_kv_cache_bytes=bench.KV_BYTES,
+        cpu_threads=args.threads,
+        cpu_bind_threads=True,
+    )
+    engine.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+
+    seconds: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter[str] = collections.Counter()
+    flops: collections.Counter[str] = collections.Counter()
+
+    def timed(key: str, fn, *a, **kw):
+        start = time.perf_counter()
+        out = fn(*a, **kw)
+        seconds[key] += time.perf_counter() - start
+        calls[key] += 1
+        return out
+
+    execute = model_runner.ModelRunner.execute
+
+    def execute_timed(self, step):
+        kind = "prefill" if not step.is_decode_only else "decode, > 16 sequences"
+        if step.is_decode_only and len(step.rows) <= 16:
+            kind = "decode, <= 16 sequences"
+        return timed(f"step: {kind}", execute, self, step)
+
+    model_runner.ModelRunner.execute = execute_timed
+    if args.ops:
+        forward = layers.Linear.forward
+
+        def linear_timed(self, x):
+            rows = x.numel() // x.shape[-1]
+            key = rows_bucket(rows)
+            flops[key] += 2 * rows * self.in_features * self.out_features
+            return timed(key, forward, self, x)
+
+        layers.Linear.forward = linear_timed
+        attend = attention.attend
+        attention.attend = lambda *a, **kw: timed("attention", attend, *a, **kw)
+
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
+    start = time.perf_counter()
+    engine.generate([p for p, _ in requests], params)
+    wall = time.perf_counter() - start
+    engine.shutdown()
+
+    print(f"{args.model} {args.dtype}, {args.threads} threads: {wall:.2f} s for 64 requests")
+    print(f"  {'part':<30} {'seconds':>8} {'calls':>7} {'GFLOPS':>7}")
+    for key in sorted(seconds, key=lambda k: (not k.startswith("step"), -seconds[k])):
+        rate = f"{flops[key] / seconds[key] / 1e9:7.0f}" if flops[key] else ""
+        print(f"  {key:<30} {seconds[key]:8.2f} {calls[key]:7d} {rate:>7}")
+
+
+if __name__ == "__main__":
+    main()
