@@ -91,6 +91,8 @@ class RequestOutput:
     completion_tokens: int
     cached_prompt_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    # What ended a "stop": the stop token id (not part of the text) or the stop string.
+    stop_reason: int | str | None = None
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from frontier_runtime.engine.affinity import pin_if_configured
 from frontier_runtime.engine.api import EngineStats, RequestOutput, SamplingParams, TokenLogprob
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
-from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
 from frontier_runtime.engine.model_runner import ModelRunner
+from frontier_runtime.engine.output_processor import OutputProcessor
 from frontier_runtime.engine.sampler import Sampler
 from frontier_runtime.engine.scheduler import Scheduler
 from frontier_runtime.engine.sequence import Sequence, Status
@@ -42,6 +42,10 @@ class LLMEngine:
         pin_if_configured(config, rank=0)
         model_dir = config.model_dir
         self.tokenizer = Tokenizer(model_dir) if (model_dir / "tokenizer.json").is_file() else None
+        # Text and stop strings, in the step; AsyncEngine turns this off and runs them on its own
+        # output thread (``set_detokenize_inline``).
+        self.detokenize = True
+        self.outputs = OutputProcessor(self.tokenizer)
         self.workers = TPWorkers(config)
         try:
             self.runner = ModelRunner(config, rank=0, init_method=self.workers.init_method)
@@ -123,12 +127,19 @@ class LLMEngine:
             list(prompt_token_ids),
             params,
             next(self._arrivals),
-            IncrementalDetokenizer(self.tokenizer, params.stop),
             stop_ids,
             self.runner.device,
         )
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
+        if self.detokenize:
+            self.outputs.add(request_id, params.stop)
+
+    def set_detokenize_inline(self, inline: bool) -> None:
+        """Whether ``step()`` adds text and applies stop strings (before any request arrives)."""
+        if self._seqs:
+            raise RuntimeError("detokenization moves only while the engine holds no request")
+        self.detokenize = inline
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; the next ``step()`` reports it as "abort"."""
@@ -139,7 +150,7 @@ class LLMEngine:
         self._release_structured(seq.request_id)
         seq.status = Status.FINISHED
         seq.finish_reason = "abort"
-        self._pending.append(self._output(seq, [], "", None))
+        self._pending.append(self._output(seq, []))
         return True
 
     def abort_all(self) -> int:
@@ -160,9 +171,9 @@ class LLMEngine:
         for seq in sched.finished:
             self._seqs.pop(seq.request_id, None)
             self._release_structured(seq.request_id)
-            outputs.append(self._output(seq, [], seq.detokenizer.take_delta(True), None))
+            outputs.append(self._output(seq, []))
         if not sched.scheduled:
-            return outputs
+            return self._with_text(outputs)
         self._steps += 1
         self._last_batch = len(sched.scheduled)
         self._last_tokens = sched.num_tokens
@@ -176,7 +187,7 @@ class LLMEngine:
             seq.num_computed_tokens += n
             self.block_manager.cache_computed_blocks(seq)
         if not samplers:
-            return outputs
+            return self._with_text(outputs)
         result = self.sampler(
             logits,
             [s.params for s in samplers],
@@ -185,29 +196,43 @@ class LLMEngine:
         )
         for seq, token, lp in zip(samplers, result.token_ids, result.logprobs, strict=True):
             outputs.append(self._append_token(seq, token, lp))
-        return outputs
+        return self._with_text(outputs)
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq.token_ids.append(token)
         reason = None
+        stop_reason = None
         grammar = self.structured.accept(seq.request_id, token) if self.structured is not None else None
-        if token in seq.stop_token_ids or seq.detokenizer.append(token) is not None:
-            reason = "stop"
+        if token in seq.stop_token_ids:
+            reason, stop_reason = "stop", token
         elif grammar is not None:  # the constraint is complete (or, never expected, broken)
             reason = grammar
-            seq.detokenizer.flush()
         elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
             reason = "length"
         if reason is not None:
             seq.finish_reason = reason
-            if reason == "length":
-                seq.detokenizer.flush()
-            self.scheduler.remove(seq)
-            self._release_structured(seq.request_id)
-            seq.status = Status.FINISHED
-            self._seqs.pop(seq.request_id, None)
-        text = seq.detokenizer.take_delta(reason is not None)
-        return self._output(seq, [token], text, None if logprob is None else [logprob])
+            self._finish(seq)
+        return self._output(seq, [token], None if logprob is None else [logprob], stop_reason)
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.remove(seq)
+        self._release_structured(seq.request_id)
+        seq.status = Status.FINISHED
+        self._seqs.pop(seq.request_id, None)
+
+    def _with_text(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """The outputs with their text (inline detokenization); a stop string ends its request now."""
+        if not self.detokenize:
+            return outputs
+        done = []
+        for out in outputs:
+            processed = self.outputs.process(out)
+            seq = self._seqs.get(out.request_id)
+            if processed.stopped_by_text and seq is not None:
+                seq.finish_reason = "stop"
+                self._finish(seq)
+            done.append(processed.output)
+        return done
 
     def _release_structured(self, request_id: str) -> None:
         if self.structured is not None:
@@ -215,18 +240,23 @@ class LLMEngine:
 
     @staticmethod
     def _output(
-        seq: Sequence, tokens: list[int], text: str, logprobs: list[TokenLogprob] | None
+        seq: Sequence,
+        tokens: list[int],
+        logprobs: list[TokenLogprob] | None = None,
+        stop_reason: int | str | None = None,
     ) -> RequestOutput:
+        """Token ids only: the text comes from an ``OutputProcessor`` (inline or on another thread)."""
         return RequestOutput(
             request_id=seq.request_id,
             new_token_ids=tokens,
-            new_text=text,
+            new_text="",
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
             cached_prompt_tokens=seq.num_cached_prompt_tokens,
             logprobs=logprobs,
+            stop_reason=stop_reason,
         )
 
     # -- introspection --------------------------------------------------------------------------

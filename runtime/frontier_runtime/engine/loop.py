@@ -1,9 +1,11 @@
 """``AsyncEngine``: the engine loop in one background thread, streams for asyncio code.
 
 The ``LLMEngine`` is not thread-safe, so exactly one thread (started here) touches it. Everything
-else talks to that thread through a locked inbox and gets outputs back through
-``loop.call_soon_threadsafe`` into one ``asyncio.Queue`` per request. ``AsyncEngine`` is the
-server's ``EngineClient`` (see ``api``).
+else talks to that thread through a locked inbox. Its outputs (token ids) go to a second thread,
+the output thread, which detokenizes them, applies stop strings (``OutputProcessor``) and hands
+them through ``loop.call_soon_threadsafe`` to one ``asyncio.Queue`` per request: the engine
+thread goes on to the next step meanwhile. A stop string found there ends the stream at once and
+aborts the request in the engine. ``AsyncEngine`` is the server's ``EngineClient`` (see ``api``).
 
 ``batch_window_ms`` applies only to an idle engine: the first request that arrives into an idle
 engine waits up to the window for companions (or until a full batch is there); requests that
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -26,6 +29,7 @@ from pathlib import Path
 from frontier_runtime.config import RuntimeConfig
 from frontier_runtime.engine.api import EngineDeadError, EngineStats, RequestOutput, SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.engine.output_processor import OutputProcessor
 from frontier_runtime.tokenizer import Tokenizer
 
 log = logging.getLogger("frontier_runtime.engine.loop")
@@ -56,6 +60,13 @@ class AsyncEngine:
         self._stopping = False
         self.error: BaseException | None = None
         self.heartbeat = time.monotonic()
+        engine.set_detokenize_inline(False)
+        self._text = OutputProcessor(engine.tokenizer)  # the output thread's alone
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._output_thread = threading.Thread(
+            target=self._run_outputs, name="frontier-engine-outputs", daemon=True
+        )
+        self._output_thread.start()
         self._thread = threading.Thread(target=self._run, name="frontier-engine-loop", daemon=True)
         self._thread.start()
 
@@ -99,6 +110,7 @@ class AsyncEngine:
             if request_id in self._sinks:
                 raise ValueError(f"request id {request_id!r} is already in the engine")
             self._sinks[request_id] = sink
+            self._outbox.put(("add", request_id, params.stop))
             self._inbox.append(("add", request_id, prompt, params))
             self._cv.notify()
 
@@ -160,6 +172,8 @@ class AsyncEngine:
             self._stopping = True
             self._cv.notify()
         self._thread.join(timeout_s)
+        self._outbox.put(None)
+        self._output_thread.join(timeout_s)
         self.engine.shutdown()
 
     def _dead_reason(self) -> str:
@@ -225,11 +239,45 @@ class AsyncEngine:
                     fut.set_exception(exc)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        if outputs:
+            self._outbox.put(("outputs", outputs))
+
+    def _deliver_error(self, request_id: str, exc: BaseException) -> None:
+        self._outbox.put(("error", request_id, exc))
+
+    # -- the output thread ----------------------------------------------------------------------
+
+    def _run_outputs(self) -> None:
+        """Text, stop strings and delivery, in the order the engine thread queued them."""
+        while (item := self._outbox.get()) is not None:
+            kind = item[0]
+            try:
+                if kind == "add":
+                    self._text.add(item[1], item[2])
+                elif kind == "outputs":
+                    self._hand_over([self._with_text(out) for out in item[1]])
+                else:
+                    self._deliver_error_now(item[1], item[2])
+            except Exception as exc:  # noqa: BLE001 - a request's stream must end, not hang
+                log.exception("output thread failed on a %s item", kind)
+                for rid in [out.request_id for out in item[1]] if kind == "outputs" else [item[1]]:
+                    self._text.discard(rid)
+                    self._deliver_error_now(rid, exc)
+
+    def _with_text(self, out: RequestOutput) -> RequestOutput:
+        processed = self._text.process(out)
+        if processed.stopped_by_text:  # the engine may already be a step or two further
+            with self._cv:
+                self._inbox.append(("abort", out.request_id))
+                self._cv.notify()
+        return processed.output
+
+    def _hand_over(self, outputs: list[RequestOutput]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
         with self._cv:
             for out in outputs:
                 sink = self._sinks.get(out.request_id)
-                if sink is None:
+                if sink is None:  # ended already (a stop string, an error): later tokens are dropped
                     continue
                 if out.finished:
                     del self._sinks[out.request_id]
@@ -245,9 +293,10 @@ class AsyncEngine:
             except RuntimeError:  # that event loop is closed: nobody will read these
                 for _, out in items:
                     if not out.finished:
-                        self.engine.abort(out.request_id)
+                        self.abort(out.request_id)
 
-    def _deliver_error(self, request_id: str, exc: BaseException) -> None:
+    def _deliver_error_now(self, request_id: str, exc: BaseException) -> None:
+        self._text.discard(request_id)
         with self._cv:
             sink = self._sinks.pop(request_id, None)
         if isinstance(sink, _SyncSink):
@@ -278,5 +327,5 @@ class AsyncEngine:
 
 
 def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
-    for queue, out in items:
-        queue.put_nowait(out)
+    for stream, out in items:
+        stream.put_nowait(out)

@@ -7,7 +7,6 @@ import enum
 import torch
 
 from frontier_runtime.engine.api import FinishReason, SamplingParams
-from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
 
 
 class Status(enum.Enum):
@@ -29,7 +28,6 @@ class Sequence:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival: int,
-        detokenizer: IncrementalDetokenizer,
         stop_token_ids: frozenset[int],
         device: torch.device | str = "cpu",
     ) -> None:
@@ -44,7 +42,6 @@ class Sequence:
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.status = Status.WAITING
         self.finish_reason: FinishReason | None = None
-        self.detokenizer = detokenizer
         self.stop_token_ids = stop_token_ids
         self.generator: torch.Generator | None = None
         if params.seed is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -165,3 +166,49 @@ def test_shutdown_ends_open_streams_and_refuses_new_ones(tied_dir, tied_ref: Ref
 
     assert asyncio.run(main()) == "abort"
     assert not engine.is_running
+
+
+def test_a_stop_string_ends_the_stream_before_it_and_frees_the_request(
+    aengine: AsyncEngine, tied_ref: Reference
+) -> None:
+    full = aengine.tokenizer.decode(tied_ref.outputs[2])
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    params = SamplingParams(max_tokens=24, temperature=0.0, stop=(stop,))
+
+    async def main() -> list:
+        return [out async for out in aengine.submit("s", tied_ref.prompts[2], params)]
+
+    outs = asyncio.run(main())
+    assert outs[-1].finished and outs[-1].finish_reason == "stop" and outs[-1].stop_reason == stop
+    assert [o for o in outs if o.finished] == [outs[-1]]  # nothing after the end
+    assert "".join(o.new_text for o in outs) == full[: full.index(stop)]
+    tokens = [t for o in outs for t in o.new_token_ids]
+    assert tokens == tied_ref.outputs[2][: len(tokens)]
+    # The engine computed a token or two more before the abort reached it; then it let go.
+    stats = aengine.call(lambda e: e.stats()).result(timeout=30)
+    assert stats.running == 0 and stats.kv_blocks_free == stats.kv_blocks_total
+
+
+def test_text_is_decoded_on_the_output_thread_not_the_engine_thread(
+    aengine: AsyncEngine, tied_ref: Reference
+) -> None:
+    decoding_threads: set[str] = set()
+    tokenizer = aengine.tokenizer
+    decode = tokenizer.decode
+
+    def recording_decode(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        decoding_threads.add(threading.current_thread().name)
+        return decode(*args, **kwargs)
+
+    tokenizer.decode = recording_decode
+    try:
+        results = asyncio.run(_consume_all(aengine, tied_ref.prompts[:4]))
+    finally:
+        del tokenizer.decode
+    assert [text for _, text, _ in results] == [decode(o) for o in tied_ref.outputs[:4]]
+    assert decoding_threads == {"frontier-engine-outputs"}
+
+
+async def _consume_all(engine: AsyncEngine, prompts: list[list[int]]) -> list:
+    streams = [engine.submit(f"d{i}", p, GREEDY) for i, p in enumerate(prompts)]
+    return await asyncio.gather(*(_consume(s) for s in streams))

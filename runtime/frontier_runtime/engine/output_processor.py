@@ -1,0 +1,59 @@
+"""Text for the engine's token outputs: incremental detokenization and stop strings.
+
+The engine core decides everything a token decides (stop token ids, grammar, length) and emits
+``RequestOutput`` with ids only. ``OutputProcessor`` turns those into text deltas and finds stop
+strings. ``LLMEngine`` runs it inline, in the step, so offline use sees the text at once and a
+stop string ends the request in the step that produced it. ``AsyncEngine`` runs it on its own
+output thread, off the engine thread: detokenizing then overlaps the next forward pass (whose
+kernels release the GIL), and a stop string found there ends the stream at once and aborts the
+request in the engine, which may have computed a token or two more by then; those are dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from frontier_runtime.engine.api import RequestOutput
+from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
+from frontier_runtime.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Processed:
+    output: RequestOutput  # with its text delta (and, on a stop string, finished)
+    stopped_by_text: bool  # a stop string ended it here: the engine must drop the request
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer | None) -> None:
+        self.tokenizer = tokenizer
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+
+    def add(self, request_id: str, stop: tuple[str, ...]) -> None:
+        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, stop)
+
+    def discard(self, request_id: str) -> None:
+        self._detokenizers.pop(request_id, None)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._detokenizers
+
+    def process(self, out: RequestOutput) -> Processed:
+        """``out`` with its text; the request's state is dropped once it finishes."""
+        detok = self._detokenizers.get(out.request_id)
+        if detok is None:  # not ours (or already ended by a stop string): no text to add
+            return Processed(out, False)
+        stop_string = None
+        # A stop token ends the request but is not part of the text.
+        ended_by_token = out.finished and isinstance(out.stop_reason, int)
+        for token in out.new_token_ids:
+            if not ended_by_token:
+                stop_string = detok.append(token)
+        if stop_string is not None:
+            out = replace(out, finished=True, finish_reason="stop", stop_reason=stop_string)
+        elif out.finished and out.new_token_ids and not ended_by_token:
+            detok.flush()  # length or grammar: release what is left, even a partial character
+        out = replace(out, new_text=detok.take_delta(out.finished))
+        if out.finished:
+            del self._detokenizers[out.request_id]
+        return Processed(out, stop_string is not None)
