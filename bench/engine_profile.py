@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import sys
 import time
 from pathlib import Path
@@ -43,25 +44,14 @@ def main() -> None:
     parser.add_argument("--ops", action="store_true", help="time each linear and attention call too")
     args = parser.parse_args()
 
-    import torch
     from frontier_runtime.engine import model_runner
     from frontier_runtime.engine.api import SamplingParams
-    from frontier_runtime.engine.llm_engine import LLMEngine
     from frontier_runtime.models.llama import attention, layers
 
-    torch.set_num_threads(args.threads)
     model = bench.ensure_model(args.model)
-    requests = bench.make_requests(64, bench.SHAPES[args.model].get("vocab_size", 4096), 0)
-    engine = LLMEngine(
-        str(model),
-        dtype=args.dtype,
-        max_batch_size=bench.MAX_BATCH,
-        max_num_batched_tokens=bench.MAX_TOKENS_PER_STEP,
-        cpu_kv_cache_bytes=bench.KV_BYTES,
-        cpu_threads=args.threads,
-        cpu_bind_threads=True,
-    )
-    engine.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    requests = bench.make_requests(64, vocab, 0)
+    engine = bench.frontier_engine(str(model), args.dtype, args.threads)
 
     seconds: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter[str] = collections.Counter()

@@ -74,22 +74,30 @@ def make_requests(n: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
 # -- the children ---------------------------------------------------------------------------------
 
 
-def child_frontier(spec: dict) -> dict:
+def frontier_engine(model: str, dtype: str, threads: int):  # noqa: ANN201 (imports stay lazy)
+    """Frontier's engine with the bench's settings, warmed up by one short request."""
     import torch
     from frontier_runtime.engine.api import SamplingParams
     from frontier_runtime.engine.llm_engine import LLMEngine
 
-    torch.set_num_threads(spec["threads"])
+    torch.set_num_threads(threads)
     engine = LLMEngine(
-        spec["model"],
-        dtype=spec["dtype"],
+        model,
+        dtype=dtype,
         max_batch_size=MAX_BATCH,
         max_num_batched_tokens=MAX_TOKENS_PER_STEP,
         cpu_kv_cache_bytes=KV_BYTES,
-        cpu_threads=spec["threads"],
+        cpu_threads=threads,
         cpu_bind_threads=True,  # as vLLM's VLLM_CPU_OMP_THREADS_BIND below
     )
     engine.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    return engine
+
+
+def child_frontier(spec: dict) -> dict:
+    from frontier_runtime.engine.api import SamplingParams
+
+    engine = frontier_engine(spec["model"], spec["dtype"], spec["threads"])
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in spec["requests"]]
     profile = spec.get("profile")
     if profile:
