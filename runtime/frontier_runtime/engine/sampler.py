@@ -44,11 +44,10 @@ class Sampler:
             tokens = logits.argmax(dim=-1)
         else:
             tokens = self._sample(logits, params, generators, greedy)
-        token_list = tokens.tolist()
         want = [p.logprobs for p in params]
         if all(w is None for w in want):
-            return SampleResult(token_list, [None] * rows)
-        return SampleResult(token_list, self._logprobs(logits, tokens, want))
+            return SampleResult(tokens.tolist(), [None] * rows)
+        return self._with_logprobs(logits, tokens, want)
 
     def _sample(
         self,
@@ -80,23 +79,26 @@ class Sampler:
         return sampled
 
     @staticmethod
-    def _logprobs(
-        logits: torch.Tensor, tokens: torch.Tensor, want: list[int | None]
-    ) -> list[TokenLogprob | None]:
+    def _with_logprobs(logits: torch.Tensor, tokens: torch.Tensor, want: list[int | None]) -> SampleResult:
+        """Tokens and logprobs through one device-to-host copy for the whole step (never per row)."""
         lp = torch.log_softmax(logits, dim=-1)
-        chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
         top_n = max(w or 0 for w in want)
-        top_vals, top_ids = lp.topk(top_n, dim=-1) if top_n else (None, None)
+        # float64 holds every float32 logprob and every token id exactly.
+        parts = [tokens.unsqueeze(1).double(), lp.gather(1, tokens.unsqueeze(1)).double()]
+        if top_n:
+            top_vals, top_ids = lp.topk(top_n, dim=-1)
+            parts += [top_ids.double(), top_vals.double()]
+        host = torch.cat(parts, dim=1).cpu().tolist()
+        token_list = [int(row[0]) for row in host]
         out: list[TokenLogprob | None] = []
-        for i, w in enumerate(want):
+        for row, w in zip(host, want, strict=True):
             if w is None:
                 out.append(None)
                 continue
-            top = {}
-            if w:
-                top = dict(zip(top_ids[i, :w].tolist(), top_vals[i, :w].tolist(), strict=True))
-            out.append(TokenLogprob(token_id=int(tokens[i]), logprob=chosen[i], top=top))
-        return out
+            ids, vals = row[2 : 2 + top_n], row[2 + top_n :]
+            top = {int(ids[j]): vals[j] for j in range(w)}
+            out.append(TokenLogprob(token_id=int(row[0]), logprob=row[1], top=top))
+        return SampleResult(token_list, out)
 
 
 def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
