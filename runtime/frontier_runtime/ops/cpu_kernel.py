@@ -447,18 +447,14 @@ inline void gemm_tile(const float* a, int64_t lda, const float* b, int64_t kc, f
   }
   // This tile's share of the weights ahead (pf_n lines), spread evenly over its K steps: a burst
   // of misses would fill the core's line-fill buffers and stall the loads the FMAs wait on.
-  const int64_t per_step = (pf_n + kc - 1) / kc;                       // lines a prefetching step
-  const int64_t every = pf_n > 0 ? std::max<int64_t>(1, kc * per_step / pf_n) : kc + 1;  // steps
-  int64_t countdown = 1;
+  // (Bresenham: a line each time the running sum of pf_n passes another kc.)
+  int64_t due = 0;
   for (int64_t k = 0; k < kc; ++k) {
-    if (--countdown == 0) {
-      countdown = every;
-      for (int64_t j = 0; j < per_step; ++j) {
-        if (pf1 != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf1), _MM_HINT_T0);
-        if (pf2 != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf2), _MM_HINT_T1);
-        pf1 = pf1 != nullptr ? pf1 + 16 : nullptr;
-        pf2 = pf2 != nullptr ? pf2 + 16 : nullptr;
-      }
+    for (due += pf_n; due >= kc; due -= kc) {
+      if (pf1 != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf1), _MM_HINT_T0);
+      if (pf2 != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf2), _MM_HINT_T1);
+      pf1 = pf1 != nullptr ? pf1 + 16 : nullptr;
+      pf2 = pf2 != nullptr ? pf2 + 16 : nullptr;
     }
     const __m512 b0 = _mm512_load_ps(b + k * NR), b1 = _mm512_load_ps(b + k * NR + 16);
 #pragma GCC unroll 8
