@@ -227,8 +227,8 @@ class LLMEngine:
         done = []
         for out in outputs:
             processed = self.outputs.process(out)
-            seq = self._seqs.get(out.request_id)
-            if processed.stopped_by_text and seq is not None:
+            seq = self._seqs.get(out.request_id) if processed.stopped_by_text else None
+            if seq is not None:
                 seq.finish_reason = "stop"
                 self._finish(seq)
             done.append(processed.output)

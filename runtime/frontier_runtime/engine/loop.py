@@ -261,7 +261,6 @@ class AsyncEngine:
             except Exception as exc:  # noqa: BLE001 - a request's stream must end, not hang
                 log.exception("output thread failed on a %s item", kind)
                 for rid in [out.request_id for out in item[1]] if kind == "outputs" else [item[1]]:
-                    self._text.discard(rid)
                     self._deliver_error_now(rid, exc)
 
     def _with_text(self, out: RequestOutput) -> RequestOutput:

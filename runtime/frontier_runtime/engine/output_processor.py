@@ -35,9 +35,6 @@ class OutputProcessor:
     def discard(self, request_id: str) -> None:
         self._detokenizers.pop(request_id, None)
 
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._detokenizers
-
     def process(self, out: RequestOutput) -> Processed:
         """``out`` with its text; the request's state is dropped once it finishes."""
         detok = self._detokenizers.get(out.request_id)
@@ -46,9 +43,11 @@ class OutputProcessor:
         stop_string = None
         # A stop token ends the request but is not part of the text.
         ended_by_token = out.finished and isinstance(out.stop_reason, int)
-        for token in out.new_token_ids:
-            if not ended_by_token:
+        if not ended_by_token:
+            for token in out.new_token_ids:
                 stop_string = detok.append(token)
+                if stop_string is not None:
+                    break
         if stop_string is not None:
             out = replace(out, finished=True, finish_reason="stop", stop_reason=stop_string)
         elif out.finished and out.new_token_ids and not ended_by_token:

@@ -508,8 +508,10 @@ void panel_linear(at::Tensor out, const at::Tensor& x, const at::Tensor& w, cons
 
   // Panels [p0, p1) of rows [r0, r1), a chunk of at most mc rows at a time.
   auto run = [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1, int64_t mc) {
+    const float* stop = wp + p1 * K * NR;  // the end of this thread's panels
     for (int64_t m0 = r0; m0 < r1; m0 += mc) {
       const int64_t m1 = std::min(r1, m0 + mc);
+      const int64_t tiles = (m1 - m0 + MR - 1) / MR;
       for (int64_t p = p0; p < p1; ++p) {
         const __mmask16 lo = lanes(N - p * NR), hi = lanes(N - p * NR - 16);
         const float* panel = wp + p * K * NR;
@@ -519,8 +521,6 @@ void panel_linear(at::Tensor out, const at::Tensor& x, const at::Tensor& w, cons
           // The thread's panels lie end to end, so the weights it reads next are the bytes that
           // follow this block: each row tile prefetches its share of the blocks ahead.
           const float* here = panel + kb * NR;
-          const float* stop = wp + p1 * K * NR;
-          const int64_t tiles = (m1 - m0 + MR - 1) / MR;
           const int64_t share = (2 * kc + tiles - 1) / tiles;  // cache lines of a block per tile
           for (int64_t m = m0, t = 0; m < m1; m += MR, ++t) {
             const int64_t rows = std::min(MR, m1 - m);
