@@ -4,29 +4,34 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install system-packages test test-fast demo lint fmt bench clean
+.PHONY: install system-packages test test-fast typecheck demo lint fmt bench clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml runtime/pyproject.toml gateway/pyproject.toml
+$(STAMP): pyproject.toml hostside/pyproject.toml runtime/pyproject.toml gateway/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU wheel of torch lies on local disk; pin it first so nothing pulls a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e './runtime' -e './gateway' -e '.[dev]'
+	# Ours, hostside first: the runtime, the gateway and the toolkit all depend on it; no index has it.
+	$(BIN)/pip install --quiet -e './hostside' -e './runtime' -e './gateway' -e '.[dev]'
 	touch $(STAMP)
 
 system-packages:
 	bash scripts/system-packages.sh
 
-test: install system-packages
+test: install system-packages typecheck
 	$(BIN)/python -m pytest -q
+
+# Strict on the typed layers listed in pyproject.toml's [tool.mypy].
+typecheck: install
+	$(BIN)/mypy
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e and not slow"
 
 demo: install system-packages
-	$(BIN)/python -m frontier.local.demo
+	$(BIN)/python -m frontier.demo
 
 lint: install
 	$(BIN)/ruff check .

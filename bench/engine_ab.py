@@ -21,7 +21,7 @@ from pathlib import Path
 CHILD = r"""
 import json, random, sys, time
 import torch
-from frontier_runtime.engine.api import SamplingParams
+from frontier_runtime.requests import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
 model, requests, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(threads)

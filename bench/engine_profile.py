@@ -45,8 +45,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from frontier_runtime.engine import model_runner
-    from frontier_runtime.engine.api import SamplingParams
     from frontier_runtime.models.llama import attention, layers
+    from frontier_runtime.requests import SamplingParams
 
     model = bench.ensure_model(args.model)
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]

@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 import torch
-from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.requests import SamplingParams
 from frontier_runtime.tiny import make_tiny_checkpoint
 
 STATIC_BATCH = 16

@@ -77,8 +77,8 @@ def make_requests(n: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
 def frontier_engine(model: str, dtype: str, threads: int):  # noqa: ANN201 (imports stay lazy)
     """Frontier's engine with the bench's settings, warmed up by one short request."""
     import torch
-    from frontier_runtime.engine.api import SamplingParams
     from frontier_runtime.engine.llm_engine import LLMEngine
+    from frontier_runtime.requests import SamplingParams
 
     torch.set_num_threads(threads)
     engine = LLMEngine(
@@ -95,7 +95,7 @@ def frontier_engine(model: str, dtype: str, threads: int):  # noqa: ANN201 (impo
 
 
 def child_frontier(spec: dict) -> dict:
-    from frontier_runtime.engine.api import SamplingParams
+    from frontier_runtime.requests import SamplingParams
 
     engine = frontier_engine(spec["model"], spec["dtype"], spec["threads"])
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in spec["requests"]]

@@ -1,10 +1,10 @@
 """Frontier's engine on one NVIDIA GPU: greedy equality against transformers, throughput, KV memory.
 
-    PYTHONPATH=runtime python bench/gpu_check.py [--out DIR] [--layers 20]   (bench/gpu_check.sh runs it)
+    PYTHONPATH=runtime:hostside python bench/gpu_check.py [--out DIR] [--layers 20]   (bench/gpu_check.sh runs it)
 
 Made to run in one go, in a few minutes, on a GPU machine that has only torch (CUDA),
-transformers, safetensors and tokenizers: it imports the engine directly (``LLMEngine``; no
-server, no pydantic) and nothing else of the project.
+transformers, safetensors and tokenizers (and the few wheels bench/gpu_check.sh carries): it
+imports the engine directly (``LLMEngine``; no server, no boto3) and nothing else of the project.
 
 1. Writes a random ~1B-parameter Llama (hidden 2048, 20 layers, 32 query / 8 KV heads, SwiGLU
    5632, vocab 32000, bfloat16) with ``frontier_runtime.tiny``.
@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 
 import torch
-from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
 from frontier_runtime.ops.paged_attention import _flash_varlen_works
+from frontier_runtime.requests import SamplingParams
 from frontier_runtime.tiny import make_tiny_checkpoint
 
 SHAPE = {

@@ -38,9 +38,9 @@ from rich.console import Console
 from rich.table import Table
 
 from frontier.capacity.baseline import load_baseline
-from frontier.config.load import load_stack
 from frontier.loadtest.client import Target, arrival_times, make_prompt, stream_request
 from frontier.loadtest.stats import RequestSample
+from frontier.targets import load_stack
 
 MODEL = "tiny-llama"
 
@@ -55,19 +55,12 @@ def _runtime_yaml(model_dir: Path) -> dict:
     """The local stack's runtime settings, as its hosts run them."""
     rt = load_stack("local").runtime
     return {
-        "model": {"name": MODEL, "source": str(model_dir), "max_seq_len": 1024},
-        "scheduler": {
-            "max_concurrency": rt.max_concurrency,
-            "queue_max_length": rt.queue.max_length,
-            "queue_timeout_ms": rt.queue.timeout_ms,
-            # The flood is patient: it may wait far longer than interactive work.
-            "batch_queue_max_length": 256,
-            "batch_queue_timeout_ms": 600_000,
-            "batch_window_ms": rt.batch.window_ms,
-            "max_batch_size": rt.batch.max_batch_size,
-            "max_num_batched_tokens": rt.batch.max_num_batched_tokens,
-        },
-        "logging": {"level": "warning"},
+        "model": {"name": MODEL, "weights_uri": str(model_dir), "max_seq_len": 1024},
+        "max_concurrency": rt.max_concurrency,
+        # The flood is patient: it may wait far longer than interactive work.
+        "queue": {**rt.queue.model_dump(), "batch_max_length": 256, "batch_timeout_ms": 600_000},
+        "batch": rt.batch.model_dump(),
+        "log_level": "warning",
         "device": "cpu",
         "cpu_threads": rt.cpu_threads or 1,
     }

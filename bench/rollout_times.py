@@ -94,12 +94,12 @@ def main() -> int:
         try:
             push_model(cluster, make_tiny_model(base / "model"))
             wheel = register_wheel(cluster, cache=base / "artifacts")
-            first = deploy(cluster.environment(), wheel.digest)
+            first = deploy(cluster.backend(), wheel.digest)
             url = f"http://127.0.0.1:{cluster.settings.local.balancer_port}/v1/completions"
             with Clients(url, cluster.settings.model.name, args.clients) as load:
                 settings_b = cluster.variant("b", {"runtime.batch.max_batch_size": 8})
-                roll = deploy(cluster.environment(settings_b), wheel.digest)
-                back = rollback(cluster.environment())
+                roll = deploy(cluster.backend(settings_b), wheel.digest)
+                back = rollback(cluster.backend())
         finally:
             cluster.stop()
     console.print(phase_table(f"deploy A onto empty hosts: {first.duration_s:.1f}s", first))

@@ -39,15 +39,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.requests import SamplingParams
 from frontier_runtime.tiny import make_tiny_checkpoint
 
 from frontier.capacity.baseline import load_baseline
 from frontier.capacity.cpu import clock, measure
 from frontier.capacity.devices import CPU_EFFICIENCY, cpu_threads
 from frontier.capacity.roofline import Device, Replica, Shape, decode_tokens_per_s, fit_slo
-from frontier.config.load import load_stack
+from frontier.targets import load_stack
 
 CONCURRENCY = (1, 8, 32)
 MODELS = {

@@ -27,15 +27,10 @@ from frontier_runtime.server.serve import RuntimeServer, load_runtime, new_state
 
 def _config(model_dir: Path, concurrency: int, queue: int):
     data = {
-        "model": {"name": "tiny", "source": str(model_dir), "max_seq_len": 1024},
-        "scheduler": {
-            "max_concurrency": concurrency,
-            "queue_max_length": queue,
-            "queue_timeout_ms": 120_000,
-            "batch_window_ms": 0,
-            "max_batch_size": concurrency,
-            "max_num_batched_tokens": 1024,
-        },
+        "model": {"name": "tiny", "weights_uri": str(model_dir), "max_seq_len": 1024},
+        "max_concurrency": concurrency,
+        "queue": {"max_length": queue, "timeout_ms": 120_000},
+        "batch": {"window_ms": 0, "max_batch_size": concurrency, "max_num_batched_tokens": 1024},
         "device": "cpu",
     }
     return parse_config(yaml.safe_dump(data))

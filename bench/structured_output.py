@@ -39,8 +39,8 @@ from pathlib import Path
 
 import jsonschema
 import torch
-from frontier_runtime.engine.api import SamplingParams, StructuredOutput
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.requests import SamplingParams, StructuredOutput
 from frontier_runtime.tiny import make_tiny_checkpoint
 
 SCHEMA = {

@@ -63,6 +63,12 @@ def runtime_dir() -> Path:
     return Path(override) if override else root() / "runtime"
 
 
+def hostside_dir() -> Path:
+    """The host side's distribution (``frontier-hostside``): the runtime image installs it beside the
+    runtime."""
+    return root() / "hostside"
+
+
 def state_dir() -> Path:
     """Operator-side state: artifact cache, saved stack outputs, load-test results."""
     return root() / ".frontier"

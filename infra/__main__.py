@@ -1,17 +1,18 @@
 """``pulumi up -s <stack>``: build the environment described by ``stacks/Pulumi.<stack>.yaml``.
 
-The settings come only from :func:`frontier.config.load.load_stack`, the loader every Frontier tool uses.
-The local stack is refused: it is never provisioned by Pulumi. Outputs are listed in
-:class:`infra.outputs.StackOutputs`.
+The settings come only from :func:`frontier.targets.load_stack`, the loader every Frontier tool uses.
+The local stack is refused: it is never provisioned by Pulumi. Outputs are the fields of
+:class:`frontier.config.outputs.Ec2Outputs` or :class:`~frontier.config.outputs.KubernetesOutputs`.
 """
 
 # Pulumi runs this file by path with the project's .venv (Pulumi.yaml), where `make install` put
 # the toolkit (frontier, infra, policy) as an editable install: plain imports find them.
 import pulumi
 
-from frontier.config.load import load_stack
 from frontier.errors import StackError
+from frontier.targets import load_stack
 from infra.errors import ProvisionError
+from infra.outputs import export
 from infra.program import build
 
 try:
@@ -19,4 +20,4 @@ try:
 except StackError as exc:
     raise ProvisionError(str(exc)) from None
 
-build(settings).export()
+export(build(settings))

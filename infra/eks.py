@@ -1,7 +1,7 @@
 """An EKS cluster for a ``kubernetes`` stack with ``cluster: create``, and its managed GPU node groups.
 
 - The control plane's network interfaces get two /28 subnets of their own at the top of the VPC
-  range (:func:`frontier.kubernetes.network.control_plane_subnets`), so the runtime's NetworkPolicy
+  range (:func:`frontier.targets.kubernetes.network.control_plane_subnets`), so the runtime's NetworkPolicy
   can admit the API server without admitting pods. With ``private_endpoint`` the API is reachable
   only from inside the VPC.
 - Secrets are envelope-encrypted with the stack's KMS key; the API, audit and authenticator logs go
@@ -25,7 +25,7 @@ import pulumi
 import pulumi_aws as aws
 
 from frontier.config.schema import Kubernetes, NodeGroup, NodePool
-from frontier.kubernetes.network import control_plane_subnets
+from frontier.targets.kubernetes.network import control_plane_subnets
 from infra.cloud import Cloud
 from infra.identity import trust
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+from frontier_hostside.names import ROLE_TAG
 
-from frontier.contracts import ROLE_TAG
 from infra.tags import with_tags
 
 GATEWAY_ROLE = "gateway"

@@ -1,7 +1,8 @@
 """Host tools: what a host fetches at boot to bootstrap itself, uploaded beside the releases.
 
 Under ``<history prefix>host/<node group>/`` of the history bucket: the host agent and the
-bootstrap (their source files, byte for byte what the tests run), the agent's configuration
+bootstrap (their source files, byte for byte what the tests run) with ``frontier_hostside/``, the
+names they import (cloud-init's recursive copy makes it a folder beside them), the agent's configuration
 (rendered for the stack; the bootstrap fills in the host's name and address), the driver and
 model-cache scripts of the group, and the CloudWatch agent's configuration. cloud-init stays thin
 (EC2 user data is limited to 16 KB) and fetches them; the runtime role may read only this prefix,
@@ -12,14 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
+import frontier_hostside
 import pulumi
 import pulumi_aws as aws
+from frontier_hostside.names import (
+    AGENT_CONFIG_NAME,
+    HOST_ROOT,
+    HOST_TOOLS_PREFIX,
+    PLACEHOLDER_ADDRESS,
+    PLACEHOLDER_HOST,
+)
 
 from frontier.config.schema import NodeGroup, Settings
-from frontier.contracts import HOST_ROOT, HOST_TOOLS_PREFIX
-from frontier.fleet import agent, bootstrap
 from frontier.render.files import (
     render_agent_config,
     render_cloudwatch_agent,
@@ -27,19 +33,13 @@ from frontier.render.files import (
     render_mount_cache,
 )
 
-AGENT_FILE = "frontier-agent.py"
-BOOTSTRAP_FILE = "frontier-bootstrap.py"
-# The bootstrap writes the host's own name and address over these.
-PLACEHOLDER_HOST = bootstrap.PLACEHOLDER_HOST
-PLACEHOLDER_ADDRESS = "0.0.0.0"
-
 
 def host_tools(settings: Settings, group: NodeGroup) -> dict[str, str]:
     """File name -> content, for one node group."""
     files = {
-        AGENT_FILE: Path(agent.__file__).read_text(),
-        BOOTSTRAP_FILE: Path(bootstrap.__file__).read_text(),
-        bootstrap.AGENT_CONFIG: render_agent_config(
+        **{name: data.decode() for name, data in frontier_hostside.host_tools().items()},
+        # The bootstrap writes the host's own name and address over the placeholders.
+        AGENT_CONFIG_NAME: render_agent_config(
             settings,
             host=PLACEHOLDER_HOST,
             root=HOST_ROOT,

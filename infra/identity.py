@@ -19,9 +19,9 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
+from frontier_hostside.names import BOOT_RECORDS_PREFIX, HOST_TOOLS_PREFIX
+from frontier_hostside.names import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 
-from frontier.contracts import BOOT_RECORDS_PREFIX, HOST_TOOLS_PREFIX
-from frontier.contracts import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 from infra.cloud import Cloud
 from infra.monitoring import LOG_GROUP_ROOT
 from infra.tags import STACK_TAG

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
 
 import pulumi
 
@@ -17,43 +16,13 @@ from frontier.config.schema import Kubernetes, Settings
 from infra.cloud import Cloud, look_up
 from infra.eks import EksArgs, EksCluster
 from infra.errors import ProvisionError
-from infra.identity import IdentityArgs
-from infra.network import Network, NetworkArgs
-from infra.registry import Registry, RegistryArgs
-from infra.secrets import Secrets, SecretsArgs
-from infra.storage import Storage, StorageArgs
+from infra.foundation import Foundation, FoundationArgs
+from infra.outputs import KubernetesOutputs
 from infra.tags import base_tags
 from infra.workload_identity import KubernetesDeployRole, WorkloadIdentity, WorkloadIdentityArgs
 from infra.workloads import Workloads, WorkloadsArgs
 
 PRODUCTION_STACKS = frozenset({"prod", "eks-prod"})
-
-
-@dataclass(frozen=True)
-class KubernetesOutputs:
-    """What ``fab`` and operators read after ``pulumi up`` of a ``kubernetes`` stack."""
-
-    region: str
-    weights_bucket: pulumi.Output[str]
-    weights_prefix: str
-    history_bucket: pulumi.Output[str]
-    history_prefix: str
-    ecr_repository_url: pulumi.Output[str]
-    api_keys_secret_arn: pulumi.Output[str]
-    kms_key_arn: pulumi.Output[str]
-    deploy_role_arn: pulumi.Output[str]
-    runtime_role_arn: pulumi.Input[str]
-    cluster_name: pulumi.Input[str]
-    namespace: str
-    deployment: str
-    endpoint: str
-
-    def export(self) -> None:
-        for field in fields(self):
-            pulumi.export(field.name, getattr(self, field.name))
-
-    def as_dict(self) -> dict[str, object]:
-        return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
 def _k8s(settings: Settings) -> Kubernetes:
@@ -90,78 +59,27 @@ def preflight(settings: Settings, cloud: Cloud) -> None:
         raise ProvisionError("\n".join([*lines, *(f"  {p}" for p in problems)]))
 
 
-def build_kubernetes(settings: Settings) -> KubernetesOutputs:
+def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]:
     k = _k8s(settings)
     cloud = look_up(settings.region)
     preflight(settings, cloud)
     stack, production = settings.stack, settings.stack in PRODUCTION_STACKS
     tags = base_tags(stack)
-    keep = pulumi.ResourceOptions(protect=production)
-    retention_days = 90 if production else 30
-
-    secrets = Secrets(
-        f"{stack}-secrets",
-        SecretsArgs(
-            stack=stack,
-            cloud=cloud,
-            api_keys_secret_name=settings.runtime.api_keys_secret,
-            production=production,
-            tags=tags,
-        ),
-        opts=keep,
-    )
-    storage = Storage(
-        f"{stack}-storage",
-        StorageArgs(
-            stack=stack,
-            cloud=cloud,
-            weights_uri=settings.model.weights_uri,
-            kms_key_arn=secrets.key_arn,
-            weights_noncurrent_days=30,
-            history_noncurrent_days=365,
-            log_expiration_days=retention_days,
-            tags=tags,
-        ),
-        opts=keep,
-    )
-    registry = Registry(
-        f"{stack}-registry",
-        RegistryArgs(
-            image_repository=settings.runtime.image_repository, kms_key_arn=secrets.key_arn, tags=tags
+    create = k.cluster.mode == "create"
+    foundation = Foundation(
+        stack,
+        FoundationArgs(
+            settings=settings, cloud=cloud, production=production, network=create, ssm_access=False
         ),
     )
-    identity = IdentityArgs(
-        stack=stack,
-        cloud=cloud,
-        weights_bucket_arn=storage.weights_bucket_arn,
-        weights_prefix=storage.weights_prefix,
-        history_bucket_arn=storage.history_bucket_arn,
-        history_prefix=storage.history_prefix,
-        kms_key_arn=secrets.key_arn,
-        api_keys_secret_arn=secrets.api_keys_secret_arn,
-        repository_arn=registry.repository_arn,
-        target_group_arn="",  # no target group: the ALB belongs to the load balancer controller
-        ssm_access=False,
-        tags=tags,
-    )
+    secrets, storage, registry = foundation.secrets, foundation.storage, foundation.registry
+    # No target group: the ALB belongs to the load balancer controller.
+    identity = foundation.identity()
     deploy = KubernetesDeployRole(f"{stack}-k8s", identity, cloud.arn("eks", f"cluster/{k.cluster.name}"))
 
-    if k.cluster.mode == "create":
-        zones = cloud.availability_zones[: settings.network.availability_zones]
-        network = Network(
-            f"{stack}-network",
-            NetworkArgs(
-                stack=stack,
-                cloud=cloud,
-                cidr=settings.network.vpc_cidr,
-                zones=zones,
-                nat=settings.network.nat,
-                ssm_access=False,
-                log_key_arn=secrets.key_arn,
-                log_retention_days=retention_days,
-                tags=tags,
-            ),
-        )
+    if create:
+        network = foundation.network
+        assert network is not None
         cluster = EksCluster(
             f"{stack}-eks",
             EksArgs(
@@ -171,7 +89,7 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs:
                 node_groups=settings.node_groups,
                 vpc_id=network.vpc_id,
                 vpc_cidr=settings.network.vpc_cidr,
-                zones=zones,
+                zones=foundation.zones,
                 private_subnet_ids=network.private_subnet_ids,
                 public_subnet_ids=network.public_subnet_ids,
                 kms_key_arn=secrets.key_arn,

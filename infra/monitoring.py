@@ -7,7 +7,7 @@ Alarms:
 - unhealthy hosts beyond what a rollout takes out at once (a rollout's own hosts do not page);
 - runtime queue depth above ``monitoring.queue_depth_alarm``.
 
-Each host's bootstrap (``frontier/fleet/bootstrap.py watch``) scrapes the runtime's /metrics and
+Each host's bootstrap (``frontier_hostside/bootstrap.py watch``) scrapes the runtime's /metrics and
 publishes ``QueueDepth``, ``RunningRequests`` and ``EndToEndLatency`` (values with counts) in the
 ``Frontier/Runtime`` namespace under the dimensions ``Stack`` and ``NodeGroup`` (see
 :func:`runtime_dimensions`); the alarms, the dashboard and the scaling policy read exactly those.
@@ -22,15 +22,15 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
-
-from frontier.config.schema import Slo
-from frontier.contracts import (
+from frontier_hostside.names import (
     CLOUDWATCH_DIMENSIONS,
     E2E_LATENCY_CW_METRIC,
     QUEUE_DEPTH_METRIC,
     RESTARTS_CW_METRIC,
 )
-from frontier.contracts import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
+from frontier_hostside.names import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
+
+from frontier.config.schema import Slo
 
 LOG_GROUP_ROOT = "/frontier"
 ALB_NAMESPACE = "AWS/ApplicationELB"

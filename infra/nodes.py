@@ -20,6 +20,14 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+from frontier_hostside.names import (
+    CACHE_DEVICE_NAME,
+    CLOUDWATCH_DIMENSIONS,
+    CLOUDWATCH_NAMESPACE,
+    LAUNCH_HOOK,
+    QUEUE_DEPTH_METRIC,
+    TERMINATE_HOOK,
+)
 
 from frontier.config.hardware import (  # re-exported: the tests and `fab ami.latest` share them
     CPU_AMI_PARAMETER,  # noqa: F401
@@ -29,14 +37,6 @@ from frontier.config.hardware import (  # re-exported: the tests and `fab ami.la
     instance_store,
 )
 from frontier.config.schema import NodeGroup, Settings
-from frontier.contracts import (
-    CACHE_DEVICE_NAME,
-    CLOUDWATCH_DIMENSIONS,
-    CLOUDWATCH_NAMESPACE,
-    LAUNCH_HOOK,
-    QUEUE_DEPTH_METRIC,
-    TERMINATE_HOOK,
-)
 from infra.errors import ProvisionError
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE
 

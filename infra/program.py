@@ -16,12 +16,12 @@ from frontier.render.files import render_cloud_init, render_gateway_cloud_init
 from infra.cloud import Cloud, look_up
 from infra.edge import Edge, EdgeArgs
 from infra.errors import ProvisionError
+from infra.foundation import Foundation, FoundationArgs, retention_days
 from infra.gateway import GatewayNodes, GatewayNodesArgs
 from infra.host_tools import HostTools, HostToolsArgs
-from infra.identity import Identity, IdentityArgs, grant_lifecycle_actions
-from infra.kubernetes_program import KubernetesOutputs, build_kubernetes
+from infra.identity import Identity, grant_lifecycle_actions
+from infra.kubernetes_program import build_kubernetes
 from infra.monitoring import Monitoring, MonitoringArgs
-from infra.network import Network, NetworkArgs
 from infra.nodes import (
     GpuNodeGroup,
     MachineImage,
@@ -32,11 +32,9 @@ from infra.nodes import (
     refresh_preferences,
     terminate_timeout_s,
 )
-from infra.outputs import StackOutputs
-from infra.registry import Registry, RegistryArgs
-from infra.secrets import Secrets, SecretsArgs
+from infra.outputs import Ec2Outputs, KubernetesOutputs
 from infra.security_groups import SecurityGroups, SecurityGroupsArgs
-from infra.storage import HISTORY_PREFIX_ROOT, Storage, StorageArgs, bucket_suffix, unique_bucket_name
+from infra.storage import HISTORY_PREFIX_ROOT, bucket_suffix, unique_bucket_name
 from infra.tags import base_tags
 
 PRODUCTION_STACKS = frozenset({"prod"})
@@ -63,7 +61,7 @@ def gateway_nodes(settings: Settings, cloud: Cloud, network, security, edge, sec
     """The gateway's CPU node group in the private subnets, registered in the ALB's target group."""
     gw = settings.gateway
     assert gw is not None
-    bucket, _, prefix = gw.metering_uri.removeprefix("s3://").partition("/")
+    bucket, _, prefix = gw.metering.uri.removeprefix("s3://").partition("/")
     history_bucket = unique_bucket_name(settings.stack, "history", cloud)
     return GatewayNodes(
         f"{settings.stack}-gateway",
@@ -186,7 +184,7 @@ def _node_problems(
             )
 
 
-def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
+def build(settings: Settings) -> Ec2Outputs[pulumi.Input[str]] | KubernetesOutputs[pulumi.Input[str]]:
     """Create every resource of the stack; returns what ``fab`` needs to operate it."""
     refuse_local(settings)
     if settings.target == "kubernetes":
@@ -198,56 +196,20 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
 
     stack, production = settings.stack, is_production(settings)
     tags = base_tags(stack)
-    retention_days = 90 if production else 30
     bastion = bool(settings.inventory.ssh_gateway)
-    # Weights, history and the key outlive a careless `pulumi destroy` in production.
-    keep = pulumi.ResourceOptions(protect=production)
-
-    secrets = Secrets(
-        f"{stack}-secrets",
-        SecretsArgs(
-            stack=stack,
-            cloud=cloud,
-            api_keys_secret_name=settings.runtime.api_keys_secret,
-            production=production,
-            tags=tags,
-        ),
-        opts=keep,
-    )
-    network = Network(
-        f"{stack}-network",
-        NetworkArgs(
-            stack=stack,
-            cloud=cloud,
-            cidr=settings.network.vpc_cidr,
-            zones=cloud.availability_zones[: settings.network.availability_zones],
-            nat=settings.network.nat,
-            ssm_access=not bastion,
-            log_key_arn=secrets.key_arn,
-            log_retention_days=retention_days,
-            tags=tags,
+    foundation = Foundation(
+        stack,
+        FoundationArgs(
+            settings=settings, cloud=cloud, production=production, network=True, ssm_access=not bastion
         ),
     )
-    storage = Storage(
-        f"{stack}-storage",
-        StorageArgs(
-            stack=stack,
-            cloud=cloud,
-            weights_uri=settings.model.weights_uri,
-            kms_key_arn=secrets.key_arn,
-            weights_noncurrent_days=30,
-            history_noncurrent_days=365,
-            log_expiration_days=retention_days,
-            tags=tags,
-        ),
-        opts=keep,
+    secrets, storage, registry, network = (
+        foundation.secrets,
+        foundation.storage,
+        foundation.registry,
+        foundation.network,
     )
-    registry = Registry(
-        f"{stack}-registry",
-        RegistryArgs(
-            image_repository=settings.runtime.image_repository, kms_key_arn=secrets.key_arn, tags=tags
-        ),
-    )
+    assert network is not None  # an EC2 stack always builds its VPC
     efa_groups = {group.name for group in settings.node_groups if needs_efa(settings, group)}
     security = SecurityGroups(
         f"{stack}-sg",
@@ -280,23 +242,7 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
             tags=tags,
         ),
     )
-    identity = Identity(
-        f"{stack}-iam",
-        IdentityArgs(
-            stack=stack,
-            cloud=cloud,
-            weights_bucket_arn=storage.weights_bucket_arn,
-            weights_prefix=storage.weights_prefix,
-            history_bucket_arn=storage.history_bucket_arn,
-            history_prefix=storage.history_prefix,
-            kms_key_arn=secrets.key_arn,
-            api_keys_secret_arn=secrets.api_keys_secret_arn,
-            repository_arn=registry.repository_arn,
-            target_group_arn=edge.target_group_arn,
-            ssm_access=not bastion,
-            tags=tags,
-        ),
-    )
+    identity = Identity(f"{stack}-iam", foundation.identity(target_group_arn=edge.target_group_arn))
     # What a booting host fetches; uploaded before any group can launch one.
     tools = HostTools(
         f"{stack}-host-tools",
@@ -348,14 +294,14 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
             unhealthy_allowance=max(settings.rollout.batch_size, settings.rollout.canary_hosts),
             alarm_email=settings.monitoring.alarm_email,
             kms_key_arn=secrets.key_arn,
-            log_retention_days=retention_days,
+            log_retention_days=retention_days(production),
             alb_arn_suffix=edge.alb_arn_suffix,
             target_group_arn_suffix=edge.target_group_arn_suffix,
             asg_names=[g.asg_name for g in groups],
             tags=tags,
         ),
     )
-    return StackOutputs(
+    return Ec2Outputs(
         region=cloud.region,
         weights_bucket=storage.weights_bucket,
         weights_prefix=storage.weights_prefix,
@@ -366,6 +312,11 @@ def build(settings: Settings) -> StackOutputs | KubernetesOutputs:
         ecr_repository_url=registry.repository_url,
         api_keys_secret_arn=secrets.api_keys_secret_arn,
         alb_dns_name=edge.alb_dns_name,
+        # The API's base URL: the ALB answers HTTPS only.
+        # The certificate's name when the stack gives one: TLS checks pass against it.
+        endpoint=f"https://{settings.edge.domain}"
+        if settings.edge.domain
+        else pulumi.Output.concat("https://", edge.alb_dns_name),
         alb_zone_id=edge.alb_zone_id,
         kms_key_arn=secrets.key_arn,
         deploy_role_arn=identity.deploy_role_arn,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from frontier.contracts import (  # noqa: F401  (re-exported for the components)
+from frontier_hostside.names import (  # noqa: F401  (re-exported for the components)
     MANAGED_BY_TAG,
     NODE_GROUP_TAG,
     PURPOSE_TAG,

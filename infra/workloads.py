@@ -1,6 +1,6 @@
 """The runtime's Kubernetes objects as typed ``pulumi_kubernetes`` resources.
 
-Built from :func:`frontier.kubernetes.manifests.render_workload`, the same renderer ``fab render``
+Built from :func:`frontier.targets.kubernetes.manifests.render_workload`, the same renderer ``fab render``
 writes YAML from, so what Pulumi applies and what a GitOps tool would apply are one thing. No Helm
 chart or YAML expansion inside the provider: every object is a resource of its own kind, visible to
 the policy pack and to tests under mocks.
@@ -20,10 +20,10 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+from frontier_hostside.names import PLACEHOLDER_DIGEST
 
 from frontier.config.schema import Settings
-from frontier.contracts import PLACEHOLDER_DIGEST
-from frontier.kubernetes.manifests import Manifest, Workload, render_workload
+from frontier.targets.kubernetes.manifests import Manifest, Workload, render_workload
 from infra.storage import LB_LOG_PREFIX
 
 KINDS: Mapping[tuple[str, str], Any] = {

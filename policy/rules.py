@@ -18,6 +18,14 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from frontier_hostside.names import (
+    DIGEST_PATTERN,
+    DISCOVERY_TAGS,
+    GPU_RESOURCE,
+    PURPOSE_TAG,
+    ROLE_TAG,
+    STACK_TAG,
+)
 from pulumi_policy import (
     EnforcementLevel,
     PolicyConfigSchema,
@@ -28,8 +36,6 @@ from pulumi_policy import (
     StackValidationArgs,
     StackValidationPolicy,
 )
-
-from frontier.contracts import DIGEST_PATTERN, DISCOVERY_TAGS, GPU_RESOURCE, PURPOSE_TAG, ROLE_TAG, STACK_TAG
 
 ANYWHERE = ("0.0.0.0/0", "::/0")
 PUBLIC_PORTS = (80, 443)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from frontier_gateway.contracts import BATCH, CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, PRIORITY_FIELD
+from frontier_hostside.names import BATCH, CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, PRIORITY_FIELD
 
 from frontier.errors import FrontierError
 

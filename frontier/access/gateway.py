@@ -1,7 +1,7 @@
 """The gateway's ``gateway.yaml`` for a stack: its pools and replicas, its tenants, its settings.
 
-Rendered from the typed stack settings and validated with the gateway's own config model (as the
-runtime's file is validated with the runtime's), so a file the gateway would refuse never ships.
+Written from a validated instance of the gateway's own config model (whose settings part is the
+stack's ``gateway:`` section), so a file the gateway would refuse never ships.
 Tenants are written with their Secrets Manager secret (digests only), never with a key.
 """
 
@@ -12,23 +12,25 @@ import json
 import secrets as token_source
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-from frontier_gateway.config import GatewayConfig, parse_config
+from frontier_gateway.config import GatewayConfig, GatewaySettings, parse_config
+from frontier_settings import problems_of, to_yaml
+from pydantic import ValidationError
 
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.project import root
 
 
-def gateway_document(
+def gateway_config(
     settings: Settings, replicas: Mapping[str, list[str]] | None, *, metering_uri: str | None = None
-) -> dict:
-    """``gateway.yaml`` as data; ``replicas``: base URLs of each model's runtimes, or None to find
-    them on EC2 by their tags (each pool's node group)."""
+) -> GatewayConfig:
+    """The gateway's config for a stack: its gateway section as written, plus its pools, tenants,
+    the runtimes' key and probe path. ``replicas``: base URLs of each model's runtimes, or None to
+    find them on EC2 by their tags (each pool's node group)."""
     gw = settings.gateway
     if gw is None:
         raise FrontierError(f"stack {settings.stack!r} has no 'frontier:gateway' section")
@@ -47,41 +49,28 @@ def gateway_document(
         if not urls:
             raise FrontierError(f"model {pool.name!r} of stack {settings.stack!r} has no replica address")
         models.append({"name": pool.name, "replicas": urls})
-    return {
-        "host": "0.0.0.0",
-        "port": gw.port,
-        "models": models,
-        "tenants": [
+    section = gw.model_dump(include=set(GatewaySettings.model_fields))
+    if metering_uri:
+        section["metering"] = {**section["metering"], "uri": metering_uri}
+    try:
+        return GatewayConfig.model_validate(
             {
-                "name": t.name,
-                "api_key_secret": t.api_key_secret,
-                "models": list(t.models),
-                "requests_per_minute": t.requests_per_minute,
-                "tokens_per_minute": t.tokens_per_minute,
-                "max_concurrent_requests": t.max_concurrent_requests,
-                "priority": t.priority,
+                **section,
+                "models": models,
+                "tenants": [tenant.model_dump() for tenant in settings.tenants],
+                # Every pool's runtimes share the stack's key secret: the gateway is their one client.
+                "upstream_api_key_secret": settings.runtime.api_keys_secret or "",
+                "readiness_path": settings.health.readiness_path,
             }
-            for t in settings.tenants
-        ],
-        # Every pool's runtimes share the stack's key secret: the gateway is their one client.
-        "upstream_api_key_secret": settings.runtime.api_keys_secret,
-        "affinity": {
-            "mode": gw.session_affinity,
-            "header": gw.session_header,
-            "prefix_chars": gw.prefix_chars,
-        },
-        "probe": {"path": settings.health.readiness_path, "interval_s": gw.probe_interval_s},
-        "metering": {"uri": metering_uri or gw.metering_uri, "flush_s": gw.metering_flush_s},
-        "retries": gw.retries,
-        "max_body_bytes": gw.max_body_bytes,
-    }
+        )
+    except ValidationError as exc:
+        lines = "\n".join(f"  {p}" for p in problems_of(exc))
+        raise FrontierError(f"the gateway refuses the config of stack {settings.stack!r}:\n{lines}") from None
 
 
 def render_gateway_config(settings: Settings, replicas: Mapping[str, list[str]] | None, **kwargs: Any) -> str:
-    """The file, checked by the gateway's own model first."""
-    text = yaml.safe_dump(gateway_document(settings, replicas, **kwargs), sort_keys=False)
-    parse_config(text, source=f"gateway.yaml of stack {settings.stack}")
-    return text
+    """``gateway.yaml``: the validated gateway config, every field written out."""
+    return to_yaml(gateway_config(settings, replicas, **kwargs))
 
 
 def static_replicas(settings: Settings) -> dict[str, list[str]]:
@@ -104,21 +93,29 @@ def parse(text: str) -> GatewayConfig:
     return parse_config(text)
 
 
-def build_gateway_wheel(out_dir: Path) -> Path:
-    """The gateway's wheel, built from ``gateway/`` (what its hosts install)."""
+# What gateway hosts install together (``pip install *.whl``): the gateway's wheel and those of our
+# distributions it depends on, which no package index has, so each comes from its file.
+GATEWAY_DISTRIBUTIONS = {"frontier_hostside": "hostside", "frontier_gateway": "gateway"}
+
+
+def build_gateway_wheels(out_dir: Path) -> list[Path]:
+    """The wheels gateway hosts install, built from this checkout (``gateway/`` and what it needs)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
-    done = subprocess.run(
-        [*command, "-w", str(out_dir), str(root() / "gateway")], capture_output=True, text=True
-    )
+    folders = [str(root() / folder) for folder in GATEWAY_DISTRIBUTIONS.values()]
+    done = subprocess.run([*command, "-w", str(out_dir), *folders], capture_output=True, text=True)
     if done.returncode != 0:
-        raise FrontierError(f"building the gateway wheel failed:\n{(done.stderr or done.stdout)[-2000:]}")
-    return max(out_dir.glob("frontier_gateway-*.whl"), key=lambda p: p.stat().st_mtime)
+        raise FrontierError(f"building the gateway wheels failed:\n{(done.stderr or done.stdout)[-2000:]}")
+    return [
+        max(out_dir.glob(f"{package}-*.whl"), key=lambda p: p.stat().st_mtime)
+        for package in GATEWAY_DISTRIBUTIONS
+    ]
 
 
-def publish(s3: Any, bucket: str, prefix: str, config_text: str, wheel: Path) -> list[str]:
-    """Upload what gateway hosts boot from: ``<prefix>gateway/gateway.yaml`` and the wheel."""
+def publish(s3: Any, bucket: str, prefix: str, config_text: str, wheels: Sequence[Path]) -> list[str]:
+    """Upload what gateway hosts boot from: ``<prefix>gateway/gateway.yaml`` and the wheels."""
     base = f"{prefix.rstrip('/')}/gateway/"
     s3.put_object(Bucket=bucket, Key=base + "gateway.yaml", Body=config_text.encode())
-    s3.upload_file(str(wheel), bucket, base + wheel.name)
-    return [f"s3://{bucket}/{base}gateway.yaml", f"s3://{bucket}/{base}{wheel.name}"]
+    for wheel in wheels:
+        s3.upload_file(str(wheel), bucket, base + wheel.name)
+    return [f"s3://{bucket}/{base}gateway.yaml", *(f"s3://{bucket}/{base}{w.name}" for w in wheels)]

@@ -111,7 +111,7 @@ def metering_uri(settings: Settings) -> str:
         raise FrontierError(
             f"stack {settings.stack!r} has no gateway, so nothing is metered; add a 'frontier:gateway' section"
         )
-    return settings.gateway.metering_uri
+    return settings.gateway.metering.uri
 
 
 def local_path(uri: str) -> Path | None:

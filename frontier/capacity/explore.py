@@ -1,8 +1,9 @@
 """Sweep a stack's serving settings and keep the price-latency Pareto front.
 
 Candidates are instance type x tensor parallel x max_batch_size (x kv_cache_dtype fp8 where the
-runtime accepts it), everything else as the stack has it. Each candidate is the stack with those fields changed, checked by the same cross-field rules a
-stack file is (``frontier.config.checks.cross_check``: memory fit, topology, batching), then
+runtime accepts it), everything else as the stack has it. Each candidate is the stack with those
+fields changed, checked by the same rules a stack file is (``frontier.targets.stack_problems``:
+memory fit, topology, batching, and the target's own, e.g. a model cache needs instance store), then
 modelled by the roofline (``roofline.py``) at the largest concurrency meeting every SLO, and sized
 for the stack's peak by the planner (``plan.py``). What fails says why, counted per reason.
 
@@ -15,14 +16,16 @@ the model's own. Where the engine refuses fp8, the sweep keeps the stack's dtype
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from frontier_settings import FieldProblem
 
 from frontier.capacity.devices import gpu_device
 from frontier.capacity.gpus import GPUS, INSTANCES, gpu_spec
 from frontier.capacity.plan import GroupPlan, Throughput, plan_with
 from frontier.capacity.replica import ReplicaModel
 from frontier.capacity.roofline import GPU_EFFICIENCY, Device, Efficiency, OperatingPoint, Replica, fit_slo
-from frontier.config.checks import Problem, cross_check
 from frontier.config.hardware import instance_store
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
@@ -154,7 +157,7 @@ def variant(settings: Settings, c: Candidate) -> Settings:
     )
 
 
-def reason_of(problem: Problem) -> str:
+def reason_of(problem: FieldProblem) -> str:
     """A reason that groups alike problems (the figures in the message differ per candidate)."""
     if problem.path.endswith(".gpu_memory_gb"):
         return "memory: weights + KV cache for max_batch_size x max_seq_len exceed the GPU's budget"
@@ -162,7 +165,7 @@ def reason_of(problem: Problem) -> str:
         return "topology: tensor parallel needs more GPUs than a node has"
     if problem.path == "runtime.tensor_parallel_size":
         return "topology: tensor parallel does not divide the model's heads"
-    return f"{problem.path}: {problem.message}"
+    return f"{problem.path}: {problem.text}"
 
 
 def _slo_reason(broken: tuple[str, ...]) -> str:
@@ -171,14 +174,19 @@ def _slo_reason(broken: tuple[str, ...]) -> str:
 
 
 def explore(
-    settings: Settings, current_model: ReplicaModel, accepted_kv_dtypes: tuple[str, ...] | None = None
+    settings: Settings,
+    current_model: ReplicaModel,
+    accepted_kv_dtypes: tuple[str, ...] | None = None,
+    *,
+    rules: Callable[[Settings], Iterable[FieldProblem]],
 ) -> Exploration:
     """Sweep, drop what does not fit or meet the SLOs, and return the options and their front.
 
     ``current_model`` is the stack's own replica (its device and, where a baseline exists,
     calibrated efficiencies): the stack's own instance type is modelled with those, the others with
     their datasheets and the default GPU efficiencies. ``accepted_kv_dtypes`` defaults to what the
-    runtime's engine accepts.
+    runtime's engine accepts. ``rules`` are the stack file's (``frontier.targets.stack_problems``):
+    a candidate that breaks one is dropped, counted under the first it breaks.
     """
     accepted = accepted_kv_dtypes if accepted_kv_dtypes is not None else runtime_kv_cache_dtypes()
     kv_dtypes, kv_note = kv_dtypes_to_sweep(settings, accepted)
@@ -197,7 +205,7 @@ def explore(
     for c in all_candidates:
         is_current = (c.instance_type, c.tensor_parallel, c.max_batch_size, c.kv_cache_dtype) == current_key
         s = variant(settings, c)
-        problems = list(cross_check(s))
+        problems = list(rules(s))
         if problems:
             reason = reason_of(problems[0])
             dropped[reason] += 1

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from frontier.capacity.baseline import Baseline
-from frontier.capacity.memory import MemoryFit, memory_fit
+from frontier.config.memory import MemoryFit, memory_fit
 from frontier.config.schema import NodeGroup, Settings
 
 

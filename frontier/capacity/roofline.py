@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from frontier.capacity.memory import kv_bytes_per_token
+from frontier.config.memory import kv_bytes_per_token
 from frontier.config.schema import DTYPE_BYTES, Model, Settings, Slo
 from frontier.errors import FrontierError
 

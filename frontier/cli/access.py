@@ -14,9 +14,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from frontier.access import batch as batches
 from frontier.access import usage as metering
 from frontier.access.report import usage_table
-from frontier.backends import backend_for
 from frontier.cli import tables
 from frontier.cli.common import reports_errors, settings_for
+from frontier.targets import backend_for
 
 STACK = "stack name (default $FRONTIER_STACK, else local)"
 
@@ -125,7 +125,7 @@ def batch(c, stack=None, model=None, input=None, output=None, url=None, concurre
 @task(name="publish", help={"stack": STACK})
 @reports_errors
 def gateway_publish(c, stack=None):
-    """Upload gateway.yaml (replicas found on EC2 by tag) and the gateway wheel for its hosts to boot from."""
+    """Upload gateway.yaml (replicas found on EC2 by tag) and the gateway wheels for its hosts to boot from."""
     import tempfile
 
     from frontier.access import gateway as gateway_files
@@ -134,8 +134,8 @@ def gateway_publish(c, stack=None):
     text = gateway_files.render_gateway_config(settings, None)
     store = backend_for(settings).history_store()
     with tempfile.TemporaryDirectory() as tmp:
-        wheel = gateway_files.build_gateway_wheel(Path(tmp))
-        uris = gateway_files.publish(store.s3, store.bucket, store.artifacts_prefix, text, wheel)
+        wheels = gateway_files.build_gateway_wheels(Path(tmp))
+        uris = gateway_files.publish(store.s3, store.bucket, store.artifacts_prefix, text, wheels)
     for uri in uris:
         print(f"published {uri}")
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from invoke.exceptions import Exit
 
-from frontier.config.load import load_stack
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError, StackError
+from frontier.targets import load_stack
 
 
 def settings_for(stack: str | None) -> Settings:

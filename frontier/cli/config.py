@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from frontier_hostside.names import PLACEHOLDER_DIGEST
 from invoke import Collection, task
 
 from frontier import project
@@ -17,8 +18,9 @@ from frontier.capacity.replica import ReplicaModel, model_stack
 from frontier.capacity.roofline import NotModelled, OperatingPoint, slo_violations
 from frontier.cli import tables
 from frontier.cli.common import reports_errors, settings_for
-from frontier.kubernetes.manifests import manifest_files
+from frontier.release.artifact import is_placeholder
 from frontier.render import files as renderer
+from frontier.targets import backend_for, stack_problems
 
 
 @task(
@@ -38,9 +40,9 @@ def render(c, stack=None, out=None, digest=None):
     """
     settings = settings_for(stack)
     if digest is None:
-        digest = renderer.PLACEHOLDER_DIGEST
+        digest = PLACEHOLDER_DIGEST
     files = renderer.render_stack(settings, digest)
-    files = dict(sorted({**files, **manifest_files(settings, digest)}.items()))
+    files = dict(sorted({**files, **backend_for(settings).rendered_files(digest)}.items()))
     out_dir = Path(out) if out else project.root() / "rendered" / settings.stack
     renderer.write_files(files, out_dir)
 
@@ -63,7 +65,7 @@ def render(c, stack=None, out=None, digest=None):
         console.print(
             f"note: {len(stale)} file(s) in {out_dir} were not written by this render: {', '.join(stale)}"
         )
-    if renderer.is_placeholder(digest):
+    if is_placeholder(digest):
         console.print(
             f"warning: no --digest given: {renderer.UNIT_NAME} names the placeholder digest "
             f"{digest[:15]}… and is NOT deployable; pass --digest sha256:<64 hex> for a real release"
@@ -330,7 +332,7 @@ def _option_row(o: Option, ex: Exploration, mark: str | None = None) -> tuple:
 
 
 def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
-    ex = explore(settings, model)
+    ex = explore(settings, model, rules=stack_problems)
     console.print(
         f"explore: {ex.considered} candidates = instance types x tensor_parallel_size "
         f"{sorted({*TENSOR_PARALLEL, settings.runtime.tensor_parallel_size})} x max_batch_size "

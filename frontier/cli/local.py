@@ -14,7 +14,6 @@ from rich.console import Console
 from rich.table import Table
 
 from frontier import project
-from frontier.backends import backend_for
 from frontier.cli.common import reports_errors, settings_for
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
@@ -29,7 +28,8 @@ from frontier.loadtest.report import (
     wide_console,
 )
 from frontier.loadtest.stats import Knee, SloTargets, StepSummary, find_knee
-from frontier.local import cluster as local
+from frontier.targets import backend_for
+from frontier.targets.local import cluster as local
 
 STACK_HELP = "stack name (default $FRONTIER_STACK, else local)"
 
@@ -78,12 +78,12 @@ def local_down(c, stack=None):
 @reports_errors
 def local_autoscale(c, stack=None, seconds=None):
     """Scale the local group on the runtimes' queue depth: launch spare slots, retire drained ones."""
-    from frontier.local.autoscaler import Autoscaler, Decision, Observation
+    from frontier.targets.local.autoscaler import Autoscaler, Decision, Observation, Policy
 
     settings = settings_for(stack)
+    policy = Policy.of(settings).timing  # refuses a stack that is not local, before anything runs
     fleet = backend_for(settings).fleet()
     console = Console()
-    policy = settings.local.autoscaler if settings.local else None
     size = fleet.size()
     console.print(
         f"{fleet.name}: {size.desired} in service (min {size.min_size}, max {size.max_size}); target "

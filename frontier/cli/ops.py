@@ -10,19 +10,18 @@ from invoke import Collection, task
 from invoke.exceptions import Exit
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from frontier import aws
-from frontier.backends import backend_for
 from frontier.cli import tables
 from frontier.cli.common import pool_settings, reports_errors, settings_for
-from frontier.fleet import drivers as nvidia
-from frontier.fleet.ami import latest_amis
-from frontier.fleet.boots import boot_records
+from frontier.hosts import drivers as nvidia
+from frontier.hosts.boots import boot_records
 from frontier.release import artifact as artifacts
 from frontier.release import weights as model_weights
-from frontier.rollout.deploy import Environment, deploy_plan
 from frontier.rollout.deploy import deploy as run_deploy
+from frontier.rollout.deploy import deploy_plan
 from frontier.rollout.deploy import rollback as run_rollback
 from frontier.rollout.rolling import Event, RolloutFailed, RolloutResult
+from frontier.targets import backend_for
+from frontier.targets.ec2.ami import latest_amis
 
 STACK = "stack name (default $FRONTIER_STACK, else local)"
 _COLOUR = {"ok": "green", "fail": "red", "info": "cyan", "start": "dim"}
@@ -79,16 +78,16 @@ def deploy(c, stack=None, digest=None, plan=False, model=None):
         raise Exit("error: --digest sha256:<64 hex> is required (fab release.build prints it)", code=2)
     settings = pool_settings(stack, model)
     console = tables.console()
-    env = Environment.for_stack(settings)
+    backend = backend_for(settings)
     if plan:
-        release, rows = deploy_plan(env, digest)
+        release, rows = deploy_plan(backend, digest)
         title = (
             f"plan: deploy {release.id} (digest {release.digest[:19]}…, config {release.config_hash[:19]}…)"
         )
         cells = [(p.wave, p.host, p.current, p.target, p.action) for p in rows]
         console.print(tables.table(title, ("wave", "host", "runs now", "target", "action"), cells))
         return
-    _roll(lambda report: run_deploy(env, digest, reporter=report), console)
+    _roll(lambda report: run_deploy(backend, digest, reporter=report), console)
 
 
 @task(
@@ -103,7 +102,7 @@ def rollback(c, stack=None, to=None, model=None):
     """Roll the previous good release (or --to) through the same path; no rebuild, no re-render."""
     settings = pool_settings(stack, model)
     console = tables.console()
-    _roll(lambda report: run_rollback(Environment.for_stack(settings), to, reporter=report), console)
+    _roll(lambda report: run_rollback(backend_for(settings), to, reporter=report), console)
 
 
 @task(help={"stack": STACK})
@@ -257,8 +256,9 @@ def image_push(c, stack=None, tag=None):
     settings = settings_for(stack)
     artifacts.container_engine()
     tag = tag or artifacts.source_tag()
-    built = artifacts.push_image(settings.runtime.image_repository, tag, aws.client(settings, "ecr"))
-    backend_for(settings).history_store().put_artifact(built, None)
+    backend = backend_for(settings)
+    built = artifacts.push_image(settings.runtime.image_repository, tag, backend.aws_client("ecr"))
+    backend.history_store().put_artifact(built, None)
     print(f"pushed {built.image}\ndeploy it with: fab deploy -s {settings.stack} --digest {built.digest}")
 
 

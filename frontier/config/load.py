@@ -1,18 +1,20 @@
-"""Load and validate a stack: ``stacks/Pulumi.<stack>.yaml`` into typed settings.
+"""Read and validate a stack: ``stacks/Pulumi.<stack>.yaml`` into typed settings.
 
 A bad value fails here, at load time, with the file, the field path, the value and the allowed
-range; no Pulumi CLI is needed.
+range; no Pulumi CLI is needed. The rules that span fields come from the caller: every tool loads
+a stack through :func:`frontier.targets.load_stack`, which brings those of the stack's target.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import yaml
+from frontier_settings import FieldProblem, problems_of
 from pydantic import ValidationError
 
-from frontier.config.checks import Problem, cross_check
 from frontier.config.schema import PROJECT, Settings
 from frontier.errors import StackError
 from frontier.project import stacks_dir
@@ -30,10 +32,16 @@ def default_stack() -> str:
     return os.environ.get("FRONTIER_STACK") or "local"
 
 
-def load_stack(stack: str | None = None, *, path: Path | str | None = None) -> Settings:
-    """Read ``stacks/Pulumi.<stack>.yaml`` (or ``path``) and return validated settings.
+def read_stack(
+    stack: str | None = None,
+    *,
+    path: Path | str | None = None,
+    rules: Callable[[Settings], Iterable[FieldProblem]],
+) -> Settings:
+    """Read ``stacks/Pulumi.<stack>.yaml`` (or ``path``) and return settings that pass ``rules``.
 
-    Raises :class:`StackError` listing every problem as ``file: field = value: what is allowed``.
+    Raises :class:`StackError` listing every problem as ``file: field = value: what is allowed``:
+    the fields out of range, else what ``rules`` finds.
     """
     stack = stack or default_stack()
     file = Path(path) if path else stack_path(stack)
@@ -57,15 +65,15 @@ def load_stack(stack: str | None = None, *, path: Path | str | None = None) -> S
             # model and runtime are copies of models[0]'s: name each problem once, where it was written.
             problems = [p for p in problems if not p.path.startswith(("model.", "runtime."))]
         raise StackError(_describe(file, problems)) from None
-    problems = list(cross_check(settings))
+    problems = list(rules(settings))
     if problems:
         raise StackError(_describe(file, problems))
     return settings
 
 
-def _unnamespace(config: dict, file: Path) -> dict:
+def _unnamespace(config: dict[str, object], file: Path) -> dict[str, object]:
     """``frontier:model`` → ``model``; ``aws:region`` → ``region``; other namespaces are Pulumi's."""
-    raw: dict = {}
+    raw: dict[str, object] = {}
     for key, value in config.items():
         namespace, _, name = str(key).partition(":")
         if namespace == PROJECT and name:
@@ -77,18 +85,13 @@ def _unnamespace(config: dict, file: Path) -> dict:
     return raw
 
 
-def _pydantic_problems(exc: ValidationError) -> list[Problem]:
-    problems = []
-    for err in exc.errors():
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
-        value = err.get("input")
-        problems.append(Problem(path, None if isinstance(value, dict) else value, err["msg"]))
-    return problems
+def _pydantic_problems(exc: ValidationError) -> list[FieldProblem]:
+    return list(problems_of(exc))
 
 
-def _describe(file: Path, problems: list[Problem]) -> str:
+def _describe(file: Path, problems: list[FieldProblem]) -> str:
     lines = [f"{file}: {len(problems)} problem(s)"]
     for p in problems:
         shown = "" if p.value is None else f" = {p.value!r}"
-        lines.append(f"  {p.path}{shown}: {p.message}")
+        lines.append(f"  {p.path}{shown}: {p.text}")
     return "\n".join(lines)

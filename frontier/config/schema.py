@@ -7,17 +7,21 @@ The stack file is the one source of truth for an environment. Pulumi reads it as
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Literal
 
+from frontier_gateway.config import GatewaySettings, TenantConfig
+from frontier_hostside.names import HOST_ROOT
+from frontier_runtime.config import HealthConfig, ModelConfig, RuntimeConfig, RuntimeSettings
+from frontier_settings import FieldProblem, FieldProblems
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from frontier.contracts import CLOUD_WEIGHTS_CACHE, HOST_ROOT, PRIORITY_CLASSES
 
 PROJECT = "frontier"
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 GIB = 1024**3
 GB = 10**9
+S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
 
 
 class _Settings(BaseModel):
@@ -64,10 +68,9 @@ class NodeGroup(_Settings):
     model_cache: Literal["instance_store", "ebs"] = "ebs"
 
 
-class Model(_Settings):
-    name: str = Field(min_length=1)
-    weights_uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
-    version: str = Field(min_length=1)
+class Model(ModelConfig):
+    """The stack's ``model:`` section: the runtime's model settings, and the shape the planner needs."""
+
     num_layers: int = Field(ge=1, le=512)
     hidden_size: int = Field(ge=16, le=65_536)
     intermediate_size: int = Field(ge=16, le=262_144)
@@ -75,9 +78,46 @@ class Model(_Settings):
     num_kv_heads: int = Field(ge=1, le=1024)
     vocab_size: int = Field(ge=16, le=1_048_576)
     tie_word_embeddings: bool = False
-    dtype: Literal["float32", "bfloat16", "float16"]
-    max_seq_len: int = Field(ge=16, le=1_048_576)
     num_experts: int = Field(default=0, ge=0, le=1024, description="0 for a dense model.")
+
+    @model_validator(mode="after")
+    def _heads_split_evenly(self) -> Model:
+        problems = []
+        if self.hidden_size % self.num_attention_heads:
+            problems.append(
+                FieldProblem(
+                    "hidden_size",
+                    self.hidden_size,
+                    f"must be divisible by {{num_attention_heads}} ({self.num_attention_heads})",
+                )
+            )
+        if self.num_attention_heads % self.num_kv_heads:
+            problems.append(
+                FieldProblem(
+                    "num_kv_heads",
+                    self.num_kv_heads,
+                    f"must divide {{num_attention_heads}} ({self.num_attention_heads})",
+                )
+            )
+        if problems:
+            raise FieldProblems(*problems)
+        return self
+
+    @field_validator("version")
+    @classmethod
+    def _versioned(cls, value: str) -> str:
+        # Hosts cache weights by version: an unversioned model could never be replaced in place.
+        if not value:
+            raise ValueError("required: the weights version (part of every host's cache key)")
+        return value
+
+    @field_validator("weights_uri")
+    @classmethod
+    def _in_s3(cls, value: str) -> str:
+        # A stack's hosts fetch weights from its bucket; a local directory is for a runtime run by hand.
+        if not S3_URI.match(value):
+            raise ValueError("must be an s3://bucket/prefix URI (fab weights.push uploads it)")
+        return value
 
     @property
     def head_dim(self) -> int:
@@ -95,56 +135,30 @@ class Model(_Settings):
         return self.num_layers * per_layer + embeddings + h
 
 
-class Queue(_Settings):
-    max_length: int = Field(ge=0, le=1_000_000)
-    timeout_ms: int = Field(ge=1, le=3_600_000)
+class Runtime(RuntimeSettings):
+    """The stack's ``runtime:`` section: the runtime's own settings, plus how the toolkit ships it."""
 
-
-class Batch(_Settings):
-    window_ms: float = Field(ge=0, le=1000)
-    max_batch_size: int = Field(ge=1, le=4096)
-    max_num_batched_tokens: int = Field(ge=16, le=1_048_576)
-    chunked_prefill: bool = True
-
-
-class Runtime(_Settings):
-    port: int = Field(ge=1024, le=65535)
-    max_concurrency: int = Field(ge=1, le=65_536)
-    queue: Queue
-    batch: Batch
-    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp8"] = "auto"
-    gpu_memory_utilization: float = Field(gt=0.0, le=0.98)
-    reserved_memory_gb: float = Field(
-        default=1.0, ge=0, le=256, description="Activations, graphs, workspace."
-    )
-    tensor_parallel_size: int = Field(ge=1, le=64)
-    pipeline_parallel_size: int = Field(ge=1, le=64)
-    expert_parallel_size: int = Field(ge=1, le=1024)
-    api_keys_secret: str = Field(min_length=1, pattern=r"^[A-Za-z0-9/_+=.@:-]+$")
     image_repository: str = Field(
         default="frontier-runtime",
         pattern=r"^[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9][a-z0-9._/-]*)?$",
         description="Container repository of the runtime image (ECR URI); deployed by digest only.",
     )
-    drain_timeout_s: float = Field(ge=0, le=3600)
-    block_size: int = Field(default=16, ge=1, le=256)
-    weights_cache_dir: str = Field(
-        default=CLOUD_WEIGHTS_CACHE,
-        min_length=1,
-        description="Where a host keeps verified weights; relative paths are taken from the host's root.",
-    )
-    cpu_threads: int = Field(
-        default=0, ge=0, le=1024, description="Intra-op threads per runtime on CPU hosts; 0 = all cores."
-    )
-    cpu_bind_threads: bool = Field(
-        default=False,
-        description="Pin each intra-op thread to a core of its own: for CPU hosts that run one runtime.",
+    reserved_memory_gb: float = Field(
+        default=1.0, ge=0, le=256, description="Activations, graphs, workspace (the planner's memory fit)."
     )
 
+    @field_validator("api_keys_secret")
+    @classmethod
+    def _authenticated(cls, value: str | None) -> str | None:
+        # A runtime a stack deploys is reached over the network: it always checks keys.
+        if not value:
+            raise ValueError("required: the Secrets Manager id of the runtime's API keys")
+        return value
 
-class Health(_Settings):
-    readiness_path: str = Field(pattern=r"^/[A-Za-z0-9_./-]*$")
-    liveness_path: str = Field(pattern=r"^/[A-Za-z0-9_./-]*$")
+
+class Health(HealthConfig):
+    """The stack's ``health:`` section: the runtime's probe paths, and how the balancer probes them."""
+
     interval_s: int = Field(ge=1, le=300)
     timeout_s: int = Field(ge=1, le=120)
     healthy_threshold: int = Field(ge=1, le=10)
@@ -206,6 +220,10 @@ class Inventory(_Settings):
 
 class Edge(_Settings):
     certificate_arn: str = ""
+    # The name clients call the load balancer by: the certificate's, with a DNS record (outside this
+    # stack) pointing at the load balancer. Empty: the load balancer's own DNS name, which the
+    # certificate does not cover (tools then need --url or certificate checks off).
+    domain: str = Field(default="", pattern=r"^(([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63})?$")
     ssl_policy: str = "ELBSecurityPolicy-TLS13-1-2-2021-06"
     idle_timeout_s: int = Field(default=300, ge=1, le=4000)
     waf_rate_limit: int = Field(default=0, ge=0, le=2_000_000_000, description="0 turns WAF off.")
@@ -382,35 +400,9 @@ class ModelPool(_Settings):
         return self.model.name
 
 
-class Tenant(_Settings):
-    """One customer of a shared stack: its key, the models it may use and its quotas."""
+class Gateway(GatewaySettings):
+    """The stack's ``gateway:`` section: the gateway's own settings, plus the EC2 node group it runs on."""
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,62}$")
-    # Secrets Manager secret holding only SHA-256 digests of the tenant's keys: {"sha256": ["<hex>", ...]}.
-    api_key_secret: str = Field(min_length=1, pattern=r"^[A-Za-z0-9/_+=.@:-]+$")
-    models: tuple[str, ...] = Field(min_length=1, description="Model names this tenant may call.")
-    requests_per_minute: int = Field(ge=1, le=10_000_000)
-    tokens_per_minute: int = Field(ge=1, le=10_000_000_000)
-    max_concurrent_requests: int = Field(ge=1, le=1_000_000)
-    priority: Literal[PRIORITY_CLASSES] = Field(  # type: ignore[valid-type]
-        description="interactive, or batch: served only on capacity interactive work leaves free."
-    )
-
-
-class Gateway(_Settings):
-    """The access layer in front of the model pools: routing, tenants, quotas, metering."""
-
-    port: int = Field(default=8090, ge=1024, le=65535)
-    # prefix: hash of the prompt's first prefix_chars characters; header: session_header's value.
-    session_affinity: Literal["off", "header", "prefix"] = "prefix"
-    session_header: str = Field(default="x-session-id", pattern=r"^[a-z0-9-]{1,64}$")
-    prefix_chars: int = Field(default=256, ge=16, le=65_536)
-    retries: int = Field(default=2, ge=0, le=10, description="Other replicas tried before any byte is sent.")
-    max_body_bytes: int = Field(default=1_048_576, ge=1024, le=104_857_600)
-    probe_interval_s: float = Field(default=1.0, gt=0, le=60)
-    # Where metering records go: s3://bucket/prefix (one object per flush) or a local file path.
-    metering_uri: str = Field(min_length=1)
-    metering_flush_s: float = Field(default=10.0, gt=0, le=3600)
     # EC2: the gateway's own small CPU node group behind the ALB.
     instance_type: str = Field(default="c7i.large", min_length=1)
     ami_id: str = Field(default="", pattern=r"^(ami-[0-9a-f]{8,17})?$", description="EC2: the pinned AMI.")
@@ -447,7 +439,7 @@ class Settings(_Settings):
     #: ``model`` / ``runtime`` always hold the first pool's.
     models: tuple[ModelPool, ...] = ()
     gateway: Gateway | None = None
-    tenants: tuple[Tenant, ...] = ()
+    tenants: tuple[TenantConfig, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -519,3 +511,15 @@ class Settings(_Settings):
     def serving_group(self) -> NodeGroup:
         """The node group the model is served on (the first one)."""
         return self.node_groups[0]
+
+
+def runtime_config(model: Model, runtime: Runtime, **derived: object) -> RuntimeConfig:
+    """The runtime's config for one pool: its runtime section and the runtime's part of its model,
+    field for field, with ``derived`` (health, device, ...) from the stack's other sections."""
+    return RuntimeConfig.model_validate(
+        {
+            **runtime.model_dump(include=set(RuntimeSettings.model_fields)),
+            "model": model.model_dump(include=set(ModelConfig.model_fields)),
+            **derived,
+        }
+    )

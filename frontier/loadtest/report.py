@@ -11,11 +11,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import httpx
+from frontier_hostside.names import PREFIX_CACHE_HITS_METRIC, PREFIX_CACHE_QUERIES_METRIC
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from frontier.contracts import PREFIX_CACHE_HITS_METRIC, PREFIX_CACHE_QUERIES_METRIC
 from frontier.loadtest.client import Target, run_concurrency, run_steps
 from frontier.loadtest.stats import Knee, RequestSample, SloTargets, StepSummary, summarize
 

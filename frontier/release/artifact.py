@@ -2,7 +2,11 @@
 
 A wheel is built from a clean copy of ``runtime/`` with fixed file times, modes and
 ``SOURCE_DATE_EPOCH``, so the same sources always give the same bytes and the same digest
-(``sha256:<hex>`` of the wheel file). Built artifacts are kept in a local cache by digest and
+(``sha256:<hex>`` of the wheel file). The wheel carries the part of ``frontier_hostside`` the
+runtime imports (its names, and ``frontier_settings`` that reads its config), copied beside
+``frontier_runtime``: a host installs the wheel with
+``--no-deps``, so a release brings the names its runtime was built with, and a rollback brings the
+older ones back. Built artifacts are kept in a local cache by digest and
 registered in the stack's history bucket (:mod:`frontier.release.history`), from which any operator's
 ``deploy`` and ``rollback`` fetch them byte for byte.
 """
@@ -19,11 +23,15 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import frontier_hostside
+from frontier_hostside.names import DIGEST_PATTERN, PLACEHOLDER_DIGEST
+
 from frontier import project
 from frontier.errors import FrontierError
-from frontier.render.files import check_digest
 
 RUNTIME_DIR = project.runtime_dir()
+HOSTSIDE_DIR = project.hostside_dir()
+SETTINGS_DIR = HOSTSIDE_DIR / "frontier_settings"
 CACHE_DIR = project.state_dir() / "artifacts"
 # 1980-01-01, the earliest time a zip entry can carry: a constant, so the digest depends on content only.
 SOURCE_DATE_EPOCH = 315532800
@@ -32,6 +40,21 @@ _SKIP = {"__pycache__", "build", "dist"}
 
 class ArtifactError(FrontierError):
     """An artifact that cannot be built, found or verified."""
+
+
+def check_digest(digest: str) -> str:
+    """An immutable image/artifact digest, ``sha256:`` + 64 lowercase hex. Tags are refused."""
+    if not isinstance(digest, str) or not DIGEST_PATTERN.match(digest):
+        raise FrontierError(
+            f"digest {digest!r} is not an immutable digest: expected 'sha256:' followed by 64 lowercase "
+            "hex characters (mutable tags such as ':latest' are refused)"
+        )
+    return digest
+
+
+def is_placeholder(digest: str) -> bool:
+    """The all-zero digest ``fab render`` names when no artifact is given: not deployable."""
+    return digest == PLACEHOLDER_DIGEST
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,7 @@ def build_wheel(source_dir: Path = RUNTIME_DIR, cache_dir: Path = CACHE_DIR) -> 
     with tempfile.TemporaryDirectory(prefix="frontier-wheel-") as tmp:
         clean = Path(tmp) / "src"
         _clean_copy(source_dir, clean)
+        _copy_hostside_names(clean)
         out = Path(tmp) / "out"
         env = dict(os.environ, SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH), PYTHONHASHSEED="0")
         command = [
@@ -105,6 +129,19 @@ def verify(path: Path, digest: str) -> None:
         raise ArtifactError(f"{path}: sha256 is {actual}, expected {digest}; the file is corrupt or replaced")
 
 
+def _copy_hostside_names(target: Path) -> None:
+    """The package files of ``frontier_hostside`` and ``frontier_settings`` that the runtime imports,
+    beside its sources, with fixed times and modes (the runtime's pyproject packages them where it
+    finds them)."""
+    settings = {f"frontier_settings/{p.name}": p.read_bytes() for p in sorted(SETTINGS_DIR.glob("*.py"))}
+    for rel, data in {**frontier_hostside.package_files(), **settings}.items():
+        dest = target / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        dest.chmod(0o644)
+        os.utime(dest, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+
+
 def _clean_copy(source: Path, target: Path) -> None:
     """Copy the sources without build leftovers, with fixed times and modes (both end up in the zip)."""
     for path in sorted(source.rglob("*")):
@@ -140,22 +177,34 @@ def container_engine() -> str:
     return docker
 
 
-def source_tag(source_dir: Path = RUNTIME_DIR) -> str:
-    """An image tag derived from the runtime's sources: the same sources always get the same tag.
+def source_tag(source_dir: Path = RUNTIME_DIR, hostside_dir: Path = HOSTSIDE_DIR) -> str:
+    """An image tag derived from the image's sources (the runtime's and the host side's, which the
+    image installs beside it): the same sources always get the same tag.
 
     Tags only name a local build; releases still deploy by the digest the registry returns.
     """
     digest = hashlib.sha256()
-    for path in sorted(p for p in source_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(str(path.relative_to(source_dir)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for label, base in (("runtime", source_dir), ("hostside", hostside_dir)):
+        for path in sorted(p for p in base.rglob("*") if p.is_file()):
+            rel = path.relative_to(base)
+            if any(part == "__pycache__" or part.endswith(".egg-info") for part in rel.parts):
+                continue  # install leftovers: not in the image
+            digest.update(f"{label}/{rel}".encode() + b"\0" + path.read_bytes() + b"\0")
     return f"src-{digest.hexdigest()[:12]}"
 
 
-def build_image(repository: str, tag: str, context: Path = RUNTIME_DIR) -> str:
-    """``docker build`` the runtime image; returns the local image id."""
+def build_image(
+    repository: str, tag: str, context: Path = RUNTIME_DIR, hostside_dir: Path = HOSTSIDE_DIR
+) -> str:
+    """``docker build`` the runtime image; returns the local image id.
+
+    The host side's distribution is a second build context (``hostside``): the Dockerfile builds
+    its wheel beside the runtime's and installs both.
+    """
     docker = container_engine()
     ref = f"{repository}:{tag}"
-    result = subprocess.run([docker, "build", "--pull", "-t", ref, str(context)], text=True)
+    command = [docker, "build", "--pull", "--build-context", f"hostside={hostside_dir}", "-t", ref]
+    result = subprocess.run([*command, str(context)], text=True)
     if result.returncode != 0:
         raise ArtifactError(f"docker build of {ref} failed (exit {result.returncode})")
     image_id = subprocess.run(

@@ -28,6 +28,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.release.artifact import CACHE_DIR, Artifact, ArtifactError, cached_path, verify
 from frontier.release.release import MANIFEST, Release, ReleaseError, check_release_id, release_from_manifest
@@ -254,3 +255,13 @@ class HistoryStore:
             yield lock
         finally:
             self.release_lock(lock)
+
+
+def stack_history(settings: Settings, s3: Any, bucket: str, prefix: str) -> HistoryStore:
+    """The history of ``settings``' stack under ``prefix`` in ``bucket``.
+
+    A stack of several models keeps each pool's releases, history and lock apart (``settings`` is
+    then one pool's view); the artifacts (runtime wheels and images) stay the stack's.
+    """
+    pool_prefix = f"{prefix.rstrip('/')}/models/{settings.model.name}/" if settings.models else prefix
+    return HistoryStore(s3, bucket, settings.stack, pool_prefix, artifacts_prefix=prefix)

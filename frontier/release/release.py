@@ -12,12 +12,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from frontier.config.schema import Settings
-from frontier.contracts import RELEASE_ID_PATTERN as RELEASE_ID
-from frontier.contracts import RELEASE_MANIFEST as MANIFEST
+from frontier_hostside.names import RELEASE_ID_PATTERN as RELEASE_ID
+from frontier_hostside.names import RELEASE_MANIFEST as MANIFEST
+
 from frontier.errors import FrontierError
 from frontier.release.artifact import Artifact
-from frontier.render.files import check_digest, render_release_files
 
 
 class ReleaseError(FrontierError):
@@ -73,14 +72,6 @@ def check_release_id(value: str) -> str:
             f"release id {value!r} is malformed: expected 'r-' followed by 12 lowercase hex digits"
         )
     return value
-
-
-def build_release(settings: Settings, artifact: Artifact) -> Release:
-    """Render this stack's files for the artifact (the digest was checked: tags never get here)."""
-    check_digest(artifact.digest)
-    return Release(
-        artifact=artifact, files=dict(sorted(render_release_files(settings, artifact.digest).items()))
-    )
 
 
 def release_from_manifest(manifest: str, files: Mapping[str, str]) -> Release:

@@ -4,41 +4,46 @@ One Jinja environment, StrictUndefined (a missing value is an error, never an em
 autoescaping (these are config files, not HTML). Rendering is pure: the same settings and digest
 give the same bytes — no clocks, no hostnames, no ordering taken from sets or dicts we did not sort.
 
-The rendered ``runtime.yaml`` is checked against the runtime's own config model before it leaves
-this module, so a setting the runtime would refuse never reaches a host.
+``runtime.yaml`` is written from a validated instance of the runtime's own config model, so a
+setting the runtime would refuse never reaches a host.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
-from frontier_runtime.config import ConfigError, parse_config
-
-from frontier import contracts, project
-from frontier.capacity.memory import kv_bytes_per_token, kv_cache_dtype_bytes
-from frontier.config.hardware import has_nvswitch, instance_store
-from frontier.config.schema import NodeGroup, Settings
-from frontier.contracts import (
+from frontier_hostside import names as contracts
+from frontier_hostside.agent import AgentConfig
+from frontier_hostside.names import AGENT_CONFIG_NAME as CONFIG_NAME
+from frontier_hostside.names import (
+    AGENT_FILE_NAME,
     CACHE_DEVICE_NAME,
     CACHE_MOUNT,
     CLOUD_WEIGHTS_CACHE,
     CONTAINER_NAME,
     CONTAINER_RELEASE_DIR,
-    DIGEST_PATTERN,
     HOST_ROOT,
-    PLACEHOLDER_DIGEST,
     RELEASE_ID_PATTERN,
     RELEASE_MANIFEST,
+    SUPERVISE_COMMAND,
     UNIT_NAME,
 )
+from frontier_runtime.config import HealthConfig, RuntimeConfig
+from frontier_settings import problems_of, to_yaml
+from pydantic import ValidationError
+
+from frontier import project
+from frontier.config.hardware import has_nvswitch, instance_store
+from frontier.config.memory import kv_bytes_per_token, kv_cache_dtype_bytes
+from frontier.config.schema import NodeGroup, Settings, runtime_config
 from frontier.errors import FrontierError
-from frontier.fleet.agent import AGENT_FILE_NAME, CONFIG_NAME, SUPERVISE_COMMAND, AgentConfig
+from frontier.release.artifact import check_digest, is_placeholder
 
 TEMPLATES_DIR = project.templates_dir()
 
@@ -68,31 +73,19 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["q"] = _quote
+    env.filters["yaml"] = to_yaml
     return env
 
 
 ENV = _environment()
 
 
-def _render(template: str, **context: Any) -> str:
+def render_template(template: str, **context: Any) -> str:
+    """``templates/<template>`` rendered with ``context``; a missing value is an error."""
     try:
         return ENV.get_template(template).render(**context)
     except jinja2.UndefinedError as exc:
         raise FrontierError(f"templates/{template}: {exc}") from exc
-
-
-def check_digest(digest: str) -> str:
-    """An immutable image/artifact digest, ``sha256:`` + 64 lowercase hex. Tags are refused."""
-    if not isinstance(digest, str) or not DIGEST_PATTERN.match(digest):
-        raise FrontierError(
-            f"digest {digest!r} is not an immutable digest: expected 'sha256:' followed by 64 lowercase "
-            "hex characters (mutable tags such as ':latest' are refused)"
-        )
-    return digest
-
-
-def is_placeholder(digest: str) -> bool:
-    return digest == PLACEHOLDER_DIGEST
 
 
 # --- runtime.yaml ---------------------------------------------------------------------------------
@@ -104,59 +97,28 @@ def cpu_kv_cache_bytes(settings: Settings) -> int:
     return per_token * settings.runtime.batch.max_batch_size * settings.model.max_seq_len
 
 
-def runtime_context(settings: Settings) -> dict[str, Any]:
-    rt, model = settings.runtime, settings.model
+def runtime_config_for(settings: Settings) -> RuntimeConfig:
+    """The runtime's config for this stack's (first) pool: its runtime section as written, plus the
+    model, the probe paths and the device its node group gives it."""
     on_cpu = settings.serving_group.accelerator == "cpu"
-    return {
-        "stack": settings.stack,
-        "model": {
-            "name": model.name,
-            "source": model.weights_uri,
-            "version": model.version,
-            "dtype": model.dtype,
-            "max_seq_len": model.max_seq_len,
-        },
-        "server": {"port": rt.port, "api_keys_secret_id": rt.api_keys_secret},
-        "health": {
-            "readiness_path": settings.health.readiness_path,
-            "liveness_path": settings.health.liveness_path,
-        },
-        "scheduler": {
-            "max_concurrency": rt.max_concurrency,
-            "queue_max_length": rt.queue.max_length,
-            "queue_timeout_ms": rt.queue.timeout_ms,
-            "batch_window_ms": rt.batch.window_ms,
-            "max_batch_size": rt.batch.max_batch_size,
-            "max_num_batched_tokens": rt.batch.max_num_batched_tokens,
-            "chunked_prefill": rt.batch.chunked_prefill,
-        },
-        "cache": {
-            "block_size": rt.block_size,
-            "kv_cache_dtype": rt.kv_cache_dtype,
-            "gpu_memory_utilization": rt.gpu_memory_utilization,
-            "cpu_kv_cache_bytes": cpu_kv_cache_bytes(settings) if on_cpu else None,
-            "weights_cache_dir": rt.weights_cache_dir,
-        },
-        "parallel": {
-            "tensor_parallel_size": rt.tensor_parallel_size,
-            "pipeline_parallel_size": rt.pipeline_parallel_size,
-            "expert_parallel_size": rt.expert_parallel_size,
-        },
-        "drain_timeout_s": rt.drain_timeout_s,
+    derived: dict[str, Any] = {
+        "health": settings.health.model_dump(include=set(HealthConfig.model_fields)),
         "device": "cpu" if on_cpu else "cuda",
-        "cpu_threads": rt.cpu_threads,
-        "cpu_bind_threads": rt.cpu_bind_threads,
     }
+    if on_cpu and "cpu_kv_cache_bytes" not in settings.runtime.model_fields_set:
+        # Unless the stack sizes it: max_batch_size x max_seq_len tokens of KV cache in host memory.
+        derived["cpu_kv_cache_bytes"] = cpu_kv_cache_bytes(settings)
+    return runtime_config(settings.model, settings.runtime, **derived)
 
 
 def render_runtime_config(settings: Settings) -> str:
-    """``runtime.yaml`` for this stack, validated by the runtime's own config model."""
-    text = _render("runtime.yaml.j2", **runtime_context(settings))
+    """``runtime.yaml`` for this stack: the validated runtime config, every field written out."""
     try:
-        parse_config(text, source=f"runtime.yaml rendered for stack {settings.stack!r}")
-    except ConfigError as exc:
-        raise FrontierError(f"the runtime refuses the rendered config:\n{exc}") from None
-    return text
+        config = runtime_config_for(settings)
+    except ValidationError as exc:
+        lines = "\n".join(f"  {p}" for p in problems_of(exc))
+        raise FrontierError(f"the runtime refuses the config of stack {settings.stack!r}:\n{lines}") from None
+    return render_template("runtime.yaml.j2", stack=settings.stack, config=config)
 
 
 # --- one release on a host ------------------------------------------------------------------------
@@ -171,7 +133,7 @@ def render_systemd_unit(settings: Settings, digest: str) -> str:
     gpu = settings.serving_group.accelerator == "gpu"
     # docker stop waits this long for the runtime's own drain before SIGKILL; systemd waits longer.
     stop_grace_s = math.ceil(rt.drain_timeout_s) + 15
-    return _render(
+    return render_template(
         "frontier-runtime.service.j2",
         stack=settings.stack,
         image=image_reference(settings, digest),
@@ -215,7 +177,7 @@ def render_agent_config(settings: Settings, *, host: str, root: str, python: str
         liveness_interval_s=float(settings.health.interval_s),
         liveness_timeout_s=float(settings.health.timeout_s),
         liveness_failures=settings.health.unhealthy_threshold,
-        watchdog_unit=_render(
+        watchdog_unit=render_template(
             "frontier-agent.service.j2",
             stack=settings.stack,
             runtime_unit=UNIT_NAME,
@@ -250,7 +212,7 @@ def _group(settings: Settings, group: NodeGroup | str | None) -> NodeGroup:
 def render_driver_script(settings: Settings, group: NodeGroup | str | None = None) -> str:
     """The NVIDIA driver check (or install, on plain Ubuntu); idempotent, ends in a status line."""
     node_group = _group(settings, group)
-    return _render(
+    return render_template(
         "install-nvidia.sh.j2",
         stack=settings.stack,
         group=node_group.name,
@@ -266,7 +228,7 @@ def render_mount_cache(settings: Settings, group: NodeGroup | str) -> str:
     """The model-cache mount: instance-store NVMe in RAID 0 where the stack asks for it, else gp3."""
     node_group = _group(settings, group)
     disks, disk_gb = instance_store(node_group.instance_type)
-    return _render(
+    return render_template(
         "mount-cache.sh.j2",
         stack=settings.stack,
         group=node_group.name,
@@ -302,7 +264,7 @@ def shipped_logs(settings: Settings) -> list[ShippedLog]:
 
 def render_cloudwatch_agent(settings: Settings) -> str:
     """The CloudWatch agent's configuration: logs only (metrics come from the bootstrap's publisher)."""
-    text = _render("cloudwatch-agent.json.j2", logs=shipped_logs(settings))
+    text = render_template("cloudwatch-agent.json.j2", logs=shipped_logs(settings))
     json.loads(text)  # a template typo fails here, not on a host
     return text
 
@@ -310,7 +272,7 @@ def render_cloudwatch_agent(settings: Settings) -> str:
 def node_env(
     settings: Settings, group: NodeGroup, *, history_bucket: str, history_prefix: str
 ) -> list[tuple[str, str]]:
-    """``/etc/frontier/node.env``: what the host bootstrap (frontier/fleet/bootstrap.py) reads."""
+    """``/etc/frontier/node.env``: what the host bootstrap (frontier_hostside/bootstrap.py) reads."""
     return [
         ("FRONTIER_STACK", settings.stack),
         ("FRONTIER_NODE_GROUP", group.name),
@@ -342,7 +304,7 @@ PUBLISH_INTERVAL_S = 60
 def render_gateway_cloud_init(settings: Settings, *, history_bucket: str, history_prefix: str) -> str:
     """Cloud-init of the gateway's CPU hosts: its wheel and gateway.yaml from the history bucket."""
     assert settings.gateway is not None
-    return _render(
+    return render_template(
         "gateway-cloud-init.yaml.j2",
         stack=settings.stack,
         port=settings.gateway.port,
@@ -367,7 +329,7 @@ def render_cloud_init(
     node_group = _group(settings, group)
     prefix = history_prefix or f"history/{settings.stack}/"
     registry = settings.runtime.image_repository.split("/", 1)[0]
-    return _render(
+    return render_template(
         "cloud-init.yaml.j2",
         stack=settings.stack,
         group=node_group,
@@ -381,55 +343,13 @@ def render_cloud_init(
     )
 
 
-# --- balancer and alerts --------------------------------------------------------------------------
-
-
-def render_haproxy(
-    settings: Settings,
-    backends: Iterable[tuple[str, str, int]],
-    *,
-    bind_port: int,
-    stats_socket: str,
-    bind_address: str | None = None,
-    stats_port: int | None = None,
-) -> str:
-    """HAProxy config: active health checks on the readiness path, retries away from draining hosts."""
-    servers = [(str(name), str(address), int(port)) for name, address, port in backends]
-    names = [name for name, _, _ in servers]
-    if len(set(names)) != len(names):
-        raise FrontierError(f"haproxy backends must have distinct names, got {names}")
-    health = settings.health
-    # Streams stay open for the whole generation; the runtime sends SSE keep-alives, so an idle
-    # timeout comfortably above the keep-alive interval and the slowest answer is enough.
-    stream_timeout_s = max(settings.edge.idle_timeout_s, math.ceil(settings.slo.p99_latency_ms / 1000) * 2)
-    return _render(
-        "haproxy.cfg.j2",
-        stack=settings.stack,
-        servers=servers,
-        bind_address=bind_address or (settings.local.bind_address if settings.local else "0.0.0.0"),
-        bind_port=int(bind_port),
-        # HAProxy reads a bare relative path as host:port; unix@ makes it a socket path relative to
-        # the directory HAProxy starts in.
-        stats_socket=stats_socket if stats_socket.startswith(("/", "unix@")) else f"unix@{stats_socket}",
-        stats_port=stats_port,
-        readiness_path=health.readiness_path,
-        inter_ms=health.interval_s * 1000,
-        check_timeout_ms=health.timeout_s * 1000,
-        fall=health.unhealthy_threshold,
-        rise=health.healthy_threshold,
-        queue_timeout_ms=settings.runtime.queue.timeout_ms,
-        stream_timeout_s=stream_timeout_s,
-        maxconn=max(
-            1, (settings.runtime.max_concurrency + settings.runtime.queue.max_length) * max(1, len(servers))
-        ),
-        server_maxconn=settings.runtime.max_concurrency + settings.runtime.queue.max_length,
-    )
+# --- alerts --------------------------------------------------------------------------------------
 
 
 def render_alerts(settings: Settings) -> str:
     """Prometheus alerting rules from the stack's SLOs."""
     slo = settings.slo
-    return _render(
+    return render_template(
         "alerts.yaml.j2",
         stack=settings.stack,
         metrics=METRICS,
@@ -444,12 +364,12 @@ def render_alerts(settings: Settings) -> str:
 # --- everything -----------------------------------------------------------------------------------
 
 
-def local_balancer_backends(settings: Settings) -> list[tuple[str, str, int]]:
-    return [(h.name, h.address, settings.runtime.port) for h in settings.inventory.hosts]
-
-
 def render_stack(settings: Settings, digest: str) -> dict[str, str]:
-    """Every file Frontier renders for a stack, keyed by relative path, in a stable order."""
+    """Every file Frontier renders for any stack, keyed by relative path, in a stable order.
+
+    A target adds its own (the local balancer's haproxy.cfg, the Kubernetes manifests): see
+    ``Backend.rendered_files``.
+    """
     files: dict[str, str] = {}
     for name, text in render_release_files(settings, digest).items():
         files[f"release/{name}"] = text
@@ -458,15 +378,6 @@ def render_stack(settings: Settings, digest: str) -> dict[str, str]:
         files[f"host/{group.name}/mount-cache.sh"] = render_mount_cache(settings, group)
         if group.accelerator == "gpu":
             files[f"drivers/{group.name}/install-nvidia.sh"] = render_driver_script(settings, group)
-    if settings.inventory.source == "static" and settings.inventory.hosts:
-        local = settings.local
-        files["balancer/haproxy.cfg"] = render_haproxy(
-            settings,
-            local_balancer_backends(settings),
-            bind_port=local.balancer_port if local else 80,
-            stats_socket=f"{local.state_dir if local else contracts.CLOUD_HAPROXY_STATE}/{contracts.HAPROXY_ADMIN_SOCKET}",
-            stats_port=local.balancer_stats_port if local else None,
-        )
     files["monitoring/alerts.yaml"] = render_alerts(settings)
     return dict(sorted(files.items()))
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from frontier_hostside import names
 from prometheus_client.parser import text_string_to_metric_families
 
-from frontier import contracts
 from frontier.config.schema import Gate
 
-REQUESTS_METRIC = contracts.HTTP_REQUESTS_METRIC
-DURATION_METRIC = contracts.HTTP_DURATION_METRIC
+REQUESTS_METRIC = names.HTTP_REQUESTS_METRIC
+DURATION_METRIC = names.HTTP_DURATION_METRIC
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from typing import Any
 
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
-from frontier.fleet.balancer import Balancer
-from frontier.fleet.host import HostError, HostFacts, HostSession
-from frontier.fleet.inventory import HostSpec
+from frontier.hosts.balancer import Balancer
+from frontier.hosts.inventory import HostSpec
+from frontier.hosts.session import HostError, HostFacts, HostSession
 from frontier.release.release import Release
 from frontier.rollout.gate import judge, read_gate
 

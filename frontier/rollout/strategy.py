@@ -10,8 +10,9 @@ Where the group cannot grow (``max_size`` reached, ``max_surge`` 0, or a fixed f
 local stack) the rollout takes ``rollout.batch_size`` hosts out at a time, in place, as before.
 The choice and its reason are written into the rollout's result and the deploy history.
 
-The mechanics of growing and retiring belong to the backend (:class:`Fleet`); the decision and
-the order of steps live here, so both can be tested on their own.
+The mechanics of growing and retiring belong to the target (:class:`Fleet`); the decision and
+the order of steps live here, so both can be tested on their own. :func:`roll_hosts` is the one
+host rollout every host target runs: the strategy, the group held, and :class:`Rollout` over the hosts.
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from frontier.config.schema import Rollout as RolloutSettings
+from frontier.config.schema import Settings
 from frontier.errors import FrontierError
-from frontier.fleet.inventory import HostSpec
-from frontier.rollout.rolling import HostResult, RolloutResult
+from frontier.hosts.balancer import Balancer
+from frontier.hosts.inventory import HostSpec
+from frontier.release.history import HistoryStore
+from frontier.release.release import Release
+from frontier.rollout.rolling import HostResult, Reporter, Rollout, RolloutResult
 
 SURGE = "surge"
 IN_PLACE = "one-unavailable"
@@ -134,4 +139,48 @@ def surge_rollout(
         for host in wave:
             retired[host.name].outcome = "retired"
     result.duration_s = round(time.monotonic() - started, 3)
+    return result
+
+
+def roll_hosts(
+    settings: Settings,
+    store: HistoryStore,
+    hosts: list[HostSpec],
+    balancer: Balancer,
+    connect: Callable[[HostSpec], Any],
+    release: Release,
+    kind: str,
+    reporter: Reporter | None,
+    *,
+    group: Fleet | None = None,
+    surge: bool = False,
+    launch_timeout_s: float = 0.0,
+) -> RolloutResult:
+    """Roll ``release`` over ``hosts`` behind ``balancer``: the host rollout of every host target.
+
+    The wheel (where the release has one) comes from the history first. ``group``, the node group
+    the hosts belong to, holds them against scale-in while the rollout runs. Where ``surge`` is
+    allowed and the group's max_size leaves room, each wave of new hosts launches first (within
+    ``launch_timeout_s``) and as many old ones retire after it; otherwise ``rollout.batch_size``
+    hosts go out of service at a time, in place. The result says which and why.
+    """
+    strategy = choose(settings.rollout, group.size() if group is not None and surge else None)
+    wheel = store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
+
+    def roll(over: list[HostSpec]) -> RolloutResult:
+        return Rollout(settings, over, balancer, connect, reporter).run(release, wheel, kind)
+
+    with group.hold(hosts) if group is not None else contextlib.nullcontext():
+        if group is not None and strategy.kind == SURGE:
+            return surge_rollout(
+                group,
+                hosts,
+                strategy,
+                roll,
+                kind=kind,
+                release=release.id,
+                launch_timeout_s=launch_timeout_s,
+            )
+        result = roll(hosts)
+    result.strategy = strategy.describe()
     return result

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from frontier_hostside import names
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from frontier_gateway import contracts
 from frontier_gateway.config import GatewayConfig
 from frontier_gateway.errors import GatewayError, invalid
 from frontier_gateway.metering import Sink
@@ -53,12 +53,12 @@ class Gateway:
 
 def create_app(gateway: Gateway, lifespan: Any = None) -> Starlette:
     routes = [
-        Route(contracts.COMPLETIONS_PATH, _completions, methods=["POST"]),
-        Route(contracts.CHAT_COMPLETIONS_PATH, _chat_completions, methods=["POST"]),
-        Route(contracts.MODELS_PATH, _models, methods=["GET"]),
-        Route(contracts.READINESS_PATH, _ready, methods=["GET", "HEAD"]),
-        Route(contracts.LIVENESS_PATH, _live, methods=["GET", "HEAD"]),
-        Route(contracts.METRICS_PATH, _metrics, methods=["GET"]),
+        Route(names.COMPLETIONS_PATH, _completions, methods=["POST"]),
+        Route(names.CHAT_COMPLETIONS_PATH, _chat_completions, methods=["POST"]),
+        Route(names.MODELS_PATH, _models, methods=["GET"]),
+        Route(names.READINESS_PATH, _ready, methods=["GET", "HEAD"]),
+        Route(names.LIVENESS_PATH, _live, methods=["GET", "HEAD"]),
+        Route(names.METRICS_PATH, _metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={GatewayError: _error}, lifespan=lifespan)
     app.state.gateway = gateway
@@ -127,19 +127,19 @@ def _affinity_key(gw: Gateway, request: Request, body: dict[str, Any]) -> str | 
 
 
 async def _completions(request: Request) -> Response:
-    return await _generate(request, contracts.COMPLETIONS_PATH)
+    return await _generate(request, names.COMPLETIONS_PATH)
 
 
 async def _chat_completions(request: Request) -> Response:
-    return await _generate(request, contracts.CHAT_COMPLETIONS_PATH)
+    return await _generate(request, names.CHAT_COMPLETIONS_PATH)
 
 
 async def _generate(request: Request, path: str) -> Response:
     gw = _gateway(request)
-    supplied = request.headers.get(contracts.REQUEST_ID_HEADER)
+    supplied = request.headers.get(names.REQUEST_ID_HEADER)
     request_id = supplied if supplied and REQUEST_ID.match(supplied) else uuid.uuid4().hex
     tenant = _identify(gw, request)
-    headers = {contracts.REQUEST_ID_HEADER: request_id}
+    headers = {names.REQUEST_ID_HEADER: request_id}
     try:
         body = await _read_body(gw, request)
         model = body.get("model")
@@ -154,15 +154,15 @@ async def _generate(request: Request, path: str) -> Response:
                 code="model_not_found",
                 param="model",
             )
-        asked = body.get(contracts.PRIORITY_FIELD)
-        if asked is not None and asked not in contracts.PRIORITY_CLASSES:
+        asked = body.get(names.PRIORITY_FIELD)
+        if asked is not None and asked not in names.PRIORITY_CLASSES:
             raise invalid(
-                f"{contracts.PRIORITY_FIELD}: must be one of {', '.join(contracts.PRIORITY_CLASSES)}, got {asked!r}",
-                contracts.PRIORITY_FIELD,
+                f"{names.PRIORITY_FIELD}: must be one of {', '.join(names.PRIORITY_CLASSES)}, got {asked!r}",
+                names.PRIORITY_FIELD,
             )
         # A tenant's class is the most it gets; any tenant may ask for batch on its own.
-        priority = contracts.BATCH if contracts.BATCH in (tenant.priority, asked) else contracts.INTERACTIVE
-        body[contracts.PRIORITY_FIELD] = priority
+        priority = names.BATCH if names.BATCH in (tenant.priority, asked) else names.INTERACTIVE
+        body[names.PRIORITY_FIELD] = priority
         stream = bool(body.get("stream"))
         options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
         wants_usage = bool(options.get("include_usage"))

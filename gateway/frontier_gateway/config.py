@@ -10,10 +10,11 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from frontier_hostside.names import PRIORITY_CLASSES, READINESS_PATH, SESSION_HEADER
+from frontier_settings import ConfigError, load_model, parse_model
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from frontier_gateway.contracts import PRIORITY_CLASSES, READINESS_PATH, SESSION_HEADER
+__all__ = ["ConfigError", "GatewayConfig", "GatewaySettings", "load_config", "parse_config"]
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -94,7 +95,6 @@ class AffinityConfig(_Strict):
 
 
 class ProbeConfig(_Strict):
-    path: str = Field(default=READINESS_PATH, pattern=r"^/[A-Za-z0-9_./-]*$")
     interval_s: float = Field(default=1.0, gt=0, le=60)
     timeout_s: float = Field(default=1.0, gt=0, le=60)
 
@@ -105,22 +105,31 @@ class MeteringConfig(_Strict):
     flush_s: float = Field(default=10.0, gt=0, le=3600)
 
 
-class GatewayConfig(_Strict):
-    host: str = "0.0.0.0"
+class GatewaySettings(_Strict):
+    """The stack's ``gateway:`` section, exactly as the gateway reads it."""
+
     port: int = Field(default=8090, ge=0, le=65535)
-    models: tuple[PoolConfig, ...] = Field(min_length=1)
-    tenants: tuple[TenantConfig, ...] = Field(min_length=1)
-    # The key the gateway presents to the runtimes (their runtime.api_keys_secret); empty: none.
-    upstream_api_key_secret: str = ""
     affinity: AffinityConfig = AffinityConfig()
     probe: ProbeConfig = ProbeConfig()
     metering: MeteringConfig
-    retries: int = Field(default=2, ge=0, le=10)
+    retries: int = Field(default=2, ge=0, le=10, description="Other replicas tried before any byte is sent.")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, le=104_857_600)
     connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     request_timeout_s: float = Field(default=600.0, gt=0, le=3600)
     # Completion tokens counted against tokens/min up front when a request names no max_tokens.
     default_max_tokens: int = Field(default=256, ge=1, le=1_048_576)
+
+
+class GatewayConfig(GatewaySettings):
+    """``gateway.yaml``: the stack's gateway section, plus its pools, tenants and the runtimes' key
+    and probe path (from the stack's models, tenants, runtime and health sections)."""
+
+    host: str = "0.0.0.0"
+    models: tuple[PoolConfig, ...] = Field(min_length=1)
+    tenants: tuple[TenantConfig, ...] = Field(min_length=1)
+    # The key the gateway presents to the runtimes (their runtime.api_keys_secret); empty: none.
+    upstream_api_key_secret: str = ""
+    readiness_path: str = Field(default=READINESS_PATH, pattern=r"^/[A-Za-z0-9_./-]*$")
 
     @model_validator(mode="after")
     def _tenants_name_models(self) -> GatewayConfig:
@@ -139,29 +148,9 @@ class GatewayConfig(_Strict):
         return self
 
 
-class ConfigError(ValueError):
-    """A gateway.yaml the gateway refuses; the message names the file, field and value."""
-
-
 def parse_config(text: str, source: str = "gateway.yaml") -> GatewayConfig:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            path = ".".join(str(p) for p in err["loc"]) or "(root)"
-            value = err.get("input")
-            shown = "" if isinstance(value, dict) else f" = {value!r}"
-            lines.append(f"{source}: {path}{shown}: {err['msg']}")
-        raise ConfigError("\n".join(lines)) from None
+    return parse_model(GatewayConfig, text, source)
 
 
 def load_config(path: str | Path) -> GatewayConfig:
-    path = Path(path)
-    return parse_config(path.read_text(), source=str(path))
+    return load_model(GatewayConfig, path)

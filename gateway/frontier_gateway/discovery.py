@@ -10,7 +10,8 @@ import asyncio
 import logging
 from typing import Any
 
-from frontier_gateway import contracts
+from frontier_hostside import names
+
 from frontier_gateway.config import Ec2Discovery
 from frontier_gateway.pools import Pool
 
@@ -20,9 +21,9 @@ log = logging.getLogger("frontier_gateway.discovery")
 def discover(client: Any, spec: Ec2Discovery) -> list[str]:
     """Base URLs of the running runtime hosts of ``spec``'s node group, sorted."""
     filters = [
-        {"Name": f"tag:{contracts.STACK_TAG}", "Values": [spec.stack]},
-        {"Name": f"tag:{contracts.NODE_GROUP_TAG}", "Values": [spec.node_group]},
-        {"Name": f"tag:{contracts.ROLE_TAG}", "Values": [contracts.RUNTIME_ROLE]},
+        {"Name": f"tag:{names.STACK_TAG}", "Values": [spec.stack]},
+        {"Name": f"tag:{names.NODE_GROUP_TAG}", "Values": [spec.node_group]},
+        {"Name": f"tag:{names.ROLE_TAG}", "Values": [names.RUNTIME_ROLE]},
         {"Name": "instance-state-name", "Values": ["running"]},
     ]
     urls = []

@@ -89,11 +89,9 @@ class Pools:
             name: {"ready": p.ready_count, "replicas": len(p.replicas)} for name, p in self.by_model.items()
         }
 
-    async def probe_once(self, client: httpx.AsyncClient, probe: ProbeConfig) -> None:
+    async def probe_once(self, client: httpx.AsyncClient, path: str, probe: ProbeConfig) -> None:
         replicas = [r for pool in self.by_model.values() for r in pool.replicas]
-        results = await asyncio.gather(
-            *(_probe(client, r.url + probe.path, probe.timeout_s) for r in replicas)
-        )
+        results = await asyncio.gather(*(_probe(client, r.url + path, probe.timeout_s) for r in replicas))
         for replica, ok in zip(replicas, results, strict=True):
             if ok and not replica.ready:
                 log.info("replica ready", extra={"event": "replica_ready", "replica": replica.url})
@@ -101,9 +99,9 @@ class Pools:
                 replica.mark_down()
             replica.ready = ok
 
-    async def probe_forever(self, client: httpx.AsyncClient, probe: ProbeConfig) -> None:
+    async def probe_forever(self, client: httpx.AsyncClient, path: str, probe: ProbeConfig) -> None:
         while True:
-            await self.probe_once(client, probe)
+            await self.probe_once(client, path, probe)
             await asyncio.sleep(probe.interval_s)
 
 

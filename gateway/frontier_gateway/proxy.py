@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
+from frontier_hostside import names
 from starlette.responses import Response, StreamingResponse
 
-from frontier_gateway import contracts
 from frontier_gateway.errors import GatewayError
 from frontier_gateway.metering import MeterRecord, Sink
 from frontier_gateway.metrics import Metrics
@@ -113,7 +113,7 @@ class Proxy:
 
     async def _try(self, call: Call, replica: Replica, *, final: bool) -> Response | None:
         """The answer of ``replica``, or None when it failed before anything could be sent."""
-        headers = {"content-type": "application/json", contracts.REQUEST_ID_HEADER: call.request_id}
+        headers = {"content-type": "application/json", names.REQUEST_ID_HEADER: call.request_id}
         if self.upstream_auth:
             headers["authorization"] = f"Bearer {self.upstream_auth}"
         request = self.client.build_request(
@@ -169,7 +169,7 @@ class Proxy:
 
     def _client_headers(self, call: Call, upstream: httpx.Response, replica: Replica) -> dict[str, str]:
         passed = {k: v for k, v in upstream.headers.items() if k.lower() not in DROPPED}
-        return {**passed, **call.headers, contracts.REPLICA_HEADER: replica.url}
+        return {**passed, **call.headers, names.REPLICA_HEADER: replica.url}
 
     async def _relay(
         self,

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from frontier_gateway import contracts
+from frontier_hostside import names
+
 from frontier_gateway.tenants import Tenant
 
 
@@ -140,12 +141,12 @@ class Quotas:
         q.requests.refill(now)
         q.tokens.refill(now)
         return {
-            contracts.LIMIT_REQUESTS: str(tenant.requests_per_minute),
-            contracts.REMAINING_REQUESTS: str(max(0, math.floor(q.requests.level))),
-            contracts.RESET_REQUESTS: format_duration(q.requests.reset_s()),
-            contracts.LIMIT_TOKENS: str(tenant.tokens_per_minute),
-            contracts.REMAINING_TOKENS: str(max(0, math.floor(q.tokens.level))),
-            contracts.RESET_TOKENS: format_duration(q.tokens.reset_s()),
+            names.LIMIT_REQUESTS: str(tenant.requests_per_minute),
+            names.REMAINING_REQUESTS: str(max(0, math.floor(q.requests.level))),
+            names.RESET_REQUESTS: format_duration(q.requests.reset_s()),
+            names.LIMIT_TOKENS: str(tenant.tokens_per_minute),
+            names.REMAINING_TOKENS: str(max(0, math.floor(q.tokens.level))),
+            names.RESET_TOKENS: format_duration(q.tokens.reset_s()),
         }
 
 

@@ -68,7 +68,7 @@ def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
                         )
                     )
             # One probe round before taking traffic, so readiness is true from the start when it can be.
-            await gateway.pools.probe_once(client, config.probe)
+            await gateway.pools.probe_once(client, config.readiness_path, config.probe)
             tasks = [
                 asyncio.create_task(
                     follow(gateway.pools.by_model[p.name], p.discovery, ec2_client(p.discovery))
@@ -77,7 +77,7 @@ def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
                 if p.discovery is not None
             ]
             tasks += [
-                asyncio.create_task(gateway.pools.probe_forever(client, config.probe)),
+                asyncio.create_task(gateway.pools.probe_forever(client, config.readiness_path, config.probe)),
                 asyncio.create_task(flush_forever(gateway.sink, config.metering.flush_s)),
             ]
             try:

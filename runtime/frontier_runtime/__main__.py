@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError) as exc:
         print(f"frontier_runtime: {exc}", file=sys.stderr)
         return 2
-    configure_logging(config.logging.level, config.logging.json_logs)
+    configure_logging(config.log_level, config.json_logs)
     if args.model_dir is not None and not args.model_dir.is_dir():
         print(f"frontier_runtime: --model-dir {args.model_dir} is not a directory", file=sys.stderr)
         return 2

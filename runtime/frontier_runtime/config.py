@@ -1,8 +1,11 @@
-"""The runtime's typed configuration, read from the rendered ``runtime.yaml``.
+"""The runtime's typed settings: one model that is both the stack's ``runtime:`` section and, with the
+model and health sections beside it, the ``runtime.yaml`` the runtime reads at start.
 
-This model is the contract between the toolkit (which renders the file per stack) and the
-runtime (which reads it at start). The toolkit validates every rendered file against it, so a
-setting the runtime would refuse never reaches a host.
+Every setting is declared here once, with its one default and its one range; the toolkit imports
+these models as the schema of its stack files (it never mirrors them), renders ``runtime.yaml`` from a
+validated :class:`RuntimeConfig`, and the engine's :class:`~frontier_runtime.engine.config.EngineConfig`
+inherits the engine's part (:class:`BatchConfig`, :class:`CacheConfig`, :class:`ParallelConfig`,
+:class:`CpuConfig`). Rules that span fields sit next to the fields they relate.
 """
 
 from __future__ import annotations
@@ -10,144 +13,172 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from frontier_hostside.names import CLOUD_WEIGHTS_CACHE
+from frontier_hostside.names import LIVENESS_PATH as DEFAULT_LIVENESS_PATH
+from frontier_hostside.names import READINESS_PATH as DEFAULT_READINESS_PATH
+from frontier_settings import ConfigError, FieldProblem, FieldProblems, load_model, parse_model
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from frontier_runtime.contracts import DEFAULT_LIVENESS_PATH, DEFAULT_READINESS_PATH
+__all__ = ["ConfigError", "RuntimeConfig", "RuntimeSettings", "load_config", "parse_config"]
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 KvCacheDtype = Literal["auto", "float32", "bfloat16", "float16", "fp8"]
+Device = Literal["auto", "cpu", "cuda"]
+PATH_PATTERN = r"^/[A-Za-z0-9_./-]*$"
+SECRET_ID_PATTERN = r"^[A-Za-z0-9/_+=.@:-]+$"
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
+    """The model a runtime serves: the runtime's part of the stack's ``model:`` section."""
+
     name: str = Field(min_length=1, description="Model id served under /v1/models.")
-    source: str = Field(
+    weights_uri: str = Field(
         min_length=1,
         description="s3://bucket/prefix (with a manifest.json written by weights.push) or a local directory.",
     )
     version: str = Field(default="", description="Weights version; part of the cache key.")
     dtype: Dtype = "float32"
-    max_seq_len: int = Field(ge=16, le=1_048_576)
+    max_seq_len: int = Field(ge=16, le=1_048_576, description="Longest prompt + completion, in tokens.")
 
 
-class ServerConfig(_Strict):
-    host: str = "0.0.0.0"
-    port: int = Field(default=8000, ge=1, le=65535)
-    api_keys_secret_id: str | None = Field(
-        default=None, description="Secrets Manager id holding API keys; None disables auth."
-    )
-    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
-    keepalive_s: float = Field(default=15.0, gt=0, le=600, description="SSE comment keep-alive interval.")
+class HealthConfig(Strict):
+    """The probe paths the runtime answers on and the balancer, the agent and the gateway ask."""
 
-
-class HealthConfig(_Strict):
-    readiness_path: str = Field(default=DEFAULT_READINESS_PATH, pattern=r"^/[A-Za-z0-9_./-]*$")
-    liveness_path: str = Field(default=DEFAULT_LIVENESS_PATH, pattern=r"^/[A-Za-z0-9_./-]*$")
+    readiness_path: str = Field(default=DEFAULT_READINESS_PATH, pattern=PATH_PATTERN)
+    liveness_path: str = Field(default=DEFAULT_LIVENESS_PATH, pattern=PATH_PATTERN)
     stuck_after_s: float = Field(
         default=30.0, gt=0, le=3600, description="Engine loop silent this long = not live."
     )
 
 
-class SchedulerConfig(_Strict):
-    max_concurrency: int = Field(ge=1, le=65536, description="Requests admitted into the engine at once.")
-    queue_max_length: int = Field(
-        ge=0, le=1_000_000, description="Requests waiting for admission; beyond: 429."
-    )
-    queue_timeout_ms: int = Field(ge=1, le=3_600_000, description="Longest wait for admission; beyond: 503.")
+class QueueConfig(Strict):
+    """Requests waiting for admission into the engine."""
+
+    max_length: int = Field(default=64, ge=0, le=1_000_000, description="Beyond this many waiting: 429.")
+    timeout_ms: int = Field(default=30_000, ge=1, le=3_600_000, description="Longest wait; beyond: 503.")
     # Batch-priority requests wait in their own queue (None: the same bounds as interactive ones).
-    batch_queue_max_length: int | None = Field(
-        default=None, ge=0, le=1_000_000, description="Batch requests waiting for admission; beyond: 429."
+    batch_max_length: int | None = Field(default=None, ge=0, le=1_000_000)
+    batch_timeout_ms: int | None = Field(default=None, ge=1, le=86_400_000)
+
+
+class BatchConfig(Strict):
+    """What one engine step may hold."""
+
+    window_ms: float = Field(
+        default=0.0, ge=0, le=1000, description="How long an idle engine waits for companions."
     )
-    batch_queue_timeout_ms: int | None = Field(
-        default=None,
-        ge=1,
-        le=86_400_000,
-        description="Longest wait of a batch request for admission; beyond: 503.",
-    )
-    batch_window_ms: float = Field(ge=0, le=1000, description="Wait for companions while the engine is idle.")
-    max_batch_size: int = Field(ge=1, le=4096, description="Sequences per engine step.")
-    max_num_batched_tokens: int = Field(ge=16, le=1_048_576, description="Tokens per engine step.")
+    max_batch_size: int = Field(default=16, ge=1, le=4096, description="Sequences per engine step.")
+    max_num_batched_tokens: int = Field(default=1024, ge=16, le=1_048_576, description="Tokens per step.")
     chunked_prefill: bool = True
 
     @model_validator(mode="after")
-    def _batch_within_concurrency(self) -> SchedulerConfig:
-        if self.max_batch_size > self.max_concurrency:
-            raise ValueError(
-                f"max_batch_size ({self.max_batch_size}) must be <= max_concurrency ({self.max_concurrency})"
+    def _one_decode_token_per_sequence(self) -> BatchConfig:
+        if self.max_num_batched_tokens < self.max_batch_size:
+            raise FieldProblems(
+                FieldProblem(
+                    "max_num_batched_tokens",
+                    self.max_num_batched_tokens,
+                    f"must be >= {{max_batch_size}} ({self.max_batch_size}): one decode token per sequence",
+                )
             )
         return self
 
 
-class CacheConfig(_Strict):
-    block_size: int = Field(default=16, ge=1, le=256)
+class CacheConfig(Strict):
+    """The paged KV cache and the prefix cache."""
+
+    block_size: int = Field(default=16, ge=1, le=256, description="Tokens per KV block.")
     kv_cache_dtype: KvCacheDtype = "auto"
-    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=0.98)
-    cpu_kv_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description="KV budget on CPU.")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0.0, le=0.98, description="Fraction of each GPU's memory the engine may use."
+    )
+    cpu_kv_cache_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=1024, le=2**44, description="KV cache budget on CPU hosts."
+    )
     prefix_caching: bool = True
-    weights_cache_dir: str = "/var/cache/frontier/weights"
 
 
-class ParallelConfig(_Strict):
+class ParallelConfig(Strict):
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
     expert_parallel_size: int = Field(default=1, ge=1, le=1024)
 
 
-class DrainConfig(_Strict):
-    timeout_s: float = Field(default=30.0, ge=0, le=3600)
-
-
-class LoggingConfig(_Strict):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    json_logs: bool = True
-
-
-class RuntimeConfig(_Strict):
-    model: ModelConfig
-    server: ServerConfig = ServerConfig()
-    health: HealthConfig = HealthConfig()
-    scheduler: SchedulerConfig
-    cache: CacheConfig = CacheConfig()
-    parallel: ParallelConfig = ParallelConfig()
-    drain: DrainConfig = DrainConfig()
-    logging: LoggingConfig = LoggingConfig()
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+class CpuConfig(Strict):
     cpu_threads: int = Field(
-        default=0, ge=0, le=1024, description="Intra-op threads on CPU; 0 keeps torch's default (all cores)."
+        default=0, ge=0, le=1024, description="Intra-op threads on CPU hosts; 0 = all cores."
     )
     cpu_bind_threads: bool = Field(
         default=False, description="Pin each intra-op thread to a core of its own (one runtime per host)."
     )
+
+
+class RuntimeSettings(CacheConfig, ParallelConfig, CpuConfig):
+    """The stack's ``runtime:`` section, exactly as the runtime reads it."""
+
+    port: int = Field(default=8000, ge=1024, le=65535)
+    max_concurrency: int = Field(default=16, ge=1, le=65_536, description="Requests in the engine at once.")
+    queue: QueueConfig = QueueConfig()
+    batch: BatchConfig = BatchConfig()
+    api_keys_secret: str | None = Field(
+        default=None,
+        pattern=SECRET_ID_PATTERN,
+        description="Secrets Manager id of the API keys (fetched at start and on reload); None: no auth.",
+    )
+    weights_cache_dir: str = Field(
+        default=CLOUD_WEIGHTS_CACHE,
+        min_length=1,
+        description="Where verified weights are kept; relative paths are taken from the host's root.",
+    )
+    drain_timeout_s: float = Field(default=30.0, ge=0, le=3600, description="In-flight work's grace on stop.")
+    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    keepalive_s: float = Field(default=15.0, gt=0, le=600, description="SSE comment keep-alive interval.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    json_logs: bool = True
+
+    @model_validator(mode="after")
+    def _batching_within_admission(self) -> RuntimeSettings:
+        if self.batch.max_batch_size > self.max_concurrency:
+            raise FieldProblems(
+                FieldProblem(
+                    "batch.max_batch_size",
+                    self.batch.max_batch_size,
+                    f"must be <= {{max_concurrency}} ({self.max_concurrency})",
+                )
+            )
+        return self
+
+
+class RuntimeConfig(RuntimeSettings):
+    """``runtime.yaml``: the stack's runtime section, plus what the toolkit derives from the stack's
+    other sections (the model, the probe paths, the device of the node group)."""
+
+    model: ModelConfig
+    health: HealthConfig = HealthConfig()
+    host: str = "0.0.0.0"
+    device: Device = "auto"
     seed: int = 0
 
-
-class ConfigError(ValueError):
-    """A runtime.yaml that the runtime refuses; the message names the file, field and value."""
+    @model_validator(mode="after")
+    def _whole_prompt_per_step_without_chunking(self) -> RuntimeConfig:
+        if not self.batch.chunked_prefill and self.batch.max_num_batched_tokens < self.model.max_seq_len:
+            raise FieldProblems(
+                FieldProblem(
+                    "batch.max_num_batched_tokens",
+                    self.batch.max_num_batched_tokens,
+                    f"must be >= {{model.max_seq_len}} ({self.model.max_seq_len}) when chunked_prefill is off",
+                )
+            )
+        return self
 
 
 def parse_config(text: str, source: str = "runtime.yaml") -> RuntimeConfig:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
-    try:
-        return RuntimeConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            path = ".".join(str(p) for p in err["loc"]) or "(root)"
-            value = err.get("input")
-            shown = "" if isinstance(value, dict) else f" = {value!r}"
-            lines.append(f"{source}: {path}{shown}: {err['msg']}")
-        raise ConfigError("\n".join(lines)) from None
+    return parse_model(RuntimeConfig, text, source)
 
 
 def load_config(path: str | Path) -> RuntimeConfig:
-    path = Path(path)
-    return parse_config(path.read_text(), source=str(path))
+    return load_model(RuntimeConfig, path)

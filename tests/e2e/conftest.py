@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from frontier import aws
-from frontier.backends import backend_for
-from frontier.config.load import load_stack
 from frontier.config.schema import Settings
-from frontier.local import cluster as local
 from frontier.release import weights
 from frontier.release.artifact import build_wheel
-from frontier.rollout.deploy import Environment, deploy
+from frontier.rollout.deploy import deploy
+from frontier.targets import backend_for, load_stack
+from frontier.targets.local import cluster as local
 from tests.e2e.stackcopy import write_local_stack
 
 
@@ -49,7 +47,7 @@ def cluster(tmp_path_factory) -> Cluster:
             )
             local.up(settings)
             weights.push(
-                aws.client(settings, "s3"),
+                backend_for(settings).aws_client("s3"),
                 model,
                 settings.model.weights_uri,
                 settings.model.name,
@@ -57,7 +55,7 @@ def cluster(tmp_path_factory) -> Cluster:
             )
             artifact, wheel = build_wheel()
             backend_for(settings).history_store().put_artifact(artifact, wheel)
-            result = deploy(Environment.for_stack(settings), artifact.digest)
+            result = deploy(backend_for(settings), artifact.digest)
             yield Cluster(settings, artifact.digest, result.release, result.duration_s)
         finally:
             local.down(settings)

@@ -11,11 +11,10 @@ import pytest
 from fabric import Config, Connection
 
 from frontier import project
-from frontier.backends import backend_for
-from frontier.config.load import load_stack
-from frontier.fleet.inventory import LocalConnection
-from frontier.local import cluster as local
-from frontier.local import services
+from frontier.targets import backend_for, load_stack
+from frontier.targets.local import cluster as local
+from frontier.targets.local import services
+from frontier.targets.local.connection import LocalConnection
 from tests.e2e.stackcopy import write_local_stack
 
 pytestmark = pytest.mark.e2e

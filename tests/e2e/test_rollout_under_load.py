@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from frontier.backends import backend_for
-from frontier.fleet.host import HostSession
+from frontier.demo.run import variant_b
+from frontier.hosts.session import HostSession
 from frontier.loadtest.client import BackgroundLoad, Target
-from frontier.local import cluster as local
-from frontier.local.demo import variant_b
-from frontier.rollout.deploy import Environment, deploy, rollback
+from frontier.rollout.deploy import deploy, rollback
 from frontier.rollout.rolling import RolloutFailed
+from frontier.targets import backend_for
+from frontier.targets.local import cluster as local
 from tests.e2e.conftest import stack_variant
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -63,8 +63,8 @@ def test_deploy_b_then_rollback_to_a_under_load_loses_no_request(cluster, capsys
     assert (settings_b.runtime.batch.max_batch_size, settings_b.runtime.batch.window_ms) == (8, 10)
     load = steady_load(settings)
     try:
-        deployed = deploy(Environment.for_stack(settings_b), cluster.digest)
-        rolled = rollback(Environment.for_stack(settings))
+        deployed = deploy(backend_for(settings_b), cluster.digest)
+        rolled = rollback(backend_for(settings))
     finally:
         samples = load.stop()
     failed = [s for s in samples if not s.ok]
@@ -92,7 +92,7 @@ def test_a_release_failing_readiness_on_the_canary_is_rolled_back_while_clients_
     load = steady_load(settings)
     try:
         with pytest.raises(RolloutFailed) as failure:
-            deploy(Environment.for_stack(broken), cluster.digest)
+            deploy(backend_for(broken), cluster.digest)
     finally:
         samples = load.stop()
     result = failure.value.result

@@ -223,18 +223,14 @@ class RuntimeProcess:
 
 def runtime_yaml(model: str, model_dir: Path, max_seq_len: int = 512) -> dict[str, Any]:
     return {
-        "model": {"name": model, "source": str(model_dir), "max_seq_len": max_seq_len},
-        "scheduler": {
-            "max_concurrency": 8,
-            "queue_max_length": 64,
-            "queue_timeout_ms": 30_000,
-            "batch_window_ms": 0,
-            "max_batch_size": 8,
-            "max_num_batched_tokens": 512,
-        },
-        "cache": {"cpu_kv_cache_bytes": 16 * 1024 * 1024, "block_size": 16},
-        "drain": {"timeout_s": 5},
-        "logging": {"level": "warning"},
+        "model": {"name": model, "weights_uri": str(model_dir), "max_seq_len": max_seq_len},
+        "max_concurrency": 8,
+        "queue": {"max_length": 64, "timeout_ms": 30_000},
+        "batch": {"window_ms": 0, "max_batch_size": 8, "max_num_batched_tokens": 512},
+        "cpu_kv_cache_bytes": 16 * 1024 * 1024,
+        "block_size": 16,
+        "drain_timeout_s": 5,
+        "log_level": "warning",
         "device": "cpu",
         "cpu_threads": 1,
     }

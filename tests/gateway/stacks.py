@@ -41,7 +41,7 @@ def two_model_config(stack: str = "local") -> dict:
         "hosts": ["host-3"],
     }
     config["frontier:models"] = [first, second]
-    config["frontier:gateway"] = {"port": 8090, "metering_uri": ".frontier/local/metering.jsonl"}
+    config["frontier:gateway"] = {"port": 8090, "metering": {"uri": ".frontier/local/metering.jsonl"}}
     config["frontier:tenants"] = [
         {
             "name": "acme",

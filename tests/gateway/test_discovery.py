@@ -6,14 +6,12 @@ import logging
 
 import boto3
 import pytest
-from frontier_gateway import contracts
 from frontier_gateway.config import Ec2Discovery, PoolConfig
 from frontier_gateway.discovery import discover
 from frontier_gateway.pools import Pool
+from frontier_hostside import names
 from moto.server import ThreadedMotoServer
 from pydantic import ValidationError
-
-import frontier.contracts as toolkit
 
 
 @pytest.fixture
@@ -29,9 +27,9 @@ def ec2():
 def _launch(ec2, stack: str, group: str, count: int = 1) -> list[str]:
     image = ec2.describe_images()["Images"][0]["ImageId"]
     tags = {
-        contracts.STACK_TAG: stack,
-        contracts.NODE_GROUP_TAG: group,
-        contracts.ROLE_TAG: contracts.RUNTIME_ROLE,
+        names.STACK_TAG: stack,
+        names.NODE_GROUP_TAG: group,
+        names.ROLE_TAG: names.RUNTIME_ROLE,
     }
     reply = ec2.run_instances(
         ImageId=image,
@@ -71,29 +69,23 @@ def test_a_pool_keeps_what_it_knew_of_a_replica_across_discoveries() -> None:
     ]
 
 
-def test_a_pool_names_replicas_or_discovery_and_the_tags_are_the_toolkits() -> None:
+def test_a_pool_names_replicas_or_discovery() -> None:
     with pytest.raises(ValidationError, match="either replicas"):
         PoolConfig(name="m")
-    assert (contracts.STACK_TAG, contracts.NODE_GROUP_TAG, contracts.ROLE_TAG, contracts.RUNTIME_ROLE) == (
-        toolkit.STACK_TAG,
-        toolkit.NODE_GROUP_TAG,
-        toolkit.ROLE_TAG,
-        toolkit.RUNTIME_ROLE,
-    )
 
 
-def test_gateway_publish_uploads_a_config_that_finds_replicas_by_tag_and_the_wheel(tmp_path) -> None:
+def test_gateway_publish_uploads_a_config_that_finds_replicas_by_tag_and_the_wheels(tmp_path) -> None:
     import yaml as yaml_lib
     from frontier_gateway.config import parse_config
 
     from frontier import project
-    from frontier.access.gateway import build_gateway_wheel, publish, render_gateway_config
-    from frontier.config.load import load_stack
+    from frontier.access.gateway import build_gateway_wheels, publish, render_gateway_config
+    from frontier.targets import load_stack
 
     document = yaml_lib.safe_load((project.root() / "stacks" / "Pulumi.dev.yaml").read_text())
     config = document["config"]
     config["frontier:gateway"] = {
-        "metering_uri": "s3://metering-bucket/metering",
+        "metering": {"uri": "s3://metering-bucket/metering"},
         "ami_id": "ami-0123456789abcdef0",
     }
     config["frontier:tenants"] = [
@@ -118,17 +110,21 @@ def test_gateway_publish_uploads_a_config_that_finds_replicas_by_tag_and_the_whe
         port=settings.runtime.port,
         region=settings.region,
     )
-    wheel = build_gateway_wheel(tmp_path / "dist")
-    assert wheel.name.startswith("frontier_gateway-0.1.0-")
+    # The gateway's wheel and the hostside wheel it depends on, which no package index has: gateway
+    # hosts run `pip install *.whl` on what was published.
+    wheels = build_gateway_wheels(tmp_path / "dist")
+    assert sorted(w.name.split("-")[0] for w in wheels) == ["frontier_gateway", "frontier_hostside"]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
         host, port = server.get_host_and_port()
         s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=f"http://{host}:{port}")
         s3.create_bucket(Bucket="history")
-        uris = publish(s3, "history", "history/dev/", text, wheel)
+        uris = publish(s3, "history", "history/dev/", text, wheels)
         keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="history")["Contents"])
     finally:
         server.stop()
-    assert keys == sorted(["history/dev/gateway/gateway.yaml", f"history/dev/gateway/{wheel.name}"])
+    assert keys == sorted(
+        ["history/dev/gateway/gateway.yaml", *(f"history/dev/gateway/{w.name}" for w in wheels)]
+    )
     assert uris[0] == "s3://history/history/dev/gateway/gateway.yaml"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from frontier_gateway import contracts
 from frontier_gateway.quotas import format_duration
+from frontier_hostside import names
 
 from tests.gateway.harness import StandIn, gateway_config, running_gateway, tenant
 
@@ -87,16 +87,16 @@ def test_a_tenant_over_its_requests_per_minute_gets_429_while_another_is_served(
     with running_gateway(config) as gw:
         answers = [_complete(gw.url, SMALL, "model-a") for _ in range(3)]
         assert [a.status_code for a in answers] == [200, 200, 200]
-        assert [a.headers[contracts.REMAINING_REQUESTS] for a in answers] == ["2", "1", "0"]
+        assert [a.headers[names.REMAINING_REQUESTS] for a in answers] == ["2", "1", "0"]
         over = _complete(gw.url, SMALL, "model-a")
         assert over.status_code == 429
         error = over.json()["error"]
         assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
         assert "requests per min (RPM): limit 3" in error["message"]
-        assert over.headers[contracts.LIMIT_REQUESTS] == "3"
-        assert over.headers[contracts.REMAINING_REQUESTS] == "0"
+        assert over.headers[names.LIMIT_REQUESTS] == "3"
+        assert over.headers[names.REMAINING_REQUESTS] == "0"
         # A full bucket of 3/min refills one request every 20 s: reset is just under a minute.
-        reset = over.headers[contracts.RESET_REQUESTS]
+        reset = over.headers[names.RESET_REQUESTS]
         # (a slow machine may take seconds between the requests: the bucket refills meanwhile)
         minutes, _, seconds = reset.rstrip("s").rpartition("m")
         assert 40 <= 60 * int(minutes or 0) + float(seconds) <= 60, reset
@@ -105,7 +105,7 @@ def test_a_tenant_over_its_requests_per_minute_gets_429_while_another_is_served(
         assert sent == 3  # the refused request never reached a runtime
         other = _complete(gw.url, ACME, "model-a")
         assert other.status_code == 200
-        assert other.headers[contracts.LIMIT_REQUESTS] == "1000"
+        assert other.headers[names.LIMIT_REQUESTS] == "1000"
 
 
 def test_tokens_per_minute_counts_the_estimate_then_settles_with_usage(standins, tmp_path) -> None:
@@ -119,9 +119,9 @@ def test_tokens_per_minute_counts_the_estimate_then_settles_with_usage(standins,
         # Estimate: "hello" = 2 tokens + max_tokens 40; the stand-in then reports 10 + 40 used.
         first = _complete(gw.url, SMALL, "model-a", max_tokens=40)
         assert first.status_code == 200
-        assert first.headers[contracts.LIMIT_TOKENS] == "100"
+        assert first.headers[names.LIMIT_TOKENS] == "100"
         # 100 - 42, plus what refilled meanwhile (100/min: under 2 a second)
-        assert 58 <= int(first.headers[contracts.REMAINING_TOKENS]) <= 62
+        assert 58 <= int(first.headers[names.REMAINING_TOKENS]) <= 62
         assert int(httpx.get(f"{gw.url}/v1/models", headers=_auth(SMALL)).status_code) == 200
         second = _complete(gw.url, SMALL, "model-a", max_tokens=40)
         assert second.status_code == 200
@@ -129,8 +129,8 @@ def test_tokens_per_minute_counts_the_estimate_then_settles_with_usage(standins,
         assert third.status_code == 429
         assert third.json()["error"]["type"] == "tokens"
         assert "tokens per min (TPM): limit 100" in third.json()["error"]["message"]
-        assert int(third.headers[contracts.REMAINING_TOKENS]) < 42
-        assert third.headers[contracts.RESET_TOKENS].endswith("s")
+        assert int(third.headers[names.REMAINING_TOKENS]) < 42
+        assert third.headers[names.RESET_TOKENS].endswith("s")
         assert _complete(gw.url, ACME, "model-a", max_tokens=40).status_code == 200
         too_big = _complete(gw.url, SMALL, "model-a", max_tokens=500)
         assert (
@@ -177,7 +177,7 @@ def test_streams_are_metered_from_the_runtimes_usage(standins, tmp_path) -> None
     metering = tmp_path / "metering.jsonl"
     with running_gateway(_config(standins, metering)) as gw:
         events, response = _stream(gw.url, ACME)
-        assert response.status_code == 200 and response.headers[contracts.REMAINING_REQUESTS] == "999"
+        assert response.status_code == 200 and response.headers[names.REMAINING_REQUESTS] == "999"
         # The gateway asked for usage on the client's behalf and kept it to itself.
         assert [e["choices"][0]["text"] for e in events] == ["t0", "t1", "t2"]
         [(_, sent, _)] = standins["a1"].requests + standins["a2"].requests
@@ -260,21 +260,13 @@ def test_reset_durations_read_like_openais(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
 
 
-def test_the_gateways_priority_names_are_the_runtimes() -> None:
-    from frontier_runtime import contracts as runtime
-
-    assert contracts.PRIORITY_CLASSES == runtime.PRIORITY_CLASSES
-    assert contracts.PRIORITY_FIELD == runtime.PRIORITY_FIELD
-    assert contracts.COMPLETIONS_PATH == runtime.COMPLETIONS_PATH
-
-
 def test_tokens_come_back_when_no_runtime_served_the_request(standins, tmp_path) -> None:
     config = _config(standins, tmp_path / "m.jsonl", tenant("small", SMALL, ["model-a"], tpm=100))
     with running_gateway(config) as gw:
         standins["a1"].status = standins["a2"].status = 400  # e.g. a prompt over the context length
         refused = _complete(gw.url, SMALL, "model-a", max_tokens=60)
         assert refused.status_code == 400
-        assert int(refused.headers[contracts.REMAINING_TOKENS]) < 40  # taken up front
+        assert int(refused.headers[names.REMAINING_TOKENS]) < 40  # taken up front
         standins["a1"].status = standins["a2"].status = 200
         # The 62 tokens were given back when the 400 came: a full-size request fits again.
         assert _complete(gw.url, SMALL, "model-a", max_tokens=90).status_code == 200

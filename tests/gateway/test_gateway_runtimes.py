@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from frontier_gateway import contracts
-from frontier_runtime.contracts import PREFIX_CACHE_HITS_METRIC
+from frontier_hostside import names
+from frontier_hostside.names import PREFIX_CACHE_HITS_METRIC
 
 from tests.gateway.harness import (
     RuntimeProcess,
@@ -47,7 +47,7 @@ def test_two_models_of_different_shapes_are_served_by_their_own_pools(runtimes, 
             assert answer.status_code == 200, answer.text
             assert answer.json()["model"] == model
             assert answer.json()["usage"]["completion_tokens"] == 5
-            replica = answer.headers[contracts.REPLICA_HEADER]
+            replica = answer.headers[names.REPLICA_HEADER]
             assert replica in [rt.url for rt in runtimes if rt.model == model]
 
 
@@ -69,7 +69,7 @@ def test_session_affinity_keeps_a_conversation_on_one_replica_and_hits_its_prefi
                 timeout=30,
             )
             assert answer.status_code == 200, answer.text
-            served.append(answer.headers[contracts.REPLICA_HEADER])
+            served.append(answer.headers[names.REPLICA_HEADER])
             messages.append(
                 {"role": "assistant", "content": answer.json()["choices"][0]["message"]["content"]}
             )

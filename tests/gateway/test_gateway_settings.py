@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from frontier.config.load import available_stacks, load_stack
+from frontier.config.load import available_stacks
 from frontier.errors import StackError
+from frontier.targets import load_stack
 from tests.gateway.stacks import two_model_config, write_stack
 
 
@@ -104,8 +105,11 @@ def test_the_second_pool_gets_the_same_cross_checks(tmp_path: Path) -> None:
     document["config"]["frontier:models"][1]["model"]["num_kv_heads"] = 3
     document["config"]["frontier:models"][1]["runtime"]["batch"]["max_batch_size"] = 32
     message = _refused(tmp_path, document)
-    assert "models[1].model.num_kv_heads = 3: must divide model.num_attention_heads (4)" in message
-    assert "models[1].runtime.batch.max_batch_size = 32: must be <= runtime.max_concurrency (16)" in message
+    assert "models[1].model.num_kv_heads = 3: must divide models[1].model.num_attention_heads (4)" in message
+    assert (
+        "models[1].runtime.batch.max_batch_size = 32: must be <= models[1].runtime.max_concurrency (16)"
+        in message
+    )
 
 
 def test_pools_must_split_the_hosts(tmp_path: Path) -> None:

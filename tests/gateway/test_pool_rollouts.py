@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from frontier.backends import backend_for
 from frontier.cli.common import pool_settings
 from frontier.errors import StackError
+from frontier.release.history import stack_history
 from frontier.render.files import render_runtime_config
+from frontier.targets import backend_for
 from tests.gateway.stacks import two_model_config, write_stack
 
 FAB = str(Path(sys.executable).with_name("fab"))
@@ -31,19 +32,19 @@ def test_one_pool_is_its_own_hosts_runtime_and_history(two_models: Path) -> None
     backend = backend_for(small)
     assert [h.name for h in backend.hosts()] == ["host-3"]
     assert small.model.hidden_size == 128
-    store = backend._history("frontier-local-history", "history/local/")
+    store = stack_history(small, backend.aws_client("s3"), "frontier-local-history", "history/local/")
     assert store.prefix == "history/local/models/tiny-llama-small/"
     assert store.artifacts_prefix == "history/local/"  # one release.build serves every pool
     big = pool_settings("local", "tiny-llama")
     assert [h.name for h in backend_for(big).hosts()] == ["host-1", "host-2"]
-    assert backend_for(big)._history("b", "history/local/").prefix == "history/local/models/tiny-llama/"
+    assert stack_history(big, None, "b", "history/local/").prefix == "history/local/models/tiny-llama/"
     # Each pool renders its own runtime.yaml, hence its own release id.
     assert render_runtime_config(small) != render_runtime_config(big)
 
 
 def test_a_one_model_stack_keeps_its_history_where_it_was() -> None:
     settings = pool_settings("local", None)
-    assert backend_for(settings)._history("b", "history/local/").prefix == "history/local/"
+    assert stack_history(settings, None, "b", "history/local/").prefix == "history/local/"
     assert pool_settings("local", "tiny-llama").inventory == settings.inventory
 
 
@@ -70,7 +71,7 @@ def test_the_gateway_config_of_a_stack_is_what_the_gateway_accepts(two_models: P
     from frontier_gateway.config import parse_config
 
     from frontier.access.gateway import render_gateway_config, static_replicas
-    from frontier.config.load import load_stack
+    from frontier.targets import load_stack
 
     settings = load_stack("local")
     config = parse_config(render_gateway_config(settings, static_replicas(settings)))

@@ -16,7 +16,7 @@ import pytest
 from frontier_gateway.metering import MeterRecord
 
 from frontier.access.usage import output_token_prices, read_records, sum_usage
-from frontier.config.load import load_stack
+from frontier.targets import load_stack
 from tests.gateway.harness import StandIn, gateway_config, running_gateway, tenant
 from tests.gateway.stacks import two_model_config, write_stack
 
@@ -27,7 +27,7 @@ KEY = "sk-nightly-0123456789"
 @pytest.fixture
 def stack_dir(tmp_path: Path) -> Path:
     document = two_model_config()
-    document["config"]["frontier:gateway"]["metering_uri"] = str(tmp_path / "metering.jsonl")
+    document["config"]["frontier:gateway"]["metering"] = {"uri": str(tmp_path / "metering.jsonl")}
     write_stack(tmp_path / "stacks", document)
     return tmp_path / "stacks"
 

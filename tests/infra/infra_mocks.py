@@ -21,11 +21,13 @@ from typing import Any
 
 import pulumi
 from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
+from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from frontier.config.load import load_stack
 from frontier.config.schema import Settings
+from frontier.targets import load_stack
+from infra.outputs import StackOutputs, as_dict
 from infra.program import build
 
 MAIN = Path(__file__).resolve().parents[2] / "infra" / "__main__.py"
@@ -267,8 +269,54 @@ def _resolve(value: Any) -> Any:
     return value
 
 
-def _run(settings: Settings, program: Callable[[Settings], Any], mocks: _Recorder) -> Graph:
-    monitor = MockMonitor(mocks)
+class EngineUrnMonitor(MockMonitor):
+    """A monitor that makes URNs and aliases as the engine does, and keeps each resource's aliases.
+
+    The engine's URN holds the types of all the resource's parents below the stack; the mock
+    monitor's keeps only the nearest, so moving a component under another would not show in it.
+    Aliases come as whole URNs (the SDK resolves a resource's own); a child inherits each of its
+    parent's, renamed as the engine renames them (its step generator's ``generateAliases``): the
+    parent's type chain, and the parent's old name in place of its new one where the child's name
+    starts with it.
+    """
+
+    def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
+        super().__init__(mocks)
+        self.aliases: dict[str, list[str]] = {}
+
+    def make_urn(self, parent: str, type_: str, name: str) -> str:
+        qualified = parent.split("::")[2] if parent else ""
+        if qualified and qualified != "pulumi:pulumi:Stack":
+            type_ = f"{qualified}${type_}"
+        return "::".join([f"urn:pulumi:{pulumi.get_stack()}", pulumi.get_project(), type_, name])
+
+    def GetDeploymentInfo(self, request: Any) -> Any:  # noqa: N802 (the gRPC method's name)
+        features = super().GetDeploymentInfo(request).supportedFeatures
+        return resource_pb2.DeploymentInfo(
+            supportedFeatures=[f for f in features if f != resource_pb2.RESOURCE_MONITOR_FEATURE_ALIAS_SPECS]
+        )
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802
+        response = super().RegisterResource(request)
+        parent_name = request.parent.split("::")[-1]
+        inherited = []
+        for alias in self.aliases.get(request.parent, []):
+            prefix, project, qualified, alias_name = alias.split("::")
+            name = request.name
+            if name.startswith(parent_name):
+                name = alias_name + name.removeprefix(parent_name)
+            inherited.append("::".join([prefix, project, f"{qualified}${request.type}", name]))
+        self.aliases[response.urn] = [*request.aliasURNs, *inherited]
+        return response
+
+
+def _run(
+    settings: Settings,
+    program: Callable[[Settings], Any],
+    mocks: _Recorder,
+    monitor: MockMonitor | None = None,
+) -> Graph:
+    monitor = monitor or MockMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="frontier", stack=settings.stack, preview=False, monitor=monitor)
     result: dict[str, Any] = {}
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -303,8 +351,8 @@ def _run(settings: Settings, program: Callable[[Settings], Any], mocks: _Recorde
         for args, resource_id, outputs in mocks.created
     ]
     produced = result.get("outputs")
-    if hasattr(produced, "as_dict"):  # build() called directly
-        outputs = _resolve(produced.as_dict())
+    if isinstance(produced, StackOutputs):  # build() called directly
+        outputs = _resolve(as_dict(produced))
     else:  # the entry point ran: what it exported
         outputs = _resolve(dict(pulumi.runtime.settings.get_root_resource().outputs))
     return Graph(settings, resources, outputs, list(mocks.invokes), elapsed, cpu)

@@ -14,7 +14,7 @@ import yaml
 from infra_mocks import run_program
 
 from frontier import project
-from frontier.config.load import load_stack
+from frontier.targets import load_stack
 
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
@@ -28,7 +28,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory):
     model = config["frontier:model"]["name"]
     config["frontier:gateway"] = {
         "port": 8090,
-        "metering_uri": "s3://frontier-dev-metering-123456789012-us-east-1/metering",
+        "metering": {"uri": "s3://frontier-dev-metering-123456789012-us-east-1/metering"},
         "ami_id": "ami-0123456789abcdef0",
         "instance_type": "c7i.large",
     }

@@ -16,11 +16,11 @@ from infra_mocks import Graph
 from k8s_mocks import CA_DATA, ENDPOINT, OIDC_ISSUER, run_kubernetes
 
 from frontier import project
-from frontier.config.load import load_stack
 from frontier.config.schema import Settings
-from frontier.kubernetes import manifests as m
-from frontier.kubernetes.network import control_plane_subnets, public_range
 from frontier.render.files import render_runtime_config
+from frontier.targets import load_stack
+from frontier.targets.kubernetes import manifests as m
+from frontier.targets.kubernetes.network import control_plane_subnets, public_range
 from infra.workloads import LB_ATTRIBUTES, SKIP_AWAIT, release_digest
 
 EXISTING = {

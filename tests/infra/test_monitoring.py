@@ -6,8 +6,7 @@ import base64
 import json
 
 import yaml
-
-from frontier.fleet import bootstrap
+from frontier_hostside.names import RESTARTS_CW_METRIC
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 
@@ -86,7 +85,7 @@ def published_series(graph):
         env["FRONTIER_QUEUE_METRIC"],
         env["FRONTIER_RUNNING_METRIC"],
         env["FRONTIER_LATENCY_METRIC"],
-        bootstrap.RESTARTS_METRIC,  # spelled by the bootstrap itself, not passed in node.env
+        RESTARTS_CW_METRIC,  # the bootstrap's own name, not passed in node.env
     )
     return {(env["FRONTIER_METRIC_NAMESPACE"], name, tuple(sorted(dims.items()))) for name in names}
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 
+import frontier_hostside
 import pytest
+from frontier_hostside.names import CACHE_DEVICE_NAME
 from infra_mocks import ROOT_DEVICE, run_program
 
-from frontier.config.load import load_stack
-from frontier.contracts import CACHE_DEVICE_NAME
-from frontier.fleet import bootstrap as frontier_bootstrap
 from frontier.render.files import render_cloud_init, render_mount_cache
+from frontier.targets import load_stack
 from infra.nodes import architecture, launch_timeout_s, needs_efa
 
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -144,6 +143,8 @@ def test_the_host_tools_are_uploaded_beside_the_history(graph):
         for name in (
             "frontier-agent.py",
             "frontier-bootstrap.py",
+            "frontier_hostside/__init__.py",  # the names the agent and the bootstrap import
+            "frontier_hostside/names.py",
             "frontier-agent.json",
             "install-nvidia.sh",
             "mount-cache.sh",
@@ -153,8 +154,9 @@ def test_the_host_tools_are_uploaded_beside_the_history(graph):
     objects = graph.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
     assert {o.inputs["bucket"] for o in objects} == {graph.outputs["history_bucket"]}
     assert all(o.inputs["serverSideEncryption"] == "aws:kms" for o in objects)
-    bootstrap = next(o for o in objects if o.inputs["key"].endswith("frontier-bootstrap.py"))
-    assert bootstrap.inputs["content"] == Path(frontier_bootstrap.__file__).read_text()
+    for name, data in frontier_hostside.host_tools().items():
+        [uploaded] = [o for o in objects if o.inputs["key"] == prefix + name]
+        assert uploaded.inputs["content"] == data.decode(), name
 
 
 def test_lifecycle_hooks_hold_a_new_host_until_it_serves_and_drain_one_on_scale_in(graph):

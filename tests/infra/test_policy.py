@@ -174,7 +174,7 @@ def eks_prod() -> Graph:
     if not _eks_graph:
         from k8s_mocks import run_kubernetes
 
-        from frontier.config.load import load_stack
+        from frontier.targets import load_stack
 
         _eks_graph.append(run_kubernetes(load_stack("eks-prod")))
     return _eks_graph[0]

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from infra_mocks import ACCOUNT_ID, run_main, run_program
 
-from frontier.config.load import load_stack
+from frontier.targets import load_stack
 from infra.errors import ProvisionError
-from infra.outputs import StackOutputs
+from infra.outputs import Ec2Outputs
 
 COMPONENTS = {
+    "frontier:foundation:Foundation",
     "frontier:network:Network",
     "frontier:security:SecurityGroups",
     "frontier:secrets:Secrets",
@@ -103,7 +103,7 @@ def test_hosts_are_reached_through_the_bastion_when_the_stack_names_one(graph):
 
 
 def test_the_entry_point_exports_every_documented_output(graph):
-    assert set(graph.outputs) == {f.name for f in fields(StackOutputs)}
+    assert set(graph.outputs) == set(Ec2Outputs.model_fields)
 
 
 # --- what the program refuses ---------------------------------------------------------------------

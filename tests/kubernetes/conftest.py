@@ -11,8 +11,8 @@ import yaml
 from kube_stack_edit import set_field
 
 from frontier import project
-from frontier.config.load import load_stack
 from frontier.config.schema import Settings
+from frontier.targets import load_stack
 
 K8S_STACK = "eks-prod"
 

@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-from frontier import contracts
+from frontier_hostside import names
 
 DEPLOYMENT = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments(?:/([^/]+))?$")
 CONFIG_MAPS = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
@@ -171,7 +171,7 @@ class FakeCluster:
         errors = self.behaviour(self.pods[pod]["image"]) == "errors"
         served = count * REQUESTS_PER_SCRAPE
         failed = served // 4 if errors else 0
-        requests, duration = contracts.HTTP_REQUESTS_METRIC, contracts.HTTP_DURATION_METRIC
+        requests, duration = names.HTTP_REQUESTS_METRIC, names.HTTP_DURATION_METRIC
         lines = [
             f"# TYPE {requests} counter",
             f'{requests}_total{{route="{ROUTE}",status="200"}} {served - failed}',

@@ -17,19 +17,19 @@ from pathlib import Path
 import boto3
 import pytest
 from fake_apiserver import FakeApiServer, FakeCluster
+from frontier_hostside import names
 from moto import mock_aws
 
-from frontier import contracts
-from frontier.backends import backend_for
-from frontier.backends.kubernetes import KubernetesBackend
 from frontier.config.schema import Settings
-from frontier.kubernetes import manifests as m
-from frontier.kubernetes.rollout import Clock
 from frontier.release.artifact import Artifact
 from frontier.release.history import HistoryStore, LockHeld
 from frontier.render.files import render_runtime_config
-from frontier.rollout.deploy import Environment, deploy, rollback
+from frontier.rollout.deploy import deploy, rollback
 from frontier.rollout.rolling import RolloutFailed
+from frontier.targets import backend_for
+from frontier.targets.kubernetes import manifests as m
+from frontier.targets.kubernetes.backend import KubernetesBackend
+from frontier.targets.kubernetes.rollout import Clock
 
 GOOD_A = "sha256:" + "a" * 64
 GOOD_B = "sha256:" + "b" * 64
@@ -81,10 +81,8 @@ def cluster(settings: Settings) -> Iterator[FakeApiServer]:
 
 
 @pytest.fixture
-def s3(monkeypatch, tmp_path) -> Iterator[object]:
-    outputs = tmp_path / "outputs.json"
-    outputs.write_text(json.dumps({"history_bucket": BUCKET, "history_prefix": "history/eks-prod/"}))
-    monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(outputs))
+def s3(settings, saved_outputs) -> Iterator[object]:
+    saved_outputs.kubernetes(settings, history_bucket=BUCKET, history_prefix="history/eks-prod/")
     with mock_aws():
         client = boto3.client("s3", region_name="us-east-1")
         client.create_bucket(Bucket=BUCKET)
@@ -100,17 +98,9 @@ def clock() -> VirtualClock:
 
 
 @pytest.fixture
-def env(settings, cluster, s3, clock) -> Environment:
-    """As ``Environment.for_stack`` builds it, with the virtual clock handed to the backend."""
-    backend = KubernetesBackend(settings, clock=clock)
-    return Environment(
-        settings=settings,
-        store=backend.history_store(),
-        balancer=backend.balancer(),
-        hosts=backend.hosts(),
-        connect=backend.connect,
-        roll=backend.roll,
-    )
+def backend(settings, cluster, s3, clock) -> KubernetesBackend:
+    """As the factory builds it, with the virtual clock handed to it."""
+    return KubernetesBackend(settings, clock=clock)
 
 
 def _stable(cluster: FakeApiServer, settings: Settings) -> dict:
@@ -133,20 +123,19 @@ def test_the_factory_gives_kubernetes_stacks_the_kubernetes_backend(settings, cl
     assert len(pods) == REPLICAS and all(p.name.startswith(m.app_name(settings)) for p in pods)
     facts = backend.session(pods[0]).status()
     assert facts.running and facts.ready and facts.live and facts.digest == GOOD_A
-    env = Environment.for_stack(settings)
-    assert env.roll is not None and env.store.bucket == BUCKET
+    assert backend.history_store().bucket == BUCKET
 
 
 def test_deploy_goes_through_a_canary_and_the_gate_then_rolls_the_deployment(
-    env, cluster, settings, s3, clock
+    backend, cluster, settings, s3, clock
 ):
     events = []
-    result = deploy(env, GOOD_B, reporter=events.append)
+    result = deploy(backend, GOOD_B, reporter=events.append)
     assert result.outcome == "succeeded"
     stable = _stable(cluster, settings)
     assert _image(stable).endswith("@" + GOOD_B)
     annotations = stable["spec"]["template"]["metadata"]["annotations"]
-    assert annotations[contracts.K8S_RELEASE_ANNOTATION] == result.release
+    assert annotations[names.K8S_RELEASE_ANNOTATION] == result.release
     # The release's config as an immutable ConfigMap, named in the new template.
     (config,) = cluster.cluster.config_maps.values()
     assert config["immutable"] is True and config["data"]["runtime.yaml"] == render_runtime_config(settings)
@@ -174,10 +163,12 @@ def test_deploy_goes_through_a_canary_and_the_gate_then_rolls_the_deployment(
     assert [h["outcome"] for h in record["hosts"]] == ["updated", "updated"]
 
 
-def test_a_canary_that_fails_the_gate_is_removed_and_the_deployment_never_changes(env, cluster, settings, s3):
+def test_a_canary_that_fails_the_gate_is_removed_and_the_deployment_never_changes(
+    backend, cluster, settings, s3
+):
     before = json.dumps(_stable(cluster, settings)["spec"]["template"], sort_keys=True)
     with pytest.raises(RolloutFailed) as err:
-        deploy(env, ERRORS)
+        deploy(backend, ERRORS)
     result = err.value.result
     assert result.outcome == "rolled_back"
     assert "gate on pod" in result.reason and "rollout.gate.max_error_rate" in result.reason
@@ -195,10 +186,9 @@ def _without_canary(settings: Settings) -> Settings:
 def test_a_gate_failure_after_the_roll_puts_the_previous_revision_back(settings, cluster, s3, clock):
     settings = _without_canary(settings)
     backend = KubernetesBackend(settings, clock=clock)
-    env = Environment(settings, backend.history_store(), None, [], backend.connect, roll=backend.roll)
     before = _stable(cluster, settings)["spec"]["template"]
     with pytest.raises(RolloutFailed) as err:
-        deploy(env, ERRORS)
+        deploy(backend, ERRORS)
     result = err.value.result
     assert result.outcome == "rolled_back" and "gate on pod" in result.reason
     stable = _stable(cluster, settings)
@@ -211,40 +201,39 @@ def test_a_gate_failure_after_the_roll_puts_the_previous_revision_back(settings,
 def test_a_progress_deadline_rolls_back(settings, cluster, s3, clock):
     settings = _without_canary(settings)
     backend = KubernetesBackend(settings, clock=clock)
-    env = Environment(settings, backend.history_store(), None, [], backend.connect, roll=backend.roll)
     with pytest.raises(RolloutFailed) as err:
-        deploy(env, STUCK)
+        deploy(backend, STUCK)
     result = err.value.result
     assert result.outcome == "rolled_back"
     assert "progress deadline exceeded" in result.reason
     assert _image(_stable(cluster, settings)).endswith("@" + GOOD_A)
 
 
-def test_a_deploy_is_refused_while_another_holds_the_lock(env, cluster, settings, s3):
-    env.store.acquire("deploy r-000000000000", holder="ci@elsewhere")
+def test_a_deploy_is_refused_while_another_holds_the_lock(backend, cluster, settings, s3):
+    backend.history_store().acquire("deploy r-000000000000", holder="ci@elsewhere")
     with pytest.raises(LockHeld, match="locked by another deploy: ci@elsewhere"):
-        deploy(env, GOOD_B)
+        deploy(backend, GOOD_B)
     assert _writes(cluster) == []  # nothing touched the cluster
     assert _image(_stable(cluster, settings)).endswith("@" + GOOD_A)
     assert HistoryStore(s3, BUCKET, "eks-prod", "history/eks-prod/").records() == []
 
 
-def test_rollback_returns_to_the_previous_good_release_by_the_same_path(env, cluster, settings, s3):
-    first = deploy(env, GOOD_A)  # records the release pulumi started with
+def test_rollback_returns_to_the_previous_good_release_by_the_same_path(backend, cluster, settings, s3):
+    first = deploy(backend, GOOD_A)  # records the release pulumi started with
     assert first.outcome == "succeeded"
-    second = deploy(env, GOOD_B)
+    second = deploy(backend, GOOD_B)
     assert _image(_stable(cluster, settings)).endswith("@" + GOOD_B)
-    back = rollback(env)
+    back = rollback(backend)
     assert back.outcome == "succeeded" and back.release == first.release != second.release
     assert _image(_stable(cluster, settings)).endswith("@" + GOOD_A)
     kinds = [r["kind"] for r in HistoryStore(s3, BUCKET, "eks-prod", "history/eks-prod/").records()]
     assert kinds == ["deploy", "deploy", "rollback"]
 
 
-def test_deploying_the_release_that_runs_changes_nothing(env, cluster, settings):
-    deploy(env, GOOD_B)
+def test_deploying_the_release_that_runs_changes_nothing(backend, cluster, settings):
+    deploy(backend, GOOD_B)
     cluster.cluster.requests.clear()
-    result = deploy(env, GOOD_B)
+    result = deploy(backend, GOOD_B)
     assert [h.outcome for h in result.hosts] == ["skipped", "skipped"]
     assert _writes(cluster) == []
 
@@ -252,22 +241,20 @@ def test_deploying_the_release_that_runs_changes_nothing(env, cluster, settings)
 def test_a_changed_pod_shape_rolls_even_when_the_release_is_the_same(settings, cluster, s3, clock):
     """The release names the digest and runtime.yaml; a pod-only change (here /dev/shm) rolls too."""
     backend = KubernetesBackend(settings, clock=clock)
-    env = Environment(settings, backend.history_store(), None, [], backend.connect, roll=backend.roll)
-    first = deploy(env, GOOD_B)
+    first = deploy(backend, GOOD_B)
     bigger = settings.kubernetes.model_copy(update={"shm_gb": 128})
     changed = settings.model_copy(update={"kubernetes": bigger})
     backend = KubernetesBackend(changed, clock=clock)
-    env = Environment(changed, backend.history_store(), None, [], backend.connect, roll=backend.roll)
-    again = deploy(env, GOOD_B)
+    again = deploy(backend, GOOD_B)
     assert again.release == first.release and [h.outcome for h in again.hosts] == ["updated", "updated"]
     volumes = {v["name"]: v for v in _stable(cluster, settings)["spec"]["template"]["spec"]["volumes"]}
     assert volumes["dshm"]["emptyDir"]["sizeLimit"] == "128Gi"
 
 
-def test_a_missing_deployment_says_to_provision_first(env, cluster, settings):
+def test_a_missing_deployment_says_to_provision_first(backend, cluster, settings):
     cluster.cluster.deployments.clear()
     with pytest.raises(RolloutFailed, match="does not exist: provision the stack first"):
-        deploy(env, GOOD_B)
+        deploy(backend, GOOD_B)
 
 
 # --- the same through `fab`, as an operator types it ------------------------------------------------
@@ -308,7 +295,7 @@ def test_fab_deploy_history_and_rollback_on_a_kubernetes_stack(capsys, monkeypat
         (stacks / "Pulumi.eks-prod.yaml").write_text(yaml.safe_dump(document))
         monkeypatch.setenv("FRONTIER_STACKS_DIR", str(stacks))
         monkeypatch.chdir(project.root())
-        from frontier.config.load import load_stack
+        from frontier.targets import load_stack
 
         settings = load_stack("eks-prod")
         first = m.deployment(settings, GOOD_A, render_runtime_config(settings), replicas=REPLICAS)
@@ -335,6 +322,7 @@ def test_fab_deploy_history_and_rollback_on_a_kubernetes_stack(capsys, monkeypat
         code, out = _fab(capsys, "status", "-s", "eks-prod")
         pods = [line for line in out.splitlines() if m.app_name(settings)[:20] in line]
         assert code == 0 and len(pods) == REPLICAS, out
+        assert "unreachable" not in out  # every pod answers from its own object
         assert "deploy lock: free" in out
 
         code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_B, "--plan")
@@ -351,19 +339,18 @@ def test_config_maps_beyond_keep_releases_are_pruned_never_the_one_in_use(settin
             }
         )
         backend = KubernetesBackend(variant, clock=clock)
-        env = Environment(variant, backend.history_store(), None, [], backend.connect, roll=backend.roll)
-        assert deploy(env, GOOD_B).outcome == "succeeded"
+        assert deploy(backend, GOOD_B).outcome == "succeeded"
         names.append(m.config_map_name(variant, render_runtime_config(variant)))
     assert sorted(cluster.cluster.config_maps) == sorted(names[-2:])
     volume = _stable(cluster, settings)["spec"]["template"]["spec"]["volumes"][0]
     assert volume["configMap"]["name"] == names[-1]
 
 
-def test_an_unreachable_api_server_fails_the_deploy_with_the_reason_recorded(env, cluster, s3):
+def test_an_unreachable_api_server_fails_the_deploy_with_the_reason_recorded(backend, cluster, s3):
     cluster.httpd.shutdown()
     cluster.httpd.server_close()
     with pytest.raises(RolloutFailed) as err:
-        deploy(env, GOOD_B)
+        deploy(backend, GOOD_B)
     assert "Connection refused" in err.value.result.reason or "MaxRetryError" in err.value.result.reason
     (record,) = HistoryStore(s3, BUCKET, "eks-prod", "history/eks-prod/").records()
     assert record["reason"] == err.value.result.reason

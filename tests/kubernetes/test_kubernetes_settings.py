@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from frontier.config.load import load_stack
 from frontier.errors import StackError
+from frontier.targets import load_stack
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -166,6 +166,6 @@ def test_a_kubernetes_stack_of_several_models_is_refused(k8s_stack, eks_prod):
 
 
 def test_a_gateway_on_a_kubernetes_stack_is_refused(k8s_stack):
-    path = k8s_stack({"gateway": {"metering_uri": "s3://frontier-eks-prod-metering/usage"}})
+    path = k8s_stack({"gateway": {"metering": {"uri": "s3://frontier-eks-prod-metering/usage"}}})
     with pytest.raises(StackError, match=r"\n  gateway: the gateway runs on the ec2 and local targets only"):
         load_stack("eks-prod", path=path)

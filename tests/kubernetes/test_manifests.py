@@ -16,16 +16,18 @@ import kubernetes_validate
 import pytest
 import yaml
 from fabric.main import program
+from frontier_hostside import names
 from kube_stack_edit import set_field
 
-from frontier import contracts, project
-from frontier.config.load import available_stacks, load_stack
+from frontier import project
+from frontier.config.load import available_stacks
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
-from frontier.kubernetes import autoscaling, monitoring
-from frontier.kubernetes import manifests as m
-from frontier.kubernetes import network_policies as netpol
 from frontier.render.files import render_runtime_config
+from frontier.targets import load_stack
+from frontier.targets.kubernetes import autoscaling, monitoring
+from frontier.targets.kubernetes import manifests as m
+from frontier.targets.kubernetes import network_policies as netpol
 
 DIGEST = "sha256:" + "ab" * 32
 SCHEMAS = Path(__file__).parent / "schemas"
@@ -131,7 +133,7 @@ def test_the_deployment_runs_the_image_by_digest_and_refuses_a_tag(eks_prod):
 
 def test_gpu_requests_equal_limits_and_cover_tensor_times_pipeline_parallel(eks_prod):
     resources = _pod(eks_prod)["spec"]["containers"][0]["resources"]
-    assert resources["requests"] == resources["limits"] == {contracts.GPU_RESOURCE: "8"}
+    assert resources["requests"] == resources["limits"] == {names.GPU_RESOURCE: "8"}
 
 
 def test_probes_cover_the_load_time_then_readiness_and_liveness_on_the_configured_paths(eks_prod):
@@ -199,7 +201,7 @@ def test_a_config_change_changes_the_config_map_and_the_pod_template(eks_prod):
     )
     a, b = m.render_workload(eks_prod, DIGEST), m.render_workload(changed, DIGEST)
     assert a.config_map.name != b.config_map.name
-    annotation = contracts.K8S_CONFIG_HASH_ANNOTATION
+    annotation = names.K8S_CONFIG_HASH_ANNOTATION
     pod_a, pod_b = (w.deployment.to_dict()["spec"]["template"] for w in (a, b))
     assert pod_a["metadata"]["annotations"][annotation] != pod_b["metadata"]["annotations"][annotation]
     assert pod_b["spec"]["volumes"][0]["configMap"]["name"] == b.config_map.name
@@ -225,7 +227,7 @@ def test_keda_scales_on_the_runtimes_queue_depth(eks_prod):
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (auto.min_replicas, auto.max_replicas)
     trigger = spec["triggers"][0]
     assert trigger["type"] == "prometheus"
-    assert trigger["metadata"]["query"].startswith(f"sum({contracts.WAITING_METRIC}{{")
+    assert trigger["metadata"]["query"].startswith(f"sum({names.WAITING_METRIC}{{")
     assert trigger["metadata"]["threshold"] == str(auto.target_queue_depth)
     assert spec["scaleTargetRef"]["name"] == m.app_name(eks_prod)
 
@@ -275,9 +277,9 @@ def test_egress_is_dns_and_https_only_and_never_the_metadata_address(eks_prod, e
         ports = sorted((p["protocol"], p["port"]) for rule in egress for p in rule["ports"])
         blocks = [peer["ipBlock"] for rule in egress for peer in rule["to"] if "ipBlock" in peer]
         for block in blocks:
-            assert block["cidr"] != contracts.INSTANCE_METADATA_CIDR
+            assert block["cidr"] != names.INSTANCE_METADATA_CIDR
             if block["cidr"] == "0.0.0.0/0":
-                assert block["except"] == [contracts.INSTANCE_METADATA_CIDR]
+                assert block["except"] == [names.INSTANCE_METADATA_CIDR]
         if settings.kubernetes.identity == "pod_identity":
             assert ports == [("TCP", 53), ("TCP", 80), ("TCP", 443), ("UDP", 53)]
             assert {"cidr": netpol.POD_IDENTITY_AGENT} in blocks

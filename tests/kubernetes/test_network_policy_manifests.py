@@ -1,7 +1,7 @@
 """The ranges the NetworkPolicy admits hold the ALB and the control plane, and never a pod.
 
 ``infra.network.plan_subnets`` lays out the VPC a created cluster lives in; the policy's ranges
-come from :mod:`frontier.kubernetes.network`. These tests hold the two layouts together.
+come from :mod:`frontier.targets.kubernetes.network`. These tests hold the two layouts together.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import ipaddress
 
 import pytest
 
-from frontier.kubernetes.network import control_plane_subnets, public_range
+from frontier.targets.kubernetes.network import control_plane_subnets, public_range
 from infra.network import plan_subnets
 
 

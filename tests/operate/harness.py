@@ -19,19 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from frontier_hostside.names import AGENT_FILE_NAME
 
 from frontier import project
-from frontier.backends import backend_for
-from frontier.config.load import load_stack
 from frontier.config.schema import Settings
-from frontier.fleet.balancer import HAProxyBalancer
-from frontier.fleet.host import AGENT_NAME
-from frontier.fleet.inventory import HostSpec, static_hosts
-from frontier.local import services
+from frontier.hosts.inventory import HostSpec, static_hosts
 from frontier.release.artifact import Artifact, build_wheel
 from frontier.release.history import HistoryStore
-from frontier.render.files import render_haproxy
-from frontier.rollout.deploy import Environment, deploy
+from frontier.rollout.deploy import deploy
+from frontier.targets import Backend, backend_for, load_stack
+from frontier.targets.local import services
+from frontier.targets.local.balancer import render_haproxy
 
 ADDRESSES = [f"127.0.1.{i}" for i in range(2, 10)]
 SSH_PORT = 2222
@@ -148,15 +146,9 @@ class Cluster:
     def store(self) -> HistoryStore:
         return backend_for(self.settings).history_store()
 
-    def environment(self, settings: Settings | None = None) -> Environment:
-        settings = settings or self.settings
-        return Environment(
-            settings=settings,
-            store=backend_for(settings).history_store(),
-            balancer=HAProxyBalancer(self.haproxy.extra["admin_socket"]),
-            hosts=backend_for(settings).hosts(),
-            connect=backend_for(settings).connect,
-        )
+    def backend(self, settings: Settings | None = None) -> Backend:
+        """The stack's backend (these settings, or a variant's): what ``fab deploy`` rolls through."""
+        return backend_for(settings or self.settings)
 
     def kill_sshd(self, host_name: str) -> None:
         services.stop(self.sshd.pop(host_name), timeout=5)
@@ -173,7 +165,7 @@ class Cluster:
         # The runtimes stop together (each drains on SIGTERM), then the daemons.
         stopping = [
             subprocess.Popen(
-                [h.python, str(Path(h.root) / "bin" / AGENT_NAME), "stop"], stdout=subprocess.DEVNULL
+                [h.python, str(Path(h.root) / "bin" / AGENT_FILE_NAME), "stop"], stdout=subprocess.DEVNULL
             )
             for h in self.slots
             if (Path(h.root) / "run" / "runtime.pid").exists()
@@ -240,7 +232,7 @@ def deployed_cluster(
     cluster = start_cluster(base, count, changes, group)
     try:
         push_model(cluster, model_dir)
-        result = deploy(cluster.environment(), register_wheel(cluster, cache=base / "artifacts").digest)
+        result = deploy(cluster.backend(), register_wheel(cluster, cache=base / "artifacts").digest)
         assert result.outcome == "succeeded", result
         yield cluster
     finally:
@@ -260,21 +252,23 @@ def _prepare_host(host: HostSpec, endpoint: str) -> None:
 
 
 def _prepare_aws(cluster: Cluster) -> None:
-    from frontier import aws
-
-    secrets = aws.client(cluster.settings, "secretsmanager")
+    secrets = backend_for(cluster.settings).aws_client("secretsmanager")
     secrets.create_secret(
         Name=cluster.settings.runtime.api_keys_secret, SecretString=json.dumps({"keys": [API_KEY]})
     )
 
 
 def push_model(cluster: Cluster, model_dir: Path) -> None:
-    from frontier import aws
     from frontier.release import weights
 
     s = cluster.settings
     weights.push(
-        aws.client(s, "s3"), model_dir, s.model.weights_uri, s.model.name, s.model.version, create_bucket=True
+        backend_for(s).aws_client("s3"),
+        model_dir,
+        s.model.weights_uri,
+        s.model.name,
+        s.model.version,
+        create_bucket=True,
     )
 
 

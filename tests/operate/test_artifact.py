@@ -1,13 +1,18 @@
-"""The runtime wheel is reproducible, and image builds refuse clearly where no engine exists."""
+"""The runtime wheel is reproducible and carries the names it imports, and image builds refuse
+clearly where no engine exists."""
 
 from __future__ import annotations
 
 import shutil
+import zipfile
 from pathlib import Path
 
+import frontier_hostside
+import frontier_settings
 import pytest
 
 from frontier.release.artifact import (
+    HOSTSIDE_DIR,
     RUNTIME_DIR,
     ArtifactError,
     build_wheel,
@@ -16,6 +21,8 @@ from frontier.release.artifact import (
     store_wheel,
     verify,
 )
+
+frontier_settings_init = Path(frontier_settings.__file__)
 
 
 def test_two_builds_of_the_same_sources_give_the_same_digest(tmp_path: Path):
@@ -28,6 +35,22 @@ def test_two_builds_of_the_same_sources_give_the_same_digest(tmp_path: Path):
     assert first.digest == second.digest and first.digest.startswith("sha256:")
     assert path.name.startswith("frontier_runtime-") and path.suffix == ".whl"
     verify(path, first.digest)
+
+
+def test_the_wheel_carries_the_hostside_names_the_runtime_imports(tmp_path: Path):
+    # Hosts install the release's wheel with --no-deps: the names the runtime was built with travel
+    # inside it, and a rollback brings the older ones back.
+    _, path = build_wheel(RUNTIME_DIR, cache_dir=tmp_path)
+    with zipfile.ZipFile(path) as wheel:
+        for name, data in frontier_hostside.package_files().items():
+            assert wheel.read(name) == data, name
+
+
+def test_the_wheel_carries_the_settings_reader_its_config_needs(tmp_path: Path):
+    # The runtime reads runtime.yaml with frontier_settings; a host has only what the wheel brings.
+    _, path = build_wheel(RUNTIME_DIR, cache_dir=tmp_path)
+    with zipfile.ZipFile(path) as wheel:
+        assert wheel.read("frontier_settings/__init__.py") == frontier_settings_init.read_bytes()
 
 
 def test_a_corrupted_wheel_is_detected(tmp_path: Path):
@@ -52,3 +75,13 @@ def test_the_default_image_tag_follows_the_runtime_sources(tmp_path):
     assert first == source_tag(sources) and first.startswith("src-")
     (sources / "pyproject.toml").write_text((sources / "pyproject.toml").read_text() + "\n# changed\n")
     assert source_tag(sources) != first
+
+
+def test_the_default_image_tag_follows_the_hostside_sources_too(tmp_path):
+    # The image installs the hostside wheel beside the runtime's.
+    hostside = tmp_path / "hostside"
+    shutil.copytree(HOSTSIDE_DIR, hostside, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    first = source_tag(RUNTIME_DIR, hostside)
+    names = hostside / "frontier_hostside" / "names.py"
+    names.write_text(names.read_text() + "\n# changed\n")
+    assert source_tag(RUNTIME_DIR, hostside) != first

@@ -13,9 +13,11 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from frontier.fleet.balancer import AlbBalancer, BalancerError, HAProxyBalancer
-from frontier.fleet.inventory import HostSpec
-from frontier.local import services
+from frontier.hosts.balancer import BalancerError
+from frontier.hosts.inventory import HostSpec
+from frontier.targets.ec2.balancer import AlbBalancer
+from frontier.targets.local import services
+from frontier.targets.local.balancer import HAProxyBalancer
 
 HOST = HostSpec("host-1", "127.0.0.1", 22, "/opt/frontier", "cpu")
 

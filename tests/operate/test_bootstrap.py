@@ -26,19 +26,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
+import frontier_hostside
 import pytest
+from frontier_hostside import bootstrap
+from frontier_hostside.bootstrap import Aws, NodeConfig
+from frontier_hostside.names import E2E_LATENCY_METRIC, RUNNING_METRIC, UNIT_NAME, WAITING_METRIC
 
-from frontier import contracts
-from frontier.config.load import load_stack
-from frontier.contracts import UNIT_NAME
-from frontier.fleet import bootstrap
-from frontier.fleet.boots import boot_records
-from frontier.fleet.bootstrap import Aws, NodeConfig
-from frontier.local import services
+from frontier.hosts.boots import boot_records
 from frontier.release.artifact import Artifact
 from frontier.release.history import HistoryStore, iso, now
 from frontier.release.release import Release
 from frontier.render.files import node_env, render_agent_config
+from frontier.targets import load_stack
+from frontier.targets.local import services
 
 # Each AWS CLI call costs a second or two here: the boots take 15-30 s.
 pytestmark = pytest.mark.slow
@@ -154,11 +154,8 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     )
     agent_config["port"] = port
     tools = f"history/local/host/{settings.serving_group.name}/"
-    s3.put_object(
-        Bucket=BUCKET,
-        Key=tools + "frontier-agent.py",
-        Body=Path(bootstrap.__file__).with_name("agent.py").read_bytes(),
-    )
+    for name, body in frontier_hostside.agent_files().items():
+        s3.put_object(Bucket=BUCKET, Key=tools + name, Body=body)
     s3.put_object(Bucket=BUCKET, Key=tools + "frontier-agent.json", Body=json.dumps(agent_config).encode())
 
     store = HistoryStore(s3, BUCKET, "local", "history/local/")
@@ -257,12 +254,9 @@ class Metrics(BaseHTTPRequestHandler):
 
 def exposition(waiting: float, running: float, buckets: dict[str, float]) -> bytes:
     lines = [
-        f'{contracts.WAITING_METRIC}{{model_name="m"}} {waiting}',
-        f'{contracts.RUNNING_METRIC}{{model_name="m"}} {running}',
-        *(
-            f'{contracts.E2E_LATENCY_METRIC}_bucket{{le="{le}",model_name="m"}} {n}'
-            for le, n in buckets.items()
-        ),
+        f'{WAITING_METRIC}{{model_name="m"}} {waiting}',
+        f'{RUNNING_METRIC}{{model_name="m"}} {running}',
+        *(f'{E2E_LATENCY_METRIC}_bucket{{le="{le}",model_name="m"}} {n}' for le, n in buckets.items()),
     ]
     return ("\n".join(lines) + "\n").encode()
 
@@ -317,7 +311,6 @@ def test_restarts_are_published_as_the_count_since_the_last_publish(cloud, monke
     finally:
         server.shutdown()
     assert published == [0, 2, 0]
-    assert bootstrap.RESTARTS_METRIC == contracts.RESTARTS_CW_METRIC
 
 
 def test_latency_values_come_from_histogram_deltas_and_a_restart_starts_over():
@@ -367,12 +360,3 @@ def test_the_command_hosts_run_publishes_with_the_real_cli(cloud):
         server.shutdown()
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["queue_depth"] == 1
-
-
-def test_the_host_side_names_agree_with_the_contracts():
-    # The bootstrap runs on hosts with the standard library only, so it spells these itself.
-    assert (bootstrap.HOST_TOOLS_PREFIX, bootstrap.BOOT_RECORDS_PREFIX) == (
-        contracts.HOST_TOOLS_PREFIX,
-        contracts.BOOT_RECORDS_PREFIX,
-    )
-    assert bootstrap.AGENT_CONFIG == "frontier-agent.json"

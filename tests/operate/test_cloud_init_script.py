@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from frontier.config.load import load_stack
 from frontier.render.files import (
     render_cloud_init,
     render_cloudwatch_agent,
     render_driver_script,
     render_mount_cache,
 )
+from frontier.targets import load_stack
 
 BUCKET = "frontier-prod-history-123456789012-us-east-1"
 DRIVER = "570.172.08"

@@ -19,10 +19,9 @@ import yaml
 from harness import SSH_PORT
 
 from frontier import project
-from frontier.backends import backend_for
-from frontier.config.load import load_stack
-from frontier.fleet import drivers
-from frontier.local import services
+from frontier.hosts import drivers
+from frontier.targets import backend_for, load_stack
+from frontier.targets.local import services
 
 SHIMS = Path(__file__).parent / "shims"
 ADDRESS = "127.0.1.9"

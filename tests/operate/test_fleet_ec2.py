@@ -11,21 +11,22 @@ import json
 
 import boto3
 import pytest
+from frontier_hostside.names import NODE_GROUP_TAG, ROLE_TAG, STACK_TAG
 from invoke import Context
 from invoke.exceptions import Exit
 from moto import mock_aws
 from moto.ssm.models import Parameter, ssm_backends
 
-from frontier.backends.ec2 import AsgFleet, Ec2Backend, FleetError
 from frontier.cli import ops
 from frontier.config.hardware import ami_parameter
-from frontier.config.load import load_stack
-from frontier.contracts import NODE_GROUP_TAG, ROLE_TAG, STACK_TAG
-from frontier.fleet.ami import latest_amis
-from frontier.fleet.inventory import HostSpec
+from frontier.hosts.inventory import HostSpec
 from frontier.release.artifact import Artifact
 from frontier.release.release import Release
 from frontier.rollout.rolling import HostResult, RolloutResult
+from frontier.targets import load_stack
+from frontier.targets.ec2.ami import latest_amis
+from frontier.targets.ec2.backend import Ec2Backend
+from frontier.targets.ec2.group import AsgFleet, FleetError
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -218,24 +219,24 @@ def test_a_missing_parameter_is_reported_naming_it(prod):
         latest_amis(prod, boto3.client("ssm", region_name=REGION))
 
 
-def test_an_ec2_rollout_surges_while_holding_the_group_and_says_so(prod, monkeypatch, tmp_path):
-    """Ec2Backend.roll with the per-host rollout replaced by a recorder: the SSH rollout itself is
-    tested against real sshd hosts elsewhere; here moto's instances have no sshd to reach."""
-    outputs = tmp_path / "prod.json"
-    outputs.write_text(
-        '{"target_group_arn": "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/tg/1", '
-        '"history_bucket": "frontier-prod-history-123456789012-us-east-1", "history_prefix": "history/prod/"}'
-    )
-    monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(outputs))
-    seen = []
+class RecordedRollout:
+    """Stands in for the per-host rollout (:class:`frontier.rollout.rolling.Rollout`): the SSH rollout
+    itself is tested against real sshd hosts elsewhere; here moto's instances have no sshd to reach."""
 
-    def roll_hosts(settings, store, hosts, balancer, connect, release, kind, reporter):
+    seen: list[tuple[list[str], int, list[str]]] = []
+
+    def __init__(self, settings, hosts, balancer, connect, reporter) -> None:
+        self.hosts = hosts
+
+    def run(self, release, wheel, kind):
         state = group_state()
         protected = {i["InstanceId"] for i in state["Instances"] if i["ProtectedFromScaleIn"]}
-        assert {h.instance_id for h in hosts} <= protected  # surge hosts are not the policy's to take back
-        seen.append(
+        assert {
+            h.instance_id for h in self.hosts
+        } <= protected  # surge hosts are not the policy's to take back
+        self.seen.append(
             (
-                [h.instance_id for h in hosts],
+                [h.instance_id for h in self.hosts],
                 state["DesiredCapacity"],
                 [p["ProcessName"] for p in state["SuspendedProcesses"]],
             )
@@ -243,10 +244,20 @@ def test_an_ec2_rollout_surges_while_holding_the_group_and_says_so(prod, monkeyp
         return RolloutResult(
             kind,
             release.id,
-            hosts=[HostResult(h.name, to_release=release.id, outcome="updated") for h in hosts],
+            hosts=[HostResult(h.name, to_release=release.id, outcome="updated") for h in self.hosts],
         )
 
-    monkeypatch.setattr("frontier.backends.ec2.roll_hosts", roll_hosts)
+
+@pytest.fixture
+def recorded(monkeypatch) -> list[tuple[list[str], int, list[str]]]:
+    """What each per-host rollout saw: its hosts, the group's desired capacity, the held processes."""
+    monkeypatch.setattr("frontier.rollout.strategy.Rollout", RecordedRollout)
+    monkeypatch.setattr(RecordedRollout, "seen", [])
+    return RecordedRollout.seen
+
+
+def test_an_ec2_rollout_surges_while_holding_the_group_and_says_so(prod, recorded, saved_outputs):
+    saved_outputs.ec2(prod)
     backend = Ec2Backend(
         prod.model_copy(update={"rollout": prod.rollout.model_copy(update={"max_surge": 2})})
     )
@@ -256,37 +267,27 @@ def test_an_ec2_rollout_surges_while_holding_the_group_and_says_so(prod, monkeyp
     assert result.outcome == "succeeded"
     assert result.strategy.startswith("surge: +2 host(s) first")
     # Three waves of two new hosts, each rolled while the group ran 8 (6 + 2) and AZRebalance waited.
-    assert [(len(ids), desired, held) for ids, desired, held in seen] == [(2, 8, ["AZRebalance"])] * 3
-    assert not any(set(ids) & old for ids, _, _ in seen)
+    assert [(len(ids), desired, held) for ids, desired, held in recorded] == [(2, 8, ["AZRebalance"])] * 3
+    assert not any(set(ids) & old for ids, _, _ in recorded)
     state = group_state()
     assert state["DesiredCapacity"] == 6 and state["SuspendedProcesses"] == []
     assert not any(i["ProtectedFromScaleIn"] for i in state["Instances"])
     assert not old & {i["InstanceId"] for i in state["Instances"]}  # every old host retired
 
 
-def test_an_ec2_rollout_at_max_size_goes_one_unavailable_at_a_time(prod, monkeypatch, tmp_path):
-    outputs = tmp_path / "prod.json"
-    outputs.write_text(
-        '{"target_group_arn": "arn:tg", "history_bucket": "b", "history_prefix": "history/prod/"}'
-    )
-    monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(outputs))
+def test_an_ec2_rollout_at_max_size_goes_one_unavailable_at_a_time(prod, recorded, saved_outputs):
+    saved_outputs.ec2(prod, target_group_arn="arn:tg", history_bucket="b")
     fleet(prod).scale(10)
-    monkeypatch.setattr(
-        "frontier.backends.ec2.roll_hosts",
-        lambda settings, store, hosts, *rest: RolloutResult(rest[-2], rest[-3].id),
-    )
     result = Ec2Backend(prod).roll(Release(Artifact("sha256:" + "b" * 64, "image"), {}), "deploy", None)
     assert result.strategy.startswith(
         "one-unavailable: 1 host(s) out of service at a time (the group is at max_size"
     )
+    assert [desired for _, desired, _ in recorded] == [10]
     assert group_state()["DesiredCapacity"] == 10
 
 
-def test_fab_history_says_how_capacity_was_kept_and_lists_host_boots(prod, monkeypatch, tmp_path, capsys):
-    bucket = "frontier-prod-history-123456789012-us-east-1"
-    outputs = tmp_path / "prod.json"
-    outputs.write_text(f'{{"history_bucket": "{bucket}", "history_prefix": "history/prod/"}}')
-    monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(outputs))
+def test_fab_history_says_how_capacity_was_kept_and_lists_host_boots(prod, saved_outputs, capsys):
+    bucket = saved_outputs.ec2(prod).history_bucket
     s3 = boto3.client("s3", region_name=REGION)
     s3.create_bucket(Bucket=bucket)
     record = {

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from frontier.config.schema import Gate
-from frontier.fleet.inventory import HostSpec
+from frontier.hosts.inventory import HostSpec
 from frontier.rollout.gate import GateReading, judge, quantile, read_gate
 from frontier.rollout.rolling import waves
 

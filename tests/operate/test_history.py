@@ -9,12 +9,11 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from frontier.backends import backend_for
-from frontier.config.load import load_stack
 from frontier.errors import FrontierError
 from frontier.release.artifact import Artifact, ArtifactError, store_wheel
 from frontier.release.history import HistoryStore, LockHeld, iso, now
 from frontier.release.release import Release
+from frontier.targets import backend_for, load_stack
 
 
 @pytest.fixture
@@ -87,12 +86,11 @@ def test_releasing_someone_elses_lock_does_nothing(store):
     store.release_lock(theirs)
 
 
-def test_a_cloud_stack_finds_its_history_in_the_saved_pulumi_outputs(tmp_path, monkeypatch):
-    outputs = tmp_path / "prod.json"
-    outputs.write_text('{"history_bucket": "frontier-prod-history-1a2b", "history_prefix": "history/prod/"}')
-    monkeypatch.setenv("FRONTIER_STACK_OUTPUTS", str(outputs))
+def test_a_cloud_stack_finds_its_history_in_the_saved_pulumi_outputs(saved_outputs):
+    prod = load_stack("prod")
+    saved_outputs.ec2(prod, history_bucket="frontier-prod-history-1a2b", history_prefix="history/prod/")
     with mock_aws():
-        store = backend_for(load_stack("prod")).history_store()
+        store = backend_for(prod).history_store()
     assert (store.bucket, store.prefix) == ("frontier-prod-history-1a2b", "history/prod/")
 
 

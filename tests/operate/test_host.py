@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import frontier_hostside
 import pytest
 
-from frontier.config.load import load_stack
-from frontier.fleet.host import AGENT_SOURCE, HostError, HostSession
-from frontier.fleet.inventory import HostSpec, LocalConnection
+from frontier.hosts.inventory import HostSpec
+from frontier.hosts.session import HostError, HostSession
 from frontier.release.artifact import Artifact
 from frontier.release.release import Release
+from frontier.targets import load_stack
+from frontier.targets.local.connection import LocalConnection
 
 
 @pytest.fixture
@@ -111,14 +113,16 @@ def test_on_a_systemd_host_the_release_unit_is_installed_and_restarted(session, 
     session.stop()
 
     assert (tmp_path / "units" / "frontier-runtime.service").read_text() == "[Unit]\n"
-    # The liveness watchdog runs from a copy of the agent under the root, whatever the upload folder.
+    # The liveness watchdog runs from a copy of the agent and its names under the root, whatever the
+    # upload folder.
     watchdog = (tmp_path / "units" / "frontier-agent.service").read_text()
     root = Path(session.root)
     assert (
         f"ExecStart={session.host.python} {root}/bin/frontier-agent.py --config {root}/bin/frontier-agent.json supervise"
         in watchdog
     )
-    assert (root / "bin" / "frontier-agent.py").read_bytes() == AGENT_SOURCE.read_bytes()
+    for name, data in frontier_hostside.agent_files().items():
+        assert (root / "bin" / name).read_bytes() == data, name
     changes = [c for c in calls.read_text().splitlines() if not c.startswith(("is-active", "show"))]
     assert changes == [
         "daemon-reload",

@@ -18,18 +18,19 @@ import sys
 import time
 from pathlib import Path
 
+import frontier_hostside
 import pytest
+from frontier_hostside import agent
+from frontier_hostside.agent import Agent, AgentConfig, terminate_then_kill
+from frontier_hostside.names import AGENT_CONFIG_NAME, AGENT_FILE_NAME, UNIT_NAME, WATCHDOG_UNIT
 
-from frontier.config.load import load_stack
 from frontier.config.schema import Host
-from frontier.contracts import UNIT_NAME
-from frontier.fleet import agent
-from frontier.fleet.agent import Agent, AgentConfig, terminate_then_kill
-from frontier.local import cluster as local_cluster
-from frontier.local import services
 from frontier.release.artifact import Artifact
 from frontier.release.release import MANIFEST, Release
 from frontier.render.files import render_agent_config
+from frontier.targets import load_stack
+from frontier.targets.local import cluster as local_cluster
+from frontier.targets.local import services
 
 STANDIN = Path(__file__).with_name("runtime_standin.py")
 
@@ -129,6 +130,24 @@ def test_a_config_without_a_field_is_refused_naming_it(tmp_path, config):
     (tmp_path / "bad.json").write_text(json.dumps(data))
     rc, answer = cli(tmp_path / "bad.json", "facts")
     assert rc == 2 and answer["ok"] is False and "lacks port" in answer["error"]
+
+
+def test_the_agent_runs_from_the_files_that_travel_with_it_alone(tmp_path, config):
+    """A host's python3 has none of our packages: the agent finds its names in the copy shipped
+    beside it. ``-S -E``: no site-packages (so no installed frontier_hostside), no PYTHONPATH."""
+    bin_dir = tmp_path / "bin"
+    for name, data in frontier_hostside.agent_files().items():
+        (bin_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (bin_dir / name).write_bytes(data)
+    write_config(config, bin_dir / AGENT_CONFIG_NAME)  # where the agent looks by default
+    done = subprocess.run(
+        [sys.executable, "-S", "-E", str(bin_dir / AGENT_FILE_NAME), "facts"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ok"] is True
 
 
 # --- stage, activate, prune ------------------------------------------------------------------------
@@ -446,7 +465,7 @@ def test_on_a_systemd_host_the_watchdog_restarts_a_unit_that_fails_liveness(tmp_
         time.sleep(0.5)  # the watchdog has seen it ready
         hang.write_text("")
         wait_for(lambda: a.supervisor_state().get("restarts") == 1)
-        assert f"restart {agent.WATCHDOG_UNIT}" not in calls.read_text()
+        assert f"restart {WATCHDOG_UNIT}" not in calls.read_text()
         assert "restart frontier-runtime" in calls.read_text().splitlines()
         assert not hang.exists() and a.http_status(config.liveness_path) == 200
         events = wait_for(lambda: (e := [x["event"] for x in history(a)])[1:] and e)

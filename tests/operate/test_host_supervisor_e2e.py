@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from harness import API_KEY, deployed_cluster
 
-from frontier.fleet.host import HostSession
-from frontier.fleet.inventory import LocalConnection
+from frontier.hosts.session import HostSession
 from frontier.loadtest.client import BackgroundLoad, Target
-from frontier.local.heal import kill_and_recover
+from frontier.targets.local.connection import LocalConnection
+from frontier.targets.local.heal import kill_and_recover
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ def test_a_killed_runtime_is_restarted_by_its_supervisor_and_back_in_rotation_wi
     cluster, capsys
 ):
     host = cluster.hosts[0]
-    balancer = cluster.environment().balancer
+    balancer = cluster.backend().balancer()
     target = Target(
         base_url=f"http://127.0.0.1:{cluster.settings.local.balancer_port}",
         model=cluster.settings.model.name,

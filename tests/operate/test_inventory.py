@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import boto3
+from frontier_hostside.names import HOST_ROOT, STACK_TAG
+from frontier_hostside.names import NODE_GROUP_TAG as GROUP_TAG
 from moto import mock_aws
 
 from frontier import project
-from frontier.backends import backend_for
-from frontier.config.load import load_stack
-from frontier.contracts import HOST_ROOT, STACK_TAG
-from frontier.contracts import NODE_GROUP_TAG as GROUP_TAG
-from frontier.fleet.inventory import discover
+from frontier.targets import backend_for, load_stack
+from frontier.targets.ec2.discovery import discover
 
 
 def test_local_hosts_are_static_with_roots_inside_the_project():

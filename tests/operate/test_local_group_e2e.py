@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from harness import API_KEY, Cluster, deployed_cluster
 
-from frontier.backends import backend_for
-from frontier.fleet.host import HostSession
-from frontier.fleet.inventory import LocalConnection
+from frontier.hosts.session import HostSession
 from frontier.loadtest.client import BackgroundLoad, Target, run_concurrency
 from frontier.loadtest.stats import RequestSample
-from frontier.local.autoscaler import Autoscaler
-from frontier.local.group import LocalFleet
+from frontier.targets import backend_for
+from frontier.targets.local.autoscaler import Autoscaler
+from frontier.targets.local.connection import LocalConnection
+from frontier.targets.local.group import LocalFleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -64,7 +64,7 @@ def target(cluster: Cluster, max_tokens: int = 16) -> Target:
 def served_by(cluster: Cluster, name: str) -> int:
     """Requests HAProxy sent to server ``name`` so far (its stats' ``stot``)."""
     host = next(h for h in cluster.slots if h.name == name)
-    return int(cluster.environment().balancer.stats(host)["stot"] or 0)
+    return int(cluster.backend().balancer().stats(host)["stot"] or 0)
 
 
 def test_a_slot_never_deployed_to_bootstraps_the_current_release_and_joins_the_balancer(cluster, capsys):

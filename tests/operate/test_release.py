@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from frontier.config.load import load_stack
 from frontier.errors import FrontierError
 from frontier.release.artifact import Artifact
 from frontier.release.release import (
     Release,
     ReleaseError,
-    build_release,
     check_release_id,
     release_from_manifest,
 )
+from frontier.render.release import build_release
+from frontier.targets import load_stack
 
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64

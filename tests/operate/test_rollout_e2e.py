@@ -21,10 +21,10 @@ import pytest
 from harness import API_KEY, Cluster, push_model, register_wheel, start_cluster
 
 from frontier.errors import FrontierError
-from frontier.fleet.inventory import HostSpec
+from frontier.hosts.inventory import HostSpec
 from frontier.release.artifact import Artifact
 from frontier.release.history import LockHeld
-from frontier.release.release import build_release
+from frontier.render.release import build_release
 from frontier.rollout.deploy import deploy, deploy_plan
 from frontier.rollout.rolling import Event, RolloutFailed
 
@@ -81,7 +81,7 @@ def is_ready(cluster: Cluster, host: HostSpec) -> bool:
 
 
 def haproxy_status(cluster: Cluster, host: HostSpec) -> str:
-    return cluster.environment().balancer.state(host)
+    return cluster.backend().balancer().state(host)
 
 
 def assert_runs(cluster: Cluster, host: HostSpec, release) -> None:
@@ -114,11 +114,11 @@ def test_full_deploy_puts_every_host_on_the_release_and_serves_through_haproxy(c
         # While host-2 is being staged, a second deploy of the stack must be refused.
         if event.host == "host-2" and event.phase == "stage" and event.status == "start":
             try:
-                deploy(cluster.environment(), wheel.digest)
+                deploy(cluster.backend(), wheel.digest)
             except LockHeld as exc:
                 refused.append(exc)
 
-    result = deploy(cluster.environment(), wheel.digest, reporter=report)
+    result = deploy(cluster.backend(), wheel.digest, reporter=report)
 
     assert result.outcome == "succeeded"
     assert [h.outcome for h in result.hosts] == ["updated", "updated", "updated"]
@@ -143,7 +143,7 @@ def test_a_release_that_fails_readiness_on_the_canary_is_rolled_back_and_other_h
     settings = cluster.variant("never-ready", NEVER_READY)
 
     with pytest.raises(RolloutFailed) as failed:
-        deploy(cluster.environment(settings), wheel.digest)
+        deploy(cluster.backend(settings), wheel.digest)
 
     result = failed.value.result
     assert result.outcome == "rolled_back"
@@ -161,7 +161,7 @@ def test_a_canary_that_fails_its_gate_is_rolled_back(cluster, wheel, release_a):
     others = {h.name: runtime_pid(h) for h in cluster.hosts[1:]}
 
     with pytest.raises(RolloutFailed) as failed:
-        deploy(cluster.environment(settings), wheel.digest)
+        deploy(cluster.backend(settings), wheel.digest)
 
     result = failed.value.result
     assert result.outcome == "rolled_back"
@@ -185,7 +185,7 @@ def test_a_host_unreachable_mid_rollout_stops_it_and_every_host_stays_on_a_worki
 
     try:
         with pytest.raises(RolloutFailed) as failed:
-            deploy(cluster.environment(cluster.variant("b", RELEASE_B)), wheel.digest, reporter=report)
+            deploy(cluster.backend(cluster.variant("b", RELEASE_B)), wheel.digest, reporter=report)
     finally:
         if "host-2" not in cluster.sshd:
             cluster.start_sshd(second)
@@ -207,7 +207,7 @@ def test_deploy_then_rollback_restores_the_previous_digest_and_config_byte_for_b
     release_b = build_release(settings_b, wheel)
     assert release_b.id != release_a.id
 
-    deploy(cluster.environment(settings_b), wheel.digest)
+    deploy(cluster.backend(settings_b), wheel.digest)
     for host in cluster.hosts:
         assert_runs(cluster, host, release_b)
 
@@ -256,7 +256,7 @@ def test_a_mutable_tag_is_refused_before_anything_is_touched(cluster):
     count = len(cluster.store().records())
 
     with pytest.raises(FrontierError, match="mutable tags"):
-        deploy(cluster.environment(), "frontier-runtime:latest")
+        deploy(cluster.backend(), "frontier-runtime:latest")
 
     assert [runtime_pid(h) for h in cluster.hosts] == pids
     assert len(cluster.store().records()) == count
@@ -268,7 +268,7 @@ def test_a_deploy_while_the_stack_is_locked_is_refused_naming_the_holder(cluster
     held = store.acquire("deploy r-000000000000", holder="alice@build-box")
     try:
         with pytest.raises(LockHeld, match=r"alice@build-box \(deploy r-000000000000\) since 20"):
-            deploy(cluster.environment(), wheel.digest)
+            deploy(cluster.backend(), wheel.digest)
     finally:
         store.release_lock(held)
 
@@ -288,8 +288,8 @@ def test_status_and_history_tasks_print_what_each_host_runs(cluster, release_a):
 def test_a_deploy_plan_shows_each_host_and_changes_nothing(cluster, wheel, release_a):
     pids = [runtime_pid(h) for h in cluster.hosts]
 
-    release_b, rows = deploy_plan(cluster.environment(cluster.variant("b", RELEASE_B)), wheel.digest)
-    _, same = deploy_plan(cluster.environment(), wheel.digest)
+    release_b, rows = deploy_plan(cluster.backend(cluster.variant("b", RELEASE_B)), wheel.digest)
+    _, same = deploy_plan(cluster.backend(), wheel.digest)
 
     assert [(p.wave, p.host, p.current, p.target, p.action) for p in rows] == [
         ("canary", "host-1", release_a.id, release_b.id, "update"),

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from frontier.local import services
-from frontier.local.services import ServiceError
+from frontier.targets.local import services
+from frontier.targets.local.services import ServiceError
 
 SSHD_ADDRESS = "127.0.1.8"
 

@@ -1,13 +1,16 @@
-"""The runtime's modules import one another without a cycle.
+"""The runtime's modules import one another without a cycle, and so do its rooms.
 
 Built statically from the source: every ``import`` and ``from ... import`` anywhere in a module
 (top level, inside functions, under ``TYPE_CHECKING``) is an edge, so a cycle cannot hide behind a
-function-level import.
+function-level import. A room is a top-level subpackage or module of ``frontier_runtime``
+(``engine``, ``structured``, ``server``, ``config``, ...); rooms form layers, so no chain of
+imports leads from a room back into itself.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 import frontier_runtime
@@ -87,6 +90,54 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_runtime_has_no_import_cycle() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def room_arrows(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """Arrows between rooms, each with the module arrows that make it."""
+
+    def room(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    arrows: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for name, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            if name != PACKAGE and dep != PACKAGE and room(name) != room(dep):
+                arrows[(room(name), room(dep))].append(f"{name} -> {dep}")
+    return arrows
+
+
+def room_cycle_report(arrows: dict[tuple[str, str], list[str]]) -> str | None:
+    """A cycle of rooms and the module arrows along it, or None."""
+    rooms: dict[str, set[str]] = defaultdict(set)
+    for upper, lower in arrows:
+        rooms[upper].add(lower)
+    cycle = find_cycle(rooms)
+    if cycle is None:
+        return None
+    lines = [" -> ".join(cycle)]
+    for upper, lower in zip(cycle, cycle[1:], strict=False):
+        lines += [f"  {edge}" for edge in arrows[(upper, lower)]]
+    return "\n".join(lines)
+
+
+def test_no_import_arrow_runs_back_up_between_rooms() -> None:
+    report = room_cycle_report(room_arrows(import_graph()))
+    assert report is None, "rooms import each other in a circle:\n" + (report or "")
+
+
+def test_a_room_cycle_is_reported_with_its_module_arrows() -> None:
+    graph = {
+        "frontier_runtime.engine.sampler": {"frontier_runtime.structured.bitmask"},
+        "frontier_runtime.structured.bitmask": {"frontier_runtime.engine.api"},
+        "frontier_runtime.engine.api": set(),
+    }
+    assert room_cycle_report(room_arrows(graph)) == (
+        "frontier_runtime.engine -> frontier_runtime.structured -> frontier_runtime.engine\n"
+        "  frontier_runtime.engine.sampler -> frontier_runtime.structured.bitmask\n"
+        "  frontier_runtime.structured.bitmask -> frontier_runtime.engine.api"
+    )
+    graph["frontier_runtime.structured.bitmask"] = {"frontier_runtime.requests"}
+    assert room_cycle_report(room_arrows(graph)) is None
 
 
 def test_the_graph_sees_function_level_and_relative_imports(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from frontier.config.load import load_stack
 from frontier.render.files import render_mount_cache
+from frontier.targets import load_stack
 
 SHIMS = {
     "lsblk": 'cat "$SHIM/disks"',

@@ -9,8 +9,8 @@ from fabric.main import program
 
 from frontier import project
 from frontier.capacity.baseline import Baseline, save_baseline
-from frontier.config.load import load_stack
 from frontier.render.files import render_stack
+from frontier.targets import load_stack
 
 DIGEST = "sha256:" + "ab" * 32
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from frontier.config.load import load_stack
 from frontier.render.files import render_driver_script
+from frontier.targets import load_stack
 
 DRIVER_VERSION = "550.127.05"
 AMI_DRIVER = "570.172.08"

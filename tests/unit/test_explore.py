@@ -16,8 +16,8 @@ from frontier.capacity.explore import (
 )
 from frontier.capacity.replica import model_stack
 from frontier.config.checks import cross_check
-from frontier.config.load import load_stack
 from frontier.errors import FrontierError, StackError
+from frontier.targets import load_stack, stack_problems
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +40,7 @@ WITH_FP8 = (*WITHOUT_FP8, "fp8")
 
 @pytest.fixture
 def prod_explored(prod):
-    return explore(prod, model_stack(prod, None), WITHOUT_FP8)
+    return explore(prod, model_stack(prod, None), WITHOUT_FP8, rules=stack_problems)
 
 
 def fab(capsys, *args: str) -> tuple[int, str, str]:
@@ -107,7 +107,7 @@ def test_pareto_front_keeps_the_lower_tpot_on_a_cost_tie(prod_explored):
 def test_a_sweep_with_nothing_feasible_counts_each_reason(prod):
     impossible = prod.model_copy(update={"slo": prod.slo.model_copy(update={"tpot_ms": 1})})
     with pytest.raises(FrontierError) as err:
-        explore(impossible, model_stack(prod, None), WITHOUT_FP8)
+        explore(impossible, model_stack(prod, None), WITHOUT_FP8, rules=stack_problems)
     message = str(err.value)
     assert "none of the 312 candidates" in message
     assert "x memory: weights + KV cache" in message
@@ -148,7 +148,7 @@ def test_without_fp8_the_note_says_why_the_kv_dtype_is_not_swept(prod):
 
 
 def test_an_fp8_kv_cache_halves_the_kv_bytes_so_larger_batches_fit(prod):
-    ex = explore(prod, model_stack(prod, None), WITH_FP8)
+    ex = explore(prod, model_stack(prod, None), WITH_FP8, rules=stack_problems)
     assert ex.considered == 2 * 312
     by_label = {c.label: c for c in candidates(prod, ("bfloat16", "fp8"))}
     # p5.48xlarge TP8 at 256 sequences x 8192 tokens: 85.9 GB of bf16 KV per GPU does not fit 72 GB;

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from frontier.config.load import load_stack
-from frontier.render.files import render_haproxy
+from frontier.targets import load_stack
+from frontier.targets.local.balancer import render_haproxy
 
 
 class _Backend(ThreadingHTTPServer):

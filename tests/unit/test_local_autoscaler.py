@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from frontier.config.load import load_stack
 from frontier.config.schema import LocalAutoscaler
-from frontier.local.autoscaler import Decider, Observation, Policy
+from frontier.targets import load_stack
+from frontier.targets.local.autoscaler import Decider, Observation, Policy
 
 TIMING = LocalAutoscaler(
     interval_s=1, scale_out_after_s=5, scale_in_after_s=10, cooldown_s=3, scale_in_utilisation=0.5

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from frontier.capacity.baseline import Baseline
-from frontier.capacity.memory import kv_bytes_per_token
 from frontier.capacity.plan import plan_stack, replicas_for_peak
-from frontier.config.load import load_stack
+from frontier.config.memory import kv_bytes_per_token
+from frontier.targets import load_stack
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,14 @@ import sys
 import jinja2
 import pytest
 import yaml
-from frontier_runtime.config import parse_config
+from frontier_hostside.names import PLACEHOLDER_DIGEST
+from frontier_runtime.config import RuntimeSettings, parse_config
 
 from frontier import project
-from frontier.config.load import load_stack
 from frontier.errors import FrontierError
 from frontier.render import files as render
+from frontier.targets import backend_for, load_stack
+from frontier.targets.local.balancer import render_haproxy
 
 STACKS = ["local", "dev", "staging", "prod"]
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -49,7 +51,7 @@ def test_same_settings_and_digest_render_the_same_bytes(settings):
 def test_rendering_does_not_depend_on_hash_seed():
     # Set and dict iteration order can change with PYTHONHASHSEED; the bytes must not.
     script = (
-        "import hashlib, json; from frontier.config.load import load_stack; from frontier.render.files import render_stack; "
+        "import hashlib, json; from frontier.targets import load_stack; from frontier.render.files import render_stack; "
         f"files = render_stack(load_stack('local'), {DIGEST!r}); "
         "print(hashlib.sha256(json.dumps(files).encode()).hexdigest())"
     )
@@ -91,34 +93,32 @@ def test_the_environment_does_not_escape_config_text():
 # --- runtime.yaml ---------------------------------------------------------------------------------
 
 
-def test_rendered_runtime_config_is_accepted_by_the_runtime(settings):
+def test_rendered_runtime_config_parses_back_into_an_equal_model(settings):
+    assert parse_config(render.render_runtime_config(settings)) == render.runtime_config_for(settings)
+
+
+def test_runtime_config_carries_the_stack_runtime_section_field_for_field(settings):
     config = parse_config(render.render_runtime_config(settings))
-    rt = settings.runtime
+    fields = set(RuntimeSettings.model_fields) - {"cpu_kv_cache_bytes"}  # sized from the model unless set
+    assert config.model_dump(include=fields) == settings.runtime.model_dump(include=fields)
+
+
+def test_a_stack_that_sizes_the_cpu_kv_cache_keeps_its_size(local):
+    sized = local.model_copy(
+        update={"runtime": local.runtime.model_copy(update={"cpu_kv_cache_bytes": 1 << 20})}
+    )
+    assert parse_config(render.render_runtime_config(sized)).cpu_kv_cache_bytes == 1 << 20
+
+
+def test_runtime_config_carries_the_model_and_probe_paths(settings):
+    config = parse_config(render.render_runtime_config(settings))
     assert config.model.name == settings.model.name
-    assert config.model.source == settings.model.weights_uri
+    assert config.model.weights_uri == settings.model.weights_uri
     assert config.model.version == settings.model.version
     assert config.model.dtype == settings.model.dtype
     assert config.model.max_seq_len == settings.model.max_seq_len
-    assert config.server.port == rt.port
-    assert config.server.api_keys_secret_id == rt.api_keys_secret
     assert config.health.readiness_path == settings.health.readiness_path
     assert config.health.liveness_path == settings.health.liveness_path
-    assert config.scheduler.max_concurrency == rt.max_concurrency
-    assert config.scheduler.queue_max_length == rt.queue.max_length
-    assert config.scheduler.queue_timeout_ms == rt.queue.timeout_ms
-    assert config.scheduler.batch_window_ms == rt.batch.window_ms
-    assert config.scheduler.max_batch_size == rt.batch.max_batch_size
-    assert config.scheduler.max_num_batched_tokens == rt.batch.max_num_batched_tokens
-    assert config.scheduler.chunked_prefill == rt.batch.chunked_prefill
-    assert config.cache.block_size == rt.block_size
-    assert config.cache.kv_cache_dtype == rt.kv_cache_dtype
-    assert config.cache.gpu_memory_utilization == rt.gpu_memory_utilization
-    assert config.parallel.tensor_parallel_size == rt.tensor_parallel_size
-    assert config.parallel.pipeline_parallel_size == rt.pipeline_parallel_size
-    assert config.parallel.expert_parallel_size == rt.expert_parallel_size
-    assert config.drain.timeout_s == rt.drain_timeout_s
-    assert config.cpu_threads == rt.cpu_threads
-    assert config.cpu_bind_threads == rt.cpu_bind_threads
 
 
 def test_a_stack_can_pin_its_runtime_threads(local):
@@ -129,31 +129,31 @@ def test_a_stack_can_pin_its_runtime_threads(local):
 def test_cloud_runtime_config_runs_on_cuda_with_the_cache_volume(prod):
     config = parse_config(render.render_runtime_config(prod))
     assert config.device == "cuda"
-    assert config.cache.weights_cache_dir == "/var/cache/frontier/weights"
+    assert config.weights_cache_dir == "/var/cache/frontier/weights"
 
 
 def test_local_runtime_config_runs_on_cpu_with_a_relative_cache(local):
     config = parse_config(render.render_runtime_config(local))
     assert config.device == "cpu"
-    assert config.cache.weights_cache_dir == "cache/weights"
+    assert config.weights_cache_dir == "cache/weights"
 
 
 def test_cpu_kv_cache_holds_max_batch_size_sequences_of_max_seq_len(local):
     config = parse_config(render.render_runtime_config(local))
     # tiny-llama: 2 x 4 layers x 4 KV heads x 32 head_dim x 4 bytes (float32) = 4,096 B per token
-    assert config.cache.cpu_kv_cache_bytes == 4096 * 16 * 1024
+    assert config.cpu_kv_cache_bytes == 4096 * 16 * 1024
 
 
 def test_runtime_config_holds_no_secret_value(local):
     text = render.render_runtime_config(local)
-    assert 'api_keys_secret_id: "frontier/local/api-keys"' in text
+    assert "api_keys_secret: frontier/local/api-keys" in text
     assert "sk-" not in text
 
 
 def test_a_config_the_runtime_refuses_is_not_rendered(prod):
     broken = prod.model_copy(update={"runtime": prod.runtime.model_copy(update={"port": 70000})})
     with pytest.raises(
-        FrontierError, match=r"the runtime refuses the rendered config:\n.*server.port = 70000"
+        FrontierError, match=r"the runtime refuses the config of stack 'prod':\n.*port = 70000"
     ):
         render.render_runtime_config(broken)
 
@@ -219,7 +219,7 @@ def test_unit_restarts_on_failure(prod):
 
 
 def test_placeholder_digest_is_marked_not_deployable(prod):
-    assert "NOT deployable" in _unit(prod, render.PLACEHOLDER_DIGEST)
+    assert "NOT deployable" in _unit(prod, PLACEHOLDER_DIGEST)
     assert "NOT deployable" not in _unit(prod)
 
 
@@ -291,7 +291,7 @@ def test_cloud_init_of_an_unknown_group_names_the_known_ones(prod):
 
 def _haproxy(settings, **kwargs) -> str:
     backends = [("host-1", "127.0.0.2", 8000), ("host-2", "127.0.0.3", 8000)]
-    return render.render_haproxy(
+    return render_haproxy(
         settings, backends, bind_port=18080, stats_socket="/tmp/frontier-admin.sock", **kwargs
     )
 
@@ -306,7 +306,7 @@ def test_haproxy_config_passes_haproxy_check(local, tmp_path):
 
 def test_haproxy_config_of_the_local_stack_passes_haproxy_check(local, tmp_path):
     cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(render.render_stack(local, DIGEST)["balancer/haproxy.cfg"])
+    cfg.write_text(backend_for(local).rendered_files(DIGEST)["balancer/haproxy.cfg"])
     result = subprocess.run(["haproxy", "-c", "-f", str(cfg)], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -339,9 +339,7 @@ def test_haproxy_timeouts_outlast_a_streamed_answer(prod):
 
 def test_haproxy_refuses_duplicate_backend_names(local):
     with pytest.raises(FrontierError, match="distinct names"):
-        render.render_haproxy(
-            local, [("a", "127.0.0.2", 1), ("a", "127.0.0.3", 1)], bind_port=1, stats_socket="/s"
-        )
+        render_haproxy(local, [("a", "127.0.0.2", 1), ("a", "127.0.0.3", 1)], bind_port=1, stats_socket="/s")
 
 
 # --- alerts ---------------------------------------------------------------------------------------
@@ -365,11 +363,11 @@ def test_alerts_follow_the_slos(prod):
 
 
 def test_alerts_use_metric_names_the_runtime_exports():
-    from frontier_runtime.contracts import METRIC_NAMES
+    from frontier_hostside.names import RUNTIME_METRIC_NAMES
 
     for name in render.METRICS.values():
         base = name.removesuffix("_bucket").removesuffix("_total")
-        assert base in METRIC_NAMES, name
+        assert base in RUNTIME_METRIC_NAMES, name
 
 
 # --- the whole stack ------------------------------------------------------------------------------
@@ -386,7 +384,13 @@ def test_cloud_stack_renders_release_bootstrap_drivers_and_alerts(prod):
     ]
 
 
-def test_local_stack_renders_its_balancer_and_no_driver_script(local):
-    files = render.render_stack(local, DIGEST)
-    assert "balancer/haproxy.cfg" in files
-    assert not any(name.startswith("drivers/") for name in files)
+def test_local_stack_renders_no_driver_script(local):
+    assert not any(name.startswith("drivers/") for name in render.render_stack(local, DIGEST))
+
+
+def test_the_local_target_adds_its_balancers_config(local):
+    assert list(backend_for(local).rendered_files(DIGEST)) == ["balancer/haproxy.cfg"]
+
+
+def test_the_ec2_target_adds_nothing_to_every_stacks_files(prod):
+    assert backend_for(prod).rendered_files(DIGEST) == {}

@@ -7,9 +7,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from frontier.config.checks import cross_check
-from frontier.config.load import load_stack
 from frontier.config.schema import Settings
 from frontier.render.files import render_runtime_config
+from frontier.targets import load_stack
 
 BASE = {name: load_stack(name).model_dump() for name in ("local", "prod")}
 
@@ -48,7 +48,7 @@ def test_every_valid_stack_renders_a_config_the_runtime_accepts(stack, changes, 
     candidate = Settings.model_validate(raw)
     assume(not list(cross_check(candidate)))  # e.g. a KV cache that does not fit memory
     config = parse_config(render_runtime_config(candidate))
-    assert config.scheduler.max_batch_size == changes["batch"]["max_batch_size"]
-    assert config.scheduler.batch_window_ms == changes["batch"]["window_ms"]
-    assert config.cache.gpu_memory_utilization == changes["gpu_memory_utilization"]
-    assert config.drain.timeout_s == changes["drain_timeout_s"]
+    assert config.batch.max_batch_size == changes["batch"]["max_batch_size"]
+    assert config.batch.window_ms == changes["batch"]["window_ms"]
+    assert config.gpu_memory_utilization == changes["gpu_memory_utilization"]
+    assert config.drain_timeout_s == changes["drain_timeout_s"]

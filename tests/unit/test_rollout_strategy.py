@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import contextlib
 
-from frontier.config.load import load_stack
-from frontier.fleet.inventory import HostSpec
+from frontier.hosts.inventory import HostSpec
 from frontier.rollout.rolling import HostResult, RolloutResult
 from frontier.rollout.strategy import IN_PLACE, SURGE, GroupSize, choose, surge_rollout
+from frontier.targets import load_stack
 
 PROD = load_stack("prod").rollout  # max_surge 1, batch_size 1
 

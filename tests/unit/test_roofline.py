@@ -25,8 +25,8 @@ from frontier.capacity.roofline import (
     operating_point,
     step,
 )
-from frontier.config.load import load_stack
 from frontier.errors import FrontierError
+from frontier.targets import load_stack
 
 EFF = Efficiency(
     bandwidth=0.8,

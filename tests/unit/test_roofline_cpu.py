@@ -11,7 +11,7 @@ from frontier.capacity import cpu
 from frontier.capacity.baseline import load_baseline
 from frontier.capacity.devices import device_for
 from frontier.capacity.replica import model_stack
-from frontier.config.load import load_stack
+from frontier.targets import load_stack
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from frontier import project
-from frontier.config.load import available_stacks, load_stack
+from frontier.config.load import available_stacks
 from frontier.errors import StackError
+from frontier.targets import load_stack
 
 FAB = str(Path(sys.executable).with_name("fab"))
 
@@ -49,8 +50,8 @@ FIELD_RULES = [
     ("prod", "node_groups[0].ami_id", "ami-0123", "should match pattern"),
     ("prod", "node_groups[0].model_cache", "tmpfs", "'instance_store' or 'ebs'"),
     ("prod", "model.name", "", "at least 1 character"),
-    ("prod", "model.weights_uri", "https://example.com/weights", "should match pattern"),
-    ("prod", "model.version", "", "at least 1 character"),
+    ("prod", "model.weights_uri", "https://example.com/weights", "must be an s3://bucket/prefix URI"),
+    ("prod", "model.version", "", "required: the weights version"),
     ("prod", "model.num_layers", 0, "greater than or equal to 1"),
     ("prod", "model.hidden_size", 8, "greater than or equal to 16"),
     ("prod", "model.intermediate_size", 8, "greater than or equal to 16"),
@@ -73,7 +74,7 @@ FIELD_RULES = [
     ("prod", "runtime.tensor_parallel_size", 0, "greater than or equal to 1"),
     ("prod", "runtime.pipeline_parallel_size", 0, "greater than or equal to 1"),
     ("prod", "runtime.expert_parallel_size", 0, "greater than or equal to 1"),
-    ("prod", "runtime.api_keys_secret", "", "at least 1 character"),
+    ("prod", "runtime.api_keys_secret", "", "should match pattern"),
     ("prod", "runtime.image_repository", "Frontier Runtime:latest", "should match pattern"),
     ("prod", "runtime.drain_timeout_s", -1, "greater than or equal to 0"),
     ("prod", "runtime.block_size", 0, "greater than or equal to 1"),

@@ -1,102 +1,88 @@
 """The engine's settings: one frozen ``EngineConfig``, built once at start and handed to every part
-(scheduler, block manager, model runner, the other tensor-parallel ranks)."""
+(scheduler, block manager, model runner, the other tensor-parallel ranks).
+
+It inherits the engine's part of the runtime's settings (batching, KV cache, parallelism, CPU
+threads) from :mod:`frontier_runtime.config`, so each of those fields has its one declaration,
+default and range there; only what no stack sets (the kernels, a fixed block count) is declared here.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Literal, get_args
 
 import torch
+from pydantic import model_validator
 
-if TYPE_CHECKING:  # the engine itself runs without pydantic (bench/gpu_check.py imports only this path)
-    from frontier_runtime.config import RuntimeConfig
+from frontier_runtime.config import (
+    BatchConfig,
+    CacheConfig,
+    CpuConfig,
+    Dtype,
+    KvCacheDtype,
+    ModelConfig,
+    ParallelConfig,
+    RuntimeConfig,
+)
 
-DTYPE_NAMES = ("bfloat16", "float16", "float32")
-KV_CACHE_DTYPES = ("auto", *DTYPE_NAMES, "fp8")
-ATTENTION_BACKENDS = ("auto", "cpu-kernel", "flash-varlen", "sdpa-gather")
+DTYPE_NAMES: tuple[str, ...] = get_args(Dtype)
+KV_CACHE_DTYPES: tuple[str, ...] = get_args(KvCacheDtype)
+AttentionBackend = Literal["auto", "cpu-kernel", "flash-varlen", "sdpa-gather"]  # see ops.paged_attention
+ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
 
 
-@dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(BatchConfig, CacheConfig, ParallelConfig, CpuConfig):
     model_dir: Path
-    dtype: str = "float32"  # or "auto": the checkpoint's own (config.json torch_dtype)
-    device: str = "cpu"  # "cpu", "cuda", or "auto" (resolved to one of them when the config is built)
+    # "auto": the checkpoint's own dtype (config.json's torch_dtype).
+    dtype: Literal[Dtype, "auto"] = ModelConfig.model_fields["dtype"].default
+    # "cpu", "cuda", or "auto", resolved to one of them when the config is built.
+    device: str = RuntimeConfig.model_fields["device"].default
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
-    # Scheduling.
-    max_batch_size: int = 16
-    max_num_batched_tokens: int = 1024
-    chunked_prefill: bool = True
-    batch_window_ms: float = 0.0  # AsyncEngine: how long an idle engine waits for companions
-    # KV cache.
-    block_size: int = 16
-    kv_cache_dtype: str = "auto"  # "fp8": e4m3 with a per-layer scale, half the bytes of bf16
-    cpu_kv_cache_bytes: int = 256 * 1024 * 1024
-    gpu_memory_utilization: float = 0.9
-    num_blocks: int | None = None  # None: as many as the budget above holds
-    prefix_caching: bool = True
-    # Parallelism and CPU.
-    tensor_parallel_size: int = 1
-    cpu_threads: int = 0  # intra-op threads of the whole engine, split over its ranks; 0: all cores
-    cpu_bind_threads: bool = False  # pin each intra-op thread to a core of its own (engine.affinity)
-    seed: int = 0
-    # Kernels.
-    attention_backend: str = "auto"  # see ops.paged_attention; "auto" picks the fastest that works
+    seed: int = RuntimeConfig.model_fields["seed"].default
+    num_blocks: int | None = None  # None: as many KV blocks as the memory budget holds
+    attention_backend: AttentionBackend = "auto"  # "auto": the fastest that works here
     cuda_graphs: bool = True  # decode steps replay captured graphs (CUDA, paged flash kernel)
 
-    def __post_init__(self) -> None:
-        if self.dtype not in ("auto", *DTYPE_NAMES):
-            raise ValueError(f"model.dtype {self.dtype!r} is not one of {['auto', *sorted(DTYPE_NAMES)]}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"cache.kv_cache_dtype {self.kv_cache_dtype!r} is not supported by this runtime "
-                f"({', '.join(KV_CACHE_DTYPES)})"
-            )
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"attention_backend {self.attention_backend!r} is not one of {', '.join(ATTENTION_BACKENDS)}"
-            )
-        # Frozen, so the normalisations below go through object.__setattr__.
-        object.__setattr__(self, "model_dir", Path(self.model_dir))
-        object.__setattr__(self, "device", resolve_device(self.device))
-        if self.device == "cuda" and self.dtype == "float32":
+    def __init__(self, model_dir: str | Path | None = None, /, **settings: Any) -> None:
+        """``EngineConfig(model_dir, max_batch_size=8, ...)``: the directory may come first."""
+        if model_dir is not None:
+            settings["model_dir"] = model_dir
+        super().__init__(**settings)
+
+    @model_validator(mode="after")
+    def _resolve_device(self) -> EngineConfig:
+        device = resolve_device(self.device)
+        object.__setattr__(self, "device", device)  # frozen: normalised once, here
+        if device == "cuda" and self.dtype == "float32":
             raise ValueError(
                 "model.dtype 'float32' is refused on CUDA: it halves throughput and doubles memory for "
                 "no gain in serving quality, and the paged flash kernels take only bfloat16/float16; "
                 "use 'bfloat16', 'float16' or 'auto' (the checkpoint's dtype)"
             )
+        return self
+
+    def updated(self, **changes: Any) -> EngineConfig:
+        """A copy with ``changes``, validated like a new one."""
+        return EngineConfig(**{**dict(self), **changes})
 
     @classmethod
     def from_runtime(cls, config: RuntimeConfig, model_dir: str | Path) -> EngineConfig:
-        """The engine's part of the rendered runtime.yaml."""
-        s, c, par = config.scheduler, config.cache, config.parallel
-        for name, value in (
-            ("pipeline_parallel_size", par.pipeline_parallel_size),
-            ("expert_parallel_size", par.expert_parallel_size),
-        ):
-            if value != 1:
+        """The engine's part of the rendered runtime.yaml: the inherited sections field for field."""
+        for name in ("pipeline_parallel_size", "expert_parallel_size"):
+            if getattr(config, name) != 1:
                 raise ValueError(
-                    f"parallel.{name} = {value}: this runtime supports only 1 (tensor parallelism only)"
+                    f"{name} = {getattr(config, name)}: this runtime supports only 1 (tensor parallelism only)"
                 )
+        inherited = {name: getattr(config, name) for name in _FLAT_SECTIONS}
         return cls(
-            model_dir=Path(model_dir),
+            model_dir,
+            **config.batch.model_dump(),
+            **inherited,
             dtype=config.model.dtype,
             device=config.device,
             max_seq_len=config.model.max_seq_len,
-            max_batch_size=s.max_batch_size,
-            max_num_batched_tokens=s.max_num_batched_tokens,
-            chunked_prefill=s.chunked_prefill,
-            batch_window_ms=s.batch_window_ms,
-            block_size=c.block_size,
-            kv_cache_dtype=c.kv_cache_dtype,
-            cpu_kv_cache_bytes=c.cpu_kv_cache_bytes,
-            gpu_memory_utilization=c.gpu_memory_utilization,
-            prefix_caching=c.prefix_caching,
-            tensor_parallel_size=par.tensor_parallel_size,
-            cpu_threads=config.cpu_threads,
-            cpu_bind_threads=config.cpu_bind_threads,
             seed=config.seed,
         )
 
@@ -109,6 +95,10 @@ class EngineConfig:
         """
         budget = self.cpu_threads or os.cpu_count() or 1
         return max(1, budget // self.tensor_parallel_size)
+
+
+# The sections RuntimeSettings and EngineConfig both inherit, whose fields sit at the top level of each.
+_FLAT_SECTIONS = (*CacheConfig.model_fields, *ParallelConfig.model_fields, *CpuConfig.model_fields)
 
 
 def checkpoint_dtype(model_dir: Path) -> str:

@@ -6,14 +6,14 @@ Not thread-safe: one thread drives it (``AsyncEngine`` in ``loop.py`` does that 
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from frontier_runtime.config import RuntimeConfig
 from frontier_runtime.engine.affinity import pin_if_configured
-from frontier_runtime.engine.api import EngineStats, RequestOutput, SamplingParams, TokenLogprob
+from frontier_runtime.engine.api import EngineStats
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.model_runner import ModelRunner
@@ -22,18 +22,16 @@ from frontier_runtime.engine.sampler import Sampler
 from frontier_runtime.engine.scheduler import Scheduler
 from frontier_runtime.engine.sequence import Sequence, Status
 from frontier_runtime.engine.tp_worker import TPWorkers
+from frontier_runtime.requests import RequestOutput, SamplingParams, TokenLogprob
 from frontier_runtime.structured.decoding import StructuredDecoder
 from frontier_runtime.tokenizer import Tokenizer
-
-if TYPE_CHECKING:  # pydantic stays out of the engine's import path (bench/gpu_check.py runs without it)
-    from frontier_runtime.config import RuntimeConfig
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig | str | Path, **settings: Any) -> None:
         """``LLMEngine(EngineConfig(...))``, or ``LLMEngine(model_dir, **settings)`` with the same fields."""
         if isinstance(config, EngineConfig):
-            config = replace(config, **settings) if settings else config
+            config = config.updated(**settings) if settings else config
         else:
             config = EngineConfig(model_dir=Path(config), **settings)
         self.config = config
@@ -68,8 +66,8 @@ class LLMEngine:
             self.shutdown()
             raise ValueError(
                 f"model.max_seq_len {self.max_seq_len} needs {needed} KV blocks ({want} bytes) but the KV cache "
-                f"holds {self.runner.num_blocks} blocks ({have} bytes): raise cache.cpu_kv_cache_bytes / "
-                f"cache.gpu_memory_utilization or lower model.max_seq_len"
+                f"holds {self.runner.num_blocks} blocks ({have} bytes): raise cpu_kv_cache_bytes / "
+                f"gpu_memory_utilization or lower model.max_seq_len"
             )
         self.block_manager = BlockManager(config, self.runner.num_blocks)
         self.scheduler = Scheduler(config, self.block_manager)

@@ -7,7 +7,7 @@ them through ``loop.call_soon_threadsafe`` to one ``asyncio.Queue`` per request:
 thread goes on to the next step meanwhile. A stop string found there ends the stream at once and
 aborts the request in the engine. ``AsyncEngine`` is the server's ``EngineClient`` (see ``api``).
 
-``batch_window_ms`` applies only to an idle engine: the first request that arrives into an idle
+``window_ms`` (the stack's ``runtime.batch.window_ms``) applies only to an idle engine: the first request that arrives into an idle
 engine waits up to the window for companions (or until a full batch is there); requests that
 arrive while the engine is busy join the running batch at the next step.
 """
@@ -27,9 +27,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from frontier_runtime.config import RuntimeConfig
-from frontier_runtime.engine.api import EngineDeadError, EngineStats, RequestOutput, SamplingParams
+from frontier_runtime.engine.api import EngineDeadError, EngineStats
 from frontier_runtime.engine.llm_engine import LLMEngine
 from frontier_runtime.engine.output_processor import OutputProcessor
+from frontier_runtime.requests import RequestOutput, SamplingParams
 from frontier_runtime.tokenizer import Tokenizer
 
 log = logging.getLogger("frontier_runtime.engine.loop")
@@ -51,7 +52,7 @@ class _SyncSink:
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, idle_poll_s: float = 0.25) -> None:
         self.engine = engine
-        self.batch_window_s = engine.config.batch_window_ms / 1000.0
+        self.batch_window_s = engine.config.window_ms / 1000.0
         self.idle_poll_s = idle_poll_s
         self._cv = threading.Condition(threading.Lock())
         self._inbox: deque[tuple] = deque()

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from frontier_runtime.engine.api import RequestOutput
 from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
+from frontier_runtime.requests import RequestOutput
 from frontier_runtime.tokenizer import Tokenizer
 
 

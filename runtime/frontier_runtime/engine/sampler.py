@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from frontier_runtime.engine.api import SamplingParams, TokenLogprob
+from frontier_runtime.requests import SamplingParams, TokenLogprob
 from frontier_runtime.structured.bitmask import TokenBitmask
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from frontier_runtime.contracts import BATCH
+from frontier_hostside.names import BATCH
+
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.sequence import Sequence, Status

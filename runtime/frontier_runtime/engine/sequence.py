@@ -6,7 +6,7 @@ import enum
 
 import torch
 
-from frontier_runtime.engine.api import FinishReason, SamplingParams
+from frontier_runtime.requests import FinishReason, SamplingParams
 
 
 class Status(enum.Enum):

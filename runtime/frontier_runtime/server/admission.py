@@ -27,7 +27,7 @@ from collections import deque
 from contextlib import suppress
 from enum import Enum
 
-from frontier_runtime.contracts import BATCH, INTERACTIVE
+from frontier_hostside.names import BATCH, INTERACTIVE
 
 
 class QueueFull(Exception):

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from frontier_hostside import names
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -25,7 +26,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from frontier_runtime import contracts
 from frontier_runtime.server.admission import QueueFull, Ticket
 from frontier_runtime.server.errors import APIError, invalid
 from frontier_runtime.server.formats import ChatFormat, CompletionFormat
@@ -46,7 +46,7 @@ from frontier_runtime.structured.grammar import compile_grammar
 log = logging.getLogger("frontier_runtime.server")
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
-INFERENCE_ROUTES = (contracts.COMPLETIONS_PATH, contracts.CHAT_COMPLETIONS_PATH)
+INFERENCE_ROUTES = (names.COMPLETIONS_PATH, names.CHAT_COMPLETIONS_PATH)
 # Tokenising a long prompt takes milliseconds; off the event loop so liveness stays quick.
 TOKENIZE_INLINE_CHARS = 8192
 # Likewise compiling a large JSON schema (milliseconds the first time; cached after).
@@ -55,12 +55,12 @@ COMPILE_INLINE_CHARS = 4096
 
 def create_app(state: ServerState) -> ASGIApp:
     routes = [
-        Route(contracts.COMPLETIONS_PATH, _completions, methods=["POST"]),
-        Route(contracts.CHAT_COMPLETIONS_PATH, _chat_completions, methods=["POST"]),
-        Route(contracts.MODELS_PATH, _models, methods=["GET"]),
+        Route(names.COMPLETIONS_PATH, _completions, methods=["POST"]),
+        Route(names.CHAT_COMPLETIONS_PATH, _chat_completions, methods=["POST"]),
+        Route(names.MODELS_PATH, _models, methods=["GET"]),
         Route(state.config.health.liveness_path, _live, methods=["GET", "HEAD"]),
         Route(state.config.health.readiness_path, _ready, methods=["GET", "HEAD"]),
-        Route(contracts.METRICS_PATH, _metrics, methods=["GET"]),
+        Route(names.METRICS_PATH, _metrics, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,
@@ -82,7 +82,7 @@ class RequestContext:
         self.state = state
         self.routes = {r.path for r in app.routes if isinstance(r, Route)}
         health = state.config.health
-        self.probes = {health.liveness_path, health.readiness_path, contracts.METRICS_PATH}
+        self.probes = {health.liveness_path, health.readiness_path, names.METRICS_PATH}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,7 +96,7 @@ class RequestContext:
         scope["state"].update(request_id=request_id, log=fields, arrived_at=started)
         status = 0
         path = scope["path"]
-        route = path if path in self.routes else contracts.OTHER_ROUTE
+        route = path if path in self.routes else names.OTHER_ROUTE
         inference = path in INFERENCE_ROUTES
         if inference:
             self._enter()
@@ -227,7 +227,7 @@ def _authorize(state: ServerState, request: Request) -> None:
 
 
 async def _read_json(state: ServerState, request: Request) -> Any:
-    limit = state.config.server.max_body_bytes
+    limit = state.config.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from frontier_runtime.engine.api import TokenLogprob
+from frontier_runtime.requests import TokenLogprob
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"

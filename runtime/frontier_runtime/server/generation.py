@@ -25,7 +25,8 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from frontier_runtime.engine.api import EngineClient, EngineDeadError, RequestOutput, SamplingParams
+from frontier_runtime.engine.api import EngineClient, EngineDeadError
+from frontier_runtime.requests import RequestOutput, SamplingParams
 from frontier_runtime.server.admission import QueueTimeout, Ticket
 from frontier_runtime.server.errors import APIError
 from frontier_runtime.server.formats import DONE, KEEPALIVE, CompletionFormat, sse, usage
@@ -146,7 +147,7 @@ class Generation:
 
     # -- streaming -------------------------------------------------------------------------
     async def _run_streaming(self, send: Send) -> None:
-        keepalive = self.state.config.server.keepalive_s
+        keepalive = self.state.config.keepalive_s
         try:
             admitted = await self.ticket.wait(at_most=keepalive)
         except QueueTimeout as exc:
@@ -303,7 +304,7 @@ class Generation:
         self.log["aborted"] = True
 
     def _queue_timeout_error(self, exc: QueueTimeout) -> APIError:
-        timeout_ms = self.state.config.scheduler.queue_timeout_ms
+        timeout_ms = self.state.config.queue.timeout_ms
         return APIError(
             503,
             f"The server is overloaded: the request waited {self.ticket.queue_seconds * 1000:.0f} ms for a slot "

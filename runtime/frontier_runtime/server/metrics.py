@@ -1,4 +1,4 @@
-"""Prometheus metrics, named like vLLM's so existing dashboards keep working (names: ``contracts``).
+"""Prometheus metrics, named like vLLM's so existing dashboards keep working (names: ``frontier_hostside.names``).
 
 Each app owns its own ``CollectorRegistry`` (several apps can live in one test process). Gauges
 that mirror engine state are read from ``engine.stats()`` at scrape time, so they are never stale.
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from frontier_hostside import names
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from frontier_runtime import contracts
-from frontier_runtime.engine.api import FINISH_REASONS, EngineStats
+from frontier_runtime.engine.api import EngineStats
+from frontier_runtime.requests import FINISH_REASONS
 
 TTFT_BUCKETS = (.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 TOKEN_LATENCY_BUCKETS = (.01, .025, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
@@ -37,85 +38,85 @@ class ServerMetrics:
     ) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
-        labels = [contracts.MODEL_LABEL]
+        labels = [names.MODEL_LABEL]
         reg = self.registry
         self.prompt_tokens = Counter(
-            contracts.PROMPT_TOKENS_METRIC, "Prompt tokens processed.", labels, registry=reg
+            names.PROMPT_TOKENS_METRIC, "Prompt tokens processed.", labels, registry=reg
         )
         self.generation_tokens = Counter(
-            contracts.GENERATION_TOKENS_METRIC, "Tokens generated.", labels, registry=reg
+            names.GENERATION_TOKENS_METRIC, "Tokens generated.", labels, registry=reg
         )
         self.request_success = Counter(
-            contracts.REQUEST_SUCCESS_METRIC,
+            names.REQUEST_SUCCESS_METRIC,
             "Requests finished, by finish reason.",
-            [*labels, contracts.FINISHED_REASON_LABEL],
+            [*labels, names.FINISHED_REASON_LABEL],
             registry=reg,
         )
         self.ttft = Histogram(
-            contracts.TTFT_METRIC,
+            names.TTFT_METRIC,
             "Time to first token.",
             labels,
             buckets=TTFT_BUCKETS,
             registry=reg,
         )
         self.itl = Histogram(
-            contracts.ITL_METRIC,
+            names.ITL_METRIC,
             "Gap between consecutive output tokens.",
             labels,
             buckets=TOKEN_LATENCY_BUCKETS,
             registry=reg,
         )
         self.tpot = Histogram(
-            contracts.TPOT_METRIC,
+            names.TPOT_METRIC,
             "(e2e - ttft) / (output tokens - 1) per request.",
             labels,
             buckets=TOKEN_LATENCY_BUCKETS,
             registry=reg,
         )
         self.e2e = Histogram(
-            contracts.E2E_LATENCY_METRIC,
+            names.E2E_LATENCY_METRIC,
             "Arrival to last token.",
             labels,
             buckets=REQUEST_LATENCY_BUCKETS,
             registry=reg,
         )
         self.queue_time = Histogram(
-            contracts.QUEUE_TIME_METRIC,
+            names.QUEUE_TIME_METRIC,
             "Time spent waiting for admission.",
             labels,
             buckets=REQUEST_LATENCY_BUCKETS,
             registry=reg,
         )
         self.request_prompt_tokens = Histogram(
-            contracts.REQUEST_PROMPT_TOKENS_METRIC,
+            names.REQUEST_PROMPT_TOKENS_METRIC,
             "Prompt length per request.",
             labels,
             buckets=TOKEN_COUNT_BUCKETS,
             registry=reg,
         )
         self.request_generation_tokens = Histogram(
-            contracts.REQUEST_GENERATION_TOKENS_METRIC,
+            names.REQUEST_GENERATION_TOKENS_METRIC,
             "Output length per request.",
             labels,
             buckets=TOKEN_COUNT_BUCKETS,
             registry=reg,
         )
         self.failures = Counter(
-            contracts.REQUEST_FAILURES_METRIC,
+            names.REQUEST_FAILURES_METRIC,
             "Requests refused or failed, by reason.",
-            [contracts.REASON_LABEL],
+            [names.REASON_LABEL],
             registry=reg,
         )
         self.http_requests = Counter(
-            contracts.HTTP_REQUESTS_METRIC,
+            names.HTTP_REQUESTS_METRIC,
             "HTTP requests answered, by route and status.",
-            [contracts.ROUTE_LABEL, contracts.STATUS_LABEL],
+            [names.ROUTE_LABEL, names.STATUS_LABEL],
             registry=reg,
         )
         self.http_duration = Histogram(
-            contracts.HTTP_DURATION_METRIC,
+            names.HTTP_DURATION_METRIC,
             "HTTP request duration, by route.",
-            [contracts.ROUTE_LABEL],
+            [names.ROUTE_LABEL],
             buckets=HTTP_BUCKETS,
             registry=reg,
         )
@@ -181,59 +182,53 @@ class _LiveCollector(Collector):
         engine_waiting = stats.waiting if stats else 0
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=[contracts.MODEL_LABEL])
+            g = GaugeMetricFamily(name, doc, labels=[names.MODEL_LABEL])
             g.add_metric([self._model], value)
             return g
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=[contracts.MODEL_LABEL])
+            c = CounterMetricFamily(name, doc, labels=[names.MODEL_LABEL])
             c.add_metric([self._model], value)
             return c
 
+        yield gauge(names.RUNNING_METRIC, "Sequences running in the engine.", stats.running if stats else 0)
         yield gauge(
-            contracts.RUNNING_METRIC, "Sequences running in the engine.", stats.running if stats else 0
-        )
-        yield gauge(
-            contracts.WAITING_METRIC,
+            names.WAITING_METRIC,
             "Requests waiting: in the admission queue plus in the engine's own queue.",
             queued + engine_waiting,
         )
         yield gauge(
-            contracts.KV_USAGE_METRIC,
+            names.KV_USAGE_METRIC,
             "Fraction of KV cache blocks in use (0..1).",
             stats.kv_usage if stats else 0.0,
         )
+        yield counter(names.PREEMPTIONS_METRIC, "Sequences preempted.", stats.num_preemptions if stats else 0)
         yield counter(
-            contracts.PREEMPTIONS_METRIC, "Sequences preempted.", stats.num_preemptions if stats else 0
-        )
-        yield counter(
-            contracts.PREFIX_CACHE_QUERIES_METRIC,
+            names.PREFIX_CACHE_QUERIES_METRIC,
             "Prompt tokens looked up in the prefix cache.",
             stats.prefix_cache_queries if stats else 0,
         )
         yield counter(
-            contracts.PREFIX_CACHE_HITS_METRIC,
+            names.PREFIX_CACHE_HITS_METRIC,
             "Prompt tokens found in the prefix cache.",
             stats.prefix_cache_hits if stats else 0,
         )
         yield gauge(
-            contracts.BATCH_SIZE_METRIC,
+            names.BATCH_SIZE_METRIC,
             "Sequences in the engine's last step.",
             stats.last_batch_size if stats else 0,
         )
         yield gauge(
-            contracts.STEP_TOKENS_METRIC,
+            names.STEP_TOKENS_METRIC,
             "Tokens in the engine's last step.",
             stats.last_step_tokens if stats else 0,
         )
-        yield counter(contracts.ENGINE_STEPS_METRIC, "Engine steps taken.", stats.steps if stats else 0)
+        yield counter(names.ENGINE_STEPS_METRIC, "Engine steps taken.", stats.steps if stats else 0)
+        yield gauge(names.KV_BLOCKS_TOTAL_METRIC, "KV cache blocks.", stats.kv_blocks_total if stats else 0)
         yield gauge(
-            contracts.KV_BLOCKS_TOTAL_METRIC, "KV cache blocks.", stats.kv_blocks_total if stats else 0
+            names.KV_BLOCKS_FREE_METRIC, "KV cache blocks free.", stats.kv_blocks_free if stats else 0
         )
-        yield gauge(
-            contracts.KV_BLOCKS_FREE_METRIC, "KV cache blocks free.", stats.kv_blocks_free if stats else 0
-        )
-        yield gauge(contracts.ADMITTED_METRIC, "Requests holding an engine slot.", admitted)
-        yield gauge(contracts.QUEUED_METRIC, "Requests in the admission queue.", queued)
-        yield gauge(contracts.READY_METRIC, "1 when the readiness check passes.", 1.0 if ready else 0.0)
-        yield gauge(contracts.DRAINING_METRIC, "1 while draining before exit.", 1.0 if draining else 0.0)
+        yield gauge(names.ADMITTED_METRIC, "Requests holding an engine slot.", admitted)
+        yield gauge(names.QUEUED_METRIC, "Requests in the admission queue.", queued)
+        yield gauge(names.READY_METRIC, "1 when the readiness check passes.", 1.0 if ready else 0.0)
+        yield gauge(names.DRAINING_METRIC, "1 while draining before exit.", 1.0 if draining else 0.0)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
+from frontier_hostside.names import INTERACTIVE, PRIORITY_CLASSES
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from frontier_runtime.contracts import INTERACTIVE, PRIORITY_CLASSES
-from frontier_runtime.engine.api import SamplingParams, StructuredOutput
+from frontier_runtime.requests import SamplingParams, StructuredOutput
 from frontier_runtime.server.errors import APIError, invalid
 
 MAX_STOP_SEQUENCES = 16

@@ -56,13 +56,13 @@ def new_state(config: RuntimeConfig) -> ServerState:
         config=config,
         health=Health(stuck_after_s=config.health.stuck_after_s),
         admission=Admission(
-            config.scheduler.max_concurrency,
-            config.scheduler.queue_max_length,
-            config.scheduler.queue_timeout_ms / 1000.0,
-            batch_queue_max_length=config.scheduler.batch_queue_max_length,
+            config.max_concurrency,
+            config.queue.max_length,
+            config.queue.timeout_ms / 1000.0,
+            batch_queue_max_length=config.queue.batch_max_length,
             batch_queue_timeout_s=None
-            if config.scheduler.batch_queue_timeout_ms is None
-            else config.scheduler.batch_queue_timeout_ms / 1000.0,
+            if config.queue.batch_timeout_ms is None
+            else config.queue.batch_timeout_ms / 1000.0,
         ),
     )
 
@@ -73,19 +73,19 @@ def resolve_model_dir(config: RuntimeConfig, model_dir: Path | None) -> Path:
         return model_dir
     from frontier_runtime.storage.weights import fetch_weights, is_s3_uri
 
-    if not is_s3_uri(config.model.source):
-        return Path(config.model.source)
-    report = fetch_weights(config.model.source, config.model.version, Path(config.cache.weights_cache_dir))
+    if not is_s3_uri(config.model.weights_uri):
+        return Path(config.model.weights_uri)
+    report = fetch_weights(config.model.weights_uri, config.model.version, Path(config.weights_cache_dir))
     return report.model_dir
 
 
 def load_runtime(config: RuntimeConfig, model_dir: Path | None) -> Loaded:
     """Everything slow and fallible at start, in order; blocking (run it in a thread)."""
     api_keys = None
-    if config.server.api_keys_secret_id:
+    if config.api_keys_secret:
         from frontier_runtime.storage.secrets import load_api_keys
 
-        api_keys = ApiKeys(load_api_keys(config.server.api_keys_secret_id))
+        api_keys = ApiKeys(load_api_keys(config.api_keys_secret))
     directory = resolve_model_dir(config, model_dir)
     if not (directory / "tokenizer.json").is_file():
         raise FileNotFoundError(f"model directory {directory} has no tokenizer.json")
@@ -144,7 +144,7 @@ class RuntimeServer(uvicorn.Server):
 
     async def _drain(self, why: str) -> None:
         state = self.state
-        timeout = state.config.drain.timeout_s
+        timeout = state.config.drain_timeout_s
         started = time.monotonic()
         log.info(
             "draining",
@@ -239,7 +239,7 @@ def serve(
     state = new_state(config)
     app = create_app(state)
     server = RuntimeServer(
-        uvicorn_config(app, host or config.server.host, config.server.port if port is None else port),
+        uvicorn_config(app, host or config.host, config.port if port is None else port),
         state,
         loader=lambda: load_runtime(config, model_dir),
     )

@@ -21,7 +21,7 @@ from typing import Protocol
 import llguidance
 import torch
 
-from frontier_runtime.engine.api import FinishReason, StructuredOutput
+from frontier_runtime.requests import FinishReason, StructuredOutput
 from frontier_runtime.structured.bitmask import TokenBitmask, words_for
 from frontier_runtime.structured.grammar import GrammarError, compile_grammar
 

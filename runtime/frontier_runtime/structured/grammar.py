@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import llguidance
 
-from frontier_runtime.engine.api import StructuredOutput
+from frontier_runtime.requests import StructuredOutput
 
 # Applied before the schema's own "x-guidance" options.
 JSON_OPTIONS = {"whitespace_flexible": False}

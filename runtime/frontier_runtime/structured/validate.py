@@ -12,7 +12,7 @@ import re
 
 import jsonschema
 
-from frontier_runtime.engine.api import StructuredOutput
+from frontier_runtime.requests import StructuredOutput
 
 
 def output_problem(output: StructuredOutput, text: str) -> str | None:

@@ -4,8 +4,8 @@ decoding agrees with the bf16 cache over a fixed prompt set (real engine, real k
 from __future__ import annotations
 
 from engine_fixtures import MAX_NEW, Reference
-from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.requests import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
 BUDGET = 8 << 20

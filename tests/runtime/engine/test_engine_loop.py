@@ -8,9 +8,10 @@ import time
 
 import pytest
 from engine_fixtures import Reference
-from frontier_runtime.engine.api import EngineDeadError, SamplingParams
+from frontier_runtime.engine.api import EngineDeadError
 from frontier_runtime.engine.llm_engine import LLMEngine
 from frontier_runtime.engine.loop import AsyncEngine
+from frontier_runtime.requests import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 
@@ -111,7 +112,7 @@ def test_warmup_runs_a_real_forward_and_the_heartbeat_advances_while_idle(aengin
 
 
 def test_the_batch_window_gathers_companions_when_the_engine_is_idle(tied_dir) -> None:  # noqa: ANN001
-    engine = AsyncEngine(LLMEngine(tied_dir, max_batch_size=8, batch_window_ms=300))
+    engine = AsyncEngine(LLMEngine(tied_dir, max_batch_size=8, window_ms=300))
     try:
 
         async def main() -> None:
@@ -128,7 +129,7 @@ def test_the_batch_window_gathers_companions_when_the_engine_is_idle(tied_dir) -
 
 
 def test_the_batch_window_does_not_delay_requests_joining_a_busy_engine(tied_dir) -> None:  # noqa: ANN001
-    engine = AsyncEngine(LLMEngine(tied_dir, max_batch_size=8, batch_window_ms=1000))
+    engine = AsyncEngine(LLMEngine(tied_dir, max_batch_size=8, window_ms=1000))
     try:
 
         async def main() -> float:

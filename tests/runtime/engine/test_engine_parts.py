@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
@@ -15,6 +14,7 @@ from frontier_runtime.engine.sampler import _mask_top_k_top_p
 from frontier_runtime.engine.sequence import Sequence
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.layers import rope_inv_freq
+from frontier_runtime.requests import SamplingParams
 from frontier_runtime.tiny import make_tiny_checkpoint
 from frontier_runtime.tokenizer import Tokenizer
 

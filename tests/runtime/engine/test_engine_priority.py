@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from engine_fixtures import Reference
-from frontier_runtime.contracts import BATCH
-from frontier_runtime.engine.api import SamplingParams
+from frontier_hostside.names import BATCH
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.requests import SamplingParams
 
 INTERACTIVE_PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 BATCH_PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, priority=BATCH)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from engine_fixtures import Reference, generate_tracking_batch, random_fillers
-from frontier_runtime.engine.api import RequestOutput, SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.requests import RequestOutput, SamplingParams
 
 
 def _collect(engine: LLMEngine) -> dict[str, list[RequestOutput]]:

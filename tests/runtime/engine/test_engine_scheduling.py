@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from engine_fixtures import Reference
-from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.requests import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 
@@ -50,10 +50,10 @@ def test_new_requests_join_a_running_batch_between_steps(tied_ref: Reference) ->
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(tied_ref: Reference) -> None:
-    engine = LLMEngine(tied_ref.model_dir, max_batch_size=8, max_num_batched_tokens=8)
+    engine = LLMEngine(tied_ref.model_dir, max_batch_size=8, max_num_batched_tokens=16)
     engine.add_request("short", tied_ref.prompts[0], GREEDY)
     engine.step()
-    long_prompt = tied_ref.prompts[5]  # ~60 tokens: eight chunks or so at 8 tokens a step
+    long_prompt = tied_ref.prompts[5]  # ~60 tokens: four chunks or so at 16 tokens a step
     engine.add_request("long", long_prompt, GREEDY)
     steps_until_long_starts = 0
     while True:
@@ -62,7 +62,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(tied_re
         if "long" in outs:
             break
         steps_until_long_starts += 1
-    assert steps_until_long_starts >= len(long_prompt) // 8 - 1
+    assert steps_until_long_starts >= len(long_prompt) // 16 - 1
 
 
 def test_requests_are_served_first_come_first_served(tied_ref: Reference) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from engine_fixtures import Reference, generate_tracking_batch
-from frontier_runtime.engine.api import SamplingParams
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.requests import SamplingParams
 
 
 def test_tp2_over_gloo_equals_tp1_with_a_full_batch(gqa_ref: Reference) -> None:

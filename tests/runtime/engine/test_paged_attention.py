@@ -123,8 +123,8 @@ def test_the_engine_on_the_portable_sdpa_path_equals_transformers(gqa_ref) -> No
     """The path CUDA takes without the paged flash kernel (and CPU without a compiler), batched,
     with chunked prefills behind cached context: still token for token transformers' greedy."""
     from engine_fixtures import MAX_NEW
-    from frontier_runtime.engine.api import SamplingParams
     from frontier_runtime.engine.llm_engine import LLMEngine
+    from frontier_runtime.requests import SamplingParams
 
     engine = LLMEngine(
         gqa_ref.model_dir, attention_backend="sdpa-gather", max_batch_size=8, max_num_batched_tokens=16

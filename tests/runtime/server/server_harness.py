@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 from frontier_runtime.config import RuntimeConfig, parse_config
-from frontier_runtime.engine.api import EngineClient, EngineStats, RequestOutput, SamplingParams
+from frontier_runtime.engine.api import EngineClient, EngineStats
+from frontier_runtime.requests import RequestOutput, SamplingParams
 from frontier_runtime.server.app import create_app
 from frontier_runtime.server.serve import Loaded, RuntimeServer, new_state, uvicorn_config
 from frontier_runtime.server.state import ServerState
@@ -91,25 +92,25 @@ class ScriptedEngine:
 
 
 def runtime_config(model_dir: Path | str, **overrides: Any) -> RuntimeConfig:
-    """A runtime.yaml for tests; ``overrides`` are dotted paths, e.g. ``scheduler__max_concurrency=2``."""
+    """A runtime.yaml for tests; ``overrides`` are paths with ``__`` between levels, e.g.
+    ``max_concurrency=2`` or ``batch__max_batch_size=2``."""
     data: dict[str, Any] = {
-        "model": {"name": MODEL, "source": str(model_dir), "max_seq_len": ENGINE_MAX_SEQ_LEN},
-        "server": {"keepalive_s": 15.0},
-        "scheduler": {
-            "max_concurrency": 8,
-            "queue_max_length": 16,
-            "queue_timeout_ms": 30_000,
-            "batch_window_ms": 0,
-            "max_batch_size": 8,
-            "max_num_batched_tokens": 512,
-        },
-        "cache": {"cpu_kv_cache_bytes": 16 * 1024 * 1024, "block_size": 16},
-        "drain": {"timeout_s": 20},
+        "model": {"name": MODEL, "weights_uri": str(model_dir), "max_seq_len": ENGINE_MAX_SEQ_LEN},
+        "keepalive_s": 15.0,
+        "max_concurrency": 8,
+        "queue": {"max_length": 16, "timeout_ms": 30_000},
+        "batch": {"window_ms": 0, "max_batch_size": 8, "max_num_batched_tokens": 512},
+        "cpu_kv_cache_bytes": 16 * 1024 * 1024,
+        "block_size": 16,
+        "drain_timeout_s": 20,
         "device": "cpu",
     }
     for dotted, value in overrides.items():
-        section, key = dotted.split("__")
-        data.setdefault(section, {})[key] = value
+        *sections, key = dotted.split("__")
+        at = data
+        for section in sections:
+            at = at.setdefault(section, {})
+        at[key] = value
     return parse_config(yaml.safe_dump(data))
 
 

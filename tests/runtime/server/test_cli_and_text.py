@@ -14,10 +14,10 @@ from server_harness import ENGINE_MAX_SEQ_LEN
 
 def test_a_bad_config_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = tmp_path / "runtime.yaml"
-    config.write_text("model: {name: m, source: /x, max_seq_len: 4}\nscheduler: {max_concurrency: 1}\n")
+    config.write_text("model: {name: m, weights_uri: /x, max_seq_len: 4}\nqueue: {max_length: -1}\n")
     assert main(["serve", "--config", str(config)]) == 2
     err = capsys.readouterr().err
-    assert "model.max_seq_len = 4" in err and "scheduler.queue_max_length" in err
+    assert "model.max_seq_len = 4" in err and "queue.max_length = -1" in err
 
 
 def test_a_missing_config_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

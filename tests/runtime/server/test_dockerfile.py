@@ -48,6 +48,10 @@ def _project() -> dict:
     return tomllib.loads((RUNTIME / "pyproject.toml").read_text())["project"]
 
 
+def _hostside_project() -> dict:
+    return tomllib.loads((REPO / "hostside" / "pyproject.toml").read_text())["project"]
+
+
 def _expected_wheel() -> str:
     project = _project()
     return f"{re.sub(r'[-_.]+', '_', project['name'])}-{project['version']}-py3-none-any.whl"
@@ -74,6 +78,22 @@ def test_the_final_stage_installs_exactly_the_built_wheel() -> None:
     assert ("COPY", f"--from=wheel /dist/{wheel} /tmp/") in final
     runs = [rest for keyword, rest in final if keyword == "RUN"]
     assert any(rest.startswith(f"pip install /tmp/{wheel}") for rest in runs)
+
+
+def test_the_hostside_wheel_is_built_from_its_build_context_and_installed_with_the_runtime() -> None:
+    build, final = _stages()[0], _stages()[-1]
+    hostside = f"frontier_hostside-{_hostside_project()['version']}-py3-none-any.whl"
+    copies = [rest for keyword, rest in build if keyword == "COPY"]
+    assert "--from=hostside frontier_hostside /hostside/frontier_hostside" in copies
+    assert "--from=hostside pyproject.toml /hostside/" in copies
+    runs = " ".join(rest for keyword, rest in build if keyword == "RUN")
+    assert (
+        "--wheel-dir /dist . /hostside" in runs and f"ls /dist/{_expected_wheel()} /dist/{hostside}" in runs
+    )
+    assert ("COPY", f"--from=wheel /dist/{hostside} /tmp/") in final
+    # One pip install: the runtime's dependency on frontier-hostside is met by this wheel, not an index.
+    installs = [rest for keyword, rest in final if keyword == "RUN" and rest.startswith("pip install /tmp/")]
+    assert installs and f"/tmp/{hostside}" in installs[0].split(" && ")[0]
 
 
 def test_torch_is_the_version_the_runtime_pins() -> None:

@@ -29,7 +29,7 @@ def _error(response: httpx.Response, status: int) -> dict:
 
 
 def test_oversize_body_is_413_before_the_body_is_read(serve) -> None:
-    srv = serve(server__max_body_bytes=4096)
+    srv = serve(max_body_bytes=4096)
     with socket.create_connection(("127.0.0.1", srv.port)) as sock:
         sock.sendall(
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -45,7 +45,7 @@ def test_oversize_body_is_413_before_the_body_is_read(serve) -> None:
 
 
 def test_oversize_chunked_body_is_413(serve) -> None:
-    srv = serve(server__max_body_bytes=4096)
+    srv = serve(max_body_bytes=4096)
 
     def chunks():
         for _ in range(10):

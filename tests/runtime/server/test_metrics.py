@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import httpx
-from frontier_runtime import contracts
+from frontier_hostside import names
 from frontier_runtime.server.metrics import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import MODEL
@@ -49,10 +49,10 @@ def test_vllm_names_are_exported_before_any_request(serve) -> None:
     assert {"queue_full", "queue_timeout", "invalid", "unauthorized", "draining"} <= reasons
 
 
-def test_contracts_name_every_exported_family(serve) -> None:
+def test_the_shared_names_name_every_exported_family(serve) -> None:
     exported = {name for name in _scrape(serve().url) if not name.endswith("_created")}
-    assert exported == set(contracts.METRIC_NAMES)
-    assert len(set(contracts.METRIC_NAMES)) == len(contracts.METRIC_NAMES)
+    assert exported == set(names.RUNTIME_METRIC_NAMES)
+    assert len(set(names.RUNTIME_METRIC_NAMES)) == len(names.RUNTIME_METRIC_NAMES)
 
 
 def test_histograms_use_the_llm_latency_buckets(serve) -> None:

@@ -49,7 +49,7 @@ def _engine_busy(srv: RunningServer) -> bool:
 
 def test_past_slots_and_queue_exactly_the_excess_gets_immediate_429s(serve) -> None:
     C, Q, K = 2, 2, 3
-    srv = serve(scheduler__max_concurrency=C, scheduler__max_batch_size=C, scheduler__queue_max_length=Q)
+    srv = serve(max_concurrency=C, batch__max_batch_size=C, queue__max_length=Q)
 
     async def fire() -> list[tuple[float, httpx.Response]]:
         limits = httpx.Limits(max_connections=C + Q + K)
@@ -75,7 +75,7 @@ def test_past_slots_and_queue_exactly_the_excess_gets_immediate_429s(serve) -> N
 
 
 def test_a_request_queued_past_the_timeout_gets_503_and_never_starts(serve) -> None:
-    srv = serve(scheduler__max_concurrency=1, scheduler__max_batch_size=1, scheduler__queue_timeout_ms=300)
+    srv = serve(max_concurrency=1, batch__max_batch_size=1, queue__timeout_ms=300)
     with HeldSlots(srv, 1):
         started = time.monotonic()
         late = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "never", "max_tokens": 2}, timeout=60)
@@ -91,10 +91,10 @@ def test_a_request_queued_past_the_timeout_gets_503_and_never_starts(serve) -> N
 
 def test_a_stream_queued_beyond_the_keepalive_gets_comments_then_its_tokens(serve) -> None:
     srv = serve(
-        scheduler__max_concurrency=1,
-        scheduler__max_batch_size=1,
-        scheduler__queue_timeout_ms=20_000,
-        server__keepalive_s=0.1,
+        max_concurrency=1,
+        batch__max_batch_size=1,
+        queue__timeout_ms=20_000,
+        keepalive_s=0.1,
     )
     body = {"prompt": "x", "max_tokens": 3, "stream": True}
     held = HeldSlots(srv, 1).__enter__()
@@ -112,10 +112,10 @@ def test_a_stream_queued_beyond_the_keepalive_gets_comments_then_its_tokens(serv
 
 def test_a_stream_that_times_out_after_its_headers_ends_with_an_error_event(serve) -> None:
     srv = serve(
-        scheduler__max_concurrency=1,
-        scheduler__max_batch_size=1,
-        scheduler__queue_timeout_ms=400,
-        server__keepalive_s=0.1,
+        max_concurrency=1,
+        batch__max_batch_size=1,
+        queue__timeout_ms=400,
+        keepalive_s=0.1,
     )
     with (
         HeldSlots(srv, 1),
@@ -155,7 +155,7 @@ def test_hanging_up_on_a_stream_aborts_it_and_frees_its_blocks(serve) -> None:
 
 
 def test_hanging_up_while_queued_gives_the_place_back_and_never_runs(serve) -> None:
-    srv = serve(scheduler__max_concurrency=1, scheduler__max_batch_size=1)
+    srv = serve(max_concurrency=1, batch__max_batch_size=1)
     with httpx.Client(base_url=srv.url, timeout=60) as client:
         first = _open(srv, {**LONG, "max_tokens": 60})
         _wait(lambda: srv.state.admission.running == 1, what="first admitted")
@@ -172,7 +172,7 @@ def test_hanging_up_while_queued_gives_the_place_back_and_never_runs(serve) -> N
 
 
 def test_a_refused_request_is_never_tokenised(serve, monkeypatch) -> None:
-    srv = serve(scheduler__max_concurrency=1, scheduler__max_batch_size=1, scheduler__queue_max_length=0)
+    srv = serve(max_concurrency=1, batch__max_batch_size=1, queue__max_length=0)
     encoded: list[str] = []
     real_encode = srv.state.codec.encode
     monkeypatch.setattr(

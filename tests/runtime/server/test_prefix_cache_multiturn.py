@@ -43,7 +43,7 @@ def test_a_resent_history_hits_the_prefix_cache(client: openai.OpenAI, shared_se
     second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
     queries1, hits1 = _counters(shared_server.url)
 
-    block = shared_server.state.config.cache.block_size
+    block = shared_server.state.config.block_size
     cached = second.usage.prompt_tokens_details.cached_tokens
     # At least every full block of the first turn's prompt is reused.
     assert cached >= (first.usage.prompt_tokens // block) * block - block

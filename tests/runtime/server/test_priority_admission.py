@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from frontier_runtime.contracts import BATCH
+from frontier_hostside.names import BATCH
 from frontier_runtime.server.admission import Admission, QueueFull, QueueTimeout, TicketState
 
 

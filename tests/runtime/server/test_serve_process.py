@@ -46,18 +46,14 @@ def pushed_model(aws_endpoint: str, tiny_model: Path) -> str:
 
 def _write_config(root: Path, source: str) -> Path:
     config = {
-        "model": {"name": MODEL, "source": source, "version": "v1", "max_seq_len": 256},
-        "server": {"api_keys_secret_id": SECRET},
-        "scheduler": {
-            "max_concurrency": 4,
-            "queue_max_length": 8,
-            "queue_timeout_ms": 30_000,
-            "batch_window_ms": 0,
-            "max_batch_size": 4,
-            "max_num_batched_tokens": 512,
-        },
-        "cache": {"weights_cache_dir": "cache/weights", "cpu_kv_cache_bytes": 16 * 1024 * 1024},
-        "drain": {"timeout_s": 30},
+        "model": {"name": MODEL, "weights_uri": source, "version": "v1", "max_seq_len": 256},
+        "api_keys_secret": SECRET,
+        "max_concurrency": 4,
+        "queue": {"max_length": 8, "timeout_ms": 30_000},
+        "batch": {"window_ms": 0, "max_batch_size": 4, "max_num_batched_tokens": 512},
+        "weights_cache_dir": "cache/weights",
+        "cpu_kv_cache_bytes": 16 * 1024 * 1024,
+        "drain_timeout_s": 30,
         "device": "cpu",
     }
     path = root / "runtime.yaml"
@@ -190,9 +186,7 @@ def test_weights_that_fail_their_checksum_stop_startup_with_a_clear_error(
 ) -> None:
     boto3.client("s3").put_object(Bucket=BUCKET, Key="tiny/v1/config.json", Body=b'{"tampered": true}')
     config = parse_config(_write_config(tmp_path, pushed_model).read_text())
-    config = config.model_copy(
-        update={"cache": config.cache.model_copy(update={"weights_cache_dir": str(tmp_path / "cache")})}
-    )
+    config = config.model_copy(update={"weights_cache_dir": str(tmp_path / "cache")})
     state = new_state(config)
     server = RuntimeServer(
         uvicorn_config(create_app(state), "127.0.0.1", 0), state, lambda: load_runtime(config, None)

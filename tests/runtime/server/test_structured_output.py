@@ -16,7 +16,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from frontier_runtime.engine.api import RequestOutput
+from frontier_runtime.requests import RequestOutput
 from server_harness import MODEL, ScriptedEngine, servers
 
 # Nested objects, enums, arrays; bounded so that even a random model completes it within budget.

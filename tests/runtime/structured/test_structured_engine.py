@@ -8,8 +8,8 @@ import json
 import jsonschema
 import pytest
 import torch
-from frontier_runtime.engine.api import SamplingParams, StructuredOutput
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.requests import SamplingParams, StructuredOutput
 
 SCHEMA = {
     "type": "object",

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from frontier_runtime.engine.api import SamplingParams, StructuredOutput
+from frontier_runtime.requests import SamplingParams, StructuredOutput
 from frontier_runtime.structured.bitmask import TokenBitmask, words_for
 from frontier_runtime.structured.grammar import GrammarError, compile_grammar
 from frontier_runtime.structured.validate import output_problem

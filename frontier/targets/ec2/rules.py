@@ -1,0 +1,72 @@
+"""What the EC2 target refuses in a stack file: unpinned AMIs, a cache with no disk, plain HTTP.
+
+Every node group (and the gateway's) boots a pinned AMI; a model cache on instance store needs an
+instance type that has one; the ALB serves HTTPS with an ACM certificate; the gateway finds a
+pool's hosts by their node group's tag, so pools do not share a group; its metering goes to S3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from frontier_settings import FieldProblem
+
+from frontier.config.checks import certificate_problems
+from frontier.config.hardware import INSTANCE_STORE, instance_store
+from frontier.config.schema import Settings
+
+
+def stack_problems(s: Settings) -> Iterator[FieldProblem]:
+    """The node groups', the edge's, the pools' and the gateway's problems on EC2."""
+    yield from _node_group_problems(s)
+    yield from certificate_problems(s)
+    yield from _pool_problems(s)
+    yield from _gateway_problems(s)
+
+
+def _node_group_problems(s: Settings) -> Iterator[FieldProblem]:
+    for i, group in enumerate(s.node_groups):
+        where = f"node_groups[{i}]"
+        if not group.ami_id:
+            yield FieldProblem(
+                f"{where}.ami_id",
+                group.ami_id,
+                "an EC2 stack pins its AMI (ami- followed by 8 or 17 hex digits); "
+                f"`fab ami.latest -s {s.stack}` proposes the newest one",
+            )
+        if group.model_cache == "instance_store" and instance_store(group.instance_type)[0] == 0:
+            known = ", ".join(sorted(INSTANCE_STORE))
+            yield FieldProblem(
+                f"{where}.model_cache",
+                group.model_cache,
+                f"{group.instance_type} has no NVMe instance store; use 'ebs', or one of: {known}",
+            )
+
+
+def _pool_problems(s: Settings) -> Iterator[FieldProblem]:
+    """The gateway finds a pool's hosts by their node group's tag: each pool needs its own group."""
+    if len(s.pools) < 2:
+        return
+    seen_groups: dict[str, str] = {}
+    for i, pool in enumerate(s.pools):
+        group = s.pool_group(pool).name
+        if group in seen_groups:
+            yield FieldProblem(
+                f"models[{i}].node_group",
+                pool.node_group or group,
+                f"already runs model {seen_groups[group]!r}: each pool needs its own node group",
+            )
+        seen_groups.setdefault(group, pool.name)
+
+
+def _gateway_problems(s: Settings) -> Iterator[FieldProblem]:
+    """The gateway's own CPU node group boots a pinned AMI; its usage records go to S3."""
+    gw = s.gateway
+    if gw is None:
+        return
+    if not gw.ami_id:
+        yield FieldProblem("gateway.ami_id", "", "the gateway's node group needs a pinned AMI (ami-...)")
+    if not gw.metering.uri.startswith("s3://"):
+        yield FieldProblem(
+            "gateway.metering.uri", gw.metering.uri, "must be s3://bucket/prefix outside the local stack"
+        )

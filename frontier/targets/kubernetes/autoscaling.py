@@ -1,0 +1,65 @@
+"""Autoscaling of the runtime: a KEDA ScaledObject on its queue depth.
+
+**KEDA, not an HPA on an external metric.** The signal is the runtime's queue depth
+(``vllm:num_requests_waiting``), which Prometheus already scrapes. An HPA can only read it through
+an adapter (prometheus-adapter) with a rule per metric, a second component to run and keep in step
+with the query; KEDA's ScaledObject carries the PromQL query itself, next to the threshold, and
+drives the same HPA machinery underneath (behavior, stabilisation). Scale-down is one replica per
+period, slower than the runtime's drain, so load moves off a replica before it goes.
+"""
+
+from __future__ import annotations
+
+from frontier_hostside.names import WAITING_METRIC
+
+from frontier.config.schema import Settings
+from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of
+
+
+def queue_depth_query(settings: Settings) -> str:
+    k = kubernetes_of(settings)
+    return f'sum({WAITING_METRIC}{{namespace="{k.namespace}",service="{app_name(settings)}"}})'
+
+
+def scaled_object(settings: Settings) -> Manifest:
+    k = kubernetes_of(settings)
+    auto = k.autoscaling
+    body = {
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": app_name(settings)},
+            "pollingInterval": auto.polling_interval_s,
+            "cooldownPeriod": auto.cooldown_s,
+            "minReplicaCount": auto.min_replicas,
+            "maxReplicaCount": auto.max_replicas,
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": {
+                        "scaleUp": {
+                            "stabilizationWindowSeconds": 0,
+                            "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}],
+                        },
+                        "scaleDown": {
+                            "stabilizationWindowSeconds": auto.cooldown_s,
+                            "policies": [{"type": "Pods", "value": 1, "periodSeconds": auto.cooldown_s}],
+                        },
+                    }
+                }
+            },
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "name": "queue-depth",
+                    "metricType": "AverageValue",
+                    # KEDA reads trigger metadata as strings only.
+                    "metadata": {
+                        "serverAddress": auto.prometheus_url,
+                        "query": queue_depth_query(settings),
+                        "threshold": str(auto.target_queue_depth),
+                    },
+                }
+            ],
+        }
+    }
+    return Manifest(
+        "keda.sh/v1alpha1", "ScaledObject", app_name(settings), k.namespace, body, labels=app_labels(settings)
+    )

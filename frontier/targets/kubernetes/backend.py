@@ -1,0 +1,147 @@
+"""Kubernetes: the runtime is a Deployment; Kubernetes places, drains and rolls its pods.
+
+``fab deploy`` and ``fab rollback`` keep their meaning: the release goes through a canary
+Deployment and the metric gate, then the Deployment rolls it with the stack's surge settings (see
+:mod:`frontier.targets.kubernetes.rollout`). History, releases and the deploy lock live in the same S3
+bucket and format as on EC2 (the ``history_bucket`` / ``history_prefix`` stack outputs, read as
+:class:`frontier.config.outputs.KubernetesOutputs`).
+
+The cluster is reached with the official ``kubernetes`` client from a kubeconfig: the stack's own
+(``kubernetes.cluster.kubeconfig`` / ``context``) for an existing cluster; for one the stack
+created, ``$KUBECONFIG`` (else ``~/.kube/config``) with the context named like the cluster, as
+``aws eks update-kubeconfig --name <cluster> --alias <cluster>`` writes it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from frontier_settings import FieldProblem
+from kubernetes import config as kube_config
+from kubernetes.client import ApiClient
+
+from frontier import aws
+from frontier.config.outputs import KubernetesOutputs
+from frontier.config.schema import Settings
+from frontier.errors import FrontierError
+from frontier.hosts.inventory import HostSpec
+from frontier.release.history import HistoryStore, stack_history
+from frontier.release.release import Release
+from frontier.rollout.rolling import Reporter, RolloutResult
+from frontier.targets.kubernetes import manifests as m
+from frontier.targets.kubernetes import rules
+from frontier.targets.kubernetes.rollout import Clock, KubernetesRollout, list_pods
+from frontier.targets.kubernetes.status import PodSession, pod_facts
+
+
+def kubeconfig_for(settings: Settings) -> tuple[str, str]:
+    """(kubeconfig file, context) the stack's cluster is reached with."""
+    k = settings.kubernetes
+    if k is None:
+        raise FrontierError(f"stack {settings.stack!r} has no 'frontier:kubernetes' section")
+    if k.cluster.mode == "existing":
+        return os.path.expanduser(k.cluster.kubeconfig), k.cluster.context
+    path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
+    return path, k.cluster.name
+
+
+class KubernetesBackend:
+    kind = "kubernetes"
+    creates_buckets = False
+
+    def __init__(self, settings: Settings, api: ApiClient | None = None, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self._api = api
+        self.clock = clock or Clock()
+        self._pods: dict[str, dict[str, Any]] = {}
+
+    def api(self) -> ApiClient:
+        if self._api is None:
+            path, context = kubeconfig_for(self.settings)
+            if not os.path.exists(path):
+                raise FrontierError(
+                    f"stack {self.settings.stack!r}: kubeconfig {path} does not exist; for an EKS cluster run "
+                    f"`aws eks update-kubeconfig --name {context} --alias {context}`"
+                )
+            try:
+                self._api = kube_config.new_client_from_config(config_file=path, context=context)
+            except kube_config.ConfigException as exc:
+                raise FrontierError(f"stack {self.settings.stack!r}: kubeconfig {path}: {exc}") from None
+        return self._api
+
+    def hosts(self, group: str | None = None) -> list[HostSpec]:
+        """The runtime's pods (stable and canary), as ``fab status`` and ``deploy --plan`` list them.
+
+        A rollout does not visit them: the Deployment's controller chooses which pods to replace.
+        """
+        assert self.settings.kubernetes is not None
+        pods = list_pods(self.api(), self.settings.kubernetes.namespace, m.selector(self.settings))
+        self._pods = {pod["metadata"]["name"]: pod for pod in pods}
+        group_name = group or self.settings.serving_group.name
+        return [
+            HostSpec(
+                name=name,
+                address=str((pod.get("status") or {}).get("podIP") or "-"),
+                ssh_port=0,
+                root="",
+                group=group_name,
+                instance_id=str((pod.get("spec") or {}).get("nodeName") or ""),
+            )
+            for name, pod in sorted(self._pods.items())
+        ]
+
+    def balancer(self) -> None:
+        """None to drive: a terminating pod leaves its Service's endpoints by itself."""
+        return None
+
+    def fleet(self, group: str | None = None) -> None:
+        """None to drive: the cluster's autoscaler places and scales the pods (KEDA, node pools)."""
+        return None
+
+    def connect(self, host: HostSpec) -> Any:
+        raise FrontierError(f"stack {self.settings.stack!r}: pods are not reached over SSH (use kubectl)")
+
+    def session(self, host: HostSpec) -> PodSession:
+        if host.name not in self._pods:
+            self.hosts()
+        if host.name not in self._pods:
+            raise FrontierError(f"pod {host.name} is gone")
+        return PodSession(pod_facts(self._pods[host.name]))
+
+    def outputs(self) -> KubernetesOutputs[str]:
+        """What ``pulumi up`` of the stack exported, as saved for ``fab``."""
+        return aws.stack_outputs(self.settings, KubernetesOutputs[str])
+
+    def history_store(self) -> HistoryStore:
+        outputs = self.outputs()
+        return stack_history(
+            self.settings, self.aws_client("s3"), outputs.history_bucket, outputs.history_prefix
+        )
+
+    def aws_client(self, service: str) -> Any:
+        return aws.client(self.settings, service)
+
+    def endpoint(self) -> str:
+        return self.outputs().endpoint
+
+    def api_key(self) -> str | None:
+        return None
+
+    def rollout(self, reporter: Reporter | None = None) -> KubernetesRollout:
+        return KubernetesRollout(self.settings, self.api(), reporter, self.clock)
+
+    def rollout_size(self) -> int:
+        """The pods the Deployment may run at most (asked without the API: it may be unreachable)."""
+        return self.settings.serving_group.max_size
+
+    def roll(self, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
+        return self.rollout(reporter).run(release, kind)
+
+    def stack_problems(self) -> Iterator[FieldProblem]:
+        return rules.stack_problems(self.settings)
+
+    def rendered_files(self, digest: str) -> dict[str, str]:
+        """The cluster's manifests, as ``pulumi up`` applies them."""
+        return m.manifest_files(self.settings, digest)

@@ -1,0 +1,489 @@
+"""Every Kubernetes object of a stack, from its settings and its rendered ``runtime.yaml``.
+
+Plain functions, one per object, each returning a :class:`Manifest`: the Pulumi program turns them
+into typed ``pulumi_kubernetes`` resources, ``fab render`` writes them as YAML for GitOps tooling,
+and the Kubernetes backend patches the Deployment they describe. Nothing here talks to a cluster.
+
+Choices worth knowing (autoscaling: :mod:`frontier.targets.kubernetes.autoscaling`; network policies:
+:mod:`frontier.targets.kubernetes.network_policies`):
+
+- **The ConfigMap is named by its content** (``<app>-config-<hash>``, immutable): a Deployment revision
+  names the exact config it ran with, so rolling back to a previous revision brings its config back
+  too; the hash is also annotated on the pod template.
+- **Termination**: the ALB keeps sending to a terminating pod until its deregistration delay is over,
+  so the pod's preStop sleeps that long before the runtime gets SIGTERM; the grace period covers
+  the sleep plus the runtime's own drain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from frontier_hostside.names import (
+    CONTAINER_NAME,
+    CONTAINER_RELEASE_DIR,
+    GPU_RESOURCE,
+    K8S_CONFIG_HASH_ANNOTATION,
+    K8S_RELEASE_ANNOTATION,
+    K8S_TRACK_LABEL,
+)
+
+from frontier.config.schema import NodePool, Settings
+from frontier.errors import FrontierError
+from frontier.release.artifact import is_placeholder
+from frontier.render.files import image_reference, render_runtime_config
+from frontier.targets.kubernetes.autoscaling import scaled_object
+from frontier.targets.kubernetes.monitoring import prometheus_rule, service_monitor
+from frontier.targets.kubernetes.network_policies import network_policies
+from frontier.targets.kubernetes.objects import (
+    CONFIG_FILE,
+    TEMPLATE_HASH_ANNOTATION,
+    Manifest,
+    app_labels,
+    app_name,
+    canary_name,
+    config_hash,
+    config_map_name,
+    kubernetes_of,
+    selector,
+)
+
+HOME_DIR = "/var/lib/frontier"
+IRSA_ROLE_ANNOTATION = "eks.amazonaws.com/role-arn"
+# Added on top of preStop + the runtime's drain before the kubelet sends SIGKILL.
+GRACE_MARGIN_S = 15
+TRACKS = ("stable", "canary")
+
+
+# --- placement ------------------------------------------------------------------------------------
+
+
+def serving_pool(settings: Settings) -> NodePool:
+    k = kubernetes_of(settings)
+    return next(p for p in k.node_pools if p.node_group == settings.serving_group.name)
+
+
+def gpus_per_pod(settings: Settings) -> int:
+    """One replica's GPUs: tensor x pipeline parallel, all on one node."""
+    return settings.runtime.tensor_parallel_size * settings.runtime.pipeline_parallel_size
+
+
+def image(settings: Settings, digest: str) -> str:
+    return image_reference(settings, digest)  # the digest is checked there: tags are refused
+
+
+# --- timing ---------------------------------------------------------------------------------------
+
+
+def pre_stop_s(settings: Settings) -> int:
+    """The ALB keeps routing to a terminating pod for its deregistration delay: serve through it."""
+    return settings.rollout.deregistration_delay_s
+
+
+def grace_period_s(settings: Settings) -> int:
+    return pre_stop_s(settings) + math.ceil(settings.runtime.drain_timeout_s) + GRACE_MARGIN_S
+
+
+def startup_failure_threshold(settings: Settings) -> int:
+    """Probes in rollout.readiness_timeout_s: long enough to fetch and load the model."""
+    return max(1, math.ceil(settings.rollout.readiness_timeout_s / settings.health.interval_s))
+
+
+def strategy(settings: Settings) -> dict[str, Any]:
+    """Surge first where the node pool can grow (no replica lost), else batch_size out at once."""
+    rollout, group = settings.rollout, settings.serving_group
+    can_grow = rollout.max_surge > 0 and group.max_size > group.desired_size
+    return {
+        "type": "RollingUpdate",
+        "rollingUpdate": {
+            "maxSurge": rollout.max_surge,
+            "maxUnavailable": 0 if can_grow else rollout.batch_size,
+        },
+    }
+
+
+# --- objects ----------------------------------------------------------------------------------------
+
+
+def namespace(settings: Settings) -> Manifest:
+    k = kubernetes_of(settings)
+    version = f"v{k.cluster.version}"
+    labels = {
+        **app_labels(settings),
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": version,
+        "pod-security.kubernetes.io/audit": "restricted",
+        "pod-security.kubernetes.io/warn": "restricted",
+    }
+    if k.ingress.kind == "alb":
+        # The controller holds a pod's readiness until the ALB reports its target healthy, so a
+        # rollout never outruns the load balancer.
+        labels["elbv2.k8s.aws/pod-readiness-gate-inject"] = "enabled"
+    return Manifest("v1", "Namespace", k.namespace, None, {}, labels=labels)
+
+
+def service_account(settings: Settings, role_arn: Any = None) -> Manifest:
+    """The runtime's identity. ``role_arn``: a string or a Pulumi Output of one (IRSA only)."""
+    k = kubernetes_of(settings)
+    annotations: dict[str, Any] = {}
+    if k.identity == "irsa":
+        annotations[IRSA_ROLE_ANNOTATION] = role_arn or k.runtime_role_arn
+    # The runtime never calls the Kubernetes API; Pod Identity and IRSA mount their own tokens.
+    body = {"automountServiceAccountToken": False}
+    return Manifest(
+        "v1",
+        "ServiceAccount",
+        k.service_account,
+        k.namespace,
+        body,
+        labels=app_labels(settings),
+        annotations=annotations,
+    )
+
+
+def config_map(settings: Settings, runtime_yaml: str) -> Manifest:
+    k = kubernetes_of(settings)
+    return Manifest(
+        "v1",
+        "ConfigMap",
+        config_map_name(settings, runtime_yaml),
+        k.namespace,
+        {"immutable": True, "data": {CONFIG_FILE: runtime_yaml}},
+        labels=app_labels(settings),
+        annotations={K8S_CONFIG_HASH_ANNOTATION: f"sha256:{config_hash(runtime_yaml)}"},
+    )
+
+
+def _probe(settings: Settings, path: str, failure_threshold: int, success_threshold: int = 1) -> dict:
+    health = settings.health
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": health.interval_s,
+        "timeoutSeconds": health.timeout_s,
+        "failureThreshold": failure_threshold,
+        "successThreshold": success_threshold,
+    }
+
+
+def _tolerations(pool: NodePool) -> list[dict[str, Any]]:
+    out = []
+    for taint in pool.taints:
+        toleration: dict[str, Any] = {"key": taint.key, "effect": taint.effect}
+        if taint.value:
+            toleration.update(operator="Equal", value=taint.value)
+        else:
+            toleration["operator"] = "Exists"
+        out.append(toleration)
+    return out
+
+
+def pod_template(
+    settings: Settings, digest: str, runtime_yaml: str, *, track: str, release_id: str = ""
+) -> dict[str, Any]:
+    k, rt, health = kubernetes_of(settings), settings.runtime, settings.health
+    pool = serving_pool(settings)
+    gpu = settings.serving_group.accelerator == "gpu"
+    resources: dict[str, Any] = {}
+    if gpu:
+        count = str(gpus_per_pod(settings))
+        # Extended resources cannot be overcommitted: requests must equal limits.
+        resources = {"requests": {GPU_RESOURCE: count}, "limits": {GPU_RESOURCE: count}}
+    annotations = {
+        K8S_CONFIG_HASH_ANNOTATION: f"sha256:{config_hash(runtime_yaml)}",
+        "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
+    }
+    if release_id:
+        annotations[K8S_RELEASE_ANNOTATION] = release_id
+    container = {
+        "name": CONTAINER_NAME,
+        "image": image(settings, digest),
+        "imagePullPolicy": "IfNotPresent",
+        "command": [
+            "python",
+            "-m",
+            "frontier_runtime",
+            "serve",
+            "--config",
+            f"{CONTAINER_RELEASE_DIR}/{CONFIG_FILE}",
+        ],
+        "ports": [{"name": "http", "containerPort": rt.port, "protocol": "TCP"}],
+        "env": [
+            {"name": "AWS_REGION", "value": settings.region},
+            {"name": "AWS_DEFAULT_REGION", "value": settings.region},
+            {"name": "HOME", "value": HOME_DIR},
+        ],
+        "resources": resources,
+        "startupProbe": _probe(settings, health.readiness_path, startup_failure_threshold(settings)),
+        "readinessProbe": _probe(
+            settings, health.readiness_path, health.unhealthy_threshold, health.healthy_threshold
+        ),
+        "livenessProbe": _probe(settings, health.liveness_path, max(3, health.unhealthy_threshold)),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(pre_stop_s(settings))]}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONTAINER_RELEASE_DIR, "readOnly": True},
+            {"name": "weights-cache", "mountPath": rt.weights_cache_dir},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "home", "mountPath": HOME_DIR},
+        ],
+    }
+    spec: dict[str, Any] = {
+        "serviceAccountName": k.service_account,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": grace_period_s(settings),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": k.run_as_user,
+            "runAsGroup": k.run_as_user,
+            "fsGroup": k.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "nodeSelector": dict(pool.labels),
+        "tolerations": _tolerations(pool),
+        "affinity": {
+            # One replica per node: a node's GPUs belong to one replica, and a node lost takes one.
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {"matchLabels": selector(settings)},
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            }
+        },
+        "containers": [container],
+        "volumes": [
+            {
+                "name": "config",
+                "configMap": {
+                    "name": config_map_name(settings, runtime_yaml),
+                    "items": [{"key": CONFIG_FILE, "path": CONFIG_FILE}],
+                },
+            },
+            {"name": "weights-cache", "emptyDir": {"sizeLimit": f"{k.weights_cache_gb}Gi"}},
+            # NCCL and the engine's shared tensors need more than the runtime's default 64 MiB.
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{k.shm_gb}Gi"}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+            {"name": "home", "emptyDir": {"sizeLimit": "1Gi"}},
+        ],
+    }
+    template = {
+        "metadata": {"labels": {**app_labels(settings), K8S_TRACK_LABEL: track}, "annotations": annotations},
+        "spec": spec,
+    }
+    shape = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
+    annotations[TEMPLATE_HASH_ANNOTATION] = shape
+    return template
+
+
+def deployment(
+    settings: Settings,
+    digest: str,
+    runtime_yaml: str,
+    *,
+    track: str = "stable",
+    replicas: int | None = None,
+    release_id: str = "",
+) -> Manifest:
+    """The runtime's Deployment; ``replicas`` None leaves the count to the autoscaler."""
+    if track not in TRACKS:
+        raise FrontierError(f"track {track!r}: expected one of {', '.join(TRACKS)}")
+    k = kubernetes_of(settings)
+    body: dict[str, Any] = {
+        "spec": {
+            "selector": {"matchLabels": selector(settings, track)},
+            "strategy": strategy(settings),
+            "progressDeadlineSeconds": k.progress_deadline_s,
+            "revisionHistoryLimit": settings.rollout.keep_releases,
+            "minReadySeconds": settings.health.interval_s,
+            "template": pod_template(settings, digest, runtime_yaml, track=track, release_id=release_id),
+        }
+    }
+    if replicas is not None:
+        body["spec"]["replicas"] = replicas
+    name = app_name(settings) if track == "stable" else canary_name(settings)
+    return Manifest(
+        "apps/v1",
+        "Deployment",
+        name,
+        k.namespace,
+        body,
+        labels={**app_labels(settings), K8S_TRACK_LABEL: track},
+    )
+
+
+def service(settings: Settings) -> Manifest:
+    k = kubernetes_of(settings)
+    port = settings.runtime.port
+    body = {
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(settings),
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        }
+    }
+    return Manifest("v1", "Service", app_name(settings), k.namespace, body, labels=app_labels(settings))
+
+
+def ingress(settings: Settings) -> Manifest:
+    k, health, edge = kubernetes_of(settings), settings.health, settings.edge
+    annotations: dict[str, str] = {}
+    tls: dict[str, Any] = {"hosts": [k.ingress.host]}
+    if k.ingress.kind == "alb":
+        annotations = {
+            "alb.ingress.kubernetes.io/scheme": "internet-facing",
+            "alb.ingress.kubernetes.io/target-type": "ip",
+            "alb.ingress.kubernetes.io/listen-ports": json.dumps([{"HTTPS": 443}]),
+            "alb.ingress.kubernetes.io/certificate-arn": edge.certificate_arn,
+            "alb.ingress.kubernetes.io/ssl-policy": edge.ssl_policy,
+            "alb.ingress.kubernetes.io/backend-protocol": "HTTP",
+            "alb.ingress.kubernetes.io/healthcheck-path": health.readiness_path,
+            "alb.ingress.kubernetes.io/healthcheck-interval-seconds": str(health.interval_s),
+            "alb.ingress.kubernetes.io/healthcheck-timeout-seconds": str(health.timeout_s),
+            "alb.ingress.kubernetes.io/healthy-threshold-count": str(health.healthy_threshold),
+            "alb.ingress.kubernetes.io/unhealthy-threshold-count": str(health.unhealthy_threshold),
+            "alb.ingress.kubernetes.io/target-group-attributes": (
+                f"deregistration_delay.timeout_seconds={settings.rollout.deregistration_delay_s}"
+            ),
+            "alb.ingress.kubernetes.io/load-balancer-attributes": (
+                f"idle_timeout.timeout_seconds={edge.idle_timeout_s}"
+            ),
+        }
+    else:
+        tls["secretName"] = k.ingress.tls_secret
+    body = {
+        "spec": {
+            "ingressClassName": k.ingress.class_name,
+            "tls": [tls],
+            "rules": [
+                {
+                    "host": k.ingress.host,
+                    "http": {
+                        "paths": [
+                            {
+                                "path": "/",
+                                "pathType": "Prefix",
+                                "backend": {
+                                    "service": {"name": app_name(settings), "port": {"name": "http"}}
+                                },
+                            }
+                        ]
+                    },
+                }
+            ],
+        }
+    }
+    return Manifest(
+        "networking.k8s.io/v1",
+        "Ingress",
+        app_name(settings),
+        k.namespace,
+        body,
+        labels=app_labels(settings),
+        annotations=annotations,
+    )
+
+
+def disruption_budget(settings: Settings) -> Manifest:
+    """Voluntary evictions (node drains, upgrades) take at most a rollout batch at once."""
+    k = kubernetes_of(settings)
+    body = {
+        "spec": {
+            "maxUnavailable": settings.rollout.batch_size,
+            "selector": {"matchLabels": selector(settings, "stable")},
+        }
+    }
+    return Manifest(
+        "policy/v1", "PodDisruptionBudget", app_name(settings), k.namespace, body, labels=app_labels(settings)
+    )
+
+
+# --- everything -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Every object of one stack, in the order they are applied."""
+
+    namespace: Manifest
+    service_account: Manifest
+    config_map: Manifest
+    network_policies: tuple[Manifest, ...]
+    deployment: Manifest
+    service: Manifest
+    disruption_budget: Manifest
+    ingress: Manifest
+    scaled_object: Manifest
+    service_monitor: Manifest
+    prometheus_rule: Manifest
+
+    def all(self) -> list[Manifest]:
+        return [
+            self.namespace,
+            self.service_account,
+            self.config_map,
+            *self.network_policies,
+            self.deployment,
+            self.service,
+            self.disruption_budget,
+            self.ingress,
+            self.scaled_object,
+            self.service_monitor,
+            self.prometheus_rule,
+        ]
+
+
+def render_workload(
+    settings: Settings, digest: str, *, role_arn: Any = None, release_id: str = ""
+) -> Workload:
+    """The stack's objects for the runtime image ``digest`` (checked: tags are refused)."""
+    runtime_yaml = render_runtime_config(settings)
+    return Workload(
+        namespace=namespace(settings),
+        service_account=service_account(settings, role_arn),
+        config_map=config_map(settings, runtime_yaml),
+        network_policies=tuple(network_policies(settings)),
+        deployment=deployment(settings, digest, runtime_yaml, release_id=release_id),
+        service=service(settings),
+        disruption_budget=disruption_budget(settings),
+        ingress=ingress(settings),
+        scaled_object=scaled_object(settings),
+        service_monitor=service_monitor(settings),
+        prometheus_rule=prometheus_rule(settings),
+    )
+
+
+def yaml_files(manifests: Sequence[Manifest], folder: str = "kubernetes") -> dict[str, str]:
+    """One YAML file per object, numbered in apply order, for ``kubectl apply -f`` or GitOps."""
+    files = {}
+    for i, manifest in enumerate(manifests, start=1):
+        name = f"{folder}/{i:02d}-{manifest.kind.lower()}-{manifest.name}.yaml"
+        files[name] = yaml.safe_dump(manifest.to_dict(), sort_keys=False)
+    return files
+
+
+def manifest_files(settings: Settings, digest: str) -> dict[str, str]:
+    """What ``fab render`` adds for a Kubernetes stack (nothing for others).
+
+    Without a real digest the stack's ``kubernetes.image`` pins the image, where it names one.
+    """
+    k = settings.kubernetes
+    if k is None:
+        return {}
+    if is_placeholder(digest) and k.image:
+        digest = k.image.partition("@")[2]
+    return yaml_files(render_workload(settings, digest).all())

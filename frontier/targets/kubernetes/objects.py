@@ -1,0 +1,99 @@
+"""What every Kubernetes object of a stack shares: the :class:`Manifest` shape, names and labels.
+
+The renderers (:mod:`frontier.targets.kubernetes.manifests`, ``.autoscaling``, ``.network_policies``), the
+Pulumi program and the rollout all name and select the runtime's objects through these functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from frontier_hostside.names import (
+    CONTAINER_NAME,
+    K8S_APP_LABEL,
+    K8S_INSTANCE_LABEL,
+    K8S_MANAGED_BY_LABEL,
+    K8S_TRACK_LABEL,
+)
+
+from frontier.config.schema import Kubernetes, Settings
+from frontier.errors import FrontierError
+
+CONFIG_FILE = "runtime.yaml"
+# On the pod template: a hash of the template itself, so a deploy of the release that runs still
+# rolls when the stack changed the pod's shape (probes, volumes, placement) but not the release.
+TEMPLATE_HASH_ANNOTATION = "frontier.dev/pod-template-hash"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One Kubernetes object: its identity plus everything under it but ``metadata``."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None
+    body: Mapping[str, Any]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name}
+        if self.namespace:
+            meta["namespace"] = self.namespace
+        if self.labels:
+            meta["labels"] = dict(self.labels)
+        if self.annotations:
+            meta["annotations"] = dict(self.annotations)
+        return meta
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"apiVersion": self.api_version, "kind": self.kind, "metadata": self.metadata, **self.body}
+
+
+def kubernetes_of(settings: Settings) -> Kubernetes:
+    if settings.kubernetes is None:
+        raise FrontierError(f"stack {settings.stack!r} has no 'frontier:kubernetes' section")
+    return settings.kubernetes
+
+
+# --- names and labels -----------------------------------------------------------------------------
+
+
+def app_name(settings: Settings) -> str:
+    """``frontier-<model>``: a DNS-1035 label (Service names allow no dots), one per model."""
+    slug = re.sub(r"[^a-z0-9]+", "-", settings.model.name.lower()).strip("-")
+    return f"frontier-{slug}"[:48].rstrip("-")
+
+
+def canary_name(settings: Settings) -> str:
+    return f"{app_name(settings)}-canary"
+
+
+def config_map_name(settings: Settings, runtime_yaml: str) -> str:
+    return f"{app_name(settings)}-config-{config_hash(runtime_yaml)[:10]}"
+
+
+def config_hash(runtime_yaml: str) -> str:
+    return hashlib.sha256(runtime_yaml.encode()).hexdigest()
+
+
+def app_labels(settings: Settings) -> dict[str, str]:
+    """What every object of the stack carries and what the Service selects (both tracks)."""
+    return {
+        K8S_APP_LABEL: CONTAINER_NAME,
+        K8S_INSTANCE_LABEL: app_name(settings),
+        K8S_MANAGED_BY_LABEL: "frontier",
+    }
+
+
+def selector(settings: Settings, track: str | None = None) -> dict[str, str]:
+    labels = {K8S_APP_LABEL: CONTAINER_NAME, K8S_INSTANCE_LABEL: app_name(settings)}
+    if track:
+        labels[K8S_TRACK_LABEL] = track
+    return labels

@@ -1,0 +1,367 @@
+"""Roll a release on Kubernetes: a canary Deployment first, then the Deployment itself, gated alike.
+
+1. The release's ``runtime.yaml`` becomes an immutable ConfigMap named by its hash.
+2. **Canary**: a second Deployment (``<app>-canary``, ``rollout.canary_hosts`` replicas) runs the
+   new pod template next to the old pods, behind the same Service. When it is ready, the metric
+   gate reads its pods' ``/metrics`` (through the API server's pod proxy) before and after
+   ``rollout.gate.window_s`` and judges them with the EC2 gate (:mod:`frontier.rollout.gate`).
+3. **Roll**: the stable Deployment's pod template is replaced (a JSON patch) and Kubernetes rolls
+   it with the stack's maxSurge / maxUnavailable; the rollout's status is read until every replica
+   is updated and available, or the Deployment reports ``ProgressDeadlineExceeded``.
+4. The same gate over the new pods; then the canary is deleted.
+
+Any failure — canary not ready, a gate verdict, a progress deadline, an API error — puts the
+previous pod template back (the previous revision, as ``kubectl rollout undo`` would) and waits
+for it to be available again, and deletes the canary. The result has the same shape as a host
+rollout's, one entry per Deployment, so history records look alike on every target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from frontier_hostside.names import K8S_RELEASE_ANNOTATION
+from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from frontier.config.schema import Settings
+from frontier.errors import FrontierError
+from frontier.release.release import Release
+from frontier.rollout.gate import judge, read_gate
+from frontier.rollout.rolling import Event, HostResult, Reporter, RolloutResult
+from frontier.targets.kubernetes import manifests as m
+from frontier.targets.kubernetes.objects import TEMPLATE_HASH_ANNOTATION
+
+CONFIG_FILE = m.CONFIG_FILE
+
+
+# Every API call: the raw JSON (plain dicts, like the manifests), and never a hang on a dead server.
+REQUEST_TIMEOUT_S = 30
+CALL: dict[str, Any] = {"_preload_content": False, "_request_timeout": REQUEST_TIMEOUT_S}
+
+
+class KubernetesRolloutError(FrontierError):
+    """A step of a Kubernetes rollout that failed; the message says which and why."""
+
+
+@dataclass
+class Clock:
+    """Time, injectable: tests run the same loops without waiting in real time."""
+
+    sleep: Callable[[float], None] = time.sleep
+    now: Callable[[], float] = time.monotonic
+
+
+@dataclass
+class _Step:
+    result: HostResult
+    report: Reporter
+
+    def phase(self, name: str, fn: Callable[[], Any]) -> Any:
+        self.report(Event(self.result.name, name, "start"))
+        start = time.monotonic()
+        try:
+            value = fn()
+        except Exception as exc:
+            elapsed = time.monotonic() - start
+            self.result.phases[name] = round(self.result.phases.get(name, 0.0) + elapsed, 3)
+            self.report(Event(self.result.name, name, "fail", str(exc), elapsed))
+            raise
+        elapsed = time.monotonic() - start
+        self.result.phases[name] = round(self.result.phases.get(name, 0.0) + elapsed, 3)
+        self.report(Event(self.result.name, name, "ok", value if isinstance(value, str) else "", elapsed))
+        return value
+
+
+def _json(response: Any) -> dict[str, Any]:
+    return json.loads(response.data)
+
+
+def list_pods(api: ApiClient, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Pods matching ``labels``, as the API server returns them (plain dicts)."""
+    selector = ",".join(f"{k}={v}" for k, v in labels.items())
+    listed = _json(CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector, **CALL))
+    return list(listed.get("items", []))
+
+
+@dataclass
+class KubernetesRollout:
+    settings: Settings
+    api: ApiClient
+    reporter: Reporter | None = None
+    clock: Clock = field(default_factory=Clock)
+    #: How often the rollout's status is read.
+    poll_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        k = self.settings.kubernetes
+        if k is None:
+            raise FrontierError(f"stack {self.settings.stack!r} has no 'frontier:kubernetes' section")
+        self.namespace = k.namespace
+        self.name = m.app_name(self.settings)
+        self.canary = m.canary_name(self.settings)
+        self.apps, self.core = AppsV1Api(self.api), CoreV1Api(self.api)
+        self.report: Reporter = self.reporter or (lambda event: None)
+        health = self.settings.health
+        self.excluded_routes = {health.readiness_path, health.liveness_path, "/metrics"}
+
+    # --- reading and writing Deployments --------------------------------------------------------
+
+    def deployment(self, name: str) -> dict[str, Any] | None:
+        try:
+            return _json(self.apps.read_namespaced_deployment(name, self.namespace, **CALL))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def current_release(self) -> str:
+        live = self.deployment(self.name)
+        if live is None:
+            raise KubernetesRolloutError(
+                f"deployment {self.namespace}/{self.name} does not exist: provision the stack first "
+                f"(pulumi up -s {self.settings.stack}, or apply `fab render`'s manifests)"
+            )
+        annotations = live["spec"]["template"]["metadata"].get("annotations") or {}
+        return str(annotations.get(K8S_RELEASE_ANNOTATION, ""))
+
+    def _ensure_config(self, release: Release) -> str:
+        manifest = m.config_map(self.settings, release.files[CONFIG_FILE])
+        try:
+            self.core.create_namespaced_config_map(self.namespace, manifest.to_dict(), **CALL)
+            return f"created {manifest.name}"
+        except ApiException as exc:
+            if exc.status != 409:  # immutable and named by content: one that exists is this one
+                raise
+            return f"{manifest.name} exists"
+
+    def _same_shape(self, live: dict[str, Any], release: Release) -> bool:
+        """The live pod template is the one this stack renders for ``release`` (by its hash)."""
+        key = TEMPLATE_HASH_ANNOTATION
+        running = (live["spec"]["template"]["metadata"].get("annotations") or {}).get(key)
+        return running == self._template(release, "stable")["metadata"]["annotations"][key]
+
+    def _template(self, release: Release, track: str) -> dict[str, Any]:
+        return m.pod_template(
+            self.settings, release.digest, release.files[CONFIG_FILE], track=track, release_id=release.id
+        )
+
+    def _replace_template(self, template: dict[str, Any]) -> None:
+        patch = [{"op": "replace", "path": "/spec/template", "value": template}]
+        self.apps.patch_namespaced_deployment(self.name, self.namespace, patch, **CALL)
+
+    def prune_configs(self, in_use: str) -> str:
+        """Delete the release ConfigMaps beyond ``rollout.keep_releases`` (newest kept; never ``in_use``).
+
+        As many as the Deployment keeps revisions of, so a previous revision still finds its config.
+        """
+        selector = ",".join(f"{k}={v}" for k, v in m.selector(self.settings).items())
+        listed = _json(self.core.list_namespaced_config_map(self.namespace, label_selector=selector, **CALL))
+        newest_first = sorted(
+            listed.get("items", []), key=lambda c: c["metadata"].get("creationTimestamp", ""), reverse=True
+        )
+        kept, deleted = {in_use}, []
+        for item in newest_first:
+            name = item["metadata"]["name"]
+            if name in kept:
+                continue
+            if len(kept) < self.settings.rollout.keep_releases:
+                kept.add(name)
+                continue
+            self.core.delete_namespaced_config_map(name, self.namespace, **CALL)
+            deleted.append(name)
+        return " ".join(deleted) or "nothing to prune"
+
+    def _delete_canary(self) -> str:
+        try:
+            self.apps.delete_namespaced_deployment(self.canary, self.namespace, **CALL)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return "none"
+        return f"deleted {self.canary}"
+
+    def wait_available(self, name: str, timeout_s: float) -> str:
+        """Until every replica runs the current template and is available; fail on the progress deadline."""
+        deadline = self.clock.now() + timeout_s
+        while True:
+            live = self.deployment(name)
+            if live is None:
+                raise KubernetesRolloutError(f"deployment {self.namespace}/{name} disappeared")
+            status, spec = live.get("status") or {}, live["spec"]
+            for condition in status.get("conditions") or []:
+                if (
+                    condition.get("type") == "Progressing"
+                    and condition.get("reason") == "ProgressDeadlineExceeded"
+                ):
+                    raise KubernetesRolloutError(
+                        f"deployment {name}: progress deadline exceeded ({spec.get('progressDeadlineSeconds')} s): "
+                        f"{condition.get('message', '')}"
+                    )
+            want = spec.get("replicas", 1)
+            observed = status.get("observedGeneration", 0) >= live["metadata"].get("generation", 0)
+            updated, available = status.get("updatedReplicas", 0), status.get("availableReplicas", 0)
+            total = status.get("replicas", 0)
+            if observed and updated == want and available >= want and total == want:
+                return f"{available}/{want} available"
+            if self.clock.now() >= deadline:
+                raise KubernetesRolloutError(
+                    f"deployment {name}: {updated}/{want} updated, {available}/{want} available after {timeout_s:.0f} s"
+                )
+            self.clock.sleep(self.poll_s)
+
+    # --- the gate ---------------------------------------------------------------------------------
+
+    def pods(self, track: str, release_id: str) -> list[str]:
+        names = []
+        for pod in list_pods(self.api, self.namespace, m.selector(self.settings, track)):
+            meta = pod["metadata"]
+            if (meta.get("annotations") or {}).get(K8S_RELEASE_ANNOTATION) != release_id or meta.get(
+                "deletionTimestamp"
+            ):
+                continue
+            names.append(meta["name"])
+        return sorted(names)
+
+    def metrics(self, pod: str) -> str:
+        response = self.core.connect_get_namespaced_pod_proxy_with_path(
+            f"{pod}:{self.settings.runtime.port}", self.namespace, "metrics", **CALL
+        )
+        return response.data.decode()
+
+    def gate(self, pods: list[str]) -> str:
+        gate = self.settings.rollout.gate
+        if gate.window_s <= 0:
+            return "skipped: rollout.gate.window_s is 0"
+        if not pods:
+            raise KubernetesRolloutError("no pod of the new release to gate")
+        before = {pod: self.metrics(pod) for pod in pods}
+        self.clock.sleep(gate.window_s)
+        readings = []
+        for pod in pods:
+            reading = read_gate(before[pod], self.metrics(pod), self.excluded_routes)
+            verdict = judge(reading, gate)
+            if verdict:
+                raise KubernetesRolloutError(f"gate on pod {pod}: {verdict}")
+            readings.append(f"{pod}: {reading.describe()}")
+        return "; ".join(readings)
+
+    # --- the rollout ------------------------------------------------------------------------------
+
+    def run(self, release: Release, kind: str = "deploy") -> RolloutResult:
+        started = self.clock.now()
+        result = RolloutResult(kind=kind, release=release.id)
+        canary = HostResult(f"deployment/{self.canary}", to_release=release.id)
+        stable = HostResult(f"deployment/{self.name}", to_release=release.id)
+        result.hosts = [canary, stable]
+        timeout = self.settings.rollout.readiness_timeout_s
+        previous: dict[str, Any] | None = None
+        try:
+            live = self.deployment(self.name)
+            if live is None:
+                self.current_release()  # raises, naming what to do
+            assert live is not None
+            stable.from_release = canary.from_release = self.current_release()
+            if stable.from_release == release.id and self._same_shape(live, release):
+                self.wait_available(self.name, timeout)
+                stable.outcome = canary.outcome = "skipped"
+                self.report(Event(stable.name, "check", "info", f"already runs {release.id}"))
+                return result
+            steps = _Step(stable, self.report)
+            steps.phase("config", lambda: self._ensure_config(release))
+            if self.settings.rollout.canary_hosts > 0:
+                self._canary(release, _Step(canary, self.report), timeout)
+            else:
+                canary.outcome = "skipped"
+            previous = live["spec"]["template"]
+            steps.phase(
+                "roll", lambda: self._replace_template(self._template(release, "stable")) or "patched"
+            )
+            steps.phase(
+                "rollout",
+                lambda: self.wait_available(self.name, self.settings.kubernetes.progress_deadline_s),
+            )
+            steps.phase("gate", lambda: self.gate(self.pods("stable", release.id)))
+            stable.outcome = "updated"
+            _Step(canary, self.report).phase("cleanup", self._delete_canary)
+            if canary.outcome == "pending":
+                canary.outcome = "updated"  # it served the release through its gate, then made way
+            # An old ConfigMap left behind is not worth failing a good rollout for.
+            with contextlib.suppress(ApiException, HTTPError):
+                in_use = m.config_map_name(self.settings, release.files[CONFIG_FILE])
+                steps.phase("prune", lambda: self.prune_configs(in_use))
+        except (Exception, KeyboardInterrupt) as exc:
+            result.reason = self._reason(exc)
+            failing = next((r for r in (canary, stable) if r.outcome == "pending" and r.phases), stable)
+            failing.error = result.reason
+            result.outcome = "rolled_back" if self._restore(canary, stable, previous) else "failed"
+        finally:
+            result.duration_s = round(self.clock.now() - started, 3)
+        return result
+
+    def _canary(self, release: Release, step: _Step, timeout: float) -> None:
+        manifest = m.deployment(
+            self.settings,
+            release.digest,
+            release.files[CONFIG_FILE],
+            track="canary",
+            replicas=self.settings.rollout.canary_hosts,
+            release_id=release.id,
+        )
+
+        def create() -> str:
+            self._delete_canary()  # a canary left by an interrupted rollout is not this release's
+            self.apps.create_namespaced_deployment(self.namespace, manifest.to_dict(), **CALL)
+            return f"{manifest.name}: {self.settings.rollout.canary_hosts} replica(s)"
+
+        step.phase("canary", create)
+        step.phase("readiness", lambda: self.wait_available(self.canary, timeout))
+        step.phase("gate", lambda: self.gate(self.pods("canary", release.id)))
+
+    def _restore(self, canary: HostResult, stable: HostResult, previous: dict[str, Any] | None) -> bool:
+        """Delete the canary; put the previous pod template back if ours was applied. True when all is back."""
+        back = True
+        try:
+            _Step(canary, self.report).phase("restore", self._delete_canary)
+            canary.outcome = "restored" if canary.phases else "untouched"
+        except Exception as exc:  # noqa: BLE001 - keep restoring the Deployment
+            canary.outcome, canary.error, back = "failed", canary.error or str(exc), False
+        if previous is None or "roll" not in stable.phases:
+            stable.outcome = "untouched"
+            return back
+        step = _Step(stable, self.report)
+        try:
+            self.report(
+                Event(
+                    stable.name,
+                    "restore",
+                    "info",
+                    f"back to {stable.from_release or 'the previous template'}",
+                )
+            )
+            step.phase("restore", lambda: self._replace_template(previous) or "previous template")
+            step.phase(
+                "rollout",
+                lambda: self.wait_available(self.name, self.settings.kubernetes.progress_deadline_s),
+            )
+            stable.outcome = "restored"
+        except Exception as exc:  # noqa: BLE001
+            stable.outcome, stable.error, back = "failed", stable.error or str(exc), False
+        return back
+
+    @staticmethod
+    def _reason(exc: BaseException) -> str:
+        if isinstance(exc, KeyboardInterrupt):
+            return "interrupted by the operator"
+        if isinstance(exc, ApiException):
+            body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+            return f"Kubernetes API: {exc.status} {exc.reason}: {body[:200]}"
+        if isinstance(exc, FrontierError):
+            return str(exc)
+        return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,196 @@
+"""What the Kubernetes target refuses in a stack file: what the API server or the scheduler would.
+
+Its ``kubernetes:`` section must be there and hold together (namespace, cluster, node pools,
+autoscaling, ingress, image); a stack serves one model here, without the gateway; and the edge
+terminates TLS with an ACM certificate unless the cluster's own ingress class does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from frontier_hostside.names import DIGEST_PATTERN
+from frontier_settings import FieldProblem
+
+from frontier.config.checks import certificate_problems
+from frontier.config.schema import Kubernetes, Settings
+
+# RFC 1123 label: what Kubernetes accepts as a namespace name.
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL_MAX = 63
+# GPUs per instance of the EC2 types a node pool may name (a pod's GPUs must fit one node).
+GPUS_PER_INSTANCE = {
+    "g5.xlarge": 1,
+    "g5.2xlarge": 1,
+    "g5.12xlarge": 4,
+    "g5.48xlarge": 8,
+    "g6.xlarge": 1,
+    "g6.12xlarge": 4,
+    "g6.48xlarge": 8,
+    "g6e.xlarge": 1,
+    "g6e.12xlarge": 4,
+    "g6e.48xlarge": 8,
+    "p4d.24xlarge": 8,
+    "p4de.24xlarge": 8,
+    "p5.48xlarge": 8,
+    "p5e.48xlarge": 8,
+    "p5en.48xlarge": 8,
+}
+
+
+def stack_problems(s: Settings) -> Iterator[FieldProblem]:
+    """The ``kubernetes:`` section's problems, and the edge's certificate where AWS terminates TLS."""
+    k = s.kubernetes
+    if k is None:
+        yield FieldProblem("kubernetes", None, "target 'kubernetes' needs a 'frontier:kubernetes' section")
+        return
+    yield from kubernetes_problems(s, k)
+    if k.ingress.kind != "class":
+        yield from certificate_problems(s)
+
+
+def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
+    """A Kubernetes block that the API server or the scheduler would refuse, refused at load."""
+    if len(k.namespace) > DNS_LABEL_MAX or not DNS_LABEL.match(k.namespace):
+        yield FieldProblem(
+            "kubernetes.namespace",
+            k.namespace,
+            f"must be a DNS label (RFC 1123): 1 to {DNS_LABEL_MAX} lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit",
+        )
+    cluster = k.cluster
+    if cluster.mode == "existing" and not (cluster.kubeconfig and cluster.context):
+        yield FieldProblem(
+            "kubernetes.cluster.kubeconfig",
+            cluster.kubeconfig,
+            "an existing cluster needs both kubeconfig (a file path) and context",
+        )
+    if cluster.mode == "create" and (cluster.kubeconfig or cluster.context):
+        yield FieldProblem(
+            "kubernetes.cluster.kubeconfig",
+            cluster.kubeconfig or cluster.context,
+            "must be empty when the stack creates its cluster (Pulumi makes the kubeconfig)",
+        )
+    if cluster.mode == "existing" and not k.runtime_role_arn.startswith("arn:aws:iam::"):
+        yield FieldProblem(
+            "kubernetes.runtime_role_arn",
+            k.runtime_role_arn,
+            "an existing cluster needs the IAM role (arn:aws:iam::<account>:role/<name>) its runtime assumes",
+        )
+    if cluster.mode == "existing" and not cluster.api_server_cidrs:
+        yield FieldProblem(
+            "kubernetes.cluster.api_server_cidrs",
+            [],
+            "an existing cluster needs the CIDRs its API server reaches pods from (the gate reads /metrics that way)",
+        )
+    if cluster.mode == "existing" and k.ingress.kind == "alb" and not k.ingress.source_cidrs:
+        yield FieldProblem(
+            "kubernetes.ingress.source_cidrs",
+            [],
+            "an ALB in an existing cluster's VPC needs the CIDRs of the subnets it lives in",
+        )
+    if len(s.pools) > 1:
+        yield FieldProblem(
+            "models",
+            [pool.name for pool in s.pools],
+            "a kubernetes stack serves one model (one Deployment behind its Ingress); the gateway that "
+            "routes between model pools runs on the ec2 and local targets only: one stack per model",
+        )
+    if s.gateway is not None:
+        yield FieldProblem(
+            "gateway",
+            None,
+            "the gateway runs on the ec2 and local targets only; a kubernetes stack's Ingress reaches its "
+            "runtime directly",
+        )
+    groups = {group.name: group for group in s.node_groups}
+    gpus = s.runtime.tensor_parallel_size * s.runtime.pipeline_parallel_size
+    names: list[str] = []
+    for i, pool in enumerate(k.node_pools):
+        where = f"kubernetes.node_pools[{i}]"
+        if pool.name in names:
+            yield FieldProblem(f"{where}.name", pool.name, "must be unique among kubernetes.node_pools")
+        names.append(pool.name)
+        group = groups.get(pool.node_group)
+        if group is None:
+            yield FieldProblem(
+                f"{where}.node_group", pool.node_group, f"must name one of node_groups ({', '.join(groups)})"
+            )
+            continue
+        for j, instance_type in enumerate(pool.instance_types or (group.instance_type,)):
+            known = GPUS_PER_INSTANCE.get(instance_type)
+            if instance_type != group.instance_type and known is None:
+                yield FieldProblem(
+                    f"{where}.instance_types[{j}]",
+                    instance_type,
+                    f"GPU count unknown; use node group {group.name!r}'s {group.instance_type} or one of "
+                    + ", ".join(sorted(GPUS_PER_INSTANCE)),
+                )
+                continue
+            per_node = group.gpus_per_node if known is None else known
+            if gpus > per_node:
+                yield FieldProblem(
+                    f"{where}.instance_types[{j}]" if pool.instance_types else "runtime.tensor_parallel_size",
+                    instance_type if pool.instance_types else s.runtime.tensor_parallel_size,
+                    f"a runtime pod requests {gpus} nvidia.com/gpu (tensor x pipeline parallel) but a "
+                    f"{instance_type} node of pool {pool.name!r} has {per_node}; allowed: at most {per_node}",
+                )
+            elif known is not None and known != group.gpus_per_node:
+                yield FieldProblem(
+                    f"{where}.instance_types[{j}]",
+                    instance_type,
+                    f"has {known} GPUs; node group {group.name!r} plans for {group.gpus_per_node} per node",
+                )
+    if s.serving_group.name not in {pool.node_group for pool in k.node_pools}:
+        yield FieldProblem(
+            "kubernetes.node_pools",
+            [pool.node_group for pool in k.node_pools],
+            f"one pool must run the serving node group {s.serving_group.name!r} (node_groups[0])",
+        )
+    auto = k.autoscaling
+    if auto.min_replicas > auto.max_replicas:
+        yield FieldProblem(
+            "kubernetes.autoscaling.min_replicas",
+            auto.min_replicas,
+            f"must be <= kubernetes.autoscaling.max_replicas ({auto.max_replicas})",
+        )
+    if auto.max_replicas > s.serving_group.max_size:
+        yield FieldProblem(
+            "kubernetes.autoscaling.max_replicas",
+            auto.max_replicas,
+            f"one replica per node: must be <= node_groups[0].max_size ({s.serving_group.max_size})",
+        )
+    spare = s.rollout.max_surge + s.rollout.canary_hosts
+    if auto.max_replicas + spare > s.serving_group.max_size:
+        yield FieldProblem(
+            "kubernetes.autoscaling.max_replicas",
+            auto.max_replicas,
+            f"one replica per node: at full scale a rollout also places rollout.max_surge + rollout.canary_hosts "
+            f"= {spare} pod(s), so at most node_groups[0].max_size - {spare} = {s.serving_group.max_size - spare}",
+        )
+    if auto.min_replicas <= s.rollout.batch_size:
+        yield FieldProblem(
+            "kubernetes.autoscaling.min_replicas",
+            auto.min_replicas,
+            f"must be > rollout.batch_size ({s.rollout.batch_size}): the disruption budget keeps a replica serving",
+        )
+    if k.ingress.kind == "class" and not k.ingress.tls_secret:
+        yield FieldProblem(
+            "kubernetes.ingress.tls_secret", "", "an ingress class needs the TLS Secret's name"
+        )
+    if k.image:
+        repository, _, digest = k.image.partition("@")
+        if not DIGEST_PATTERN.match(digest):
+            yield FieldProblem(
+                "kubernetes.image",
+                k.image,
+                "is a mutable reference: name the image by digest, <repository>@sha256:<64 hex> "
+                "(tags such as ':latest' move under a running Deployment)",
+            )
+        elif repository != s.runtime.image_repository:
+            yield FieldProblem(
+                "kubernetes.image",
+                k.image,
+                f"must be from runtime.image_repository ({s.runtime.image_repository})",
+            )

@@ -1,0 +1,213 @@
+"""The local stack's autoscaler: target tracking on the runtimes' queue depth, fed from ``/metrics``.
+
+The cloud's node group scales on the ``QueueDepth`` metric each host publishes (a target-tracking
+policy, see :mod:`infra.scaling`); KEDA does the same on ``vllm:num_requests_waiting`` in vLLM's
+production stack. Here nothing stands between the runtimes and the decision: every ``interval_s``
+the autoscaler scrapes each in-service slot's ``/metrics`` and feeds a :class:`Decider`:
+
+* **out**: requests waiting per host above ``target_queue_depth`` for ``scale_out_after_s`` →
+  ``ceil(waiting / target)`` hosts (target tracking's proportional step), at least one more,
+  at most ``max_size``; each new slot bootstraps the current release itself (:meth:`LocalFleet.launch`).
+* **in**: for ``scale_in_after_s`` nothing waited *and* what runs would fit on one host fewer at
+  ``scale_in_utilisation`` of their concurrency → one host fewer, never below ``min_size``, drained
+  first (:meth:`LocalFleet.retire`). A queue that is merely empty is not enough: under a steady load
+  that one host fewer could not carry, scaling in would only start the queue again (flapping).
+* after any change, ``cooldown_s`` of observation is thrown away before the next decision.
+
+The decision is a pure function of the observations and the clock, tested on its own; the loop
+around it (:class:`Autoscaler`) scrapes, decides and acts.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from frontier_hostside.names import METRICS_PATH, RUNNING_METRIC, WAITING_METRIC
+from prometheus_client.parser import text_string_to_metric_families
+
+from frontier.config.schema import LocalAutoscaler, Settings
+from frontier.errors import FrontierError
+from frontier.hosts.inventory import HostSpec
+from frontier.targets.local.group import LocalFleet
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One scrape of every in-service host."""
+
+    at: float
+    hosts: int
+    waiting: float
+    running: float
+    unreachable: int = 0
+
+    @property
+    def waiting_per_host(self) -> float:
+        return self.waiting / self.hosts if self.hosts else 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    at: float
+    current: int
+    desired: int
+    reason: str
+
+    @property
+    def direction(self) -> str:
+        return "out" if self.desired > self.current else "in"
+
+
+@dataclass(frozen=True)
+class Policy:
+    target_queue_depth: float
+    min_size: int
+    max_size: int
+    max_concurrency: int
+    timing: LocalAutoscaler
+
+    @classmethod
+    def of(cls, settings: Settings) -> Policy:
+        if settings.local is None:
+            raise FrontierError(f"stack {settings.stack!r} has no local section: nothing to autoscale here")
+        group = settings.serving_group
+        return cls(
+            group.target_queue_depth,
+            group.min_size,
+            group.max_size,
+            settings.runtime.max_concurrency,
+            settings.local.autoscaler,
+        )
+
+
+class Decider:
+    """When to scale, from a stream of observations (no I/O: the clock is the observations')."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._over_since: float | None = None
+        self._calm_since: float | None = None
+        self._quiet_until = -math.inf
+
+    def changed(self, at: float) -> None:
+        """A change was made at ``at``: start over after the cooldown."""
+        self._over_since = self._calm_since = None
+        self._quiet_until = at + self.policy.timing.cooldown_s
+
+    def feed(self, seen: Observation) -> Decision | None:
+        p, t = self.policy, self.policy.timing
+        if seen.at < self._quiet_until or seen.hosts == 0 or seen.unreachable:
+            # A host that does not answer is starting or going: its queue is not known yet.
+            self._over_since = self._calm_since = None
+            return None
+        over = seen.waiting_per_host > p.target_queue_depth
+        fits_on_fewer = (
+            seen.hosts > 1 and seen.running <= (seen.hosts - 1) * p.max_concurrency * t.scale_in_utilisation
+        )
+        calm = seen.waiting == 0 and fits_on_fewer
+        self._over_since = (self._over_since if self._over_since is not None else seen.at) if over else None
+        self._calm_since = (self._calm_since if self._calm_since is not None else seen.at) if calm else None
+        if over and seen.at - self._over_since >= t.scale_out_after_s and seen.hosts < p.max_size:
+            desired = min(p.max_size, max(seen.hosts + 1, math.ceil(seen.waiting / p.target_queue_depth)))
+            return Decision(
+                seen.at,
+                seen.hosts,
+                desired,
+                f"{seen.waiting_per_host:.1f} waiting per host > target {p.target_queue_depth:g} "
+                f"for {seen.at - self._over_since:.0f}s",
+            )
+        if calm and seen.at - self._calm_since >= t.scale_in_after_s and seen.hosts > p.min_size:
+            return Decision(
+                seen.at,
+                seen.hosts,
+                seen.hosts - 1,
+                f"nothing waiting and {seen.running:.0f} running (fits {seen.hosts - 1} host(s) at "
+                f"{t.scale_in_utilisation:.0%}) for {seen.at - self._calm_since:.0f}s",
+            )
+        return None
+
+
+def scrape(host: HostSpec, port: int, timeout: float = 2.0) -> tuple[float, float] | None:
+    """(waiting, running) from a runtime's /metrics; None when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://{host.address}:{port}{METRICS_PATH}", timeout=timeout) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    values = {WAITING_METRIC: 0.0, RUNNING_METRIC: 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in values:
+                values[sample.name] += sample.value
+    return values[WAITING_METRIC], values[RUNNING_METRIC]
+
+
+class Autoscaler:
+    """Scrape, decide, act; in the foreground (``run``) or a thread (``start``/``stop``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        fleet: LocalFleet,
+        *,
+        on_observation: Callable[[Observation], None] | None = None,
+        on_decision: Callable[[Decision, str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.fleet = fleet
+        self.decider = Decider(Policy.of(settings))
+        self.on_observation = on_observation or (lambda _seen: None)
+        self.on_decision = on_decision or (lambda _decision, _outcome: None)
+        self.decisions: list[tuple[Decision, str]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def observe(self) -> Observation:
+        hosts = self.fleet.serving()
+        scraped = [scrape(h, self.settings.runtime.port) for h in hosts]
+        answered = [s for s in scraped if s is not None]
+        return Observation(
+            at=time.monotonic(),
+            hosts=len(hosts),
+            waiting=sum(w for w, _ in answered),
+            running=sum(r for _, r in answered),
+            unreachable=len(scraped) - len(answered),
+        )
+
+    def step(self) -> Decision | None:
+        seen = self.observe()
+        self.on_observation(seen)
+        decision = self.decider.feed(seen)
+        if decision is None:
+            return None
+        try:
+            after = self.fleet.scale(decision.desired)
+            outcome = f"now {after.desired} in service"
+        except FrontierError as exc:
+            outcome = f"failed: {exc}"
+        self.decider.changed(time.monotonic())
+        self.decisions.append((decision, outcome))
+        self.on_decision(decision, outcome)
+        return decision
+
+    def run(self, duration_s: float | None = None) -> None:
+        deadline = math.inf if duration_s is None else time.monotonic() + duration_s
+        interval = self.settings.local.autoscaler.interval_s if self.settings.local else 1.0
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            self.step()
+            self._stop.wait(interval)
+
+    def start(self) -> Autoscaler:
+        self._thread = threading.Thread(target=self.run, name="local-autoscaler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

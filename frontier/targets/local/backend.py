@@ -1,0 +1,123 @@
+"""The embedded local stack: host slots on loopback aliases, HAProxy, and moto for AWS.
+
+Hosts run the runtime with this toolkit's own interpreter (the venv that has torch); where no
+sshd exists they are driven through a local connection instead of SSH. The serving hosts are the
+slots in service in the stack's :class:`~frontier.targets.local.group.LocalFleet` (the local
+stand-in for an auto scaling group): a rollout holds them against scale-in while it runs, and never
+surges (the slots are few, and the spare ones are the autoscaler's).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from frontier_hostside.names import HAPROXY_ADMIN_SOCKET
+from frontier_settings import FieldProblem
+
+from frontier import project
+from frontier.config.schema import Settings
+from frontier.hosts.inventory import HostSpec, ssh_connection, static_hosts
+from frontier.hosts.session import HostSession
+from frontier.release.history import HistoryStore, stack_history
+from frontier.release.release import Release
+from frontier.rollout.rolling import Reporter, RolloutResult
+from frontier.rollout.strategy import roll_hosts
+from frontier.targets.local import cluster, rules
+from frontier.targets.local.balancer import HAProxyBalancer, balancer_backends, render_haproxy
+from frontier.targets.local.connection import LocalConnection
+from frontier.targets.local.group import LocalFleet, read_state
+
+
+class LocalBackend:
+    kind = "local"
+    creates_buckets = True
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def hosts(self, group: str | None = None) -> list[HostSpec]:
+        group_name = group or self.settings.serving_group.name
+        slots = static_hosts(
+            self.settings, group_name, python=sys.executable, resolve_root=lambda p: str(project.resolve(p))
+        )
+        serving = set(read_state(self.settings, cluster.state_dir(self.settings)).in_service)
+        return [h for h in slots if h.name in serving]
+
+    def fleet(self, group: str | None = None) -> LocalFleet:
+        return LocalFleet(
+            self.settings,
+            self.history_store,
+            self.balancer(),
+            self.connect,
+            state_dir=cluster.state_dir(self.settings),
+        )
+
+    def rollout_size(self) -> int:
+        return len(self.hosts())
+
+    def roll(self, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
+        """One batch out of service at a time over the slots in service, held against scale-in."""
+        return roll_hosts(
+            self.settings,
+            self.history_store(),
+            self.hosts(),
+            self.balancer(),
+            self.connect,
+            release,
+            kind,
+            reporter,
+            group=self.fleet(),
+        )
+
+    def aws_client(self, service: str) -> Any:
+        return cluster.aws_client(self.settings, service)
+
+    def connect(self, host: HostSpec) -> Any:
+        if cluster.connection_mode(self.settings) == "local":
+            return LocalConnection(host)
+        return ssh_connection(self.settings, host)
+
+    def session(self, host: HostSpec) -> HostSession:
+        return HostSession(self.settings, host, self.connect(host))
+
+    def balancer(self) -> HAProxyBalancer:
+        return HAProxyBalancer(self.admin_socket())
+
+    def admin_socket(self) -> str:
+        assert self.settings.local is not None
+        return str(project.resolve(f"{self.settings.local.state_dir}/{HAPROXY_ADMIN_SOCKET}"))
+
+    def history_store(self) -> HistoryStore:
+        store = stack_history(
+            self.settings,
+            self.aws_client("s3"),
+            cluster.history_bucket(self.settings),
+            f"history/{self.settings.stack}/",
+        )
+        store.ensure_bucket()
+        return store
+
+    def endpoint(self) -> str:
+        return cluster.balancer_url(self.settings)
+
+    def api_key(self) -> str | None:
+        return cluster.api_key(self.settings)
+
+    def stack_problems(self) -> Iterator[FieldProblem]:
+        return rules.stack_problems(self.settings)
+
+    def rendered_files(self, digest: str) -> dict[str, str]:
+        """The balancer's haproxy.cfg, as ``local.up`` starts HAProxy with it (paths as written)."""
+        local = self.settings.local
+        assert local is not None
+        return {
+            "balancer/haproxy.cfg": render_haproxy(
+                self.settings,
+                balancer_backends(self.settings),
+                bind_port=local.balancer_port,
+                stats_socket=f"{local.state_dir}/{HAPROXY_ADMIN_SOCKET}",
+                stats_port=local.balancer_stats_port,
+            )
+        }

@@ -1,0 +1,138 @@
+"""The local stack's balancer: HAProxy, its ``haproxy.cfg`` and its runtime API.
+
+HAProxy lists every host slot with active health checks on the readiness path and retries away
+from a draining host; a rollout drains and enables slots through its admin socket
+(``stats socket ... level admin``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from frontier.config.schema import Settings
+from frontier.errors import FrontierError
+from frontier.hosts.balancer import BalancerError
+from frontier.hosts.inventory import HostSpec
+from frontier.render.files import render_template
+
+HAPROXY_BACKEND = "runtime"
+
+
+def balancer_backends(settings: Settings) -> list[tuple[str, str, int]]:
+    """Every host slot of the stack as an HAProxy server: (name, address, runtime port)."""
+    return [(h.name, h.address, settings.runtime.port) for h in settings.inventory.hosts]
+
+
+def render_haproxy(
+    settings: Settings,
+    backends: Iterable[tuple[str, str, int]],
+    *,
+    bind_port: int,
+    stats_socket: str,
+    bind_address: str | None = None,
+    stats_port: int | None = None,
+) -> str:
+    """HAProxy config: active health checks on the readiness path, retries away from draining hosts."""
+    servers = [(str(name), str(address), int(port)) for name, address, port in backends]
+    names = [name for name, _, _ in servers]
+    if len(set(names)) != len(names):
+        raise FrontierError(f"haproxy backends must have distinct names, got {names}")
+    health = settings.health
+    # Streams stay open for the whole generation; the runtime sends SSE keep-alives, so an idle
+    # timeout comfortably above the keep-alive interval and the slowest answer is enough.
+    stream_timeout_s = max(settings.edge.idle_timeout_s, math.ceil(settings.slo.p99_latency_ms / 1000) * 2)
+    return render_template(
+        "haproxy.cfg.j2",
+        stack=settings.stack,
+        servers=servers,
+        bind_address=bind_address or (settings.local.bind_address if settings.local else "0.0.0.0"),
+        bind_port=int(bind_port),
+        # HAProxy reads a bare relative path as host:port; unix@ makes it a socket path relative to
+        # the directory HAProxy starts in.
+        stats_socket=stats_socket if stats_socket.startswith(("/", "unix@")) else f"unix@{stats_socket}",
+        stats_port=stats_port,
+        readiness_path=health.readiness_path,
+        inter_ms=health.interval_s * 1000,
+        check_timeout_ms=health.timeout_s * 1000,
+        fall=health.unhealthy_threshold,
+        rise=health.healthy_threshold,
+        queue_timeout_ms=settings.runtime.queue.timeout_ms,
+        stream_timeout_s=stream_timeout_s,
+        maxconn=max(
+            1, (settings.runtime.max_concurrency + settings.runtime.queue.max_length) * max(1, len(servers))
+        ),
+        server_maxconn=settings.runtime.max_concurrency + settings.runtime.queue.max_length,
+    )
+
+
+@dataclass
+class HAProxyBalancer:
+    """HAProxy's runtime API over its admin socket (``stats socket ... level admin``)."""
+
+    socket_path: str
+    backend: str = HAPROXY_BACKEND
+    poll_s: float = 0.1
+
+    def command(self, line: str) -> str:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(5)
+                sock.connect(self.socket_path)
+                sock.sendall(line.encode() + b"\n")
+                chunks = []
+                while chunk := sock.recv(65536):
+                    chunks.append(chunk)
+        except OSError as exc:
+            raise BalancerError(
+                f"HAProxy admin socket {self.socket_path}: {exc} (is HAProxy running?)"
+            ) from exc
+        return b"".join(chunks).decode()
+
+    def _set(self, host: HostSpec, state: str) -> None:
+        reply = self.command(f"set server {self.backend}/{host.name} state {state}").strip()
+        if reply:
+            raise BalancerError(
+                f"HAProxy refused 'set server {self.backend}/{host.name} state {state}': {reply}"
+            )
+
+    def stats(self, host: HostSpec) -> dict[str, str]:
+        text = self.command("show stat").lstrip("# ")
+        for row in csv.DictReader(io.StringIO(text)):
+            if row.get("pxname") == self.backend and row.get("svname") == host.name:
+                return row
+        raise BalancerError(f"HAProxy has no server {self.backend}/{host.name}")
+
+    def state(self, host: HostSpec) -> str:
+        return self.stats(host)["status"]
+
+    def drain(self, host: HostSpec, timeout: float) -> int:
+        """Stop new requests, wait for in-flight ones (up to ``timeout``), then maintenance. Returns
+        the sessions still open when it gave up waiting (0 when the host drained cleanly)."""
+        self._set(host, "drain")
+        deadline = time.monotonic() + timeout
+        current = int(self.stats(host).get("scur") or 0)
+        while current and time.monotonic() < deadline:
+            time.sleep(self.poll_s)
+            current = int(self.stats(host).get("scur") or 0)
+        self._set(host, "maint")
+        return current
+
+    def enable(self, host: HostSpec, timeout: float) -> None:
+        """Back in rotation; returns once HAProxy's own health check has passed (status exactly "UP":
+        right after leaving maintenance HAProxy shows "UP 1/2" until a check settles it)."""
+        self._set(host, "ready")
+        deadline = time.monotonic() + timeout
+        status = self.state(host)
+        while status != "UP":
+            if time.monotonic() > deadline:
+                raise BalancerError(
+                    f"HAProxy still reports {self.backend}/{host.name} as {status!r} {timeout:.0f}s after enabling it"
+                )
+            time.sleep(self.poll_s)
+            status = self.state(host)

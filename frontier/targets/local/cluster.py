@@ -1,0 +1,457 @@
+"""The embedded local stack: a whole cluster on this one machine, no cloud, no GPU.
+
+``up`` brings up, from the stack file's ``local:`` and ``inventory:`` sections:
+
+* **moto's server** on ``local.moto_port`` standing in for S3, Secrets Manager and CloudWatch, with
+  the weights and history buckets and the API-key secret ``runtime.api_keys_secret``. The key is
+  generated here and kept only in moto and in a 0600 file under the state dir (``api-key``) for
+  local clients such as the demo and ``fab loadtest``.
+* **host slots** from ``inventory.hosts``: each gets its own root (``releases/``, ``current``, a
+  weights cache) and an ``env`` file pointing the AWS SDK at moto (``AWS_ENDPOINT_URL`` …). Each
+  slot is reached over **real SSH** — a private sshd on the host's loopback alias and ``ssh_port``
+  admitting the stack's key (``inventory.ssh_key_file``, generated when missing) — or, where no sshd
+  binary exists, over a **local connection** (commands run on this machine directly). The choice:
+  ``$FRONTIER_LOCAL_CONNECTION`` (``ssh`` or ``local``) when set, else ``ssh`` when
+  ``/usr/sbin/sshd`` exists, else ``local``. It is recorded in ``<state_dir>/local.json``
+  (:func:`connection_mode`) so every later task connects the same way.
+* **HAProxy** on ``local.balancer_port`` from the rendered ``haproxy.cfg``, with active health
+  checks on the readiness path, its admin socket under the state dir, and a stats page on
+  ``local.balancer_stats_port``.
+
+Every daemon is a :mod:`frontier.targets.local.services` service with its pid and record under the
+state dir, so ``up`` is idempotent (it reports what already runs and starts only what is missing)
+and ``down`` stops exactly what ``up`` started, plus any runtime processes still running on the
+host slots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from frontier_hostside.agent import terminate_then_kill
+from frontier_hostside.names import (
+    HAPROXY_ADMIN_SOCKET,
+    LOCAL_AWS_KEY_ID,
+    LOCAL_AWS_SECRET,
+    SUPERVISOR_PID_NAME,
+)
+
+from frontier import aws, project
+from frontier.config.schema import Host, Local, Settings
+from frontier.errors import FrontierError
+from frontier.targets.local import services
+from frontier.targets.local.balancer import balancer_backends, render_haproxy
+from frontier.targets.local.group import STATE_FILE as GROUP_STATE_FILE
+
+# moto accepts any credentials; these name the local stack rather than pose as real keys.
+STATE_FILE = "local.json"
+API_KEY_FILE = "api-key"
+CONNECTION_ENV = "FRONTIER_LOCAL_CONNECTION"
+
+
+class LocalStackError(FrontierError):
+    """The local stack cannot be brought up or used as asked."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """One line of ``local.up`` / ``local.down`` output."""
+
+    name: str
+    state: str  # started | running | created | exists | stopped | absent
+    detail: str
+
+
+# --- where things are -----------------------------------------------------------------------------
+
+
+def resolve(path: str | Path) -> Path:
+    """A stack path: absolute as given, relative ones against the repository root."""
+    return project.resolve(path).resolve()
+
+
+def require_local(
+    settings: Settings, purpose: str = "local.up only runs the embedded local stack (try --stack local)"
+) -> Local:
+    """The stack's ``local:`` section; LocalStackError saying ``purpose`` where it has none."""
+    if settings.local is None:
+        raise LocalStackError(f"stack {settings.stack!r} has no 'frontier:local' section: {purpose}")
+    return settings.local
+
+
+def state_dir(settings: Settings) -> Path:
+    require_local(settings)
+    assert settings.local is not None
+    return resolve(settings.local.state_dir)
+
+
+def host_root(host: Host) -> Path:
+    return resolve(host.root)
+
+
+def ssh_key_file(settings: Settings) -> Path:
+    if settings.inventory.ssh_key_file:
+        return resolve(settings.inventory.ssh_key_file)
+    return state_dir(settings) / "ssh" / "id_ed25519"
+
+
+def moto_endpoint(settings: Settings) -> str:
+    require_local(settings)
+    assert settings.local is not None
+    return f"http://127.0.0.1:{settings.local.moto_port}"
+
+
+def balancer_url(settings: Settings) -> str:
+    require_local(settings)
+    assert settings.local is not None
+    return f"http://127.0.0.1:{settings.local.balancer_port}"
+
+
+def admin_socket(settings: Settings) -> Path:
+    return state_dir(settings) / HAPROXY_ADMIN_SOCKET
+
+
+def aws_env(settings: Settings) -> dict[str, str]:
+    """The standard AWS environment that points every SDK call at moto's server."""
+    return {
+        "AWS_ENDPOINT_URL": moto_endpoint(settings),
+        "AWS_ACCESS_KEY_ID": LOCAL_AWS_KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": LOCAL_AWS_SECRET,
+        "AWS_DEFAULT_REGION": settings.region,
+        "AWS_REGION": settings.region,
+    }
+
+
+def aws_client(settings: Settings, service: str) -> Any:
+    """A boto3 client for the local stack: its moto server, unless the environment names an endpoint."""
+    extra: dict[str, str] = {}
+    if not os.environ.get("AWS_ENDPOINT_URL"):
+        extra["endpoint_url"] = moto_endpoint(settings)
+    if not os.environ.get("AWS_ACCESS_KEY_ID"):
+        # moto accepts any credentials; a fresh shell on the local stack has none.
+        extra.update(aws_access_key_id=LOCAL_AWS_KEY_ID, aws_secret_access_key=LOCAL_AWS_SECRET)
+    return aws.client(settings, service, **extra)
+
+
+@contextlib.contextmanager
+def aws_environment(settings: Settings):
+    """Within the block, boto3 in this process talks to the local stack's moto server."""
+    saved = {k: os.environ.get(k) for k in (*aws_env(settings), "AWS_PROFILE", "AWS_SESSION_TOKEN")}
+    os.environ.update(aws_env(settings))
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        os.environ.pop(k, None)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def bucket_names(settings: Settings) -> dict[str, str]:
+    """The buckets the local stack creates: the model's weights bucket and the history bucket."""
+    weights = settings.model.weights_uri.removeprefix("s3://").split("/", 1)[0]
+    return {"weights": weights, "history": history_bucket(settings)}
+
+
+def history_bucket(settings: Settings) -> str:
+    """The local stack's release-history bucket (a cloud stack's comes from its Pulumi outputs)."""
+    return f"frontier-{settings.stack}-history"
+
+
+def connection_mode(settings: Settings) -> str:
+    """``ssh`` or ``local``: how tasks reach the host slots (recorded by ``up``; chosen if not up)."""
+    recorded = _read_state(settings).get("connection")
+    return recorded or _choose_connection()
+
+
+def _choose_connection() -> str:
+    forced = os.environ.get(CONNECTION_ENV, "").strip()
+    if forced:
+        if forced not in ("ssh", "local"):
+            raise LocalStackError(f"${CONNECTION_ENV} = {forced!r}: must be 'ssh' or 'local'")
+        return forced
+    return "ssh" if os.access(services.SSHD, os.X_OK) else "local"
+
+
+def api_key(settings: Settings) -> str:
+    """The local stack's API key, from its 0600 file (written by ``up``)."""
+    path = state_dir(settings) / API_KEY_FILE
+    if not path.exists():
+        raise LocalStackError(f"{path}: no API key yet — run `fab local.up --stack {settings.stack}` first")
+    return path.read_text().strip()
+
+
+def _read_state(settings: Settings) -> dict:
+    path = state_dir(settings) / STATE_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+# --- up -------------------------------------------------------------------------------------------
+
+
+def up(settings: Settings) -> list[Component]:
+    """Bring the local stack up; start only what is not running yet. Returns what it found or did."""
+    require_local(settings)
+    assert settings.local is not None
+    state = state_dir(settings)
+    state.mkdir(parents=True, exist_ok=True)
+    connection = _choose_connection()
+    services.require_binary("haproxy", "haproxy")
+    services.require_python_module("moto.server", "moto[server]")
+    if connection == "ssh":
+        services.require_binary(services.SSHD, "openssh-server")
+
+    _check_ports(settings, state, connection)
+    report = [_up_moto(settings, state)]
+    report += _up_aws_resources(settings, state)
+    key = _ensure_ssh_key(settings) if connection == "ssh" else None
+    for host in settings.inventory.hosts:
+        report.append(_prepare_host(settings, host))
+        if key is not None:
+            report.append(_up_sshd(settings, host, state, key))
+    report.append(_up_haproxy(settings, state))
+    _write_state(settings, state, connection)
+    return report
+
+
+def _check_ports(settings: Settings, state: Path, connection: str) -> None:
+    """Fail before starting anything when a port of a service that is not running yet is taken."""
+    assert settings.local is not None
+    wanted = [("moto", "127.0.0.1", settings.local.moto_port)]
+    if connection == "ssh":
+        wanted += [(f"sshd-{h.name}", h.address, h.ssh_port) for h in settings.inventory.hosts]
+    wanted += [
+        ("haproxy", "127.0.0.1", settings.local.balancer_port),
+        ("haproxy", "127.0.0.1", settings.local.balancer_stats_port),
+    ]
+    for name, address, port in wanted:
+        if services.find(state, name) is None:
+            services.require_free_port(address, port, name)
+
+
+def _up_moto(settings: Settings, state: Path) -> Component:
+    assert settings.local is not None
+    running = services.find(state, "moto")
+    if running is not None:
+        return Component("moto", "running", f"{running.endpoint} (pid {running.pid})")
+    service = services.start_moto(settings.local.moto_port, state)
+    return Component(
+        "moto", "started", f"{service.endpoint} (pid {service.pid}): S3, Secrets Manager, CloudWatch"
+    )
+
+
+def _up_aws_resources(settings: Settings, state: Path) -> list[Component]:
+    import boto3
+    from botocore.exceptions import ClientError
+
+    env = aws_env(settings)
+    session = boto3.Session(
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=settings.region,
+    )
+    s3 = session.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+    report = []
+    existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
+    for role, bucket in bucket_names(settings).items():
+        if bucket in existing:
+            report.append(Component(f"bucket {role}", "exists", f"s3://{bucket}"))
+            continue
+        s3.create_bucket(Bucket=bucket)
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        report.append(Component(f"bucket {role}", "created", f"s3://{bucket} (versioned)"))
+
+    sm = session.client("secretsmanager", endpoint_url=env["AWS_ENDPOINT_URL"])
+    secret_id = settings.runtime.api_keys_secret
+    key_file = state / API_KEY_FILE
+    try:
+        value = sm.get_secret_value(SecretId=secret_id)["SecretString"]
+        key = json.loads(value)["keys"][0]
+        state_word = "exists"
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+            raise
+        key = "fk-" + secrets.token_urlsafe(24)
+        sm.create_secret(Name=secret_id, SecretString=json.dumps({"keys": [key]}))
+        state_word = "created"
+    _write_private(key_file, key + "\n")
+    report.append(
+        Component("api key secret", state_word, f"{secret_id} (client copy: {key_file}, mode 0600)")
+    )
+    return report
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    tmp.replace(path)
+
+
+def _ensure_ssh_key(settings: Settings) -> str:
+    key = ssh_key_file(settings)
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        keygen = services.require_binary("ssh-keygen", "openssh-client")
+        subprocess.run(
+            [keygen, "-q", "-t", "ed25519", "-N", "", "-C", f"frontier-{settings.stack}", "-f", str(key)],
+            check=True,
+        )
+    return Path(f"{key}.pub").read_text().strip()
+
+
+def host_env(settings: Settings, host: Host) -> dict[str, str]:
+    """What a host slot's ``env`` file holds: the AWS environment and where the slot lives."""
+    return {
+        **aws_env(settings),
+        "FRONTIER_HOST": host.name,
+        "FRONTIER_HOST_ADDRESS": host.address,
+        "FRONTIER_ROOT": str(host_root(host)),
+    }
+
+
+def _prepare_host(settings: Settings, host: Host) -> Component:
+    root = host_root(host)
+    created = not root.exists()
+    for sub in ("releases", "cache/weights", "logs", "run"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    env = "".join(f"{k}={v}\n" for k, v in sorted(host_env(settings, host).items()))
+    env_file = root / "env"
+    if not env_file.exists() or env_file.read_text() != env:
+        env_file.write_text(env)
+    return Component(f"host {host.name}", "created" if created else "exists", f"root {root}")
+
+
+def _up_sshd(settings: Settings, host: Host, state: Path, public_key: str) -> Component:
+    name = f"sshd-{host.name}"
+    running = services.find(state, name)
+    where = f"{settings.inventory.ssh_user}@{host.address}:{host.ssh_port}"
+    if running is not None:
+        return Component(name, "running", f"{where} (pid {running.pid})")
+    service = services.start_sshd(
+        host.address, host.ssh_port, state, public_key, name=name, set_env=host_env(settings, host)
+    )
+    return Component(name, "started", f"{where} (pid {service.pid})")
+
+
+def haproxy_config_path(settings: Settings) -> Path:
+    return state_dir(settings) / "haproxy" / "haproxy.cfg"
+
+
+def render_balancer_config(settings: Settings) -> str:
+    """The local balancer's haproxy.cfg, rendered from the stack (backends = the host slots)."""
+    assert settings.local is not None
+    return render_haproxy(
+        settings,
+        balancer_backends(settings),
+        bind_port=settings.local.balancer_port,
+        stats_socket=str(admin_socket(settings)),
+        stats_port=settings.local.balancer_stats_port,
+    )
+
+
+def _up_haproxy(settings: Settings, state: Path) -> Component:
+    assert settings.local is not None
+    config = haproxy_config_path(settings)
+    running = services.find(state, "haproxy")
+    if running is not None:
+        detail = f"{balancer_url(settings)} (pid {running.pid})"
+        if not config.exists() or config.read_text() != render_balancer_config(settings):
+            detail += (
+                "; its config differs from the stack file: `fab local.down` then `fab local.up` to apply it"
+            )
+        return Component("haproxy", "running", detail)
+    config.parent.mkdir(parents=True, exist_ok=True)
+    admin_socket(settings).unlink(missing_ok=True)
+    config.write_text(render_balancer_config(settings))
+    service = services.start_haproxy(config, state)
+    stats = f"http://127.0.0.1:{settings.local.balancer_stats_port}/stats"
+    return Component("haproxy", "started", f"{balancer_url(settings)} (pid {service.pid}); stats {stats}")
+
+
+def _write_state(settings: Settings, state: Path, connection: str) -> None:
+    data = {
+        "stack": settings.stack,
+        "connection": connection,
+        "moto": moto_endpoint(settings),
+        "balancer": balancer_url(settings),
+        "admin_socket": str(admin_socket(settings)),
+        "hosts": {
+            h.name: {"address": h.address, "ssh_port": h.ssh_port, "root": str(host_root(h))}
+            for h in settings.inventory.hosts
+        },
+    }
+    (state / STATE_FILE).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+# --- down -----------------------------------------------------------------------------------------
+
+
+def down(settings: Settings) -> list[Component]:
+    """Stop everything ``up`` started and any runtime still running on a host slot. Idempotent."""
+    state = state_dir(settings)
+    report = _stop_runtimes(settings.inventory.hosts)
+    names = ["gateway", "haproxy", *(f"sshd-{h.name}" for h in settings.inventory.hosts), "moto"]
+    for name in names:
+        service = services.find(state, name) if state.exists() else None
+        if service is None:
+            report.append(Component(name, "absent", "not running"))
+            continue
+        services.stop(service)
+        report.append(Component(name, "stopped", f"pid {service.pid}"))
+    (state / STATE_FILE).unlink(missing_ok=True)
+    # The next `up` starts with the stack's desired_size in service again.
+    (state / GROUP_STATE_FILE).unlink(missing_ok=True)
+    return report
+
+
+def _stop_runtimes(hosts: tuple[Host, ...], timeout: float = 15.0) -> list[Component]:
+    """Stop every process with a pid file under a slot's ``run/``, all at once (each drains on
+    SIGTERM; SIGKILL after ``timeout``); then clear ``run/`` so no slot claims to run a release."""
+    found: list[tuple[Host, str, int]] = []
+    for host in hosts:
+        run = host_root(host) / "run"
+        for pid_file in sorted(run.glob("*.pid")) if run.exists() else []:
+            with contextlib.suppress(ValueError, IndexError, OSError):
+                pid = int(pid_file.read_text().split()[0])
+                if services.pid_alive(pid):
+                    found.append((host, pid_file.stem, pid))
+    # Supervisors first (each stops its runtime), so none sees its runtime exit and restarts it.
+    supervisors = [item for item in found if f"{item[1]}.pid" == SUPERVISOR_PID_NAME]
+    found = supervisors + [item for item in found if item not in supervisors]
+    outcomes: list[str] = []
+    for batch in (found[: len(supervisors)], found[len(supervisors) :]):
+        if batch:
+            with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+                outcomes += pool.map(lambda item: terminate_then_kill(item[2], timeout), batch)
+    for host in hosts:
+        run = host_root(host) / "run"
+        for leftover in run.iterdir() if run.exists() else []:
+            if leftover.is_file():
+                leftover.unlink(missing_ok=True)
+    supervised = {host.name for host, _, _ in supervisors}
+    return [
+        Component(
+            f"{host.name} {name}",
+            "stopped",
+            f"pid {pid} (stopped by its supervisor)"
+            if outcome == "absent" and host.name in supervised
+            else f"pid {pid} ({outcome})",
+        )
+        for (host, name, pid), outcome in zip(found, outcomes, strict=True)
+    ]

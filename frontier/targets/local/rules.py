@@ -1,0 +1,56 @@
+"""What the local target refuses in a stack file: its section, its ports, its slots.
+
+Everything of the local stack listens on this one machine, so no two of its ports may be the same;
+its stand-in for an auto scaling group launches only the host slots the stack lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from frontier_settings import FieldProblem
+
+from frontier.config.schema import Local, Settings
+
+
+def stack_problems(s: Settings) -> Iterator[FieldProblem]:
+    local = s.local
+    if local is None:
+        yield FieldProblem("target", s.target, "needs a 'local:' section (the embedded stack)")
+        return
+    yield from _port_problems(s, local)
+    yield from _slot_problems(s)
+
+
+def _port_problems(s: Settings, local: Local) -> Iterator[FieldProblem]:
+    ports = {
+        "runtime.port": s.runtime.port,
+        "local.moto_port": local.moto_port,
+        "local.balancer_port": local.balancer_port,
+        "local.balancer_stats_port": local.balancer_stats_port,
+    }
+    taken: dict[int, str] = {}
+    for field, port in ports.items():
+        if port in taken:
+            yield FieldProblem(field, port, f"must differ from {taken[port]} (both listen on this machine)")
+        taken.setdefault(port, field)
+    if s.gateway is not None and s.gateway.port in taken:
+        yield FieldProblem(
+            "gateway.port",
+            s.gateway.port,
+            f"must differ from the runtime, moto and balancer ports ({sorted(taken)})",
+        )
+
+
+def _slot_problems(s: Settings) -> Iterator[FieldProblem]:
+    """The local stand-in for an auto scaling group grows only into the slots the stack lists."""
+    if s.inventory.source != "static" or s.models:
+        return
+    slots = len(s.inventory.hosts)
+    for i, group in enumerate(s.node_groups):
+        if group.max_size > slots:
+            yield FieldProblem(
+                f"node_groups[{i}].max_size",
+                group.max_size,
+                f"must be <= the {slots} host slot(s) of inventory.hosts: a local group launches only listed slots",
+            )

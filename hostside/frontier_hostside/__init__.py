@@ -1,0 +1,42 @@
+"""Frontier's host side: what runs on a host under its own ``python3``, and the names all rooms share.
+
+Standard library only, Python 3.8 and later (tests/unit/test_hostside.py checks the imports)::
+
+    names      paths, file names, tags, metric names, priority classes and id patterns that the
+               toolkit, the runtime, the gateway and the host tools all import
+    agent      the host agent: one host's releases and runtime (a host runs it as frontier-agent.py)
+    bootstrap  what a host does by itself: boot, publish, drain (a host runs it as frontier-bootstrap.py)
+
+A host runs the agent and the bootstrap as scripts from ``<root>/bin``. They import their names
+from this package, so this file and ``names.py`` travel with them, as ``bin/frontier_hostside/``:
+a script's own folder comes first on ``sys.path``, so the copy beside it is the one it imports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from frontier_hostside.names import AGENT_FILE_NAME, BOOTSTRAP_FILE_NAME
+
+PACKAGE = "frontier_hostside"
+PACKAGE_DIR = Path(__file__).resolve().parent
+# What the scripts import from this package; nothing else of it goes to a host.
+IMPORTED_FILES = ("__init__.py", "names.py")
+
+
+def package_files() -> dict[str, bytes]:
+    """This package as the scripts import it: path under ``<root>/bin`` -> bytes.
+
+    On a host this reads the copy the running script imported, so the agent hands on what it got.
+    """
+    return {f"{PACKAGE}/{name}": (PACKAGE_DIR / name).read_bytes() for name in IMPORTED_FILES}
+
+
+def agent_files() -> dict[str, bytes]:
+    """The host agent as hosts run it (``frontier-agent.py``) and the files it imports."""
+    return {AGENT_FILE_NAME: (PACKAGE_DIR / "agent.py").read_bytes(), **package_files()}
+
+
+def host_tools() -> dict[str, bytes]:
+    """Everything of this package a cloud host fetches at boot: the agent, the bootstrap, their names."""
+    return {**agent_files(), BOOTSTRAP_FILE_NAME: (PACKAGE_DIR / "bootstrap.py").read_bytes()}

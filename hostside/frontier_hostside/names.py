@@ -1,0 +1,223 @@
+"""Names that the toolkit, the runtime, the gateway and the host tools must agree on, each defined once.
+
+The Pulumi program tags hosts that ``fab`` and the gateway discover and the policy pack checks; the
+toolkit renders paths that the host agent, the bootstrap and the systemd units use; the rollout
+gate, the alert rules, the autoscalers and the CloudWatch alarms read metrics the runtime exports;
+the gateway sets the priority field the runtime schedules by. A name that lives here is imported by
+all of them; none of them spells it again.
+
+Imports only the standard library and runs on the hosts' own ``python3`` (3.8 and later): it travels
+beside the host agent and the bootstrap (see :func:`frontier_hostside.host_tools`).
+"""
+
+from __future__ import annotations
+
+import re
+
+# --- tags: infra/ writes them; the toolkit's inventory and the gateway discover by them; ----------
+# policy/ requires them
+TAG_PREFIX = "frontier:"
+STACK_TAG = "frontier:stack"
+NODE_GROUP_TAG = "frontier:node-group"
+ROLE_TAG = "frontier:role"
+PURPOSE_TAG = "frontier:purpose"
+MANAGED_BY_TAG = "frontier:managed-by"
+RUNTIME_ROLE = "runtime"
+DISCOVERY_TAGS = (STACK_TAG, NODE_GROUP_TAG, ROLE_TAG)
+
+# --- host layout: render/ writes it, fleet/, the host agent and the bootstrap use it ----------------
+HOST_ROOT = "/opt/frontier"
+CACHE_MOUNT = "/var/cache/frontier"
+# Where a cloud host keeps verified weights (the mounted model-cache volume).
+CLOUD_WEIGHTS_CACHE = f"{CACHE_MOUNT}/weights"
+CONTAINER_RELEASE_DIR = "/etc/frontier/release"
+# The block device name the launch template gives the model-cache volume (it shows up as an NVMe
+# device on Nitro instances; cloud-init finds it by size and EBS model, not by this name).
+CACHE_DEVICE_NAME = "/dev/sdf"
+UNIT_NAME = "frontier-runtime.service"
+CONTAINER_NAME = "frontier-runtime"
+# Under the host root: releases/<id>/, and the symlinks swapped atomically between them.
+RELEASES_DIR = "releases"
+CURRENT_LINK = "current"
+PREVIOUS_LINK = "previous"
+RELEASE_MANIFEST = "release.json"
+
+# --- host tools: what lands in <root>/bin (the agent, its configuration, the bootstrap) -------------
+AGENT_FILE_NAME = "frontier-agent.py"
+AGENT_CONFIG_NAME = "frontier-agent.json"
+BOOTSTRAP_FILE_NAME = "frontier-bootstrap.py"
+# On systemd hosts the agent's supervisor runs as this unit (a liveness watchdog of the runtime's).
+WATCHDOG_UNIT = "frontier-agent"
+SUPERVISE_COMMAND = "supervise"
+SUPERVISOR_PID_NAME = "supervisor.pid"
+# The host name and address the uploaded agent configuration carries until a host fills in its own.
+PLACEHOLDER_HOST = "bootstrap"
+PLACEHOLDER_ADDRESS = "0.0.0.0"
+
+# --- the balancer ------------------------------------------------------------------------------------
+# HAProxy's admin socket, relative to its state folder (/run on a host, the state dir locally).
+HAPROXY_ADMIN_SOCKET = "haproxy/admin.sock"
+CLOUD_HAPROXY_STATE = "/run/haproxy"
+
+# --- releases ------------------------------------------------------------------------------------------
+DIGEST_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
+PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
+RELEASE_ID_PATTERN = re.compile(r"^r-[0-9a-f]{12}$")
+
+# --- HTTP paths: the runtime and the gateway serve them; balancers, probes and clients call them -----
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
+METRICS_PATH = "/metrics"
+# The gateway's health paths, and the runtime's by default (runtime.yaml's health.readiness_path
+# and health.liveness_path may move the runtime's).
+READINESS_PATH = "/health/ready"
+LIVENESS_PATH = "/health/live"
+
+# --- request priority ------------------------------------------------------------------------------
+# The classes a request may carry in its ``priority`` body field (the gateway sets it from the
+# tenant's class): batch runs only on capacity interactive work leaves free and is preempted first.
+PRIORITY_FIELD = "priority"
+INTERACTIVE = "interactive"
+BATCH = "batch"
+PRIORITY_CLASSES = (INTERACTIVE, BATCH)
+
+# --- the runtime's metrics ---------------------------------------------------------------------------
+# Prometheus family names: the exposition adds ``_total`` to counters and ``_bucket``, ``_sum``,
+# ``_count`` to histograms. The ``vllm:`` names match vLLM's, so dashboards built for vLLM work
+# unchanged. The rollout gate, the alert rules and the autoscalers match on these strings.
+MODEL_LABEL = "model_name"
+ROUTE_LABEL = "route"  # an app route, or OTHER_ROUTE for any path the app does not serve
+STATUS_LABEL = "status"  # the HTTP status as text; "499" when the client left before an answer
+REASON_LABEL = "reason"
+FINISHED_REASON_LABEL = "finished_reason"
+OTHER_ROUTE = "other"
+
+# HTTP traffic: the rollout gate's error rate and p99.
+HTTP_REQUESTS_METRIC = "frontier_http_requests"  # counter {route, status}
+HTTP_DURATION_METRIC = "frontier_http_request_duration_seconds"  # histogram {route}
+REQUEST_FAILURES_METRIC = "frontier_request_failures"  # counter {reason}
+
+# Requests (histograms and counters by model_name).
+PROMPT_TOKENS_METRIC = "vllm:prompt_tokens"
+GENERATION_TOKENS_METRIC = "vllm:generation_tokens"
+REQUEST_SUCCESS_METRIC = "vllm:request_success"  # counter {model_name, finished_reason}
+TTFT_METRIC = "vllm:time_to_first_token_seconds"
+ITL_METRIC = "vllm:inter_token_latency_seconds"
+TPOT_METRIC = "vllm:request_time_per_output_token_seconds"
+E2E_LATENCY_METRIC = "vllm:e2e_request_latency_seconds"
+QUEUE_TIME_METRIC = "vllm:request_queue_time_seconds"
+REQUEST_PROMPT_TOKENS_METRIC = "vllm:request_prompt_tokens"
+REQUEST_GENERATION_TOKENS_METRIC = "vllm:request_generation_tokens"
+
+# Engine and server state, read at scrape time (by model_name).
+RUNNING_METRIC = "vllm:num_requests_running"
+WAITING_METRIC = "vllm:num_requests_waiting"
+KV_USAGE_METRIC = "vllm:kv_cache_usage_perc"
+PREEMPTIONS_METRIC = "vllm:num_preemptions"
+PREFIX_CACHE_QUERIES_METRIC = "vllm:prefix_cache_queries"
+PREFIX_CACHE_HITS_METRIC = "vllm:prefix_cache_hits"
+BATCH_SIZE_METRIC = "frontier_batch_size"
+STEP_TOKENS_METRIC = "frontier_step_tokens"
+ENGINE_STEPS_METRIC = "frontier_engine_steps"
+KV_BLOCKS_TOTAL_METRIC = "frontier_kv_blocks_total"
+KV_BLOCKS_FREE_METRIC = "frontier_kv_blocks_free"
+ADMITTED_METRIC = "frontier_admitted_requests"
+QUEUED_METRIC = "frontier_queued_requests"
+READY_METRIC = "frontier_ready"
+DRAINING_METRIC = "frontier_draining"
+
+# Every family the runtime exports, each once.
+RUNTIME_METRIC_NAMES = (
+    HTTP_REQUESTS_METRIC,
+    HTTP_DURATION_METRIC,
+    REQUEST_FAILURES_METRIC,
+    PROMPT_TOKENS_METRIC,
+    GENERATION_TOKENS_METRIC,
+    REQUEST_SUCCESS_METRIC,
+    TTFT_METRIC,
+    ITL_METRIC,
+    TPOT_METRIC,
+    E2E_LATENCY_METRIC,
+    QUEUE_TIME_METRIC,
+    REQUEST_PROMPT_TOKENS_METRIC,
+    REQUEST_GENERATION_TOKENS_METRIC,
+    RUNNING_METRIC,
+    WAITING_METRIC,
+    KV_USAGE_METRIC,
+    PREEMPTIONS_METRIC,
+    PREFIX_CACHE_QUERIES_METRIC,
+    PREFIX_CACHE_HITS_METRIC,
+    BATCH_SIZE_METRIC,
+    STEP_TOKENS_METRIC,
+    ENGINE_STEPS_METRIC,
+    KV_BLOCKS_TOTAL_METRIC,
+    KV_BLOCKS_FREE_METRIC,
+    ADMITTED_METRIC,
+    QUEUED_METRIC,
+    READY_METRIC,
+    DRAINING_METRIC,
+)
+
+# --- the gateway: headers it reads and sets, its metrics ---------------------------------------------
+SESSION_HEADER = "x-session-id"  # the default affinity header
+REQUEST_ID_HEADER = "x-request-id"
+REPLICA_HEADER = "x-frontier-replica"  # which replica answered (for clients that debug affinity)
+# OpenAI's rate-limit headers, on every answer to an authenticated request.
+LIMIT_REQUESTS = "x-ratelimit-limit-requests"
+LIMIT_TOKENS = "x-ratelimit-limit-tokens"
+REMAINING_REQUESTS = "x-ratelimit-remaining-requests"
+REMAINING_TOKENS = "x-ratelimit-remaining-tokens"
+RESET_REQUESTS = "x-ratelimit-reset-requests"
+RESET_TOKENS = "x-ratelimit-reset-tokens"
+
+# Prometheus family names (counters get _total); the gateway labels by ``model``, not ``model_name``.
+TENANT_LABEL = "tenant"
+GATEWAY_MODEL_LABEL = "model"
+GATEWAY_REQUESTS_METRIC = "frontier_gateway_requests"  # counter {tenant, model, status}
+GATEWAY_DURATION_METRIC = "frontier_gateway_request_duration_seconds"  # histogram {tenant, model}
+GATEWAY_TTFT_METRIC = "frontier_gateway_time_to_first_token_seconds"  # histogram {tenant, model}
+GATEWAY_TOKENS_METRIC = "frontier_gateway_tokens"  # counter {tenant, model, kind=prompt|completion}
+GATEWAY_RATE_LIMITED_METRIC = "frontier_gateway_rate_limited"  # counter {tenant, limit}
+GATEWAY_IN_FLIGHT_METRIC = "frontier_gateway_in_flight"  # gauge {tenant}
+GATEWAY_RETRIES_METRIC = "frontier_gateway_retries"  # counter {model}
+GATEWAY_REPLICA_READY_METRIC = "frontier_gateway_replica_ready"  # gauge {model, replica}
+GATEWAY_REPLICA_OUTSTANDING_METRIC = "frontier_gateway_replica_outstanding"  # gauge {model, replica}
+
+# --- CloudWatch: what each host's bootstrap publishes and the alarms and scaling policies read ------
+CLOUDWATCH_NAMESPACE = "Frontier/Runtime"
+QUEUE_DEPTH_METRIC = "QueueDepth"
+RUNNING_REQUESTS_METRIC = "RunningRequests"
+# Milliseconds, published as values with counts from the runtime's histogram, so CloudWatch
+# computes true percentiles of whole requests (the ALB's TargetResponseTime is time to first byte).
+E2E_LATENCY_CW_METRIC = "EndToEndLatency"
+RESTARTS_CW_METRIC = "RuntimeRestarts"
+# Every host of a node group publishes under the same dimensions: the group's Average is the
+# per-host figure the scaling policy tracks.
+CLOUDWATCH_DIMENSIONS = ("Stack", "NodeGroup")
+
+# --- auto scaling lifecycle hooks: infra/ creates them, the host bootstrap completes them ----------
+LAUNCH_HOOK = "frontier-launch"
+TERMINATE_HOOK = "frontier-terminate"
+# Under the history prefix: what hosts bootstrap with (Pulumi uploads it), and their boot records.
+HOST_TOOLS_PREFIX = "host/"
+BOOT_RECORDS_PREFIX = "boots/"
+
+# --- the local stack's stand-in for AWS ------------------------------------------------------------
+# moto accepts any credentials; these mark requests as the local stack's own.
+LOCAL_AWS_KEY_ID = "frontier-local"
+LOCAL_AWS_SECRET = "frontier-local"
+
+# --- Kubernetes: the renderer writes these, the backend patches them, the policy pack checks them --
+K8S_APP_LABEL = "app.kubernetes.io/name"
+K8S_INSTANCE_LABEL = "app.kubernetes.io/instance"
+K8S_MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+# stable | canary: the canary Deployment's pods share the Service but not the stable selector.
+K8S_TRACK_LABEL = "frontier.dev/track"
+# On the pod template: a change of runtime.yaml changes the template, so the Deployment rolls.
+K8S_CONFIG_HASH_ANNOTATION = "frontier.dev/config-hash"
+K8S_RELEASE_ANNOTATION = "frontier.dev/release"
+GPU_RESOURCE = "nvidia.com/gpu"
+# The EC2 instance metadata service: no pod of ours may reach it (credentials come from Pod
+# Identity or IRSA, never the node's role).
+INSTANCE_METADATA_CIDR = "169.254.169.254/32"

@@ -1,0 +1,151 @@
+"""Foundation: what every cloud stack stands on, whichever its target.
+
+The stack's key and API-keys secret, its VPC (unless an existing cluster brings its own), its
+weights, history and log buckets, its image registry, and what the stack's roles are granted on all
+of these. The EC2 program (:mod:`infra.program`) and the EKS program
+(:mod:`infra.kubernetes_program`) each build one and then only what their target adds.
+
+The roles themselves stay with each target: the EC2 deploy role drains the edge's target group,
+which is made after the network (so after this), and on Kubernetes the pods' role and the
+deployer's depend on the cluster. :meth:`Foundation.identity` hands them the grants.
+
+These components were made at the stack's root before the Foundation existed. Each carries an
+alias to its root URN; the Pulumi engine derives its children's old URNs from that alias, so an
+existing stack keeps every resource instead of replacing it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+
+from frontier.config.schema import Settings
+from infra.cloud import Cloud
+from infra.identity import IdentityArgs
+from infra.network import Network, NetworkArgs
+from infra.registry import Registry, RegistryArgs
+from infra.secrets import Secrets, SecretsArgs
+from infra.storage import Storage, StorageArgs
+from infra.tags import base_tags
+
+TYPE = "frontier:foundation:Foundation"
+WEIGHTS_NONCURRENT_DAYS = 30
+HISTORY_NONCURRENT_DAYS = 365
+
+
+def retention_days(production: bool) -> int:
+    """How long logs (flow logs, access logs, the runtime's) are kept."""
+    return 90 if production else 30
+
+
+@dataclass(frozen=True)
+class FoundationArgs:
+    settings: Settings
+    cloud: Cloud
+    production: bool
+    #: False where an existing cluster brings its own VPC.
+    network: bool
+    #: Hosts are reached through Session Manager: the VPC gets its endpoints, the roles its grants.
+    ssm_access: bool
+
+
+class Foundation(pulumi.ComponentResource):
+    secrets: Secrets
+    network: Network | None
+    storage: Storage
+    registry: Registry
+    zones: tuple[str, ...]
+
+    def __init__(self, name: str, args: FoundationArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        self._args = args
+        settings, cloud, production = args.settings, args.cloud, args.production
+        stack, tags, retention = settings.stack, base_tags(settings.stack), retention_days(production)
+        moved = pulumi.ResourceOptions(parent=self, aliases=[pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)])
+        # Weights, history and the key outlive a careless `pulumi destroy` in production.
+        keep = pulumi.ResourceOptions.merge(moved, pulumi.ResourceOptions(protect=production))
+        self.zones = cloud.availability_zones[: settings.network.availability_zones]
+
+        self.secrets = Secrets(
+            f"{name}-secrets",
+            SecretsArgs(
+                stack=stack,
+                cloud=cloud,
+                api_keys_secret_name=settings.runtime.api_keys_secret,
+                production=production,
+                tags=tags,
+            ),
+            opts=keep,
+        )
+        self.network = (
+            Network(
+                f"{name}-network",
+                NetworkArgs(
+                    stack=stack,
+                    cloud=cloud,
+                    cidr=settings.network.vpc_cidr,
+                    zones=self.zones,
+                    nat=settings.network.nat,
+                    ssm_access=args.ssm_access,
+                    log_key_arn=self.secrets.key_arn,
+                    log_retention_days=retention,
+                    tags=tags,
+                ),
+                opts=moved,
+            )
+            if args.network
+            else None
+        )
+        self.storage = Storage(
+            f"{name}-storage",
+            StorageArgs(
+                stack=stack,
+                cloud=cloud,
+                weights_uri=settings.model.weights_uri,
+                kms_key_arn=self.secrets.key_arn,
+                weights_noncurrent_days=WEIGHTS_NONCURRENT_DAYS,
+                history_noncurrent_days=HISTORY_NONCURRENT_DAYS,
+                log_expiration_days=retention,
+                tags=tags,
+            ),
+            opts=keep,
+        )
+        self.registry = Registry(
+            f"{name}-registry",
+            RegistryArgs(
+                image_repository=settings.runtime.image_repository,
+                kms_key_arn=self.secrets.key_arn,
+                tags=tags,
+            ),
+            opts=moved,
+        )
+        self.register_outputs(
+            {
+                "kms_key_arn": self.secrets.key_arn,
+                "vpc_id": self.network.vpc_id if self.network else None,
+                "weights_bucket": self.storage.weights_bucket,
+                "history_bucket": self.storage.history_bucket,
+                "repository_url": self.registry.repository_url,
+            }
+        )
+
+    def identity(self, target_group_arn: pulumi.Input[str] = "") -> IdentityArgs:
+        """What the stack's roles are granted: its model's weights prefix, its history prefix, the
+        key, the API-keys secret and the repository; the EC2 deploy role also drains
+        ``target_group_arn`` (none on Kubernetes: the ALB is the load balancer controller's)."""
+        storage = self.storage
+        return IdentityArgs(
+            stack=self._args.settings.stack,
+            cloud=self._args.cloud,
+            weights_bucket_arn=storage.weights_bucket_arn,
+            weights_prefix=storage.weights_prefix,
+            history_bucket_arn=storage.history_bucket_arn,
+            history_prefix=storage.history_prefix,
+            kms_key_arn=self.secrets.key_arn,
+            api_keys_secret_arn=self.secrets.api_keys_secret_arn,
+            repository_arn=self.registry.repository_arn,
+            target_group_arn=target_group_arn,
+            ssm_access=self._args.ssm_access,
+            tags=base_tags(self._args.settings.stack),
+        )

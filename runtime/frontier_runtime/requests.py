@@ -1,0 +1,95 @@
+"""What a request carries into the engine and what comes back: ``SamplingParams`` (with its
+``StructuredOutput`` constraint) in, ``RequestOutput`` deltas (with ``TokenLogprob``) out.
+
+The bottom of the runtime: the engine, the structured-output decoder and the server all speak
+these types, and this module imports none of them. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from frontier_hostside import names
+
+FinishReason = Literal["stop", "length", "abort"]
+FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
+StructuredKind = Literal["json_object", "json_schema", "regex", "choice"]
+STRUCTURED_KINDS: tuple[StructuredKind, ...] = get_args(StructuredKind)
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on a request's output (``frontier_runtime.structured`` enforces it).
+
+    ``spec`` is JSON text for ``json_schema`` (the schema) and ``choice`` (the list of strings),
+    the pattern for ``regex``, and empty for ``json_object`` (any JSON object).
+    """
+
+    kind: StructuredKind
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"structured output kind {self.kind!r} is not one of {list(STRUCTURED_KINDS)}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-N logprobs per generated token; None = off
+    structured: StructuredOutput | None = None  # None: free text
+    priority: str = names.INTERACTIVE  # one of names.PRIORITY_CLASSES
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"temperature must be within 0..2, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be within (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be within 0..20, got {self.logprobs}")
+        if self.priority not in names.PRIORITY_CLASSES:
+            raise ValueError(f"priority {self.priority!r} is not one of {list(names.PRIORITY_CLASSES)}")
+        if self.structured is not None and self.stop:
+            # A stop string could cut the output short of what the constraint guarantees.
+            raise ValueError("stop sequences cannot be combined with a structured output constraint")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class RequestOutput:
+    """One request's progress in one step: ``new_token_ids`` and ``new_text`` are the deltas since
+    its previous output; the last output has ``finished`` set."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    # What ended a "stop": the stop token id (not part of the text) or the stop string.
+    stop_reason: int | str | None = None
