@@ -26,12 +26,8 @@ from frontier_hostside.names import (
 )
 
 from frontier.config.schema import NodeGroup, Settings
-from frontier.render.files import (
-    render_agent_config,
-    render_cloudwatch_agent,
-    render_driver_script,
-    render_mount_cache,
-)
+from frontier.render.boot import render_cloudwatch_agent, render_driver_script, render_mount_cache
+from frontier.render.host import render_agent_config
 
 
 def host_tools(settings: Settings, group: NodeGroup) -> dict[str, str]:

@@ -3,7 +3,7 @@
 Hosts boot the AWS Deep Learning Base AMI (Ubuntu 22.04, NVIDIA driver and container toolkit
 preinstalled; the driver script trusts it) pinned by id in the stack, with IMDSv2
 required, encrypted gp3 root and model-cache volumes, no public address, and the cloud-init user data
-rendered by :func:`frontier.render.files.render_cloud_init`. The ASG spreads hosts over the private subnets;
+rendered by :func:`frontier.render.boot.render_cloud_init`. The ASG spreads hosts over the private subnets;
 a group that needs EFA (``efa: true``, or a model sharded across nodes) gets a cluster placement
 group in one AZ instead, as EFA requires.
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pulumi
 
 from frontier.config.schema import NodeGroup, Settings
-from frontier.render.files import render_cloud_init, render_gateway_cloud_init
+from frontier.render.boot import render_cloud_init, render_gateway_cloud_init
 from infra.cloud import Cloud, look_up
 from infra.edge import Edge, EdgeArgs
 from infra.errors import ProvisionError

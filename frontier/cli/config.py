@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from frontier_hostside.names import PLACEHOLDER_DIGEST
+from frontier_hostside.names import PLACEHOLDER_DIGEST, UNIT_NAME
 from invoke import Collection, task
 
 from frontier import project
@@ -19,7 +19,8 @@ from frontier.capacity.roofline import NotModelled, OperatingPoint, slo_violatio
 from frontier.cli import tables
 from frontier.cli.common import reports_errors, settings_for
 from frontier.release.artifact import is_placeholder
-from frontier.render import files as renderer
+from frontier.render.host import image_reference
+from frontier.render.stack import render_stack, write_files
 from frontier.targets import backend_for, stack_problems
 
 
@@ -41,10 +42,10 @@ def render(c, stack=None, out=None, digest=None):
     settings = settings_for(stack)
     if digest is None:
         digest = PLACEHOLDER_DIGEST
-    files = renderer.render_stack(settings, digest)
+    files = render_stack(settings, digest)
     files = dict(sorted({**files, **backend_for(settings).rendered_files(digest)}.items()))
     out_dir = Path(out) if out else project.root() / "rendered" / settings.stack
-    renderer.write_files(files, out_dir)
+    write_files(files, out_dir)
 
     console = tables.console()
     rows = [
@@ -67,11 +68,11 @@ def render(c, stack=None, out=None, digest=None):
         )
     if is_placeholder(digest):
         console.print(
-            f"warning: no --digest given: {renderer.UNIT_NAME} names the placeholder digest "
+            f"warning: no --digest given: {UNIT_NAME} names the placeholder digest "
             f"{digest[:15]}… and is NOT deployable; pass --digest sha256:<64 hex> for a real release"
         )
     else:
-        console.print(f"image: {renderer.image_reference(settings, digest)}")
+        console.print(f"image: {image_reference(settings, digest)}")
 
 
 @task(

@@ -19,7 +19,7 @@ from typing import Any
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
-from frontier.render.files import render_driver_script
+from frontier.render.boot import render_driver_script
 
 STATUS = re.compile(
     r"^frontier-drivers: changed=(?P<changed>[01]) reboot_required=(?P<reboot>[01]) gpus=(?P<gpus>\d+) "

@@ -2,7 +2,7 @@
 
 Files travel by SFTP; every step on the host is one call of the host agent
 (:mod:`frontier_hostside.agent`, uploaded as it is beside the names it imports, with its
-configuration rendered for this host by :func:`frontier.render.files.render_agent_config`), so a
+configuration rendered for this host by :func:`frontier.render.host.render_agent_config`), so a
 phase costs one SSH command. The agent
 answers in JSON, read here into typed results; a failed step raises :class:`HostError` with the
 phase and the agent's own message. The layout follows releases/current::
@@ -36,7 +36,7 @@ from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
 from frontier.release.release import MANIFEST, Release
-from frontier.render.files import render_agent_config
+from frontier.render.host import render_agent_config
 
 # What a host runs and holds, as the agent reports it (``runs(release_id)`` included).
 HostFacts = Facts

@@ -9,7 +9,7 @@ from __future__ import annotations
 from frontier.config.schema import Settings
 from frontier.release.artifact import Artifact, check_digest
 from frontier.release.release import Release
-from frontier.render.files import render_release_files
+from frontier.render.host import render_release_files
 
 
 def build_release(settings: Settings, artifact: Artifact) -> Release:

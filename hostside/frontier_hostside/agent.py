@@ -2,7 +2,7 @@
 
 This file is uploaded as it is to every host as ``frontier-agent.py``, next to
 ``frontier-agent.json`` (its configuration, rendered by
-:func:`frontier.render.files.render_agent_config`) and ``frontier_hostside/`` (the names it imports;
+:func:`frontier.render.host.render_agent_config`) and ``frontier_hostside/`` (the names it imports;
 :func:`frontier_hostside.agent_files` is what travels), and run there by the host's own ``python3``.
 So it imports the standard library only and runs on Python 3.8 and later. Every command prints
 exactly one JSON object on stdout; a failed command prints ``{"ok": false, "error": ..., "phase":

@@ -12,7 +12,7 @@ import pytest
 from frontier.cli.common import pool_settings
 from frontier.errors import StackError
 from frontier.release.history import stack_history
-from frontier.render.files import render_runtime_config
+from frontier.render.host import render_runtime_config
 from frontier.targets import backend_for
 from tests.gateway.stacks import two_model_config, write_stack
 

@@ -17,7 +17,7 @@ from k8s_mocks import CA_DATA, ENDPOINT, OIDC_ISSUER, run_kubernetes
 
 from frontier import project
 from frontier.config.schema import Settings
-from frontier.render.files import render_runtime_config
+from frontier.render.host import render_runtime_config
 from frontier.targets import load_stack
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes.network import control_plane_subnets, public_range

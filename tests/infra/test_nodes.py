@@ -9,7 +9,7 @@ import pytest
 from frontier_hostside.names import CACHE_DEVICE_NAME
 from infra_mocks import ROOT_DEVICE, run_program
 
-from frontier.render.files import render_cloud_init, render_mount_cache
+from frontier.render.boot import render_cloud_init, render_mount_cache
 from frontier.targets import load_stack
 from infra.nodes import architecture, launch_timeout_s, needs_efa
 

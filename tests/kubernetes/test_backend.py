@@ -23,7 +23,7 @@ from moto import mock_aws
 from frontier.config.schema import Settings
 from frontier.release.artifact import Artifact
 from frontier.release.history import HistoryStore, LockHeld
-from frontier.render.files import render_runtime_config
+from frontier.render.host import render_runtime_config
 from frontier.rollout.deploy import deploy, rollback
 from frontier.rollout.rolling import RolloutFailed
 from frontier.targets import backend_for

@@ -23,7 +23,7 @@ from frontier import project
 from frontier.config.load import available_stacks
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
-from frontier.render.files import render_runtime_config
+from frontier.render.host import render_runtime_config
 from frontier.targets import load_stack
 from frontier.targets.kubernetes import autoscaling, monitoring
 from frontier.targets.kubernetes import manifests as m
@@ -335,7 +335,7 @@ def test_every_version_the_settings_allow_validates_the_manifests(eks_prod, mino
 
 
 def test_the_stacks_alert_rules_go_to_the_operator_and_match_the_scrapes_job(eks_prod):
-    from frontier.render.files import render_alerts
+    from frontier.render.alerts import render_alerts
 
     rule = monitoring.prometheus_rule(eks_prod).to_dict()
     assert rule["spec"]["groups"] == yaml.safe_load(render_alerts(eks_prod))["groups"]

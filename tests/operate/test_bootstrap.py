@@ -36,7 +36,8 @@ from frontier.hosts.boots import boot_records
 from frontier.release.artifact import Artifact
 from frontier.release.history import HistoryStore, iso, now
 from frontier.release.release import Release
-from frontier.render.files import node_env, render_agent_config
+from frontier.render.boot import node_env
+from frontier.render.host import render_agent_config
 from frontier.targets import load_stack
 from frontier.targets.local import services
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from frontier.render.files import (
+from frontier.render.boot import (
     render_cloud_init,
     render_cloudwatch_agent,
     render_driver_script,

@@ -27,7 +27,7 @@ from frontier_hostside.names import AGENT_CONFIG_NAME, AGENT_FILE_NAME, UNIT_NAM
 from frontier.config.schema import Host
 from frontier.release.artifact import Artifact
 from frontier.release.release import MANIFEST, Release
-from frontier.render.files import render_agent_config
+from frontier.render.host import render_agent_config
 from frontier.targets import load_stack
 from frontier.targets.local import cluster as local_cluster
 from frontier.targets.local import services

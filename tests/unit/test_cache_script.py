@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from frontier.render.files import render_mount_cache
+from frontier.render.boot import render_mount_cache
 from frontier.targets import load_stack
 
 SHIMS = {

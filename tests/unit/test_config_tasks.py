@@ -9,7 +9,7 @@ from fabric.main import program
 
 from frontier import project
 from frontier.capacity.baseline import Baseline, save_baseline
-from frontier.render.files import render_stack
+from frontier.render.stack import render_stack
 from frontier.targets import load_stack
 
 DIGEST = "sha256:" + "ab" * 32

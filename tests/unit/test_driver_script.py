@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from frontier.render.files import render_driver_script
+from frontier.render.boot import render_driver_script
 from frontier.targets import load_stack
 
 DRIVER_VERSION = "550.127.05"

@@ -310,7 +310,7 @@ def _offenders() -> dict[tuple[str, str], list[str]]:
     ],
 )
 def test_a_branch_on_the_target_is_found_directly_or_by_proxy(source):
-    assert _target_branches(ast.parse(source), "frontier/render/files.py")
+    assert _target_branches(ast.parse(source), "frontier/render/stack.py")
 
 
 @pytest.mark.parametrize(
@@ -322,7 +322,7 @@ def test_a_branch_on_the_target_is_found_directly_or_by_proxy(source):
     ],
 )
 def test_reading_without_branching_on_the_target_is_no_branch(source):
-    assert _target_branches(ast.parse(source), "frontier/render/files.py") == []
+    assert _target_branches(ast.parse(source), "frontier/render/stack.py") == []
 
 
 def test_a_target_tests_for_its_own_section_in_its_own_code():

@@ -10,12 +10,16 @@ import sys
 import jinja2
 import pytest
 import yaml
-from frontier_hostside.names import PLACEHOLDER_DIGEST
+from frontier_hostside.names import PLACEHOLDER_DIGEST, UNIT_NAME
 from frontier_runtime.config import RuntimeSettings, parse_config
 
 from frontier import project
 from frontier.errors import FrontierError
-from frontier.render import files as render
+from frontier.render.alerts import METRICS, render_alerts
+from frontier.render.boot import render_cloud_init, render_driver_script
+from frontier.render.host import render_release_files, render_runtime_config, runtime_config_for
+from frontier.render.stack import render_stack
+from frontier.render.templates import ENV
 from frontier.targets import backend_for, load_stack
 from frontier.targets.local.balancer import render_haproxy
 
@@ -42,8 +46,8 @@ def local():
 
 
 def test_same_settings_and_digest_render_the_same_bytes(settings):
-    first = render.render_stack(settings, DIGEST)
-    second = render.render_stack(load_stack(settings.stack), DIGEST)
+    first = render_stack(settings, DIGEST)
+    second = render_stack(load_stack(settings.stack), DIGEST)
     assert first == second
     assert list(first) == sorted(first)
 
@@ -51,7 +55,7 @@ def test_same_settings_and_digest_render_the_same_bytes(settings):
 def test_rendering_does_not_depend_on_hash_seed():
     # Set and dict iteration order can change with PYTHONHASHSEED; the bytes must not.
     script = (
-        "import hashlib, json; from frontier.targets import load_stack; from frontier.render.files import render_stack; "
+        "import hashlib, json; from frontier.targets import load_stack; from frontier.render.stack import render_stack; "
         f"files = render_stack(load_stack('local'), {DIGEST!r}); "
         "print(hashlib.sha256(json.dumps(files).encode()).hexdigest())"
     )
@@ -70,35 +74,35 @@ def test_rendering_does_not_depend_on_hash_seed():
 
 
 def test_rendered_files_hold_no_timestamps(settings):
-    for name, text in render.render_stack(settings, DIGEST).items():
+    for name, text in render_stack(settings, DIGEST).items():
         assert not re.search(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}", text), name
 
 
 def test_a_different_digest_changes_only_the_unit(prod):
-    a = render.render_stack(prod, DIGEST)
-    b = render.render_stack(prod, "sha256:" + "f" * 64)
+    a = render_stack(prod, DIGEST)
+    b = render_stack(prod, "sha256:" + "f" * 64)
     assert [name for name in a if a[name] != b[name]] == ["release/frontier-runtime.service"]
 
 
 def test_a_missing_template_value_is_an_error_not_an_empty_string():
-    template = render.ENV.from_string("port: {{ port }}\n")
+    template = ENV.from_string("port: {{ port }}\n")
     with pytest.raises(jinja2.UndefinedError):
         template.render()
 
 
 def test_the_environment_does_not_escape_config_text():
-    assert render.ENV.from_string("{{ v }}").render(v="a<b & 'c'") == "a<b & 'c'"
+    assert ENV.from_string("{{ v }}").render(v="a<b & 'c'") == "a<b & 'c'"
 
 
 # --- runtime.yaml ---------------------------------------------------------------------------------
 
 
 def test_rendered_runtime_config_parses_back_into_an_equal_model(settings):
-    assert parse_config(render.render_runtime_config(settings)) == render.runtime_config_for(settings)
+    assert parse_config(render_runtime_config(settings)) == runtime_config_for(settings)
 
 
 def test_runtime_config_carries_the_stack_runtime_section_field_for_field(settings):
-    config = parse_config(render.render_runtime_config(settings))
+    config = parse_config(render_runtime_config(settings))
     fields = set(RuntimeSettings.model_fields) - {"cpu_kv_cache_bytes"}  # sized from the model unless set
     assert config.model_dump(include=fields) == settings.runtime.model_dump(include=fields)
 
@@ -107,11 +111,11 @@ def test_a_stack_that_sizes_the_cpu_kv_cache_keeps_its_size(local):
     sized = local.model_copy(
         update={"runtime": local.runtime.model_copy(update={"cpu_kv_cache_bytes": 1 << 20})}
     )
-    assert parse_config(render.render_runtime_config(sized)).cpu_kv_cache_bytes == 1 << 20
+    assert parse_config(render_runtime_config(sized)).cpu_kv_cache_bytes == 1 << 20
 
 
 def test_runtime_config_carries_the_model_and_probe_paths(settings):
-    config = parse_config(render.render_runtime_config(settings))
+    config = parse_config(render_runtime_config(settings))
     assert config.model.name == settings.model.name
     assert config.model.weights_uri == settings.model.weights_uri
     assert config.model.version == settings.model.version
@@ -123,29 +127,29 @@ def test_runtime_config_carries_the_model_and_probe_paths(settings):
 
 def test_a_stack_can_pin_its_runtime_threads(local):
     pinned = local.model_copy(update={"runtime": local.runtime.model_copy(update={"cpu_bind_threads": True})})
-    assert parse_config(render.render_runtime_config(pinned)).cpu_bind_threads is True
+    assert parse_config(render_runtime_config(pinned)).cpu_bind_threads is True
 
 
 def test_cloud_runtime_config_runs_on_cuda_with_the_cache_volume(prod):
-    config = parse_config(render.render_runtime_config(prod))
+    config = parse_config(render_runtime_config(prod))
     assert config.device == "cuda"
     assert config.weights_cache_dir == "/var/cache/frontier/weights"
 
 
 def test_local_runtime_config_runs_on_cpu_with_a_relative_cache(local):
-    config = parse_config(render.render_runtime_config(local))
+    config = parse_config(render_runtime_config(local))
     assert config.device == "cpu"
     assert config.weights_cache_dir == "cache/weights"
 
 
 def test_cpu_kv_cache_holds_max_batch_size_sequences_of_max_seq_len(local):
-    config = parse_config(render.render_runtime_config(local))
+    config = parse_config(render_runtime_config(local))
     # tiny-llama: 2 x 4 layers x 4 KV heads x 32 head_dim x 4 bytes (float32) = 4,096 B per token
     assert config.cpu_kv_cache_bytes == 4096 * 16 * 1024
 
 
 def test_runtime_config_holds_no_secret_value(local):
-    text = render.render_runtime_config(local)
+    text = render_runtime_config(local)
     assert "api_keys_secret: frontier/local/api-keys" in text
     assert "sk-" not in text
 
@@ -155,18 +159,18 @@ def test_a_config_the_runtime_refuses_is_not_rendered(prod):
     with pytest.raises(
         FrontierError, match=r"the runtime refuses the config of stack 'prod':\n.*port = 70000"
     ):
-        render.render_runtime_config(broken)
+        render_runtime_config(broken)
 
 
 # --- systemd unit ---------------------------------------------------------------------------------
 
 
 def _unit(settings, digest=DIGEST) -> str:
-    return render.render_release_files(settings, digest)[render.UNIT_NAME]
+    return render_release_files(settings, digest)[UNIT_NAME]
 
 
 def test_release_is_the_runtime_config_and_the_unit(prod):
-    assert sorted(render.render_release_files(prod, DIGEST)) == ["frontier-runtime.service", "runtime.yaml"]
+    assert sorted(render_release_files(prod, DIGEST)) == ["frontier-runtime.service", "runtime.yaml"]
 
 
 @pytest.mark.parametrize(
@@ -175,7 +179,7 @@ def test_release_is_the_runtime_config_and_the_unit(prod):
 )
 def test_unit_refuses_anything_but_an_immutable_digest(prod, reference):
     with pytest.raises(FrontierError, match=re.escape(repr(reference))):
-        render.render_release_files(prod, reference)
+        render_release_files(prod, reference)
 
 
 def test_unit_runs_the_image_by_digest(prod):
@@ -228,12 +232,12 @@ def test_placeholder_digest_is_marked_not_deployable(prod):
 
 def test_driver_script_is_valid_bash(prod, tmp_path):
     script = tmp_path / "install-nvidia.sh"
-    script.write_text(render.render_driver_script(prod))
+    script.write_text(render_driver_script(prod))
     subprocess.run(["bash", "-n", str(script)], check=True)
 
 
 def test_driver_script_pins_branch_and_toolkit(prod):
-    script = render.render_driver_script(prod)
+    script = render_driver_script(prod)
     assert 'BRANCH="550"' in script
     assert 'TOOLKIT_VERSION="1.17.3"' in script
     assert "nvidia-headless-${BRANCH}-server" in script
@@ -241,7 +245,7 @@ def test_driver_script_pins_branch_and_toolkit(prod):
 
 
 def test_cloud_init_is_thin_yaml_that_bootstraps_from_the_history_and_holds_no_secrets(prod):
-    text = render.render_cloud_init(prod, "h100", history_bucket="frontier-prod-history-1-us-east-1")
+    text = render_cloud_init(prod, "h100", history_bucket="frontier-prod-history-1-us-east-1")
     assert text.startswith("#cloud-config\n")
     data = yaml.safe_load(text)
     files = {f["path"]: f for f in data["write_files"]}
@@ -265,7 +269,7 @@ def test_cloud_init_is_thin_yaml_that_bootstraps_from_the_history_and_holds_no_s
 
 
 def test_cloud_init_logs_docker_into_ecr_with_the_instance_profile(prod):
-    data = yaml.safe_load(render.render_cloud_init(prod, "h100"))
+    data = yaml.safe_load(render_cloud_init(prod, "h100"))
     files = {f["path"]: f for f in data["write_files"]}
     assert yaml.safe_load(files["/root/.docker/config.json"]["content"]) == {
         "credHelpers": {"123456789012.dkr.ecr.us-east-1.amazonaws.com": "ecr-login"}
@@ -273,7 +277,7 @@ def test_cloud_init_logs_docker_into_ecr_with_the_instance_profile(prod):
 
 
 def test_cloud_init_scripts_are_valid_bash(prod, tmp_path):
-    data = yaml.safe_load(render.render_cloud_init(prod, "h100"))
+    data = yaml.safe_load(render_cloud_init(prod, "h100"))
     for item in data["write_files"]:
         if item["content"].startswith("#!/usr/bin/env bash"):
             script = tmp_path / "script.sh"
@@ -283,7 +287,7 @@ def test_cloud_init_scripts_are_valid_bash(prod, tmp_path):
 
 def test_cloud_init_of_an_unknown_group_names_the_known_ones(prod):
     with pytest.raises(FrontierError, match=r"no node group 'a100' \(node groups: h100\)"):
-        render.render_cloud_init(prod, "a100")
+        render_cloud_init(prod, "a100")
 
 
 # --- HAProxy --------------------------------------------------------------------------------------
@@ -346,7 +350,7 @@ def test_haproxy_refuses_duplicate_backend_names(local):
 
 
 def test_alerts_follow_the_slos(prod):
-    rules = {r["alert"]: r for r in yaml.safe_load(render.render_alerts(prod))["groups"][0]["rules"]}
+    rules = {r["alert"]: r for r in yaml.safe_load(render_alerts(prod))["groups"][0]["rules"]}
     assert set(rules) == {
         "FrontierTTFTHigh",
         "FrontierLatencyHigh",
@@ -365,7 +369,7 @@ def test_alerts_follow_the_slos(prod):
 def test_alerts_use_metric_names_the_runtime_exports():
     from frontier_hostside.names import RUNTIME_METRIC_NAMES
 
-    for name in render.METRICS.values():
+    for name in METRICS.values():
         base = name.removesuffix("_bucket").removesuffix("_total")
         assert base in RUNTIME_METRIC_NAMES, name
 
@@ -374,7 +378,7 @@ def test_alerts_use_metric_names_the_runtime_exports():
 
 
 def test_cloud_stack_renders_release_bootstrap_drivers_and_alerts(prod):
-    assert list(render.render_stack(prod, DIGEST)) == [
+    assert list(render_stack(prod, DIGEST)) == [
         "cloud-init/h100.yaml",
         "drivers/h100/install-nvidia.sh",
         "host/h100/mount-cache.sh",
@@ -385,7 +389,7 @@ def test_cloud_stack_renders_release_bootstrap_drivers_and_alerts(prod):
 
 
 def test_local_stack_renders_no_driver_script(local):
-    assert not any(name.startswith("drivers/") for name in render.render_stack(local, DIGEST))
+    assert not any(name.startswith("drivers/") for name in render_stack(local, DIGEST))
 
 
 def test_the_local_target_adds_its_balancers_config(local):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from frontier.config.checks import cross_check
 from frontier.config.schema import Settings
-from frontier.render.files import render_runtime_config
+from frontier.render.host import render_runtime_config
 from frontier.targets import load_stack
 
 BASE = {name: load_stack(name).model_dump() for name in ("local", "prod")}

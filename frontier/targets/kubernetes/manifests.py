@@ -37,7 +37,7 @@ from frontier_hostside.names import (
 from frontier.config.schema import NodePool, Settings
 from frontier.errors import FrontierError
 from frontier.release.artifact import is_placeholder
-from frontier.render.files import image_reference, render_runtime_config
+from frontier.render.host import image_reference, render_runtime_config
 from frontier.targets.kubernetes.autoscaling import scaled_object
 from frontier.targets.kubernetes.monitoring import prometheus_rule, service_monitor
 from frontier.targets.kubernetes.network_policies import network_policies

@@ -12,7 +12,7 @@ import yaml
 from frontier_hostside.names import K8S_APP_LABEL
 
 from frontier.config.schema import Settings
-from frontier.render.files import render_alerts
+from frontier.render.alerts import render_alerts
 from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of, selector
 
 

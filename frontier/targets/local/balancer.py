@@ -19,7 +19,7 @@ from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.hosts.balancer import BalancerError
 from frontier.hosts.inventory import HostSpec
-from frontier.render.files import render_template
+from frontier.render.templates import render_template
 
 HAPROXY_BACKEND = "runtime"
 

@@ -52,7 +52,8 @@ from frontier.hosts.balancer import Balancer
 from frontier.hosts.inventory import HostSpec, static_hosts
 from frontier.hosts.session import HostSession
 from frontier.release.history import HistoryStore
-from frontier.render.files import node_env, render_agent_config
+from frontier.render.boot import node_env
+from frontier.render.host import render_agent_config
 from frontier.rollout.strategy import GroupSize
 
 STATE_FILE = "group.json"

@@ -1,0 +1,162 @@
+"""What a node boots with: cloud-init user data per node group (and the gateway's), the model-cache
+mount, the NVIDIA driver check, the CloudWatch agent's configuration and ``node.env``."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from frontier_hostside import names
+from frontier_hostside.names import CACHE_DEVICE_NAME, CACHE_MOUNT, CLOUD_WEIGHTS_CACHE, HOST_ROOT
+
+from frontier.config.hardware import has_nvswitch, instance_store
+from frontier.config.schema import NodeGroup, Settings
+from frontier.errors import FrontierError
+from frontier.render.templates import render_template
+
+
+def _group(settings: Settings, group: NodeGroup | str | None) -> NodeGroup:
+    if group is None:
+        return settings.serving_group
+    if isinstance(group, NodeGroup):
+        return group
+    for candidate in settings.node_groups:
+        if candidate.name == group:
+            return candidate
+    known = ", ".join(g.name for g in settings.node_groups)
+    raise FrontierError(f"stack {settings.stack!r} has no node group {group!r} (node groups: {known})")
+
+
+def render_driver_script(settings: Settings, group: NodeGroup | str | None = None) -> str:
+    """The NVIDIA driver check (or install, on plain Ubuntu); idempotent, ends in a status line."""
+    node_group = _group(settings, group)
+    return render_template(
+        "install-nvidia.sh.j2",
+        stack=settings.stack,
+        group=node_group.name,
+        instance_type=node_group.instance_type,
+        nvswitch=has_nvswitch(node_group.instance_type),
+        expected_gpus=node_group.gpus_per_node,
+        driver_branch=settings.drivers.driver_branch,
+        toolkit_version=settings.drivers.container_toolkit_version,
+    )
+
+
+def render_mount_cache(settings: Settings, group: NodeGroup | str) -> str:
+    """The model-cache mount: instance-store NVMe in RAID 0 where the stack asks for it, else gp3."""
+    node_group = _group(settings, group)
+    disks, disk_gb = instance_store(node_group.instance_type)
+    return render_template(
+        "mount-cache.sh.j2",
+        stack=settings.stack,
+        group=node_group.name,
+        instance_type=node_group.instance_type,
+        instance_store=node_group.model_cache == "instance_store" and disks > 0,
+        disks=disks,
+        disk_gb=disk_gb,
+        cache_mount=CACHE_MOUNT,
+        cache_device_name=CACHE_DEVICE_NAME,
+        cache_volume_gb=node_group.cache_volume_gb,
+        cache_volume_bytes=node_group.cache_volume_gb * 1024**3,
+        weights_cache=CLOUD_WEIGHTS_CACHE,
+    )
+
+
+@dataclass(frozen=True)
+class ShippedLog:
+    path: str
+    group: str
+    stream: str
+
+
+def shipped_logs(settings: Settings) -> list[ShippedLog]:
+    """The host files the CloudWatch agent ships, and the log group (``/frontier/<stack>/...``) of each."""
+    root = f"/frontier/{settings.stack}"
+    return [
+        ShippedLog("/var/lib/docker/containers/*/*-json.log", f"{root}/runtime", "runtime"),
+        ShippedLog(f"{HOST_ROOT}/logs/agent.jsonl", f"{root}/runtime", "agent"),
+        ShippedLog("/var/log/frontier-bootstrap.log", f"{root}/cloud-init", "bootstrap"),
+        ShippedLog("/var/log/cloud-init-output.log", f"{root}/cloud-init", "cloud-init"),
+    ]
+
+
+def render_cloudwatch_agent(settings: Settings) -> str:
+    """The CloudWatch agent's configuration: logs only (metrics come from the bootstrap's publisher)."""
+    text = render_template("cloudwatch-agent.json.j2", logs=shipped_logs(settings))
+    json.loads(text)  # a template typo fails here, not on a host
+    return text
+
+
+def node_env(
+    settings: Settings, group: NodeGroup, *, history_bucket: str, history_prefix: str
+) -> list[tuple[str, str]]:
+    """``/etc/frontier/node.env``: what the host bootstrap (frontier_hostside/bootstrap.py) reads."""
+    return [
+        ("FRONTIER_STACK", settings.stack),
+        ("FRONTIER_NODE_GROUP", group.name),
+        ("FRONTIER_ACCELERATOR", group.accelerator),
+        ("FRONTIER_GPUS_PER_NODE", str(group.gpus_per_node)),
+        ("AWS_REGION", settings.region),
+        ("FRONTIER_ROOT", HOST_ROOT),
+        ("FRONTIER_HISTORY_BUCKET", history_bucket),
+        ("FRONTIER_HISTORY_PREFIX", history_prefix),
+        ("FRONTIER_LAUNCH_HOOK", names.LAUNCH_HOOK),
+        ("FRONTIER_TERMINATE_HOOK", names.TERMINATE_HOOK),
+        ("FRONTIER_READINESS_TIMEOUT_S", str(math.ceil(settings.rollout.readiness_timeout_s))),
+        ("FRONTIER_METRICS_URL", f"http://127.0.0.1:{settings.runtime.port}{names.METRICS_PATH}"),
+        ("FRONTIER_METRIC_NAMESPACE", names.CLOUDWATCH_NAMESPACE),
+        ("FRONTIER_QUEUE_METRIC", names.QUEUE_DEPTH_METRIC),
+        ("FRONTIER_RUNNING_METRIC", names.RUNNING_REQUESTS_METRIC),
+        ("FRONTIER_LATENCY_METRIC", names.E2E_LATENCY_CW_METRIC),
+        ("FRONTIER_WAITING_SERIES", names.WAITING_METRIC),
+        ("FRONTIER_RUNNING_SERIES", names.RUNNING_METRIC),
+        ("FRONTIER_E2E_SERIES", names.E2E_LATENCY_METRIC),
+    ]
+
+
+# Placeholders `fab render` shows where only `pulumi up` knows the value (the account id).
+HISTORY_BUCKET_PLACEHOLDER = "<history bucket>"
+PUBLISH_INTERVAL_S = 60
+
+
+def render_gateway_cloud_init(settings: Settings, *, history_bucket: str, history_prefix: str) -> str:
+    """Cloud-init of the gateway's CPU hosts: its wheel and gateway.yaml from the history bucket."""
+    assert settings.gateway is not None
+    return render_template(
+        "gateway-cloud-init.yaml.j2",
+        stack=settings.stack,
+        port=settings.gateway.port,
+        history_bucket=history_bucket,
+        history_prefix=history_prefix,
+    )
+
+
+def render_cloud_init(
+    settings: Settings,
+    group: NodeGroup | str,
+    *,
+    history_bucket: str = HISTORY_BUCKET_PLACEHOLDER,
+    history_prefix: str = "",
+    launch_timeout_s: int = 3600,
+) -> str:
+    """Cloud-init user data for one node group: thin, it fetches the host tools and bootstraps.
+
+    No secrets: hosts fetch them by id at runtime. The tools live under the history prefix's
+    ``host/`` (uploaded by ``pulumi up``), beside the releases the host bootstraps from.
+    """
+    node_group = _group(settings, group)
+    prefix = history_prefix or f"history/{settings.stack}/"
+    registry = settings.runtime.image_repository.split("/", 1)[0]
+    return render_template(
+        "cloud-init.yaml.j2",
+        stack=settings.stack,
+        group=node_group,
+        node_env=node_env(settings, node_group, history_bucket=history_bucket, history_prefix=prefix),
+        tools_uri=f"s3://{history_bucket}/{prefix}{names.HOST_TOOLS_PREFIX}{node_group.name}/",
+        host_root=HOST_ROOT,
+        gpu=node_group.accelerator == "gpu",
+        ecr_registry=registry if ".dkr.ecr." in registry else None,
+        publish_interval_s=PUBLISH_INTERVAL_S,
+        launch_timeout_s=launch_timeout_s,
+    )

@@ -1,0 +1,137 @@
+"""What one release puts on a host: ``runtime.yaml``, the runtime's systemd unit, and the host
+agent's own configuration.
+
+``runtime.yaml`` is written from a validated instance of the runtime's own config model, so a
+setting the runtime would refuse never reaches a host.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from frontier_hostside.agent import AgentConfig
+from frontier_hostside.names import (
+    AGENT_CONFIG_NAME,
+    AGENT_FILE_NAME,
+    CLOUD_WEIGHTS_CACHE,
+    CONTAINER_NAME,
+    CONTAINER_RELEASE_DIR,
+    HOST_ROOT,
+    RELEASE_ID_PATTERN,
+    RELEASE_MANIFEST,
+    SUPERVISE_COMMAND,
+    UNIT_NAME,
+)
+from frontier_runtime.config import HealthConfig, RuntimeConfig
+from frontier_settings import problems_of
+from pydantic import ValidationError
+
+from frontier.config.memory import kv_bytes_per_token, kv_cache_dtype_bytes
+from frontier.config.schema import Settings, runtime_config
+from frontier.errors import FrontierError
+from frontier.release.artifact import check_digest, is_placeholder
+from frontier.render.templates import render_template
+
+
+def cpu_kv_cache_bytes(settings: Settings) -> int:
+    """KV cache for max_batch_size sequences of max_seq_len tokens, the whole model on one device."""
+    per_token = kv_bytes_per_token(settings.model, kv_cache_dtype_bytes(settings))
+    return per_token * settings.runtime.batch.max_batch_size * settings.model.max_seq_len
+
+
+def runtime_config_for(settings: Settings) -> RuntimeConfig:
+    """The runtime's config for this stack's (first) pool: its runtime section as written, plus the
+    model, the probe paths and the device its node group gives it."""
+    on_cpu = settings.serving_group.accelerator == "cpu"
+    derived: dict[str, Any] = {
+        "health": settings.health.model_dump(include=set(HealthConfig.model_fields)),
+        "device": "cpu" if on_cpu else "cuda",
+    }
+    if on_cpu and "cpu_kv_cache_bytes" not in settings.runtime.model_fields_set:
+        # Unless the stack sizes it: max_batch_size x max_seq_len tokens of KV cache in host memory.
+        derived["cpu_kv_cache_bytes"] = cpu_kv_cache_bytes(settings)
+    return runtime_config(settings.model, settings.runtime, **derived)
+
+
+def render_runtime_config(settings: Settings) -> str:
+    """``runtime.yaml`` for this stack: the validated runtime config, every field written out."""
+    try:
+        config = runtime_config_for(settings)
+    except ValidationError as exc:
+        lines = "\n".join(f"  {p}" for p in problems_of(exc))
+        raise FrontierError(f"the runtime refuses the config of stack {settings.stack!r}:\n{lines}") from None
+    return render_template("runtime.yaml.j2", stack=settings.stack, config=config)
+
+
+# --- one release on a host ------------------------------------------------------------------------
+
+
+def image_reference(settings: Settings, digest: str) -> str:
+    return f"{settings.runtime.image_repository}@{check_digest(digest)}"
+
+
+def render_systemd_unit(settings: Settings, digest: str) -> str:
+    rt = settings.runtime
+    gpu = settings.serving_group.accelerator == "gpu"
+    # docker stop waits this long for the runtime's own drain before SIGKILL; systemd waits longer.
+    stop_grace_s = math.ceil(rt.drain_timeout_s) + 15
+    return render_template(
+        "frontier-runtime.service.j2",
+        stack=settings.stack,
+        image=image_reference(settings, digest),
+        placeholder=is_placeholder(digest),
+        container=CONTAINER_NAME,
+        gpu=gpu,
+        region=settings.region,
+        host_root=HOST_ROOT,
+        release_dir=CONTAINER_RELEASE_DIR,
+        weights_cache=CLOUD_WEIGHTS_CACHE,
+        stop_grace_s=stop_grace_s,
+        timeout_stop_s=stop_grace_s + 15,
+        start_timeout_s=math.ceil(settings.rollout.readiness_timeout_s),
+    )
+
+
+def render_release_files(settings: Settings, digest: str) -> dict[str, str]:
+    """The files of one release: what ``releases/<id>/`` holds on every host of the stack."""
+    check_digest(digest)
+    return {
+        "runtime.yaml": render_runtime_config(settings),
+        UNIT_NAME: render_systemd_unit(settings, digest),
+    }
+
+
+def render_agent_config(settings: Settings, *, host: str, root: str, python: str, address: str) -> str:
+    """``frontier-agent.json``: what the host agent of ``host`` needs to know (pure, sorted keys)."""
+    config = AgentConfig(
+        stack=settings.stack,
+        host=host,
+        root=root.rstrip("/") or "/",
+        python=python,
+        address=address,
+        port=settings.runtime.port,
+        readiness_path=settings.health.readiness_path,
+        liveness_path=settings.health.liveness_path,
+        drain_timeout_s=float(settings.runtime.drain_timeout_s),
+        unit=UNIT_NAME,
+        manifest=RELEASE_MANIFEST,
+        release_id_pattern=RELEASE_ID_PATTERN.pattern,
+        liveness_interval_s=float(settings.health.interval_s),
+        liveness_timeout_s=float(settings.health.timeout_s),
+        liveness_failures=settings.health.unhealthy_threshold,
+        watchdog_unit=render_template(
+            "frontier-agent.service.j2",
+            stack=settings.stack,
+            runtime_unit=UNIT_NAME,
+            python=python,
+            root=root.rstrip("/") or "/",
+            agent_file=AGENT_FILE_NAME,
+            config_file=AGENT_CONFIG_NAME,
+            command=SUPERVISE_COMMAND,
+            liveness_path=settings.health.liveness_path,
+            interval_s=settings.health.interval_s,
+            failures=settings.health.unhealthy_threshold,
+        ),
+    )
+    return config.to_json()
