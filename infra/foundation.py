@@ -118,7 +118,7 @@ class Foundation(pulumi.ComponentResource):
                 kms_key_arn=self.secrets.key_arn,
                 tags=tags,
             ),
-            opts=moved,
+            opts=keep,
         )
         self.register_outputs(
             {

@@ -9,11 +9,13 @@ property changed, so each rule is shown to see exactly that property.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import runpy
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pulumi_policy
 import pytest
 import yaml
@@ -21,6 +23,7 @@ from infra_mocks import Graph, Resource
 from pulumi_policy import (
     EnforcementLevel,
     PolicyResource,
+    PolicyResourceOptions,
     ResourceValidationArgs,
     ResourceValidationPolicy,
     StackValidationArgs,
@@ -28,7 +31,13 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from policy.rules import POLICIES, RESOURCE_POLICIES, STACK_POLICIES
+from policy.rules import (
+    EXPOSURE_POLICIES,
+    POLICIES,
+    REACH_POLICIES,
+    RESOURCE_POLICIES,
+    STACK_POLICIES,
+)
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policy"
 BY_NAME = {p.name: p for p in POLICIES}
@@ -37,7 +46,45 @@ ADVISORY = {
     "lb-deletion-protection",
     "log-groups-encrypted-with-retention",
     "asg-discovery-tags",
+    "k8s-ingress-forwards-only-api",
+    "k8s-containers-limited",
+    "runtime-web-egress-to-anywhere",
+    "lb-redirect-port-public",
 }
+# The stack's own resources that break a rule today, and why each is let through: every such rule is
+# advisory (test_known_breaks_are_advisory), and the programs' tests accept violations of these alone.
+KNOWN_BREAKS = {
+    # The Kubernetes program's Ingress forwards '/', so /metrics and /health/* are public; being narrowed.
+    "k8s-ingress-forwards-only-api": ("eks-prod-runtime-ingress-frontier-llama-3-1-70b-instruct",),
+    # The runtime Deployment requests GPUs only (no CPU or memory limits); being added.
+    "k8s-containers-limited": ("eks-prod-runtime-deployment-frontier-llama-3-1-70b-instruct",),
+    # Runtime hosts fetch packages, images, weights and call AWS over 443/80 through the NAT gateway.
+    "runtime-web-egress-to-anywhere": tuple(
+        f"{stack}-sg-runtime-out-{port}" for stack in ("dev", "staging", "prod") for port in (443, 80)
+    ),
+    # The ALB's port 80 only redirects to HTTPS (alb-http-redirects-to-https).
+    "lb-redirect-port-public": ("dev-sg-alb-80", "staging-sg-alb-80", "prod-sg-alb-80"),
+}
+
+
+def unexplained(name: str, violations: list[str]) -> list[str]:
+    """The violations not of a resource KNOWN_BREAKS lets through for this rule."""
+    known = KNOWN_BREAKS.get(name, ())
+    return [v for v in violations if v.split(": ", 1)[0] not in known]
+
+
+def policy_options(resource: Resource) -> PolicyResourceOptions:
+    """The options the engine hands a policy: ``protect`` as the SDK resolves it, from the resource's
+    own options or else inherited from its parent (whose ``_protect`` is already resolved)."""
+    options = resource.options
+    protect = None if options is None else options.protect
+    if protect is None and options is not None and options.parent is not None:
+        protect = options.parent._protect
+    return PolicyResourceOptions(bool(protect), [], None, [], None, [], None)
+
+
+def with_protect(resource: Resource, protect: bool) -> Resource:
+    return dataclasses.replace(resource, options=pulumi.ResourceOptions(protect=protect))
 
 
 def resource_violations(policy: ResourceValidationPolicy, resource: Resource, config=None) -> list[str]:
@@ -47,7 +94,7 @@ def resource_violations(policy: ResourceValidationPolicy, resource: Resource, co
         unknown_checking_proxy(copy.deepcopy(resource.inputs)),
         resource.urn,
         resource.name,
-        None,
+        policy_options(resource),
         None,
         config,
     )
@@ -76,13 +123,23 @@ def engine_view(graph: Graph) -> tuple[list[ResourceValidationArgs], StackValida
     if graph.stack not in _engine_view:
         custom = [r for r in graph.resources if r.custom]
         resource_args = [
-            ResourceValidationArgs(r.type, unknown_checking_proxy(r.inputs), r.urn, r.name, None, None)
+            ResourceValidationArgs(
+                r.type, unknown_checking_proxy(r.inputs), r.urn, r.name, policy_options(r), None
+            )
             for r in custom
         ]
         stack_args = StackValidationArgs(
             [
                 PolicyResource(
-                    r.type, unknown_checking_proxy(r.outputs), r.urn, r.name, None, None, None, [], {}
+                    r.type,
+                    unknown_checking_proxy(r.outputs),
+                    r.urn,
+                    r.name,
+                    policy_options(r),
+                    None,
+                    None,
+                    [],
+                    {},
                 )
                 for r in custom
             ]
@@ -166,6 +223,14 @@ DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 RUNTIME_DEPLOYMENT = "runtime-deployment-frontier-llama-3-1-70b-instruct"
 CONTAINER = ("spec", "template", "spec", "containers", 0)
 _eks_graph: list[Graph] = []
+EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+LISTENER_RULE = "aws:lb/listenerRule:ListenerRule"
+K8S_INGRESS = "kubernetes:networking.k8s.io/v1:Ingress"
+RUNTIME_INGRESS = "runtime-ingress-frontier-llama-3-1-70b-instruct"
+RUNTIME_SERVICE = "runtime-service-frontier-llama-3-1-70b-instruct"
+INGRESS_PATH = ("spec", "rules", 0, "http", "paths", 0, "path")
+# In place of a change of properties: the resource without protect (its own option, or its parent's).
+UNPROTECTED = object()
 
 
 @pytest.fixture
@@ -263,6 +328,44 @@ RESOURCE_VIOLATIONS = {
         (DEPLOYMENT, RUNTIME_DEPLOYMENT),
         setter((*CONTAINER, "resources", "limits", "nvidia.com/gpu"), "4"),
     ),
+    "iam-no-account-admin": (
+        "dev",
+        ("aws:iam/rolePolicy:RolePolicy", "iam-runtime"),
+        runtime_policy_with({"Effect": "Allow", "Action": "iam:PassRole", "Resource": "*"}),
+    ),
+    "resource-policies-not-public": (
+        "staging",
+        ("aws:s3/bucketPolicy:BucketPolicy", "storage-weights"),
+        runtime_policy_with({"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": "*"}),
+    ),
+    "production-stateful-protected": ("prod", ("aws:s3/bucket:Bucket", "storage-weights"), UNPROTECTED),
+    "eks-private-endpoint": (
+        "eks_prod",
+        ("aws:eks/cluster:Cluster", "eks-cluster"),
+        setter(("vpcConfig", "endpointPublicAccess"), True),
+    ),
+    "launch-template-block-devices": ("prod", (LT, "h100-lt"), deleter("blockDeviceMappings")),
+    "alb-listener-rules-forward-only-api": (
+        "prod",
+        (LISTENER_RULE, "edge-api"),
+        setter(("conditions", 0, "pathPattern", "values"), ["/*"]),
+    ),
+    "k8s-ingress-forwards-only-api": ("eks_prod", (K8S_INGRESS, RUNTIME_INGRESS), setter(INGRESS_PATH, "/*")),
+    "k8s-services-not-exposed": (
+        "eks_prod",
+        ("kubernetes:core/v1:Service", RUNTIME_SERVICE),
+        setter(("spec", "type"), "LoadBalancer"),
+    ),
+    "k8s-containers-hardened": (
+        "eks_prod",
+        (DEPLOYMENT, RUNTIME_DEPLOYMENT),
+        setter((*CONTAINER, "securityContext", "readOnlyRootFilesystem"), False),
+    ),
+    "k8s-containers-limited": (
+        "eks_prod",
+        (DEPLOYMENT, RUNTIME_DEPLOYMENT),
+        setter((*CONTAINER, "resources", "limits"), {"cpu": "16"}),
+    ),
 }
 
 
@@ -273,6 +376,32 @@ def _runtime_ingress_from_a_range(graph: Graph) -> list[Resource]:
         rule, lambda p: (p.pop("referencedSecurityGroupId"), p.update(cidrIpv4="10.0.0.0/8")), outputs=True
     )
     return replace_in_stack(graph, rule, widened)
+
+
+def _sg_rule_changed(typ: str, suffix: str, **changes: Any):
+    """The stack with one of the program's security group rules changed (``None`` removes a key)."""
+
+    def change(props: dict) -> None:
+        props.pop("referencedSecurityGroupId", None)
+        for key, value in changes.items():
+            if value is None:
+                props.pop(key, None)
+            else:
+                props[key] = value
+
+    def violate(graph: Graph) -> list[Resource]:
+        original = named(graph, typ, f"sg-{suffix}")
+        return replace_in_stack(graph, original, changed(original, change, outputs=True))
+
+    return violate
+
+
+def _egress_changed(suffix: str, **changes: Any):
+    return _sg_rule_changed(EGRESS, suffix, **changes)
+
+
+def _ingress_changed(suffix: str, **changes: Any):
+    return _sg_rule_changed(INGRESS, suffix, **changes)
 
 
 def _without(kind: str, purpose: str):
@@ -336,6 +465,30 @@ STACK_VIOLATIONS = {
             lambda g: _without_kubernetes(g, "NetworkPolicy", keep="default-deny"),
         ),
     ],
+    "runtime-egress-not-anywhere": [
+        ("SSH out to anywhere", "prod", _egress_changed("runtime-out-443", fromPort=22, toPort=22)),
+        (
+            "every port to ::/0",
+            "prod",
+            _egress_changed("runtime-out-443", ipProtocol="-1", cidrIpv6="::/0", cidrIpv4=None),
+        ),
+    ],
+    "runtime-web-egress-to-anywhere": [
+        (
+            "HTTPS to anywhere alone",
+            "prod",
+            lambda g: replace_in_stack(g, named(g, EGRESS, "sg-runtime-out-80"), None),
+        )
+    ],
+    "public-ingress-only-to-load-balancer": [
+        (
+            "runtime port from anywhere",
+            "prod",
+            _ingress_changed("runtime-8000-from-alb", cidrIpv4="0.0.0.0/0"),
+        ),
+        ("the ALB on another port", "prod", _ingress_changed("alb-443", fromPort=8443, toPort=8443)),
+    ],
+    "lb-redirect-port-public": [("the program's own redirect port", "prod", lambda g: list(g.resources))],
 }
 
 
@@ -349,8 +502,12 @@ def _without_kubernetes(graph: Graph, kind: str, keep: str = "") -> list[Resourc
 
 
 def test_every_rule_has_a_violation_case():
-    assert set(RESOURCE_VIOLATIONS) == {p.name for p in RESOURCE_POLICIES}
-    assert set(STACK_VIOLATIONS) == {p.name for p in STACK_POLICIES}
+    assert set(RESOURCE_VIOLATIONS) == {p.name for p in RESOURCE_POLICIES + EXPOSURE_POLICIES}
+    assert set(STACK_VIOLATIONS) == {p.name for p in STACK_POLICIES + REACH_POLICIES}
+
+
+def test_known_breaks_are_advisory():
+    assert all(BY_NAME[name].enforcement_level == EnforcementLevel.ADVISORY for name in KNOWN_BREAKS)
 
 
 def test_rule_names_are_unique():
@@ -359,7 +516,7 @@ def test_rule_names_are_unique():
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_rule_passes_on_the_programs_resources(graph, name):
-    assert graph_violations(BY_NAME[name], graph) == []
+    assert unexplained(name, graph_violations(BY_NAME[name], graph)) == []
 
 
 @pytest.mark.parametrize("name", sorted(RESOURCE_VIOLATIONS))
@@ -367,9 +524,10 @@ def test_resource_rule_fires_on_a_violating_resource(name, request):
     stack, (typ, suffix), change = RESOURCE_VIOLATIONS[name]
     graph = request.getfixturevalue(stack)
     original = named(graph, typ, suffix)
-    violations = resource_violations(BY_NAME[name], changed(original, change))
+    violating = with_protect(original, False) if change is UNPROTECTED else changed(original, change)
+    violations = resource_violations(BY_NAME[name], violating)
     assert violations and all(v.startswith(f"{original.name}: ") for v in violations)
-    assert resource_violations(BY_NAME[name], original) == []
+    assert unexplained(name, resource_violations(BY_NAME[name], original)) == []
 
 
 @pytest.mark.parametrize(
@@ -454,7 +612,7 @@ def test_the_pack_runs_in_the_projects_python_environment():
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_rule_passes_on_the_kubernetes_stacks_resources(eks_prod, name):
-    assert graph_violations(BY_NAME[name], eks_prod) == []
+    assert unexplained(name, graph_violations(BY_NAME[name], eks_prod)) == []
 
 
 @pytest.mark.parametrize(
@@ -513,3 +671,202 @@ def test_a_launch_hook_that_continues_by_default_fires(prod):
 
     [message] = resource_violations(BY_NAME["asg-launch-hook"], changed(asg, continue_by_default))
     assert "continues by default" in message
+
+
+# --- exposure: IAM scope, resource policies, network reach, protection, EKS ------------------------
+
+
+def _with_statement(resource: Resource, key: str, statement: dict) -> Resource:
+    def change(props: dict) -> None:
+        document = json.loads(props[key])
+        document["Statement"].append(statement)
+        props[key] = json.dumps(document)
+
+    return changed(resource, change)
+
+
+@pytest.mark.parametrize("action", ["iam:PassRole", "iam:Pass*", "iam:*", "sts:*", "*"])
+def test_account_administering_actions_on_every_resource_fire(dev, action):
+    role_policy = named(dev, "aws:iam/rolePolicy:RolePolicy", "iam-runtime")
+    statement = {"Sid": "Escalates", "Effect": "Allow", "Action": action, "Resource": "*"}
+    [message] = resource_violations(
+        BY_NAME["iam-no-account-admin"], _with_statement(role_policy, "policy", statement)
+    )
+    assert message.startswith(f"{role_policy.name}: ") and "Escalates" in message and repr(action) in message
+
+
+def test_passing_one_named_role_is_allowed(dev):
+    role_policy = named(dev, "aws:iam/rolePolicy:RolePolicy", "iam-runtime")
+    statement = {
+        "Effect": "Allow",
+        "Action": "iam:PassRole",
+        "Resource": "arn:aws:iam::123456789012:role/frontier-runtime",
+    }
+    assert (
+        resource_violations(
+            BY_NAME["iam-no-account-admin"], _with_statement(role_policy, "policy", statement)
+        )
+        == []
+    )
+
+
+@pytest.mark.parametrize("principal", ["*", {"AWS": "*"}, {"AWS": ["arn:aws:iam::123456789012:root", "*"]}])
+def test_a_trust_policy_of_anyone_fires(dev, principal):
+    role = named(dev, "aws:iam/role:Role", "iam-runtime")
+    statement = {"Effect": "Allow", "Principal": principal, "Action": "sts:AssumeRole"}
+    [message] = resource_violations(
+        BY_NAME["iam-no-account-admin"], _with_statement(role, "assumeRolePolicy", statement)
+    )
+    assert message.startswith(f"{role.name}: trust policy")
+
+
+@pytest.mark.parametrize("policy", ["AdministratorAccess", "PowerUserAccess", "IAMFullAccess"])
+def test_attached_aws_managed_admin_policies_fire(eks_prod, policy):
+    rule = BY_NAME["iam-no-account-admin"]
+    [attachment, *_] = eks_prod.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    arn = f"arn:aws:iam::aws:policy/{policy}"
+    [message] = resource_violations(rule, changed(attachment, setter(("policyArn",), arn)))
+    assert message == f"{attachment.name}: attaches the AWS managed policy {policy}"
+    role = named(eks_prod, "aws:iam/role:Role", "eks-node")
+    assert resource_violations(rule, changed(role, setter(("managedPolicyArns",), [arn])))
+
+
+PUBLIC_READ = {"Sid": "Anyone", "Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "*", "Resource": "*"}
+
+
+def test_a_key_policy_open_to_anyone_fires_unless_a_condition_narrows_it(prod):
+    key = named(prod, "aws:kms/key:Key", "secrets-key")
+    rule = BY_NAME["resource-policies-not-public"]
+    [message] = resource_violations(rule, _with_statement(key, "policy", PUBLIC_READ))
+    assert message.startswith(f"{key.name}: resource policy statement Anyone")
+    narrowed = {**PUBLIC_READ, "Condition": {"StringEquals": {"aws:PrincipalAccount": "123456789012"}}}
+    assert resource_violations(rule, _with_statement(key, "policy", narrowed)) == []
+
+
+@pytest.mark.parametrize(
+    "typ", ["aws:secretsmanager/secretPolicy:SecretPolicy", "aws:ecr/repositoryPolicy:RepositoryPolicy"]
+)
+def test_secret_and_repository_policies_open_to_anyone_fire(typ):
+    policy = json.dumps({"Version": "2012-10-17", "Statement": [PUBLIC_READ]})
+    resource = Resource(
+        typ, "prod-open", f"urn:pulumi:prod::frontier::{typ}::prod-open", "x", {"policy": policy}, {}, True
+    )
+    [message] = resource_violations(BY_NAME["resource-policies-not-public"], resource)
+    assert message.startswith("prod-open: ")
+
+
+def test_production_protection_follows_the_configured_stacks(staging):
+    bucket = named(staging, "aws:s3/bucket:Bucket", "storage-weights")
+    rule = BY_NAME["production-stateful-protected"]
+    assert resource_violations(rule, with_protect(bucket, False)) == []
+    assert resource_violations(rule, with_protect(bucket, False), config={"productionStacks": ["staging"]})
+
+
+@pytest.mark.parametrize(
+    ("typ", "suffix"),
+    [("aws:kms/key:Key", "secrets-key"), ("aws:secretsmanager/secret:Secret", "secrets-api-keys")],
+)
+def test_unprotected_production_keys_and_secrets_fire(prod, typ, suffix):
+    original = named(prod, typ, suffix)
+    assert resource_violations(BY_NAME["production-stateful-protected"], original) == []
+    assert resource_violations(BY_NAME["production-stateful-protected"], with_protect(original, False))
+
+
+def test_an_unprotected_production_cluster_fires(eks_prod):
+    cluster = named(eks_prod, "aws:eks/cluster:Cluster", "eks-cluster")
+    [message] = resource_violations(BY_NAME["production-stateful-protected"], with_protect(cluster, False))
+    assert message.startswith(f"{cluster.name}: stateful resource of production stack 'eks-prod'")
+
+
+def test_a_protected_production_repository_passes(prod):
+    repository = named(prod, "aws:ecr/repository:Repository", "registry-runtime")
+    assert resource_violations(BY_NAME["production-stateful-protected"], with_protect(repository, True)) == []
+
+
+def test_an_unprotected_production_repository_is_refused(prod):
+    repository = named(prod, "aws:ecr/repository:Repository", "registry-runtime")
+    assert resource_violations(BY_NAME["production-stateful-protected"], with_protect(repository, False))
+
+
+def test_an_endpoint_left_at_the_eks_default_is_public(eks_prod):
+    cluster = named(eks_prod, "aws:eks/cluster:Cluster", "eks-cluster")
+    change = lambda p: p["vpcConfig"].pop("endpointPublicAccess")  # noqa: E731
+    assert resource_violations(BY_NAME["eks-private-endpoint"], changed(cluster, change))
+
+
+@pytest.mark.parametrize("paths", [["/"], ["/metrics"], []])
+def test_listener_rules_forwarding_more_than_the_api_fire(prod, paths):
+    rule = named(prod, LISTENER_RULE, "edge-api")
+    change = setter(("conditions",), [{"pathPattern": {"values": paths}}] if paths else [])
+    assert resource_violations(BY_NAME["alb-listener-rules-forward-only-api"], changed(rule, change))
+
+
+def test_an_ingress_of_api_paths_alone_passes_and_a_default_backend_fires(eks_prod):
+    ingress = named(eks_prod, K8S_INGRESS, RUNTIME_INGRESS)
+    rule = BY_NAME["k8s-ingress-forwards-only-api"]
+    assert resource_violations(rule, changed(ingress, setter(INGRESS_PATH, "/v1/"))) == []
+    backend = {"service": {"name": "frontier", "port": {"name": "http"}}}
+    api_only_with_default = changed(
+        ingress, lambda p: (setter(INGRESS_PATH, "/v1/")(p), p["spec"].update(defaultBackend=backend))
+    )
+    [message] = resource_violations(rule, api_only_with_default)
+    assert "default backend" in message
+
+
+def test_a_node_port_service_fires(eks_prod):
+    service = named(eks_prod, "kubernetes:core/v1:Service", RUNTIME_SERVICE)
+    [message] = resource_violations(
+        BY_NAME["k8s-services-not-exposed"], changed(service, setter(("spec", "type"), "NodePort"))
+    )
+    assert "NodePort" in message
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (lambda p: p["spec"]["template"]["spec"]["securityContext"].pop("seccompProfile"), "seccomp"),
+        (setter((*CONTAINER, "securityContext", "seccompProfile"), {"type": "Unconfined"}), "seccomp"),
+        (
+            lambda p: p["spec"]["template"]["spec"]["containers"][0]["securityContext"].pop(
+                "readOnlyRootFilesystem"
+            ),
+            "writable root",
+        ),
+    ],
+)
+def test_each_missing_hardening_fires(eks_prod, change, fragment):
+    original = named(eks_prod, DEPLOYMENT, RUNTIME_DEPLOYMENT)
+    [message] = resource_violations(BY_NAME["k8s-containers-hardened"], changed(original, change))
+    assert fragment in message
+
+
+def test_containers_with_cpu_and_memory_limits_pass(eks_prod):
+    original = named(eks_prod, DEPLOYMENT, RUNTIME_DEPLOYMENT)
+    limits = setter(
+        (*CONTAINER, "resources", "limits"), {"cpu": "32", "memory": "512Gi", "nvidia.com/gpu": "8"}
+    )
+    assert resource_violations(BY_NAME["k8s-containers-limited"], changed(original, limits)) == []
+
+
+def test_an_inline_egress_rule_of_the_runtime_group_fires(prod):
+    sg = named(prod, "aws:ec2/securityGroup:SecurityGroup", "sg-runtime")
+    open_egress = changed(
+        sg,
+        setter(("egress",), [{"protocol": "-1", "fromPort": 0, "toPort": 0, "cidrBlocks": ["0.0.0.0/0"]}]),
+        outputs=True,
+    )
+    [message] = stack_violations(
+        BY_NAME["runtime-egress-not-anywhere"], replace_in_stack(prod, sg, open_egress)
+    )
+    assert message.startswith(f"{sg.name}: runtime hosts may send -1")
+
+
+def test_only_the_runtime_groups_egress_is_confined(prod):
+    # Only runtime hosts are confined: the rule is about what a compromised runtime could send out.
+    rule = named(prod, EGRESS, "sg-alb-to-runtime-8000")
+    widened = changed(
+        rule, lambda p: (p.pop("referencedSecurityGroupId"), p.update(cidrIpv4="0.0.0.0/0")), outputs=True
+    )
+    assert (
+        stack_violations(BY_NAME["runtime-egress-not-anywhere"], replace_in_stack(prod, rule, widened)) == []
+    )
