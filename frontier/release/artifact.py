@@ -1,4 +1,4 @@
-"""The runtime artifact: a reproducible wheel (no container engine) or an OCI image (docker + ECR).
+"""The runtime artifact: a reproducible wheel (no container engine) or an OCI image (docker or podman, + ECR).
 
 A wheel is built from a clean copy of ``runtime/`` with fixed file times, modes and
 ``SOURCE_DATE_EPOCH``, so the same sources always give the same bytes and the same digest
@@ -163,18 +163,29 @@ def _clean_copy(source: Path, target: Path) -> None:
 # --- container images -----------------------------------------------------------------------------
 
 
+# The engines image.build and image.push drive, in order of preference. Both take the same
+# build/login/push/image-inspect command lines (podman's are docker's), including --build-context.
+CONTAINER_ENGINES = ("docker", "podman")
+
+
 def container_engine() -> str:
-    """The docker CLI with a reachable daemon, or a clear refusal."""
-    docker = shutil.which("docker")
-    if not docker:
-        raise ArtifactError(
-            "no container engine here (docker is not installed): on this machine build the runtime wheel "
-            "with `fab release.build` and deploy its digest; image.build/image.push need docker"
-        )
-    probe = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        raise ArtifactError(f"docker is installed but its daemon does not answer: {probe.stderr.strip()}")
-    return docker
+    """The first container engine here that answers (docker with its daemon, or podman), or a clear
+    refusal naming what was tried."""
+    tried = []
+    for name in CONTAINER_ENGINES:
+        engine = shutil.which(name)
+        if not engine:
+            continue
+        probe = subprocess.run([engine, "info", "--format", "{{.Version}}"], capture_output=True, text=True)
+        if probe.returncode == 0:
+            return engine
+        tried.append(f"{name} is installed but does not answer: {probe.stderr.strip()[:200]}")
+    if tried:
+        raise ArtifactError("; ".join(tried))
+    raise ArtifactError(
+        "no container engine here (neither docker nor podman is installed): on this machine build the "
+        "runtime wheel with `fab release.build` and deploy its digest; image.build/image.push need one"
+    )
 
 
 def source_tag(source_dir: Path = RUNTIME_DIR, hostside_dir: Path = HOSTSIDE_DIR) -> str:
@@ -206,7 +217,7 @@ def build_image(
     command = [docker, "build", "--pull", "--build-context", f"hostside={hostside_dir}", "-t", ref]
     result = subprocess.run([*command, str(context)], text=True)
     if result.returncode != 0:
-        raise ArtifactError(f"docker build of {ref} failed (exit {result.returncode})")
+        raise ArtifactError(f"{Path(docker).name} build of {ref} failed (exit {result.returncode})")
     image_id = subprocess.run(
         [docker, "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -226,10 +237,10 @@ def push_image(repository: str, tag: str, ecr_client: object) -> Artifact:
         capture_output=True,
     )  # fmt: skip
     if login.returncode != 0:
-        raise ArtifactError(f"docker login to {registry} failed: {login.stderr.strip()}")
+        raise ArtifactError(f"{Path(docker).name} login to {registry} failed: {login.stderr.strip()}")
     ref = f"{repository}:{tag}"
     if subprocess.run([docker, "push", ref], text=True).returncode != 0:
-        raise ArtifactError(f"docker push {ref} failed")
+        raise ArtifactError(f"{Path(docker).name} push {ref} failed")
     name = repository.split("/", 1)[1] if "/" in repository else repository
     images = ecr_client.describe_images(repositoryName=name, imageIds=[{"imageTag": tag}])  # type: ignore[attr-defined]
     digest = check_digest(images["imageDetails"][0]["imageDigest"])

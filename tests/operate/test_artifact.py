@@ -68,6 +68,33 @@ def test_image_builds_refuse_clearly_without_a_container_engine(monkeypatch, tmp
         container_engine()
 
 
+def _engine(directory: Path, name: str, answers: bool) -> Path:
+    path = directory / name
+    path.write_text(f"#!/bin/sh\n{'echo 4.3.1' if answers else 'echo down >&2; exit 1'}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_image_builds_take_podman_where_docker_is_absent(monkeypatch, tmp_path: Path):
+    podman = _engine(tmp_path, "podman", answers=True)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert container_engine() == str(podman)
+
+
+def test_image_builds_take_podman_where_docker_does_not_answer(monkeypatch, tmp_path: Path):
+    _engine(tmp_path, "docker", answers=False)
+    podman = _engine(tmp_path, "podman", answers=True)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert container_engine() == str(podman)
+
+
+def test_an_engine_that_does_not_answer_is_named(monkeypatch, tmp_path: Path):
+    _engine(tmp_path, "docker", answers=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ArtifactError, match="docker is installed but does not answer: down"):
+        container_engine()
+
+
 def test_the_default_image_tag_follows_the_runtime_sources(tmp_path):
     sources = tmp_path / "runtime"
     shutil.copytree(RUNTIME_DIR, sources, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
