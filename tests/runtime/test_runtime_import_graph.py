@@ -10,10 +10,10 @@ imports leads from a room back into itself.
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
 
 import frontier_runtime
+from import_rooms import find_cycle, room_arrows, room_cycle_report
 
 PACKAGE = "frontier_runtime"
 ROOT = Path(frontier_runtime.__file__).parent
@@ -64,64 +64,22 @@ def import_graph() -> dict[str, set[str]]:
     return {name: _imports(name, path, known) for name, path in modules.items()}
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as ``[a, b, ..., a]``, or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt) :] + [nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (cycle := visit(node)):
-            return cycle
-    return None
-
-
 def test_the_runtime_has_no_import_cycle() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def room_arrows(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
-    """Arrows between rooms, each with the module arrows that make it."""
-
-    def room(module: str) -> str:
-        return ".".join(module.split(".")[:2])
-
-    arrows: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for name, deps in sorted(graph.items()):
-        for dep in sorted(deps):
-            if name != PACKAGE and dep != PACKAGE and room(name) != room(dep):
-                arrows[(room(name), room(dep))].append(f"{name} -> {dep}")
-    return arrows
+def _room(module: str) -> str:
+    return ".".join(module.split(".")[:2])
 
 
-def room_cycle_report(arrows: dict[tuple[str, str], list[str]]) -> str | None:
-    """A cycle of rooms and the module arrows along it, or None."""
-    rooms: dict[str, set[str]] = defaultdict(set)
-    for upper, lower in arrows:
-        rooms[upper].add(lower)
-    cycle = find_cycle(rooms)
-    if cycle is None:
-        return None
-    lines = [" -> ".join(cycle)]
-    for upper, lower in zip(cycle, cycle[1:], strict=False):
-        lines += [f"  {edge}" for edge in arrows[(upper, lower)]]
-    return "\n".join(lines)
+def runtime_room_arrows(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """Arrows between the runtime's rooms, each with the module arrows that make it."""
+    return room_arrows(graph, _room, lambda name, dep: PACKAGE not in (name, dep))
 
 
 def test_no_import_arrow_runs_back_up_between_rooms() -> None:
-    report = room_cycle_report(room_arrows(import_graph()))
+    report = room_cycle_report(runtime_room_arrows(import_graph()))
     assert report is None, "rooms import each other in a circle:\n" + (report or "")
 
 
@@ -131,13 +89,13 @@ def test_a_room_cycle_is_reported_with_its_module_arrows() -> None:
         "frontier_runtime.structured.bitmask": {"frontier_runtime.engine.api"},
         "frontier_runtime.engine.api": set(),
     }
-    assert room_cycle_report(room_arrows(graph)) == (
+    assert room_cycle_report(runtime_room_arrows(graph)) == (
         "frontier_runtime.engine -> frontier_runtime.structured -> frontier_runtime.engine\n"
         "  frontier_runtime.engine.sampler -> frontier_runtime.structured.bitmask\n"
         "  frontier_runtime.structured.bitmask -> frontier_runtime.engine.api"
     )
     graph["frontier_runtime.structured.bitmask"] = {"frontier_runtime.requests"}
-    assert room_cycle_report(room_arrows(graph)) is None
+    assert room_cycle_report(runtime_room_arrows(graph)) is None
 
 
 def test_the_graph_sees_function_level_and_relative_imports(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from import_rooms import find_cycle, room_arrows, room_cycle_report
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("frontier", "infra", "policy")
@@ -49,37 +50,9 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt) :] + [nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return None
-
-
 def test_the_toolkit_has_no_import_circle():
-    cycle = _cycle(_graph())
+    cycle = find_cycle(_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])
-
-
-# Module arrows that still run back up a room, each until the change named beside it removes it.
-# An entry whose arrow is gone fails `test_every_allowed_upward_arrow_still_exists`, so the list
-# only shrinks.
-ALLOWED_UPWARD_ARROWS: set[tuple[str, str]] = set()
 
 
 def _room(module: str) -> str:
@@ -105,28 +78,9 @@ def test_each_target_is_a_room_apart_from_the_factory():
 
 def _room_arrows(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
     """Arrows between rooms of ``frontier``, each with the module arrows that make it."""
-    arrows: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for name, deps in sorted(graph.items()):
-        for dep in sorted(deps):
-            if not (name.startswith("frontier.") and dep.startswith("frontier.")):
-                continue
-            if _room(name) != _room(dep) and (name, dep) not in ALLOWED_UPWARD_ARROWS:
-                arrows[(_room(name), _room(dep))].append(f"{name} -> {dep}")
-    return arrows
-
-
-def _room_cycle_report(arrows: dict[tuple[str, str], list[str]]) -> str | None:
-    rooms: dict[str, set[str]] = defaultdict(set)
-    for upper, lower in arrows:
-        rooms[upper].add(lower)
-        rooms.setdefault(lower, set())
-    cycle = _cycle(rooms)
-    if cycle is None:
-        return None
-    lines = [" -> ".join(cycle)]
-    for upper, lower in zip(cycle, cycle[1:], strict=False):
-        lines += [f"  {edge}" for edge in arrows[(upper, lower)]]
-    return "\n".join(lines)
+    return room_arrows(
+        graph, _room, lambda name, dep: name.startswith("frontier.") and dep.startswith("frontier.")
+    )
 
 
 def test_a_room_cycle_is_reported_with_its_module_arrows():
@@ -135,22 +89,16 @@ def test_a_room_cycle_is_reported_with_its_module_arrows():
         ("frontier.b", "frontier.a"): ["frontier.b.y -> frontier.a.z"],
         ("frontier.b", "frontier.c"): ["frontier.b.y -> frontier.c"],
     }
-    assert _room_cycle_report(arrows) == (
+    assert room_cycle_report(arrows) == (
         "frontier.a -> frontier.b -> frontier.a\n  frontier.a.x -> frontier.b.y\n  frontier.b.y -> frontier.a.z"
     )
     del arrows[("frontier.b", "frontier.a")]
-    assert _room_cycle_report(arrows) is None
+    assert room_cycle_report(arrows) is None
 
 
 def test_no_import_arrow_runs_back_up_between_rooms():
-    report = _room_cycle_report(_room_arrows(_graph()))
+    report = room_cycle_report(_room_arrows(_graph()))
     assert report is None, "rooms import each other in a circle:\n" + (report or "")
-
-
-def test_every_allowed_upward_arrow_still_exists():
-    graph = _graph()
-    gone = sorted(f"{name} -> {dep}" for name, dep in ALLOWED_UPWARD_ARROWS if dep not in graph.get(name, ()))
-    assert not gone, f"no longer imported, so drop from ALLOWED_UPWARD_ARROWS: {gone}"
 
 
 @pytest.mark.parametrize(
