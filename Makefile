@@ -22,6 +22,12 @@ system-packages:
 
 test: install system-packages typecheck
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory test-torch-ops
+
+# The engine's tests again on torch ops alone (native CPU kernels off): what a GPU host runs.
+.PHONY: test-torch-ops
+test-torch-ops: install
+	FRONTIER_NATIVE_KERNELS=0 $(BIN)/python -m pytest -q tests/runtime/engine
 
 # Strict on the typed layers listed in pyproject.toml's [tool.mypy].
 typecheck: install

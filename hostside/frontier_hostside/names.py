@@ -27,6 +27,9 @@ DISCOVERY_TAGS = (STACK_TAG, NODE_GROUP_TAG, ROLE_TAG)
 
 # --- host layout: render/ writes it, fleet/, the host agent and the bootstrap use it ----------------
 HOST_ROOT = "/opt/frontier"
+# The uid and gid the runtime image runs as (runtime/Dockerfile's useradd --uid): the unit's --user,
+# the owner of the weights cache a host prepares, a pod's runAsUser by default.
+RUNTIME_UID = 10001
 CACHE_MOUNT = "/var/cache/frontier"
 # Where a cloud host keeps verified weights (the mounted model-cache volume).
 CLOUD_WEIGHTS_CACHE = f"{CACHE_MOUNT}/weights"
@@ -65,6 +68,9 @@ PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
 RELEASE_ID_PATTERN = re.compile(r"^r-[0-9a-f]{12}$")
 
 # --- HTTP paths: the runtime and the gateway serve them; balancers, probes and clients call them -----
+# The OpenAI-compatible API: all a load balancer forwards (the EC2 listener and the EKS Ingress);
+# metrics and health answer only inside the network.
+API_PATH_PREFIX = "/v1/"
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
@@ -126,6 +132,11 @@ ADMITTED_METRIC = "frontier_admitted_requests"
 QUEUED_METRIC = "frontier_queued_requests"
 READY_METRIC = "frontier_ready"
 DRAINING_METRIC = "frontier_draining"
+# Always 1; its labels say what the engine runs on (``attention_backend``: cpu-kernel, flash-varlen,
+# sdpa-gather; ``kernels``: native, native+panel-gemm or torch).
+ENGINE_INFO_METRIC = "frontier_engine_info"
+ATTENTION_BACKEND_LABEL = "attention_backend"
+KERNELS_LABEL = "kernels"
 
 # Every family the runtime exports, each once.
 RUNTIME_METRIC_NAMES = (
@@ -157,6 +168,7 @@ RUNTIME_METRIC_NAMES = (
     QUEUED_METRIC,
     READY_METRIC,
     DRAINING_METRIC,
+    ENGINE_INFO_METRIC,
 )
 
 # --- the gateway: headers it reads and sets, its metrics ---------------------------------------------

@@ -115,6 +115,13 @@ class CpuConfig(Strict):
     cpu_bind_threads: bool = Field(
         default=False, description="Pin each intra-op thread to a core of its own (one runtime per host)."
     )
+    native_kernels: bool = Field(
+        default=True,
+        description=(
+            "Use the runtime's native CPU kernels (attention, fused norms, panel GEMM); false runs torch "
+            "ops only, as on a GPU host. The environment variable FRONTIER_NATIVE_KERNELS=0/1 overrides it."
+        ),
+    )
 
 
 class RuntimeSettings(CacheConfig, ParallelConfig, CpuConfig):

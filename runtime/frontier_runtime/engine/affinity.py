@@ -47,5 +47,6 @@ def bind_intra_op_threads(rank: int) -> list[int]:
 
 def pin_if_configured(config: EngineConfig, rank: int) -> None:
     """Pin this rank's intra-op threads when a CPU engine's config asks for it."""
+    cpu_kernel.use_native_kernels(config.native_kernels)  # pinning needs the kernels' library
     if config.cpu_bind_threads and config.device == "cpu":
         bind_intra_op_threads(rank)

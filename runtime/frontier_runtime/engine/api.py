@@ -26,6 +26,8 @@ class EngineStats:
     last_batch_size: int
     last_step_tokens: int
     steps: int
+    attention_backend: str = ""  # ops.paged_attention's backend; "" before an engine is loaded
+    kernels: str = ""  # "native", "native+panel-gemm" (the CPU library) or "torch" (torch ops only)
 
     @property
     def kv_usage(self) -> float:

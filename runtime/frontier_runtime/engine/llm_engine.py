@@ -272,6 +272,8 @@ class LLMEngine:
             last_batch_size=self._last_batch,
             last_step_tokens=self._last_tokens,
             steps=self._steps,
+            attention_backend=self.runner.backend,
+            kernels=self.runner.kernels,
         )
 
     def generate(

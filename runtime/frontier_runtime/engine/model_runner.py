@@ -9,11 +9,16 @@ are derived there from the tables.
 
 On CUDA with the paged flash kernel, decode-only steps replay CUDA graphs captured at padded batch
 sizes over static buffers (``cuda_graphs``).
+
+Every step only a CUDA device takes (memory queries, the host-to-device copy, graph capture and
+replay) goes through the runner's ``DeviceOps``, chosen by the device; a test injects its own to
+run a CUDA start's exact sequence (KV sizing, then graph capture) on CPU.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +28,7 @@ from frontier_runtime.engine.config import EngineConfig, resolve_dtype
 from frontier_runtime.engine.sequence import Sequence
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.loader import load_model
+from frontier_runtime.ops import cpu_kernel, panel_gemm
 from frontier_runtime.ops.paged_attention import AttentionMetadata, allocate_kv, select_backend
 
 log = logging.getLogger("frontier_runtime.engine")
@@ -51,14 +57,113 @@ class StepInput:
         return self.num_decodes == len(self.rows)
 
 
+class DeviceOps:
+    """The device-specific steps of a start and of a step; this base is a CPU host's (no memory to
+    measure, no graphs). A test subclasses it to stand in for a GPU."""
+
+    sizes_kv_by_memory = False  # KV blocks from measured free memory, not ``cpu_kv_cache_bytes``
+    graph_backends: frozenset[str] = frozenset()  # attention backends whose decode steps it captures
+
+    def set_device(self, device: torch.device) -> None:
+        pass
+
+    def to_device(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return host.to(device)
+
+    def synchronize(self, device: torch.device) -> None:
+        pass
+
+    def empty_cache(self) -> None:
+        pass
+
+    def reset_peak_memory_stats(self, device: torch.device) -> None:
+        pass
+
+    def max_memory_allocated(self, device: torch.device) -> int:
+        return 0
+
+    def memory_reserved(self, device: torch.device) -> int:
+        return 0
+
+    def mem_get_info(self, device: torch.device) -> tuple[int, int]:
+        """(free, total) bytes of the device."""
+        raise NotImplementedError("this device reports no free memory")
+
+    def graph_pool(self) -> object:
+        return None
+
+    def capture(
+        self, forward: Callable[[], torch.Tensor], pool: object
+    ) -> tuple[Callable[[], object], torch.Tensor]:
+        """Record ``forward`` (reading and writing only static buffers): a function that replays
+        it, and the static tensor each replay leaves its output in. This base runs it eagerly."""
+        out = forward()
+        return lambda: out.copy_(forward()), out
+
+
+class CudaOps(DeviceOps):
+    sizes_kv_by_memory = True
+    # sdpa-gather pads from host copies of the lengths, which a captured graph would freeze.
+    graph_backends = frozenset({"flash-varlen"})
+
+    def set_device(self, device: torch.device) -> None:
+        torch.cuda.set_device(device)
+
+    def to_device(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return host.pin_memory().to(device, non_blocking=True)
+
+    def synchronize(self, device: torch.device) -> None:
+        torch.cuda.synchronize(device)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def reset_peak_memory_stats(self, device: torch.device) -> None:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def max_memory_allocated(self, device: torch.device) -> int:
+        return torch.cuda.max_memory_allocated(device)
+
+    def memory_reserved(self, device: torch.device) -> int:
+        return torch.cuda.memory_reserved(device)
+
+    def mem_get_info(self, device: torch.device) -> tuple[int, int]:
+        return torch.cuda.mem_get_info(device)
+
+    def graph_pool(self) -> object:
+        return torch.cuda.graph_pool_handle()
+
+    def capture(
+        self, forward: Callable[[], torch.Tensor], pool: object
+    ) -> tuple[Callable[[], object], torch.Tensor]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = forward()
+        return graph.replay, out
+
+
+def device_ops_for(device: torch.device) -> DeviceOps:
+    return CudaOps() if device.type == "cuda" else DeviceOps()
+
+
+def _kernels_in_use(device: torch.device) -> str:
+    """What runs beside attention once the model is loaded (its layers chose their kernels then)."""
+    if device.type != "cpu" or not cpu_kernel.enabled() or not cpu_kernel.loaded():
+        return "torch"
+    return "native+panel-gemm" if panel_gemm.available() else "native"
+
+
 class ModelRunner:
     """One rank's model shard and KV cache; rank 0's also prepares each step's inputs."""
 
-    def __init__(self, config: EngineConfig, rank: int = 0, init_method: str = "") -> None:
+    def __init__(
+        self, config: EngineConfig, rank: int = 0, init_method: str = "", ops: DeviceOps | None = None
+    ) -> None:
         self.config = config
+        cpu_kernel.use_native_kernels(config.native_kernels)  # before loading: layers choose kernels then
         self.device = torch.device(config.device if config.device != "cuda" else f"cuda:{rank}")
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        self.ops = ops or device_ops_for(self.device)
+        self.ops.set_device(self.device)
         self.tp = init_group(rank, config.tensor_parallel_size, init_method, self.device)
         self.dtype = DTYPES[resolve_dtype(config)]
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
@@ -73,16 +178,19 @@ class ModelRunner:
             self._set_fp8_scales()
             if self.backend == "flash-varlen":  # FlashAttention reads no fp8 cache
                 self.backend = "sdpa-gather"
-        log.info("attention backend %s, KV cache %s", self.backend, self.kv_dtype)
+        self.kernels = _kernels_in_use(self.device)
+        log.info("attention backend %s, kernels %s, KV cache %s", self.backend, self.kernels, self.kv_dtype)
         kv_per_token = 2 * cfg.num_layers * self.model.num_local_kv_heads * cfg.head_dim
         self.bytes_per_block = kv_per_token * self.block_size * self.kv_dtype.itemsize
         self.tables = torch.zeros(
             max(config.max_batch_size, 1), self.max_blocks_per_seq, dtype=torch.int32, device=self.device
         )
+        # Empty until capture: sizing runs the worst step through ``execute``, which reads it.
+        self.graphs: dict[int, _DecodeGraph] = {}
         num_blocks = config.num_blocks
         if num_blocks is None:
-            if self.device.type == "cuda":
-                num_blocks = self._cuda_blocks(config.gpu_memory_utilization)
+            if self.ops.sizes_kv_by_memory:
+                num_blocks = self._device_blocks(config.gpu_memory_utilization)
             else:
                 num_blocks = config.cpu_kv_cache_bytes // self.bytes_per_block
             num_blocks = self.tp.min_over_ranks(num_blocks, self.device)  # every rank must agree
@@ -90,16 +198,14 @@ class ModelRunner:
         # One block more than the engine hands out: padded rows of a CUDA graph write and read it.
         self.scratch_block = num_blocks
         self.kv_caches = self._allocate(num_blocks + 1)
-        self.graphs: dict[int, _DecodeGraph] = {}
         if self.use_cuda_graphs:
             self._capture_graphs()
 
     @property
     def use_cuda_graphs(self) -> bool:
         return (
-            self.device.type == "cuda"
-            and self.config.cuda_graphs
-            and self.backend == "flash-varlen"
+            self.config.cuda_graphs
+            and self.backend in self.ops.graph_backends
             and not self.tp.enabled  # NCCL inside captured graphs is left for later
         )
 
@@ -157,17 +263,18 @@ class ModelRunner:
                 self.kv_caches = saved_caches
             self.tables.copy_(saved_tables)
 
-    def _cuda_blocks(self, utilization: float) -> int:
+    def _device_blocks(self, utilization: float) -> int:
         """KV blocks that fit in ``utilization`` of the GPU after weights and the worst step."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
+        ops, dev = self.ops, self.device
+        ops.empty_cache()
+        ops.reset_peak_memory_stats(dev)
         self.profile_worst_step()
-        torch.cuda.synchronize(self.device)
+        ops.synchronize(dev)
         probe = self.max_blocks_per_seq * self.bytes_per_block
-        peak = torch.cuda.max_memory_allocated(self.device) - probe
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(self.device)
-        other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
+        peak = ops.max_memory_allocated(dev) - probe
+        ops.empty_cache()
+        free, total = ops.mem_get_info(dev)
+        other = total - free - ops.memory_reserved(dev)  # other processes, CUDA context
         budget = int(total * utilization) - peak - other - self._graph_reserve()
         return max(budget // self.bytes_per_block - 1, 0)  # - 1: the scratch block
 
@@ -228,10 +335,7 @@ class ModelRunner:
             + step.table_updates,
             dtype=torch.int64,
         )
-        if dev.type == "cuda":
-            packed = host.pin_memory().to(dev, non_blocking=True)
-        else:
-            packed = host
+        packed = self.ops.to_device(host, dev)
         ids, rows, computed, counts, logit_rows, updates = packed.split(
             [t, s, s, s, n_logits, len(step.table_updates)]
         )
@@ -298,12 +402,12 @@ class ModelRunner:
         top = sizes[-1]
         dev = self.device
         static = _DecodeGraph.buffers(top, self.max_blocks_per_seq, dev)
-        pool = torch.cuda.graph_pool_handle()
+        pool = self.ops.graph_pool()
         for size in reversed(sizes):  # largest first: smaller ones reuse its pool
             graph = _DecodeGraph(self, size, static, pool)
             self.graphs[size] = graph
-        torch.cuda.synchronize(dev)
-        log.info("captured CUDA graphs for decode batches of %s", sizes)
+        self.ops.synchronize(dev)
+        log.info("captured decode graphs for batches of %s", sizes)
 
     def _replay(self, step: StepInput) -> torch.Tensor:
         s = len(step.rows)
@@ -313,7 +417,7 @@ class ModelRunner:
             step.input_ids + step.rows + step.computed + step.logits_indices + step.table_updates,
             dtype=torch.int64,
         )
-        packed = host.pin_memory().to(self.device, non_blocking=True)
+        packed = self.ops.to_device(host, self.device)
         ids, rows, computed, logit_rows, updates = packed.split(
             [s, s, s, len(step.logits_indices), len(step.table_updates)]
         )
@@ -361,10 +465,10 @@ class _DecodeGraph:
         torch.cumsum(st["seq_lens"], 0, out=st["cu_seq_k"][1:])
         for _ in range(2):  # warm up outside the graph (allocator, lazy init)
             runner.model(st["ids"], st["positions"], self.meta, runner.kv_caches)
-        torch.cuda.synchronize(runner.device)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.hidden = runner.model(st["ids"], st["positions"], self.meta, runner.kv_caches)
+        runner.ops.synchronize(runner.device)
+        self.run, self.hidden = runner.ops.capture(
+            lambda: runner.model(st["ids"], st["positions"], self.meta, runner.kv_caches), pool
+        )
 
     @staticmethod
     def buffers(top: int, max_blocks: int, dev: torch.device) -> dict[str, torch.Tensor]:
@@ -386,6 +490,7 @@ class _DecodeGraph:
         s, st, bs = ids.shape[0], self.views, runner.block_size
         st["ids"][:s].copy_(ids)
         st["positions"][:s].copy_(computed)
+        st["rows"][:s].copy_(rows)  # backends that read ``tables`` by row, not ``step_tables``
         tables = runner.tables.index_select(0, rows)
         st["step_tables"][:s].copy_(tables)
         st["slots"][:s].copy_(
@@ -399,5 +504,5 @@ class _DecodeGraph:
         st["ids"][s:].zero_()
         st["positions"][s:].zero_()
         torch.cumsum(st["seq_lens"], 0, out=st["cu_seq_k"][1:])
-        self.graph.replay()
+        self.run()
         return self.hidden[:s]

@@ -11,7 +11,8 @@ The shared library is cached under ``$FRONTIER_KERNEL_CACHE`` (default
 ``~/.cache/frontier-runtime/kernels``), keyed by the source, torch's version and the CPU's flags;
 a build is written to a temporary name and renamed, so ranks starting together never load half a
 file. ``load()`` returns False (and says why once) where no compiler is found; the caller then
-uses the portable torch path.
+uses the portable torch path. It also returns False, building and loading nothing, while the kernels
+are switched off (``use_native_kernels``; ``FRONTIER_NATIVE_KERNELS=0`` overrides the setting).
 """
 
 from __future__ import annotations
@@ -615,6 +616,28 @@ FLAGS = [
 
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
+_setting = {"native_kernels": True}
+ENV_SWITCH = "FRONTIER_NATIVE_KERNELS"
+
+
+def use_native_kernels(setting: bool) -> None:
+    """The engine's ``native_kernels`` setting; process-wide, since a loaded library stays loaded."""
+    _setting["native_kernels"] = setting
+
+
+def enabled() -> bool:
+    """Whether the native kernels may be used: ``$FRONTIER_NATIVE_KERNELS`` if set, else the setting."""
+    env = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if env:
+        if env not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+            raise ValueError(f"{ENV_SWITCH}={env!r}: expected 0 or 1")
+        return env in ("1", "true", "yes", "on")
+    return _setting["native_kernels"]
+
+
+def loaded() -> bool:
+    """Whether this process has loaded the kernels' library (built it, if it had to)."""
+    return _state.get("ok", False)
 
 
 def _cpu_flags() -> str:
@@ -671,7 +694,10 @@ def _compile(target: Path) -> None:
 
 
 def load() -> bool:
-    """Make ``torch.ops.frontier.paged_attention`` available; False if it cannot be built here."""
+    """Make ``torch.ops.frontier.paged_attention`` available; False if it cannot be built here or
+    the kernels are switched off."""
+    if not enabled():
+        return False
     with _lock:
         if "ok" in _state:
             return _state["ok"]

@@ -30,10 +30,14 @@ from frontier_runtime.ops import cpu_kernel
 PANEL = 32  # output columns per panel
 
 
-@functools.cache
 def available() -> bool:
-    """Whether this CPU runs the panel GEMM (the kernel built, with AVX-512)."""
-    return cpu_kernel.load() and bool(torch.ops.frontier.panel_gemm())
+    """Whether this CPU runs the panel GEMM (the kernel built and switched on, with AVX-512)."""
+    return cpu_kernel.load() and _built_with_avx512()
+
+
+@functools.cache  # a property of the loaded library; the switch is read on every call above
+def _built_with_avx512() -> bool:
+    return bool(torch.ops.frontier.panel_gemm())
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

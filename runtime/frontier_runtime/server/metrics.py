@@ -232,3 +232,11 @@ class _LiveCollector(Collector):
         yield gauge(names.QUEUED_METRIC, "Requests in the admission queue.", queued)
         yield gauge(names.READY_METRIC, "1 when the readiness check passes.", 1.0 if ready else 0.0)
         yield gauge(names.DRAINING_METRIC, "1 while draining before exit.", 1.0 if draining else 0.0)
+        info = GaugeMetricFamily(
+            names.ENGINE_INFO_METRIC,
+            "1, labelled with the engine's attention backend and kernels (no sample before it loads).",
+            labels=[names.MODEL_LABEL, names.ATTENTION_BACKEND_LABEL, names.KERNELS_LABEL],
+        )
+        if stats and stats.attention_backend:
+            info.add_metric([self._model, stats.attention_backend, stats.kernels], 1.0)
+        yield info

@@ -191,12 +191,15 @@ class RuntimeServer(uvicorn.Server):
             # The warm-up blocks until one real forward is done: keep it off the loop.
             await asyncio.to_thread(loaded.engine.warmup)
             self.state.health.warmed_up = True
+            stats = loaded.engine.stats()
             log.info(
-                "ready",
+                f"ready: attention backend {stats.attention_backend}, kernels {stats.kernels}",
                 extra={
                     "event": "ready",
                     "warmup_s": round(time.monotonic() - started, 3),
                     "model": self.state.config.model.name,
+                    "attention_backend": stats.attention_backend,
+                    "kernels": stats.kernels,
                 },
             )
         except Exception as exc:

@@ -6,9 +6,15 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
+from frontier_runtime.ops import cpu_kernel
 
 MAX_NEW = 24
+# Tests of the native CPU kernels themselves; a run with FRONTIER_NATIVE_KERNELS=0 covers torch ops only.
+needs_native_kernels = pytest.mark.skipif(
+    not cpu_kernel.enabled(), reason=f"{cpu_kernel.ENV_SWITCH}=0: the native kernels are off in this run"
+)
 PROMPT_TEXTS = [
     "Hello",
     "The model token cache",

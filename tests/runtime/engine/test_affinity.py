@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from engine_fixtures import needs_native_kernels
 from frontier_runtime.engine.affinity import rank_cores
 
 ALLOWED = sorted(os.sched_getaffinity(0))
@@ -41,6 +42,7 @@ PROBE = textwrap.dedent(
 )
 
 
+@needs_native_kernels  # the binding is a call into the kernels' library
 def test_binding_pins_the_calling_thread_and_each_pool_thread_to_its_core() -> None:
     threads = min(2, len(ALLOWED))
     done = subprocess.run(

