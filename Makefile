@@ -27,7 +27,7 @@ test: install system-packages typecheck
 # The engine's tests again on torch ops alone (native CPU kernels off): what a GPU host runs.
 .PHONY: test-torch-ops
 test-torch-ops: install
-	FRONTIER_NATIVE_KERNELS=0 $(BIN)/python -m pytest -q tests/runtime/engine
+	FRONTIER_NATIVE_KERNELS=0 $(BIN)/python -m pytest -q -m "not native_kernels" tests/runtime/engine
 
 # Strict on the typed layers listed in pyproject.toml's [tool.mypy].
 typecheck: install

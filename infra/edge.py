@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+from frontier_hostside.names import API_PATH_PREFIX
 
 from frontier.config.schema import Health
 from infra.storage import LB_LOG_PREFIX
@@ -22,7 +23,7 @@ from infra.storage import LB_LOG_PREFIX
 # graphs and an empty prefix cache. (ALB cannot combine slow start with least-outstanding-requests.)
 SLOW_START_S = 60
 # The OpenAI-compatible API: the only paths the load balancer forwards.
-API_PATH_PATTERNS = ("/v1/*",)
+API_PATH_PATTERNS = (f"{API_PATH_PREFIX}*",)
 API_RULE_PRIORITY = 100
 NOT_FOUND_BODY = '{"error": {"message": "not found", "type": "not_found"}}'
 

@@ -202,7 +202,7 @@ class EksCluster(pulumi.ComponentResource):
                 f"{name}-public-{i}-elb", resource_id=subnet_id, key=ALB_SUBNET_TAG, value="1", opts=child
             )
 
-        aws.eks.AccessEntry(
+        entry = aws.eks.AccessEntry(
             f"{name}-deploy",
             cluster_name=cluster.name,
             principal_arn=args.deploy_role_arn,
@@ -217,7 +217,9 @@ class EksCluster(pulumi.ComponentResource):
             access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(
                 type="namespace", namespaces=[k.namespace]
             ),
-            opts=child,
+            # EKS associates a policy only with a principal that has an entry; both name the principal
+            # by the same ARN, so only this orders them.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[entry]),
         )
 
         self.name, self.arn = cluster.name, cluster.arn

@@ -141,7 +141,7 @@ class GatewayNodes(pulumi.ComponentResource):
             for secret in args.secret_names
         ]
         metering_arn = f"arn:aws:s3:::{args.metering_bucket}/{args.metering_prefix.strip('/')}/*"
-        aws.iam.RolePolicy(
+        grants = aws.iam.RolePolicy(
             f"{name}-policy",
             role=role.id,
             policy=pulumi.Output.from_input(args.kms_key_arn).apply(
@@ -181,7 +181,7 @@ class GatewayNodes(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        aws.iam.RolePolicyAttachment(
+        ssm = aws.iam.RolePolicyAttachment(
             f"{name}-ssm",
             role=role.name,
             policy_arn="arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
@@ -229,7 +229,8 @@ class GatewayNodes(pulumi.ComponentResource):
             health_check_grace_period=300,
             instance_refresh={"strategy": "Rolling", "preferences": {"min_healthy_percentage": 50}},
             tags=[{"key": k, "value": v, "propagate_at_launch": True} for k, v in host_tags.items()],
-            opts=child,
+            # The profile names the role at once, its policies only once attached: hosts must not boot first.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[grants, ssm]),
         )
         self.security_group_id = group.id
         self.asg_name = asg.name

@@ -294,10 +294,16 @@ class Identity(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        aws.iam.RolePolicy(
+        runtime_grants = aws.iam.RolePolicy(
             f"{name}-runtime",
             role=runtime.id,
             policy=pulumi.Output.json_dumps(runtime_policy(args, hosts=True)),
+            opts=child,
+        )
+        lifecycle = aws.iam.RolePolicy(
+            f"{name}-lifecycle",
+            role=runtime.name,
+            policy=json.dumps(lifecycle_policy(cloud, args.stack)),
             opts=child,
         )
         profile = aws.iam.InstanceProfile(f"{name}-runtime", role=runtime.name, tags=tags, opts=child)
@@ -317,25 +323,26 @@ class Identity(pulumi.ComponentResource):
 
         self.runtime_role_arn, self.instance_profile_arn = runtime.arn, profile.arn
         self.runtime_role_name = runtime.name
+        # What a host's role may do the moment it boots: its groups wait for these (depends_on).
+        self.host_permissions: list[pulumi.Resource] = [runtime_grants, lifecycle, profile]
         self.deploy_role_arn = deploy.arn
         self.register_outputs({"runtime_role_arn": runtime.arn, "deploy_role_arn": deploy.arn})
 
 
-def lifecycle_policy(asg_arns: list[pulumi.Input[str]]) -> pulumi.Output[str]:
-    """The runtime hosts may complete lifecycle actions only on the stack's own groups."""
-    return pulumi.Output.json_dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [_statement("CompleteItsLifecycleActions", LIFECYCLE_ACTIONS, list(asg_arns))],
-        }
-    )
+def lifecycle_policy(cloud: Cloud, stack: str) -> dict[str, Any]:
+    """The runtime hosts may complete lifecycle actions only on groups tagged with their stack.
 
-
-def grant_lifecycle_actions(identity: Identity, asg_arns: list[pulumi.Input[str]]) -> aws.iam.RolePolicy:
-    """Made after the groups exist (their ARNs name them exactly), as a child of the identity."""
-    return aws.iam.RolePolicy(
-        f"{identity.name}-lifecycle",
-        role=identity.runtime_role_name,
-        policy=lifecycle_policy(asg_arns),
-        opts=pulumi.ResourceOptions(parent=identity),
-    )
+    Scoped by tag, not by ARN: a group's ARN exists only once the group does, and a group's create
+    waits for hosts that need this permission to pass their launch hook.
+    """
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            _statement(
+                "CompleteItsLifecycleActions",
+                LIFECYCLE_ACTIONS,
+                cloud.arn("autoscaling", "autoScalingGroup:*"),
+                {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": stack}},
+            )
+        ],
+    }

@@ -153,6 +153,9 @@ class NodeGroupArgs:
     launch_timeout_s: int = BOOT_ALLOWANCE_S
     terminate_timeout_s: int = 300
     refresh: Mapping[str, object] | None = None
+    # What a booting host reads or needs its role to allow (policies, buckets, secrets, tools): the group's
+    # create waits for healthy hosts, so none of it may come after the group.
+    boot_dependencies: Sequence[pulumi.Resource] = ()
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -279,7 +282,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 {"key": key, "value": value, "propagate_at_launch": True} for key, value in host_tags.items()
             ],
             # The scaling policy and `fab scale` own the desired capacity once the group exists.
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity"]),
+            opts=pulumi.ResourceOptions(
+                parent=self, ignore_changes=["desiredCapacity"], depends_on=list(args.boot_dependencies)
+            ),
         )
         aws.autoscaling.Policy(
             f"{name}-queue-depth",

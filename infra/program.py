@@ -19,7 +19,7 @@ from infra.errors import ProvisionError
 from infra.foundation import Foundation, FoundationArgs, retention_days
 from infra.gateway import GatewayNodes, GatewayNodesArgs
 from infra.host_tools import HostTools, HostToolsArgs
-from infra.identity import Identity, grant_lifecycle_actions
+from infra.identity import Identity
 from infra.kubernetes_program import build_kubernetes
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.nodes import (
@@ -275,14 +275,14 @@ def build(settings: Settings) -> Ec2Outputs[pulumi.Input[str]] | KubernetesOutpu
                     launch_timeout_s=launch_timeout_s(settings.rollout.readiness_timeout_s),
                     terminate_timeout_s=terminate_timeout_s(settings),
                     refresh=refresh_preferences(settings, group),
+                    # A component stands for all its resources here; a component's own depends_on
+                    # would not reach the group inside it.
+                    boot_dependencies=[*identity.host_permissions, tools, storage, secrets],
                 ),
-                opts=pulumi.ResourceOptions(depends_on=[tools]),
             )
         )
     if settings.gateway is not None:
         gateway_nodes(settings, cloud, network, security, edge, secrets, tags)
-    # Hosts complete lifecycle actions on these groups only (their ARNs exist only now).
-    grant_lifecycle_actions(identity, [g.asg_arn for g in groups])
     monitoring = Monitoring(
         f"{stack}-monitoring",
         MonitoringArgs(

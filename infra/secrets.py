@@ -31,6 +31,19 @@ class SecretsArgs:
     tags: Mapping[str, str]
 
 
+def autoscaling_service_role(cloud: Cloud) -> str:
+    """The role auto scaling launches instances as (AWS creates it with an account's first group).
+
+    A key policy naming it is refused while it does not exist: an account that has never had an auto
+    scaling group creates it first (`aws iam create-service-linked-role --aws-service-name
+    autoscaling.amazonaws.com`).
+    """
+    return (
+        f"arn:{cloud.partition}:iam::{cloud.account_id}:role/aws-service-role/"
+        "autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
+    )
+
+
 def key_policy(cloud: Cloud) -> str:
     """Account administrators manage the key through IAM; CloudWatch Logs and alarms may use it."""
     return json.dumps(
@@ -60,6 +73,31 @@ def key_policy(cloud: Cloud) -> str:
                     "Condition": {
                         "ArnLike": {"kms:EncryptionContext:aws:logs:arn": cloud.arn("logs", "log-group:*")}
                     },
+                },
+                {
+                    # EKS node groups' root volumes are encrypted with this key, and their hosts are
+                    # launched by the auto scaling service-linked role, whose own policy (AWS's) has no
+                    # KMS permissions: only the key policy can let it use the key.
+                    "Sid": "AutoScalingLaunchesEncryptedVolumes",
+                    "Effect": "Allow",
+                    "Principal": {"AWS": autoscaling_service_role(cloud)},
+                    "Action": [
+                        "kms:Encrypt",
+                        "kms:Decrypt",
+                        "kms:ReEncrypt*",
+                        "kms:GenerateDataKey*",
+                        "kms:DescribeKey",
+                    ],
+                    "Resource": "*",
+                },
+                {
+                    # ... and hand EBS a grant for the volume's lifetime (to AWS resources only).
+                    "Sid": "AutoScalingGrantsEbsTheKey",
+                    "Effect": "Allow",
+                    "Principal": {"AWS": autoscaling_service_role(cloud)},
+                    "Action": "kms:CreateGrant",
+                    "Resource": "*",
+                    "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}},
                 },
                 {
                     # Alarms publish to the KMS-encrypted SNS topic.

@@ -897,7 +897,9 @@ def check_launch_template_devices(props: Mapping[str, Any], _: ResourceValidatio
 
 
 def _not_api(path: Any) -> bool:
-    return not str(path or "").startswith(PUBLIC_PATH_PREFIX)
+    # "/v1" is the API too: an Ingress Prefix path matches by whole path elements (/v1, /v1/...).
+    text = str(path or "")
+    return not (text.startswith(PUBLIC_PATH_PREFIX) or text == PUBLIC_PATH_PREFIX.rstrip("/"))
 
 
 def check_listener_rules_api_only(props: Mapping[str, Any], _: ResourceValidationArgs) -> Iterator[str]:
@@ -986,14 +988,11 @@ EXPOSURE_POLICIES = [
         LISTENER_RULE,
         check_listener_rules_api_only,
     ),
-    # ADVISORY for now: the eks-prod program's own Ingress (runtime-ingress-frontier-llama-3-1-70b-instruct)
-    # forwards '/', which is being narrowed to /v1/ paths; make this MANDATORY once it is.
     _resource_policy(
         "k8s-ingress-forwards-only-api",
         "Ingresses forward only /v1/ paths.",
         K8S_INGRESS,
         check_ingress_api_only,
-        EnforcementLevel.ADVISORY,
     ),
     _resource_policy(
         "k8s-services-not-exposed",
@@ -1007,14 +1006,11 @@ EXPOSURE_POLICIES = [
         K8S_POD_OWNERS,
         check_k8s_containers_hardened,
     ),
-    # ADVISORY for now: the eks-prod program's own Deployment (runtime-deployment-frontier-llama-3-1-70b-instruct)
-    # sets no CPU or memory limits, which are being added; make this MANDATORY once it does.
     _resource_policy(
         "k8s-containers-limited",
         "Containers have CPU and memory limits.",
         K8S_POD_OWNERS,
         check_k8s_containers_limited,
-        EnforcementLevel.ADVISORY,
     ),
 ]
 

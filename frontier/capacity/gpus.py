@@ -55,6 +55,9 @@ class InstanceType:
     nvlink_domain_gpus: int  # GPUs joined by NVLink; 1 where they talk over PCIe only
     price_per_hour: float
     price_source: str
+    # The host around the GPUs (AWS's instance type page): what a pod's CPU and memory are sized from.
+    vcpus: int
+    memory_gib: int
 
 
 _PCIE4 = "PCIe Gen4 x16 (no NVLink)"
@@ -141,18 +144,18 @@ _AWS = "AWS EC2 on-demand list price, us-east-1, Linux (aws.amazon.com/ec2/prici
 INSTANCES: dict[str, InstanceType] = {
     i.name: i
     for i in (
-        InstanceType("g5.xlarge", "A10G-24GB", 1, 1, 1.006, _AWS),
-        InstanceType("g5.12xlarge", "A10G-24GB", 4, 1, 5.672, _AWS),
-        InstanceType("g5.48xlarge", "A10G-24GB", 8, 1, 16.288, _AWS),
-        InstanceType("g6.xlarge", "L4-24GB", 1, 1, 0.8048, _AWS),
-        InstanceType("g6.12xlarge", "L4-24GB", 4, 1, 4.6016, _AWS),
-        InstanceType("g6.48xlarge", "L4-24GB", 8, 1, 13.3504, _AWS),
-        InstanceType("g6e.xlarge", "L40S-48GB", 1, 1, 1.861, _AWS),
-        InstanceType("g6e.12xlarge", "L40S-48GB", 4, 1, 10.493, _AWS),
-        InstanceType("g6e.48xlarge", "L40S-48GB", 8, 1, 30.131, _AWS),
-        InstanceType("p4d.24xlarge", "A100-SXM4-40GB", 8, 8, 32.7726, _AWS),
-        InstanceType("p4de.24xlarge", "A100-SXM4-80GB", 8, 8, 40.9657, _AWS),
-        InstanceType("p5.48xlarge", "H100-SXM-80GB", 8, 8, 98.32, _AWS),
+        InstanceType("g5.xlarge", "A10G-24GB", 1, 1, 1.006, _AWS, 4, 16),
+        InstanceType("g5.12xlarge", "A10G-24GB", 4, 1, 5.672, _AWS, 48, 192),
+        InstanceType("g5.48xlarge", "A10G-24GB", 8, 1, 16.288, _AWS, 192, 768),
+        InstanceType("g6.xlarge", "L4-24GB", 1, 1, 0.8048, _AWS, 4, 16),
+        InstanceType("g6.12xlarge", "L4-24GB", 4, 1, 4.6016, _AWS, 48, 192),
+        InstanceType("g6.48xlarge", "L4-24GB", 8, 1, 13.3504, _AWS, 192, 768),
+        InstanceType("g6e.xlarge", "L40S-48GB", 1, 1, 1.861, _AWS, 4, 32),
+        InstanceType("g6e.12xlarge", "L40S-48GB", 4, 1, 10.493, _AWS, 48, 384),
+        InstanceType("g6e.48xlarge", "L40S-48GB", 8, 1, 30.131, _AWS, 192, 1536),
+        InstanceType("p4d.24xlarge", "A100-SXM4-40GB", 8, 8, 32.7726, _AWS, 96, 1152),
+        InstanceType("p4de.24xlarge", "A100-SXM4-80GB", 8, 8, 40.9657, _AWS, 96, 1152),
+        InstanceType("p5.48xlarge", "H100-SXM-80GB", 8, 8, 98.32, _AWS, 192, 2048),
         InstanceType(
             "p5e.48xlarge",
             "H200-SXM-141GB",
@@ -161,6 +164,8 @@ INSTANCES: dict[str, InstanceType] = {
             113.0,
             "ESTIMATE: p5e is sold through capacity blocks, not on demand; p5.48xlarge x 1.15 (the H200's "
             "premium in capacity-block prices), rounded",
+            192,
+            2048,
         ),
     )
 }

@@ -11,7 +11,7 @@ import re
 from typing import Literal
 
 from frontier_gateway.config import GatewaySettings, TenantConfig
-from frontier_hostside.names import HOST_ROOT
+from frontier_hostside.names import HOST_ROOT, RUNTIME_UID
 from frontier_runtime.config import HealthConfig, ModelConfig, RuntimeConfig, RuntimeSettings
 from frontier_settings import FieldProblem, FieldProblems
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -373,7 +373,7 @@ class Kubernetes(_Settings):
     )
     weights_cache_gb: int = Field(default=200, ge=1, le=65_536)
     shm_gb: int = Field(default=16, ge=1, le=2048)
-    run_as_user: int = Field(default=10001, ge=1, le=2_147_483_647)
+    run_as_user: int = Field(default=RUNTIME_UID, ge=1, le=2_147_483_647)
 
 
 class ModelPool(_Settings):

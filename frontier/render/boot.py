@@ -8,12 +8,21 @@ import math
 from dataclasses import dataclass
 
 from frontier_hostside import names
-from frontier_hostside.names import CACHE_DEVICE_NAME, CACHE_MOUNT, CLOUD_WEIGHTS_CACHE, HOST_ROOT
+from frontier_hostside.names import (
+    CACHE_DEVICE_NAME,
+    CACHE_MOUNT,
+    CLOUD_WEIGHTS_CACHE,
+    HOST_ROOT,
+    RUNTIME_UID,
+)
 
 from frontier.config.hardware import has_nvswitch, instance_store
 from frontier.config.schema import NodeGroup, Settings
 from frontier.errors import FrontierError
 from frontier.render.templates import render_template
+
+# Where the Deep Learning AMI mounts the instance-store disks it stripes at boot.
+DLAMI_NVME_MOUNT = "/opt/dlami/nvme"
 
 
 def _group(settings: Settings, group: NodeGroup | str | None) -> NodeGroup:
@@ -60,6 +69,8 @@ def render_mount_cache(settings: Settings, group: NodeGroup | str) -> str:
         cache_volume_gb=node_group.cache_volume_gb,
         cache_volume_bytes=node_group.cache_volume_gb * 1024**3,
         weights_cache=CLOUD_WEIGHTS_CACHE,
+        runtime_uid=RUNTIME_UID,
+        dlami_nvme=DLAMI_NVME_MOUNT,
     )
 
 

@@ -20,6 +20,7 @@ from frontier_hostside.names import (
     HOST_ROOT,
     RELEASE_ID_PATTERN,
     RELEASE_MANIFEST,
+    RUNTIME_UID,
     SUPERVISE_COMMAND,
     UNIT_NAME,
 )
@@ -87,6 +88,7 @@ def render_systemd_unit(settings: Settings, digest: str) -> str:
         host_root=HOST_ROOT,
         release_dir=CONTAINER_RELEASE_DIR,
         weights_cache=CLOUD_WEIGHTS_CACHE,
+        runtime_uid=RUNTIME_UID,
         stop_grace_s=stop_grace_s,
         timeout_stop_s=stop_grace_s + 15,
         start_timeout_s=math.ceil(settings.rollout.readiness_timeout_s),

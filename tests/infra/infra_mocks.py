@@ -207,6 +207,9 @@ class Resource:
     outputs: dict[str, Any]
     custom: bool
     options: pulumi.ResourceOptions | None = None
+    # The URNs the engine is told this resource waits for: explicit ``depends_on`` (a component
+    # expanded to its resources) and every resource whose outputs feed an input.
+    dependencies: frozenset[str] = frozenset()
 
     @property
     def ignored_changes(self) -> list[str]:
@@ -269,7 +272,20 @@ def _resolve(value: Any) -> Any:
     return value
 
 
-class EngineUrnMonitor(MockMonitor):
+class DependencyMonitor(MockMonitor):
+    """The mock monitor, keeping what the engine orders creation by: each resource's dependencies."""
+
+    def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
+        super().__init__(mocks)
+        self.dependencies: dict[str, frozenset[str]] = {}
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (the gRPC method's name)
+        response = super().RegisterResource(request)
+        self.dependencies[response.urn] = frozenset(request.dependencies)
+        return response
+
+
+class EngineUrnMonitor(DependencyMonitor):
     """A monitor that makes URNs and aliases as the engine does, and keeps each resource's aliases.
 
     The engine's URN holds the types of all the resource's parents below the stack; the mock
@@ -314,9 +330,9 @@ def _run(
     settings: Settings,
     program: Callable[[Settings], Any],
     mocks: _Recorder,
-    monitor: MockMonitor | None = None,
+    monitor: DependencyMonitor | None = None,
 ) -> Graph:
-    monitor = monitor or MockMonitor(mocks)
+    monitor = monitor or DependencyMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="frontier", stack=settings.stack, preview=False, monitor=monitor)
     result: dict[str, Any] = {}
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -347,6 +363,7 @@ def _run(
             outputs,
             bool(args.custom),
             options.get((args.typ, args.name)),
+            monitor.dependencies.get(urns[(args.typ, args.name)], frozenset()),
         )
         for args, resource_id, outputs in mocks.created
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from infra_mocks import ACCOUNT_ID
 
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
@@ -194,17 +195,27 @@ def test_a_booting_host_reads_the_history_and_writes_only_its_boot_record(graph)
     assert [s["Sid"] for s in writes] == ["RecordItsBoot"]
 
 
-def test_hosts_complete_lifecycle_actions_only_on_the_stacks_own_groups(graph):
+def test_hosts_complete_lifecycle_actions_only_on_groups_tagged_with_their_stack(graph):
     lifecycle = json.loads(
         graph.one("aws:iam/rolePolicy:RolePolicy", f"{graph.stack}-iam-lifecycle").inputs["policy"]
     )
     [statement] = lifecycle["Statement"]
-    asg_arns = [g.outputs["arn"] for g in graph.of_type("aws:autoscaling/group:Group")]
     assert statement["Action"] == [
         "autoscaling:CompleteLifecycleAction",
         "autoscaling:RecordLifecycleActionHeartbeat",
     ]
-    assert statement["Resource"] == asg_arns and len(asg_arns) == len(graph.settings.node_groups)
+    # Auto scaling groups by tag: the grant exists before the groups whose ARNs it would name.
+    assert (
+        statement["Resource"]
+        == f"arn:aws:autoscaling:{graph.settings.region}:{ACCOUNT_ID}:autoScalingGroup:*"
+    )
+    assert statement["Condition"] == {"StringEquals": {"aws:ResourceTag/frontier:stack": graph.stack}}
+    groups = graph.of_type("aws:autoscaling/group:Group")
+    assert len(groups) >= len(graph.settings.node_groups)
+    for group in groups:
+        assert {"key": "frontier:stack", "value": graph.stack, "propagateAtLaunch": True} in group.inputs[
+            "tags"
+        ]
     role = graph.one("aws:iam/role:Role", f"{graph.stack}-iam-runtime")
     assert (
         graph.one("aws:iam/rolePolicy:RolePolicy", f"{graph.stack}-iam-lifecycle").inputs["role"]

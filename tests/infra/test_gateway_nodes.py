@@ -114,3 +114,14 @@ def test_a_stack_without_gateway_keeps_the_alb_on_the_runtimes(dev) -> None:
     assert not [r for r in dev.resources if r.name.startswith("dev-gateway")]
     registered = [a for a in dev.of_type(ASG) if a.inputs.get("targetGroupArns")]
     assert registered and all("gateway" not in a.name for a in registered)
+
+
+def test_a_gateway_hosts_permissions_exist_before_its_group_waits_for_capacity(gated) -> None:
+    # An instance profile gives a host its role at once, the role's policies only once attached: a
+    # gateway that boots first cannot read its keys' digests and fails the ELB health check.
+    [group] = [g for g in gated.of_type(ASG) if g.name == "dev-gateway-asg"]
+    for typ, name in (
+        ("aws:iam/rolePolicy:RolePolicy", "dev-gateway-policy"),
+        ("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "dev-gateway-ssm"),
+    ):
+        assert gated.one(typ, name).urn in group.dependencies, f"{group.name} may launch before {name}"

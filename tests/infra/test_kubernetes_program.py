@@ -237,7 +237,8 @@ def test_the_workloads_carry_every_runtime_property(eks):
     pod = _plain(deployment.inputs["spec"]["template"])
     container = pod["spec"]["containers"][0]
     assert container["image"].endswith("@" + release_digest(settings))
-    assert container["resources"]["requests"] == container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert container["resources"]["requests"] == container["resources"]["limits"]
+    assert container["resources"]["requests"] == {"nvidia.com/gpu": "8", **m.cpu_and_memory(settings)}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     sleep = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
@@ -347,3 +348,35 @@ def test_the_alb_logs_to_the_stacks_access_log_bucket(eks):
     assert attributes["access_logs.s3.bucket"] == bucket.outputs["bucket"]
     assert attributes["access_logs.s3.prefix"] == "alb"
     assert attributes["idle_timeout.timeout_seconds"] == str(eks.settings.edge.idle_timeout_s)
+
+
+def test_the_stack_key_admits_the_auto_scaling_service_linked_role_to_encrypt_root_volumes(eks):
+    # A managed node group's hosts are launched by the auto scaling service-linked role: with a root
+    # volume encrypted by a customer managed key, the key's policy must let that role use the key and
+    # grant its use to EBS (an IAM policy cannot: the role's own policy is AWS's), or every launch fails.
+    key = eks.one("aws:kms/key:Key")
+    [template] = eks.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    [root] = template.inputs["blockDeviceMappings"]
+    assert root["ebs"]["kmsKeyId"] == key.outputs["arn"]
+    role = "arn:aws:iam::123456789012:role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
+    statements = [s for s in json.loads(key.inputs["policy"])["Statement"] if s["Principal"] == {"AWS": role}]
+    use = [s for s in statements if "Condition" not in s]
+    grant = [s for s in statements if "Condition" in s]
+    assert [(s["Effect"], sorted(s["Action"]), s["Resource"]) for s in use] == [
+        (
+            "Allow",
+            ["kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey*", "kms:ReEncrypt*"],
+            "*",
+        )
+    ]
+    assert [(s["Effect"], s["Action"], s["Resource"], s["Condition"]) for s in grant] == [
+        ("Allow", "kms:CreateGrant", "*", {"Bool": {"kms:GrantIsForAWSResource": "true"}})
+    ]
+
+
+def test_the_access_policy_association_waits_for_its_access_entry(eks):
+    # EKS refuses to associate an access policy with a principal that has no access entry yet; the
+    # two name the principal by the same ARN, so nothing but depends_on orders them.
+    entry = eks.one("aws:eks/accessEntry:AccessEntry")
+    association = eks.one("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+    assert entry.urn in association.dependencies

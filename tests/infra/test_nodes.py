@@ -291,3 +291,45 @@ def test_a_model_sharded_across_nodes_turns_efa_on(staging):
 )
 def test_architecture_follows_the_instance_family(instance_type, arch):
     assert architecture(instance_type) == arch
+
+
+# --- what a booting host needs, in the resource graph ---------------------------------------------
+
+
+def needs(graph, resource) -> set[str]:
+    """Every URN the engine creates before ``resource``: its dependencies, and theirs."""
+    by_urn = {r.urn: r for r in graph.resources}
+    seen: set[str] = set()
+    todo = list(resource.dependencies)
+    while todo:
+        urn = todo.pop()
+        if urn not in seen:
+            seen.add(urn)
+            todo.extend(by_urn[urn].dependencies if urn in by_urn else ())
+    return seen
+
+
+def test_the_permission_to_complete_a_lifecycle_action_exists_before_any_group_waits_for_capacity(graph):
+    # A group's create waits for healthy capacity, and its hosts pass the launch hook only by completing
+    # the lifecycle action: a permission created after the group leaves every host to the hook's
+    # ABANDON, and the `pulumi up` waits until it fails.
+    lifecycle = graph.one("aws:iam/rolePolicy:RolePolicy", f"{graph.stack}-iam-lifecycle")
+    for group in graph.of_type(ASG):
+        assert lifecycle.urn in needs(graph, group), f"{group.name} may launch hosts before {lifecycle.name}"
+
+
+def test_what_a_booting_host_reads_exists_before_any_group_launches_one(graph):
+    # A host's instance profile gives it its role at once, but the role's policies only once they are
+    # attached; the history bucket (its release, its tools) and the API keys' secret are read at boot.
+    stack = graph.stack
+    booting = [
+        graph.one("aws:iam/rolePolicy:RolePolicy", f"{stack}-iam-runtime"),
+        graph.one("aws:iam/instanceProfile:InstanceProfile", f"{stack}-iam-runtime"),
+        graph.one("aws:s3/bucket:Bucket", f"{stack}-storage-history"),
+        graph.one("aws:s3/bucketPolicy:BucketPolicy", f"{stack}-storage-history"),
+        graph.one("aws:secretsmanager/secret:Secret", f"{stack}-secrets-api-keys"),
+        *graph.of_type("aws:s3/bucketObjectv2:BucketObjectv2"),
+    ]
+    for group in graph.of_type(ASG):
+        missing = [r.name for r in booting if r.urn not in needs(graph, group)]
+        assert not missing, f"{group.name} may launch hosts before {missing}"

@@ -46,18 +46,12 @@ ADVISORY = {
     "lb-deletion-protection",
     "log-groups-encrypted-with-retention",
     "asg-discovery-tags",
-    "k8s-ingress-forwards-only-api",
-    "k8s-containers-limited",
     "runtime-web-egress-to-anywhere",
     "lb-redirect-port-public",
 }
 # The stack's own resources that break a rule today, and why each is let through: every such rule is
 # advisory (test_known_breaks_are_advisory), and the programs' tests accept violations of these alone.
 KNOWN_BREAKS = {
-    # The Kubernetes program's Ingress forwards '/', so /metrics and /health/* are public; being narrowed.
-    "k8s-ingress-forwards-only-api": ("eks-prod-runtime-ingress-frontier-llama-3-1-70b-instruct",),
-    # The runtime Deployment requests GPUs only (no CPU or memory limits); being added.
-    "k8s-containers-limited": ("eks-prod-runtime-deployment-frontier-llama-3-1-70b-instruct",),
     # Runtime hosts fetch packages, images, weights and call AWS over 443/80 through the NAT gateway.
     "runtime-web-egress-to-anywhere": tuple(
         f"{stack}-sg-runtime-out-{port}" for stack in ("dev", "staging", "prod") for port in (443, 80)

@@ -20,6 +20,7 @@ from frontier_hostside import names
 from kube_stack_edit import set_field
 
 from frontier import project
+from frontier.capacity.gpus import INSTANCES
 from frontier.config.load import available_stacks
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
@@ -133,7 +134,28 @@ def test_the_deployment_runs_the_image_by_digest_and_refuses_a_tag(eks_prod):
 
 def test_gpu_requests_equal_limits_and_cover_tensor_times_pipeline_parallel(eks_prod):
     resources = _pod(eks_prod)["spec"]["containers"][0]["resources"]
-    assert resources["requests"] == resources["limits"] == {names.GPU_RESOURCE: "8"}
+    assert resources["requests"] == resources["limits"]
+    assert resources["requests"][names.GPU_RESOURCE] == "8"
+
+
+def _quantity(text: str) -> float:
+    units = {"m": 1e-3, "Mi": 2**20, "Gi": 2**30, "": 1}
+    number = text.rstrip("mMGi")
+    return float(number) * units[text[len(number) :]]
+
+
+def test_the_runtime_is_guaranteed_its_share_of_the_nodes_cpu_and_memory(eks_prod):
+    # A pod without CPU and memory requests is BestEffort: the first evicted under node pressure, and
+    # the scheduler places nothing by them. Requests equal to limits make it Guaranteed; sized to the
+    # pod's share of the node's GPUs, below the node's capacity so the kubelet's reserve and the
+    # DaemonSets still fit (a request above allocatable never schedules).
+    resources = _pod(eks_prod)["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"]
+    node = INSTANCES["p5.48xlarge"]
+    share = m.gpus_per_pod(eks_prod) / node.gpus_per_node
+    cpu, memory = _quantity(resources["requests"]["cpu"]), _quantity(resources["requests"]["memory"])
+    assert 0.5 * share * node.vcpus <= cpu < share * node.vcpus
+    assert 0.5 * share * node.memory_gib * 2**30 <= memory < share * node.memory_gib * 2**30
 
 
 def test_probes_cover_the_load_time_then_readiness_and_liveness_on_the_configured_paths(eks_prod):
@@ -230,6 +252,26 @@ def test_keda_scales_on_the_runtimes_queue_depth(eks_prod):
     assert trigger["metadata"]["query"].startswith(f"sum({names.WAITING_METRIC}{{")
     assert trigger["metadata"]["threshold"] == str(auto.target_queue_depth)
     assert spec["scaleTargetRef"]["name"] == m.app_name(eks_prod)
+
+
+def _prefix_matches(prefix: str, path: str) -> bool:
+    """Kubernetes' Prefix match: element by element of the path split on '/'."""
+    want = [p for p in prefix.split("/") if p]
+    return [p for p in path.split("/") if p][: len(want)] == want
+
+
+def test_the_ingress_forwards_only_the_api_paths_as_the_ec2_listener_does(eks_prod, existing):
+    # An Ingress path "/" of type Prefix matches every path: /metrics and /health/* would be public.
+    for settings in (eks_prod, existing):
+        [rule] = m.ingress(settings).to_dict()["spec"]["rules"]
+        paths = rule["http"]["paths"]
+        # The EC2 listener's one forwarding rule is f"{API_PATH_PREFIX}*".
+        assert [(p["path"], p["pathType"]) for p in paths] == [("/v1", "Prefix")]
+        assert names.API_PATH_PREFIX == "/v1/"
+        for served in (names.COMPLETIONS_PATH, names.CHAT_COMPLETIONS_PATH, names.MODELS_PATH):
+            assert _prefix_matches(paths[0]["path"], served)
+        for private in (names.METRICS_PATH, names.READINESS_PATH, names.LIVENESS_PATH, "/"):
+            assert not _prefix_matches(paths[0]["path"], private), private
 
 
 def test_ingress_terminates_tls(eks_prod, existing):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError
 from fabric.main import program
@@ -44,8 +46,9 @@ def test_an_unknown_aws_error_keeps_aws_words():
 
 @pytest.fixture
 def no_aws_credentials(monkeypatch, tmp_path):
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
+    for name in [n for n in os.environ if n.startswith(("AWS_", "FRONTIER_STACK"))]:
+        monkeypatch.delenv(name)  # credentials, endpoints (moto's) and stack outputs other tests set
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to fall back on

@@ -7,10 +7,12 @@ creates, the file systems ``mkfs.xfs`` makes, what is mounted. Files the script 
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from frontier_hostside.names import RUNTIME_UID
 
 from frontier.render.boot import render_mount_cache
 from frontier.targets import load_stack
@@ -26,7 +28,8 @@ SHIMS = {
     """,
     "blkid": '[ -f "$SHIM/fs-$(basename "$1")" ]',
     "mkfs.xfs": 'echo "mkfs.xfs $*" >> "$SHIM/log"; touch "$SHIM/fs-$(basename "${@: -1}")"',
-    "mountpoint": '[ -f "$SHIM/mounted" ]',
+    # The Deep Learning AMI's own instance-store mount exists where the test puts $SHIM/dlami.
+    "mountpoint": 'if [ "$2" = /opt/dlami/nvme ]; then [ -f "$SHIM/dlami" ]; else [ -f "$SHIM/mounted" ]; fi',
     "findmnt": 'cat "$SHIM/mounted"',
     "mount": 'echo "mount $*" >> "$SHIM/log"; awk -v m="$1" \'$2 == m {print $1}\' "$ROOT/etc/fstab" > "$SHIM/mounted"',
 }
@@ -134,3 +137,53 @@ def test_gp3_where_the_stack_asks_for_ebs(tmp_path):
     assert last(result) == "frontier-cache: changed=1 kind=ebs device=/dev/nvme1n1 mount=/var/cache/frontier"
     assert not [line for line in host.log() if line.startswith("mdadm")]
     assert last(host.run()).startswith("frontier-cache: changed=0 kind=ebs")
+
+
+def owner(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_uid, stat.st_gid
+
+
+def test_the_weights_cache_belongs_to_the_user_the_runtime_image_runs_as(p5):
+    # The container runs as RUNTIME_UID (the image's user; the unit's --user): a cache directory
+    # left to root makes the weights download fail with EACCES.
+    result = p5.run()
+    assert result.returncode == 0, result.stderr
+    weights = p5.root / "var/cache/frontier/weights"
+    assert owner(weights) == (RUNTIME_UID, RUNTIME_UID)
+    assert owner(p5.root / "var/cache/frontier") == (0, 0)  # the mount point itself stays root's
+
+
+def test_a_mounted_cache_with_a_weights_directory_of_roots_is_handed_to_the_runtime_user(p5):
+    p5.run()
+    weights = p5.root / "var/cache/frontier/weights"
+    os.chown(weights, 0, 0)
+    result = p5.run()
+    assert result.returncode == 0, result.stderr
+    assert owner(weights) == (RUNTIME_UID, RUNTIME_UID)
+
+
+def test_on_the_deep_learning_ami_the_cache_is_its_instance_store_mount_not_a_second_array(p5):
+    # The Deep Learning AMI stripes the instance-store disks itself and mounts them at
+    # /opt/dlami/nvme: they are busy, and a second array over them fails.
+    (p5.shim / "dlami").touch()
+    result = p5.run()
+    assert result.returncode == 0, result.stderr
+    assert (
+        last(result)
+        == "frontier-cache: changed=1 kind=dlami device=/opt/dlami/nvme mount=/var/cache/frontier"
+    )
+    assert not [line for line in p5.log() if line.startswith(("mdadm", "mkfs"))]
+    fstab = (p5.root / "etc/fstab").read_text()
+    assert (
+        "/opt/dlami/nvme /var/cache/frontier none bind,nofail,x-systemd.requires-mounts-for=/opt/dlami/nvme 0 0"
+        in fstab
+    )
+    assert "mount /var/cache/frontier" in p5.log()
+    assert owner(p5.root / "var/cache/frontier/weights") == (RUNTIME_UID, RUNTIME_UID)
+    second = p5.run()
+    assert (
+        last(second)
+        == "frontier-cache: changed=0 kind=dlami device=/opt/dlami/nvme mount=/var/cache/frontier"
+    )
+    assert fstab == (p5.root / "etc/fstab").read_text()

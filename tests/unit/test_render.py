@@ -10,7 +10,7 @@ import sys
 import jinja2
 import pytest
 import yaml
-from frontier_hostside.names import PLACEHOLDER_DIGEST, UNIT_NAME
+from frontier_hostside.names import PLACEHOLDER_DIGEST, RUNTIME_UID, UNIT_NAME
 from frontier_runtime.config import RuntimeSettings, parse_config
 
 from frontier import project
@@ -199,6 +199,14 @@ def test_unit_gives_the_container_the_gpus(prod):
 def test_cpu_unit_asks_for_no_gpus(local):
     unit = _unit(local)
     assert "--gpus" not in unit
+
+
+def test_unit_runs_the_container_as_the_user_that_owns_the_weights_cache(prod):
+    # The image's user owns nothing on the host: without --user, docker runs the image's USER, whose
+    # uid the unit must still name so the host can give it the cache (mount-cache.sh chowns it).
+    unit = _unit(prod)
+    assert f"  --user {RUNTIME_UID}:{RUNTIME_UID} \\\n" in unit
+    assert RUNTIME_UID == 10001  # runtime/Dockerfile's useradd --uid
 
 
 def test_unit_mounts_the_release_read_only_and_references_secrets_by_id_only(prod):

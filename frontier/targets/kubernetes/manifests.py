@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 from frontier_hostside.names import (
+    API_PATH_PREFIX,
     CONTAINER_NAME,
     CONTAINER_RELEASE_DIR,
     GPU_RESOURCE,
@@ -34,6 +35,7 @@ from frontier_hostside.names import (
     K8S_TRACK_LABEL,
 )
 
+from frontier.capacity.gpus import instance_type
 from frontier.config.schema import NodePool, Settings
 from frontier.errors import FrontierError
 from frontier.release.artifact import is_placeholder
@@ -72,6 +74,37 @@ def serving_pool(settings: Settings) -> NodePool:
 def gpus_per_pod(settings: Settings) -> int:
     """One replica's GPUs: tensor x pipeline parallel, all on one node."""
     return settings.runtime.tensor_parallel_size * settings.runtime.pipeline_parallel_size
+
+
+# Of a node's CPU and memory, what the runtime pods may ask for together: the kubelet reserves some,
+# the DaemonSets (CNI, kube-proxy, device plugin, agents) request more, and a request above what the
+# node can allocate never schedules.
+POD_SHARE_OF_NODE = 0.8
+
+
+def _node_types(settings: Settings) -> list[tuple[str, str]]:
+    """The pool's instance types, each with the stack field that names it."""
+    k, group = kubernetes_of(settings), settings.serving_group
+    index = next(i for i, p in enumerate(k.node_pools) if p.node_group == group.name)
+    pool = k.node_pools[index]
+    if pool.instance_types:
+        return [
+            (t, f"kubernetes.node_pools[{index}].instance_types[{i}]")
+            for i, t in enumerate(pool.instance_types)
+        ]
+    index = next(i for i, g in enumerate(settings.node_groups) if g.name == group.name)
+    return [(group.instance_type, f"node_groups[{index}].instance_type")]
+
+
+def cpu_and_memory(settings: Settings) -> dict[str, str]:
+    """A replica's CPU and memory: its share of the node's GPUs, of the smallest type the pool may use."""
+    cpu_m, memory_mi = [], []
+    for name, field in _node_types(settings):
+        node = instance_type(name, field)
+        share = POD_SHARE_OF_NODE * min(1.0, gpus_per_pod(settings) / node.gpus_per_node)
+        cpu_m.append(math.floor(node.vcpus * 1000 * share))
+        memory_mi.append(math.floor(node.memory_gib * 1024 * share))
+    return {"cpu": f"{min(cpu_m)}m", "memory": f"{min(memory_mi)}Mi"}
 
 
 def image(settings: Settings, digest: str) -> str:
@@ -189,11 +222,12 @@ def pod_template(
     k, rt, health = kubernetes_of(settings), settings.runtime, settings.health
     pool = serving_pool(settings)
     gpu = settings.serving_group.accelerator == "gpu"
-    resources: dict[str, Any] = {}
+    # Requests equal to limits: the pod is Guaranteed, never the first evicted under node pressure.
+    # (Extended resources such as GPUs cannot be overcommitted anyway: their requests must equal limits.)
+    amounts = cpu_and_memory(settings)
     if gpu:
-        count = str(gpus_per_pod(settings))
-        # Extended resources cannot be overcommitted: requests must equal limits.
-        resources = {"requests": {GPU_RESOURCE: count}, "limits": {GPU_RESOURCE: count}}
+        amounts[GPU_RESOURCE] = str(gpus_per_pod(settings))
+    resources: dict[str, Any] = {"requests": dict(amounts), "limits": dict(amounts)}
     annotations = {
         K8S_CONFIG_HASH_ANNOTATION: f"sha256:{config_hash(runtime_yaml)}",
         "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
@@ -375,7 +409,9 @@ def ingress(settings: Settings) -> Manifest:
                     "http": {
                         "paths": [
                             {
-                                "path": "/",
+                                # Prefix matches whole path elements: /v1 and below, as the EC2
+                                # listener forwards; /metrics and /health/* stay inside the cluster.
+                                "path": API_PATH_PREFIX.rstrip("/"),
                                 "pathType": "Prefix",
                                 "backend": {
                                     "service": {"name": app_name(settings), "port": {"name": "http"}}

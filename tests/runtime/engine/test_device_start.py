@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_fixtures import needs_native_kernels
 from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.model_runner import DeviceOps, ModelRunner, StepInput
 from frontier_runtime.ops import cpu_kernel
@@ -59,11 +60,11 @@ def config(model_dir: Path, **overrides: object) -> EngineConfig:
 @pytest.fixture
 def capturable_backend() -> str:
     """Graph metadata carries tensors only; of the CPU backends only the native kernel reads just those."""
-    if not cpu_kernel.load():
-        pytest.skip("decode graphs on CPU replay the native attention kernel, which is off here")
+    assert cpu_kernel.load(), "the native attention kernel did not load"
     return "cpu-kernel"
 
 
+@needs_native_kernels
 def test_a_cuda_start_sizes_the_kv_cache_before_it_captures_graphs(
     tied_dir: Path, capturable_backend: str
 ) -> None:
@@ -117,6 +118,7 @@ def prefill_then_decode() -> tuple[StepInput, StepInput]:
     return prefill, decode
 
 
+@needs_native_kernels
 def test_a_decode_step_replayed_from_a_captured_graph_equals_the_eager_step(
     tied_dir: Path, capturable_backend: str
 ) -> None:
