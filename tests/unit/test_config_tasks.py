@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from fabric.main import program
+from fab_program import fab
 
 from frontier import project
 from frontier.capacity.baseline import Baseline, save_baseline
@@ -13,16 +13,6 @@ from frontier.render.stack import render_stack
 from frontier.targets import load_stack
 
 DIGEST = "sha256:" + "ab" * 32
-
-
-def fab(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        program.run(["fab", *args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture(autouse=True)

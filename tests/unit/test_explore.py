@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fabric.main import program
+from fab_program import fab
 
 from frontier import project
 from frontier.capacity.explore import (
@@ -41,16 +41,6 @@ WITH_FP8 = (*WITHOUT_FP8, "fp8")
 @pytest.fixture
 def prod_explored(prod):
     return explore(prod, model_stack(prod, None), WITHOUT_FP8, rules=stack_problems)
-
-
-def fab(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        program.run(["fab", *args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_every_candidate_is_an_option_or_dropped_for_a_counted_reason(prod_explored):

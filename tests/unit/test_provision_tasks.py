@@ -9,19 +9,9 @@ import stat
 from pathlib import Path
 
 import pytest
-from fabric.main import program
+from fab_program import fab
 
 from frontier import project
-
-
-def fab(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        program.run(["fab", *args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture
