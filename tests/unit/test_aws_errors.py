@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import boto3
 import pytest
 from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError
 from fabric.main import program
@@ -52,6 +53,8 @@ def no_aws_credentials(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to fall back on
+    # A default session an earlier test made keeps the credentials it resolved then.
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     monkeypatch.chdir(project.root())
 
 
