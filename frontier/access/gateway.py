@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from frontier_gateway.config import GatewayConfig, GatewaySettings, parse_config
+from frontier_gateway.config import GatewayConfig, GatewaySettings
 from frontier_settings import problems_of, to_yaml
 from pydantic import ValidationError
 
@@ -87,10 +87,6 @@ def new_tenant_key() -> tuple[str, str]:
     """A fresh API key and the secret's value that stores only its digest."""
     key = "sk-" + token_source.token_urlsafe(24)
     return key, json.dumps({"sha256": [hashlib.sha256(key.encode()).hexdigest()]})
-
-
-def parse(text: str) -> GatewayConfig:
-    return parse_config(text)
 
 
 # What gateway hosts install together (``pip install *.whl``): the gateway's wheel and those of our

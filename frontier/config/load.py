@@ -60,7 +60,7 @@ def read_stack(
     try:
         settings = Settings.model_validate(raw)
     except ValidationError as exc:
-        problems = _pydantic_problems(exc)
+        problems = list(problems_of(exc))
         if "models" in raw:
             # model and runtime are copies of models[0]'s: name each problem once, where it was written.
             problems = [p for p in problems if not p.path.startswith(("model.", "runtime."))]
@@ -83,10 +83,6 @@ def _unnamespace(config: dict[str, object], file: Path) -> dict[str, object]:
     if "region" not in raw:
         raise StackError(f"{file}: aws:region: missing (set the AWS region of this stack)")
     return raw
-
-
-def _pydantic_problems(exc: ValidationError) -> list[FieldProblem]:
-    return list(problems_of(exc))
 
 
 def _describe(file: Path, problems: list[FieldProblem]) -> str:
