@@ -8,19 +8,22 @@ STAMP   := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml hostside/pyproject.toml runtime/pyproject.toml gateway/pyproject.toml
+$(STAMP): pyproject.toml hostside/pyproject.toml runtime/pyproject.toml gateway/pyproject.toml \
+          runtime/frontier_runtime/ops/csrc/kernels.cpp
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU wheel of torch lies on local disk; pin it first so nothing pulls a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	# Ours, hostside first: the runtime, the gateway and the toolkit all depend on it; no index has it.
 	$(BIN)/pip install --quiet -e './hostside' -e './runtime' -e './gateway' -e '.[dev]'
+	# The native CPU kernels, every variant of this architecture (serving never compiles).
+	$(BIN)/python -m frontier_runtime.ops.build_kernels
 	touch $(STAMP)
 
 system-packages:
 	bash scripts/system-packages.sh
 
-test: install system-packages typecheck
+test: system-packages install typecheck
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory test-torch-ops
 
@@ -36,7 +39,7 @@ typecheck: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e and not slow"
 
-demo: install system-packages
+demo: system-packages install
 	$(BIN)/python -m frontier.demo
 
 lint: install

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Frontier's engine on an NVIDIA GPU: greedy equality vs transformers, tok/s at 1/16/64 streams,
-# KV cache memory, fp8 KV agreement. One table; within a few minutes.
+# Frontier's engine on an NVIDIA GPU, in phases (bench/gpu_check.py says which): each phase's JSON
+# lands in $OUT (default gpu-check-results/) before the next starts; under 7 minutes in all.
 #
 #   bash bench/gpu_check.sh prepare   # here, with PyPI: wheels the GPU machine lacks -> .frontier/gpu-wheels
 #   bash bench/gpu_check.sh           # on the GPU machine, from the repository root, no network
+#   bash bench/gpu_check.sh --smoke   # the same phases on CPU (a rehearsal of the script)
 #
 # The GPU machine has python3 (3.12) with torch (CUDA), transformers, safetensors and tokenizers
 # only (PyYAML comes with transformers). The engine needs a few more: llguidance (structured output),
@@ -32,4 +33,8 @@ if ! "$PY" -c 'import llguidance, jinja2, pydantic' 2>/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-PYTHONPATH="runtime:hostside:$SITE" timeout 600 "$PY" bench/gpu_check.py "$@"
+OUT_DIR=${OUT:-gpu-check-results}
+mkdir -p "$OUT_DIR"
+set -o pipefail
+PYTHONUNBUFFERED=1 PYTHONPATH="runtime:hostside:$SITE" timeout 480 "$PY" bench/gpu_check.py --out-dir "$OUT_DIR" "$@" \
+  2>&1 | tee "$OUT_DIR/gpu_check.log"

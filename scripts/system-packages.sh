@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The Debian packages the local stack and the tests need: sshd for the host slots, HAProxy as the
-# balancer, socat for its admin socket, the AWS CLI that the host bootstrap calls (tested against moto). Installs what is missing when run as root with apt-get;
+# balancer, socat for its admin socket, redis-server for the gateway's shared quota store, the AWS CLI that the host bootstrap calls (tested against moto). Installs what is missing when run as root with apt-get;
 # otherwise says what to install and fails.
 set -euo pipefail
-packages=(openssh-server openssh-client haproxy socat)
+# g++ builds the runtime's native CPU kernels at install; the aarch64 cross compiler checks that their
+# portable variant compiles for Arm hosts.
+packages=(openssh-server openssh-client haproxy socat redis-server g++ g++-aarch64-linux-gnu)
 # The host bootstrap shells out to `aws`; the tests run it against moto. Any aws on PATH will do.
 command -v aws >/dev/null 2>&1 || packages+=(awscli)
 missing=()

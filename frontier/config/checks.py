@@ -31,6 +31,7 @@ def cross_check(s: Settings) -> Iterator[FieldProblem]:
     except ValidationError as exc:
         for problem in problems_of(exc):
             yield FieldProblem(_in_stack(problem.path), problem.value, problem.naming(_in_stack))
+    yield from _attention_backend_problems(s)
     if model.num_attention_heads % tp:
         yield FieldProblem(
             "runtime.tensor_parallel_size",
@@ -151,6 +152,31 @@ def cross_check(s: Settings) -> Iterator[FieldProblem]:
     if s.slo.p99_latency_ms < s.slo.ttft_ms:
         yield FieldProblem(
             "slo.p99_latency_ms", s.slo.p99_latency_ms, f"must be >= slo.ttft_ms ({s.slo.ttft_ms})"
+        )
+
+
+def _attention_backend_problems(s: Settings) -> Iterator[FieldProblem]:
+    """A required attention backend the serving hosts cannot run is refused here, not at their start."""
+    backend, group = s.runtime.attention_backend, s.serving_group
+    on_cpu = group.accelerator == "cpu"
+    if on_cpu and backend in ("flash-varlen", "triton"):
+        yield FieldProblem(
+            "runtime.attention_backend",
+            backend,
+            f"needs a GPU, and node group {group.name!r} serves on CPU; use 'auto', 'cpu-kernel' or 'sdpa-gather'",
+        )
+    if not on_cpu and backend == "cpu-kernel":
+        yield FieldProblem(
+            "runtime.attention_backend",
+            backend,
+            f"runs on CPU hosts only, and node group {group.name!r} serves on {group.accelerator}; "
+            "use 'auto', 'triton', 'flash-varlen' or 'sdpa-gather'",
+        )
+    if backend == "flash-varlen" and s.runtime.kv_cache_dtype == "fp8":
+        yield FieldProblem(
+            "runtime.attention_backend",
+            backend,
+            "reads no fp8 KV cache (runtime.kv_cache_dtype is 'fp8'); use 'triton' or 'auto'",
         )
 
 

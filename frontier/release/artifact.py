@@ -91,6 +91,7 @@ def build_wheel(source_dir: Path = RUNTIME_DIR, cache_dir: Path = CACHE_DIR) -> 
         clean = Path(tmp) / "src"
         _clean_copy(source_dir, clean)
         _copy_hostside_names(clean)
+        _build_missing_kernels(clean)
         out = Path(tmp) / "out"
         env = dict(os.environ, SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH), PYTHONHASHSEED="0")
         command = [
@@ -140,6 +141,26 @@ def _copy_hostside_names(target: Path) -> None:
         dest.write_bytes(data)
         dest.chmod(0o644)
         os.utime(dest, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+
+
+def _build_missing_kernels(runtime: Path) -> None:
+    """The native CPU kernels the wheel carries as package data, built into the clean copy where the
+    sources come without them (``make install`` builds them in a checkout; a fresh one has none).
+
+    The build runs from the copy (its directory first on ``sys.path``), so the libraries are compiled
+    from the very source that goes into the wheel, whatever runtime this interpreter has installed."""
+    ops = runtime / "frontier_runtime" / "ops"
+    if not (ops / "csrc" / "kernels.cpp").is_file() or any((ops / "kernels").glob("*.so")):
+        return
+    command = [sys.executable, "-m", "frontier_runtime.ops.build_kernels", "--out", str(ops / "kernels")]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=runtime)
+    if result.returncode != 0:
+        raise ArtifactError(
+            f"building the native CPU kernels for the wheel failed:\n{result.stderr.strip()[-3000:]}"
+        )
+    for path in (ops / "kernels").iterdir():  # as _clean_copy leaves every file: fixed mode and time
+        path.chmod(0o644)
+        os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
 
 
 def _clean_copy(source: Path, target: Path) -> None:

@@ -1,4 +1,4 @@
-"""``python -m frontier_gateway serve --config gateway.yaml [--host H] [--port P]``."""
+"""``python -m frontier_gateway serve --config gateway.yaml [--host H] [--port P] [--admin-port A]``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--port", type=int, help="listen port, 0 for any free one (default: port from the config)"
     )
+    serve.add_argument(
+        "--admin-port",
+        type=int,
+        help="port of /metrics on admin_host, 0 for any free one (default: admin_port from the config)",
+    )
     args = parser.parse_args(argv)
     from frontier_gateway.config import ConfigError, load_config
     from frontier_gateway.tenants import TenantKeyError
@@ -30,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     from frontier_gateway.serve import serve as run
 
     try:
-        return run(config, host=args.host, port=args.port)
-    except TenantKeyError as exc:
+        return run(config, host=args.host, port=args.port, admin_port=args.admin_port)
+    except (TenantKeyError, ValueError, OSError) as exc:  # keys, the two ports, a taken address
         print(f"frontier_gateway: {exc}", file=sys.stderr)
         return 2
 

@@ -4,6 +4,14 @@ Each inference request passes the same gates, cheapest first: API key (401) → 
 JSON (400) → model known and allowed to the tenant (404, the same answer for both so a key learns
 nothing about models it may not use) → priority (400) → tenant quotas (429 with OpenAI's
 ``x-ratelimit-*`` headers) → a ready replica (503) → the runtime.
+
+Two apps share one gateway: the public one (the API, and bare liveness and readiness for the
+balancer) and the admin one, served on its own address and port (``admin_host:admin_port``,
+loopback by default), with ``/metrics`` and the per-model readiness detail. Nothing a tenant can
+reach names another tenant, a model it may not use, or a replica's address.
+
+Every request gets the gateway's own id (a uuid): it keys the metering record, travels upstream
+and comes back in ``x-request-id``. A client's own id is only echoed and metered beside it.
 """
 
 from __future__ import annotations
@@ -28,10 +36,11 @@ from frontier_gateway.metering import Sink
 from frontier_gateway.metrics import CONTENT_TYPE, Metrics
 from frontier_gateway.pools import Pools
 from frontier_gateway.proxy import Call, Proxy
-from frontier_gateway.quotas import Quotas, Refusal, estimate_tokens
+from frontier_gateway.quotas import Quotas, QuotaStoreError, Refusal, estimate_tokens
 from frontier_gateway.tenants import Tenant, Tenants
 
-REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
+# A client's id is kept only when it is this short and plain (it lands in logs and metering).
+CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
 
 
 @dataclass
@@ -52,15 +61,27 @@ class Gateway:
 
 
 def create_app(gateway: Gateway, lifespan: Any = None) -> Starlette:
+    """The public app: what the balancer forwards to."""
     routes = [
         Route(names.COMPLETIONS_PATH, _completions, methods=["POST"]),
         Route(names.CHAT_COMPLETIONS_PATH, _chat_completions, methods=["POST"]),
         Route(names.MODELS_PATH, _models, methods=["GET"]),
         Route(names.READINESS_PATH, _ready, methods=["GET", "HEAD"]),
         Route(names.LIVENESS_PATH, _live, methods=["GET", "HEAD"]),
-        Route(names.METRICS_PATH, _metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={GatewayError: _error}, lifespan=lifespan)
+    app.state.gateway = gateway
+    return app
+
+
+def create_admin_app(gateway: Gateway) -> Starlette:
+    """The admin app: for the host's scraper and operators, on the admin address only."""
+    routes = [
+        Route(names.METRICS_PATH, _metrics, methods=["GET"]),
+        Route(names.READINESS_PATH, _ready_detail, methods=["GET", "HEAD"]),
+        Route(names.LIVENESS_PATH, _live, methods=["GET", "HEAD"]),
+    ]
+    app = Starlette(routes=routes)
     app.state.gateway = gateway
     return app
 
@@ -134,12 +155,23 @@ async def _chat_completions(request: Request) -> Response:
     return await _generate(request, names.CHAT_COMPLETIONS_PATH)
 
 
+def _client_request_id(request: Request) -> str | None:
+    """The client's own id (``x-client-request-id``, or ``x-request-id`` as clients sent it
+    before), when short and plain; anything else is dropped."""
+    supplied = request.headers.get(names.CLIENT_REQUEST_ID_HEADER) or request.headers.get(
+        names.REQUEST_ID_HEADER
+    )
+    return supplied if supplied and CLIENT_REQUEST_ID.match(supplied) else None
+
+
 async def _generate(request: Request, path: str) -> Response:
     gw = _gateway(request)
-    supplied = request.headers.get(names.REQUEST_ID_HEADER)
-    request_id = supplied if supplied and REQUEST_ID.match(supplied) else uuid.uuid4().hex
+    request_id = uuid.uuid4().hex
+    client_request_id = _client_request_id(request)
     tenant = _identify(gw, request)
     headers = {names.REQUEST_ID_HEADER: request_id}
+    if client_request_id:
+        headers[names.CLIENT_REQUEST_ID_HEADER] = client_request_id
     try:
         body = await _read_body(gw, request)
         model = body.get("model")
@@ -169,8 +201,19 @@ async def _generate(request: Request, path: str) -> Response:
         if stream:
             # The runtime's usage chunk is the meter; asked for on the client's behalf, then dropped.
             body["stream_options"] = {**options, "include_usage": True}
-        admitted = gw.quotas.admit(tenant, estimate_tokens(body, gw.config.default_max_tokens))
-        headers.update(gw.quotas.headers(tenant))
+        try:
+            admitted = await gw.quotas.admit(
+                tenant, estimate_tokens(body, gw.config.default_max_tokens), request_id
+            )
+        except QuotaStoreError as exc:
+            raise GatewayError(
+                503,
+                f"{exc}; the request was not admitted. Retry shortly.",
+                code="quota_store_unavailable",
+                type_="server_error",
+                headers={"Retry-After": "1"},
+            ) from None
+        headers.update(admitted.levels.headers())
         if isinstance(admitted, Refusal):
             gw.metrics.rate_limited.labels(tenant.name, admitted.limit).inc()
             gw.metrics.requests.labels(tenant.name, model, "429").inc()
@@ -185,6 +228,7 @@ async def _generate(request: Request, path: str) -> Response:
         return exc.response(headers)
     call = Call(
         request_id=request_id,
+        client_request_id=client_request_id,
         tenant=tenant,
         model=model,
         priority=priority,
@@ -212,6 +256,12 @@ async def _models(request: Request) -> Response:
 
 
 async def _ready(request: Request) -> Response:
+    # Only yes or no: the balancer needs no more, and anyone may ask.
+    ready = _gateway(request).pools.ready()
+    return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+
+async def _ready_detail(request: Request) -> Response:
     pools = _gateway(request).pools
     ready = pools.ready()
     return JSONResponse({"ready": ready, "models": pools.summary()}, status_code=200 if ready else 503)

@@ -12,7 +12,7 @@ from typing import Literal
 
 from frontier_hostside.names import PRIORITY_CLASSES, READINESS_PATH, SESSION_HEADER
 from frontier_settings import ConfigError, load_model, parse_model
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 __all__ = ["ConfigError", "GatewayConfig", "GatewaySettings", "load_config", "parse_config"]
 
@@ -105,10 +105,54 @@ class MeteringConfig(_Strict):
     flush_s: float = Field(default=10.0, gt=0, le=3600)
 
 
+class QuotaConfig(_Strict):
+    """Where tenants' quota counters live. ``memory``: in each gateway process, so N gateways let a
+    tenant through N times its limits; ``redis``: one Redis (ElastiCache on EC2) that every gateway
+    of the stack shares, updated atomically by Lua scripts."""
+
+    store: Literal["memory", "redis"] = "memory"
+    # redis://host:6379/0 or rediss:// (TLS). No password inside: this file is written to disk.
+    redis_url: str = Field(default="", validate_default=True)
+    # Keys are <key_prefix>:{<tenant>}:…, so stacks may share one Redis.
+    key_prefix: str = Field(default="frontier:quota", pattern=r"^[A-Za-z0-9:._-]{1,64}$")
+    # Answers from Redis slower than this refuse the request (503) rather than hold it.
+    timeout_s: float = Field(default=0.5, gt=0, le=10)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str, info: ValidationInfo) -> str:
+        store = info.data.get("store")
+        if store == "redis" and not value:
+            raise ValueError("store 'redis' needs a redis_url (redis://host:6379/0)")
+        if store == "memory" and value:
+            raise ValueError("is set but store is 'memory' (set store: redis, or leave redis_url out)")
+        if value and not re.match(r"^rediss?://[A-Za-z0-9.\[\]:_-]+(/[0-9]{1,2})?$", value):
+            raise ValueError(
+                "must look like redis://host:6379/0 or rediss://host:6379 "
+                "(no user or password: the file is written to disk)"
+            )
+        return value
+
+
+class BreakerConfig(_Strict):
+    """The circuit breaker per replica: out for ``cool_off_s`` when more than ``error_rate`` of its
+    answers over the last ``window_s`` failed (once it had ``min_requests`` there), then one trial
+    request decides whether it comes back. ``error_rate: 1.0`` never trips."""
+
+    window_s: float = Field(default=30.0, gt=0, le=3600)
+    error_rate: float = Field(default=0.5, gt=0, le=1)
+    min_requests: int = Field(default=5, ge=1, le=100_000)
+    cool_off_s: float = Field(default=15.0, gt=0, le=3600)
+
+
 class GatewaySettings(_Strict):
     """The stack's ``gateway:`` section, exactly as the gateway reads it."""
 
     port: int = Field(default=8090, ge=0, le=65535)
+    # /metrics (tenant names and volumes) and the detailed readiness answer are served only here,
+    # never on the public port the balancer forwards to: a scraper on the host reaches loopback.
+    admin_host: str = Field(default="127.0.0.1", pattern=r"^[0-9A-Fa-f.:]+$|^localhost$")
+    admin_port: int = Field(default=8091, ge=0, le=65535)
     affinity: AffinityConfig = AffinityConfig()
     probe: ProbeConfig = ProbeConfig()
     metering: MeteringConfig
@@ -118,6 +162,17 @@ class GatewaySettings(_Strict):
     request_timeout_s: float = Field(default=600.0, gt=0, le=3600)
     # Completion tokens counted against tokens/min up front when a request names no max_tokens.
     default_max_tokens: int = Field(default=256, ge=1, le=1_048_576)
+    quota: QuotaConfig = QuotaConfig()
+    breaker: BreakerConfig = BreakerConfig()
+
+    @field_validator("admin_port")
+    @classmethod
+    def _not_the_public_port(cls, value: int, info: ValidationInfo) -> int:
+        if value and value == info.data.get("port"):
+            raise ValueError(
+                f"must differ from port ({value}): the admin paths must not be reachable where tenants are"
+            )
+        return value
 
 
 class GatewayConfig(GatewaySettings):

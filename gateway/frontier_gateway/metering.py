@@ -20,7 +20,7 @@ log = logging.getLogger("frontier_gateway.metering")
 @dataclass(frozen=True)
 class MeterRecord:
     time: float  # unix seconds when the answer ended
-    request_id: str
+    request_id: str  # the gateway's own (a uuid): the key of the record
     tenant: str
     model: str
     priority: str
@@ -30,7 +30,9 @@ class MeterRecord:
     latency_ms: float
     ttft_ms: float | None
     stream: bool
-    replica: str
+    replica: str  # its base URL: these records are the operator's, not the tenant's
+    # What the client called it, if anything short and plain; never the key.
+    client_request_id: str | None = None
 
     def to_line(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

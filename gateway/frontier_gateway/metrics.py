@@ -1,4 +1,6 @@
-"""The gateway's own Prometheus metrics, per tenant and model, and each replica's state."""
+"""The gateway's own Prometheus metrics, per tenant and model, and each replica's state.
+
+Served on the admin port only: they name tenants, their volumes and the replicas' addresses."""
 
 from __future__ import annotations
 
@@ -28,12 +30,21 @@ class _ReplicaCollector(Collector):
             "requests the gateway has open on the replica",
             labels=[names.GATEWAY_MODEL_LABEL, "replica"],
         )
+        breaker = GaugeMetricFamily(
+            names.GATEWAY_REPLICA_BREAKER_METRIC,
+            "1 while the replica's circuit breaker keeps it out of rotation (open, or half-open "
+            "with its trial request out)",
+            labels=[names.GATEWAY_MODEL_LABEL, "replica", "replica_id"],
+        )
         for name, pool in self.pools.by_model.items():
             for replica in pool.replicas:
                 ready.add_metric([name, replica.url], float(replica.ready))
                 outstanding.add_metric([name, replica.url], float(replica.outstanding))
+                # replica_id is what clients see in x-frontier-replica: this maps it to the address.
+                breaker.add_metric([name, replica.url, replica.id], float(not replica.breaker.available()))
         yield ready
         yield outstanding
+        yield breaker
 
 
 class Metrics:

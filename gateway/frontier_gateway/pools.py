@@ -7,7 +7,11 @@ keys of a replica that leaves move; the affine replica is left only when it hold
 ``max_imbalance`` more requests than the least loaded one.
 
 Readiness comes from active probes of each replica's readiness path and, between probes, from
-the proxy: a replica that refused a connection is out until a probe finds it ready again.
+the proxy: a replica that refused a connection is out until a probe finds it ready again. A ready
+replica whose answers keep failing is out while its circuit breaker is open (``breaker.py``).
+
+Clients see a replica only by its opaque id (a keyed hash of its URL), never its address: without
+the key, hashing every private address and port would not find which one it is.
 """
 
 from __future__ import annotations
@@ -16,21 +20,34 @@ import asyncio
 import hashlib
 import itertools
 import logging
+import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
-from frontier_gateway.config import PoolConfig, ProbeConfig
+from frontier_gateway.breaker import Breaker
+from frontier_gateway.config import BreakerConfig, PoolConfig, ProbeConfig
 
 log = logging.getLogger("frontier_gateway.pools")
+
+
+def replica_id(url: str, key: bytes) -> str:
+    """What clients may see of a replica: stable while ``key`` is, and says nothing of its address."""
+    return hashlib.blake2b(url.encode(), digest_size=6, key=key).hexdigest()
 
 
 @dataclass
 class Replica:
     url: str
+    breaker_config: BreakerConfig = field(default_factory=BreakerConfig)
+    id_key: bytes = b""
     ready: bool = False
     outstanding: int = 0
+
+    def __post_init__(self) -> None:
+        self.id = replica_id(self.url, self.id_key)
+        self.breaker = Breaker(self.breaker_config, self.id)
 
     def mark_down(self) -> None:
         if self.ready:
@@ -39,34 +56,60 @@ class Replica:
 
 
 class Pool:
-    def __init__(self, name: str, urls: Iterable[str], max_imbalance: int = 8) -> None:
+    def __init__(
+        self,
+        name: str,
+        urls: Iterable[str],
+        max_imbalance: int = 8,
+        breaker: BreakerConfig | None = None,
+        id_key: bytes = b"",
+    ) -> None:
         self.name = name
-        self.replicas = [Replica(url) for url in urls]
+        self.breaker = breaker or BreakerConfig()
+        self.id_key = id_key
+        self.replicas = [Replica(url, self.breaker, id_key) for url in urls]
         self.max_imbalance = max_imbalance
         self._turn = itertools.count()
 
     def set_urls(self, urls: Iterable[str]) -> None:
         """The replicas a discovery found: known ones keep their state, new ones wait for a probe."""
         known = {r.url: r for r in self.replicas}
-        self.replicas = [known.get(url) or Replica(url) for url in dict.fromkeys(urls)]
+        self.replicas = [
+            known.get(url) or Replica(url, self.breaker, self.id_key) for url in dict.fromkeys(urls)
+        ]
 
     @property
     def ready_count(self) -> int:
         return sum(r.ready for r in self.replicas)
 
-    def choose(self, affinity_key: str | None = None, exclude: Iterable[str] = ()) -> Replica | None:
-        """A ready replica not in ``exclude``; None when there is none."""
+    def available(self, exclude: Iterable[str] = ()) -> list[Replica]:
+        """Ready replicas not in ``exclude`` whose breaker lets a request through."""
         skip = set(exclude)
-        ready = [r for r in self.replicas if r.ready and r.url not in skip]
+        return [r for r in self.replicas if r.ready and r.url not in skip and r.breaker.available()]
+
+    def choose(self, affinity_key: str | None = None, exclude: Iterable[str] = ()) -> Replica | None:
+        """A ready replica not in ``exclude``, claimed for one request (a half-open breaker's one
+        trial); None when there is none."""
+        ready = self.available(exclude)
         if not ready:
             return None
         least = min(r.outstanding for r in ready)
+        chosen = None
         if affinity_key is not None:
             affine = max(ready, key=lambda r: _rendezvous(affinity_key, r.url))
             if affine.outstanding - least < self.max_imbalance:
-                return affine
-        lightest = [r for r in ready if r.outstanding == least]
-        return lightest[next(self._turn) % len(lightest)]
+                chosen = affine
+        if chosen is None:
+            lightest = [r for r in ready if r.outstanding == least]
+            chosen = lightest[next(self._turn) % len(lightest)]
+        chosen.breaker.claim()
+        return chosen
+
+    def retry_after_s(self) -> float:
+        """When a replica of a pool with none available may take a request again: the soonest end of
+        an open breaker's cool-off; a second (about a probe round) when none is open."""
+        waits = [r.breaker.retry_after_s() for r in self.replicas if r.ready and r.breaker.retry_after_s()]
+        return min(waits) if waits else 1.0
 
 
 def _rendezvous(key: str, url: str) -> int:
@@ -74,8 +117,17 @@ def _rendezvous(key: str, url: str) -> int:
 
 
 class Pools:
-    def __init__(self, configs: Iterable[PoolConfig], max_imbalance: int = 8) -> None:
-        self.by_model = {c.name: Pool(c.name, c.replicas, max_imbalance) for c in configs}
+    def __init__(
+        self,
+        configs: Iterable[PoolConfig],
+        max_imbalance: int = 8,
+        breaker: BreakerConfig | None = None,
+        id_key: bytes | None = None,
+    ) -> None:
+        """``id_key``: the key of the replicas' public ids; the gateways of a stack share one so a
+        replica has one id whichever gateway answers (default: this process's own)."""
+        key = secrets.token_bytes(32) if id_key is None else id_key
+        self.by_model = {c.name: Pool(c.name, c.replicas, max_imbalance, breaker, key) for c in configs}
 
     def get(self, model: str) -> Pool | None:
         return self.by_model.get(model)

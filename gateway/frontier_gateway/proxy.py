@@ -7,6 +7,10 @@ until that event arrives). Once a byte has gone out, a failure ends the stream w
 
 Every request ends in ``Call.finish`` exactly once: the tenant's tokens are settled with the
 runtime's usage, a metering record is written and the per-tenant metrics move.
+
+Each attempt's outcome goes to the replica's circuit breaker; when no replica of the pool is
+available (none ready, or every ready one's breaker open) the answer is an immediate 503 whose
+``Retry-After`` is the soonest end of a cool-off.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -42,7 +47,8 @@ DROPPED = frozenset(
 class Call:
     """One admitted request and what the gateway learns while answering it."""
 
-    request_id: str
+    request_id: str  # the gateway's own
+    client_request_id: str | None
     tenant: Tenant
     model: str
     priority: str
@@ -85,10 +91,11 @@ class Proxy:
                     continue  # nothing reached the client: the next replica gets it
                 if isinstance(answer, StreamingResponse):
                     return answer  # the stream finishes the call when it ends
-                if answer.status_code in RETRYABLE and attempt < self.retries and pool.choose(None, tried):
+                if answer.status_code in RETRYABLE and attempt < self.retries and pool.available(tried):
                     last = answer
                     continue
                 self._finish(call, answer.status_code, _usage_of(answer.body), replica.url)
+                await call.grant.wait_settled()
                 return answer
         except asyncio.CancelledError:
             self._finish(call, 499, None, "")  # the client left while the request was forwarded
@@ -100,16 +107,7 @@ class Proxy:
             self._finish(call, last.status_code, None, tried[-1])
             return last
         self._finish(call, 503, None, tried[-1] if tried else "")
-        error = GatewayError(
-            503,
-            f"No ready replica of model {call.model!r} could take the request"
-            + (f" (tried {len(tried)})" if tried else "")
-            + "; retry shortly.",
-            code="no_replica",
-            type_="server_error",
-            headers={"Retry-After": "1"},
-        )
-        return error.response(call.headers)
+        return _no_replica(call, pool, tried).response(call.headers)
 
     async def _try(self, call: Call, replica: Replica, *, final: bool) -> Response | None:
         """The answer of ``replica``, or None when it failed before anything could be sent."""
@@ -121,6 +119,7 @@ class Proxy:
         )
         replica.outstanding += 1
         handed_over = False
+        outcome: int | None = None  # for the breaker: a status, 0 for a failed connection
         try:
             try:
                 upstream = await self.client.send(request, stream=True)
@@ -129,6 +128,7 @@ class Proxy:
                     "replica unreachable",
                     extra={"event": "upstream_error", "replica": replica.url, "error": repr(exc)},
                 )
+                outcome = 0
                 replica.mark_down()
                 return None
             try:
@@ -137,9 +137,11 @@ class Proxy:
                     held = await _until_first_data(events)
                     if held is None:
                         await upstream.aclose()
+                        outcome = 0
                         replica.mark_down()
                         return None
                     call.ttft_s = time.monotonic() - call.started
+                    outcome = 200
                     handed_over = True
                     return StreamingResponse(
                         self._relay(call, replica, upstream, held, events),
@@ -148,11 +150,13 @@ class Proxy:
                         media_type="text/event-stream",
                     )
                 content = await upstream.aread()
+                outcome = upstream.status_code
             except httpx.TransportError as exc:
                 log.warning(
                     "replica failed mid-answer",
                     extra={"event": "upstream_error", "replica": replica.url, "error": repr(exc)},
                 )
+                outcome = 0
                 replica.mark_down()
                 return None
             finally:
@@ -164,12 +168,13 @@ class Proxy:
                 headers=self._client_headers(call, upstream, replica),
             )
         finally:
+            replica.breaker.record(outcome)
             if not handed_over:
                 replica.outstanding -= 1
 
     def _client_headers(self, call: Call, upstream: httpx.Response, replica: Replica) -> dict[str, str]:
         passed = {k: v for k, v in upstream.headers.items() if k.lower() not in DROPPED}
-        return {**passed, **call.headers, names.REPLICA_HEADER: replica.url}
+        return {**passed, **call.headers, names.REPLICA_HEADER: replica.id}
 
     async def _relay(
         self,
@@ -193,6 +198,7 @@ class Proxy:
         except httpx.TransportError as exc:
             # Bytes already reached the client: the request cannot move; say so in the stream.
             status = 502
+            replica.breaker.record(0)
             replica.mark_down()
             log.warning(
                 "replica failed mid-stream",
@@ -241,6 +247,7 @@ class Proxy:
         record = MeterRecord(
             time=time.time(),
             request_id=call.request_id,
+            client_request_id=call.client_request_id,
             tenant=tenant,
             model=model,
             priority=call.priority,
@@ -258,6 +265,30 @@ class Proxy:
             log.exception(
                 "metering write failed", extra={"event": "metering_failed", "request_id": call.request_id}
             )
+
+
+def _no_replica(call: Call, pool: Pool, tried: list[str]) -> GatewayError:
+    """The 503 for a pool with no replica to take the request, with when to come back."""
+    wait = max(1, math.ceil(pool.retry_after_s()))
+    broken = sum(r.ready and not r.breaker.available() for r in pool.replicas)
+    if broken and not tried:
+        why = (
+            f"Every ready replica of model {call.model!r} ({broken}) is out of rotation after "
+            f"failing requests; one is tried again in {wait} s."
+        )
+    else:
+        why = (
+            f"No ready replica of model {call.model!r} could take the request"
+            + (f" (tried {len(tried)})" if tried else "")
+            + "; retry shortly."
+        )
+    return GatewayError(
+        503,
+        why,
+        code="no_replica",
+        type_="server_error",
+        headers={"Retry-After": str(wait)},
+    )
 
 
 async def _events(upstream: httpx.Response) -> AsyncIterator[bytes]:

@@ -1,9 +1,15 @@
-"""Run the gateway under uvicorn: build it from its config, probe replicas, flush metering, drain."""
+"""Run the gateway under uvicorn: build it from its config, probe replicas, flush metering, drain.
+
+One server listens on two sockets: the public one (``host:port``, what the balancer forwards to)
+and the admin one (``admin_host:admin_port``, loopback by default). A connection's local port
+decides which app answers it, so the admin paths exist nowhere on the public socket.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -12,13 +18,13 @@ from typing import Any
 import httpx
 import uvicorn
 
-from frontier_gateway.app import Gateway, create_app
+from frontier_gateway.app import Gateway, create_admin_app, create_app
 from frontier_gateway.config import Ec2Discovery, GatewayConfig
 from frontier_gateway.discovery import discover, follow
 from frontier_gateway.metering import flush_forever, open_sink
 from frontier_gateway.metrics import Metrics
 from frontier_gateway.pools import Pools
-from frontier_gateway.quotas import Quotas
+from frontier_gateway.quotas import open_quotas
 from frontier_gateway.tenants import load_tenants, upstream_key
 
 log = logging.getLogger("frontier_gateway")
@@ -27,16 +33,20 @@ log = logging.getLogger("frontier_gateway")
 def build_gateway(config: GatewayConfig, *, secrets_client: Any | None = None) -> Gateway:
     """Everything but the HTTP client (made on the server's event loop at start)."""
     tenants = load_tenants(config.tenants, client=secrets_client)
-    pools = Pools(config.models, config.affinity.max_imbalance)
     auth = (
         upstream_key(secrets_client, config.upstream_api_key_secret)
         if config.upstream_api_key_secret
         else None
     )
+    # The runtimes' key is the one secret every gateway of the stack holds: derived from it, a
+    # replica's public id is the same on all of them (and a process's own key where there is none).
+    id_key = hashlib.blake2b(auth.encode(), person=b"frontier-repid").digest() if auth else None
+    pools = Pools(config.models, config.affinity.max_imbalance, config.breaker, id_key)
     return Gateway(
         config=config,
         tenants=tenants,
-        quotas=Quotas(tenants.all),
+        # An in-flight entry in a shared store outlives the longest request it may stand for.
+        quotas=open_quotas(config.quota, tenants.all, hold_s=config.request_timeout_s + 60),
         pools=pools,
         metrics=Metrics(pools),
         sink=open_sink(config.metering.uri),
@@ -86,17 +96,41 @@ def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                await gateway.quotas.aclose()
                 await asyncio.to_thread(gateway.sink.flush)
 
     return lifespan
 
 
-def uvicorn_server(gateway: Gateway, host: str, port: int) -> uvicorn.Server:
-    app = create_app(gateway, lifespan=lifespan_for(gateway))
+class ByPort:
+    """One ASGI app over both sockets: connections to ``admin_port`` reach the admin app, every
+    other one (and the lifespan) the public app."""
+
+    def __init__(self, public: Any, admin: Any, admin_port: int) -> None:
+        self.public, self.admin, self.admin_port = public, admin, admin_port
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        local = scope.get("server") or ("", None)
+        app = self.admin if scope["type"] != "lifespan" and local[1] == self.admin_port else self.public
+        await app(scope, receive, send)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def uvicorn_server(gateway: Gateway, *, admin_port: int) -> uvicorn.Server:
+    """The server for both sockets; ``admin_port`` is the admin socket's bound port."""
+    app = ByPort(create_app(gateway, lifespan=lifespan_for(gateway)), create_admin_app(gateway), admin_port)
     config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
         lifespan="on",
         log_level="warning",
         access_log=False,
@@ -107,12 +141,17 @@ def uvicorn_server(gateway: Gateway, host: str, port: int) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def serve(config: GatewayConfig, host: str | None = None, port: int | None = None) -> int:
+def serve(
+    config: GatewayConfig, host: str | None = None, port: int | None = None, admin_port: int | None = None
+) -> int:
     gateway = build_gateway(config)
-    server = uvicorn_server(gateway, host or config.host, config.port if port is None else port)
-    sock = socket.socket(socket.AF_INET6 if ":" in (host or config.host) else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host or config.host, config.port if port is None else port))
-    print(f"frontier_gateway: listening on {sock.getsockname()[0]}:{sock.getsockname()[1]}", flush=True)
-    server.run(sockets=[sock])
+    public = listen(host or config.host, config.port if port is None else port)
+    admin = listen(config.admin_host, config.admin_port if admin_port is None else admin_port)
+    bound = public.getsockname()[1], admin.getsockname()[1]
+    if bound[0] == bound[1]:
+        raise ValueError(f"the public and admin sockets share port {bound[0]}: give them different ports")
+    server = uvicorn_server(gateway, admin_port=bound[1])
+    for what, sock in (("listening", public), ("admin (metrics)", admin)):
+        print(f"frontier_gateway: {what} on {sock.getsockname()[0]}:{sock.getsockname()[1]}", flush=True)
+    server.run(sockets=[public, admin])
     return 0

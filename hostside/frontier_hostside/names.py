@@ -173,8 +173,9 @@ RUNTIME_METRIC_NAMES = (
 
 # --- the gateway: headers it reads and sets, its metrics ---------------------------------------------
 SESSION_HEADER = "x-session-id"  # the default affinity header
-REQUEST_ID_HEADER = "x-request-id"
-REPLICA_HEADER = "x-frontier-replica"  # which replica answered (for clients that debug affinity)
+REQUEST_ID_HEADER = "x-request-id"  # the gateway's own id of a request (metering, upstream, answer)
+CLIENT_REQUEST_ID_HEADER = "x-client-request-id"  # a client's own id, echoed and metered beside ours
+REPLICA_HEADER = "x-frontier-replica"  # which replica answered, as an opaque id (clients debugging affinity)
 # OpenAI's rate-limit headers, on every answer to an authenticated request.
 LIMIT_REQUESTS = "x-ratelimit-limit-requests"
 LIMIT_TOKENS = "x-ratelimit-limit-tokens"
@@ -195,6 +196,7 @@ GATEWAY_IN_FLIGHT_METRIC = "frontier_gateway_in_flight"  # gauge {tenant}
 GATEWAY_RETRIES_METRIC = "frontier_gateway_retries"  # counter {model}
 GATEWAY_REPLICA_READY_METRIC = "frontier_gateway_replica_ready"  # gauge {model, replica}
 GATEWAY_REPLICA_OUTSTANDING_METRIC = "frontier_gateway_replica_outstanding"  # gauge {model, replica}
+GATEWAY_REPLICA_BREAKER_METRIC = "frontier_gateway_replica_breaker_open"  # gauge {model, replica}
 
 # --- CloudWatch: what each host's bootstrap publishes and the alarms and scaling policies read ------
 CLOUDWATCH_NAMESPACE = "Frontier/Runtime"

@@ -24,6 +24,8 @@ __all__ = ["ConfigError", "RuntimeConfig", "RuntimeSettings", "load_config", "pa
 Dtype = Literal["float32", "bfloat16", "float16"]
 KvCacheDtype = Literal["auto", "float32", "bfloat16", "float16", "fp8"]
 Device = Literal["auto", "cpu", "cuda"]
+# How a step's queries read the paged KV cache (frontier_runtime.ops.paged_attention).
+AttentionBackend = Literal["auto", "cpu-kernel", "flash-varlen", "triton", "sdpa-gather"]
 PATH_PATTERN = r"^/[A-Za-z0-9_./-]*$"
 SECRET_ID_PATTERN = r"^[A-Za-z0-9/_+=.@:-]+$"
 
@@ -100,6 +102,13 @@ class CacheConfig(Strict):
         default=256 * 1024 * 1024, ge=1024, le=2**44, description="KV cache budget on CPU hosts."
     )
     prefix_caching: bool = True
+    attention_backend: AttentionBackend = Field(
+        default="auto",
+        description=(
+            "How attention reads the paged KV cache: 'auto' takes the fastest that works on the host; "
+            "naming one requires it, and a start that cannot run it fails naming the backend and the reason."
+        ),
+    )
 
 
 class ParallelConfig(Strict):

@@ -238,18 +238,18 @@ def _hf_config(shape: dict, bos: int, eos: list[int]) -> dict:
     }
 
 
-def _weights(shape: dict, seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
+def _weights(shape: dict, seed: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(seed)
     std = shape["initializer_range"]
     h, inter, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
     hd = h // shape["num_heads"]
     kv = shape["num_kv_heads"] * hd
 
     def normal(*size: int) -> torch.Tensor:
-        return torch.randn(*size, generator=g) * std
+        return torch.randn(*size, generator=g, device=device) * std
 
     def norm() -> torch.Tensor:  # not all ones, so a norm weight loaded in the wrong place shows
-        return 1.0 + 0.1 * torch.randn(h, generator=g)
+        return 1.0 + 0.1 * torch.randn(h, generator=g, device=device)
 
     w = {"model.embed_tokens.weight": normal(v, h)}
     for i in range(shape["num_layers"]):
@@ -267,7 +267,7 @@ def _weights(shape: dict, seed: int) -> dict[str, torch.Tensor]:
     if not shape["tie_word_embeddings"]:
         w["lm_head.weight"] = normal(v, h)
     dtype = getattr(torch, shape["dtype"])
-    return {k: t.to(dtype).contiguous() for k, t in w.items()}
+    return {k: t.to(dtype).contiguous().cpu() for k, t in w.items()}
 
 
 def _save_weights(weights: dict[str, torch.Tensor], out: Path, shards: int) -> None:
@@ -290,12 +290,19 @@ def _save_weights(weights: dict[str, torch.Tensor], out: Path, shards: int) -> N
 
 
 def make_tiny_checkpoint(
-    out_dir: str | Path, seed: int = 0, shards: int = 1, tokenizer_seed: int = 0, **shape: object
+    out_dir: str | Path,
+    seed: int = 0,
+    shards: int = 1,
+    tokenizer_seed: int = 0,
+    device: str = "cpu",
+    **shape: object,
 ) -> Path:
     """Write config.json, weights, tokenizer.json, tokenizer_config.json and generation_config.json.
 
     ``seed`` draws the weights; ``tokenizer_seed`` the tokenizer's training corpus (kept apart so
-    models of different seeds can share one tokenizer).
+    models of different seeds can share one tokenizer). ``device`` is where the weights are drawn:
+    a GPU draws a billion of them in a second, where one CPU core takes minutes (same seed, other
+    numbers than the CPU's).
     """
     unknown = set(shape) - set(DEFAULT_SHAPE)
     if unknown:
@@ -322,7 +329,7 @@ def make_tiny_checkpoint(
     gen_cfg = {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": eos[0]}
     (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
     (out / "config.json").write_text(json.dumps(_hf_config(full, bos, eos), indent=2) + "\n")
-    _save_weights(_weights(full, seed), out, shards)
+    _save_weights(_weights(full, seed, device), out, shards)
     return out
 
 

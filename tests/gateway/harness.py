@@ -23,7 +23,7 @@ import httpx
 import yaml
 from frontier_gateway.app import Gateway
 from frontier_gateway.config import GatewayConfig
-from frontier_gateway.serve import build_gateway, uvicorn_server
+from frontier_gateway.serve import build_gateway, listen, uvicorn_server
 
 
 def digest(key: str) -> str:
@@ -59,7 +59,8 @@ def gateway_config(
 
 @dataclass
 class RunningGateway:
-    url: str
+    url: str  # the public socket: what tenants reach
+    admin_url: str  # the admin socket: /metrics
     gateway: Gateway
     thread: threading.Thread
     server: Any
@@ -72,20 +73,19 @@ class RunningGateway:
 @contextmanager
 def running_gateway(config: GatewayConfig, *, wait_ready: bool = True) -> Iterator[RunningGateway]:
     gateway = build_gateway(config)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn_server(gateway, "127.0.0.1", sock.getsockname()[1])
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    public, admin = listen("127.0.0.1", 0), listen("127.0.0.1", 0)
+    server = uvicorn_server(gateway, admin_port=admin.getsockname()[1])
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [public, admin]}, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url = f"http://127.0.0.1:{public.getsockname()[1]}"
+    admin_url = f"http://127.0.0.1:{admin.getsockname()[1]}"
     deadline = time.monotonic() + 30
     while not server.started or (wait_ready and not gateway.pools.ready()):
         if time.monotonic() > deadline or not thread.is_alive():
             server.should_exit = True
             raise TimeoutError(f"gateway not ready: {gateway.pools.summary()}")
         time.sleep(0.02)
-    running = RunningGateway(url, gateway, thread, server)
+    running = RunningGateway(url, admin_url, gateway, thread, server)
     try:
         yield running
     finally:

@@ -4,6 +4,7 @@ keys, quotas with OpenAI's headers, priority, streaming usage, retries, readines
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -185,7 +186,7 @@ def test_streams_are_metered_from_the_runtimes_usage(standins, tmp_path) -> None
         events, _ = _stream(gw.url, ACME, stream_options={"include_usage": True})
         assert events[-1]["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
         _complete(gw.url, NIGHTLY, "model-b", max_tokens=7)
-        metrics = httpx.get(f"{gw.url}/metrics").text
+        metrics = httpx.get(f"{gw.admin_url}/metrics").text
     records = [json.loads(line) for line in metering.read_text().splitlines()]
     assert [
         (r["tenant"], r["model"], r["prompt_tokens"], r["completion_tokens"], r["status"]) for r in records
@@ -228,7 +229,8 @@ def test_readiness_holds_only_while_every_model_has_a_ready_replica(standins, tm
         while httpx.get(f"{gw.url}/health/ready").status_code != 503:
             assert time.monotonic() < deadline, "readiness never dropped"
             time.sleep(0.05)
-        body = httpx.get(f"{gw.url}/health/ready").json()
+        assert httpx.get(f"{gw.url}/health/ready").json() == {"ready": False}  # no model named
+        body = httpx.get(f"{gw.admin_url}/health/ready").json()
         assert body["models"]["model-b"] == {"ready": 0, "replicas": 1}
         answer = _complete(gw.url, ACME, "model-b")
         assert answer.status_code == 503 and answer.json()["error"]["code"] == "no_replica"
@@ -239,10 +241,14 @@ def test_readiness_holds_only_while_every_model_has_a_ready_replica(standins, tm
 def test_concurrency_quota_and_bad_bodies(standins, tmp_path) -> None:
     config = _config(standins, tmp_path / "m.jsonl", tenant("small", SMALL, ["model-a"], concurrency=1))
     with running_gateway(config) as gw:
-        grant = gw.gateway.quotas.admit(gw.gateway.tenants.all[0], 1)  # one request held open
+        for standin in (standins["a1"], standins["a2"]):
+            standin.delay_s = 1.0
+        held = threading.Thread(target=_complete, args=(gw.url, SMALL, "model-a"))
+        held.start()  # one request held open by a slow replica
+        _until(lambda: len(standins["a1"].requests) + len(standins["a2"].requests) == 1)
         refused = _complete(gw.url, SMALL, "model-a")
         assert refused.status_code == 429 and refused.json()["error"]["type"] == "concurrency"
-        grant.settle(1)
+        held.join()
         assert _complete(gw.url, SMALL, "model-a").status_code == 200
         assert httpx.post(f"{gw.url}/v1/completions", content=b"{", headers=_auth(SMALL)).status_code == 400
         assert (

@@ -48,7 +48,7 @@ def test_two_models_of_different_shapes_are_served_by_their_own_pools(runtimes, 
             assert answer.json()["model"] == model
             assert answer.json()["usage"]["completion_tokens"] == 5
             replica = answer.headers[names.REPLICA_HEADER]
-            assert replica in [rt.url for rt in runtimes if rt.model == model]
+            assert replica in [r.id for r in gw.gateway.pools.get(model).replicas]
 
 
 def test_session_affinity_keeps_a_conversation_on_one_replica_and_hits_its_prefix_cache(
@@ -60,6 +60,7 @@ def test_session_affinity_keeps_a_conversation_on_one_replica_and_hits_its_prefi
     messages = [{"role": "system", "content": system}]
     served = []
     with running_gateway(_config(runtimes, tmp_path / "m.jsonl")) as gw:
+        url_of = {r.id: r.url for r in gw.gateway.pools.get("tiny-a").replicas}
         for turn in range(4):
             messages.append({"role": "user", "content": f"question number {turn}, please answer briefly"})
             answer = httpx.post(
@@ -76,8 +77,9 @@ def test_session_affinity_keeps_a_conversation_on_one_replica_and_hits_its_prefi
     assert len(set(served)) == 1, served
     after = {rt.url: rt.metric(PREFIX_CACHE_HITS_METRIC + "_total") for rt in pool}
     # Turns 2..4 reuse the cached blocks of the turns before them, on that replica only.
-    assert after[served[0]] - before[served[0]] >= 3 * 16
-    other = next(url for url in after if url != served[0])
+    url = url_of[served[0]]
+    assert after[url] - before[url] >= 3 * 16
+    other = next(other for other in after if other != url)
     assert after[other] == before[other]
 
 
@@ -148,7 +150,7 @@ def test_a_replica_killed_mid_load_fails_no_request_that_had_not_started_streami
             stop.set()
             for thread in threads:
                 thread.join(timeout=60)
-            metrics = httpx.get(f"{gw.url}/metrics").text
+            metrics = httpx.get(f"{gw.admin_url}/metrics").text
     finally:
         for rt in pool:
             rt.kill()

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from frontier_gateway.config import parse_config
 
+from frontier.access.gateway import render_gateway_config, static_replicas
 from frontier.config.load import available_stacks
 from frontier.errors import StackError
 from frontier.targets import load_stack
@@ -129,3 +131,25 @@ def test_a_gateway_port_may_not_collide_on_the_local_stack(tmp_path: Path) -> No
     assert "gateway.port = 8080: must differ from the runtime, moto and balancer ports" in _refused(
         tmp_path, document
     )
+
+
+def test_the_stack_carries_the_admin_port_quota_store_and_breaker_into_gateway_yaml(tmp_path: Path) -> None:
+    document = two_model_config()
+    document["config"]["frontier:gateway"].update(
+        admin_port=9191,
+        quota={"store": "redis", "redis_url": "redis://quota.internal:6379/0"},
+        breaker={"cool_off_s": 5, "error_rate": 0.25},
+    )
+    settings = _load(tmp_path, document)
+    rendered = parse_config(render_gateway_config(settings, static_replicas(settings)))
+    assert (rendered.admin_host, rendered.admin_port) == ("127.0.0.1", 9191)
+    assert (rendered.quota.store, rendered.quota.redis_url) == ("redis", "redis://quota.internal:6379/0")
+    assert (rendered.breaker.cool_off_s, rendered.breaker.error_rate) == (5, 0.25)
+
+
+def test_a_bad_breaker_or_quota_store_setting_in_the_stack_is_named(tmp_path: Path) -> None:
+    document = two_model_config()
+    document["config"]["frontier:gateway"].update(breaker={"error_rate": 2}, quota={"store": "redis"})
+    message = _refused(tmp_path, document)
+    assert "gateway.breaker.error_rate = 2: Input should be less than or equal to 1" in message
+    assert "gateway.quota.redis_url = '': Value error, store 'redis' needs a redis_url" in message

@@ -375,6 +375,24 @@ CROSS_RULES = {
         "edge.certificate_arn = ''",
         "must be an ACM certificate ARN",
     ),
+    "a GPU attention backend required on CPU hosts": (
+        "local",
+        {"runtime.attention_backend": "triton"},
+        "runtime.attention_backend = 'triton'",
+        "needs a GPU, and node group 'cpu' serves on CPU",
+    ),
+    "the CPU kernel required on GPU hosts": (
+        "prod",
+        {"runtime.attention_backend": "cpu-kernel"},
+        "runtime.attention_backend = 'cpu-kernel'",
+        "runs on CPU hosts only",
+    ),
+    "FlashAttention required with an fp8 KV cache": (
+        "prod",
+        {"runtime.attention_backend": "flash-varlen", "runtime.kv_cache_dtype": "fp8"},
+        "runtime.attention_backend = 'flash-varlen'",
+        "reads no fp8 KV cache",
+    ),
     "p99 latency SLO not below the TTFT SLO": (
         "prod",
         {"slo.p99_latency_ms": 1000},

@@ -27,7 +27,8 @@ class EngineStats:
     last_step_tokens: int
     steps: int
     attention_backend: str = ""  # ops.paged_attention's backend; "" before an engine is loaded
-    kernels: str = ""  # "native", "native+panel-gemm" (the CPU library) or "torch" (torch ops only)
+    # "native-<variant>[+panel-gemm]" (the prebuilt CPU library, e.g. native-avx512) or "torch" (torch ops only)
+    kernels: str = ""
 
     @property
     def kv_usage(self) -> float:

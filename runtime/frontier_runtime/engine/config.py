@@ -17,6 +17,7 @@ import torch
 from pydantic import model_validator
 
 from frontier_runtime.config import (
+    AttentionBackend,
     BatchConfig,
     CacheConfig,
     CpuConfig,
@@ -29,7 +30,6 @@ from frontier_runtime.config import (
 
 DTYPE_NAMES: tuple[str, ...] = get_args(Dtype)
 KV_CACHE_DTYPES: tuple[str, ...] = get_args(KvCacheDtype)
-AttentionBackend = Literal["auto", "cpu-kernel", "flash-varlen", "sdpa-gather"]  # see ops.paged_attention
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
 
 
@@ -42,8 +42,7 @@ class EngineConfig(BatchConfig, CacheConfig, ParallelConfig, CpuConfig):
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = RuntimeConfig.model_fields["seed"].default
     num_blocks: int | None = None  # None: as many KV blocks as the memory budget holds
-    attention_backend: AttentionBackend = "auto"  # "auto": the fastest that works here
-    cuda_graphs: bool = True  # decode steps replay captured graphs (CUDA, paged flash kernel)
+    cuda_graphs: bool = True  # decode steps replay captured graphs (CUDA; backends that read tensors only)
 
     def __init__(self, model_dir: str | Path | None = None, /, **settings: Any) -> None:
         """``EngineConfig(model_dir, max_batch_size=8, ...)``: the directory may come first."""

@@ -7,7 +7,7 @@ not rebuilt per step: the block manager logs which cells changed and each rank a
 to its table tensor. Everything a step needs goes to the device in one copy; positions and slots
 are derived there from the tables.
 
-On CUDA with the paged flash kernel, decode-only steps replay CUDA graphs captured at padded batch
+On CUDA with a paged kernel (flash-varlen or Triton), decode-only steps replay CUDA graphs captured at padded batch
 sizes over static buffers (``cuda_graphs``).
 
 Every step only a CUDA device takes (memory queries, the host-to-device copy, graph capture and
@@ -104,7 +104,7 @@ class DeviceOps:
 class CudaOps(DeviceOps):
     sizes_kv_by_memory = True
     # sdpa-gather pads from host copies of the lengths, which a captured graph would freeze.
-    graph_backends = frozenset({"flash-varlen"})
+    graph_backends = frozenset({"flash-varlen", "triton"})
 
     def set_device(self, device: torch.device) -> None:
         torch.cuda.set_device(device)
@@ -150,7 +150,8 @@ def _kernels_in_use(device: torch.device) -> str:
     """What runs beside attention once the model is loaded (its layers chose their kernels then)."""
     if device.type != "cpu" or not cpu_kernel.enabled() or not cpu_kernel.loaded():
         return "torch"
-    return "native+panel-gemm" if panel_gemm.available() else "native"
+    native = f"native-{cpu_kernel.variant()}"  # which prebuilt variant this CPU got
+    return f"{native}+panel-gemm" if panel_gemm.available() else native
 
 
 class ModelRunner:
@@ -173,11 +174,11 @@ class ModelRunner:
         cfg = self.model_config
         self.max_seq_len = config.max_seq_len or cfg.max_position_embeddings
         self.max_blocks_per_seq = -(-self.max_seq_len // self.block_size)
-        self.backend = select_backend(self.device, self.block_size, self.dtype, config.attention_backend)
+        self.backend = select_backend(
+            self.device, self.block_size, self.dtype, config.attention_backend, self.kv_dtype
+        )
         if self.kv_dtype == torch.float8_e4m3fn:
             self._set_fp8_scales()
-            if self.backend == "flash-varlen":  # FlashAttention reads no fp8 cache
-                self.backend = "sdpa-gather"
         self.kernels = _kernels_in_use(self.device)
         log.info("attention backend %s, kernels %s, KV cache %s", self.backend, self.kernels, self.kv_dtype)
         kv_per_token = 2 * cfg.num_layers * self.model.num_local_kv_heads * cfg.head_dim

@@ -1,622 +1,50 @@
-"""The CPU paged-attention kernel: C++ source, compiled with the system's g++ on first use.
+"""The native CPU kernels of ``csrc/kernels.cpp``: built ahead of time in variants, one loaded at run time.
 
-One call per layer attends every query token of the step (decodes and prefill chunks alike) to
-its own sequence's keys, read in place from the paged cache through the block table: no gather
-copy, no Python loop over sequences. Work is split over (sequence, tile of 16 query tokens, KV
-head) with ``at::parallel_for``, so it uses torch's intra-op threads. Each work item keeps the
-``group`` query heads of its KV head together, so a key block is read once for all of them (GQA
-costs no extra memory traffic), and runs an online softmax in float32 over the blocks.
+``python -m frontier_runtime.ops.build_kernels`` (run by ``make install``, by the release wheel's
+build where the libraries are missing, and by the image's builder stage) compiles the source into
+``kernels/`` three times: ``avx512`` (x86-64-v4, 512-bit vectors, the only one with the panel
+GEMM), ``avx2`` (x86-64-v3) and ``portable`` (no -march: any x86-64 CPU, and the only variant on
+other architectures). A manifest beside each library names the torch release and C++ ABI it was
+built against, the machine, and the digest of the source it was built from.
 
-The shared library is cached under ``$FRONTIER_KERNEL_CACHE`` (default
-``~/.cache/frontier-runtime/kernels``), keyed by the source, torch's version and the CPU's flags;
-a build is written to a temporary name and renamed, so ranks starting together never load half a
-file. ``load()`` returns False (and says why once) where no compiler is found; the caller then
-uses the portable torch path. It also returns False, building and loading nothing, while the kernels
-are switched off (``use_native_kernels``; ``FRONTIER_NATIVE_KERNELS=0`` overrides the setting).
+``load()`` picks the best variant this CPU runs (its /proc/cpuinfo flags against the x86-64-v4 and
+-v3 levels), checks the manifest and loads the library; it never compiles, so it needs no compiler
+and no writable cache. Where no variant is built, or the one found was built for another torch,
+another machine or another source, it logs why once and returns False: the caller then uses the
+torch path. It also returns False, loading nothing, while the kernels are switched off
+(``use_native_kernels``; ``FRONTIER_NATIVE_KERNELS=0`` overrides the setting).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
+import platform
 import threading
-import time
 from pathlib import Path
 
 import torch
 
 log = logging.getLogger("frontier_runtime.ops")
 
-SOURCE = r"""
-#include <torch/library.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/Parallel.h>
-#include <ATen/Dispatch.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-#include <c10/util/Float8_e4m3fn.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-#include <algorithm>
-#include <atomic>
-#include <pthread.h>
-#include <sched.h>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <type_traits>
-#include <vector>
-
-namespace {
-
-constexpr int64_t QTILE = 16;     // query tokens of one sequence per work item
-constexpr float NEG = -1.0e30f;   // "minus infinity" that stays finite through exp()
-
-// exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-6 polynomial; ~1 ulp), written so
-// the compiler vectorises it inside the simd loops below (libm's expf would not be).
-inline float exp_neg(float x) {
-  x = std::max(x, -87.0f);  // (also right for 0 < x <= 88: silu uses that)
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float f = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * f + 1.3981999507e-3f;
-  p = p * f + 8.3334519073e-3f;
-  p = p * f + 4.1665795894e-2f;
-  p = p * f + 1.6666665459e-1f;
-  p = p * f + 5.0000001201e-1f;
-  p = p * f * f + f + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+KERNEL_DIR = Path(__file__).parent / "kernels"
+SOURCE_PATH = Path(__file__).parent / "csrc" / "kernels.cpp"
+VARIANTS = ("avx512", "avx2", "portable")  # best first
+# The /proc/cpuinfo flags of the ISA levels the x86 variants are compiled for (-march=x86-64-v3 and
+# -v4): the compiler may emit any instruction of its level, not only the vector ones.
+_X86_V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})
+_NEEDS = {
+    "avx512": _X86_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
+    "avx2": _X86_V3,
+    "portable": frozenset(),
 }
-
-template <typename C>
-inline void to_float(const C* src, float* dst, int64_t n, float scale) {
-#pragma omp simd
-  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]) * scale;
-}
-
-// One query row against one block of keys: scores, online-softmax update, V accumulation.
-// BSC is the block size when known at compile time (16, the default: scores stay in registers).
-template <int BSC>
-inline void row_block(const float* qr, const float* kt, const float* vt, int64_t D, int64_t bs_dyn,
-                      int64_t valid, float& m, float& l, float* ar, float* sc_buf, float* p_buf) {
-  const int64_t BS = BSC ? BSC : bs_dyn;
-  float sc_local[BSC ? BSC : 1];
-  float p_local[BSC ? BSC : 1];
-  float* sc = BSC ? sc_local : sc_buf;
-  float* p = BSC ? p_local : p_buf;
-  // Four partial sums over head_dim: a single one would chain D dependent FMAs per block.
-  float part[4][BSC ? BSC : 1];
-  if (BSC) {
-    for (int j = 0; j < 4; ++j)
-      for (int64_t t = 0; t < BS; ++t) part[j][t] = 0.0f;
-    int64_t d = 0;
-    for (; d + 4 <= D; d += 4) {
-      for (int j = 0; j < 4; ++j) {
-        const float qd = qr[d + j];
-        const float* kd = kt + (d + j) * BS;
-#pragma omp simd
-        for (int64_t t = 0; t < BS; ++t) part[j][t] += qd * kd[t];
-      }
-    }
-    for (; d < D; ++d) {
-      const float qd = qr[d];
-      const float* kd = kt + d * BS;
-#pragma omp simd
-      for (int64_t t = 0; t < BS; ++t) part[0][t] += qd * kd[t];
-    }
-#pragma omp simd
-    for (int64_t t = 0; t < BS; ++t) sc[t] = (part[0][t] + part[1][t]) + (part[2][t] + part[3][t]);
-  } else {
-    for (int64_t t = 0; t < BS; ++t) sc[t] = 0.0f;
-    for (int64_t d = 0; d < D; ++d) {
-      const float qd = qr[d];
-      const float* kd = kt + d * BS;
-#pragma omp simd
-      for (int64_t t = 0; t < BS; ++t) sc[t] += qd * kd[t];
-    }
-  }
-  float block_max = NEG;
-  for (int64_t t = 0; t < valid; ++t) block_max = std::max(block_max, sc[t]);
-  const float m_new = std::max(m, block_max);
-  if (m_new > m && l > 0.0f) {
-    const float corr = exp_neg(m - m_new);
-    l *= corr;
-#pragma omp simd
-    for (int64_t d = 0; d < D; ++d) ar[d] *= corr;
-  }
-  m = m_new;
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t t = 0; t < BS; ++t) {
-    const float e = t < valid ? exp_neg(sc[t] - m_new) : 0.0f;
-    p[t] = e;
-    sum += e;
-  }
-  for (int64_t t = 0; t < valid; ++t) {
-    const float pt = p[t];
-    const float* v = vt + t * D;
-#pragma omp simd
-    for (int64_t d = 0; d < D; ++d) ar[d] += pt * v[d];
-  }
-  l += sum;
-}
-
-// K cache [blocks, kv_heads, head_dim, block_size] (keys of a block side by side, so one query's
-// scores against a block are head_dim vector FMAs); V cache [blocks, kv_heads, block_size, head_dim].
-template <typename Q, typename C>
-void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-            const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& query_start,
-            const at::Tensor& seq_lens, double scale, double k_scale, double v_scale) {
-  const int64_t S = rows.size(0);
-  const int64_t Hq = q.size(1), D = q.size(2);
-  const int64_t KVH = k_cache.size(1), BS = k_cache.size(3);
-  const int64_t G = Hq / KVH;
-  const int64_t max_blocks = tables.size(1);
-  const int32_t* tab = tables.data_ptr<int32_t>();
-  const int32_t* row = rows.data_ptr<int32_t>();
-  const int32_t* qs = query_start.data_ptr<int32_t>();
-  const int32_t* sl = seq_lens.data_ptr<int32_t>();
-  const Q* qp = q.data_ptr<Q>();
-  const int64_t q_row = q.stride(0);  // q may be a view into the fused qkv projection
-  Q* op = out.data_ptr<Q>();
-  const C* kp = k_cache.data_ptr<C>();
-  const C* vp = v_cache.data_ptr<C>();
-  const float ks = static_cast<float>(k_scale), vs = static_cast<float>(v_scale);
-  // A float32 cache at scale 1 is read where it lies; any other is converted a block at a time.
-  const bool direct = std::is_same<C, float>::value && ks == 1.0f && vs == 1.0f;
-
-  std::vector<int64_t> item_seq, item_first;
-  for (int64_t s = 0; s < S; ++s) {
-    for (int64_t t = qs[s]; t < qs[s + 1]; t += QTILE) {
-      item_seq.push_back(s);
-      item_first.push_back(t);
-    }
-  }
-  const int64_t work = static_cast<int64_t>(item_seq.size()) * KVH;
-  at::parallel_for(0, work, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(QTILE * G * D), acc(QTILE * G * D), kf(BS * D), vf(BS * D);
-    std::vector<float> m(QTILE * G), l(QTILE * G), score(BS), prob(BS);
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t it = w / KVH, h = w % KVH;
-      const int64_t s = item_seq[it], q0 = item_first[it];
-      const int64_t q1 = std::min<int64_t>(qs[s + 1], q0 + QTILE);
-      const int64_t nq = q1 - q0, R = nq * G;
-      // Position of query q0: the sequence's new tokens are its last (qs[s+1] - qs[s]) ones.
-      const int64_t first_pos = sl[s] - (qs[s + 1] - qs[s]) + (q0 - qs[s]);
-      const int64_t num_keys = first_pos + nq;  // the last query sees keys 0 .. its position
-      for (int64_t i = 0; i < nq; ++i)
-        for (int64_t g = 0; g < G; ++g)
-          to_float(qp + (q0 + i) * q_row + (h * G + g) * D, &qf[(i * G + g) * D], D, static_cast<float>(scale));
-      std::fill(m.begin(), m.begin() + R, NEG);
-      std::fill(l.begin(), l.begin() + R, 0.0f);
-      std::fill(acc.begin(), acc.begin() + R * D, 0.0f);
-      const int32_t* trow = tab + static_cast<int64_t>(row[s]) * max_blocks;
-      for (int64_t b = 0; b * BS < num_keys; ++b) {
-        const int64_t tile = (static_cast<int64_t>(trow[b]) * KVH + h) * D * BS;
-        const int64_t kn = std::min<int64_t>(BS, num_keys - b * BS);
-        const float* kt;
-        const float* vt;
-        if (direct) {
-          kt = reinterpret_cast<const float*>(kp) + tile;
-          vt = reinterpret_cast<const float*>(vp) + tile;
-          // The next block of the table is anywhere in the pool, beyond the hardware prefetcher's
-          // reach (it follows a page): ask for its K and V tiles while this block is computed.
-          if ((b + 1) * BS < num_keys) {
-            const int64_t next = (static_cast<int64_t>(trow[b + 1]) * KVH + h) * D * BS;
-            const char* nk = reinterpret_cast<const char*>(reinterpret_cast<const float*>(kp) + next);
-            const char* nv = reinterpret_cast<const char*>(reinterpret_cast<const float*>(vp) + next);
-            for (int64_t byte = 0; byte < D * BS * 4; byte += 64) {
-              __builtin_prefetch(nk + byte);
-              __builtin_prefetch(nv + byte);
-            }
-          }
-        } else {
-          to_float(kp + tile, kf.data(), D * BS, ks);
-          to_float(vp + tile, vf.data(), kn * D, vs);
-          kt = kf.data();
-          vt = vf.data();
-        }
-        for (int64_t r = 0; r < R; ++r) {
-          const int64_t pos = first_pos + r / G;
-          const int64_t valid = std::min<int64_t>(kn, pos - b * BS + 1);
-          if (valid <= 0) continue;
-          if (BS == 16) {
-            row_block<16>(&qf[r * D], kt, vt, D, 16, valid, m[r], l[r], &acc[r * D], score.data(), prob.data());
-          } else {
-            row_block<0>(&qf[r * D], kt, vt, D, BS, valid, m[r], l[r], &acc[r * D], score.data(), prob.data());
-          }
-        }
-      }
-      for (int64_t i = 0; i < nq; ++i) {
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t r = i * G + g;
-          const float inv = 1.0f / l[r];
-          Q* o = op + ((q0 + i) * Hq + h * G + g) * D;
-          for (int64_t d = 0; d < D; ++d) o[d] = static_cast<Q>(acc[r * D + d] * inv);
-        }
-      }
-    }
-  });
-}
-template <typename Q>
-void by_cache(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-              const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& qstart,
-              const at::Tensor& seqlens, double scale, double ks, double vs) {
-  switch (k.scalar_type()) {
-    case at::kFloat: return attend<Q, float>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
-    case at::kBFloat16: return attend<Q, c10::BFloat16>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
-    case at::kHalf: return attend<Q, c10::Half>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
-    case at::kFloat8_e4m3fn:
-      return attend<Q, c10::Float8_e4m3fn>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
-    default: TORCH_CHECK(false, "paged_attention: unsupported KV cache dtype ", k.scalar_type());
-  }
-}
-
-void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& query_start,
-                     const at::Tensor& seq_lens, double scale, double k_scale, double v_scale) {
-  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && out.is_contiguous() && k_cache.is_contiguous() &&
-              v_cache.is_contiguous(), "paged_attention: q rows must be dense [heads, head_dim], out and the caches contiguous");
-  TORCH_CHECK(tables.scalar_type() == at::kInt && rows.scalar_type() == at::kInt &&
-              query_start.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
-              "paged_attention: tables, rows, query_start and seq_lens must be int32");
-  TORCH_CHECK(k_cache.dim() == 4 && q.size(1) % k_cache.size(1) == 0, "paged_attention: query heads must divide by KV heads");
-  switch (q.scalar_type()) {
-    case at::kFloat: return by_cache<float>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale);
-    case at::kBFloat16: return by_cache<c10::BFloat16>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale);
-    case at::kHalf: return by_cache<c10::Half>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale);
-    default: TORCH_CHECK(false, "paged_attention: unsupported query dtype ", q.scalar_type());
-  }
-}
-
-
-// ---- fused elementwise kernels: one pass over memory where torch would make several ----------
-
-template <typename T>
-inline T round_to(float x) { return static_cast<T>(x); }
-
-// With a residual: residual += x (rounded to T, as torch's add), then out = w * norm(residual).
-// Without: out = w * norm(x). norm(h) = h / sqrt(mean(h^2) + eps), in float32, rounded to T before
-// the weight multiplies it (as the model's RMSNorm does).
-template <typename T>
-void rms_norm_rows(T* out, T* x, T* residual, const T* w, int64_t rows, int64_t H, float eps) {
-  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> h(H);
-    for (int64_t r = begin; r < end; ++r) {
-      T* xr = x + r * H;
-      if (residual != nullptr) {
-        T* rr = residual + r * H;
-        for (int64_t d = 0; d < H; ++d) {
-          const T sum = round_to<T>(static_cast<float>(rr[d]) + static_cast<float>(xr[d]));
-          rr[d] = sum;
-          h[d] = static_cast<float>(sum);
-        }
-      } else {
-        for (int64_t d = 0; d < H; ++d) h[d] = static_cast<float>(xr[d]);
-      }
-      float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t d = 0; d < H; ++d) ss += h[d] * h[d];
-      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(H) + eps);
-      T* o = out + r * H;
-      for (int64_t d = 0; d < H; ++d)
-        o[d] = round_to<T>(static_cast<float>(w[d]) * static_cast<float>(round_to<T>(h[d] * inv)));
-    }
-  });
-}
-
-void rms_norm(at::Tensor out, at::Tensor x, c10::optional<at::Tensor> residual, const at::Tensor& weight,
-              double eps) {
-  TORCH_CHECK(x.is_contiguous() && out.is_contiguous() && weight.is_contiguous(), "rms_norm: contiguous tensors only");
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type() && out.scalar_type() == x.scalar_type(), "rms_norm: one dtype");
-  const int64_t H = x.size(-1), rows = x.numel() / H;
-  if (residual.has_value())
-    TORCH_CHECK(residual->is_contiguous() && residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(),
-                "rms_norm: the residual must match x");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
-    scalar_t* res = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
-    rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), res, weight.data_ptr<scalar_t>(),
-                            rows, H, static_cast<float>(eps));
-  });
-}
-
-// silu(x) = x / (1 + exp(-x)); exp's argument is clamped at 88, where 1 / (1 + e^88) is already 0
-// in float32 (the polynomial exp is exact in form for |x| <= 88 and vectorises; libm's would not).
-inline float silu(float x) { return x / (1.0f + exp_neg(std::min(-x, 88.0f))); }
-
-// out[r] = silu(gate_up[r, :I]) * gate_up[r, I:] (each product rounded to T, as torch's two ops).
-template <typename T>
-void silu_and_mul_rows(T* o, const T* gu, int64_t rows, int64_t I) {
-  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* g = gu + r * 2 * I;
-      const T* u = g + I;
-      T* orow = o + r * I;
-#pragma omp simd
-      for (int64_t j = 0; j < I; ++j) {
-        const float act = static_cast<float>(round_to<T>(silu(static_cast<float>(g[j]))));
-        orow[j] = round_to<T>(act * static_cast<float>(u[j]));
-      }
-    }
-  });
-}
-
-void silu_and_mul(at::Tensor out, const at::Tensor& gate_up) {
-  TORCH_CHECK(gate_up.is_contiguous() && out.is_contiguous(), "silu_and_mul: contiguous tensors only");
-  const int64_t I = out.size(-1), rows = out.numel() / I;
-  TORCH_CHECK(gate_up.size(-1) == 2 * I && gate_up.numel() == 2 * out.numel(), "silu_and_mul: gate_up must be [.., 2 * I]");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "silu_and_mul", [&] {
-    silu_and_mul_rows<scalar_t>(out.data_ptr<scalar_t>(), gate_up.data_ptr<scalar_t>(), rows, I);
-  });
-}
-
-// Rotary embedding of q (in place) and k, and k, v written at their cache slots, in one pass.
-// q, k, v: [tokens, heads, head_dim] with dense rows (views into the qkv projection); cos, sin:
-// [positions, head_dim] float32; the caches in the CPU kernel's layout, of the activations' dtype.
-template <typename T>
-inline void rotate(const T* x, T* dst, int64_t dst_stride, const float* c, const float* s, int64_t D) {
-  const int64_t half = D / 2;
-  for (int64_t d = 0; d < half; ++d) {
-    const float x1 = static_cast<float>(x[d]), x2 = static_cast<float>(x[d + half]);
-    const float c1 = static_cast<float>(round_to<T>(c[d])), c2 = static_cast<float>(round_to<T>(c[d + half]));
-    const float s1 = static_cast<float>(round_to<T>(s[d])), s2 = static_cast<float>(round_to<T>(s[d + half]));
-    dst[d * dst_stride] = round_to<T>(static_cast<float>(round_to<T>(x1 * c1)) + static_cast<float>(round_to<T>(-x2 * s1)));
-    dst[(d + half) * dst_stride] =
-        round_to<T>(static_cast<float>(round_to<T>(x2 * c2)) + static_cast<float>(round_to<T>(x1 * s2)));
-  }
-}
-
-void rotary_and_cache(at::Tensor q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-                      const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache,
-                      const at::Tensor& slots) {
-  const int64_t T_ = q.size(0), Hq = q.size(1), D = q.size(2), KVH = k.size(1);
-  const int64_t BS = k_cache.size(3);
-  TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1 && q.stride(1) == D && k.stride(1) == D &&
-              v.stride(1) == D, "rotary_and_cache: q, k, v rows must be dense [heads, head_dim]");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
-              cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "rotary_and_cache: contiguous tables and caches");
-  TORCH_CHECK(positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong, "rotary_and_cache: int64 positions and slots");
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && D % 2 == 0, "rotary_and_cache: the cache must have q's dtype");
-  const int64_t* pos = positions.data_ptr<int64_t>();
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  const int64_t qs = q.stride(0), ks = k.stride(0), vs = v.stride(0);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rotary_and_cache", [&] {
-    scalar_t* qp = q.data_ptr<scalar_t>();
-    const scalar_t* kp = k.data_ptr<scalar_t>();
-    const scalar_t* vp = v.data_ptr<scalar_t>();
-    scalar_t* kc = k_cache.data_ptr<scalar_t>();
-    scalar_t* vc = v_cache.data_ptr<scalar_t>();
-    const float* cp = cos.data_ptr<float>();
-    const float* sp = sin.data_ptr<float>();
-    at::parallel_for(0, T_, 16, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> tmp(D);
-      for (int64_t t = begin; t < end; ++t) {
-        const float* c = cp + pos[t] * D;
-        const float* s = sp + pos[t] * D;
-        for (int64_t h = 0; h < Hq; ++h) {
-          scalar_t* row = qp + t * qs + h * D;
-          rotate(row, tmp.data(), 1, c, s, D);
-          std::memcpy(row, tmp.data(), D * sizeof(scalar_t));
-        }
-        const int64_t block = slot[t] / BS, off = slot[t] % BS;
-        for (int64_t h = 0; h < KVH; ++h) {
-          // K tile [head_dim, block_size]: element d of this token at d * BS + off.
-          rotate(kp + t * ks + h * D, kc + ((block * KVH + h) * D) * BS + off, BS, c, s, D);
-          std::memcpy(vc + ((block * KVH + h) * BS + off) * D, vp + t * vs + h * D, D * sizeof(scalar_t));
-        }
-      }
-    });
-  });
-}
-
-// ---- float32 GEMM for a linear layer: out[M, N] = x[M, K] . W^T (+ bias) -------------------------
-// W is packed once into panels of 32 output columns, [P, K, 32] (panel p holds columns 32p..32p+31,
-// row k of the panel being W[32p:32p+32, k]), so a K step of a panel is two 64-byte vectors.
-// The microkernel keeps an 8 x 32 tile of the output in 16 registers; a K block of a panel (128
-// steps, 16 KB) stays in L1 while every 8-row tile of the step's rows uses it. Few rows (decode)
-// and the weights stream from memory once per call, so the kernel prefetches the next block into
-// L1 and the one after into L2 while it computes, each tile a share of the lines spread evenly
-// over its K steps: issued in bursts, the prefetches filled the core's line-fill buffers, the
-// FMAs' own loads waited behind them, and memory time added to compute time instead of hiding
-// under it (32 rows: 200 GFLOPS in bursts, 277 spread). Each output is summed over k in the order
-// 0..K-1 whatever M or the tiling is (partial sums pass through the output in float32), so a
-// row's result never depends on the batch it is in.
-#if defined(__AVX512F__)
-#define FRONTIER_PANEL_GEMM 1
-
-constexpr int64_t NR = 32;         // output columns per panel
-constexpr int64_t MR = 8;          // rows per register tile
-constexpr int64_t KC = 128;        // K steps per block
-constexpr int64_t ROWS_SPLIT = 128;  // rows per thread above which threads split rows, not panels
-
-template <int R>
-inline void gemm_tile(const float* a, int64_t lda, const float* b, int64_t kc, float* c, int64_t ldc,
-                      __mmask16 m0, __mmask16 m1, bool first, const float* bias,
-                      const float* pf1, const float* pf2, int64_t pf_n) {
-  __m512 acc0[R], acc1[R];
-  for (int r = 0; r < R; ++r) {
-    acc0[r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * ldc);
-    acc1[r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, c + r * ldc + 16);
-  }
-  // This tile's share of the weights ahead (pf_n lines), spread evenly over its K steps: a burst
-  // of misses would fill the core's line-fill buffers and stall the loads the FMAs wait on.
-  // (Bresenham: a line each time the running sum of pf_n passes another kc.)
-  int64_t due = 0;
-  for (int64_t k = 0; k < kc; ++k) {
-    for (due += pf_n; due >= kc; due -= kc) {
-      if (pf1 != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf1), _MM_HINT_T0);
-      if (pf2 != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf2), _MM_HINT_T1);
-      pf1 = pf1 != nullptr ? pf1 + 16 : nullptr;
-      pf2 = pf2 != nullptr ? pf2 + 16 : nullptr;
-    }
-    const __m512 b0 = _mm512_load_ps(b + k * NR), b1 = _mm512_load_ps(b + k * NR + 16);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 x = _mm512_set1_ps(a[r * lda + k]);
-      acc0[r] = _mm512_fmadd_ps(x, b0, acc0[r]);
-      acc1[r] = _mm512_fmadd_ps(x, b1, acc1[r]);
-    }
-  }
-  if (bias != nullptr) {
-    const __m512 bias0 = _mm512_maskz_loadu_ps(m0, bias), bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
-    for (int r = 0; r < R; ++r) {
-      acc0[r] = _mm512_add_ps(acc0[r], bias0);
-      acc1[r] = _mm512_add_ps(acc1[r], bias1);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    _mm512_mask_storeu_ps(c + r * ldc, m0, acc0[r]);
-    _mm512_mask_storeu_ps(c + r * ldc + 16, m1, acc1[r]);
-  }
-}
-
-using GemmTile = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, __mmask16, __mmask16,
-                          bool, const float*, const float*, const float*, int64_t);
-constexpr GemmTile GEMM_TILES[MR + 1] = {nullptr, gemm_tile<1>, gemm_tile<2>, gemm_tile<3>, gemm_tile<4>,
-                                         gemm_tile<5>, gemm_tile<6>, gemm_tile<7>, gemm_tile<8>};
-
-inline __mmask16 lanes(int64_t n) { return n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
-
-void panel_linear(at::Tensor out, const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
-  const int64_t M = x.size(0), K = x.size(1), P = w.size(0), N = out.size(1);
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && out.dim() == 2, "panel_linear: x [M, K], panels [P, K, 32], out [M, N]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
-              "panel_linear: float32 only");
-  TORCH_CHECK(x.stride(1) == 1 && w.is_contiguous() && out.is_contiguous() && w.size(1) == K && w.size(2) == NR &&
-              out.size(0) == M && P * NR >= N && (P - 1) * NR < N, "panel_linear: shapes do not match");
-  TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N),
-              "panel_linear: bias must be N contiguous floats");
-  const float* ap = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* cp = out.data_ptr<float>();
-  const int64_t lda = x.stride(0);
-  // Rows a pass keeps in L2 (about 1 MB of x) while the panels stream past, in chunks of equal
-  // size: a short last chunk would stream every weight again for a few rows.
-  const int64_t mc_max = std::max<int64_t>(MR, ((1 << 20) / (4 * K)) / MR * MR);
-  auto chunk = [&](int64_t rows) {
-    const int64_t chunks = (rows + mc_max - 1) / mc_max;
-    return ((rows + chunks - 1) / chunks + MR - 1) / MR * MR;
-  };
-
-  // Panels [p0, p1) of rows [r0, r1), a chunk of at most mc rows at a time.
-  auto run = [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1, int64_t mc) {
-    const float* stop = wp + p1 * K * NR;  // the end of this thread's panels
-    for (int64_t m0 = r0; m0 < r1; m0 += mc) {
-      const int64_t m1 = std::min(r1, m0 + mc);
-      const int64_t tiles = (m1 - m0 + MR - 1) / MR;
-      for (int64_t p = p0; p < p1; ++p) {
-        const __mmask16 lo = lanes(N - p * NR), hi = lanes(N - p * NR - 16);
-        const float* panel = wp + p * K * NR;
-        for (int64_t kb = 0; kb < K; kb += KC) {
-          const int64_t kc = std::min(KC, K - kb);
-          const bool last = kb + kc >= K;
-          // The thread's panels lie end to end, so the weights it reads next are the bytes that
-          // follow this block: each row tile prefetches its share of the blocks ahead.
-          const float* here = panel + kb * NR;
-          const int64_t share = (2 * kc + tiles - 1) / tiles;  // cache lines of a block per tile
-          for (int64_t m = m0, t = 0; m < m1; m += MR, ++t) {
-            const int64_t rows = std::min(MR, m1 - m);
-            const float* a1 = here + kc * NR + t * share * 16;  // the next block, into L1
-            const float* a2 = a1 + KC * NR;                     // the one after, into L2
-            const float* pf1 = a1 < stop ? a1 : nullptr;
-            const float* pf2 = a2 < stop ? a2 : nullptr;
-            GEMM_TILES[rows](ap + m * lda + kb, lda, here, kc, cp + m * N + p * NR, N, lo, hi, kb == 0,
-                             last && bp != nullptr ? bp + p * NR : nullptr, pf1, pf2, share);
-          }
-        }
-      }
-    }
-  };
-  const int64_t threads = at::get_num_threads();
-  if (M >= ROWS_SPLIT * threads) {
-    // Many rows: each thread takes its own rows and every panel. It is compute-bound, so reading
-    // the weights once per chunk costs less than two threads sharing each chunk of rows would.
-    const int64_t per = (M + threads - 1) / threads;
-    at::parallel_for(0, M, per, [&](int64_t r0, int64_t r1) { run(r0, r1, 0, P, chunk(per)); });
-  } else {
-    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) { run(0, M, p0, p1, chunk(M)); });
-  }
-}
-#else
-void panel_linear(at::Tensor, const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&) {
-  TORCH_CHECK(false, "panel_linear: built without AVX-512");
-}
-#endif
-
-// Pins intra-op thread i (OpenMP thread i of torch's pool; 0 is the calling thread) to cpus[i].
-// at::parallel_for over as many items as threads hands each thread exactly one item.
-void bind_threads(at::IntArrayRef cpus) {
-  const int64_t n = at::get_num_threads();
-  TORCH_CHECK(static_cast<int64_t>(cpus.size()) == n, "bind_threads: ", cpus.size(), " CPUs for ", n, " threads");
-  std::atomic<int> failed{0};
-  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(static_cast<int>(cpus[at::get_thread_num()]), &set);
-    if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0) failed.fetch_add(1);
-  });
-  TORCH_CHECK(failed.load() == 0, "bind_threads: the kernel refused ", failed.load(), " of the pins");
-}
-
-bool panel_gemm() {
-#ifdef FRONTIER_PANEL_GEMM
-  return true;
-#else
-  return false;
-#endif
-}
-
-}  // namespace
-
-TORCH_LIBRARY(frontier, m) {
-  m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor rows, "
-        "Tensor query_start, Tensor seq_lens, float scale, float k_scale, float v_scale) -> ()");
-  m.def("rms_norm(Tensor(a!) out, Tensor(b!) x, Tensor(c!)? residual, Tensor weight, float eps) -> ()");
-  m.def("silu_and_mul(Tensor(a!) out, Tensor gate_up) -> ()");
-  m.def("rotary_and_cache(Tensor(a!) q, Tensor k, Tensor v, Tensor positions, Tensor cos, Tensor sin, "
-        "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots) -> ()");
-  m.def("panel_linear(Tensor(a!) out, Tensor x, Tensor panels, Tensor? bias) -> ()");
-  m.def("panel_gemm() -> bool", &panel_gemm);
-  m.def("bind_threads(int[] cpus) -> ()", &bind_threads);
-}
-
-TORCH_LIBRARY_IMPL(frontier, CPU, m) {
-  m.impl("paged_attention", &paged_attention);
-  m.impl("rms_norm", &rms_norm);
-  m.impl("silu_and_mul", &silu_and_mul);
-  m.impl("rotary_and_cache", &rotary_and_cache);
-  m.impl("panel_linear", &panel_linear);
-}
-"""
-
-# -fopenmp: at::parallel_for is an OpenMP pragma inlined from ATen's header; compiled without it the
-# kernel runs on one thread whatever torch.get_num_threads() says. The libgomp it links is the one
-# torch already loaded (same soname), so both share one thread pool.
-# -fno-trapping-math: without it GCC will not vectorise exp_neg's float-to-int conversion (it could
-# raise an FP exception nobody reads), and every loop that calls it runs scalar.
-FLAGS = [
-    "-O3",
-    "-march=native",
-    "-mprefer-vector-width=512",
-    "-fno-trapping-math",
-    "-fopenmp",
-    "-std=c++17",
-    "-shared",
-    "-fPIC",
-]
 
 _lock = threading.Lock()
-_state: dict[str, bool] = {}
+_state: dict[str, str | None] = {}  # "variant": the one loaded, None where none could be
 _setting = {"native_kernels": True}
+_switch: dict[tuple[str | None, bool], bool] = {}  # (raw $FRONTIER_NATIVE_KERNELS, setting) -> enabled
 ENV_SWITCH = "FRONTIER_NATIVE_KERNELS"
 
 
@@ -627,17 +55,120 @@ def use_native_kernels(setting: bool) -> None:
 
 def enabled() -> bool:
     """Whether the native kernels may be used: ``$FRONTIER_NATIVE_KERNELS`` if set, else the setting."""
-    env = os.environ.get(ENV_SWITCH, "").strip().lower()
-    if env:
-        if env not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
-            raise ValueError(f"{ENV_SWITCH}={env!r}: expected 0 or 1")
-        return env in ("1", "true", "yes", "on")
-    return _setting["native_kernels"]
+    # Asked several times per layer per step: the answer is kept per (variable, setting) pair, so a
+    # change of either is still seen at once while the string is parsed only the first time.
+    key = (os.environ.get(ENV_SWITCH), _setting["native_kernels"])
+    answer = _switch.get(key)
+    if answer is None:
+        answer = _switch[key] = _resolve_switch(*key)
+    return answer
+
+
+def _resolve_switch(env: str | None, setting: bool) -> bool:
+    value = (env or "").strip().lower()
+    if not value:
+        return setting
+    if value not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+        raise ValueError(f"{ENV_SWITCH}={value!r}: expected 0 or 1")
+    return value in ("1", "true", "yes", "on")
 
 
 def loaded() -> bool:
-    """Whether this process has loaded the kernels' library (built it, if it had to)."""
-    return _state.get("ok", False)
+    """Whether this process has loaded a variant of the kernels' library."""
+    return _state.get("variant") is not None
+
+
+def variant() -> str | None:
+    """The variant this process loaded (``avx512``, ``avx2``, ``portable``), or None."""
+    return _state.get("variant")
+
+
+def load() -> bool:
+    """Make ``torch.ops.frontier.*`` available from the best prebuilt variant; False if none fits
+    this CPU and torch, or the kernels are switched off."""
+    if not enabled():
+        return False
+    if "variant" not in _state:
+        with _lock:
+            if "variant" not in _state:
+                _state["variant"] = _load_best(
+                    KERNEL_DIR, supported_variants(_cpu_flags(), platform.machine())
+                )
+    return _state["variant"] is not None
+
+
+def supported_variants(cpu_flags: str, machine: str) -> list[str]:
+    """The variants a CPU with these /proc/cpuinfo ``flags`` runs, best first."""
+    if machine.lower() not in ("x86_64", "amd64"):
+        return ["portable"]
+    have = set(cpu_flags.split())
+    return [name for name in VARIANTS if _NEEDS[name] <= have]
+
+
+def library_path(name: str, directory: Path = KERNEL_DIR) -> Path:
+    return directory / f"frontier_kernels-{name}.so"
+
+
+def manifest_path(name: str, directory: Path = KERNEL_DIR) -> Path:
+    return directory / f"frontier_kernels-{name}.json"
+
+
+def source_digest() -> str:
+    return hashlib.sha256(SOURCE_PATH.read_bytes()).hexdigest()
+
+
+def _load_best(directory: Path, candidates: list[str]) -> str | None:
+    """Load the first of ``candidates`` built in ``directory``; None (and a warning) if none can be."""
+    for name in candidates:
+        path = library_path(name, directory)
+        if not path.is_file():
+            continue
+        problem = _mismatch(manifest_path(name, directory))
+        if problem:
+            log.warning("native CPU kernels %s refused, running on torch ops: %s", path, problem)
+            return None
+        try:
+            torch.ops.load_library(str(path))
+        except (OSError, RuntimeError) as exc:
+            log.warning("native CPU kernels %s failed to load, running on torch ops: %s", path, exc)
+            return None
+        log.info("native CPU kernels: the %s variant (%s)", name, path)
+        return name
+    log.warning(
+        "no prebuilt native CPU kernels in %s for this CPU (it runs: %s), running on torch ops; "
+        "build them with `python -m frontier_runtime.ops.build_kernels`",
+        directory,
+        ", ".join(candidates),
+    )
+    return None
+
+
+def _mismatch(manifest: Path) -> str:
+    """Why the library beside ``manifest`` must not be loaded into this process ("" if it may)."""
+    rebuild = "rebuild with `python -m frontier_runtime.ops.build_kernels`"
+    try:
+        built = json.loads(manifest.read_text())
+    except (OSError, ValueError) as exc:
+        return f"its manifest {manifest} is unreadable ({exc}); {rebuild}"
+    machine, abi = platform.machine(), bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+    if built.get("machine") != machine:
+        return f"built for {built.get('machine')}, this machine is {machine}"
+    # The release and the C++ ABI decide whether the library links against this libtorch: CPU and
+    # CUDA builds of one release (2.13.0+cpu, 2.13.0+cu128) share libtorch_cpu's interface.
+    if _release(str(built.get("torch"))) != _release(torch.__version__) or built.get("cxx11_abi") != abi:
+        return (
+            f"built for torch {built.get('torch')} (C++11 ABI {built.get('cxx11_abi')}), this process runs "
+            f"torch {torch.__version__} (C++11 ABI {abi}); {rebuild}"
+        )
+    # Checked where the source is installed beside the libraries (a checkout, the wheel, the image):
+    # a library built before the source last changed would run the old kernels.
+    if SOURCE_PATH.is_file() and built.get("source_sha256") != source_digest():
+        return f"built from another {SOURCE_PATH.name} than the one installed beside it; {rebuild}"
+    return ""
+
+
+def _release(version: str) -> str:
+    return version.split("+", 1)[0]
 
 
 def _cpu_flags() -> str:
@@ -648,68 +179,3 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return ""
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("FRONTIER_KERNEL_CACHE") or Path.home() / ".cache" / "frontier-runtime" / "kernels"
-    return Path(root)
-
-
-def library_path() -> Path:
-    key = hashlib.sha256(
-        "\0".join(
-            [SOURCE, *FLAGS, torch.__version__, _cpu_flags(), str(torch._C._GLIBCXX_USE_CXX11_ABI)]
-        ).encode()
-    ).hexdigest()[:16]
-    return _cache_dir() / f"paged_attention-{key}.so"
-
-
-def _compile(target: Path) -> None:
-    from torch.utils import cpp_extension  # only when building: it imports setuptools
-
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
-    if compiler is None:
-        raise RuntimeError("no C++ compiler (g++) on PATH")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src = Path(tmp) / "paged_attention.cpp"
-        src.write_text(SOURCE)
-        partial = Path(tmp) / target.name
-        cmd = [
-            compiler,
-            *FLAGS,
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            *[f"-I{p}" for p in cpp_extension.include_paths()],
-            str(src),
-            "-o",
-            str(partial),
-            *[f"-L{p}" for p in cpp_extension.library_paths()],
-            "-lc10",
-            "-ltorch_cpu",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"compiling the CPU attention kernel failed:\n{proc.stderr[-3000:]}")
-        os.replace(partial, target)  # atomic: another rank may be loading the same name
-
-
-def load() -> bool:
-    """Make ``torch.ops.frontier.paged_attention`` available; False if it cannot be built here or
-    the kernels are switched off."""
-    if not enabled():
-        return False
-    with _lock:
-        if "ok" in _state:
-            return _state["ok"]
-        target = library_path()
-        try:
-            if not target.is_file():
-                start = time.monotonic()
-                _compile(target)
-                log.info("built the CPU attention kernel in %.1f s: %s", time.monotonic() - start, target)
-            torch.ops.load_library(str(target))
-            _state["ok"] = True
-        except (RuntimeError, OSError) as exc:
-            log.warning("CPU attention kernel unavailable, using the portable torch path: %s", exc)
-            _state["ok"] = False
-        return _state["ok"]

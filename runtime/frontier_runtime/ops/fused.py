@@ -4,7 +4,7 @@ Torch runs RMSNorm as five kernels, SwiGLU as three and rotary embedding as six,
 writing the whole activation: at a 2048-token prefill chunk that is hundreds of MB of memory
 traffic per layer. The fused kernels compute the same expressions in the same order, rounding to
 the activations' dtype where torch's separate ops would, in one pass. Elsewhere (CUDA, or a CPU
-without a compiler) each function runs the plain torch expression.
+where no prebuilt variant of the kernels loads) each function runs the plain torch expression.
 """
 
 from __future__ import annotations

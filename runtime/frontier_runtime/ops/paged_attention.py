@@ -11,30 +11,44 @@ each, then prefill chunks); ``query_start`` marks where each sequence's tokens b
 are its last ones, so query ``j`` of ``n`` attends to keys ``0 .. seq_len - n + j`` (causal,
 aligned to the end).
 
-Backends, chosen once per process (``select_backend``):
+Backends, chosen once per process (``select_backend``; ``attention_backend`` in the settings names
+one to require it):
 
 - ``cpu-kernel``: the C++ kernel of ``cpu_kernel``; keys read in place through the block table.
 - ``flash-varlen``: on CUDA, torch's ``varlen_attn`` with ``block_table`` (FlashAttention's paged
-  varlen kernel; GQA native), when this torch and this block size support it (probed once).
-- ``sdpa-gather``: the portable path (no compiler on CPU; CUDA without the paged kernel): per
-  layer the blocks of the step's sequences are gathered into a padded batch and attended with one
-  SDPA call for the decodes and one for the prefill chunks. Query heads of a KV head are folded
-  into the query rows, so GQA runs on SDPA's efficient kernels, never the math fallback.
+  varlen kernel; GQA native), when this torch's signature has what it needs and the kernel accepts
+  this block size (probed once; FlashAttention-2 wants pages of 256 tokens).
+- ``triton``: the Triton kernel of ``triton_attention`` (any power-of-two block size from 16, an
+  fp8 cache too); on CUDA, or on CPU under ``TRITON_INTERPRET=1`` (tests).
+- ``sdpa-gather``: the portable path (no compiler on CPU; CUDA without either kernel): per layer the
+  blocks of the step's sequences are gathered into a padded batch and attended with one SDPA call
+  for the decodes and one for the prefill chunks. Query heads of a KV head are folded into the
+  query rows, so GQA runs on SDPA's efficient kernels, never the math fallback. Its indices and
+  masks are built once per step (the first layer) and reused by every layer: no host sync per layer.
+
+The first three read only tensors (no host copies of lengths), so a decode step of theirs can be
+captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from frontier_runtime.ops import cpu_kernel
+from frontier_runtime.ops import cpu_kernel, triton_attention
 
 log = logging.getLogger("frontier_runtime.ops")
 
-BACKENDS = ("cpu-kernel", "flash-varlen", "sdpa-gather")
+BACKENDS = ("cpu-kernel", "flash-varlen", "triton", "sdpa-gather")
+# What ``auto`` tries, fastest first, on each device type.
+CANDIDATES = {"cpu": ("cpu-kernel", "sdpa-gather"), "cuda": ("flash-varlen", "triton", "sdpa-gather")}
 
 
 @dataclass
@@ -53,9 +67,10 @@ class AttentionMetadata:
     # flash-varlen: the step's own rows of the table, and cumulative key counts.
     step_tables: torch.Tensor | None = None
     cu_seq_k: torch.Tensor | None = None
-    # sdpa-gather: host copies of the lengths, for padding.
+    # sdpa-gather: host copies of the lengths, for padding, and the plan the first layer builds.
     host_query_lens: list[int] | None = None
     host_seq_lens: list[int] | None = None
+    gather: list[_GatherGroup] | None = field(default=None, repr=False)
 
 
 def allocate_kv(
@@ -138,23 +153,126 @@ def attend(
         )
         return out
     if meta.backend == "flash-varlen":
-        from torch.nn.attention.varlen import varlen_attn
-
-        return varlen_attn(
+        return _flash_varlen(q, k_cache, v_cache, meta, scale)
+    if meta.backend == "triton":
+        return triton_attention.paged_attention(
             q,
             k_cache,
             v_cache,
+            meta.tables,
+            meta.rows,
             meta.query_start,
-            meta.cu_seq_k,
+            meta.seq_lens,
             meta.max_query_len,
-            meta.max_seq_len,
-            scale=scale,
-            window_size=(-1, 0),
-            enable_gqa=q.shape[1] != k_cache.shape[2],
-            seqused_k=meta.seq_lens,
-            block_table=meta.step_tables,
+            scale,
+            k_scale,
+            v_scale,
         )
     return _sdpa_gather(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
+
+
+@functools.cache
+def _varlen_entry() -> tuple[Callable[..., Any], frozenset[str]]:
+    """torch's paged varlen attention and the keywords this torch's version of it takes."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def _varlen_keywords(params: frozenset[str], causal: bool, gqa: bool) -> dict[str, Any]:
+    """The keywords for this torch's ``varlen_attn``, or NotImplementedError naming what it lacks.
+
+    Its signature has moved between torch releases (``is_causal`` became ``window_size``;
+    ``enable_gqa``, ``seqused_k`` and ``block_table`` came later), so they are read off it."""
+    missing = {"seqused_k", "block_table", "scale"} - params
+    if gqa and "enable_gqa" not in params:
+        missing.add("enable_gqa")
+    if not ({"window_size", "is_causal"} & params):
+        missing.add("window_size")
+    if missing:
+        raise NotImplementedError(f"this torch's varlen_attn takes no {', '.join(sorted(missing))}")
+    kw: dict[str, Any] = {}
+    if "window_size" in params:
+        kw["window_size"] = (-1, 0) if causal else (-1, -1)
+    else:
+        kw["is_causal"] = causal
+    if gqa:
+        kw["enable_gqa"] = True
+    return kw
+
+
+def _flash_varlen(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    varlen_attn, params = _varlen_entry()
+    # One query per sequence (a decode step) sees every key: no causal window, which lets the
+    # kernel pack a KV head's query heads into one tile.
+    kw = _varlen_keywords(params, causal=meta.max_query_len > 1, gqa=q.shape[1] != k_cache.shape[2])
+    out = varlen_attn(
+        q,
+        k_cache,
+        v_cache,
+        meta.query_start,
+        meta.cu_seq_k,
+        meta.max_query_len,
+        meta.max_seq_len,
+        scale=scale,
+        seqused_k=meta.seq_lens,
+        block_table=meta.step_tables,
+        **kw,
+    )
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+@dataclass
+class _GatherGroup:
+    """One SDPA call's worth of a step (its decodes, or its prefill chunks): which cache blocks
+    to gather, where each padded query row comes from, which rows are real, and the mask."""
+
+    t0: int  # the group's tokens are q[t0:t1]
+    t1: int
+    seqs: int
+    max_q: int
+    blocks: torch.Tensor  # [seqs * nblocks] long: cache blocks, sequence by sequence
+    query_src: torch.Tensor  # [seqs * max_q] long: token of q each padded query row reads
+    real_rows: torch.Tensor  # [t1 - t0] long: the padded rows that are real tokens, in order
+    mask: torch.Tensor  # [seqs, 1, group * max_q, nblocks * block_size] bool
+
+
+def _gather_plan(
+    meta: AttentionMetadata, group: int, block_size: int, device: torch.device
+) -> list[_GatherGroup]:
+    """Built once per step from the host copies of the lengths (one host-to-device copy)."""
+    assert meta.host_query_lens is not None and meta.host_seq_lens is not None
+    qlens, klens, nd = meta.host_query_lens, meta.host_seq_lens, meta.num_decodes
+    plan = []
+    t0 = 0
+    for first, last in ((0, nd), (nd, len(qlens))):
+        if first == last:
+            continue
+        lens, ctx = qlens[first:last], klens[first:last]
+        s, max_q, nblocks = len(lens), max(lens), -(-max(ctx) // block_size)
+        src, real, starts = [], [], t0
+        for j, n in enumerate(lens):
+            src.extend(starts + min(i, n - 1) for i in range(max_q))
+            real.extend(j * max_q + i for i in range(n))
+            starts += n
+        host = torch.tensor([*src, *real, *lens, *ctx], dtype=torch.long)
+        query_src, real_rows, qlen, klen = host.to(device).split([len(src), len(real), s, s])
+        rows = meta.rows[first:last].long()
+        blocks = meta.tables.index_select(0, rows)[:, :nblocks].long().reshape(-1)
+        # Query i of a sequence sits at position seq_len - query_len + i and sees keys up to it.
+        qi = torch.arange(max_q, device=device)
+        pos = (klen - qlen).unsqueeze(1) + qi.unsqueeze(0)  # [s, max_q]
+        kpos = torch.arange(nblocks * block_size, device=device)
+        mask = kpos.view(1, 1, -1) <= pos.unsqueeze(2)  # [s, max_q, keys]
+        padded = qi.unsqueeze(0) >= qlen.unsqueeze(1)
+        mask |= padded.unsqueeze(2) & (kpos == 0).view(1, 1, -1)  # padded rows: one key, no NaN
+        mask = mask.unsqueeze(1).expand(s, group, max_q, -1).reshape(s, 1, group * max_q, -1)
+        plan.append(_GatherGroup(t0, starts, s, max_q, blocks, query_src, real_rows, mask))
+        t0 = starts
+    return plan
 
 
 def _sdpa_gather(
@@ -166,22 +284,11 @@ def _sdpa_gather(
     k_scale: float,
     v_scale: float,
 ) -> torch.Tensor:
-    assert meta.host_query_lens is not None and meta.host_seq_lens is not None
+    if meta.gather is None:  # the step's first layer
+        meta.gather = _gather_plan(meta, q.shape[1] // k_cache.shape[2], k_cache.shape[1], q.device)
     out = torch.empty_like(q)
-    nd = meta.num_decodes
-    groups = [(0, nd), (nd, len(meta.host_query_lens))]
-    bounds = [0]
-    for n in meta.host_query_lens:
-        bounds.append(bounds[-1] + n)
-    for first, last in groups:
-        if first == last:
-            continue
-        lens = meta.host_query_lens[first:last]
-        ctx = meta.host_seq_lens[first:last]
-        t0, t1 = bounds[first], bounds[last]
-        out[t0:t1] = _sdpa_group(
-            q[t0:t1], k_cache, v_cache, meta.tables, meta.rows[first:last], lens, ctx, scale, k_scale, v_scale
-        )
+    for g in meta.gather:
+        out[g.t0 : g.t1] = _sdpa_group(q, k_cache, v_cache, g, scale, k_scale, v_scale)
     return out
 
 
@@ -189,105 +296,126 @@ def _sdpa_group(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    tables: torch.Tensor,
-    rows: torch.Tensor,
-    query_lens: list[int],
-    seq_lens: list[int],
+    g: _GatherGroup,
     scale: float,
     k_scale: float,
     v_scale: float,
 ) -> torch.Tensor:
     """Sequences padded to one batch: [seqs, kv_heads, group * max_q, head_dim] against their keys."""
-    dev = q.device
-    s, heads, hd = len(query_lens), q.shape[1], q.shape[2]
+    s, max_q = g.seqs, g.max_q
+    heads, hd = q.shape[1], q.shape[2]
     bs, kvh = k_cache.shape[1], k_cache.shape[2]
     group = heads // kvh
-    max_q, max_k = max(query_lens), max(seq_lens)
-    nblocks = -(-max_k // bs)
-    blocks = tables.index_select(0, rows)[:, :nblocks].long()  # [s, nblocks]
+    keys_len = g.mask.shape[-1]
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8:  # gathered as bytes: index_select has no fp8 kernel
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    keys = k_cache.index_select(0, blocks.view(-1)).view(s, nblocks * bs, kvh, hd).transpose(1, 2)
-    values = v_cache.index_select(0, blocks.view(-1)).view(s, nblocks * bs, kvh, hd).transpose(1, 2)
+    keys = k_cache.index_select(0, g.blocks).view(s, keys_len, kvh, hd).transpose(1, 2)
+    values = v_cache.index_select(0, g.blocks).view(s, keys_len, kvh, hd).transpose(1, 2)
     if fp8:
         keys = keys.view(torch.float8_e4m3fn).to(q.dtype) * k_scale
         values = values.view(torch.float8_e4m3fn).to(q.dtype) * v_scale
     else:
         keys, values = keys.to(q.dtype), values.to(q.dtype)
-    qlens = torch.tensor(query_lens, device=dev)
-    slens = torch.tensor(seq_lens, device=dev)
+    assert keys_len % bs == 0
     # Padded queries: token i of sequence j at [j, :, g * max_q + i] for each of the group's heads.
-    starts = torch.cumsum(qlens, 0) - qlens
-    qi = torch.arange(max_q, device=dev)
-    valid_q = qi.unsqueeze(0) < qlens.unsqueeze(1)  # [s, max_q]
-    src = (starts.unsqueeze(1) + qi.unsqueeze(0)).clamp_(max=q.shape[0] - 1)  # [s, max_q]
-    qp = q.index_select(0, src.view(-1)).view(s, max_q, kvh, group, hd)
+    qp = q.index_select(0, g.query_src).view(s, max_q, kvh, group, hd)
     qp = qp.permute(0, 2, 3, 1, 4).reshape(s, kvh, group * max_q, hd)
-    # Query i of a sequence sits at position seq_len - query_len + i and sees keys up to it.
-    pos = (slens - qlens).unsqueeze(1) + qi.unsqueeze(0)  # [s, max_q]
-    kpos = torch.arange(nblocks * bs, device=dev)
-    mask = kpos.view(1, 1, -1) <= pos.unsqueeze(2)  # [s, max_q, keys]
-    mask |= ~valid_q.unsqueeze(2) & (kpos == 0).view(1, 1, -1)  # padded rows: one key, no NaN
-    mask = mask.unsqueeze(1).expand(s, group, max_q, -1).reshape(s, 1, group * max_q, -1)
-    o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask, scale=scale)
+    o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=g.mask, scale=scale)
     o = o.view(s, kvh, group, max_q, hd).permute(0, 3, 1, 2, 4).reshape(s * max_q, heads, hd)
-    return o[valid_q.view(-1)]
+    return o.index_select(0, g.real_rows)
 
 
-def _flash_varlen_works(device: torch.device, block_size: int, dtype: torch.dtype) -> bool:
-    """Probe the paged varlen kernel once on a tiny problem against the gather path."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        return False
-    try:
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        kvh, heads, hd, nb = 2, 4, 64, 4
-        k_cache = torch.randn(nb, block_size, kvh, hd, generator=gen).to(device, dtype)
-        v_cache = torch.randn(nb, block_size, kvh, hd, generator=gen).to(device, dtype)
-        lens = [3, block_size + 2]
-        q = torch.randn(sum(lens), heads, hd, generator=gen).to(device, dtype)
-        i32 = dict(dtype=torch.int32, device=device)
-        tables = torch.tensor([[2, 0], [1, 3]], **i32)
-        meta = AttentionMetadata(
-            slots=torch.zeros(0, dtype=torch.long, device=device),
-            tables=tables,
-            rows=torch.tensor([0, 1], **i32),
-            query_start=torch.tensor([0, lens[0], sum(lens)], **i32),
-            seq_lens=torch.tensor(lens, **i32),
-            num_decodes=0,
-            max_query_len=max(lens),
-            max_seq_len=max(lens),
-            backend="flash-varlen",
-            step_tables=tables,
-            cu_seq_k=torch.tensor([0, lens[0], sum(lens)], **i32),
-            host_query_lens=lens,
-            host_seq_lens=lens,
+def _probe_step(
+    device: torch.device, block_size: int, dtype: torch.dtype, kv_dtype: torch.dtype, backend: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """A tiny step (a decode-length and a prefill-length sequence, GQA 2:1, blocks out of order)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    kvh, heads, hd, nb = 2, 4, 64, 4
+    k_cache = torch.randn(nb, block_size, kvh, hd, generator=gen).to(device, dtype).to(kv_dtype)
+    v_cache = torch.randn(nb, block_size, kvh, hd, generator=gen).to(device, dtype).to(kv_dtype)
+    lens = [3, block_size + 2]
+    q = torch.randn(sum(lens), heads, hd, generator=gen).to(device, dtype)
+    i32: dict[str, Any] = {"dtype": torch.int32, "device": device}
+    tables = torch.tensor([[2, 0], [1, 3]], **i32)
+    meta = AttentionMetadata(
+        slots=torch.zeros(0, dtype=torch.long, device=device),
+        tables=tables,
+        rows=torch.tensor([0, 1], **i32),
+        query_start=torch.tensor([0, lens[0], sum(lens)], **i32),
+        seq_lens=torch.tensor(lens, **i32),
+        num_decodes=0,
+        max_query_len=max(lens),
+        max_seq_len=max(lens),
+        backend=backend,
+        step_tables=tables,
+        cu_seq_k=torch.tensor([0, lens[0], sum(lens)], **i32),
+        host_query_lens=lens,
+        host_seq_lens=lens,
+    )
+    return q, k_cache, v_cache, meta
+
+
+def probe(
+    backend: str, device: torch.device, block_size: int, dtype: torch.dtype, kv_dtype: torch.dtype
+) -> str:
+    """Why ``backend`` cannot run here, or "" if it can (a kernel: it ran a tiny step and agreed with SDPA)."""
+    if backend == "sdpa-gather":
+        return ""
+    if backend == "cpu-kernel":
+        if device.type != "cpu":
+            return "it runs on CPU hosts only"
+        return (
+            "" if cpu_kernel.load() else "the native CPU kernels are switched off or not built for this host"
         )
-        got = attend(q, k_cache, v_cache, meta, hd**-0.5)
-        want = _sdpa_gather(q, k_cache, v_cache, meta, hd**-0.5, 1.0, 1.0)
-        ok = torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)
-        if not ok:
-            log.warning("paged varlen attention disagrees with SDPA on a probe; not using it")
-        return ok
-    except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
-        log.info("paged varlen attention unavailable at block size %d: %s", block_size, exc)
-        return False
+    if backend == "flash-varlen":
+        if device.type != "cuda":
+            return "it needs a CUDA device"
+        if kv_dtype == torch.float8_e4m3fn:
+            return "FlashAttention reads no fp8 KV cache"
+    if backend == "triton" and not triton_attention.available(device):
+        return "Triton is not installed, or the device is neither CUDA nor a CPU under TRITON_INTERPRET=1"
+    return _probe_kernel(backend, device, block_size, dtype, kv_dtype)
 
 
-def select_backend(device: torch.device, block_size: int, dtype: torch.dtype, prefer: str = "auto") -> str:
-    """The fastest backend that works here (``prefer`` forces one, for tests and A/B checks)."""
+@functools.cache  # once per process: a kernel's answer for a shape does not change
+def _probe_kernel(
+    backend: str, device: torch.device, block_size: int, dtype: torch.dtype, kv_dtype: torch.dtype
+) -> str:
+    try:
+        q, k_cache, v_cache, meta = _probe_step(device, block_size, dtype, kv_dtype, backend)
+        got = attend(q, k_cache, v_cache, meta, 0.125)
+        want = _sdpa_gather(q, k_cache, v_cache, meta, 0.125, 1.0, 1.0)
+    except (ImportError, RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError) as exc:
+        return (
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (block_size {block_size})"
+        )
+    if not torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2):
+        return f"its output disagrees with SDPA on a probe step (block_size {block_size})"
+    return ""
+
+
+def select_backend(
+    device: torch.device,
+    block_size: int,
+    dtype: torch.dtype,
+    prefer: str = "auto",
+    kv_dtype: torch.dtype | None = None,
+) -> str:
+    """The fastest backend that runs here; ``prefer`` (the ``attention_backend`` setting) requires one."""
+    kv = kv_dtype or dtype
     if prefer != "auto":
         if prefer not in BACKENDS:
-            raise ValueError(f"attention backend {prefer!r} is not one of {', '.join(BACKENDS)}")
-        if prefer == "cpu-kernel" and (device.type != "cpu" or not cpu_kernel.load()):
-            raise ValueError("attention backend 'cpu-kernel' needs a CPU device and a C++ compiler")
-        if prefer == "flash-varlen" and device.type != "cuda":
-            raise ValueError("attention backend 'flash-varlen' needs a CUDA device")
+            raise ValueError(f"attention_backend {prefer!r} is not one of {', '.join(BACKENDS)}")
+        problem = probe(prefer, device, block_size, dtype, kv)
+        if problem:
+            raise ValueError(
+                f"attention_backend {prefer!r} is required but cannot run on {device}: {problem}"
+            )
         return prefer
-    if device.type == "cpu":
-        return "cpu-kernel" if cpu_kernel.load() else "sdpa-gather"
-    if device.type == "cuda" and _flash_varlen_works(device, block_size, dtype):
-        return "flash-varlen"
+    for backend in CANDIDATES.get(device.type, ("sdpa-gather",)):
+        problem = probe(backend, device, block_size, dtype, kv)
+        if not problem:
+            return backend
+        log.info("attention backend %s not used: %s", backend, problem)
     return "sdpa-gather"

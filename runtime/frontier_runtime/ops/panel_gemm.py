@@ -15,8 +15,8 @@ median of the pairs):
     ratio       1.05 1.19 1.26 1.32 1.46 1.27 1.22 1.08 0.98  0.90
 
 Each output is summed over k in order whatever the number of rows, so a sequence's logits do not
-depend on the batch it shares a step with. Available where the kernel builds with AVX-512
-(``available()``); elsewhere layers keep oneDNN's packing.
+depend on the batch it shares a step with. Available where the ``avx512`` variant of the kernels
+is loaded (``available()``); elsewhere layers keep oneDNN's packing.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ PANEL = 32  # output columns per panel
 
 
 def available() -> bool:
-    """Whether this CPU runs the panel GEMM (the kernel built and switched on, with AVX-512)."""
+    """Whether this CPU runs the panel GEMM (the kernels loaded and switched on, the avx512 variant)."""
     return cpu_kernel.load() and _built_with_avx512()
 
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+
+# Triton's kernels run on CPU tensors under its interpreter; it picks interpreted or compiled when a
+# kernel is defined, so this must be set before the first import of triton.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
 
 import pytest
 import torch

@@ -8,11 +8,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from frontier_runtime.ops import cpu_kernel
 
 MAX_NEW = 24
-# Tests of the native CPU kernels themselves: the run on torch ops alone (`make test-torch-ops`,
+# Tests of the native CPU kernels themselves: they need a prebuilt variant loaded
+# (`assert_prebuilt_kernels_loaded`), and the run on torch ops alone (`make test-torch-ops`,
 # FRONTIER_NATIVE_KERNELS=0) deselects them with -m "not native_kernels".
 needs_native_kernels = pytest.mark.native_kernels
+
+
+def assert_prebuilt_kernels_loaded() -> None:
+    """A prebuilt variant of the native CPU kernels is loaded (``make install`` builds them)."""
+    assert cpu_kernel.load(), (
+        f"no prebuilt variant of the native CPU kernels loaded from {cpu_kernel.KERNEL_DIR} (the log says why): "
+        "build them with `python -m frontier_runtime.ops.build_kernels`"
+    )
+
+
 PROMPT_TEXTS = [
     "Hello",
     "The model token cache",

@@ -57,14 +57,15 @@ def config(model_dir: Path, **overrides: object) -> EngineConfig:
     return EngineConfig(model_dir, device="cpu", max_batch_size=4, max_seq_len=128, **overrides)
 
 
-@pytest.fixture
-def capturable_backend() -> str:
-    """Graph metadata carries tensors only; of the CPU backends only the native kernel reads just those."""
-    assert cpu_kernel.load(), "the native attention kernel did not load"
-    return "cpu-kernel"
+@pytest.fixture(params=[pytest.param("cpu-kernel", marks=needs_native_kernels), "triton"])
+def capturable_backend(request: pytest.FixtureRequest) -> str:
+    """Backends whose metadata is tensors only: the native CPU kernel, and the Triton kernel a GPU
+    runs (here under Triton's interpreter)."""
+    if request.param == "cpu-kernel":
+        assert cpu_kernel.load(), "the native attention kernel did not load"
+    return str(request.param)
 
 
-@needs_native_kernels
 def test_a_cuda_start_sizes_the_kv_cache_before_it_captures_graphs(
     tied_dir: Path, capturable_backend: str
 ) -> None:
@@ -118,7 +119,6 @@ def prefill_then_decode() -> tuple[StepInput, StepInput]:
     return prefill, decode
 
 
-@needs_native_kernels
 def test_a_decode_step_replayed_from_a_captured_graph_equals_the_eager_step(
     tied_dir: Path, capturable_backend: str
 ) -> None:

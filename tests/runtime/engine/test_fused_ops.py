@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from engine_fixtures import needs_native_kernels
-from frontier_runtime.ops import cpu_kernel, fused
+from engine_fixtures import assert_prebuilt_kernels_loaded, needs_native_kernels
+from frontier_runtime.ops import fused
 from frontier_runtime.ops.paged_attention import AttentionMetadata, allocate_kv, attend, write_kv
 
 pytestmark = needs_native_kernels
 
 
 @pytest.fixture(autouse=True)
-def _kernels_built() -> None:
-    assert cpu_kernel.load(), "g++ is installed on CI machines; the kernels must build"
+def _kernels_loaded() -> None:
+    assert_prebuilt_kernels_loaded()
 
 
 DTYPES = [torch.float32, torch.bfloat16]

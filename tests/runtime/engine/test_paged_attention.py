@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from engine_fixtures import needs_native_kernels
-from frontier_runtime.ops import cpu_kernel
+from engine_fixtures import assert_prebuilt_kernels_loaded, needs_native_kernels
+from frontier_runtime.ops import paged_attention
 from frontier_runtime.ops.paged_attention import (
     AttentionMetadata,
+    _varlen_entry,
+    _varlen_keywords,
     allocate_kv,
     attend,
     select_backend,
@@ -109,16 +111,87 @@ def test_backends_match_per_sequence_sdpa(
 
 
 @needs_native_kernels
-def test_the_cpu_kernel_builds_here_and_is_chosen() -> None:
-    assert cpu_kernel.load(), "g++ is installed on CI machines; the kernel must build"
+def test_the_prebuilt_cpu_kernel_loads_here_and_is_chosen() -> None:
+    assert_prebuilt_kernels_loaded()
     assert select_backend(torch.device("cpu"), BLOCK, torch.float32) == "cpu-kernel"
 
 
 def test_an_unknown_or_unfit_backend_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="'flex' is not one of"):
         select_backend(torch.device("cpu"), BLOCK, torch.float32, prefer="flex")
-    with pytest.raises(ValueError, match="flash-varlen' needs a CUDA device"):
+    with pytest.raises(
+        ValueError, match="'flash-varlen' is required but cannot run on cpu: it needs a CUDA device"
+    ):
         select_backend(torch.device("cpu"), BLOCK, torch.float32, prefer="flash-varlen")
+
+
+def test_a_required_triton_backend_without_a_gpu_or_interpreter_names_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(
+        ValueError, match="'triton' is required but cannot run on cpu: Triton is not installed, or"
+    ):
+        select_backend(torch.device("cpu"), 16, torch.float32, prefer="triton")
+
+
+# The keywords torch's varlen_attn has taken: today's, and an older form with is_causal and no GQA.
+VARLEN_TODAY = frozenset({"scale", "window_size", "enable_gqa", "seqused_k", "block_table"})
+VARLEN_OLDER = frozenset({"scale", "is_causal", "seqused_k", "block_table"})
+
+
+def test_varlen_keywords_are_read_from_the_signature_of_this_torch() -> None:
+    assert _varlen_keywords(VARLEN_TODAY, causal=True, gqa=True) == {
+        "window_size": (-1, 0),
+        "enable_gqa": True,
+    }
+    assert _varlen_keywords(VARLEN_OLDER, causal=True, gqa=False) == {"is_causal": True}
+
+
+def test_the_installed_torch_varlen_attn_takes_every_keyword_the_engine_needs() -> None:
+    _, params = _varlen_entry()
+    assert _varlen_keywords(params, causal=True, gqa=True)["enable_gqa"] is True
+
+
+def test_a_torch_whose_varlen_attn_lacks_gqa_is_refused_naming_the_keyword() -> None:
+    with pytest.raises(NotImplementedError, match="takes no enable_gqa"):
+        _varlen_keywords(VARLEN_OLDER, causal=True, gqa=True)
+
+
+def test_decode_steps_call_varlen_without_the_causal_window_and_prefills_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel itself needs CUDA: a stand-in records the keywords attend passes it."""
+    seen: list[dict] = []
+
+    def varlen_attn(q, k, v, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(kw)
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(paged_attention, "_varlen_entry", lambda: (varlen_attn, VARLEN_TODAY))
+    q, k_cache, v_cache, meta, _, scale = _step("flash-varlen", torch.float32, torch.float32)
+    attend(q, k_cache, v_cache, meta, scale)
+    meta.max_query_len = 1
+    attend(q[:2], k_cache, v_cache, meta, scale)
+    assert [kw["window_size"] for kw in seen] == [(-1, 0), (-1, -1)]
+
+
+def test_the_gather_path_builds_its_indices_once_per_step_for_every_layer(
+    gqa_ref,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    from frontier_runtime.engine.llm_engine import LLMEngine
+    from frontier_runtime.requests import SamplingParams
+
+    plans = []
+    build = paged_attention._gather_plan
+    monkeypatch.setattr(paged_attention, "_gather_plan", lambda *a: plans.append(1) or build(*a))
+    engine = LLMEngine(gqa_ref.model_dir, attention_backend="sdpa-gather", max_batch_size=4)
+    steps_before = engine.stats().steps
+    plans.clear()
+    engine.generate(gqa_ref.prompts[:2], SamplingParams(max_tokens=3, temperature=0.0))
+    assert engine.runner.model_config.num_layers > 1
+    assert len(plans) == engine.stats().steps - steps_before
 
 
 def test_the_engine_on_the_portable_sdpa_path_equals_transformers(gqa_ref) -> None:  # noqa: ANN001
