@@ -440,6 +440,54 @@ def step_breakdown(engine: LLMEngine, streams: int, new: int, device: str) -> di
     }
 
 
+def profile_steps(row: dict[str, Any], engine: LLMEngine, device: str, steps: int = 20) -> None:
+    """The GPU kernels of ``steps`` decode steps at 1 and 64 streams, with graphs and without:
+    kernel time per step against wall time per step, and the kernels that take it."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    runner = engine.runner
+    for graphs in (True, False):
+        captured = runner.graphs
+        if not graphs:
+            runner.graphs = {}
+        try:
+            for n in (1, 64):
+                params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+                for i, p in enumerate(prompts(n, 64, seed=11)):
+                    engine.add_request(f"prof-{time.monotonic_ns()}-{i}", p, params)
+                for _ in range(4):  # the prefill, then warm decode steps
+                    engine.step()
+                sync(device)
+                start = time.perf_counter()
+                with profile(activities=activities) as prof:
+                    for _ in range(steps):
+                        engine.step()
+                    sync(device)
+                wall = (time.perf_counter() - start) / steps
+                while engine.has_unfinished():
+                    engine.step()
+                gpu = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+                gpu.sort(key=lambda e: -e.self_device_time_total)
+                kernel_us = sum(e.self_device_time_total for e in gpu) / steps
+                row[f"{'graphs' if graphs else 'eager'}_{n}"] = {
+                    "wall_ms_per_step": round(wall * 1e3, 3),
+                    "kernel_ms_per_step": round(kernel_us / 1e3, 3),
+                    "kernels_per_step": round(sum(e.count for e in gpu) / steps, 1),
+                    "top": [
+                        {
+                            "kernel": e.key[:100],
+                            "calls_per_step": round(e.count / steps, 1),
+                            "us_per_step": round(e.self_device_time_total / steps, 1),
+                        }
+                        for e in gpu[:15]
+                    ],
+                }
+        finally:
+            runner.graphs = captured
+
+
 # -- phase 4 ---------------------------------------------------------------------------------------
 
 
@@ -548,6 +596,7 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=Path(os.environ.get("OUT", "gpu-check-results")))
     parser.add_argument("--smoke", action="store_true", help="the same phases on CPU with a 5M model")
     parser.add_argument("--new", type=int, default=32, help="greedy tokens per prompt in phases 2 and 3")
+    parser.add_argument("--profile", action="store_true", help="only phases 0, 1 and a kernel profile (6)")
     parser.add_argument(
         "--margin", type=float, default=0.25, help="logprob gap under which a flip is a near-tie"
     )
@@ -574,30 +623,41 @@ def main() -> None:
             write_checkpoint(row, model_dir, shape, device)
             engine, info = start_engine(model_dir, device, args.smoke)
             row.update(info)
-        with check.phase(2, "logits", limits["logits"]) as row:
-            if engine is None:
-                raise RuntimeError("no engine: phase 1 failed")
-            outputs = greedy_with_logprobs(engine, eq, args.new)
-            row["prompts"], row["new_tokens"] = len(eq), args.new
-            compare_logits(row, model_dir, device, eq, outputs, args.margin)
-        with check.phase(3, "graphs", limits["graphs"]) as row:
-            if engine is None:
-                raise RuntimeError("no engine: phase 1 failed")
-            graphs_vs_eager(row, engine, eq, args.new, device)
-        if engine is not None:
-            engine.shutdown()
-            engine = None
-            release(device)
-        with check.phase(4, "throughput", limits["throughput"]) as row:
-            copy_bps = check.results["env"]["copy_gb_s"] * 1e9
-            throughput_rows(
-                row, model_dir, device, args.smoke, copy_bps, time.perf_counter() + limits["throughput"] - 40
-            )
-        with check.phase(5, "vllm", limits["vllm"]) as row:
-            if args.smoke:
-                row.update(ran=False, reason="not in a smoke run (CPU)")
-            else:
-                vllm_baseline(row, model_dir, args.smoke, limits["vllm"] - 10)
+        if args.profile:
+            with check.phase(6, "profile", 120) as row:
+                if engine is None:
+                    raise RuntimeError("no engine: phase 1 failed")
+                profile_steps(row, engine, device)
+        else:
+            with check.phase(2, "logits", limits["logits"]) as row:
+                if engine is None:
+                    raise RuntimeError("no engine: phase 1 failed")
+                outputs = greedy_with_logprobs(engine, eq, args.new)
+                row["prompts"], row["new_tokens"] = len(eq), args.new
+                compare_logits(row, model_dir, device, eq, outputs, args.margin)
+            with check.phase(3, "graphs", limits["graphs"]) as row:
+                if engine is None:
+                    raise RuntimeError("no engine: phase 1 failed")
+                graphs_vs_eager(row, engine, eq, args.new, device)
+            if engine is not None:
+                engine.shutdown()
+                engine = None
+                release(device)
+            with check.phase(4, "throughput", limits["throughput"]) as row:
+                copy_bps = check.results["env"]["copy_gb_s"] * 1e9
+                throughput_rows(
+                    row,
+                    model_dir,
+                    device,
+                    args.smoke,
+                    copy_bps,
+                    time.perf_counter() + limits["throughput"] - 40,
+                )
+            with check.phase(5, "vllm", limits["vllm"]) as row:
+                if args.smoke:
+                    row.update(ran=False, reason="not in a smoke run (CPU)")
+                else:
+                    vllm_baseline(row, model_dir, args.smoke, limits["vllm"] - 10)
     finally:
         if engine is not None:
             engine.shutdown()

@@ -13,6 +13,11 @@
   credentials even before the NetworkPolicy does its part) and encrypts the root volume.
 - Access entries (API authentication mode): whoever runs ``pulumi up`` is cluster admin; the deploy
   role may edit only the runtime's namespace.
+- An untainted system node group of small CPU instances (``kubernetes.system_pool``) runs CoreDNS,
+  the controllers and the add-ons: the GPU pools are tainted, so without it nothing of the cluster's
+  own would schedule. GPU nodes carry the label the device plugin selects them by.
+- The Kubernetes provider of the new cluster is made here, so the add-ons (:mod:`infra.addons`) and
+  the workloads (:mod:`infra.workloads`) talk to it through one provider.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+import pulumi_kubernetes as k8s
 
 from frontier.config.schema import Kubernetes, NodeGroup, NodePool
 from frontier.targets.kubernetes.network import control_plane_subnets
+from frontier.targets.kubernetes.rules import SYSTEM_POOL
+from infra.addons import GPU_NODE_LABEL
 from infra.cloud import Cloud
 from infra.identity import trust
 
@@ -41,6 +49,14 @@ TAINT_EFFECTS = {
 NAMESPACE_EDIT_POLICY = "AmazonEKSEditPolicy"
 # Where the AWS Load Balancer Controller looks for the subnets of an internet-facing ALB.
 ALB_SUBNET_TAG = "kubernetes.io/role/elb"
+# gp3 allows 0.25 MiB/s per provisioned IOPS, and gives 3000 IOPS without charge.
+GP3_BASELINE_IOPS = 3000
+GP3_IOPS_PER_MIBPS = 4
+
+
+def gp3_iops(throughput_mibps: int) -> int:
+    """The fewest IOPS a gp3 volume may carry at ``throughput_mibps``."""
+    return max(GP3_BASELINE_IOPS, GP3_IOPS_PER_MIBPS * throughput_mibps)
 
 
 @dataclass(frozen=True)
@@ -102,6 +118,9 @@ class EksCluster(pulumi.ComponentResource):
     arn: pulumi.Output[str]
     kubeconfig: pulumi.Output[str]
     oidc_issuer: pulumi.Output[str]
+    provider: k8s.Provider
+    #: The add-ons' place to run (the system node group) and the Pod Identity agent, if any.
+    system_ready: list[pulumi.Resource]
 
     def __init__(self, name: str, args: EksArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("frontier:kubernetes:EksCluster", name, None, opts)
@@ -196,7 +215,8 @@ class EksCluster(pulumi.ComponentResource):
                     opts=child,
                 )
             )
-        self._node_groups(name, args, cluster, addons)
+        system_nodes = self._node_groups(name, args, cluster, addons)
+        self.system_ready = [system_nodes, *addons]
         for i, subnet_id in enumerate(args.public_subnet_ids):
             aws.ec2.Tag(
                 f"{name}-public-{i}-elb", resource_id=subnet_id, key=ALB_SUBNET_TAG, value="1", opts=child
@@ -230,14 +250,20 @@ class EksCluster(pulumi.ComponentResource):
             cluster.certificate_authority.apply(lambda ca: ca.data),
             cloud.region,
         )
+        self.provider = k8s.Provider(
+            f"{name}-api", kubeconfig=self.kubeconfig, enable_server_side_apply=True, opts=child
+        )
         self.register_outputs({"name": cluster.name, "arn": cluster.arn})
 
-    def _node_groups(self, name: str, args: EksArgs, cluster: aws.eks.Cluster, addons: list) -> None:
+    def _node_groups(
+        self, name: str, args: EksArgs, cluster: aws.eks.Cluster, addons: list
+    ) -> aws.eks.NodeGroup:
+        """The GPU node groups, and the system node group (returned)."""
         child = pulumi.ResourceOptions(parent=self)
         tags, cloud = dict(args.tags), args.cloud
         role = aws.iam.Role(
             f"{name}-node",
-            description=f"Frontier {args.stack}: EKS GPU nodes",
+            description=f"Frontier {args.stack}: EKS nodes",
             assume_role_policy=trust({"Service": cloud.service_principal("ec2")}),
             tags=tags,
             opts=child,
@@ -252,6 +278,73 @@ class EksCluster(pulumi.ComponentResource):
         for pool in args.kubernetes.node_pools:
             group = groups[pool.node_group]
             self._node_group(name, args, cluster, role, pool, group, [*attachments, *addons])
+        return self._system_group(name, args, cluster, role, [*attachments, *addons])
+
+    def _launch_template(
+        self, name: str, args: EksArgs, what: str, volume_gb: int, throughput_mibps: int | None = None
+    ) -> aws.ec2.LaunchTemplate:
+        tags = dict(args.tags)
+        speed = (
+            {}
+            if throughput_mibps is None
+            else {"throughput": throughput_mibps, "iops": gp3_iops(throughput_mibps)}
+        )
+        return aws.ec2.LaunchTemplate(
+            name,
+            description=f"Frontier {args.stack}: EKS {what}",
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name="/dev/xvda",
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=volume_gb,
+                        volume_type="gp3",
+                        encrypted="true",
+                        kms_key_id=args.kms_key_arn,
+                        delete_on_termination="true",
+                        **speed,
+                    ),
+                )
+            ],
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type="instance", tags=tags),
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type="volume", tags=tags),
+            ],
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _system_group(
+        self, name: str, args: EksArgs, cluster: aws.eks.Cluster, role: aws.iam.Role, after: list
+    ) -> aws.eks.NodeGroup:
+        """Untainted CPU nodes: whatever tolerates no GPU taint (CoreDNS, controllers) runs here."""
+        pool = args.kubernetes.system_pool
+        template = self._launch_template(
+            f"{name}-{SYSTEM_POOL}", args, "system node group", pool.root_volume_gb
+        )
+        return aws.eks.NodeGroup(
+            f"{name}-{SYSTEM_POOL}",
+            cluster_name=cluster.name,
+            node_group_name=f"{args.stack}-{SYSTEM_POOL}",
+            node_role_arn=role.arn,
+            subnet_ids=list(args.private_subnet_ids),
+            ami_type=CPU_AMI_TYPE,
+            instance_types=[pool.instance_type],
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=pool.min_size, desired_size=pool.desired_size, max_size=pool.max_size
+            ),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            labels={"frontier.dev/pool": SYSTEM_POOL},
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=template.id, version=template.latest_version.apply(str)
+            ),
+            tags=dict(args.tags),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=after, ignore_changes=["scalingConfig.desiredSize"]
+            ),
+        )
 
     def _node_group(
         self,
@@ -263,33 +356,15 @@ class EksCluster(pulumi.ComponentResource):
         group: NodeGroup,
         after: list,
     ) -> None:
-        child = pulumi.ResourceOptions(parent=self)
         tags = dict(args.tags)
-        template = aws.ec2.LaunchTemplate(
+        gpu = group.accelerator == "gpu"
+        # The weights cache is an emptyDir: it lives on the node's root volume, read at the pool's rate.
+        template = self._launch_template(
             f"{name}-{pool.name}",
-            description=f"Frontier {args.stack}: EKS node pool {pool.name}",
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
-            ),
-            block_device_mappings=[
-                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-                    device_name="/dev/xvda",
-                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                        # The weights cache is an emptyDir: it lives on the node's root volume.
-                        volume_size=group.root_volume_gb + group.cache_volume_gb,
-                        volume_type="gp3",
-                        encrypted="true",
-                        kms_key_id=args.kms_key_arn,
-                        delete_on_termination="true",
-                    ),
-                )
-            ],
-            tag_specifications=[
-                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type="instance", tags=tags),
-                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type="volume", tags=tags),
-            ],
-            tags=tags,
-            opts=child,
+            args,
+            f"node pool {pool.name}",
+            group.root_volume_gb + group.cache_volume_gb,
+            pool.root_volume_throughput_mibps,
         )
         aws.eks.NodeGroup(
             f"{name}-{pool.name}",
@@ -297,14 +372,15 @@ class EksCluster(pulumi.ComponentResource):
             node_group_name=f"{args.stack}-{pool.name}",
             node_role_arn=role.arn,
             subnet_ids=list(args.private_subnet_ids),
-            ami_type=NVIDIA_AMI_TYPE if group.accelerator == "gpu" else CPU_AMI_TYPE,
+            ami_type=NVIDIA_AMI_TYPE if gpu else CPU_AMI_TYPE,
             instance_types=list(pool.instance_types or (group.instance_type,)),
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=group.min_size, desired_size=group.desired_size, max_size=group.max_size
             ),
             # Node replacement during an AMI update: one node at a time, like a rollout batch.
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
-            labels=dict(pool.labels),
+            # The device plugin's chart runs on nodes with this label only.
+            labels=dict(pool.labels) | ({GPU_NODE_LABEL: "true"} if gpu else {}),
             taints=[
                 aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value or None, effect=TAINT_EFFECTS[t.effect])
                 for t in pool.taints

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pulumi
 
 from frontier.config.schema import Kubernetes, Settings
+from infra.addons import ClusterAddons, ClusterAddonsArgs
 from infra.cloud import Cloud, look_up
 from infra.eks import EksArgs, EksCluster
 from infra.errors import ProvisionError
@@ -102,9 +103,11 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
         oidc_issuer: pulumi.Input[str] = cluster.oidc_issuer
         kubeconfig: pulumi.Input[str] = cluster.kubeconfig
         context = None
+        provider = cluster.provider
     else:
         cluster_name, oidc_issuer = k.cluster.name, ""
         kubeconfig, context = os.path.expanduser(k.cluster.kubeconfig), k.cluster.context
+        provider = None
     runtime = WorkloadIdentity(
         f"{stack}-pods",
         WorkloadIdentityArgs(
@@ -119,6 +122,25 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
         ),
     )
 
+    # A cluster of the stack's own gets its add-ons here; an existing cluster brings its own.
+    addons = None
+    if create:
+        assert network is not None
+        addons = ClusterAddons(
+            f"{stack}-addons",
+            ClusterAddonsArgs(
+                settings=settings,
+                cloud=cloud,
+                provider=cluster.provider,
+                cluster_name=cluster_name,
+                vpc_id=network.vpc_id,
+                after=cluster.system_ready,
+                tags=tags,
+                oidc_provider_arn=runtime.oidc_provider_arn,
+                oidc_issuer=oidc_issuer,
+            ),
+        )
+
     workloads = Workloads(
         f"{stack}-runtime",
         WorkloadsArgs(
@@ -127,6 +149,8 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
             context=context,
             role_arn=runtime.runtime_role_arn,
             access_logs_bucket=storage.logs_bucket,
+            provider=provider,
+            addons=addons,
         ),
     )
     return KubernetesOutputs(

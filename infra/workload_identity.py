@@ -144,6 +144,8 @@ class KubernetesDeployRole(pulumi.ComponentResource):
 
 class WorkloadIdentity(pulumi.ComponentResource):
     runtime_role_arn: pulumi.Output[str]
+    #: IRSA on a created cluster: its OIDC provider, which other service accounts' roles trust too.
+    oidc_provider_arn: pulumi.Output[str] | None = None
 
     def __init__(
         self, name: str, args: WorkloadIdentityArgs, opts: pulumi.ResourceOptions | None = None
@@ -166,6 +168,7 @@ class WorkloadIdentity(pulumi.ComponentResource):
                 tags=tags,
                 opts=child,
             )
+            self.oidc_provider_arn = provider.arn
             assume = pulumi.Output.all(provider.arn, args.oidc_issuer).apply(
                 lambda a: irsa_trust(a[0], a[1], args.namespace, args.service_account)
             )

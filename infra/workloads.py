@@ -9,6 +9,9 @@ Who owns what: Pulumi creates the objects and keeps their shape; the Deployment'
 replica count belong to ``fab deploy`` (releases roll through the canary and the gate) and to KEDA
 (replicas), so Pulumi ignores changes there and does not wait for the Deployment to become ready.
 ConfigMaps are named by content and kept when replaced, so a previous revision can still start.
+
+On a cluster this stack creates, each object that needs a cluster add-on (GPUs to request, a CRD,
+a controller's webhook) waits for that add-on's release (:data:`infra.addons.NEEDED_BY`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from frontier_hostside.names import PLACEHOLDER_DIGEST
 
 from frontier.config.schema import Settings
 from frontier.targets.kubernetes.manifests import Manifest, Workload, render_workload
+from infra.addons import ClusterAddons
 from infra.storage import LB_LOG_PREFIX
 
 KINDS: Mapping[tuple[str, str], Any] = {
@@ -58,6 +62,9 @@ class WorkloadsArgs:
     role_arn: pulumi.Input[str] | None = None
     #: The stack's access-log bucket: an ALB made by the load balancer controller logs there too.
     access_logs_bucket: pulumi.Input[str] | None = None
+    #: A created cluster's provider (else one is made from ``kubeconfig``) and its add-ons.
+    provider: k8s.Provider | None = None
+    addons: ClusterAddons | None = None
 
 
 def release_digest(settings: Settings) -> str:
@@ -109,7 +116,7 @@ class Workloads(pulumi.ComponentResource):
         workload: Workload = render_workload(
             args.settings, release_digest(args.settings), role_arn=args.role_arn
         )
-        provider = k8s.Provider(
+        provider = args.provider or k8s.Provider(
             f"{name}-cluster",
             kubeconfig=args.kubeconfig,
             context=args.context,
@@ -118,11 +125,12 @@ class Workloads(pulumi.ComponentResource):
         )
         child = pulumi.ResourceOptions(parent=self, provider=provider)
         namespace = resource_for(f"{name}-namespace", workload.namespace, child)
-        inside = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace])
         self.resources = {"Namespace": [namespace]}
         for manifest in workload.all()[1:]:
             if manifest.kind == "Ingress" and args.access_logs_bucket is not None:
                 manifest = with_access_logs(manifest, args.access_logs_bucket)
+            needs = args.addons.needed_by(manifest.kind) if args.addons is not None else []
+            inside = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace, *needs])
             resource = resource_for(f"{name}-{manifest.kind.lower()}-{manifest.name}", manifest, inside)
             self.resources.setdefault(manifest.kind, []).append(resource)
         self.deployment_name, self.namespace = workload.deployment.name, workload.namespace.name

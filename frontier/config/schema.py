@@ -21,6 +21,10 @@ PROJECT = "frontier"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 GIB = 1024**3
 GB = 10**9
+MIB = 1024**2
+# gp3 throughput: the baseline every volume gets, and the most one can be provisioned with.
+GP3_BASELINE_MIBPS = 125
+GP3_MAX_MIBPS = 1000
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
 
 
@@ -197,6 +201,17 @@ class Capacity(_Settings):
     assumed_replica_qps: float = Field(gt=0, le=1_000_000, description="Used until a baseline is measured.")
 
 
+class Verify(_Settings):
+    """The stack's ``verify:`` section: the verification set ``fab verify`` (and a canary) runs."""
+
+    file: str = Field(
+        default="stacks/verify/default.yaml",
+        min_length=1,
+        description="The verification set (YAML); relative to the project root.",
+    )
+    min_pass_rate: float = Field(default=1.0, ge=0, le=1, description="Below this, a verification fails.")
+
+
 class Host(_Settings):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     address: str
@@ -275,6 +290,10 @@ class KubernetesCluster(_Settings):
     # The API version the manifests are validated against (kubernetes-validate ships 1.25-1.37).
     version: str = Field(pattern=r"^1\.(2[5-9]|3[0-7])$")
     private_endpoint: bool = Field(default=True, description="create: the API only inside the VPC.")
+    # Where `pulumi up` runs. The same run applies the add-ons and the workloads through the cluster's
+    # API, which a private endpoint serves only inside the VPC: "in-vpc" declares that the runner
+    # reaches network.vpc_cidr (VPN, peering, Direct Connect, a runner in the VPC).
+    deployer: Literal["outside", "in-vpc"] = "outside"
     kubeconfig: str = Field(default="", description="existing: path of the kubeconfig file.")
     context: str = Field(default="", description="existing: the kubeconfig context to use.")
     # Where the API server reaches pods from (the rollout gate reads pods' /metrics through its
@@ -306,6 +325,23 @@ class NodePool(_Settings):
     )
     labels: dict[str, str] = Field(default_factory=dict)
     taints: tuple[Taint, ...] = (Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule"),)
+    # The weights cache is an emptyDir on the node's gp3 root volume: a new pod reads the model at
+    # this rate before its startup probe runs out (125 is gp3's baseline; more costs extra).
+    root_volume_throughput_mibps: int = Field(
+        default=GP3_BASELINE_MIBPS, ge=GP3_BASELINE_MIBPS, le=GP3_MAX_MIBPS
+    )
+
+
+class SystemPool(_Settings):
+    """The untainted CPU nodes of a created cluster: CoreDNS, the controllers and the add-ons."""
+
+    instance_type: str = Field(default="m7i.large", min_length=1)
+    min_size: int = Field(
+        default=2, ge=1, le=100, description="Two: CoreDNS and the webhooks survive a node."
+    )
+    desired_size: int = Field(default=2, ge=1, le=100)
+    max_size: int = Field(default=4, ge=1, le=100)
+    root_volume_gb: int = Field(default=50, ge=20, le=16_384)
 
 
 class KubernetesIngress(_Settings):
@@ -361,6 +397,7 @@ class Kubernetes(_Settings):
     ingress: KubernetesIngress
     autoscaling: KubernetesAutoscaling
     monitoring: KubernetesMonitoring = KubernetesMonitoring()
+    system_pool: SystemPool = SystemPool()
     identity: Literal["pod_identity", "irsa"] = "pod_identity"
     runtime_role_arn: str = Field(
         default="", description="existing: the IAM role the runtime's service account assumes."
@@ -432,6 +469,7 @@ class Settings(_Settings):
     edge: Edge
     drivers: Drivers
     monitoring: Monitoring
+    verify: Verify = Verify()
     local: Local | None = None
     kubernetes: Kubernetes | None = None
     #: Every model the stack serves. A stack file may list them under ``frontier:models``; one

@@ -21,7 +21,10 @@ from frontier.render.host import render_runtime_config
 from frontier.targets import load_stack
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes.network import control_plane_subnets, public_range
+from infra.addons import CHARTS, GPU_NODE_LABEL, LB_CLUSTER_TAG, LB_CONTROLLER_SERVICE_ACCOUNT
 from infra.workloads import LB_ATTRIBUTES, SKIP_AWAIT, release_digest
+
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 
 EXISTING = {
     "mode": "existing",
@@ -88,10 +91,18 @@ def test_the_cni_enforces_network_policies_and_pod_identity_runs(eks):
     assert "eks-pod-identity-agent" in addons
 
 
+def _node_group(graph: Graph, pool: str) -> Any:
+    return next(
+        g
+        for g in graph.of_type("aws:eks/nodeGroup:NodeGroup")
+        if g.inputs["nodeGroupName"] == f"eks-prod-{pool}"
+    )
+
+
 def test_gpu_node_groups_run_the_nvidia_ami_with_taints_labels_and_imdsv2(eks):
     settings = eks.settings
     group, pool = settings.serving_group, settings.kubernetes.node_pools[0]
-    (nodes,) = eks.of_type("aws:eks/nodeGroup:NodeGroup")
+    nodes = _node_group(eks, pool.name)
     inputs = _plain(nodes.inputs)
     assert inputs["amiType"] == "AL2023_x86_64_NVIDIA"
     assert inputs["instanceTypes"] == ["p5.48xlarge"]
@@ -100,7 +111,7 @@ def test_gpu_node_groups_run_the_nvidia_ami_with_taints_labels_and_imdsv2(eks):
         "desiredSize": group.desired_size,
         "maxSize": group.max_size,
     }
-    assert inputs["labels"] == pool.labels
+    assert inputs["labels"] == pool.labels | {GPU_NODE_LABEL: "true"}
     assert inputs["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
     subnets = [eks.by_id(i).inputs["cidrBlock"] for i in inputs["subnetIds"]]
     vpc = ipaddress.ip_network(settings.network.vpc_cidr)
@@ -152,7 +163,7 @@ def test_the_runtime_pods_assume_a_least_privilege_role_through_pod_identity(eks
     )
     secret = eks.one("aws:secretsmanager/secret:Secret")
     assert sids["ReadItsApiKeys"]["Resource"] == secret.outputs["arn"]
-    association = eks.one("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    association = eks.one("aws:eks/podIdentityAssociation:PodIdentityAssociation", "eks-prod-pods-runtime")
     assert association.inputs["namespace"] == settings.kubernetes.namespace
     assert association.inputs["serviceAccount"] == settings.kubernetes.service_account
     assert association.inputs["roleArn"] == role.outputs["arn"]
@@ -208,7 +219,7 @@ def test_every_rendered_object_is_a_typed_resource_with_the_rendered_properties(
     """The workloads on the graph are exactly the renderer's objects (no Helm, no YAML groups)."""
     settings = eks.settings
     workload = m.render_workload(settings, release_digest(settings))
-    k8s_resources = [r for r in eks.resources if r.type.startswith("kubernetes:")]
+    k8s_resources = [r for r in eks.resources if r.type.startswith("kubernetes:") and r.type != HELM_RELEASE]
     assert len(k8s_resources) == len(workload.all())
     by_name = {(r.type.rsplit(":", 1)[1], r.inputs["metadata"]["name"]): r for r in k8s_resources}
     for manifest in workload.all():
@@ -323,7 +334,7 @@ def test_every_resource_is_a_child_of_a_frontier_component_named_after_it(eks):
 
 def test_the_kubernetes_objects_use_the_clusters_provider(eks):
     provider = eks.one("pulumi:providers:kubernetes")
-    assert provider.parent_types == ["frontier:kubernetes:Workloads"]
+    assert provider.parent_types == ["frontier:kubernetes:EksCluster"]
     assert provider.inputs["enableServerSideApply"] in (True, "true")
 
 
@@ -355,9 +366,9 @@ def test_the_stack_key_admits_the_auto_scaling_service_linked_role_to_encrypt_ro
     # volume encrypted by a customer managed key, the key's policy must let that role use the key and
     # grant its use to EBS (an IAM policy cannot: the role's own policy is AWS's), or every launch fails.
     key = eks.one("aws:kms/key:Key")
-    [template] = eks.of_type("aws:ec2/launchTemplate:LaunchTemplate")
-    [root] = template.inputs["blockDeviceMappings"]
-    assert root["ebs"]["kmsKeyId"] == key.outputs["arn"]
+    for template in eks.of_type("aws:ec2/launchTemplate:LaunchTemplate"):  # GPU pools and the system pool
+        [root] = template.inputs["blockDeviceMappings"]
+        assert root["ebs"]["kmsKeyId"] == key.outputs["arn"]
     role = "arn:aws:iam::123456789012:role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
     statements = [s for s in json.loads(key.inputs["policy"])["Statement"] if s["Principal"] == {"AWS": role}]
     use = [s for s in statements if "Condition" not in s]
@@ -380,3 +391,131 @@ def test_the_access_policy_association_waits_for_its_access_entry(eks):
     entry = eks.one("aws:eks/accessEntry:AccessEntry")
     association = eks.one("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
     assert entry.urn in association.dependencies
+
+
+# --- the cluster's add-ons and its system node group ------------------------------------------------
+
+
+def _release(graph: Graph, key: str) -> Any:
+    return next(r for r in graph.of_type(HELM_RELEASE) if r.inputs["name"] == key)
+
+
+def _workload(graph: Graph, kind: str) -> Any:
+    return next(r for r in graph.resources if r.type.endswith(f":{kind}") and r.type != HELM_RELEASE)
+
+
+def test_no_gpu_workload_is_created_before_the_device_plugin_advertises_gpus(eks):
+    # The kubelet offers nvidia.com/gpu only once the device plugin registers it: a pod requesting
+    # GPUs before that stays Pending.
+    plugin = _release(eks, "device-plugin")
+    assert plugin.urn in _workload(eks, "Deployment").dependencies
+
+
+def test_the_device_plugin_runs_on_the_gpu_nodes_through_their_taints(eks):
+    values = _plain(_release(eks, "device-plugin").inputs["values"])
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values["tolerations"]
+    [term] = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"] == [{"key": GPU_NODE_LABEL, "operator": "In", "values": ["true"]}]
+
+
+def test_the_ingress_service_and_pods_wait_for_the_load_balancer_controllers_webhooks(eks):
+    # The controller serves the alb Ingress class, fails Service creation closed while its webhook is
+    # down, and injects the pods' ALB readiness gates only if it runs when they are created.
+    controller = _release(eks, "load-balancer-controller")
+    for kind in ("Ingress", "Service", "Deployment"):
+        assert controller.urn in _workload(eks, kind).dependencies, kind
+
+
+def test_a_scaled_object_is_created_only_after_keda_installs_its_crd(eks):
+    assert _release(eks, "keda").urn in _workload(eks, "ScaledObject").dependencies
+
+
+def test_service_monitors_and_rules_are_created_only_after_the_prometheus_operator_crds(eks):
+    crds = _release(eks, "prometheus-crds")
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert crds.urn in _workload(eks, kind).dependencies, kind
+
+
+def test_every_addon_is_a_pinned_chart_from_one_table(eks):
+    releases = eks.of_type(HELM_RELEASE)
+    assert sorted(r.inputs["name"] for r in releases) == sorted(CHARTS)
+    for release in releases:
+        chart = CHARTS[release.inputs["name"]]
+        assert release.inputs["chart"] == chart.chart and release.inputs["version"] == chart.version
+        assert release.inputs["repositoryOpts"]["repo"] == chart.repository
+        assert release.inputs["namespace"] == chart.namespace
+        assert all(part.isdigit() for part in chart.version.split(".")), chart  # no ranges, no "latest"
+
+
+def test_the_addons_wait_for_the_untainted_system_nodes_they_run_on(eks):
+    system = _node_group(eks, "system")
+    agent = next(
+        a for a in eks.of_type("aws:eks/addon:Addon") if a.inputs["addonName"] == "eks-pod-identity-agent"
+    )
+    for release in eks.of_type(HELM_RELEASE):
+        assert {system.urn, agent.urn} <= release.dependencies, release.name
+
+
+def test_the_system_node_group_is_untainted_cpu_and_the_gpu_groups_keep_their_taint(eks):
+    k = eks.settings.kubernetes
+    system = _plain(_node_group(eks, "system").inputs)
+    assert system["amiType"] == "AL2023_x86_64_STANDARD"
+    assert system["instanceTypes"] == [k.system_pool.instance_type]
+    assert not system.get("taints")
+    assert system["scalingConfig"]["minSize"] == k.system_pool.min_size >= 2
+    for pool in k.node_pools:
+        taints = _plain(_node_group(eks, pool.name).inputs)["taints"]
+        assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"} in taints
+
+
+def test_the_gpu_root_volume_reads_at_the_pools_throughput_with_the_iops_gp3_requires(eks):
+    # gp3 caps throughput at 0.25 MiB/s per provisioned IOPS: 1000 MiB/s needs 4000 IOPS.
+    pool = eks.settings.kubernetes.node_pools[0]
+    template = eks.by_id(_node_group(eks, pool.name).inputs["launchTemplate"]["id"])
+    ebs = _plain(template.inputs["blockDeviceMappings"][0]["ebs"])
+    assert ebs["throughput"] == pool.root_volume_throughput_mibps == 1000
+    assert ebs["iops"] == 4000
+
+
+def test_the_load_balancer_controller_changes_only_what_it_tagged_with_this_cluster(eks):
+    role = next(r for r in eks.of_type("aws:iam/role:Role") if r.name == "eks-prod-addons-lb-controller")
+    assert json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]["Principal"] == {
+        "Service": "pods.eks.amazonaws.com"
+    }
+    [policy] = [p for p in eks.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == role.name]
+    statements = {s["Sid"]: s for s in _policy(policy)["Statement"]}
+    for sid in ("ChangeItsSecurityGroups", "ChangeItsLoadBalancers"):
+        assert statements[sid]["Condition"] == {
+            "StringEquals": {f"aws:ResourceTag/{LB_CLUSTER_TAG}": "frontier-eks-prod"}
+        }
+    assert statements["CreateTaggedLoadBalancers"]["Condition"] == {
+        "StringEquals": {f"aws:RequestTag/{LB_CLUSTER_TAG}": "frontier-eks-prod"}
+    }
+    for statement in statements.values():
+        actions = statement["Action"]
+        assert not any(a.endswith("*") for a in actions), statement["Sid"]
+        resources = (
+            statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        )
+        if any(not a.split(":")[1].startswith(("Describe", "List", "Get")) for a in actions):
+            assert statement.get("Condition") or all(r != "*" for r in resources), statement["Sid"]
+    association = next(
+        a
+        for a in eks.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+        if a.inputs["serviceAccount"] == LB_CONTROLLER_SERVICE_ACCOUNT
+    )
+    assert association.inputs["namespace"] == "kube-system"
+    assert association.inputs["roleArn"] == role.outputs["arn"]
+    assert association.urn in _release(eks, "load-balancer-controller").dependencies
+
+
+def test_with_irsa_the_load_balancer_controller_trusts_only_its_service_account(tmp_path):
+    graph = run_kubernetes(_variant(tmp_path, {"identity": "irsa"}))
+    role = next(r for r in graph.of_type("aws:iam/role:Role") if r.name == "eks-prod-addons-lb-controller")
+    condition = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]["Condition"]["StringEquals"]
+    host = OIDC_ISSUER.removeprefix("https://")
+    assert condition[f"{host}:sub"] == f"system:serviceaccount:kube-system:{LB_CONTROLLER_SERVICE_ACCOUNT}"
+    values = _plain(_release(graph, "load-balancer-controller").inputs["values"])
+    assert values["serviceAccount"]["annotations"] == {"eks.amazonaws.com/role-arn": role.outputs["arn"]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from frontier.config.load import available_stacks
 from frontier.errors import StackError
 from frontier.targets import load_stack
 
@@ -169,3 +170,80 @@ def test_a_gateway_on_a_kubernetes_stack_is_refused(k8s_stack):
     path = k8s_stack({"gateway": {"metering": {"uri": "s3://frontier-eks-prod-metering/usage"}}})
     with pytest.raises(StackError, match=r"\n  gateway: the gateway runs on the ec2 and local targets only"):
         load_stack("eks-prod", path=path)
+
+
+# --- what a created cluster could not do ------------------------------------------------------------
+
+
+def test_a_model_the_gp3_root_volume_cannot_read_within_the_startup_probe_is_refused(k8s_stack):
+    # gp3 reads at its baseline 125 MiB/s unless provisioned higher: the 70B model's 141 GB take
+    # ~1077 s there, and the startup probe (900 s) restarts the pod before it is ready, forever.
+    line = _refused(
+        k8s_stack({"kubernetes.node_pools[0].root_volume_throughput_mibps": 125}),
+        "kubernetes.node_pools[0].root_volume_throughput_mibps",
+    )
+    assert "= 125" in line and "141 GB" in line and "125 MiB/s" in line
+    assert "takes 1077 s" in line and "allows 900 s" in line
+    assert "at least 150 MiB/s (gp3 allows 1000)" in line
+
+
+def test_a_startup_probe_long_enough_for_the_baseline_gp3_read_loads(k8s_stack):
+    # 1080 s of probes cover the 1077 s read at 125 MiB/s.
+    path = k8s_stack(
+        {"kubernetes.node_pools[0].root_volume_throughput_mibps": 125, "rollout.readiness_timeout_s": 1080}
+    )
+    assert load_stack("eks-prod", path=path).kubernetes.node_pools[0].root_volume_throughput_mibps == 125
+
+
+def test_a_throughput_beyond_what_gp3_provisions_is_refused(k8s_stack):
+    line = _refused(
+        k8s_stack({"kubernetes.node_pools[0].root_volume_throughput_mibps": 4000}),
+        "kubernetes.node_pools[0].root_volume_throughput_mibps",
+    )
+    assert "4000" in line and "less than or equal to 1000" in line
+
+
+def test_a_private_endpoint_applied_from_outside_the_vpc_is_refused(k8s_stack):
+    # The same `pulumi up` applies the add-ons and workloads through the API, which a private-only
+    # endpoint serves inside the VPC alone.
+    line = _refused(k8s_stack({"kubernetes.cluster.deployer": "outside"}), "kubernetes.cluster.deployer")
+    assert "'outside'" in line and "private_endpoint" in line and "'in-vpc'" in line
+
+
+def test_a_public_endpoint_may_be_applied_from_outside_the_vpc(k8s_stack):
+    path = k8s_stack({"kubernetes.cluster.deployer": "outside", "kubernetes.cluster.private_endpoint": False})
+    assert load_stack("eks-prod", path=path).kubernetes.cluster.deployer == "outside"
+
+
+def test_a_system_pool_sized_outside_its_bounds_is_refused(k8s_stack):
+    line = _refused(
+        k8s_stack({"kubernetes.system_pool": {"desired_size": 5}}), "kubernetes.system_pool.desired_size"
+    )
+    assert "= 5" in line and "min_size (2) .. max_size (4)" in line
+
+
+def test_a_gpu_pool_named_like_the_system_pool_is_refused(k8s_stack):
+    line = _refused(k8s_stack({"kubernetes.node_pools[0].name": "system"}), "kubernetes.node_pools[0].name")
+    assert "'system'" in line and "system node group" in line
+
+
+def test_a_system_pool_on_an_existing_cluster_is_refused(k8s_stack):
+    # Only a created cluster gets the node group; on an existing one the section would do nothing.
+    path = k8s_stack(
+        {
+            "kubernetes.cluster.mode": "existing",
+            "kubernetes.cluster.kubeconfig": "~/.kube/config",
+            "kubernetes.cluster.context": "prod",
+            "kubernetes.cluster.api_server_cidrs": ["10.60.240.0/28"],
+            "kubernetes.runtime_role_arn": "arn:aws:iam::123456789012:role/frontier-runtime",
+            "kubernetes.ingress.source_cidrs": ["10.60.128.0/20"],
+            "kubernetes.system_pool": {"instance_type": "m7i.large"},
+        }
+    )
+    line = _refused(path, "kubernetes.system_pool")
+    assert "'m7i.large'" in line and "only a cluster this stack creates" in line
+
+
+@pytest.mark.parametrize("stack", available_stacks())
+def test_every_shipped_stack_loads(stack):
+    assert load_stack(stack).stack == stack

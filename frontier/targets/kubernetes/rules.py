@@ -7,6 +7,7 @@ terminates TLS with an ACM certificate unless the cluster's own ingress class do
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 
@@ -14,11 +15,14 @@ from frontier_hostside.names import DIGEST_PATTERN
 from frontier_settings import FieldProblem
 
 from frontier.config.checks import certificate_problems
-from frontier.config.schema import Kubernetes, Settings
+from frontier.config.schema import DTYPE_BYTES, GB, GP3_MAX_MIBPS, MIB, Kubernetes, Settings
+from frontier.targets.kubernetes.manifests import startup_failure_threshold
 
 # RFC 1123 label: what Kubernetes accepts as a namespace name.
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_LABEL_MAX = 63
+# The untainted CPU node group a created cluster runs its add-ons on (kubernetes.system_pool).
+SYSTEM_POOL = "system"
 # GPUs per instance of the EC2 types a node pool may name (a pod's GPUs must fit one node).
 GPUS_PER_INSTANCE = {
     "g5.xlarge": 1,
@@ -46,6 +50,7 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
         yield FieldProblem("kubernetes", None, "target 'kubernetes' needs a 'frontier:kubernetes' section")
         return
     yield from kubernetes_problems(s, k)
+    yield from cluster_problems(s, k)
     if k.ingress.kind != "class":
         yield from certificate_problems(s)
 
@@ -194,3 +199,70 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
                 k.image,
                 f"must be from runtime.image_repository ({s.runtime.image_repository})",
             )
+
+
+def startup_budget_s(s: Settings) -> int:
+    """How long the startup probe lets a new pod take: failure threshold x period."""
+    return startup_failure_threshold(s) * s.health.interval_s
+
+
+def weights_read_s(s: Settings, throughput_mibps: int) -> float:
+    """Seconds to read the model's weights once from a volume at ``throughput_mibps``."""
+    return s.model.num_parameters * DTYPE_BYTES[s.model.dtype] / (throughput_mibps * MIB)
+
+
+def cluster_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
+    """What a cluster this stack creates could not do: load the model in time, or be reached."""
+    if k.cluster.mode != "create":
+        if "system_pool" in k.model_fields_set:
+            yield FieldProblem(
+                "kubernetes.system_pool",
+                k.system_pool.instance_type,
+                "only a cluster this stack creates gets a system node group; an existing cluster runs "
+                "its add-ons on nodes of its own: remove the section",
+            )
+        return
+    # The weights cache is an emptyDir on the node's gp3 root volume: a pod that cannot read the
+    # model through it before the startup probe gives up is restarted, forever.
+    budget, weights_gb = startup_budget_s(s), s.model.num_parameters * DTYPE_BYTES[s.model.dtype] / GB
+    for i, pool in enumerate(k.node_pools):
+        if pool.node_group != s.serving_group.name:
+            continue
+        needed = weights_read_s(s, pool.root_volume_throughput_mibps)
+        if needed > budget:
+            yield FieldProblem(
+                f"kubernetes.node_pools[{i}].root_volume_throughput_mibps",
+                pool.root_volume_throughput_mibps,
+                f"reading the model's {weights_gb:.0f} GB of weights at {pool.root_volume_throughput_mibps} MiB/s "
+                f"takes {needed:.0f} s, but the startup probe allows {budget} s (rollout.readiness_timeout_s "
+                f"= {s.rollout.readiness_timeout_s:g} in probes of health.interval_s = {s.health.interval_s}); "
+                f"raise it to at least {_mibps_for(s, budget)} MiB/s (gp3 allows {GP3_MAX_MIBPS}) or "
+                f"rollout.readiness_timeout_s to "
+                f"{needed:.0f} s",
+            )
+    if k.cluster.private_endpoint and k.cluster.deployer == "outside":
+        yield FieldProblem(
+            "kubernetes.cluster.deployer",
+            k.cluster.deployer,
+            "with kubernetes.cluster.private_endpoint the API answers only inside the VPC, and the same "
+            "`pulumi up` applies the add-ons and the workloads through it: run it where network.vpc_cidr "
+            "is reachable and set 'in-vpc', or set private_endpoint: false",
+        )
+    for i, gpu_pool in enumerate(k.node_pools):
+        if gpu_pool.name == SYSTEM_POOL:
+            yield FieldProblem(
+                f"kubernetes.node_pools[{i}].name",
+                gpu_pool.name,
+                f"is the name of the cluster's system node group; name the pool anything but {SYSTEM_POOL!r}",
+            )
+    pool = k.system_pool
+    if not pool.min_size <= pool.desired_size <= pool.max_size:
+        yield FieldProblem(
+            "kubernetes.system_pool.desired_size",
+            pool.desired_size,
+            f"must lie within min_size ({pool.min_size}) .. max_size ({pool.max_size})",
+        )
+
+
+def _mibps_for(s: Settings, budget_s: int) -> int:
+    return math.ceil(s.model.num_parameters * DTYPE_BYTES[s.model.dtype] / (budget_s * MIB))

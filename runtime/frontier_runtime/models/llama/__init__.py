@@ -1,7 +1,9 @@
-"""The Llama family (Llama 2/3, Qwen2, Mistral), one concern per module, gpt-fast style:
+"""The Llama family (Llama 2/3, Qwen2/Qwen3, Mistral, Mixtral, Qwen2-MoE/Qwen3-MoE), one concern
+per module, gpt-fast style:
 
-``config`` (config.json), ``layers`` (linear, norm, rotary, MLP), ``attention`` (paged-KV
-attention and its metadata), ``model`` (the decoder), ``loader`` (safetensors into the model).
+``config`` (config.json), ``layers`` (linear, norm, rotary, MLP), ``moe`` (the sparse MLP),
+``attention`` (paged-KV attention and its metadata), ``model`` (the decoder), ``loader``
+(safetensors into the model).
 """
 
 from frontier_runtime.models.llama.attention import AttentionMetadata

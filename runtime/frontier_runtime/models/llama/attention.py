@@ -15,7 +15,7 @@ from torch import nn
 
 from frontier_runtime.distributed import TPGroup
 from frontier_runtime.models.llama.config import LlamaConfig
-from frontier_runtime.models.llama.layers import Linear
+from frontier_runtime.models.llama.layers import Linear, RMSNorm
 from frontier_runtime.ops import fused
 from frontier_runtime.ops.paged_attention import AttentionMetadata, attend, write_kv
 
@@ -56,6 +56,9 @@ class Attention(nn.Module):
         # q, k and v fused into one column-parallel matmul: one kernel instead of three per layer.
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
+        # Qwen3: each head of q and k is RMS-normalised (one weight over head_dim) before RoPE.
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         # fp8 KV cache only: the cache holds k / k_scale (set by the model runner from kv_bound).
         self.k_scale = 1.0
         self.v_scale = 1.0
@@ -67,7 +70,8 @@ class Attention(nn.Module):
         so |k_i| <= ||W_k[i]|| * that (+ |bias|), and RoPE mixes pairs of features, at most sqrt(2)
         more. An fp8 cache scaled by bound / 448 can therefore never overflow; e4m3's relative
         precision is the same anywhere in its normal range, so the loose bound costs nothing but
-        values below bound / 2**15, which are too small to matter in softmax(qk) v.
+        values below bound / 2**15, which are too small to matter in softmax(qk) v. Where k is
+        itself RMS-normalised per head (Qwen3), |k_i| <= sqrt(head_dim) * max|k_norm|, whatever W_k.
         """
         proj = self.qkv_proj
         w = proj.dense_weight().float()[self.q_size :]
@@ -76,7 +80,10 @@ class Attention(nn.Module):
         if proj.bias is not None:
             rows = rows + proj.bias.float()[self.q_size :].abs()
         k_rows, v_rows = rows.split(self.kv_size)
-        return float(k_rows.max()) * 2**0.5, float(v_rows.max())
+        k_max = float(k_rows.max())
+        if self.k_norm is not None:
+            k_max = float(self.k_norm.weight.float().abs().max()) * self.head_dim**0.5
+        return k_max * 2**0.5, float(v_rows.max())
 
     def forward(
         self,
@@ -92,6 +99,10 @@ class Attention(nn.Module):
         q = q.view(n, self.num_heads, hd)
         k = k.view(n, kvh, hd)
         v = v.view(n, kvh, hd)
+        if self.q_norm is not None and self.k_norm is not None:
+            # Contiguous copies, so the fused norm runs (it also leaves q rotatable in place).
+            q = self.q_norm(q.contiguous())[0]
+            k = self.k_norm(k.contiguous())[0]
         if fused.can_rotate_into_cache(q, k_cache, meta.backend):
             # q is rotated where it lies in the projection's output and read from there.
             fused.rotary_and_cache(q, k, v, rope.positions, rope.cos, rope.sin, k_cache, v_cache, meta.slots)

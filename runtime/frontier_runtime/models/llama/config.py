@@ -1,4 +1,10 @@
-"""The model's shape and options, read from a Hugging Face ``config.json``."""
+"""The model's shape and options, read from a Hugging Face ``config.json``.
+
+One dataclass covers every family the runtime serves; a family differs only in the fields it
+sets: Qwen3's per-head q/k norms (``qk_norm``), and the sparse MLP of Mixtral, Qwen2-MoE and
+Qwen3-MoE (``num_experts`` > 0: routed experts on the layers in ``sparse_layers``, Qwen2-MoE's
+gated shared expert when ``shared_expert_intermediate_size`` > 0).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,20 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# model_type -> whether q/k/v carry a bias when config.json does not say.
+ARCHITECTURES = {
+    "llama": False,
+    "mistral": False,
+    "qwen2": True,
+    "qwen3": False,
+    "mixtral": False,
+    "qwen2_moe": True,
+    "qwen3_moe": False,
+}
+QK_NORM = ("qwen3", "qwen3_moe")
+# transformers' num_experts_per_tok where config.json leaves it out.
+TOP_K_DEFAULT = {"mixtral": 2, "qwen2_moe": 4, "qwen3_moe": 8}
 
 
 @dataclass(frozen=True)
@@ -25,17 +45,27 @@ class LlamaConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     eos_token_ids: tuple[int, ...] = ()
+    model_type: str = "llama"
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
+    num_experts: int = 0  # 0: every MLP is dense
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
+    sparse_layers: tuple[int, ...] = ()  # the layers whose MLP is the sparse one
+    sliding_window: int | None = None
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> LlamaConfig:
         arch = cfg.get("model_type", "llama")
-        if arch not in ("llama", "qwen2", "mistral"):
+        if arch not in ARCHITECTURES:
             raise ValueError(
-                f"config.json: model_type {arch!r} is not a Llama-family model (llama, qwen2, mistral)"
+                f"config.json: model_type {arch!r} is not a Llama-family model ({', '.join(ARCHITECTURES)})"
             )
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"config.json: hidden_act {cfg['hidden_act']!r} is not supported (silu)")
         heads = cfg["num_attention_heads"]
+        layers = cfg["num_hidden_layers"]
         rope = dict(cfg.get("rope_parameters") or {})
         theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
         scaling = rope or cfg.get("rope_scaling") or None
@@ -51,22 +81,59 @@ class LlamaConfig:
                 scaling = None
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        # Mixtral calls its expert count num_local_experts and sizes experts by intermediate_size;
+        # the Qwen MoEs call it num_experts and size experts by moe_intermediate_size.
+        experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+        if arch == "mixtral":
+            expert_size, sparse = cfg["intermediate_size"], tuple(range(layers))
+        elif arch in ("qwen2_moe", "qwen3_moe") and experts:
+            expert_size = cfg["moe_intermediate_size"]
+            step, dense_only = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or ())
+            sparse = tuple(i for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+        else:
+            experts, expert_size, sparse = 0, 0, ()
+        top_k = cfg.get("num_experts_per_tok", TOP_K_DEFAULT.get(arch, 0)) if experts else 0
+        if experts and not 1 <= top_k <= experts:
+            raise ValueError(
+                f"config.json: num_experts_per_tok {top_k} must be between 1 and the number of experts ({experts})"
+            )
+        max_positions = cfg.get("max_position_embeddings", 2048)
+        window = _sliding_window(arch, cfg)
+        if window is not None and window < max_positions:
+            # The attention kernels attend to every earlier token. Up to `window` tokens that is
+            # exactly the sliding window's attention, so the context is cut to the window: the
+            # engine then refuses a longer model.max_seq_len, naming both, rather than
+            # attending past the window and decoding something else than the model would.
+            max_positions = window
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            max_position_embeddings=max_positions,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
             rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            # Qwen2-MoE names its q/k/v bias qkv_bias; older configs of it and of Qwen2 name none.
+            attention_bias=bool(cfg.get("attention_bias", cfg.get("qkv_bias", ARCHITECTURES[arch]))),
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             eos_token_ids=eos_ids,
+            model_type=arch,
+            qk_norm=arch in QK_NORM,
+            num_experts=experts,
+            num_experts_per_tok=top_k,
+            moe_intermediate_size=expert_size,
+            shared_expert_intermediate_size=(
+                (cfg.get("shared_expert_intermediate_size") or 0) if arch == "qwen2_moe" else 0
+            ),
+            # Mixtral always renormalises; the Qwen MoEs say so in norm_topk_prob (default off).
+            norm_topk_prob=arch == "mixtral" or bool(cfg.get("norm_topk_prob", False)),
+            sparse_layers=sparse,
+            sliding_window=window,
         )
 
     @classmethod
@@ -77,16 +144,36 @@ class LlamaConfig:
         return cls.from_hf(json.loads(path.read_text()))
 
 
+def _sliding_window(arch: str, cfg: dict[str, Any]) -> int | None:
+    """The window some layer attends within, or None where every layer attends to the whole context."""
+    window = cfg.get("sliding_window")
+    if not window:
+        return None
+    if arch.startswith("qwen"):
+        # Qwen configs carry a sliding_window that only use_sliding_window switches on, and then
+        # (layer_types, in newer configs) only for some layers.
+        if not cfg.get("use_sliding_window", False):
+            return None
+        if "layer_types" in cfg and "sliding_attention" not in cfg["layer_types"]:
+            return None
+    return int(window)
+
+
 def check_tensor_parallel(cfg: LlamaConfig, tp_size: int) -> None:
-    """Refuse a tensor-parallel size that does not split the heads and the MLP evenly."""
-    for name, value in (
+    """Refuse a tensor-parallel size that does not split the heads and the MLPs evenly."""
+    sizes = [
         ("num_attention_heads", cfg.num_heads),
         ("num_key_value_heads", cfg.num_kv_heads),
         ("intermediate_size", cfg.intermediate_size),
-    ):
+    ]
+    if cfg.num_experts:  # each expert's MLP is split like the dense one
+        sizes.append(("the experts' intermediate size", cfg.moe_intermediate_size))
+    if cfg.shared_expert_intermediate_size:
+        sizes.append(("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size))
+    for name, value in sizes:
         if value % tp_size:
+            named = [f"{n} ({v})" for n, v in sizes]
+            listed = ", ".join(named[:-1]) + " and " + named[-1]
             raise ValueError(
-                f"parallel.tensor_parallel_size {tp_size} must divide num_attention_heads ({cfg.num_heads}), "
-                f"num_key_value_heads ({cfg.num_kv_heads}) and intermediate_size ({cfg.intermediate_size}); "
-                f"{name} is {value}"
+                f"parallel.tensor_parallel_size {tp_size} must divide {listed}; {name} is {value}"
             )

@@ -22,7 +22,7 @@ import ctypes
 import ctypes.util
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ from frontier_runtime.distributed import SINGLE, TPGroup
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.layers import Linear, rope_tables
 from frontier_runtime.models.llama.model import LlamaForCausalLM
+from frontier_runtime.models.llama.moe import SparseMoE
 
 # nn.Linear / nn.Embedding call these from reset_parameters; on the meta device they would only
 # pull in torch's meta kernels, and every value is overwritten from the checkpoint anyway.
@@ -103,6 +104,11 @@ class Checkpoint:
 
     def __contains__(self, name: str) -> bool:
         return name in self.location
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Tensor ``name``'s shape, from its file's header (no data read)."""
+        with safe_open(str(self.location[name]), framework="pt") as f:
+            return tuple(f.get_slice(name).get_shape())
 
     def read(self, name: str, tp: TPGroup = SINGLE, dim: int | None = None) -> torch.Tensor:
         """Tensor ``name`` (its rank's contiguous slice along ``dim`` when given), in its stored dtype."""
@@ -179,6 +185,66 @@ class _Filler:
             module.adopt_transposed(target, self.dtype)
 
 
+def moe_prefix(cfg: LlamaConfig, layer: int) -> str:
+    """Where a sparse layer's router and experts live in the checkpoint."""
+    return f"model.layers.{layer}." + ("block_sparse_moe." if cfg.model_type == "mixtral" else "mlp.")
+
+
+# An expert's gate, up and down projections as each family names them.
+EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2")}
+QWEN_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
+
+
+def check_experts(cfg: LlamaConfig, ckpt: Checkpoint) -> None:
+    """Refuse a checkpoint whose routers or experts do not match config.json, before any weight is read."""
+    for i in cfg.sparse_layers:
+        p = moe_prefix(cfg, i)
+        router = p + "gate.weight"
+        if router not in ckpt:
+            raise ValueError(f"{ckpt.model_dir}: checkpoint lacks the router {router} of sparse layer {i}")
+        want = (cfg.num_experts, cfg.hidden_size)
+        got = ckpt.shape(router)
+        if got != want:
+            raise ValueError(
+                f"{ckpt.model_dir}: {router} has shape {got} but config.json says num_experts "
+                f"{cfg.num_experts} x hidden_size {cfg.hidden_size} {want}"
+            )
+        stored = {
+            name[len(p + "experts.") :].split(".")[0]
+            for name in ckpt.location
+            if name.startswith(p + "experts.")
+        }
+        if stored != {str(e) for e in range(cfg.num_experts)}:
+            raise ValueError(
+                f"{ckpt.model_dir}: layer {i} stores {len(stored)} experts, config.json says num_experts "
+                f"{cfg.num_experts}"
+            )
+
+
+def _fill_sparse_mlp(put: Callable[..., None], cfg: LlamaConfig, moe: SparseMoE, layer: int) -> None:
+    """The router whole, and each expert's slice like the dense MLP's (gate/up by rows, down by columns)."""
+    p = moe_prefix(cfg, layer)
+    put(moe.gate, "weight", p + "gate", [(p + "gate.weight", None)])
+    gate, up, down = EXPERT_NAMES.get(cfg.model_type, QWEN_EXPERT_NAMES)
+    experts: list[tuple[str, nn.Module]] = [(f"{p}experts.{e}.", x) for e, x in enumerate(moe.experts)]
+    if moe.shared_expert is not None and moe.shared_expert_gate is not None:
+        experts.append((p + "shared_expert.", moe.shared_expert))
+        put(
+            moe.shared_expert_gate,
+            "weight",
+            p + "shared_expert_gate",
+            [(p + "shared_expert_gate.weight", None)],
+        )
+    for name, expert in experts:
+        put(
+            expert.gate_up_proj,
+            "weight",
+            name + "gate_up_proj",
+            [(f"{name}{gate}.weight", 0), (f"{name}{up}.weight", 0)],
+        )
+        put(expert.down_proj, "weight", name + "down_proj", [(f"{name}{down}.weight", 1)])
+
+
 def load_model(
     model_dir: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -191,6 +257,7 @@ def load_model(
     cfg = LlamaConfig.from_dir(model_dir)
     model = build_on_meta(cfg, tp)
     ckpt = Checkpoint(model_dir)
+    check_experts(cfg, ckpt)
     put = _Filler(ckpt, tp, dtype, device).fill
 
     put(model.embed_tokens, "weight", "embed_tokens", [("model.embed_tokens.weight", None)])
@@ -213,8 +280,14 @@ def load_model(
         if cfg.attention_bias:
             put(attn.qkv_proj, "bias", a + "qkv_proj.bias", [(a + f"{x}_proj.bias", 0) for x in "qkv"])
         put(attn.o_proj, "weight", a + "o_proj", [(a + "o_proj.weight", 1)])
-        m = p + "mlp."
+        if attn.q_norm is not None and attn.k_norm is not None:  # one head_dim weight, on every rank
+            put(attn.q_norm, "weight", a + "q_norm", [(a + "q_norm.weight", None)])
+            put(attn.k_norm, "weight", a + "k_norm", [(a + "k_norm.weight", None)])
         mlp = layer.mlp
+        if isinstance(mlp, SparseMoE):
+            _fill_sparse_mlp(put, cfg, mlp, i)
+            continue
+        m = p + "mlp."
         put(
             mlp.gate_up_proj,
             "weight",

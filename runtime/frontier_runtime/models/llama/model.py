@@ -1,7 +1,8 @@
-"""A Llama-family decoder (Llama 2/3, Qwen2-style biases, Mistral) over a paged KV cache.
+"""A Llama-family decoder (Llama 2/3, Qwen2/Qwen3, Mistral, Mixtral, Qwen2/3-MoE) over a paged KV cache.
 
-RMSNorm, rotary embeddings (default, linear or llama3 scaling), grouped-query attention, SwiGLU
-MLP, optional tied embeddings. Under tensor parallelism each rank holds its heads and MLP slice;
+RMSNorm, rotary embeddings (default, linear or llama3 scaling), grouped-query attention (Qwen3:
+RMSNorm on each q and k head), SwiGLU MLP or a sparse mixture of SwiGLU experts (``moe``),
+optional tied embeddings. Under tensor parallelism each rank holds its heads and MLP slice;
 the row-parallel projections all-reduce their partial sums.
 """
 
@@ -15,15 +16,17 @@ from frontier_runtime.distributed import SINGLE, TPGroup
 from frontier_runtime.models.llama.attention import Attention, AttentionMetadata, Rope
 from frontier_runtime.models.llama.config import LlamaConfig, check_tensor_parallel
 from frontier_runtime.models.llama.layers import MLP, Linear, RMSNorm
+from frontier_runtime.models.llama.moe import SparseMoE
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, tp: TPGroup) -> None:
+    def __init__(self, cfg: LlamaConfig, tp: TPGroup, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp)
+        # Chosen once here, so the forward below is the same for dense and sparse layers.
+        self.mlp: MLP | SparseMoE = SparseMoE(cfg, tp) if index in cfg.sparse_layers else MLP(cfg, tp)
 
     def forward(
         self,
@@ -49,7 +52,7 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.tp = tp
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, tp, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # Embedding and LM head stay whole on every rank: every rank then holds the full logits.
         self.lm_head = (

@@ -1,0 +1,91 @@
+"""``fab verify``: the stack's verification set against its endpoint (or any other), as a table
+per case kind and a pass rate held to ``verify.min_pass_rate``."""
+
+from __future__ import annotations
+
+import os
+
+from invoke import Collection, task
+from invoke.exceptions import Exit
+
+from frontier.cli import tables
+from frontier.cli.common import reports_errors, settings_for
+from frontier.config.schema import Model, Settings
+from frontier.errors import FrontierError
+from frontier.targets import backend_for
+from frontier.verify import (
+    kind_tables,
+    load_set,
+    record_golden,
+    run_set,
+    set_file,
+    summary_table,
+    write_golden,
+)
+
+STACK = "stack name (default $FRONTIER_STACK, else local)"
+
+
+@task(
+    help={
+        "stack": STACK,
+        "url": "the endpoint to verify (default: the stack's endpoint); one host, a balancer, any OpenAI-compatible API",
+        "key": "API key (default $FRONTIER_API_KEY, else the stack's own where it can tell one)",
+        "record": "first record the golden cases' greedy outputs from this endpoint as the reference",
+        "release": "with --record: the release the endpoint serves (default: the stack's last good deploy)",
+        "model": "the model pool to verify, on a stack serving several (default: the first)",
+    }
+)
+@reports_errors
+def verify(c, stack=None, url=None, key=None, record=False, release=None, model=None):
+    """Run the stack's verification set; exit 1 when the pass rate is under verify.min_pass_rate."""
+    settings = settings_for(stack)
+    served = _model(settings, model)
+    set_path = set_file(settings.verify.file)
+    # The whole set, and its golden file, are checked before anything is sent.
+    verify_set = load_set(set_path, model=served.name, recording=record)
+    # Another endpoint (--url) needs nothing of the stack's target: no outputs, no key lookup.
+    endpoint = url or backend_for(settings).endpoint()
+    api_key = key or os.environ.get("FRONTIER_API_KEY") or (None if url else backend_for(settings).api_key())
+    console = tables.console()
+    if record:
+        reference = release or _last_good_release(settings)
+        outputs = record_golden(endpoint, api_key, verify_set, model=served.name)
+        written = write_golden(set_path, served.name, reference, outputs)
+        console.print(f"recorded {len(outputs)} golden output(s) of release {reference} to {written}")
+        verify_set = load_set(set_path, model=served.name)
+    report = run_set(endpoint, api_key, verify_set, model=served.name, context_tokens=served.max_seq_len)
+    for table in kind_tables(report):
+        console.print(table)
+    console.print(summary_table(report))
+    floor = settings.verify.min_pass_rate
+    verdict = "ok" if report.pass_rate >= floor else "UNDER THE THRESHOLD"
+    print(
+        f"verify: cases={len(report.results)} passed={report.passed} failed={len(report.failures)} "
+        f"pass_rate={report.pass_rate:.3f} min_pass_rate={floor:.3f} {verdict}"
+    )
+    if report.pass_rate < floor:
+        raise Exit(code=1)
+
+
+def _model(settings: Settings, name: str | None) -> Model:
+    if name is None:
+        return settings.model
+    try:
+        return settings.pool(name).model
+    except KeyError as exc:
+        raise Exit(f"error: --model: {exc.args[0]}", code=2) from None
+
+
+def _last_good_release(settings: Settings) -> str:
+    record = backend_for(settings).history_store().last_good()
+    if record is None or not record.get("release"):
+        raise FrontierError(
+            f"stack {settings.stack!r} has no successful deploy to name as the reference: "
+            "give the release the endpoint serves with --release"
+        )
+    return str(record["release"])
+
+
+def register(namespace: Collection) -> None:
+    namespace.add_task(verify)
