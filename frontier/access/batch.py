@@ -6,14 +6,22 @@ shape plus the input's line number: ``{"id", "custom_id", "line", "response": {"
 "request_id", "body"}, "error"}``.
 
 Resumable: each result is appended with one ``write`` and ``fsync``ed before the next is counted,
-and a restart skips every line that already has a result (a torn last line from a crash is cut
-off and its request sent again). So every input line ends with exactly one result. A request that
-was in flight when the process died is sent again on restart: the runtime has no way to tell it
-already answered, so delivery to the model is at least once while results are exactly once.
+and a restart skips every line whose result is a success (a torn last line from a crash is cut
+off and its request sent again). A request that was in flight when the process died is sent again
+on restart: the runtime has no way to tell it already answered, so delivery to the model is at
+least once while results are exactly once.
 
-A malformed line gets an error result naming its line number, and the rest of the file runs.
-Quota refusals (429) and unavailable replicas (502/503/504, connection errors) are retried with
-the server's Retry-After or a capped backoff; other answers are results.
+A failed line keeps its result, and a plain rerun reports it without sending it again: whether to
+resend is the operator's call (:class:`RetryPolicy`). ``--retry-failed`` resends the lines a retry
+can fix (429, 408, 5xx, no answer at all: a refused connection or a timeout); a client error (400,
+401, 422, ...) says the line or the key is wrong and is resent only when its status is named
+(``--retry-status``), after the cause is fixed. A resent line's old result is removed from the file first (an atomic rewrite),
+so the file still holds one result per line.
+
+A malformed line gets an error result naming its line number, and the rest of the file runs; a
+line fixed in the input since is sent on the next run. Within one run, quota refusals (429) and
+unavailable replicas (502/503/504, connection errors) are retried with the server's Retry-After
+or a capped backoff; other answers are results.
 """
 
 from __future__ import annotations
@@ -24,7 +32,6 @@ import os
 import random
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +43,11 @@ from frontier_hostside.names import BATCH, CHAT_COMPLETIONS_PATH, COMPLETIONS_PA
 from frontier.errors import FrontierError
 
 ROUTES = (CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH)
+#: Answers retried within one run: the gateway's quota or a replica is busy or leaving.
 RETRYABLE = frozenset({429, 502, 503, 504})
+#: Statuses a later run may resend with ``retry_failed``: waiting can change them (5xx too).
+RETRY_LATER = frozenset({408, 429})
+INVALID_LINE = "invalid_line"
 
 
 @dataclass(frozen=True)
@@ -54,19 +65,106 @@ class BadLine:
     message: str
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What the output file says of one input line: its latest result."""
+
+    line: int
+    custom_id: str | None
+    #: The HTTP status; None where no answer came (refused connection, timeout) or the line was malformed.
+    status: int | None
+    #: The result's ``error.code`` (``invalid_line``, ``connection_error``, ``timeout``, the server's).
+    error_code: str | None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == 200
+
+    @property
+    def malformed(self) -> bool:
+        return self.status is None and self.error_code == INVALID_LINE
+
+    @property
+    def retryable(self) -> bool:
+        """Whether resending can fix it: the server was busy, broken or unreachable, not the line."""
+        if self.status is None:
+            return not self.malformed
+        return self.status in RETRY_LATER or self.status >= 500
+
+    @property
+    def outcome(self) -> str:
+        """``ok``, ``malformed`` or ``failed``: what a progress line counts."""
+        return "ok" if self.succeeded else "malformed" if self.malformed else "failed"
+
+    @property
+    def reason(self) -> str:
+        """How it failed, as the summary groups lines: ``HTTP 401``, ``connection_error``, ``timeout``."""
+        if self.status is not None:
+            return f"HTTP {self.status}"
+        return self.error_code or "no answer"
+
+    @classmethod
+    def of(cls, result: dict[str, Any]) -> Recorded:
+        response = result.get("response") or {}
+        error = result.get("error") or {}
+        status = response.get("status_code")
+        return cls(
+            int(result["line"]),
+            result.get("custom_id"),
+            int(status) if status is not None else None,
+            error.get("code") if isinstance(error, dict) else None,
+        )
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Which earlier failures a run sends again (never a success)."""
+
+    #: ``--retry-failed``: the failures a retry can fix (429, 408, 5xx, no answer).
+    failed: bool = False
+    #: ``--retry-status``: client errors to resend too, once their cause is fixed (a key, a body).
+    statuses: frozenset[int] = frozenset()
+
+    def resends(self, recorded: Recorded) -> bool:
+        if recorded.succeeded or recorded.malformed:
+            return False
+        return (self.failed and recorded.retryable) or recorded.status in self.statuses
+
+
 @dataclass
 class Summary:
     lines: int = 0
+    #: Lines that succeeded in an earlier run: skipped.
     already_done: int = 0
     succeeded: int = 0
-    failed: int = 0
-    malformed: int = 0
     retries: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     duration_s: float = 0.0
-    statuses: Counter = field(default_factory=Counter)
-    problems: list[str] = field(default_factory=list)  # malformed lines, "line N: why"
+    #: Lines that failed in this run, by reason (``HTTP 401``, ``timeout``, ...).
+    failures: dict[str, list[int]] = field(default_factory=dict)
+    #: Lines that failed in an earlier run and were not resent (see :class:`RetryPolicy`), by reason.
+    not_retried: dict[str, list[int]] = field(default_factory=dict)
+    #: The reasons among ``not_retried`` that ``retry_failed`` would resend.
+    resendable: set[str] = field(default_factory=set)
+    #: Malformed lines of the input, every run (they have nothing to send).
+    bad_lines: list[BadLine] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return sum(len(lines) for lines in self.failures.values())
+
+    @property
+    def left_failed(self) -> int:
+        return sum(len(lines) for lines in self.not_retried.values())
+
+    @property
+    def malformed(self) -> int:
+        return len(self.bad_lines)
+
+    @property
+    def problems(self) -> list[str]:
+        return [b.message for b in self.bad_lines]
 
 
 def read_input(path: Path, model: str) -> tuple[list[BatchRequest], list[BadLine], int]:
@@ -126,15 +224,20 @@ def _parse_line(number: int, text: str, model: str, seen: dict[str, int]) -> Bat
 
 
 class ResultFile:
-    """The output file: results appended one ``write`` + ``fsync`` each; knows which lines are done."""
+    """The output file: results appended one ``write`` + ``fsync`` each; knows each line's latest result."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.done: dict[int, str | None] = {}
+        self.recorded: dict[int, Recorded] = {}
         if path.exists():
             self._recover()
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    @property
+    def done(self) -> set[int]:
+        """The lines that succeeded: never sent again."""
+        return {line for line, r in self.recorded.items() if r.succeeded}
 
     def _recover(self) -> None:
         data = self.path.read_bytes()
@@ -146,17 +249,48 @@ class ResultFile:
                 os.fsync(handle.fileno())
         for n, raw in enumerate(complete.splitlines(), 1):
             try:
-                result = json.loads(raw)
-                self.done[int(result["line"])] = result.get("custom_id")
-            except (ValueError, KeyError, TypeError):
+                self._note(Recorded.of(json.loads(raw)))
+            except (ValueError, KeyError, TypeError, AttributeError):
                 raise FrontierError(
                     f"--output {self.path}: line {n} is not a result of this tool; choose another file"
                 ) from None
 
+    def _note(self, recorded: Recorded) -> None:
+        # A success stands: nothing written after it (by an older version of this file) replaces it.
+        earlier = self.recorded.get(recorded.line)
+        if earlier is None or not earlier.succeeded:
+            self.recorded[recorded.line] = recorded
+
     def append(self, result: dict[str, Any]) -> None:
         os.write(self._fd, (json.dumps(result, separators=(",", ":")) + "\n").encode())
         os.fsync(self._fd)
-        self.done[result["line"]] = result.get("custom_id")
+        self._note(Recorded.of(result))
+
+    def forget(self, lines: set[int]) -> None:
+        """Remove these lines' results, so each resent line ends with one result. The file is
+        rewritten beside itself and renamed over: a crash leaves the old file or the new one."""
+        if not lines:
+            return
+        kept = [
+            raw
+            for raw in self.path.read_bytes().splitlines(keepends=True)
+            if int(json.loads(raw)["line"]) not in lines
+        ]
+        fresh = self.path.with_name(self.path.name + ".rewrite")
+        with fresh.open("wb") as handle:
+            handle.writelines(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.close(self._fd)
+        os.replace(fresh, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        for line in lines:
+            self.recorded.pop(line, None)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -172,6 +306,10 @@ def _result(line: int, custom_id: str | None, response: dict | None, error: dict
     }
 
 
+def _add(groups: dict[str, list[int]], reason: str, line: int) -> None:
+    groups.setdefault(reason, []).append(line)
+
+
 async def run_batch(
     url: str,
     api_key: str | None,
@@ -182,29 +320,52 @@ async def run_batch(
     concurrency: int = 8,
     max_attempts: int = 8,
     on_result: Callable[[dict[str, Any]], None] = lambda _: None,
+    on_start: Callable[[int], None] = lambda _: None,
     timeout_s: float = 600.0,
+    retry: RetryPolicy = RetryPolicy(),
 ) -> Summary:
-    """Send every request without a result yet; write one result per line. Returns the counts."""
-    summary = Summary()
+    """Send every request that has no result yet (and the earlier failures ``retry`` names);
+    write one result per line. ``on_start`` hears how many results this run will write, before
+    the first; ``on_result`` hears each. Returns the counts."""
+    summary = Summary(lines=len(requests) + len(bad), bad_lines=sorted(bad, key=lambda b: b.line))
     started = time.monotonic()
-    for item in bad:
-        summary.problems.append(item.message)
-        if item.line in results.done:
-            continue
-        result = _result(item.line, item.custom_id, None, {"code": "invalid_line", "message": item.message})
-        results.append(result)
-        summary.malformed += 1
-        on_result(result)
     by_line = {r.line: r.custom_id for r in requests} | {b.line: b.custom_id for b in bad}
-    for line, custom_id in results.done.items():
-        expected = by_line.get(line, custom_id)
-        if custom_id != expected:
+    for line, recorded in results.recorded.items():
+        expected = by_line.get(line, recorded.custom_id)
+        if not recorded.malformed and recorded.custom_id != expected:
             raise FrontierError(
-                f"--output {results.path}: line {line} has custom_id {custom_id!r} but the input says {expected!r}; "
-                "the input changed since this output was written"
+                f"--output {results.path}: line {line} has custom_id {recorded.custom_id!r} but the input says "
+                f"{expected!r}; the input changed since this output was written"
             )
-    todo = [r for r in requests if r.line not in results.done]
-    summary.already_done = len(requests) - len(todo)
+    todo: list[BatchRequest] = []
+    resend: set[int] = set()
+    for request in requests:
+        earlier = results.recorded.get(request.line)
+        if earlier is None:
+            todo.append(request)
+        elif earlier.succeeded:
+            summary.already_done += 1
+        elif earlier.malformed or retry.resends(earlier):
+            # Malformed then, fixed in the input since; or a failure this run was asked to resend.
+            todo.append(request)
+            resend.add(request.line)
+        else:
+            _add(summary.not_retried, earlier.reason, request.line)
+            if earlier.retryable:
+                summary.resendable.add(earlier.reason)
+    for item in bad:
+        if item.line in results.recorded and not results.recorded[item.line].malformed:
+            raise FrontierError(
+                f"--output {results.path}: line {item.line} was sent in an earlier run but is malformed now "
+                f"({item.message}); the input changed since this output was written"
+            )
+    results.forget(resend)
+    fresh_bad = [item for item in bad if item.line not in results.recorded]
+    on_start(len(todo) + len(fresh_bad))
+    for item in fresh_bad:
+        result = _result(item.line, item.custom_id, None, {"code": INVALID_LINE, "message": item.message})
+        results.append(result)
+        on_result(result)
     queue: asyncio.Queue[BatchRequest] = asyncio.Queue()
     for r in todo:
         queue.put_nowait(r)
@@ -218,20 +379,20 @@ async def run_batch(
                 request = queue.get_nowait()
                 result = await _send(client, request, max_attempts, summary)
                 results.append(result)
-                response = result["response"] or {}
-                status = response.get("status_code", 0)
-                summary.statuses[status] += 1
-                if status == 200:
+                recorded = Recorded.of(result)
+                if recorded.succeeded:
                     summary.succeeded += 1
-                    usage = (response.get("body") or {}).get("usage") or {}
+                    usage = (result["response"].get("body") or {}).get("usage") or {}
                     summary.prompt_tokens += int(usage.get("prompt_tokens") or 0)
                     summary.completion_tokens += int(usage.get("completion_tokens") or 0)
                 else:
-                    summary.failed += 1
+                    _add(summary.failures, recorded.reason, request.line)
                 on_result(result)
 
         await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(todo))))))
-    summary.lines = len(requests) + len(bad)
+    for groups in (summary.failures, summary.not_retried):
+        for lines in groups.values():
+            lines.sort()
     summary.duration_s = time.monotonic() - started
     return summary
 
@@ -246,8 +407,10 @@ async def _send(
         try:
             answer = await client.post(request.url, json=request.body)
         except httpx.TransportError as exc:
-            error = {"code": "connection_error", "message": f"{type(exc).__name__}: {exc}"}
-            await asyncio.sleep(_backoff(attempt))
+            code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_error"
+            error = {"code": code, "message": f"{type(exc).__name__}: {exc}"}
+            if attempt < max_attempts - 1:
+                await asyncio.sleep(_backoff(attempt))
             continue
         if answer.status_code in RETRYABLE and attempt < max_attempts - 1:
             await asyncio.sleep(_retry_after(answer, attempt))
@@ -261,12 +424,15 @@ async def _send(
             "request_id": answer.headers.get("x-request-id", ""),
             "body": body,
         }
-        return _result(
-            request.line,
-            request.custom_id,
-            response,
-            None if answer.status_code == 200 else body.get("error"),
-        )
+        error = None
+        if answer.status_code != 200:
+            found = body.get("error") if isinstance(body, dict) else None
+            error = (
+                found
+                if isinstance(found, dict)
+                else {"code": f"http_{answer.status_code}", "message": str(found)}
+            )
+        return _result(request.line, request.custom_id, response, error)
     return _result(request.line, request.custom_id, None, error)
 
 

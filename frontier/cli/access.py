@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import Counter
 from pathlib import Path
 
 from invoke import Collection, task
 from invoke.exceptions import Exit
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from frontier.access import batch as batches
 from frontier.access import usage as metering
@@ -50,12 +52,32 @@ def usage(c, stack=None):
         "model": "the model every line is sent to (a line naming another model is refused)",
         "input": "OpenAI Batch-format JSON lines: custom_id, method, url, body",
         "output": "results, one line per input line; an existing file resumes the job",
-        "url": "the gateway's address (default: the stack's endpoint)",
+        "key": "the tenant's API key (default $FRONTIER_API_KEY); a stack with a gateway needs one",
+        "url": "the gateway's address (default: the stack's endpoint, its gateway where it has one)",
         "concurrency": "requests in flight at once (default 8)",
+        "retry_failed": "resend the lines an earlier run failed for a reason a retry can fix "
+        "(429, 408, 5xx, refused connection, timeout)",
+        "retry_status": "resend the lines an earlier run failed with these statuses too, e.g. 401,422 "
+        "once the key or the lines are fixed",
+        "attempts": "tries per line within this run for 429/502/503/504 and lost connections (default 8)",
+        "timeout": "seconds to wait for one answer (default 600)",
     }
 )
 @reports_errors
-def batch(c, stack=None, model=None, input=None, output=None, url=None, concurrency=8):  # noqa: A002
+def batch(
+    c,
+    stack=None,
+    model=None,
+    input=None,  # noqa: A002
+    output=None,
+    key=None,
+    url=None,
+    concurrency=8,
+    retry_failed=False,
+    retry_status="",
+    attempts=8,
+    timeout=600.0,
+):
     """Run a Batch file through the gateway at batch priority; resumable, one result per line."""
     if not (model and input and output):
         raise Exit("error: --model, --input and --output are required", code=2)
@@ -64,17 +86,34 @@ def batch(c, stack=None, model=None, input=None, output=None, url=None, concurre
         settings.pool(model)
     except KeyError as exc:
         raise Exit(f"error: --model: {exc.args[0]}", code=2) from None
-    if int(concurrency) < 1:
-        raise Exit(f"error: --concurrency must be >= 1, got {concurrency}", code=2)
+    for name, value in (("--concurrency", concurrency), ("--attempts", attempts)):
+        if not str(value).isdigit() or int(value) < 1:
+            raise Exit(f"error: {name} must be a whole number >= 1, got {value!r}", code=2)
+    try:
+        timeout_s = float(timeout)
+    except ValueError:
+        timeout_s = 0.0
+    if timeout_s <= 0:
+        raise Exit(f"error: --timeout must be a number of seconds > 0, got {timeout!r}", code=2)
+    retry = batches.RetryPolicy(bool(retry_failed), _statuses(retry_status))
     backend = backend_for(settings)
+    # The stack's endpoint is its gateway where it has one: tenants, batch priority and metering
+    # apply there, and the runtimes behind it take no tenant's key.
     url = url or backend.endpoint()
-    api_key = os.environ.get("FRONTIER_API_KEY") or backend.api_key()
+    api_key = key or os.environ.get("FRONTIER_API_KEY") or backend.api_key()
+    if not api_key and settings.gateway is not None:
+        tenants = ", ".join(t.name for t in settings.tenants if model in t.models)
+        raise Exit(
+            f"error: --key: stack {settings.stack!r} has a gateway, and a batch runs as one of its tenants "
+            f"(those that may use {model!r}: {tenants or 'none'}); give that tenant's key with --key or "
+            "$FRONTIER_API_KEY",
+            code=2,
+        )
     requests, bad, lines = batches.read_input(Path(input), model)
     results = batches.ResultFile(Path(output))
     console = tables.console()
     for item in bad:
         console.print(f"[yellow]malformed[/] {item.message}")
-    done_before = len(results.done)
     progress = Progress(
         TextColumn(f"batch {model}"),
         BarColumn(),
@@ -83,43 +122,95 @@ def batch(c, stack=None, model=None, input=None, output=None, url=None, concurre
         TimeElapsedColumn(),
         console=console,
     )
-    with progress:
-        bar = progress.add_task("batch", total=lines, completed=done_before, status="")
-        counts = {"ok": 0, "failed": 0}
+    try:
+        with progress:
+            bar = progress.add_task("batch", total=None, status="")
+            counts: Counter[str] = Counter()
 
-        def on_result(result: dict) -> None:
-            response = result.get("response") or {}
-            counts["ok" if response.get("status_code") == 200 else "failed"] += 1
-            progress.update(bar, advance=1, status=f"ok {counts['ok']} failed {counts['failed']}")
+            def on_start(count: int) -> None:
+                progress.update(bar, total=count)
 
-        try:
+            def on_result(result: dict) -> None:
+                counts[batches.Recorded.of(result).outcome] += 1
+                progress.update(
+                    bar, advance=1, status=" ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                )
+
             summary = asyncio.run(
                 batches.run_batch(
-                    url, api_key, requests, bad, results, concurrency=int(concurrency), on_result=on_result
+                    url,
+                    api_key,
+                    requests,
+                    bad,
+                    results,
+                    concurrency=int(concurrency),
+                    max_attempts=int(attempts),
+                    on_result=on_result,
+                    on_start=on_start,
+                    timeout_s=timeout_s,
+                    retry=retry,
                 )
             )
-        finally:
-            results.close()
-    rows = [
-        ("input lines", f"{lines:,}"),
-        ("already done (resumed)", f"{summary.already_done:,}"),
-        ("succeeded", f"{summary.succeeded:,}"),
-        (
-            "failed",
-            f"{summary.failed:,}" + (f" ({dict(summary.statuses - {200: 0})})" if summary.failed else ""),
-        ),
-        ("malformed lines", f"{summary.malformed:,}"),
-        ("retries (429/5xx)", f"{summary.retries:,}"),
-        ("prompt / completion tokens", f"{summary.prompt_tokens:,} / {summary.completion_tokens:,}"),
-        ("duration", f"{summary.duration_s:,.1f} s"),
-    ]
-    console.print(tables.table(f"batch {input} -> {output}", ("", "value"), rows, numeric=(1,)))
+    finally:
+        results.close()
+    console.print(_batch_table(f"batch {input} -> {output}", summary))
     print(
         f"batch: lines={lines} done_before={summary.already_done} succeeded={summary.succeeded} "
-        f"failed={summary.failed} malformed={summary.malformed} results={len(results.done)}"
+        f"failed={summary.failed} not_retried={summary.left_failed} malformed={summary.malformed} "
+        f"results={len(results.recorded)}"
     )
-    if summary.failed:
+    if summary.failed or summary.left_failed:
         raise Exit(code=1)
+
+
+def _statuses(text: str) -> frozenset[int]:
+    statuses = set()
+    for item in str(text or "").replace(" ", "").split(","):
+        if not item:
+            continue
+        if not item.isdigit() or not 400 <= int(item) <= 599:
+            raise Exit(
+                f"error: --retry-status: {item!r} is not an HTTP error status (400-599); "
+                "expected a comma-separated list such as 401,422",
+                code=2,
+            )
+        statuses.add(int(item))
+    return frozenset(statuses)
+
+
+def _lines(numbers: list[int], most: int = 12) -> str:
+    shown = ", ".join(str(n) for n in numbers[:most])
+    return shown + (f", … ({len(numbers) - most} more)" if len(numbers) > most else "")
+
+
+def _batch_table(title: str, summary: batches.Summary) -> Table:
+    """Every outcome of a run in one table: done, failed by reason with their lines, malformed by line."""
+    rows = [
+        ("input lines", f"{summary.lines:,}", ""),
+        ("skipped: done in an earlier run", f"{summary.already_done:,}", ""),
+        ("succeeded", f"{summary.succeeded:,}", ""),
+    ]
+    for reason, lines in sorted(summary.failures.items()):
+        rows.append((f"failed: {reason}", f"{len(lines):,}", f"lines {_lines(lines)}"))
+    for reason, lines in sorted(summary.not_retried.items()):
+        fix = (
+            "--retry-failed resends them"
+            if reason in summary.resendable
+            else f"--retry-status {reason.removeprefix('HTTP ')} resends them once the cause is fixed"
+        )
+        rows.append(
+            (f"failed earlier, not resent: {reason}", f"{len(lines):,}", f"lines {_lines(lines)}; {fix}")
+        )
+    if summary.bad_lines:
+        rows.append(
+            ("malformed", f"{summary.malformed:,}", f"lines {_lines([b.line for b in summary.bad_lines])}")
+        )
+    rows += [
+        ("retries within this run", f"{summary.retries:,}", ""),
+        ("prompt / completion tokens", f"{summary.prompt_tokens:,} / {summary.completion_tokens:,}", ""),
+        ("duration", f"{summary.duration_s:,.1f} s", ""),
+    ]
+    return tables.table(title, ("", "value", "lines"), rows, numeric=(1,))
 
 
 @task(name="publish", help={"stack": STACK})

@@ -32,6 +32,7 @@ def cross_check(s: Settings) -> Iterator[FieldProblem]:
         for problem in problems_of(exc):
             yield FieldProblem(_in_stack(problem.path), problem.value, problem.naming(_in_stack))
     yield from _attention_backend_problems(s)
+    yield from _timeout_chain_problems(s)
     if model.num_attention_heads % tp:
         yield FieldProblem(
             "runtime.tensor_parallel_size",
@@ -178,6 +179,24 @@ def _attention_backend_problems(s: Settings) -> Iterator[FieldProblem]:
             backend,
             "reads no fp8 KV cache (runtime.kv_cache_dtype is 'fp8'); use 'triton' or 'auto'",
         )
+
+
+def _timeout_chain_problems(s: Settings) -> Iterator[FieldProblem]:
+    """The runtime's queue gives up (503 with retry-after) before whatever waits on it: the gateway's
+    upstream request and the balancer's idle timeout (a non-streamed answer sends no byte until it is
+    done). Where the balancer fronts the gateway is the target's rule (EC2's ``rules``)."""
+    queue_s = s.runtime.queue.timeout_ms / 1000
+    waiting = [("edge.idle_timeout_s", float(s.edge.idle_timeout_s))]
+    if s.gateway is not None:
+        waiting.append(("gateway.request_timeout_s", s.gateway.request_timeout_s))
+    for name, seconds in waiting:
+        if queue_s >= seconds:
+            yield FieldProblem(
+                "runtime.queue.timeout_ms",
+                s.runtime.queue.timeout_ms,
+                f"must give up before {name} ({seconds:g} s): a queued request would be cut off there "
+                "without the runtime's 503 and retry-after",
+            )
 
 
 def _in_stack(path: str) -> str:

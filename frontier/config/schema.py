@@ -174,6 +174,15 @@ class Gate(_Settings):
     max_error_rate: float = Field(ge=0, le=1)
     max_p99_latency_ms: float = Field(gt=0, le=3_600_000)
     min_requests: int = Field(ge=0, le=1_000_000)
+    max_p99_ratio: float | None = Field(
+        default=None,
+        gt=1,
+        le=100,
+        description=(
+            "The canary's p99 over the window may be at most this times the p99 of a host still on the "
+            "old release over the same window (none: the absolute limit only)."
+        ),
+    )
 
 
 class Rollout(_Settings):
@@ -184,6 +193,13 @@ class Rollout(_Settings):
     readiness_timeout_s: float = Field(gt=0, le=7200)
     keep_releases: int = Field(ge=2, le=50)
     gate: Gate
+    verify_canary: bool = Field(
+        default=False,
+        description=(
+            "Run the stack's verification set (verify.file) on each canary host and on a host still on the "
+            "old release before the rollout goes on; a failure rolls back, naming the failing cases."
+        ),
+    )
 
 
 class Slo(_Settings):
@@ -210,6 +226,12 @@ class Verify(_Settings):
         description="The verification set (YAML); relative to the project root.",
     )
     min_pass_rate: float = Field(default=1.0, ge=0, le=1, description="Below this, a verification fails.")
+    max_pass_rate_drop: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="A canary's pass rate may be at most this far below the old release's on the same set.",
+    )
 
 
 class Host(_Settings):

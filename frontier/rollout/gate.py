@@ -89,3 +89,17 @@ def judge(reading: GateReading, gate: Gate) -> str | None:
     if reading.p99_s is not None and reading.p99_s * 1000 > gate.max_p99_latency_ms:
         return f"p99 {reading.p99_s * 1000:.0f} ms > rollout.gate.max_p99_latency_ms {gate.max_p99_latency_ms:.0f} ({reading.describe()})"
     return None
+
+
+def judge_relative(reading: GateReading, old: GateReading, gate: Gate) -> str | None:
+    """None when the canary's p99 is within ``rollout.gate.max_p99_ratio`` of the old release's over
+    the same window (or either has too few requests to say), else why not."""
+    ratio = gate.max_p99_ratio
+    if ratio is None or reading.p99_s is None or old.p99_s is None or old.requests < gate.min_requests:
+        return None
+    if reading.p99_s > ratio * old.p99_s:
+        return (
+            f"p99 {reading.p99_s * 1000:.0f} ms > rollout.gate.max_p99_ratio {ratio:g} x the old release's "
+            f"{old.p99_s * 1000:.0f} ms over the same window ({reading.describe()})"
+        )
+    return None

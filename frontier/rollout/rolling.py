@@ -24,7 +24,8 @@ from frontier.hosts.balancer import Balancer
 from frontier.hosts.inventory import HostSpec
 from frontier.hosts.session import HostError, HostFacts, HostSession
 from frontier.release.release import Release
-from frontier.rollout.gate import judge, read_gate
+from frontier.rollout.canary import CanaryVerification, judge_verification, verify_through
+from frontier.rollout.gate import judge, judge_relative, read_gate
 
 
 class RolloutFailed(FrontierError):
@@ -110,12 +111,14 @@ class Rollout:
         balancer: Balancer,
         connect: Callable[[HostSpec], Any],
         reporter: Reporter | None = None,
+        verification: CanaryVerification | None = None,
     ) -> None:
         self.settings = settings
         self.hosts = hosts
         self.balancer = balancer
         self.connect = connect
         self.report = reporter or (lambda event: None)
+        self.verification = verification
         self.sessions: dict[str, HostSession] = {}
         health = settings.health
         self.excluded_routes = {health.readiness_path, health.liveness_path, "/metrics"}
@@ -212,12 +215,15 @@ class Rollout:
         if errors:
             raise errors[0]
 
-    def _gate(self, wave: list[HostSpec], results: dict[str, HostResult]) -> None:
+    def _gate(self, wave: list[HostSpec], results: dict[str, HostResult], old: HostSpec | None) -> None:
+        """Each host of the wave over the window against the stack's limits, and, with
+        ``rollout.gate.max_p99_ratio``, against ``old`` (a host on the old release) over the same window."""
         gate = self.settings.rollout.gate
         if gate.window_s <= 0:
             for host in wave:
                 self.report(Event(host.name, "gate", "info", "skipped: rollout.gate.window_s is 0"))
             return
+        compare = old if gate.max_p99_ratio is not None else None
         before: dict[str, str] = {}
         for host in wave:
 
@@ -226,17 +232,66 @@ class Rollout:
                 return f"watching {gate.window_s:g}s"
 
             self._phase(results[host.name], "gate", baseline)
+        if compare is not None:
+            before[compare.name] = self.session(compare).metrics()
         time.sleep(gate.window_s)
+        old_reading = None
+        if compare is not None:
+            old_reading = read_gate(
+                before[compare.name], self.session(compare).metrics(), self.excluded_routes
+            )
         for host in wave:
 
             def check(h: HostSpec = host) -> str:
                 reading = read_gate(before[h.name], self.session(h).metrics(), self.excluded_routes)
-                verdict = judge(reading, gate)
+                verdict = judge(reading, gate) or (
+                    judge_relative(reading, old_reading, gate) if old_reading is not None else None
+                )
                 if verdict:
                     raise HostError(h.name, "gate", verdict)
-                return reading.describe()
+                against = (
+                    "" if old_reading is None else f"; old release on {compare}: {old_reading.describe()}"
+                )
+                return reading.describe() + against
 
             self._phase(results[host.name], "gate", check)
+
+    def _verify(self, wave: list[HostSpec], results: dict[str, HostResult], old: HostSpec | None) -> None:
+        """The verification set on each canary host, judged against ``old`` (a host on the old release)."""
+        check = self.verification
+        if check is None:
+            return
+        old_report = None
+        if old is not None:
+            old_report = verify_through(self.session(old).conn, old.address, check)
+            self.report(
+                Event(
+                    old.name,
+                    "verify",
+                    "info",
+                    f"old release: {old_report.passed}/{len(old_report.results)} passed",
+                )
+            )
+        for host in wave:
+
+            def run(h: HostSpec = host) -> str:
+                report = verify_through(self.session(h).conn, h.address, check)
+                verdict = judge_verification(report, old_report, check)
+                if verdict:
+                    raise HostError(h.name, "verify", verdict)
+                return f"{report.passed}/{len(report.results)} cases passed ({report.pass_rate:.1%})"
+
+            self._phase(results[host.name], "verify", run)
+
+    def _old_host(self, release_id: str, exclude: list[HostSpec]) -> HostSpec | None:
+        """A host not in ``exclude`` that serves a release other than ``release_id``, if any."""
+        for host in self.hosts:
+            if host in exclude:
+                continue
+            facts = self.session(host).facts()
+            if facts.current and facts.current != release_id:
+                return host
+        return None
 
     def run(self, release: Release, wheel: Any, kind: str = "deploy") -> RolloutResult:
         started = time.monotonic()
@@ -264,7 +319,14 @@ class Rollout:
                 if not todo:
                     continue
                 self._switch(todo, results, {h.name: release.id for h in todo}, touched)
-                self._gate(todo, results)
+                canary = wave_name == "canary"
+                wants_old = canary and (
+                    self.verification is not None or rollout.gate.max_p99_ratio is not None
+                )
+                old = self._old_host(release.id, touched) if wants_old else None
+                self._gate(todo, results, old)
+                if canary:
+                    self._verify(todo, results, old)
                 for host in todo:
                     results[host.name].outcome = "updated"
                     # A release left on disk is not worth failing a good rollout for.

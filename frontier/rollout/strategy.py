@@ -30,6 +30,7 @@ from frontier.hosts.balancer import Balancer
 from frontier.hosts.inventory import HostSpec
 from frontier.release.history import HistoryStore
 from frontier.release.release import Release
+from frontier.rollout.canary import CanaryVerification
 from frontier.rollout.rolling import HostResult, Reporter, Rollout, RolloutResult
 
 SURGE = "surge"
@@ -155,6 +156,7 @@ def roll_hosts(
     group: Fleet | None = None,
     surge: bool = False,
     launch_timeout_s: float = 0.0,
+    verification: CanaryVerification | None = None,
 ) -> RolloutResult:
     """Roll ``release`` over ``hosts`` behind ``balancer``: the host rollout of every host target.
 
@@ -162,13 +164,15 @@ def roll_hosts(
     the hosts belong to, holds them against scale-in while the rollout runs. Where ``surge`` is
     allowed and the group's max_size leaves room, each wave of new hosts launches first (within
     ``launch_timeout_s``) and as many old ones retire after it; otherwise ``rollout.batch_size``
-    hosts go out of service at a time, in place. The result says which and why.
+    hosts go out of service at a time, in place. The result says which and why. ``verification``
+    (from :func:`frontier.rollout.canary.canary_verification`) runs the stack's verification set on
+    the canary before the rollout goes on.
     """
     strategy = choose(settings.rollout, group.size() if group is not None and surge else None)
     wheel = store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
 
     def roll(over: list[HostSpec]) -> RolloutResult:
-        return Rollout(settings, over, balancer, connect, reporter).run(release, wheel, kind)
+        return Rollout(settings, over, balancer, connect, reporter, verification).run(release, wheel, kind)
 
     with group.hold(hosts) if group is not None else contextlib.nullcontext():
         if group is not None and strategy.kind == SURGE:

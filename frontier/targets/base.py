@@ -69,11 +69,14 @@ class Backend(Target, Protocol):
         ...
 
     def endpoint(self) -> str:
-        """The base URL clients use: the balancer's address."""
+        """The base URL clients use: the gateway's on a stack with one (tenants, priorities and
+        metering apply there), else the balancer's. The operator's tasks that need the runtimes
+        themselves go through :meth:`balancer` or the hosts, never through this address."""
         ...
 
     def api_key(self) -> str | None:
-        """An API key the operator's tools can use, when the target can tell one."""
+        """An API key the operator's tools can use at :meth:`endpoint`, when the target can tell
+        one; None on a stack with a gateway, where the caller names its tenant by its key."""
         ...
 
     def stack_problems(self) -> Iterator[FieldProblem]:

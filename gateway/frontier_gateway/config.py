@@ -159,7 +159,8 @@ class GatewaySettings(_Strict):
     retries: int = Field(default=2, ge=0, le=10, description="Other replicas tried before any byte is sent.")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, le=104_857_600)
     connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
-    request_timeout_s: float = Field(default=600.0, gt=0, le=3600)
+    # Under the 300 s idle timeout AWS load balancers default to, which bounds a non-streamed answer.
+    request_timeout_s: float = Field(default=290.0, gt=0, le=3600)
     # Completion tokens counted against tokens/min up front when a request names no max_tokens.
     default_max_tokens: int = Field(default=256, ge=1, le=1_048_576)
     quota: QuotaConfig = QuotaConfig()

@@ -41,7 +41,12 @@ def two_model_config(stack: str = "local") -> dict:
         "hosts": ["host-3"],
     }
     config["frontier:models"] = [first, second]
-    config["frontier:gateway"] = {"port": 8090, "metering": {"uri": ".frontier/local/metering.jsonl"}}
+    config["frontier:gateway"] = {
+        "port": 8090,
+        "metering": {"uri": ".frontier/local/metering.jsonl"},
+        # Below every shipped stack's edge.idle_timeout_s (dev's is 120 s): on EC2 the ALB fronts the gateway.
+        "request_timeout_s": 100,
+    }
     config["frontier:tenants"] = [
         {
             "name": "acme",

@@ -87,6 +87,7 @@ def test_gateway_publish_uploads_a_config_that_finds_replicas_by_tag_and_the_whe
     config["frontier:gateway"] = {
         "metering": {"uri": "s3://metering-bucket/metering"},
         "ami_id": "ami-0123456789abcdef0",
+        "request_timeout_s": 110,  # below dev's edge.idle_timeout_s (120 s): the ALB fronts the gateway
     }
     config["frontier:tenants"] = [
         {

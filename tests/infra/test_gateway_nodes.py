@@ -31,6 +31,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory):
         "metering": {"uri": "s3://frontier-dev-metering-123456789012-us-east-1/metering"},
         "ami_id": "ami-0123456789abcdef0",
         "instance_type": "c7i.large",
+        "request_timeout_s": 110,  # below dev's edge.idle_timeout_s (120 s): the ALB fronts the gateway
     }
     config["frontier:tenants"] = [
         {

@@ -393,6 +393,24 @@ CROSS_RULES = {
         "runtime.attention_backend = 'flash-varlen'",
         "reads no fp8 KV cache",
     ),
+    "the runtime's queue outwaits the balancer": (
+        "prod",
+        {"runtime.queue.timeout_ms": 400_000},
+        "runtime.queue.timeout_ms = 400000",
+        "must give up before edge.idle_timeout_s (300 s)",
+    ),
+    "the gateway outwaits the ALB in front of it": (
+        "prod",
+        {
+            "gateway": {
+                "metering": {"uri": "s3://metering/prod"},
+                "ami_id": "ami-0123456789abcdef0",
+                "request_timeout_s": 400,
+            }
+        },
+        "gateway.request_timeout_s = 400.0",
+        "(runtime.queue.timeout_ms = 10 s, gateway.request_timeout_s = 400 s, edge.idle_timeout_s = 300 s)",
+    ),
     "p99 latency SLO not below the TTFT SLO": (
         "prod",
         {"slo.p99_latency_ms": 1000},

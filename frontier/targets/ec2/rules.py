@@ -70,3 +70,14 @@ def _gateway_problems(s: Settings) -> Iterator[FieldProblem]:
         yield FieldProblem(
             "gateway.metering.uri", gw.metering.uri, "must be s3://bucket/prefix outside the local stack"
         )
+    # The ALB fronts the gateway: a non-streamed answer sends no byte until it is done, so past the
+    # idle timeout the client gets the ALB's bare 504 while the gateway still waits on the runtime.
+    queue_s, idle_s = s.runtime.queue.timeout_ms / 1000, s.edge.idle_timeout_s
+    if gw.request_timeout_s >= idle_s:
+        yield FieldProblem(
+            "gateway.request_timeout_s",
+            gw.request_timeout_s,
+            f"must be below edge.idle_timeout_s ({idle_s} s), the ALB's, which fronts the gateway; each hop "
+            f"must give up before the one in front of it (runtime.queue.timeout_ms = {queue_s:g} s, "
+            f"gateway.request_timeout_s = {gw.request_timeout_s:g} s, edge.idle_timeout_s = {idle_s} s)",
+        )

@@ -22,9 +22,11 @@ from frontier.hosts.inventory import HostSpec, ssh_connection, static_hosts
 from frontier.hosts.session import HostSession
 from frontier.release.history import HistoryStore, stack_history
 from frontier.release.release import Release
+from frontier.rollout.canary import canary_verification
 from frontier.rollout.rolling import Reporter, RolloutResult
 from frontier.rollout.strategy import roll_hosts
 from frontier.targets.local import cluster, rules
+from frontier.targets.local import gateway as local_gateway
 from frontier.targets.local.balancer import HAProxyBalancer, balancer_backends, render_haproxy
 from frontier.targets.local.connection import LocalConnection
 from frontier.targets.local.group import LocalFleet, read_state
@@ -69,6 +71,10 @@ class LocalBackend:
             kind,
             reporter,
             group=self.fleet(),
+            # A rollback returns to a release that served; only a deploy proves itself on the canary.
+            verification=canary_verification(self.settings, cluster.api_key(self.settings))
+            if kind == "deploy"
+            else None,
         )
 
     def aws_client(self, service: str) -> Any:
@@ -100,9 +106,16 @@ class LocalBackend:
         return store
 
     def endpoint(self) -> str:
+        # A stack with a gateway is reached through it, as the ALB forwards only to the gateway on
+        # EC2: HAProxy in front of several pools would send a request to any model's runtime.
+        if self.settings.gateway is not None:
+            return local_gateway.gateway_url(self.settings)
         return cluster.balancer_url(self.settings)
 
     def api_key(self) -> str | None:
+        # The gateway takes tenants' keys only, and which tenant a caller acts as is the caller's to say.
+        if self.settings.gateway is not None:
+            return None
         return cluster.api_key(self.settings)
 
     def stack_problems(self) -> Iterator[FieldProblem]:
