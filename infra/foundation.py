@@ -147,5 +147,6 @@ class Foundation(pulumi.ComponentResource):
             repository_arn=self.registry.repository_arn,
             target_group_arn=target_group_arn,
             ssm_access=self._args.ssm_access,
+            ssh_user=self._args.settings.inventory.ssh_user,
             tags=base_tags(self._args.settings.stack),
         )

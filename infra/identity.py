@@ -71,6 +71,8 @@ class IdentityArgs:
     target_group_arn: pulumi.Input[str]
     ssm_access: bool
     tags: Mapping[str, str]
+    # The user `fab` logs in as (inventory.ssh_user): the only one its pushed keys are for, when set.
+    ssh_user: str = ""
 
 
 def _statement(
@@ -82,7 +84,11 @@ def _statement(
     return statement
 
 
-def _objects(bucket_arn: pulumi.Input[str], prefix: str) -> pulumi.Output[str]:
+def _objects(bucket_arn: pulumi.Input[str], prefix: str) -> pulumi.Output[str] | str:
+    # A bucket ARN known as a plain string (the local stack renders these documents without
+    # Pulumi) gives a plain string, so the document can be written as JSON as it is.
+    if isinstance(bucket_arn, str):
+        return f"{bucket_arn}/{prefix.strip('/')}/*"
     return pulumi.Output.concat(bucket_arn, "/", prefix.strip("/"), "/*")
 
 
@@ -246,6 +252,20 @@ def deploy_policy(args: IdentityArgs) -> dict[str, Any]:
             cloud.arn("ssm", "parameter/aws/service/*", account=False),
         ),
     ]
+    # `fab` admits itself to a host with a key of its run, pushed by EC2 Instance Connect just before
+    # it connects (frontier/targets/ec2/access.py), through Session Manager or the bastion alike.
+    # Only instances of this stack, and only as its inventory.ssh_user where the stack names one.
+    push_to_own_instances = {f"aws:ResourceTag/{STACK_TAG}": args.stack}
+    if args.ssh_user:
+        push_to_own_instances["ec2:osuser"] = args.ssh_user
+    statements.append(
+        _statement(
+            "PushItsSshKeyToItsInstances",
+            "ec2-instance-connect:SendSSHPublicKey",
+            cloud.arn("ec2", "instance/*"),
+            {"StringEquals": push_to_own_instances},
+        )
+    )
     if args.ssm_access:
         statements += [
             _statement(

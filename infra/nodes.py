@@ -52,6 +52,8 @@ MAX_HOOK_S = 7200
 BOOT_ALLOWANCE_S = 900
 # Beyond the drain itself, before a terminating host is let go regardless.
 TERMINATE_MARGIN_S = 60
+# The process the first successful deploy resumes (frontier/targets/ec2/group.py: REPLACE_UNHEALTHY).
+REPLACE_UNHEALTHY = "ReplaceUnhealthy"
 # Scale out fast on a queue, scale in slowly: GPU hosts take minutes to come and cost much to churn.
 SCALE_IN_COOLDOWN_S = 600
 
@@ -248,6 +250,15 @@ class GpuNodeGroup(pulumi.ComponentResource):
             # enough for a first boot (driver check, image pull, weights download, warm-up).
             health_check_type="ELB" if args.target_group_arns else "EC2",
             health_check_grace_period=min(MAX_GRACE_S, math.ceil(args.health_check_grace_s)),
+            # ...but not before there is a release to serve (groups out of the target group check
+            # only EC2 status, which an empty host passes). Until the first deploy a host continues
+            # its launch hook empty and fails the load balancer's check (so it takes no traffic);
+            # replacing it would launch another empty host every grace period. Suspending the
+            # replacement (not the check) keeps the group's view honest (`Unhealthy`) and is undone
+            # by the first deploy or rollback that succeeds (frontier/targets/ec2/backend.py), hence
+            # ignored by later updates. Standby would not do: it needs desired capacity above
+            # min_size and takes hosts out of the InService count `pulumi up` waits for.
+            suspended_processes=[REPLACE_UNHEALTHY] if args.target_group_arns else None,
             # `pulumi up` fails when the GPUs never come (no capacity, hosts that ABANDON their launch),
             # instead of ending green with none: it waits as long as one launch hook may take.
             wait_for_capacity_timeout=f"{math.ceil(args.launch_timeout_s / 60) + 5}m",
@@ -281,9 +292,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
             tags=[
                 {"key": key, "value": value, "propagate_at_launch": True} for key, value in host_tags.items()
             ],
-            # The scaling policy and `fab scale` own the desired capacity once the group exists.
+            # The scaling policy and `fab scale` own the desired capacity once the group exists, and
+            # `fab deploy` the suspended processes (AZRebalance while it runs, ReplaceUnhealthy above).
             opts=pulumi.ResourceOptions(
-                parent=self, ignore_changes=["desiredCapacity"], depends_on=list(args.boot_dependencies)
+                parent=self,
+                ignore_changes=["desiredCapacity", "suspendedProcesses"],
+                depends_on=list(args.boot_dependencies),
             ),
         )
         aws.autoscaling.Policy(

@@ -5,8 +5,10 @@ Run on the host by cloud-init (``boot``) and by a systemd service (``watch``), w
 ``frontier_hostside/``, which travels beside it), so the file that is tested here is byte for byte
 what hosts run (Pulumi uploads it beside the agent, under the history prefix's ``host/``)::
 
-    boot       read the stack's current good release from the history in S3 (the newest deploy or
-               rollback record that succeeded: what ``HistoryStore.last_good()`` returns), fetch it,
+    boot       read the release to serve from the history in S3: the one a deploy in progress
+               names in ``releases/deploying.json`` (until it expires), else the stack's current
+               good release (the newest deploy or rollback record that succeeded: what
+               ``HistoryStore.last_good()`` returns); fetch it,
                verify it (each file against release.json, and the release id recomputed from the
                digest and the file hashes), stage and start it with the host agent, wait until it is
                ready, then complete the ASG launch lifecycle hook with CONTINUE, so the host joins the
@@ -52,6 +54,7 @@ from frontier_hostside.names import (
     AGENT_FILE_NAME,
     BOOT_RECORDS_PREFIX,
     CLOUDWATCH_DIMENSIONS,
+    DEPLOYING_POINTER,
     HOST_TOOLS_PREFIX,
     PLACEHOLDER_HOST,
     RELEASE_ID_PATTERN,
@@ -235,6 +238,35 @@ def current_release(aws: Aws, config: NodeConfig) -> dict[str, Any] | None:
     return None
 
 
+# names.DEPLOYING_POINTER is written by a deploy (or rollback) before it starts rolling: the release
+# it rolls, until ``expires`` (its lock's expiry); a failed deploy withdraws it.
+
+
+def deploying_release(aws: Aws, config: NodeConfig, now: float | None = None) -> dict[str, Any] | None:
+    """The release a deploy in progress names in its pointer; None without one, or once it expired."""
+    key = config.history_prefix + DEPLOYING_POINTER
+    # Listed first: a missing object is then no error to tell apart from a refused read.
+    if key not in aws.keys(config.history_bucket, key):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        pointer = json.loads(aws.get(config.history_bucket, key, Path(tmp) / "pointer.json").read_text())
+    moment = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+    if not RELEASE_ID_PATTERN.match(str(pointer.get("release", ""))):
+        log(f"ignoring {key}: it names no release id")
+        return None
+    if str(pointer.get("expires", "")) <= moment:
+        log(
+            f"ignoring {key}: the deploy of {pointer['release']} it names expired at {pointer.get('expires')}"
+        )
+        return None
+    return pointer
+
+
+def release_to_boot(aws: Aws, config: NodeConfig) -> dict[str, Any] | None:
+    """The release being deployed, where a deploy runs; else the stack's current good release."""
+    return deploying_release(aws, config) or current_release(aws, config)
+
+
 def release_id(digest: str, file_hashes: dict[str, str]) -> str:
     """The id a release's digest and file hashes give (the same rule as frontier.release.release)."""
     material = digest + "\n" + "".join(f"{name} {h}\n" for name, h in sorted(file_hashes.items()))
@@ -357,9 +389,12 @@ def boot(config: NodeConfig, aws: Aws) -> dict[str, Any]:
     release = ""
     try:
         install_agent(aws, config, instance_id, address)
-        record = current_release(aws, config)
+        record = release_to_boot(aws, config)
         if record is None:
             # Nothing was ever deployed: the host joins empty and the first `fab deploy` fills it.
+            # Until then it fails the target group's health check, so it takes no traffic, and its
+            # group does not replace it for that: Pulumi creates the group with ReplaceUnhealthy
+            # suspended, and the first deploy that succeeds resumes it (infra/nodes.py).
             outcome, reason = "empty", "no successful deploy in the history yet; waiting for `fab deploy`"
         else:
             release = record["release"]

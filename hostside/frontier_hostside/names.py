@@ -44,6 +44,9 @@ RELEASES_DIR = "releases"
 CURRENT_LINK = "current"
 PREVIOUS_LINK = "previous"
 RELEASE_MANIFEST = "release.json"
+# Under a stack's history prefix: the release a deploy is rolling out, with its expiry. A host that
+# boots while it is there installs that release, not the last good one.
+DEPLOYING_POINTER = "releases/deploying.json"
 
 # --- host tools: what lands in <root>/bin (the agent, its configuration, the bootstrap) -------------
 AGENT_FILE_NAME = "frontier-agent.py"

@@ -225,7 +225,7 @@ class RecordedRollout:
 
     seen: list[tuple[list[str], int, list[str]]] = []
 
-    def __init__(self, settings, hosts, balancer, connect, reporter) -> None:
+    def __init__(self, settings, hosts, balancer, connect, reporter, verification=None) -> None:
         self.hosts = hosts
 
     def run(self, release, wheel, kind):
@@ -257,7 +257,8 @@ def recorded(monkeypatch) -> list[tuple[list[str], int, list[str]]]:
 
 
 def test_an_ec2_rollout_surges_while_holding_the_group_and_says_so(prod, recorded, saved_outputs):
-    saved_outputs.ec2(prod)
+    # A deploy rolls after it stored the release, so the history bucket exists.
+    boto3.client("s3", region_name=REGION).create_bucket(Bucket=saved_outputs.ec2(prod).history_bucket)
     backend = Ec2Backend(
         prod.model_copy(update={"rollout": prod.rollout.model_copy(update={"max_surge": 2})})
     )
@@ -276,7 +277,8 @@ def test_an_ec2_rollout_surges_while_holding_the_group_and_says_so(prod, recorde
 
 
 def test_an_ec2_rollout_at_max_size_goes_one_unavailable_at_a_time(prod, recorded, saved_outputs):
-    saved_outputs.ec2(prod, target_group_arn="arn:tg", history_bucket="b")
+    saved_outputs.ec2(prod, target_group_arn="arn:tg", history_bucket="frontier-prod-history")
+    boto3.client("s3", region_name=REGION).create_bucket(Bucket="frontier-prod-history")
     fleet(prod).scale(10)
     result = Ec2Backend(prod).roll(Release(Artifact("sha256:" + "b" * 64, "image"), {}), "deploy", None)
     assert result.strategy.startswith(

@@ -1,5 +1,8 @@
 """EC2: hosts found by their tags, reached over SSH, drained through the ALB target group.
 
+SSH reaches a host through Session Manager, or the stack's bastion, with a key of this run that EC2
+Instance Connect delivers to the host right before each connection (:mod:`frontier.targets.ec2.access`).
+
 Bucket names, the target group and the endpoint come from the Pulumi stack outputs saved under
 ``.frontier/outputs/<stack>.json`` (:class:`frontier.config.outputs.Ec2Outputs`, see :mod:`frontier.aws`).
 
@@ -10,22 +13,28 @@ A stack that lists its hosts (``inventory.source: static``) is a fixed fleet: no
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import json
 from collections.abc import Iterator
 from typing import Any
 
-from frontier_hostside.names import HOST_ROOT
+from frontier_hostside.names import DEPLOYING_POINTER, HOST_ROOT
+from frontier_runtime.storage.secrets import parse_keys
 from frontier_settings import FieldProblem
 
 from frontier import aws
 from frontier.config.outputs import Ec2Outputs
 from frontier.config.schema import Settings
-from frontier.hosts.inventory import HostSpec, ssh_connection, static_hosts
+from frontier.hosts.inventory import HostSpec, InventoryError, static_hosts
 from frontier.hosts.session import HostSession
-from frontier.release.history import HistoryStore, stack_history
+from frontier.release.history import DEFAULT_LOCK_TTL_S, HistoryStore, iso, now, operator, stack_history
 from frontier.release.release import Release
-from frontier.rollout.rolling import Reporter, RolloutResult
+from frontier.rollout.canary import canary_verification
+from frontier.rollout.rolling import Event, Reporter, RolloutResult
 from frontier.rollout.strategy import roll_hosts
 from frontier.targets.ec2 import rules
+from frontier.targets.ec2.access import InstanceConnectKey, host_connection
 from frontier.targets.ec2.balancer import AlbBalancer
 from frontier.targets.ec2.discovery import HOST_PYTHON, discover
 from frontier.targets.ec2.group import AsgFleet
@@ -40,6 +49,7 @@ class Ec2Backend:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self._key: InstanceConnectKey | None = None
 
     def hosts(self, group: str | None = None) -> list[HostSpec]:
         group_name = group or self.settings.serving_group.name
@@ -76,26 +86,141 @@ class Ec2Backend:
         return len(self.hosts())
 
     def roll(self, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
-        """Surge where the group can grow, else one batch at a time; the group held while it runs."""
-        return roll_hosts(
+        """Surge where the group can grow, else one batch at a time; the group held while it runs.
+
+        Hosts the group launches meanwhile (scale-out, a replaced host) boot the release being
+        rolled: the pointer written first names it to their bootstrap. A failed rollout withdraws
+        the pointer; a final pass then brings every host that joined during the rollout to the
+        release the stack ends on. The first release to succeed turns on the group's replacement
+        of unhealthy hosts, off until there was anything to serve (infra/nodes.py).
+        """
+        store = self.history_store()
+        fleet = self.fleet()
+        hosts = self.hosts()
+        launch_timeout_s = self.settings.rollout.readiness_timeout_s + LAUNCH_ALLOWANCE_S
+        # Read (and refused) before any host is touched; only a deploy proves itself on the canary.
+        verify = kind == "deploy" and self.settings.rollout.verify_canary
+        verification = canary_verification(self.settings, self.runtime_key()) if verify else None
+        name_the_release_being_rolled(store, release, kind)
+        try:
+            result = roll_hosts(
+                self.settings,
+                store,
+                hosts,
+                self.balancer(),
+                self.connect,
+                release,
+                kind,
+                reporter,
+                group=fleet,
+                surge=True,
+                launch_timeout_s=launch_timeout_s,
+                verification=verification,
+            )
+        except BaseException:
+            # A rollout that broke off (an AWS error, Ctrl-C) proved nothing: later hosts boot the
+            # last good release (should this fail too, the pointer still expires with the lock).
+            with contextlib.suppress(Exception):
+                withdraw_the_release_being_rolled(store)
+            raise
+        self.conclude(fleet, store, hosts, release, result, reporter, launch_timeout_s)
+        return result
+
+    def conclude(
+        self,
+        fleet: AsgFleet | None,
+        store: HistoryStore,
+        rolled: list[HostSpec],
+        release: Release,
+        result: RolloutResult,
+        reporter: Reporter | None,
+        launch_timeout_s: float,
+    ) -> None:
+        """After rolling ``release`` over ``rolled``: what hosts that boot later serve, the hosts that
+        joined meanwhile, and (once a release succeeded) the group's replacement of unhealthy hosts."""
+        if result.outcome != "succeeded":
+            withdraw_the_release_being_rolled(store)
+        if fleet is None:
+            return
+        self._final_pass(fleet, store, rolled, release, result, reporter, launch_timeout_s)
+        if result.outcome == "succeeded" and not fleet.replaces_unhealthy():
+            fleet.replace_unhealthy()
+
+    def _final_pass(
+        self,
+        fleet: AsgFleet,
+        store: HistoryStore,
+        rolled: list[HostSpec],
+        release: Release,
+        result: RolloutResult,
+        reporter: Reporter | None,
+        launch_timeout_s: float,
+    ) -> None:
+        """Roll the release the stack ends on over the hosts that joined while ``result`` ran."""
+        report = reporter or (lambda event: None)
+        still_launching = fleet.settle(launch_timeout_s)
+        if still_launching:
+            report(Event("-", "final pass", "info", f"still launching: {', '.join(sorted(still_launching))}"))
+        try:
+            found = self.hosts()
+        except InventoryError:  # every host gone (scaled to zero): nobody joined
+            found = []
+        joined = joined_hosts(rolled, result, found, fleet.in_service())
+        if not joined:
+            return
+        if result.outcome == "succeeded":
+            wanted: Release | None = release
+        else:
+            good = store.last_good()
+            wanted = store.get_release(good["release"]) if good else None
+        names = ", ".join(h.name for h in joined)
+        if wanted is None:
+            report(
+                Event(
+                    "-", "final pass", "info", f"joined during the rollout, no good release to give: {names}"
+                )
+            )
+            return
+        report(
+            Event(
+                "-", "final pass", "start", f"{wanted.id} onto hosts that joined during the rollout: {names}"
+            )
+        )
+        caught_up = roll_hosts(
             self.settings,
-            self.history_store(),
-            self.hosts(),
+            store,
+            joined,
             self.balancer(),
             self.connect,
-            release,
-            kind,
+            wanted,
+            result.kind,
             reporter,
-            group=self.fleet(),
-            surge=True,
-            launch_timeout_s=self.settings.rollout.readiness_timeout_s + LAUNCH_ALLOWANCE_S,
+            group=fleet,
         )
+        result.hosts += caught_up.hosts
+        if caught_up.outcome != "succeeded":
+            result.reason = "; ".join(
+                part for part in (result.reason, f"final pass over {names}: {caught_up.reason}") if part
+            )
+
+    def runtime_key(self) -> str | None:
+        """The runtimes' API key (the first of the stack's secret), for the canary's verification,
+        which reaches one runtime directly through its host's SSH connection."""
+        secret_id = self.settings.runtime.api_keys_secret
+        if not secret_id:
+            return None
+        value = self.aws_client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
+        return parse_keys(value, secret_id)[0]  # the runtime's own reading of the secret
 
     def aws_client(self, service: str) -> Any:
         return aws.client(self.settings, service)
 
     def connect(self, host: HostSpec) -> Any:
-        return ssh_connection(self.settings, host)
+        """SSH to ``host`` by the stack's path (its outputs' ``host_access``), admitted by this run's key."""
+        if self._key is None:
+            self._key = InstanceConnectKey(self.settings, self.aws_client)
+        host_access = self.outputs().host_access if host.instance_id else ""
+        return host_connection(self.settings, host, host_access, self._key)
 
     def session(self, host: HostSpec) -> HostSession:
         return HostSession(self.settings, host, self.connect(host))
@@ -112,3 +237,34 @@ class Ec2Backend:
     def rendered_files(self, digest: str) -> dict[str, str]:
         """Nothing beyond every stack's files: the ALB and its target group are Pulumi's."""
         return {}
+
+
+def deploying_pointer_key(store: HistoryStore) -> str:
+    return store.prefix + DEPLOYING_POINTER
+
+
+def name_the_release_being_rolled(store: HistoryStore, release: Release, kind: str) -> None:
+    """Tell hosts that boot from now on to serve ``release`` (frontier_hostside/bootstrap.py reads
+    it), for as long as the deploy lock lasts: a ``fab`` that dies mid-rollout leaves a pointer
+    that expires with its lock, and hosts fall back to the last good release."""
+    lock = store.read_lock()
+    expires = lock.expires if lock else iso(now() + dt.timedelta(seconds=DEFAULT_LOCK_TTL_S))
+    pointer = {"release": release.id, "kind": kind, "since": iso(now()), "expires": expires, "by": operator()}
+    store.s3.put_object(
+        Bucket=store.bucket,
+        Key=deploying_pointer_key(store),
+        Body=(json.dumps(pointer, indent=2, sort_keys=True) + "\n").encode(),
+    )
+
+
+def withdraw_the_release_being_rolled(store: HistoryStore) -> None:
+    """Hosts that boot from now on serve the last good release again (the history's records)."""
+    store.s3.delete_object(Bucket=store.bucket, Key=deploying_pointer_key(store))
+
+
+def joined_hosts(
+    rolled: list[HostSpec], result: RolloutResult, now_found: list[HostSpec], in_service: set[str]
+) -> list[HostSpec]:
+    """In-service hosts the rollout neither started with nor launched itself (surge hosts)."""
+    seen = {h.name for h in rolled} | {h.name for h in result.hosts}
+    return [h for h in now_found if h.name not in seen and h.instance_id in in_service]

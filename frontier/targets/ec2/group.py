@@ -24,6 +24,9 @@ from frontier.targets.ec2.discovery import HOST_PYTHON, discover
 # While a deploy runs the group must not move hosts between AZs on its own (it would launch and
 # terminate hosts under the rollout's feet).
 HELD_PROCESSES = ["AZRebalance"]
+# Suspended from the group's creation until a release exists (infra/nodes.py): a host with nothing
+# to serve fails the load balancer's health check, and replacing it would only launch another.
+REPLACE_UNHEALTHY = "ReplaceUnhealthy"
 POLL_S = 5.0
 
 
@@ -70,6 +73,33 @@ class AsgFleet:
 
     def in_service(self) -> set[str]:
         return {i["InstanceId"] for i in self._describe()["Instances"] if i["LifecycleState"] == "InService"}
+
+    def launching(self) -> set[str]:
+        """Instances still in their launch (Pending, Pending:Wait, Pending:Proceed)."""
+        return {
+            i["InstanceId"]
+            for i in self._describe()["Instances"]
+            if i["LifecycleState"].startswith("Pending")
+        }
+
+    def settle(self, timeout_s: float) -> set[str]:
+        """Wait until no instance is launching (each passed or abandoned its launch hook), up to
+        ``timeout_s``; the ones still launching then."""
+        deadline = time.monotonic() + timeout_s
+        while (pending := self.launching()) and time.monotonic() < deadline:
+            time.sleep(self.poll_s)
+        return pending
+
+    def replaces_unhealthy(self) -> bool:
+        suspended = {p["ProcessName"] for p in self._describe().get("SuspendedProcesses", [])}
+        return REPLACE_UNHEALTHY not in suspended
+
+    def replace_unhealthy(self) -> None:
+        """From now on the group replaces hosts the load balancer finds unhealthy: there is a release
+        for them to serve."""
+        self.autoscaling.resume_processes(
+            AutoScalingGroupName=self.name, ScalingProcesses=[REPLACE_UNHEALTHY]
+        )
 
     def scale(self, replicas: int) -> GroupSize:
         """Set the desired capacity; a value outside min..max is refused and changes nothing."""

@@ -73,7 +73,7 @@ class LocalBackend:
             group=self.fleet(),
             # A rollback returns to a release that served; only a deploy proves itself on the canary.
             verification=canary_verification(self.settings, cluster.api_key(self.settings))
-            if kind == "deploy"
+            if kind == "deploy" and self.settings.rollout.verify_canary
             else None,
         )
 
