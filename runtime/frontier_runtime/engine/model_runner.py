@@ -28,7 +28,7 @@ from frontier_runtime.engine.config import EngineConfig, resolve_dtype
 from frontier_runtime.engine.sequence import Sequence
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.loader import load_model
-from frontier_runtime.ops import cpu_kernel, panel_gemm
+from frontier_runtime.ops import cpu_kernel, panel_gemm, triton_fused
 from frontier_runtime.ops.paged_attention import AttentionMetadata, allocate_kv, select_backend
 
 log = logging.getLogger("frontier_runtime.engine")
@@ -148,6 +148,8 @@ def device_ops_for(device: torch.device) -> DeviceOps:
 
 def _kernels_in_use(device: torch.device) -> str:
     """What runs beside attention once the model is loaded (its layers chose their kernels then)."""
+    if device.type == "cuda":
+        return "triton-fused" if triton_fused.available(device) else "torch"
     if device.type != "cpu" or not cpu_kernel.enabled() or not cpu_kernel.loaded():
         return "torch"
     native = f"native-{cpu_kernel.variant()}"  # which prebuilt variant this CPU got

@@ -3,8 +3,10 @@
 Torch runs RMSNorm as five kernels, SwiGLU as three and rotary embedding as six, each reading and
 writing the whole activation: at a 2048-token prefill chunk that is hundreds of MB of memory
 traffic per layer. The fused kernels compute the same expressions in the same order, rounding to
-the activations' dtype where torch's separate ops would, in one pass. Elsewhere (CUDA, or a CPU
-where no prebuilt variant of the kernels loads) each function runs the plain torch expression.
+the activations' dtype where torch's separate ops would, in one pass. On CUDA the same steps run as
+the Triton kernels of ``triton_fused`` (where Triton is installed). Elsewhere (a CPU where no
+prebuilt variant of the kernels loads, or CUDA without Triton) each function runs the plain torch
+expression.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from frontier_runtime.ops import cpu_kernel
+from frontier_runtime.ops import cpu_kernel, triton_fused
 
 
 def _fused(x: torch.Tensor) -> bool:
@@ -26,6 +28,9 @@ def rms_norm(
 
     The sum is the stream the next layer adds to; with a residual given, it is written into
     ``residual`` in place (the caller hands over its buffer)."""
+    dense = x.is_contiguous() and (residual is None or residual.is_contiguous())
+    if triton_fused.applies(x) and dense and weight.dtype == x.dtype:
+        return triton_fused.rms_norm(x, weight, eps, residual)
     if _fused(x) and x.is_contiguous() and weight.dtype == x.dtype:
         out = torch.empty_like(x)
         torch.ops.frontier.rms_norm(out, x, residual, weight, eps)
@@ -39,6 +44,8 @@ def rms_norm(
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up = [gate | up]`` along the last dimension."""
     inter = gate_up.shape[-1] // 2
+    if triton_fused.applies(gate_up) and gate_up.is_contiguous():
+        return triton_fused.silu_and_mul(gate_up)
     if _fused(gate_up) and gate_up.is_contiguous():
         out = gate_up.new_empty((*gate_up.shape[:-1], inter))
         torch.ops.frontier.silu_and_mul(out, gate_up)
@@ -62,8 +69,11 @@ def rotary(
 
 
 def can_rotate_into_cache(q: torch.Tensor, k_cache: torch.Tensor, backend: str) -> bool:
-    """Whether ``rotary_and_cache`` applies: the CPU kernel's cache layout, in q's own dtype."""
-    return backend == "cpu-kernel" and k_cache.dtype == q.dtype and _fused(q)
+    """Whether ``rotary_and_cache`` applies: the CPU kernel's cache layout, in q's own dtype; or,
+    where ``triton_fused`` runs, the flash layout of every other backend, in q's dtype or fp8."""
+    if backend == "cpu-kernel":
+        return k_cache.dtype == q.dtype and _fused(q)
+    return triton_fused.applies(q) and k_cache.dtype in (q.dtype, triton_fused.FP8)
 
 
 def rotary_and_cache(
@@ -76,8 +86,18 @@ def rotary_and_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slots: torch.Tensor,
+    backend: str = "cpu-kernel",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Rotate q in place and write rotated k and v at ``slots`` of the CPU kernel's cache, one pass."""
+    """Rotate q in place and write rotated k and v at ``slots`` of ``backend``'s cache, one pass.
+
+    ``k_scale``/``v_scale`` apply to an fp8 cache only (it holds value / scale)."""
+    if backend != "cpu-kernel":
+        triton_fused.rotary_and_write_kv(
+            q, k, v, positions, cos, sin, k_cache, v_cache, slots, k_scale, v_scale
+        )
+        return
     torch.ops.frontier.rotary_and_cache(
         q, k, v, positions.contiguous(), cos, sin, k_cache, v_cache, slots.contiguous()
     )

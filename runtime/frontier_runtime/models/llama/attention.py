@@ -105,7 +105,20 @@ class Attention(nn.Module):
             k = self.k_norm(k.contiguous())[0]
         if fused.can_rotate_into_cache(q, k_cache, meta.backend):
             # q is rotated where it lies in the projection's output and read from there.
-            fused.rotary_and_cache(q, k, v, rope.positions, rope.cos, rope.sin, k_cache, v_cache, meta.slots)
+            fused.rotary_and_cache(
+                q,
+                k,
+                v,
+                rope.positions,
+                rope.cos,
+                rope.sin,
+                k_cache,
+                v_cache,
+                meta.slots,
+                meta.backend,
+                self.k_scale,
+                self.v_scale,
+            )
         else:
             q, k = rope.apply(q, k)
             write_kv(k_cache, v_cache, k, v, meta, self.k_scale, self.v_scale)
