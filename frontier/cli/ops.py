@@ -132,6 +132,10 @@ def status(c, stack=None):
     columns = ("host", "address", "release", "digest", "previous", "running", "ready", "live", "restarts")
     console.print(tables.table(f"stack {settings.stack}", columns, rows))
     console.print(f"deploy lock: {lock.describe() if lock else 'free'}")
+    if lock is not None and lock.lapsed():
+        console.print(
+            "  lapsed (its holder stopped renewing it, or ran past its horizon): the next deploy takes it over"
+        )
 
 
 @task(help={"stack": STACK, "limit": "show the last N entries (default 20)"})
@@ -165,6 +169,9 @@ def unlock(c, stack=None):
     settings = settings_for(stack)
     held = backend_for(settings).history_store().break_lock()
     print(f"removed the deploy lock held by {held.describe()}" if held else "the deploy lock was free")
+    if held is not None and held.lease_until and not held.lapsed():
+        # A live lease means its deploy is still running: it learns at its next renewal.
+        print("its lease was still being renewed: that deploy stops before its next host step")
 
 
 @task(help={"stack": STACK})

@@ -5,7 +5,7 @@ Layout under ``s3://<bucket>/history/<stack>/``::
     artifacts/sha256-<hex>/artifact.json, <wheel file>   what release.build registered
     releases/<id>/release.json, files/<name>              every release ever rolled, byte for byte
     records/<UTC time>-<kind>-<release>.json              one record per deploy or rollback
-    lock/deploy.json                                      the deploy lock (conditional put)
+    lock/deploy.json                                      the deploy lock, a lease (conditional puts)
 
 Records are separate objects (never a read-modify-write of one list), so two writers cannot lose
 each other's entries. The bucket is ``frontier-<stack>-history`` on the local stack (moto) and
@@ -16,13 +16,15 @@ the ``history_bucket`` / ``history_prefix`` Pulumi stack outputs on cloud stacks
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import getpass
 import json
 import os
 import socket
+import threading
+import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +36,19 @@ from frontier.release.artifact import CACHE_DIR, Artifact, ArtifactError, cached
 from frontier.release.release import MANIFEST, Release, ReleaseError, check_release_id, release_from_manifest
 
 DEFAULT_LOCK_TTL_S = 3 * 3600
+#: A deploy lock is a lease: its holder renews it every RENEW_EVERY_S while it runs, and a holder
+#: that dies stops renewing, so its lock lapses within DEFAULT_LEASE_S and the next deploy takes it.
+#: Four renewals fit in one lease, so one or two slow or failed S3 calls do not lose it.
+DEFAULT_LEASE_S = 60.0
+RENEW_EVERY_S = 15.0
 
 
 class LockHeld(FrontierError):
     """Another deploy or rollback of this stack is running."""
+
+
+class LockLost(FrontierError):
+    """The deploy lock this command held was taken over or removed while it ran."""
 
 
 def now() -> dt.datetime:
@@ -56,16 +67,61 @@ def operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class LockInfo:
+    """The deploy lock as one read or write of ``lock/deploy.json`` left it.
+
+    ``lease_until`` is when it lapses unless its holder renews it; ``expires`` is the longest its
+    holder was ever meant to run (``lock_ttl_s``, sized by host count). Both free the lock once
+    passed; ``expires`` is kept because hosts that boot during a deploy trust the deploy's pointer
+    until then (frontier/targets/ec2/backend.py), and a 60 s horizon would cut that short.
+    """
+
     holder: str
     since: str
     expires: str
     purpose: str
     etag: str = ""
+    renewed: str = ""
+    lease_until: str = ""
+    #: Unique per taking: S3's ETag of a simple put is the body's MD5, so the token (and the
+    #: renewal time) keep two holders' writes from ever sharing an ETag.
+    token: str = ""
+    #: The lapsed lock this taking replaced, as ``describe()`` put it ("" when the lock was free).
+    replaced: str = ""
+
+    @property
+    def lapses(self) -> str:
+        """When the lock frees itself: the lease's end, or ``expires`` if that comes first.
+
+        A lock written before leases existed has no lease and lapses at ``expires``, as it did then.
+        """
+        return min(self.lease_until, self.expires) if self.lease_until else self.expires
+
+    def lapsed(self, at: dt.datetime | None = None) -> bool:
+        return self.lapses <= iso(at or now())
+
+    def body(self) -> str:
+        return json.dumps(
+            {
+                "holder": self.holder,
+                "since": self.since,
+                "expires": self.expires,
+                "purpose": self.purpose,
+                "renewed": self.renewed,
+                "lease_until": self.lease_until,
+                "token": self.token,
+            }
+        )
 
     def describe(self) -> str:
-        return f"{self.holder} ({self.purpose}) since {self.since}, stale after {self.expires}"
+        if not self.lease_until:
+            return f"{self.holder} ({self.purpose}) since {self.since}, stale after {self.expires}"
+        state = "lapsed" if self.lapsed() else "expires"
+        return (
+            f"{self.holder} ({self.purpose}) since {self.since}, last renewed {self.renewed}, "
+            f"lease {state} {self.lapses}"
+        )
 
 
 class HistoryStore:
@@ -79,8 +135,12 @@ class HistoryStore:
         prefix: str | None = None,
         *,
         artifacts_prefix: str | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        renew_every_s: float = RENEW_EVERY_S,
     ) -> None:
         self.s3 = s3
+        self.lease_s = lease_s
+        self.renew_every_s = renew_every_s
         self.bucket = bucket
         self.prefix = (prefix or f"history/{stack}/").rstrip("/") + "/"
         # Artifacts are the stack's, shared by its model pools (each pool keeps its own releases).
@@ -195,42 +255,88 @@ class HistoryStore:
 
     # --- the deploy lock --------------------------------------------------------------------------
 
+    LOCK = "lock/deploy.json"
+
     def read_lock(self) -> LockInfo | None:
         try:
-            obj = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + "lock/deploy.json")
+            obj = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + self.LOCK)
         except ClientError as exc:
             if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
                 return None
             raise
         data = json.loads(obj["Body"].read())
-        return LockInfo(data["holder"], data["since"], data["expires"], data.get("purpose", ""), obj["ETag"])
+        return LockInfo(
+            data["holder"],
+            data["since"],
+            data["expires"],
+            data.get("purpose", ""),
+            obj["ETag"],
+            renewed=data.get("renewed", ""),
+            lease_until=data.get("lease_until", ""),
+            token=data.get("token", ""),
+        )
 
     def acquire(
         self, purpose: str, *, ttl_s: float = DEFAULT_LOCK_TTL_S, holder: str | None = None
     ) -> LockInfo:
-        """Take the stack's deploy lock with a conditional put; a stale lock (past its TTL) is replaced."""
+        """Take the stack's deploy lock with a conditional put (If-None-Match: *); a lapsed lock
+        (its lease not renewed in time, or past ``ttl_s``) is replaced, and named in ``replaced``."""
         start = now()
-        info = LockInfo(holder or operator(), iso(start), iso(start + dt.timedelta(seconds=ttl_s)), purpose)
-        body = json.dumps(
-            {"holder": info.holder, "since": info.since, "expires": info.expires, "purpose": purpose}
+        info = LockInfo(
+            holder or operator(),
+            iso(start),
+            iso(start + dt.timedelta(seconds=ttl_s)),
+            purpose,
+            renewed=iso(start),
+            lease_until=iso(start + dt.timedelta(seconds=self.lease_s)),
+            token=uuid.uuid4().hex,
         )
+        replaced = ""
         for _ in range(3):
             try:
-                put = self._put("lock/deploy.json", body, IfNoneMatch="*")
-                return LockInfo(info.holder, info.since, info.expires, purpose, put["ETag"])
+                put = self._put(self.LOCK, info.body(), IfNoneMatch="*")
+                return dataclasses.replace(info, etag=put["ETag"], replaced=replaced)
             except ClientError as exc:
                 if exc.response["Error"]["Code"] not in ("PreconditionFailed", "ConditionalRequestConflict"):
                     raise
             current = self.read_lock()
             if current is None:
                 continue  # released between our put and our read: try again
-            if current.expires > iso(now()):
+            if not current.lapsed():
                 raise LockHeld(
                     f"stack {self.stack!r} is locked by another deploy: {current.describe()}; wait for it, "
                     f"or break a dead lock with `fab unlock -s {self.stack}`"
                 )
-            self._delete_lock(current.etag)  # stale: only the exact stale object is removed
+            self._delete_lock(current.etag)  # lapsed: only the exact lapsed object is removed
+            replaced = current.describe()
         raise LockHeld(f"stack {self.stack!r}: could not take the deploy lock (contended)")
+
+    def renew(self, lock: LockInfo) -> LockInfo:
+        """Extend ``lock``'s lease by ``lease_s`` from now, only if the stored lock is still the very
+        object ``lock`` last wrote (If-Match on its ETag): a renewal never overwrites a lock someone
+        else took, even one taken after ours lapsed. Raises LockLost, naming why, when it is not."""
+        at = now()
+        renewed = dataclasses.replace(
+            lock, renewed=iso(at), lease_until=iso(at + dt.timedelta(seconds=self.lease_s)), replaced=""
+        )
+        try:
+            put = self._put(self.LOCK, renewed.body(), IfMatch=lock.etag)
+        except ClientError as exc:
+            code = exc.response["Error"]["Code"]
+            if code in ("NoSuchKey", "404"):
+                raise LockLost(
+                    f"the deploy lock of stack {self.stack!r} was removed while {lock.purpose} ran "
+                    f"(`fab unlock`?)"
+                ) from None
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                current = self.read_lock()
+                taker = current.describe() if current else "nobody (removed since)"
+                raise LockLost(
+                    f"the deploy lock of stack {self.stack!r} was taken over while {lock.purpose} ran: "
+                    f"now held by {taker}"
+                ) from None
+            raise
+        return dataclasses.replace(renewed, etag=put["ETag"])
 
     def release_lock(self, lock: LockInfo) -> None:
         self._delete_lock(lock.etag)
@@ -243,18 +349,82 @@ class HistoryStore:
 
     def _delete_lock(self, etag: str) -> None:
         try:
-            self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + "lock/deploy.json", IfMatch=etag)
+            self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + self.LOCK, IfMatch=etag)
         except ClientError as exc:
-            if exc.response["Error"]["Code"] not in ("PreconditionFailed", "NoSuchKey", "404"):
+            if exc.response["Error"]["Code"] not in ("PreconditionFailed", "412", "NoSuchKey", "404"):
                 raise
 
     @contextlib.contextmanager
-    def locked(self, purpose: str, *, ttl_s: float = DEFAULT_LOCK_TTL_S) -> Iterator[LockInfo]:
-        lock = self.acquire(purpose, ttl_s=ttl_s)
+    def leased(self, purpose: str, *, ttl_s: float = DEFAULT_LOCK_TTL_S) -> Iterator[Lease]:
+        """Hold the deploy lock for the block, renewing its lease in the background."""
+        lease = Lease(self, self.acquire(purpose, ttl_s=ttl_s))
+        lease.start()
         try:
-            yield lock
+            yield lease
         finally:
-            self.release_lock(lock)
+            lease.stop()
+            self.release_lock(lease.info)  # the latest renewal's ETag: someone else's lock stays
+
+    @contextlib.contextmanager
+    def locked(self, purpose: str, *, ttl_s: float = DEFAULT_LOCK_TTL_S) -> Iterator[LockInfo]:
+        """:meth:`leased`, for a holder that only needs the lock as it was taken."""
+        with self.leased(purpose, ttl_s=ttl_s) as lease:
+            yield lease.info
+
+
+class Lease:
+    """A held deploy lock, renewed every ``store.renew_every_s`` by a daemon thread.
+
+    The thread only records what it learns; the holder asks :meth:`check` before each step, so a
+    deploy that lost its lock stops where it stands rather than at a random point in a thread.
+    """
+
+    def __init__(self, store: HistoryStore, info: LockInfo) -> None:
+        self.store = store
+        self.info = info
+        self.lost: LockLost | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease {info.purpose}", daemon=True)
+        self._guard = threading.Lock()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def check(self) -> None:
+        """Raise LockLost (once the renewer learned it) if the lock is no longer this holder's."""
+        with self._guard:
+            lost = self.lost
+        if lost is not None:
+            raise lost
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.store.renew_every_s):
+            try:
+                info = self.store.renew(self.info)
+            except LockLost as exc:
+                self._lose(exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - S3 unreachable or slow: try again next round
+                if self.info.lapsed():
+                    # Past our lease another deploy may take the lock: from here it is not ours.
+                    self._lose(
+                        LockLost(
+                            f"the deploy lock of stack {self.store.stack!r} lapsed at {self.info.lapses}: "
+                            f"its renewals failed ({type(exc).__name__}: {exc})"
+                        )
+                    )
+                    return
+                continue
+            with self._guard:
+                self.info = info
+
+    def _lose(self, exc: LockLost) -> None:
+        with self._guard:
+            self.lost = exc
 
 
 def stack_history(settings: Settings, s3: Any, bucket: str, prefix: str) -> HistoryStore:

@@ -15,15 +15,19 @@ from typing import Any
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.release.artifact import check_digest
-from frontier.release.history import iso, now, operator
+from frontier.release.history import Lease, iso, now, operator
 from frontier.release.release import Release, check_release_id
 from frontier.render.release import build_release
-from frontier.rollout.rolling import Reporter, RolloutFailed, RolloutResult, waves
+from frontier.rollout.rolling import Event, Reporter, RolloutFailed, RolloutResult, waves
 from frontier.rollout.target import Target
 
 
 def lock_ttl_s(settings: Settings, host_count: int) -> float:
     """Long enough for a slow rollout of every host twice (there and back), never under an hour.
+
+    The lock is a lease renewed while the deploy runs (a dead deploy's lock lapses within
+    ``HistoryStore.lease_s``); this is the horizon beyond which even a live one's lock is up for
+    taking, and until which hosts booting mid-deploy trust the release it rolls.
 
     Where the platform places the replicas (no host list), the serving group's largest size counts.
     """
@@ -112,13 +116,47 @@ def _roll(target: Target, release: Release, kind: str, reporter: Reporter | None
         store.fetch_artifact(release.artifact)  # a missing or corrupt wheel fails before the lock
     store.put_release(release)
     started = now()
-    with store.locked(f"{kind} {release.id}", ttl_s=lock_ttl_s(target.settings, target.rollout_size())):
-        result = target.roll(release, kind, reporter)
+    with store.leased(
+        f"{kind} {release.id}", ttl_s=lock_ttl_s(target.settings, target.rollout_size())
+    ) as lease:
+        if lease.info.replaced:
+            (reporter or _quiet)(
+                Event("-", "lock", "info", f"took over the lapsed lock of {lease.info.replaced}")
+            )
+        result = target.roll(release, kind, _stopping_when_lost(lease, reporter))
         # The stack's current release from now on: hosts that launch later bootstrap it.
         store.append(_record(target.settings, release, result, started))
     if result.outcome != "succeeded":
         raise RolloutFailed(result)
     return result
+
+
+def _quiet(event: Event) -> None:
+    pass
+
+
+def _stopping_when_lost(lease: Lease, reporter: Reporter | None) -> Reporter:
+    """``reporter``, raising LockLost at the start of the first host step after the lease was lost.
+
+    Every target reports each host step's start before taking it, so the rollout stops there and
+    its failure path says why. Only once: the rollout's own way back (restoring the hosts it
+    touched) then runs, since a host left stopped half-way serves nobody, and a deploy that took
+    the lock over rolls every host from what it finds.
+    """
+    report = reporter or _quiet
+    stopped = False
+
+    def guarded(event: Event) -> None:
+        nonlocal stopped
+        if event.status == "start" and not stopped:
+            try:
+                lease.check()
+            except Exception:
+                stopped = True
+                raise
+        report(event)
+
+    return guarded
 
 
 def _record(

@@ -73,6 +73,8 @@ def test_a_held_lock_refuses_a_second_deploy_naming_holder_and_time(store):
 
 
 def test_a_stale_lock_is_taken_over(store):
+    # The lock is a lease now (test_deploy_lease.py: a holder that stops renewing lapses within it);
+    # past ttl_s (lock_ttl_s, its horizon) it lapses as well, renewed or not, as a stale lock did.
     store.acquire("deploy r-000000000001", holder="crashed@host", ttl_s=-1)
     lock = store.acquire("deploy r-000000000002", holder="bob@ci")
     assert store.read_lock().holder == "bob@ci" and lock.expires > iso(now())
