@@ -3,7 +3,8 @@
     python -m frontier.demo [--stack local] [--rate R] [--keep-up]
 
 1. generate the tiny randomly initialised Llama model (``python -m frontier_runtime.tiny``);
-2. ``local.up``: moto, the host slots over SSH, HAProxy;
+2. ``local.up``: moto enforcing IAM (``fab``, the host slots and the gateway each sign as a user
+   whose policies are the cloud roles' documents), the host slots over SSH, HAProxy;
 3. ``weights.push`` the model to the stack's weights bucket (in moto), with its sha256 manifest;
 4. ``release.build``: the runtime wheel and its sha256 digest, registered in the history bucket;
 5. ``deploy`` release **A** (the stack file as it is) over every host: canary, drain, gate;
@@ -15,22 +16,28 @@
    of change an operator rolls and may want back. It is written as a copy of the stack file with
    that one change (``<state_dir>/demo/Pulumi.local.yaml``) and loaded by the same loader;
 9. ``rollback`` under the same load: back to A, byte for byte, through the same gates;
-10. self-healing under a steady load of non-streamed requests: ``kill -9`` of host-2's runtime;
+10. a release that serves but answers wrongly: release A's greedy outputs recorded as the golden
+    cases of ``stacks/verify/canary.yaml``, then release **C**, A with ``kv_cache_dtype: fp8`` and
+    ``rollout.verify_canary: true``, deployed under load: its canary passes readiness and the metric
+    gate, fails the verification set and is rolled back; ``fab history`` names the failed cases
+    (``frontier/demo/canary.py``);
+11. self-healing under a steady load of non-streamed requests: ``kill -9`` of host-2's runtime;
     its supervisor relaunches it and HAProxy puts it back, timed (no request fails: HAProxy retries
     the ones the killed runtime was answering on another host);
-11. a launch: the spare slot (host-4) boots the current release by itself from the history —
+12. a launch: the spare slot (host-4) boots the current release by itself from the history —
     the same ``bootstrap.py boot`` cloud-init runs on an EC2 host — and joins HAProxy; then it is
     retired, drained first (what ``fab local.autoscale`` does on queue depth);
-12. two models behind the gateway: the stack file as two pools (the tiny model on every slot but
+13. two models behind the gateway: the stack file as two pools (the tiny model on every slot but
     the last, a smaller model of another shape on the last), each rolled with ``deploy --model``,
     the gateway started in front with two tenants — ``acme`` (interactive, both models) streams
     chats to each model, ``nightly`` (batch, the small model only) streams four of its own, is
     refused the other model (404) and runs a 16-line batch job — then the gateway's metering
     summed per tenant and model;
-13. a closing table and the usage table, then exactly one last line:
+14. a closing table and the usage table, then exactly one last line:
     ``demo: sent=<n> failed=<n> deploy_s=<s> rollback_s=<s>``.
 
-It exits non-zero when any request failed or any step failed. The stack is taken down at the end
+It exits non-zero when any request failed or any step failed (an AWS call an actor's policy does
+not allow is one line naming the call and moto's words, which name the action). The stack is taken down at the end
 (``local.down``) unless ``--keep-up`` is given, which leaves it running for ``fab status``,
 ``fab history``, ``fab loadtest`` and HAProxy's stats page.
 """
@@ -46,10 +53,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
+from botocore.exceptions import ClientError
 from rich.table import Table
 
 from frontier.config.load import stack_path
 from frontier.config.schema import Settings
+from frontier.demo.canary import wrong_answers_rolled_back
 from frontier.errors import FrontierError
 from frontier.loadtest.client import BackgroundLoad, Target, run_steps
 from frontier.loadtest.report import step_notes, steps_table, wide_console
@@ -57,6 +66,7 @@ from frontier.loadtest.stats import Distribution, RequestSample, SloTargets, sum
 from frontier.rollout.deploy import deploy, rollback
 from frontier.targets import backend_for, load_stack
 from frontier.targets.local import cluster as local
+from frontier.targets.local.iam import refusal
 
 console = wide_console()
 
@@ -367,13 +377,27 @@ def run(settings: Settings, rate: float, load_s: float, tally: Tally) -> int:
     phases.append(Phase(f"rollback to A {release_a}", _between(samples, t1, t2), tally.rollback_s))
     phases.append(Phase("after rollback", _between(samples, t2, float("inf"))))
 
+    step(
+        f"10. release C (kv_cache_dtype fp8), its canary verified against release A's answers, under {rate:g} req/s"
+    )
+    result, samples, reason = wrong_answers_rolled_back(settings, digest, release_a, target, rate, _reporter)
+    tally.add(samples)
+    outcome = "[green]rolled back[/]" if result.outcome == "rolled_back" else f"[red]{result.outcome}[/]"
+    console.print(f"  deploy of {result.release}: {outcome} in {result.duration_s:.1f}s")
+    console.print(f"  fab history: {reason}")
+    if result.outcome != "rolled_back" or "verification" not in reason:
+        raise FrontierError(
+            f"release C's canary was not stopped by its verification: {result.outcome} ({reason})"
+        )
+    phases.append(Phase(f"wrong answers {result.release}", samples, result.duration_s))
+
     phases += fleet_part(settings, target, rate, tally)
 
-    step("12. two models, two tenants behind the gateway")
+    step("13. two models, two tenants behind the gateway")
     model_phases, usage = models_part(settings, digest, tally)
     phases += model_phases
 
-    step("13. summary")
+    step("14. summary")
     console.print(closing_table(phases))
     console.print(usage)
     if tally.failed:
@@ -399,7 +423,7 @@ def fleet_part(settings: Settings, target: Target, rate: float, tally: Tally) ->
     # Non-streamed requests: one the killed runtime was answering is retried by HAProxy on another
     # host (a stream that has begun could not move).
     whole = replace(target, stream=False)
-    step(f"10. self-healing: kill -9 the runtime of {victim.name} under {rate:g} req/s")
+    step(f"11. self-healing: kill -9 the runtime of {victim.name} under {rate:g} req/s")
     load = BackgroundLoad(whole, rate, seed=3).start()
     try:
         time.sleep(2.0)
@@ -423,7 +447,7 @@ def fleet_part(settings: Settings, target: Target, rate: float, tally: Tally) ->
         console.print("  no spare host slot in inventory.hosts: the launch step is skipped")
         return phases
     spare = spares[0]
-    step(f"11. a new host slot: {spare.name} boots the current release by itself, joins, then retires")
+    step(f"12. a new host slot: {spare.name} boots the current release by itself, joins, then retires")
     load = BackgroundLoad(target, rate, seed=4).start()
     try:
         time.sleep(1.0)
@@ -460,6 +484,9 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
     from frontier.targets.local import gateway as local_gateway
 
     multi = dm.two_model_settings(settings)
+    # The stack now serves two models: the host and deploy roles gain the second model's weights.
+    identities = local.identities(multi)
+    console.print(f"  {identities.name:<16} {identities.state:<8} {identities.detail}")
     small = multi.for_pool(dm.SMALL_MODEL)
     push_weights(small, dm.small_model_dir(settings))
     for pool in multi.pools:
@@ -527,6 +554,10 @@ def main(argv: list[str] | None = None) -> int:
             code = run(settings, args.rate, args.load_seconds, tally)
     except FrontierError as exc:
         console.print(f"[red]demo failed: {exc}[/]")
+        code = 2
+    except ClientError as exc:
+        # An AWS call refused (an action the actor's policy does not allow): one line naming it.
+        console.print(f"[red]demo failed: {refusal(exc)}[/]", soft_wrap=True)
         code = 2
     except KeyboardInterrupt:
         console.print("[red]interrupted[/]")

@@ -165,6 +165,9 @@ class GatewaySettings(_Strict):
     default_max_tokens: int = Field(default=256, ge=1, le=1_048_576)
     quota: QuotaConfig = QuotaConfig()
     breaker: BreakerConfig = BreakerConfig()
+    # Tenants' key digests and the runtimes' key are read again this often (SIGHUP: at once), so a
+    # revoked tenant key stops working within this long and a rotation needs no restart.
+    keys_reload_s: float = Field(default=60.0, ge=5, le=3600)
 
     @field_validator("admin_port")
     @classmethod

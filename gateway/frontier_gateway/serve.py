@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import signal
 import socket
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,6 +23,7 @@ import uvicorn
 from frontier_gateway.app import Gateway, create_admin_app, create_app
 from frontier_gateway.config import Ec2Discovery, GatewayConfig
 from frontier_gateway.discovery import discover, follow
+from frontier_gateway.keys import KeyReloader
 from frontier_gateway.metering import flush_forever, open_sink
 from frontier_gateway.metrics import Metrics
 from frontier_gateway.pools import Pools
@@ -86,6 +89,13 @@ def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
                 for p in config.models
                 if p.discovery is not None
             ]
+            reloader = KeyReloader(gateway, gateway.metrics.registry)
+            if reloader.uses_secrets:
+                wake = asyncio.Event()
+                if threading.current_thread() is threading.main_thread():
+                    # SIGHUP's default action ends the process; here it means "read the keys again now".
+                    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, wake.set)
+                tasks.append(asyncio.create_task(reloader.run_forever(wake)))
             tasks += [
                 asyncio.create_task(gateway.pools.probe_forever(client, config.readiness_path, config.probe)),
                 asyncio.create_task(flush_forever(gateway.sink, config.metering.flush_s)),

@@ -59,6 +59,10 @@ class Tenants:
                     )
                 self._by_digest[digest] = tenant
 
+    @property
+    def key_count(self) -> int:
+        return len(self._by_digest)
+
     def __repr__(self) -> str:  # never show digests
         return f"Tenants({[t.name for t in self.all]})"
 

@@ -141,6 +141,15 @@ ENGINE_INFO_METRIC = "frontier_engine_info"
 ATTENTION_BACKEND_LABEL = "attention_backend"
 KERNELS_LABEL = "kernels"
 
+# The API key set a runtime (or gateway) holds, reloaded from Secrets Manager on a schedule and on
+# SIGHUP. The fingerprint is a hash of the keys' SHA-256 digests, so ``fab keys.rotate`` can tell
+# which set each replica serves without any key (or a digest of one) leaving the process.
+API_KEYS_LOADED_METRIC = "frontier_api_keys_loaded"  # gauge: keys in the set in use
+API_KEYS_AGE_METRIC = "frontier_api_keys_age_seconds"  # gauge: since the last successful load
+API_KEYS_RELOAD_FAILURES_METRIC = "frontier_api_keys_reload_failures"  # counter (_total)
+API_KEYS_INFO_METRIC = "frontier_api_keys_info"  # gauge, always 1 {fingerprint}
+KEYS_FINGERPRINT_LABEL = "fingerprint"
+
 # Every family the runtime exports, each once.
 RUNTIME_METRIC_NAMES = (
     HTTP_REQUESTS_METRIC,
@@ -172,6 +181,10 @@ RUNTIME_METRIC_NAMES = (
     READY_METRIC,
     DRAINING_METRIC,
     ENGINE_INFO_METRIC,
+    API_KEYS_LOADED_METRIC,
+    API_KEYS_AGE_METRIC,
+    API_KEYS_RELOAD_FAILURES_METRIC,
+    API_KEYS_INFO_METRIC,
 )
 
 # --- the gateway: headers it reads and sets, its metrics ---------------------------------------------
@@ -200,6 +213,9 @@ GATEWAY_RETRIES_METRIC = "frontier_gateway_retries"  # counter {model}
 GATEWAY_REPLICA_READY_METRIC = "frontier_gateway_replica_ready"  # gauge {model, replica}
 GATEWAY_REPLICA_OUTSTANDING_METRIC = "frontier_gateway_replica_outstanding"  # gauge {model, replica}
 GATEWAY_REPLICA_BREAKER_METRIC = "frontier_gateway_replica_breaker_open"  # gauge {model, replica}
+GATEWAY_KEYS_LOADED_METRIC = "frontier_gateway_keys_loaded"  # gauge: tenant key digests in use
+GATEWAY_KEYS_AGE_METRIC = "frontier_gateway_keys_age_seconds"  # gauge: since the last successful load
+GATEWAY_KEYS_RELOAD_FAILURES_METRIC = "frontier_gateway_keys_reload_failures"  # counter (_total)
 
 # --- CloudWatch: what each host's bootstrap publishes and the alarms and scaling policies read ------
 CLOUDWATCH_NAMESPACE = "Frontier/Runtime"

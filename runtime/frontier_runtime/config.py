@@ -145,6 +145,13 @@ class RuntimeSettings(CacheConfig, ParallelConfig, CpuConfig):
         pattern=SECRET_ID_PATTERN,
         description="Secrets Manager id of the API keys (fetched at start and on reload); None: no auth.",
     )
+    api_keys_reload_s: float = Field(
+        default=60.0,
+        ge=5,
+        le=3600,
+        description="How often the API keys are read again from their secret (SIGHUP: at once); a "
+        "revoked key stops working within this long.",
+    )
     weights_cache_dir: str = Field(
         default=CLOUD_WEIGHTS_CACHE,
         min_length=1,

@@ -9,7 +9,6 @@ ready is tried on the canary and rolled back automatically.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +17,7 @@ from frontier.hosts.session import HostSession
 from frontier.loadtest.client import BackgroundLoad, Target
 from frontier.rollout.deploy import deploy, rollback
 from frontier.rollout.rolling import RolloutFailed
-from frontier.targets import backend_for, load_stack
+from frontier.targets import backend_for
 from frontier.targets.local import cluster as local
 from tests.e2e.conftest import stack_variant
 
@@ -113,80 +112,34 @@ def test_a_release_failing_readiness_on_the_canary_is_rolled_back_while_clients_
     assert running_releases(settings) == before == {canary: cluster.release_a, other: cluster.release_a}
 
 
-GOLDEN_SET = """\
-cases:
-  - name: story
-    kind: golden
-    route: completions
-    request: {prompt: "Once upon a time", max_tokens: 32}
-  - name: sea
-    kind: golden
-    route: chat
-    request:
-      messages: [{role: user, content: "Write one sentence about the sea."}]
-      max_tokens: 32
-  - name: list
-    kind: golden
-    route: completions
-    request: {prompt: "The three colours are", max_tokens: 32}
-  - name: answer
-    kind: normal
-    route: chat
-    request:
-      messages: [{role: user, content: "Say hello."}]
-      max_tokens: 8
-    expect: {status: 200}
-"""
-
-
 def test_a_canary_that_fails_the_verification_set_is_rolled_back_naming_the_failed_cases(cluster, capsys):
     """Release A's greedy outputs are the golden set; a release whose only change is an fp8 KV cache
-    serves without errors but answers differently, so its canary fails verification and rolls back."""
-    import yaml
-
-    from frontier.verify import load_set, record_golden, write_golden
+    serves without errors but answers differently, so its canary fails verification and rolls back
+    (the demo's step, frontier/demo/canary.py)."""
+    from frontier.demo.canary import wrong_answers_rolled_back
 
     settings = cluster.settings
-    set_path = Path(settings.source).parent / "verify" / "canary.yaml"
-    set_path.parent.mkdir(parents=True, exist_ok=True)
-    set_path.write_text(GOLDEN_SET)
-    model = settings.model.name
-    recorded = record_golden(
-        local.balancer_url(settings),
-        local.api_key(settings),
-        load_set(set_path, model=model, recording=True),
-        model=model,
-    )
-    write_golden(set_path, model, cluster.release_a, recorded)
-
-    document = yaml.safe_load(Path(settings.source).read_text())
-    config = document["config"]
-    config["frontier:runtime"]["kv_cache_dtype"] = "fp8"
-    config["frontier:rollout"]["verify_canary"] = True
-    config["frontier:verify"] = {"file": str(set_path)}
-    variant = Path(settings.source).parent / "variants" / "fp8" / Path(settings.source).name
-    variant.parent.mkdir(parents=True, exist_ok=True)
-    variant.write_text(yaml.safe_dump(document, sort_keys=False))
-    fp8 = load_stack(settings.stack, path=variant)
-
     before = running_releases(settings)
-    load = steady_load(settings)
-    try:
-        with pytest.raises(RolloutFailed) as failure:
-            deploy(backend_for(fp8), cluster.digest)
-    finally:
-        samples = load.stop()
-    result = failure.value.result
+    target = Target(
+        base_url=local.balancer_url(settings),
+        model=settings.model.name,
+        api_key=local.api_key(settings),
+        prompt_tokens=16,
+        max_tokens=16,
+        timeout_s=60,
+    )
+    result, samples, reason = wrong_answers_rolled_back(
+        settings, cluster.digest, cluster.release_a, target, RATE, None
+    )
     failed = [s for s in samples if not s.ok]
-    last = backend_for(settings).history_store().records()[-1]
     report(
         capsys,
         f"fp8 canary {result.release}: {result.outcome} in {result.duration_s:.1f}s; "
-        f"history: {last['reason'][:160]}; requests sent={len(samples)} failed={len(failed)}",
+        f"history: {reason[:160]}; requests sent={len(samples)} failed={len(failed)}",
     )
     assert result.outcome == "rolled_back"
-    assert "verification" in last["reason"] and "(golden:" in last["reason"]
-    assert any(name in last["reason"] for name in ("story", "sea", "list"))
-    assert "answer (normal" not in last["reason"]  # only the failed cases are named
+    assert "verification" in reason and "(golden:" in reason
+    assert any(name in reason for name in ("story", "sea", "colours"))
+    assert "answers (normal" not in reason  # only the failed cases are named
     assert failed == [], {s.error for s in failed}
     assert running_releases(settings) == before

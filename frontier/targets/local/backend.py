@@ -100,7 +100,7 @@ class LocalBackend:
             self.settings,
             self.aws_client("s3"),
             cluster.history_bucket(self.settings),
-            f"history/{self.settings.stack}/",
+            cluster.history_prefix(self.settings),
         )
         store.ensure_bucket()
         return store

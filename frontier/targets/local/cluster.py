@@ -5,9 +5,12 @@
 * **moto's server** on ``local.moto_port`` standing in for S3, Secrets Manager and CloudWatch, with
   the weights and history buckets and the API-key secret ``runtime.api_keys_secret``. The key is
   generated here and kept only in moto and in a 0600 file under the state dir (``api-key``) for
-  local clients such as the demo and ``fab loadtest``.
+  local clients such as the demo and ``fab loadtest``. moto enforces IAM: each actor signs with the
+  key of its own user, whose policies are the cloud roles' documents
+  (:mod:`frontier.targets.local.iam`); ``fab`` is the deploy role, the host slots the runtime role.
 * **host slots** from ``inventory.hosts``: each gets its own root (``releases/``, ``current``, a
-  weights cache) and an ``env`` file pointing the AWS SDK at moto (``AWS_ENDPOINT_URL`` …). Each
+  weights cache) and an ``env`` file pointing the AWS SDK at moto (``AWS_ENDPOINT_URL``, the host
+  role's key …). Each
   slot is reached over **real SSH** — a private sshd on the host's loopback alias and ``ssh_port``
   admitting the stack's key (``inventory.ssh_key_file``, generated when missing) — or, where no sshd
   binary exists, over a **local connection** (commands run on this machine directly). The choice:
@@ -47,11 +50,10 @@ from frontier_hostside.names import (
 from frontier import aws, project
 from frontier.config.schema import Host, Local, Settings
 from frontier.errors import FrontierError
-from frontier.targets.local import services
+from frontier.targets.local import iam, services
 from frontier.targets.local.balancer import balancer_backends, render_haproxy
 from frontier.targets.local.group import STATE_FILE as GROUP_STATE_FILE
 
-# moto accepts any credentials; these name the local stack rather than pose as real keys.
 STATE_FILE = "local.json"
 API_KEY_FILE = "api-key"
 CONNECTION_ENV = "FRONTIER_LOCAL_CONNECTION"
@@ -119,24 +121,35 @@ def admin_socket(settings: Settings) -> Path:
     return state_dir(settings) / HAPROXY_ADMIN_SOCKET
 
 
-def aws_env(settings: Settings) -> dict[str, str]:
-    """The standard AWS environment that points every SDK call at moto's server."""
+def access_key(settings: Settings, actor: str) -> iam.AccessKey:
+    """The key ``actor`` (admin, host, deploy, gateway) signs with on the local stack's moto.
+
+    Before ``up`` has made the stack's users (or against a moto that checks nothing), the stack's
+    placeholder key: moto accepts any key until it enforces IAM.
+    """
+    found = iam.read_keys(state_dir(settings)).get(actor)
+    return found or iam.AccessKey(LOCAL_AWS_KEY_ID, LOCAL_AWS_SECRET)
+
+
+def aws_env(settings: Settings, actor: str = "deploy") -> dict[str, str]:
+    """The standard AWS environment that points every SDK call at moto's server as ``actor``."""
     return {
         "AWS_ENDPOINT_URL": moto_endpoint(settings),
-        "AWS_ACCESS_KEY_ID": LOCAL_AWS_KEY_ID,
-        "AWS_SECRET_ACCESS_KEY": LOCAL_AWS_SECRET,
+        **access_key(settings, actor).env(),
         "AWS_DEFAULT_REGION": settings.region,
         "AWS_REGION": settings.region,
     }
 
 
-def aws_client(settings: Settings, service: str) -> Any:
-    """A boto3 client for the local stack: its moto server, unless the environment names an endpoint."""
+def aws_client(settings: Settings, service: str, actor: str = "deploy") -> Any:
+    """A boto3 client for the local stack: its moto server as ``actor`` (``fab`` is the deploy role),
+    unless the environment names another endpoint (then its credentials are that endpoint's)."""
     extra: dict[str, str] = {}
-    if not os.environ.get("AWS_ENDPOINT_URL"):
-        extra["endpoint_url"] = moto_endpoint(settings)
-    if not os.environ.get("AWS_ACCESS_KEY_ID"):
-        # moto accepts any credentials; a fresh shell on the local stack has none.
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if not endpoint or endpoint == moto_endpoint(settings):
+        extra = {"endpoint_url": moto_endpoint(settings), **access_key(settings, actor).boto3_kwargs()}
+    elif not os.environ.get("AWS_ACCESS_KEY_ID"):
+        # A moto that checks nothing accepts any key; a fresh shell has none.
         extra.update(aws_access_key_id=LOCAL_AWS_KEY_ID, aws_secret_access_key=LOCAL_AWS_SECRET)
     return aws.client(settings, service, **extra)
 
@@ -216,7 +229,8 @@ def up(settings: Settings) -> list[Component]:
         services.require_binary(services.SSHD, "openssh-server")
 
     _check_ports(settings, state, connection)
-    report = [_up_moto(settings, state)]
+    moto = _up_moto(settings, state)
+    report = [moto, identities(settings, fresh=moto.state == "started")]
     report += _up_aws_resources(settings, state)
     key = _ensure_ssh_key(settings) if connection == "ssh" else None
     for host in settings.inventory.hosts:
@@ -248,23 +262,40 @@ def _up_moto(settings: Settings, state: Path) -> Component:
     running = services.find(state, "moto")
     if running is not None:
         return Component("moto", "running", f"{running.endpoint} (pid {running.pid})")
-    service = services.start_moto(settings.local.moto_port, state)
+    # IAM enforced from the start: the first calls make the admin user, every later one is checked.
+    service = services.start_moto(settings.local.moto_port, state, env=iam.MOTO_ENV)
     return Component(
-        "moto", "started", f"{service.endpoint} (pid {service.pid}): S3, Secrets Manager, CloudWatch"
+        "moto",
+        "started",
+        f"{service.endpoint} (pid {service.pid}): S3, Secrets Manager, CloudWatch; IAM enforced",
     )
+
+
+def identities(settings: Settings, *, fresh: bool = False) -> Component:
+    """Each actor's IAM user on the stack's moto, with the policies the stack's settings render
+    (``fresh``: moto has just started and has no users yet). Run again when the stack file changes
+    (more models, a gateway, tenants), as ``pulumi up`` would apply a cloud stack's."""
+    detail, _ = iam.provision(
+        settings,
+        moto_endpoint(settings),
+        state_dir(settings),
+        history_bucket(settings),
+        history_prefix(settings),
+        fresh=fresh,
+    )
+    return Component("iam", "created" if fresh else "exists", detail)
+
+
+def history_prefix(settings: Settings) -> str:
+    """The local stack's history prefix in its history bucket."""
+    return f"history/{settings.stack}/"
 
 
 def _up_aws_resources(settings: Settings, state: Path) -> list[Component]:
-    import boto3
     from botocore.exceptions import ClientError
 
-    env = aws_env(settings)
-    session = boto3.Session(
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=settings.region,
-    )
-    s3 = session.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+    # What Pulumi creates on a cloud stack is the admin's to create here.
+    s3 = aws_client(settings, "s3", actor="admin")
     report = []
     existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
     for role, bucket in bucket_names(settings).items():
@@ -275,7 +306,7 @@ def _up_aws_resources(settings: Settings, state: Path) -> list[Component]:
         s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
         report.append(Component(f"bucket {role}", "created", f"s3://{bucket} (versioned)"))
 
-    sm = session.client("secretsmanager", endpoint_url=env["AWS_ENDPOINT_URL"])
+    sm = aws_client(settings, "secretsmanager", actor="admin")
     secret_id = settings.runtime.api_keys_secret
     key_file = state / API_KEY_FILE
     try:
@@ -316,9 +347,10 @@ def _ensure_ssh_key(settings: Settings) -> str:
 
 
 def host_env(settings: Settings, host: Host) -> dict[str, str]:
-    """What a host slot's ``env`` file holds: the AWS environment and where the slot lives."""
+    """What a host slot's ``env`` file holds: the AWS environment (the host role's key) and where
+    the slot lives."""
     return {
-        **aws_env(settings),
+        **aws_env(settings, "host"),
         "FRONTIER_HOST": host.name,
         "FRONTIER_HOST_ADDRESS": host.address,
         "FRONTIER_ROOT": str(host_root(host)),
@@ -333,7 +365,8 @@ def _prepare_host(settings: Settings, host: Host) -> Component:
     env = "".join(f"{k}={v}\n" for k, v in sorted(host_env(settings, host).items()))
     env_file = root / "env"
     if not env_file.exists() or env_file.read_text() != env:
-        env_file.write_text(env)
+        # It holds the host role's secret key, as an instance's metadata service would: owner only.
+        _write_private(env_file, env)
     return Component(f"host {host.name}", "created" if created else "exists", f"root {root}")
 
 
@@ -415,6 +448,8 @@ def down(settings: Settings) -> list[Component]:
         services.stop(service)
         report.append(Component(name, "stopped", f"pid {service.pid}"))
     (state / STATE_FILE).unlink(missing_ok=True)
+    # moto's users went with it; the next `up` makes new ones.
+    iam.credentials_file(state).unlink(missing_ok=True)
     # The next `up` starts with the stack's desired_size in service again.
     (state / GROUP_STATE_FILE).unlink(missing_ok=True)
     return report

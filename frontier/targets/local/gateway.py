@@ -39,7 +39,8 @@ def ensure_tenant_keys(settings: Settings) -> list[cluster.Component]:
     """A key per tenant: digest in moto, the key itself in a 0600 file; existing ones are kept."""
     from botocore.exceptions import ClientError
 
-    sm = cluster.aws_client(settings, "secretsmanager")
+    # Tenants' secrets are the stack's resources (Pulumi's on a cloud stack): the admin makes them.
+    sm = cluster.aws_client(settings, "secretsmanager", actor="admin")
     report = []
     for tenant in settings.tenants:
         path = tenant_key_file(settings, tenant.name)
@@ -74,7 +75,8 @@ def start(settings: Settings, timeout: float = 30.0) -> list[cluster.Component]:
     """Start the gateway in front of the slots' runtimes (a running one is stopped first: its
     config may be another stack file's)."""
     assert settings.gateway is not None and settings.local is not None
-    report = ensure_tenant_keys(settings)
+    # The gateway's user reads the tenants' secrets of this stack file.
+    report = [cluster.identities(settings), *ensure_tenant_keys(settings)]
     state = cluster.state_dir(settings)
     running = services.find(state, SERVICE)
     if running is not None:
@@ -87,7 +89,7 @@ def start(settings: Settings, timeout: float = 30.0) -> list[cluster.Component]:
     services.require_free_port(address, port, SERVICE)
     command = [sys.executable, "-m", "frontier_gateway", "serve", "--config", str(config), "--host", address]
     log = state / "gateway" / "gateway.log"
-    env = {**os.environ, **cluster.aws_env(settings)}
+    env = {**os.environ, **cluster.aws_env(settings, "gateway")}
     service = services.spawn(SERVICE, command, state, log, address, port, env=env)
     services.wait_for_port(address, port, timeout, service)
     report.append(

@@ -214,6 +214,7 @@ def start_sshd(
     if set_env:
         lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in set_env.items()))
     config.write_text("\n".join(lines) + "\n")
+    config.chmod(0o600)  # SetEnv may carry an access key
     check = subprocess.run([sshd, "-t", "-f", str(config)], capture_output=True, text=True)
     if check.returncode != 0:
         raise ServiceError(f"{name}: sshd refuses its config {config}: {check.stderr.strip()}")
@@ -312,11 +313,14 @@ def start_moto(
     in_process: bool = False,
     name: str = "moto",
     timeout: float = 20.0,
+    env: dict[str, str] | None = None,
 ) -> Service:
     """moto's server standing in for AWS: a subprocess (outlives this command) or an in-process thread.
 
     ``port=0`` picks a free port. In-process mode (``ThreadedMotoServer``) starts in milliseconds
     and suits tests; the subprocess suits a local stack that must keep running after the command.
+    ``env`` adds to the subprocess's environment (moto reads its settings, such as IAM enforcement,
+    from there).
     """
     require_python_module("moto.server", "moto[server]")
     state = Path(state_dir).resolve()
@@ -337,7 +341,7 @@ def start_moto(
         port = port or free_port(address)
         log = state / f"{name}.log"
         command = [sys.executable, "-m", "moto.server", "-H", address, "-p", str(port)]
-        service = _spawn(name, command, state, log, address, port)
+        service = _spawn(name, command, state, log, address, port, env={**os.environ, **env} if env else None)
     _wait_http(f"{service.endpoint}/moto-api/data.json", timeout, service)
     return service
 

@@ -3,6 +3,9 @@
 Only SHA-256 digests of the keys are kept. A presented key is hashed and compared with *every*
 stored digest (no early exit), so neither which key matched nor how much of it matched shows in
 the response time.
+
+A set is immutable: a reload builds a whole new ``ApiKeys`` and swaps the one reference the app
+reads, so a request is judged against the old set or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -25,6 +28,12 @@ class ApiKeys:
     def __len__(self) -> int:
         return len(self._digests)
 
+    @property
+    def fingerprint(self) -> str:
+        """Names the set, not its keys: a hash over the sorted digests, the same for the same keys
+        in any order, so an operator can see which set each replica holds without seeing a key."""
+        return key_set_fingerprint(self._digests)
+
     def __repr__(self) -> str:  # never show key material, not even digests
         return f"ApiKeys({len(self._digests)} keys)"
 
@@ -36,6 +45,18 @@ class ApiKeys:
         for digest in self._digests:
             matched |= secrets.compare_digest(presented, digest)
         return matched and token is not None
+
+
+def key_set_fingerprint(digests: Iterable[bytes]) -> str:
+    whole = hashlib.sha256(b"frontier-key-set\0")
+    for digest in sorted(set(digests)):
+        whole.update(digest)
+    return whole.hexdigest()[:16]
+
+
+def fingerprint_of(keys: Iterable[str]) -> str:
+    """The fingerprint a runtime reports for ``keys`` (what ``fab keys.rotate`` waits for)."""
+    return key_set_fingerprint(_digest(k) for k in keys)
 
 
 def bearer_token(authorization: str | None) -> str | None:

@@ -8,6 +8,7 @@ and duration histogram let a deploy gate compute the error rate and p99 from one
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 
 from frontier_hostside import names
@@ -17,6 +18,10 @@ from prometheus_client.registry import Collector
 
 from frontier_runtime.engine.api import EngineStats
 from frontier_runtime.requests import FINISH_REASONS
+from frontier_runtime.server.auth import ApiKeys
+
+# The key set in use and when it was loaded (wall clock), or (None, None) when auth is off.
+KeysState = Callable[[], tuple[ApiKeys | None, float | None]]
 
 TTFT_BUCKETS = (.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 TOKEN_LATENCY_BUCKETS = (.01, .025, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
@@ -35,6 +40,7 @@ class ServerMetrics:
         engine_stats: Callable[[], EngineStats | None],
         queue_state: Callable[[], tuple[int, int]],
         health_state: Callable[[], tuple[bool, bool]],
+        keys_state: KeysState | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
@@ -120,6 +126,11 @@ class ServerMetrics:
             buckets=HTTP_BUCKETS,
             registry=reg,
         )
+        self.key_reload_failures = Counter(
+            names.API_KEYS_RELOAD_FAILURES_METRIC,
+            "Reloads of the API keys that failed (the keys loaded before stay in use).",
+            registry=reg,
+        )
         for reason in FAILURE_REASONS:
             self.failures.labels(reason)
         # Export every series from the first scrape (at zero), so rates and alerts work from the start.
@@ -138,6 +149,7 @@ class ServerMetrics:
         for reason in FINISH_REASONS:
             self.request_success.labels(model_name, reason)
         reg.register(_LiveCollector(model_name, engine_stats, queue_state, health_state))
+        reg.register(_KeysCollector(keys_state or (lambda: (None, None))))
 
     def finished(
         self,
@@ -239,4 +251,32 @@ class _LiveCollector(Collector):
         )
         if stats and stats.attention_backend:
             info.add_metric([self._model, stats.attention_backend, stats.kernels], 1.0)
+        yield info
+
+
+class _KeysCollector(Collector):
+    """The key set in use, read at scrape time: how many keys, how old, and which set (by fingerprint)."""
+
+    def __init__(self, keys_state: KeysState) -> None:
+        self._keys_state = keys_state
+
+    def collect(self) -> Iterable[Metric]:
+        keys, loaded_at = self._keys_state()
+        yield GaugeMetricFamily(
+            names.API_KEYS_LOADED_METRIC,
+            "API keys in the set in use (0: auth is off).",
+            len(keys) if keys else 0,
+        )
+        # An age growing past the reload interval means reloads are failing (or not running).
+        age = max(0.0, time.time() - loaded_at) if loaded_at is not None else 0.0
+        yield GaugeMetricFamily(
+            names.API_KEYS_AGE_METRIC, "Seconds since the API keys in use were loaded.", age
+        )
+        info = GaugeMetricFamily(
+            names.API_KEYS_INFO_METRIC,
+            "1, labelled with the fingerprint of the key set in use (no sample when auth is off).",
+            labels=[names.KEYS_FINGERPRINT_LABEL],
+        )
+        if keys is not None:
+            info.add_metric([keys.fingerprint], 1.0)
         yield info

@@ -6,6 +6,9 @@ bad secret should stop the start at once) → weights (S3 + manifest, or a local
 tokenizer → engine → warm-up forward → ready. Any failure there stops the process with exit code 1
 and a message naming what failed.
 
+API keys are read again every ``api_keys_reload_s`` and at once on SIGHUP (server/keys.py), so a
+key is rotated or revoked by writing the secret, without a restart.
+
 SIGTERM starts a drain instead of uvicorn's immediate close: readiness fails at once (the
 balancer stops sending), new requests get 503 with ``Connection: close``, and the process exits
 0 once the in-flight requests are done or ``drain.timeout_s`` has passed. A second SIGTERM or
@@ -18,6 +21,7 @@ import asyncio
 import logging
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -34,6 +38,7 @@ from frontier_runtime.server.admission import Admission
 from frontier_runtime.server.app import create_app
 from frontier_runtime.server.auth import ApiKeys
 from frontier_runtime.server.health import Health
+from frontier_runtime.server.keys import KeyReloader
 from frontier_runtime.server.probe import remove_probe_file, write_probe_file
 from frontier_runtime.server.state import ServerState
 from frontier_runtime.server.text import TextCodec
@@ -118,6 +123,8 @@ class RuntimeServer(uvicorn.Server):
         self.exit_code = EXIT_OK
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._reload_keys = asyncio.Event()
+        self._reloading: asyncio.Future[None] | None = None
 
     # uvicorn calls this from its signal handler (main thread).
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -173,6 +180,10 @@ class RuntimeServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         self.state.idle = asyncio.Event()
         self.state.idle.set()
+        self._reload_keys = asyncio.Event()
+        if threading.current_thread() is threading.main_thread():
+            # SIGHUP's default action ends the process; here it means "read the keys again now".
+            self._loop.add_signal_handler(signal.SIGHUP, self._reload_keys.set)
         await super().startup(sockets=sockets)
         health = self.state.config.health
         for server in self.servers:
@@ -186,6 +197,13 @@ class RuntimeServer(uvicorn.Server):
         try:
             loaded = await asyncio.to_thread(self.loader)
             self.state.api_keys = loaded.api_keys
+            self.state.api_keys_loaded_at = time.time() if loaded.api_keys is not None else None
+            secret_id = self.state.config.api_keys_secret
+            if secret_id and loaded.api_keys is not None:
+                reloader = KeyReloader(self.state, secret_id)
+                self._reloading = asyncio.ensure_future(
+                    reloader.run_forever(self.state.config.api_keys_reload_s, self._reload_keys)
+                )
             self.state.attach(loaded.engine, loaded.codec)
             started = time.monotonic()
             # The warm-up blocks until one real forward is done: keep it off the loop.
@@ -209,6 +227,8 @@ class RuntimeServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.state.health.draining = True
+        if self._reloading is not None:
+            self._reloading.cancel()
         remove_probe_file()
         await super().shutdown(sockets=sockets)
         engine = self.state.engine

@@ -26,7 +26,9 @@ class ServerState:
     metrics: ServerMetrics = field(init=False)
     engine: EngineClient | None = None
     codec: TextCodec | None = None
+    # Replaced whole on every successful reload (never edited in place): see server/keys.py.
     api_keys: ApiKeys | None = None
+    api_keys_loaded_at: float | None = None  # wall clock of the last successful load
     created: int = field(default_factory=lambda: int(time.time()))
     in_flight: int = 0
     idle: asyncio.Event | None = None
@@ -37,6 +39,7 @@ class ServerState:
             engine_stats=self.engine_stats,
             queue_state=lambda: (self.admission.running, self.admission.waiting),
             health_state=lambda: (self.health.ready()[0], self.health.draining),
+            keys_state=lambda: (self.api_keys, self.api_keys_loaded_at),
         )
 
     def engine_stats(self) -> EngineStats | None:

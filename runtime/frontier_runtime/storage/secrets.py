@@ -1,4 +1,4 @@
-"""API keys from AWS Secrets Manager, read once at start and held only in memory.
+"""API keys from AWS Secrets Manager, read at start and on every reload, held only in memory.
 
 The secret holds either JSON ``{"keys": ["k1", "k2"]}`` (several keys, so one can be rotated
 while the other still works) or a plain string (one key). Endpoints and credentials come from
@@ -29,8 +29,12 @@ def load_api_keys(secret_id: str, *, client: Any | None = None) -> tuple[str, ..
     try:
         response = client.get_secret_value(SecretId=secret_id)
     except Exception as exc:
-        code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
-        raise SecretsError(f"cannot read API keys from secret {secret_id!r}: {code}") from None
+        error = getattr(exc, "response", {}).get("Error", {})
+        code = error.get("Code", type(exc).__name__)
+        # AWS's message names the refused action and the caller, never the secret's value.
+        message = str(error.get("Message", "")).strip()
+        detail = f"{code}: {message}" if message else code
+        raise SecretsError(f"cannot read API keys from secret {secret_id!r}: {detail}") from None
     keys = parse_keys(_secret_text(response, secret_id), secret_id)
     log.info(
         "api keys loaded", extra={"event": "api_keys_loaded", "secret_id": secret_id, "count": len(keys)}

@@ -1,0 +1,313 @@
+"""The local stack's IAM: moto's server enforces it, and every actor signs with an identity of its own.
+
+moto's server is started with ``INITIAL_NO_AUTH_ACTION_COUNT`` = :data:`UNCHECKED_CALLS`: its first
+calls (creating the admin user, its policy and its access key) go unchecked, and every later call
+must be signed with an access key of an IAM user and be allowed by that user's policies. The users,
+each with an access key kept in ``<state_dir>/iam.json`` (mode 0600):
+
+``admin``
+    what ``pulumi up`` is on a cloud stack: it creates the buckets, the API-key secret, the tenants'
+    secrets and the users below. Nothing else signs with it.
+``host``
+    a host slot's bootstrap, agent, metrics publisher and runtime: the runtime hosts' instance role,
+    :func:`infra.identity.runtime_policy` (``hosts=True``) and :func:`infra.identity.lifecycle_policy`,
+    one runtime document per model the stack serves.
+``deploy``
+    ``fab``: the deploy role, :func:`infra.identity.deploy_policy`, one per model.
+``gateway``
+    the gateway process (stacks with a gateway): its role's statements as ``infra/gateway.py``
+    grants them (written there inline, so :func:`gateway_policy` restates them; a test runs the
+    cloud program under Pulumi's mocks and holds the two equal).
+
+The documents are the cloud program's, rendered with the local stack's names in place of the cloud's
+ARNs (its buckets, its history prefix, its secrets), then made readable to moto (:func:`for_moto`).
+
+What moto evaluates, and what it does not (see ``moto/iam/access_control.py``):
+
+* the **action** of every call, against the Action of each statement;
+* the **resource** of S3 calls (``arn:aws:s3:::bucket`` and ``arn:aws:s3:::bucket/key``). Calls to
+  other services are checked as if their resource were ``*``, so a statement scoped to a secret's or
+  a log group's ARN would never match one: :func:`for_moto` widens those statements' resources to
+  ``*`` and keeps their actions as they are;
+* actions by moto's names where they differ from IAM's: ``s3:HeadBucket`` for the HeadBucket call
+  (AWS checks ``s3:ListBucket``), ``monitoring:*`` for CloudWatch's (``cloudwatch:*``), added beside
+  the document's own;
+* not **conditions**: a statement's Condition (``s3:prefix``, ``kms:ViaService``,
+  ``cloudwatch:namespace``, ``aws:ResourceTag/...``, ``aws:SourceVpc``) is taken as met. The
+  conditions are pinned instead by the Pulumi-mock tests of the rendered documents
+  (``tests/infra/test_access.py``) and by the policy pack's rules (``tests/infra/test_policy.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from frontier.config.schema import Settings
+from frontier.errors import FrontierError
+
+# The calls moto lets through unchecked: create the admin user, give it its policy, make its key.
+UNCHECKED_CALLS = 3
+MOTO_ENV = {"INITIAL_NO_AUTH_ACTION_COUNT": str(UNCHECKED_CALLS)}
+CREDENTIALS_FILE = "iam.json"
+ACCOUNT_ID = "123456789012"  # moto's default account: the one every local ARN names
+ACTORS = ("admin", "host", "deploy", "gateway")
+# The services whose calls moto checks against a resource ARN; any other call is checked as if its
+# resource were "*" (moto/core/responses.py: only these define the call's resource).
+RESOURCE_CHECKED = frozenset({"s3", "iam", "sts", "sqs"})
+# AWS authorises HeadBucket with s3:ListBucket; moto checks it as s3:HeadBucket.
+MOTO_ALIASES = {"s3:ListBucket": ("s3:HeadBucket",)}
+# moto names an action after the service's signing name, which is CloudWatch's API host
+# (cloudwatch:PutMetricData is checked as monitoring:PutMetricData).
+MOTO_PREFIXES = {"cloudwatch": "monitoring"}
+ADMIN_DOCUMENT = {
+    "Version": "2012-10-17",
+    "Statement": [{"Sid": "StandsInForPulumi", "Effect": "Allow", "Action": "*", "Resource": "*"}],
+}
+
+
+class IdentityError(FrontierError):
+    """The local stack's identities cannot be created or read."""
+
+
+@dataclass(frozen=True)
+class AccessKey:
+    key_id: str
+    secret: str
+
+    def env(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": self.key_id, "AWS_SECRET_ACCESS_KEY": self.secret}
+
+    def boto3_kwargs(self) -> dict[str, str]:
+        return {"aws_access_key_id": self.key_id, "aws_secret_access_key": self.secret}
+
+
+def user_name(settings: Settings, actor: str) -> str:
+    return f"frontier-{settings.stack}-{actor}"
+
+
+# --- the documents ---------------------------------------------------------------------------------
+
+
+def documents(
+    settings: Settings, history_bucket: str, history_prefix: str
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each actor's policy documents by name, rendered by the cloud program's functions."""
+    from infra.identity import deploy_policy, lifecycle_policy, runtime_policy
+
+    cloud = _cloud(settings)
+    host: dict[str, dict[str, Any]] = {"lifecycle": lifecycle_policy(cloud, settings.stack)}
+    deploy: dict[str, dict[str, Any]] = {}
+    for pool in settings.pools:
+        args = _identity_args(settings, pool.model.weights_uri, history_bucket, history_prefix)
+        host[f"runtime-{pool.name}"] = runtime_policy(args, hosts=True)
+        deploy[f"deploy-{pool.name}"] = deploy_policy(args)
+    found = {"admin": {"admin": ADMIN_DOCUMENT}, "host": host, "deploy": deploy}
+    if settings.gateway is not None:
+        found["gateway"] = {"gateway": gateway_policy(settings)}
+    return found
+
+
+def gateway_policy(settings: Settings) -> dict[str, Any]:
+    """The statements ``infra/gateway.py`` grants the gateway's role, with the local stack's names.
+
+    The local gateway meters to a file, so its S3 statement names the metering location only when
+    that is a bucket.
+    """
+    cloud = _cloud(settings)
+    secrets = [*(t.api_key_secret for t in settings.tenants), settings.runtime.api_keys_secret]
+    statements: list[dict[str, Any]] = [
+        _allow(
+            "ReadKeyDigests",
+            "secretsmanager:GetSecretValue",
+            [cloud.arn("secretsmanager", f"secret:{name}-*") for name in secrets],
+        ),
+        _allow("DecryptSecrets", "kms:Decrypt", _key_arn(settings)),
+        _allow("DiscoverRuntimes", "ec2:DescribeInstances", "*"),
+    ]
+    assert settings.gateway is not None
+    uri = settings.gateway.metering.uri
+    if uri.startswith("s3://"):
+        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        statements.append(
+            _allow(
+                "WriteMetering", "s3:PutObject", f"arn:aws:s3:::{bucket}/{prefix.strip('/') or 'metering'}/*"
+            )
+        )
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def for_moto(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` as moto can check it: resources of services moto checks as ``*`` widened to ``*``,
+    and the names moto uses for an action added beside AWS's (see the module docstring)."""
+    rendered = copy.deepcopy(document)
+    for statement in rendered["Statement"]:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        if not {action.split(":", 1)[0] for action in actions} <= RESOURCE_CHECKED:
+            statement["Resource"] = "*"
+        extra = [alias for action in actions for alias in MOTO_ALIASES.get(action, ())]
+        extra += [
+            f"{MOTO_PREFIXES[service]}:{name}"
+            for service, _, name in (action.partition(":") for action in actions)
+            if service in MOTO_PREFIXES
+        ]
+        if extra:
+            statement["Action"] = [*actions, *extra]
+    return rendered
+
+
+def _cloud(settings: Settings) -> Any:
+    from infra.cloud import Cloud
+
+    return Cloud(
+        account_id=ACCOUNT_ID,
+        partition="aws",
+        region=settings.region,
+        dns_suffix="amazonaws.com",
+        availability_zones=(),
+        elb_account_arn="",
+    )
+
+
+def _identity_args(settings: Settings, weights_uri: str, history_bucket: str, history_prefix: str) -> Any:
+    from infra.identity import IdentityArgs
+
+    cloud = _cloud(settings)
+    weights_bucket, _, weights_prefix = weights_uri.removeprefix("s3://").partition("/")
+    return IdentityArgs(
+        stack=settings.stack,
+        cloud=cloud,
+        weights_bucket_arn=f"arn:aws:s3:::{weights_bucket}",
+        weights_prefix=weights_prefix.strip("/"),
+        history_bucket_arn=f"arn:aws:s3:::{history_bucket}",
+        history_prefix=history_prefix,
+        kms_key_arn=_key_arn(settings),
+        api_keys_secret_arn=cloud.arn("secretsmanager", f"secret:{settings.runtime.api_keys_secret}-*"),
+        repository_arn=cloud.arn("ecr", f"repository/frontier-{settings.stack}-runtime"),
+        target_group_arn=cloud.arn("elasticloadbalancing", f"targetgroup/frontier-{settings.stack}/local"),
+        ssm_access=False,
+        tags={},
+    )
+
+
+def _key_arn(settings: Settings) -> str:
+    # moto's S3 and Secrets Manager encrypt nothing with a key of the stack; the ARN only names one.
+    return _cloud(settings).arn("kms", f"alias/frontier-{settings.stack}")
+
+
+def _allow(sid: str, actions: str | list[str], resources: Any) -> dict[str, Any]:
+    return {"Sid": sid, "Effect": "Allow", "Action": actions, "Resource": resources}
+
+
+# --- the users and their keys ----------------------------------------------------------------------
+
+
+def credentials_file(state_dir: Path) -> Path:
+    return state_dir / CREDENTIALS_FILE
+
+
+def read_keys(state_dir: Path) -> dict[str, AccessKey]:
+    """The access keys ``provision`` wrote; empty where it has not run (or moto checks nothing)."""
+    try:
+        data = json.loads(credentials_file(state_dir).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {actor: AccessKey(**key) for actor, key in data.items()}
+
+
+def provision(
+    settings: Settings,
+    endpoint: str,
+    state_dir: Path,
+    history_bucket: str,
+    history_prefix: str,
+    *,
+    fresh: bool,
+) -> tuple[str, dict[str, AccessKey]]:
+    """Create (``fresh``: moto just started) or bring up to date each actor's user, policies and key.
+
+    Returns what happened, for ``local.up``'s report, and the keys by actor. Idempotent: a user
+    that exists gets its policies put again (a changed stack file changes them), a key on file is kept.
+    """
+    import boto3
+
+    keys = {} if fresh else read_keys(state_dir)
+    if fresh:
+        # moto lets UNCHECKED_CALLS calls through unsigned-for: exactly these three.
+        iam = boto3.client(
+            "iam", endpoint_url=endpoint, region_name=settings.region,
+            aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap",
+        )  # fmt: skip
+        admin = user_name(settings, "admin")
+        iam.create_user(UserName=admin)
+        iam.put_user_policy(UserName=admin, PolicyName="admin", PolicyDocument=json.dumps(ADMIN_DOCUMENT))
+        made = iam.create_access_key(UserName=admin)["AccessKey"]
+        keys["admin"] = AccessKey(made["AccessKeyId"], made["SecretAccessKey"])
+    if "admin" not in keys:
+        raise IdentityError(
+            f"{credentials_file(state_dir)}: no admin key for the running moto server (it was started "
+            f"without the stack's identities): `fab local.down --stack {settings.stack}` then `fab local.up`"
+        )
+    iam = boto3.client(
+        "iam", endpoint_url=endpoint, region_name=settings.region, **keys["admin"].boto3_kwargs()
+    )
+    wanted = documents(settings, history_bucket, history_prefix)
+    for actor, policies in wanted.items():
+        if actor == "admin":
+            continue
+        name = user_name(settings, actor)
+        with contextlib.suppress(iam.exceptions.EntityAlreadyExistsException):
+            iam.create_user(UserName=name)
+        for policy_name, document in policies.items():
+            iam.put_user_policy(
+                UserName=name, PolicyName=policy_name, PolicyDocument=json.dumps(for_moto(document))
+            )
+        if actor not in keys:
+            made = iam.create_access_key(UserName=name)["AccessKey"]
+            keys[actor] = AccessKey(made["AccessKeyId"], made["SecretAccessKey"])
+    _write_keys(state_dir, keys)
+    actors = ", ".join(a for a in ACTORS if a in keys)
+    return (
+        f"users {actors} (moto checks every call against their policies); keys in {credentials_file(state_dir)} (mode 0600)",
+        keys,
+    )
+
+
+def _write_keys(state_dir: Path, keys: dict[str, AccessKey]) -> None:
+    path = credentials_file(state_dir)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(
+            {actor: {"key_id": k.key_id, "secret": k.secret} for actor, k in keys.items()}, out, indent=2
+        )
+    tmp.replace(path)
+
+
+# --- what a refusal says ---------------------------------------------------------------------------
+
+_XML_FIELD = r"<{0}>(.*?)</{0}>"
+
+
+def refusal(exc: Exception) -> str:
+    """One line for an AWS error: its code, the operation, and moto's words (which name the action).
+
+    moto answers a refused call of a JSON service with an XML body that botocore cannot parse; the
+    code and message are read out of it, so the line says AccessDenied and the action, not a 403.
+    """
+    response = getattr(exc, "response", {}) or {}
+    error = response.get("Error", {})
+    code, message = str(error.get("Code", type(exc).__name__)), str(error.get("Message", exc))
+    if "<Message>" in message:
+        found_code = re.search(_XML_FIELD.format("Code"), message)
+        found_message = re.search(_XML_FIELD.format("Message"), message)
+        code = found_code.group(1) if found_code else code
+        message = found_message.group(1) if found_message else message
+    operation = getattr(exc, "operation_name", "")
+    return " ".join(f"{code} on {operation}: {message}".split()) if operation else f"{code}: {message}"

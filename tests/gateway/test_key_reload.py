@@ -1,0 +1,103 @@
+"""The gateway's keys without restarts: tenants' key digests and the runtimes' key are read again
+from Secrets Manager (moto's server) every ``keys_reload_s``; a failed reload keeps the keys in use."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import boto3
+import httpx
+import pytest
+from frontier_hostside import names
+from moto.server import ThreadedMotoServer
+
+from tests.gateway.harness import StandIn, digest, gateway_config, running_gateway, tenant
+
+TENANT_SECRET = "frontier/test/tenant-acme"
+RUNTIME_SECRET = "frontier/test/runtime-keys"
+OLD, NEW = "sk-acme-old-0123456789", "sk-acme-new-9876543210"
+RUNTIME_OLD, RUNTIME_NEW = "sk-runtime-old-000000", "sk-runtime-new-111111"
+RELOAD_S = 5  # the shortest interval the setting allows
+WITHIN_S = RELOAD_S + 10  # one interval, plus a busy machine's scheduling
+
+
+@pytest.fixture
+def secrets(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    # moto's backends live in this process, shared by every server: start from an empty account.
+    httpx.post(f"http://{host}:{port}/moto-api/reset").raise_for_status()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+    client = boto3.client("secretsmanager")
+    client.create_secret(Name=TENANT_SECRET, SecretString=json.dumps({"sha256": [digest(OLD)]}))
+    client.create_secret(Name=RUNTIME_SECRET, SecretString=json.dumps({"keys": [RUNTIME_OLD]}))
+    yield client
+    server.stop()
+
+
+@pytest.fixture
+def gateway(secrets, standins: dict[str, StandIn], tmp_path: Path):  # type: ignore[no-untyped-def]
+    acme = {**tenant("acme", OLD, ["tiny-a"]), "key_sha256": [], "api_key_secret": TENANT_SECRET}
+    config = gateway_config(
+        {"tiny-a": [standins["a1"].url]},
+        [acme],
+        tmp_path / "metering",
+        keys_reload_s=RELOAD_S,
+        upstream_api_key_secret=RUNTIME_SECRET,
+    )
+    with running_gateway(config) as running:
+        yield running
+
+
+def _status(url: str, key: str) -> int:
+    body = {"model": "tiny-a", "prompt": "hi", "max_tokens": 2}
+    return httpx.post(
+        url + names.COMPLETIONS_PATH, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=10
+    ).status_code
+
+
+def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not {what} within {timeout} s")
+
+
+def test_a_revoked_tenant_key_is_refused_within_the_reload_interval(gateway, secrets) -> None:
+    assert _status(gateway.url, OLD) == 200
+    secrets.put_secret_value(SecretId=TENANT_SECRET, SecretString=json.dumps({"sha256": [digest(NEW)]}))
+    _until(lambda: _status(gateway.url, OLD) == 401, WITHIN_S, "the revoked key refused")
+    assert _status(gateway.url, NEW) == 200
+
+
+def test_the_gateway_presents_the_runtimes_new_first_key_after_a_reload(gateway, secrets, standins) -> None:
+    secrets.put_secret_value(
+        SecretId=RUNTIME_SECRET, SecretString=json.dumps({"keys": [RUNTIME_NEW, RUNTIME_OLD]})
+    )
+
+    def presents_new() -> bool:
+        assert _status(gateway.url, OLD) == 200
+        headers = {k.lower(): v for k, v in standins["a1"].requests[-1][2].items()}
+        return headers["authorization"] == f"Bearer {RUNTIME_NEW}"
+
+    _until(presents_new, WITHIN_S, "the new runtime key presented upstream")
+
+
+def test_a_failed_reload_keeps_the_tenant_keys_in_use_and_is_counted(gateway, secrets) -> None:
+    secrets.put_secret_value(SecretId=TENANT_SECRET, SecretString=json.dumps({"sha256": []}))
+    failures = f"{names.GATEWAY_KEYS_RELOAD_FAILURES_METRIC}_total 1.0"
+    _until(
+        lambda: failures in httpx.get(gateway.admin_url + names.METRICS_PATH).text,
+        WITHIN_S,
+        "a failure counted",
+    )
+    assert _status(gateway.url, OLD) == 200
+    assert f"{names.GATEWAY_KEYS_LOADED_METRIC} 1.0" in httpx.get(gateway.admin_url + names.METRICS_PATH).text

@@ -1,0 +1,293 @@
+"""IAM proven by enforcement: moto's server checks every call against the cloud roles' documents.
+
+moto runs as the local stack runs it (``INITIAL_NO_AUTH_ACTION_COUNT``: only the admin user's
+creation goes unchecked); the local target makes the host, deploy and admin users with the documents
+``infra/identity.py`` renders. ``fab``'s part (the history) is written with the deploy role's key,
+and a host's bootstrap reads it through the real AWS CLI with the host role's key, as a host slot's
+``env`` file hands it over. Taking one action out of the host role's document fails exactly the
+call that needs it, and the error names it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+from botocore.exceptions import ClientError
+from frontier_hostside import bootstrap
+from frontier_hostside.bootstrap import Aws, BootError, NodeConfig
+from frontier_hostside.names import RUNNING_METRIC, WAITING_METRIC
+
+from frontier import project
+from frontier.config.schema import Settings
+from frontier.release.artifact import Artifact
+from frontier.release.history import HistoryStore, iso, now
+from frontier.release.release import Release
+from frontier.render.boot import node_env
+from frontier.targets import load_stack
+from frontier.targets.local import cluster as local
+from frontier.targets.local import iam, services
+
+# Each AWS CLI call costs a second or two.
+pytestmark = pytest.mark.slow
+
+
+def _aws_cli() -> str:
+    """The aws command; behind a pyenv shim, the real one (each shim hop costs half a second)."""
+    found = shutil.which("aws")
+    assert found, "the AWS CLI (`aws`) must be on PATH: hosts bootstrap through it"
+    if "/.pyenv/shims/" in found:
+        done = subprocess.run(["pyenv", "which", "aws"], capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    return found
+
+
+@dataclass
+class Account:
+    settings: Settings
+    endpoint: str
+    keys: dict[str, iam.AccessKey]
+    store: HistoryStore
+    release: Release
+    config: NodeConfig
+    aws: Aws
+
+    def client(self, actor: str, service: str):  # noqa: ANN201 - a boto3 client
+        return boto3.client(
+            service, endpoint_url=self.endpoint, region_name="us-east-1", **self.keys[actor].boto3_kwargs()
+        )
+
+    def host_policy(self) -> tuple[str, dict]:
+        name = f"runtime-{self.settings.model.name}"
+        return name, iam.documents(self.settings, self.store.bucket, self.store.prefix)["host"][name]
+
+    def host_without(self, action: str) -> None:
+        """The host role's runtime document with ``action`` taken out, put by the admin."""
+        name, document = self.host_policy()
+        self.client("admin", "iam").put_user_policy(
+            UserName=iam.user_name(self.settings, "host"),
+            PolicyName=name,
+            PolicyDocument=json.dumps(iam.for_moto(without(document, action))),
+        )
+
+
+def without(document: dict, action: str) -> dict:
+    trimmed = copy.deepcopy(document)
+    for statement in trimmed["Statement"]:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        statement["Action"] = [a for a in actions if a != action]
+    trimmed["Statement"] = [s for s in trimmed["Statement"] if s["Action"]]
+    return trimmed
+
+
+@pytest.fixture
+def account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """moto enforcing IAM, the stack's users, and the history with one release written by `fab`."""
+    settings = load_stack("local")
+    moto = services.start_moto(0, tmp_path / "moto", env=iam.MOTO_ENV)
+    bucket, prefix = local.history_bucket(settings), local.history_prefix(settings)
+    try:
+        _, keys = iam.provision(settings, moto.endpoint, tmp_path, bucket, prefix, fresh=True)
+        admin_s3 = boto3.client(
+            "s3", endpoint_url=moto.endpoint, region_name="us-east-1", **keys["admin"].boto3_kwargs()
+        )
+        admin_s3.create_bucket(Bucket=bucket)
+        deploy_s3 = boto3.client(
+            "s3", endpoint_url=moto.endpoint, region_name="us-east-1", **keys["deploy"].boto3_kwargs()
+        )
+        store = HistoryStore(deploy_s3, bucket, settings.stack, prefix)
+        artifact = Artifact("sha256:" + hashlib.sha256(b"runtime").hexdigest(), "image")
+        release = Release(artifact, {"runtime.yaml": "mode: serve\n"})
+        store.put_release(release)
+        store.append(
+            {"kind": "deploy", "started_at": iso(now()), "release": release.id, "outcome": "succeeded"}
+        )
+        env = dict(node_env(settings, settings.serving_group, history_bucket=bucket, history_prefix=prefix))
+        env |= {
+            "AWS_REGION": "us-east-1",
+            "FRONTIER_ROOT": str(tmp_path / "host"),
+            "FRONTIER_READINESS_TIMEOUT_S": "30",
+            "FRONTIER_INSTANCE_ID": "host-1",
+            "FRONTIER_ADDRESS": "127.0.0.1",
+        }
+        env_file = tmp_path / "node.env"
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        # What a host slot's env file gives its bootstrap, agent, publisher and runtime.
+        for key, value in {"AWS_ENDPOINT_URL": moto.endpoint, **keys["host"].env()}.items():
+            monkeypatch.setenv(key, value)
+        yield Account(
+            settings,
+            moto.endpoint,
+            keys,
+            store,
+            release,
+            NodeConfig.load(str(env_file)),
+            Aws("us-east-1", _aws_cli()),
+        )
+    finally:
+        services.stop(moto)
+
+
+def test_the_host_role_reads_the_current_release_and_records_its_boot(account):
+    record = bootstrap.current_release(account.aws, account.config)
+    assert record is not None and record["release"] == account.release.id
+    incoming = Path(account.config.root) / "incoming" / account.release.id
+    manifest = bootstrap.fetch_release(account.aws, account.config, account.release.id, incoming)
+    assert manifest["id"] == account.release.id
+    key = f"{account.store.prefix}boots/host-1.json"
+    account.aws.put(account.store.bucket, key, b"{}")
+    assert account.store.s3.get_object(Bucket=account.store.bucket, Key=key)["Body"].read() == b"{}"
+
+
+class MetricsPage(BaseHTTPRequestHandler):
+    """A runtime's /metrics, as the publisher scrapes it."""
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        body = f"{WAITING_METRIC} 2\n{RUNNING_METRIC} 1\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_the_host_role_publishes_its_runtime_metrics(account):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), MetricsPage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = replace(account.config, metrics_url=f"http://127.0.0.1:{server.server_address[1]}/metrics")
+    try:
+        published = bootstrap.publish(config, account.aws)
+    finally:
+        server.shutdown()
+    assert (published["queue_depth"], published["running"]) == (2, 1)
+    names = {m["MetricName"] for m in account.client("admin", "cloudwatch").list_metrics()["Metrics"]}
+    assert {"QueueDepth", "RunningRequests"} <= names
+
+
+def test_without_s3_get_object_the_host_is_refused_its_release_naming_the_call(account):
+    account.host_without("s3:GetObject")
+    with pytest.raises(BootError) as refused:
+        bootstrap.current_release(account.aws, account.config)
+    # S3 names the call (GetObject, authorised as s3:GetObject) and the refusal, not the policy.
+    assert "AccessDenied" in str(refused.value) and "GetObject operation" in str(refused.value)
+
+
+def test_without_describe_auto_scaling_instances_the_host_cannot_see_its_lifecycle_state(account):
+    account.host_without("autoscaling:DescribeAutoScalingInstances")
+    with pytest.raises(
+        BootError, match="not authorized to perform: autoscaling:DescribeAutoScalingInstances"
+    ):
+        account.aws.group_of("host-1")
+
+
+def test_the_host_role_cannot_make_a_release_current(account):
+    # The resource is checked: s3:PutObject is granted under boots/ only, never records/.
+    with pytest.raises(BootError, match=r"AccessDenied.*PutObject operation"):
+        account.aws.put(account.store.bucket, f"{account.store.prefix}records/forged.json", b"{}")
+
+
+def test_moto_takes_a_condition_as_met(account):
+    # The host's s3:ListBucket is conditioned on s3:prefix (its history sub-prefixes); AWS would
+    # refuse this listing, moto allows it: conditions are pinned by tests/infra/test_access.py.
+    assert account.aws.keys(account.store.bucket, "elsewhere/") == []
+
+
+def test_a_refusal_reads_as_one_line_naming_the_action(account):
+    with pytest.raises(ClientError) as refused:
+        account.client("deploy", "secretsmanager").create_secret(Name="anything", SecretString="x")
+    assert iam.refusal(refused.value) == (
+        "AccessDenied on CreateSecret: User: arn:aws:iam::123456789012:user/frontier-local-deploy "
+        "is not authorized to perform: secretsmanager:CreateSecret"
+    )
+
+
+def test_moto_checks_resources_of_s3_calls_only_so_other_statements_are_widened():
+    document = {
+        "Statement": [
+            {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::b"},
+            {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["arn:aws:s3:::b/p/*"]},
+            {
+                "Effect": "Allow",
+                "Action": "secretsmanager:GetSecretValue",
+                "Resource": "arn:aws:secretsmanager:x",
+            },
+        ]
+    }
+    listing, reading, secret = iam.for_moto(document)["Statement"]
+    assert listing == {
+        "Effect": "Allow",
+        "Action": ["s3:ListBucket", "s3:HeadBucket"],
+        "Resource": "arn:aws:s3:::b",
+    }
+    assert reading["Resource"] == ["arn:aws:s3:::b/p/*"]
+    assert (secret["Action"], secret["Resource"]) == ("secretsmanager:GetSecretValue", "*")
+
+
+def test_the_local_gateway_is_granted_what_the_cloud_gateway_role_is():
+    # infra/gateway.py writes its role's statements inline; run it under Pulumi's mocks and compare.
+    sys.path.insert(0, str(project.root() / "tests" / "infra"))
+    from infra_mocks import run_program
+
+    document = yaml.safe_load((project.root() / "stacks" / "Pulumi.dev.yaml").read_text())
+    config = document["config"]
+    config["frontier:gateway"] = {
+        "port": 8090,
+        "metering": {"uri": "s3://frontier-dev-metering-123456789012-us-east-1/metering"},
+        "ami_id": "ami-0123456789abcdef0",
+        "instance_type": "c7i.large",
+        "request_timeout_s": 110,
+    }
+    config["frontier:tenants"] = [
+        {
+            "name": "acme",
+            "api_key_secret": "frontier/dev/tenants/acme",
+            "models": [config["frontier:model"]["name"]],
+            "requests_per_minute": 600,
+            "tokens_per_minute": 100000,
+            "max_concurrent_requests": 16,
+            "priority": "interactive",
+        }
+    ]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "Pulumi.dev.yaml"
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        settings = load_stack("dev", path=path)
+    graph = run_program(settings)
+    cloud = json.loads(graph.one("aws:iam/rolePolicy:RolePolicy", "dev-gateway-policy").inputs["policy"])
+    local_document = iam.gateway_policy(settings)
+
+    def granted(document: dict) -> list[tuple]:
+        # The stack's KMS key is a resource of the cloud only; the local stack names none.
+        return [
+            (s["Sid"], s["Action"], None if s["Sid"] == "DecryptSecrets" else s["Resource"])
+            for s in document["Statement"]
+        ]
+
+    assert [sid for sid, *_ in granted(cloud)] == [
+        "ReadKeyDigests",
+        "DecryptSecrets",
+        "DiscoverRuntimes",
+        "WriteMetering",
+    ]
+    assert granted(local_document) == granted(cloud)
+
+
+def test_cloudwatch_actions_are_also_granted_under_the_name_moto_checks():
+    document = {"Statement": [{"Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*"}]}
+    [statement] = iam.for_moto(document)["Statement"]
+    assert statement["Action"] == ["cloudwatch:PutMetricData", "monitoring:PutMetricData"]
