@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from frontier.capacity.explore import Exploration
-from frontier.config.schema import Slo
+from frontier.capacity.explore import ExpertParallelRow, Exploration
+from frontier.config.schema import Settings, Slo
 
 
 def pareto_png(ex: Exploration, slo: Slo, out: Path) -> Path:
@@ -74,6 +74,51 @@ def pareto_png(ex: Exploration, slo: Slo, out: Path) -> Path:
     ax.set_title(
         f"stack {ex.stack}: price vs latency of {len(ex.options)} options ({ex.considered} candidates)"
     )
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def expert_parallel_png(rows: tuple[ExpertParallelRow, ...], settings: Settings, out: Path) -> Path:
+    """Cost per 1M output tokens and TPOT against expert parallel, inside and across the NVLink domain."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    ok = [r for r in rows if r.cost_per_million is not None and r.point is not None]
+    for inside, colour, label in (
+        (True, "tab:green", "inside the NVLink domain"),
+        (False, "tab:red", "across nodes"),
+    ):
+        mine = [r for r in ok if r.inside_nvlink == inside]
+        ax.plot(
+            [r.expert_parallel for r in mine],
+            [r.cost_per_million or 0.0 for r in mine],
+            marker="o",
+            color=colour,
+            label=f"$/1M output tokens, {label}",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("expert parallel (GPUs the experts are spread over)")
+    ax.set_ylabel("cost per 1M output tokens ($, modelled)")
+    ax.axvline(settings.serving_group.nvlink_domain_gpus, color="grey", linestyle=":", label="NVLink domain")
+    twin = ax.twinx()
+    twin.plot(
+        [r.expert_parallel for r in ok],
+        [r.point.tpot_s * 1e3 if r.point is not None else float("nan") for r in ok],
+        "k--",
+        marker=".",
+        label="TPOT ms",
+    )
+    twin.set_ylabel("TPOT at that point (ms)")
+    ax.grid(True, alpha=0.3)
+    handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, fontsize=7, loc="upper left")
+    ax.set_title(f"stack {settings.stack}: expert parallel inside vs across the NVLink domain")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

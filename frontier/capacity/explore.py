@@ -7,6 +7,15 @@ memory fit, topology, batching, and the target's own, e.g. a model cache needs i
 modelled by the roofline (``roofline.py``) at the largest concurrency meeting every SLO, and sized
 for the stack's peak by the planner (``plan.py``). What fails says why, counted per reason.
 
+Mixture-of-experts models also sweep expert parallel (EP: each divisor of the expert count up to
+TP, the experts spread over the tensor-parallel group's GPUs) and pipeline parallel (PP 1, 2, 4
+where it divides the layers; the rules keep TP x PP inside a node). Dense stacks keep their own EP
+and PP: inside one node TP on NVLink serves a dense model's decode without PP's bubbles.
+``expert_parallel_sweep`` then takes the stack's own choice and widens EP past the NVLink domain
+(the stage grows to EP GPUs over several nodes, attention data-parallel over them): the rows where
+the all-to-all crosses the network, modelled even where the stack rules refuse them, show what
+leaving the domain costs.
+
 kv_cache_dtype: the sweep asks the runtime which KV cache dtypes its engine accepts
 (``frontier_runtime.engine.config``) rather than assuming. Only fp8 is worth sweeping — half the KV
 bytes of bf16, so larger batches fit and decode reads less; the other dtypes are no narrower than
@@ -17,7 +26,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from frontier_settings import FieldProblem
 
@@ -25,13 +34,24 @@ from frontier.capacity.devices import gpu_device
 from frontier.capacity.gpus import GPUS, INSTANCES, gpu_spec
 from frontier.capacity.plan import GroupPlan, Throughput, plan_with
 from frontier.capacity.replica import ReplicaModel
-from frontier.capacity.roofline import GPU_EFFICIENCY, Device, Efficiency, OperatingPoint, Replica, fit_slo
+from frontier.capacity.roofline import (
+    GPU_EFFICIENCY,
+    Device,
+    Efficiency,
+    OperatingPoint,
+    Replica,
+    fit_slo,
+)
 from frontier.config.hardware import instance_store
-from frontier.config.schema import Settings
+from frontier.config.schema import DTYPE_BYTES, GB, Settings
 from frontier.errors import FrontierError
 
 TENSOR_PARALLEL = (1, 2, 4, 8)
 MAX_BATCH_SIZES = (8, 16, 32, 64, 128, 256)
+EXPERT_PARALLEL = (1, 2, 4, 8)
+PIPELINE_PARALLEL = (1, 2, 4)
+# How far past the NVLink domain expert_parallel_sweep widens EP: up to this many domains.
+EP_DOMAINS = 4
 
 
 def runtime_kv_cache_dtypes() -> tuple[str, ...]:
@@ -64,11 +84,15 @@ class Candidate:
     tensor_parallel: int
     max_batch_size: int
     kv_cache_dtype: str
+    pipeline_parallel: int = 1
+    expert_parallel: int = 1
 
     @property
     def label(self) -> str:
         kv = " kv-fp8" if self.kv_cache_dtype == "fp8" else ""
-        return f"{self.instance_type} TP{self.tensor_parallel} mbs{self.max_batch_size}{kv}"
+        pp = f" PP{self.pipeline_parallel}" if self.pipeline_parallel > 1 else ""
+        ep = f" EP{self.expert_parallel}" if self.expert_parallel > 1 else ""
+        return f"{self.instance_type} TP{self.tensor_parallel}{pp}{ep} mbs{self.max_batch_size}{kv}"
 
 
 @dataclass(frozen=True)
@@ -106,16 +130,33 @@ class Exploration:
         return self.front[0]
 
 
+def parallel_layouts(settings: Settings, tp: int) -> list[tuple[int, int]]:
+    """(PP, EP) pairs swept at tensor parallel ``tp``: the stack's own, plus, for a MoE model, PP that
+    divides the layers and EP that divides the experts and fits the tensor-parallel group."""
+    model, rt = settings.model, settings.runtime
+    own = (rt.pipeline_parallel_size, rt.expert_parallel_size)
+    if not model.num_experts:
+        return [own]
+    pps = [pp for pp in PIPELINE_PARALLEL if model.num_layers % pp == 0]
+    eps = [ep for ep in EXPERT_PARALLEL if ep <= tp and model.num_experts % ep == 0 and tp % ep == 0]
+    layouts = {(pp, ep) for pp in pps for ep in eps}
+    if own[1] <= tp and tp % own[1] == 0:
+        layouts.add(own)
+    return sorted(layouts)
+
+
 def candidates(settings: Settings, kv_dtypes: tuple[str, ...] | None = None) -> list[Candidate]:
-    """Every instance type of the table (and the stack's own) x TP x max_batch_size x KV dtype."""
+    """Every instance type of the table (and the stack's own) x TP x max_batch_size x KV dtype
+    (x PP x EP for a MoE model)."""
     group, rt = settings.serving_group, settings.runtime
     instances = {name: (i.gpu, i.gpus_per_node) for name, i in INSTANCES.items()}
     instances[group.instance_type] = (group.gpu_type, group.gpus_per_node)
     batch_sizes = sorted({*MAX_BATCH_SIZES, rt.batch.max_batch_size})
     return [
-        Candidate(name, gpu, tp, mbs, kv)
+        Candidate(name, gpu, tp, mbs, kv, pp, ep)
         for name, (gpu, gpus) in sorted(instances.items())
         for tp in sorted({*TENSOR_PARALLEL, rt.tensor_parallel_size})
+        for pp, ep in parallel_layouts(settings, tp)
         for mbs in batch_sizes
         for kv in kv_dtypes or (rt.kv_cache_dtype,)
     ]
@@ -146,6 +187,8 @@ def variant(settings: Settings, c: Candidate) -> Settings:
     new_rt = rt.model_copy(
         update={
             "tensor_parallel_size": c.tensor_parallel,
+            "pipeline_parallel_size": c.pipeline_parallel,
+            "expert_parallel_size": c.expert_parallel,
             "max_concurrency": concurrency,
             "queue": rt.queue.model_copy(update={"max_length": max(rt.queue.max_length, concurrency)}),
             "batch": rt.batch.model_copy(update={"max_batch_size": c.max_batch_size}),
@@ -162,7 +205,11 @@ def reason_of(problem: FieldProblem) -> str:
     if problem.path.endswith(".gpu_memory_gb"):
         return "memory: weights + KV cache for max_batch_size x max_seq_len exceed the GPU's budget"
     if problem.path == "runtime.tensor_parallel_size" and "GPUs per node" in problem.message:
-        return "topology: tensor parallel needs more GPUs than a node has"
+        if "x pipeline (1) parallel" in problem.message:
+            return "topology: tensor parallel needs more GPUs than a node has"
+        return "topology: tensor x pipeline parallel needs more GPUs than a node has"
+    if problem.path == "runtime.expert_parallel_size" and "NVLink domain" in problem.message:
+        return "topology: expert parallel larger than the NVLink domain"
     if problem.path == "runtime.tensor_parallel_size":
         return "topology: tensor parallel does not divide the model's heads"
     return f"{problem.path}: {problem.text}"
@@ -197,13 +244,22 @@ def explore(
         settings.runtime.tensor_parallel_size,
         settings.runtime.batch.max_batch_size,
         settings.runtime.kv_cache_dtype,
+        settings.runtime.pipeline_parallel_size,
+        settings.runtime.expert_parallel_size,
     )
     dropped: Counter[str] = Counter()
     options: list[Option] = []
     current_dropped = None
     all_candidates = candidates(settings, kv_dtypes)
     for c in all_candidates:
-        is_current = (c.instance_type, c.tensor_parallel, c.max_batch_size, c.kv_cache_dtype) == current_key
+        is_current = (
+            c.instance_type,
+            c.tensor_parallel,
+            c.max_batch_size,
+            c.kv_cache_dtype,
+            c.pipeline_parallel,
+            c.expert_parallel,
+        ) == current_key
         s = variant(settings, c)
         problems = list(rules(s))
         if problems:
@@ -265,3 +321,142 @@ def pareto_front(options: list[Option]) -> tuple[Option, ...]:
         if not front or option.tpot_ms < front[-1].tpot_ms:
             front.append(option)
     return tuple(front)
+
+
+@dataclass(frozen=True)
+class ExpertParallelRow:
+    """The stack's replica with expert parallel ``expert_parallel``: where its all-to-all runs and
+    what that does to latency and cost (or why it does not fit)."""
+
+    expert_parallel: int
+    gpus: int  # of one replica: PP x max(TP, EP)
+    nodes: int  # that one replica spans
+    inside_nvlink: bool
+    max_batch_size: int  # the stack's, times the attention groups
+    weights_gb_per_gpu: float
+    point: OperatingPoint | None  # the best SLO point; None when it does not fit or meets no SLO
+    alltoall_ms: float  # per step at that point
+    cost_per_million: float | None
+    rules: str  # "ok", or the first stack rule the layout breaks
+    why_not: str = ""  # does not fit, or breaks an SLO at one request
+
+    @property
+    def where(self) -> str:
+        if self.expert_parallel == 1:
+            return "no all-to-all"
+        if self.inside_nvlink:
+            return "NVLink"
+        return f"network, {self.nodes} nodes"
+
+
+def expert_parallel_sweep(
+    settings: Settings,
+    current_model: ReplicaModel,
+    *,
+    rules: Callable[[Settings], Iterable[FieldProblem]],
+) -> tuple[ExpertParallelRow, ...]:
+    """The stack's replica at each EP dividing the experts, up to ``EP_DOMAINS`` NVLink domains.
+
+    Past the tensor-parallel group the stage grows to EP GPUs and attention runs data-parallel over
+    them, so each EP / TP attention group brings its own batch (max_batch_size, the token budget and
+    the concurrency scale with it) and the experts per GPU fall: the rows compare the same per-GPU
+    load, inside the domain and across the network. Weights per GPU here count the experts over
+    EP (the stack rules' memory fit divides every weight by TP x PP only).
+    """
+    model, rt, group = settings.model, settings.runtime, settings.serving_group
+    if not model.num_experts:
+        return ()
+    base = current_model.replica
+    limit = EP_DOMAINS * group.nvlink_domain_gpus
+    rows = []
+    for ep in (e for e in range(1, model.num_experts + 1) if model.num_experts % e == 0):
+        g = max(base.tensor_parallel, ep)
+        if g > limit or g % min(base.tensor_parallel, ep):
+            continue
+        groups = g // base.tensor_parallel
+        replica = replace(
+            base,
+            expert_parallel=ep,
+            max_batch_size=base.max_batch_size * groups,
+            max_num_batched_tokens=base.max_num_batched_tokens * groups,
+            max_concurrency=base.max_concurrency * groups,
+        )
+        s = settings.model_copy(
+            update={
+                "runtime": rt.model_copy(
+                    update={
+                        "expert_parallel_size": ep,
+                        "max_concurrency": replica.max_concurrency,
+                        "queue": rt.queue.model_copy(
+                            update={"max_length": max(rt.queue.max_length, replica.max_concurrency)}
+                        ),
+                        "batch": rt.batch.model_copy(
+                            update={
+                                "max_batch_size": replica.max_batch_size,
+                                "max_num_batched_tokens": replica.max_num_batched_tokens,
+                            }
+                        ),
+                    }
+                )
+            }
+        )
+        broken = list(rules(s))
+        rule = "ok" if not broken else f"{broken[0].path} = {broken[0].value}: {broken[0].text}"
+        weights, budget, kv = _ep_memory(settings, replica)
+        nodes = -(-replica.gpus // group.gpus_per_node)
+        row = ExpertParallelRow(
+            expert_parallel=ep,
+            gpus=replica.gpus,
+            nodes=nodes,
+            inside_nvlink=g <= group.nvlink_domain_gpus,
+            max_batch_size=replica.max_batch_size,
+            weights_gb_per_gpu=weights / GB,
+            point=None,
+            alltoall_ms=0.0,
+            cost_per_million=None,
+            rules=rule,
+        )
+        if weights + kv > budget:
+            why = (
+                f"does not fit: {weights / GB:,.1f} GB of weights + {kv / GB:,.1f} GB of KV per GPU > "
+                f"{budget / GB:,.1f} GB"
+            )
+            rows.append(replace(row, why_not=why))
+            continue
+        fit = fit_slo(
+            current_model.device,
+            current_model.efficiency,
+            replica,
+            settings.slo,
+            settings.capacity.avg_prompt_tokens,
+            settings.capacity.avg_output_tokens,
+        )
+        if fit.best is None:
+            rows.append(replace(row, why_not=_slo_reason(fit.broken_at_1)))
+            continue
+        best = fit.best
+        throughput = Throughput(best.requests_per_s, best.output_tokens_per_s, "roofline", None, f"EP {ep}")
+        plan = plan_with(s, throughput).groups[0]
+        rows.append(
+            replace(
+                row,
+                point=best,
+                alltoall_ms=best.mean_step.alltoall_s * 1e3,
+                cost_per_million=plan.cost_per_million_output_tokens,
+            )
+        )
+    return tuple(rows)
+
+
+def _ep_memory(settings: Settings, replica: Replica) -> tuple[float, float, float]:
+    """Weights per GPU (dense over TP x PP, experts over the stage's G GPUs and PP), the GPU's budget,
+    and the KV its attention group's max_batch_size x max_seq_len need."""
+    sh, group, rt = replica.shape, settings.serving_group, settings.runtime
+    pp, g = replica.pipeline_parallel, replica.stage_gpus
+    dtype = DTYPE_BYTES[settings.model.dtype]
+    dense = sh.dense_parameters * dtype / (replica.tensor_parallel * pp)
+    experts = sh.layers * sh.experts * sh.expert_parameters * dtype / (pp * g)
+    budget = group.gpu_memory_gb * GB * rt.gpu_memory_utilization - rt.reserved_memory_gb * GB
+    per_group = replica.max_batch_size / replica.attention_groups
+    kv = per_group * settings.model.max_seq_len * replica.kv_bytes_per_token_per_gpu
+    return dense + experts, budget, kv

@@ -59,6 +59,11 @@ class InstanceType:
     vcpus: int
     memory_gib: int
 
+    @property
+    def network_bandwidth(self) -> float:
+        """Bytes/s one GPU gets of the node's network (EFA where the type has it), one direction."""
+        return NETWORK_GBPS[self.name] * 10**9 / 8 / self.gpus_per_node
+
 
 _PCIE4 = "PCIe Gen4 x16 (no NVLink)"
 _PCIE4_BW = 32 * GBPS  # 64 GB/s bidirectional
@@ -168,6 +173,27 @@ INSTANCES: dict[str, InstanceType] = {
             2048,
         ),
     )
+}
+
+
+# The node's network, Gbit/s (AWS's instance type pages: "Network bandwidth"; EFA on p4d/p4de/p5/p5e,
+# whose figure is the sum over the node's EFA adapters). What an expert-parallel all-to-all or a
+# pipeline stage's send runs at once it leaves the NVLink domain. "Up to" figures are burst ceilings:
+# the baseline of the smallest types is lower.
+NETWORK_GBPS: dict[str, float] = {
+    "g5.xlarge": 10,
+    "g5.12xlarge": 40,
+    "g5.48xlarge": 100,
+    "g6.xlarge": 10,
+    "g6.12xlarge": 40,
+    "g6.48xlarge": 100,
+    "g6e.xlarge": 20,
+    "g6e.12xlarge": 100,
+    "g6e.48xlarge": 400,
+    "p4d.24xlarge": 400,
+    "p4de.24xlarge": 400,
+    "p5.48xlarge": 3200,
+    "p5e.48xlarge": 3200,
 }
 
 

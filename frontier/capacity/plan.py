@@ -9,7 +9,9 @@ Formulas:
 - replicas = ceil(peak QPS x safety factor / per-replica QPS) + the rolling-upgrade spare, where the
   spare is max(rollout.max_surge, rollout.batch_size) hosts' worth of replicas: the capacity a
   rollout takes out of service (or adds first) at once.
-- nodes = ceil(replicas / replicas per node); replicas per node = GPUs per node // (TP x PP).
+- GPUs per replica = PP x max(TP, EP) (a stage holds whole tensor-parallel groups and whole expert
+  ranks); nodes = ceil(replicas / replicas per node), replicas per node = GPUs per node // GPUs per
+  replica; a replica larger than a node takes ceil(its GPUs / GPUs per node) whole nodes.
 - cost per million output tokens = cost of one replica-hour / (its output tokens/s x 3600) x 10^6.
 """
 
@@ -80,6 +82,7 @@ class GroupPlan:
     cost_per_million_output_tokens: float
     fleet_cost_per_million_output_tokens: float
     warnings: tuple[str, ...]
+    nodes_per_replica: int = 1
 
 
 @dataclass(frozen=True)
@@ -113,16 +116,18 @@ def rollout_spare(settings: Settings, replicas_per_node: int) -> Spare:
 
 def plan_group(settings: Settings, group: NodeGroup, throughput: Throughput) -> GroupPlan:
     rt, capacity = settings.runtime, settings.capacity
-    gpus_per_replica = rt.tensor_parallel_size * rt.pipeline_parallel_size
-    replicas_per_node = group.gpus_per_node // gpus_per_replica
+    gpus_per_replica = rt.pipeline_parallel_size * max(rt.tensor_parallel_size, rt.expert_parallel_size)
+    nodes_per_replica = math.ceil(gpus_per_replica / group.gpus_per_node)
+    # A replica over several nodes is one unit of a rollout: the spare is counted in replicas then.
+    replicas_per_node = group.gpus_per_node // gpus_per_replica if nodes_per_replica == 1 else 1
     demand = capacity.peak_qps * capacity.safety_factor
     for_peak = replicas_for_peak(capacity.peak_qps, capacity.safety_factor, throughput.replica_qps)
     spare = rollout_spare(settings, replicas_per_node)
     replicas = for_peak + spare.replicas
-    nodes = math.ceil(replicas / replicas_per_node)
+    nodes = math.ceil(replicas / replicas_per_node) * nodes_per_replica
     cost_per_hour = nodes * group.price_per_hour
-    # A replica pays for its share of the node, idle GPUs included.
-    replica_cost = group.price_per_hour / replicas_per_node
+    # A replica pays for its share of the node, idle GPUs included (all its nodes when it spans several).
+    replica_cost = group.price_per_hour * nodes_per_replica / replicas_per_node
     per_million = replica_cost / (throughput.output_tokens_per_s * 3600) * 1e6
     peak_tokens_per_hour = capacity.peak_qps * capacity.avg_output_tokens * 3600
     fleet_per_million = cost_per_hour / peak_tokens_per_hour * 1e6
@@ -131,7 +136,11 @@ def plan_group(settings: Settings, group: NodeGroup, throughput: Throughput) -> 
         memory=memory_fit(settings, group),
         gpus_per_replica=gpus_per_replica,
         replicas_per_node=replicas_per_node,
-        idle_gpus_per_node=group.gpus_per_node - replicas_per_node * gpus_per_replica,
+        idle_gpus_per_node=(
+            group.gpus_per_node - replicas_per_node * gpus_per_replica
+            if nodes_per_replica == 1
+            else (nodes_per_replica * group.gpus_per_node - gpus_per_replica) // nodes_per_replica
+        ),
         demand_qps=demand,
         replicas_for_peak=for_peak,
         spare=spare,
@@ -142,6 +151,7 @@ def plan_group(settings: Settings, group: NodeGroup, throughput: Throughput) -> 
         cost_per_million_output_tokens=per_million,
         fleet_cost_per_million_output_tokens=fleet_per_million,
         warnings=tuple(_warnings(group, nodes)),
+        nodes_per_replica=nodes_per_replica,
     )
 
 

@@ -28,6 +28,25 @@ of one step: each sequence needs its prompt once every ``output`` decode steps, 
 carries b decode tokens and b x prompt / output prefill tokens; when that exceeds the budget a
 sequence's tokens take more steps than it has output tokens.
 
+Mixture of experts, expert parallel (EP) and pipeline parallel (PP), per GPU of one stage:
+
+- a stage has G = max(TP, EP) GPUs: attention runs tensor-parallel in G / TP data-parallel groups
+  (each takes 1 / (G / TP) of the tokens), the experts are spread over EP ranks (each rank's experts
+  split over G / EP GPUs when EP < TP). Attention, router and LM head are read whole every step;
+  of the experts, only those the step's tokens hit: with B tokens each sent to k of E experts, the
+  expected number of distinct experts touched is E (1 - (1 - k / E)^B). The busiest EP rank holds
+  min(E / EP, touched / EP x imbalance) of them (``model.expert_load_imbalance``) and sets the pace;
+  its expert FLOPs are 2 x expert parameters x B x k / G x imbalance.
+- the EP all-to-all per MoE layer, dispatch + combine: each GPU sends B x k / G token copies x hidden
+  x bytes x 2 x (EP - 1) / EP; inside the NVLink domain at the link's bandwidth, outside it the share
+  bound for other domains at the node's network bandwidth (EFA) per GPU, plus a latency per phase
+  (``allreduce_latency_s`` inside, ``network_latency_s`` across).
+- PP: each stage holds layers / PP; a step's tokens go through in m micro-batches (m = min(sequences,
+  2 x PP): two in flight per stage), each re-reading the stage's weights and sending its activations
+  (tokens / m x hidden x bytes, split over the stage's G GPUs) to the next stage, over NVLink while
+  the replica fits the NVLink domain, else over the network. The pipeline fills and drains once per
+  step: the bubble is (PP - 1) / (m + PP - 1) of the step, (PP - 1) more micro-batch stage times.
+
 Everything here is arithmetic on typed inputs: devices come from ``gpus.py`` (datasheets) or from
 the CPU micro-benchmark (``cpu.py``), efficiency factors from defaults or from ``calibrate.py``.
 """
@@ -38,13 +57,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from frontier.capacity.gpus import INSTANCES
 from frontier.config.memory import kv_bytes_per_token
 from frontier.config.schema import DTYPE_BYTES, Model, Settings, Slo
 from frontier.errors import FrontierError
 
 
 class NotModelled(FrontierError):
-    """A valid stack the roofline has no model for (pipeline parallel, mixture of experts)."""
+    """A valid stack the roofline has no model for (a mixture of experts without its router's top-k)."""
 
 
 @dataclass(frozen=True)
@@ -73,13 +93,22 @@ class Efficiency:
     overlap: float = 1.0  # share of the shorter of memory and compute time hidden under the longer
     gemm_weight_passes: float = 1.0  # times the weights cross memory in a step of more than one token
     layer_overhead_s: float = 0.0  # the engine's own time per layer per step (op dispatch)
+    # One all-to-all phase or stage send over the network (EFA with its RDMA path: tens of µs, against
+    # NCCL's ~10 µs over NVLink).
+    network_latency_s: float = 30e-6
 
     def __post_init__(self) -> None:
         for name in ("bandwidth", "flops", "link"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise FrontierError(f"efficiency.{name} = {value!r}: must lie in (0, 1]")
-        for name in ("allreduce_latency_s", "step_overhead_s", "seq_overhead_s", "layer_overhead_s"):
+        for name in (
+            "allreduce_latency_s",
+            "step_overhead_s",
+            "seq_overhead_s",
+            "layer_overhead_s",
+            "network_latency_s",
+        ):
             value = getattr(self, name)
             if not value >= 0:
                 raise FrontierError(f"efficiency.{name} = {value!r}: must be >= 0")
@@ -113,7 +142,7 @@ GPU_EFFICIENCY = Efficiency(
 
 @dataclass(frozen=True)
 class Shape:
-    """A dense Llama-family decoder, as far as the roofline needs it."""
+    """A Llama-family decoder, dense or with a mixture-of-experts MLP, as far as the roofline needs it."""
 
     layers: int
     hidden: int
@@ -122,12 +151,25 @@ class Shape:
     kv_heads: int
     vocab: int
     dtype_bytes: int
+    experts: int = 0  # 0: a dense MLP
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    expert_load_imbalance: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.experts and not 1 <= self.experts_per_token <= self.experts:
+            raise FrontierError(
+                f"experts_per_token = {self.experts_per_token}: must lie in 1 .. experts ({self.experts})"
+            )
+        if self.expert_load_imbalance < 1:
+            raise FrontierError(f"expert_load_imbalance = {self.expert_load_imbalance}: must be >= 1")
 
     @classmethod
     def from_model(cls, model: Model) -> Shape:
-        if model.num_experts:
+        if model.num_experts and not model.num_experts_per_token:
             raise NotModelled(
-                f"model.num_experts = {model.num_experts}: the roofline models dense decoders only (0 experts)"
+                f"model.num_experts_per_token = 0 with model.num_experts = {model.num_experts}: the roofline "
+                "needs the router's top-k to know which experts a step reads"
             )
         return cls(
             layers=model.num_layers,
@@ -137,11 +179,32 @@ class Shape:
             kv_heads=model.num_kv_heads,
             vocab=model.vocab_size,
             dtype_bytes=DTYPE_BYTES[model.dtype],
+            experts=model.num_experts,
+            experts_per_token=model.num_experts_per_token,
+            expert_intermediate=model.expert_intermediate_size,
+            expert_load_imbalance=model.expert_load_imbalance,
         )
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def attention_parameters(self) -> int:
+        """One layer's q, o (hidden x hidden each), k and v (hidden x KV heads x head_dim each)."""
+        h = self.hidden
+        return 2 * h * h + 2 * h * self.kv_heads * self.head_dim
+
+    @property
+    def expert_parameters(self) -> int:
+        """One expert's gate, up and down projections."""
+        return 3 * self.hidden * self.expert_intermediate
+
+    @property
+    def dense_parameters(self) -> int:
+        """What every step reads whole: all layers' attention and dense MLP (or router), and the LM head."""
+        mlp = self.hidden * self.experts if self.experts else 3 * self.hidden * self.intermediate
+        return self.layers * (self.attention_parameters + mlp) + self.vocab * self.hidden
 
     @property
     def layer_matmul_parameters(self) -> int:
@@ -161,30 +224,62 @@ class Replica:
 
     shape: Shape
     tensor_parallel: int
-    kv_bytes_per_token_per_gpu: int
+    kv_bytes_per_token_per_gpu: int  # KV heads / TP, layers / PP
     max_batch_size: int
     max_num_batched_tokens: int
     max_concurrency: int
     chunked_prefill: bool
+    pipeline_parallel: int = 1
+    expert_parallel: int = 1
+    nvlink_domain_gpus: int = 8
+    network_bandwidth: float = 0.0  # bytes/s per GPU, one direction, outside the NVLink domain
+
+    def __post_init__(self) -> None:
+        sh, tp, ep, pp = self.shape, self.tensor_parallel, self.expert_parallel, self.pipeline_parallel
+        if ep > 1 and not sh.experts:
+            raise FrontierError(f"expert_parallel = {ep}: a dense model (0 experts) has no experts to spread")
+        if sh.experts and (ep > sh.experts or sh.experts % ep):
+            raise FrontierError(f"expert_parallel = {ep}: must divide the model's {sh.experts} experts")
+        if max(tp, ep) % min(tp, ep):
+            raise FrontierError(
+                f"expert_parallel = {ep}, tensor_parallel = {tp}: the larger must be a multiple of the "
+                "smaller (a stage's GPUs hold whole tensor-parallel groups and whole expert ranks)"
+            )
+        if pp > sh.layers:
+            raise FrontierError(f"pipeline_parallel = {pp}: more stages than the model's {sh.layers} layers")
+
+    @property
+    def stage_gpus(self) -> int:
+        """G = max(TP, EP): the GPUs of one pipeline stage."""
+        return max(self.tensor_parallel, self.expert_parallel)
+
+    @property
+    def attention_groups(self) -> int:
+        """Tensor-parallel attention groups per stage, each with its share of the tokens."""
+        return self.stage_gpus // self.tensor_parallel
+
+    @property
+    def gpus(self) -> int:
+        return self.pipeline_parallel * self.stage_gpus
 
     @classmethod
     def from_settings(cls, s: Settings) -> Replica:
-        rt = s.runtime
-        if rt.pipeline_parallel_size != 1:
-            raise NotModelled(
-                f"runtime.pipeline_parallel_size = {rt.pipeline_parallel_size}: the roofline models tensor "
-                "parallelism only (1)"
-            )
+        rt, group = s.runtime, s.serving_group
         kv_dtype = s.model.dtype if rt.kv_cache_dtype == "auto" else rt.kv_cache_dtype
-        tp = rt.tensor_parallel_size
+        tp, pp = rt.tensor_parallel_size, rt.pipeline_parallel_size
+        instance = INSTANCES.get(group.instance_type)
         return cls(
             shape=Shape.from_model(s.model),
             tensor_parallel=tp,
-            kv_bytes_per_token_per_gpu=kv_bytes_per_token(s.model, DTYPE_BYTES[kv_dtype], tp),
+            kv_bytes_per_token_per_gpu=kv_bytes_per_token(s.model, DTYPE_BYTES[kv_dtype], tp, pp),
             max_batch_size=rt.batch.max_batch_size,
             max_num_batched_tokens=rt.batch.max_num_batched_tokens,
             max_concurrency=rt.max_concurrency,
             chunked_prefill=rt.batch.chunked_prefill,
+            pipeline_parallel=pp,
+            expert_parallel=rt.expert_parallel_size,
+            nvlink_domain_gpus=group.nvlink_domain_gpus,
+            network_bandwidth=instance.network_bandwidth if instance is not None else 0.0,
         )
 
 
@@ -201,6 +296,9 @@ class Step:
     comm_s: float
     overhead_s: float
     overlap: float = 1.0
+    alltoall_s: float = 0.0  # the expert-parallel share of comm_s
+    bubble_s: float = 0.0  # pipeline fill and drain
+    microbatches: int = 1
 
     @property
     def bound(self) -> Literal["memory", "compute"]:
@@ -209,7 +307,7 @@ class Step:
     @property
     def total_s(self) -> float:
         longer, shorter = max(self.memory_s, self.compute_s), min(self.memory_s, self.compute_s)
-        return longer + (1 - self.overlap) * shorter + self.comm_s + self.overhead_s
+        return longer + (1 - self.overlap) * shorter + self.comm_s + self.overhead_s + self.bubble_s
 
 
 def allreduce_s(device: Device, eff: Efficiency, tensor_parallel: int, message_bytes: float) -> float:
@@ -218,6 +316,87 @@ def allreduce_s(device: Device, eff: Efficiency, tensor_parallel: int, message_b
         return 0.0
     share = 2 * (tensor_parallel - 1) / tensor_parallel
     return share * message_bytes / (device.link_bandwidth * eff.link) + eff.allreduce_latency_s
+
+
+def experts_touched(experts: int, top_k: int, tokens: float) -> float:
+    """Expected distinct experts that ``tokens`` tokens, each routed to ``top_k`` of ``experts``, hit:
+    each expert is missed by one token with probability 1 - k / E, by all of them with its B-th power."""
+    if tokens <= 0:
+        return 0.0
+    missed_by_all: float = (1 - top_k / experts) ** tokens
+    return experts * (1 - missed_by_all)
+
+
+def busiest_rank_experts(shape: Shape, expert_parallel: int, tokens: float) -> float:
+    """Experts the busiest expert-parallel rank runs in one layer: its fair share of those touched,
+    times the load imbalance, never more than the E / EP it holds."""
+    touched = experts_touched(shape.experts, shape.experts_per_token, tokens)
+    if expert_parallel == 1:
+        return touched
+    held = shape.experts / expert_parallel
+    return min(held, touched / expert_parallel * shape.expert_load_imbalance)
+
+
+def alltoall_s(device: Device, eff: Efficiency, replica: Replica, tokens: float) -> float:
+    """One MoE layer's dispatch + combine for ``tokens`` tokens of one stage, on one GPU.
+
+    Each GPU sends B x k / G token copies x hidden x bytes, twice (there and back), of which
+    (EP - 1) / EP leave it; when the stage is larger than the NVLink domain, the share bound for
+    ranks in other domains crosses the network (both parts move at once: the slower sets the time).
+    """
+    ep = replica.expert_parallel
+    sh = replica.shape
+    if ep == 1 or not sh.experts:
+        return 0.0
+    g, domain = replica.stage_gpus, replica.nvlink_domain_gpus
+    sent = tokens * sh.experts_per_token / g * sh.hidden * sh.dtype_bytes * 2 * (ep - 1) / ep
+    if g <= domain:
+        return sent / (device.link_bandwidth * eff.link) + 2 * eff.allreduce_latency_s
+    if replica.network_bandwidth <= 0:
+        raise FrontierError(
+            f"expert_parallel = {ep} over {g} GPUs leaves the NVLink domain of {domain} GPUs, and the "
+            "instance type's network bandwidth is unknown (add it to frontier/capacity/gpus.py NETWORK_GBPS)"
+        )
+    peers_inside = max(1, ep * domain // g) - 1  # other EP ranks in this GPU's domain
+    across = sent * (ep - 1 - peers_inside) / (ep - 1)
+    inside = sent - across
+    return (
+        max(inside / (device.link_bandwidth * eff.link), across / (replica.network_bandwidth * eff.link))
+        + 2 * eff.network_latency_s
+    )
+
+
+def pipeline_bubble(pipeline_parallel: int, microbatches: int) -> float:
+    """The share of a step a stage waits while the pipeline fills and drains: (PP - 1) / (m + PP - 1)."""
+    if pipeline_parallel < 1 or microbatches < 1:
+        raise FrontierError(
+            f"pipeline_parallel = {pipeline_parallel}, microbatches = {microbatches}: both must be >= 1"
+        )
+    return (pipeline_parallel - 1) / (microbatches + pipeline_parallel - 1)
+
+
+def microbatches(pipeline_parallel: int, sequences: float) -> int:
+    """Micro-batches of a step: two in flight per stage, never more than there are sequences."""
+    if pipeline_parallel == 1:
+        return 1
+    return max(1, min(2 * pipeline_parallel, int(sequences)))
+
+
+def stage_send_s(device: Device, eff: Efficiency, replica: Replica, tokens: float) -> float:
+    """One micro-batch's activations to the next stage, split over the stage's GPUs."""
+    if replica.pipeline_parallel == 1:
+        return 0.0
+    sh = replica.shape
+    sent = tokens * sh.hidden * sh.dtype_bytes / replica.stage_gpus
+    if replica.gpus <= replica.nvlink_domain_gpus:
+        return sent / (device.link_bandwidth * eff.link) + eff.allreduce_latency_s
+    if replica.network_bandwidth <= 0:
+        raise FrontierError(
+            f"pipeline_parallel = {replica.pipeline_parallel} over {replica.gpus} GPUs leaves the NVLink "
+            f"domain of {replica.nvlink_domain_gpus} GPUs, and the instance type's network bandwidth is "
+            "unknown (add it to frontier/capacity/gpus.py NETWORK_GBPS)"
+        )
+    return sent / (replica.network_bandwidth * eff.link) + eff.network_latency_s
 
 
 def step(
@@ -236,27 +415,62 @@ def step(
     A prefill chunk also reads the KV of its prompt's earlier chunks once; that read is left out
     (it is per chunk, not per token, and small beside the weights).
     """
-    sh, tp = replica.shape, replica.tensor_parallel
+    sh, tp, pp, ep = (
+        replica.shape,
+        replica.tensor_parallel,
+        replica.pipeline_parallel,
+        replica.expert_parallel,
+    )
+    g, groups = replica.stage_gpus, replica.attention_groups
     tokens = decode_seqs + prefill_tokens
-    weight_bytes = sh.matmul_parameters * sh.dtype_bytes / tp
-    kv_bytes = decode_seqs * context * replica.kv_bytes_per_token_per_gpu
-    linear_flops = 2 * sh.matmul_parameters * tokens / tp
-    attended = decode_seqs * context + prefill_tokens * prefill_attended
-    attention_flops = 4 * sh.layers * sh.hidden * attended / tp
-    flops = linear_flops + attention_flops
-    message = tokens * sh.hidden * sh.dtype_bytes
     seqs = decode_seqs + (1 if prefill_tokens else 0)
+    m = microbatches(pp, seqs)
+    stage_layers = sh.layers / pp
+    # One micro-batch through one stage, on one GPU: memory, FLOPs and traffic per micro-batch, times m.
+    micro = tokens / m
+    mine = micro / groups  # the tokens of this GPU's attention group
+    dense_bytes = sh.dense_parameters * sh.dtype_bytes / (tp * pp)
+    expert_bytes = 0.0
+    expert_flops = 0.0
+    if sh.experts:
+        ranks_share = busiest_rank_experts(sh, ep, micro)
+        # An EP rank's experts are split over the G / EP GPUs it spans (tensor-parallel experts).
+        expert_bytes = stage_layers * ranks_share * sh.expert_parameters * sh.dtype_bytes * ep / g
+        imbalance = sh.expert_load_imbalance if ep > 1 else 1.0
+        expert_flops = 2 * sh.expert_parameters * stage_layers * micro * sh.experts_per_token / g * imbalance
+    weight_bytes = m * (dense_bytes + expert_bytes)
+    kv_bytes = decode_seqs / groups * context * replica.kv_bytes_per_token_per_gpu
+    linear_flops = m * (2 * sh.dense_parameters * mine / (tp * pp) + expert_flops)
+    attended = decode_seqs * context + prefill_tokens * prefill_attended
+    attention_flops = 4 * stage_layers * sh.hidden * attended / groups / tp
+    flops = linear_flops + attention_flops
+    message = mine * sh.hidden * sh.dtype_bytes
     passes = eff.gemm_weight_passes if tokens > 1 else 1.0
+    memory_s = (weight_bytes * passes + kv_bytes) / (device.bandwidth * eff.bandwidth)
+    compute_s = flops / (device.flops * eff.flops)
+    a2a = m * stage_layers * alltoall_s(device, eff, replica, micro) if sh.experts else 0.0
+    comm_s = m * (
+        2 * stage_layers * allreduce_s(device, eff, tp, message) + stage_send_s(device, eff, replica, micro)
+    )
+    comm_s += a2a
+    overhead_s = eff.step_overhead_s + eff.layer_overhead_s * stage_layers * m + eff.seq_overhead_s * seqs
+    longer, shorter = max(memory_s, compute_s), min(memory_s, compute_s)
+    busy = longer + (1 - eff.overlap) * shorter + comm_s  # the stage's work for all m micro-batches
+    # The pipeline fills and drains: PP - 1 more micro-batch stage times, (PP - 1) / (m + PP - 1) of the step.
+    bubble_s = busy / m * (pp - 1)
     return Step(
         tokens=tokens,
         weight_bytes=weight_bytes,
         kv_bytes=kv_bytes,
         flops=flops,
-        memory_s=(weight_bytes * passes + kv_bytes) / (device.bandwidth * eff.bandwidth),
-        compute_s=flops / (device.flops * eff.flops),
-        comm_s=2 * sh.layers * allreduce_s(device, eff, tp, message),
-        overhead_s=eff.step_overhead_s + eff.layer_overhead_s * sh.layers + eff.seq_overhead_s * seqs,
+        memory_s=memory_s,
+        compute_s=compute_s,
+        comm_s=comm_s,
+        overhead_s=overhead_s,
         overlap=eff.overlap,
+        alltoall_s=a2a,
+        bubble_s=bubble_s,
+        microbatches=m,
     )
 
 

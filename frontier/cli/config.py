@@ -10,8 +10,17 @@ from invoke import Collection, task
 
 from frontier import project
 from frontier.capacity.baseline import load_baseline
-from frontier.capacity.chart import pareto_png
-from frontier.capacity.explore import MAX_BATCH_SIZES, TENSOR_PARALLEL, Exploration, Option, explore
+from frontier.capacity.chart import expert_parallel_png, pareto_png
+from frontier.capacity.explore import (
+    MAX_BATCH_SIZES,
+    TENSOR_PARALLEL,
+    ExpertParallelRow,
+    Exploration,
+    Option,
+    expert_parallel_sweep,
+    explore,
+    parallel_layouts,
+)
 from frontier.capacity.gpus import INSTANCES
 from frontier.capacity.plan import GroupPlan, Plan, plan_stack, plan_with
 from frontier.capacity.replica import ReplicaModel, model_stack
@@ -78,7 +87,8 @@ def render(c, stack=None, out=None, digest=None):
 @task(
     help={
         "stack": "stack to plan (default: $FRONTIER_STACK, else local)",
-        "explore": "sweep instance type x tensor parallel x max_batch_size; print the price-latency Pareto front",
+        "explore": "sweep instance type x tensor parallel x max_batch_size (x pipeline x expert parallel for a MoE "
+        "model); print the price-latency Pareto front",
         "png": "where --explore writes its chart (default: .frontier/plan/<stack>-pareto.png)",
         "refresh-cpu": "CPU stacks: run the CPU micro-benchmark again instead of using its cached result",
     }
@@ -177,7 +187,11 @@ def _capacity_table(result: Plan, p: GroupPlan, settings, title_suffix: str = ""
         ("replicas for the peak", str(p.replicas_for_peak), "ceil(demand / per-replica throughput)"),
         ("rolling-upgrade spare", str(p.spare.replicas), f"{p.spare.hosts} host(s): {p.spare.reason}"),
         ("replicas", str(p.replicas), "for the peak + spare"),
-        ("GPUs per replica", str(p.gpus_per_replica), "tensor x pipeline parallel"),
+        (
+            "GPUs per replica",
+            str(p.gpus_per_replica),
+            "PP x max(TP, EP)" + (f": {p.nodes_per_replica} nodes" if p.nodes_per_replica > 1 else ""),
+        ),
         (
             "replicas per node",
             str(p.replicas_per_node),
@@ -236,7 +250,7 @@ def _point_row(p: OperatingPoint, settings, mark: str = "") -> tuple:
 def _print_roofline(console, settings, model: ReplicaModel) -> None:
     d, e, r = model.device, model.efficiency, model.replica
     console.print(
-        f"roofline of one replica: {r.tensor_parallel} x {d.name}, {tables.size(d.bandwidth)}/s, "
+        f"roofline of one replica: {r.gpus} x {d.name}, {tables.size(d.bandwidth)}/s, "
         f"{d.flops / 1e12:,.3g} TFLOP/s, link {tables.size(d.link_bandwidth)}/s ({d.source})"
     )
     console.print(
@@ -245,6 +259,13 @@ def _print_roofline(console, settings, model: ReplicaModel) -> None:
         f"{e.layer_overhead_s * 1e3:.3g} ms/layer + {e.seq_overhead_s * 1e3:.3g} ms/sequence ({e.source})"
     )
     best = model.fit.best
+    if best is not None and (r.shape.experts or r.pipeline_parallel > 1):
+        st = best.mean_step
+        console.print(
+            f"roofline: at the best point a step of {st.tokens:,.1f} tokens in {st.microbatches} micro-batch(es): "
+            f"all-to-all {st.alltoall_s * 1e3:,.2f} ms, pipeline bubble {st.bubble_s * 1e3:,.2f} ms, of "
+            f"{st.total_s * 1e3:,.2f} ms"
+        )
     rows = [
         _point_row(p, settings, " (best)" if best is not None and p.concurrency == best.concurrency else "")
         for p in (model.fit.curve[c - 1] for c in _concurrency_grid(model))
@@ -312,13 +333,14 @@ def _price_source(o: Option) -> str:
     return "the stack's own" if o.current or inst is None else inst.price_source
 
 
-def _option_row(o: Option, ex: Exploration, mark: str | None = None) -> tuple:
+def _option_row(o: Option, ex: Exploration, mark: str | None = None, moe: bool = False) -> tuple:
     p, g = o.point, o.plan
     estimate = _price_source(o).startswith("ESTIMATE")
+    c = o.candidate
     return (
         mark if mark is not None else _MARKS[(o.current, o is ex.cheapest)],
-        o.candidate.instance_type,
-        o.candidate.tensor_parallel,
+        c.instance_type,
+        f"{c.tensor_parallel}/{c.pipeline_parallel}/{c.expert_parallel}" if moe else c.tensor_parallel,
         o.candidate.max_batch_size,
         _SHORT_DTYPES.get(o.candidate.kv_cache_dtype, o.candidate.kv_cache_dtype),
         p.concurrency,
@@ -334,9 +356,17 @@ def _option_row(o: Option, ex: Exploration, mark: str | None = None) -> tuple:
 
 def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
     ex = explore(settings, model, rules=stack_problems)
+    moe = bool(settings.model.num_experts)
+    layouts = (
+        " x (pipeline, expert) parallel "
+        + ", ".join(f"{pp}/{ep}" for pp, ep in parallel_layouts(settings, 8))
+        + " (EP <= TP)"
+        if moe
+        else ""
+    )
     console.print(
         f"explore: {ex.considered} candidates = instance types x tensor_parallel_size "
-        f"{sorted({*TENSOR_PARALLEL, settings.runtime.tensor_parallel_size})} x max_batch_size "
+        f"{sorted({*TENSOR_PARALLEL, settings.runtime.tensor_parallel_size})}{layouts} x max_batch_size "
         f"{sorted({*MAX_BATCH_SIZES, settings.runtime.batch.max_batch_size})} x kv_cache_dtype; "
         f"{len(ex.options)} fit and meet every "
         f"SLO; {ex.kv_note}"
@@ -349,9 +379,9 @@ def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
             numeric=(1,),
         )
     )
-    rows = [_option_row(o, ex) for o in ex.front]
+    rows = [_option_row(o, ex, moe=moe) for o in ex.front]
     if ex.current is not None and ex.current not in ex.front:
-        rows.append(_option_row(ex.current, ex, "current (off the front)"))
+        rows.append(_option_row(ex.current, ex, "current (off the front)", moe=moe))
     console.print(
         tables.table(
             f"explore: Pareto front of cost per 1M output tokens vs TPOT, stack {ex.stack} "
@@ -360,7 +390,7 @@ def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
             (
                 "",
                 "instance",
-                "TP",
+                "TP/PP/EP" if moe else "TP",
                 "max batch",
                 "KV",
                 "conc.",
@@ -397,6 +427,58 @@ def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
     )
     out = Path(png) if png else project.state_dir() / "plan" / f"{settings.stack}-pareto.png"
     console.print(f"chart: {pareto_png(ex, settings.slo, out)}")
+    if moe:
+        sweep = expert_parallel_sweep(settings, model, rules=stack_problems)
+        _print_expert_parallel(console, settings, sweep)
+        ep_out = out.with_name(out.stem.removesuffix("-pareto") + "-expert-parallel.png")
+        console.print(f"chart: {expert_parallel_png(sweep, settings, ep_out)}")
+
+
+def _print_expert_parallel(console, settings, sweep: tuple[ExpertParallelRow, ...]) -> None:
+    rt, group = settings.runtime, settings.serving_group
+    rows = []
+    for r in sweep:
+        p = r.point
+        rows.append(
+            (
+                r.expert_parallel,
+                r.gpus,
+                r.where,
+                r.max_batch_size,
+                f"{r.weights_gb_per_gpu:,.1f}",
+                "-" if p is None else p.concurrency,
+                "-" if p is None else f"{p.tpot_s * 1e3:,.1f}",
+                "-" if p is None else f"{r.alltoall_ms:,.2f}",
+                "-" if p is None else f"{p.output_tokens_per_s:,.0f}",
+                "-" if r.cost_per_million is None else _per_million(r.cost_per_million),
+                r.why_not or ("ok" if r.rules == "ok" else "refused"),
+            )
+        )
+    console.print(
+        tables.table(
+            f"explore: expert parallel inside vs across the NVLink domain ({group.nvlink_domain_gpus} GPUs of "
+            f"{group.instance_type}), stack {settings.stack}: TP {rt.tensor_parallel_size}, PP "
+            f"{rt.pipeline_parallel_size}, max_batch_size {rt.batch.max_batch_size} per attention group, "
+            "each at its largest concurrency meeting every SLO",
+            (
+                "EP",
+                "GPUs",
+                "all-to-all over",
+                "max batch",
+                "weights GB/GPU",
+                "conc.",
+                "TPOT ms",
+                "all-to-all ms/step",
+                "tok/s",
+                "$/1M out",
+                "stack rules",
+            ),
+            rows,
+            numeric=(0, 1, 3, 4, 5, 6, 7, 8, 9),
+        )
+    )
+    for rule in dict.fromkeys(r.rules for r in sweep if r.rules != "ok"):
+        console.print(f"refused (modelled anyway, to show the cost): {rule}")
 
 
 def register(namespace: Collection) -> None:

@@ -83,6 +83,20 @@ class Model(ModelConfig):
     vocab_size: int = Field(ge=16, le=1_048_576)
     tie_word_embeddings: bool = False
     num_experts: int = Field(default=0, ge=0, le=1024, description="0 for a dense model.")
+    num_experts_per_token: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="Experts the router sends each token to (top-k); 0 for a dense model.",
+    )
+    moe_intermediate_size: int = Field(
+        default=0, ge=0, le=262_144, description="One expert's MLP width; 0: intermediate_size."
+    )
+    # Routers never spread tokens perfectly: the busiest expert-parallel rank sets the step's pace.
+    # 1.2 is a planning default (the busiest rank ~20 % above the mean); measured routers replace it.
+    expert_load_imbalance: float = Field(
+        default=1.2, ge=1, le=16, description="Busiest expert-parallel rank's load over the mean."
+    )
 
     @model_validator(mode="after")
     def _heads_split_evenly(self) -> Model:
@@ -101,6 +115,14 @@ class Model(ModelConfig):
                     "num_kv_heads",
                     self.num_kv_heads,
                     f"must divide {{num_attention_heads}} ({self.num_attention_heads})",
+                )
+            )
+        if self.num_experts_per_token > self.num_experts:
+            problems.append(
+                FieldProblem(
+                    "num_experts_per_token",
+                    self.num_experts_per_token,
+                    f"must be <= {{num_experts}} ({self.num_experts}): each token goes to top-k of the experts",
                 )
             )
         if problems:
@@ -128,12 +150,22 @@ class Model(ModelConfig):
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def expert_intermediate_size(self) -> int:
+        """One MLP's width: an expert's where the model has its own for them, else the dense one."""
+        return (
+            self.moe_intermediate_size
+            if self.num_experts and self.moe_intermediate_size
+            else self.intermediate_size
+        )
+
+    @property
     def num_parameters(self) -> int:
         """Parameters of a Llama-family decoder, from its shape."""
         h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
         attention = h * h + 2 * h * kv + h * h
         experts = max(1, self.num_experts)
-        mlp = 3 * h * self.intermediate_size * experts + (h * self.num_experts if self.num_experts else 0)
+        width = self.expert_intermediate_size
+        mlp = 3 * h * width * experts + (h * self.num_experts if self.num_experts else 0)
         per_layer = attention + mlp + 2 * h
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + embeddings + h

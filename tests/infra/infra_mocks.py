@@ -10,6 +10,7 @@ one interpreter and one import of the program without seeing each other.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hashlib
 import runpy
@@ -378,7 +379,17 @@ def _run(
 def run_program(settings: Settings, program: Callable[[Settings], Any] = build, **mock_options: Any) -> Graph:
     """Run ``program(settings)`` under fresh mocks: :func:`infra.program.build` or the entry point."""
     mocks = _Recorder(settings.region, **mock_options)
+    _ensure_event_loop()
     return contextvars.Context().run(_run, settings, program, mocks)
+
+
+def _ensure_event_loop() -> None:
+    """Pulumi's mocks register resources on the thread's current event loop; an ``asyncio.run``
+    earlier in the session (the gateway's tests) leaves none set, and then they find none."""
+    try:
+        asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
 
 
 def run_main(stack: str, settings: Settings | None = None) -> Graph:

@@ -174,8 +174,9 @@ def test_fab_plan_on_an_unknown_gpu_type_names_the_field_and_the_known_types(cap
     assert "node_groups[0].gpu_type = 'B200-192GB': unknown GPU type; known types: A100-SXM4-40GB" in err
 
 
-def test_fab_plan_says_when_the_roofline_has_no_model(capsys, changed_stack):
+def test_fab_plan_models_a_pipeline_parallel_replica(capsys, changed_stack):
     changed_stack("prod", {"runtime.tensor_parallel_size": 4, "runtime.pipeline_parallel_size": 2})
     code, out, err = fab(capsys, "plan", "-s", "prod")
     assert code == 0, err
-    assert "roofline: not modelled: runtime.pipeline_parallel_size = 2" in out
+    assert "roofline: one replica at each concurrency" in out
+    assert "not modelled" not in out

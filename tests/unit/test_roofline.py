@@ -17,7 +17,6 @@ from frontier.capacity.gpus import GPUS, INSTANCES, gpu_spec
 from frontier.capacity.roofline import (
     Device,
     Efficiency,
-    NotModelled,
     Replica,
     Shape,
     decode_tokens_per_s,
@@ -210,12 +209,6 @@ def test_an_unknown_gpu_type_names_the_field_and_the_known_types(prod):
         "known types: A100-SXM4-40GB, A100-SXM4-80GB, A10G-24GB, H100-SXM-80GB, H200-SXM-141GB, L4-24GB, L40S-48GB"
         in message
     )
-
-
-def test_pipeline_parallel_is_not_modelled(prod):
-    pp = prod.model_copy(update={"runtime": prod.runtime.model_copy(update={"pipeline_parallel_size": 2})})
-    with pytest.raises(NotModelled, match="runtime.pipeline_parallel_size = 2"):
-        Replica.from_settings(pp)
 
 
 def test_bad_efficiency_names_the_field():
