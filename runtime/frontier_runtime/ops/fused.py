@@ -86,11 +86,14 @@ def rotary_and_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slots: torch.Tensor,
-    backend: str = "cpu-kernel",
+    backend: str,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> None:
     """Rotate q in place and write rotated k and v at ``slots`` of ``backend``'s cache, one pass.
+
+    ``backend`` has no default: the two layouts differ, and a cache written in the wrong one gives
+    wrong tokens without an error.
 
     ``k_scale``/``v_scale`` apply to an fp8 cache only (it holds value / scale)."""
     if backend != "cpu-kernel":

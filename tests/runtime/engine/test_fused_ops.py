@@ -78,7 +78,7 @@ def test_rotary_into_the_cache_matches_rotating_then_writing(dtype: torch.dtype)
     write_kv(*want_caches, want_k, v, meta)
 
     k_cache, v_cache = allocate_kv("cpu-kernel", 8, block, kv_heads, hd, dtype)
-    fused.rotary_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slots)
+    fused.rotary_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slots, "cpu-kernel")
     torch.testing.assert_close(q, want_q, **TOL[dtype])  # rotated where it lies, inside qkv
     torch.testing.assert_close(k_cache, want_caches[0], **TOL[dtype])
     assert torch.equal(v_cache, want_caches[1])
