@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from frontier.capacity.explore import ExpertParallelRow, Exploration
+from frontier.capacity.quality import QualityPoint, QualityRun
 from frontier.config.schema import Settings, Slo
 
 
@@ -119,6 +120,116 @@ def expert_parallel_png(rows: tuple[ExpertParallelRow, ...], settings: Settings,
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     ax.legend(handles=handles, fontsize=7, loc="upper left")
     ax.set_title(f"stack {settings.stack}: expert parallel inside vs across the NVLink domain")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def quality_png(
+    ex: Exploration, points: tuple[QualityPoint, ...], run: QualityRun | None, slo: Slo, out: Path
+) -> Path:
+    """Two panels side by side: price vs TPOT (every option, the front) and price vs pass rate (each
+    variant of weights and KV cache at its cheapest option meeting every SLO, the front marked).
+    A variant whose pass rate was not measured is listed under the chart with the reason, never placed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.6))
+    cmap = plt.get_cmap("tab10")
+    quantizations = sorted({o.candidate.quantization for o in ex.options})
+    for i, q in enumerate(quantizations):
+        mine = [o for o in ex.options if o.candidate.quantization == q]
+        left.scatter(
+            [o.tpot_ms for o in mine],
+            [o.cost_per_million for o in mine],
+            s=16,
+            alpha=0.5,
+            color=cmap(i % 10),
+            label=f"weights {q}",
+        )
+    left.plot(
+        [o.tpot_ms for o in ex.front],
+        [o.cost_per_million for o in ex.front],
+        "k-",
+        marker="o",
+        ms=4,
+        label="front",
+    )
+    left.axvline(slo.tpot_ms, color="red", linestyle=":", label=f"slo.tpot_ms {slo.tpot_ms:g}")
+    left.set_xlabel("TPOT at the largest concurrency meeting every SLO (ms, modelled)")
+    left.set_ylabel("cost per 1M output tokens ($)")
+    left.set_yscale("log")
+    left.grid(True, alpha=0.3)
+    left.legend(fontsize=7)
+    left.set_title(f"price vs latency: {len(ex.options)} options")
+
+    placed = [p for p in points if p.option is not None and p.pass_rate is not None]
+    for p in placed:
+        assert p.option is not None and p.pass_rate is not None
+        right.scatter(
+            [p.pass_rate],
+            [p.option.cost_per_million],
+            s=90 if p.on_front else 40,
+            marker="o" if p.variant.kv_cache_dtype != "fp8" else "s",
+            color=cmap(quantizations.index(p.variant.quantization) % 10)
+            if p.variant.quantization in quantizations
+            else "grey",
+            edgecolors="black" if p.on_front else "none",
+        )
+        right.annotate(
+            p.variant.label,
+            (p.pass_rate, p.option.cost_per_million),
+            fontsize=7,
+            xytext=(5, 4),
+            textcoords="offset points",
+        )
+    front = sorted((p for p in placed if p.on_front), key=lambda p: p.pass_rate or 0.0)
+    if front:
+        right.plot(
+            [p.pass_rate for p in front],
+            [p.option.cost_per_million for p in front if p.option is not None],
+            "k--",
+            linewidth=1,
+            label="front: no variant both cheaper and passing more",
+        )
+    missing = [
+        f"{p.variant.label}: "
+        + (
+            "no option meets every SLO"
+            if p.option is None
+            else (
+                p.quality.not_measured
+                if p.quality is not None
+                else "pass rate not measured (fab plan --explore --quality)"
+            )
+        )
+        for p in points
+        if p.option is None or p.pass_rate is None
+    ]
+    if missing:
+        right.text(
+            0.01,
+            0.01,
+            "not placed:\n" + "\n".join(missing),
+            transform=right.transAxes,
+            fontsize=7,
+            va="bottom",
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "grey"},
+        )
+    right.set_xlabel(
+        "pass rate of the verification set" + (f" ({run.weights} weights, scaled model)" if run else "")
+    )
+    right.set_ylabel("cost per 1M output tokens ($, cheapest option of the variant)")
+    right.set_xlim(-0.02, 1.05)
+    right.grid(True, alpha=0.3)
+    if front:
+        right.legend(fontsize=7, loc="upper left")
+    right.set_title("price vs pass rate, by weights and KV cache dtype")
+    fig.suptitle(f"stack {ex.stack}: the price, latency and pass rate of each option")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

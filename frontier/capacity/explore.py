@@ -86,13 +86,15 @@ class Candidate:
     kv_cache_dtype: str
     pipeline_parallel: int = 1
     expert_parallel: int = 1
+    quantization: str = "none"  # model.quantization: the weights' format
 
     @property
     def label(self) -> str:
         kv = " kv-fp8" if self.kv_cache_dtype == "fp8" else ""
         pp = f" PP{self.pipeline_parallel}" if self.pipeline_parallel > 1 else ""
         ep = f" EP{self.expert_parallel}" if self.expert_parallel > 1 else ""
-        return f"{self.instance_type} TP{self.tensor_parallel}{pp}{ep} mbs{self.max_batch_size}{kv}"
+        weights = f" w-{self.quantization}" if self.quantization != "none" else ""
+        return f"{self.instance_type} TP{self.tensor_parallel}{pp}{ep} mbs{self.max_batch_size}{kv}{weights}"
 
 
 @dataclass(frozen=True)
@@ -145,21 +147,30 @@ def parallel_layouts(settings: Settings, tp: int) -> list[tuple[int, int]]:
     return sorted(layouts)
 
 
-def candidates(settings: Settings, kv_dtypes: tuple[str, ...] | None = None) -> list[Candidate]:
+def candidates(
+    settings: Settings,
+    kv_dtypes: tuple[str, ...] | None = None,
+    quantizations: tuple[str, ...] | None = None,
+) -> list[Candidate]:
     """Every instance type of the table (and the stack's own) x TP x max_batch_size x KV dtype
-    (x PP x EP for a MoE model)."""
+    x weight quantization (x PP x EP for a MoE model)."""
     group, rt = settings.serving_group, settings.runtime
     instances = {name: (i.gpu, i.gpus_per_node) for name, i in INSTANCES.items()}
     instances[group.instance_type] = (group.gpu_type, group.gpus_per_node)
     batch_sizes = sorted({*MAX_BATCH_SIZES, rt.batch.max_batch_size})
     return [
-        Candidate(name, gpu, tp, mbs, kv, pp, ep)
+        Candidate(name, gpu, tp, mbs, kv, pp, ep, q)
         for name, (gpu, gpus) in sorted(instances.items())
         for tp in sorted({*TENSOR_PARALLEL, rt.tensor_parallel_size})
         for pp, ep in parallel_layouts(settings, tp)
         for mbs in batch_sizes
         for kv in kv_dtypes or (rt.kv_cache_dtype,)
+        for q in quantizations or (_quantization(settings),)
     ]
+
+
+def _quantization(settings: Settings) -> str:
+    return str(getattr(settings.model, "quantization", "none"))
 
 
 def variant(settings: Settings, c: Candidate) -> Settings:
@@ -195,9 +206,10 @@ def variant(settings: Settings, c: Candidate) -> Settings:
             "kv_cache_dtype": c.kv_cache_dtype,
         }
     )
-    return settings.model_copy(
-        update={"node_groups": (new_group, *settings.node_groups[1:]), "runtime": new_rt}
-    )
+    update: dict[str, object] = {"node_groups": (new_group, *settings.node_groups[1:]), "runtime": new_rt}
+    if c.quantization != _quantization(settings):
+        update["model"] = settings.model.model_copy(update={"quantization": c.quantization})
+    return settings.model_copy(update=update)
 
 
 def reason_of(problem: FieldProblem) -> str:
@@ -226,6 +238,7 @@ def explore(
     accepted_kv_dtypes: tuple[str, ...] | None = None,
     *,
     rules: Callable[[Settings], Iterable[FieldProblem]],
+    quantizations: tuple[str, ...] | None = None,
 ) -> Exploration:
     """Sweep, drop what does not fit or meet the SLOs, and return the options and their front.
 
@@ -233,7 +246,8 @@ def explore(
     calibrated efficiencies): the stack's own instance type is modelled with those, the others with
     their datasheets and the default GPU efficiencies. ``accepted_kv_dtypes`` defaults to what the
     runtime's engine accepts. ``rules`` are the stack file's (``frontier.targets.stack_problems``):
-    a candidate that breaks one is dropped, counted under the first it breaks.
+    a candidate that breaks one is dropped, counted under the first it breaks. ``quantizations``
+    (model.quantization values) adds the weights' format as an axis; by default the stack's own.
     """
     accepted = accepted_kv_dtypes if accepted_kv_dtypes is not None else runtime_kv_cache_dtypes()
     kv_dtypes, kv_note = kv_dtypes_to_sweep(settings, accepted)
@@ -246,11 +260,12 @@ def explore(
         settings.runtime.kv_cache_dtype,
         settings.runtime.pipeline_parallel_size,
         settings.runtime.expert_parallel_size,
+        _quantization(settings),
     )
     dropped: Counter[str] = Counter()
     options: list[Option] = []
     current_dropped = None
-    all_candidates = candidates(settings, kv_dtypes)
+    all_candidates = candidates(settings, kv_dtypes, quantizations)
     for c in all_candidates:
         is_current = (
             c.instance_type,
@@ -259,6 +274,7 @@ def explore(
             c.kv_cache_dtype,
             c.pipeline_parallel,
             c.expert_parallel,
+            c.quantization,
         ) == current_key
         s = variant(settings, c)
         problems = list(rules(s))

@@ -10,7 +10,7 @@ from invoke import Collection, task
 
 from frontier import project
 from frontier.capacity.baseline import load_baseline
-from frontier.capacity.chart import expert_parallel_png, pareto_png
+from frontier.capacity.chart import expert_parallel_png, pareto_png, quality_png
 from frontier.capacity.explore import (
     MAX_BATCH_SIZES,
     TENSOR_PARALLEL,
@@ -23,6 +23,14 @@ from frontier.capacity.explore import (
 )
 from frontier.capacity.gpus import INSTANCES
 from frontier.capacity.plan import GroupPlan, Plan, plan_stack, plan_with
+from frontier.capacity.quality import (
+    WEIGHTS,
+    QualityPoint,
+    QualityRun,
+    measure,
+    quality_points,
+    variants_to_measure,
+)
 from frontier.capacity.replica import ReplicaModel, model_stack
 from frontier.capacity.roofline import NotModelled, OperatingPoint, slo_violations
 from frontier.cli import tables
@@ -91,10 +99,12 @@ def render(c, stack=None, out=None, digest=None):
         "model); print the price-latency Pareto front",
         "png": "where --explore writes its chart (default: .frontier/plan/<stack>-pareto.png)",
         "refresh-cpu": "CPU stacks: run the CPU micro-benchmark again instead of using its cached result",
+        "quality": "with --explore: measure the verification set's pass rate of each weights x KV cache variant "
+        "on this machine's engine (a scaled model of the stack's architecture; a minute or two)",
     }
 )
 @reports_errors
-def plan(c, stack=None, explore=False, png=None, refresh_cpu=False):
+def plan(c, stack=None, explore=False, png=None, refresh_cpu=False, quality=False):
     """GPU memory fit, replicas, nodes and cost per node group of a stack, and its replica's roofline.
 
     The first tables size the fleet from the measured baseline (else the stated assumption); the
@@ -127,7 +137,7 @@ def plan(c, stack=None, explore=False, png=None, refresh_cpu=False):
         return
     _print_roofline(console, settings, model)
     if explore:
-        _print_exploration(console, settings, model, png)
+        _print_exploration(console, settings, model, png, quality)
 
 
 def _memory_table(p: GroupPlan):
@@ -343,6 +353,7 @@ def _option_row(o: Option, ex: Exploration, mark: str | None = None, moe: bool =
         f"{c.tensor_parallel}/{c.pipeline_parallel}/{c.expert_parallel}" if moe else c.tensor_parallel,
         o.candidate.max_batch_size,
         _SHORT_DTYPES.get(o.candidate.kv_cache_dtype, o.candidate.kv_cache_dtype),
+        c.quantization,
         p.concurrency,
         f"{p.ttft_s * 1e3:,.0f}",
         f"{p.tpot_s * 1e3:,.1f}",
@@ -354,8 +365,8 @@ def _option_row(o: Option, ex: Exploration, mark: str | None = None, moe: bool =
     )
 
 
-def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
-    ex = explore(settings, model, rules=stack_problems)
+def _print_exploration(console, settings, model: ReplicaModel, png, quality: bool = False) -> None:
+    ex = explore(settings, model, rules=stack_problems, quantizations=WEIGHTS)
     moe = bool(settings.model.num_experts)
     layouts = (
         " x (pipeline, expert) parallel "
@@ -367,7 +378,8 @@ def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
     console.print(
         f"explore: {ex.considered} candidates = instance types x tensor_parallel_size "
         f"{sorted({*TENSOR_PARALLEL, settings.runtime.tensor_parallel_size})}{layouts} x max_batch_size "
-        f"{sorted({*MAX_BATCH_SIZES, settings.runtime.batch.max_batch_size})} x kv_cache_dtype; "
+        f"{sorted({*MAX_BATCH_SIZES, settings.runtime.batch.max_batch_size})} x kv_cache_dtype x model.quantization "
+        f"{'/'.join(WEIGHTS)}; "
         f"{len(ex.options)} fit and meet every "
         f"SLO; {ex.kv_note}"
     )
@@ -393,6 +405,7 @@ def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
                 "TP/PP/EP" if moe else "TP",
                 "max batch",
                 "KV",
+                "weights",
                 "conc.",
                 "TTFT ms",
                 "TPOT ms",
@@ -403,7 +416,7 @@ def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
                 "fleet $/h",
             ),
             rows,
-            numeric=(2, 3, *range(5, 13)),
+            numeric=(2, 3, *range(6, 14)),
         )
     )
     estimated = sorted({o.candidate.instance_type for o in ex.front if "ESTIMATE" in _price_source(o)})
@@ -427,11 +440,59 @@ def _print_exploration(console, settings, model: ReplicaModel, png) -> None:
     )
     out = Path(png) if png else project.state_dir() / "plan" / f"{settings.stack}-pareto.png"
     console.print(f"chart: {pareto_png(ex, settings.slo, out)}")
+    run = None
+    if quality:
+        kv_dtypes = tuple(sorted({o.candidate.kv_cache_dtype for o in ex.options}))
+        workdir = project.state_dir() / "plan" / f"{settings.stack}-quality"
+        run = measure(settings, variants_to_measure(settings, kv_dtypes), workdir, on_progress=console.print)
+    points = quality_points(ex, run)
+    _print_quality(console, settings, points, run)
+    quality_out = out.with_name(out.stem.removesuffix("-pareto") + "-quality.png")
+    console.print(f"chart: {quality_png(ex, points, run, settings.slo, quality_out)}")
     if moe:
         sweep = expert_parallel_sweep(settings, model, rules=stack_problems)
         _print_expert_parallel(console, settings, sweep)
         ep_out = out.with_name(out.stem.removesuffix("-pareto") + "-expert-parallel.png")
         console.print(f"chart: {expert_parallel_png(sweep, settings, ep_out)}")
+
+
+def _print_quality(console, settings, points: tuple[QualityPoint, ...], run: QualityRun | None) -> None:
+    rows = []
+    for p in points:
+        o, q = p.option, p.quality
+        if q is None:
+            rate = "not measured (--quality)"
+        elif q.pass_rate is None:
+            rate = f"not measured: {q.not_measured}"
+        else:
+            rate = f"{q.pass_rate:.3f} ({q.passed}/{q.cases})"
+        rows.append(
+            (
+                "*" if p.on_front else "",
+                p.variant.quantization,
+                _SHORT_DTYPES.get(p.variant.kv_cache_dtype, p.variant.kv_cache_dtype),
+                "-" if o is None else o.candidate.label,
+                "-" if o is None else f"{o.tpot_ms:,.1f}",
+                "no option meets every SLO" if o is None else _per_million(o.cost_per_million),
+                rate,
+                "" if q is None or not q.failed else ", ".join(q.failed),
+            )
+        )
+    where = (
+        f"measured on {run.weights} weights of {settings.model.name}'s architecture scaled to "
+        f"{run.shape['num_layers']} layers x {run.shape['hidden_size']} hidden, set {run.verify_set}"
+        if run
+        else "pass rates not measured: fab plan --explore --quality measures them"
+    )
+    console.print(
+        tables.table(
+            f"explore: price vs pass rate by weights and KV cache dtype, stack {settings.stack} ({where}; "
+            "* = on the front: no other variant both cheaper and passing more)",
+            ("", "weights", "KV", "cheapest option", "TPOT ms", "$/1M out", "pass rate", "failed cases"),
+            rows,
+            numeric=(4, 5),
+        )
+    )
 
 
 def _print_expert_parallel(console, settings, sweep: tuple[ExpertParallelRow, ...]) -> None:

@@ -162,9 +162,13 @@ def test_fab_plan_explore_prints_the_front_and_writes_the_chart(capsys, tmp_path
     assert "node group h100: replicas, nodes and cost (from the roofline)" in out
     assert "explore: Pareto front of cost per 1M output tokens vs TPOT, stack prod" in out
     assert "cheapest" in out and "current" in out
-    assert "kv_cache_dtype" in out and "x kv_cache_dtype;" in out
+    assert "x kv_cache_dtype x model.quantization none/int8/fp8;" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"chart: {png}" in out
+    # The quality axis: a row per weights x KV variant, unmeasured unless --quality asks.
+    assert "explore: price vs pass rate by weights and KV cache dtype, stack prod" in out
+    assert "not measured (--quality)" in out
+    assert (tmp_path / "front-quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_fab_plan_on_an_unknown_gpu_type_names_the_field_and_the_known_types(capsys, changed_stack):
