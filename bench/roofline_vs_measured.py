@@ -2,9 +2,11 @@
 
     python bench/roofline_vs_measured.py [--threads 1] [--repeats 3] [--prompt 32] [--output 32]
 
-Two checkpoints written on the fly with ``frontier_runtime.tiny.make_tiny_checkpoint``: the tiny
-model (hidden 256, 4 layers, 8/4 heads, vocab 4096; 5M parameters) and a ~100M-parameter Llama with
-GQA (hidden 768, 12 layers, 12 query / 4 KV heads, MLP 2048, vocab 16384), both float32.
+Three checkpoints written on the fly: the tiny model (``frontier_runtime.tiny``: hidden 256, 4
+layers, 8/4 heads, vocab 4096; 5M parameters), a ~100M-parameter Llama with GQA (hidden 768, 12
+layers, 12 query / 4 KV heads, MLP 2048, vocab 16384) and a Mixtral-style mixture of experts
+written by transformers (hidden 512, 4 layers, 8 experts of width 1024, top-2; 59M parameters,
+18M active per token), all float32.
 
 - measured: decode output tokens/s of ``LLMEngine`` at concurrency 1, 8 and 32 — all requests
   submitted at once, greedy, EOS ignored; the clock starts after the step that prefills every
@@ -12,19 +14,18 @@ GQA (hidden 768, 12 layers, 12 query / 4 KV heads, MLP 2048, vocab 16384), both 
   it (with ``--threads 1`` torch runs every op on that thread): on a machine shared with other
   work, the wall clock would count the time spent waiting for a core. The median step over
   ``--repeats`` runs sets the figure; the wall-clock median is printed beside it.
-- predicted: ``roofline.decode_tokens_per_s`` on the CPU measured by ``frontier.capacity.cpu``
-  (a large copy and a matmul, at the same thread count and on the same clock) right before each
-  of those runs, the best of those measurements — with the efficiencies of
-  ``frontier.capacity.devices.CPU_EFFICIENCY``; and, to show what the engine's own time is worth,
-  the bare roofline with no overhead.
-- the local stack's knee: the roofline's best point of ``stacks/Pulumi.local.yaml`` (uncalibrated:
-  the defaults, not fitted to the baseline) against ``stacks/baselines/local.json``, which
-  ``fab loadtest`` measured through the server (HTTP, streaming, one thread per replica).
+- predicted: ``roofline.decode_tokens_per_s`` with the CPU as ``fab plan`` models it
+  (``frontier.capacity.cpu``): the engine's own linear layer streaming weights at one row and
+  multiplying at 32 rows, measured again right before each run (the best of those measurements
+  is used), and the engine's overhead per layer and per sequence fitted on the engine once at the
+  start (``cpu.fit_engine_overhead``, on the tiny model at concurrency 1 and 32: those two rows are
+  in-sample, the others held out); beside it the bare roofline with no overhead.
+- the local stack's knee: the roofline's best point of ``stacks/Pulumi.local.yaml`` (uncalibrated)
+  against ``stacks/baselines/local.json``, which ``fab loadtest`` measured through the server
+  (HTTP, streaming, one thread per replica).
 
-It also fits the engine-overhead terms (per layer and per sequence, per step) to the tiny model
-at concurrency 1 and 32 — the source of the defaults, so those two rows are in-sample; the 100M
-model and the knee are held out — and prints the fit.
-The last line is exactly ``roofline_vs_measured: max_abs_err=<r> mean_abs_err=<r> within_30pct=<k>/<n>``.
+The last line is exactly ``roofline_vs_measured: max_abs_err=<r> mean_abs_err=<r> within_30pct=<k>/<n>``,
+and a line before it names every row outside 30 %.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ import torch
 from frontier_runtime.engine.llm_engine import LLMEngine
 from frontier_runtime.requests import SamplingParams
 from frontier_runtime.tiny import make_tiny_checkpoint
+from safetensors.torch import load_file
 
+from frontier.capacity import cpu
 from frontier.capacity.baseline import load_baseline
-from frontier.capacity.cpu import clock, measure
-from frontier.capacity.devices import CPU_EFFICIENCY, cpu_threads
+from frontier.capacity.cpu import clock
+from frontier.capacity.devices import cpu_efficiency, cpu_threads
 from frontier.capacity.roofline import Device, Replica, Shape, decode_tokens_per_s, fit_slo
 from frontier.targets import load_stack
 
@@ -60,6 +63,18 @@ MODELS = {
         "intermediate_size": 2048,
         "vocab_size": 16384,
         "initializer_range": 0.02,
+    },
+    "mixtral-8x top-2 (59M)": {
+        "model_type": "mixtral",
+        "hidden_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "intermediate_size": 1024,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "vocab_size": 4096,
+        "max_position_embeddings": 1024,
     },
 }
 IN_SAMPLE = {("tiny (5M)", 1), ("tiny (5M)", 32)}
@@ -79,8 +94,31 @@ class Row:
         return self.predicted / self.measured - 1
 
 
+def write_checkpoint(out: Path, shape: dict) -> Path:
+    """The tiny writer's checkpoint, or, for a ``model_type``, the one transformers writes for a
+    random model of that family (weights std 0.1, so the router's choices are not all ties)."""
+    if "model_type" not in shape:
+        return make_tiny_checkpoint(out, **shape)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in shape.items() if k != "model_type"}
+    config = AutoConfig.for_model(shape["model_type"], **fields)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(
+                (1.0 + 0.1 * torch.randn_like(param))
+                if name.endswith("norm.weight")
+                else 0.1 * torch.randn_like(param)
+            )
+    model.save_pretrained(out)
+    return out
+
+
 def replica_of(model_dir: Path, max_batch: int) -> Replica:
     cfg = json.loads((model_dir / "config.json").read_text())
+    experts = cfg.get("num_local_experts", 0)
     shape = Shape(
         layers=cfg["num_hidden_layers"],
         hidden=cfg["hidden_size"],
@@ -89,14 +127,19 @@ def replica_of(model_dir: Path, max_batch: int) -> Replica:
         kv_heads=cfg["num_key_value_heads"],
         vocab=cfg["vocab_size"],
         dtype_bytes=4,
+        experts=experts,
+        experts_per_token=cfg.get("num_experts_per_tok", 0),
+        expert_intermediate=cfg["intermediate_size"] if experts else 0,
     )
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4
     return Replica(shape, 1, kv_per_token, max_batch, 2048, max_batch, True)
 
 
 def cpu_device(threads: int) -> Device:
-    m = measure(threads)
-    return Device(f"CPU, {threads} thread(s)", 16e9, m.bandwidth, m.flops, m.bandwidth, "measured")
+    bandwidth, flops, kernel = cpu.measure_kernels(threads)
+    return Device(
+        f"CPU, {threads} thread(s)", 16e9, bandwidth, flops, bandwidth, f"the engine's {kernel} GEMM"
+    )
 
 
 def best_device(devices: list[Device]) -> Device:
@@ -144,26 +187,26 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"{os.cpu_count()} cores, {args.threads} thread(s); load average {load_before:.2f}", flush=True)
     seen: list[Device] = []  # every CPU measurement, for the local knee at the end
-    eff = CPU_EFFICIENCY
+    fitted = cpu.measure(args.threads)
+    eff = cpu_efficiency(fitted)
+    print(
+        f"the CPU as fab plan models it: the engine's {fitted.kernel} GEMM streams weights at "
+        f"{fitted.bandwidth / 1e9:.1f} GB/s and multiplies at {fitted.flops / 1e9:.1f} GFLOP/s; engine overhead "
+        f"fitted on the tiny model: {fitted.layer_overhead_s * 1e3:.3f} ms/layer + {fitted.seq_overhead_s * 1e3:.3f} "
+        "ms/sequence per step",
+        flush=True,
+    )
     bare_eff = replace(eff, step_overhead_s=0.0, seq_overhead_s=0.0, layer_overhead_s=0.0)
     context = args.prompt + args.output / 2
     rows: list[Row] = []
-    step_times: dict[tuple[str, int], tuple[float, float]] = {}  # measured step s, bare roofline step s
     with tempfile.TemporaryDirectory(prefix="frontier-roofline-") as tmp:
         for name, shape in MODELS.items():
-            model_dir = make_tiny_checkpoint(Path(tmp) / name.split()[0], **shape)
+            model_dir = write_checkpoint(Path(tmp) / name.split()[0], shape)
             cfg = json.loads((model_dir / "config.json").read_text())
             replica = replica_of(model_dir, max(CONCURRENCY))
             # matmul weights + the input embedding (untied) + the norms
-            h = cfg["hidden_size"]
-            params = (
-                replica.shape.matmul_parameters
-                + cfg["vocab_size"] * h
-                + (2 * cfg["num_hidden_layers"] + 1) * h
-            )
-            print(
-                f"{name}: {params / 1e6:.1f}M parameters ({replica.shape.matmul_parameters / 1e6:.1f}M in matmuls)"
-            )
+            params = sum(t.numel() for f in model_dir.glob("*.safetensors") for t in load_file(f).values())
+            print(f"{name}: {params / 1e6:.1f}M parameters", flush=True)
             engine = LLMEngine(
                 model_dir,
                 max_batch_size=max(CONCURRENCY),
@@ -187,7 +230,6 @@ def main(argv: list[str] | None = None) -> None:
                 seen.extend(cpus)
                 predicted = decode_tokens_per_s(device, eff, replica, c, context)
                 bare = decode_tokens_per_s(device, bare_eff, replica, c, context)
-                step_times[(name, c)] = (c / measured, c / bare)
                 rows.append(
                     Row(
                         f"{name} decode, concurrency {c}",
@@ -205,17 +247,6 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
             engine.shutdown()
-
-    # The overhead fit behind CPU_EFFICIENCY: measured step - bare roofline step = b x layers +
-    # c x batch, from the tiny model (4 layers) at concurrency 1 and 32.
-    residual = {key: measured_s - bare_s for key, (measured_s, bare_s) in step_times.items()}
-    tiny_1, tiny_32 = residual[("tiny (5M)", 1)], residual[("tiny (5M)", 32)]
-    per_seq = (tiny_32 - tiny_1) / 31
-    per_layer = (tiny_1 - per_seq) / 4
-    print(
-        f"overhead fitted on the tiny model (c=1, c=32): {per_layer * 1e3:.3f} ms/layer + {per_seq * 1e3:.3f} "
-        f"ms/sequence per step (CPU_EFFICIENCY uses {eff.layer_overhead_s * 1e3:.3f} + {eff.seq_overhead_s * 1e3:.3f})"
-    )
 
     local = load_stack("local")
     baseline = load_baseline("local")
@@ -261,6 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     errors = [abs(r.error) for r in rows]
     within = sum(e <= 0.30 for e in errors)
+    outside = [f"{r.what} ({r.error:+.0%})" for r in rows if abs(r.error) > 0.30]
+    print("outside 30 %: " + ("; ".join(outside) if outside else "none"))
     print(
         f"roofline_vs_measured: max_abs_err={max(errors):.2f} mean_abs_err={sum(errors) / len(errors):.2f} "
         f"within_30pct={within}/{len(errors)}"

@@ -1,14 +1,25 @@
-"""The CPU of a local host as a roofline device: bandwidth and FLOP/s measured, not looked up.
+"""The CPU of a local host as a roofline device: measured through the engine's own kernels, not
+looked up, and the engine's own time per step fitted on the engine itself.
 
-A few seconds of torch: a large copy (bytes read + written per second) and a square float32
-matmul (FLOP/s), each the best of several runs, at the thread count the runtime will use. The
-result is cached under ``.frontier/roofline/`` per thread count and machine, so ``fab plan`` pays
-for it once.
+Three measurements, at the thread count the runtime will use, each the best of several runs:
+- bandwidth: one pass over 128 MB of float32 weights through the engine's linear layer
+  (``frontier_runtime.models.llama.layers.Linear``, packed as the engine packs it: the panel GEMM
+  where the CPU has AVX-512, else oneDNN's layout) with one row of input: the bytes a decode step of
+  one sequence streams, per second of that kernel. A plain copy would measure the memory system,
+  not what the kernel gets from it (the panel GEMM prefetches ahead of its tiles and reads each
+  weight once; torch's BLAS packs a weight before each GEMM and reads it three times).
+- FLOP/s: the same layers with 32 rows, a large decode batch (prefill chunks of hundreds of rows run
+  10-20 % faster: the model is conservative there).
+- the engine's overhead: decode steps of a 4-layer random checkpoint at concurrency 1 and 32 in the
+  engine itself, less the bare roofline of those steps on the two figures above, fitted to a time per
+  layer and a time per sequence per step (Python dispatching each layer's ops; scheduling, sampling
+  and detokenising each sequence).
 
-With one thread the runs are timed by that thread's CPU time, not the wall clock: on a machine
-shared with other work the wall clock counts the time the thread waited for a core, which says
-nothing about the core. (Memory bandwidth taken by the others still shows.) With more threads the
-work runs on torch's pool, whose time only the wall clock sees.
+The result is cached under ``.frontier/roofline/`` per thread count and machine, so ``fab plan`` pays
+for it once. With one thread every run is timed by that thread's CPU time, not the wall clock: on a
+machine shared with other work the wall clock counts the time the thread waited for a core, which
+says nothing about the core (memory bandwidth taken by the others still shows). With more threads
+the work runs on torch's pool, whose time only the wall clock sees.
 """
 
 from __future__ import annotations
@@ -16,26 +27,38 @@ from __future__ import annotations
 import json
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from frontier.project import state_dir
 
-COPY_BYTES = 128 << 20  # four times the largest last-level cache here (32 MB)
-MATMUL_N = 1024
+WIDTH = 2048  # 8 layers of 2048 x 2048 float32: 128 MB, four times the largest last-level cache here
+LAYERS = 8
+GEMM_ROWS = 32  # a decode batch: the rate the engine reaches on the steps that bound it
 REPEATS = 5
+# The overhead fit: the tiny checkpoint's default shape (4 layers, hidden 256), decode only.
+FIT_CONCURRENCY = (1, 32)
+FIT_PROMPT = 16
+FIT_OUTPUT = 24
+FORMAT = 2  # the cache's format: an older cache is measured again
 
 
 @dataclass(frozen=True)
 class CpuMeasurement:
     threads: int
-    bandwidth: float  # bytes/s, read + written, of a large tensor copy
-    flops: float  # float32 FLOP/s of a 1024^3 matmul
+    bandwidth: float  # bytes/s: weights streamed by the engine's linear layer at one row
+    flops: float  # float32 FLOP/s of the engine's linear layer at GEMM_ROWS rows
     machine: str
     measured_at: str
     clock: str  # "thread CPU time" or "wall"
+    kernel: str = ""  # which GEMM the engine's layer ran: panel / onednn / torch
+    layer_overhead_s: float = 0.0  # the engine's own time per layer per step
+    seq_overhead_s: float = 0.0  # the engine's own time per sequence per step
+    format: int = FORMAT
 
 
 def _machine() -> str:
@@ -62,29 +85,125 @@ def _best_s(fn: Callable[[], object], now: Callable[[], float]) -> float:
 
 
 def measure(threads: int) -> CpuMeasurement:
-    """Run the micro-benchmark now (about two seconds)."""
+    """Run the measurements now (ten seconds or so)."""
     import torch  # the toolkit needs torch only here; importing it lazily keeps `fab` fast
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        src = torch.ones(COPY_BYTES // 4, dtype=torch.float32)
-        dst = torch.empty_like(src)
-        now = clock(threads)
-        copy_s = _best_s(lambda: dst.copy_(src), now)
-        a = torch.randn(MATMUL_N, MATMUL_N)
-        b = torch.randn(MATMUL_N, MATMUL_N)
-        matmul_s = _best_s(lambda: a @ b, now)
+        bandwidth, flops, kernel = measure_kernels(threads)
+        per_layer, per_seq = fit_engine_overhead(threads, bandwidth, flops)
     finally:
         torch.set_num_threads(previous)
     return CpuMeasurement(
         threads=threads,
-        bandwidth=2 * COPY_BYTES / copy_s,
-        flops=2 * MATMUL_N**3 / matmul_s,
+        bandwidth=bandwidth,
+        flops=flops,
         machine=_machine(),
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         clock="thread CPU time" if threads == 1 else "wall",
+        kernel=kernel,
+        layer_overhead_s=per_layer,
+        seq_overhead_s=per_seq,
     )
+
+
+def measure_kernels(threads: int) -> tuple[float, float, str]:
+    """Bytes/s streamed at one row and FLOP/s at GEMM_ROWS rows by the engine's linear layer, on
+    torch's current thread count; and the GEMM's name."""
+    import torch
+
+    now = clock(threads)
+    layers, kernel = _engine_layers()
+    one_row = torch.randn(1, WIDTH)
+    many_rows = torch.randn(GEMM_ROWS, WIDTH)
+    stream_s = _best_s(lambda: [layer(one_row) for layer in layers], now)
+    gemm_s = _best_s(lambda: [layer(many_rows) for layer in layers], now)
+    return LAYERS * WIDTH * WIDTH * 4 / stream_s, 2 * GEMM_ROWS * WIDTH * WIDTH * LAYERS / gemm_s, kernel
+
+
+def _engine_layers() -> tuple[list[Any], str]:
+    """LAYERS float32 linear layers laid out exactly as the engine lays out a checkpoint's, and
+    the name of the GEMM they run."""
+    import torch
+    from frontier_runtime.models.llama.layers import Linear
+
+    layers = []
+    for _ in range(LAYERS):
+        layer = Linear(WIDTH, WIDTH, bias=False)
+        with torch.no_grad():
+            layer.weight.normal_(0, 0.02)
+        layer.use_transposed_weight()
+        layer.pack()
+        layers.append(layer)
+    first = layers[0]
+    kernel = "panel" if first.panels else "onednn" if first.packed is not None else "torch"
+    return layers, kernel
+
+
+def fit_engine_overhead(threads: int, bandwidth: float, flops: float) -> tuple[float, float]:
+    """The engine's own time per layer and per sequence of a decode step: measured steps of a
+    4-layer random checkpoint at concurrency 1 and 32, less the bare roofline of those steps."""
+    from frontier_runtime.engine.llm_engine import LLMEngine
+    from frontier_runtime.tiny import make_tiny_checkpoint
+
+    from frontier.capacity.roofline import Device, Efficiency, Replica, Shape, step
+
+    now = clock(threads)
+    with tempfile.TemporaryDirectory(prefix="frontier-cpu-fit-") as tmp:
+        model_dir = make_tiny_checkpoint(Path(tmp) / "tiny")
+        cfg = json.loads((model_dir / "config.json").read_text())
+        engine = LLMEngine(
+            model_dir,
+            max_batch_size=max(FIT_CONCURRENCY),
+            max_num_batched_tokens=1024,
+            cpu_kv_cache_bytes=64 << 20,
+            cpu_threads=threads,
+        )
+        try:
+            measured = {c: _decode_step_s(engine, cfg["vocab_size"], c, now) for c in FIT_CONCURRENCY}
+        finally:
+            engine.shutdown()
+    shape = Shape(
+        layers=cfg["num_hidden_layers"],
+        hidden=cfg["hidden_size"],
+        intermediate=cfg["intermediate_size"],
+        heads=cfg["num_attention_heads"],
+        kv_heads=cfg["num_key_value_heads"],
+        vocab=cfg["vocab_size"],
+        dtype_bytes=4,
+    )
+    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4
+    replica = Replica(shape, 1, kv_per_token, max(FIT_CONCURRENCY), 1024, max(FIT_CONCURRENCY), True)
+    device = Device("CPU", 16e9, bandwidth, flops, bandwidth, "measured")
+    bare = Efficiency(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, "bare", overlap=1.0, gemm_weight_passes=1.0)
+    context = FIT_PROMPT + FIT_OUTPUT / 2
+    residual = {
+        c: s - step(device, bare, replica, decode_seqs=c, context=context).total_s
+        for c, s in measured.items()
+    }
+    low, high = FIT_CONCURRENCY
+    per_seq = max(0.0, (residual[high] - residual[low]) / (high - low))
+    per_layer = max(0.0, (residual[low] - per_seq * low) / shape.layers)
+    return per_layer, per_seq
+
+
+def _decode_step_s(engine: Any, vocab: int, concurrency: int, now: Callable[[], float]) -> float:
+    """The median time of a decode step of ``concurrency`` sequences (prefill excluded)."""
+    from frontier_runtime.requests import SamplingParams
+
+    params = SamplingParams(max_tokens=FIT_OUTPUT, temperature=0.0, ignore_eos=True)
+    for i in range(concurrency):
+        ids = [8 + (i * 131 + j * 17) % (vocab - 8) for j in range(FIT_PROMPT)]  # distinct: no prefix hits
+        engine.add_request(f"fit-{concurrency}-{i}", ids, params)
+    engine.step()  # prefills every prompt and samples each sequence's first token
+    steps = []
+    while engine.has_unfinished():
+        start = now()
+        engine.step()
+        steps.append(now() - start)
+    steps.sort()
+    return steps[len(steps) // 2]
 
 
 def measured_cpu(threads: int, *, refresh: bool = False) -> tuple[CpuMeasurement, bool]:
@@ -96,7 +215,12 @@ def measured_cpu(threads: int, *, refresh: bool = False) -> tuple[CpuMeasurement
             cached = CpuMeasurement(**json.loads(path.read_text()))
         except (json.JSONDecodeError, TypeError):
             cached = None  # a damaged or older-format cache is measured again, not trusted
-        if cached is not None and cached.machine == _machine() and cached.threads == threads:
+        if (
+            cached is not None
+            and cached.machine == _machine()
+            and cached.threads == threads
+            and cached.format == FORMAT
+        ):
             return cached, True
     result = measure(threads)
     path.parent.mkdir(parents=True, exist_ok=True)

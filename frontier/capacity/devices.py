@@ -4,22 +4,20 @@ the CPU of a local stack from the micro-benchmark."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
-from frontier.capacity.cpu import measured_cpu
+from frontier.capacity.cpu import CpuMeasurement, measured_cpu
 from frontier.capacity.gpus import GpuSpec, gpu_spec
 from frontier.capacity.roofline import GPU_EFFICIENCY, Device, Efficiency
 from frontier.config.schema import DTYPE_BYTES, GB, NodeGroup, Settings
 
-# The CPU's bandwidth and FLOP/s are measured, so their efficiencies are 1. One core does not overlap
-# memory traffic with arithmetic (overlap 0), and torch's CPU BLAS packs each weight matrix before a
-# GEMM of more than one row (weights read, written packed, read again: 3 passes); both show in a
-# micro-benchmark of the runtime's own layer shapes (a 768-wide, 100M-parameter stack of [in, out]
-# weights on this 2-core machine, one thread: 23 ms at 1 row, 95 ms at 8, 168 ms at 32 — the
-# model gives 28, 99 and 167). The engine's own time per step (Python: each layer's ops dispatched
-# one by one, then per sequence scheduling, sampling, detokenising) was fitted with the tiny model
-# (4 layers) at concurrency 1 and 32, timed by thread CPU time: 0.92 ms per layer + 0.13 ms per
-# sequence (`bench/roofline_vs_measured.py` prints the fit; a fit with a fixed term as well, on the
-# 100M model too, put that term at or below zero). Calibration against a stack's baseline refits it.
+# The CPU's bandwidth and FLOP/s are measured through the engine's own linear layer (see
+# ``frontier.capacity.cpu``), so their efficiencies are 1, and the weights cross memory once per step
+# whatever the rows: the engine packs each weight once, at load, and its panel GEMM prefetches the
+# weights ahead of the tiles that compute on them, so memory and arithmetic overlap. The engine's own
+# time per layer and per sequence is fitted on the engine by the same measurement
+# (``cpu_efficiency``); these are the figures of this 2-core machine at one thread, for a CPU
+# modelled without measuring.
 CPU_EFFICIENCY = Efficiency(
     bandwidth=1.0,
     flops=1.0,
@@ -27,12 +25,24 @@ CPU_EFFICIENCY = Efficiency(
     allreduce_latency_s=50e-6,
     step_overhead_s=0.0,
     seq_overhead_s=0.13e-3,
-    source="modelled: measured CPU peaks, no overlap, 3 weight passes per GEMM; engine overhead 0.92 ms/layer "
-    "+ 0.13 ms/sequence per step (fitted on the tiny model)",
-    overlap=0.0,
-    gemm_weight_passes=3.0,
+    source="modelled: the engine's linear layer measured (one weight pass per step, memory and compute "
+    "overlapped); engine overhead 0.92 ms/layer + 0.13 ms/sequence per step",
+    overlap=1.0,
+    gemm_weight_passes=1.0,
     layer_overhead_s=0.92e-3,
 )
+
+
+def cpu_efficiency(m: CpuMeasurement) -> Efficiency:
+    """CPU_EFFICIENCY with the engine's overhead fitted on this machine."""
+    return replace(
+        CPU_EFFICIENCY,
+        layer_overhead_s=m.layer_overhead_s,
+        seq_overhead_s=m.seq_overhead_s,
+        source=f"modelled: the engine's {m.kernel or 'linear'} GEMM measured (one weight pass per step, memory "
+        f"and compute overlapped); engine overhead fitted on the engine: {m.layer_overhead_s * 1e3:.2f} ms/layer "
+        f"+ {m.seq_overhead_s * 1e3:.3f} ms/sequence per step",
+    )
 
 
 def cpu_threads(settings: Settings) -> int:
@@ -65,9 +75,10 @@ def device_for(settings: Settings, index: int = 0, *, refresh_cpu: bool = False)
             flops=m.flops,
             # Tensor-parallel ranks on one CPU exchange activations through shared memory.
             link_bandwidth=m.bandwidth,
-            source=f"measured on this machine ({m.machine}; {when}): copy {m.bandwidth / 1e9:.1f} GB/s, "
-            f"matmul {m.flops / 1e9:.1f} GFLOP/s, timed by {m.clock}",
+            source=f"measured on this machine ({m.machine}; {when}) through the engine's {m.kernel} GEMM: "
+            f"weights streamed at {m.bandwidth / 1e9:.1f} GB/s, {m.flops / 1e9:.1f} GFLOP/s at many rows, "
+            f"timed by {m.clock}",
         )
-        return device, CPU_EFFICIENCY
+        return device, cpu_efficiency(m)
     spec = gpu_spec(group.gpu_type, f"node_groups[{index}].gpu_type")
     return gpu_device(spec, settings.model.dtype), GPU_EFFICIENCY

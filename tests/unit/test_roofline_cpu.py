@@ -29,6 +29,26 @@ def test_the_micro_benchmark_measures_bandwidth_and_flops_and_caches_them(tmp_pa
     assert cached and again == first
 
 
+def test_the_cpu_is_measured_through_the_engines_own_gemm_with_the_overhead_fitted_on_the_engine():
+    m, _ = cpu.measured_cpu(1)
+    assert m.kernel in ("panel", "onednn", "torch")
+    # The engine's own time: Python dispatching each layer's ops, scheduling and sampling each sequence.
+    assert 0 < m.layer_overhead_s < 0.05 and 0 < m.seq_overhead_s < 0.05
+    device, eff = device_for(load_stack("local"))
+    assert f"through the engine's {m.kernel} GEMM" in device.source
+    assert (eff.layer_overhead_s, eff.seq_overhead_s) == (m.layer_overhead_s, m.seq_overhead_s)
+    assert eff.gemm_weight_passes == 1.0  # packed once at load: one weight pass per step
+
+
+def test_a_cache_of_an_older_format_is_measured_again(tmp_path):
+    first, _ = cpu.measured_cpu(1)
+    document = json.loads(cpu.cache_path(1).read_text())
+    document["format"] = cpu.FORMAT - 1
+    cpu.cache_path(1).write_text(json.dumps(document))
+    _, cached = cpu.measured_cpu(1)
+    assert not cached
+
+
 def test_a_damaged_cache_is_measured_again(tmp_path):
     cpu.cache_path(1).parent.mkdir(parents=True)
     cpu.cache_path(1).write_text("{not json")
