@@ -193,10 +193,13 @@ def main(argv: list[str] | None = None) -> None:
         f"the CPU as fab plan models it: the engine's {fitted.kernel} GEMM streams weights at "
         f"{fitted.bandwidth / 1e9:.1f} GB/s and multiplies at {fitted.flops / 1e9:.1f} GFLOP/s; engine overhead "
         f"fitted on the tiny model: {fitted.layer_overhead_s * 1e3:.3f} ms/layer + {fitted.seq_overhead_s * 1e3:.3f} "
-        "ms/sequence per step",
+        f"ms/sequence per step; server (knee row only): {fitted.request_overhead_s * 1e3:.2f} ms/request + "
+        f"{fitted.token_overhead_s * 1e3:.3f} ms/streamed token",
         flush=True,
     )
-    bare_eff = replace(eff, step_overhead_s=0.0, seq_overhead_s=0.0, layer_overhead_s=0.0)
+    # The engine rows run LLMEngine with no server: the server's terms are the knee row's only.
+    engine_eff = replace(eff, request_overhead_s=0.0, token_overhead_s=0.0)
+    bare_eff = replace(engine_eff, step_overhead_s=0.0, seq_overhead_s=0.0, layer_overhead_s=0.0)
     context = args.prompt + args.output / 2
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="frontier-roofline-") as tmp:
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
                 wall = c / median([wall_s for _, wall_s in steps])
                 device = best_device(cpus)
                 seen.extend(cpus)
-                predicted = decode_tokens_per_s(device, eff, replica, c, context)
+                predicted = decode_tokens_per_s(device, engine_eff, replica, c, context)
                 bare = decode_tokens_per_s(device, bare_eff, replica, c, context)
                 rows.append(
                     Row(

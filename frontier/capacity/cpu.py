@@ -14,6 +14,11 @@ Three measurements, at the thread count the runtime will use, each the best of s
   engine itself, less the bare roofline of those steps on the two figures above, fitted to a time per
   layer and a time per sequence per step (Python dispatching each layer's ops; scheduling, sampling
   and detokenising each sequence).
+- the server's overhead: the same checkpoint served by a real runtime process (``python -m
+  frontier_runtime serve``, the threads the stack gives it), sent streamed completions one at a
+  time, first of one token and then of many; the process's CPU time (``/proc/PID/stat``, every
+  thread) less the engine's modelled steps, fitted to a time per request and per streamed token.
+  On a CPU replica the server and the engine share the cores, so these add to every step.
 
 The result is cached under ``.frontier/roofline/`` per thread count and machine, so ``fab plan`` pays
 for it once. With one thread every run is timed by that thread's CPU time, not the wall clock: on a
@@ -27,6 +32,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -44,7 +52,10 @@ REPEATS = 5
 FIT_CONCURRENCY = (1, 32)
 FIT_PROMPT = 16
 FIT_OUTPUT = 24
-FORMAT = 2  # the cache's format: an older cache is measured again
+FORMAT = 3  # the cache's format: an older cache is measured again
+# The server fit: streamed completions one at a time, of one token and of SERVER_TOKENS tokens.
+SERVER_REQUESTS = 24
+SERVER_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,8 @@ class CpuMeasurement:
     kernel: str = ""  # which GEMM the engine's layer ran: panel / onednn / torch
     layer_overhead_s: float = 0.0  # the engine's own time per layer per step
     seq_overhead_s: float = 0.0  # the engine's own time per sequence per step
+    request_overhead_s: float = 0.0  # the HTTP server's time per request
+    token_overhead_s: float = 0.0  # the HTTP server's time per streamed token
     format: int = FORMAT
 
 
@@ -93,6 +106,7 @@ def measure(threads: int) -> CpuMeasurement:
     try:
         bandwidth, flops, kernel = measure_kernels(threads)
         per_layer, per_seq = fit_engine_overhead(threads, bandwidth, flops)
+        per_request, per_token = fit_server_overhead(threads, bandwidth, flops, per_layer, per_seq)
     finally:
         torch.set_num_threads(previous)
     return CpuMeasurement(
@@ -105,6 +119,8 @@ def measure(threads: int) -> CpuMeasurement:
         kernel=kernel,
         layer_overhead_s=per_layer,
         seq_overhead_s=per_seq,
+        request_overhead_s=per_request,
+        token_overhead_s=per_token,
     )
 
 
@@ -147,7 +163,7 @@ def fit_engine_overhead(threads: int, bandwidth: float, flops: float) -> tuple[f
     from frontier_runtime.engine.llm_engine import LLMEngine
     from frontier_runtime.tiny import make_tiny_checkpoint
 
-    from frontier.capacity.roofline import Device, Efficiency, Replica, Shape, step
+    from frontier.capacity.roofline import Device, Efficiency, step
 
     now = clock(threads)
     with tempfile.TemporaryDirectory(prefix="frontier-cpu-fit-") as tmp:
@@ -164,6 +180,23 @@ def fit_engine_overhead(threads: int, bandwidth: float, flops: float) -> tuple[f
             measured = {c: _decode_step_s(engine, cfg["vocab_size"], c, now) for c in FIT_CONCURRENCY}
         finally:
             engine.shutdown()
+    replica = _tiny_replica(cfg)
+    device = Device("CPU", 16e9, bandwidth, flops, bandwidth, "measured")
+    bare = Efficiency(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, "bare", overlap=1.0, gemm_weight_passes=1.0)
+    context = FIT_PROMPT + FIT_OUTPUT / 2
+    residual = {
+        c: s - step(device, bare, replica, decode_seqs=c, context=context).total_s
+        for c, s in measured.items()
+    }
+    low, high = FIT_CONCURRENCY
+    per_seq = max(0.0, (residual[high] - residual[low]) / (high - low))
+    per_layer = max(0.0, (residual[low] - per_seq * low) / replica.shape.layers)
+    return per_layer, per_seq
+
+
+def _tiny_replica(cfg: dict[str, Any]) -> Any:
+    from frontier.capacity.roofline import Replica, Shape
+
     shape = Shape(
         layers=cfg["num_hidden_layers"],
         hidden=cfg["hidden_size"],
@@ -174,18 +207,160 @@ def fit_engine_overhead(threads: int, bandwidth: float, flops: float) -> tuple[f
         dtype_bytes=4,
     )
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4
-    replica = Replica(shape, 1, kv_per_token, max(FIT_CONCURRENCY), 1024, max(FIT_CONCURRENCY), True)
+    return Replica(shape, 1, kv_per_token, max(FIT_CONCURRENCY), 1024, max(FIT_CONCURRENCY), True)
+
+
+def fit_server_overhead(
+    threads: int, bandwidth: float, flops: float, per_layer: float, per_seq: float
+) -> tuple[float, float]:
+    """The runtime server's own time per request and per streamed token, where it shares the
+    engine's cores: a real runtime process's CPU time over streamed completions sent one at a time,
+    less the engine's steps as the roofline models them (with the fitted engine overhead)."""
+    import httpx
+    from frontier_runtime.tiny import make_tiny_checkpoint
+
+    from frontier.capacity.roofline import Device, Efficiency, step
+
+    with tempfile.TemporaryDirectory(prefix="frontier-cpu-server-") as tmp:
+        model_dir = make_tiny_checkpoint(Path(tmp) / "tiny")
+        cfg = json.loads((model_dir / "config.json").read_text())
+        with _served(model_dir, Path(tmp), threads) as (url, pid):
+            client = httpx.Client(base_url=url, timeout=60)
+            _completions(client, 4, 4)  # warm-up: first requests pay for lazy imports and caches
+            one = _cpu_of(pid, lambda: _completions(client, SERVER_REQUESTS, 1))
+            many = _cpu_of(pid, lambda: _completions(client, SERVER_REQUESTS, SERVER_TOKENS))
+            prompt = _prompt_tokens(client)
+    replica = _tiny_replica(cfg)
     device = Device("CPU", 16e9, bandwidth, flops, bandwidth, "measured")
-    bare = Efficiency(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, "bare", overlap=1.0, gemm_weight_passes=1.0)
-    context = FIT_PROMPT + FIT_OUTPUT / 2
-    residual = {
-        c: s - step(device, bare, replica, decode_seqs=c, context=context).total_s
-        for c, s in measured.items()
-    }
-    low, high = FIT_CONCURRENCY
-    per_seq = max(0.0, (residual[high] - residual[low]) / (high - low))
-    per_layer = max(0.0, (residual[low] - per_seq * low) / shape.layers)
-    return per_layer, per_seq
+    engine = Efficiency(
+        1.0,
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        per_seq,
+        "fitted",
+        overlap=1.0,
+        gemm_weight_passes=1.0,
+        layer_overhead_s=per_layer,
+    )
+    prefill_s = step(
+        device, engine, replica, decode_seqs=0, prefill_tokens=prompt, prefill_attended=prompt / 2, context=0
+    ).total_s
+    decode_s = step(device, engine, replica, decode_seqs=1, context=prompt + SERVER_TOKENS / 2).total_s
+    (cpu_one, tokens_one), (cpu_many, tokens_many) = one, many
+    per_token = (cpu_many - cpu_one - (tokens_many - tokens_one) * decode_s) / max(
+        1, tokens_many - tokens_one
+    )
+    per_request = (cpu_one - SERVER_REQUESTS * prefill_s - tokens_one * per_token) / SERVER_REQUESTS
+    return max(0.0, per_request), max(0.0, per_token)
+
+
+class _served:
+    """A runtime process serving ``model_dir`` on a free loopback port: (its URL, its pid)."""
+
+    def __init__(self, model_dir: Path, workdir: Path, threads: int) -> None:
+        self.model_dir, self.workdir, self.threads = model_dir, workdir, threads
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> tuple[str, int]:
+        import httpx
+        import yaml
+
+        config = self.workdir / "runtime.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "model": {"name": "fit", "weights_uri": str(self.model_dir), "max_seq_len": 1024},
+                    "max_concurrency": 4,
+                    "batch": {"window_ms": 0, "max_batch_size": 4, "max_num_batched_tokens": 1024},
+                    "cpu_kv_cache_bytes": 32 << 20,
+                    "cpu_threads": self.threads,
+                    "log_level": "warning",
+                    "device": "cpu",
+                }
+            )
+        )
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "frontier_runtime",
+                "serve",
+                "--config",
+                str(config),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--model-dir",
+                str(self.model_dir),
+            ],  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                if httpx.get(url + "/health/ready", timeout=1).status_code == 200:
+                    return url, self.process.pid
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.__exit__()
+        raise RuntimeError("the runtime used to measure the server's overhead did not become ready")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+PROMPT = "the operators of the cluster keep the weights close to the hosts that serve them"
+
+
+def _completions(client: Any, count: int, max_tokens: int) -> int:
+    """Send ``count`` streamed completions one after another; the completion tokens they made."""
+    tokens = 0
+    for _ in range(count):
+        body = {
+            "model": "fit",
+            "prompt": PROMPT,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with client.stream("POST", "/v1/completions", json=body) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if line.startswith("data: {") and '"usage"' in line:
+                    usage = json.loads(line[6:]).get("usage") or {}
+                    tokens += int(usage.get("completion_tokens") or 0)
+    return tokens
+
+
+def _prompt_tokens(client: Any) -> int:
+    body = {"model": "fit", "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+    return int(client.post("/v1/completions", json=body).json()["usage"]["prompt_tokens"])
+
+
+def _cpu_of(pid: int, work: Callable[[], int]) -> tuple[float, int]:
+    """(CPU seconds process ``pid`` spent while ``work`` ran, what ``work`` returned)."""
+    before = _process_cpu_s(pid)
+    result = work()
+    return _process_cpu_s(pid) - before, result
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU time of every thread of ``pid`` so far (``/proc/PID/stat`` fields 14, 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _decode_step_s(engine: Any, vocab: int, concurrency: int, now: Callable[[], float]) -> float:

@@ -39,9 +39,12 @@ def cpu_efficiency(m: CpuMeasurement) -> Efficiency:
         CPU_EFFICIENCY,
         layer_overhead_s=m.layer_overhead_s,
         seq_overhead_s=m.seq_overhead_s,
+        request_overhead_s=m.request_overhead_s,
+        token_overhead_s=m.token_overhead_s,
         source=f"modelled: the engine's {m.kernel or 'linear'} GEMM measured (one weight pass per step, memory "
         f"and compute overlapped); engine overhead fitted on the engine: {m.layer_overhead_s * 1e3:.2f} ms/layer "
-        f"+ {m.seq_overhead_s * 1e3:.3f} ms/sequence per step",
+        f"+ {m.seq_overhead_s * 1e3:.3f} ms/sequence per step; server fitted on a runtime process: "
+        f"{m.request_overhead_s * 1e3:.2f} ms/request + {m.token_overhead_s * 1e3:.3f} ms/streamed token",
     )
 
 

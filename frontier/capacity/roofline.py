@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from frontier.capacity.gpus import INSTANCES
-from frontier.config.memory import kv_bytes_per_token
+from frontier.config.memory import kv_bytes_per_token, projection_bytes_per_parameter
 from frontier.config.schema import DTYPE_BYTES, Model, Settings, Slo
 from frontier.errors import FrontierError
 
@@ -93,6 +93,11 @@ class Efficiency:
     overlap: float = 1.0  # share of the shorter of memory and compute time hidden under the longer
     gemm_weight_passes: float = 1.0  # times the weights cross memory in a step of more than one token
     layer_overhead_s: float = 0.0  # the engine's own time per layer per step (op dispatch)
+    # The HTTP server's time where it shares the engine's cores (a CPU replica: one process, one GIL):
+    # per request (parse, tokenise, open and close the stream) and per streamed token (detokenise, one
+    # server-sent event). On a GPU host the server runs on other cores than the GPU's work: 0.
+    request_overhead_s: float = 0.0
+    token_overhead_s: float = 0.0
     # One all-to-all phase or stage send over the network (EFA with its RDMA path: tens of µs, against
     # NCCL's ~10 µs over NVLink).
     network_latency_s: float = 30e-6
@@ -107,6 +112,8 @@ class Efficiency:
             "step_overhead_s",
             "seq_overhead_s",
             "layer_overhead_s",
+            "request_overhead_s",
+            "token_overhead_s",
             "network_latency_s",
         ):
             value = getattr(self, name)
@@ -123,6 +130,8 @@ class Efficiency:
             step_overhead_s=self.step_overhead_s * k,
             seq_overhead_s=self.seq_overhead_s * k,
             layer_overhead_s=self.layer_overhead_s * k,
+            request_overhead_s=self.request_overhead_s * k,
+            token_overhead_s=self.token_overhead_s * k,
             source=source,
         )
 
@@ -155,6 +164,8 @@ class Shape:
     experts_per_token: int = 0
     expert_intermediate: int = 0
     expert_load_imbalance: float = 1.0
+    # Bytes per weight of the linear projections (model.quantization: 1 + scales); 0: dtype_bytes.
+    projection_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if self.experts and not 1 <= self.experts_per_token <= self.experts:
@@ -183,6 +194,7 @@ class Shape:
             experts_per_token=model.num_experts_per_token,
             expert_intermediate=model.expert_intermediate_size,
             expert_load_imbalance=model.expert_load_imbalance,
+            projection_bytes=projection_bytes_per_parameter(model),
         )
 
     @property
@@ -205,6 +217,18 @@ class Shape:
         """What every step reads whole: all layers' attention and dense MLP (or router), and the LM head."""
         mlp = self.hidden * self.experts if self.experts else 3 * self.hidden * self.intermediate
         return self.layers * (self.attention_parameters + mlp) + self.vocab * self.hidden
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes per weight of a linear projection (quantized or in the model dtype)."""
+        return self.projection_bytes or self.dtype_bytes
+
+    @property
+    def dense_bytes(self) -> float:
+        """Bytes of :attr:`dense_parameters`: the projections as quantized, router and LM head in the dtype."""
+        unquantized = self.layers * self.hidden * self.experts + self.vocab * self.hidden  # routers, LM head
+        projections = self.dense_parameters - unquantized
+        return projections * self.weight_bytes + unquantized * self.dtype_bytes
 
     @property
     def layer_matmul_parameters(self) -> int:
@@ -408,6 +432,7 @@ def step(
     context: float,
     prefill_tokens: float = 0.0,
     prefill_attended: float = 0.0,
+    new_requests: float = 0.0,
 ) -> Step:
     """A step that decodes ``decode_seqs`` sequences of ``context`` tokens each and prefills
     ``prefill_tokens`` prompt tokens that attend to ``prefill_attended`` positions on average.
@@ -429,13 +454,13 @@ def step(
     # One micro-batch through one stage, on one GPU: memory, FLOPs and traffic per micro-batch, times m.
     micro = tokens / m
     mine = micro / groups  # the tokens of this GPU's attention group
-    dense_bytes = sh.dense_parameters * sh.dtype_bytes / (tp * pp)
+    dense_bytes = sh.dense_bytes / (tp * pp)
     expert_bytes = 0.0
     expert_flops = 0.0
     if sh.experts:
         ranks_share = busiest_rank_experts(sh, ep, micro)
         # An EP rank's experts are split over the G / EP GPUs it spans (tensor-parallel experts).
-        expert_bytes = stage_layers * ranks_share * sh.expert_parameters * sh.dtype_bytes * ep / g
+        expert_bytes = stage_layers * ranks_share * sh.expert_parameters * sh.weight_bytes * ep / g
         imbalance = sh.expert_load_imbalance if ep > 1 else 1.0
         expert_flops = 2 * sh.expert_parameters * stage_layers * micro * sh.experts_per_token / g * imbalance
     weight_bytes = m * (dense_bytes + expert_bytes)
@@ -454,6 +479,9 @@ def step(
     )
     comm_s += a2a
     overhead_s = eff.step_overhead_s + eff.layer_overhead_s * stage_layers * m + eff.seq_overhead_s * seqs
+    # The server's share where it runs on the engine's cores: a token streamed per decoding sequence,
+    # and the requests whose prompts this step starts.
+    overhead_s += eff.token_overhead_s * decode_seqs + eff.request_overhead_s * new_requests
     longer, shorter = max(memory_s, compute_s), min(memory_s, compute_s)
     busy = longer + (1 - eff.overlap) * shorter + comm_s  # the stage's work for all m micro-batches
     # The pipeline fills and drains: PP - 1 more micro-batch stage times, (PP - 1) / (m + PP - 1) of the step.
@@ -517,6 +545,7 @@ def operating_point(
         context=context,
         prefill_tokens=b * prompt / steps,
         prefill_attended=prompt / 2,
+        new_requests=b / steps,
     )
     tpot = mean.total_s * steps / output
     # A new request's prompt takes what the other b - 1 decodes leave of the budget, chunk by chunk.
@@ -530,6 +559,7 @@ def operating_point(
         context=context,
         prefill_tokens=chunk,
         prefill_attended=prompt / 2,
+        new_requests=1 / chunks,
     )
     ttft_engine = chunks * first.total_s
     in_engine = ttft_engine + (output - 1) * tpot

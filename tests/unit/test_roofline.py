@@ -287,3 +287,23 @@ def test_the_engine_overhead_has_a_part_per_layer(h100, llama70b_tp8):
     assert s.overhead_s == pytest.approx(10.01 * MS)
     scaled = per_layer.with_overhead_scale(2.0, "test")
     assert scaled.layer_overhead_s == pytest.approx(0.2e-3) and scaled.step_overhead_s == pytest.approx(4e-3)
+
+
+def test_a_server_sharing_the_engines_cores_adds_its_time_per_streamed_token_and_per_new_request(
+    h100, llama70b_tp8
+):
+    # 64 sequences each streaming a token, and 2 new requests whose prompts the step starts: the
+    # server's 0.5 ms per token and 2 ms per request add 64 x 0.5 + 2 x 2 = 36 ms to the step.
+    served = dataclasses.replace(EFF, token_overhead_s=0.5 * MS, request_overhead_s=2 * MS)
+    kwargs = {"decode_seqs": 64, "context": 1024, "prefill_tokens": 512, "prefill_attended": 256}
+    alone = step(h100, EFF, llama70b_tp8, **kwargs)
+    shared = step(h100, served, llama70b_tp8, new_requests=2, **kwargs)
+    assert shared.overhead_s - alone.overhead_s == pytest.approx(36 * MS)
+    # A replica whose server runs elsewhere (a GPU host's other cores) pays none of it.
+    assert step(h100, EFF, llama70b_tp8, new_requests=2, **kwargs).overhead_s == alone.overhead_s
+
+
+def test_calibration_scales_the_servers_time_with_the_engines():
+    served = dataclasses.replace(EFF, token_overhead_s=0.5 * MS, request_overhead_s=2 * MS)
+    scaled = served.with_overhead_scale(2.0, "calibrated")
+    assert (scaled.token_overhead_s, scaled.request_overhead_s) == (1 * MS, 4 * MS)
