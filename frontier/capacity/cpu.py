@@ -381,9 +381,11 @@ def _decode_step_s(engine: Any, vocab: int, concurrency: int, now: Callable[[], 
     return steps[len(steps) // 2]
 
 
-def measured_cpu(threads: int, *, refresh: bool = False) -> tuple[CpuMeasurement, bool]:
-    """The cached measurement for ``threads`` on this machine (measured when missing); and whether
-    it came from the cache."""
+def measured_cpu(
+    threads: int, *, refresh: bool = False, measure_now: Callable[[int], CpuMeasurement] | None = None
+) -> tuple[CpuMeasurement, bool]:
+    """The cached measurement for ``threads`` on this machine (measured when missing, by
+    ``measure_now``, default ``measure``); and whether it came from the cache."""
     path = cache_path(threads)
     if not refresh and path.exists():
         try:
@@ -397,7 +399,7 @@ def measured_cpu(threads: int, *, refresh: bool = False) -> tuple[CpuMeasurement
             and cached.format == FORMAT
         ):
             return cached, True
-    result = measure(threads)
+    result = (measure_now or measure)(threads)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(asdict(result), indent=2) + "\n")
