@@ -5,8 +5,8 @@ Tasks are thin: they parse options, load the stack, call into the library and pr
 
 from invoke import Collection
 
-from frontier.cli import access, config, keys, local, ops, provision, verify
+from frontier.cli import access, config, keys, local, ops, provision, soak, verify
 
 namespace = Collection()
-for module in (config, provision, ops, local, access, verify, keys):
+for module in (config, provision, ops, local, access, verify, keys, soak):
     module.register(namespace)

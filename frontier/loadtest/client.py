@@ -358,6 +358,11 @@ class BackgroundLoad:
         with self._lock:
             return self._sent, sum(1 for s in self._samples if not s.ok)
 
+    def samples(self) -> list[RequestSample]:
+        """The requests finished so far, in the order they finished (the load goes on)."""
+        with self._lock:
+            return list(self._samples)
+
     def _record(self, kind: str, sample: RequestSample | None) -> None:
         with self._lock:
             if kind == "sent":

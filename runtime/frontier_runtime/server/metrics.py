@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from frontier_hostside import names
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -149,6 +149,9 @@ class ServerMetrics:
         for reason in FINISH_REASONS:
             self.request_success.labels(model_name, reason)
         reg.register(_LiveCollector(model_name, engine_stats, queue_state, health_state))
+        # The process's own resident memory, CPU seconds and start time (process_*): what a soak
+        # judges for leaks and restarts, and the local stack's resource metrics.
+        ProcessCollector(registry=reg)
         reg.register(_KeysCollector(keys_state or (lambda: (None, None))))
 
     def finished(
