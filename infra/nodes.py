@@ -26,6 +26,7 @@ from frontier_hostside.names import (
     CLOUDWATCH_NAMESPACE,
     LAUNCH_HOOK,
     QUEUE_DEPTH_METRIC,
+    RUNNING_REQUESTS_METRIC,
     TERMINATE_HOOK,
 )
 
@@ -36,6 +37,7 @@ from frontier.config.hardware import (  # re-exported: the tests and `fab ami.la
     architecture,
     instance_store,
 )
+from frontier.config.schedule import cron_of
 from frontier.config.schema import NodeGroup, Settings
 from infra.errors import ProvisionError
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE
@@ -319,6 +321,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
             },
             opts=child,
         )
+        if group.schedule is not None:
+            scheduled_capacity(
+                f"{name}-schedule", asg.name, group, dimensions=(args.stack, group.name), opts=child
+            )
         self.asg_name, self.asg_arn, self.launch_template_id = asg.name, asg.arn, template.id
         self.register_outputs({"asg_name": asg.name, "launch_template_id": template.id})
 
@@ -333,3 +339,67 @@ class GpuNodeGroup(pulumi.ComponentResource):
         if iops:
             ebs |= {"iops": iops, "throughput": throughput}
         return {"device_name": device, "ebs": ebs}
+
+
+def scheduled_capacity(
+    name: str,
+    asg_name: pulumi.Input[str],
+    group: NodeGroup,
+    *,
+    dimensions: tuple[str, str],
+    opts: pulumi.ResourceOptions,
+) -> None:
+    """The group's schedule on its auto scaling group: each window raises the floor at its start and
+    gives the group's own back at its end (scheduled actions, in the schedule's time zone); a
+    forecast is a predictive scaling policy on the requests the group's hosts publish."""
+    schedule = group.schedule
+    assert schedule is not None
+    for window in schedule.windows:
+        # Only the floor moves: the desired capacity follows (it is raised to a new min_size), and
+        # the queue-depth policy keeps scaling above it. -1 leaves a field as it is.
+        for edge, at, floor in (
+            ("start", window.start, window.min_size),
+            ("end", window.end, group.min_size),
+        ):
+            aws.autoscaling.Schedule(
+                f"{name}-{window.name}-{edge}",
+                scheduled_action_name=f"{window.name}-{edge}",
+                autoscaling_group_name=asg_name,
+                recurrence=cron_of(window, at),
+                time_zone=schedule.timezone,
+                min_size=floor,
+                max_size=-1,
+                desired_capacity=-1,
+                opts=opts,
+            )
+    if schedule.forecast is None:
+        return
+    metric = {
+        "namespace": CLOUDWATCH_NAMESPACE,
+        "metric_name": RUNNING_REQUESTS_METRIC,
+        "dimensions": [
+            {"name": k, "value": v} for k, v in zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True)
+        ],
+    }
+    aws.autoscaling.Policy(
+        f"{name}-forecast",
+        autoscaling_group_name=asg_name,
+        policy_type="PredictiveScaling",
+        predictive_scaling_configuration={
+            "mode": "ForecastAndScale",
+            # Hosts are launched this long before the forecast says the load arrives.
+            "scheduling_buffer_time": str(schedule.forecast.lead_s),
+            "metric_specification": {
+                "target_value": schedule.forecast.per_host_load,
+                "customized_load_metric_specification": {
+                    "metric_data_queries": [{"id": "load", "metric_stat": {"metric": metric, "stat": "Sum"}}]
+                },
+                "customized_scaling_metric_specification": {
+                    "metric_data_queries": [
+                        {"id": "per_host", "metric_stat": {"metric": metric, "stat": "Average"}}
+                    ]
+                },
+            },
+        },
+        opts=opts,
+    )

@@ -16,6 +16,8 @@ from frontier_runtime.config import HealthConfig, ModelConfig, RuntimeConfig, Ru
 from frontier_settings import FieldProblem, FieldProblems
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from frontier.config.schedule import Schedule
+
 PROJECT = "frontier"
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
@@ -70,6 +72,26 @@ class NodeGroup(_Settings):
     # Where the model cache lives: the instance's own NVMe disks (RAID 0, formatted at boot; the
     # type must have them) or an EBS gp3 volume of cache_volume_gb.
     model_cache: Literal["instance_store", "ebs"] = "ebs"
+    # A higher floor by time of day, and one forecast from the load a period ago
+    # (frontier/config/schedule.py): capacity in place before a known peak.
+    schedule: Schedule | None = None
+
+    @model_validator(mode="after")
+    def _schedule_within_the_group(self) -> NodeGroup:
+        if self.schedule is None:
+            return self
+        problems = [
+            FieldProblem(
+                f"schedule.windows[{i}].min_size",
+                w.min_size,
+                f"must lie between the group's {{min_size}} ({self.min_size}) and {{max_size}} ({self.max_size})",
+            )
+            for i, w in enumerate(self.schedule.windows)
+            if not self.min_size <= w.min_size <= self.max_size
+        ]
+        if problems:
+            raise FieldProblems(*problems)
+        return self
 
 
 class Model(ModelConfig):

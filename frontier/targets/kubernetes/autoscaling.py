@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from frontier_hostside.names import WAITING_METRIC
 
+from frontier.config.schedule import cron_of
 from frontier.config.schema import Settings
 from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of
 
@@ -56,10 +57,33 @@ def scaled_object(settings: Settings) -> Manifest:
                         "query": queue_depth_query(settings),
                         "threshold": str(auto.target_queue_depth),
                     },
-                }
+                },
+                *schedule_triggers(settings),
             ],
         }
     }
     return Manifest(
         "keda.sh/v1alpha1", "ScaledObject", app_name(settings), k.namespace, body, labels=app_labels(settings)
     )
+
+
+def schedule_triggers(settings: Settings) -> list[dict[str, object]]:
+    """The serving group's schedule as KEDA cron triggers: inside each window at least its min_size
+    replicas (one replica per node of the group), the queue-depth trigger scaling above it. KEDA takes
+    the largest of its triggers, so a window only ever raises the floor."""
+    schedule = settings.serving_group.schedule
+    if schedule is None:
+        return []
+    return [
+        {
+            "type": "cron",
+            "name": f"schedule-{window.name}",
+            "metadata": {
+                "timezone": schedule.timezone,
+                "start": cron_of(window, window.start),
+                "end": cron_of(window, window.end),
+                "desiredReplicas": str(window.min_size),
+            },
+        }
+        for window in schedule.windows
+    ]
