@@ -78,8 +78,8 @@ class NodeGroup(_Settings):
 
     @model_validator(mode="after")
     def _schedule_within_the_group(self) -> NodeGroup:
-        if self.schedule is None:
-            return self
+        if self.schedule is None or self.min_size > self.max_size:
+            return self  # min_size above max_size: the stack check names that first
         problems = [
             FieldProblem(
                 f"schedule.windows[{i}].min_size",
