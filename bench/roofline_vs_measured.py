@@ -49,7 +49,7 @@ from frontier.capacity import cpu
 from frontier.capacity.baseline import load_baseline
 from frontier.capacity.cpu import clock
 from frontier.capacity.devices import cpu_efficiency, cpu_threads
-from frontier.capacity.roofline import Device, Replica, Shape, decode_tokens_per_s, fit_slo
+from frontier.capacity.roofline import Device, Replica, decode_tokens_per_s, fit_slo
 from frontier.targets import load_stack
 
 CONCURRENCY = (1, 8, 32)
@@ -117,22 +117,7 @@ def write_checkpoint(out: Path, shape: dict) -> Path:
 
 
 def replica_of(model_dir: Path, max_batch: int) -> Replica:
-    cfg = json.loads((model_dir / "config.json").read_text())
-    experts = cfg.get("num_local_experts", 0)
-    shape = Shape(
-        layers=cfg["num_hidden_layers"],
-        hidden=cfg["hidden_size"],
-        intermediate=cfg["intermediate_size"],
-        heads=cfg["num_attention_heads"],
-        kv_heads=cfg["num_key_value_heads"],
-        vocab=cfg["vocab_size"],
-        dtype_bytes=4,
-        experts=experts,
-        experts_per_token=cfg.get("num_experts_per_tok", 0),
-        expert_intermediate=cfg["intermediate_size"] if experts else 0,
-    )
-    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4
-    return Replica(shape, 1, kv_per_token, max_batch, 2048, max_batch, True)
+    return cpu.replica_of_config(json.loads((model_dir / "config.json").read_text()), max_batch)
 
 
 def cpu_device(threads: int) -> Device:

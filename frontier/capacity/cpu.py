@@ -32,9 +32,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -180,7 +177,7 @@ def fit_engine_overhead(threads: int, bandwidth: float, flops: float) -> tuple[f
             measured = {c: _decode_step_s(engine, cfg["vocab_size"], c, now) for c in FIT_CONCURRENCY}
         finally:
             engine.shutdown()
-    replica = _tiny_replica(cfg)
+    replica = replica_of_config(cfg)
     device = Device("CPU", 16e9, bandwidth, flops, bandwidth, "measured")
     bare = Efficiency(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, "bare", overlap=1.0, gemm_weight_passes=1.0)
     context = FIT_PROMPT + FIT_OUTPUT / 2
@@ -194,9 +191,12 @@ def fit_engine_overhead(threads: int, bandwidth: float, flops: float) -> tuple[f
     return per_layer, per_seq
 
 
-def _tiny_replica(cfg: dict[str, Any]) -> Any:
+def replica_of_config(cfg: dict[str, Any], max_batch: int = max(FIT_CONCURRENCY)) -> Any:
+    """The roofline's replica of a float32 checkpoint on one CPU, from its config.json fields
+    (Llama-shaped; Mixtral's experts where it has them)."""
     from frontier.capacity.roofline import Replica, Shape
 
+    experts = cfg.get("num_local_experts", 0)
     shape = Shape(
         layers=cfg["num_hidden_layers"],
         hidden=cfg["hidden_size"],
@@ -205,9 +205,12 @@ def _tiny_replica(cfg: dict[str, Any]) -> Any:
         kv_heads=cfg["num_key_value_heads"],
         vocab=cfg["vocab_size"],
         dtype_bytes=4,
+        experts=experts,
+        experts_per_token=cfg.get("num_experts_per_tok", 0),
+        expert_intermediate=cfg["intermediate_size"] if experts else 0,
     )
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4
-    return Replica(shape, 1, kv_per_token, max(FIT_CONCURRENCY), 1024, max(FIT_CONCURRENCY), True)
+    return Replica(shape, 1, kv_per_token, max_batch, 2048, max_batch, True)
 
 
 def fit_server_overhead(
@@ -220,17 +223,27 @@ def fit_server_overhead(
     from frontier_runtime.tiny import make_tiny_checkpoint
 
     from frontier.capacity.roofline import Device, Efficiency, step
+    from frontier.capacity.runtime_process import serve_locally
 
     with tempfile.TemporaryDirectory(prefix="frontier-cpu-server-") as tmp:
         model_dir = make_tiny_checkpoint(Path(tmp) / "tiny")
         cfg = json.loads((model_dir / "config.json").read_text())
-        with _served(model_dir, Path(tmp), threads) as (url, pid):
-            client = httpx.Client(base_url=url, timeout=60)
+        config = {
+            "model": {"name": "fit", "weights_uri": str(model_dir), "max_seq_len": 1024},
+            "max_concurrency": 4,
+            "batch": {"window_ms": 0, "max_batch_size": 4, "max_num_batched_tokens": 1024},
+            "cpu_kv_cache_bytes": 32 << 20,
+            "cpu_threads": threads,
+            "log_level": "warning",
+            "device": "cpu",
+        }
+        with serve_locally(config, model_dir, Path(tmp), name="fit") as served:
+            client, pid = httpx.Client(base_url=served.url, timeout=60), served.pid
             _completions(client, 4, 4)  # warm-up: first requests pay for lazy imports and caches
             one = _cpu_of(pid, lambda: _completions(client, SERVER_REQUESTS, 1))
             many = _cpu_of(pid, lambda: _completions(client, SERVER_REQUESTS, SERVER_TOKENS))
             prompt = _prompt_tokens(client)
-    replica = _tiny_replica(cfg)
+    replica = replica_of_config(cfg)
     device = Device("CPU", 16e9, bandwidth, flops, bandwidth, "measured")
     engine = Efficiency(
         1.0,
@@ -254,70 +267,6 @@ def fit_server_overhead(
     )
     per_request = (cpu_one - SERVER_REQUESTS * prefill_s - tokens_one * per_token) / SERVER_REQUESTS
     return max(0.0, per_request), max(0.0, per_token)
-
-
-class _served:
-    """A runtime process serving ``model_dir`` on a free loopback port: (its URL, its pid)."""
-
-    def __init__(self, model_dir: Path, workdir: Path, threads: int) -> None:
-        self.model_dir, self.workdir, self.threads = model_dir, workdir, threads
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> tuple[str, int]:
-        import httpx
-        import yaml
-
-        config = self.workdir / "runtime.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "model": {"name": "fit", "weights_uri": str(self.model_dir), "max_seq_len": 1024},
-                    "max_concurrency": 4,
-                    "batch": {"window_ms": 0, "max_batch_size": 4, "max_num_batched_tokens": 1024},
-                    "cpu_kv_cache_bytes": 32 << 20,
-                    "cpu_threads": self.threads,
-                    "log_level": "warning",
-                    "device": "cpu",
-                }
-            )
-        )
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "frontier_runtime",
-                "serve",
-                "--config",
-                str(config),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--model-dir",
-                str(self.model_dir),
-            ],  # fmt: skip
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                if httpx.get(url + "/health/ready", timeout=1).status_code == 200:
-                    return url, self.process.pid
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.__exit__()
-        raise RuntimeError("the runtime used to measure the server's overhead did not become ready")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 PROMPT = "the operators of the cluster keep the weights close to the hosts that serve them"

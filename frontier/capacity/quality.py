@@ -18,22 +18,15 @@ What is measured, and on what:
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-import yaml
-
 from frontier.capacity.explore import Exploration, Option
+from frontier.capacity.runtime_process import serve_locally
 from frontier.config.schema import Settings
-from frontier.errors import FrontierError
 from frontier.verify import load_set, record_golden, run_set, set_file, write_golden
 
 # The scaled model: heads kept at a multiple of the grouped-query ratio, two layers, a context long
@@ -45,11 +38,6 @@ SCALED_CONTEXT = 512
 # The tokenizer the random checkpoints share is trained to this many tokens (frontier_runtime.tiny).
 SCALED_VOCAB = 4096
 WEIGHTS = ("none", "int8", "fp8")
-START_TIMEOUT_S = 240.0
-
-
-class QualityError(FrontierError):
-    """A variant's runtime did not start, or the reference could not be recorded."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +150,11 @@ def measure(
             results.append(VariantQuality(variant, None, not_measured=why))
             continue
         started = time.monotonic()
-        with _runtime(settings, variant, model_dir, workdir) as url:
+        tag = f"runtime-{variant.quantization}-{variant.kv_cache_dtype}"
+        with serve_locally(
+            runtime_yaml(settings, variant, model_dir), model_dir, workdir, name=tag
+        ) as served:
+            url = served.url
             if variant == reference:
                 outputs = record_golden(url, None, recording, model=name)
                 write_golden(set_copy, name, f"reference ({variant.label})", outputs)
@@ -201,77 +193,6 @@ def runtime_yaml(settings: Settings, variant: Variant, model_dir: Path) -> dict[
         "log_level": "warning",
         "device": "cpu",
     }
-
-
-class _runtime:
-    """A runtime process serving one variant on a free loopback port, for the length of a ``with``."""
-
-    def __init__(self, settings: Settings, variant: Variant, model_dir: Path, workdir: Path) -> None:
-        self.settings, self.variant, self.model_dir = settings, variant, model_dir
-        tag = f"{variant.quantization}-{variant.kv_cache_dtype}"
-        self.config = workdir / f"runtime-{tag}.yaml"
-        self.log = workdir / f"runtime-{tag}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> str:
-        self.config.write_text(yaml.safe_dump(runtime_yaml(self.settings, self.variant, self.model_dir)))
-        port = _free_port()
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "frontier_runtime",
-                    "serve",
-                    "--config",
-                    str(self.config),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--model-dir",
-                    str(self.model_dir),
-                ],  # fmt: skip
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
-            )
-        url = f"http://127.0.0.1:{port}"
-        self._wait_ready(url)
-        return url
-
-    def __exit__(self, *exc: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def _wait_ready(self, url: str) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                tail = self.log.read_text(errors="replace")[-1500:]
-                raise QualityError(
-                    f"the runtime for {self.variant.label} exited before it was ready:\n{tail}"
-                )
-            try:
-                if httpx.get(url + "/health/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.__exit__()
-        raise QualityError(f"the runtime for {self.variant.label} was not ready within {START_TIMEOUT_S:g}s")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
