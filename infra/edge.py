@@ -1,22 +1,33 @@
-"""Edge: the public Application Load Balancer in front of the runtime hosts.
+"""Edge: the Application Load Balancer in front of the runtime hosts.
 
 HTTPS only (port 80 answers with a permanent redirect), a TLS 1.2+ policy from ``edge.ssl_policy``,
 the ACM certificate from ``edge.certificate_arn``. The target group checks ``health.readiness_path``
 (readiness drains; liveness is for the host's own supervisor), and drains deregistered targets for
 ``rollout.deregistration_delay_s`` so ``fab deploy`` never cuts a stream. Optional WAF rate limit.
 The HTTPS listener forwards only ``/v1/*`` (a listener rule); everything else gets a fixed 404.
+
+``edge.scheme`` makes it internet-facing (public subnets) or internal (private subnets); who may
+connect is its security group's business (:mod:`infra.security_groups`, ``edge.allow_cidrs``).
+
+TLS reaches the hosts too: each runtime host runs HAProxy on :data:`TARGET_TLS_PORT`, rendered from
+``templates/haproxy.cfg.j2`` by :func:`render_target_proxy`, which terminates TLS with a certificate
+the host makes at first boot (``templates/cloud-init.yaml.j2``) and forwards to the runtime on
+loopback. The target group and its health check speak HTTPS to that port.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import pulumi
 import pulumi_aws as aws
-from frontier_hostside.names import API_PATH_PREFIX
+from frontier_hostside.names import API_PATH_PREFIX, CLOUD_HAPROXY_STATE, HOST_TOOLS_PREFIX
 
-from frontier.config.schema import Health
+from frontier.config.schema import Health, Settings
+from frontier.render.templates import render_template
 from infra.storage import LB_LOG_PREFIX
 
 # New hosts get a linearly growing share of requests for this long: a fresh runtime has cold CUDA
@@ -27,14 +38,85 @@ API_PATH_PATTERNS = (f"{API_PATH_PREFIX}*",)
 API_RULE_PRIORITY = 100
 NOT_FOUND_BODY = '{"error": {"message": "not found", "type": "not_found"}}'
 
+# The hosts' side of TLS from the load balancer. The ALB does not validate the certificates of its
+# targets, "therefore, you can use self-signed certificates or certificates that have expired"
+# (Elastic Load Balancing, Application Load Balancers, "Target groups", routing configuration:
+# https://docs.aws.amazon.com/elasticloadbalancing/latest/application/load-balancer-target-groups.html),
+# so each host makes its own at first boot and no private key ever leaves it.
+TARGET_TLS_PORT = 8443
+TARGET_TLS_CERTIFICATE = "/etc/frontier/tls/target.pem"  # certificate and key, as HAProxy reads them
+# The host tools file cloud-init starts HAProxy with; its absence leaves a host without the proxy.
+TARGET_PROXY_FILE = "haproxy-tls.cfg"
+# Not admin.sock: the haproxy package's own configuration claims that name in the same directory.
+TARGET_PROXY_SOCKET = f"{CLOUD_HAPROXY_STATE}/target-proxy.sock"
+PROXY_CHECK_INTERVAL_MS = 1000
+
+
+def render_target_proxy(
+    settings: Settings,
+    *,
+    certificate: str = TARGET_TLS_CERTIFICATE,
+    address: str = "0.0.0.0",
+    port: int = TARGET_TLS_PORT,
+    stats_socket: str = TARGET_PROXY_SOCKET,
+) -> str:
+    """A runtime host's HAProxy: TLS on :data:`TARGET_TLS_PORT` in, the runtime on loopback out.
+
+    Its own check of the runtime's readiness path makes it answer 503 while the runtime is not
+    ready, which is what the target group's HTTPS health check needs to see. Limits and timeouts
+    are the local balancer's for one host (``frontier.targets.local.balancer.render_haproxy``).
+    """
+    runtime, health = settings.runtime, settings.health
+    per_host = runtime.max_concurrency + runtime.queue.max_length
+    return render_template(
+        "haproxy.cfg.j2",
+        stack=settings.stack,
+        servers=[("runtime", "127.0.0.1", runtime.port)],
+        bind_address=address,
+        bind_port=port,
+        tls_certificate=certificate,
+        stats_socket=stats_socket,
+        stats_port=None,
+        readiness_path=health.readiness_path,
+        # The proxy only mirrors the runtime's readiness, at once; the target group's health
+        # check applies the stack's thresholds on top.
+        inter_ms=PROXY_CHECK_INTERVAL_MS,
+        check_timeout_ms=health.timeout_s * 1000,
+        fall=1,
+        rise=1,
+        queue_timeout_ms=runtime.queue.timeout_ms,
+        stream_timeout_s=max(settings.edge.idle_timeout_s, math.ceil(settings.slo.p99_latency_ms / 1000) * 2),
+        maxconn=per_host,
+        server_maxconn=per_host,
+    )
+
+
+@dataclass(frozen=True)
+class TargetProxyFiles:
+    """Where :func:`render_target_proxy`'s file goes: beside each serving group's host tools, which
+    a booting host copies in one go (``templates/cloud-init.yaml.j2``)."""
+
+    content: str
+    bucket: pulumi.Input[str]
+    history_prefix: str
+    groups: Sequence[str]
+    kms_key_arn: pulumi.Input[str]
+
+    @property
+    def keys(self) -> dict[str, str]:
+        """Node group -> the object's key."""
+        return {g: f"{self.history_prefix}{HOST_TOOLS_PREFIX}{g}/{TARGET_PROXY_FILE}" for g in self.groups}
+
 
 @dataclass(frozen=True)
 class EdgeArgs:
     stack: str
     vpc_id: pulumi.Input[str]
-    public_subnet_ids: Sequence[pulumi.Input[str]]
+    # The public subnets for an internet-facing balancer, the private ones for an internal one.
+    subnet_ids: Sequence[pulumi.Input[str]]
     security_group_id: pulumi.Input[str]
-    runtime_port: int
+    # The port the targets serve on: TARGET_TLS_PORT with HTTPS, the gateway's port with HTTP.
+    target_port: int
     health: Health
     deregistration_delay_s: int
     certificate_arn: str
@@ -44,6 +126,12 @@ class EdgeArgs:
     deletion_protection: bool
     logs_bucket: pulumi.Input[str]
     tags: Mapping[str, str]
+    internal: bool = False
+    target_protocol: Literal["HTTPS", "HTTP"] = "HTTPS"
+    # HTTPS: the targets' TLS proxy configuration, uploaded here; the groups wait for it.
+    target_proxy: TargetProxyFiles | None = None
+    # The WAF's allowlist (edge.allow_cidrs), where the stack has a WAF.
+    allow_cidrs: Sequence[str] = ()
 
 
 class Edge(pulumi.ComponentResource):
@@ -54,6 +142,8 @@ class Edge(pulumi.ComponentResource):
     target_group_arn: pulumi.Output[str]
     target_group_arn_suffix: pulumi.Output[str]
     web_acl_arn: pulumi.Output[str] | None
+    # What a booting host fetches from this component: its node group depends on these.
+    target_proxy_objects: list[pulumi.Resource]
 
     def __init__(self, name: str, args: EdgeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("frontier:edge:Edge", name, None, opts)
@@ -63,8 +153,8 @@ class Edge(pulumi.ComponentResource):
         alb = aws.lb.LoadBalancer(
             f"{name}-alb",
             load_balancer_type="application",
-            internal=False,
-            subnets=list(args.public_subnet_ids),
+            internal=args.internal,
+            subnets=list(args.subnet_ids),
             security_groups=[args.security_group_id],
             idle_timeout=args.idle_timeout_s,
             drop_invalid_header_fields=True,
@@ -78,14 +168,14 @@ class Edge(pulumi.ComponentResource):
             f"{name}-tg",
             vpc_id=args.vpc_id,
             target_type="instance",
-            port=args.runtime_port,
-            protocol="HTTP",
+            port=args.target_port,
+            protocol=args.target_protocol,
             protocol_version="HTTP1",
             deregistration_delay=args.deregistration_delay_s,
             slow_start=SLOW_START_S,
             health_check={
                 "enabled": True,
-                "protocol": "HTTP",
+                "protocol": args.target_protocol,
                 "port": "traffic-port",
                 "path": health.readiness_path,
                 "interval": health.interval_s,
@@ -144,6 +234,7 @@ class Edge(pulumi.ComponentResource):
         )
 
         self.web_acl_arn = self._waf(name, args, alb, child) if args.waf_rate_limit > 0 else None
+        self.target_proxy_objects = self._target_proxy(name, args.target_proxy, dict(args.tags), child)
         self.alb_arn, self.alb_arn_suffix = alb.arn, alb.arn_suffix
         self.alb_dns_name, self.alb_zone_id = alb.dns_name, alb.zone_id
         self.target_group_arn, self.target_group_arn_suffix = target_group.arn, target_group.arn_suffix
@@ -156,35 +247,83 @@ class Edge(pulumi.ComponentResource):
         )
 
     @staticmethod
+    def _target_proxy(
+        name: str, files: TargetProxyFiles | None, tags: dict[str, str], child: pulumi.ResourceOptions
+    ) -> list[pulumi.Resource]:
+        if files is None:
+            return []
+        return [
+            aws.s3.BucketObjectv2(
+                f"{name}-target-proxy-{group}",
+                bucket=files.bucket,
+                key=key,
+                content=files.content,
+                server_side_encryption="aws:kms",
+                kms_key_id=files.kms_key_arn,
+                tags=tags,
+                opts=child,
+            )
+            for group, key in files.keys.items()
+        ]
+
+    @staticmethod
     def _waf(
         name: str, args: EdgeArgs, alb: aws.lb.LoadBalancer, child: pulumi.ResourceOptions
     ) -> pulumi.Output[str]:
-        """Blocks a client IP that sends more than ``edge.waf_rate_limit`` requests in 5 minutes."""
+        """Blocks a client IP that sends more than ``edge.waf_rate_limit`` requests in 5 minutes; with
+        an allowlist, also every client outside it (the security group drops those silently, the WAF
+        counts and samples them)."""
         metric = f"frontier-{args.stack}"
+        rules: list[dict] = [
+            {
+                "name": "rate-limit-per-client-ip",
+                "priority": 0,
+                "action": {"block": {}},
+                "statement": {
+                    "rate_based_statement": {
+                        "limit": args.waf_rate_limit,
+                        "aggregate_key_type": "IP",
+                        "evaluation_window_sec": 300,
+                    }
+                },
+                "visibility_config": {
+                    "cloudwatch_metrics_enabled": True,
+                    "metric_name": f"{metric}-rate-limit",
+                    "sampled_requests_enabled": True,
+                },
+            }
+        ]
+        default_action: dict = {"allow": {}}
+        if args.allow_cidrs:
+            allowed = aws.wafv2.IpSet(
+                f"{name}-allowed",
+                scope="REGIONAL",
+                ip_address_version="IPV4",
+                addresses=list(args.allow_cidrs),
+                description=f"Frontier {args.stack}: edge.allow_cidrs",
+                tags=dict(args.tags),
+                opts=child,
+            )
+            rules.append(
+                {
+                    "name": "allow-listed-clients",
+                    "priority": 1,
+                    "action": {"allow": {}},
+                    "statement": {"ip_set_reference_statement": {"arn": allowed.arn}},
+                    "visibility_config": {
+                        "cloudwatch_metrics_enabled": True,
+                        "metric_name": f"{metric}-allowed",
+                        "sampled_requests_enabled": True,
+                    },
+                }
+            )
+            default_action = {"block": {}}
         acl = aws.wafv2.WebAcl(
             f"{name}-waf",
             scope="REGIONAL",
             description=f"Frontier {args.stack}: per-client rate limit",
-            default_action={"allow": {}},
-            rules=[
-                {
-                    "name": "rate-limit-per-client-ip",
-                    "priority": 0,
-                    "action": {"block": {}},
-                    "statement": {
-                        "rate_based_statement": {
-                            "limit": args.waf_rate_limit,
-                            "aggregate_key_type": "IP",
-                            "evaluation_window_sec": 300,
-                        }
-                    },
-                    "visibility_config": {
-                        "cloudwatch_metrics_enabled": True,
-                        "metric_name": f"{metric}-rate-limit",
-                        "sampled_requests_enabled": True,
-                    },
-                }
-            ],
+            default_action=default_action,
+            rules=rules,
             visibility_config={
                 "cloudwatch_metrics_enabled": True,
                 "metric_name": metric,

@@ -43,7 +43,7 @@ def host_tools(settings: Settings, group: NodeGroup) -> dict[str, str]:
             address=PLACEHOLDER_ADDRESS,
         ),
         "mount-cache.sh": render_mount_cache(settings, group),
-        "cloudwatch-agent.json": render_cloudwatch_agent(settings),
+        "cloudwatch-agent.json": render_cloudwatch_agent(settings, group),
     }
     if group.accelerator == "gpu":
         files["install-nvidia.sh"] = render_driver_script(settings, group)

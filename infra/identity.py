@@ -208,6 +208,12 @@ def deploy_policy(args: IdentityArgs) -> dict[str, Any]:
             _objects(args.weights_bucket_arn, args.weights_prefix),
         ),
         _list_prefix("ListModelWeights", args.weights_bucket_arn, args.weights_prefix),
+        # `fab weights.gc`: deletes the versions no kept release needs, under the model's prefix only.
+        _statement(
+            "CollectUnusedModelWeights",
+            "s3:DeleteObject",
+            _objects(args.weights_bucket_arn, args.weights_prefix),
+        ),
         _statement("EncryptHistoryAndWeights", ["kms:Decrypt", "kms:GenerateDataKey"], args.kms_key_arn),
         _statement("PushRuntimeImages", ECR_PUSH, args.repository_arn),
         _statement("LogInToTheRegistry", "ecr:GetAuthorizationToken", "*"),

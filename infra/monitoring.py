@@ -1,11 +1,19 @@
-"""Monitoring: log groups, the alarm topic, CloudWatch alarms against the stack's SLOs, a dashboard.
+"""Monitoring: log groups, one alarm topic per severity, CloudWatch alarms against the stack's SLOs and
+the hosts' resources, a dashboard.
+
+Each alarm has a severity (``alerts.severities`` of the stack, else the default table of
+:data:`frontier.config.schema.ALARM_SEVERITIES`) and notifies that severity's SNS topic when it fires
+and when it recovers (OK actions), so a page clears itself. Each topic's subscriptions are the
+stack's ``alerts.routes`` of that severity (e-mail, SQS, HTTPS).
 
 Alarms:
 - ALB 5xx rate (ELB + target 5xx over requests, metric math) above ``slo.error_rate``;
 - p99 end-to-end latency of whole requests above ``slo.p99_latency_ms``, from the runtime's own
   histogram (the ALB's TargetResponseTime is time to first byte for a stream);
 - unhealthy hosts beyond what a rollout takes out at once (a rollout's own hosts do not page);
-- runtime queue depth above ``monitoring.queue_depth_alarm``.
+- runtime queue depth above ``monitoring.queue_depth_alarm``;
+- per node group, from the CloudWatch agent (``templates/cloudwatch-agent.json.j2``): host memory and
+  the weights cache's disk, and on GPU groups the fullest GPU's memory and the hottest GPU.
 
 Each host's bootstrap (``frontier_hostside/bootstrap.py watch``) scrapes the runtime's /metrics and
 publishes ``QueueDepth``, ``RunningRequests`` and ``EndToEndLatency`` (values with counts) in the
@@ -30,7 +38,10 @@ from frontier_hostside.names import (
 )
 from frontier_hostside.names import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 
-from frontier.config.schema import Slo
+from frontier.config.schema import SEVERITIES, AlertRoute, Severity, Slo
+from frontier.render import alerts as host
+from frontier.render.alerts import ResourceLimits
+from frontier.render.dashboards import RESOURCE_PANELS
 
 LOG_GROUP_ROOT = "/frontier"
 ALB_NAMESPACE = "AWS/ApplicationELB"
@@ -54,7 +65,12 @@ class MonitoringArgs:
     node_group: str
     # Hosts a rollout takes out of service at once: more unhealthy hosts than this is an incident.
     unhealthy_allowance: int
-    alarm_email: str
+    # Where each severity's messages go, and each alarm's severity (alarm name -> severity).
+    routes: Mapping[Severity, AlertRoute]
+    severities: Mapping[str, Severity]
+    # Node group name -> whether its hosts have GPUs: the resource alarms of each group.
+    node_groups: Mapping[str, bool]
+    limits: ResourceLimits
     kms_key_arn: pulumi.Input[str]
     log_retention_days: int
     alb_arn_suffix: pulumi.Input[str]
@@ -92,6 +108,40 @@ def error_rate_queries(alb: pulumi.Input[str]) -> list[dict[str, Any]]:
     ]
 
 
+def agent_series(metric: str, dims: Mapping[str, str], stat: str = "Maximum") -> dict[str, Any]:
+    """A CloudWatch agent series rolled up over a node group (the fullest host by default)."""
+    return {
+        "namespace": host.HOST_NAMESPACE,
+        "metric_name": metric,
+        "dimensions": dict(dims),
+        "statistic": stat,
+        "period": PERIOD_S,
+    }
+
+
+def gpu_memory_queries(dims: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The fullest GPU's memory in use, as a fraction: its MiB used over the MiB a GPU has."""
+
+    def series(query_id: str, metric: str) -> dict[str, Any]:
+        return {
+            "id": query_id,
+            "return_data": False,
+            "metric": {
+                "namespace": host.HOST_NAMESPACE,
+                "metric_name": metric,
+                "dimensions": dict(dims),
+                "period": PERIOD_S,
+                "stat": "Maximum",
+            },
+        }
+
+    return [
+        series("used", host.GPU_MEM_USED),
+        series("total", host.GPU_MEM_TOTAL),
+        {"id": "gpumemory", "expression": "used / total", "label": "GPU memory used", "return_data": True},
+    ]
+
+
 class Monitoring(pulumi.ComponentResource):
     topic_arn: pulumi.Output[str]
     runtime_log_group: pulumi.Output[str]
@@ -114,32 +164,52 @@ class Monitoring(pulumi.ComponentResource):
             )
             for purpose in ("runtime", "cloud-init")
         }
-        topic = aws.sns.Topic(
-            f"{name}-alarms",
-            display_name=f"Frontier {args.stack} alarms",
-            kms_master_key_id=args.kms_key_arn,
-            tags=tags,
-            opts=self._child,
-        )
-        if args.alarm_email:
-            # Email subscriptions stay pending until the recipient confirms the mail AWS sends.
-            aws.sns.TopicSubscription(
-                f"{name}-alarms-email",
-                topic=topic.arn,
-                protocol="email",
-                endpoint=args.alarm_email,
-                opts=self._child,
-            )
-        self._alarms(topic.arn)
+        self.topic_arns: dict[Severity, pulumi.Output[str]] = {
+            severity: self._topic(severity) for severity in SEVERITIES
+        }
+        self._alarms()
+        self._resource_alarms()
         dashboard = self._dashboard()
 
-        self.topic_arn = topic.arn
+        # The page topic: what the stack's outputs have always called its alarm topic.
+        self.topic_arn = self.topic_arns["page"]
         self.runtime_log_group = groups["runtime"].name
         self.dashboard_name = dashboard.dashboard_name
-        self.register_outputs({"topic_arn": topic.arn, "dashboard": dashboard.dashboard_name})
+        self.register_outputs({"topic_arns": dict(self.topic_arns), "dashboard": dashboard.dashboard_name})
 
-    def _alarm(self, key: str, description: str, topic_arn: pulumi.Output[str], **kwargs: Any) -> None:
+    def _topic(self, severity: Severity) -> pulumi.Output[str]:
+        """The severity's SNS topic (encrypted with the stack's key) and its route's subscriptions."""
         args = self._args
+        topic = aws.sns.Topic(
+            f"{self._name}-{severity}",
+            name=f"frontier-{args.stack}-{severity}",
+            display_name=f"Frontier {args.stack} {severity}",
+            kms_master_key_id=args.kms_key_arn,
+            tags=dict(args.tags),
+            opts=self._child,
+        )
+        route = args.routes[severity]
+        # E-mail subscriptions stay pending until the recipient confirms the mail AWS sends; an SQS
+        # queue's own policy must let this topic send to it (and its key, where encrypted).
+        endpoints = [
+            *(("email", e) for e in route.emails),
+            *(("sqs", q) for q in route.sqs_queue_arns),
+            *(("https", u) for u in route.https_endpoints),
+        ]
+        for i, (protocol, endpoint) in enumerate(endpoints):
+            aws.sns.TopicSubscription(
+                f"{self._name}-{severity}-{protocol}-{i}",
+                topic=topic.arn,
+                protocol=protocol,
+                endpoint=endpoint,
+                opts=self._child,
+            )
+        return topic.arn
+
+    def _alarm(self, key: str, description: str, *, alarm: str | None = None, **kwargs: Any) -> None:
+        """CloudWatch alarm ``frontier-<stack>-<key>``; ``alarm`` (default ``key``) names its severity."""
+        args = self._args
+        topic_arn = self.topic_arns[args.severities[alarm or key]]
         aws.cloudwatch.MetricAlarm(
             f"{self._name}-{key}",
             name=f"frontier-{args.stack}-{key}",
@@ -155,13 +225,12 @@ class Monitoring(pulumi.ComponentResource):
             **kwargs,
         )
 
-    def _alarms(self, topic_arn: pulumi.Output[str]) -> None:
+    def _alarms(self) -> None:
         args, slo = self._args, self._args.slo
         lb_and_tg = {"LoadBalancer": args.alb_arn_suffix, "TargetGroup": args.target_group_arn_suffix}
         self._alarm(
             "5xx-rate",
             f"5xx responses above the SLO error rate ({slo.error_rate:.2%}) for 3 of 5 minutes",
-            topic_arn,
             threshold=slo.error_rate,
             metric_queries=error_rate_queries(args.alb_arn_suffix),
         )
@@ -169,7 +238,6 @@ class Monitoring(pulumi.ComponentResource):
         self._alarm(
             "p99-latency",
             f"p99 end-to-end request latency above the SLO ({slo.p99_latency_ms:.0f} ms) for 3 of 5 minutes",
-            topic_arn,
             namespace=METRIC_NAMESPACE,
             metric_name=E2E_LATENCY_CW_METRIC,  # milliseconds, from the runtime's histogram
             dimensions=runtime,
@@ -180,7 +248,6 @@ class Monitoring(pulumi.ComponentResource):
         self._alarm(
             "unhealthy-hosts",
             f"More runtime hosts fail the readiness check than a rollout takes out ({args.unhealthy_allowance})",
-            topic_arn,
             namespace=ALB_NAMESPACE,
             metric_name="UnHealthyHostCount",
             dimensions=lb_and_tg,
@@ -191,7 +258,6 @@ class Monitoring(pulumi.ComponentResource):
         self._alarm(
             "queue-depth",
             f"Requests waiting in a runtime's queue above {args.queue_depth_alarm}",
-            topic_arn,
             namespace=METRIC_NAMESPACE,
             metric_name=QUEUE_DEPTH_METRIC,
             dimensions=runtime,
@@ -203,7 +269,6 @@ class Monitoring(pulumi.ComponentResource):
             "runtime-restarts",
             f"Runtimes restarted by their supervisor more than {RESTART_ALARM} times a minute "
             "(crash-looping or failing liveness)",
-            topic_arn,
             namespace=METRIC_NAMESPACE,
             metric_name=RESTARTS_CW_METRIC,
             dimensions=runtime,
@@ -211,6 +276,46 @@ class Monitoring(pulumi.ComponentResource):
             period=PERIOD_S,
             threshold=RESTART_ALARM,
         )
+
+    def _resource_alarms(self) -> None:
+        """Per node group, on the CloudWatch agent's series rolled up over the group's hosts: the
+        fullest host's memory and cache disk; on GPU groups the fullest GPU and the hottest one."""
+        args, limits = self._args, self._args.limits
+        for group, gpu in args.node_groups.items():
+            dims = runtime_dimensions(args.stack, group)
+
+            self._alarm(
+                f"host-memory-{group}",
+                f"A host of node group {group} uses more than {limits.host_memory:.0%} of its memory",
+                alarm="host-memory",
+                threshold=limits.host_memory * 100,  # the agent publishes percent
+                **agent_series(host.MEM_USED, dims),
+            )
+            self._alarm(
+                f"cache-disk-{group}",
+                f"The weights cache's disk of a host of node group {group} is more than "
+                f"{limits.cache_disk:.0%} full: the next model version may not fit",
+                alarm="cache-disk",
+                threshold=limits.cache_disk * 100,
+                **agent_series(host.DISK_USED, dims),
+            )
+            if not gpu:
+                continue
+            self._alarm(
+                f"gpu-memory-{group}",
+                f"A GPU of node group {group} uses more than {limits.gpu_memory:.0%} of its memory, beyond "
+                "what the runtime claims at start: another process or a leak",
+                alarm="gpu-memory",
+                threshold=limits.gpu_memory,
+                metric_queries=gpu_memory_queries(dims),
+            )
+            self._alarm(
+                f"gpu-temperature-{group}",
+                f"A GPU of node group {group} is hotter than {limits.gpu_temperature_c:.0f} C",
+                alarm="gpu-temperature",
+                threshold=limits.gpu_temperature_c,
+                **agent_series(host.GPU_TEMP, dims),
+            )
 
     def _dashboard(self) -> aws.cloudwatch.Dashboard:
         args = self._args
@@ -232,6 +337,23 @@ class Monitoring(pulumi.ComponentResource):
                     **props,
                 },
             }
+
+        def resource_widgets(y: int) -> list[dict[str, Any]]:
+            """The resource panels of every target's dashboard (frontier.render.dashboards)."""
+            gpu = args.node_groups.get(args.node_group, False)
+            shown = [p for p in RESOURCE_PANELS if gpu or not p.title.startswith("GPU")]
+            return [
+                widget(
+                    panel.title,
+                    [
+                        [host.HOST_NAMESPACE, one.metric, *dims, {"stat": one.stat}]
+                        for one in panel.cloudwatch
+                    ],
+                    y + 6 * (i // 2),
+                    12 * (i % 2),
+                )
+                for i, panel in enumerate(shown)
+            ]
 
         body = {
             "widgets": [
@@ -323,6 +445,7 @@ class Monitoring(pulumi.ComponentResource):
                     12,
                     12,
                 ),
+                *resource_widgets(18),
             ]
         }
         return aws.cloudwatch.Dashboard(

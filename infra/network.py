@@ -23,8 +23,18 @@ from infra.tags import with_tags
 
 # AWS refuses subnets smaller than /28.
 SMALLEST_SUBNET_PREFIX = 28
-# Interface endpoints the hosts use on every boot and deploy, kept off the NAT's per-GB bill.
-INTERFACE_ENDPOINTS = ("ecr.api", "ecr.dkr", "secretsmanager", "logs")
+# Interface endpoints: every AWS API a runtime host calls (image pulls, its API keys, its logs and
+# metrics, credentials, the launch hook), so that with network.egress "endpoints" hosts reach AWS
+# without a route to the internet, and with "internet" the calls stay off the NAT's per-GB bill.
+INTERFACE_ENDPOINTS = (
+    "ecr.api",
+    "ecr.dkr",
+    "secretsmanager",
+    "logs",
+    "monitoring",
+    "sts",
+    "autoscaling",
+)
 # Session Manager's endpoints, added when hosts are reached over SSM instead of a bastion.
 SSM_ENDPOINTS = ("ssm", "ssmmessages", "ec2messages")
 
@@ -72,6 +82,10 @@ class Network(pulumi.ComponentResource):
     public_subnet_ids: list[pulumi.Output[str]]
     private_subnet_ids: list[pulumi.Output[str]]
     nat_gateway_ids: list[pulumi.Output[str]]
+    # The S3 gateway endpoint's prefix list (pl-...): S3's address ranges in the region, which a
+    # security group's egress can name where the gateway endpoint carries the traffic.
+    s3_prefix_list_id: pulumi.Output[str]
+    endpoints_security_group_id: pulumi.Output[str]
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("frontier:network:Network", name, None, opts)
@@ -96,6 +110,7 @@ class Network(pulumi.ComponentResource):
         self.nat_gateway_ids = self._nat_gateways()
         private_route_tables = self._private_tier(vpc, plan.private)
         endpoint_sg = self._endpoints(vpc, private_route_tables)
+        self.endpoints_security_group_id = endpoint_sg.id
         self._flow_logs(vpc)
 
         self.register_outputs(
@@ -207,7 +222,7 @@ class Network(pulumi.ComponentResource):
         name, args, tags = self._name, self._args, dict(self._args.tags)
         region = args.cloud.region
         # Weights are read from S3 through a gateway endpoint: free, and no NAT charge per GB.
-        aws.ec2.VpcEndpoint(
+        s3 = aws.ec2.VpcEndpoint(
             f"{name}-s3",
             vpc_id=vpc.id,
             service_name=f"com.amazonaws.{region}.s3",
@@ -216,6 +231,7 @@ class Network(pulumi.ComponentResource):
             tags=tags | {"Name": f"{name}-s3"},
             opts=self._child,
         )
+        self.s3_prefix_list_id = s3.prefix_list_id
         sg = aws.ec2.SecurityGroup(
             f"{name}-endpoints",
             vpc_id=vpc.id,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+from frontier_gateway.hold import HELD_REQUESTS_CW_METRIC
 from frontier_hostside.names import (
     CACHE_DEVICE_NAME,
     CLOUDWATCH_DIMENSIONS,
@@ -325,6 +326,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
             scheduled_capacity(
                 f"{name}-schedule", asg.name, group, dimensions=(args.stack, group.name), opts=child
             )
+        if group.min_size == 0 and group.idle_to_zero_s is not None:
+            from_zero_and_back(
+                f"{name}-zero", asg.name, group, dimensions=(args.stack, group.name), opts=child
+            )
         self.asg_name, self.asg_arn, self.launch_template_id = asg.name, asg.arn, template.id
         self.register_outputs({"asg_name": asg.name, "launch_template_id": template.id})
 
@@ -339,6 +344,66 @@ class GpuNodeGroup(pulumi.ComponentResource):
         if iops:
             ebs |= {"iops": iops, "throughput": throughput}
         return {"device_name": device, "ebs": ebs}
+
+
+def from_zero_and_back(
+    name: str,
+    asg_name: pulumi.Input[str],
+    group: NodeGroup,
+    *,
+    dimensions: tuple[str, str],
+    opts: pulumi.ResourceOptions,
+) -> None:
+    """A group that may reach zero (``min_size: 0``): the queue-depth policy cannot start it (no host
+    publishes a queue), so an alarm on the requests the gateway holds for it — while nothing serves —
+    sets the desired capacity to 1; another, on nothing running or held for ``idle_to_zero_s``,
+    sets it to 0. Both are step policies with an exact capacity, so neither fights the target
+    tracking above one host."""
+    dims = dict(zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True))
+    held = {"namespace": CLOUDWATCH_NAMESPACE, "metric_name": HELD_REQUESTS_CW_METRIC, "dimensions": dims}
+    running = {"namespace": CLOUDWATCH_NAMESPACE, "metric_name": RUNNING_REQUESTS_METRIC, "dimensions": dims}
+    serving = {
+        "namespace": "AWS/AutoScaling",
+        "metric_name": "GroupInServiceInstances",
+        "dimensions": {"AutoScalingGroupName": asg_name},
+    }
+
+    def queries(expression: str) -> list[dict]:
+        return [
+            {"id": "held", "metric": {**held, "period": 60, "stat": "Maximum"}},
+            {"id": "running", "metric": {**running, "period": 60, "stat": "Sum"}},
+            {"id": "serving", "metric": {**serving, "period": 60, "stat": "Maximum"}},
+            {"id": "signal", "expression": expression, "return_data": True},
+        ]
+
+    for action, capacity, expression, periods in (
+        ("launch", 1, "IF(FILL(held, 0) > 0 AND FILL(serving, 0) == 0, 1, 0)", 1),
+        (
+            "idle",
+            0,
+            "IF(FILL(held, 0) + FILL(running, 0) == 0 AND FILL(serving, 0) > 0, 1, 0)",
+            max(1, math.ceil((group.idle_to_zero_s or 0) / 60)),
+        ),
+    ):
+        policy = aws.autoscaling.Policy(
+            f"{name}-{action}",
+            autoscaling_group_name=asg_name,
+            policy_type="StepScaling",
+            adjustment_type="ExactCapacity",
+            step_adjustments=[{"scaling_adjustment": capacity, "metric_interval_lower_bound": "0"}],
+            opts=opts,
+        )
+        aws.cloudwatch.MetricAlarm(
+            f"{name}-{action}",
+            comparison_operator="GreaterThanOrEqualToThreshold",
+            threshold=1,
+            evaluation_periods=periods,
+            datapoints_to_alarm=periods,
+            treat_missing_data="notBreaching",
+            metric_queries=queries(expression),
+            alarm_actions=[policy.arn],
+            opts=opts,
+        )
 
 
 def scheduled_capacity(

@@ -11,10 +11,17 @@ from collections.abc import Iterator
 
 import pulumi
 
-from frontier.config.schema import NodeGroup, Settings
+from frontier.config.schema import SEVERITIES, NodeGroup, Settings
+from frontier.render.alerts import resource_limits, severities
 from frontier.render.boot import render_cloud_init, render_gateway_cloud_init
 from infra.cloud import Cloud, look_up
-from infra.edge import Edge, EdgeArgs
+from infra.edge import (
+    TARGET_TLS_PORT,
+    Edge,
+    EdgeArgs,
+    TargetProxyFiles,
+    render_target_proxy,
+)
 from infra.errors import ProvisionError
 from infra.foundation import Foundation, FoundationArgs, retention_days
 from infra.gateway import GatewayNodes, GatewayNodesArgs
@@ -157,6 +164,11 @@ def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
         yield f"health.interval_s = {health.interval_s}: an ALB target group checks every 5 to 300 s"
     if health.timeout_s < ALB_MIN_TIMEOUT_S:
         yield f"health.timeout_s = {health.timeout_s}: an ALB target group waits 2 to 120 s"
+    if s.runtime.port == TARGET_TLS_PORT:
+        yield (
+            f"runtime.port = {s.runtime.port}: the hosts' TLS proxy for the load balancer listens there; "
+            f"pick another port than {TARGET_TLS_PORT}"
+        )
     if 0 < s.edge.waf_rate_limit < WAF_MIN_RATE_LIMIT:
         yield f"edge.waf_rate_limit = {s.edge.waf_rate_limit}: WAF rate limits start at {WAF_MIN_RATE_LIMIT} (0 turns WAF off)"
 
@@ -220,6 +232,12 @@ def build(settings: Settings) -> Ec2Outputs[pulumi.Input[str]] | KubernetesOutpu
             efa=bool(efa_groups),
             tags=tags,
             alb_to_runtime=settings.gateway is None,
+            # TLS to the hosts (infra.edge): the ALB reaches their HAProxy, not the runtime's port.
+            alb_target_port=TARGET_TLS_PORT,
+            alb_sources=settings.edge.client_cidrs(settings.network.vpc_cidr),
+            egress=settings.network.egress,
+            vpc_cidr=settings.network.vpc_cidr,
+            s3_prefix_list_id=network.s3_prefix_list_id,
         ),
     )
     edge = Edge(
@@ -227,16 +245,32 @@ def build(settings: Settings) -> Ec2Outputs[pulumi.Input[str]] | KubernetesOutpu
         EdgeArgs(
             stack=stack,
             vpc_id=network.vpc_id,
-            public_subnet_ids=network.public_subnet_ids,
+            subnet_ids=network.private_subnet_ids
+            if settings.edge.scheme == "internal"
+            else network.public_subnet_ids,
+            internal=settings.edge.scheme == "internal",
             security_group_id=security.alb_id,
-            # Behind a gateway the ALB's targets are the gateway's hosts.
-            runtime_port=settings.gateway.port if settings.gateway else settings.runtime.port,
+            # Behind a gateway the ALB's targets are the gateway's hosts, which serve plain HTTP
+            # (templates/gateway-cloud-init.yaml.j2); runtime hosts terminate TLS (infra.edge).
+            target_port=settings.gateway.port if settings.gateway else TARGET_TLS_PORT,
+            target_protocol="HTTP" if settings.gateway else "HTTPS",
+            # The serving hosts' TLS proxy, fetched at boot beside the host tools.
+            target_proxy=None
+            if settings.gateway
+            else TargetProxyFiles(
+                content=render_target_proxy(settings),
+                bucket=storage.history_bucket,
+                history_prefix=storage.history_prefix,
+                groups=[settings.serving_group.name],
+                kms_key_arn=secrets.key_arn,
+            ),
             health=settings.health,
             deregistration_delay_s=settings.rollout.deregistration_delay_s,
             certificate_arn=settings.edge.certificate_arn,
             ssl_policy=settings.edge.ssl_policy,
             idle_timeout_s=settings.edge.idle_timeout_s,
             waf_rate_limit=settings.edge.waf_rate_limit,
+            allow_cidrs=settings.edge.allow_cidrs,
             deletion_protection=production,
             logs_bucket=storage.logs_bucket,
             tags=tags,
@@ -277,7 +311,13 @@ def build(settings: Settings) -> Ec2Outputs[pulumi.Input[str]] | KubernetesOutpu
                     refresh=refresh_preferences(settings, group),
                     # A component stands for all its resources here; a component's own depends_on
                     # would not reach the group inside it.
-                    boot_dependencies=[*identity.host_permissions, tools, storage, secrets],
+                    boot_dependencies=[
+                        *identity.host_permissions,
+                        tools,
+                        *edge.target_proxy_objects,
+                        storage,
+                        secrets,
+                    ],
                 ),
             )
         )
@@ -292,7 +332,10 @@ def build(settings: Settings) -> Ec2Outputs[pulumi.Input[str]] | KubernetesOutpu
             queue_depth_alarm=settings.monitoring.queue_depth_alarm,
             node_group=settings.serving_group.name,
             unhealthy_allowance=max(settings.rollout.batch_size, settings.rollout.canary_hosts),
-            alarm_email=settings.monitoring.alarm_email,
+            routes={severity: settings.alert_route(severity) for severity in SEVERITIES},
+            severities=severities(settings),
+            node_groups={g.name: g.accelerator == "gpu" for g in settings.node_groups},
+            limits=resource_limits(settings),
             kms_key_arn=secrets.key_arn,
             log_retention_days=retention_days(production),
             alb_arn_suffix=edge.alb_arn_suffix,

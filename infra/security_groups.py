@@ -1,21 +1,27 @@
 """Security groups: who may reach whom.
 
-- The ALB takes HTTPS (443) and the redirect port (80) from anywhere, and talks only to the runtime
-  port of the hosts.
-- Runtime hosts take the runtime port only from the ALB's group and the monitoring group. The ALB
-  forwards only ``/v1/*`` (its listener rules) and probes the readiness path of its targets, so
-  ``/metrics`` answers only the monitoring side: a scraper the operator places in the monitoring
-  group, and the host itself (its bootstrap publishes to CloudWatch from localhost). SSH comes only from the bastion's
-  group when the stack names an ``inventory.ssh_gateway``; otherwise hosts take no SSH at all and are
-  reached through Session Manager. Nodes of an EFA group also talk to each other on every port (EFA
+- The ALB takes HTTPS (443) and the redirect port (80) from the stack's client ranges
+  (``edge.allow_cidrs``; empty: anywhere on an internet-facing ALB, the VPC on an internal one), and
+  talks only to its target port on the hosts: the TLS port of the hosts' HAProxy (``infra.edge``).
+- Runtime hosts take the target port only from the ALB's group, the runtime port only from the
+  monitoring group. The ALB forwards only ``/v1/*`` (its listener rules) and probes the readiness
+  path of its targets, so ``/metrics`` answers only the monitoring side: a scraper the operator
+  places in the monitoring group, and the host itself (its bootstrap publishes to CloudWatch from
+  localhost). SSH comes only from the bastion's group when the stack names an
+  ``inventory.ssh_gateway``; otherwise hosts take no SSH at all and are reached through Session
+  Manager. Nodes of an EFA group also talk to each other on every port (EFA
   requires it), and only to members of the same group.
+- Runtime hosts send only HTTPS, and with ``network.egress: endpoints`` only to the VPC (its
+  interface endpoints) and to S3 through the gateway endpoint's prefix list: no route to the internet
+  is usable from them, whatever the route tables say.
 - Nothing else accepts traffic from outside the VPC.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import pulumi
 import pulumi_aws as aws
@@ -23,6 +29,7 @@ import pulumi_aws as aws
 from infra.tags import RUNTIME_ROLE, with_tags
 
 ANYWHERE = "0.0.0.0/0"
+LISTENER_PORTS = (443, 80)  # HTTPS, and the port that only redirects to it
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,14 @@ class SecurityGroupsArgs:
     tags: Mapping[str, str]
     # False behind a gateway: the ALB forwards to the gateway, which alone reaches the runtimes.
     alb_to_runtime: bool = True
+    # Where the ALB admits clients from: the stack's ``edge.client_cidrs``.
+    alb_sources: Sequence[str] = (ANYWHERE,)
+    # The port the ALB forwards to on the runtime hosts (their TLS port); None: runtime_port.
+    alb_target_port: int | None = None
+    # network.egress: "endpoints" confines runtime hosts to the VPC and S3's prefix list.
+    egress: Literal["endpoints", "internet"] = "internet"
+    vpc_cidr: str = ""
+    s3_prefix_list_id: pulumi.Input[str] | None = None
 
 
 class SecurityGroups(pulumi.ComponentResource):
@@ -62,20 +77,23 @@ class SecurityGroups(pulumi.ComponentResource):
             with_tags(tags, role=RUNTIME_ROLE),
         )
 
-        for listener_port in (443, 80):
-            self._ingress(
-                f"alb-{listener_port}",
-                alb,
-                listener_port,
-                cidr=ANYWHERE,
-                description=f"Clients on {listener_port} (80 only redirects to HTTPS)",
-            )
+        for listener_port in LISTENER_PORTS:
+            for index, cidr in enumerate(args.alb_sources):
+                # The first range keeps the rule's original name, so an open ALB is not replaced.
+                self._ingress(
+                    f"alb-{listener_port}" + (f"-{index}" if index else ""),
+                    alb,
+                    listener_port,
+                    cidr=cidr,
+                    description=f"Clients on {listener_port} (80 only redirects to HTTPS)",
+                )
         if args.alb_to_runtime:
+            target = args.alb_target_port or port
             self._egress(
-                f"alb-to-runtime-{port}", alb, port, group=runtime, description="Forward to the runtime"
+                f"alb-to-runtime-{target}", alb, target, group=runtime, description="Forward to the hosts"
             )
             self._ingress(
-                f"runtime-{port}-from-alb", runtime, port, group=alb, description="Requests from the ALB"
+                f"runtime-{target}-from-alb", runtime, target, group=alb, description="Requests from the ALB"
             )
 
         monitoring = self._group(
@@ -113,15 +131,7 @@ class SecurityGroups(pulumi.ComponentResource):
             )
             self.bastion_id = bastion.id
 
-        # Drivers, container images, weights and the AWS APIs: HTTPS out, plus HTTP for apt's signed mirrors.
-        for egress_port in (443, 80):
-            self._egress(
-                f"runtime-out-{egress_port}",
-                runtime,
-                egress_port,
-                cidr=ANYWHERE,
-                description="Packages, images, weights and AWS APIs",
-            )
+        self._runtime_egress(runtime, args)
         if args.efa:
             self._ingress(
                 "runtime-efa-in",
@@ -141,6 +151,35 @@ class SecurityGroups(pulumi.ComponentResource):
         self.alb_id, self.runtime_id = alb.id, runtime.id
         self.register_outputs({"alb": alb.id, "runtime": runtime.id, "bastion": self.bastion_id})
 
+    def _runtime_egress(self, runtime: aws.ec2.SecurityGroup, args: SecurityGroupsArgs) -> None:
+        if args.egress == "internet":
+            # Drivers, container images, weights and the AWS APIs: HTTPS out, plus HTTP for apt's signed mirrors.
+            for egress_port in (443, 80):
+                self._egress(
+                    f"runtime-out-{egress_port}",
+                    runtime,
+                    egress_port,
+                    cidr=ANYWHERE,
+                    description="Packages, images, weights and AWS APIs",
+                )
+            return
+        # Security groups do not filter the VPC's DNS resolver or the instance metadata service, so
+        # these two rules are all a host needs to resolve and reach every endpoint.
+        self._egress(
+            "runtime-out-443-vpc",
+            runtime,
+            443,
+            cidr=args.vpc_cidr,
+            description="AWS APIs through the VPC's interface endpoints",
+        )
+        self._egress(
+            "runtime-out-443-s3",
+            runtime,
+            443,
+            prefix_list=args.s3_prefix_list_id,
+            description="Weights, releases and host tools: S3 through the gateway endpoint",
+        )
+
     def _group(
         self, key: str, description: str, vpc_id: pulumi.Input[str], tags: dict[str, str]
     ) -> aws.ec2.SecurityGroup:
@@ -153,7 +192,13 @@ class SecurityGroups(pulumi.ComponentResource):
             opts=self._child,
         )
 
-    def _rule_args(self, port: int | None, cidr: str | None, group: aws.ec2.SecurityGroup | None) -> dict:
+    def _rule_args(
+        self,
+        port: int | None,
+        cidr: str | None,
+        group: aws.ec2.SecurityGroup | None,
+        prefix_list: pulumi.Input[str] | None = None,
+    ) -> dict:
         args: dict = (
             {"ip_protocol": "-1"}
             if port is None
@@ -163,6 +208,8 @@ class SecurityGroups(pulumi.ComponentResource):
             args["cidr_ipv4"] = cidr
         if group is not None:
             args["referenced_security_group_id"] = group.id
+        if prefix_list is not None:
+            args["prefix_list_id"] = prefix_list
         return args
 
     def _ingress(
@@ -192,11 +239,12 @@ class SecurityGroups(pulumi.ComponentResource):
         description: str,
         cidr: str | None = None,
         group: aws.ec2.SecurityGroup | None = None,
+        prefix_list: pulumi.Input[str] | None = None,
     ) -> None:
         aws.vpc.SecurityGroupEgressRule(
             f"{self._name}-{key}",
             security_group_id=source.id,
             description=description,
-            **self._rule_args(port, cidr, group),
+            **self._rule_args(port, cidr, group, prefix_list),
             opts=self._child,
         )

@@ -38,13 +38,14 @@ POD_STATEMENTS = frozenset(
     }
 )
 # Of the EC2 deploy policy, what `fab` does on Kubernetes too: history and locks, weights and image
-# pushes (no target groups or auto scaling groups to drive).
+# pushes, `fab weights.gc` (no target groups or auto scaling groups to drive).
 DEPLOY_STATEMENTS = frozenset(
     {
         "ReadWriteDeployHistoryAndLocks",
         "ListDeployHistory",
         "PushModelWeights",
         "ListModelWeights",
+        "CollectUnusedModelWeights",
         "EncryptHistoryAndWeights",
         "PushRuntimeImages",
         "LogInToTheRegistry",

@@ -1066,8 +1066,9 @@ def _single_tcp_port(protocol: str, low: int | None, high: int | None) -> int | 
 
 
 # The runtime hosts' HTTPS/HTTP to anywhere (infra/security_groups.py: runtime-out-443, runtime-out-80,
-# for packages, images, weights and AWS APIs) is the one case the program needs today; it is reported by
-# the advisory rule below until the hosts reach those through VPC endpoints and a proxy alone.
+# for packages, images, weights and AWS APIs) exists only where a stack sets network.egress: internet
+# (an AMI that installs its packages at boot); reported by the advisory rule below, and refused on
+# production stacks (production-runtime-egress-to-endpoints).
 RUNTIME_WEB_PORTS = (443, 80)
 
 
@@ -1139,4 +1140,113 @@ REACH_POLICIES = [
     ),
 ]
 
-POLICIES = RESOURCE_POLICIES + EXPOSURE_POLICIES + STACK_POLICIES + REACH_POLICIES
+
+# --- closed doors on production stacks: who reaches the balancer, how it reaches the hosts, where ---
+# --- the hosts may send (infra/edge.py, infra/security_groups.py) --------------------------------
+
+TARGET_GROUP = ("aws:lb/targetGroup:TargetGroup", "aws:alb/targetGroup:TargetGroup")
+WEB_ACL_ASSOCIATION = ("aws:wafv2/webAclAssociation:WebAclAssociation",)
+
+
+def _production_stacks(config: Mapping[str, Any] | None) -> list[str]:
+    return list(get(config or {}, "productionStacks", default=PRODUCTION_STACKS))
+
+
+def check_production_targets_https(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    stack = _stack_of(args.urn)
+    if stack not in _production_stacks(args.get_config()):
+        return
+    # Lambda targets have no protocol; only a plain HTTP hop from the balancer is refused.
+    if str(get(props, "protocol", default="")).upper() == "HTTP":
+        yield (
+            f"target group of production stack {stack!r} forwards plain HTTP to its targets: use HTTPS "
+            "(runtime hosts terminate TLS on their own proxy)"
+        )
+    if str(get(props, "healthCheck", "protocol", default="")).upper() == "HTTP":
+        yield f"target group of production stack {stack!r} checks its targets' health over plain HTTP: use HTTPS"
+
+
+def _production_stack_policy(
+    name: str,
+    description: str,
+    check: Callable[[Sequence[PolicyResource], Sequence[str]], Iterable[tuple[PolicyResource, str]]],
+) -> StackValidationPolicy:
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        for resource, message in check(list(args.resources), _production_stacks(args.get_config())):
+            report_violation(f"{resource.name}: {message}", resource.urn)
+
+    return StackValidationPolicy(
+        name=name,
+        description=description,
+        validate=validate,
+        enforcement_level=EnforcementLevel.MANDATORY,
+        config_schema=PRODUCTION_SCHEMA,
+    )
+
+
+def _open_group_ids(resources: Sequence[PolicyResource]) -> set[str]:
+    """The security groups that take traffic from 0.0.0.0/0 or ::/0, on any port."""
+    ids = set()
+    for holder, *_ in _open_rules(resources, "ingress"):
+        group = get(holder.props, "id") if holder.resource_type in SECURITY_GROUP else None
+        ids.add(str(group or get(holder.props, "securityGroupId", default="")))
+    return ids
+
+
+def check_production_lb_allowlisted(
+    resources: Sequence[PolicyResource], production: Sequence[str]
+) -> Iterator[tuple[PolicyResource, str]]:
+    """A production balancer open to the internet needs a WAF in front (where a public API's own
+    rules live) or an allowlist; a rate limit or an IP set in the WAF is the operator's choice."""
+    open_groups = _open_group_ids(resources)
+    guarded = {str(get(a.props, "resourceArn")) for a in _of_type(resources, WEB_ACL_ASSOCIATION)}
+    for lb in _of_type(resources, LOAD_BALANCER):
+        stack = _stack_of(lb.urn)
+        if (
+            stack not in production
+            or truthy(get(lb.props, "internal"))
+            or str(get(lb.props, "arn")) in guarded
+        ):
+            continue
+        if any(str(group) in open_groups for group in as_list(get(lb.props, "securityGroups"))):
+            yield (
+                lb,
+                f"internet-facing load balancer of production stack {stack!r} admits 0.0.0.0/0 with no WAF: "
+                "set edge.allow_cidrs, edge.scheme: internal, or a WAF (edge.waf_rate_limit)",
+            )
+
+
+def check_production_runtime_egress(
+    resources: Sequence[PolicyResource], production: Sequence[str]
+) -> Iterator[tuple[PolicyResource, str]]:
+    for holder, role, protocol, low, high, public in _open_rules(resources, "egress"):
+        stack = _stack_of(holder.urn)
+        if role == RUNTIME_ROLE and stack in production:
+            yield (
+                holder,
+                f"runtime hosts of production stack {stack!r} may send {protocol} {low}-{high} to "
+                f"{', '.join(public)}: they reach only the VPC and its endpoints (network.egress: endpoints)",
+            )
+
+
+DOOR_POLICIES = [
+    _resource_policy(
+        "production-targets-https",
+        "Production target groups forward to and check their targets over HTTPS.",
+        TARGET_GROUP,
+        check_production_targets_https,
+        config_schema=PRODUCTION_SCHEMA,
+    ),
+    _production_stack_policy(
+        "production-lb-allowlisted",
+        "A production load balancer open to 0.0.0.0/0 is internal, allowlisted or behind a WAF.",
+        check_production_lb_allowlisted,
+    ),
+    _production_stack_policy(
+        "production-runtime-egress-to-endpoints",
+        "Production runtime hosts send nothing to 0.0.0.0/0 or ::/0, on any port.",
+        check_production_runtime_egress,
+    ),
+]
+
+POLICIES = RESOURCE_POLICIES + EXPOSURE_POLICIES + STACK_POLICIES + REACH_POLICIES + DOOR_POLICIES

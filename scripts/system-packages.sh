@@ -6,6 +6,9 @@ set -euo pipefail
 # g++ builds the runtime's native CPU kernels at install; the aarch64 cross compiler checks that their
 # portable variant compiles for Arm hosts.
 packages=(openssh-server openssh-client haproxy socat redis-server g++ g++-aarch64-linux-gnu)
+# The runtime image's test: podman with runc (crun cannot run here), buildah, uidmap, and debootstrap
+# for the base built from Debian's packages (scripts/build-debian-base.sh).
+packages+=(podman buildah runc uidmap debootstrap)
 # The host bootstrap shells out to `aws`; the tests run it against moto. Any aws on PATH will do.
 command -v aws >/dev/null 2>&1 || packages+=(awscli)
 missing=()

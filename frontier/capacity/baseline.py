@@ -2,6 +2,12 @@
 
 The load test writes it (``stacks/baselines/<stack>.json``, pretty JSON, kept in git beside the stack
 it describes); the planner reads it in place of ``capacity.assumed_replica_qps``.
+
+Each baseline is also archived under the release it was measured on,
+``stacks/baselines/<stack>/<release id>.json`` (a later measurement of the same release replaces
+that release's entry), so ``fab baseline.diff A B`` can compare two releases figure by figure
+before and after an upgrade. The file ``<stack>.json`` stays the latest measurement, whatever its
+release. A baseline measured where the release was unknown is not archived.
 """
 
 from __future__ import annotations
@@ -11,8 +17,20 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from frontier_hostside.names import RELEASE_ID_PATTERN
+
 from frontier.errors import FrontierError
 from frontier.project import stacks_dir
+
+#: The figures a diff compares, and whether more is better (throughput) or worse (latency).
+FIGURES: tuple[tuple[str, bool], ...] = (
+    ("replica_qps", True),
+    ("output_tokens_per_s", True),
+    ("p50_latency_ms", False),
+    ("p99_latency_ms", False),
+    ("ttft_p99_ms", False),
+)
+DEFAULT_REGRESSION_THRESHOLD = 0.10
 
 
 @dataclass(frozen=True)
@@ -50,11 +68,23 @@ def baseline_path(stack: str) -> Path:
     return baselines_dir() / f"{stack}.json"
 
 
+def archive_dir(stack: str) -> Path:
+    return baselines_dir() / stack
+
+
+def archive_path(stack: str, release_id: str) -> Path:
+    return archive_dir(stack) / f"{release_id}.json"
+
+
 def load_baseline(stack: str) -> Baseline | None:
     """The stack's baseline, or None when none was measured yet. A damaged file is an error."""
     path = baseline_path(stack)
     if not path.exists():
         return None
+    return _read(path, stack)
+
+
+def _read(path: Path, stack: str) -> Baseline:
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -72,10 +102,71 @@ def load_baseline(stack: str) -> Baseline | None:
 
 
 def save_baseline(baseline: Baseline) -> Path:
-    """Write the baseline atomically and return its path."""
+    """Write the baseline atomically as the stack's latest, archive it under its release; return the latest's path."""
     path = baseline_path(baseline.stack)
+    _write(path, baseline)
+    if RELEASE_ID_PATTERN.match(baseline.release_id):
+        _write(archive_path(baseline.stack, baseline.release_id), baseline)
+    return path
+
+
+def _write(path: Path, baseline: Baseline) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(asdict(baseline), indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
-    return path
+
+
+def archived_releases(stack: str) -> list[str]:
+    """The releases of ``stack`` with an archived baseline, oldest measurement first."""
+    folder = archive_dir(stack)
+    if not folder.is_dir():
+        return []
+    found = [_read(p, stack) for p in folder.glob("*.json") if RELEASE_ID_PATTERN.match(p.stem)]
+    return [b.release_id for b in sorted(found, key=lambda b: b.measured_at)]
+
+
+def load_archived(stack: str, release_id: str) -> Baseline:
+    """The baseline measured on ``release_id``; an error naming the archived releases if there is none."""
+    if not RELEASE_ID_PATTERN.match(release_id):
+        raise FrontierError(
+            f"release id {release_id!r} is malformed: expected 'r-' followed by 12 lowercase hex digits"
+        )
+    path = archive_path(stack, release_id)
+    if not path.is_file():
+        known = ", ".join(archived_releases(stack)) or "none yet (fab loadtest archives one per release)"
+        raise FrontierError(f"no baseline of release {release_id} for stack {stack!r}; archived: {known}")
+    baseline = _read(path, stack)
+    if baseline.release_id != release_id:
+        raise FrontierError(
+            f"{path}: release_id = {baseline.release_id!r}, but the file is named for {release_id}"
+        )
+    return baseline
+
+
+@dataclass(frozen=True)
+class FigureDiff:
+    """One figure of two baselines: ``ratio`` is after / before; a regression moved the wrong way by
+    more than the threshold."""
+
+    name: str
+    before: float
+    after: float
+    higher_is_better: bool
+    ratio: float
+    regression: bool
+
+
+def diff_baselines(
+    before: Baseline, after: Baseline, threshold: float = DEFAULT_REGRESSION_THRESHOLD
+) -> list[FigureDiff]:
+    """Every figure of ``after`` against ``before``, regressions flagged beyond ``threshold`` (0.10 = 10 %)."""
+    if not (isinstance(threshold, int | float) and 0 < threshold < 10):
+        raise FrontierError(f"--threshold = {threshold!r}: must be a fraction > 0 and < 10 (0.10 = 10 %)")
+    diffs = []
+    for name, higher_is_better in FIGURES:
+        a, b = float(getattr(before, name)), float(getattr(after, name))
+        ratio = b / a if a else (math.inf if b else 1.0)
+        worse = ratio < 1 - threshold if higher_is_better else ratio > 1 + threshold
+        diffs.append(FigureDiff(name, a, b, higher_is_better, ratio, worse))
+    return diffs

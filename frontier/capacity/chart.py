@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from frontier.capacity.explore import ExpertParallelRow, Exploration
@@ -211,13 +212,14 @@ def quality_png(
         if p.option is None or p.pass_rate is None
     ]
     if missing:
+        # Top left, under the legend: the measured points sit at the right, where pass rates are high.
         right.text(
             0.01,
-            0.01,
-            "not placed:\n" + "\n".join(missing),
+            0.90,
+            "not placed:\n" + "\n".join(textwrap.fill(line, 58, subsequent_indent="  ") for line in missing),
             transform=right.transAxes,
             fontsize=7,
-            va="bottom",
+            va="top",
             bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "grey"},
         )
     right.set_xlabel(

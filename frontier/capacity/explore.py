@@ -43,7 +43,7 @@ from frontier.capacity.roofline import (
     fit_slo,
 )
 from frontier.config.hardware import instance_store
-from frontier.config.schema import DTYPE_BYTES, GB, Settings
+from frontier.config.schema import GB, Settings
 from frontier.errors import FrontierError
 
 TENSOR_PARALLEL = (1, 2, 4, 8)
@@ -469,9 +469,8 @@ def _ep_memory(settings: Settings, replica: Replica) -> tuple[float, float, floa
     and the KV its attention group's max_batch_size x max_seq_len need."""
     sh, group, rt = replica.shape, settings.serving_group, settings.runtime
     pp, g = replica.pipeline_parallel, replica.stage_gpus
-    dtype = DTYPE_BYTES[settings.model.dtype]
-    dense = sh.dense_parameters * dtype / (replica.tensor_parallel * pp)
-    experts = sh.layers * sh.experts * sh.expert_parameters * dtype / (pp * g)
+    dense = sh.dense_bytes / (replica.tensor_parallel * pp)
+    experts = sh.layers * sh.experts * sh.expert_parameters * sh.weight_bytes / (pp * g)
     budget = group.gpu_memory_gb * GB * rt.gpu_memory_utilization - rt.reserved_memory_gb * GB
     per_group = replica.max_batch_size / replica.attention_groups
     kv = per_group * settings.model.max_seq_len * replica.kv_bytes_per_token_per_gpu

@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from frontier.capacity.gpus import INSTANCES
-from frontier.config.memory import kv_bytes_per_token
+from frontier.config.memory import kv_bytes_per_token, projection_bytes_per_parameter
 from frontier.config.schema import DTYPE_BYTES, Model, Settings, Slo
 from frontier.errors import FrontierError
 
@@ -164,6 +164,8 @@ class Shape:
     experts_per_token: int = 0
     expert_intermediate: int = 0
     expert_load_imbalance: float = 1.0
+    # Bytes per weight of the linear projections (model.quantization: 1 + scales); 0: dtype_bytes.
+    projection_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if self.experts and not 1 <= self.experts_per_token <= self.experts:
@@ -192,6 +194,7 @@ class Shape:
             experts_per_token=model.num_experts_per_token,
             expert_intermediate=model.expert_intermediate_size,
             expert_load_imbalance=model.expert_load_imbalance,
+            projection_bytes=projection_bytes_per_parameter(model),
         )
 
     @property
@@ -214,6 +217,18 @@ class Shape:
         """What every step reads whole: all layers' attention and dense MLP (or router), and the LM head."""
         mlp = self.hidden * self.experts if self.experts else 3 * self.hidden * self.intermediate
         return self.layers * (self.attention_parameters + mlp) + self.vocab * self.hidden
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes per weight of a linear projection (quantized or in the model dtype)."""
+        return self.projection_bytes or self.dtype_bytes
+
+    @property
+    def dense_bytes(self) -> float:
+        """Bytes of :attr:`dense_parameters`: the projections as quantized, router and LM head in the dtype."""
+        unquantized = self.layers * self.hidden * self.experts + self.vocab * self.hidden  # routers, LM head
+        projections = self.dense_parameters - unquantized
+        return projections * self.weight_bytes + unquantized * self.dtype_bytes
 
     @property
     def layer_matmul_parameters(self) -> int:
@@ -439,13 +454,13 @@ def step(
     # One micro-batch through one stage, on one GPU: memory, FLOPs and traffic per micro-batch, times m.
     micro = tokens / m
     mine = micro / groups  # the tokens of this GPU's attention group
-    dense_bytes = sh.dense_parameters * sh.dtype_bytes / (tp * pp)
+    dense_bytes = sh.dense_bytes / (tp * pp)
     expert_bytes = 0.0
     expert_flops = 0.0
     if sh.experts:
         ranks_share = busiest_rank_experts(sh, ep, micro)
         # An EP rank's experts are split over the G / EP GPUs it spans (tensor-parallel experts).
-        expert_bytes = stage_layers * ranks_share * sh.expert_parameters * sh.dtype_bytes * ep / g
+        expert_bytes = stage_layers * ranks_share * sh.expert_parameters * sh.weight_bytes * ep / g
         imbalance = sh.expert_load_imbalance if ep > 1 else 1.0
         expert_flops = 2 * sh.expert_parameters * stage_layers * micro * sh.experts_per_token / g * imbalance
     weight_bytes = m * (dense_bytes + expert_bytes)

@@ -1,4 +1,5 @@
-"""`fab render` and `fab plan`: what a stack's settings turn into, before anything is deployed."""
+"""`fab render` and `fab plan`: what a stack's settings turn into, before anything is deployed;
+`fab baseline.diff`: two releases' measured capacity side by side."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ from pathlib import Path
 
 from frontier_hostside.names import PLACEHOLDER_DIGEST, UNIT_NAME
 from invoke import Collection, task
+from invoke.exceptions import Exit
 
 from frontier import project
-from frontier.capacity.baseline import load_baseline
+from frontier.capacity.baseline import (
+    DEFAULT_REGRESSION_THRESHOLD,
+    diff_baselines,
+    load_archived,
+    load_baseline,
+)
 from frontier.capacity.chart import expert_parallel_png, pareto_png, quality_png
 from frontier.capacity.explore import (
     MAX_BATCH_SIZES,
@@ -542,6 +549,33 @@ def _print_expert_parallel(console, settings, sweep: tuple[ExpertParallelRow, ..
         console.print(f"refused (modelled anyway, to show the cost): {rule}")
 
 
+@task(
+    name="diff",
+    help={
+        "stack": "stack name (default $FRONTIER_STACK, else local)",
+        "threshold": f"flag a figure that moved the wrong way by more than this fraction (default {DEFAULT_REGRESSION_THRESHOLD})",
+    },
+)
+@reports_errors
+def baseline_diff(c, a, b, stack=None, threshold=DEFAULT_REGRESSION_THRESHOLD):
+    """Compare the baselines archived for releases A and B figure by figure; exit 1 on a regression."""
+    settings = settings_for(stack)
+    before, after = load_archived(settings.stack, a), load_archived(settings.stack, b)
+    diffs = diff_baselines(before, after, float(threshold))
+    rows = [
+        (d.name, "higher" if d.higher_is_better else "lower", f"{d.before:,.1f}", f"{d.after:,.1f}",
+         f"{d.ratio:.2f}", "REGRESSION" if d.regression else "ok")
+        for d in diffs
+    ]  # fmt: skip
+    title = f"baseline {settings.stack}: {a} ({before.measured_at}) -> {b} ({after.measured_at})"
+    columns = ("figure", "better", a, b, "ratio", f"±{float(threshold):.0%}")
+    tables.console().print(tables.table(title, columns, rows, numeric=(2, 3, 4)))
+    regressions = [d.name for d in diffs if d.regression]
+    if regressions:
+        raise Exit(f"{len(regressions)} regression(s) from {a} to {b}: {', '.join(regressions)}", code=1)
+
+
 def register(namespace: Collection) -> None:
     namespace.add_task(render)
     namespace.add_task(plan)
+    namespace.add_collection(Collection("baseline", baseline_diff))

@@ -1,5 +1,5 @@
 """Operate a stack: ``deploy``, ``rollback``, ``status``, ``history``, ``drivers``, ``unlock``,
-``weights.push``, ``release.build``, ``image.build`` and ``image.push``."""
+``weights.push``, ``weights.gc``, ``release.build``, ``image.build`` and ``image.push``."""
 
 from __future__ import annotations
 
@@ -232,6 +232,46 @@ def weights_push(c, stack=None, src=None, version=None):
     )
 
 
+@task(
+    name="gc",
+    iterable=["version"],
+    help={
+        "stack": STACK,
+        "model": "the model pool whose weights to clean (a stack of several models needs it)",
+        "keep_last": "keep this many most recently pushed versions too (default: rollout.keep_weight_versions)",
+        "dry_run": "only print what would be deleted and why; delete nothing",
+        "version": "delete only this version (repeatable); refused if a kept release needs it",
+    },
+)
+@reports_errors
+def weights_gc(c, stack=None, model=None, keep_last=None, dry_run=False, version=None):
+    """Delete the weights versions no kept release needs, beyond the last N pushed; --dry-run shows the table."""
+    settings = pool_settings(stack, model)
+    backend = backend_for(settings)
+    s3 = backend.aws_client("s3")
+    kept = model_weights.kept_releases(backend.history_store(), settings.rollout.keep_releases)
+    last = settings.rollout.keep_weight_versions if keep_last is None else int(keep_last)
+    plan = model_weights.plan_gc(s3, settings.model.weights_uri, kept, last, version or ())
+    verb = "would delete" if dry_run else "delete"
+    rows = [
+        (v.version, "keep" if v.keep else verb, v.stored.pushed_at or "-", len(v.stored.keys),
+         tables.size(v.stored.bytes), v.why)
+        for v in plan.verdicts
+    ]  # fmt: skip
+    title = f"weights gc: {settings.model.weights_uri} (kept releases: {', '.join(r.release_id for r in kept) or 'none'})"
+    console = tables.console()
+    console.print(
+        tables.table(title, ("version", "action", "pushed", "objects", "bytes", "why"), rows, numeric=(3, 4))
+    )
+    doomed = plan.doomed
+    freed = tables.size(sum(v.stored.bytes for v in doomed))
+    if dry_run:
+        print(f"dry run: {len(doomed)} version(s) ({freed}) would be deleted; nothing was")
+        return
+    deleted = model_weights.apply_gc(s3, plan)
+    print(f"deleted {len(deleted)} version(s) ({freed}): {', '.join(deleted) or 'none'}")
+
+
 @task(name="build", help={"stack": STACK})
 @reports_errors
 def release_build(c, stack=None):
@@ -313,7 +353,7 @@ def ami_latest(c, stack=None):
 def register(namespace: Collection) -> None:
     for t in (deploy, rollback, status, history, drivers, unlock, scale):
         namespace.add_task(t)
-    namespace.add_collection(Collection("weights", weights_push))
+    namespace.add_collection(Collection("weights", weights_push, weights_gc))
     namespace.add_collection(Collection("release", release_build))
     namespace.add_collection(Collection("image", image_build, image_push))
     namespace.add_collection(Collection("ami", ami_latest))

@@ -32,6 +32,7 @@ def cross_check(s: Settings) -> Iterator[FieldProblem]:
         for problem in problems_of(exc):
             yield FieldProblem(_in_stack(problem.path), problem.value, problem.naming(_in_stack))
     yield from _attention_backend_problems(s)
+    yield from _quantization_problems(s)
     yield from _timeout_chain_problems(s)
     if model.num_attention_heads % tp:
         yield FieldProblem(
@@ -150,6 +151,8 @@ def cross_check(s: Settings) -> Iterator[FieldProblem]:
         seen_slots.add(slot)
     yield from pool_problems(s)
     yield from tenant_problems(s)
+    yield from scale_to_zero_problems(s)
+    yield from alert_problems(s)
     if s.slo.p99_latency_ms < s.slo.ttft_ms:
         yield FieldProblem(
             "slo.p99_latency_ms", s.slo.p99_latency_ms, f"must be >= slo.ttft_ms ({s.slo.ttft_ms})"
@@ -181,6 +184,19 @@ def _attention_backend_problems(s: Settings) -> Iterator[FieldProblem]:
         )
 
 
+def _quantization_problems(s: Settings) -> Iterator[FieldProblem]:
+    """fp8 weights need a GPU's float8 GEMMs: a CPU node group is refused here, before any host is
+    touched, as the runtime would refuse it at start."""
+    group = s.serving_group
+    if s.model.quantization == "fp8" and group.accelerator == "cpu":
+        yield FieldProblem(
+            "model.quantization",
+            "fp8",
+            f"needs a CUDA GPU (float8_e4m3fn weights), and node group {group.name!r} serves on cpu, "
+            "which runs model.quantization 'none' or 'int8'",
+        )
+
+
 def _timeout_chain_problems(s: Settings) -> Iterator[FieldProblem]:
     """The runtime's queue gives up (503 with retry-after) before whatever waits on it: the gateway's
     upstream request and the balancer's idle timeout (a non-streamed answer sends no byte until it is
@@ -197,6 +213,74 @@ def _timeout_chain_problems(s: Settings) -> Iterator[FieldProblem]:
                 f"must give up before {name} ({seconds:g} s): a queued request would be cut off there "
                 "without the runtime's 503 and retry-after",
             )
+
+
+def scale_to_zero_problems(s: Settings) -> Iterator[FieldProblem]:
+    """A node group may go to zero hosts only when the gateway holds its pools' requests while a
+    replica starts (``gateway.hold.<model>``) and it says when to go (``idle_to_zero_s``); a hold
+    gives up before the balancer cuts the silent connection, and before a launch is abandoned."""
+    holds = s.gateway.hold if s.gateway is not None else {}
+    for i, group in enumerate(s.node_groups):
+        where = f"node_groups[{i}]"
+        if group.min_size > 0:
+            if group.idle_to_zero_s is not None:
+                yield FieldProblem(
+                    f"{where}.idle_to_zero_s",
+                    group.idle_to_zero_s,
+                    f"has no effect with min_size {group.min_size}: set min_size 0 to let the group go to zero",
+                )
+            continue
+        served = [pool.name for pool in s.pools if s.pool_group(pool) == group]
+        for name in served:
+            if name not in holds:
+                yield FieldProblem(
+                    f"{where}.min_size",
+                    0,
+                    f"may be 0 only with a hold queue for model {name!r}: add gateway.hold.{name} "
+                    "(max_requests 1..100000, timeout_s) so requests wait while a replica starts "
+                    "instead of failing",
+                )
+        if served and group.idle_to_zero_s is None:
+            yield FieldProblem(
+                f"{where}.idle_to_zero_s",
+                None,
+                "must be set with min_size 0: seconds (1..86400) a pool idles before going to zero",
+            )
+    names = [pool.name for pool in s.pools]
+    for name, hold in holds.items():
+        where = f"gateway.hold.{name}"
+        if name not in names:
+            yield FieldProblem(where, name, f"must name a served model ({s.model_names()})")
+        if hold.timeout_s >= s.edge.idle_timeout_s:
+            yield FieldProblem(
+                f"{where}.timeout_s",
+                hold.timeout_s,
+                f"must be < edge.idle_timeout_s ({s.edge.idle_timeout_s} s): nothing is sent while a request "
+                "is held, so the balancer would cut it before the gateway's 503 and Retry-After",
+            )
+        if hold.timeout_s > s.rollout.readiness_timeout_s:
+            yield FieldProblem(
+                f"{where}.timeout_s",
+                hold.timeout_s,
+                f"must be <= rollout.readiness_timeout_s ({s.rollout.readiness_timeout_s:g} s): a replica not "
+                "ready by then is abandoned, so holding longer waits for nothing",
+            )
+
+
+def is_production(s: Settings) -> bool:
+    """``prod`` and ``<anything>-prod``: the stacks whose alarms must reach someone."""
+    return s.stack == "prod" or s.stack.endswith("-prod")
+
+
+def alert_problems(s: Settings) -> Iterator[FieldProblem]:
+    """A production stack's page alarms reach someone: its page route names at least one address."""
+    if is_production(s) and s.alert_route("page").empty:
+        yield FieldProblem(
+            "alerts.routes.page",
+            None,
+            f"stack {s.stack!r} is a production stack: its page alarms need at least one of emails, "
+            "sqs_queue_arns or https_endpoints",
+        )
 
 
 def _in_stack(path: str) -> str:

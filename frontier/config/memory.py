@@ -60,6 +60,37 @@ class MemoryFit:
         )
 
 
+# model.quantization: a quantized projection holds one byte per weight (int8 or float8_e4m3fn) and
+# a float32 scale per output channel; the embedding, norms, LM head and router keep model.dtype.
+QUANTIZED_WEIGHT_BYTES = {"int8": 1, "fp8": 1}
+SCALE_BYTES = 4
+
+
+def projection_parameters(model: Model) -> tuple[int, int]:
+    """Weights and output channels of the linear projections (q/k/v/o, gate/up/down of every expert)."""
+    h, kv = model.hidden_size, model.num_kv_heads * model.head_dim
+    width, experts = model.expert_intermediate_size, max(1, model.num_experts)
+    weights = 2 * h * h + 2 * h * kv + 3 * h * width * experts
+    channels = 2 * h + 2 * kv + (2 * width + h) * experts
+    return model.num_layers * weights, model.num_layers * channels
+
+
+def projection_bytes_per_parameter(model: Model) -> float:
+    """Bytes a projection's weight takes per parameter: model.dtype's, or the quantized byte and its
+    share of the per-channel scales."""
+    if model.quantization == "none":
+        return DTYPE_BYTES[model.dtype]
+    weights, channels = projection_parameters(model)
+    return QUANTIZED_WEIGHT_BYTES[model.quantization] + SCALE_BYTES * channels / weights
+
+
+def weights_bytes(model: Model) -> float:
+    """The whole model's weights: the projections as quantized, everything else in model.dtype."""
+    projections, _ = projection_parameters(model)
+    rest = model.num_parameters - projections
+    return rest * DTYPE_BYTES[model.dtype] + projections * projection_bytes_per_parameter(model)
+
+
 def kv_cache_dtype_bytes(s: Settings) -> int:
     dtype = s.runtime.kv_cache_dtype
     return DTYPE_BYTES[s.model.dtype if dtype == "auto" else dtype]
@@ -81,7 +112,7 @@ def kv_bytes_per_token(
 def memory_fit(s: Settings, group: NodeGroup) -> MemoryFit:
     rt, model = s.runtime, s.model
     shards = rt.tensor_parallel_size * rt.pipeline_parallel_size
-    weights = model.num_parameters * DTYPE_BYTES[model.dtype]
+    weights = weights_bytes(model)
     dtype_bytes = kv_cache_dtype_bytes(s)
     tokens = rt.batch.max_batch_size * model.max_seq_len
     per_gpu = kv_bytes_per_token(model, dtype_bytes, rt.tensor_parallel_size, rt.pipeline_parallel_size)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from frontier_gateway.config import GatewaySettings, TenantConfig
 from frontier_hostside.names import HOST_ROOT, RUNTIME_UID
 from frontier_runtime.config import HealthConfig, ModelConfig, RuntimeConfig, RuntimeSettings
 from frontier_settings import FieldProblem, FieldProblems
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from frontier.config.schedule import Schedule
 
@@ -38,6 +38,11 @@ class Network(_Settings):
     availability_zones: int = Field(ge=2, le=6)
     vpc_cidr: str
     nat: Literal["single", "per_az"]
+    # What runtime hosts may reach: "endpoints" — HTTPS to the VPC (its interface endpoints) and to
+    # S3 through the gateway endpoint, nothing else, so the AMI must carry every package the host
+    # needs (the Deep Learning AMI has the driver, the container toolkit and docker); "internet" —
+    # HTTPS/HTTP anywhere through the NAT, for an AMI that installs them at boot.
+    egress: Literal["endpoints", "internet"] = "endpoints"
 
     @field_validator("vpc_cidr")
     @classmethod
@@ -69,6 +74,10 @@ class NodeGroup(_Settings):
     # Requests waiting per host that the target-tracking policy holds the group at (between
     # min_size and max_size), read from the QueueDepth metric each host publishes.
     target_queue_depth: float = Field(default=16, gt=0, le=100_000)
+    # With min_size 0: after this long with nothing running, waiting or held by the gateway, the
+    # group goes to zero hosts; a request for it is then held by the gateway (gateway.hold) while one
+    # starts. Unset: the group never scales to zero.
+    idle_to_zero_s: float | None = Field(default=None, ge=1, le=86_400)
     # Where the model cache lives: the instance's own NVMe disks (RAID 0, formatted at boot; the
     # type must have them) or an EBS gp3 volume of cache_volume_gb.
     model_cache: Literal["instance_store", "ebs"] = "ebs"
@@ -246,6 +255,15 @@ class Rollout(_Settings):
     deregistration_delay_s: int = Field(ge=0, le=3600)
     readiness_timeout_s: float = Field(gt=0, le=7200)
     keep_releases: int = Field(ge=2, le=50)
+    keep_weight_versions: int = Field(
+        default=2,
+        ge=0,
+        le=100,
+        description=(
+            "fab weights.gc keeps this many most recently pushed weights versions besides every version "
+            "a kept release needs (0: only those)."
+        ),
+    )
     gate: Gate
     verify_canary: bool = Field(
         default=False,
@@ -309,6 +327,19 @@ class Inventory(_Settings):
     hosts: tuple[Host, ...] = ()
 
 
+def _client_cidr(value: str) -> str:
+    """One IPv4 range of clients, in CIDR notation, that is narrower than everyone."""
+    try:
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"not an IPv4 network in CIDR notation ({exc}); e.g. 203.0.113.0/24") from None
+    if net.version != 4:
+        raise ValueError("the load balancer listens on IPv4 only: give IPv4 ranges, e.g. 203.0.113.0/24")
+    if net.prefixlen == 0:
+        raise ValueError("admits everyone: leave allow_cidrs empty for a balancer open to all")
+    return value
+
+
 class Edge(_Settings):
     certificate_arn: str = ""
     # The name clients call the load balancer by: the certificate's, with a DNS record (outside this
@@ -318,6 +349,21 @@ class Edge(_Settings):
     ssl_policy: str = "ELBSecurityPolicy-TLS13-1-2-2021-06"
     idle_timeout_s: int = Field(default=300, ge=1, le=4000)
     waf_rate_limit: int = Field(default=0, ge=0, le=2_000_000_000, description="0 turns WAF off.")
+    # internal: the load balancer gets private addresses only (private subnets); reachable from the
+    # VPC and the networks joined to it (peering, VPN, Direct Connect, Transit Gateway).
+    scheme: Literal["internet-facing", "internal"] = "internet-facing"
+    # Client ranges the load balancer admits (its security group; the Ingress's inbound-cidrs).
+    # Empty: anyone on an internet-facing one, the VPC's own range on an internal one. Each range
+    # is two security-group rules (443 and the redirect port 80) of the 60 a group holds by default.
+    allow_cidrs: tuple[Annotated[str, AfterValidator(_client_cidr)], ...] = Field(default=(), max_length=25)
+
+    def client_cidrs(self, vpc_cidr: str) -> tuple[str, ...]:
+        """The ranges the load balancer admits: the allowlist; without one, everyone on an
+        internet-facing balancer (the policy pack refuses that on production stacks without a WAF),
+        the VPC on an internal one (networks joined to the VPC are the operator's to list)."""
+        if self.allow_cidrs:
+            return self.allow_cidrs
+        return ("0.0.0.0/0",) if self.scheme == "internet-facing" else (vpc_cidr,)
 
 
 class Drivers(_Settings):
@@ -330,6 +376,108 @@ class Monitoring(_Settings):
     queue_depth_alarm: int = Field(ge=1, le=1_000_000)
     # Fraction of the KV cache in use above which an alert fires (preemptions follow soon after).
     kv_usage_alarm: float = Field(default=0.95, gt=0, le=1)
+
+
+# --- alerts: who hears of which alarm --------------------------------------------------------------
+
+Severity = Literal["page", "warn", "info"]
+SEVERITIES: tuple[Severity, ...] = ("page", "warn", "info")
+
+# Every alarm a stack raises, on every target, and the severity it has unless the stack's
+# ``alerts.severities`` says otherwise. page: someone acts now (clients see it); warn: within the
+# day (headroom is going); info: for the record.
+ALARM_SEVERITIES: dict[str, Severity] = {
+    "runtime-down": "page",  # fewer replicas ready than desired, for alerts.runtime_down_for_s
+    "5xx-rate": "page",
+    "p99-latency": "page",
+    "ttft": "page",
+    "unhealthy-hosts": "page",
+    "queue-depth": "warn",
+    "kv-cache-full": "warn",
+    "runtime-restarts": "warn",
+    "gpu-memory": "warn",
+    "host-memory": "warn",
+    "cache-disk": "warn",
+    "gpu-temperature": "info",
+}
+
+
+def _shaped(pattern: str, shape: str) -> AfterValidator:
+    """A string matching ``pattern``; otherwise an error saying which ``shape`` it must have."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.match(value):
+            raise ValueError(f"must be {shape}")
+        return value
+
+    return AfterValidator(check)
+
+
+EMAIL = _shaped(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,63}$", "an e-mail address, e.g. oncall@example.com")
+SQS_ARN = _shaped(
+    r"^arn:aws[a-z-]*:sqs:[a-z]{2}(-[a-z]+)+-[0-9]:[0-9]{12}:[A-Za-z0-9_-]{1,80}(\.fifo)?$",
+    "an SQS queue ARN, arn:aws:sqs:<region>:<account>:<queue>",
+)
+HTTPS_URL = _shaped(r"^https://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/\S*)?$", "an https:// URL")
+
+
+class AlertRoute(_Settings):
+    """Where one severity's alarm and recovery messages go (subscriptions of its SNS topic, or an
+    Alertmanager receiver). E-mail subscriptions stay pending until the recipient confirms."""
+
+    emails: tuple[Annotated[str, EMAIL], ...] = ()
+    sqs_queue_arns: tuple[Annotated[str, SQS_ARN], ...] = ()
+    https_endpoints: tuple[Annotated[str, HTTPS_URL], ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.emails or self.sqs_queue_arns or self.https_endpoints)
+
+
+class AlertRoutes(_Settings):
+    page: AlertRoute = AlertRoute()
+    warn: AlertRoute = AlertRoute()
+    info: AlertRoute = AlertRoute()
+
+
+class Alerts(_Settings):
+    """The stack's ``alerts:`` section: routes per severity, and severities per alarm name."""
+
+    routes: AlertRoutes = AlertRoutes()
+    # Alarm name -> severity, over the default table (ALARM_SEVERITIES).
+    severities: dict[str, Severity] = Field(default_factory=dict)
+    # The local stack's evaluator: how often it looks, and how long fewer runtimes than desired may
+    # be ready before runtime-down fires (a restart by the supervisor usually beats it).
+    evaluation_interval_s: float = Field(default=5, gt=0, le=300)
+    runtime_down_for_s: float = Field(default=30, ge=0, le=3600)
+
+    @field_validator("severities")
+    @classmethod
+    def _known_alarms(cls, value: dict[str, Severity]) -> dict[str, Severity]:
+        unknown = [name for name in value if name not in ALARM_SEVERITIES]
+        if unknown:
+            raise FieldProblems(
+                *(
+                    FieldProblem(name, value[name], "no such alarm; alarms: " + ", ".join(ALARM_SEVERITIES))
+                    for name in unknown
+                )
+            )
+        return value
+
+    def severity(self, alarm: str) -> Severity:
+        """The severity of ``alarm``: the stack's choice, else the default table's."""
+        if alarm not in ALARM_SEVERITIES:
+            raise KeyError(f"alarm {alarm!r} is not in the table of alarms (ALARM_SEVERITIES)")
+        return self.severities.get(alarm, ALARM_SEVERITIES[alarm])
+
+    def route(self, severity: Severity, alarm_email: str = "") -> AlertRoute:
+        """``severity``'s route; ``monitoring.alarm_email`` (one on-call address, the shorthand older
+        stack files use) joins the page route."""
+        route: AlertRoute = getattr(self.routes, severity)
+        if severity == "page" and alarm_email and alarm_email not in route.emails:
+            return route.model_copy(update={"emails": (*route.emails, alarm_email)})
+        return route
 
 
 class LocalAutoscaler(_Settings):
@@ -554,6 +702,7 @@ class Settings(_Settings):
     models: tuple[ModelPool, ...] = ()
     gateway: Gateway | None = None
     tenants: tuple[TenantConfig, ...] = ()
+    alerts: Alerts = Alerts()
 
     @model_validator(mode="before")
     @classmethod
@@ -625,6 +774,11 @@ class Settings(_Settings):
     def serving_group(self) -> NodeGroup:
         """The node group the model is served on (the first one)."""
         return self.node_groups[0]
+
+    def alert_route(self, severity: Severity) -> AlertRoute:
+        """Where ``severity``'s alarms go: its ``alerts.routes`` entry, with ``monitoring.alarm_email``
+        (the one on-call address older stack files give) on the page route."""
+        return self.alerts.route(severity, self.monitoring.alarm_email)
 
 
 def runtime_config(model: Model, runtime: Runtime, **derived: object) -> RuntimeConfig:

@@ -414,6 +414,7 @@ def run(settings: Settings, rate: float, load_s: float, tally: Tally) -> int:
 
 def fleet_part(settings: Settings, target: Target, rate: float, tally: Tally) -> list[Phase]:
     """A killed runtime heals itself; a spare slot joins by itself, then leaves drained."""
+    from frontier.demo.alerts import print_page_messages
     from frontier.targets.local.heal import kill_and_recover
 
     backend = backend_for(settings)
@@ -427,6 +428,7 @@ def fleet_part(settings: Settings, target: Target, rate: float, tally: Tally) ->
     load = BackgroundLoad(whole, rate, seed=3).start()
     try:
         time.sleep(2.0)
+        killed_at = time.time()
         recovery = kill_and_recover(settings, victim, backend.balancer())
         time.sleep(2.0)
     finally:
@@ -436,6 +438,8 @@ def fleet_part(settings: Settings, target: Target, rate: float, tally: Tally) ->
         f"  {victim.name}: relaunched by its supervisor after {recovery.relaunched_s:.2f}s, ready after "
         f"{recovery.ready_s:.2f}s, back in HAProxy rotation after {recovery.in_rotation_s:.2f}s"
     )
+    # The page channel: the runtime-down alarm and its recovery, as the on-call queue received them.
+    print_page_messages(settings, victim.name, killed_at, say=console.print)
     phases = [
         Phase(
             f"kill -9 {victim.name}: back in {recovery.in_rotation_s:.1f}s", samples, recovery.in_rotation_s
@@ -481,7 +485,9 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
     """Two pools rolled one at a time, the gateway in front, two tenants' traffic, their usage."""
     from frontier.access.report import usage_table
     from frontier.demo import models as dm
+    from frontier.demo.trace import print_request_trace
     from frontier.targets.local import gateway as local_gateway
+    from frontier.targets.local.traces import SPANS_FILE
 
     multi = dm.two_model_settings(settings)
     # The stack now serves two models: the host and deploy roles gain the second model's weights.
@@ -499,6 +505,8 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
         console.print(f"  {component.name:<16} {component.state:<8} {component.detail}")
     url = local_gateway.gateway_url(multi)
     acme, nightly = local_gateway.tenant_key(multi, "acme"), local_gateway.tenant_key(multi, "nightly")
+    # One request's trace, gateway to runtime, as the local stack's OTLP receiver got it.
+    print_request_trace(url, acme, settings.model.name, local.state_dir(multi) / SPANS_FILE, console)
     phases = []
     for model in (settings.model.name, dm.SMALL_MODEL):
         phases.append(Phase(f"gateway: acme on {model}", dm.gateway_requests(url, acme, model, 8)))

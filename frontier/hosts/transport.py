@@ -87,10 +87,13 @@ class ProxyProcess(ProxyCommand):
 
     def stderr_text(self) -> str:
         """What the command wrote to its standard error so far, stripped."""
-        if self._stderr.closed:
+        # paramiko's reader thread may ask while close() runs on the caller's: a file closed between
+        # the check and the read has already left its last words.
+        try:
+            self._stderr.seek(0)
+            return self._stderr.read().decode(errors="replace").strip()
+        except ValueError:
             return self._last_words
-        self._stderr.seek(0)
-        return self._stderr.read().decode(errors="replace").strip()
 
     def recv(self, size: int) -> bytes:
         """Up to ``size`` bytes (fewer at the timeout); EOFError once the proxy has ended.
@@ -109,10 +112,14 @@ class ProxyProcess(ProxyCommand):
                     if buffer:
                         return buffer
                     raise TimeoutError("the proxy command sent nothing in time")
-            ready, _, _ = select.select([stdout], [], [], wait)
-            if not ready:
-                continue
-            chunk = os.read(stdout.fileno(), size - len(buffer))
+            try:
+                ready, _, _ = select.select([stdout], [], [], wait)
+                if not ready:
+                    continue
+                chunk = os.read(stdout.fileno(), size - len(buffer))
+            except (ValueError, OSError):
+                # close() on another thread closed the pipe: the connection has ended.
+                raise EOFError("the proxy command ended") from None
             if not chunk:
                 if buffer:
                     return buffer

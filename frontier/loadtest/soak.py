@@ -22,15 +22,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from frontier_hostside.names import KV_USAGE_METRIC
+from frontier_hostside.names import KV_USAGE_METRIC, PROCESS_RSS_METRIC, PROCESS_START_METRIC
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontier.errors import FrontierError
 from frontier.loadtest.client import BackgroundLoad, Target
 from frontier.loadtest.stats import RequestSample, percentile
 
-RSS_METRIC = "process_resident_memory_bytes"
-START_METRIC = "process_start_time_seconds"
+RSS_METRIC = PROCESS_RSS_METRIC
+START_METRIC = PROCESS_START_METRIC
 MB = 1 << 20
 
 

@@ -185,8 +185,10 @@ def _clean_copy(source: Path, target: Path) -> None:
 
 
 # The engines image.build and image.push drive, in order of preference. Both take the same
-# build/login/push/image-inspect command lines (podman's are docker's), including --build-context.
+# build/login/push/image-inspect command lines (podman's are docker's), including --build-context;
+# podman's build also needs the image format named (PODMAN_BUILD_FORMAT).
 CONTAINER_ENGINES = ("docker", "podman")
+PODMAN_BUILD_FORMAT = ("--format", "docker")
 
 
 def container_engine() -> str:
@@ -236,6 +238,10 @@ def build_image(
     docker = container_engine()
     ref = f"{repository}:{tag}"
     command = [docker, "build", "--pull", "--build-context", f"hostside={hostside_dir}", "-t", ref]
+    if Path(docker).name == "podman":
+        # podman writes OCI images by default, and the OCI format has no HEALTHCHECK: it would drop
+        # the image's liveness probe with a warning. Docker's format keeps it (docker has no flag).
+        command += PODMAN_BUILD_FORMAT
     result = subprocess.run([*command, str(context)], text=True)
     if result.returncode != 0:
         raise ArtifactError(f"{Path(docker).name} build of {ref} failed (exit {result.returncode})")

@@ -19,6 +19,7 @@ from frontier_hostside.names import (
 from frontier.config.hardware import has_nvswitch, instance_store
 from frontier.config.schema import NodeGroup, Settings
 from frontier.errors import FrontierError
+from frontier.render.alerts import agent_metrics
 from frontier.render.templates import render_template
 
 # Where the Deep Learning AMI mounts the instance-store disks it stripes at boot.
@@ -92,9 +93,12 @@ def shipped_logs(settings: Settings) -> list[ShippedLog]:
     ]
 
 
-def render_cloudwatch_agent(settings: Settings) -> str:
-    """The CloudWatch agent's configuration: logs only (metrics come from the bootstrap's publisher)."""
-    text = render_template("cloudwatch-agent.json.j2", logs=shipped_logs(settings))
+def render_cloudwatch_agent(settings: Settings, group: NodeGroup | str | None = None) -> str:
+    """The CloudWatch agent's configuration for ``group``'s hosts: their logs, and their host, process
+    and GPU metrics (:func:`frontier.render.alerts.agent_metrics`; the runtime's own metrics come
+    from the bootstrap's publisher)."""
+    metrics = agent_metrics(settings, _group(settings, group))
+    text = render_template("cloudwatch-agent.json.j2", logs=shipped_logs(settings), metrics=metrics)
     json.loads(text)  # a template typo fails here, not on a host
     return text
 

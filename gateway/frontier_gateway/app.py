@@ -20,6 +20,7 @@ import hashlib
 import json
 import re
 import uuid
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from frontier_gateway.pools import Pools
 from frontier_gateway.proxy import Call, Proxy
 from frontier_gateway.quotas import Quotas, QuotaStoreError, Refusal, estimate_tokens
 from frontier_gateway.tenants import Tenant, Tenants
+from frontier_gateway.tracing import CallTrace, GatewayTracing
 
 # A client's id is kept only when it is this short and plain (it lands in logs and metering).
 CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
@@ -55,6 +57,10 @@ class Gateway:
     sink: Sink
     upstream_auth: str | None = None
     proxy: Proxy | None = None  # set at start-up, once the HTTP client exists
+    tracing: GatewayTracing | None = None  # None: no collector named, no spans made
+
+    def __post_init__(self) -> None:
+        self.pools.set_holds(self.config.hold)
 
     def start(self, client: httpx.AsyncClient) -> None:
         self.proxy = Proxy(client, self.metrics, self.sink, self.config.retries, self.upstream_auth)
@@ -167,8 +173,10 @@ def _client_request_id(request: Request) -> str | None:
 async def _generate(request: Request, path: str) -> Response:
     gw = _gateway(request)
     request_id = uuid.uuid4().hex
+    trace = gw.tracing.begin(request_id, path) if gw.tracing is not None else None
     client_request_id = _client_request_id(request)
-    tenant = _identify(gw, request)
+    with _step(trace, "gateway.auth"):
+        tenant = _identify(gw, request)
     headers = {names.REQUEST_ID_HEADER: request_id}
     if client_request_id:
         headers[names.CLIENT_REQUEST_ID_HEADER] = client_request_id
@@ -201,30 +209,37 @@ async def _generate(request: Request, path: str) -> Response:
         if stream:
             # The runtime's usage chunk is the meter; asked for on the client's behalf, then dropped.
             body["stream_options"] = {**options, "include_usage": True}
-        try:
-            admitted = await gw.quotas.admit(
-                tenant, estimate_tokens(body, gw.config.default_max_tokens), request_id
+        if trace is not None:
+            trace.attributes.update(
+                {"frontier.tenant": tenant.name, "frontier.model": model, "frontier.priority": priority}
             )
-        except QuotaStoreError as exc:
-            raise GatewayError(
-                503,
-                f"{exc}; the request was not admitted. Retry shortly.",
-                code="quota_store_unavailable",
-                type_="server_error",
-                headers={"Retry-After": "1"},
-            ) from None
-        headers.update(admitted.levels.headers())
-        if isinstance(admitted, Refusal):
-            gw.metrics.rate_limited.labels(tenant.name, admitted.limit).inc()
-            gw.metrics.requests.labels(tenant.name, model, "429").inc()
-            raise GatewayError(
-                429,
-                admitted.message,
-                code="rate_limit_exceeded",
-                type_=admitted.limit,
-                headers={"Retry-After": str(max(1, round(admitted.retry_after_s + 0.5)))},
-            )
+        with _step(trace, "gateway.quota"):
+            try:
+                admitted = await gw.quotas.admit(
+                    tenant, estimate_tokens(body, gw.config.default_max_tokens), request_id
+                )
+            except QuotaStoreError as exc:
+                raise GatewayError(
+                    503,
+                    f"{exc}; the request was not admitted. Retry shortly.",
+                    code="quota_store_unavailable",
+                    type_="server_error",
+                    headers={"Retry-After": "1"},
+                ) from None
+            headers.update(admitted.levels.headers())
+            if isinstance(admitted, Refusal):
+                gw.metrics.rate_limited.labels(tenant.name, admitted.limit).inc()
+                gw.metrics.requests.labels(tenant.name, model, "429").inc()
+                raise GatewayError(
+                    429,
+                    admitted.message,
+                    code="rate_limit_exceeded",
+                    type_=admitted.limit,
+                    headers={"Retry-After": str(max(1, round(admitted.retry_after_s + 0.5)))},
+                )
     except GatewayError as exc:
+        if trace is not None:
+            trace.end(exc.status)
         return exc.response(headers)
     call = Call(
         request_id=request_id,
@@ -239,9 +254,22 @@ async def _generate(request: Request, path: str) -> Response:
         grant=admitted,
         affinity_key=_affinity_key(gw, request, body),
         headers=headers,
+        until_disconnect=lambda: _until_disconnect(request),
+        trace=trace,
     )
     assert gw.proxy is not None  # set at start-up
     return await gw.proxy.forward(call, pool)
+
+
+def _step(trace: CallTrace | None, name: str) -> AbstractContextManager[object]:
+    """A span around one step of the request when it is traced; nothing otherwise."""
+    return trace.step(name) if trace is not None else nullcontext()
+
+
+async def _until_disconnect(request: Request) -> None:
+    """Return when the client has gone (the body is read by now: what comes next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _models(request: Request) -> Response:

@@ -12,9 +12,10 @@ from typing import Literal
 
 from frontier_hostside.names import PRIORITY_CLASSES, READINESS_PATH, SESSION_HEADER
 from frontier_settings import ConfigError, load_model, parse_model
+from frontier_settings.tracing import TracingSettings
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-__all__ = ["ConfigError", "GatewayConfig", "GatewaySettings", "load_config", "parse_config"]
+__all__ = ["ConfigError", "GatewayConfig", "GatewaySettings", "HoldConfig", "load_config", "parse_config"]
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -145,6 +146,15 @@ class BreakerConfig(_Strict):
     cool_off_s: float = Field(default=15.0, gt=0, le=3600)
 
 
+class HoldConfig(_Strict):
+    """How a pool with no ready replica holds requests while one starts (a pool scaled to zero, or
+    one whose replicas all went): at most ``max_requests`` wait, each at most ``timeout_s``; past
+    either, a 503 with Retry-After."""
+
+    max_requests: int = Field(ge=1, le=100_000)
+    timeout_s: float = Field(gt=0, le=3600)
+
+
 class GatewaySettings(_Strict):
     """The stack's ``gateway:`` section, exactly as the gateway reads it."""
 
@@ -168,6 +178,12 @@ class GatewaySettings(_Strict):
     # Tenants' key digests and the runtimes' key are read again this often (SIGHUP: at once), so a
     # revoked tenant key stops working within this long and a rotation needs no restart.
     keys_reload_s: float = Field(default=60.0, ge=5, le=3600)
+    # Per model (pool) name: its hold queue. A pool without one answers 503 at once when no replica
+    # is ready; a pool that may scale to zero (min_size 0) must have one.
+    hold: dict[str, HoldConfig] = Field(default_factory=dict)
+    # Spans of each request (auth and quota, routing, the upstream call) over OTLP to the stack's
+    # collector, with W3C trace context passed on to the runtime.
+    tracing: TracingSettings = TracingSettings()
 
     @field_validator("admin_port")
     @classmethod
@@ -204,6 +220,9 @@ class GatewayConfig(GatewaySettings):
         names = [tenant.name for tenant in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError(f"tenants must have unique names, got {names}")
+        unheld = [name for name in self.hold if name not in served]
+        if unheld:
+            raise ValueError(f"hold names models {unheld} that no pool serves ({served})")
         return self
 
 

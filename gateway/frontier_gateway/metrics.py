@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from frontier_gateway.hold import POOL_LABEL, POOL_WAITING_METRIC
 from frontier_gateway.pools import Pools
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
@@ -45,6 +46,16 @@ class _ReplicaCollector(Collector):
         yield ready
         yield outstanding
         yield breaker
+        # The demand signal of a pool that may be at zero: what the autoscalers launch a replica on.
+        waiting = GaugeMetricFamily(
+            POOL_WAITING_METRIC,
+            "requests held waiting for a replica of the pool to become ready",
+            labels=[POOL_LABEL],
+        )
+        for name, pool in self.pools.by_model.items():
+            if pool.hold is not None:
+                waiting.add_metric([name], float(pool.hold.waiting))
+        yield waiting
 
 
 class Metrics:

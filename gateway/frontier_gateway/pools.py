@@ -10,6 +10,9 @@ Readiness comes from active probes of each replica's readiness path and, between
 the proxy: a replica that refused a connection is out until a probe finds it ready again. A ready
 replica whose answers keep failing is out while its circuit breaker is open (``breaker.py``).
 
+A pool with a hold queue (``hold.py``) keeps requests that find no available replica until a probe
+finds one ready, instead of refusing them at once: how a pool scales from zero without losing one.
+
 Clients see a replica only by its opaque id (a keyed hash of its URL), never its address: without
 the key, hashing every private address and port would not find which one it is.
 """
@@ -27,7 +30,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from frontier_gateway.breaker import Breaker
-from frontier_gateway.config import BreakerConfig, PoolConfig, ProbeConfig
+from frontier_gateway.config import BreakerConfig, HoldConfig, PoolConfig, ProbeConfig
+from frontier_gateway.hold import HoldQueue
 
 log = logging.getLogger("frontier_gateway.pools")
 
@@ -70,6 +74,8 @@ class Pool:
         self.replicas = [Replica(url, self.breaker, id_key) for url in urls]
         self.max_imbalance = max_imbalance
         self._turn = itertools.count()
+        # Requests held while no replica is available (gateway.hold); None: a 503 at once.
+        self.hold: HoldQueue | None = None
 
     def set_urls(self, urls: Iterable[str]) -> None:
         """The replicas a discovery found: known ones keep their state, new ones wait for a probe."""
@@ -132,9 +138,22 @@ class Pools:
     def get(self, model: str) -> Pool | None:
         return self.by_model.get(model)
 
+    def set_holds(self, holds: dict[str, HoldConfig]) -> None:
+        """Give each pool named in ``holds`` its hold queue (gateway.hold)."""
+        for name, config in holds.items():
+            self.by_model[name].hold = HoldQueue(name, config)
+
+    def release_held(self) -> None:
+        """Let the held requests of every pool with an available replica go to it."""
+        for pool in self.by_model.values():
+            if pool.hold is not None and pool.hold.waiting and pool.available():
+                pool.hold.release()
+
     def ready(self) -> bool:
-        """True only while every model has at least one ready replica."""
-        return all(pool.ready_count for pool in self.by_model.values())
+        """True only while every model can take a request: it has a ready replica, or a hold queue
+        its requests wait in while one starts (a pool at zero must stay reachable: its requests
+        are what starts it)."""
+        return all(pool.ready_count or pool.hold is not None for pool in self.by_model.values())
 
     def summary(self) -> dict[str, dict[str, int]]:
         return {
@@ -150,6 +169,7 @@ class Pools:
             if not ok:
                 replica.mark_down()
             replica.ready = ok
+        self.release_held()
 
     async def probe_forever(self, client: httpx.AsyncClient, path: str, probe: ProbeConfig) -> None:
         while True:

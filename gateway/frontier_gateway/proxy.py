@@ -10,7 +10,8 @@ runtime's usage, a metering record is written and the per-tenant metrics move.
 
 Each attempt's outcome goes to the replica's circuit breaker; when no replica of the pool is
 available (none ready, or every ready one's breaker open) the answer is an immediate 503 whose
-``Retry-After`` is the soonest end of a cool-off.
+``Retry-After`` is the soonest end of a cool-off — unless the pool has a hold queue (``hold.py``):
+then the request waits there for a replica to become ready, within the queue's bounds.
 """
 
 from __future__ import annotations
@@ -20,19 +21,26 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 from frontier_hostside import names
 from starlette.responses import Response, StreamingResponse
 
 from frontier_gateway.errors import GatewayError
+from frontier_gateway.hold import ClientLeft
 from frontier_gateway.metering import MeterRecord, Sink
 from frontier_gateway.metrics import Metrics
 from frontier_gateway.pools import Pool, Replica
 from frontier_gateway.quotas import Grant
 from frontier_gateway.tenants import Tenant
+from frontier_gateway.tracing import CallTrace
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger("frontier_gateway.proxy")
 
@@ -62,6 +70,10 @@ class Call:
     started: float = field(default_factory=time.monotonic)
     ttft_s: float | None = None
     finished: bool = False
+    # Returns when the client disconnects (the ASGI receive channel): a held request then leaves
+    # its pool's hold queue at once.
+    until_disconnect: Callable[[], Awaitable[object]] | None = None
+    trace: CallTrace | None = None  # None: not traced (tracing off)
 
 
 class Proxy:
@@ -79,8 +91,30 @@ class Proxy:
         last: Response | None = None
         self.metrics.in_flight.labels(call.tenant.name).inc()
         try:
+            if pool.hold is not None and not pool.available():
+                try:
+                    with _step(call, "gateway.hold"):
+                        await pool.hold.wait(
+                            call.priority, lambda: bool(pool.available()), call.until_disconnect
+                        )
+                except GatewayError as refusal:
+                    self._finish(call, refusal.status, None, "")
+                    return refusal.response(call.headers)
+                except ClientLeft:
+                    self._finish(call, 499, None, "")
+                    return Response(status_code=499)
             for attempt in range(self.retries + 1):
-                replica = pool.choose(call.affinity_key, tried)
+                with _step(call, "gateway.route") as route:
+                    replica = pool.choose(call.affinity_key, tried)
+                    if route is not None:
+                        route.set_attributes(
+                            {
+                                "frontier.pool": pool.name,
+                                "frontier.attempt": attempt,
+                                "frontier.replica": replica.id if replica is not None else "",
+                                "frontier.affinity": call.affinity_key is not None,
+                            }
+                        )
                 if replica is None:
                     break
                 if attempt:
@@ -114,6 +148,8 @@ class Proxy:
         headers = {"content-type": "application/json", names.REQUEST_ID_HEADER: call.request_id}
         if self.upstream_auth:
             headers["authorization"] = f"Bearer {self.upstream_auth}"
+        if call.trace is not None:
+            call.trace.begin_upstream(replica.id, replica.url, headers)
         request = self.client.build_request(
             "POST", replica.url + call.path, content=call.body, headers=headers
         )
@@ -171,6 +207,8 @@ class Proxy:
             replica.breaker.record(outcome)
             if not handed_over:
                 replica.outstanding -= 1
+                if call.trace is not None:
+                    call.trace.end_upstream(outcome)
 
     def _client_headers(self, call: Call, upstream: httpx.Response, replica: Replica) -> dict[str, str]:
         passed = {k: v for k, v in upstream.headers.items() if k.lower() not in DROPPED}
@@ -218,12 +256,16 @@ class Proxy:
         finally:
             replica.outstanding -= 1
             await upstream.aclose()
+            if call.trace is not None:
+                call.trace.end_upstream({200: 200, 502: 0}.get(status))
             self._finish(call, status, usage, replica.url)
 
     def _finish(self, call: Call, status: int, usage: dict | None, replica: str) -> None:
         if call.finished:
             return
         call.finished = True
+        if call.trace is not None:
+            call.trace.end(status, usage)
         prompt = int((usage or {}).get("prompt_tokens") or 0)
         completion = int((usage or {}).get("completion_tokens") or 0)
         if usage:
@@ -265,6 +307,11 @@ class Proxy:
             log.exception(
                 "metering write failed", extra={"event": "metering_failed", "request_id": call.request_id}
             )
+
+
+def _step(call: Call, name: str) -> AbstractContextManager[Span | None]:
+    """A span around one step of a traced request; nothing for one that is not."""
+    return call.trace.step(name) if call.trace is not None else nullcontext()
 
 
 def _no_replica(call: Call, pool: Pool, tried: list[str]) -> GatewayError:

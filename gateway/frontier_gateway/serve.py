@@ -29,6 +29,7 @@ from frontier_gateway.metrics import Metrics
 from frontier_gateway.pools import Pools
 from frontier_gateway.quotas import open_quotas
 from frontier_gateway.tenants import load_tenants, upstream_key
+from frontier_gateway.tracing import GatewayTracing
 
 log = logging.getLogger("frontier_gateway")
 
@@ -54,6 +55,7 @@ def build_gateway(config: GatewayConfig, *, secrets_client: Any | None = None) -
         metrics=Metrics(pools),
         sink=open_sink(config.metering.uri),
         upstream_auth=auth,
+        tracing=GatewayTracing.start(config.tracing),
     )
 
 
@@ -108,6 +110,8 @@ def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
                 await asyncio.gather(*tasks, return_exceptions=True)
                 await gateway.quotas.aclose()
                 await asyncio.to_thread(gateway.sink.flush)
+                if gateway.tracing is not None:
+                    await asyncio.to_thread(gateway.tracing.shutdown)  # the last spans leave
 
     return lifespan
 

@@ -150,6 +150,23 @@ API_KEYS_RELOAD_FAILURES_METRIC = "frontier_api_keys_reload_failures"  # counter
 API_KEYS_INFO_METRIC = "frontier_api_keys_info"  # gauge, always 1 {fingerprint}
 KEYS_FINGERPRINT_LABEL = "fingerprint"
 
+# Seconds one start of the runtime spent in each phase (fetch, verify, load, warmup, ready).
+START_PHASE_METRIC = "frontier_start_phase_seconds"  # gauge {phase}
+START_PHASE_LABEL = "phase"
+
+# The process's own figures (prometheus_client's process collector): what a soak judges for leaks
+# and restarts, and the local stack's resource metrics.
+PROCESS_RSS_METRIC = "process_resident_memory_bytes"
+PROCESS_START_METRIC = "process_start_time_seconds"
+PROCESS_METRIC_NAMES = (
+    "process_virtual_memory_bytes",
+    PROCESS_RSS_METRIC,
+    PROCESS_START_METRIC,
+    "process_cpu_seconds",
+    "process_open_fds",
+    "process_max_fds",
+)
+
 # Every family the runtime exports, each once.
 RUNTIME_METRIC_NAMES = (
     HTTP_REQUESTS_METRIC,
@@ -185,6 +202,8 @@ RUNTIME_METRIC_NAMES = (
     API_KEYS_AGE_METRIC,
     API_KEYS_RELOAD_FAILURES_METRIC,
     API_KEYS_INFO_METRIC,
+    START_PHASE_METRIC,
+    *PROCESS_METRIC_NAMES,
 )
 
 # --- the gateway: headers it reads and sets, its metrics ---------------------------------------------

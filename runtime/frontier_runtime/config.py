@@ -17,12 +17,15 @@ from frontier_hostside.names import CLOUD_WEIGHTS_CACHE
 from frontier_hostside.names import LIVENESS_PATH as DEFAULT_LIVENESS_PATH
 from frontier_hostside.names import READINESS_PATH as DEFAULT_READINESS_PATH
 from frontier_settings import ConfigError, FieldProblem, FieldProblems, load_model, parse_model
+from frontier_settings.tracing import TracingSettings
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["ConfigError", "RuntimeConfig", "RuntimeSettings", "load_config", "parse_config"]
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 KvCacheDtype = Literal["auto", "float32", "bfloat16", "float16", "fp8"]
+# Weights of the linear projections: int8 weight-only (CPU and CUDA) or float8_e4m3fn (CUDA only).
+Quantization = Literal["none", "int8", "fp8"]
 Device = Literal["auto", "cpu", "cuda"]
 # How a step's queries read the paged KV cache (frontier_runtime.ops.paged_attention).
 AttentionBackend = Literal["auto", "cpu-kernel", "flash-varlen", "triton", "sdpa-gather"]
@@ -44,6 +47,15 @@ class ModelConfig(Strict):
     )
     version: str = Field(default="", description="Weights version; part of the cache key.")
     dtype: Dtype = "float32"
+    quantization: Quantization = Field(
+        default="none",
+        description=(
+            "Weights of the linear projections (attention, MLP, experts): 'int8' weight-only with a "
+            "symmetric scale per output channel (CPU and CUDA), 'fp8' float8_e4m3fn with per-channel "
+            "scales (CUDA only); embeddings, norms and the LM head stay in dtype. Quantized at load from "
+            "a 16/32-bit checkpoint, or read from a compressed-tensors checkpoint of the same scheme."
+        ),
+    )
     max_seq_len: int = Field(ge=16, le=1_048_576, description="Longest prompt + completion, in tokens.")
 
 
@@ -162,6 +174,8 @@ class RuntimeSettings(CacheConfig, ParallelConfig, CpuConfig):
     keepalive_s: float = Field(default=15.0, gt=0, le=600, description="SSE comment keep-alive interval.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     json_logs: bool = True
+    # Spans of each request (queue wait, prefill, decode) over OTLP to the stack's collector.
+    tracing: TracingSettings = TracingSettings()
 
     @model_validator(mode="after")
     def _batching_within_admission(self) -> RuntimeSettings:

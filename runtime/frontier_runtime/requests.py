@@ -77,6 +77,19 @@ class TokenLogprob:
     top: dict[int, float] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class EngineTimes:
+    """When the engine took a request, first ran it, sampled its first token and finished it
+    (``time.monotonic()``; None until then). One object per request, written by the engine's
+    thread as it goes and shared by reference with every output, so keeping it costs the engine
+    one clock read per step; request traces are built from it after the request ends."""
+
+    added: float
+    scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+
 @dataclass
 class RequestOutput:
     """One request's progress in one step: ``new_token_ids`` and ``new_text`` are the deltas since
@@ -93,3 +106,6 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     # What ended a "stop": the stop token id (not part of the text) or the stop string.
     stop_reason: int | str | None = None
+    # The request's timeline in the engine (the same object on each of its outputs); None from
+    # engines that keep none.
+    times: EngineTimes | None = None

@@ -7,6 +7,8 @@ import json
 import pytest
 from infra_mocks import ACCOUNT_ID
 
+from infra.edge import TARGET_TLS_PORT
+
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
 
@@ -45,9 +47,9 @@ def test_the_alb_takes_https_and_the_redirect_port_from_anywhere(graph):
     assert reachable(graph, sg(graph, "alb")) == {("0.0.0.0/0", "tcp", 443), ("0.0.0.0/0", "tcp", 80)}
 
 
-def test_the_alb_talks_only_to_the_runtime_port_of_the_hosts(graph):
+def test_the_alb_talks_only_to_the_tls_port_of_the_hosts(graph):
     [out] = rules(graph, EGRESS, sg(graph, "alb"))
-    port = graph.settings.runtime.port
+    port = TARGET_TLS_PORT
     assert (out["referencedSecurityGroupId"], out["fromPort"], out["toPort"]) == (
         sg(graph, "runtime"),
         port,
@@ -55,10 +57,12 @@ def test_the_alb_talks_only_to_the_runtime_port_of_the_hosts(graph):
     )
 
 
-def test_only_the_alb_and_the_monitoring_side_reach_the_runtime_port(graph):
+def test_the_alb_reaches_the_tls_port_and_the_monitoring_side_the_runtime_port(graph):
     port = graph.settings.runtime.port
     sources = {s for s, _, p in reachable(graph, sg(graph, "runtime")) if p == port}
-    assert sources == {sg(graph, "alb"), sg(graph, "monitoring")}
+    assert sources == {sg(graph, "monitoring")}
+    tls = {s for s, _, p in reachable(graph, sg(graph, "runtime")) if p == TARGET_TLS_PORT}
+    assert tls == {sg(graph, "alb")}
     assert graph.outputs["monitoring_security_group_id"] == sg(graph, "monitoring")
     # The monitoring group takes nothing in; it only scrapes the runtime port.
     assert not rules(graph, INGRESS, sg(graph, "monitoring"))
@@ -70,7 +74,7 @@ def test_only_the_alb_and_the_monitoring_side_reach_the_runtime_port(graph):
 def test_with_a_bastion_hosts_take_ssh_only_from_its_group(stack, request):
     graph = request.getfixturevalue(stack)
     assert reachable(graph, sg(graph, "runtime")) == {
-        (sg(graph, "alb"), "tcp", graph.settings.runtime.port),
+        (sg(graph, "alb"), "tcp", TARGET_TLS_PORT),
         (sg(graph, "monitoring"), "tcp", graph.settings.runtime.port),
         (sg(graph, "bastion"), "tcp", 22),
     }
@@ -81,7 +85,7 @@ def test_without_a_bastion_hosts_take_no_ssh_at_all(dev):
     assert dev.outputs["host_access"] == "ssm"
     port = dev.settings.runtime.port
     assert reachable(dev, sg(dev, "runtime")) == {
-        (sg(dev, "alb"), "tcp", port),
+        (sg(dev, "alb"), "tcp", TARGET_TLS_PORT),
         (sg(dev, "monitoring"), "tcp", port),
     }
     assert not [s for s in dev.of_type("aws:ec2/securityGroup:SecurityGroup") if s.name.endswith("-bastion")]
@@ -96,12 +100,13 @@ def test_nothing_but_the_alb_accepts_traffic_from_the_internet(graph):
     assert {r.inputs["securityGroupId"] for r in public} == {sg(graph, "alb")}
 
 
-def test_hosts_reach_out_only_over_http_and_https(graph):
+def test_hosts_reach_out_only_over_https_to_the_vpc_and_s3(graph):
     egress = {
-        (r.get("cidrIpv4"), r["ipProtocol"], r.get("fromPort"))
+        (r.get("cidrIpv4") or "prefix list", r["ipProtocol"], r.get("fromPort"))
         for r in rules(graph, EGRESS, sg(graph, "runtime"))
     }
-    assert egress == {("0.0.0.0/0", "tcp", 443), ("0.0.0.0/0", "tcp", 80)}
+    # network.egress: endpoints (every cloud stack): the interface endpoints and S3's gateway endpoint.
+    assert egress == {(graph.settings.network.vpc_cidr, "tcp", 443), ("prefix list", "tcp", 443)}
 
 
 # --- the runtime role -----------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fnmatch
 
+from infra.edge import TARGET_TLS_PORT
+
 LB = "aws:lb/loadBalancer:LoadBalancer"
 LISTENER = "aws:lb/listener:Listener"
 RULE = "aws:lb/listenerRule:ListenerRule"
@@ -106,9 +108,9 @@ def test_the_health_check_probes_readiness_with_the_stacks_timings(graph):
     assert check["port"] == "traffic-port" and check["matcher"] == "200"
 
 
-def test_targets_serve_on_the_runtime_port_drain_for_the_rollout_delay_and_warm_up(graph):
+def test_targets_serve_on_their_tls_port_drain_for_the_rollout_delay_and_warm_up(graph):
     tg = graph.one(TG).inputs
-    assert tg["port"] == graph.settings.runtime.port and tg["targetType"] == "instance"
+    assert tg["port"] == TARGET_TLS_PORT and tg["targetType"] == "instance"
     assert tg["deregistrationDelay"] == graph.settings.rollout.deregistration_delay_s
     assert 30 <= tg["slowStart"] <= 900
     assert tg["vpcId"] == graph.outputs["vpc_id"]

@@ -178,6 +178,7 @@ def test_the_deploy_role_reaches_history_and_only_its_namespace(eks):
         "ListDeployHistory",
         "PushModelWeights",
         "ListModelWeights",
+        "CollectUnusedModelWeights",
         "EncryptHistoryAndWeights",
         "PushRuntimeImages",
         "LogInToTheRegistry",

@@ -1,14 +1,24 @@
-"""Monitoring: alarms against the stack's SLOs, log groups, the alarm topic, a dashboard."""
+"""Monitoring: alarms against the stack's SLOs and the hosts' resources, one topic per severity with
+the stack's routes, log groups, a dashboard with every target's panels."""
 
 from __future__ import annotations
 
 import base64
 import json
 
+import pytest
 import yaml
 from frontier_hostside.names import RESTARTS_CW_METRIC
+from infra_mocks import Graph, run_program
+
+from frontier.config.schema import ALARM_SEVERITIES, NodeGroup, Settings
+from frontier.render.dashboards import RESOURCE_PANELS
+from frontier.targets import load_stack
+from infra.host_tools import host_tools
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+TOPIC = "aws:sns/topic:Topic"
+SUBSCRIPTION = "aws:sns/topicSubscription:TopicSubscription"
 
 
 def alarm(graph, key):
@@ -68,6 +78,9 @@ def test_the_queue_depth_alarm_reads_the_runtimes_metric_against_the_stacks_limi
     assert queue["threshold"] == graph.settings.monitoring.queue_depth_alarm
 
 
+PUBLISHED_BY_BOOTSTRAP = {"QueueDepth", "RunningRequests", "EndToEndLatency", RESTARTS_CW_METRIC}
+
+
 def published_series(graph):
     """(namespace, metric, dimensions) the hosts' bootstrap publishes, read from the rendered node.env."""
     lt = graph.one(
@@ -99,7 +112,10 @@ def test_a_crash_looping_runtime_raises_the_restarts_alarm(graph):
 def test_every_runtime_alarm_reads_a_series_the_hosts_publish(graph):
     published = published_series(graph)
     runtime_alarms = [
-        a.inputs for a in graph.of_type(ALARM) if a.inputs.get("namespace") == "Frontier/Runtime"
+        a.inputs
+        for a in graph.of_type(ALARM)
+        if a.inputs.get("namespace") == "Frontier/Runtime"
+        and a.inputs["metricName"] in PUBLISHED_BY_BOOTSTRAP
     ]
     assert len(runtime_alarms) == 3
     for a in runtime_alarms:
@@ -110,23 +126,95 @@ def test_every_runtime_alarm_reads_a_series_the_hosts_publish(graph):
     assert {a["namespace"] for a in others} == {"AWS/ApplicationELB"}  # AWS publishes these itself
 
 
-def test_every_alarm_notifies_the_topic_and_ignores_missing_data(graph):
-    topic = graph.outputs["alarm_topic_arn"]
+def alarm_name(graph, alarm):
+    return alarm.inputs["name"].removeprefix(f"frontier-{graph.stack}-")
+
+
+def severity_of(graph, alarm):
+    """The table's severity of a CloudWatch alarm (per node group ones end in the group's name)."""
+    name = alarm_name(graph, alarm)
+    for group in graph.settings.node_groups:
+        name = name.removesuffix(f"-{group.name}")
+    return ALARM_SEVERITIES[name]
+
+
+def topics(graph):
+    return {t.inputs["name"].removeprefix(f"frontier-{graph.stack}-"): t for t in graph.of_type(TOPIC)}
+
+
+def test_there_is_one_encrypted_topic_per_severity(graph):
+    found = topics(graph)
+    assert set(found) == {"page", "warn", "info"}
+    assert all(t.inputs["kmsMasterKeyId"] == graph.outputs["kms_key_arn"] for t in found.values())
+
+
+def test_every_alarm_notifies_its_severitys_topic_when_it_fires_and_when_it_recovers(graph):
+    arns = {severity: t.outputs["arn"] for severity, t in topics(graph).items()}
     alarms = graph.of_type(ALARM)
-    assert len(alarms) == 5
+    assert {severity_of(graph, a) for a in alarms} == {"page", "warn", "info"}
     for a in alarms:
+        topic = arns[severity_of(graph, a)]
+        # OK actions too: a recovered alarm says so on the same topic, and a page clears itself.
         assert a.inputs["alarmActions"] == [topic] and a.inputs["okActions"] == [topic]
         assert a.inputs["treatMissingData"] == "notBreaching"
 
 
-def test_the_alarm_topic_is_encrypted_and_mails_the_stacks_address(graph):
-    topic = graph.one("aws:sns/topic:Topic").inputs
-    assert topic["kmsMasterKeyId"] == graph.outputs["kms_key_arn"]
-    subscription = graph.one("aws:sns/topicSubscription:TopicSubscription").inputs
-    assert (subscription["protocol"], subscription["endpoint"]) == (
-        "email",
-        graph.settings.monitoring.alarm_email,
+def test_the_stack_output_alarm_topic_is_the_page_topic(graph):
+    assert graph.outputs["alarm_topic_arn"] == topics(graph)["page"].outputs["arn"]
+
+
+def test_the_page_topic_mails_the_stacks_on_call_address(graph):
+    page = topics(graph)["page"].outputs["arn"]
+    mails = [
+        s.inputs
+        for s in graph.of_type(SUBSCRIPTION)
+        if s.inputs["topic"] == page and s.inputs["protocol"] == "email"
+    ]
+    expected = graph.settings.alert_route("page").emails
+    assert expected and sorted(m["endpoint"] for m in mails) == sorted(expected)
+
+
+@pytest.fixture(scope="module")
+def routed() -> Graph:
+    """prod with routes for every severity (mail, SQS, HTTPS) and two alarms moved to other severities."""
+    prod = load_stack("prod")
+    alerts = prod.alerts.model_validate(
+        {
+            "routes": {
+                "page": {"emails": ["oncall@frontier.example"], "sqs_queue_arns": [QUEUE]},
+                "warn": {"https_endpoints": ["https://hooks.frontier.example/warn"]},
+                "info": {"emails": ["ops-log@frontier.example"]},
+            },
+            "severities": {"queue-depth": "page", "5xx-rate": "warn"},
+        }
     )
+    return run_program(prod.model_copy(update={"alerts": alerts}))
+
+
+QUEUE = "arn:aws:sqs:us-east-1:123456789012:frontier-prod-page"
+
+
+def test_each_severitys_route_subscribes_to_its_topic_only(routed):
+    graph = routed
+    by_arn = {t.outputs["arn"]: name for name, t in topics(graph).items()}
+    subscribed = {
+        (by_arn[s.inputs["topic"]], s.inputs["protocol"], s.inputs["endpoint"])
+        for s in graph.of_type(SUBSCRIPTION)
+    }
+    assert subscribed == {
+        ("page", "email", "oncall@frontier.example"),
+        ("page", "sqs", QUEUE),
+        ("warn", "https", "https://hooks.frontier.example/warn"),
+        ("info", "email", "ops-log@frontier.example"),
+    }
+
+
+def test_the_stack_moves_an_alarm_to_another_severitys_topic(routed):
+    graph = routed
+    arns = {severity: t.outputs["arn"] for severity, t in topics(graph).items()}
+    assert alarm(graph, "queue-depth")["alarmActions"] == [arns["page"]]  # warn by default
+    assert alarm(graph, "5xx-rate")["okActions"] == [arns["warn"]]  # page by default
+    assert alarm(graph, "p99-latency")["alarmActions"] == [arns["page"]]  # untouched
 
 
 def test_log_groups_are_encrypted_with_retention_under_the_stacks_prefix(graph):
@@ -177,3 +265,126 @@ def test_the_cloudwatch_agent_ships_host_logs_into_the_log_groups_the_program_cr
     )
     logs = next(s for s in policy["Statement"] if s["Sid"] == "WriteItsLogs")
     assert all(f":log-group:/frontier/{graph.stack}/*" in arn for arn in logs["Resource"])
+
+
+# --- resource metrics and their alarms --------------------------------------------------------------
+
+
+def agent_config(graph, group):
+    [config] = [
+        o.inputs["content"]
+        for o in graph.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
+        if o.inputs["key"].endswith(f"/host/{group}/cloudwatch-agent.json")
+    ]
+    return json.loads(config)
+
+
+def test_the_cloudwatch_agent_collects_host_process_and_gpu_metrics_under_the_runtimes_dimensions(graph):
+    group = graph.settings.serving_group.name
+    metrics = agent_config(graph, group)["metrics"]
+    collected = metrics["metrics_collected"]
+    assert set(collected) == {"cpu", "mem", "disk", "net", "procstat", "nvidia_gpu"}
+    assert set(collected["nvidia_gpu"]["measurement"]) >= {
+        "utilization_gpu",
+        "memory_used",
+        "memory_total",
+        "temperature_gpu",
+        "power_draw",
+    }
+    assert collected["disk"]["resources"] == ["/var/cache/frontier"]  # the weights cache's mount
+    ours = {"Stack": graph.stack, "NodeGroup": group}
+    sections = [collected[k] for k in ("cpu", "mem", "disk", "net", "nvidia_gpu")] + collected["procstat"]
+    assert all(section["append_dimensions"] == ours for section in sections)
+    # Rolled up over the group's hosts: the series the alarms and the dashboard read.
+    assert metrics["aggregation_dimensions"] == [["Stack", "NodeGroup"]]
+
+
+def test_the_agent_publishes_in_the_namespace_the_runtime_hosts_role_may_write(graph):
+    namespace = agent_config(graph, graph.settings.serving_group.name)["metrics"]["namespace"]
+    policy = json.loads(
+        graph.one("aws:iam/rolePolicy:RolePolicy", f"{graph.stack}-iam-runtime").inputs["policy"]
+    )
+    put = next(s for s in policy["Statement"] if s["Sid"] == "PutRuntimeMetrics")
+    assert put["Condition"]["StringEquals"]["cloudwatch:namespace"] == namespace
+
+
+def with_cpu_group(settings: Settings) -> tuple[Settings, NodeGroup]:
+    cpu = settings.serving_group.model_copy(
+        update={"name": "cpu", "accelerator": "cpu", "instance_type": "c7i.4xlarge"}
+    )
+    return settings.model_copy(update={"node_groups": (*settings.node_groups, cpu)}), cpu
+
+
+def test_the_nvidia_gpu_section_is_rendered_for_gpu_groups_only():
+    settings, cpu = with_cpu_group(load_stack("prod"))
+    for group in settings.node_groups:
+        collected = json.loads(host_tools(settings, group)["cloudwatch-agent.json"])["metrics"][
+            "metrics_collected"
+        ]
+        assert ("nvidia_gpu" in collected) == (group.accelerator == "gpu"), group.name
+        assert {"cpu", "mem", "disk", "net", "procstat"} <= set(collected)
+
+
+def test_gpu_memory_alarms_when_the_fullest_gpu_passes_halfway_from_the_runtimes_claim_to_full(graph):
+    group = graph.settings.serving_group.name
+    gpu = alarm(graph, f"gpu-memory-{group}")
+    claim = graph.settings.runtime.gpu_memory_utilization
+    assert gpu["threshold"] == pytest.approx((1 + claim) / 2)
+    queries = {q["id"]: q for q in gpu["metricQueries"]}
+    assert queries["gpumemory"]["expression"] == "used / total"
+    assert {queries[i]["metric"]["metricName"] for i in ("used", "total")} == {
+        "nvidia_smi_memory_used",
+        "nvidia_smi_memory_total",
+    }
+    assert all(
+        queries[i]["metric"]["stat"] == "Maximum"
+        and queries[i]["metric"]["dimensions"] == {"Stack": graph.stack, "NodeGroup": group}
+        for i in ("used", "total")
+    )
+
+
+def test_host_memory_and_cache_disk_alarm_on_the_agents_percentages(graph):
+    group = graph.settings.serving_group.name
+    memory, disk = alarm(graph, f"host-memory-{group}"), alarm(graph, f"cache-disk-{group}")
+    assert (memory["metricName"], memory["threshold"]) == ("mem_used_percent", 90)
+    assert (disk["metricName"], disk["threshold"]) == ("disk_used_percent", 85)
+    assert memory["statistic"] == disk["statistic"] == "Maximum"  # the fullest host of the group
+
+
+RESOURCE_ALARMS = ("host-memory", "cache-disk", "gpu-memory", "gpu-temperature")
+
+
+def test_every_resource_alarm_reads_a_series_the_agent_collects(graph):
+    group = graph.settings.serving_group.name
+    collected = agent_config(graph, group)["metrics"]["metrics_collected"]
+    # The agent names a series <plugin>_<measurement>, its NVIDIA plugin's nvidia_smi_<measurement>.
+    agent_series = {
+        f"{'nvidia_smi' if section == 'nvidia_gpu' else section}_{measurement}"
+        for section, body in collected.items()
+        if section != "procstat"
+        for measurement in body["measurement"]
+    }
+    resource = [
+        graph.one(ALARM, f"{graph.stack}-monitoring-{name}-{group}").inputs for name in RESOURCE_ALARMS
+    ]
+    for a in resource:
+        queries = [q["metric"] for q in a.get("metricQueries", []) if "metric" in q]
+        for series in queries or [a]:
+            assert series["namespace"] == "Frontier/Runtime"
+            assert series["metricName"] in agent_series, (a["name"], series["metricName"])
+
+
+def test_the_dashboard_has_every_resource_panel_of_the_grafana_dashboard(graph):
+    body = json.loads(graph.one("aws:cloudwatch/dashboard:Dashboard").inputs["dashboardBody"])
+    titles = {w["properties"]["title"] for w in body["widgets"]}
+    assert {p.title for p in RESOURCE_PANELS} <= titles
+    gpu = next(w for w in body["widgets"] if w["properties"]["title"] == "GPU utilisation (%)")
+    assert [
+        "Frontier/Runtime",
+        "nvidia_smi_utilization_gpu",
+        "Stack",
+        graph.stack,
+        "NodeGroup",
+        graph.settings.serving_group.name,
+        {"stat": "Average"},
+    ] in gpu["properties"]["metrics"]

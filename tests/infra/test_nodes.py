@@ -149,6 +149,7 @@ def test_the_host_tools_are_uploaded_beside_the_history(graph):
             "install-nvidia.sh",
             "mount-cache.sh",
             "cloudwatch-agent.json",
+            "haproxy-tls.cfg",  # the TLS proxy the ALB reaches (infra/edge.py)
         )
     }
     objects = graph.of_type("aws:s3/bucketObjectv2:BucketObjectv2")

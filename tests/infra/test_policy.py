@@ -31,7 +31,9 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import unknown_checking_proxy
 
+from infra.edge import TARGET_TLS_PORT
 from policy.rules import (
+    DOOR_POLICIES,
     EXPOSURE_POLICIES,
     POLICIES,
     REACH_POLICIES,
@@ -52,10 +54,6 @@ ADVISORY = {
 # The stack's own resources that break a rule today, and why each is let through: every such rule is
 # advisory (test_known_breaks_are_advisory), and the programs' tests accept violations of these alone.
 KNOWN_BREAKS = {
-    # Runtime hosts fetch packages, images, weights and call AWS over 443/80 through the NAT gateway.
-    "runtime-web-egress-to-anywhere": tuple(
-        f"{stack}-sg-runtime-out-{port}" for stack in ("dev", "staging", "prod") for port in (443, 80)
-    ),
     # The ALB's port 80 only redirects to HTTPS (alb-http-redirects-to-https).
     "lb-redirect-port-public": ("dev-sg-alb-80", "staging-sg-alb-80", "prod-sg-alb-80"),
 }
@@ -218,6 +216,7 @@ RUNTIME_DEPLOYMENT = "runtime-deployment-frontier-llama-3-1-70b-instruct"
 CONTAINER = ("spec", "template", "spec", "containers", 0)
 _eks_graph: list[Graph] = []
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+WAF_ASSOCIATION = "aws:wafv2/webAclAssociation:WebAclAssociation"
 LISTENER_RULE = "aws:lb/listenerRule:ListenerRule"
 K8S_INGRESS = "kubernetes:networking.k8s.io/v1:Ingress"
 RUNTIME_INGRESS = "runtime-ingress-frontier-llama-3-1-70b-instruct"
@@ -302,6 +301,7 @@ RESOURCE_VIOLATIONS = {
         ),
     ),
     "asg-waits-for-capacity": ("dev", (ASG, "a10g-asg"), setter(("waitForCapacityTimeout",), "0")),
+    "production-targets-https": ("prod", (TG, "edge-tg"), setter(("protocol",), "HTTP")),
     "alb-forwards-only-api": (
         "dev",
         (LISTENER, "edge-https"),
@@ -364,7 +364,7 @@ RESOURCE_VIOLATIONS = {
 
 
 def _runtime_ingress_from_a_range(graph: Graph) -> list[Resource]:
-    rule = named(graph, INGRESS, "sg-runtime-8000-from-alb")
+    rule = named(graph, INGRESS, f"sg-runtime-{TARGET_TLS_PORT}-from-alb")
     # A private range passes no-public-ingress; only this rule sees that hosts trust an address, not a group.
     widened = changed(
         rule, lambda p: (p.pop("referencedSecurityGroupId"), p.update(cidrIpv4="10.0.0.0/8")), outputs=True
@@ -460,30 +460,40 @@ STACK_VIOLATIONS = {
         ),
     ],
     "runtime-egress-not-anywhere": [
-        ("SSH out to anywhere", "prod", _egress_changed("runtime-out-443", fromPort=22, toPort=22)),
+        (
+            "SSH out to anywhere",
+            "staging",
+            _egress_changed("runtime-out-443-vpc", fromPort=22, toPort=22, cidrIpv4="0.0.0.0/0"),
+        ),
         (
             "every port to ::/0",
-            "prod",
-            _egress_changed("runtime-out-443", ipProtocol="-1", cidrIpv6="::/0", cidrIpv4=None),
+            "staging",
+            _egress_changed("runtime-out-443-vpc", ipProtocol="-1", cidrIpv6="::/0", cidrIpv4=None),
         ),
     ],
     "runtime-web-egress-to-anywhere": [
-        (
-            "HTTPS to anywhere alone",
-            "prod",
-            lambda g: replace_in_stack(g, named(g, EGRESS, "sg-runtime-out-80"), None),
-        )
+        ("HTTPS to anywhere", "staging", _egress_changed("runtime-out-443-vpc", cidrIpv4="0.0.0.0/0"))
     ],
     "public-ingress-only-to-load-balancer": [
         (
             "runtime port from anywhere",
             "prod",
-            _ingress_changed("runtime-8000-from-alb", cidrIpv4="0.0.0.0/0"),
+            _ingress_changed(f"runtime-{TARGET_TLS_PORT}-from-alb", cidrIpv4="0.0.0.0/0"),
         ),
-        ("the ALB on another port", "prod", _ingress_changed("alb-443", fromPort=8443, toPort=8443)),
+        ("the ALB on another port", "prod", _ingress_changed("alb-443", fromPort=9443, toPort=9443)),
     ],
     "lb-redirect-port-public": [("the program's own redirect port", "prod", lambda g: list(g.resources))],
+    "production-lb-allowlisted": [
+        ("open to anywhere without its WAF", "prod", lambda g: _without_waf(g.resources))
+    ],
+    "production-runtime-egress-to-endpoints": [
+        ("HTTPS to anywhere", "prod", _egress_changed("runtime-out-443-vpc", cidrIpv4="0.0.0.0/0"))
+    ],
 }
+
+
+def _without_waf(resources: list[Resource]) -> list[Resource]:
+    return [r for r in resources if r.type != WAF_ASSOCIATION]
 
 
 def _without_kubernetes(graph: Graph, kind: str, keep: str = "") -> list[Resource]:
@@ -496,8 +506,10 @@ def _without_kubernetes(graph: Graph, kind: str, keep: str = "") -> list[Resourc
 
 
 def test_every_rule_has_a_violation_case():
-    assert set(RESOURCE_VIOLATIONS) == {p.name for p in RESOURCE_POLICIES + EXPOSURE_POLICIES}
-    assert set(STACK_VIOLATIONS) == {p.name for p in STACK_POLICIES + REACH_POLICIES}
+    doors = {p.name for p in DOOR_POLICIES if isinstance(p, ResourceValidationPolicy)}
+    assert set(RESOURCE_VIOLATIONS) == {p.name for p in RESOURCE_POLICIES + EXPOSURE_POLICIES} | doors
+    doors = {p.name for p in DOOR_POLICIES if isinstance(p, StackValidationPolicy)}
+    assert set(STACK_VIOLATIONS) == {p.name for p in STACK_POLICIES + REACH_POLICIES} | doors
 
 
 def test_known_breaks_are_advisory():
@@ -536,10 +548,10 @@ def test_stack_rule_fires_on_a_violating_stack(name, case, request):
 
 
 def test_ingress_from_anywhere_to_the_runtime_port_fires(prod):
-    rule = named(prod, INGRESS, "sg-runtime-8000-from-alb")
+    rule = named(prod, INGRESS, f"sg-runtime-{TARGET_TLS_PORT}-from-alb")
     violating = changed(rule, lambda p: (p.pop("referencedSecurityGroupId"), p.update(cidrIpv6="::/0")))
     [message] = resource_violations(BY_NAME["no-public-ingress"], violating)
-    assert "::/0 on tcp 8000-8000" in message
+    assert f"::/0 on tcp {TARGET_TLS_PORT}-{TARGET_TLS_PORT}" in message
 
 
 def test_inline_security_group_rules_are_checked_too(prod):
@@ -857,10 +869,84 @@ def test_an_inline_egress_rule_of_the_runtime_group_fires(prod):
 
 def test_only_the_runtime_groups_egress_is_confined(prod):
     # Only runtime hosts are confined: the rule is about what a compromised runtime could send out.
-    rule = named(prod, EGRESS, "sg-alb-to-runtime-8000")
+    rule = named(prod, EGRESS, f"sg-alb-to-runtime-{TARGET_TLS_PORT}")
     widened = changed(
         rule, lambda p: (p.pop("referencedSecurityGroupId"), p.update(cidrIpv4="0.0.0.0/0")), outputs=True
     )
     assert (
         stack_violations(BY_NAME["runtime-egress-not-anywhere"], replace_in_stack(prod, rule, widened)) == []
     )
+
+
+# --- closed doors on production stacks, each both ways ---------------------------------------------
+
+
+def _alb_rules_narrowed(graph: Graph, cidr: str) -> list[Resource]:
+    """The stack with the ALB's listener rules admitting ``cidr`` instead of everyone."""
+    resources = list(graph.resources)
+    for port in (443, 80):
+        rule = named(graph, INGRESS, f"sg-alb-{port}")
+        resources = [r for r in resources if r is not rule]
+        resources.append(changed(rule, setter(("cidrIpv4",), cidr), outputs=True))
+    return resources
+
+
+def test_an_allowlisted_production_balancer_needs_no_waf(prod):
+    narrowed = _without_waf(_alb_rules_narrowed(prod, "203.0.113.0/24"))
+    assert stack_violations(BY_NAME["production-lb-allowlisted"], narrowed) == []
+
+
+def test_an_internal_production_balancer_needs_no_allowlist(prod):
+    alb = named(prod, LB, "edge-alb")
+    internal = changed(alb, setter(("internal",), True), outputs=True)
+    resources = [internal if r is alb else r for r in _without_waf(prod.resources)]
+    assert stack_violations(BY_NAME["production-lb-allowlisted"], resources) == []
+
+
+def test_an_open_balancer_is_refused_only_on_the_configured_production_stacks(staging):
+    rule, resources = BY_NAME["production-lb-allowlisted"], list(staging.resources)
+    assert not staging.of_type(WAF_ASSOCIATION)
+    assert stack_violations(rule, resources) == []
+    found: list[str] = []
+    rule.validate(
+        StackValidationArgs(_policy_resources(resources), {"productionStacks": ["staging"]}),
+        lambda message, urn=None: found.append(message),
+    )
+    [message] = found
+    assert (
+        message.startswith("staging-edge-alb: internet-facing load balancer")
+        and "edge.allow_cidrs" in message
+    )
+
+
+def test_a_plain_http_target_group_passes_outside_production(dev):
+    tg = changed(named(dev, TG, "edge-tg"), setter(("protocol",), "HTTP"))
+    assert resource_violations(BY_NAME["production-targets-https"], tg) == []
+    assert resource_violations(BY_NAME["production-targets-https"], tg, config={"productionStacks": ["dev"]})
+
+
+def test_a_plain_http_health_check_on_production_fires(prod):
+    tg = changed(named(prod, TG, "edge-tg"), setter(("healthCheck", "protocol"), "HTTP"))
+    [message] = resource_violations(BY_NAME["production-targets-https"], tg)
+    assert "health over plain HTTP" in message
+
+
+def test_web_egress_to_anywhere_is_refused_on_production_and_reported_elsewhere(staging, prod):
+    refuse, report = (
+        BY_NAME["production-runtime-egress-to-endpoints"],
+        BY_NAME["runtime-web-egress-to-anywhere"],
+    )
+    for graph in (staging, prod):
+        opened = _egress_changed("runtime-out-443-vpc", cidrIpv4="0.0.0.0/0")(graph)
+        assert len(stack_violations(report, opened)) == 1
+        assert len(stack_violations(refuse, opened)) == (1 if graph is prod else 0)
+
+
+def _policy_resources(resources: list[Resource]) -> list[PolicyResource]:
+    return [
+        PolicyResource(
+            r.type, unknown_checking_proxy(copy.deepcopy(r.outputs)), r.urn, r.name, None, None, None, [], {}
+        )
+        for r in resources
+        if r.custom
+    ]

@@ -10,6 +10,7 @@ period, slower than the runtime's drain, so load moves off a replica before it g
 
 from __future__ import annotations
 
+from frontier_gateway.hold import POOL_LABEL, POOL_WAITING_METRIC
 from frontier_hostside.names import WAITING_METRIC
 
 from frontier.config.schedule import cron_of
@@ -29,8 +30,10 @@ def scaled_object(settings: Settings) -> Manifest:
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": app_name(settings)},
             "pollingInterval": auto.polling_interval_s,
-            "cooldownPeriod": auto.cooldown_s,
-            "minReplicaCount": auto.min_replicas,
+            # KEDA's cooldownPeriod is how long every trigger must be inactive before it scales to
+            # zero: the stack's idle_to_zero_s where the group may reach zero.
+            "cooldownPeriod": idle_to_zero_s(settings) or auto.cooldown_s,
+            "minReplicaCount": 0 if idle_to_zero_s(settings) else auto.min_replicas,
             "maxReplicaCount": auto.max_replicas,
             "advanced": {
                 "horizontalPodAutoscalerConfig": {
@@ -59,6 +62,7 @@ def scaled_object(settings: Settings) -> Manifest:
                     },
                 },
                 *schedule_triggers(settings),
+                *demand_triggers(settings),
             ],
         }
     }
@@ -86,4 +90,40 @@ def schedule_triggers(settings: Settings) -> list[dict[str, object]]:
             },
         }
         for window in schedule.windows
+    ]
+
+
+def idle_to_zero_s(settings: Settings) -> int | None:
+    """Seconds idle before the runtime goes to zero replicas; None where it never does (the serving
+    node group's min_size above 0)."""
+    group = settings.serving_group
+    if group.min_size or group.idle_to_zero_s is None:
+        return None
+    return max(1, round(group.idle_to_zero_s))
+
+
+def pool_waiting_query(settings: Settings) -> str:
+    k = kubernetes_of(settings)
+    return f'sum({POOL_WAITING_METRIC}{{namespace="{k.namespace}",{POOL_LABEL}="{settings.model.name}"}})'
+
+
+def demand_triggers(settings: Settings) -> list[dict[str, object]]:
+    """From zero: requests the gateway holds for the model (its hold queue) activate the
+    ScaledObject — at zero the runtime's own queue does not exist to say so. Active above 0 held
+    (``activationThreshold``), and counted like queued requests once replicas run."""
+    if idle_to_zero_s(settings) is None:
+        return []
+    auto = kubernetes_of(settings).autoscaling
+    return [
+        {
+            "type": "prometheus",
+            "name": "held-by-gateway",
+            "metricType": "AverageValue",
+            "metadata": {
+                "serverAddress": auto.prometheus_url,
+                "query": pool_waiting_query(settings),
+                "threshold": str(auto.target_queue_depth),
+                "activationThreshold": "0",
+            },
+        }
     ]

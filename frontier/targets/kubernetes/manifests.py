@@ -41,7 +41,8 @@ from frontier.errors import FrontierError
 from frontier.release.artifact import is_placeholder
 from frontier.render.host import image_reference, render_runtime_config
 from frontier.targets.kubernetes.autoscaling import scaled_object
-from frontier.targets.kubernetes.monitoring import prometheus_rule, service_monitor
+from frontier.targets.kubernetes.monitoring import monitoring_objects, prometheus_rule, service_monitor
+from frontier.targets.kubernetes.network import ingress_access_annotations
 from frontier.targets.kubernetes.network_policies import network_policies
 from frontier.targets.kubernetes.objects import (
     CONFIG_FILE,
@@ -379,12 +380,12 @@ def ingress(settings: Settings) -> Manifest:
     tls: dict[str, Any] = {"hosts": [k.ingress.host]}
     if k.ingress.kind == "alb":
         annotations = {
-            "alb.ingress.kubernetes.io/scheme": "internet-facing",
+            # scheme, inbound-cidrs (edge.allow_cidrs) and backend-protocol, as on EC2.
+            **ingress_access_annotations(settings),
             "alb.ingress.kubernetes.io/target-type": "ip",
             "alb.ingress.kubernetes.io/listen-ports": json.dumps([{"HTTPS": 443}]),
             "alb.ingress.kubernetes.io/certificate-arn": edge.certificate_arn,
             "alb.ingress.kubernetes.io/ssl-policy": edge.ssl_policy,
-            "alb.ingress.kubernetes.io/backend-protocol": "HTTP",
             "alb.ingress.kubernetes.io/healthcheck-path": health.readiness_path,
             "alb.ingress.kubernetes.io/healthcheck-interval-seconds": str(health.interval_s),
             "alb.ingress.kubernetes.io/healthcheck-timeout-seconds": str(health.timeout_s),
@@ -522,4 +523,9 @@ def manifest_files(settings: Settings, digest: str) -> dict[str, str]:
         return {}
     if is_placeholder(digest) and k.image:
         digest = k.image.partition("@")[2]
-    return yaml_files(render_workload(settings, digest).all())
+    # The Prometheus stack's part (GPU exporter, resource alerts, routes, dashboard) apart: other
+    # namespaces, and applied where that stack runs.
+    return {
+        **yaml_files(render_workload(settings, digest).all()),
+        **yaml_files(monitoring_objects(settings), folder="kubernetes/monitoring"),
+    }

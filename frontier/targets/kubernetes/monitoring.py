@@ -1,4 +1,6 @@
-"""Monitoring of the runtime on Kubernetes: its scrape (ServiceMonitor) and its alerts (PrometheusRule).
+"""Monitoring on Kubernetes: the runtime's scrape (ServiceMonitor) and alerts (PrometheusRule), the GPUs'
+metrics (NVIDIA's DCGM exporter), the resource alerts, the routes by severity (AlertmanagerConfig)
+and the Grafana dashboard.
 
 The alerts are the same rules ``fab render`` writes for every stack (``templates/alerts.yaml.j2``,
 from the stack's SLOs), handed to the Prometheus Operator. They select the runtime by
@@ -8,11 +10,15 @@ from the stack's SLOs), handed to the Prometheus Operator. They select the runti
 
 from __future__ import annotations
 
-import yaml
-from frontier_hostside.names import K8S_APP_LABEL
+from typing import Any
 
-from frontier.config.schema import Settings
-from frontier.render.alerts import render_alerts
+import yaml
+from frontier_hostside.names import K8S_APP_LABEL, K8S_INSTANCE_LABEL, K8S_MANAGED_BY_LABEL
+
+from frontier.config.schema import SEVERITIES, NodePool, Settings, Severity
+from frontier.errors import FrontierError
+from frontier.render.alerts import render_alerts, render_resource_alerts
+from frontier.render.dashboards import render_grafana_dashboard
 from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of, selector
 
 
@@ -55,3 +61,285 @@ def prometheus_rule(settings: Settings) -> Manifest:
         # The operator selects rules by the same labels as ServiceMonitors in common setups.
         labels={**app_labels(settings), **k.monitoring.service_monitor_labels},
     )
+
+
+# --- GPU metrics: NVIDIA's DCGM exporter ----------------------------------------------------------
+
+# The standalone exporter, not the GPU Operator: the EKS NVIDIA AMI (and most managed GPU node images)
+# already bring the driver, the container toolkit and the device plugin, which the Operator would
+# want to manage too. Pinned: a new exporter is a reviewed change of this line, never a pull of latest.
+DCGM_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
+DCGM_NAME = "frontier-dcgm-exporter"
+DCGM_PORT = 9400
+# The kubelet's pod-resources socket: the exporter labels each GPU's series with the pod using it.
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+
+def gpu_pools(settings: Settings) -> list[tuple[NodePool, tuple[str, ...]]]:
+    """The node pools with GPUs, each with the instance types its nodes may have."""
+    k = kubernetes_of(settings)
+    groups = {g.name: g for g in settings.node_groups}
+    found = []
+    for pool in k.node_pools:
+        group = groups.get(pool.node_group)
+        if group is not None and group.accelerator == "gpu":
+            found.append((pool, pool.instance_types or (group.instance_type,)))
+    return found
+
+
+def _tolerations(pool: NodePool) -> list[dict[str, Any]]:
+    """Tolerations of every taint of ``pool``: the exporter runs wherever the runtime may."""
+    return [
+        {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
+        if t.value
+        else {"key": t.key, "operator": "Exists", "effect": t.effect}
+        for t in pool.taints
+    ]
+
+
+def _dcgm_labels() -> dict[str, str]:
+    return {K8S_APP_LABEL: "dcgm-exporter", K8S_INSTANCE_LABEL: DCGM_NAME, K8S_MANAGED_BY_LABEL: "frontier"}
+
+
+def dcgm_exporter(settings: Settings) -> list[Manifest]:
+    """A DaemonSet on every GPU node, its Service and its ServiceMonitor (none without GPU pools).
+
+    They live in the Prometheus stack's namespace: the exporter needs the host's pod-resources socket
+    and SYS_ADMIN for profiling counters, which the runtime's namespace (restricted pod security)
+    never admits.
+    """
+    pools = gpu_pools(settings)
+    if not pools:
+        return []
+    k = kubernetes_of(settings)
+    ns, labels = k.monitoring.prometheus_namespace, _dcgm_labels()
+    types = sorted({t for _, pool_types in pools for t in pool_types})
+    tolerations = []
+    for pool, _ in pools:
+        for toleration in _tolerations(pool):
+            if toleration not in tolerations:
+                tolerations.append(toleration)
+    container = {
+        "name": "dcgm-exporter",
+        "image": DCGM_IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "env": [
+            {"name": "DCGM_EXPORTER_LISTEN", "value": f":{DCGM_PORT}"},
+            {"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"},
+            # Every GPU of the node, through the NVIDIA container runtime, without claiming one.
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        ],
+        "ports": [{"name": "metrics", "containerPort": DCGM_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": DCGM_PORT}, "periodSeconds": 15},
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"memory": "512Mi"},
+        },
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "readOnlyRootFilesystem": False,
+            "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
+        },
+        "volumeMounts": [{"name": "pod-resources", "mountPath": POD_RESOURCES, "readOnly": True}],
+    }
+    daemon_set = Manifest(
+        "apps/v1",
+        "DaemonSet",
+        DCGM_NAME,
+        ns,
+        {
+            "spec": {
+                "selector": {"matchLabels": dict(labels)},
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                "template": {
+                    "metadata": {"labels": dict(labels)},
+                    "spec": {
+                        "automountServiceAccountToken": False,
+                        "priorityClassName": "system-node-critical",
+                        "tolerations": tolerations,
+                        "affinity": {
+                            "nodeAffinity": {
+                                "requiredDuringSchedulingIgnoredDuringExecution": {
+                                    "nodeSelectorTerms": [
+                                        {
+                                            "matchExpressions": [
+                                                {
+                                                    "key": INSTANCE_TYPE_LABEL,
+                                                    "operator": "In",
+                                                    "values": types,
+                                                }
+                                            ]
+                                        }
+                                    ]
+                                }
+                            }
+                        },
+                        "containers": [container],
+                        "volumes": [
+                            {
+                                "name": "pod-resources",
+                                "hostPath": {"path": POD_RESOURCES, "type": "Directory"},
+                            }
+                        ],
+                    },
+                },
+            }
+        },
+        labels=labels,
+    )
+    service = Manifest(
+        "v1",
+        "Service",
+        DCGM_NAME,
+        ns,
+        {
+            "spec": {
+                "type": "ClusterIP",
+                "selector": dict(labels),
+                "ports": [{"name": "metrics", "port": DCGM_PORT, "targetPort": "metrics", "protocol": "TCP"}],
+            }
+        },
+        labels=labels,
+    )
+    monitor = Manifest(
+        "monitoring.coreos.com/v1",
+        "ServiceMonitor",
+        DCGM_NAME,
+        ns,
+        {
+            "spec": {
+                "jobLabel": K8S_APP_LABEL,
+                "selector": {"matchLabels": dict(labels)},
+                "namespaceSelector": {"matchNames": [ns]},
+                "endpoints": [
+                    {
+                        "port": "metrics",
+                        "path": "/metrics",
+                        "scheme": "http",
+                        "interval": f"{k.monitoring.scrape_interval_s}s",
+                        # Series by the node they come from, as the node exporter's.
+                        "relabelings": [
+                            {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+                        ],
+                    }
+                ],
+            }
+        },
+        labels={**labels, **k.monitoring.service_monitor_labels},
+    )
+    return [daemon_set, service, monitor]
+
+
+def resource_rule(settings: Settings) -> Manifest:
+    """The GPU and host alerts, beside the exporters they read."""
+    k = kubernetes_of(settings)
+    rules = yaml.safe_load(render_resource_alerts(settings))
+    return Manifest(
+        "monitoring.coreos.com/v1",
+        "PrometheusRule",
+        f"frontier-{settings.stack}-resource-alerts",
+        k.monitoring.prometheus_namespace,
+        {"spec": {"groups": rules["groups"]}},
+        labels={**app_labels(settings), **k.monitoring.service_monitor_labels},
+    )
+
+
+# --- routes by severity: Alertmanager ---------------------------------------------------------------
+
+# How long an alert group waits for more alerts, and how often a firing one is sent again.
+GROUP_WAIT = "30s"
+GROUP_INTERVAL = "5m"
+REPEAT_INTERVAL = {"page": "1h", "warn": "4h", "info": "24h"}
+
+
+def receiver_name(severity: Severity) -> str:
+    return f"frontier-{severity}"
+
+
+def alertmanager_config(settings: Settings) -> Manifest:
+    """Routes by the ``severity`` label of this stack's alerts (both rule sets carry ``stack``) to one
+    receiver per severity, with the stack's ``alerts.routes``; resolved alerts are sent too.
+
+    The Alertmanager must not add its default namespace matcher (its
+    ``alertmanagerConfigMatcherStrategy`` is ``None``): the resource alerts are raised in the
+    Prometheus stack's namespace, and the SLO rules aggregate the namespace label away.
+    """
+    k = kubernetes_of(settings)
+    receivers = []
+    for severity in SEVERITIES:
+        where = f"alerts.routes.{severity}"
+        route = settings.alert_route(severity)
+        if route.sqs_queue_arns:
+            raise FrontierError(
+                f"{settings.source}: {where}.sqs_queue_arns = {list(route.sqs_queue_arns)}: Alertmanager "
+                "cannot deliver to SQS; on Kubernetes give emails or https_endpoints"
+            )
+        receiver: dict[str, Any] = {"name": receiver_name(severity)}
+        if route.emails:
+            receiver["emailConfigs"] = [{"to": address, "sendResolved": True} for address in route.emails]
+        if route.https_endpoints:
+            receiver["webhookConfigs"] = [{"url": url, "sendResolved": True} for url in route.https_endpoints]
+        receivers.append(receiver)
+    body = {
+        "spec": {
+            "route": {
+                # Anything of this stack that no severity route takes (a rule without one) is info.
+                "receiver": receiver_name("info"),
+                "matchers": [{"name": "stack", "value": settings.stack, "matchType": "="}],
+                "groupBy": ["alertname", "alarm"],
+                "groupWait": GROUP_WAIT,
+                "groupInterval": GROUP_INTERVAL,
+                "repeatInterval": REPEAT_INTERVAL["info"],
+                "routes": [
+                    {
+                        "receiver": receiver_name(severity),
+                        "matchers": [{"name": "severity", "value": severity, "matchType": "="}],
+                        "repeatInterval": REPEAT_INTERVAL[severity],
+                    }
+                    for severity in SEVERITIES
+                ],
+            },
+            "receivers": receivers,
+        }
+    }
+    return Manifest(
+        "monitoring.coreos.com/v1alpha1",
+        "AlertmanagerConfig",
+        # One per stack, whichever model pool renders it: the same object, never a second route.
+        f"frontier-{settings.stack}-alert-routes",
+        k.namespace,
+        body,
+        labels={**app_labels(settings), **k.monitoring.service_monitor_labels},
+    )
+
+
+# --- the dashboard ----------------------------------------------------------------------------------
+
+# The label the Grafana of kube-prometheus-stack loads dashboards from ConfigMaps by.
+GRAFANA_DASHBOARD_LABEL = "grafana_dashboard"
+
+
+def dashboard_config_map(settings: Settings) -> Manifest:
+    k = kubernetes_of(settings)
+    name = f"frontier-{settings.stack}-dashboard"
+    return Manifest(
+        "v1",
+        "ConfigMap",
+        name,
+        k.monitoring.prometheus_namespace,
+        {"data": {f"frontier-{settings.stack}.json": render_grafana_dashboard(settings)}},
+        labels={**app_labels(settings), GRAFANA_DASHBOARD_LABEL: "1"},
+    )
+
+
+def monitoring_objects(settings: Settings) -> list[Manifest]:
+    """What the Prometheus stack needs beyond the runtime's own ServiceMonitor and rules: the GPU
+    exporter, the resource alerts, the routes by severity and the dashboard."""
+    return [
+        *dcgm_exporter(settings),
+        resource_rule(settings),
+        alertmanager_config(settings),
+        dashboard_config_map(settings),
+    ]

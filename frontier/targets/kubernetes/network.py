@@ -1,4 +1,5 @@
-"""Address ranges the runtime's NetworkPolicy admits, for a cluster this stack creates.
+"""Address ranges the runtime's NetworkPolicy admits, for a cluster this stack creates; and who
+may reach the Ingress's load balancer (:func:`ingress_access_annotations`).
 
 ``infra.network.plan_subnets`` splits ``network.vpc_cidr``: private subnets (nodes, hence pods, on
 the VPC CNI) in the first half, public subnets (the ALB) at the start of the second half, each
@@ -43,3 +44,26 @@ def api_server_cidrs(settings: Settings) -> tuple[str, ...]:
     k = settings.kubernetes
     assert k is not None
     return k.cluster.api_server_cidrs or control_plane_subnets(settings.network.vpc_cidr)
+
+
+# The AWS Load Balancer Controller's annotations for who reaches the ALB and how it reaches pods.
+SCHEME_ANNOTATION = "alb.ingress.kubernetes.io/scheme"
+INBOUND_CIDRS_ANNOTATION = "alb.ingress.kubernetes.io/inbound-cidrs"
+BACKEND_PROTOCOL_ANNOTATION = "alb.ingress.kubernetes.io/backend-protocol"
+
+
+def ingress_access_annotations(settings: Settings) -> dict[str, str]:
+    """The ALB's scheme and the client ranges its security group admits, from the stack's ``edge``,
+    as on EC2: the allowlist, else everyone (internet-facing) or the VPC (internal).
+
+    Pods serve plain HTTP: the hop from the ALB stays inside the VPC, and the runtime's
+    NetworkPolicy admits it only from the ALB's subnets (:func:`ingress_source_cidrs`), so no pod
+    holds a private key. An internal ALB goes where the controller finds subnets tagged
+    ``kubernetes.io/role/internal-elb``; those must lie in :func:`ingress_source_cidrs` too.
+    """
+    edge = settings.edge
+    return {
+        SCHEME_ANNOTATION: edge.scheme,
+        INBOUND_CIDRS_ANNOTATION: ",".join(edge.client_cidrs(settings.network.vpc_cidr)),
+        BACKEND_PROTOCOL_ANNOTATION: "HTTP",
+    }

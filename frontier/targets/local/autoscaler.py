@@ -13,6 +13,12 @@ the autoscaler scrapes each in-service slot's ``/metrics`` and feeds a :class:`D
   first (:meth:`LocalFleet.retire`). A queue that is merely empty is not enough: under a steady load
   that one host fewer could not carry, scaling in would only start the queue again (flapping).
 * after any change, ``cooldown_s`` of observation is thrown away before the next decision.
+* **from zero**: a group at zero hosts (``min_size: 0``) with requests held by the gateway for its
+  model (``frontier_gateway_pool_waiting{pool}`` on the gateway's admin ``/metrics``: the demand
+  signal) launches one host at once — no delay, no cooldown: every second is a held client's.
+* **to zero**: with ``idle_to_zero_s`` set, a group whose hosts ran nothing, queued nothing, and
+  whose model got no request through the gateway (its request counter did not move) for that long
+  retires every host. The gateway holds what comes next.
 
 The decision is a pure function of the observations and the clock, tested on its own; the loop
 around it (:class:`Autoscaler`) scrapes, decides and acts.
@@ -27,7 +33,14 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from frontier_hostside.names import METRICS_PATH, RUNNING_METRIC, WAITING_METRIC
+from frontier_gateway.hold import POOL_LABEL, POOL_WAITING_METRIC
+from frontier_hostside.names import (
+    GATEWAY_MODEL_LABEL,
+    GATEWAY_REQUESTS_METRIC,
+    METRICS_PATH,
+    RUNNING_METRIC,
+    WAITING_METRIC,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontier.config.schema import LocalAutoscaler, Settings
@@ -45,6 +58,10 @@ class Observation:
     waiting: float
     running: float
     unreachable: int = 0
+    # From the gateway (None where the stack has none, or it did not answer): requests held for a
+    # replica of this pool, and how many of its requests the gateway has answered so far.
+    held: float | None = None
+    answered: float | None = None
 
     @property
     def waiting_per_host(self) -> float:
@@ -70,6 +87,7 @@ class Policy:
     max_size: int
     max_concurrency: int
     timing: LocalAutoscaler
+    idle_to_zero_s: float | None = None
 
     @classmethod
     def of(cls, settings: Settings) -> Policy:
@@ -82,6 +100,7 @@ class Policy:
             group.max_size,
             settings.runtime.max_concurrency,
             settings.local.autoscaler,
+            group.idle_to_zero_s,
         )
 
 
@@ -92,15 +111,22 @@ class Decider:
         self.policy = policy
         self._over_since: float | None = None
         self._calm_since: float | None = None
+        self._idle_since: float | None = None
+        self._last_answered: float | None = None
         self._quiet_until = -math.inf
 
     def changed(self, at: float) -> None:
         """A change was made at ``at``: start over after the cooldown."""
-        self._over_since = self._calm_since = None
+        self._over_since = self._calm_since = self._idle_since = None
         self._quiet_until = at + self.policy.timing.cooldown_s
 
     def feed(self, seen: Observation) -> Decision | None:
         p, t = self.policy, self.policy.timing
+        if seen.hosts == 0:
+            return self._from_zero(seen)
+        to_zero = self._to_zero(seen)
+        if to_zero is not None:
+            return to_zero
         if seen.at < self._quiet_until or seen.hosts == 0 or seen.unreachable:
             # A host that does not answer is starting or going: its queue is not known yet.
             self._over_since = self._calm_since = None
@@ -131,6 +157,59 @@ class Decider:
             )
         return None
 
+    def _from_zero(self, seen: Observation) -> Decision | None:
+        # Demand at zero is acted on at once: the cooldown protects hosts that serve, and none does.
+        self._over_since = self._calm_since = self._idle_since = None
+        if seen.held and self.policy.max_size >= 1:
+            return Decision(
+                seen.at, 0, 1, f"{seen.held:.0f} request(s) held by the gateway for a pool at zero"
+            )
+        return None
+
+    def _to_zero(self, seen: Observation) -> Decision | None:
+        """All hosts go when nothing ran, waited or arrived for ``idle_to_zero_s``."""
+        p = self.policy
+        arrived = seen.answered is not None and seen.answered != self._last_answered
+        self._last_answered = seen.answered
+        if p.min_size > 0 or p.idle_to_zero_s is None or seen.at < self._quiet_until or seen.unreachable:
+            self._idle_since = None
+            return None
+        idle = seen.waiting == 0 and seen.running == 0 and not seen.held and not arrived
+        if not idle:
+            self._idle_since = None
+            return None
+        if self._idle_since is None:
+            self._idle_since = seen.at
+        if seen.at - self._idle_since < p.idle_to_zero_s:
+            return None
+        return Decision(
+            seen.at,
+            seen.hosts,
+            0,
+            f"nothing ran, waited or arrived for {seen.at - self._idle_since:.0f}s "
+            f"(idle_to_zero_s {p.idle_to_zero_s:g})",
+        )
+
+
+def scrape_gateway(url: str, pool: str, timeout: float = 2.0) -> tuple[float, float] | None:
+    """(held, answered) for ``pool`` from the gateway's admin /metrics; None when it does not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    held = answered = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == POOL_WAITING_METRIC and sample.labels.get(POOL_LABEL) == pool:
+                held += sample.value
+            elif (
+                sample.name == f"{GATEWAY_REQUESTS_METRIC}_total"
+                and sample.labels.get(GATEWAY_MODEL_LABEL) == pool
+            ):
+                answered += sample.value
+    return held, answered
+
 
 def scrape(host: HostSpec, port: int, timeout: float = 2.0) -> tuple[float, float] | None:
     """(waiting, running) from a runtime's /metrics; None when it does not answer."""
@@ -157,8 +236,15 @@ class Autoscaler:
         *,
         on_observation: Callable[[Observation], None] | None = None,
         on_decision: Callable[[Decision, str], None] | None = None,
+        gateway_metrics_url: str | None = None,
     ) -> None:
+        """``gateway_metrics_url``: the gateway's admin /metrics, where held requests show (default:
+        the stack's gateway.admin_host:admin_port; none without a gateway section)."""
         self.settings = settings
+        gateway = settings.gateway
+        if gateway_metrics_url is None and gateway is not None:
+            gateway_metrics_url = f"http://{gateway.admin_host}:{gateway.admin_port}{METRICS_PATH}"
+        self.gateway_metrics_url = gateway_metrics_url
         self.fleet = fleet
         self.decider = Decider(Policy.of(settings))
         self.on_observation = on_observation or (lambda _seen: None)
@@ -171,12 +257,17 @@ class Autoscaler:
         hosts = self.fleet.serving()
         scraped = [scrape(h, self.settings.runtime.port) for h in hosts]
         answered = [s for s in scraped if s is not None]
+        demand = None
+        if self.gateway_metrics_url is not None:
+            demand = scrape_gateway(self.gateway_metrics_url, self.settings.model.name)
         return Observation(
             at=time.monotonic(),
             hosts=len(hosts),
             waiting=sum(w for w, _ in answered),
             running=sum(r for _, r in answered),
             unreachable=len(scraped) - len(answered),
+            held=None if demand is None else demand[0],
+            answered=None if demand is None else demand[1],
         )
 
     def step(self) -> Decision | None:

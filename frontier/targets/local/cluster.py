@@ -20,6 +20,10 @@
 * **HAProxy** on ``local.balancer_port`` from the rendered ``haproxy.cfg``, with active health
   checks on the readiness path, its admin socket under the state dir, and a stats page on
   ``local.balancer_stats_port``.
+* **a trace receiver** (:mod:`frontier.targets.local.traces`) on a free loopback port (in its
+  service record), writing spans to ``<state_dir>/traces/spans.jsonl``; the slots' ``env`` and the
+  gateway name it in ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, so runtimes and gateway send it their
+  request spans.
 
 Every daemon is a :mod:`frontier.targets.local.services` service with its pid and record under the
 state dir, so ``up`` is idempotent (it reports what already runs and starts only what is missing)
@@ -34,6 +38,7 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +55,7 @@ from frontier_hostside.names import (
 from frontier import aws, project
 from frontier.config.schema import Host, Local, Settings
 from frontier.errors import FrontierError
-from frontier.targets.local import iam, services
+from frontier.targets.local import iam, services, traces
 from frontier.targets.local.balancer import balancer_backends, render_haproxy
 from frontier.targets.local.group import STATE_FILE as GROUP_STATE_FILE
 
@@ -231,6 +236,7 @@ def up(settings: Settings) -> list[Component]:
     _check_ports(settings, state, connection)
     moto = _up_moto(settings, state)
     report = [moto, identities(settings, fresh=moto.state == "started")]
+    report.append(_up_traces(state))  # before the slots: their env files name it
     report += _up_aws_resources(settings, state)
     key = _ensure_ssh_key(settings) if connection == "ssh" else None
     for host in settings.inventory.hosts:
@@ -238,6 +244,7 @@ def up(settings: Settings) -> list[Component]:
         if key is not None:
             report.append(_up_sshd(settings, host, state, key))
     report.append(_up_haproxy(settings, state))
+    report.append(_up_alarms(settings, state))
     _write_state(settings, state, connection)
     return report
 
@@ -351,6 +358,8 @@ def host_env(settings: Settings, host: Host) -> dict[str, str]:
     the slot lives."""
     return {
         **aws_env(settings, "host"),
+        # Where the slot's runtime sends request spans: the stack's receiver (see traces.py).
+        **traces_env(settings),
         "FRONTIER_HOST": host.name,
         "FRONTIER_HOST_ADDRESS": host.address,
         "FRONTIER_ROOT": str(host_root(host)),
@@ -417,6 +426,46 @@ def _up_haproxy(settings: Settings, state: Path) -> Component:
     return Component("haproxy", "started", f"{balancer_url(settings)} (pid {service.pid}); stats {stats}")
 
 
+def _up_alarms(settings: Settings, state: Path) -> Component:
+    """The alarm evaluator (:mod:`frontier.targets.local.alarms`): CloudWatch's part on this machine."""
+    running = services.find(state, "alarms")
+    if running is not None:
+        return Component("alarms", "running", f"pid {running.pid}")
+    command = [
+        *(sys.executable, "-m", "frontier.targets.local.alarms"),
+        *("--stack", settings.stack, "--stack-file", settings.source),
+    ]
+    service = services.spawn("alarms", command, state, state / "alarms.log", "127.0.0.1", 0)
+    every = settings.alerts.evaluation_interval_s
+    return Component("alarms", "started", f"pid {service.pid}: every {every:g} s, to SNS topics per severity")
+
+
+def _up_traces(state: Path) -> Component:
+    """The trace receiver that stands in for an OpenTelemetry Collector on this machine."""
+    running = services.find(state, traces.SERVICE)
+    if running is not None:
+        return Component(traces.SERVICE, "running", f"pid {running.pid}")
+    out = state / traces.SPANS_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A free port, not OTLP's 4318: several local stacks (the e2e tests') run side by side.
+    port = services.free_port("127.0.0.1")
+    command = [
+        *(sys.executable, "-m", "frontier.targets.local.traces"),
+        *("--port", str(port), "--out", str(out)),
+    ]
+    log = state / "traces" / "receiver.log"
+    service = services.spawn(traces.SERVICE, command, state, log, "127.0.0.1", port)
+    services.wait_for_port("127.0.0.1", port, 20, service)
+    return Component(traces.SERVICE, "started", f"{traces.endpoint(port=port)} (pid {service.pid}) → {out}")
+
+
+def traces_env(settings: Settings) -> dict[str, str]:
+    """What a process of this stack needs in its environment to send its spans to the stack's
+    receiver; nothing while none runs (tracing then stays off)."""
+    receiver = services.find(state_dir(settings), traces.SERVICE)
+    return traces.environment(receiver.port) if receiver is not None else {}
+
+
 def _write_state(settings: Settings, state: Path, connection: str) -> None:
     data = {
         "stack": settings.stack,
@@ -439,7 +488,11 @@ def down(settings: Settings) -> list[Component]:
     """Stop everything ``up`` started and any runtime still running on a host slot. Idempotent."""
     state = state_dir(settings)
     report = _stop_runtimes(settings.inventory.hosts)
-    names = ["gateway", "haproxy", *(f"sshd-{h.name}" for h in settings.inventory.hosts), "moto"]
+    names = [
+        *("alarms", "gateway", traces.SERVICE, "haproxy"),
+        *(f"sshd-{h.name}" for h in settings.inventory.hosts),
+        "moto",
+    ]
     for name in names:
         service = services.find(state, name) if state.exists() else None
         if service is None:

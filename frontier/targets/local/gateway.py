@@ -89,7 +89,7 @@ def start(settings: Settings, timeout: float = 30.0) -> list[cluster.Component]:
     services.require_free_port(address, port, SERVICE)
     command = [sys.executable, "-m", "frontier_gateway", "serve", "--config", str(config), "--host", address]
     log = state / "gateway" / "gateway.log"
-    env = {**os.environ, **cluster.aws_env(settings, "gateway")}
+    env = {**os.environ, **cluster.aws_env(settings, "gateway"), **cluster.traces_env(settings)}
     service = services.spawn(SERVICE, command, state, log, address, port, env=env)
     services.wait_for_port(address, port, timeout, service)
     report.append(

@@ -157,7 +157,8 @@ class LocalFleet:
             self._write(state)
 
     def in_service(self) -> set[str]:
-        return set(self._read().in_service)
+        # The state file is the stack's; a fleet of one pool (``settings.for_pool``) counts its own slots.
+        return set(self._read().in_service) & {h.name for h in self.slots()}
 
     def serving(self) -> list[HostSpec]:
         """The in-service slots, in the stack's order (the rollout order)."""
@@ -249,7 +250,8 @@ class LocalFleet:
                 raise GroupError(f"{host.name}: {answer.get('reason')}")
             boot_s = time.perf_counter() - started
             with self._locked() as state:
-                state.in_service = [h.name for h in self.slots() if h.name in {*state.in_service, host.name}]
+                # Other pools' slots (not in this fleet's slots) stay in service as they were.
+                state.in_service = [n for n in state.in_service if n != host.name] + [host.name]
             # A slot retired earlier is in maintenance in HAProxy: back to ready; the health check
             # (already passing) puts it in rotation.
             self.balancer.enable(host, timeout=max(10.0, self.settings.health.interval_s * 10))

@@ -25,8 +25,10 @@ from frontier_runtime.config import (
     KvCacheDtype,
     ModelConfig,
     ParallelConfig,
+    Quantization,
     RuntimeConfig,
 )
+from frontier_runtime.models.llama.quant import device_problem
 
 DTYPE_NAMES: tuple[str, ...] = get_args(Dtype)
 KV_CACHE_DTYPES: tuple[str, ...] = get_args(KvCacheDtype)
@@ -37,6 +39,7 @@ class EngineConfig(BatchConfig, CacheConfig, ParallelConfig, CpuConfig):
     model_dir: Path
     # "auto": the checkpoint's own dtype (config.json's torch_dtype).
     dtype: Literal[Dtype, "auto"] = ModelConfig.model_fields["dtype"].default
+    quantization: Quantization = ModelConfig.model_fields["quantization"].default
     # "cpu", "cuda", or "auto", resolved to one of them when the config is built.
     device: str = RuntimeConfig.model_fields["device"].default
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
@@ -60,6 +63,9 @@ class EngineConfig(BatchConfig, CacheConfig, ParallelConfig, CpuConfig):
                 "no gain in serving quality, and the paged flash kernels take only bfloat16/float16; "
                 "use 'bfloat16', 'float16' or 'auto' (the checkpoint's dtype)"
             )
+        problem = device_problem(self.quantization, device)  # refused at start, before any weight is read
+        if problem:
+            raise ValueError(problem)
         return self
 
     def updated(self, **changes: Any) -> EngineConfig:
@@ -69,31 +75,34 @@ class EngineConfig(BatchConfig, CacheConfig, ParallelConfig, CpuConfig):
     @classmethod
     def from_runtime(cls, config: RuntimeConfig, model_dir: str | Path) -> EngineConfig:
         """The engine's part of the rendered runtime.yaml: the inherited sections field for field."""
-        for name in ("pipeline_parallel_size", "expert_parallel_size"):
-            if getattr(config, name) != 1:
-                raise ValueError(
-                    f"{name} = {getattr(config, name)}: this runtime supports only 1 (tensor parallelism only)"
-                )
         inherited = {name: getattr(config, name) for name in _FLAT_SECTIONS}
         return cls(
             model_dir,
             **config.batch.model_dump(),
             **inherited,
             dtype=config.model.dtype,
+            quantization=config.model.quantization,
             device=config.device,
             max_seq_len=config.model.max_seq_len,
             seed=config.seed,
         )
 
     @property
+    def ranks(self) -> int:
+        """Processes of the replica: pipeline stages of max(tensor, expert) parallel ranks each."""
+        stage = max(self.tensor_parallel_size, self.expert_parallel_size)
+        return self.pipeline_parallel_size * stage
+
+    @property
     def threads_per_rank(self) -> int:
-        """Intra-op threads of each tensor-parallel rank: the budget split evenly, at least one.
+        """Intra-op threads of each rank (tensor, expert or pipeline parallel): the budget split
+        evenly, at least one.
 
         Oversubscribed threads make every step several times slower, so ranks share the budget
         (all cores when ``cpu_threads`` is 0) rather than each taking all of it.
         """
         budget = self.cpu_threads or os.cpu_count() or 1
-        return max(1, budget // self.tensor_parallel_size)
+        return max(1, budget // self.ranks)
 
 
 # The sections RuntimeSettings and EngineConfig both inherit, whose fields sit at the top level of each.

@@ -6,6 +6,7 @@ Not thread-safe: one thread drives it (``AsyncEngine`` in ``loop.py`` does that 
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,7 @@ class LLMEngine:
         self._release_structured(seq.request_id)
         seq.status = Status.FINISHED
         seq.finish_reason = "abort"
+        seq.times.finished = time.monotonic()
         self._pending.append(self._output(seq, []))
         return True
 
@@ -175,6 +177,7 @@ class LLMEngine:
         self._steps += 1
         self._last_batch = len(sched.scheduled)
         self._last_tokens = sched.num_tokens
+        started = time.monotonic()  # one clock read per step: the requests' traces use it
 
         bm = self.block_manager
         step, samplers = self.runner.prepare(sched.scheduled, bm.row_of, bm.take_table_updates())
@@ -184,6 +187,8 @@ class LLMEngine:
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
             self.block_manager.cache_computed_blocks(seq)
+            if seq.times.scheduled is None:
+                seq.times.scheduled = started
         if not samplers:
             return self._with_text(outputs)
         result = self.sampler(
@@ -192,7 +197,10 @@ class LLMEngine:
             [s.generator for s in samplers],
             masks.result() if masks is not None else None,
         )
+        sampled = time.monotonic()
         for seq, token, lp in zip(samplers, result.token_ids, result.logprobs, strict=True):
+            if seq.times.first_token is None:
+                seq.times.first_token = sampled
             outputs.append(self._append_token(seq, token, lp))
         return self._with_text(outputs)
 
@@ -216,6 +224,7 @@ class LLMEngine:
         self.scheduler.remove(seq)
         self._release_structured(seq.request_id)
         seq.status = Status.FINISHED
+        seq.times.finished = time.monotonic()
         self._seqs.pop(seq.request_id, None)
 
     def _with_text(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
@@ -255,6 +264,7 @@ class LLMEngine:
             cached_prompt_tokens=seq.num_cached_prompt_tokens,
             logprobs=logprobs,
             stop_reason=stop_reason,
+            times=seq.times,
         )
 
     # -- introspection --------------------------------------------------------------------------

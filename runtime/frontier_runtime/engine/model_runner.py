@@ -10,6 +10,11 @@ are derived there from the tables.
 On CUDA with a paged kernel (flash-varlen or Triton), decode-only steps replay CUDA graphs captured at padded batch
 sizes over static buffers (``cuda_graphs``).
 
+Under pipeline parallelism every rank gets the whole step and holds the KV cache of its own layers;
+a stage's output goes to the same local rank of the next stage, and the last stage's logits back to
+rank 0, the one that samples. A step of several sequences runs as micro-batches (``pipeline_chunks``)
+so that a stage starts on the next micro-batch while the next stage works on the previous one.
+
 Every step only a CUDA device takes (memory queries, the host-to-device copy, graph capture and
 replay) goes through the runner's ``DeviceOps``, chosen by the device; a test injects its own to
 run a CUDA start's exact sequence (KV sizing, then graph capture) on CPU.
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from frontier_runtime.distributed import init_group
+from frontier_runtime.distributed import Layout, Sending, init_placement, receive_from, send_to
 from frontier_runtime.engine.config import EngineConfig, resolve_dtype
 from frontier_runtime.engine.sequence import Sequence
 from frontier_runtime.models.llama.config import LlamaConfig
@@ -55,6 +60,36 @@ class StepInput:
     @property
     def is_decode_only(self) -> bool:
         return self.num_decodes == len(self.rows)
+
+    def split(self, parts: int) -> list[StepInput]:
+        """The step as ``parts`` micro-batches of consecutive sequences (as even as they divide), in
+        order: their logits, concatenated, are the step's. The block-table updates go with the first."""
+        if parts <= 1:
+            return [self]
+        base, extra = divmod(len(self.rows), parts)
+        chunks, seq, token, logit = [], 0, 0, 0
+        for i in range(parts):
+            n = base + (i < extra)
+            counts = self.counts[seq : seq + n]
+            tokens = sum(counts)
+            end = token + tokens
+            indices = []
+            while logit < len(self.logits_indices) and self.logits_indices[logit] < end:
+                indices.append(self.logits_indices[logit] - token)
+                logit += 1
+            chunks.append(
+                StepInput(
+                    input_ids=self.input_ids[token:end],
+                    rows=self.rows[seq : seq + n],
+                    computed=self.computed[seq : seq + n],
+                    counts=counts,
+                    num_decodes=max(0, min(n, self.num_decodes - seq)),
+                    table_updates=self.table_updates if i == 0 else [],
+                    logits_indices=indices,
+                )
+            )
+            seq, token = seq + n, end
+        return chunks
 
 
 class DeviceOps:
@@ -167,11 +202,22 @@ class ModelRunner:
         self.device = torch.device(config.device if config.device != "cuda" else f"cuda:{rank}")
         self.ops = ops or device_ops_for(self.device)
         self.ops.set_device(self.device)
-        self.tp = init_group(rank, config.tensor_parallel_size, init_method, self.device)
+        layout = Layout(
+            config.tensor_parallel_size, config.expert_parallel_size, config.pipeline_parallel_size
+        )
+        self.placement = init_placement(rank, layout, init_method, self.device)
+        self.tp = self.placement.tp
+        self.pipelined = layout.pipeline_parallel > 1
         self.dtype = DTYPES[resolve_dtype(config)]
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
         self.block_size = config.block_size
-        self.model = load_model(config.model_dir, self.dtype, self.device, self.tp)
+        self.model = load_model(
+            config.model_dir,
+            self.dtype,
+            self.device,
+            placement=self.placement,
+            quantization=config.quantization,
+        )
         self.model_config: LlamaConfig = self.model.cfg
         cfg = self.model_config
         self.max_seq_len = config.max_seq_len or cfg.max_position_embeddings
@@ -183,7 +229,7 @@ class ModelRunner:
             self._set_fp8_scales()
         self.kernels = _kernels_in_use(self.device)
         log.info("attention backend %s, kernels %s, KV cache %s", self.backend, self.kernels, self.kv_dtype)
-        kv_per_token = 2 * cfg.num_layers * self.model.num_local_kv_heads * cfg.head_dim
+        kv_per_token = 2 * len(self.model.layers) * self.model.num_local_kv_heads * cfg.head_dim
         self.bytes_per_block = kv_per_token * self.block_size * self.kv_dtype.itemsize
         self.tables = torch.zeros(
             max(config.max_batch_size, 1), self.max_blocks_per_seq, dtype=torch.int32, device=self.device
@@ -196,7 +242,7 @@ class ModelRunner:
                 num_blocks = self._device_blocks(config.gpu_memory_utilization)
             else:
                 num_blocks = config.cpu_kv_cache_bytes // self.bytes_per_block
-            num_blocks = self.tp.min_over_ranks(num_blocks, self.device)  # every rank must agree
+            num_blocks = self.placement.world.min_over_ranks(num_blocks, self.device)  # every rank must agree
         self.num_blocks = num_blocks
         # One block more than the engine hands out: padded rows of a CUDA graph write and read it.
         self.scratch_block = num_blocks
@@ -209,7 +255,7 @@ class ModelRunner:
         return (
             self.config.cuda_graphs
             and self.backend in self.ops.graph_backends
-            and not self.tp.enabled  # NCCL inside captured graphs is left for later
+            and not self.placement.world.enabled  # NCCL inside captured graphs is left for later
         )
 
     def _set_fp8_scales(self) -> None:
@@ -225,7 +271,7 @@ class ModelRunner:
             allocate_kv(
                 self.backend, num_blocks, self.block_size, kvh, cfg.head_dim, self.kv_dtype, self.device
             )
-            for _ in range(cfg.num_layers)
+            for _ in self.model.layers
         ]
 
     # -- sizing ---------------------------------------------------------------------------------
@@ -386,11 +432,55 @@ class ModelRunner:
         """Run the step on this rank's shard; the logits of ``step.logits_indices``, float32."""
         if self.graphs and step.is_decode_only and len(step.rows) <= max(self.graphs):
             return self._replay(step)
+        if self.pipelined:
+            return self._execute_pipelined(step)
         ids, positions, meta, logit_rows = self._metadata(step)
         hidden = self.model(ids, positions, meta, self.kv_caches)
         if not step.logits_indices:
             return hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden.index_select(0, logit_rows))
+
+    # -- pipeline parallelism -------------------------------------------------------------------
+
+    def _execute_pipelined(self, step: StepInput) -> torch.Tensor:
+        """This rank's stage over the step's micro-batches; on rank 0, the logits of the whole step."""
+        p = self.placement
+        stage, stages = p.pipeline_stage, p.layout.pipeline_parallel
+        hidden = self.model_config.hidden_size
+        chunks = step.split(self.pipeline_chunks(step))
+        sent: list[Sending] = []
+        for chunk in chunks:
+            ids, positions, meta, logit_rows = self._metadata(chunk)
+            if p.is_first_stage:
+                inputs = ids
+            else:
+                shape = (2, len(chunk.input_ids), hidden)
+                inputs = receive_from(p.peer_in_stage(stage - 1), shape, self.dtype, self.device)
+            out = self.model.forward_stage(inputs, positions, meta, self.kv_caches)
+            if not p.is_last_stage:
+                # Not waited for here: this stage goes on to the next micro-batch while it travels.
+                sent.append(send_to(out, p.peer_in_stage(stage + 1)))
+            elif p.peer_in_stage(0) == 0 and chunk.logits_indices:  # the last stage's rank beside rank 0
+                sent.append(send_to(self.model.compute_logits(out.index_select(0, logit_rows)), 0))
+        for sending in sent:
+            sending.wait()
+        if p.rank != 0:
+            return torch.empty((0, self.model_config.vocab_size), dtype=torch.float32, device=self.device)
+        last = p.peer_in_stage(stages - 1)
+        vocab = self.model_config.vocab_size
+        parts = [
+            receive_from(last, (len(c.logits_indices), vocab), torch.float32, self.device)
+            for c in chunks
+            if c.logits_indices
+        ]
+        if not parts:
+            return torch.empty((0, vocab), dtype=torch.float32, device=self.device)
+        return torch.cat(parts)
+
+    def pipeline_chunks(self, step: StepInput) -> int:
+        """Micro-batches of a step: two per stage so each stage has the next one ready, never more
+        than the step's sequences (one sequence's tokens stay in one micro-batch)."""
+        return max(1, min(2 * self.placement.layout.pipeline_parallel, len(step.rows)))
 
     # -- CUDA graphs ----------------------------------------------------------------------------
 
@@ -431,7 +521,7 @@ class ModelRunner:
         return self.model.compute_logits(hidden.index_select(0, logit_rows))
 
     def shutdown(self) -> None:
-        self.tp.destroy()
+        self.placement.destroy()
 
 
 class _DecodeGraph:

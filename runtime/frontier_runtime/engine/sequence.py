@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import enum
+import time
 
 import torch
 
-from frontier_runtime.requests import FinishReason, SamplingParams
+from frontier_runtime.requests import EngineTimes, FinishReason, SamplingParams
 
 
 class Status(enum.Enum):
@@ -43,6 +44,7 @@ class Sequence:
         self.status = Status.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_token_ids = stop_token_ids
+        self.times = EngineTimes(added=time.monotonic())
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             # On the device the logits live on, so sampling never copies them to the host.

@@ -1,4 +1,4 @@
-"""Float32 linear layers on CPU through the C++ panel GEMM of ``cpu_kernel``.
+"""Linear layers on CPU through the C++ panel GEMM of ``cpu_kernel``: float32 or int8 weights.
 
 A weight [N, K] is packed once, at load, into panels of 32 output columns ([P, K, 32], the last
 panel padded with zeros), the layout the kernel's 8 x 32 register tile reads with two vector
@@ -13,6 +13,10 @@ median of the pairs):
     panel  GFLOPS 14   57  104  179  279  286  307  311  315   265
     oneDNN GFLOPS 13   47   82  136  189  224  251  290  323   293
     ratio       1.05 1.19 1.26 1.32 1.46 1.27 1.22 1.08 0.98  0.90
+
+Int8 weights (weight-only quantization, a float32 scale per output column) are packed into the
+same panels, a quarter of the bytes, and widened to float32 inside the kernel: a decode step, which
+streams every weight once, reads 4x fewer bytes (``bench/quantized_weights.py``).
 
 Each output is summed over k in order whatever the number of rows, so a sequence's logits do not
 depend on the batch it shares a step with. Available where the ``avx512`` variant of the kernels
@@ -41,7 +45,7 @@ def _built_with_avx512() -> bool:
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` [N, K] float32 as panels [ceil(N / 32), K, 32]."""
+    """``weight`` [N, K] (float32, or int8 for :func:`linear_int8`) as panels [ceil(N / 32), K, 32]."""
     n, k = weight.shape
     panels = -(-n // PANEL)
     if n % PANEL:
@@ -62,4 +66,18 @@ def linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | N
         rows = rows.contiguous()
     out = torch.empty(rows.shape[0], n, dtype=torch.float32, device=x.device)
     torch.ops.frontier.panel_linear(out, rows, panels, bias)
+    return out.view(*x.shape[:-1], n)
+
+
+def linear_int8(
+    x: torch.Tensor, panels: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``(x @ Q.T) * scale + bias`` for float32 ``x`` [..., K], the packed int8 ``Q`` and its float32
+    per-column ``scale`` [N]."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    n = scale.shape[0]
+    out = torch.empty(rows.shape[0], n, dtype=torch.float32, device=x.device)
+    torch.ops.frontier.panel_linear_int8(out, rows, panels, scale, bias)
     return out.view(*x.shape[:-1], n)

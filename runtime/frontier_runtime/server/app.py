@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from frontier_runtime.requests import SamplingParams
 from frontier_runtime.server.admission import QueueFull, Ticket
 from frontier_runtime.server.errors import APIError, invalid
 from frontier_runtime.server.formats import ChatFormat, CompletionFormat
@@ -41,6 +42,7 @@ from frontier_runtime.server.protocol import (
 )
 from frontier_runtime.server.state import ServerState
 from frontier_runtime.server.text import TemplateRenderError, TextCodec
+from frontier_runtime.server.tracing import RequestTrace, RequestTracing
 from frontier_runtime.structured.grammar import compile_grammar
 
 log = logging.getLogger("frontier_runtime.server")
@@ -67,6 +69,8 @@ def create_app(state: ServerState) -> ASGIApp:
         exception_handlers={APIError: _api_error, HTTPException: _http_error},
     )
     app.state.server = state
+    # None when the config names no collector: then requests make no spans at all.
+    app.state.tracing = RequestTracing.start(state.config.tracing, state.config.model.name)
     return RequestContext(app, state)
 
 
@@ -421,7 +425,18 @@ async def _generate(
         echo_text=prompt.echo_text,
         arrived_at=request.scope["state"]["arrived_at"],
         log_fields=fields,
+        trace=_trace(request, request_id, params),
     )
+
+
+def _trace(request: Request, request_id: str, params: SamplingParams) -> RequestTrace | None:
+    """The request's trace when tracing is on: it continues the caller's ``traceparent``."""
+    tracing: RequestTracing | None = request.app.state.tracing
+    if tracing is None:
+        return None
+    trace = tracing.begin(request.headers, request_id, request.scope["state"]["arrived_at"])
+    trace.attributes.update({"frontier.priority": params.priority, "frontier.max_tokens": params.max_tokens})
+    return trace
 
 
 async def _models(request: Request) -> Response:

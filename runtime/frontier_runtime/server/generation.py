@@ -31,6 +31,7 @@ from frontier_runtime.server.admission import QueueTimeout, Ticket
 from frontier_runtime.server.errors import APIError
 from frontier_runtime.server.formats import DONE, KEEPALIVE, CompletionFormat, sse, usage
 from frontier_runtime.server.state import ServerState
+from frontier_runtime.server.tracing import RequestTrace
 from frontier_runtime.structured.validate import output_problem
 
 log = logging.getLogger("frontier_runtime.server")
@@ -59,6 +60,7 @@ class Generation:
         echo_text: str = "",
         arrived_at: float,
         log_fields: dict[str, Any],
+        trace: RequestTrace | None = None,
     ) -> None:
         self.state = state
         self.request_id = request_id
@@ -73,6 +75,10 @@ class Generation:
         self.echo_text = echo_text
         self.arrived_at = arrived_at
         self.log = log_fields
+        # None when tracing is off; else noted as the request goes and turned into spans at the end.
+        self.trace = trace
+        if trace is not None:
+            trace.queued(ticket.enqueued_at, ticket.admitted_at)
         self._submitted = False
         self._finished = False
 
@@ -90,6 +96,9 @@ class Generation:
             watcher.cancel()
             with suppress(asyncio.CancelledError):
                 await worker
+            if self.trace is not None:
+                left = "client_disconnected" if self.log.get("client_disconnected") else None
+                self.trace.end(self.log.get("error") or left)
         if not worker.cancelled() and worker.exception() is not None:
             raise worker.exception()  # type: ignore[misc]
 
@@ -194,6 +203,8 @@ class Generation:
     def _admitted(self) -> None:
         queue_s = self.ticket.queue_seconds
         self.log["queue_ms"] = round(queue_s * 1000, 1)
+        if self.trace is not None:
+            self.trace.queued(self.ticket.enqueued_at, self.ticket.admitted_at)
         self.state.metrics.queue_time.labels(self.state.metrics.model_name).observe(queue_s)
 
     @property
@@ -213,6 +224,8 @@ class Generation:
             iterator = self.engine.submit(self.engine_id, self.prompt_ids, self.params)
             async for out in iterator:
                 now = time.monotonic()
+                if self.trace is not None:
+                    self.trace.saw(out)
                 if out.new_token_ids:
                     metrics.generation_tokens.labels(model).inc(len(out.new_token_ids))
                     if first_at is None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from frontier_hostside import names
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -31,6 +31,9 @@ TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 100
 
 FAILURE_REASONS = ("queue_full", "queue_timeout", "invalid", "unauthorized", "draining", "too_large", "not_found", "client_disconnect", "engine_error", "not_ready", "structured_output_invalid")  # fmt: skip
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The phases of one start, in order (serve.py measures them): fetch and verify overlap on a
+#: parallel fetch; ready is the whole start, from serve() being called to readiness.
+START_PHASES = ("fetch", "verify", "load", "warmup", "ready")
 
 
 class ServerMetrics:
@@ -131,6 +134,13 @@ class ServerMetrics:
             "Reloads of the API keys that failed (the keys loaded before stay in use).",
             registry=reg,
         )
+        # No sample before a phase ends: a 0 would read as "took no time".
+        self.start_phases = Gauge(
+            names.START_PHASE_METRIC,
+            "Seconds this process's start spent in each phase (fetch and verify overlap).",
+            [names.START_PHASE_LABEL],
+            registry=reg,
+        )
         for reason in FAILURE_REASONS:
             self.failures.labels(reason)
         # Export every series from the first scrape (at zero), so rates and alerts work from the start.
@@ -170,6 +180,11 @@ class ServerMetrics:
         self.e2e.labels(m).observe(e2e_s)
         if ttft_s is not None and completion_tokens > 1:
             self.tpot.labels(m).observe((e2e_s - ttft_s) / (completion_tokens - 1))
+
+    def start_phase(self, phase: str, seconds: float) -> None:
+        if phase not in START_PHASES:
+            raise ValueError(f"start phase {phase!r}: must be one of {', '.join(START_PHASES)}")
+        self.start_phases.labels(phase).set(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

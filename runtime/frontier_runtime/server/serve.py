@@ -56,6 +56,27 @@ class Loaded:
     api_keys: ApiKeys | None
 
 
+#: Told of each start phase as it ends: (phase, seconds); see metrics.START_PHASES.
+PhaseSink = Callable[[str, float], None]
+
+
+def _no_phases(phase: str, seconds: float) -> None:
+    """The sink of a loader run without a server (tests, tools): phases are not recorded."""
+
+
+def phase_recorder(state: ServerState) -> PhaseSink:
+    """Each phase as one log line and as ``frontier_start_phase_seconds{phase}`` on /metrics."""
+
+    def record(phase: str, seconds: float) -> None:
+        state.metrics.start_phase(phase, seconds)
+        log.info(
+            f"start phase {phase}: {seconds:.3f} s",
+            extra={"event": "start_phase", "phase": phase, "seconds": round(seconds, 3)},
+        )
+
+    return record
+
+
 def new_state(config: RuntimeConfig) -> ServerState:
     return ServerState(
         config=config,
@@ -72,7 +93,7 @@ def new_state(config: RuntimeConfig) -> ServerState:
     )
 
 
-def resolve_model_dir(config: RuntimeConfig, model_dir: Path | None) -> Path:
+def resolve_model_dir(config: RuntimeConfig, model_dir: Path | None, phase: PhaseSink = _no_phases) -> Path:
     """Where the weights lie locally: ``--model-dir``, a local ``model.source``, or the verified S3 cache."""
     if model_dir is not None:
         return model_dir
@@ -81,21 +102,25 @@ def resolve_model_dir(config: RuntimeConfig, model_dir: Path | None) -> Path:
     if not is_s3_uri(config.model.weights_uri):
         return Path(config.model.weights_uri)
     report = fetch_weights(config.model.weights_uri, config.model.version, Path(config.weights_cache_dir))
+    phase("fetch", report.fetch_seconds)
+    phase("verify", report.verify_seconds)
     return report.model_dir
 
 
-def load_runtime(config: RuntimeConfig, model_dir: Path | None) -> Loaded:
+def load_runtime(config: RuntimeConfig, model_dir: Path | None, phase: PhaseSink = _no_phases) -> Loaded:
     """Everything slow and fallible at start, in order; blocking (run it in a thread)."""
     api_keys = None
     if config.api_keys_secret:
         from frontier_runtime.storage.secrets import load_api_keys
 
         api_keys = ApiKeys(load_api_keys(config.api_keys_secret))
-    directory = resolve_model_dir(config, model_dir)
+    directory = resolve_model_dir(config, model_dir, phase)
     if not (directory / "tokenizer.json").is_file():
         raise FileNotFoundError(f"model directory {directory} has no tokenizer.json")
+    started = time.monotonic()
     codec = TextCodec.from_dir(directory)
     engine = build_engine(config, directory)
+    phase("load", time.monotonic() - started)
     return Loaded(engine=engine, codec=codec, api_keys=api_keys)
 
 
@@ -125,6 +150,7 @@ class RuntimeServer(uvicorn.Server):
         self._tasks: set[asyncio.Task] = set()
         self._reload_keys = asyncio.Event()
         self._reloading: asyncio.Future[None] | None = None
+        self.started = time.monotonic()  # the "ready" phase counts from here
 
     # uvicorn calls this from its signal handler (main thread).
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -209,6 +235,9 @@ class RuntimeServer(uvicorn.Server):
             # The warm-up blocks until one real forward is done: keep it off the loop.
             await asyncio.to_thread(loaded.engine.warmup)
             self.state.health.warmed_up = True
+            record = phase_recorder(self.state)
+            record("warmup", time.monotonic() - started)
+            record("ready", time.monotonic() - self.started)
             stats = loaded.engine.stats()
             log.info(
                 f"ready: attention backend {stats.attention_backend}, kernels {stats.kernels}",
@@ -264,7 +293,7 @@ def serve(
     server = RuntimeServer(
         uvicorn_config(app, host or config.host, config.port if port is None else port),
         state,
-        loader=lambda: load_runtime(config, model_dir),
+        loader=lambda: load_runtime(config, model_dir, phase_recorder(state)),
     )
     server.run()
     return server.exit_code

@@ -48,11 +48,6 @@ def test_a_kv_budget_too_small_for_max_seq_len_is_refused_naming_the_settings(ti
         LLMEngine.from_config(_config(tied_dir, max_seq_len=512, kv_bytes=64 * 1024), tied_dir)
 
 
-def test_pipeline_parallelism_is_refused(tied_dir: Path) -> None:
-    with pytest.raises(ValueError, match=r"pipeline_parallel_size = 2"):
-        LLMEngine.from_config(_config(tied_dir, pp=2), tied_dir)
-
-
 def test_the_async_engine_takes_the_batch_window_from_the_config(tied_dir: Path) -> None:
     engine = AsyncEngine.from_config(_config(tied_dir), tied_dir)
     try:

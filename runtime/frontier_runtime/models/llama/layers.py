@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from frontier_runtime.distributed import TPGroup
+from frontier_runtime.models.llama import quant
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.ops import fused, panel_gemm
 
@@ -34,12 +35,26 @@ class Linear(nn.Linear):
     slower than fp32 here. The products are those of a bf16 GEMM with fp32 accumulation (both
     operands widen exactly) and the output is rounded back to the activation dtype, at twice the
     weight memory.
+
+    A quantized layer (``model.quantization``, :mod:`~frontier_runtime.models.llama.quant`) holds
+    ``qweight`` (int8 or float8_e4m3fn) and ``weight_scale`` (float32, one per output channel) as
+    buffers instead of a weight; on a CPU with the panel GEMM an int8 ``qweight`` is packed into its
+    panels [ceil(out / 32), in, 32] and widened inside the kernel.
     """
 
     weight_t: torch.Tensor | None = None
     packed: torch.Tensor | None = None  # the float32 weight packed for a CPU GEMM
     panels: bool = False  # packed for the panel GEMM (else for oneDNN)
     widen: bool = False  # the CPU weight is a float32 copy of a 16-bit weight
+    qweight: torch.Tensor | None  # quantized weight (a buffer), [out, in] or int8 panels
+    weight_scale: torch.Tensor | None  # its float32 scale per output channel (a buffer)
+    qpanels: bool = False  # qweight is packed for the panel GEMM
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias)
+        # Buffers, so that the quantized weight moves, counts and prints with the module.
+        self.register_buffer("qweight", None)
+        self.register_buffer("weight_scale", None)
 
     @staticmethod
     def transposed_dtype(dtype: torch.dtype) -> torch.dtype | None:
@@ -75,6 +90,13 @@ class Linear(nn.Linear):
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT_ROWS)
 
+    def adopt_quantized(self, qweight: torch.Tensor, scale: torch.Tensor, quantization: str) -> None:
+        """Take ``qweight`` ([out, in], filled by the loader) and its per-channel ``scale`` as the weight."""
+        self.qpanels = quantization == "int8" and qweight.device.type == "cpu" and panel_gemm.available()
+        self.register_buffer("qweight", panel_gemm.pack(qweight) if self.qpanels else qweight.contiguous())
+        self.register_buffer("weight_scale", scale.float().contiguous())
+        self.weight = None
+
     def adopt_transposed(self, weight_t: torch.Tensor, dtype: torch.dtype) -> None:
         """Take ``weight_t`` ([in, out], filled by the loader) as the weight of a ``dtype`` model."""
         self.widen = weight_t.dtype != dtype
@@ -85,7 +107,7 @@ class Linear(nn.Linear):
 
     def use_transposed_weight(self) -> None:
         """Swap a loaded [out, in] weight for the CPU layout (a copy, then the original is freed)."""
-        if self.weight_t is not None or self.packed is not None:
+        if self.weight_t is not None or self.packed is not None or self.qweight is not None:
             return
         weight = self.weight.detach()
         layout = self.transposed_dtype(weight.dtype)
@@ -101,7 +123,10 @@ class Linear(nn.Linear):
         self.weight_t = None
 
     def dense_weight(self) -> torch.Tensor:
-        """The weight as [out, in], whichever form the layer holds (a copy when packed)."""
+        """The weight as [out, in], whichever form the layer holds (a copy when packed or quantized)."""
+        if self.qweight is not None and self.weight_scale is not None:
+            q = panel_gemm.unpack(self.qweight, self.out_features) if self.qpanels else self.qweight
+            return quant.dequantize(q, self.weight_scale, torch.float32)
         if self.packed is not None:
             return (
                 panel_gemm.unpack(self.packed, self.out_features) if self.panels else self.packed.to_dense()
@@ -109,6 +134,8 @@ class Linear(nn.Linear):
         return self.weight if self.weight_t is None else self.weight_t.t()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qweight is not None and self.weight_scale is not None:
+            return quant.linear(x, self.qweight, self.weight_scale, self.bias, self.qpanels)
         if self.packed is not None:
             x32 = x.float() if self.widen else x
             if self.panels:

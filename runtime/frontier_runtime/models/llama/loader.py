@@ -29,7 +29,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from frontier_runtime.distributed import SINGLE, TPGroup
+from frontier_runtime.distributed import SINGLE, Placement, TPGroup
+from frontier_runtime.models.llama import quant
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.layers import Linear, rope_tables
 from frontier_runtime.models.llama.model import LlamaForCausalLM
@@ -70,10 +71,12 @@ def _return_freed_memory() -> None:
         trim(0)
 
 
-def build_on_meta(cfg: LlamaConfig, tp: TPGroup = SINGLE) -> LlamaForCausalLM:
+def build_on_meta(
+    cfg: LlamaConfig, tp: TPGroup = SINGLE, placement: Placement | None = None
+) -> LlamaForCausalLM:
     """The model's modules with every parameter on the meta device: shapes only, no memory."""
     with _skipped_init(), torch.device("meta"):
-        return LlamaForCausalLM(cfg, tp)
+        return LlamaForCausalLM(cfg, tp, placement)
 
 
 def _checkpoint_files(model_dir: Path) -> list[Path]:
@@ -136,11 +139,31 @@ class Checkpoint:
 class _Filler:
     """Allocates each parameter on its device in its dtype and copies checkpoint pieces into it."""
 
+    quantizer: quant.WeightQuantizer | None = None  # fills the linear projections under model.quantization
+
     def __init__(self, ckpt: Checkpoint, tp: TPGroup, dtype: torch.dtype, device: torch.device) -> None:
         self.ckpt, self.tp, self.dtype, self.device = ckpt, tp, dtype, device
 
-    def fill(self, module: nn.Module, attr: str, what: str, pieces: list[tuple[str, int | None]]) -> None:
-        """``module.<attr>`` from ``pieces`` (checkpoint name, shard dim) stacked along dim 0."""
+    def fill(
+        self,
+        module: nn.Module,
+        attr: str,
+        what: str,
+        pieces: list[tuple[str, int | None]],
+        shards: TPGroup | None = None,
+    ) -> None:
+        """``module.<attr>`` from ``pieces`` (checkpoint name, shard dim) stacked along dim 0, each
+        sliced over ``shards`` (default: the tensor-parallel group)."""
+        quantizer = self.quantizer
+        if (
+            quantizer is not None
+            and isinstance(module, Linear)
+            and attr == "weight"
+            and quantizer.covers(what)
+        ):
+            quantizer.fill(module, what, pieces, shards or self.tp)
+            _return_freed_memory()  # the projection's float copies, as after each packing below
+            return
         meta = getattr(module, attr)
         # A CPU linear multiplies by a oneDNN-packed float32 weight (filled [out, in], then packed),
         # or else by its weight laid out [in, out]: filled in that layout directly, so no second
@@ -157,7 +180,7 @@ class _Filler:
             rows_of = target.t()
         row = 0
         for name, dim in pieces:
-            value = self.ckpt.read(name, self.tp, dim)
+            value = self.ckpt.read(name, shards or self.tp, dim)
             rows = value.shape[0] if value.dim() else 1
             if tuple(value.shape[1:]) != tuple(meta.shape[1:]) or row + rows > meta.shape[0]:
                 raise ValueError(
@@ -221,28 +244,57 @@ def check_experts(cfg: LlamaConfig, ckpt: Checkpoint) -> None:
             )
 
 
-def _fill_sparse_mlp(put: Callable[..., None], cfg: LlamaConfig, moe: SparseMoE, layer: int) -> None:
-    """The router whole, and each expert's slice like the dense MLP's (gate/up by rows, down by columns)."""
+def _fill_sparse_mlp(
+    put: Callable[..., None], cfg: LlamaConfig, moe: SparseMoE, layer: int, placement: Placement
+) -> None:
+    """The router whole, and this rank's experts only, each one's slice like the dense MLP's (gate/up
+    by rows, down by columns) over the ranks sharing it; the shared expert's slice over the stage."""
     p = moe_prefix(cfg, layer)
     put(moe.gate, "weight", p + "gate", [(p + "gate.weight", None)])
     gate, up, down = EXPERT_NAMES.get(cfg.model_type, QWEN_EXPERT_NAMES)
-    experts: list[tuple[str, nn.Module]] = [(f"{p}experts.{e}.", x) for e, x in enumerate(moe.experts)]
+    experts: list[tuple[str, nn.Module, TPGroup]] = [
+        (f"{p}experts.{e}.", x, placement.expert_columns)
+        for e, x in zip(moe.expert_ids, moe.experts, strict=True)
+    ]
     if moe.shared_expert is not None and moe.shared_expert_gate is not None:
-        experts.append((p + "shared_expert.", moe.shared_expert))
+        experts.append((p + "shared_expert.", moe.shared_expert, placement.stage))
         put(
             moe.shared_expert_gate,
             "weight",
             p + "shared_expert_gate",
             [(p + "shared_expert_gate.weight", None)],
         )
-    for name, expert in experts:
+    for name, expert, shards in experts:
         put(
             expert.gate_up_proj,
             "weight",
             name + "gate_up_proj",
             [(f"{name}{gate}.weight", 0), (f"{name}{up}.weight", 0)],
+            shards,
         )
-        put(expert.down_proj, "weight", name + "down_proj", [(f"{name}{down}.weight", 1)])
+        put(expert.down_proj, "weight", name + "down_proj", [(f"{name}{down}.weight", 1)], shards)
+
+
+def _other_ranks_tensors(model: LlamaForCausalLM, ckpt: Checkpoint) -> set[str]:
+    """The checkpoint's tensors that other pipeline stages or expert shards hold (never read here)."""
+    absent = set()
+    if model.embed_tokens is None:
+        absent.add("model.embed_tokens.weight")
+    if model.norm is None:  # not the last stage
+        absent |= {"model.norm.weight", "lm_head.weight"}
+    others = {name for name in ckpt.location if name in absent}
+    for name in ckpt.location:
+        if not name.startswith("model.layers."):
+            continue
+        layer = int(name.split(".")[2])
+        if layer not in model.layer_ids:
+            others.add(name)
+        elif ".experts." in name:
+            mlp = model.layers[layer - model.layer_ids.start].mlp
+            expert = int(name.split(".experts.")[1].split(".")[0])
+            if isinstance(mlp, SparseMoE) and expert not in mlp.expert_ids:
+                others.add(name)
+    return others
 
 
 def load_model(
@@ -250,22 +302,37 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     tp: TPGroup = SINGLE,
+    placement: Placement | None = None,
+    quantization: str = "none",
 ) -> LlamaForCausalLM:
-    """Build the model on ``device`` and fill it from the checkpoint, sharded for ``tp``."""
+    """Build the model on ``device`` and fill it from the checkpoint, sharded for ``tp`` (or, under
+    expert or pipeline parallelism, for ``placement``): only this rank's tensors are read.
+    ``quantization`` (``model.quantization``) quantizes the linear projections (see ``quant``)."""
     model_dir = Path(model_dir)
     device = torch.device(device)
+    problem = quant.device_problem(quantization, device.type)
+    if problem:
+        raise quant.QuantizationError(problem)
+    stored = quant.checkpoint_scheme(model_dir, quantization)  # refused before any weight is read
     cfg = LlamaConfig.from_dir(model_dir)
-    model = build_on_meta(cfg, tp)
+    placement = placement or Placement.of_tensor_parallel(tp)
+    model = build_on_meta(cfg, placement=placement)
     ckpt = Checkpoint(model_dir)
     check_experts(cfg, ckpt)
-    put = _Filler(ckpt, tp, dtype, device).fill
+    filler = _Filler(ckpt, placement.tp, dtype, device)
+    if quantization != "none":
+        filler.quantizer = quant.WeightQuantizer(quantization, ckpt, stored, device)
+    put = filler.fill
 
-    put(model.embed_tokens, "weight", "embed_tokens", [("model.embed_tokens.weight", None)])
-    put(model.norm, "weight", "norm", [("model.norm.weight", None)])
+    if model.embed_tokens is not None:
+        put(model.embed_tokens, "weight", "embed_tokens", [("model.embed_tokens.weight", None)])
+    if model.norm is not None:
+        put(model.norm, "weight", "norm", [("model.norm.weight", None)])
     if model.lm_head is not None:
         put(model.lm_head, "weight", "lm_head", [("lm_head.weight", None)])
+    ckpt.unread -= _other_ranks_tensors(model, ckpt)
     ckpt.unread.discard("lm_head.weight")  # tied checkpoints sometimes carry a copy anyway
-    for i, layer in enumerate(model.layers):
+    for i, layer in zip(model.layer_ids, model.layers, strict=True):
         p = f"model.layers.{i}."
         put(layer.input_layernorm, "weight", p + "input_layernorm", [(p + "input_layernorm.weight", None)])
         put(
@@ -285,7 +352,7 @@ def load_model(
             put(attn.k_norm, "weight", a + "k_norm", [(a + "k_norm.weight", None)])
         mlp = layer.mlp
         if isinstance(mlp, SparseMoE):
-            _fill_sparse_mlp(put, cfg, mlp, i)
+            _fill_sparse_mlp(put, cfg, mlp, i, placement)
             continue
         m = p + "mlp."
         put(

@@ -1,6 +1,6 @@
 // Frontier's native CPU kernels, registered as torch.ops.frontier.*: paged attention, the fused
-// elementwise steps of a decoder layer (RMSNorm, SwiGLU, rotary + KV cache write), the float32
-// panel GEMM and the binding of torch's intra-op threads to CPUs.
+// elementwise steps of a decoder layer (RMSNorm, SwiGLU, rotary + KV cache write), the panel GEMM
+// (float32 or int8 weights) and the binding of torch's intra-op threads to CPUs.
 //
 // Built ahead of time, never at serving time: `python -m frontier_runtime.ops.build_kernels`
 // compiles this one file three times (avx512, avx2, portable; see build_kernels.py for the flags)
@@ -401,9 +401,10 @@ void rotary_and_cache(at::Tensor q, const at::Tensor& k, const at::Tensor& v, co
   });
 }
 
-// ---- float32 GEMM for a linear layer: out[M, N] = x[M, K] . W^T (+ bias) -------------------------
+// ---- GEMM for a linear layer: out[M, N] = x[M, K] . W^T (* scale) (+ bias) ----------------------
 // W is packed once into panels of 32 output columns, [P, K, 32] (panel p holds columns 32p..32p+31,
-// row k of the panel being W[32p:32p+32, k]), so a K step of a panel is two 64-byte vectors.
+// row k of the panel being W[32p:32p+32, k]), so a K step of a panel is two 64-byte vectors of
+// float32 weights, or 32 bytes of int8 weights.
 // The microkernel keeps an 8 x 32 tile of the output in 16 registers; a K block of a panel (128
 // steps, 16 KB) stays in L1 while every 8-row tile of the step's rows uses it. Few rows (decode)
 // and the weights stream from memory once per call, so the kernel prefetches the next block into
@@ -413,6 +414,12 @@ void rotary_and_cache(at::Tensor q, const at::Tensor& k, const at::Tensor& v, co
 // under it (32 rows: 200 GFLOPS in bursts, 277 spread). Each output is summed over k in the order
 // 0..K-1 whatever M or the tiling is (partial sums pass through the output in float32), so a
 // row's result never depends on the batch it is in.
+//
+// Int8 weights (weight-only quantization, one symmetric scale per output column) use the same
+// tiles: each K step widens its 32 int8 weights to float32 in registers and the FMAs run as for
+// float32 weights, so the sum over k is exact in the integer weights; the column's scale
+// multiplies the finished sum once, at the last K block. A decode step reads a quarter of the
+// bytes of the float32 weights, which is what bounds it.
 #if defined(__AVX512F__)
 #define FRONTIER_PANEL_GEMM 1
 
@@ -421,10 +428,22 @@ constexpr int64_t MR = 8;          // rows per register tile
 constexpr int64_t KC = 128;        // K steps per block
 constexpr int64_t ROWS_SPLIT = 128;  // rows per thread above which threads split rows, not panels
 
-template <int R>
-inline void gemm_tile(const float* a, int64_t lda, const float* b, int64_t kc, float* c, int64_t ldc,
-                      __mmask16 m0, __mmask16 m1, bool first, const float* bias,
-                      const float* pf1, const float* pf2, int64_t pf_n) {
+// The 32 weights of one K step of a panel, as two vectors of 16 float32 columns.
+inline void panel_step(const float* b, __m512& b0, __m512& b1) {
+  b0 = _mm512_load_ps(b);
+  b1 = _mm512_load_ps(b + 16);
+}
+
+inline void panel_step(const int8_t* b, __m512& b0, __m512& b1) {
+  b0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))));
+  b1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16))));
+}
+
+template <int R, typename W>
+inline void gemm_tile(const float* a, int64_t lda, const W* b, int64_t kc, float* c, int64_t ldc,
+                      __mmask16 m0, __mmask16 m1, bool first, const float* scale, const float* bias,
+                      const W* pf1, const W* pf2, int64_t pf_n) {
+  constexpr int64_t LINE = 64 / sizeof(W);  // weights per cache line
   __m512 acc0[R], acc1[R];
   for (int r = 0; r < R; ++r) {
     acc0[r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, c + r * ldc);
@@ -438,15 +457,23 @@ inline void gemm_tile(const float* a, int64_t lda, const float* b, int64_t kc, f
     for (due += pf_n; due >= kc; due -= kc) {
       if (pf1 != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf1), _MM_HINT_T0);
       if (pf2 != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf2), _MM_HINT_T1);
-      pf1 = pf1 != nullptr ? pf1 + 16 : nullptr;
-      pf2 = pf2 != nullptr ? pf2 + 16 : nullptr;
+      pf1 = pf1 != nullptr ? pf1 + LINE : nullptr;
+      pf2 = pf2 != nullptr ? pf2 + LINE : nullptr;
     }
-    const __m512 b0 = _mm512_load_ps(b + k * NR), b1 = _mm512_load_ps(b + k * NR + 16);
+    __m512 b0, b1;
+    panel_step(b + k * NR, b0, b1);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 x = _mm512_set1_ps(a[r * lda + k]);
       acc0[r] = _mm512_fmadd_ps(x, b0, acc0[r]);
       acc1[r] = _mm512_fmadd_ps(x, b1, acc1[r]);
+    }
+  }
+  if (scale != nullptr) {
+    const __m512 s0 = _mm512_maskz_loadu_ps(m0, scale), s1 = _mm512_maskz_loadu_ps(m1, scale + 16);
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = _mm512_mul_ps(acc0[r], s0);
+      acc1[r] = _mm512_mul_ps(acc1[r], s1);
     }
   }
   if (bias != nullptr) {
@@ -462,27 +489,21 @@ inline void gemm_tile(const float* a, int64_t lda, const float* b, int64_t kc, f
   }
 }
 
-using GemmTile = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, __mmask16, __mmask16,
-                          bool, const float*, const float*, const float*, int64_t);
-constexpr GemmTile GEMM_TILES[MR + 1] = {nullptr, gemm_tile<1>, gemm_tile<2>, gemm_tile<3>, gemm_tile<4>,
-                                         gemm_tile<5>, gemm_tile<6>, gemm_tile<7>, gemm_tile<8>};
+template <typename W>
+using GemmTile = void (*)(const float*, int64_t, const W*, int64_t, float*, int64_t, __mmask16, __mmask16, bool,
+                          const float*, const float*, const W*, const W*, int64_t);
+template <typename W>
+constexpr GemmTile<W> GEMM_TILES[MR + 1] = {nullptr,           gemm_tile<1, W>, gemm_tile<2, W>,
+                                            gemm_tile<3, W>,   gemm_tile<4, W>, gemm_tile<5, W>,
+                                            gemm_tile<6, W>,   gemm_tile<7, W>, gemm_tile<8, W>};
 
 inline __mmask16 lanes(int64_t n) { return n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
 
-void panel_linear(at::Tensor out, const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
-  const int64_t M = x.size(0), K = x.size(1), P = w.size(0), N = out.size(1);
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && out.dim() == 2, "panel_linear: x [M, K], panels [P, K, 32], out [M, N]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
-              "panel_linear: float32 only");
-  TORCH_CHECK(x.stride(1) == 1 && w.is_contiguous() && out.is_contiguous() && w.size(1) == K && w.size(2) == NR &&
-              out.size(0) == M && P * NR >= N && (P - 1) * NR < N, "panel_linear: shapes do not match");
-  TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N),
-              "panel_linear: bias must be N contiguous floats");
-  const float* ap = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* cp = out.data_ptr<float>();
-  const int64_t lda = x.stride(0);
+// out = x . W^T for panels ``wp`` [P, K, 32] of weight type W; ``sp`` (per column) scales the sums
+// and ``bp`` is added last, either may be null.
+template <typename W>
+void panel_gemm_run(float* cp, const float* ap, int64_t lda, const W* wp, const float* sp, const float* bp,
+                    int64_t M, int64_t K, int64_t P, int64_t N) {
   // Rows a pass keeps in L2 (about 1 MB of x) while the panels stream past, in chunks of equal
   // size: a short last chunk would stream every weight again for a few rows.
   const int64_t mc_max = std::max<int64_t>(MR, ((1 << 20) / (4 * K)) / MR * MR);
@@ -490,31 +511,34 @@ void panel_linear(at::Tensor out, const at::Tensor& x, const at::Tensor& w, cons
     const int64_t chunks = (rows + mc_max - 1) / mc_max;
     return ((rows + chunks - 1) / chunks + MR - 1) / MR * MR;
   };
+  constexpr int64_t LINE = 64 / sizeof(W);
 
   // Panels [p0, p1) of rows [r0, r1), a chunk of at most mc rows at a time.
   auto run = [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1, int64_t mc) {
-    const float* stop = wp + p1 * K * NR;  // the end of this thread's panels
+    const W* stop = wp + p1 * K * NR;  // the end of this thread's panels
     for (int64_t m0 = r0; m0 < r1; m0 += mc) {
       const int64_t m1 = std::min(r1, m0 + mc);
       const int64_t tiles = (m1 - m0 + MR - 1) / MR;
       for (int64_t p = p0; p < p1; ++p) {
         const __mmask16 lo = lanes(N - p * NR), hi = lanes(N - p * NR - 16);
-        const float* panel = wp + p * K * NR;
+        const W* panel = wp + p * K * NR;
         for (int64_t kb = 0; kb < K; kb += KC) {
           const int64_t kc = std::min(KC, K - kb);
           const bool last = kb + kc >= K;
           // The thread's panels lie end to end, so the weights it reads next are the bytes that
           // follow this block: each row tile prefetches its share of the blocks ahead.
-          const float* here = panel + kb * NR;
-          const int64_t share = (2 * kc + tiles - 1) / tiles;  // cache lines of a block per tile
+          const W* here = panel + kb * NR;
+          const int64_t lines = (kc * NR + LINE - 1) / LINE;   // cache lines of a block
+          const int64_t share = (lines + tiles - 1) / tiles;   // of them per tile
           for (int64_t m = m0, t = 0; m < m1; m += MR, ++t) {
             const int64_t rows = std::min(MR, m1 - m);
-            const float* a1 = here + kc * NR + t * share * 16;  // the next block, into L1
-            const float* a2 = a1 + KC * NR;                     // the one after, into L2
-            const float* pf1 = a1 < stop ? a1 : nullptr;
-            const float* pf2 = a2 < stop ? a2 : nullptr;
-            GEMM_TILES[rows](ap + m * lda + kb, lda, here, kc, cp + m * N + p * NR, N, lo, hi, kb == 0,
-                             last && bp != nullptr ? bp + p * NR : nullptr, pf1, pf2, share);
+            const W* a1 = here + kc * NR + t * share * LINE;  // the next block, into L1
+            const W* a2 = a1 + KC * NR;                       // the one after, into L2
+            const W* pf1 = a1 < stop ? a1 : nullptr;
+            const W* pf2 = a2 < stop ? a2 : nullptr;
+            GEMM_TILES<W>[rows](ap + m * lda + kb, lda, here, kc, cp + m * N + p * NR, N, lo, hi, kb == 0,
+                                last && sp != nullptr ? sp + p * NR : nullptr,
+                                last && bp != nullptr ? bp + p * NR : nullptr, pf1, pf2, share);
           }
         }
       }
@@ -530,9 +554,44 @@ void panel_linear(at::Tensor out, const at::Tensor& x, const at::Tensor& w, cons
     at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) { run(0, M, p0, p1, chunk(M)); });
   }
 }
+
+void check_panel_shapes(const char* op, const at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                        const c10::optional<at::Tensor>& bias) {
+  const int64_t M = x.size(0), K = x.size(1), P = w.size(0), N = out.size(1);
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && out.dim() == 2, op, ": x [M, K], panels [P, K, 32], out [M, N]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, op, ": float32 x and out only");
+  TORCH_CHECK(x.stride(1) == 1 && w.is_contiguous() && out.is_contiguous() && w.size(1) == K && w.size(2) == NR &&
+              out.size(0) == M && P * NR >= N && (P - 1) * NR < N, op, ": shapes do not match");
+  TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N),
+              op, ": bias must be N contiguous floats");
+}
+
+void panel_linear(at::Tensor out, const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  check_panel_shapes("panel_linear", out, x, w, bias);
+  TORCH_CHECK(w.scalar_type() == at::kFloat, "panel_linear: float32 panels only");
+  panel_gemm_run<float>(out.data_ptr<float>(), x.data_ptr<float>(), x.stride(0), w.data_ptr<float>(), nullptr,
+                        bias.has_value() ? bias->data_ptr<float>() : nullptr, x.size(0), x.size(1), w.size(0),
+                        out.size(1));
+}
+
+void panel_linear_int8(at::Tensor out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
+                       const c10::optional<at::Tensor>& bias) {
+  check_panel_shapes("panel_linear_int8", out, x, w, bias);
+  TORCH_CHECK(w.scalar_type() == at::kChar, "panel_linear_int8: int8 panels only");
+  TORCH_CHECK(scale.is_contiguous() && scale.scalar_type() == at::kFloat && scale.numel() == out.size(1),
+              "panel_linear_int8: scale must be N contiguous floats");
+  panel_gemm_run<int8_t>(out.data_ptr<float>(), x.data_ptr<float>(), x.stride(0), w.data_ptr<int8_t>(),
+                         scale.data_ptr<float>(), bias.has_value() ? bias->data_ptr<float>() : nullptr, x.size(0),
+                         x.size(1), w.size(0), out.size(1));
+}
 #else
 void panel_linear(at::Tensor, const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&) {
   TORCH_CHECK(false, "panel_linear: built without AVX-512");
+}
+
+void panel_linear_int8(at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                       const c10::optional<at::Tensor>&) {
+  TORCH_CHECK(false, "panel_linear_int8: built without AVX-512");
 }
 #endif
 
@@ -569,6 +628,7 @@ TORCH_LIBRARY(frontier, m) {
   m.def("rotary_and_cache(Tensor(a!) q, Tensor k, Tensor v, Tensor positions, Tensor cos, Tensor sin, "
         "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots) -> ()");
   m.def("panel_linear(Tensor(a!) out, Tensor x, Tensor panels, Tensor? bias) -> ()");
+  m.def("panel_linear_int8(Tensor(a!) out, Tensor x, Tensor panels, Tensor scale, Tensor? bias) -> ()");
   m.def("panel_gemm() -> bool", &panel_gemm);
   m.def("bind_threads(int[] cpus) -> ()", &bind_threads);
 }
@@ -579,4 +639,5 @@ TORCH_LIBRARY_IMPL(frontier, CPU, m) {
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("rotary_and_cache", &rotary_and_cache);
   m.impl("panel_linear", &panel_linear);
+  m.impl("panel_linear_int8", &panel_linear_int8);
 }

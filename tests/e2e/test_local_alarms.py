@@ -1,0 +1,176 @@
+"""Alerts reach someone, end to end, on the local stack: real sshd, HAProxy, moto's server (SNS, SQS,
+CloudWatch), the runtime deployed on a host slot, and the stack's alarm evaluator as a process.
+
+host-1's runtime gets SIGKILL; the page queue subscribed to the page topic receives an ALARM naming
+the alarm and the host, then an OK once the supervisor's restart answers its readiness check. The
+stack file's short evaluation periods (``alerts.evaluation_interval_s``, ``runtime_down_for_s``) keep
+it to seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from frontier.config.schema import Settings
+from frontier.demo.alerts import page_queue_url, print_page_messages, receive
+from frontier.errors import FrontierError
+from frontier.release import weights
+from frontier.release.artifact import build_wheel
+from frontier.rollout.deploy import deploy
+from frontier.targets import backend_for, load_stack
+from frontier.targets.local import cluster as local
+from frontier.targets.local import services
+from frontier.targets.local.alarms import RuntimeDown, process_usage
+from frontier.targets.local.heal import kill_and_recover
+from tests.e2e.stackcopy import write_local_stack
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One host slot over real sshd, HAProxy, moto and the alarm evaluator; release A deployed."""
+    root = tmp_path_factory.mktemp("alarms")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FRONTIER_STACKS_DIR", str(write_local_stack(root, hosts=1)))
+        mp.delenv(local.CONNECTION_ENV, raising=False)
+        settings = load_stack("local")
+        try:
+            local.up(settings)
+            model = root / "model"
+            subprocess.run([sys.executable, "-m", "frontier_runtime.tiny", "--out", str(model)], check=True)
+            backend = backend_for(settings)
+            weights.push(
+                backend.aws_client("s3"),
+                model,
+                settings.model.weights_uri,
+                settings.model.name,
+                settings.model.version,
+            )
+            artifact, wheel = build_wheel()
+            backend.history_store().put_artifact(artifact, wheel)
+            deploy(backend, artifact.digest)
+            yield Deployed(settings)
+        finally:
+            local.down(settings)
+
+
+@dataclass(frozen=True)
+class Deployed:
+    settings: Settings
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_alarm_evaluator_runs_as_a_service_of_the_local_stack(cluster):
+    settings = cluster.settings
+    assert services.find(local.state_dir(settings), "alarms") is not None
+    assert page_queue_url(settings).endswith("/frontier-local-page")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_rollout_pages_nobody(cluster):
+    """The fixture's deploy restarted every runtime: hosts a rollout holds out raise no alarm."""
+    quiet = receive(cluster.settings, lambda found: False, timeout_s=2)
+    assert [m for m in quiet if m.state == "ALARM"] == []
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_killed_runtime_pages_with_its_alarm_and_host_and_the_recovery_clears_it(cluster, capsys):
+    settings = cluster.settings
+    backend = backend_for(settings)
+    host = backend.hosts()[0]
+    receive(settings, lambda found: False, timeout_s=1)  # an empty queue to start from
+    killed_at = time.time()
+    recovery = kill_and_recover(settings, host, backend.balancer())
+    with capsys.disabled():
+        print(f"\n  kill -9 {host.name}: ready again after {recovery.ready_s:.2f}s")
+        messages = print_page_messages(settings, host.name, killed_at, timeout_s=30)
+    mine = [m for m in messages if m.host == host.name]
+    assert [m.state for m in mine] == ["ALARM", "OK"]
+    alarm, ok = mine
+    assert alarm.alarm == ok.alarm == f"frontier-{settings.stack}-runtime-down"
+    assert alarm.severity == "page" and alarm.old_state == "OK"
+    # It fired once the runtime had been unready for runtime_down_for_s, and cleared when it answered.
+    assert alarm.changed_at - killed_at >= settings.alerts.runtime_down_for_s
+    assert killed_at < alarm.changed_at < ok.changed_at <= killed_at + recovery.ready_s + 2
+    assert all(m.host == host.name for m in messages)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_each_runtimes_cpu_seconds_and_rss_reach_cloudwatch_under_the_agents_names(cluster):
+    settings = cluster.settings
+    cloudwatch = local.aws_client(settings, "cloudwatch", actor="admin")
+    now = datetime.now(UTC)
+    for host in backend_for(settings).hosts():
+        dimensions = [
+            {"Name": "Stack", "Value": settings.stack},
+            {"Name": "NodeGroup", "Value": settings.serving_group.name},
+            {"Name": "Host", "Value": host.name},
+        ]
+        figures = {}
+        for metric in ("procstat_memory_rss", "procstat_cpu_time_user"):
+            points = cloudwatch.get_metric_statistics(
+                Namespace="Frontier/Runtime",
+                MetricName=metric,
+                Dimensions=dimensions,
+                StartTime=now - timedelta(minutes=10),
+                EndTime=now + timedelta(minutes=1),
+                Period=60,
+                Statistics=["Maximum"],
+            )["Datapoints"]
+            figures[metric] = max(p["Maximum"] for p in points)
+        # A runtime holding a torch model: tens of MB resident, and it has used the CPU.
+        assert figures["procstat_memory_rss"] > 50 * 2**20, (host.name, figures)
+        assert figures["procstat_cpu_time_user"] > 0, (host.name, figures)
+
+
+# --- the evaluator's rule and its /proc reading (no cluster) ----------------------------------------
+
+
+def test_runtime_down_fires_once_unready_for_the_limit_and_clears_when_ready():
+    down = RuntimeDown("page", after_s=2.0)
+    assert down.observe("host-1", watched=True, is_ready=False, now=100.0) is None
+    assert down.observe("host-1", watched=True, is_ready=False, now=101.9) is None
+    fired = down.observe("host-1", watched=True, is_ready=False, now=102.0)
+    assert (fired.alarm, fired.old, fired.new, fired.severity) == ("runtime-down", "OK", "ALARM", "page")
+    assert down.observe("host-1", watched=True, is_ready=False, now=105.0) is None  # once, not every round
+    cleared = down.observe("host-1", watched=True, is_ready=True, now=106.0)
+    assert (cleared.old, cleared.new, cleared.at) == ("ALARM", "OK", 106.0)
+
+
+def test_a_host_a_rollout_holds_out_never_fires_however_long_it_is_unready():
+    down = RuntimeDown("page", after_s=1.0)
+    for second in range(10):
+        assert down.observe("host-1", watched=False, is_ready=False, now=float(second)) is None
+    # Back from the rollout and still unready: the count starts there.
+    assert down.observe("host-1", watched=True, is_ready=False, now=10.0) is None
+    assert down.observe("host-1", watched=True, is_ready=False, now=11.0).new == "ALARM"
+
+
+def test_process_usage_reads_cpu_seconds_and_resident_memory_from_proc():
+    before = process_usage(os.getpid())
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # burn some CPU of our own
+        pass
+    after = process_usage(os.getpid())
+    assert after.cpu_user_s + after.cpu_system_s >= before.cpu_user_s + before.cpu_system_s + 0.2
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    vm_rss = int(status["VmRSS"].split()[0]) * 1024
+    assert abs(after.rss_bytes - vm_rss) < 0.1 * vm_rss
+
+
+def test_a_process_that_is_gone_is_named():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    with pytest.raises(FrontierError, match=f"pid {child.pid}: no such process"):
+        process_usage(child.pid)

@@ -1,0 +1,147 @@
+"""Capacity baselines archived per release, and ``fab baseline.diff A B``: two releases' figures
+side by side with ratios, regressions beyond the threshold flagged (and the exit status says so)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from invoke import Context
+from invoke.exceptions import Exit
+
+from frontier import project
+from frontier.capacity.baseline import (
+    Baseline,
+    archive_path,
+    archived_releases,
+    baseline_path,
+    diff_baselines,
+    load_archived,
+    load_baseline,
+    save_baseline,
+)
+from frontier.cli.config import baseline_diff
+from frontier.errors import FrontierError
+
+OLD, NEW, THIRD = "r-00000000000a", "r-00000000000b", "r-00000000000c"
+MEASURED = Baseline(
+    stack="local",
+    measured_at="2026-12-01T10:00:00Z",
+    replica_qps=16.0,
+    output_tokens_per_s=560.0,
+    p50_latency_ms=1000.0,
+    p99_latency_ms=1500.0,
+    ttft_p99_ms=600.0,
+    hosts_measured=1,
+    release_id=OLD,
+)
+
+
+@pytest.fixture(autouse=True)
+def stacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    target = tmp_path / "stacks"
+    shutil.copytree(project.root() / "stacks", target, ignore=shutil.ignore_patterns("baselines"))
+    monkeypatch.setenv("FRONTIER_STACKS_DIR", str(target))
+    return target
+
+
+def later(**figures: float) -> Baseline:
+    return replace(MEASURED, measured_at="2026-12-02T10:00:00Z", release_id=NEW, **figures)
+
+
+def test_a_saved_baseline_is_archived_under_its_release_and_stays_the_latest(stacks: Path) -> None:
+    assert save_baseline(MEASURED) == stacks / "baselines" / "local.json"
+    assert archive_path("local", OLD) == stacks / "baselines" / "local" / f"{OLD}.json"
+    assert load_archived("local", OLD) == MEASURED == load_baseline("local")
+
+
+def test_a_new_release_archives_beside_the_old_one_and_replaces_only_the_latest() -> None:
+    save_baseline(MEASURED)
+    save_baseline(later(replica_qps=18.0))
+    assert archived_releases("local") == [OLD, NEW]
+    assert load_archived("local", OLD).replica_qps == 16.0
+    assert load_baseline("local").replica_qps == 18.0
+
+
+def test_measuring_a_release_again_replaces_its_archived_entry() -> None:
+    save_baseline(MEASURED)
+    save_baseline(replace(MEASURED, measured_at="2026-12-03T10:00:00Z", replica_qps=17.0))
+    assert archived_releases("local") == [OLD] and load_archived("local", OLD).replica_qps == 17.0
+
+
+def test_a_baseline_of_an_unknown_release_is_the_latest_but_not_archived() -> None:
+    save_baseline(replace(MEASURED, release_id="unknown"))
+    assert load_baseline("local").release_id == "unknown" and archived_releases("local") == []
+
+
+def test_a_release_without_a_baseline_is_refused_naming_those_archived() -> None:
+    save_baseline(MEASURED)
+    with pytest.raises(
+        FrontierError, match=rf"no baseline of release {THIRD} for stack 'local'; archived: {OLD}"
+    ):
+        load_archived("local", THIRD)
+
+
+def test_a_malformed_release_id_is_refused_naming_it() -> None:
+    with pytest.raises(FrontierError, match=r"release id '\.\./prod' is malformed"):
+        load_archived("local", "../prod")
+
+
+def test_an_archived_file_of_another_release_is_refused_naming_the_file() -> None:
+    save_baseline(MEASURED)
+    path = archive_path("local", OLD)
+    shutil.copy(path, archive_path("local", THIRD))
+    with pytest.raises(FrontierError, match=rf"{THIRD}.json: release_id = '{OLD}'"):
+        load_archived("local", THIRD)
+
+
+def test_the_diff_gives_each_figure_its_ratio_after_over_before() -> None:
+    diffs = {d.name: d for d in diff_baselines(MEASURED, later(replica_qps=20.0, p99_latency_ms=1200.0))}
+    assert diffs["replica_qps"].ratio == pytest.approx(1.25)
+    assert diffs["p99_latency_ms"].ratio == pytest.approx(0.8)
+    assert not any(d.regression for d in diffs.values())
+
+
+def test_less_throughput_beyond_the_threshold_is_a_regression() -> None:
+    diffs = {d.name: d for d in diff_baselines(MEASURED, later(output_tokens_per_s=490.0), threshold=0.1)}
+    assert diffs["output_tokens_per_s"].regression  # 0.875 < 0.9
+
+
+def test_more_latency_beyond_the_threshold_is_a_regression_and_within_it_is_not() -> None:
+    diffs = {d.name: d for d in diff_baselines(MEASURED, later(ttft_p99_ms=700.0, p50_latency_ms=1050.0))}
+    assert diffs["ttft_p99_ms"].regression and not diffs["p50_latency_ms"].regression
+
+
+def test_a_threshold_out_of_range_is_refused_naming_it() -> None:
+    with pytest.raises(FrontierError, match=r"--threshold = 0: must be a fraction > 0 and < 10"):
+        diff_baselines(MEASURED, later(), threshold=0)
+
+
+def test_fab_baseline_diff_prints_both_releases_figures_with_ratios(capsys) -> None:
+    save_baseline(MEASURED)
+    save_baseline(later(replica_qps=18.0))
+    baseline_diff(Context(), OLD, NEW, stack="local")
+    out = capsys.readouterr().out
+    assert f"baseline local: {OLD}" in out and NEW in out
+    assert "replica_qps" in out and "16.0" in out and "18.0" in out and "1.12" in out
+    assert "REGRESSION" not in out
+
+
+def test_fab_baseline_diff_flags_a_regression_and_exits_non_zero(capsys) -> None:
+    save_baseline(MEASURED)
+    save_baseline(later(p99_latency_ms=2000.0))
+    with pytest.raises(Exit) as exited:
+        baseline_diff(Context(), OLD, NEW, stack="local", threshold=0.2)
+    assert exited.value.code == 1 and "1 regression(s)" in str(exited.value.message)
+    row = next(line for line in capsys.readouterr().out.splitlines() if "p99_latency_ms" in line)
+    assert "1.33" in row and "REGRESSION" in row
+
+
+def test_the_archive_is_pretty_json_of_every_field() -> None:
+    save_baseline(MEASURED)
+    data = json.loads(archive_path("local", OLD).read_text())
+    assert data["release_id"] == OLD and data["replica_qps"] == 16.0 and len(data) == 9
+    assert baseline_path("local").read_text() == archive_path("local", OLD).read_text()
