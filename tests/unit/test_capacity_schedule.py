@@ -111,3 +111,48 @@ def test_kubernetes_renders_each_window_as_a_keda_cron_trigger_beside_the_queue_
         "desiredReplicas": "8",
     }
     assert schedule_triggers(load_stack("local")) == []
+
+
+def _peak_policy():
+    from frontier.config.schema import LocalAutoscaler
+    from frontier.targets.local.autoscaler import Policy
+
+    timing = LocalAutoscaler(
+        interval_s=1, scale_out_after_s=5, scale_in_after_s=10, cooldown_s=3, scale_in_utilisation=0.5
+    )
+    schedule = Schedule(timezone="America/New_York", windows=(ScheduleWindow(**{**PEAK, "min_size": 3}),))
+    return Policy(
+        target_queue_depth=4, min_size=1, max_size=4, max_concurrency=8, timing=timing, schedule=schedule
+    )
+
+
+# Thursday 2026-12-03, 09:00 and 20:00 in New York (UTC-5).
+IN_THE_PEAK = datetime(2026, 12, 3, 14, 0, tzinfo=UTC).timestamp()
+AFTER_THE_PEAK = datetime(2026, 12, 4, 1, 0, tzinfo=UTC).timestamp()
+
+
+def test_the_local_autoscaler_raises_a_group_to_the_windows_floor_at_once():
+    from frontier.targets.local.autoscaler import Decider, Observation
+
+    decider = Decider(_peak_policy())
+    decision = decider.feed(Observation(0.0, hosts=1, waiting=0, running=0, wall=IN_THE_PEAK))
+    assert decision is not None and (decision.current, decision.desired) == (1, 3)
+    assert "schedule window raises the floor to 3" in decision.reason
+    assert decider.feed(Observation(0.0, hosts=1, waiting=0, running=0, wall=AFTER_THE_PEAK)) is None
+
+
+def test_the_local_autoscaler_never_scales_in_below_the_windows_floor():
+    from frontier.targets.local.autoscaler import Decider, Observation
+
+    decider = Decider(_peak_policy())
+    idle = [
+        decider.feed(Observation(float(t), hosts=3, waiting=0, running=0, wall=IN_THE_PEAK + t))
+        for t in range(30)
+    ]
+    assert [d for d in idle if d is not None] == []
+    decider = Decider(_peak_policy())
+    after = [
+        decider.feed(Observation(float(t), hosts=3, waiting=0, running=0, wall=AFTER_THE_PEAK + t))
+        for t in range(30)
+    ]
+    assert [(d.current, d.desired) for d in after if d is not None][:1] == [(3, 2)]

@@ -19,6 +19,10 @@ the autoscaler scrapes each in-service slot's ``/metrics`` and feeds a :class:`D
 * **to zero**: with ``idle_to_zero_s`` set, a group whose hosts ran nothing, queued nothing, and
   whose model got no request through the gateway (its request counter did not move) for that long
   retires every host. The gateway holds what comes next.
+* **schedule**: inside a window of the group's ``schedule`` the floor is the window's ``min_size``:
+  fewer hosts than that scale out to it at once (after any cooldown), and nothing scales in below it
+  or to zero. The forecast (a predictive policy on EC2) is not applied here: the local stack keeps
+  no day of history to learn from.
 
 The decision is a pure function of the observations and the clock, tested on its own; the loop
 around it (:class:`Autoscaler`) scrapes, decides and acts.
@@ -32,6 +36,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from frontier_gateway.hold import POOL_LABEL, POOL_WAITING_METRIC
 from frontier_hostside.names import (
@@ -43,6 +48,7 @@ from frontier_hostside.names import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from frontier.config.schedule import Schedule
 from frontier.config.schema import LocalAutoscaler, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
@@ -62,6 +68,7 @@ class Observation:
     # replica of this pool, and how many of its requests the gateway has answered so far.
     held: float | None = None
     answered: float | None = None
+    wall: float = 0.0  # unix time of the scrape, for the schedule's windows (0: not known)
 
     @property
     def waiting_per_host(self) -> float:
@@ -88,6 +95,14 @@ class Policy:
     max_concurrency: int
     timing: LocalAutoscaler
     idle_to_zero_s: float | None = None
+    schedule: Schedule | None = None
+
+    def floor_at(self, wall: float) -> int:
+        """The group's floor at unix time ``wall``: ``min_size``, raised inside a schedule window."""
+        if self.schedule is None or not wall:
+            return self.min_size
+        window = self.schedule.floor_at(datetime.fromtimestamp(wall, UTC))
+        return self.min_size if window is None else max(self.min_size, window)
 
     @classmethod
     def of(cls, settings: Settings) -> Policy:
@@ -101,6 +116,7 @@ class Policy:
             settings.runtime.max_concurrency,
             settings.local.autoscaler,
             group.idle_to_zero_s,
+            group.schedule,
         )
 
 
@@ -122,6 +138,12 @@ class Decider:
 
     def feed(self, seen: Observation) -> Decision | None:
         p, t = self.policy, self.policy.timing
+        floor = p.floor_at(seen.wall)
+        if seen.hosts < floor and seen.at >= self._quiet_until:
+            # A schedule window raised the floor: capacity goes in before the peak, not after a queue.
+            return Decision(
+                seen.at, seen.hosts, min(floor, p.max_size), f"a schedule window raises the floor to {floor}"
+            )
         if seen.hosts == 0:
             return self._from_zero(seen)
         to_zero = self._to_zero(seen)
@@ -147,7 +169,7 @@ class Decider:
                 f"{seen.waiting_per_host:.1f} waiting per host > target {p.target_queue_depth:g} "
                 f"for {seen.at - self._over_since:.0f}s",
             )
-        if calm and seen.at - self._calm_since >= t.scale_in_after_s and seen.hosts > p.min_size:
+        if calm and seen.at - self._calm_since >= t.scale_in_after_s and seen.hosts > floor:
             return Decision(
                 seen.at,
                 seen.hosts,
@@ -171,7 +193,12 @@ class Decider:
         p = self.policy
         arrived = seen.answered is not None and seen.answered != self._last_answered
         self._last_answered = seen.answered
-        if p.min_size > 0 or p.idle_to_zero_s is None or seen.at < self._quiet_until or seen.unreachable:
+        if (
+            p.floor_at(seen.wall) > 0
+            or p.idle_to_zero_s is None
+            or seen.at < self._quiet_until
+            or seen.unreachable
+        ):
             self._idle_since = None
             return None
         idle = seen.waiting == 0 and seen.running == 0 and not seen.held and not arrived
@@ -261,6 +288,7 @@ class Autoscaler:
         if self.gateway_metrics_url is not None:
             demand = scrape_gateway(self.gateway_metrics_url, self.settings.model.name)
         return Observation(
+            wall=time.time(),
             at=time.monotonic(),
             hosts=len(hosts),
             waiting=sum(w for w, _ in answered),
