@@ -236,7 +236,7 @@ def up(settings: Settings) -> list[Component]:
     _check_ports(settings, state, connection)
     moto = _up_moto(settings, state)
     report = [moto, identities(settings, fresh=moto.state == "started")]
-    report.append(_up_traces(state))  # before the slots: their env files name it
+    report.append(_up_traces(settings, state))  # before the slots: their env files name it
     report += _up_aws_resources(settings, state)
     key = _ensure_ssh_key(settings) if connection == "ssh" else None
     for host in settings.inventory.hosts:
@@ -440,15 +440,18 @@ def _up_alarms(settings: Settings, state: Path) -> Component:
     return Component("alarms", "started", f"pid {service.pid}: every {every:g} s, to SNS topics per severity")
 
 
-def _up_traces(state: Path) -> Component:
+def _up_traces(settings: Settings, state: Path) -> Component:
     """The trace receiver that stands in for an OpenTelemetry Collector on this machine."""
     running = services.find(state, traces.SERVICE)
     if running is not None:
         return Component(traces.SERVICE, "running", f"pid {running.pid}")
     out = state / traces.SPANS_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
-    # A free port, not OTLP's 4318: several local stacks (the e2e tests') run side by side.
+    # A free port, not OTLP's 4318: several local stacks (the e2e tests') run side by side. Never one
+    # the stack's own services will listen on later in this `up` (free now, taken in a moment).
     port = services.free_port("127.0.0.1")
+    while port in _stack_ports(settings):
+        port = services.free_port("127.0.0.1")
     command = [
         *(sys.executable, "-m", "frontier.targets.local.traces"),
         *("--port", str(port), "--out", str(out)),
@@ -457,6 +460,17 @@ def _up_traces(state: Path) -> Component:
     service = services.spawn(traces.SERVICE, command, state, log, "127.0.0.1", port)
     services.wait_for_port("127.0.0.1", port, 20, service)
     return Component(traces.SERVICE, "started", f"{traces.endpoint(port=port)} (pid {service.pid}) → {out}")
+
+
+def _stack_ports(settings: Settings) -> set[int]:
+    """Every port the stack file names for a service of this machine."""
+    assert settings.local is not None
+    local = settings.local
+    ports = {local.moto_port, local.balancer_port, local.balancer_stats_port, settings.runtime.port}
+    ports |= {h.ssh_port for h in settings.inventory.hosts}
+    if settings.gateway is not None:
+        ports |= {settings.gateway.port, settings.gateway.admin_port}
+    return ports
 
 
 def traces_env(settings: Settings) -> dict[str, str]:
