@@ -3,11 +3,40 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from frontier.capacity.explore import ExpertParallelRow, Exploration
+from frontier.capacity.explore import ExpertParallelRow, Exploration, Option
 from frontier.capacity.quality import QualityPoint, QualityRun
 from frontier.config.schema import Settings, Slo
+
+
+def _scatter_by(
+    ax: Any,
+    options: tuple[Option, ...],
+    key: Callable[[Option], str],
+    label: str,
+    *,
+    size: float,
+    alpha: float,
+) -> list[str]:
+    """Options as TPOT vs cost points, one colour per ``key`` (in sorted order, which it returns)."""
+    import matplotlib.pyplot as plt
+
+    cmap = plt.get_cmap("tab10")
+    groups = sorted({key(o) for o in options})
+    for i, group in enumerate(groups):
+        mine = [o for o in options if key(o) == group]
+        ax.scatter(
+            [o.tpot_ms for o in mine],
+            [o.cost_per_million for o in mine],
+            s=size,
+            alpha=alpha,
+            color=cmap(i % 10),
+            label=label.format(group),
+        )
+    return groups
 
 
 def pareto_png(ex: Exploration, slo: Slo, out: Path) -> Path:
@@ -19,18 +48,7 @@ def pareto_png(ex: Exploration, slo: Slo, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 5.2))
-    gpus = sorted({o.candidate.gpu_type for o in ex.options})
-    cmap = plt.get_cmap("tab10")
-    for i, gpu in enumerate(gpus):
-        mine = [o for o in ex.options if o.candidate.gpu_type == gpu]
-        ax.scatter(
-            [o.tpot_ms for o in mine],
-            [o.cost_per_million for o in mine],
-            s=22,
-            alpha=0.55,
-            color=cmap(i % 10),
-            label=gpu,
-        )
+    _scatter_by(ax, ex.options, lambda o: o.candidate.gpu_type, "{}", size=22, alpha=0.55)
     ax.plot(
         [o.tpot_ms for o in ex.front],
         [o.cost_per_million for o in ex.front],
@@ -141,17 +159,9 @@ def quality_png(
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.6))
     cmap = plt.get_cmap("tab10")
-    quantizations = sorted({o.candidate.quantization for o in ex.options})
-    for i, q in enumerate(quantizations):
-        mine = [o for o in ex.options if o.candidate.quantization == q]
-        left.scatter(
-            [o.tpot_ms for o in mine],
-            [o.cost_per_million for o in mine],
-            s=16,
-            alpha=0.5,
-            color=cmap(i % 10),
-            label=f"weights {q}",
-        )
+    quantizations = _scatter_by(
+        left, ex.options, lambda o: o.candidate.quantization, "weights {}", size=16, alpha=0.5
+    )
     left.plot(
         [o.tpot_ms for o in ex.front],
         [o.cost_per_million for o in ex.front],

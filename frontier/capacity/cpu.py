@@ -97,13 +97,19 @@ def _best_s(fn: Callable[[], object], now: Callable[[], float]) -> float:
 def measure(threads: int) -> CpuMeasurement:
     """Run the measurements now (ten seconds or so)."""
     import torch  # the toolkit needs torch only here; importing it lazily keeps `fab` fast
+    from frontier_runtime.tiny import make_tiny_checkpoint
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         bandwidth, flops, kernel = measure_kernels(threads)
-        per_layer, per_seq = fit_engine_overhead(threads, bandwidth, flops)
-        per_request, per_token = fit_server_overhead(threads, bandwidth, flops, per_layer, per_seq)
+        # One checkpoint for both fits: the engine's steps in this process, the server's in its own.
+        with tempfile.TemporaryDirectory(prefix="frontier-cpu-fit-") as tmp:
+            model_dir = make_tiny_checkpoint(Path(tmp) / "tiny")
+            per_layer, per_seq = fit_engine_overhead(model_dir, threads, bandwidth, flops)
+            per_request, per_token = fit_server_overhead(
+                model_dir, threads, bandwidth, flops, per_layer, per_seq
+            )
     finally:
         torch.set_num_threads(previous)
     return CpuMeasurement(
@@ -154,31 +160,28 @@ def _engine_layers() -> tuple[list[Any], str]:
     return layers, kernel
 
 
-def fit_engine_overhead(threads: int, bandwidth: float, flops: float) -> tuple[float, float]:
-    """The engine's own time per layer and per sequence of a decode step: measured steps of a
-    4-layer random checkpoint at concurrency 1 and 32, less the bare roofline of those steps."""
+def fit_engine_overhead(model_dir: Path, threads: int, bandwidth: float, flops: float) -> tuple[float, float]:
+    """The engine's own time per layer and per sequence of a decode step: measured steps of the
+    4-layer random checkpoint ``model_dir`` at concurrency 1 and 32, less their bare roofline."""
     from frontier_runtime.engine.llm_engine import LLMEngine
-    from frontier_runtime.tiny import make_tiny_checkpoint
 
-    from frontier.capacity.roofline import Device, Efficiency, step
+    from frontier.capacity.roofline import Efficiency, step
 
     now = clock(threads)
-    with tempfile.TemporaryDirectory(prefix="frontier-cpu-fit-") as tmp:
-        model_dir = make_tiny_checkpoint(Path(tmp) / "tiny")
-        cfg = json.loads((model_dir / "config.json").read_text())
-        engine = LLMEngine(
-            model_dir,
-            max_batch_size=max(FIT_CONCURRENCY),
-            max_num_batched_tokens=1024,
-            cpu_kv_cache_bytes=64 << 20,
-            cpu_threads=threads,
-        )
-        try:
-            measured = {c: _decode_step_s(engine, cfg["vocab_size"], c, now) for c in FIT_CONCURRENCY}
-        finally:
-            engine.shutdown()
+    cfg = json.loads((model_dir / "config.json").read_text())
+    engine = LLMEngine(
+        model_dir,
+        max_batch_size=max(FIT_CONCURRENCY),
+        max_num_batched_tokens=1024,
+        cpu_kv_cache_bytes=64 << 20,
+        cpu_threads=threads,
+    )
+    try:
+        measured = {c: _decode_step_s(engine, cfg["vocab_size"], c, now) for c in FIT_CONCURRENCY}
+    finally:
+        engine.shutdown()
     replica = replica_of_config(cfg)
-    device = Device("CPU", 16e9, bandwidth, flops, bandwidth, "measured")
+    device = _measured_device(bandwidth, flops)
     bare = Efficiency(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, "bare", overlap=1.0, gemm_weight_passes=1.0)
     context = FIT_PROMPT + FIT_OUTPUT / 2
     residual = {
@@ -189,6 +192,13 @@ def fit_engine_overhead(threads: int, bandwidth: float, flops: float) -> tuple[f
     per_seq = max(0.0, (residual[high] - residual[low]) / (high - low))
     per_layer = max(0.0, (residual[low] - per_seq * low) / replica.shape.layers)
     return per_layer, per_seq
+
+
+def _measured_device(bandwidth: float, flops: float) -> Any:
+    """The roofline's CPU from the two figures just measured (memory is not what a fit models)."""
+    from frontier.capacity.roofline import Device
+
+    return Device("CPU", 16e9, bandwidth, flops, bandwidth, "measured")
 
 
 def replica_of_config(cfg: dict[str, Any], max_batch: int = max(FIT_CONCURRENCY)) -> Any:
@@ -214,20 +224,18 @@ def replica_of_config(cfg: dict[str, Any], max_batch: int = max(FIT_CONCURRENCY)
 
 
 def fit_server_overhead(
-    threads: int, bandwidth: float, flops: float, per_layer: float, per_seq: float
+    model_dir: Path, threads: int, bandwidth: float, flops: float, per_layer: float, per_seq: float
 ) -> tuple[float, float]:
     """The runtime server's own time per request and per streamed token, where it shares the
     engine's cores: a real runtime process's CPU time over streamed completions sent one at a time,
     less the engine's steps as the roofline models them (with the fitted engine overhead)."""
     import httpx
-    from frontier_runtime.tiny import make_tiny_checkpoint
 
-    from frontier.capacity.roofline import Device, Efficiency, step
+    from frontier.capacity.roofline import Efficiency, step
     from frontier.capacity.runtime_process import serve_locally
 
+    cfg = json.loads((model_dir / "config.json").read_text())
     with tempfile.TemporaryDirectory(prefix="frontier-cpu-server-") as tmp:
-        model_dir = make_tiny_checkpoint(Path(tmp) / "tiny")
-        cfg = json.loads((model_dir / "config.json").read_text())
         config = {
             "model": {"name": "fit", "weights_uri": str(model_dir), "max_seq_len": 1024},
             "max_concurrency": 4,
@@ -244,7 +252,7 @@ def fit_server_overhead(
             many = _cpu_of(pid, lambda: _completions(client, SERVER_REQUESTS, SERVER_TOKENS))
             prompt = _prompt_tokens(client)
     replica = replica_of_config(cfg)
-    device = Device("CPU", 16e9, bandwidth, flops, bandwidth, "measured")
+    device = _measured_device(bandwidth, flops)
     engine = Efficiency(
         1.0,
         1.0,

@@ -16,7 +16,7 @@ from frontier.config.schema import Settings
 from frontier.hosts.session import HostSession
 from frontier.loadtest.client import Target
 from frontier.loadtest.report import wide_console
-from frontier.loadtest.soak import MB, SoakError, SoakLimits, SoakReport, Window, run_soak
+from frontier.loadtest.soak import MB, SoakError, SoakLimits, SoakReport, Window, p99_of, run_soak
 from frontier.targets import backend_for
 
 
@@ -142,15 +142,14 @@ def windows_table(report: SoakReport, rows: int = 12) -> Table:
     for i in range(0, len(windows), size):
         chunk = windows[i : i + size]
         samples = [s for w in chunk for s in w.samples]
-        latencies = sorted(s.e2el_s for s in samples if s.ok and s.e2el_s is not None)
-        p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3 if latencies else None
+        p99 = p99_of(samples)
         last = chunk[-1].readings
         table.add_row(
             f"{chunk[0].start:.0f}",
             f"{chunk[-1].end:.0f}",
             str(len(samples)),
             str(sum(1 for s in samples if not s.ok)),
-            "-" if p99 is None else f"{p99:,.0f}",
+            "-" if p99 is None else f"{p99 * 1e3:,.0f}",
             " ".join("-" if r.rss_bytes is None else f"{r.rss_bytes / MB:.0f}" for r in last),
             f"{max((r.kv_usage for w in chunk for r in w.readings if r.kv_usage is not None), default=0.0):.0%}",
         )

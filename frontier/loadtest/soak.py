@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from frontier_hostside.names import KV_USAGE_METRIC, PROCESS_RSS_METRIC, PROCESS_START_METRIC
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,8 +29,6 @@ from frontier.errors import FrontierError
 from frontier.loadtest.client import BackgroundLoad, Target
 from frontier.loadtest.stats import RequestSample, percentile
 
-RSS_METRIC = PROCESS_RSS_METRIC
-START_METRIC = PROCESS_START_METRIC
 MB = 1 << 20
 
 
@@ -75,10 +73,14 @@ def read_replica(replica: str, at: float, metrics_text: str | None) -> ReplicaRe
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
-            if sample.name in (RSS_METRIC, START_METRIC, KV_USAGE_METRIC):
+            if sample.name in (PROCESS_RSS_METRIC, PROCESS_START_METRIC, KV_USAGE_METRIC):
                 values[sample.name] = values.get(sample.name, 0.0) + sample.value
     return ReplicaReading(
-        at, replica, values.get(RSS_METRIC), values.get(KV_USAGE_METRIC), values.get(START_METRIC)
+        at,
+        replica,
+        values.get(PROCESS_RSS_METRIC),
+        values.get(KV_USAGE_METRIC),
+        values.get(PROCESS_START_METRIC),
     )
 
 
@@ -179,7 +181,7 @@ def run_soak(
     time.sleep(min(interval_s, 5.0))  # the last streams close and their blocks are freed
     idle_after = read_all(time.monotonic() - began)
     report = SoakReport(rate, duration_s, tuple(windows), idle_before, idle_after)
-    return SoakReport(**{**report.__dict__, "checks": judge(report, limits)})
+    return replace(report, checks=judge(report, limits))
 
 
 def judge(report: SoakReport, limits: SoakLimits) -> tuple[Check, ...]:
@@ -229,7 +231,7 @@ def judge(report: SoakReport, limits: SoakLimits) -> tuple[Check, ...]:
             rate_last - rate_first <= limits.error_rate_drift,
         )
     )
-    p99_first, p99_last = _p99(first), _p99(last)
+    p99_first, p99_last = p99_of(first), p99_of(last)
     ratio = p99_last / p99_first if p99_first and p99_last else None
     checks.append(
         Check(
@@ -292,7 +294,8 @@ def _error_rate(samples: list[RequestSample]) -> float:
     return sum(1 for s in samples if not s.ok) / len(samples) if samples else 0.0
 
 
-def _p99(samples: list[RequestSample]) -> float | None:
+def p99_of(samples: list[RequestSample]) -> float | None:
+    """The 99th percentile of the successful requests' end-to-end latency, in seconds."""
     latencies = [s.e2el_s for s in samples if s.ok and s.e2el_s is not None]
     return percentile(latencies, 99) if latencies else None
 
