@@ -24,6 +24,7 @@ import hashlib
 import json
 import shlex
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,28 @@ from frontier.render.host import render_agent_config
 
 # What a host runs and holds, as the agent reports it (``runs(release_id)`` included).
 HostFacts = Facts
+
+
+@dataclass
+class Pruned:
+    """What a host's prune removed: release ids, and cached weights versions (``bucket/prefix/version``)."""
+
+    releases: list[str]
+    weights: list[str]
+
+    @classmethod
+    def from_answer(cls, answer: dict[str, Any]) -> Pruned:
+        """The agent's ``prune`` answer (``weights_evicted`` only when it evicted anything)."""
+        return cls(
+            releases=[str(r) for r in answer["pruned"]],
+            weights=[str(w) for w in answer.get("weights_evicted", [])],
+        )
+
+    def __str__(self) -> str:
+        parts = [" ".join(self.releases)] if self.releases else []
+        if self.weights:
+            parts.append("weights evicted: " + " ".join(self.weights))
+        return "; ".join(parts) or "nothing to prune"
 
 
 class HostError(FrontierError):
@@ -224,5 +247,6 @@ class HostSession:
     def metrics(self) -> str:
         return str(self.agent("metrics", "metrics", timeout=30)["metrics"])
 
-    def prune(self, keep: int) -> list[str]:
-        return [str(r) for r in self.agent("prune", "prune", str(keep))["pruned"]]
+    def prune(self, keep: int) -> Pruned:
+        """Remove all but ``keep`` releases; the host also evicts cached weights no release left needs."""
+        return Pruned.from_answer(self.agent("prune", "prune", str(keep)))

@@ -352,7 +352,7 @@ class Rollout:
         return "staged" if self.session(host).stage(release, wheel) else "already staged"
 
     def _prune(self, host: HostSpec) -> str:
-        return " ".join(self.session(host).prune(self.settings.rollout.keep_releases)) or "nothing to prune"
+        return str(self.session(host).prune(self.settings.rollout.keep_releases))
 
     def _restore(self, touched: list[HostSpec], results: dict[str, HostResult]) -> bool:
         """Return every touched host to the release it ran before; True when all of them are back."""

@@ -33,6 +33,13 @@ PATH_PATTERN = r"^/[A-Za-z0-9_./-]*$"
 SECRET_ID_PATTERN = r"^[A-Za-z0-9/_+=.@:-]+$"
 
 
+#: Parallel GETs of a cold start's weights fetch. S3 serves one connection at up to about 100 MB/s,
+#: so a host reaches its NIC's rate only with many connections at once; the bound keeps memory at
+#: about concurrency x the largest part (a part waits in memory only until its file's hash reaches it).
+WEIGHTS_FETCH_CONCURRENCY = 8
+WEIGHTS_FETCH_MAX_CONCURRENCY = 64
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -168,6 +175,13 @@ class RuntimeSettings(CacheConfig, ParallelConfig, CpuConfig):
         default=CLOUD_WEIGHTS_CACHE,
         min_length=1,
         description="Where verified weights are kept; relative paths are taken from the host's root.",
+    )
+    weights_fetch_concurrency: int = Field(
+        default=WEIGHTS_FETCH_CONCURRENCY,
+        ge=1,
+        le=WEIGHTS_FETCH_MAX_CONCURRENCY,
+        description="GETs in flight while a cold start fetches its weights (1: one file after another); "
+        "more reach a wide NIC's rate, each holding up to one part (16-64 MiB) in memory.",
     )
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600, description="In-flight work's grace on stop.")
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)

@@ -69,7 +69,7 @@ def test_prune_keeps_the_newest_releases_and_never_current_or_previous(session):
 
     left = sorted(p.name for p in (Path(session.root) / "releases").iterdir())
     assert releases[0].id in left and releases[1].id in left
-    assert len(left) == 3 and set(removed) == {r.id for r in releases} - set(left)
+    assert len(left) == 3 and set(removed.releases) == {r.id for r in releases} - set(left)
 
 
 def test_a_tampered_upload_is_never_staged(session):

@@ -26,6 +26,7 @@ from moto.server import ThreadedMotoServer
 from pydantic import ValidationError
 
 from frontier.config.schema import Rollout
+from frontier.hosts.session import Pruned
 from frontier.release.artifact import Artifact
 from frontier.release.history import HistoryStore, iso
 from frontier.release.release import Release
@@ -268,3 +269,11 @@ def test_keep_weight_versions_below_zero_is_refused_naming_the_field() -> None:
     assert rollout["keep_weight_versions"] == 2  # the default when a stack does not set it
     with pytest.raises(ValidationError, match=r"keep_weight_versions\n.*greater than or equal to 0"):
         Rollout.model_validate({**rollout, "keep_weight_versions": -1})
+
+
+def test_a_rollout_reports_the_weights_a_host_evicted_beside_the_releases_it_pruned(s3, tmp_path):
+    push_versions(s3, tmp_path, "v1", "v2", "v3")
+    agent = host_with_releases(tmp_path, s3, "v1", "v2", "v3")
+    pruned = Pruned.from_answer(agent.prune(2))
+    assert str(pruned) == f"r-000000000001; weights evicted: {WEIGHTS}/tiny/v1"
+    assert str(Pruned.from_answer(agent.prune(2))) == "nothing to prune"

@@ -101,7 +101,12 @@ def resolve_model_dir(config: RuntimeConfig, model_dir: Path | None, phase: Phas
 
     if not is_s3_uri(config.model.weights_uri):
         return Path(config.model.weights_uri)
-    report = fetch_weights(config.model.weights_uri, config.model.version, Path(config.weights_cache_dir))
+    report = fetch_weights(
+        config.model.weights_uri,
+        config.model.version,
+        Path(config.weights_cache_dir),
+        concurrency=config.weights_fetch_concurrency,
+    )
     phase("fetch", report.fetch_seconds)
     phase("verify", report.verify_seconds)
     return report.model_dir

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from frontier_runtime.config import WEIGHTS_FETCH_CONCURRENCY, WEIGHTS_FETCH_MAX_CONCURRENCY
 from frontier_runtime.storage.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -58,11 +59,8 @@ MARKER_NAME = ".verified.json"
 LOCK_NAME = ".lock"
 PARTIAL_SUFFIX = ".partial"
 DEFAULT_ATTEMPTS = 2
-#: Parallel GETs in flight. S3 serves one connection at up to about 100 MB/s, so a host reaches
-#: its NIC's rate only with many connections at once; the bound keeps memory at about
-#: concurrency x MAX_PART_SIZE (a part waits in memory only until its file's hash reaches it).
-DEFAULT_CONCURRENCY = 8
-MAX_CONCURRENCY = 64
+DEFAULT_CONCURRENCY = WEIGHTS_FETCH_CONCURRENCY
+MAX_CONCURRENCY = WEIGHTS_FETCH_MAX_CONCURRENCY
 MIN_PART_SIZE = 8 * 1024 * 1024
 #: A part that lands ahead of its file's hash waits in memory, so the largest part bounds that.
 MAX_PART_SIZE = 64 * 1024 * 1024

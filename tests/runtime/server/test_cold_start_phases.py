@@ -24,8 +24,10 @@ from frontier_runtime.server.serve import (
     load_runtime,
     new_state,
     phase_recorder,
+    resolve_model_dir,
     uvicorn_config,
 )
+from frontier_runtime.storage import weights as weights_module
 from frontier_runtime.storage.manifest import MANIFEST_NAME, ManifestEntry, build_manifest
 from frontier_runtime.storage.weights import (
     WeightsError,
@@ -180,6 +182,34 @@ def test_the_serial_fetch_still_downloads_file_after_file(sharded: str, tmp_path
     report = fetch_weights(sharded, "v1", tmp_path / "cache", s3_client=s3, concurrency=1)
     assert len(report.files_downloaded) == 4 and report.concurrency == 1
     assert counter.most_in_flight == 1
+
+
+def test_the_runtime_setting_bounds_the_gets_a_start_sends_at_once(
+    sharded: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counted: list[GetCounter] = []
+    real_client = weights_module._default_client
+
+    def counting_client(concurrency: int):
+        client = real_client(concurrency)
+        counted.append(GetCounter(client))
+        return client
+
+    monkeypatch.setattr(weights_module, "_default_client", counting_client)
+    config = parse_config(
+        yaml.safe_dump(
+            {
+                "model": {"name": MODEL, "weights_uri": sharded, "version": "v1", "max_seq_len": 256},
+                "weights_cache_dir": str(tmp_path / "cache"),
+                "weights_fetch_concurrency": 1,
+            }
+        )
+    )
+    model_dir = resolve_model_dir(config, None)
+    assert sorted(p.name for p in model_dir.glob("*.safetensors")) == [
+        f"model-{i:05d}-of-00003.safetensors" for i in range(3)
+    ]
+    assert counted[0].most_in_flight == 1 and len(counted[0].ranges) == 5
 
 
 @pytest.mark.slow
