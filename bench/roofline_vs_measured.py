@@ -20,6 +20,12 @@ written by transformers (hidden 512, 4 layers, 8 experts of width 1024, top-2; 5
   is used), and the engine's overhead per layer and per sequence fitted on the engine once at the
   start (``cpu.fit_engine_overhead``, on the tiny model at concurrency 1 and 32: those two rows are
   in-sample, the others held out); beside it the bare roofline with no overhead.
+- the sparse layer: the engine runs one GEMM per expert in use, one after another, each computing
+  whole 8-row tiles (the panel GEMM's register tile), so each expert GEMM is its own roofline over
+  its Binomial(B, k / E) rows, padded; the engine's own time per sparse layer (routing, sorting,
+  gathering, adding back) and per expert GEMM is fitted once at the start
+  (``cpu.fit_moe_overhead``) on another checkpoint, the tiny model with 8 experts of width 512,
+  top-2: every Mixtral row is held out.
 - the local stack's knee: the roofline's best point of ``stacks/Pulumi.local.yaml`` (uncalibrated)
   against ``stacks/baselines/local.json``, which ``fab loadtest`` measured through the server
   (HTTP, streaming, one thread per replica).
@@ -178,13 +184,22 @@ def main(argv: list[str] | None = None) -> None:
         f"the CPU as fab plan models it: the engine's {fitted.kernel} GEMM streams weights at "
         f"{fitted.bandwidth / 1e9:.1f} GB/s and multiplies at {fitted.flops / 1e9:.1f} GFLOP/s; engine overhead "
         f"fitted on the tiny model: {fitted.layer_overhead_s * 1e3:.3f} ms/layer + {fitted.seq_overhead_s * 1e3:.3f} "
-        f"ms/sequence per step; server (knee row only): {fitted.request_overhead_s * 1e3:.2f} ms/request + "
-        f"{fitted.token_overhead_s * 1e3:.3f} ms/streamed token",
+        f"ms/sequence per step; a sparse layer (fitted on a tiny 8-expert model, rows in tiles of "
+        f"{fitted.gemm_row_tile}): {fitted.moe_layer_overhead_s * 1e3:.3f} ms + "
+        f"{fitted.expert_overhead_s * 1e3:.3f} ms/expert GEMM; server (knee row only): "
+        f"{fitted.request_overhead_s * 1e3:.2f} ms/request + {fitted.token_overhead_s * 1e3:.3f} ms/streamed token",
         flush=True,
     )
     # The engine rows run LLMEngine with no server: the server's terms are the knee row's only.
     engine_eff = replace(eff, request_overhead_s=0.0, token_overhead_s=0.0)
-    bare_eff = replace(engine_eff, step_overhead_s=0.0, seq_overhead_s=0.0, layer_overhead_s=0.0)
+    bare_eff = replace(
+        engine_eff,
+        step_overhead_s=0.0,
+        seq_overhead_s=0.0,
+        layer_overhead_s=0.0,
+        moe_layer_overhead_s=0.0,
+        expert_overhead_s=0.0,
+    )
     context = args.prompt + args.output / 2
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="frontier-roofline-") as tmp:

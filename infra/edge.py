@@ -115,7 +115,7 @@ class EdgeArgs:
     # The public subnets for an internet-facing balancer, the private ones for an internal one.
     subnet_ids: Sequence[pulumi.Input[str]]
     security_group_id: pulumi.Input[str]
-    # The port the targets serve on: TARGET_TLS_PORT with HTTPS, the gateway's port with HTTP.
+    # The port the targets serve HTTPS on: HAProxy's TARGET_TLS_PORT on runtime hosts, else the gateway's port.
     target_port: int
     health: Health
     deregistration_delay_s: int

@@ -18,6 +18,14 @@
   own would schedule. GPU nodes carry the label the device plugin selects them by.
 - The Kubernetes provider of the new cluster is made here, so the add-ons (:mod:`infra.addons`) and
   the workloads (:mod:`infra.workloads`) talk to it through one provider.
+- Nodes keep the cluster security group EKS makes (their launch templates name none), and with it
+  its egress to anywhere: unlike the EC2 hosts', theirs is not narrowed to the VPC. What nodes need
+  is the control plane (443, and it reaches the kubelets on 10250 and the controllers' webhooks),
+  each other (pods and CoreDNS on the VPC CNI), STS, ECR (``ecr.api``, ``ecr.dkr``) and S3 (image
+  layers) — all reachable through the VPC's endpoints — but also the registries the add-ons' charts
+  pull from (``nvcr.io`` for the device plugin and the DCGM exporter, ``public.ecr.aws`` for the
+  load balancer controller, ``ghcr.io`` for KEDA), which no endpoint serves. Narrowing the group would need those images mirrored into the stack's ECR first; a pod's
+  own egress is confined by its NetworkPolicy meanwhile.
 """
 
 from __future__ import annotations
@@ -47,8 +55,14 @@ TAINT_EFFECTS = {
     "NoExecute": "NO_EXECUTE",
 }
 NAMESPACE_EDIT_POLICY = "AmazonEKSEditPolicy"
-# Where the AWS Load Balancer Controller looks for the subnets of an internet-facing ALB.
+# Where the AWS Load Balancer Controller looks for the subnets of an internet-facing ALB, and of an
+# internal one (an Ingress with ``alb.ingress.kubernetes.io/scheme: internal``). Both go to the
+# public subnets: they hold no pod, so the runtime's NetworkPolicy admits the ALB's range
+# (frontier.targets.kubernetes.network.public_range) without admitting a pod. An internal ALB has
+# private addresses only, wherever it sits; in the private subnets it would share its range with
+# every pod on the VPC CNI.
 ALB_SUBNET_TAG = "kubernetes.io/role/elb"
+INTERNAL_ALB_SUBNET_TAG = "kubernetes.io/role/internal-elb"
 # gp3 allows 0.25 MiB/s per provisioned IOPS, and gives 3000 IOPS without charge.
 GP3_BASELINE_IOPS = 3000
 GP3_IOPS_PER_MIBPS = 4
@@ -220,6 +234,14 @@ class EksCluster(pulumi.ComponentResource):
         for i, subnet_id in enumerate(args.public_subnet_ids):
             aws.ec2.Tag(
                 f"{name}-public-{i}-elb", resource_id=subnet_id, key=ALB_SUBNET_TAG, value="1", opts=child
+            )
+        for i, subnet_id in enumerate(args.public_subnet_ids):
+            aws.ec2.Tag(
+                f"{name}-public-{i}-internal-elb",
+                resource_id=subnet_id,
+                key=INTERNAL_ALB_SUBNET_TAG,
+                value="1",
+                opts=child,
             )
 
         entry = aws.eks.AccessEntry(

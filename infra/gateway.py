@@ -1,28 +1,38 @@
 """The gateway's own small CPU node group behind the ALB; the runtimes behind it become private.
 
-- The ALB forwards to the gateway's port only; the gateway's group registers in the ALB's target
-  group, whose health check probes the gateway's readiness (ready while every model has a ready
-  replica).
+- The ALB forwards to the gateway's port only, over HTTPS: the gateway terminates TLS itself
+  (uvicorn, with a certificate each host makes at first boot; templates/gateway-cloud-init.yaml.j2).
+  The gateway's group registers in the ALB's target group, whose HTTPS health check probes the
+  gateway's readiness (ready while every model has a ready replica).
+- Rolled without dropping capacity: the user data names the digest of the stack's gateway.yaml,
+  so a changed gateway config is a new launch template version, and the group's instance refresh
+  (minimum healthy 100 %, maximum 200 %, ELB health checks; the preferences of
+  :data:`frontier.targets.ec2.gateway.GATEWAY_REFRESH`) launches each replacement, waits for it to
+  pass the target group's health check and warm up, and only then drains and terminates an old
+  host. ``fab gateway.roll`` starts the same refresh after ``fab gateway.publish`` and waits.
+  (An instance refresh rather than the runtimes' host-by-host roll: gateway hosts hold no release
+  state to verify, so AWS's own replacement is the whole job.)
 - Runtime hosts take their port from the gateway's security group only.
 - The gateway's role reads its tenants' key digests and the runtimes' key (Secrets Manager, KMS),
-  lists instances (it finds each pool's runtimes by their tags) and writes metering records under
-  its S3 prefix; nothing else.
+  lists instances (it finds each pool's runtimes by their tags), reads what it boots from under the
+  history prefix's ``gateway/``, writes metering records under its S3 prefix, ships its logs to its
+  stack's log groups and puts metrics in the runtime's CloudWatch namespace (the held requests the
+  from-zero alarms read; infra/monitoring.py alarms on the rest); nothing else.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
-from frontier_hostside.names import ROLE_TAG
+from frontier_hostside.names import CLOUDWATCH_NAMESPACE, ROLE_TAG
 
+from frontier.targets.ec2.gateway import GATEWAY_REFRESH, GATEWAY_ROLE
 from infra.tags import with_tags
-
-GATEWAY_ROLE = "gateway"
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,18 @@ class GatewayNodesArgs:
     metering_prefix: str
     user_data: str
     tags: Mapping[str, str]
+    # What hosts boot from: ``<history_prefix>gateway/`` of this bucket (`fab gateway.publish`).
+    history_bucket: str = ""
+    history_prefix: str = ""
+    # How long a host may take from launch to passing the target group's health check.
+    health_check_grace_s: int = 300
+    # network.egress: "endpoints" keeps HTTPS inside the VPC (its endpoints and S3's prefix list,
+    # infra.security_groups); only "internet" opens 443 to anywhere, through the NAT.
+    egress: str = "endpoints"
+    # What must exist before a host boots, made from the gateway's security group once it exists
+    # (the quota store admits that group, and hosts read its URL at start): no host boots into a
+    # restart loop waiting for it on a first ``pulumi up``.
+    boot_dependencies: Callable[[pulumi.Output[str]], Sequence[pulumi.Resource]] | None = None
 
 
 class GatewayNodes(pulumi.ComponentResource):
@@ -98,16 +120,18 @@ class GatewayNodes(pulumi.ComponentResource):
             description="Forward to the runtimes",
             opts=child,
         )
-        aws.vpc.SecurityGroupEgressRule(
-            f"{name}-to-aws-apis",
-            security_group_id=group.id,
-            cidr_ipv4="0.0.0.0/0",
-            ip_protocol="tcp",
-            from_port=443,
-            to_port=443,
-            description="Secrets Manager, S3 and KMS over HTTPS (through the NAT)",
-            opts=child,
-        )
+        if args.egress == "internet":
+            aws.vpc.SecurityGroupEgressRule(
+                f"{name}-to-aws-apis",
+                security_group_id=group.id,
+                cidr_ipv4="0.0.0.0/0",
+                ip_protocol="tcp",
+                from_port=443,
+                to_port=443,
+                description="Secrets Manager, S3 and KMS over HTTPS (through the NAT)",
+                opts=child,
+            )
+        boot_after = list(args.boot_dependencies(group.id)) if args.boot_dependencies else []
         rule(
             f"{name}-runtime-from-gateway",
             security_group_id=args.runtime_security_group_id,
@@ -141,6 +165,10 @@ class GatewayNodes(pulumi.ComponentResource):
             for secret in args.secret_names
         ]
         metering_arn = f"arn:aws:s3:::{args.metering_bucket}/{args.metering_prefix.strip('/')}/*"
+        release_prefix = f"{args.history_prefix.rstrip('/')}/gateway/".lstrip("/")
+        release_arn = f"arn:aws:s3:::{args.history_bucket}/{release_prefix.rstrip('/')}"
+        # /frontier/<stack>/gateway and /frontier/<stack>/cloud-init (infra/monitoring.py).
+        log_groups = f"arn:aws:logs:{args.region}:{args.account_id}:log-group:/frontier/{args.stack}/*"
         grants = aws.iam.RolePolicy(
             f"{name}-policy",
             role=role.id,
@@ -174,6 +202,41 @@ class GatewayNodes(pulumi.ComponentResource):
                                 "Effect": "Allow",
                                 "Action": "s3:PutObject",
                                 "Resource": metering_arn,
+                            },
+                            {
+                                "Sid": "ReadWhatItBoots",
+                                "Effect": "Allow",
+                                "Action": "s3:GetObject",
+                                "Resource": f"{release_arn}/*",
+                            },
+                            {
+                                "Sid": "ListWhatItBoots",
+                                "Effect": "Allow",
+                                "Action": "s3:ListBucket",
+                                "Resource": f"arn:aws:s3:::{args.history_bucket}",
+                                "Condition": {"StringLike": {"s3:prefix": f"{release_prefix}*"}},
+                            },
+                            {
+                                "Sid": "ShipItsLogs",
+                                "Effect": "Allow",
+                                "Action": [
+                                    "logs:CreateLogStream",
+                                    "logs:PutLogEvents",
+                                    "logs:DescribeLogStreams",
+                                ],
+                                "Resource": [
+                                    f"{log_groups}:*",
+                                    f"{log_groups}:log-stream:*",
+                                ],
+                            },
+                            {
+                                # The held requests (the from-zero alarms' signal), its answers, and
+                                # the CloudWatch agent's host metrics: the runtime's namespace only.
+                                "Sid": "PutGatewayMetrics",
+                                "Effect": "Allow",
+                                "Action": "cloudwatch:PutMetricData",
+                                "Resource": "*",
+                                "Condition": {"StringEquals": {"cloudwatch:namespace": CLOUDWATCH_NAMESPACE}},
                             },
                         ],
                     }
@@ -226,11 +289,21 @@ class GatewayNodes(pulumi.ComponentResource):
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             target_group_arns=[args.target_group_arn],
             health_check_type="ELB",
-            health_check_grace_period=300,
-            instance_refresh={"strategy": "Rolling", "preferences": {"min_healthy_percentage": 50}},
+            health_check_grace_period=args.health_check_grace_s,
+            # A new launch template version (a changed gateway config, AMI or instance type) rolls
+            # the group: each replacement first, healthy in the target group, then an old host goes.
+            instance_refresh={
+                "strategy": "Rolling",
+                "preferences": {
+                    "min_healthy_percentage": GATEWAY_REFRESH.min_healthy_percentage,
+                    "max_healthy_percentage": GATEWAY_REFRESH.max_healthy_percentage,
+                    "instance_warmup": str(GATEWAY_REFRESH.instance_warmup_s),
+                    "skip_matching": True,
+                },
+            },
             tags=[{"key": k, "value": v, "propagate_at_launch": True} for k, v in host_tags.items()],
             # The profile names the role at once, its policies only once attached: hosts must not boot first.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[grants, ssm]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[grants, ssm, *boot_after]),
         )
         self.security_group_id = group.id
         self.asg_name = asg.name

@@ -73,6 +73,10 @@ class IdentityArgs:
     tags: Mapping[str, str]
     # The user `fab` logs in as (inventory.ssh_user): the only one its pushed keys are for, when set.
     ssh_user: str = ""
+    # On a stack of several models, the hosts' pool keeps its releases, records, host tools and boot
+    # records under a prefix of its own (frontier.release.history.stack_history); the artifacts stay
+    # under history_prefix, shared by the pools. "" where the stack serves one model.
+    pool_history_prefix: str = ""
 
 
 def _statement(
@@ -103,9 +107,20 @@ def log_groups_arn(cloud: Cloud, stack: str) -> str:
     return cloud.arn("logs", f"log-group:{LOG_GROUP_ROOT}/{stack}/*")
 
 
+def boot_read_prefixes(args: IdentityArgs) -> list[str]:
+    """The history prefixes a booting host reads: the stack's artifacts, and its pool's host tools,
+    records and releases (the stack's own where it serves one model)."""
+    pool = args.pool_history_prefix or args.history_prefix
+    return [
+        (args.history_prefix if sub == "artifacts" else pool).rstrip("/") + "/" + sub for sub in BOOT_READS
+    ]
+
+
 def host_boot_statements(args: IdentityArgs) -> list[dict[str, Any]]:
     """What an EC2 host needs to bootstrap itself (pods get their release from Kubernetes)."""
     cloud = args.cloud
+    reads = boot_read_prefixes(args)
+    pool = args.pool_history_prefix or args.history_prefix
     return [
         # A host bootstraps itself: the current good release from the history (read only), the host
         # tools beside it, and its own boot record under boots/ (never records/, which says what
@@ -113,7 +128,7 @@ def host_boot_statements(args: IdentityArgs) -> list[dict[str, Any]]:
         _statement(
             "ReadTheCurrentRelease",
             "s3:GetObject",
-            [_objects(args.history_bucket_arn, args.history_prefix + sub) for sub in BOOT_READS],
+            [_objects(args.history_bucket_arn, prefix) for prefix in reads],
         ),
         _statement(
             "ListTheCurrentRelease",
@@ -121,15 +136,15 @@ def host_boot_statements(args: IdentityArgs) -> list[dict[str, Any]]:
             args.history_bucket_arn,
             {
                 "StringLike": {
-                    "s3:prefix": [f"{args.history_prefix.strip('/')}/{sub}/*" for sub in BOOT_READS]
-                    + [f"{args.history_prefix.strip('/')}/{sub}" for sub in BOOT_READS]
+                    "s3:prefix": [f"{prefix.strip('/')}/*" for prefix in reads]
+                    + [prefix.strip("/") for prefix in reads]
                 }
             },
         ),
         _statement(
             "RecordItsBoot",
             "s3:PutObject",
-            _objects(args.history_bucket_arn, args.history_prefix + BOOT_RECORDS_PREFIX.rstrip("/")),
+            _objects(args.history_bucket_arn, pool + BOOT_RECORDS_PREFIX.rstrip("/")),
         ),
         _statement(
             "EncryptItsBootRecord",

@@ -1,18 +1,25 @@
 """The Pulumi program of a ``kubernetes`` stack: the same buckets, key, secret and registry as on EC2,
 then either an EKS cluster with GPU node groups (``cluster: create``) or an existing cluster's
-kubeconfig (``cluster: existing``), and the runtime's workloads on it.
+kubeconfig (``cluster: existing``), and the runtime's workloads on it — every model pool's, the
+gateway's where the stack has one (with its own IAM role: :class:`GatewayIdentity`), and the
+Prometheus stack's part (GPU exporter, resource alerts, alert routes, dashboard).
 
 :func:`infra.program.build` hands a ``kubernetes`` stack here; everything follows from the settings.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import pulumi
+import pulumi_aws as aws
 
 from frontier.config.schema import Kubernetes, Settings
+from frontier.targets.kubernetes.gateway import GATEWAY_SERVICE_ACCOUNT
 from infra.addons import ClusterAddons, ClusterAddonsArgs
 from infra.cloud import Cloud, look_up
 from infra.eks import EksArgs, EksCluster
@@ -20,7 +27,13 @@ from infra.errors import ProvisionError
 from infra.foundation import Foundation, FoundationArgs
 from infra.outputs import KubernetesOutputs
 from infra.tags import base_tags
-from infra.workload_identity import KubernetesDeployRole, WorkloadIdentity, WorkloadIdentityArgs
+from infra.workload_identity import (
+    KubernetesDeployRole,
+    WorkloadIdentity,
+    WorkloadIdentityArgs,
+    irsa_trust,
+    pod_identity_trust,
+)
 from infra.workloads import Workloads, WorkloadsArgs
 
 PRODUCTION_STACKS = frozenset({"prod", "eks-prod"})
@@ -51,6 +64,120 @@ def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
         yield f"region {cloud.region}: EKS needs two availability zones for its control plane"
     if k.cluster.mode == "existing" and not os.path.exists(os.path.expanduser(k.cluster.kubeconfig)):
         yield f"kubernetes.cluster.kubeconfig = {k.cluster.kubeconfig!r}: no such file"
+
+
+def gateway_pod_policy(settings: Settings, cloud: Cloud, kms_key_arn: str) -> dict[str, Any]:
+    """What the gateway does with AWS, as on EC2 but without discovery (Services route here): read
+    its tenants' key digests, the runtimes' key and a Redis quota store's secret, decrypt them,
+    write metering under its prefix."""
+    assert settings.gateway is not None
+    quota_auth = settings.gateway.quota.redis_auth_secret  # a Redis quota store's AUTH token (and URL)
+    secrets = sorted(
+        {t.api_key_secret for t in settings.tenants if t.api_key_secret}
+        | {p.runtime.api_keys_secret for p in settings.pools if p.runtime.api_keys_secret}
+        | ({quota_auth} if quota_auth else set())
+    )
+    bucket, _, prefix = settings.gateway.metering.uri.removeprefix("s3://").partition("/")
+    objects = (
+        f"arn:{cloud.partition}:s3:::{bucket}/{prefix.strip('/')}/*"
+        if prefix
+        else f"arn:{cloud.partition}:s3:::{bucket}/*"
+    )
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "ReadKeyDigests",
+                "Effect": "Allow",
+                "Action": "secretsmanager:GetSecretValue",
+                # Secrets Manager appends six random characters to a secret's name in its ARN.
+                "Resource": [cloud.arn("secretsmanager", f"secret:{name}-??????") for name in secrets],
+            },
+            {
+                "Sid": "DecryptSecrets",
+                "Effect": "Allow",
+                "Action": "kms:Decrypt",
+                "Resource": kms_key_arn,
+                # Only for Secrets Manager's own reads on the gateway's behalf.
+                "Condition": {
+                    "StringEquals": {"kms:ViaService": f"secretsmanager.{cloud.region}.{cloud.dns_suffix}"}
+                },
+            },
+            {"Sid": "WriteMetering", "Effect": "Allow", "Action": "s3:PutObject", "Resource": objects},
+            {
+                # The stack's buckets encrypt with its key: a new object needs a data key, via S3 only.
+                "Sid": "EncryptMetering",
+                "Effect": "Allow",
+                "Action": "kms:GenerateDataKey",
+                "Resource": kms_key_arn,
+                "Condition": {"StringEquals": {"kms:ViaService": f"s3.{cloud.region}.{cloud.dns_suffix}"}},
+            },
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class GatewayIdentityArgs:
+    settings: Settings
+    cloud: Cloud
+    cluster_name: pulumi.Input[str]
+    kms_key_arn: pulumi.Input[str]
+    tags: Mapping[str, str]
+    #: IRSA on a created cluster: the OIDC provider the runtime's role trusts, and its issuer.
+    oidc_provider_arn: pulumi.Input[str] | None = None
+    oidc_issuer: pulumi.Input[str] | None = None
+
+
+class GatewayIdentity(pulumi.ComponentResource):
+    """The gateway's service account's IAM role: made here on a created cluster, else the stack's
+    ``kubernetes.gateway_role_arn``; with EKS Pod Identity, associated with that service account."""
+
+    role_arn: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: GatewayIdentityArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("frontier:kubernetes:GatewayIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        k = _k8s(args.settings)
+        tags = dict(args.tags)
+        if k.cluster.mode == "existing":
+            self.role_arn = pulumi.Output.from_input(k.gateway_role_arn)
+        else:
+            if k.identity == "irsa":
+                assert args.oidc_provider_arn is not None and args.oidc_issuer is not None
+                assume = pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
+                    lambda a: irsa_trust(a[0], a[1], k.namespace, GATEWAY_SERVICE_ACCOUNT)
+                )
+            else:
+                assume = pulumi.Output.from_input(pod_identity_trust())
+            role = aws.iam.Role(
+                f"{name}-gateway",
+                description=f"Frontier {args.settings.stack}: gateway pods ({k.namespace}/{GATEWAY_SERVICE_ACCOUNT})",
+                assume_role_policy=assume,
+                tags=tags,
+                opts=child,
+            )
+            aws.iam.RolePolicy(
+                f"{name}-gateway",
+                role=role.id,
+                policy=pulumi.Output.from_input(args.kms_key_arn).apply(
+                    lambda key: json.dumps(gateway_pod_policy(args.settings, args.cloud, key))
+                ),
+                opts=child,
+            )
+            self.role_arn = role.arn
+        if k.identity == "pod_identity":
+            aws.eks.PodIdentityAssociation(
+                f"{name}-gateway",
+                cluster_name=args.cluster_name,
+                namespace=k.namespace,
+                service_account=GATEWAY_SERVICE_ACCOUNT,
+                role_arn=self.role_arn,
+                tags=tags,
+                opts=child,
+            )
+        self.register_outputs({"role_arn": self.role_arn})
 
 
 def preflight(settings: Settings, cloud: Cloud) -> None:
@@ -141,6 +268,21 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
             ),
         )
 
+    gateway = None
+    if settings.gateway is not None:
+        gateway = GatewayIdentity(
+            f"{stack}-gw",
+            GatewayIdentityArgs(
+                settings=settings,
+                cloud=cloud,
+                cluster_name=cluster_name,
+                kms_key_arn=secrets.key_arn,
+                tags=tags,
+                oidc_provider_arn=runtime.oidc_provider_arn,
+                oidc_issuer=oidc_issuer,
+            ),
+        )
+
     workloads = Workloads(
         f"{stack}-runtime",
         WorkloadsArgs(
@@ -148,6 +290,7 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
             kubeconfig=kubeconfig,
             context=context,
             role_arn=runtime.runtime_role_arn,
+            gateway_role_arn=gateway.role_arn if gateway is not None else None,
             access_logs_bucket=storage.logs_bucket,
             provider=provider,
             addons=addons,

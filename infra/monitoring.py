@@ -13,7 +13,13 @@ Alarms:
 - unhealthy hosts beyond what a rollout takes out at once (a rollout's own hosts do not page);
 - runtime queue depth above ``monitoring.queue_depth_alarm``;
 - per node group, from the CloudWatch agent (``templates/cloudwatch-agent.json.j2``): host memory and
-  the weights cache's disk, and on GPU groups the fullest GPU's memory and the hottest GPU.
+  the weights cache's disk, and on GPU groups the fullest GPU's memory and the hottest GPU;
+- with a gateway on its own hosts (infra/gateway.py): the gateway's own 5xx rate (its published
+  ``Gateway5xx`` over ``GatewayRequests``) above ``slo.error_rate``, any gateway host unhealthy in
+  the target group (a gateway roll launches each replacement before an old host goes, so none
+  should be), and the busiest gateway host's CPU above :data:`GATEWAY_CPU_PERCENT`. They take the
+  severities of ``5xx-rate``, ``unhealthy-hosts`` and ``host-memory`` (the stack's
+  ``alerts.severities`` move them along).
 
 Each host's bootstrap (``frontier_hostside/bootstrap.py watch``) scrapes the runtime's /metrics and
 publishes ``QueueDepth``, ``RunningRequests`` and ``EndToEndLatency`` (values with counts) in the
@@ -33,6 +39,9 @@ import pulumi_aws as aws
 from frontier_hostside.names import (
     CLOUDWATCH_DIMENSIONS,
     E2E_LATENCY_CW_METRIC,
+    GATEWAY_5XX_CW_METRIC,
+    GATEWAY_NODE_GROUP,
+    GATEWAY_REQUESTS_CW_METRIC,
     QUEUE_DEPTH_METRIC,
     RESTARTS_CW_METRIC,
 )
@@ -50,6 +59,9 @@ PERIOD_S = 60
 RESTART_ALARM = 1
 EVALUATION_PERIODS = 5
 DATAPOINTS_TO_ALARM = 3
+# The busiest gateway host's CPU (percent, as the agent publishes it): past this for 3 of 5 minutes
+# the group needs more or larger hosts before its event loops start to queue requests.
+GATEWAY_CPU_PERCENT = 80.0
 
 
 def runtime_dimensions(stack: str, node_group: str) -> dict[str, str]:
@@ -77,6 +89,37 @@ class MonitoringArgs:
     target_group_arn_suffix: pulumi.Input[str]
     asg_names: Sequence[pulumi.Input[str]]
     tags: Mapping[str, str]
+    # The ALB's targets are the gateway's hosts (infra/gateway.py): its log group and alarms.
+    gateway: bool = False
+
+
+def gateway_error_rate_queries(dims: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The gateway's 5xx answers over all its answers per minute (what its hosts publish); a minute
+    without requests (its hosts publish 0) is a rate of 0, not 0/0."""
+
+    def count(query_id: str, metric: str) -> dict[str, Any]:
+        return {
+            "id": query_id,
+            "return_data": False,
+            "metric": {
+                "namespace": METRIC_NAMESPACE,
+                "metric_name": metric,
+                "dimensions": dict(dims),
+                "period": PERIOD_S,
+                "stat": "Sum",
+            },
+        }
+
+    return [
+        count("errors", GATEWAY_5XX_CW_METRIC),
+        count("answered", GATEWAY_REQUESTS_CW_METRIC),
+        {
+            "id": "errorrate",
+            "expression": "IF(answered > 0, FILL(errors, 0) / answered, 0)",
+            "label": "gateway 5xx / requests",
+            "return_data": True,
+        },
+    ]
 
 
 def error_rate_queries(alb: pulumi.Input[str]) -> list[dict[str, Any]]:
@@ -162,13 +205,15 @@ class Monitoring(pulumi.ComponentResource):
                 tags=tags,
                 opts=self._child,
             )
-            for purpose in ("runtime", "cloud-init")
+            for purpose in ("runtime", "cloud-init", *(("gateway",) if args.gateway else ()))
         }
         self.topic_arns: dict[Severity, pulumi.Output[str]] = {
             severity: self._topic(severity) for severity in SEVERITIES
         }
         self._alarms()
         self._resource_alarms()
+        if args.gateway:
+            self._gateway_alarms()
         dashboard = self._dashboard()
 
         # The page topic: what the stack's outputs have always called its alarm topic.
@@ -275,6 +320,35 @@ class Monitoring(pulumi.ComponentResource):
             statistic="Sum",
             period=PERIOD_S,
             threshold=RESTART_ALARM,
+        )
+
+    def _gateway_alarms(self) -> None:
+        """The gateway's hosts: its own error rate, its hosts' health in the target group, their CPU."""
+        args, slo = self._args, self._args.slo
+        gateway = runtime_dimensions(args.stack, GATEWAY_NODE_GROUP)
+        self._alarm(
+            "gateway-5xx-rate",
+            f"The gateway answers more than {slo.error_rate:.2%} of requests with a 5xx "
+            "(its own count: held requests that timed out, runtimes that failed) for 3 of 5 minutes",
+            threshold=slo.error_rate,
+            metric_queries=gateway_error_rate_queries(gateway),
+        )
+        self._alarm(
+            "gateway-unhealthy-hosts",
+            "A gateway host fails the target group's HTTPS health check (a gateway roll keeps every "
+            "host healthy: each replacement passes it before an old host goes)",
+            namespace=ALB_NAMESPACE,
+            metric_name="UnHealthyHostCount",
+            dimensions={"LoadBalancer": args.alb_arn_suffix, "TargetGroup": args.target_group_arn_suffix},
+            statistic="Maximum",
+            period=PERIOD_S,
+            threshold=0,
+        )
+        self._alarm(
+            "gateway-cpu",
+            f"A gateway host's CPU is busier than {GATEWAY_CPU_PERCENT:.0f} % for 3 of 5 minutes",
+            threshold=GATEWAY_CPU_PERCENT,
+            **agent_series(host.CPU_ACTIVE, gateway),
         )
 
     def _resource_alarms(self) -> None:

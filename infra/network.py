@@ -34,6 +34,8 @@ INTERFACE_ENDPOINTS = (
     "monitoring",
     "sts",
     "autoscaling",
+    # The gateway finds each pool's runtimes with DescribeInstances (frontier_gateway.discovery).
+    "ec2",
 )
 # Session Manager's endpoints, added when hosts are reached over SSM instead of a bastion.
 SSM_ENDPOINTS = ("ssm", "ssmmessages", "ec2messages")

@@ -40,6 +40,7 @@ from infra.nodes import (
     terminate_timeout_s,
 )
 from infra.outputs import Ec2Outputs, KubernetesOutputs
+from infra.quota_store import QuotaStore, QuotaStoreArgs, provisions_store, store_problems
 from infra.security_groups import SecurityGroups, SecurityGroupsArgs
 from infra.storage import HISTORY_PREFIX_ROOT, bucket_suffix, unique_bucket_name
 from infra.tags import base_tags
@@ -64,7 +65,9 @@ def node_user_data(settings: Settings, group: NodeGroup, cloud: Cloud) -> str:
     )
 
 
-def gateway_nodes(settings: Settings, cloud: Cloud, network, security, edge, secrets, tags) -> GatewayNodes:  # noqa: ANN001
+def gateway_nodes(
+    settings: Settings, cloud: Cloud, network, security, edge, secrets, tags, boot_dependencies=None
+) -> GatewayNodes:  # noqa: ANN001
     """The gateway's CPU node group in the private subnets, registered in the ALB's target group."""
     gw = settings.gateway
     assert gw is not None
@@ -88,16 +91,25 @@ def gateway_nodes(settings: Settings, cloud: Cloud, network, security, edge, sec
             min_size=gw.min_size,
             desired_size=gw.desired_size,
             max_size=gw.max_size,
-            secret_names=[*(t.api_key_secret for t in settings.tenants), settings.runtime.api_keys_secret],
+            secret_names=[
+                *(t.api_key_secret for t in settings.tenants),
+                settings.runtime.api_keys_secret,
+                # The quota store's URL and AUTH token (infra.quota_store), read at start.
+                *([gw.quota.redis_auth_secret] if gw.quota.redis_auth_secret else []),
+            ],
             kms_key_arn=secrets.key_arn,
             metering_bucket=bucket,
             metering_prefix=prefix or "metering",
+            history_bucket=history_bucket,
+            history_prefix=f"{HISTORY_PREFIX_ROOT}/{settings.stack}/",
             user_data=render_gateway_cloud_init(
                 settings,
                 history_bucket=history_bucket,
                 history_prefix=f"{HISTORY_PREFIX_ROOT}/{settings.stack}/",
             ),
             tags=tags,
+            egress=settings.network.egress,
+            boot_dependencies=boot_dependencies,
         ),
     )
 
@@ -171,6 +183,7 @@ def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
         )
     if 0 < s.edge.waf_rate_limit < WAF_MIN_RATE_LIMIT:
         yield f"edge.waf_rate_limit = {s.edge.waf_rate_limit}: WAF rate limits start at {WAF_MIN_RATE_LIMIT} (0 turns WAF off)"
+    yield from store_problems(s.stack, s.gateway.quota if s.gateway else None)
 
 
 def _node_problems(
@@ -250,10 +263,11 @@ def build(settings: Settings) -> Ec2Outputs[pulumi.Input[str]] | KubernetesOutpu
             else network.public_subnet_ids,
             internal=settings.edge.scheme == "internal",
             security_group_id=security.alb_id,
-            # Behind a gateway the ALB's targets are the gateway's hosts, which serve plain HTTP
-            # (templates/gateway-cloud-init.yaml.j2); runtime hosts terminate TLS (infra.edge).
+            # HTTPS to the targets either way: behind a gateway they are the gateway's hosts, which
+            # terminate TLS in the gateway on its port (templates/gateway-cloud-init.yaml.j2);
+            # runtime hosts terminate it in HAProxy (infra.edge).
             target_port=settings.gateway.port if settings.gateway else TARGET_TLS_PORT,
-            target_protocol="HTTP" if settings.gateway else "HTTPS",
+            target_protocol="HTTPS",
             # The serving hosts' TLS proxy, fetched at boot beside the host tools.
             target_proxy=None
             if settings.gateway
@@ -321,8 +335,34 @@ def build(settings: Settings) -> Ec2Outputs[pulumi.Input[str]] | KubernetesOutpu
                 ),
             )
         )
+    stores: list[QuotaStore] = []
     if settings.gateway is not None:
-        gateway_nodes(settings, cloud, network, security, edge, secrets, tags)
+        gw = settings.gateway
+
+        def quota_store_for(gateway_security_group_id: pulumi.Output[str]) -> list[pulumi.Resource]:
+            """The store the gateway's hosts share, made once their security group exists."""
+            if not provisions_store(gw.quota):
+                return []
+            stores.append(
+                QuotaStore(
+                    f"{stack}-quota-store",
+                    QuotaStoreArgs(
+                        stack=stack,
+                        vpc_id=network.vpc_id,
+                        subnet_ids=network.private_subnet_ids,
+                        gateway_security_group_id=gateway_security_group_id,
+                        auth_secret_name=gw.quota.redis_auth_secret,
+                        kms_key_arn=secrets.key_arn,
+                        production=production,
+                        tags=tags,
+                    ),
+                )
+            )
+            return stores
+
+        gateway = gateway_nodes(settings, cloud, network, security, edge, secrets, tags, quota_store_for)
+        security.confine_gateway(gateway.security_group_id)
+    quota_store = stores[0] if stores else None
     monitoring = Monitoring(
         f"{stack}-monitoring",
         MonitoringArgs(
@@ -342,6 +382,7 @@ def build(settings: Settings) -> Ec2Outputs[pulumi.Input[str]] | KubernetesOutpu
             target_group_arn_suffix=edge.target_group_arn_suffix,
             asg_names=[g.asg_name for g in groups],
             tags=tags,
+            gateway=settings.gateway is not None,
         ),
     )
     return Ec2Outputs(
@@ -371,4 +412,5 @@ def build(settings: Settings) -> Ec2Outputs[pulumi.Input[str]] | KubernetesOutpu
         host_access="bastion" if bastion else "ssm",
         bastion_security_group_id=security.bastion_id,
         monitoring_security_group_id=security.monitoring_id,
+        quota_store_endpoint=quota_store.endpoint if quota_store else None,
     )

@@ -13,7 +13,8 @@
   requires it), and only to members of the same group.
 - Runtime hosts send only HTTPS, and with ``network.egress: endpoints`` only to the VPC (its
   interface endpoints) and to S3 through the gateway endpoint's prefix list: no route to the internet
-  is usable from them, whatever the route tables say.
+  is usable from them, whatever the route tables say. Gateway hosts get the same two rules
+  (:meth:`SecurityGroups.confine_gateway`) beside their ways to the runtimes and the quota store.
 - Nothing else accepts traffic from outside the VPC.
 """
 
@@ -62,6 +63,7 @@ class SecurityGroups(pulumi.ComponentResource):
     ) -> None:
         super().__init__("frontier:security:SecurityGroups", name, None, opts)
         self._name, self._child = name, pulumi.ResourceOptions(parent=self)
+        self._args = args
         tags, port = dict(args.tags), args.runtime_port
 
         alb = self._group(
@@ -179,6 +181,29 @@ class SecurityGroups(pulumi.ComponentResource):
             prefix_list=args.s3_prefix_list_id,
             description="Weights, releases and host tools: S3 through the gateway endpoint",
         )
+
+    def confine_gateway(self, gateway_id: pulumi.Input[str]) -> None:
+        """With ``network.egress: endpoints``, the gateway hosts' way to AWS: its APIs through the
+        VPC's interface endpoints (Secrets Manager for keys and the quota store's token, EC2 to find
+        the runtimes, CloudWatch, SSM) and S3 (metering, host tools) through the gateway endpoint's
+        prefix list, as for runtime hosts. Their ways to the runtimes and to the quota store are
+        the rules of those doors (:mod:`infra.gateway`, :mod:`infra.quota_store`)."""
+        if self._args.egress != "endpoints":
+            return
+        for key, target, description in (
+            ("vpc", {"cidr_ipv4": self._args.vpc_cidr}, "AWS APIs through the VPC's interface endpoints"),
+            ("s3", {"prefix_list_id": self._args.s3_prefix_list_id}, "Metering and host tools: S3"),
+        ):
+            aws.vpc.SecurityGroupEgressRule(
+                f"{self._name}-gateway-out-443-{key}",
+                security_group_id=gateway_id,
+                ip_protocol="tcp",
+                from_port=443,
+                to_port=443,
+                description=description,
+                **target,
+                opts=self._child,
+            )
 
     def _group(
         self, key: str, description: str, vpc_id: pulumi.Input[str], tags: dict[str, str]

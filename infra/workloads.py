@@ -12,6 +12,21 @@ ConfigMaps are named by content and kept when replaced, so a previous revision c
 
 On a cluster this stack creates, each object that needs a cluster add-on (GPUs to request, a CRD,
 a controller's webhook) waits for that add-on's release (:data:`infra.addons.NEEDED_BY`).
+
+A stack with a gateway gets every model pool's objects and the gateway's. The gateway's Deployment
+is Pulumi's whole: its image and config come from the stack file, so ``pulumi up`` applies a
+changed ``gateway.yaml`` as a new ConfigMap and the Deployment rolls to it (see
+:mod:`frontier.targets.kubernetes.gateway`).
+
+The Prometheus stack's part (:func:`frontier.targets.kubernetes.monitoring.monitoring_objects`: the
+resource alerts, the routes by severity, the dashboard, the GPU exporter's Service and
+ServiceMonitor) is applied here too, in ``kubernetes.monitoring.prometheus_namespace``: that
+namespace is created on a cluster this stack creates, and is the monitoring stack's own on an
+existing one. All but the GPU exporter's DaemonSet (:data:`NOT_APPLIED`): a node agent that mounts
+the kubelet's pod-resources socket (hostPath), runs as root with SYS_ADMIN and names its image by
+tag, which the policy pack's mandatory ``k8s-no-privileged-pods`` and ``k8s-images-by-digest``
+refuse for every workload. ``fab render`` writes it (``kubernetes/monitoring/``) for the monitoring
+stack to apply, until the policy pack admits that one agent by name.
 """
 
 from __future__ import annotations
@@ -23,10 +38,11 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
-from frontier_hostside.names import PLACEHOLDER_DIGEST
+from frontier_hostside.names import K8S_CONFIG_HASH_ANNOTATION, PLACEHOLDER_DIGEST
 
 from frontier.config.schema import Settings
 from frontier.targets.kubernetes.manifests import Manifest, Workload, render_workload
+from frontier.targets.kubernetes.monitoring import DCGM_NAME, monitoring_objects
 from infra.addons import ClusterAddons
 from infra.storage import LB_LOG_PREFIX
 
@@ -36,6 +52,7 @@ KINDS: Mapping[tuple[str, str], Any] = {
     ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,
     ("v1", "Service"): k8s.core.v1.Service,
     ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
+    ("apps/v1", "DaemonSet"): k8s.apps.v1.DaemonSet,
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
     ("networking.k8s.io/v1", "Ingress"): k8s.networking.v1.Ingress,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
@@ -49,8 +66,13 @@ ARGUMENTS = {
 }
 SKIP_AWAIT = "pulumi.com/skipAwait"
 LB_ATTRIBUTES = "alb.ingress.kubernetes.io/load-balancer-attributes"
-# What `fab deploy` and KEDA change on a live Deployment.
+# What `fab deploy` and KEDA change on a live runtime Deployment.
 RELEASE_FIELDS = ["spec.template", "spec.replicas"]
+# Rendered but not applied by Pulumi (see the module docstring): (kind, name).
+NOT_APPLIED = frozenset({("DaemonSet", DCGM_NAME)})
+# Kinds whose CRD comes with another kind's add-on: the Prometheus Operator's CRDs chart brings
+# AlertmanagerConfig with ServiceMonitor and PrometheusRule.
+SAME_ADDON_AS = {"AlertmanagerConfig": "PrometheusRule"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,8 @@ class WorkloadsArgs:
     kubeconfig: pulumi.Input[str]
     context: str | None = None
     role_arn: pulumi.Input[str] | None = None
+    #: The gateway's IAM role (IRSA annotates its service account with it), where the stack has one.
+    gateway_role_arn: pulumi.Input[str] | None = None
     #: The stack's access-log bucket: an ALB made by the load balancer controller logs there too.
     access_logs_bucket: pulumi.Input[str] | None = None
     #: A created cluster's provider (else one is made from ``kubeconfig``) and its add-ons.
@@ -86,13 +110,19 @@ def with_access_logs(ingress: Manifest, bucket: pulumi.Input[str]) -> Manifest:
     return dataclasses.replace(ingress, annotations={**ingress.annotations, LB_ATTRIBUTES: attributes})
 
 
-def resource_for(name: str, manifest: Manifest, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
+def resource_for(
+    name: str, manifest: Manifest, opts: pulumi.ResourceOptions, *, released: bool = False
+) -> pulumi.CustomResource:
+    """``manifest`` as its typed resource. ``released``: a runtime Deployment, whose pod template and
+    replicas belong to ``fab deploy`` and KEDA."""
     key = (manifest.api_version, manifest.kind)
     metadata = manifest.metadata
     if manifest.kind == "Deployment":
         metadata = {**metadata, "annotations": {**metadata.get("annotations", {}), SKIP_AWAIT: "true"}}
+    if released:
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(ignore_changes=RELEASE_FIELDS))
-    if manifest.kind == "ConfigMap":
+    if manifest.kind == "ConfigMap" and K8S_CONFIG_HASH_ANNOTATION in manifest.annotations:
+        # Named by content: a previous revision of its Deployment may still start with it.
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(retain_on_delete=True))
     if key not in KINDS:  # a custom resource (KEDA, the Prometheus Operator)
         return k8s.apiextensions.CustomResource(
@@ -107,6 +137,20 @@ def resource_for(name: str, manifest: Manifest, opts: pulumi.ResourceOptions) ->
     return KINDS[key](name, metadata=metadata, opts=opts, **kwargs)
 
 
+def monitoring_namespace(settings: Settings) -> Manifest | None:
+    """The Prometheus stack's namespace where this stack creates the cluster (nothing else makes it)."""
+    k = settings.kubernetes
+    if k is None or k.cluster.mode != "create":
+        return None
+    name = k.monitoring.prometheus_namespace
+    return Manifest("v1", "Namespace", name, None, {}, labels={"kubernetes.io/metadata.name": name})
+
+
+def applied_monitoring_objects(settings: Settings) -> list[Manifest]:
+    """The Prometheus stack's part that Pulumi applies: all but :data:`NOT_APPLIED`."""
+    return [m for m in monitoring_objects(settings) if (m.kind, m.name) not in NOT_APPLIED]
+
+
 class Workloads(pulumi.ComponentResource):
     deployment_name: str
     namespace: str
@@ -114,7 +158,10 @@ class Workloads(pulumi.ComponentResource):
     def __init__(self, name: str, args: WorkloadsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("frontier:kubernetes:Workloads", name, None, opts)
         workload: Workload = render_workload(
-            args.settings, release_digest(args.settings), role_arn=args.role_arn
+            args.settings,
+            release_digest(args.settings),
+            role_arn=args.role_arn,
+            gateway_role_arn=args.gateway_role_arn,
         )
         provider = args.provider or k8s.Provider(
             f"{name}-cluster",
@@ -123,15 +170,37 @@ class Workloads(pulumi.ComponentResource):
             enable_server_side_apply=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
-        child = pulumi.ResourceOptions(parent=self, provider=provider)
-        namespace = resource_for(f"{name}-namespace", workload.namespace, child)
-        self.resources = {"Namespace": [namespace]}
+        self._args, self._provider = args, provider
+        self.resources: dict[str, list[pulumi.CustomResource]] = {}
+        namespace = self._add(f"{name}-namespace", workload.namespace, [])
+        released = {d.name for d in workload.runtime_deployments}
         for manifest in workload.all()[1:]:
             if manifest.kind == "Ingress" and args.access_logs_bucket is not None:
                 manifest = with_access_logs(manifest, args.access_logs_bucket)
-            needs = args.addons.needed_by(manifest.kind) if args.addons is not None else []
-            inside = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace, *needs])
-            resource = resource_for(f"{name}-{manifest.kind.lower()}-{manifest.name}", manifest, inside)
-            self.resources.setdefault(manifest.kind, []).append(resource)
+            is_runtime = manifest.kind == "Deployment" and manifest.name in released
+            self._add(
+                f"{name}-{manifest.kind.lower()}-{manifest.name}", manifest, [namespace], released=is_runtime
+            )
+        # The Prometheus stack's part, in its own namespace.
+        monitoring_ns = monitoring_namespace(args.settings)
+        after = []
+        if monitoring_ns is not None:
+            after.append(self._add(f"{name}-monitoring-namespace", monitoring_ns, []))
+        for manifest in applied_monitoring_objects(args.settings):
+            self._add(f"{name}-monitoring-{manifest.kind.lower()}-{manifest.name}", manifest, after)
         self.deployment_name, self.namespace = workload.deployment.name, workload.namespace.name
+        self.deployments = [d.name for d in workload.runtime_deployments]
         self.register_outputs({"deployment": workload.deployment.name, "namespace": workload.namespace.name})
+
+    def _add(
+        self, resource_name: str, manifest: Manifest, after: list[pulumi.Resource], *, released: bool = False
+    ) -> pulumi.CustomResource:
+        """``manifest`` after ``after`` and after the add-ons its kind needs."""
+        addons = self._args.addons
+        needs = (
+            addons.needed_by(SAME_ADDON_AS.get(manifest.kind, manifest.kind)) if addons is not None else []
+        )
+        opts = pulumi.ResourceOptions(parent=self, provider=self._provider, depends_on=[*after, *needs])
+        resource = resource_for(resource_name, manifest, opts, released=released)
+        self.resources.setdefault(manifest.kind, []).append(resource)
+        return resource

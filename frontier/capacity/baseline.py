@@ -31,6 +31,14 @@ FIGURES: tuple[tuple[str, bool], ...] = (
     ("ttft_p99_ms", False),
 )
 DEFAULT_REGRESSION_THRESHOLD = 0.10
+#: What a figure is, as a diff's table names it (the field name is the archive's).
+LABELS = {
+    "replica_qps": "req/s per replica (knee)",
+    "output_tokens_per_s": "output tok/s per replica",
+    "p50_latency_ms": "E2E latency p50, ms",
+    "p99_latency_ms": "E2E latency p99, ms",
+    "ttft_p99_ms": "TTFT p99, ms",
+}
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,29 @@ class FigureDiff:
     higher_is_better: bool
     ratio: float
     regression: bool
+    threshold: float = DEFAULT_REGRESSION_THRESHOLD
+
+    @property
+    def label(self) -> str:
+        return LABELS.get(self.name, self.name)
+
+    @property
+    def change(self) -> str:
+        """B against A in percent, signed: ``+12.5 %``."""
+        if math.isinf(self.ratio):
+            return "new"
+        return f"{(self.ratio - 1) * 100:+.1f} %"
+
+    @property
+    def verdict(self) -> str:
+        """``REGRESSION`` beyond the threshold the wrong way, ``better`` beyond it the right way,
+        else within the threshold (measurement noise on a shared machine is of that order)."""
+        if self.regression:
+            return "REGRESSION"
+        improved = (
+            self.ratio > 1 + self.threshold if self.higher_is_better else self.ratio < 1 - self.threshold
+        )
+        return "better" if improved else f"same (within ±{self.threshold:.0%})"
 
 
 def diff_baselines(
@@ -168,5 +199,5 @@ def diff_baselines(
         a, b = float(getattr(before, name)), float(getattr(after, name))
         ratio = b / a if a else (math.inf if b else 1.0)
         worse = ratio < 1 - threshold if higher_is_better else ratio > 1 + threshold
-        diffs.append(FigureDiff(name, a, b, higher_is_better, ratio, worse))
+        diffs.append(FigureDiff(name, a, b, higher_is_better, ratio, worse, float(threshold)))
     return diffs

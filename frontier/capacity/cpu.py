@@ -16,9 +16,15 @@ Three measurements, at the thread count the runtime will use, each the best of s
   and detokenising each sequence).
 - the server's overhead: the same checkpoint served by a real runtime process (``python -m
   frontier_runtime serve``, the threads the stack gives it), sent streamed completions one at a
-  time, first of one token and then of many; the process's CPU time (``/proc/PID/stat``, every
+  time, of one token and of many taking turns; the process's CPU time (``/proc/PID/stat``, every
   thread) less the engine's modelled steps, fitted to a time per request and per streamed token.
   On a CPU replica the server and the engine share the cores, so these add to every step.
+- the sparse layer's overhead: decode steps of the same checkpoint made a Mixtral (8 experts of
+  width 512, top-2) at concurrency 1 and 32, less their roofline with the expert GEMMs run one
+  after another in whole row tiles (``roofline.serial_experts_s``; the panel GEMM's tile is 8 rows)
+  and the dense fit's time, fitted per layer to a time per sparse layer (router, top-k, sorting the
+  token-expert pairs, gathering rows and adding them back) and one per expert GEMM the layer runs
+  (2 experts at concurrency 1, nearly all 8 at 32).
 
 The result is cached under ``.frontier/roofline/`` per thread count and machine, so ``fab plan`` pays
 for it once. With one thread every run is timed by that thread's CPU time, not the wall clock: on a
@@ -49,7 +55,17 @@ REPEATS = 5
 FIT_CONCURRENCY = (1, 32)
 FIT_PROMPT = 16
 FIT_OUTPUT = 24
-FORMAT = 3  # the cache's format: an older cache is measured again
+FIT_ROUNDS = 3  # each concurrency's decode run, taking turns
+FORMAT = 4  # the cache's format: an older cache is measured again
+# The sparse-layer fit: the tiny checkpoint with each MLP made a Mixtral sparse layer of MOE_EXPERTS
+# experts of width MOE_WIDTH, each token routed to MOE_TOP_K; decode only, at FIT_CONCURRENCY.
+MOE_EXPERTS = 8
+MOE_TOP_K = 2
+MOE_WIDTH = 512
+# Rows the GEMM computes at once, by kernel: the panel GEMM's register tile is 8 rows x 32 columns
+# (``frontier_runtime.ops.panel_gemm``), so 9 rows cost what 16 do. oneDNN's and torch's tiling is
+# not the engine's to state: 1 (no padding modelled).
+ROW_TILE = {"panel": 8}
 # The server fit: streamed completions one at a time, of one token and of SERVER_TOKENS tokens.
 SERVER_REQUESTS = 24
 SERVER_TOKENS = 32
@@ -68,6 +84,9 @@ class CpuMeasurement:
     seq_overhead_s: float = 0.0  # the engine's own time per sequence per step
     request_overhead_s: float = 0.0  # the HTTP server's time per request
     token_overhead_s: float = 0.0  # the HTTP server's time per streamed token
+    gemm_row_tile: int = 1  # rows the GEMM computes at once (ROW_TILE)
+    moe_layer_overhead_s: float = 0.0  # the engine's own time per sparse layer per step (routing)
+    expert_overhead_s: float = 0.0  # the engine's own time per expert GEMM it runs
     format: int = FORMAT
 
 
@@ -110,6 +129,11 @@ def measure(threads: int) -> CpuMeasurement:
             per_request, per_token = fit_server_overhead(
                 model_dir, threads, bandwidth, flops, per_layer, per_seq
             )
+            moe_dir = make_moe_checkpoint(Path(tmp) / "moe")
+            tile = ROW_TILE.get(kernel, 1)
+            per_moe_layer, per_expert = fit_moe_overhead(
+                moe_dir, threads, bandwidth, flops, per_layer, per_seq, tile
+            )
     finally:
         torch.set_num_threads(previous)
     return CpuMeasurement(
@@ -124,6 +148,9 @@ def measure(threads: int) -> CpuMeasurement:
         seq_overhead_s=per_seq,
         request_overhead_s=per_request,
         token_overhead_s=per_token,
+        gemm_row_tile=tile,
+        moe_layer_overhead_s=per_moe_layer,
+        expert_overhead_s=per_expert,
     )
 
 
@@ -163,23 +190,10 @@ def _engine_layers() -> tuple[list[Any], str]:
 def fit_engine_overhead(model_dir: Path, threads: int, bandwidth: float, flops: float) -> tuple[float, float]:
     """The engine's own time per layer and per sequence of a decode step: measured steps of the
     4-layer random checkpoint ``model_dir`` at concurrency 1 and 32, less their bare roofline."""
-    from frontier_runtime.engine.llm_engine import LLMEngine
-
     from frontier.capacity.roofline import Efficiency, step
 
-    now = clock(threads)
     cfg = json.loads((model_dir / "config.json").read_text())
-    engine = LLMEngine(
-        model_dir,
-        max_batch_size=max(FIT_CONCURRENCY),
-        max_num_batched_tokens=1024,
-        cpu_kv_cache_bytes=64 << 20,
-        cpu_threads=threads,
-    )
-    try:
-        measured = {c: _decode_step_s(engine, cfg["vocab_size"], c, now) for c in FIT_CONCURRENCY}
-    finally:
-        engine.shutdown()
+    measured = _engine_decode_steps(model_dir, threads)
     replica = replica_of_config(cfg)
     device = _measured_device(bandwidth, flops)
     bare = Efficiency(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, "bare", overlap=1.0, gemm_weight_passes=1.0)
@@ -192,6 +206,109 @@ def fit_engine_overhead(model_dir: Path, threads: int, bandwidth: float, flops: 
     per_seq = max(0.0, (residual[high] - residual[low]) / (high - low))
     per_layer = max(0.0, (residual[low] - per_seq * low) / replica.shape.layers)
     return per_layer, per_seq
+
+
+def make_moe_checkpoint(out: Path) -> Path:
+    """The tiny checkpoint (``frontier_runtime.tiny``) with each layer's MLP replaced by a Mixtral
+    sparse layer: a router and MOE_EXPERTS experts of width MOE_WIDTH, top-MOE_TOP_K, random weights
+    of std 0.1 (so the router's choices spread rather than tie)."""
+    import torch
+    from frontier_runtime.tiny import make_tiny_checkpoint
+    from safetensors.torch import load_file, save_file
+
+    model_dir = make_tiny_checkpoint(out, intermediate_size=MOE_WIDTH)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg.update(
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        num_local_experts=MOE_EXPERTS,
+        num_experts_per_tok=MOE_TOP_K,
+    )
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    weights = load_file(model_dir / "model.safetensors")
+    hidden, width = cfg["hidden_size"], cfg["intermediate_size"]
+    draw = torch.Generator().manual_seed(0)
+    for layer in range(cfg["num_hidden_layers"]):
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            del weights[f"model.layers.{layer}.mlp.{name}.weight"]
+        sparse = f"model.layers.{layer}.block_sparse_moe."
+        weights[sparse + "gate.weight"] = 0.1 * torch.randn(MOE_EXPERTS, hidden, generator=draw)
+        for e in range(MOE_EXPERTS):
+            weights[f"{sparse}experts.{e}.w1.weight"] = 0.1 * torch.randn(width, hidden, generator=draw)
+            weights[f"{sparse}experts.{e}.w3.weight"] = 0.1 * torch.randn(width, hidden, generator=draw)
+            weights[f"{sparse}experts.{e}.w2.weight"] = 0.1 * torch.randn(hidden, width, generator=draw)
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    return model_dir
+
+
+def fit_moe_overhead(
+    model_dir: Path,
+    threads: int,
+    bandwidth: float,
+    flops: float,
+    per_layer: float,
+    per_seq: float,
+    row_tile: int,
+) -> tuple[float, float]:
+    """The engine's own time per sparse layer and per expert GEMM of a decode step: measured steps
+    of the sparse checkpoint ``model_dir`` at concurrency 1 and 32, less the roofline of those steps
+    (row tiles padded, the dense fit's per-layer and per-sequence time included), per layer, fitted
+    to a + e x the experts a layer's tokens touch (k at concurrency 1, nearly all of them at 32)."""
+    from frontier.capacity.roofline import Efficiency, experts_touched, step
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    measured = _engine_decode_steps(model_dir, threads)
+    replica = replica_of_config(cfg)
+    device = _measured_device(bandwidth, flops)
+    dense = Efficiency(
+        1.0,
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        per_seq,
+        "dense fit",
+        layer_overhead_s=per_layer,
+        gemm_row_tile=row_tile,
+        expert_gemms="serial",
+    )
+    context = FIT_PROMPT + FIT_OUTPUT / 2
+    sh = replica.shape
+    per_layer_residual = {
+        c: (s - step(device, dense, replica, decode_seqs=c, context=context).total_s) / sh.layers
+        for c, s in measured.items()
+    }
+    low, high = FIT_CONCURRENCY
+    touched = {c: experts_touched(sh.experts, sh.experts_per_token, c) for c in FIT_CONCURRENCY}
+    per_expert = max(
+        0.0, (per_layer_residual[high] - per_layer_residual[low]) / (touched[high] - touched[low])
+    )
+    per_moe_layer = max(0.0, per_layer_residual[low] - per_expert * touched[low])
+    return per_moe_layer, per_expert
+
+
+def _engine_decode_steps(model_dir: Path, threads: int) -> dict[int, float]:
+    """The median decode step of ``model_dir`` in the engine at each of FIT_CONCURRENCY."""
+    from frontier_runtime.engine.llm_engine import LLMEngine
+
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    engine = LLMEngine(
+        model_dir,
+        max_batch_size=max(FIT_CONCURRENCY),
+        max_num_batched_tokens=1024,
+        cpu_kv_cache_bytes=64 << 20,
+        cpu_threads=threads,
+    )
+    try:
+        # The concurrencies take turns, FIT_ROUNDS times: both ends of the fit see the same moments
+        # of a shared machine, so what the others take drifts into both rather than into the slope.
+        steps: dict[int, list[float]] = {c: [] for c in FIT_CONCURRENCY}
+        for round_ in range(FIT_ROUNDS):
+            for c in FIT_CONCURRENCY:
+                steps[c] += _decode_steps_s(engine, vocab, c, clock(threads), f"fit-{round_}")
+        return {c: sorted(s)[len(s) // 2] for c, s in steps.items()}
+    finally:
+        engine.shutdown()
 
 
 def _measured_device(bandwidth: float, flops: float) -> Any:
@@ -224,7 +341,12 @@ def replica_of_config(cfg: dict[str, Any], max_batch: int = max(FIT_CONCURRENCY)
 
 
 def fit_server_overhead(
-    model_dir: Path, threads: int, bandwidth: float, flops: float, per_layer: float, per_seq: float
+    model_dir: Path,
+    threads: int,
+    bandwidth: float,
+    flops: float,
+    per_layer: float,
+    per_seq: float,
 ) -> tuple[float, float]:
     """The runtime server's own time per request and per streamed token, where it shares the
     engine's cores: a real runtime process's CPU time over streamed completions sent one at a time,
@@ -248,8 +370,17 @@ def fit_server_overhead(
         with serve_locally(config, model_dir, Path(tmp), name="fit") as served:
             client, pid = httpx.Client(base_url=served.url, timeout=60), served.pid
             _completions(client, 4, 4)  # warm-up: first requests pay for lazy imports and caches
-            one = _cpu_of(pid, lambda: _completions(client, SERVER_REQUESTS, 1))
-            many = _cpu_of(pid, lambda: _completions(client, SERVER_REQUESTS, SERVER_TOKENS))
+            # One-token and many-token completions take turns, so the machine's drift goes into
+            # both rather than into their difference.
+            one, many = (0.0, 0), (0.0, 0)
+            for _ in range(FIT_ROUNDS):
+                one = _added(
+                    one, _cpu_of(pid, lambda: _completions(client, SERVER_REQUESTS // FIT_ROUNDS, 1))
+                )
+                many = _added(
+                    many,
+                    _cpu_of(pid, lambda: _completions(client, SERVER_REQUESTS // FIT_ROUNDS, SERVER_TOKENS)),
+                )
             prompt = _prompt_tokens(client)
     replica = replica_of_config(cfg)
     device = _measured_device(bandwidth, flops)
@@ -314,28 +445,33 @@ def _cpu_of(pid: int, work: Callable[[], int]) -> tuple[float, int]:
     return _process_cpu_s(pid) - before, result
 
 
+def _added(a: tuple[float, int], b: tuple[float, int]) -> tuple[float, int]:
+    return a[0] + b[0], a[1] + b[1]
+
+
 def _process_cpu_s(pid: int) -> float:
     """User + system CPU time of every thread of ``pid`` so far (``/proc/PID/stat`` fields 14, 15)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _decode_step_s(engine: Any, vocab: int, concurrency: int, now: Callable[[], float]) -> float:
-    """The median time of a decode step of ``concurrency`` sequences (prefill excluded)."""
+def _decode_steps_s(
+    engine: Any, vocab: int, concurrency: int, now: Callable[[], float], name: str
+) -> list[float]:
+    """The times of the decode steps of ``concurrency`` sequences run together (prefill excluded)."""
     from frontier_runtime.requests import SamplingParams
 
     params = SamplingParams(max_tokens=FIT_OUTPUT, temperature=0.0, ignore_eos=True)
     for i in range(concurrency):
         ids = [8 + (i * 131 + j * 17) % (vocab - 8) for j in range(FIT_PROMPT)]  # distinct: no prefix hits
-        engine.add_request(f"fit-{concurrency}-{i}", ids, params)
+        engine.add_request(f"{name}-{concurrency}-{i}", ids, params)
     engine.step()  # prefills every prompt and samples each sequence's first token
     steps = []
     while engine.has_unfinished():
         start = now()
         engine.step()
         steps.append(now() - start)
-    steps.sort()
-    return steps[len(steps) // 2]
+    return steps
 
 
 def measured_cpu(

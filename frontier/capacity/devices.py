@@ -30,6 +30,7 @@ CPU_EFFICIENCY = Efficiency(
     overlap=1.0,
     gemm_weight_passes=1.0,
     layer_overhead_s=0.92e-3,
+    expert_gemms="serial",  # SparseMoE.grouped: one GEMM per expert in use, one after another
 )
 
 
@@ -41,10 +42,15 @@ def cpu_efficiency(m: CpuMeasurement) -> Efficiency:
         seq_overhead_s=m.seq_overhead_s,
         request_overhead_s=m.request_overhead_s,
         token_overhead_s=m.token_overhead_s,
+        gemm_row_tile=m.gemm_row_tile,
+        moe_layer_overhead_s=m.moe_layer_overhead_s,
+        expert_overhead_s=m.expert_overhead_s,
         source=f"modelled: the engine's {m.kernel or 'linear'} GEMM measured (one weight pass per step, memory "
-        f"and compute overlapped); engine overhead fitted on the engine: {m.layer_overhead_s * 1e3:.2f} ms/layer "
-        f"+ {m.seq_overhead_s * 1e3:.3f} ms/sequence per step; server fitted on a runtime process: "
-        f"{m.request_overhead_s * 1e3:.2f} ms/request + {m.token_overhead_s * 1e3:.3f} ms/streamed token",
+        f"and compute overlapped, rows in tiles of {m.gemm_row_tile}); engine overhead fitted on the engine: "
+        f"{m.layer_overhead_s * 1e3:.2f} ms/layer + {m.seq_overhead_s * 1e3:.3f} ms/sequence per step, a sparse "
+        f"layer {m.moe_layer_overhead_s * 1e3:.3f} ms + {m.expert_overhead_s * 1e3:.3f} ms/expert GEMM; server "
+        f"fitted on a runtime process: {m.request_overhead_s * 1e3:.2f} ms/request + "
+        f"{m.token_overhead_s * 1e3:.3f} ms/streamed token",
     )
 
 

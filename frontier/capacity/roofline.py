@@ -36,7 +36,12 @@ Mixture of experts, expert parallel (EP) and pipeline parallel (PP), per GPU of 
   of the experts, only those the step's tokens hit: with B tokens each sent to k of E experts, the
   expected number of distinct experts touched is E (1 - (1 - k / E)^B). The busiest EP rank holds
   min(E / EP, touched / EP x imbalance) of them (``model.expert_load_imbalance``) and sets the pace;
-  its expert FLOPs are 2 x expert parameters x B x k / G x imbalance.
+  its expert FLOPs are 2 x expert parameters x B x k / G x imbalance. That is a fused grouped GEMM
+  (``eff.expert_gemms = "fused"``, the GPU engines'). The CPU engine runs one GEMM per expert in use,
+  one after another (``"serial"``): each expert's GEMM of M ~ Binomial(B, k / E) rows is then its own
+  roofline, its rows padded to the kernel's row tile (``eff.gemm_row_tile``), plus the engine's own
+  time per sparse layer and per expert GEMM (``eff.moe_layer_overhead_s``, ``eff.expert_overhead_s``,
+  fitted on the engine by ``cpu.fit_moe_overhead``).
 - the EP all-to-all per MoE layer, dispatch + combine: each GPU sends B x k / G token copies x hidden
   x bytes x 2 x (EP - 1) / EP; inside the NVLink domain at the link's bandwidth, outside it the share
   bound for other domains at the node's network bandwidth (EFA) per GPU, plus a latency per phase
@@ -101,6 +106,22 @@ class Efficiency:
     # One all-to-all phase or stage send over the network (EFA with its RDMA path: tens of µs, against
     # NCCL's ~10 µs over NVLink).
     network_latency_s: float = 30e-6
+    # A sparse layer's costs beyond its weights and FLOPs, where the engine is fitted (a CPU replica):
+    # the GEMM computes rows in tiles of ``gemm_row_tile`` (the CPU panel kernel's 8-row register
+    # tile), so an expert's GEMM of M rows does the work of ceil(M / tile) x tile rows; the engine's
+    # own time per sparse layer (router, top-k, sorting the token-expert pairs, gathering the rows
+    # and adding them back) and per expert GEMM it runs (dispatching the expert's ops; each small
+    # GEMM's weight stream starting cold). On a GPU these are left at 1 and 0: a step's few expert
+    # GEMMs hide under the 2 ms step overhead, and no engine there has been fitted.
+    gemm_row_tile: int = 1
+    moe_layer_overhead_s: float = 0.0
+    expert_overhead_s: float = 0.0
+    # How the engine runs a sparse layer's experts: "fused", one grouped GEMM over all of them (the
+    # GPU engines' fused-MoE kernel: the experts' bytes and FLOPs overlap with the rest of the step),
+    # or "serial", one GEMM per expert after another (the CPU engine): each is its own roofline,
+    # max(its weights / bandwidth, its padded rows' FLOPs / peak), so an expert with more rows than a
+    # tile waits on arithmetic while another one's weights could have streamed.
+    expert_gemms: Literal["fused", "serial"] = "fused"
 
     def __post_init__(self) -> None:
         for name in ("bandwidth", "flops", "link"):
@@ -115,6 +136,8 @@ class Efficiency:
             "request_overhead_s",
             "token_overhead_s",
             "network_latency_s",
+            "moe_layer_overhead_s",
+            "expert_overhead_s",
         ):
             value = getattr(self, name)
             if not value >= 0:
@@ -123,6 +146,12 @@ class Efficiency:
             raise FrontierError(f"efficiency.overlap = {self.overlap!r}: must lie in [0, 1]")
         if not self.gemm_weight_passes >= 1:
             raise FrontierError(f"efficiency.gemm_weight_passes = {self.gemm_weight_passes!r}: must be >= 1")
+        if self.expert_gemms not in ("fused", "serial"):
+            raise FrontierError(
+                f"efficiency.expert_gemms = {self.expert_gemms!r}: must be 'fused' or 'serial'"
+            )
+        if not (isinstance(self.gemm_row_tile, int) and self.gemm_row_tile >= 1):
+            raise FrontierError(f"efficiency.gemm_row_tile = {self.gemm_row_tile!r}: must be an integer >= 1")
 
     def with_overhead_scale(self, k: float, source: str) -> Efficiency:
         return replace(
@@ -132,6 +161,8 @@ class Efficiency:
             layer_overhead_s=self.layer_overhead_s * k,
             request_overhead_s=self.request_overhead_s * k,
             token_overhead_s=self.token_overhead_s * k,
+            moe_layer_overhead_s=self.moe_layer_overhead_s * k,
+            expert_overhead_s=self.expert_overhead_s * k,
             source=source,
         )
 
@@ -271,6 +302,14 @@ class Replica:
             )
         if pp > sh.layers:
             raise FrontierError(f"pipeline_parallel = {pp}: more stages than the model's {sh.layers} layers")
+        if sh.layers % pp:
+            # The engine would split unevenly (its first stages one layer longer) and the slowest
+            # stage sets the pace; the model times equal stages of layers / PP, so it refuses instead,
+            # as the stack's check does (runtime.pipeline_parallel_size must divide model.num_layers).
+            raise FrontierError(
+                f"pipeline_parallel = {pp}: must divide the model's {sh.layers} layers (stages of "
+                f"{sh.layers / pp:g} layers)"
+            )
 
     @property
     def stage_gpus(self) -> int:
@@ -323,6 +362,7 @@ class Step:
     alltoall_s: float = 0.0  # the expert-parallel share of comm_s
     bubble_s: float = 0.0  # pipeline fill and drain
     microbatches: int = 1
+    experts_s: float = 0.0  # serial expert GEMMs, each its own roofline (Efficiency.expert_gemms)
 
     @property
     def bound(self) -> Literal["memory", "compute"]:
@@ -331,7 +371,14 @@ class Step:
     @property
     def total_s(self) -> float:
         longer, shorter = max(self.memory_s, self.compute_s), min(self.memory_s, self.compute_s)
-        return longer + (1 - self.overlap) * shorter + self.comm_s + self.overhead_s + self.bubble_s
+        return (
+            longer
+            + (1 - self.overlap) * shorter
+            + self.experts_s
+            + self.comm_s
+            + self.overhead_s
+            + self.bubble_s
+        )
 
 
 def allreduce_s(device: Device, eff: Efficiency, tensor_parallel: int, message_bytes: float) -> float:
@@ -349,6 +396,64 @@ def experts_touched(experts: int, top_k: int, tokens: float) -> float:
         return 0.0
     missed_by_all: float = (1 - top_k / experts) ** tokens
     return experts * (1 - missed_by_all)
+
+
+def expert_gemm_rows(experts: int, top_k: int, tokens: float, row_tile: int) -> float:
+    """Expected rows one sparse layer's expert GEMMs compute for ``tokens`` tokens, each routed to
+    ``top_k`` of ``experts``, when a GEMM computes whole tiles of ``row_tile`` rows.
+
+    An expert receives M ~ Binomial(tokens, k / E) rows and computes ceil(M / tile) x tile of them;
+    E[ceil(M / tile)] = sum over j >= 0 of P(M > j x tile). A fractional token count (a mean step)
+    is interpolated between its two neighbours. With a tile of 1 this is tokens x k exactly.
+    """
+    if row_tile == 1 or tokens <= 0:
+        return max(0.0, tokens) * top_k
+    low = math.floor(tokens)
+    share = tokens - low
+    rows = (1 - share) * _padded_rows(experts, top_k, low, row_tile)
+    if share:
+        rows += share * _padded_rows(experts, top_k, low + 1, row_tile)
+    return rows
+
+
+def _padded_rows(experts: int, top_k: int, tokens: int, row_tile: int) -> float:
+    tiles = sum(-(-m // row_tile) * prob for m, prob in enumerate(_rows_pmf(experts, top_k, tokens)))
+    return experts * row_tile * tiles
+
+
+def _rows_pmf(experts: int, top_k: int, tokens: int) -> list[float]:
+    """P(an expert receives m of ``tokens`` tokens), m = 0 .. tokens: Binomial(tokens, k / E),
+    in log space (a prefill step's thousands of tokens overflow the binomial coefficient)."""
+    p = top_k / experts
+    if p >= 1:
+        return [0.0] * tokens + [1.0]
+    log_p, log_q, log_n = math.log(p), math.log1p(-p), math.lgamma(tokens + 1)
+    return [
+        math.exp(log_n - math.lgamma(m + 1) - math.lgamma(tokens - m + 1) + m * log_p + (tokens - m) * log_q)
+        for m in range(tokens + 1)
+    ]
+
+
+def serial_experts_s(device: Device, eff: Efficiency, replica: Replica, tokens: float) -> float:
+    """One sparse layer's expert GEMMs run one after another, on the busiest GPU: each expert's
+    GEMM of M ~ Binomial(tokens, k / E) rows takes max(its weights / bandwidth, 2 x its parameters x
+    ceil(M / tile) x tile / FLOP/s) when M > 0, nothing when no token chose it; the busiest rank runs
+    the E / EP experts it holds (times the load imbalance), each split over the G / EP GPUs it spans."""
+    sh, ep, g = replica.shape, replica.expert_parallel, replica.stage_gpus
+    per_gpu = sh.expert_parameters * ep / g
+    stream_s = per_gpu * sh.weight_bytes / (device.bandwidth * eff.bandwidth)
+    row_s = 2 * per_gpu / (device.flops * eff.flops)
+    tile = eff.gemm_row_tile
+
+    def expert_s(n: int) -> float:
+        pmf = _rows_pmf(sh.experts, sh.experts_per_token, n)
+        return sum(prob * max(stream_s, row_s * -(-m // tile) * tile) for m, prob in enumerate(pmf) if m)
+
+    low = math.floor(tokens)
+    share = tokens - low
+    one = (1 - share) * expert_s(low) + (share * expert_s(low + 1) if share else 0.0)
+    imbalance = sh.expert_load_imbalance if ep > 1 else 1.0
+    return sh.experts / ep * one * imbalance
 
 
 def busiest_rank_experts(shape: Shape, expert_parallel: int, tokens: float) -> float:
@@ -457,12 +562,15 @@ def step(
     dense_bytes = sh.dense_bytes / (tp * pp)
     expert_bytes = 0.0
     expert_flops = 0.0
+    moe_overhead_s = 0.0
     if sh.experts:
         ranks_share = busiest_rank_experts(sh, ep, micro)
         # An EP rank's experts are split over the G / EP GPUs it spans (tensor-parallel experts).
         expert_bytes = stage_layers * ranks_share * sh.expert_parameters * sh.weight_bytes * ep / g
         imbalance = sh.expert_load_imbalance if ep > 1 else 1.0
-        expert_flops = 2 * sh.expert_parameters * stage_layers * micro * sh.experts_per_token / g * imbalance
+        rows = expert_gemm_rows(sh.experts, sh.experts_per_token, micro, eff.gemm_row_tile)
+        expert_flops = 2 * sh.expert_parameters * stage_layers * rows / g * imbalance
+        moe_overhead_s = m * stage_layers * (eff.moe_layer_overhead_s + eff.expert_overhead_s * ranks_share)
     weight_bytes = m * (dense_bytes + expert_bytes)
     kv_bytes = decode_seqs / groups * context * replica.kv_bytes_per_token_per_gpu
     linear_flops = m * (2 * sh.dense_parameters * mine / (tp * pp) + expert_flops)
@@ -471,19 +579,29 @@ def step(
     flops = linear_flops + attention_flops
     message = mine * sh.hidden * sh.dtype_bytes
     passes = eff.gemm_weight_passes if tokens > 1 else 1.0
-    memory_s = (weight_bytes * passes + kv_bytes) / (device.bandwidth * eff.bandwidth)
-    compute_s = flops / (device.flops * eff.flops)
+    # Serial expert GEMMs are timed one by one (``serial_experts_s``), outside the overlapped rest.
+    experts_s = 0.0
+    overlapped_bytes, overlapped_flops = weight_bytes, flops
+    if sh.experts and eff.expert_gemms == "serial":
+        experts_s = m * stage_layers * serial_experts_s(device, eff, replica, micro)
+        overlapped_bytes -= m * expert_bytes
+        overlapped_flops -= m * expert_flops
+    memory_s = (overlapped_bytes * passes + kv_bytes) / (device.bandwidth * eff.bandwidth)
+    compute_s = overlapped_flops / (device.flops * eff.flops)
     a2a = m * stage_layers * alltoall_s(device, eff, replica, micro) if sh.experts else 0.0
     comm_s = m * (
         2 * stage_layers * allreduce_s(device, eff, tp, message) + stage_send_s(device, eff, replica, micro)
     )
     comm_s += a2a
     overhead_s = eff.step_overhead_s + eff.layer_overhead_s * stage_layers * m + eff.seq_overhead_s * seqs
+    overhead_s += moe_overhead_s
     # The server's share where it runs on the engine's cores: a token streamed per decoding sequence,
     # and the requests whose prompts this step starts.
     overhead_s += eff.token_overhead_s * decode_seqs + eff.request_overhead_s * new_requests
     longer, shorter = max(memory_s, compute_s), min(memory_s, compute_s)
-    busy = longer + (1 - eff.overlap) * shorter + comm_s  # the stage's work for all m micro-batches
+    busy = (
+        longer + (1 - eff.overlap) * shorter + experts_s + comm_s
+    )  # the stage's work for all m micro-batches
     # The pipeline fills and drains: PP - 1 more micro-batch stage times, (PP - 1) / (m + PP - 1) of the step.
     bubble_s = busy / m * (pp - 1)
     return Step(
@@ -499,6 +617,7 @@ def step(
         alltoall_s=a2a,
         bubble_s=bubble_s,
         microbatches=m,
+        experts_s=experts_s,
     )
 
 

@@ -231,7 +231,41 @@ def gateway_publish(c, stack=None):
         print(f"published {uri}")
 
 
+@task(
+    name="roll",
+    help={
+        "stack": STACK,
+        "timeout": "seconds to wait for every gateway host to be replaced (default 3600)",
+    },
+)
+@reports_errors
+def gateway_roll(c, stack=None, timeout=3600):
+    """Replace every gateway host (they boot what `fab gateway.publish` uploaded), keeping the desired
+    count healthy throughout, and wait until done."""
+    settings = settings_for(stack)
+    timeout_s = float(timeout)
+    if not 0 < timeout_s <= 86400:
+        raise Exit(f"error: --timeout {timeout}: must be seconds in (0, 86400]", code=2)
+    backend = backend_for(settings)
+    roll = getattr(backend, "roll_gateway", None)  # the targets whose gateway runs on its own hosts
+    if roll is None:
+        raise Exit(
+            f"error: stack {settings.stack!r} (target {settings.target}) has no gateway hosts to roll", code=2
+        )
+
+    def report(progress) -> None:  # noqa: ANN001 - frontier.targets.ec2.gateway.RefreshProgress
+        reason = f"  {progress.reason}" if progress.reason else ""
+        print(
+            f"gateway refresh {progress.refresh_id}: {progress.status} {progress.percent}% "
+            f"({progress.to_update} to replace){reason}",
+            flush=True,
+        )
+
+    roll(report, timeout_s=timeout_s)
+    print(f"gateway of stack {settings.stack}: every host replaced")
+
+
 def register(namespace: Collection) -> None:
     namespace.add_task(usage)
     namespace.add_task(batch)
-    namespace.add_collection(Collection("gateway", gateway_publish))
+    namespace.add_collection(Collection("gateway", gateway_publish, gateway_roll))

@@ -563,13 +563,13 @@ def baseline_diff(c, a, b, stack=None, threshold=DEFAULT_REGRESSION_THRESHOLD):
     before, after = load_archived(settings.stack, a), load_archived(settings.stack, b)
     diffs = diff_baselines(before, after, float(threshold))
     rows = [
-        (d.name, "higher" if d.higher_is_better else "lower", f"{d.before:,.1f}", f"{d.after:,.1f}",
-         f"{d.ratio:.2f}", "REGRESSION" if d.regression else "ok")
+        (f"{d.label} ({'higher' if d.higher_is_better else 'lower'} is better)", f"{d.before:,.1f}",
+         f"{d.after:,.1f}", d.change, d.verdict)
         for d in diffs
     ]  # fmt: skip
-    title = f"baseline {settings.stack}: {a} ({before.measured_at}) -> {b} ({after.measured_at})"
-    columns = ("figure", "better", a, b, "ratio", f"±{float(threshold):.0%}")
-    tables.console().print(tables.table(title, columns, rows, numeric=(2, 3, 4)))
+    title = f"baseline {settings.stack}: A {a} ({before.measured_at}) -> B {b} ({after.measured_at})"
+    columns = ("metric", f"A {a}", f"B {b}", "change", "verdict")
+    tables.console().print(tables.table(title, columns, rows, numeric=(1, 2, 3)))
     regressions = [d.name for d in diffs if d.regression]
     if regressions:
         raise Exit(f"{len(regressions)} regression(s) from {a} to {b}: {', '.join(regressions)}", code=1)

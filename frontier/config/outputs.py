@@ -58,6 +58,9 @@ class Ec2Outputs(StackOutputs[Value], Generic[Value]):
     bastion_security_group_id: Value | None = None
     #: The group a metrics scraper joins: the only source besides the ALB of the runtime port.
     monitoring_security_group_id: Value
+    #: The primary endpoint of the quota store the stack provisions for its gateways
+    #: (``gateway.quota.store: redis`` with no ``redis_url``); None without one.
+    quota_store_endpoint: Value | None = None
 
 
 class KubernetesOutputs(StackOutputs[Value], Generic[Value]):

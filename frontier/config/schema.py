@@ -399,6 +399,9 @@ ALARM_SEVERITIES: dict[str, Severity] = {
     "host-memory": "warn",
     "cache-disk": "warn",
     "gpu-temperature": "info",
+    "gateway-5xx-rate": "page",
+    "gateway-unhealthy-hosts": "page",
+    "gateway-cpu": "warn",
 }
 
 
@@ -635,6 +638,14 @@ class Kubernetes(_Settings):
     weights_cache_gb: int = Field(default=200, ge=1, le=65_536)
     shm_gb: int = Field(default=16, ge=1, le=2048)
     run_as_user: int = Field(default=RUNTIME_UID, ge=1, le=2_147_483_647)
+    # A stack with a gateway runs it as its own Deployment, from an image that carries
+    # frontier-gateway (the runtime image does not), pinned by digest like the runtime's.
+    gateway_image: str = Field(
+        default="", description="The gateway's image: <repository>@sha256:<64 hex>; needed with a gateway."
+    )
+    gateway_role_arn: str = Field(
+        default="", description="existing: the IAM role the gateway's service account assumes."
+    )
 
 
 class ModelPool(_Settings):

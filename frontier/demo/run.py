@@ -33,6 +33,11 @@
     chats to each model, ``nightly`` (batch, the small model only) streams four of its own, is
     refused the other model (404) and runs a 16-line batch job — then the gateway's metering
     summed per tenant and model;
+13b. scale from zero (``frontier/demo/zero.py``): the small model's pool retired to zero, eight
+    requests for it sent at once and held by the gateway, the local autoscaler launches its slot
+    (a boot from the pool's own history under the host role's policy), every request answered,
+    the first one's time to first token printed, then the pool back at zero once idle (and its
+    slot restored);
 14. a closing table and the usage table, then exactly one last line:
     ``demo: sent=<n> failed=<n> deploy_s=<s> rollback_s=<s>``.
 
@@ -534,7 +539,22 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
             f"the batch job had {summary.failed} failed and {summary.malformed} malformed lines"
         )
     rows, prices, uri = dm.usage_rows(multi)
-    return phases, usage_table(multi.stack, uri, rows, prices)
+    usage = usage_table(multi.stack, uri, rows, prices)
+    phases.append(zero_part(multi, dm.SMALL_MODEL, acme, tally))
+    return phases, usage
+
+
+def zero_part(multi: Settings, model: str, key: str, tally: Tally) -> Phase:
+    """The second model's pool to zero, requests held by the gateway while a slot launches, back to zero."""
+    from frontier.demo.zero import demo_part
+
+    step(f"13b. scale from zero: {model}'s pool at zero, requests held by the gateway while a slot launches")
+    run = demo_part(multi, model, key, say=lambda line: console.print(f"  {line}"))
+    tally.add(run.samples)
+    if run.failed:
+        raise FrontierError(f"{model} from zero: {run.failed} of {len(run.samples)} held requests failed")
+    ttft = "n/a" if run.first_ttft_s is None else f"{run.first_ttft_s:.1f}s"
+    return Phase(f"from zero: {model}, first TTFT {ttft}", run.samples, run.launch_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,10 +3,12 @@ mount, the NVIDIA driver check, the CloudWatch agent's configuration and ``node.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
 
+from frontier_gateway.hold import HELD_REQUESTS_CW_METRIC, POOL_WAITING_METRIC
 from frontier_hostside import names
 from frontier_hostside.names import (
     CACHE_DEVICE_NAME,
@@ -16,10 +18,11 @@ from frontier_hostside.names import (
     RUNTIME_UID,
 )
 
+from frontier.access.gateway import render_gateway_config
 from frontier.config.hardware import has_nvswitch, instance_store
 from frontier.config.schema import NodeGroup, Settings
 from frontier.errors import FrontierError
-from frontier.render.alerts import agent_metrics
+from frontier.render.alerts import HOST_NAMESPACE, AgentMetrics, agent_metrics
 from frontier.render.templates import render_template
 
 # Where the Deep Learning AMI mounts the instance-store disks it stripes at boot.
@@ -135,15 +138,96 @@ HISTORY_BUCKET_PLACEHOLDER = "<history bucket>"
 PUBLISH_INTERVAL_S = 60
 
 
+# --- the gateway's hosts (EC2) ---------------------------------------------------------------------
+
+GATEWAY_HOME = "/opt/frontier-gateway"
+GATEWAY_ENV = "/etc/frontier/gateway.env"
+# The gateway's own TLS certificate and key, made once at first boot (the ALB does not validate
+# its targets' certificates: see infra/edge.py), readable by the gateway's user only.
+GATEWAY_TLS_DIR = "/etc/frontier/gateway-tls"
+GATEWAY_LOG = "/var/log/frontier-gateway.log"
+GATEWAY_PROCESS_PATTERN = "frontier_gateway"
+
+
+def gateway_release(settings: Settings) -> str:
+    """The digest of the ``gateway.yaml`` the stack renders (pure: same settings, same digest).
+
+    The gateway's user data names it, so a changed ``gateway:`` section, tenant or pool is a new
+    launch template version, which the group rolls in with an instance refresh (infra/gateway.py).
+    """
+    return "sha256:" + hashlib.sha256(render_gateway_config(settings, None).encode()).hexdigest()
+
+
+def gateway_env(settings: Settings) -> list[tuple[str, str]]:
+    """``/etc/frontier/gateway.env``: what the bootstrap's ``publish-gateway`` reads on a gateway host."""
+    gw = settings.gateway
+    assert gw is not None
+    pools = ",".join(f"{pool.name}={settings.pool_group(pool).name}" for pool in settings.pools)
+    return [
+        ("FRONTIER_STACK", settings.stack),
+        ("AWS_REGION", settings.region),
+        ("FRONTIER_ROOT", GATEWAY_HOME),
+        ("FRONTIER_GATEWAY_METRICS_URL", f"https://127.0.0.1:{gw.admin_port}{names.METRICS_PATH}"),
+        ("FRONTIER_GATEWAY_CA", f"{GATEWAY_TLS_DIR}/gateway.crt"),
+        ("FRONTIER_METRIC_NAMESPACE", names.CLOUDWATCH_NAMESPACE),
+        ("FRONTIER_HELD_METRIC", HELD_REQUESTS_CW_METRIC),
+        ("FRONTIER_POOL_WAITING_SERIES", POOL_WAITING_METRIC),
+        ("FRONTIER_GATEWAY_REQUESTS_SERIES", names.GATEWAY_REQUESTS_METRIC),
+        ("FRONTIER_GATEWAY_POOLS", pools),
+    ]
+
+
+def gateway_shipped_logs(settings: Settings) -> list[ShippedLog]:
+    """What the CloudWatch agent ships from a gateway host: the gateway's own log and its boot."""
+    root = f"/frontier/{settings.stack}"
+    return [
+        ShippedLog(GATEWAY_LOG, f"{root}/gateway", "gateway"),
+        ShippedLog("/var/log/cloud-init-output.log", f"{root}/cloud-init", "cloud-init"),
+    ]
+
+
+def gateway_agent_metrics(settings: Settings) -> AgentMetrics:
+    """Host CPU, memory, root disk, network and the gateway process, under NodeGroup=gateway."""
+    stack_dim, group_dim = names.CLOUDWATCH_DIMENSIONS
+    return AgentMetrics(
+        namespace=HOST_NAMESPACE,
+        dimensions={stack_dim: settings.stack, group_dim: names.GATEWAY_NODE_GROUP},
+        gpu=False,
+        cache_mount="/",
+        process_pattern=GATEWAY_PROCESS_PATTERN,
+    )
+
+
+def render_gateway_cloudwatch_agent(settings: Settings) -> str:
+    """The CloudWatch agent's configuration on gateway hosts (the runtime hosts' template)."""
+    text = render_template(
+        "cloudwatch-agent.json.j2",
+        logs=gateway_shipped_logs(settings),
+        metrics=gateway_agent_metrics(settings),
+    )
+    json.loads(text)  # a template typo fails here, not on a host
+    return text
+
+
 def render_gateway_cloud_init(settings: Settings, *, history_bucket: str, history_prefix: str) -> str:
-    """Cloud-init of the gateway's CPU hosts: its wheel and gateway.yaml from the history bucket."""
-    assert settings.gateway is not None
+    """Cloud-init of the gateway's CPU hosts: its wheel and gateway.yaml from the history bucket, its
+    TLS certificate made at first boot, the CloudWatch agent and the metrics publisher's timer."""
+    gw = settings.gateway
+    assert gw is not None
     return render_template(
         "gateway-cloud-init.yaml.j2",
         stack=settings.stack,
-        port=settings.gateway.port,
+        port=gw.port,
         history_bucket=history_bucket,
         history_prefix=history_prefix,
+        release=gateway_release(settings),
+        home=GATEWAY_HOME,
+        env_path=GATEWAY_ENV,
+        env=gateway_env(settings),
+        tls_dir=GATEWAY_TLS_DIR,
+        log_path=GATEWAY_LOG,
+        cloudwatch_agent=render_gateway_cloudwatch_agent(settings),
+        publish_interval_s=PUBLISH_INTERVAL_S,
     )
 
 

@@ -1,4 +1,5 @@
-"""``python -m frontier_gateway serve --config gateway.yaml [--host H] [--port P] [--admin-port A]``."""
+"""``python -m frontier_gateway serve --config gateway.yaml [--host H] [--port P] [--admin-port A]
+[--tls-cert PEM --tls-key PEM]``."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="port of /metrics on admin_host, 0 for any free one (default: admin_port from the config)",
     )
+    serve.add_argument("--tls-cert", help="PEM certificate: serve HTTPS (with --tls-key)")
+    serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     args = parser.parse_args(argv)
     from frontier_gateway.config import ConfigError, load_config
     from frontier_gateway.tenants import TenantKeyError
@@ -35,7 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     from frontier_gateway.serve import serve as run
 
     try:
-        return run(config, host=args.host, port=args.port, admin_port=args.admin_port)
+        return run(
+            config,
+            host=args.host,
+            port=args.port,
+            admin_port=args.admin_port,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+        )
     except (TenantKeyError, ValueError, OSError) as exc:  # keys, the two ports, a taken address
         print(f"frontier_gateway: {exc}", file=sys.stderr)
         return 2

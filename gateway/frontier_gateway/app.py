@@ -24,7 +24,6 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from frontier_hostside import names
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -40,6 +39,7 @@ from frontier_gateway.proxy import Call, Proxy
 from frontier_gateway.quotas import Quotas, QuotaStoreError, Refusal, estimate_tokens
 from frontier_gateway.tenants import Tenant, Tenants
 from frontier_gateway.tracing import CallTrace, GatewayTracing
+from frontier_gateway.upstream import Upstream
 
 # A client's id is kept only when it is this short and plain (it lands in logs and metering).
 CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
@@ -62,8 +62,14 @@ class Gateway:
     def __post_init__(self) -> None:
         self.pools.set_holds(self.config.hold)
 
-    def start(self, client: httpx.AsyncClient) -> None:
-        self.proxy = Proxy(client, self.metrics, self.sink, self.config.retries, self.upstream_auth)
+    def start(self, upstream: Upstream) -> None:
+        self.proxy = Proxy(upstream, self.metrics, self.sink, self.config.retries, self.upstream_auth)
+
+    def upstream_client(self) -> Upstream:
+        """The client forwarded requests take to the replicas (made on the server's event loop)."""
+        return Upstream(
+            connect_timeout_s=self.config.connect_timeout_s, read_timeout_s=self.config.request_timeout_s
+        )
 
 
 def create_app(gateway: Gateway, lifespan: Any = None) -> Starlette:

@@ -42,6 +42,10 @@ class Breaker:
         self.name = name  # for the log: the replica's opaque id
         self._clock = clock
         self._answers: deque[tuple[float, bool]] = deque()  # (when, failed)
+        # The failures among _answers, kept as they come and go: a busy replica's window holds
+        # tens of thousands of answers, and recounting them on every answer made each request's
+        # cost grow with the gateway's rate.
+        self._failures = 0
         self._opened_until = 0.0
         self._tripped = False
         self._trial_out = False
@@ -88,10 +92,11 @@ class Breaker:
         if self._tripped:
             return  # sent before the trip: only the trial decides
         self._answers.append((now, failed))
+        self._failures += failed
         while self._answers and self._answers[0][0] <= now - self.config.window_s:
-            self._answers.popleft()
+            self._failures -= self._answers.popleft()[1]
         total = len(self._answers)
-        errors = sum(f for _, f in self._answers)
+        errors = self._failures
         if total >= self.config.min_requests and errors / total > self.config.error_rate:
             self._open(now, f"{errors} of its last {total} answers failed")
 
@@ -99,6 +104,7 @@ class Breaker:
         self._tripped = True
         self._opened_until = now + self.config.cool_off_s
         self._answers.clear()
+        self._failures = 0
         log.warning(
             "replica out of rotation",
             extra={
@@ -112,4 +118,5 @@ class Breaker:
     def _close(self) -> None:
         self._tripped = False
         self._answers.clear()
+        self._failures = 0
         log.info("replica back in rotation", extra={"event": "breaker_closed", "replica": self.name})

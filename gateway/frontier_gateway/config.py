@@ -112,6 +112,10 @@ class QuotaConfig(_Strict):
     of the stack shares, updated atomically by Lua scripts."""
 
     store: Literal["memory", "redis"] = "memory"
+    # A Secrets Manager secret (name or ARN) holding {"password": "<AUTH token>"} and, where
+    # redis_url is empty, {"url": "rediss://…"}: read at start. An EC2 stack with a gateway
+    # provisions its store (infra/quota_store.py: ElastiCache) under this name when redis_url is empty.
+    redis_auth_secret: str = Field(default="", pattern=r"^[A-Za-z0-9/_+=.@:-]{0,2048}$")
     # redis://host:6379/0 or rediss:// (TLS). No password inside: this file is written to disk.
     redis_url: str = Field(default="", validate_default=True)
     # Keys are <key_prefix>:{<tenant>}:…, so stacks may share one Redis.
@@ -123,10 +127,17 @@ class QuotaConfig(_Strict):
     @classmethod
     def _redis_url(cls, value: str, info: ValidationInfo) -> str:
         store = info.data.get("store")
-        if store == "redis" and not value:
-            raise ValueError("store 'redis' needs a redis_url (redis://host:6379/0)")
+        if store == "redis" and not value and not info.data.get("redis_auth_secret"):
+            raise ValueError(
+                "store 'redis' needs a redis_url (redis://host:6379/0), or a redis_auth_secret "
+                "that holds the url (a store the stack provisions)"
+            )
         if store == "memory" and value:
             raise ValueError("is set but store is 'memory' (set store: redis, or leave redis_url out)")
+        if store == "memory" and info.data.get("redis_auth_secret"):
+            raise ValueError(
+                "redis_auth_secret is set but store is 'memory' (set store: redis, or leave it out)"
+            )
         if value and not re.match(r"^rediss?://[A-Za-z0-9.\[\]:_-]+(/[0-9]{1,2})?$", value):
             raise ValueError(
                 "must look like redis://host:6379/0 or rediss://host:6379 "

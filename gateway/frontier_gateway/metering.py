@@ -10,7 +10,7 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,7 +35,9 @@ class MeterRecord:
     client_request_id: str | None = None
 
     def to_line(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        # The fields are all plain values: vars() is the same mapping as asdict() without its
+        # recursive deep copy, which cost more than the JSON encoding on every request.
+        return json.dumps(vars(self), separators=(",", ":"))
 
 
 class Sink(Protocol):

@@ -26,6 +26,7 @@ import logging
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -52,6 +53,8 @@ class Replica:
     def __post_init__(self) -> None:
         self.id = replica_id(self.url, self.id_key)
         self.breaker = Breaker(self.breaker_config, self.id)
+        # The Host header of requests forwarded to it: the URL's authority.
+        self.host = urlsplit(self.url).netloc
 
     def mark_down(self) -> None:
         if self.ready:

@@ -8,6 +8,9 @@ until that event arrives). Once a byte has gone out, a failure ends the stream w
 Every request ends in ``Call.finish`` exactly once: the tenant's tokens are settled with the
 runtime's usage, a metering record is written and the per-tenant metrics move.
 
+Requests go upstream through the gateway's own lean client (``upstream.py``): connections to a
+replica are kept alive and reused across requests, and each request leaves in one write.
+
 Each attempt's outcome goes to the replica's circuit breaker; when no replica of the pool is
 available (none ready, or every ready one's breaker open) the answer is an immediate 503 whose
 ``Retry-After`` is the soonest end of a cool-off — unless the pool has a hold queue (``hold.py``):
@@ -26,7 +29,6 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import httpx
 from frontier_hostside import names
 from starlette.responses import Response, StreamingResponse
 
@@ -38,6 +40,7 @@ from frontier_gateway.pools import Pool, Replica
 from frontier_gateway.quotas import Grant
 from frontier_gateway.tenants import Tenant
 from frontier_gateway.tracing import CallTrace
+from frontier_gateway.upstream import Answer, Upstream, UpstreamError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("frontier_gateway.proxy")
 
 RETRYABLE = frozenset({429, 502, 503, 504})
+
 # Hop-by-hop and length headers are the gateway's own to set.
 DROPPED = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "date", "server"}
@@ -78,9 +82,14 @@ class Call:
 
 class Proxy:
     def __init__(
-        self, client: httpx.AsyncClient, metrics: Metrics, sink: Sink, retries: int, upstream_auth: str | None
+        self,
+        upstream: Upstream,
+        metrics: Metrics,
+        sink: Sink,
+        retries: int,
+        upstream_auth: str | None,
     ) -> None:
-        self.client = client
+        self.upstream = upstream
         self.metrics = metrics
         self.sink = sink
         self.retries = retries
@@ -145,21 +154,22 @@ class Proxy:
 
     async def _try(self, call: Call, replica: Replica, *, final: bool) -> Response | None:
         """The answer of ``replica``, or None when it failed before anything could be sent."""
-        headers = {"content-type": "application/json", names.REQUEST_ID_HEADER: call.request_id}
+        headers = {
+            "host": replica.host,
+            "content-type": "application/json",
+            names.REQUEST_ID_HEADER: call.request_id,
+        }
         if self.upstream_auth:
             headers["authorization"] = f"Bearer {self.upstream_auth}"
         if call.trace is not None:
             call.trace.begin_upstream(replica.id, replica.url, headers)
-        request = self.client.build_request(
-            "POST", replica.url + call.path, content=call.body, headers=headers
-        )
         replica.outstanding += 1
         handed_over = False
         outcome: int | None = None  # for the breaker: a status, 0 for a failed connection
         try:
             try:
-                upstream = await self.client.send(request, stream=True)
-            except httpx.TransportError as exc:
+                upstream = await self.upstream.post(replica.url + call.path, headers, call.body)
+            except UpstreamError as exc:
                 log.warning(
                     "replica unreachable",
                     extra={"event": "upstream_error", "replica": replica.url, "error": repr(exc)},
@@ -168,7 +178,7 @@ class Proxy:
                 replica.mark_down()
                 return None
             try:
-                if call.stream and upstream.status_code == 200:
+                if call.stream and upstream.status == 200:
                     events = _events(upstream)
                     held = await _until_first_data(events)
                     if held is None:
@@ -185,9 +195,9 @@ class Proxy:
                         headers=self._client_headers(call, upstream, replica),
                         media_type="text/event-stream",
                     )
-                content = await upstream.aread()
-                outcome = upstream.status_code
-            except httpx.TransportError as exc:
+                content = await upstream.read()
+                outcome = upstream.status
+            except UpstreamError as exc:
                 log.warning(
                     "replica failed mid-answer",
                     extra={"event": "upstream_error", "replica": replica.url, "error": repr(exc)},
@@ -200,7 +210,7 @@ class Proxy:
                     await upstream.aclose()
             return Response(
                 content,
-                status_code=upstream.status_code,
+                status_code=upstream.status,
                 headers=self._client_headers(call, upstream, replica),
             )
         finally:
@@ -210,30 +220,36 @@ class Proxy:
                 if call.trace is not None:
                     call.trace.end_upstream(outcome)
 
-    def _client_headers(self, call: Call, upstream: httpx.Response, replica: Replica) -> dict[str, str]:
-        passed = {k: v for k, v in upstream.headers.items() if k.lower() not in DROPPED}
+    def _client_headers(self, call: Call, upstream: Answer, replica: Replica) -> dict[str, str]:
+        passed = {name: value for name, value in upstream.headers if name not in DROPPED}
         return {**passed, **call.headers, names.REPLICA_HEADER: replica.id}
 
     async def _relay(
         self,
         call: Call,
         replica: Replica,
-        upstream: httpx.Response,
+        upstream: Answer,
         held: list[bytes],
-        events: AsyncIterator[bytes],
+        events: AsyncIterator[list[bytes]],
     ) -> AsyncIterator[bytes]:
         usage: dict | None = None
         status = 200
         try:
-            for event in held:
-                usage = _event_usage(event) or usage
-                if _keep(event, call.client_wants_usage):
-                    yield event
-            async for event in events:
-                usage = _event_usage(event) or usage
-                if _keep(event, call.client_wants_usage):
-                    yield event
-        except httpx.TransportError as exc:
+            # The events that arrived together leave together: one write to the client, not one each.
+            batch = held
+            while True:
+                kept = []
+                for event in batch:
+                    data = _event_json(event)
+                    usage = _usage_in(data) or usage
+                    if _keep(data, call.client_wants_usage):
+                        kept.append(event)
+                if kept:
+                    yield b"".join(kept)
+                batch = await anext(events, None)
+                if batch is None:
+                    break
+        except UpstreamError as exc:
             # Bytes already reached the client: the request cannot move; say so in the stream.
             status = 502
             replica.breaker.record(0)
@@ -338,27 +354,29 @@ def _no_replica(call: Call, pool: Pool, tried: list[str]) -> GatewayError:
     )
 
 
-async def _events(upstream: httpx.Response) -> AsyncIterator[bytes]:
-    """Server-sent events, each with its blank-line terminator."""
+async def _events(upstream: Answer) -> AsyncIterator[list[bytes]]:
+    """Server-sent events, each with its blank-line terminator, in the batches that completed
+    together (those one read of the replica's answer finished)."""
     buffer = b""
-    async for chunk in upstream.aiter_raw():
+    async for chunk in upstream.stream():
         buffer += chunk.replace(b"\r\n", b"\n")
-        while b"\n\n" in buffer:
-            event, buffer = buffer.split(b"\n\n", 1)
-            yield event + b"\n\n"
+        *complete, buffer = buffer.split(b"\n\n")
+        if complete:
+            yield [event + b"\n\n" for event in complete]
     if buffer.strip():
-        yield buffer
+        yield [buffer]
 
 
-async def _until_first_data(events: AsyncIterator[bytes]) -> list[bytes] | None:
-    """Events up to and including the first ``data:`` one; None when the stream broke before it."""
+async def _until_first_data(events: AsyncIterator[list[bytes]]) -> list[bytes] | None:
+    """Events up to and including the batch of the first ``data:`` one; None when the stream
+    broke before it."""
     held: list[bytes] = []
     try:
-        async for event in events:
-            held.append(event)
-            if event.startswith(b"data:"):
+        async for batch in events:
+            held += batch
+            if any(event.startswith(b"data:") for event in batch):
                 return held
-    except httpx.TransportError:
+    except UpstreamError:
         return None
     return None
 
@@ -376,17 +394,17 @@ def _event_json(event: bytes) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _event_usage(event: bytes) -> dict | None:
-    data = _event_json(event)
+def _usage_in(data: dict | None) -> dict | None:
+    """The usage an event's parsed JSON (``_event_json``) reports, if any."""
     usage = data.get("usage") if data else None
     return usage if isinstance(usage, dict) else None
 
 
-def _keep(event: bytes, client_wants_usage: bool) -> bool:
-    """Drop the usage-only chunk the gateway asked for on the client's behalf."""
+def _keep(data: dict | None, client_wants_usage: bool) -> bool:
+    """Drop the usage-only chunk the gateway asked for on the client's behalf (``data``: the
+    event's parsed JSON)."""
     if client_wants_usage:
         return True
-    data = _event_json(event)
     return not (data is not None and data.get("usage") and not data.get("choices"))
 
 

@@ -20,6 +20,7 @@ gateway's request timeout, so a gateway that dies holding requests frees its ten
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -346,10 +347,66 @@ class RedisQuotas(Quotas):
         await self._redis.aclose()
 
 
-def open_quotas(config: QuotaConfig, tenants: list[Tenant], hold_s: float) -> Quotas:
+def open_quotas(
+    config: QuotaConfig, tenants: list[Tenant], hold_s: float, *, secrets: Any | None = None
+) -> Quotas:
+    if config.store == "redis" and config.redis_auth_secret:
+        return RedisQuotas(config, hold_s, client=authenticated_client(config, secrets))
     if config.store == "redis":
         return RedisQuotas(config, hold_s)
     return MemoryQuotas(tenants)
+
+
+def store_connection(config: QuotaConfig, secrets: Any | None = None) -> tuple[str, str]:
+    """The store's URL and AUTH password from ``quota.redis_auth_secret`` (the URL from the config
+    where it names one): ``{"password": "…", "url": "rediss://…"}``."""
+    secret_id = config.redis_auth_secret
+    if secrets is None:
+        import boto3
+
+        secrets = boto3.client("secretsmanager")
+    try:
+        text = secrets.get_secret_value(SecretId=secret_id)["SecretString"]
+    except Exception as exc:  # noqa: BLE001 - any failure to read it is the same for the operator
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
+        raise QuotaStoreError(
+            f"cannot read the quota store's AUTH token from secret {secret_id!r}: {code}"
+        ) from None
+    try:
+        document = json.loads(text)
+        password, url = document["password"], config.redis_url or document["url"]
+    except (ValueError, KeyError, TypeError):
+        shape = '{"password": "..."}' if config.redis_url else '{"password": "...", "url": "rediss://..."}'
+        raise QuotaStoreError(f"secret {secret_id!r} must hold {shape}") from None
+    if not isinstance(password, str) or not password or not isinstance(url, str) or not url:
+        raise QuotaStoreError(f"secret {secret_id!r}: password and url must be non-empty strings")
+    return url, password
+
+
+def authenticated_client(config: QuotaConfig, secrets: Any | None = None) -> Any:
+    """A client that presents the secret's AUTH token, checked once here: a wrong token is a setting
+    no retry mends, so the gateway stops at start naming the secret rather than answer 503 to every
+    request. A store not reachable yet is not checked: requests meet it once it is."""
+    import redis
+    import redis.asyncio
+
+    url, password = store_connection(config, secrets)
+    timeouts = {"socket_timeout": config.timeout_s, "socket_connect_timeout": config.timeout_s}
+    probe = redis.Redis.from_url(url, password=password, **timeouts)
+    try:
+        probe.ping()
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        raise QuotaStoreError(
+            f"the quota store at {url} refused the AUTH token from secret {config.redis_auth_secret!r}: {exc}"
+        ) from None
+    except redis.RedisError as exc:
+        log.warning(
+            "quota store not reachable at start",
+            extra={"event": "quota_store_unreachable", "url": url, "error": type(exc).__name__},
+        )
+    finally:
+        probe.close()
+    return redis.asyncio.Redis.from_url(url, password=password, **timeouts)
 
 
 def format_duration(seconds: float) -> str:

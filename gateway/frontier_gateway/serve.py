@@ -72,8 +72,12 @@ def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
     async def lifespan(app: Any) -> AsyncIterator[None]:
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
         timeout = httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-            gateway.start(client)
+        # The probes and discovery use an httpx client; forwarded requests their own pool.
+        async with (
+            httpx.AsyncClient(limits=limits, timeout=timeout) as client,
+            gateway.upstream_client() as upstream,
+        ):
+            gateway.start(upstream)
             for pool_config in config.models:
                 if pool_config.discovery is not None:
                     pool = gateway.pools.by_model[pool_config.name]
@@ -130,8 +134,18 @@ class ByPort:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    """A bound TCP socket whose accepted connections send each write at once.
+
+    Without TCP_NODELAY a response's second small write (the body after the headers, each event of
+    a stream) waits for the client's delayed ACK: tens of milliseconds. Accepted sockets inherit
+    the option from the listener, and naming the protocol lets the event loop see a TCP socket and
+    set it too (asyncio skips a socket made with protocol 0; uvloop sets it either way).
+    """
+    sock = socket.socket(
+        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -140,11 +154,20 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_server(gateway: Gateway, *, admin_port: int) -> uvicorn.Server:
-    """The server for both sockets; ``admin_port`` is the admin socket's bound port."""
+def uvicorn_server(
+    gateway: Gateway, *, admin_port: int, tls_cert: str | None = None, tls_key: str | None = None
+) -> uvicorn.Server:
+    """The server for both sockets; ``admin_port`` is the admin socket's bound port.
+
+    With ``tls_cert`` and ``tls_key`` (PEM files) both sockets speak TLS: the load balancer's
+    HTTPS ends in the gateway itself (an EC2 gateway host makes its certificate at boot,
+    templates/gateway-cloud-init.yaml.j2), and the loopback admin socket shares the certificate.
+    """
     app = ByPort(create_app(gateway, lifespan=lifespan_for(gateway)), create_admin_app(gateway), admin_port)
     config = uvicorn.Config(
         app,
+        ssl_certfile=tls_cert,
+        ssl_keyfile=tls_key,
         lifespan="on",
         log_level="warning",
         access_log=False,
@@ -156,15 +179,23 @@ def uvicorn_server(gateway: Gateway, *, admin_port: int) -> uvicorn.Server:
 
 
 def serve(
-    config: GatewayConfig, host: str | None = None, port: int | None = None, admin_port: int | None = None
+    config: GatewayConfig,
+    host: str | None = None,
+    port: int | None = None,
+    admin_port: int | None = None,
+    *,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
 ) -> int:
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("TLS needs both --tls-cert and --tls-key (PEM files), or neither")
     gateway = build_gateway(config)
     public = listen(host or config.host, config.port if port is None else port)
     admin = listen(config.admin_host, config.admin_port if admin_port is None else admin_port)
     bound = public.getsockname()[1], admin.getsockname()[1]
     if bound[0] == bound[1]:
         raise ValueError(f"the public and admin sockets share port {bound[0]}: give them different ports")
-    server = uvicorn_server(gateway, admin_port=bound[1])
+    server = uvicorn_server(gateway, admin_port=bound[1], tls_cert=tls_cert, tls_key=tls_key)
     for what, sock in (("listening", public), ("admin (metrics)", admin)):
         print(f"frontier_gateway: {what} on {sock.getsockname()[0]}:{sock.getsockname()[1]}", flush=True)
     server.run(sockets=[public, admin])

@@ -18,6 +18,12 @@ what hosts run (Pulumi uploads it beside the agent, under the history prefix's `
     publish    scrape the runtime's /metrics once and put QueueDepth, RunningRequests, the
                end-to-end latency (values with counts from the histogram, so CloudWatch computes true
                percentiles) and RuntimeRestarts (restarts since the last publish) into CloudWatch.
+    publish-gateway
+               on a gateway host (``/etc/frontier/gateway.env``): scrape the gateway's admin
+               /metrics once (over TLS with the host's own certificate as the only trusted one) and
+               put each pool's HeldRequests under the pool's node group (what its from-zero alarm
+               reads) and GatewayRequests and Gateway5xx (answered since the last publish) into
+               CloudWatch. Run by a systemd timer (templates/gateway-cloud-init.yaml.j2).
     watch      every ``--interval`` seconds: publish, and look at the host's lifecycle state; on
                Terminating:Wait (scale-in, instance refresh) stop the runtime through the agent,
                which drains it, then complete the terminate hook, so no request is cut.
@@ -40,6 +46,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -55,6 +62,9 @@ from frontier_hostside.names import (
     BOOT_RECORDS_PREFIX,
     CLOUDWATCH_DIMENSIONS,
     DEPLOYING_POINTER,
+    GATEWAY_5XX_CW_METRIC,
+    GATEWAY_NODE_GROUP,
+    GATEWAY_REQUESTS_CW_METRIC,
     HOST_TOOLS_PREFIX,
     PLACEHOLDER_HOST,
     RELEASE_ID_PATTERN,
@@ -93,6 +103,9 @@ class NodeConfig:
     readiness_timeout_s: float
     instance_id: str = ""
     address: str = ""
+    # Where the runtime wheels are: the stack's history prefix, shared by the pools of a stack of
+    # several models (each pool's history_prefix is then its own); "" means history_prefix.
+    artifacts_prefix: str = ""
 
     @classmethod
     def load(cls, path: str) -> NodeConfig:
@@ -125,6 +138,8 @@ class NodeConfig:
         # Set where there is no instance metadata service (the local stack's host slots).
         values["instance_id"] = env.get("FRONTIER_INSTANCE_ID", "")
         values["address"] = env.get("FRONTIER_ADDRESS", "")
+        artifacts = env.get("FRONTIER_ARTIFACTS_PREFIX", "")
+        values["artifacts_prefix"] = artifacts.rstrip("/") + "/" if artifacts else ""
         return cls(**values)
 
 
@@ -307,7 +322,7 @@ def fetch_wheel(aws: Aws, config: NodeConfig, artifact: dict[str, Any], target_d
     if artifact.get("kind") != "wheel":
         return ""
     digest, filename = artifact["digest"], artifact["filename"]
-    key = f"{config.history_prefix}artifacts/{digest.replace(':', '-')}/{filename}"
+    key = f"{config.artifacts_prefix or config.history_prefix}artifacts/{digest.replace(':', '-')}/{filename}"
     path = aws.get(config.history_bucket, key, target_dir / filename)
     got = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
     if got != digest:
@@ -537,6 +552,125 @@ def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
     }
 
 
+# --- a gateway host's metrics to CloudWatch ----------------------------------------------------------
+
+GATEWAY_PUBLISHER_STATE = "gateway-publisher.json"
+
+
+@dataclass(frozen=True)
+class GatewayNodeConfig:
+    """What ``publish-gateway`` reads: ``KEY=VALUE`` lines of ``/etc/frontier/gateway.env``, rendered
+    by Frontier (``frontier.render.boot.gateway_env``)."""
+
+    stack: str
+    region: str
+    root: str  # where the publisher keeps its state between runs
+    metrics_url: str  # the gateway's admin /metrics
+    ca_file: str  # the certificate the admin socket presents; "" for plain HTTP
+    namespace: str
+    held_metric: str
+    waiting_series: str  # the hold queue's gauge {pool}
+    requests_series: str  # the answered-requests counter {tenant, model, status}
+    pools: dict[str, str]  # pool -> its node group
+
+    @classmethod
+    def load(cls, path: str) -> GatewayNodeConfig:
+        env = read_env(Path(path))
+        keys = {
+            "stack": "FRONTIER_STACK",
+            "region": "AWS_REGION",
+            "root": "FRONTIER_ROOT",
+            "metrics_url": "FRONTIER_GATEWAY_METRICS_URL",
+            "namespace": "FRONTIER_METRIC_NAMESPACE",
+            "held_metric": "FRONTIER_HELD_METRIC",
+            "waiting_series": "FRONTIER_POOL_WAITING_SERIES",
+            "requests_series": "FRONTIER_GATEWAY_REQUESTS_SERIES",
+            "pools": "FRONTIER_GATEWAY_POOLS",
+        }
+        missing = [key for key in keys.values() if not env.get(key)]
+        if missing:
+            raise BootError(f"{path}: missing {', '.join(missing)}")
+        values: dict[str, Any] = {name: env[key] for name, key in keys.items()}
+        pools = {}
+        for item in values["pools"].split(","):
+            pool, sep, group = item.partition("=")
+            if not sep or not pool.strip() or not group.strip():
+                raise BootError(
+                    f"{path}: FRONTIER_GATEWAY_POOLS={values['pools']!r}: each item is pool=node_group, "
+                    f"not {item!r}"
+                )
+            pools[pool.strip()] = group.strip()
+        values["pools"] = pools
+        values["ca_file"] = env.get("FRONTIER_GATEWAY_CA", "")
+        return cls(**values)
+
+
+def _scrape(url: str, ca_file: str) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of one /metrics page. Over HTTPS the host's own certificate is the one trusted
+    authority, and it names the host, not 127.0.0.1, so the name is not checked."""
+    context = None
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cafile=ca_file or None)
+        context.check_hostname = False
+    with urllib.request.urlopen(url, timeout=5, context=context) as answer:
+        return parse_prometheus(answer.read().decode())
+
+
+def counted_since(before: dict[str, float], now: dict[str, float]) -> dict[str, float]:
+    """Counter increases since ``before``, per series; a restarted gateway (any count lower than
+    before) counts from zero."""
+    if any(now.get(key, 0.0) < value for key, value in before.items()):
+        before = {}
+    return {key: value - before.get(key, 0.0) for key, value in now.items()}
+
+
+def publish_gateway(config: GatewayNodeConfig, aws: Aws) -> dict[str, Any]:
+    samples = _scrape(config.metrics_url, config.ca_file)
+    held = dict.fromkeys(config.pools, 0.0)
+    for name, labels, value in samples:
+        if name == config.waiting_series and labels.get("pool") in held:
+            held[labels["pool"]] += value
+    # Answered requests by status, summed over tenants and models: the gateway's own figures.
+    answered: dict[str, float] = {}
+    for name, labels, value in samples:
+        if name == f"{config.requests_series}_total":
+            status = labels.get("status", "")
+            answered[status] = answered.get(status, 0.0) + value
+    state_path = Path(config.root) / "run" / GATEWAY_PUBLISHER_STATE
+    before: dict[str, float] | None
+    try:
+        state = json.loads(state_path.read_text())
+        before = {str(k): float(v) for k, v in state.get("answered", {}).items()}
+    except (OSError, ValueError, AttributeError):
+        before = None
+    # The first publish on a host has nothing to count from: it only sets the baseline.
+    since = counted_since(before, answered) if before is not None else dict.fromkeys(answered, 0.0)
+    requests = sum(since.values())
+    errors = sum(count for status, count in since.items() if status.startswith("5"))
+    stack_dimension, group_dimension = CLOUDWATCH_DIMENSIONS
+
+    def dimensions(group: str) -> list[dict[str, str]]:
+        return [{"Name": stack_dimension, "Value": config.stack}, {"Name": group_dimension, "Value": group}]
+
+    data: list[dict[str, Any]] = [
+        {
+            "MetricName": config.held_metric,
+            "Dimensions": dimensions(config.pools[pool]),
+            "Value": count,
+            "Unit": "Count",
+        }
+        for pool, count in sorted(held.items())
+    ]
+    data += [
+        {"MetricName": GATEWAY_REQUESTS_CW_METRIC, "Dimensions": dimensions(GATEWAY_NODE_GROUP), "Value": requests, "Unit": "Count"},
+        {"MetricName": GATEWAY_5XX_CW_METRIC, "Dimensions": dimensions(GATEWAY_NODE_GROUP), "Value": errors, "Unit": "Count"},
+    ]  # fmt: skip
+    aws.put_metrics(config.namespace, data)
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    state_path.write_text(json.dumps({"answered": answered}))
+    return {"ok": True, "held": held, "requests": requests, "errors_5xx": errors}
+
+
 def _restarts(config: NodeConfig) -> int:
     """How often the runtime was restarted on this host (the agent's ``status``); 0 when unknown."""
     try:
@@ -590,6 +724,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("boot")
     commands.add_parser("publish")
+    commands.add_parser("publish-gateway")
     abandon_parser = commands.add_parser("abandon")
     abandon_parser.add_argument("--reason", required=True)
     watch_parser = commands.add_parser("watch")
@@ -597,6 +732,11 @@ def main(argv: list[str] | None = None) -> int:
     watch_parser.add_argument("--rounds", type=int, default=0)
     args = parser.parse_args(argv)
     try:
+        if args.command == "publish-gateway":
+            gateway = GatewayNodeConfig.load(args.env)
+            answer = publish_gateway(gateway, Aws(gateway.region))
+            print(json.dumps(answer, sort_keys=True))
+            return 0
         config = NodeConfig.load(args.env)
         aws = Aws(config.region)
         if args.command == "boot":

@@ -247,6 +247,12 @@ RESTARTS_CW_METRIC = "RuntimeRestarts"
 # Every host of a node group publishes under the same dimensions: the group's Average is the
 # per-host figure the scaling policy tracks.
 CLOUDWATCH_DIMENSIONS = ("Stack", "NodeGroup")
+# An EC2 gateway host publishes (the bootstrap's ``publish-gateway``) each pool's held requests
+# under the pool's node group (what its from-zero alarm reads), and the requests it answered and
+# those it answered with a 5xx, since the last publish, under this NodeGroup value.
+GATEWAY_NODE_GROUP = "gateway"
+GATEWAY_REQUESTS_CW_METRIC = "GatewayRequests"
+GATEWAY_5XX_CW_METRIC = "Gateway5xx"
 
 # --- auto scaling lifecycle hooks: infra/ creates them, the host bootstrap completes them ----------
 LAUNCH_HOOK = "frontier-launch"

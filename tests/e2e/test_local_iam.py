@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
 import boto3
 import pytest
 from botocore.exceptions import ClientError
 from fabric import Config, Connection
+from frontier_hostside import bootstrap
+from frontier_hostside.bootstrap import Aws, BootError, NodeConfig
 from frontier_hostside.names import LOCAL_AWS_KEY_ID, LOCAL_AWS_SECRET
 
+from frontier.config.schema import Settings
+from frontier.release.artifact import Artifact, sha256_digest
+from frontier.release.history import HistoryStore, iso, now, stack_history
+from frontier.release.release import Release
+from frontier.render.boot import node_env
 from frontier.targets import backend_for, load_stack
 from frontier.targets.local import cluster as local
-from frontier.targets.local import iam
+from frontier.targets.local import iam, services
 from tests.e2e.stackcopy import write_local_stack
+from tests.gateway.stacks import SECOND_MODEL, two_model_config, write_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -85,3 +98,119 @@ def test_a_second_up_keeps_the_users_and_their_keys(running):
     before = iam.read_keys(local.state_dir(running))
     states = {c.name: c.state for c in local.up(running)}
     assert states["iam"] == "exists" and iam.read_keys(local.state_dir(running)) == before
+
+
+# --- a stack of two models: the second pool's host slot boots under enforcement --------------------
+
+
+@dataclass
+class TwoPools:
+    """moto enforcing IAM, the users of a two-pool stack, and the small pool's first release."""
+
+    settings: Settings
+    keys: dict[str, iam.AccessKey]
+    pool: HistoryStore  # the small pool's history, written with the deploy role's key
+    release: Release
+    wheel: Path
+    config: NodeConfig  # the small pool's slot, as a relaunch writes its node.env
+    aws: Aws
+
+    def host_s3(self, endpoint: str):  # noqa: ANN201 - a boto3 client
+        return boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1", **self.keys["host"].boto3_kwargs()
+        )
+
+
+def _aws_cli() -> str:
+    """The aws command; behind a pyenv shim, the real one (each shim hop costs half a second)."""
+    found = shutil.which("aws")
+    assert found, "the AWS CLI (`aws`) must be on PATH: hosts bootstrap through it"
+    if "/.pyenv/shims/" in found:
+        done = subprocess.run(["pyenv", "which", "aws"], capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    return found
+
+
+@pytest.fixture
+def two_pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FRONTIER_STACKS_DIR", str(tmp_path / "stacks"))
+    write_stack(tmp_path / "stacks", two_model_config())
+    settings = load_stack("local")
+    moto = services.start_moto(0, tmp_path / "moto", env=iam.MOTO_ENV)
+    bucket, prefix = local.history_bucket(settings), local.history_prefix(settings)
+    try:
+        _, keys = iam.provision(settings, moto.endpoint, tmp_path, bucket, prefix, fresh=True)
+        client = {
+            actor: boto3.client(
+                "s3", endpoint_url=moto.endpoint, region_name="us-east-1", **keys[actor].boto3_kwargs()
+            )
+            for actor in ("admin", "deploy")
+        }
+        client["admin"].create_bucket(Bucket=bucket)
+        # `fab deploy --model tiny-llama-small`: the wheel under the stack's artifacts, the release and
+        # its record under the pool's own prefix.
+        pool = stack_history(settings.for_pool(SECOND_MODEL["name"]), client["deploy"], bucket, prefix)
+        wheel = tmp_path / "frontier_runtime-0-py3-none-any.whl"
+        wheel.write_bytes(b"the runtime wheel")
+        artifact = Artifact(sha256_digest(wheel), "wheel", wheel.name, wheel.stat().st_size)
+        pool.put_artifact(artifact, wheel)
+        release = Release(artifact, {"runtime.yaml": "mode: serve\n"})
+        pool.put_release(release)
+        pool.append(
+            {"kind": "deploy", "started_at": iso(now()), "release": release.id, "outcome": "succeeded"}
+        )
+        group = settings.for_pool(SECOND_MODEL["name"]).serving_group
+        env = dict(node_env(settings, group, history_bucket=bucket, history_prefix=pool.prefix))
+        env |= {
+            "AWS_REGION": "us-east-1",
+            "FRONTIER_ROOT": str(tmp_path / "host-3"),
+            "FRONTIER_READINESS_TIMEOUT_S": "30",
+            "FRONTIER_INSTANCE_ID": "host-3",
+            "FRONTIER_ADDRESS": "127.0.0.1",
+            "FRONTIER_ARTIFACTS_PREFIX": pool.artifacts_prefix,
+        }
+        env_file = tmp_path / "node.env"
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        # What the slot's env file gives its bootstrap: the host role's key and the stack's moto.
+        for key, value in {"AWS_ENDPOINT_URL": moto.endpoint, **keys["host"].env()}.items():
+            monkeypatch.setenv(key, value)
+        yield TwoPools(
+            settings, keys, pool, release, wheel, NodeConfig.load(str(env_file)), Aws("us-east-1", _aws_cli())
+        )
+    finally:
+        services.stop(moto)
+
+
+def test_a_second_pools_host_boots_its_pools_release_with_the_stacks_wheel(two_pools):
+    record = bootstrap.current_release(two_pools.aws, two_pools.config)
+    assert record is not None and record["release"] == two_pools.release.id
+    incoming = Path(two_pools.config.root) / "incoming" / two_pools.release.id
+    manifest = bootstrap.fetch_release(two_pools.aws, two_pools.config, two_pools.release.id, incoming)
+    wheel = bootstrap.fetch_wheel(two_pools.aws, two_pools.config, manifest["artifact"], incoming.parent)
+    assert Path(wheel).read_bytes() == two_pools.wheel.read_bytes()
+    two_pools.aws.put(two_pools.pool.bucket, f"{two_pools.pool.prefix}boots/host-3.json", b"{}")
+
+
+def test_a_second_pools_host_cannot_make_a_release_current(two_pools):
+    with pytest.raises(BootError, match=r"AccessDenied.*PutObject operation"):
+        two_pools.aws.put(two_pools.pool.bucket, f"{two_pools.pool.prefix}records/forged.json", b"{}")
+
+
+def test_a_second_pools_host_reads_exactly_its_pools_history_and_the_stacks_artifacts(two_pools):
+    stack_prefix, pool_prefix = two_pools.pool.artifacts_prefix, two_pools.pool.prefix
+    document = iam.documents(two_pools.settings, two_pools.pool.bucket, stack_prefix)["host"]
+    reads = next(
+        s
+        for s in document[f"runtime-{SECOND_MODEL['name']}"]["Statement"]
+        if s["Sid"] == "ReadTheCurrentRelease"
+    )
+    bucket_arn = f"arn:aws:s3:::{two_pools.pool.bucket}"
+    assert sorted(reads["Resource"]) == sorted(
+        [
+            f"{bucket_arn}/{stack_prefix}artifacts/*",
+            f"{bucket_arn}/{pool_prefix}host/*",
+            f"{bucket_arn}/{pool_prefix}records/*",
+            f"{bucket_arn}/{pool_prefix}releases/*",
+        ]
+    )

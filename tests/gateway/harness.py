@@ -109,6 +109,7 @@ class _StandIn(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append((self.path, body, dict(self.headers)))
+        self.server.peers.append(self.client_address)  # which connection carried it
         time.sleep(self.server.delay_s)
         if self.server.status != 200:
             self._json(
@@ -177,6 +178,7 @@ class StandIn(ThreadingHTTPServer):
         self.status = 200
         self.delay_s = 0.0
         self.requests: list[tuple[str, dict, dict]] = []
+        self.peers: list[tuple[str, int]] = []
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
         self._thread.start()
 

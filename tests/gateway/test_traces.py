@@ -144,8 +144,10 @@ def test_the_runtimes_spans_hang_under_the_gateways_upstream_span(
     upstream, server = spans["gateway.upstream"], spans["runtime.request"]
     assert server.parent_id == upstream.span_id
     assert {spans[n].parent_id for n in RUNTIME_SPANS[1:]} == {server.span_id}
-    # One machine, one clock: the runtime's work lies inside the gateway's call to it.
-    assert upstream.start_ns <= server.start_ns and server.end_ns <= upstream.end_ns
+    # One machine, one clock: the runtime's work lies inside the gateway's call to it. Its server
+    # span closes only after the answer is written, which the gateway may have read already.
+    assert upstream.start_ns <= server.start_ns
+    assert spans[RUNTIME_SPANS[-1]].end_ns <= upstream.end_ns
 
 
 def test_the_runtimes_phases_add_up_within_its_server_span(one_trace: tuple[httpx.Response, dict]) -> None:

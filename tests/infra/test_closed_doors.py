@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import http.server
+import ipaddress
 import json
 import re
 import socket
@@ -33,6 +34,7 @@ from frontier import project
 from frontier.errors import StackError
 from frontier.render.boot import render_cloud_init
 from frontier.targets import load_stack
+from frontier.targets.kubernetes.network import ingress_source_cidrs
 from frontier.targets.local import services
 from infra.edge import (
     TARGET_PROXY_FILE,
@@ -40,6 +42,7 @@ from infra.edge import (
     TARGET_TLS_PORT,
     render_target_proxy,
 )
+from infra.eks import ALB_SUBNET_TAG, INTERNAL_ALB_SUBNET_TAG
 from infra.network import INTERFACE_ENDPOINTS
 from infra.program import build
 from infra.security_groups import ANYWHERE
@@ -377,3 +380,45 @@ def test_a_stack_that_installs_packages_at_boot_may_open_web_egress(tmp_path_fac
     path = stack_with(tmp_path_factory, "dev", network={"egress": "internet"})
     dev = run_with_prefix_list(path, "dev")
     assert _rules(dev, EGRESS, "runtime") == {(ANYWHERE, "tcp", 443), (ANYWHERE, "tcp", 80)}
+
+
+# --- an internal balancer on EKS ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eks() -> Graph:
+    """eks-prod's program under the mocks of the Kubernetes stacks (k8s_mocks)."""
+    from k8s_mocks import run_kubernetes
+
+    _ensure_event_loop()  # an asyncio.run earlier in the session leaves the thread without one
+    return run_kubernetes(load_stack("eks-prod"))
+
+
+def _subnets_tagged(graph: Graph, key: str) -> set[str]:
+    return {
+        t.inputs["resourceId"]
+        for t in graph.of_type("aws:ec2/tag:Tag")
+        if t.inputs["key"] == key and t.inputs["value"] == "1"
+    }
+
+
+def _tier(graph: Graph, tier: str) -> set[str]:
+    return {s.id for s in graph.of_type(SUBNET) if s.inputs["tags"].get("frontier:tier") == tier}
+
+
+def test_an_internal_alb_goes_to_the_subnets_that_hold_no_pod(eks):
+    # The runtime's NetworkPolicy admits the ALB from the public subnets' range alone.
+    assert _subnets_tagged(eks, INTERNAL_ALB_SUBNET_TAG) == _tier(eks, "public")
+    assert not _subnets_tagged(eks, INTERNAL_ALB_SUBNET_TAG) & _tier(eks, "private")
+    assert len(_tier(eks, "public")) == eks.settings.network.availability_zones
+
+
+def test_an_internal_alb_sits_where_the_runtimes_network_policy_admits_it(eks):
+    admitted = ipaddress.ip_network(ingress_source_cidrs(eks.settings)[0])
+    for subnet in eks.of_type(SUBNET):
+        if subnet.id in _subnets_tagged(eks, INTERNAL_ALB_SUBNET_TAG):
+            assert ipaddress.ip_network(subnet.inputs["cidrBlock"]).subnet_of(admitted)
+
+
+def test_an_internet_facing_alb_goes_to_the_public_subnets_alone(eks):
+    assert _subnets_tagged(eks, ALB_SUBNET_TAG) == _tier(eks, "public")

@@ -86,10 +86,29 @@ def test_runtimes_take_their_port_from_the_gateway_only(gated) -> None:
     assert alb_out == {(gateway, 8090)}
 
 
-def test_the_gateway_reads_digests_and_writes_metering_only(gated) -> None:
+def test_the_gateway_reads_digests_and_what_it_boots_and_writes_metering_logs_and_metrics_only(gated) -> None:
     policy = json.loads(gated.one("aws:iam/rolePolicy:RolePolicy", "dev-gateway-policy").inputs["policy"])
     by_sid = {s["Sid"]: s for s in policy["Statement"]}
-    assert set(by_sid) == {"ReadKeyDigests", "DecryptSecrets", "DiscoverRuntimes", "WriteMetering"}
+    assert set(by_sid) == {
+        "ReadKeyDigests",
+        "DecryptSecrets",
+        "DiscoverRuntimes",
+        "WriteMetering",
+        "ReadWhatItBoots",
+        "ListWhatItBoots",
+        "ShipItsLogs",
+        "PutGatewayMetrics",
+    }
+    history = "frontier-dev-history-123456789012-us-west-2"
+    assert by_sid["ReadWhatItBoots"]["Resource"] == f"arn:aws:s3:::{history}/history/dev/gateway/*"
+    assert by_sid["ListWhatItBoots"]["Condition"] == {"StringLike": {"s3:prefix": "history/dev/gateway/*"}}
+    assert by_sid["PutGatewayMetrics"]["Condition"] == {
+        "StringEquals": {"cloudwatch:namespace": "Frontier/Runtime"}
+    }
+    assert all(
+        arn.startswith("arn:aws:logs:us-west-2:123456789012:log-group:/frontier/dev/")
+        for arn in by_sid["ShipItsLogs"]["Resource"]
+    )
     assert by_sid["DiscoverRuntimes"]["Action"] == "ec2:DescribeInstances"
     assert any("secret:frontier/dev/tenants/acme-*" in arn for arn in by_sid["ReadKeyDigests"]["Resource"])
     assert (
@@ -111,6 +130,94 @@ def test_gateway_hosts_are_private_with_imdsv2_and_boot_the_gateway(gated) -> No
     assert "sk-" not in user_data
 
 
+def _user_data(graph) -> str:
+    template = graph.one("aws:ec2/launchTemplate:LaunchTemplate", "dev-gateway-lt").inputs
+    return base64.b64decode(template["userData"]).decode()
+
+
+def _boot_files(graph) -> dict[str, str]:
+    return {f["path"]: f["content"] for f in yaml.safe_load(_user_data(graph))["write_files"]}
+
+
+def test_the_target_group_and_its_health_check_speak_https_to_the_gateways_port(gated) -> None:
+    target_group = gated.one("aws:lb/targetGroup:TargetGroup").inputs
+    assert (target_group["protocol"], target_group["port"]) == ("HTTPS", 8090)
+    assert target_group["healthCheck"]["protocol"] == "HTTPS"
+    assert target_group["healthCheck"]["path"] == gated.settings.health.readiness_path
+
+
+def test_gateway_hosts_make_their_certificate_at_first_boot_and_serve_tls_with_it(gated) -> None:
+    files = _boot_files(gated)
+    unit = files["/etc/systemd/system/frontier-gateway.service"]
+    assert (
+        "--port 8090 --tls-cert /etc/frontier/gateway-tls/gateway.crt "
+        "--tls-key /etc/frontier/gateway-tls/gateway.key" in unit
+    )
+    assert "openssl req -x509" in files["/usr/local/sbin/frontier-gateway-tls"]
+    commands = yaml.safe_load(_user_data(gated))["runcmd"]
+    made = commands.index("/usr/local/sbin/frontier-gateway-tls /etc/frontier/gateway-tls frontier")
+    assert made < commands.index("systemctl enable --now frontier-gateway.service")
+
+
+def test_the_gateway_group_replaces_hosts_without_dropping_below_its_desired_healthy_count(gated) -> None:
+    [group] = [g for g in gated.of_type(ASG) if g.name == "dev-gateway-asg"]
+    refresh = group.inputs["instanceRefresh"]
+    assert refresh["strategy"] == "Rolling"
+    assert refresh["preferences"]["minHealthyPercentage"] == 100
+    assert refresh["preferences"]["maxHealthyPercentage"] == 200  # replacements launch first
+    # Healthy means healthy in the target group: a replacement counts once the ALB's check passes.
+    assert group.inputs["healthCheckType"] == "ELB"
+    # The group follows the template's newest version, so a new one is what the refresh rolls in.
+    template = gated.one("aws:ec2/launchTemplate:LaunchTemplate", "dev-gateway-lt")
+    assert template.inputs["updateDefaultVersion"] is True
+    assert group.inputs["launchTemplate"]["id"] == template.id
+
+
+def test_a_changed_gateway_config_is_new_user_data_and_the_same_config_the_same_bytes(gated) -> None:
+    from frontier.render.boot import render_gateway_cloud_init
+
+    settings = gated.settings
+    rendered = render_gateway_cloud_init(settings, history_bucket="b", history_prefix="history/dev/")
+    assert rendered == render_gateway_cloud_init(settings, history_bucket="b", history_prefix="history/dev/")
+    changed = settings.model_copy(
+        update={"gateway": settings.gateway.model_copy(update={"request_timeout_s": 100})}
+    )
+    assert rendered != render_gateway_cloud_init(changed, history_bucket="b", history_prefix="history/dev/")
+
+
+def test_gateway_hosts_ship_the_gateways_log_and_host_metrics_under_the_gateway_node_group(gated) -> None:
+    agent = json.loads(_boot_files(gated)["/etc/frontier/cloudwatch-agent.json"])
+    shipped = {
+        c["file_path"]: c["log_group_name"] for c in agent["logs"]["logs_collected"]["files"]["collect_list"]
+    }
+    assert shipped["/var/log/frontier-gateway.log"] == "/frontier/dev/gateway"
+    assert (
+        "StandardOutput=append:/var/log/frontier-gateway.log"
+        in _boot_files(gated)["/etc/systemd/system/frontier-gateway.service"]
+    )
+    # Every log group the agent writes to is one the program creates (encrypted, with retention).
+    groups = {g.inputs["name"] for g in gated.of_type("aws:cloudwatch/logGroup:LogGroup")}
+    assert set(shipped.values()) <= groups
+    collected = agent["metrics"]["metrics_collected"]
+    assert {"cpu", "mem", "net"} <= set(collected)
+    assert collected["cpu"]["append_dimensions"] == {"Stack": "dev", "NodeGroup": "gateway"}
+    assert collected["procstat"][0]["pattern"] == "frontier_gateway"
+
+
+def test_a_timer_publishes_the_gateways_metrics_with_each_pools_node_group(gated) -> None:
+    files = _boot_files(gated)
+    service = files["/etc/systemd/system/frontier-gateway-publish.service"]
+    assert "-m frontier_hostside.bootstrap --env /etc/frontier/gateway.env publish-gateway" in service
+    assert "OnUnitActiveSec=60" in files["/etc/systemd/system/frontier-gateway-publish.timer"]
+    env = dict(line.split("=", 1) for line in files["/etc/frontier/gateway.env"].splitlines())
+    settings = gated.settings
+    assert env["FRONTIER_GATEWAY_POOLS"] == ",".join(
+        f"{pool.name}={settings.pool_group(pool).name}" for pool in settings.pools
+    )
+    assert env["FRONTIER_HELD_METRIC"] == "HeldRequests"
+    assert env["FRONTIER_GATEWAY_METRICS_URL"] == f"https://127.0.0.1:{settings.gateway.admin_port}/metrics"
+
+
 def test_a_stack_without_gateway_keeps_the_alb_on_the_runtimes(dev) -> None:
     assert not [r for r in dev.resources if r.name.startswith("dev-gateway")]
     registered = [a for a in dev.of_type(ASG) if a.inputs.get("targetGroupArns")]
@@ -126,3 +233,16 @@ def test_a_gateway_hosts_permissions_exist_before_its_group_waits_for_capacity(g
         ("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "dev-gateway-ssm"),
     ):
         assert gated.one(typ, name).urn in group.dependencies, f"{group.name} may launch before {name}"
+
+
+def test_a_production_stack_behind_a_gateway_passes_the_targets_https_policy(gated) -> None:
+    from test_policy import BY_NAME, resource_violations
+
+    target_group = gated.one("aws:lb/targetGroup:TargetGroup")
+    # dev counted as production: the rule applies, and the gateway's target group satisfies it.
+    assert (
+        resource_violations(
+            BY_NAME["production-targets-https"], target_group, config={"productionStacks": ["dev"]}
+        )
+        == []
+    )

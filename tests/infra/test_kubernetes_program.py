@@ -19,10 +19,19 @@ from frontier import project
 from frontier.config.schema import Settings
 from frontier.render.host import render_runtime_config
 from frontier.targets import load_stack
+from frontier.targets.kubernetes import gateway as gw
 from frontier.targets.kubernetes import manifests as m
+from frontier.targets.kubernetes.monitoring import DCGM_NAME, monitoring_objects
 from frontier.targets.kubernetes.network import control_plane_subnets, public_range
 from infra.addons import CHARTS, GPU_NODE_LABEL, LB_CLUSTER_TAG, LB_CONTROLLER_SERVICE_ACCOUNT
-from infra.workloads import LB_ATTRIBUTES, SKIP_AWAIT, release_digest
+from infra.workloads import (
+    LB_ATTRIBUTES,
+    NOT_APPLIED,
+    SKIP_AWAIT,
+    applied_monitoring_objects,
+    monitoring_namespace,
+    release_digest,
+)
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 
@@ -195,10 +204,10 @@ def test_the_deploy_role_reaches_history_and_only_its_namespace(eks):
 
 
 def test_public_subnets_are_tagged_for_the_load_balancer_controller(eks):
-    tags = eks.of_type("aws:ec2/tag:Tag")
+    tags = [t for t in eks.of_type("aws:ec2/tag:Tag") if t.inputs["key"] == "kubernetes.io/role/elb"]
     assert len(tags) == eks.settings.network.availability_zones
     for tag in tags:
-        assert (tag.inputs["key"], tag.inputs["value"]) == ("kubernetes.io/role/elb", "1")
+        assert tag.inputs["value"] == "1"
         cidr = ipaddress.ip_network(eks.by_id(tag.inputs["resourceId"]).inputs["cidrBlock"])
         assert cidr.subnet_of(ipaddress.ip_network(public_range(eks.settings.network.vpc_cidr)))
 
@@ -220,10 +229,11 @@ def test_every_rendered_object_is_a_typed_resource_with_the_rendered_properties(
     """The workloads on the graph are exactly the renderer's objects (no Helm, no YAML groups)."""
     settings = eks.settings
     workload = m.render_workload(settings, release_digest(settings))
+    rendered = [*workload.all(), monitoring_namespace(settings), *applied_monitoring_objects(settings)]
     k8s_resources = [r for r in eks.resources if r.type.startswith("kubernetes:") and r.type != HELM_RELEASE]
-    assert len(k8s_resources) == len(workload.all())
+    assert len(k8s_resources) == len(rendered)
     by_name = {(r.type.rsplit(":", 1)[1], r.inputs["metadata"]["name"]): r for r in k8s_resources}
-    for manifest in workload.all():
+    for manifest in rendered:
         resource = by_name[(manifest.kind, manifest.name)]
         group_version = "core/v1" if manifest.api_version == "v1" else manifest.api_version
         assert resource.type == f"kubernetes:{group_version}:{manifest.kind}"
@@ -257,7 +267,12 @@ def test_the_workloads_carry_every_runtime_property(eks):
     assert sleep >= settings.rollout.deregistration_delay_s
     assert pod["spec"]["terminationGracePeriodSeconds"] >= sleep + settings.runtime.drain_timeout_s
     assert pod["spec"]["nodeSelector"] == settings.kubernetes.node_pools[0].labels
-    config = next(r for r in eks.resources if r.type == "kubernetes:core/v1:ConfigMap")
+    config = next(
+        r
+        for r in eks.resources
+        if r.type == "kubernetes:core/v1:ConfigMap"
+        and r.inputs["metadata"]["name"].startswith(m.app_name(settings))
+    )
     assert config.inputs["data"]["runtime.yaml"] == render_runtime_config(settings)
     assert pod["spec"]["volumes"][0]["configMap"]["name"] == config.inputs["metadata"]["name"]
     sa = next(r for r in eks.resources if r.type == "kubernetes:core/v1:ServiceAccount")
@@ -298,7 +313,11 @@ def test_an_existing_cluster_gets_only_the_workloads_and_the_stacks_aws_resource
     association = graph.one("aws:eks/podIdentityAssociation:PodIdentityAssociation")
     assert association.inputs["roleArn"] == "arn:aws:iam::123456789012:role/frontier-runtime"
     assert graph.of_type("aws:s3/bucket:Bucket") and graph.of_type("aws:ecr/repository:Repository")
-    assert len([r for r in graph.resources if r.type.startswith("kubernetes:")]) == 13
+    # The workload's objects and the Prometheus stack's part, in that stack's own namespace.
+    rendered = m.render_workload(graph.settings, release_digest(graph.settings)).all()
+    expected = len(rendered) + len(applied_monitoring_objects(graph.settings))
+    assert len([r for r in graph.resources if r.type.startswith("kubernetes:")]) == expected
+    assert not [r for r in graph.resources if r.name.endswith("-monitoring-namespace")]
 
 
 def test_an_existing_cluster_without_its_kubeconfig_is_refused_before_anything_is_created(tmp_path):
@@ -520,3 +539,120 @@ def test_with_irsa_the_load_balancer_controller_trusts_only_its_service_account(
     assert condition[f"{host}:sub"] == f"system:serviceaccount:kube-system:{LB_CONTROLLER_SERVICE_ACCOUNT}"
     values = _plain(_release(graph, "load-balancer-controller").inputs["values"])
     assert values["serviceAccount"]["annotations"] == {"eks.amazonaws.com/role-arn": role.outputs["arn"]}
+
+
+# --- a gateway and two model pools; the Prometheus stack's part -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eks_gateway() -> Graph:
+    return run_kubernetes(load_stack("eks-gateway"))
+
+
+def _k8s(graph: Graph, kind: str) -> dict[str, Any]:
+    """The graph's Kubernetes objects of ``kind``, by their object name."""
+    return {
+        r.inputs["metadata"]["name"]: r
+        for r in graph.resources
+        if r.type.endswith(f":{kind}") and r.type.startswith("kubernetes:") and r.type != HELM_RELEASE
+    }
+
+
+def test_every_pool_and_the_gateway_get_their_objects(eks_gateway):
+    settings = eks_gateway.settings
+    workload = m.render_workload(settings, release_digest(settings))
+    deployments = _k8s(eks_gateway, "Deployment")
+    assert set(deployments) == {*(p.deployment.name for p in workload.pools), gw.GATEWAY_NAME}
+    for kind in ("Service", "PodDisruptionBudget"):
+        assert set(_k8s(eks_gateway, kind)) >= {*(p.deployment.name for p in workload.pools), gw.GATEWAY_NAME}
+    assert set(_k8s(eks_gateway, "ScaledObject")) == {p.deployment.name for p in workload.pools}
+    ingress = _plain(next(iter(_k8s(eks_gateway, "Ingress").values())).inputs["spec"])
+    assert ingress["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"] == gw.GATEWAY_NAME
+
+
+def test_pulumi_leaves_pool_releases_to_fab_deploy_but_rolls_the_gateway_itself(eks_gateway):
+    deployments = _k8s(eks_gateway, "Deployment")
+    gateway = deployments.pop(gw.GATEWAY_NAME)
+    assert gateway.ignored_changes == []  # a changed gateway.yaml is a changed template: it rolls
+    for name, runtime in deployments.items():
+        assert runtime.ignored_changes == ["spec.template", "spec.replicas"], name
+    config = gateway.inputs["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
+    assert config in _k8s(eks_gateway, "ConfigMap")
+
+
+def test_the_gateway_reads_only_its_tenants_and_runtimes_keys_and_writes_only_its_metering(eks_gateway):
+    settings = eks_gateway.settings
+    role = next(r for r in eks_gateway.of_type("aws:iam/role:Role") if r.name == "eks-gateway-gw-gateway")
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
+    assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    policy = next(
+        p for p in eks_gateway.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == "eks-gateway-gw-gateway"
+    )
+    statements = {s["Sid"]: s for s in _policy(policy)["Statement"]}
+    secrets = {
+        r.split(":secret:")[1].removesuffix("-??????") for r in statements["ReadKeyDigests"]["Resource"]
+    }
+    assert secrets == {t.api_key_secret for t in settings.tenants} | {
+        p.runtime.api_keys_secret for p in settings.pools
+    }
+    assert statements["WriteMetering"]["Resource"] == "arn:aws:s3:::frontier-eks-gateway-history/metering/*"
+    assert statements["DecryptSecrets"]["Condition"]["StringEquals"]["kms:ViaService"].startswith(
+        "secretsmanager."
+    )
+    association = next(
+        a
+        for a in eks_gateway.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+        if a.inputs["serviceAccount"] == gw.GATEWAY_SERVICE_ACCOUNT
+    )
+    assert association.inputs["namespace"] == settings.kubernetes.namespace
+    assert association.inputs["roleArn"] == role.outputs["arn"]
+
+
+def test_the_monitoring_objects_are_applied_in_the_prometheus_namespace(eks):
+    settings = eks.settings
+    namespace = settings.kubernetes.monitoring.prometheus_namespace
+    created = next(r for r in eks.resources if r.name == "eks-prod-runtime-monitoring-namespace")
+    assert created.inputs["metadata"]["name"] == namespace
+    applied = applied_monitoring_objects(settings)
+    assert {(m.kind, m.name) for m in applied} == {
+        ("Service", DCGM_NAME),
+        ("ServiceMonitor", DCGM_NAME),
+        ("PrometheusRule", "frontier-eks-prod-resource-alerts"),
+        ("AlertmanagerConfig", "frontier-eks-prod-alert-routes"),
+        ("ConfigMap", "frontier-eks-prod-dashboard"),
+    }
+    for manifest in applied:
+        (resource,) = [
+            r
+            for r in eks.resources
+            if r.type.endswith(f":{manifest.kind}")
+            and r.inputs["metadata"]["name"] == manifest.name
+            and r.inputs["metadata"].get("namespace") == manifest.namespace
+        ]
+        if manifest.namespace == namespace:
+            assert created.urn in resource.dependencies, manifest.name
+
+
+def test_the_gpu_exporter_daemonset_is_not_applied_while_the_policy_pack_refuses_node_agents(eks):
+    # hostPath (the kubelet's pod-resources socket), root, SYS_ADMIN, an image by tag: what the
+    # mandatory k8s-no-privileged-pods and k8s-images-by-digest refuse. `fab render` writes it.
+    (daemon_set,) = [o for o in monitoring_objects(eks.settings) if o.kind == "DaemonSet"]
+    assert ("DaemonSet", daemon_set.name) in NOT_APPLIED
+    assert not eks.of_type("kubernetes:apps/v1:DaemonSet")
+    assert any(
+        "daemonset-frontier-dcgm-exporter" in f for f in m.manifest_files(eks.settings, "sha256:" + "ab" * 32)
+    )
+
+
+def test_alert_routes_wait_for_the_prometheus_operator_crds_like_rules_do(eks):
+    crds = _release(eks, "prometheus-crds")
+    (routes,) = _k8s(eks, "AlertmanagerConfig").values()
+    assert crds.urn in routes.dependencies
+
+
+def test_every_policy_rule_passes_on_the_gateway_stacks_resources(eks_gateway):
+    # The policy pack's rules, mandatory and advisory, over the gateway stack's whole graph.
+    from test_policy import BY_NAME, graph_violations, unexplained
+
+    found = {name: unexplained(name, graph_violations(rule, eks_gateway)) for name, rule in BY_NAME.items()}
+    assert {name: v for name, v in found.items() if v} == {}

@@ -8,13 +8,20 @@ import json
 
 import pytest
 import yaml
-from frontier_hostside.names import RESTARTS_CW_METRIC
+from frontier_hostside.names import (
+    GATEWAY_5XX_CW_METRIC,
+    GATEWAY_NODE_GROUP,
+    GATEWAY_REQUESTS_CW_METRIC,
+    RESTARTS_CW_METRIC,
+)
 from infra_mocks import Graph, run_program
+from test_gateway_nodes import gated  # noqa: F401 - fixture
 
 from frontier.config.schema import ALARM_SEVERITIES, NodeGroup, Settings
 from frontier.render.dashboards import RESOURCE_PANELS
 from frontier.targets import load_stack
 from infra.host_tools import host_tools
+from infra.monitoring import GATEWAY_CPU_PERCENT
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 TOPIC = "aws:sns/topic:Topic"
@@ -388,3 +395,62 @@ def test_the_dashboard_has_every_resource_panel_of_the_grafana_dashboard(graph):
         graph.settings.serving_group.name,
         {"stat": "Average"},
     ] in gpu["properties"]["metrics"]
+
+
+# --- a stack whose ALB fronts the gateway's own hosts (tests/infra/test_gateway_nodes.py) -----------
+
+
+def _gateway_alarm(gated, key):  # noqa: F811
+    return gated.one(ALARM, f"dev-monitoring-{key}").inputs
+
+
+def test_the_gateway_alarms_on_its_own_5xx_rate_from_what_its_hosts_publish(gated):  # noqa: F811
+    rate = _gateway_alarm(gated, "gateway-5xx-rate")
+    assert rate["threshold"] == gated.settings.slo.error_rate
+    series = {q["id"]: q["metric"] for q in rate["metricQueries"] if "metric" in q}
+    assert {(m["namespace"], m["metricName"], m["stat"]) for m in series.values()} == {
+        ("Frontier/Runtime", GATEWAY_5XX_CW_METRIC, "Sum"),
+        ("Frontier/Runtime", GATEWAY_REQUESTS_CW_METRIC, "Sum"),
+    }
+    # The dimensions the gateway's publisher puts them under (frontier_hostside/bootstrap.py).
+    assert all(m["dimensions"] == {"Stack": "dev", "NodeGroup": GATEWAY_NODE_GROUP} for m in series.values())
+    [returned] = [q for q in rate["metricQueries"] if q["returnData"]]
+    assert returned["expression"] == "IF(answered > 0, FILL(errors, 0) / answered, 0)"
+
+
+def test_any_gateway_host_unhealthy_in_the_target_group_alarms(gated):  # noqa: F811
+    unhealthy = _gateway_alarm(gated, "gateway-unhealthy-hosts")
+    assert (unhealthy["namespace"], unhealthy["metricName"]) == ("AWS/ApplicationELB", "UnHealthyHostCount")
+    alb, tg = arn_suffixes(gated)
+    assert unhealthy["dimensions"] == {"LoadBalancer": alb, "TargetGroup": tg}
+    assert unhealthy["threshold"] == 0
+
+
+def test_a_busy_gateway_host_alarms_on_the_agents_cpu_series(gated):  # noqa: F811
+    cpu = _gateway_alarm(gated, "gateway-cpu")
+    assert (cpu["namespace"], cpu["metricName"], cpu["statistic"]) == (
+        "Frontier/Runtime",
+        "cpu_usage_active",
+        "Maximum",
+    )
+    assert cpu["dimensions"] == {"Stack": "dev", "NodeGroup": GATEWAY_NODE_GROUP}
+    assert cpu["threshold"] == GATEWAY_CPU_PERCENT
+
+
+def test_gateway_alarms_notify_the_topic_of_their_own_severity(gated):  # noqa: F811
+    arns = {severity: t.outputs["arn"] for severity, t in topics(gated).items()}
+    for key, severity in (
+        ("gateway-5xx-rate", "page"),
+        ("gateway-unhealthy-hosts", "page"),
+        ("gateway-cpu", "warn"),
+    ):
+        assert gated.settings.alerts.severity(key) == severity
+        found = _gateway_alarm(gated, key)
+        assert found["alarmActions"] == [arns[severity]] and found["okActions"] == [arns[severity]]
+
+
+def test_a_stack_without_a_gateway_has_no_gateway_alarms_or_log_group(dev):
+    assert not [a for a in dev.of_type(ALARM) if "gateway" in a.inputs["name"]]
+    assert "/frontier/dev/gateway" not in {
+        g.inputs["name"] for g in dev.of_type("aws:cloudwatch/logGroup:LogGroup")
+    }

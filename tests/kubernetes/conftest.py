@@ -15,14 +15,25 @@ from frontier.config.schema import Settings
 from frontier.targets import load_stack
 
 K8S_STACK = "eks-prod"
+GATEWAY_STACK = "eks-gateway"
 
 
 @pytest.fixture
 def k8s_stack(tmp_path: Path) -> Callable[[dict[str, object]], Path]:
     """``k8s_stack({"kubernetes.namespace": "Bad_Name"})`` → path of a changed copy of eks-prod."""
 
+    return _editor(tmp_path, K8S_STACK)
+
+
+@pytest.fixture
+def gateway_stack(tmp_path: Path) -> Callable[[dict[str, object]], Path]:
+    """``gateway_stack({"gateway.port": 0})`` → path of a changed copy of eks-gateway."""
+    return _editor(tmp_path, GATEWAY_STACK)
+
+
+def _editor(tmp_path: Path, stack: str) -> Callable[[dict[str, object]], Path]:
     def make(changes: dict[str, object]) -> Path:
-        path = tmp_path / f"Pulumi.{K8S_STACK}.yaml"
+        path = tmp_path / f"Pulumi.{stack}.yaml"
         shutil.copy(project.stacks_dir() / path.name, path)
         document = yaml.safe_load(path.read_text())
         for field, value in changes.items():
@@ -36,3 +47,8 @@ def k8s_stack(tmp_path: Path) -> Callable[[dict[str, object]], Path]:
 @pytest.fixture(scope="session")
 def eks_prod() -> Settings:
     return load_stack(K8S_STACK)
+
+
+@pytest.fixture(scope="session")
+def eks_gateway() -> Settings:
+    return load_stack(GATEWAY_STACK)

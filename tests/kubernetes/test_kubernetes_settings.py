@@ -155,23 +155,6 @@ def test_an_existing_cluster_needs_kubeconfig_context_and_a_role(k8s_stack):
     assert load_stack("eks-prod", path=ok).kubernetes.cluster.context == "prod"
 
 
-def test_a_kubernetes_stack_of_several_models_is_refused(k8s_stack, eks_prod):
-    second = {
-        "model": {**eks_prod.model.model_dump(), "name": "llama-3.1-8b-instruct"},
-        "runtime": eks_prod.runtime.model_dump(),
-    }
-    first = {"model": eks_prod.model.model_dump(), "runtime": eks_prod.runtime.model_dump()}
-    path = k8s_stack({"models": [first, second]})
-    line = _refused(path, "models")
-    assert "llama-3.1-8b-instruct" in line and "one model" in line
-
-
-def test_a_gateway_on_a_kubernetes_stack_is_refused(k8s_stack):
-    path = k8s_stack({"gateway": {"metering": {"uri": "s3://frontier-eks-prod-metering/usage"}}})
-    with pytest.raises(StackError, match=r"\n  gateway: the gateway runs on the ec2 and local targets only"):
-        load_stack("eks-prod", path=path)
-
-
 # --- what a created cluster could not do ------------------------------------------------------------
 
 

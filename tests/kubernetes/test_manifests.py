@@ -77,7 +77,7 @@ def validate(manifest: dict, version: str) -> None:
 
 
 def test_there_is_a_kubernetes_stack():
-    assert [s.stack for s in kubernetes_stacks()] == ["eks-prod"]
+    assert [s.stack for s in kubernetes_stacks()] == ["eks-gateway", "eks-prod"]
 
 
 @pytest.mark.parametrize("variant", ["shipped", "existing"])

@@ -120,14 +120,21 @@ def test_a_threshold_out_of_range_is_refused_naming_it() -> None:
         diff_baselines(MEASURED, later(), threshold=0)
 
 
-def test_fab_baseline_diff_prints_both_releases_figures_with_ratios(capsys) -> None:
+def test_fab_baseline_diff_prints_each_metric_for_a_and_b_with_its_change_and_verdict(capsys) -> None:
     save_baseline(MEASURED)
     save_baseline(later(replica_qps=18.0))
     baseline_diff(Context(), OLD, NEW, stack="local")
     out = capsys.readouterr().out
-    assert f"baseline local: {OLD}" in out and NEW in out
-    assert "replica_qps" in out and "16.0" in out and "18.0" in out and "1.12" in out
+    assert f"baseline local: A {OLD}" in out and f"B {NEW}" in out
+    row = next(line for line in out.splitlines() if "req/s per replica" in line)
+    assert "16.0" in row and "18.0" in row and "+12.5 %" in row and "better" in row
     assert "REGRESSION" not in out
+
+
+def test_a_figure_moved_less_than_the_threshold_is_the_same_either_way() -> None:
+    diffs = {d.name: d for d in diff_baselines(MEASURED, later(p50_latency_ms=950.0, replica_qps=15.5))}
+    assert diffs["p50_latency_ms"].verdict == diffs["replica_qps"].verdict == "same (within ±10%)"
+    assert (diffs["p50_latency_ms"].change, diffs["replica_qps"].change) == ("-5.0 %", "-3.1 %")
 
 
 def test_fab_baseline_diff_flags_a_regression_and_exits_non_zero(capsys) -> None:
@@ -136,8 +143,8 @@ def test_fab_baseline_diff_flags_a_regression_and_exits_non_zero(capsys) -> None
     with pytest.raises(Exit) as exited:
         baseline_diff(Context(), OLD, NEW, stack="local", threshold=0.2)
     assert exited.value.code == 1 and "1 regression(s)" in str(exited.value.message)
-    row = next(line for line in capsys.readouterr().out.splitlines() if "p99_latency_ms" in line)
-    assert "1.33" in row and "REGRESSION" in row
+    row = next(line for line in capsys.readouterr().out.splitlines() if "E2E latency p99" in line)
+    assert "+33.3 %" in row and "REGRESSION" in row
 
 
 def test_the_archive_is_pretty_json_of_every_field() -> None:

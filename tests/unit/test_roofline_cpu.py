@@ -48,6 +48,45 @@ def test_the_cpu_is_measured_through_the_engines_own_gemm_with_the_overhead_fitt
     assert eff.gemm_weight_passes == 1.0  # packed once at load: one weight pass per step
 
 
+def test_the_sparse_layer_overhead_is_fitted_on_the_engine_and_reaches_the_cpu_efficiency():
+    m, _ = cpu.measured_cpu(1)
+    assert m.gemm_row_tile == cpu.ROW_TILE.get(m.kernel, 1)
+    # Routing a sparse layer and dispatching an expert's GEMM: microseconds to milliseconds, not seconds.
+    assert 0 <= m.moe_layer_overhead_s < 0.05 and 0 <= m.expert_overhead_s < 0.05
+    assert m.moe_layer_overhead_s + m.expert_overhead_s > 0
+    _, eff = device_for(load_stack("local"))
+    assert (eff.gemm_row_tile, eff.moe_layer_overhead_s, eff.expert_overhead_s) == (
+        m.gemm_row_tile,
+        m.moe_layer_overhead_s,
+        m.expert_overhead_s,
+    )
+    assert eff.expert_gemms == "serial"  # the CPU engine runs one GEMM per expert in use
+
+
+def test_the_sparse_fit_checkpoint_is_a_mixtral_the_engine_routes(tmp_path):
+    """The checkpoint the sparse fit runs: the tiny model's layers with a router and 8 experts each,
+    loaded by the engine as a mixture of experts (greedy decoding runs through it)."""
+    from frontier_runtime.engine.llm_engine import LLMEngine
+    from frontier_runtime.models.llama.moe import SparseMoE
+    from frontier_runtime.requests import SamplingParams
+
+    model_dir = cpu.make_moe_checkpoint(tmp_path / "moe")
+    config = json.loads((model_dir / "config.json").read_text())
+    assert (config["model_type"], config["num_local_experts"], config["num_experts_per_tok"]) == (
+        "mixtral",
+        cpu.MOE_EXPERTS,
+        cpu.MOE_TOP_K,
+    )
+    engine = LLMEngine(model_dir, max_batch_size=2, cpu_kv_cache_bytes=8 << 20, cpu_threads=1)
+    try:
+        sparse = [m for m in engine.runner.model.modules() if isinstance(m, SparseMoE)]
+        assert len(sparse) == config["num_hidden_layers"]
+        out = engine.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4, temperature=0.0))
+        assert len(out[0]) == 4
+    finally:
+        engine.shutdown()
+
+
 def test_a_cache_of_an_older_format_is_measured_again():
     first, _ = cpu.measured_cpu(1)
     document = json.loads(cpu.cache_path(1).read_text())

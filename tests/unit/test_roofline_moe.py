@@ -18,8 +18,10 @@ from frontier.capacity.roofline import (
     Shape,
     alltoall_s,
     busiest_rank_experts,
+    expert_gemm_rows,
     experts_touched,
     pipeline_bubble,
+    serial_experts_s,
     stage_send_s,
     step,
 )
@@ -279,3 +281,72 @@ def test_the_stack_s_own_layout_is_a_candidate_of_its_sweep():
     own = [c for c in candidates(settings) if c.label == "p5e.48xlarge TP8 EP8 mbs64"]
     assert len(own) == 1
     assert variant(settings, own[0]).runtime.expert_parallel_size == 8
+
+
+# The CPU engine's sparse layer: one GEMM per expert in use, one after another, in 8-row tiles.
+CPU = Device(name="CPU", memory_bytes=16e9, bandwidth=20e9, flops=100e9, link_bandwidth=20e9, source="test")
+SERIAL = Efficiency(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, "test", expert_gemms="serial", gemm_row_tile=8)
+
+
+def test_expert_gemm_rows_with_a_tile_of_one_are_the_routed_token_copies():
+    """No padding: B tokens x k copies, whatever the spread (what the GPU roofline counts)."""
+    assert expert_gemm_rows(8, 2, 32, 1) == 64
+    assert expert_gemm_rows(8, 2, 2.5, 1) == 5
+
+
+def test_an_experts_gemm_computes_whole_row_tiles():
+    """One expert taking every token: 9 rows are two tiles of 8 = 16 rows, 8 rows one tile. One token
+    sent to 2 of 8 experts: each of the two computes a whole tile, 16 rows for 2 copies. A mean step
+    of 8.5 tokens lies halfway between 8 tokens (8 rows) and 9 (16)."""
+    assert expert_gemm_rows(1, 1, 9, 8) == pytest.approx(16)
+    assert expert_gemm_rows(1, 1, 8, 8) == pytest.approx(8)
+    assert expert_gemm_rows(8, 2, 1, 8) == pytest.approx(16)
+    assert expert_gemm_rows(1, 1, 8.5, 8) == pytest.approx(12)
+
+
+def test_serial_expert_gemms_each_take_the_longer_of_their_weights_and_their_padded_rows():
+    """SMALL's expert: 3 x 1024 x 2048 = 6.29M parameters, 12.58 MB at 2 bytes: 629 us at 20 GB/s;
+    one row tile of 8 is 2 x 6.29M x 8 = 100.7 MFLOP, 1.007 ms at 100 GFLOP/s. One token hits 2
+    experts, each computing a whole tile: 2 x 1.007 ms, where the aggregate roofline would let
+    them stream together (2 x 629 us) under FLOPs of 2 rows."""
+    replica = _replica(SMALL)
+    params = 3 * 1024 * 2048
+    tile_s = 2 * params * 8 / 100e9
+    assert serial_experts_s(CPU, SERIAL, replica, 1) == pytest.approx(2 * tile_s)
+    one = step(CPU, SERIAL, replica, decode_seqs=1, context=0)
+    assert one.experts_s == pytest.approx(4 * 2 * tile_s)  # four layers
+    fused = step(CPU, EFF, replica, decode_seqs=1, context=0)
+    assert fused.experts_s == 0.0
+    assert one.total_s > fused.total_s
+
+
+def test_a_sparse_layer_pays_the_engines_time_per_layer_and_per_expert_gemm():
+    """4 layers x (0.2 ms routing + 2 experts touched x 0.1 ms) at one token = 1.6 ms more."""
+    replica = _replica(SMALL)
+    fitted = Efficiency(
+        1.0, 1.0, 1.0, 0.0, 0.0, 0.0, "test", moe_layer_overhead_s=0.2e-3, expert_overhead_s=0.1e-3
+    )
+    bare = step(H200, EFF, replica, decode_seqs=1, context=0)
+    paid = step(H200, fitted, replica, decode_seqs=1, context=0)
+    assert paid.overhead_s - bare.overhead_s == pytest.approx(4 * (0.2e-3 + 2 * 0.1e-3))
+
+
+def test_the_gpu_efficiency_runs_fused_experts_without_padding_or_fitted_moe_time():
+    """The GPU roofline keeps its aggregate expert term: the sparse-layer terms are the CPU's."""
+    from frontier.capacity.roofline import GPU_EFFICIENCY
+
+    assert GPU_EFFICIENCY.expert_gemms == "fused" and GPU_EFFICIENCY.gemm_row_tile == 1
+    assert GPU_EFFICIENCY.moe_layer_overhead_s == 0.0 and GPU_EFFICIENCY.expert_overhead_s == 0.0
+
+
+def test_a_row_tile_below_one_is_refused_naming_it():
+    with pytest.raises(FrontierError, match=r"efficiency.gemm_row_tile = 0: must be an integer >= 1"):
+        Efficiency(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, "test", gemm_row_tile=0)
+
+
+def test_a_prefill_step_of_thousands_of_tokens_pads_its_expert_gemms_without_overflow():
+    """8,192 tokens over 8 experts, top-2: ~2,048 rows each, at most one partly filled tile of 8 per
+    expert, so the padded rows lie within 8 x 8 of the 16,384 routed copies."""
+    rows = expert_gemm_rows(8, 2, 8192, 8)
+    assert 16384 <= rows <= 16384 + 64
+    assert serial_experts_s(CPU, SERIAL, _replica(SMALL), 8192) > 0

@@ -129,8 +129,8 @@ def test_every_shipped_stack_loads(stack):
     assert load_stack(stack).stack == stack
 
 
-def test_the_six_stacks_are_shipped():
-    assert available_stacks() == ["dev", "eks-prod", "local", "moe-prod", "prod", "staging"]
+def test_the_seven_stacks_are_shipped():
+    assert available_stacks() == ["dev", "eks-gateway", "eks-prod", "local", "moe-prod", "prod", "staging"]
 
 
 @pytest.mark.parametrize(
@@ -169,7 +169,8 @@ def test_missing_region_is_refused(changed_stack):
 
 def test_missing_stack_file_names_the_known_stacks():
     with pytest.raises(
-        StackError, match=r"no such stack file.*known stacks: dev, eks-prod, local, moe-prod, prod, staging"
+        StackError,
+        match=r"no such stack file.*known stacks: dev, eks-gateway, eks-prod, local, moe-prod, prod, staging",
     ):
         load_stack("qa")
 

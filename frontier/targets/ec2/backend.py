@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from botocore.exceptions import ClientError
 from frontier_hostside.names import DEPLOYING_POINTER, HOST_ROOT
 from frontier_runtime.storage.secrets import parse_keys
 from frontier_settings import FieldProblem
@@ -28,11 +29,20 @@ from frontier.config.outputs import Ec2Outputs
 from frontier.config.schema import Settings
 from frontier.hosts.inventory import HostSpec, InventoryError, static_hosts
 from frontier.hosts.session import HostSession
-from frontier.release.history import DEFAULT_LOCK_TTL_S, HistoryStore, iso, now, operator, stack_history
+from frontier.release.history import (
+    DEFAULT_LOCK_TTL_S,
+    HistoryStore,
+    LockInfo,
+    iso,
+    now,
+    operator,
+    stack_history,
+)
 from frontier.release.release import Release
 from frontier.rollout.canary import canary_verification
 from frontier.rollout.rolling import Event, Reporter, RolloutResult
 from frontier.rollout.strategy import roll_hosts
+from frontier.targets.ec2 import gateway as gateway_rolls
 from frontier.targets.ec2 import rules
 from frontier.targets.ec2.access import InstanceConnectKey, host_connection
 from frontier.targets.ec2.balancer import AlbBalancer
@@ -93,15 +103,21 @@ class Ec2Backend:
         the pointer; a final pass then brings every host that joined during the rollout to the
         release the stack ends on. The first release to succeed turns on the group's replacement
         of unhealthy hosts, off until there was anything to serve (infra/nodes.py).
+
+        Both the withdrawal and the final pass act for the deploy lock's holder: the lock held as
+        the rollout starts (``deploy`` takes it first) is remembered, and a rollout that no longer
+        holds it when it ends leaves the pointer, the hosts and the group to whoever does
+        (:meth:`conclude`).
         """
         store = self.history_store()
+        held = store.read_lock()
         fleet = self.fleet()
         hosts = self.hosts()
         launch_timeout_s = self.settings.rollout.readiness_timeout_s + LAUNCH_ALLOWANCE_S
         # Read (and refused) before any host is touched; only a deploy proves itself on the canary.
         verify = kind == "deploy" and self.settings.rollout.verify_canary
         verification = canary_verification(self.settings, self.runtime_key()) if verify else None
-        name_the_release_being_rolled(store, release, kind)
+        name_the_release_being_rolled(store, release, kind, held)
         try:
             result = roll_hosts(
                 self.settings,
@@ -121,9 +137,9 @@ class Ec2Backend:
             # A rollout that broke off (an AWS error, Ctrl-C) proved nothing: later hosts boot the
             # last good release (should this fail too, the pointer still expires with the lock).
             with contextlib.suppress(Exception):
-                withdraw_the_release_being_rolled(store)
+                withdraw_the_release_being_rolled(store, held)
             raise
-        self.conclude(fleet, store, hosts, release, result, reporter, launch_timeout_s)
+        self.conclude(fleet, store, hosts, release, result, reporter, launch_timeout_s, held=held)
         return result
 
     def conclude(
@@ -135,11 +151,28 @@ class Ec2Backend:
         result: RolloutResult,
         reporter: Reporter | None,
         launch_timeout_s: float,
+        *,
+        held: LockInfo | None = None,
     ) -> None:
         """After rolling ``release`` over ``rolled``: what hosts that boot later serve, the hosts that
-        joined meanwhile, and (once a release succeeded) the group's replacement of unhealthy hosts."""
+        joined meanwhile, and (once a release succeeded) the group's replacement of unhealthy hosts.
+
+        ``held`` is the deploy lock as the rollout started under it. If the stack's lock is no
+        longer that taking (another deploy took it over, ``fab unlock`` removed it, or its lease
+        lapsed), the new holder owns the pointer and every host from here: nothing is withdrawn,
+        no host is touched, and the result says why (a rollout that succeeded fails, so no record
+        makes this release the stack's current one behind the new holder's back). Without
+        ``held`` (a roll outside any lock) nothing is checked.
+        """
+        lost = lock_lost(store, held) if held is not None else None
+        if lost is not None:
+            (reporter or (lambda event: None))(Event("-", "conclude", "fail", lost))
+            if result.outcome == "succeeded":
+                result.outcome = "failed"
+            result.reason = "; ".join(part for part in (result.reason, lost) if part)
+            return
         if result.outcome != "succeeded":
-            withdraw_the_release_being_rolled(store)
+            withdraw_the_release_being_rolled(store, held)
         if fleet is None:
             return
         self._final_pass(fleet, store, rolled, release, result, reporter, launch_timeout_s)
@@ -203,6 +236,18 @@ class Ec2Backend:
                 part for part in (result.reason, f"final pass over {names}: {caught_up.reason}") if part
             )
 
+    def roll_gateway(
+        self, report: Callable[[gateway_rolls.RefreshProgress], None], *, timeout_s: float
+    ) -> gateway_rolls.RefreshProgress:
+        """Replace every gateway host, keeping the desired count healthy (an instance refresh of its
+        group, :mod:`frontier.targets.ec2.gateway`), and wait until it succeeded."""
+        autoscaling = self.aws_client("autoscaling")
+        group = gateway_rolls.gateway_group_name(autoscaling, self.settings.stack, self.settings.region)
+        refresh_id = gateway_rolls.start_gateway_refresh(autoscaling, group)
+        return gateway_rolls.wait_for_refresh(
+            autoscaling, group, refresh_id, timeout_s=timeout_s, poll_s=gateway_rolls.POLL_S, report=report
+        )
+
     def runtime_key(self) -> str | None:
         """The runtimes' API key (the first of the stack's secret), for the canary's verification,
         which reaches one runtime directly through its host's SSH connection."""
@@ -243,13 +288,23 @@ def deploying_pointer_key(store: HistoryStore) -> str:
     return store.prefix + DEPLOYING_POINTER
 
 
-def name_the_release_being_rolled(store: HistoryStore, release: Release, kind: str) -> None:
+def name_the_release_being_rolled(
+    store: HistoryStore, release: Release, kind: str, held: LockInfo | None = None
+) -> None:
     """Tell hosts that boot from now on to serve ``release`` (frontier_hostside/bootstrap.py reads
     it), for as long as the deploy lock lasts: a ``fab`` that dies mid-rollout leaves a pointer
-    that expires with its lock, and hosts fall back to the last good release."""
-    lock = store.read_lock()
+    that expires with its lock, and hosts fall back to the last good release. The pointer names
+    the lock's taking (its token), so only that taking withdraws it."""
+    lock = held or store.read_lock()
     expires = lock.expires if lock else iso(now() + dt.timedelta(seconds=DEFAULT_LOCK_TTL_S))
-    pointer = {"release": release.id, "kind": kind, "since": iso(now()), "expires": expires, "by": operator()}
+    pointer = {
+        "release": release.id,
+        "kind": kind,
+        "since": iso(now()),
+        "expires": expires,
+        "by": operator(),
+        "lock": lock.token if lock else "",
+    }
     store.s3.put_object(
         Bucket=store.bucket,
         Key=deploying_pointer_key(store),
@@ -257,9 +312,54 @@ def name_the_release_being_rolled(store: HistoryStore, release: Release, kind: s
     )
 
 
-def withdraw_the_release_being_rolled(store: HistoryStore) -> None:
-    """Hosts that boot from now on serve the last good release again (the history's records)."""
-    store.s3.delete_object(Bucket=store.bucket, Key=deploying_pointer_key(store))
+def withdraw_the_release_being_rolled(store: HistoryStore, held: LockInfo | None = None) -> None:
+    """Hosts that boot from now on serve the last good release again (the history's records).
+
+    With ``held``, only a pointer written under that lock's taking goes, and only that very object
+    (If-Match on its ETag): a pointer another deploy wrote since is its own."""
+    key = deploying_pointer_key(store)
+    if held is None:
+        store.s3.delete_object(Bucket=store.bucket, Key=key)
+        return
+    try:
+        found = store.s3.get_object(Bucket=store.bucket, Key=key)
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
+            return
+        raise
+    if json.loads(found["Body"].read()).get("lock") != held.token:
+        return
+    try:
+        store.s3.delete_object(Bucket=store.bucket, Key=key, IfMatch=found["ETag"])
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] not in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+            raise
+
+
+def lock_lost(store: HistoryStore, held: LockInfo) -> str | None:
+    """Why the stack's deploy lock is no longer the taking ``held`` (None while it is).
+
+    Read from the lock itself rather than from the lease's renewer, which learns of a takeover only
+    at its next renewal: a takeover is a new taking (a new token), a removal leaves no lock, and a
+    lease past its end may be taken at any moment."""
+    current = store.read_lock()
+    if current is None:
+        return (
+            f"the deploy lock of stack {store.stack!r} was removed while {held.purpose} ran: "
+            "the pointer and the hosts that joined are left to the next deploy"
+        )
+    if current.token != held.token:
+        return (
+            f"the deploy lock of stack {store.stack!r} was taken over while {held.purpose} ran "
+            f"(now held by {current.describe()}): the pointer and the hosts are its holder's, "
+            "no final pass"
+        )
+    if current.lapsed():
+        return (
+            f"the deploy lock of stack {store.stack!r} lapsed at {current.lapses} while {held.purpose} "
+            "ran: another deploy may take it at any moment, so no final pass"
+        )
+    return None
 
 
 def joined_hosts(

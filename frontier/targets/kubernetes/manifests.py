@@ -13,6 +13,16 @@ Choices worth knowing (autoscaling: :mod:`frontier.targets.kubernetes.autoscalin
 - **Termination**: the ALB keeps sending to a terminating pod until its deregistration delay is over,
   so the pod's preStop sleeps that long before the runtime gets SIGTERM; the grace period covers
   the sleep plus the runtime's own drain.
+- **Model pools** (a stack's ``models:``): one runtime Deployment per pool, with its own ConfigMap,
+  Service, disruption budget, ScaledObject and ServiceMonitor, all rendered from the pool's view of
+  the settings (``Settings.for_pool``) and so named ``frontier-<model>``. A pool's ``node_group``
+  names a ``node_groups`` entry (its GPUs, sizes, schedule, scale to zero); the pool's pods run on
+  the ``kubernetes.node_pools`` entry whose ``node_group`` is that one (its labels select the
+  nodes, its taints are tolerated). A node group's sizes stay the one truth of capacity, so a node
+  pool never repeats them; two model pools may share a node group (and so a node pool). The
+  stack's SLO alerts come once (they select every runtime of the stack).
+- **The gateway** (a stack's ``gateway:``): its own Deployment in front of the pools, the Ingress
+  pointing at it (:mod:`frontier.targets.kubernetes.gateway`).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from frontier_hostside.names import (
     K8S_CONFIG_HASH_ANNOTATION,
     K8S_RELEASE_ANNOTATION,
     K8S_TRACK_LABEL,
+    READINESS_PATH,
 )
 
 from frontier.capacity.gpus import instance_type
@@ -40,6 +51,7 @@ from frontier.config.schema import NodePool, Settings
 from frontier.errors import FrontierError
 from frontier.release.artifact import is_placeholder
 from frontier.render.host import image_reference, render_runtime_config
+from frontier.targets.kubernetes import gateway as gw
 from frontier.targets.kubernetes.autoscaling import scaled_object
 from frontier.targets.kubernetes.monitoring import monitoring_objects, prometheus_rule, service_monitor
 from frontier.targets.kubernetes.network import ingress_access_annotations
@@ -73,8 +85,19 @@ def serving_pool(settings: Settings) -> NodePool:
 
 
 def gpus_per_pod(settings: Settings) -> int:
-    """One replica's GPUs: tensor x pipeline parallel, all on one node."""
-    return settings.runtime.tensor_parallel_size * settings.runtime.pipeline_parallel_size
+    """One replica's GPUs, all on one node: pipeline stages of max(tensor, expert) parallel GPUs
+    each (a stage spans EP GPUs when EP > TP, as the runtime lays it out and the planner counts)."""
+    rt = settings.runtime
+    return rt.pipeline_parallel_size * max(rt.tensor_parallel_size, rt.expert_parallel_size)
+
+
+def pod_gpus_formula(settings: Settings) -> str:
+    """How :func:`gpus_per_pod` counts, with the stack's numbers (for errors)."""
+    rt = settings.runtime
+    return (
+        f"pipeline {rt.pipeline_parallel_size} x max(tensor {rt.tensor_parallel_size}, "
+        f"expert {rt.expert_parallel_size}) parallel"
+    )
 
 
 # Of a node's CPU and memory, what the runtime pods may ask for together: the kubelet reserves some,
@@ -375,7 +398,12 @@ def service(settings: Settings) -> Manifest:
 
 
 def ingress(settings: Settings) -> Manifest:
+    """The public entry: to the gateway's Service where the stack has one, else to the runtime's."""
     k, health, edge = kubernetes_of(settings), settings.health, settings.edge
+    front = gw.GATEWAY_NAME if settings.gateway is not None else app_name(settings)
+    labels = gw.gateway_labels() if settings.gateway is not None else app_labels(settings)
+    # The ALB checks the pods it forwards to: the gateway answers on its own readiness path.
+    ready_path = READINESS_PATH if settings.gateway is not None else health.readiness_path
     annotations: dict[str, str] = {}
     tls: dict[str, Any] = {"hosts": [k.ingress.host]}
     if k.ingress.kind == "alb":
@@ -386,7 +414,7 @@ def ingress(settings: Settings) -> Manifest:
             "alb.ingress.kubernetes.io/listen-ports": json.dumps([{"HTTPS": 443}]),
             "alb.ingress.kubernetes.io/certificate-arn": edge.certificate_arn,
             "alb.ingress.kubernetes.io/ssl-policy": edge.ssl_policy,
-            "alb.ingress.kubernetes.io/healthcheck-path": health.readiness_path,
+            "alb.ingress.kubernetes.io/healthcheck-path": ready_path,
             "alb.ingress.kubernetes.io/healthcheck-interval-seconds": str(health.interval_s),
             "alb.ingress.kubernetes.io/healthcheck-timeout-seconds": str(health.timeout_s),
             "alb.ingress.kubernetes.io/healthy-threshold-count": str(health.healthy_threshold),
@@ -414,9 +442,7 @@ def ingress(settings: Settings) -> Manifest:
                                 # listener forwards; /metrics and /health/* stay inside the cluster.
                                 "path": API_PATH_PREFIX.rstrip("/"),
                                 "pathType": "Prefix",
-                                "backend": {
-                                    "service": {"name": app_name(settings), "port": {"name": "http"}}
-                                },
+                                "backend": {"service": {"name": front, "port": {"name": "http"}}},
                             }
                         ]
                     },
@@ -425,13 +451,7 @@ def ingress(settings: Settings) -> Manifest:
         }
     }
     return Manifest(
-        "networking.k8s.io/v1",
-        "Ingress",
-        app_name(settings),
-        k.namespace,
-        body,
-        labels=app_labels(settings),
-        annotations=annotations,
+        "networking.k8s.io/v1", "Ingress", front, k.namespace, body, labels=labels, annotations=annotations
     )
 
 
@@ -453,54 +473,144 @@ def disruption_budget(settings: Settings) -> Manifest:
 
 
 @dataclass(frozen=True)
-class Workload:
-    """Every object of one stack, in the order they are applied."""
+class PoolObjects:
+    """One model pool's runtime: its release config, Deployment, Service, budget, scaler and
+    monitoring, all named ``frontier-<model>`` (the pool's view of the settings)."""
 
-    namespace: Manifest
-    service_account: Manifest
+    model: str
     config_map: Manifest
-    network_policies: tuple[Manifest, ...]
     deployment: Manifest
     service: Manifest
     disruption_budget: Manifest
-    ingress: Manifest
     scaled_object: Manifest
     service_monitor: Manifest
-    prometheus_rule: Manifest
+    #: The stack's SLO alerts: on the first pool only. They select every runtime of the stack
+    #: (``job="frontier-runtime"``), whichever pool, so a second copy would only fire twice.
+    prometheus_rule: Manifest | None
+
+
+def pool_objects(view: Settings, digest: str, release_id: str = "", *, first: bool = True) -> PoolObjects:
+    """``view``: the stack as one pool sees it (``Settings.for_pool``)."""
+    runtime_yaml = render_runtime_config(view)
+    return PoolObjects(
+        model=view.model.name,
+        config_map=config_map(view, runtime_yaml),
+        deployment=deployment(view, digest, runtime_yaml, release_id=release_id),
+        service=service(view),
+        disruption_budget=disruption_budget(view),
+        scaled_object=scaled_object(view),
+        service_monitor=service_monitor(view),
+        prometheus_rule=prometheus_rule(view) if first else None,
+    )
+
+
+@dataclass(frozen=True)
+class GatewayObjects:
+    service_account: Manifest
+    config_map: Manifest
+    deployment: Manifest
+    service: Manifest
+    disruption_budget: Manifest
+    service_monitor: Manifest
+
+
+def gateway_objects(settings: Settings, role_arn: Any = None) -> GatewayObjects:
+    text = gw.gateway_yaml(settings)
+    return GatewayObjects(
+        service_account=gw.service_account(settings, role_arn),
+        config_map=gw.config_map(settings, text),
+        deployment=gw.deployment(settings, text),
+        service=gw.service(settings),
+        disruption_budget=gw.disruption_budget(settings),
+        service_monitor=gw.service_monitor(settings),
+    )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Every object of one stack: shared ones, each model pool's, and the gateway's where it has one."""
+
+    namespace: Manifest
+    service_account: Manifest
+    network_policies: tuple[Manifest, ...]
+    pools: tuple[PoolObjects, ...]
+    ingress: Manifest
+    gateway: GatewayObjects | None = None
+
+    # The first pool's objects: a one-model stack's only ones.
+    @property
+    def config_map(self) -> Manifest:
+        return self.pools[0].config_map
+
+    @property
+    def deployment(self) -> Manifest:
+        return self.pools[0].deployment
+
+    @property
+    def service(self) -> Manifest:
+        return self.pools[0].service
+
+    @property
+    def disruption_budget(self) -> Manifest:
+        return self.pools[0].disruption_budget
+
+    @property
+    def scaled_object(self) -> Manifest:
+        return self.pools[0].scaled_object
+
+    @property
+    def service_monitor(self) -> Manifest:
+        return self.pools[0].service_monitor
+
+    @property
+    def prometheus_rule(self) -> Manifest:
+        rule = self.pools[0].prometheus_rule
+        assert rule is not None  # the first pool always carries the stack's rules
+        return rule
+
+    @property
+    def runtime_deployments(self) -> list[Manifest]:
+        """What ``fab deploy`` rolls (one per pool); Pulumi leaves their template and replicas alone."""
+        return [pool.deployment for pool in self.pools]
 
     def all(self) -> list[Manifest]:
+        """In apply order: what an object names exists before it (config before Deployment, Service
+        before Ingress, CRD objects last)."""
+        g = self.gateway
         return [
             self.namespace,
             self.service_account,
-            self.config_map,
+            *([g.service_account] if g else []),
             *self.network_policies,
-            self.deployment,
-            self.service,
-            self.disruption_budget,
+            *(m for p in self.pools for m in (p.config_map, p.deployment, p.service, p.disruption_budget)),
+            *([g.config_map, g.deployment, g.service, g.disruption_budget] if g else []),
             self.ingress,
-            self.scaled_object,
-            self.service_monitor,
+            *(m for p in self.pools for m in (p.scaled_object, p.service_monitor)),
             self.prometheus_rule,
+            *([g.service_monitor] if g else []),
         ]
 
 
 def render_workload(
-    settings: Settings, digest: str, *, role_arn: Any = None, release_id: str = ""
+    settings: Settings,
+    digest: str,
+    *,
+    role_arn: Any = None,
+    release_id: str = "",
+    gateway_role_arn: Any = None,
 ) -> Workload:
-    """The stack's objects for the runtime image ``digest`` (checked: tags are refused)."""
-    runtime_yaml = render_runtime_config(settings)
+    """The stack's objects for the runtime image ``digest`` (checked: tags are refused), every
+    pool on it: a new pool's first release is the stack's image, then ``fab deploy --model``."""
     return Workload(
         namespace=namespace(settings),
         service_account=service_account(settings, role_arn),
-        config_map=config_map(settings, runtime_yaml),
         network_policies=tuple(network_policies(settings)),
-        deployment=deployment(settings, digest, runtime_yaml, release_id=release_id),
-        service=service(settings),
-        disruption_budget=disruption_budget(settings),
+        pools=tuple(
+            pool_objects(view, digest, release_id, first=i == 0)
+            for i, view in enumerate(gw.pool_views(settings))
+        ),
         ingress=ingress(settings),
-        scaled_object=scaled_object(settings),
-        service_monitor=service_monitor(settings),
-        prometheus_rule=prometheus_rule(settings),
+        gateway=gateway_objects(settings, gateway_role_arn) if settings.gateway is not None else None,
     )
 
 

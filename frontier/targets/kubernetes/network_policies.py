@@ -1,18 +1,27 @@
-"""Default-deny NetworkPolicies for the runtime's namespace, then exactly what the runtime needs.
+"""Default-deny NetworkPolicies for the runtime's namespace, then exactly what each pod needs.
 
-In: the runtime port, only from the ingress (the ALB's subnets, or the ingress controller's pods),
-Prometheus, and the API server (whose pod proxy the rollout gate reads ``/metrics`` through). Out:
-DNS to kube-dns, HTTPS anywhere but the instance metadata service, and the EKS Pod Identity agent.
+Runtimes, in: their port, only from the front (see below), Prometheus, and the API server (whose pod
+proxy the rollout gate reads ``/metrics`` through). Out: DNS to kube-dns, HTTPS anywhere but the
+instance metadata service, and the EKS Pod Identity agent.
+
+The front is the ingress (the ALB's subnets, or the ingress controller's pods) in a stack without a
+gateway. With one, the ingress reaches the gateway's public port only, and the runtimes take their
+port from the gateway's pods only: ingress controller -> gateway -> runtimes. The gateway's admin
+port (``/metrics``) admits Prometheus alone; out, the gateway reaches DNS, the pools' runtimes,
+HTTPS (Secrets Manager, S3 metering, STS), the Pod Identity agent, a Redis quota store's port, and
+the trace collector's port where tracing is on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlparse
 
 from frontier_hostside.names import INSTANCE_METADATA_CIDR
 
 from frontier.config.schema import Settings
+from frontier.targets.kubernetes import gateway as gw
 from frontier.targets.kubernetes.network import api_server_cidrs, ingress_source_cidrs
 from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of, selector
 
@@ -29,51 +38,48 @@ def _namespace_peer(name: str, pod_labels: Mapping[str, str]) -> dict[str, Any]:
 
 
 def network_policies(settings: Settings) -> list[Manifest]:
-    """Default deny, then exactly what the runtime needs in and out."""
+    """Default deny, then exactly what each pool's runtime (and the gateway) needs in and out."""
     k = kubernetes_of(settings)
-    labels = app_labels(settings)
     deny = Manifest(
         "networking.k8s.io/v1",
         "NetworkPolicy",
         "default-deny",
         k.namespace,
         {"spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}},
-        labels=labels,
+        labels=app_labels(settings),
     )
+    front = front_peers(settings)
+    if settings.gateway is None:
+        return [deny, *runtime_policies(settings, front)]
+    from_gateway = [{"podSelector": {"matchLabels": gw.gateway_selector()}}]
+    runtimes = [policy for view in gw.pool_views(settings) for policy in runtime_policies(view, from_gateway)]
+    return [deny, *runtimes, *gateway_policies(settings, front)]
+
+
+def front_peers(settings: Settings) -> list[dict[str, Any]]:
+    """Where the ingress's traffic comes from."""
+    k = kubernetes_of(settings)
     if k.ingress.kind == "alb":
         # IP targets: the ALB's own addresses, in subnets that hold no pod.
-        front = [{"ipBlock": {"cidr": cidr}} for cidr in ingress_source_cidrs(settings)]
-    else:
-        front = [_namespace_peer(k.ingress.controller_namespace, k.ingress.controller_labels)]
-    prometheus = [_namespace_peer(k.monitoring.prometheus_namespace, k.monitoring.prometheus_labels)]
-    api_server = [{"ipBlock": {"cidr": cidr}} for cidr in api_server_cidrs(settings)]
-    runtime_in = Manifest(
-        "networking.k8s.io/v1",
-        "NetworkPolicy",
-        f"{app_name(settings)}-ingress",
-        k.namespace,
-        {
-            "spec": {
-                "podSelector": {"matchLabels": selector(settings)},
-                "policyTypes": ["Ingress"],
-                "ingress": [
-                    {
-                        "from": [*front, *prometheus, *api_server],
-                        "ports": [{"protocol": "TCP", "port": settings.runtime.port}],
-                    }
-                ],
-            }
-        },
-        labels=labels,
-    )
+        return [{"ipBlock": {"cidr": cidr}} for cidr in ingress_source_cidrs(settings)]
+    return [_namespace_peer(k.ingress.controller_namespace, k.ingress.controller_labels)]
+
+
+def _prometheus(settings: Settings) -> list[dict[str, Any]]:
+    k = kubernetes_of(settings)
+    return [_namespace_peer(k.monitoring.prometheus_namespace, k.monitoring.prometheus_labels)]
+
+
+def _common_egress(settings: Settings) -> list[dict[str, Any]]:
+    k = kubernetes_of(settings)
     egress: list[dict[str, Any]] = [
         {
             "to": [_namespace_peer("kube-system", {"k8s-app": "kube-dns"})],
             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
         },
         {
-            # S3 (weights), Secrets Manager (API keys), STS and ECR: HTTPS anywhere but the
-            # instance metadata service, whose node credentials are not the runtime's.
+            # S3 (weights, metering), Secrets Manager (API keys), STS and ECR: HTTPS anywhere but
+            # the instance metadata service, whose node credentials are not the pods'.
             "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [INSTANCE_METADATA_CIDR]}}],
             "ports": [{"protocol": "TCP", "port": 443}],
         },
@@ -82,18 +88,107 @@ def network_policies(settings: Settings) -> list[Manifest]:
         egress.append(
             {"to": [{"ipBlock": {"cidr": POD_IDENTITY_AGENT}}], "ports": [{"protocol": "TCP", "port": 80}]}
         )
-    runtime_out = Manifest(
+    return egress
+
+
+def runtime_policies(view: Settings, sources: list[dict[str, Any]]) -> list[Manifest]:
+    """One pool's runtime: its port from ``sources``, Prometheus and the API server; out as above."""
+    k = kubernetes_of(view)
+    labels = app_labels(view)
+    api_server = [{"ipBlock": {"cidr": cidr}} for cidr in api_server_cidrs(view)]
+    runtime_in = Manifest(
         "networking.k8s.io/v1",
         "NetworkPolicy",
-        f"{app_name(settings)}-egress",
+        f"{app_name(view)}-ingress",
         k.namespace,
         {
             "spec": {
-                "podSelector": {"matchLabels": selector(settings)},
-                "policyTypes": ["Egress"],
-                "egress": egress,
+                "podSelector": {"matchLabels": selector(view)},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {
+                        "from": [*sources, *_prometheus(view), *api_server],
+                        "ports": [{"protocol": "TCP", "port": view.runtime.port}],
+                    }
+                ],
             }
         },
         labels=labels,
     )
-    return [deny, runtime_in, runtime_out]
+    runtime_out = Manifest(
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        f"{app_name(view)}-egress",
+        k.namespace,
+        {
+            "spec": {
+                "podSelector": {"matchLabels": selector(view)},
+                "policyTypes": ["Egress"],
+                "egress": _common_egress(view),
+            }
+        },
+        labels=labels,
+    )
+    return [runtime_in, runtime_out]
+
+
+def gateway_policies(settings: Settings, front: list[dict[str, Any]]) -> list[Manifest]:
+    """The gateway: public port from the front, admin port from Prometheus; out to the runtimes."""
+    k, section = kubernetes_of(settings), gw.gateway_of(settings)
+    labels, pods = gw.gateway_labels(), {"matchLabels": gw.gateway_selector()}
+    gateway_in = Manifest(
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        f"{gw.GATEWAY_NAME}-ingress",
+        k.namespace,
+        {
+            "spec": {
+                "podSelector": pods,
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {"from": front, "ports": [{"protocol": "TCP", "port": section.port}]},
+                    {
+                        "from": _prometheus(settings),
+                        "ports": [{"protocol": "TCP", "port": section.admin_port}],
+                    },
+                ],
+            }
+        },
+        labels=labels,
+    )
+    to_runtimes = [
+        {
+            "to": [{"podSelector": {"matchLabels": selector(view)}}],
+            "ports": [{"protocol": "TCP", "port": view.runtime.port}],
+        }
+        for view in gw.pool_views(settings)
+    ]
+    egress = [*_common_egress(settings), *to_runtimes]
+    if section.quota.store == "redis":
+        # The quota store (ElastiCache in the VPC): its port, inside the VPC only.
+        port = urlparse(section.quota.redis_url).port or 6379
+        egress.append(
+            {
+                "to": [{"ipBlock": {"cidr": settings.network.vpc_cidr}}],
+                "ports": [{"protocol": "TCP", "port": port}],
+            }
+        )
+    if section.tracing.endpoint:
+        # The trace collector's OTLP port (443 is allowed above already).
+        collector = urlparse(section.tracing.endpoint)
+        port = collector.port or (443 if collector.scheme == "https" else 80)
+        egress.append(
+            {
+                "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [INSTANCE_METADATA_CIDR]}}],
+                "ports": [{"protocol": "TCP", "port": port}],
+            }
+        )
+    gateway_out = Manifest(
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        f"{gw.GATEWAY_NAME}-egress",
+        k.namespace,
+        {"spec": {"podSelector": pods, "policyTypes": ["Egress"], "egress": egress}},
+        labels=labels,
+    )
+    return [gateway_in, gateway_out]

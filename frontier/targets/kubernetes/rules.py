@@ -1,8 +1,9 @@
 """What the Kubernetes target refuses in a stack file: what the API server or the scheduler would.
 
 Its ``kubernetes:`` section must be there and hold together (namespace, cluster, node pools,
-autoscaling, ingress, image); a stack serves one model here, without the gateway; and the edge
-terminates TLS with an ACM certificate unless the cluster's own ingress class does.
+autoscaling, ingress, image); every model pool runs on a node pool of its node group, and fits it;
+a gateway has its image, fixed ports, durable metering and, on an existing cluster, its IAM role;
+and the edge terminates TLS with an ACM certificate unless the cluster's own ingress class does.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from frontier_settings import FieldProblem
 
 from frontier.config.checks import certificate_problems
 from frontier.config.schema import DTYPE_BYTES, GB, GP3_MAX_MIBPS, MIB, Kubernetes, Settings
-from frontier.targets.kubernetes.manifests import startup_failure_threshold
+from frontier.targets.kubernetes.manifests import gpus_per_pod, pod_gpus_formula, startup_failure_threshold
+from frontier.targets.kubernetes.objects import app_name
 
 # RFC 1123 label: what Kubernetes accepts as a namespace name.
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -95,22 +97,10 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
             [],
             "an ALB in an existing cluster's VPC needs the CIDRs of the subnets it lives in",
         )
-    if len(s.pools) > 1:
-        yield FieldProblem(
-            "models",
-            [pool.name for pool in s.pools],
-            "a kubernetes stack serves one model (one Deployment behind its Ingress); the gateway that "
-            "routes between model pools runs on the ec2 and local targets only: one stack per model",
-        )
-    if s.gateway is not None:
-        yield FieldProblem(
-            "gateway",
-            None,
-            "the gateway runs on the ec2 and local targets only; a kubernetes stack's Ingress reaches its "
-            "runtime directly",
-        )
+    yield from gateway_problems(s, k)
+    yield from pool_problems(s, k)
     groups = {group.name: group for group in s.node_groups}
-    gpus = s.runtime.tensor_parallel_size * s.runtime.pipeline_parallel_size
+    gpus = gpus_per_pod(s)
     names: list[str] = []
     for i, pool in enumerate(k.node_pools):
         where = f"kubernetes.node_pools[{i}]"
@@ -134,11 +124,12 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
                 )
                 continue
             per_node = group.gpus_per_node if known is None else known
-            if gpus > per_node:
+            # The first model pool's pods; other pools' are checked against their own node group.
+            if gpus > per_node and group.name == s.serving_group.name:
                 yield FieldProblem(
                     f"{where}.instance_types[{j}]" if pool.instance_types else "runtime.tensor_parallel_size",
                     instance_type if pool.instance_types else s.runtime.tensor_parallel_size,
-                    f"a runtime pod requests {gpus} nvidia.com/gpu (tensor x pipeline parallel) but a "
+                    f"a runtime pod requests {gpus} nvidia.com/gpu ({pod_gpus_formula(s)}) but a "
                     f"{instance_type} node of pool {pool.name!r} has {per_node}; allowed: at most {per_node}",
                 )
             elif known is not None and known != group.gpus_per_node:
@@ -201,6 +192,90 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
             )
 
 
+def gateway_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
+    """What a gateway Deployment could not run with."""
+    gw = s.gateway
+    if gw is None:
+        return
+    if not k.gateway_image:
+        yield FieldProblem(
+            "kubernetes.gateway_image",
+            "",
+            "a stack with a gateway runs it from its own image: <repository>@sha256:<64 hex> "
+            "(frontier-gateway installed; the runtime image does not carry it)",
+        )
+    elif not DIGEST_PATTERN.match(k.gateway_image.partition("@")[2]):
+        yield FieldProblem(
+            "kubernetes.gateway_image",
+            k.gateway_image,
+            "is a mutable reference: name the image by digest, <repository>@sha256:<64 hex>",
+        )
+    for field, port in (("port", gw.port), ("admin_port", gw.admin_port)):
+        if port == 0:
+            yield FieldProblem(
+                f"gateway.{field}",
+                0,
+                "must be a fixed port (1-65535) on kubernetes: the Service, probes and policies name it",
+            )
+    if not gw.metering.uri.startswith("s3://"):
+        yield FieldProblem(
+            "gateway.metering.uri",
+            gw.metering.uri,
+            "must be s3://bucket/prefix on kubernetes: a file in a pod is lost with the pod",
+        )
+    if k.cluster.mode == "existing" and not k.gateway_role_arn.startswith("arn:aws:iam::"):
+        yield FieldProblem(
+            "kubernetes.gateway_role_arn",
+            k.gateway_role_arn,
+            "an existing cluster with a gateway needs the IAM role (arn:aws:iam::<account>:role/<name>) "
+            "its gateway assumes (tenants' key secrets, the runtimes' key, metering)",
+        )
+
+
+def pool_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
+    """Each model pool beyond the first: a node pool for its node group, a name of its own, a fit."""
+    names = {app_name(s.for_pool(s.pools[0].name)): 0}
+    pooled = {pool.node_group for pool in k.node_pools}
+    for i, pool in enumerate(s.pools[1:], start=1):
+        view = s.for_pool(pool.name)
+        where = f"models[{i}]"
+        name = app_name(view)
+        if name in names:
+            yield FieldProblem(
+                f"{where}.model.name",
+                pool.name,
+                f"its Deployment would be named {name!r} like models[{names[name]}]'s: "
+                "names must differ in letters or digits",
+            )
+        names.setdefault(name, i)
+        group = view.serving_group
+        if group.name not in pooled:
+            yield FieldProblem(
+                f"{where}.node_group",
+                pool.node_group or group.name,
+                f"no kubernetes.node_pools entry runs node group {group.name!r}; add one "
+                f"(node pools run: {', '.join(sorted(pooled))})",
+            )
+            continue
+        gpus = gpus_per_pod(view)
+        if gpus > group.gpus_per_node:
+            yield FieldProblem(
+                f"{where}.runtime.tensor_parallel_size",
+                view.runtime.tensor_parallel_size,
+                f"a pod of this pool requests {gpus} nvidia.com/gpu ({pod_gpus_formula(view)}) but a "
+                f"{group.instance_type} node of node group {group.name!r} has {group.gpus_per_node}",
+            )
+        spare = s.rollout.max_surge + s.rollout.canary_hosts
+        if k.autoscaling.max_replicas + spare > group.max_size:
+            yield FieldProblem(
+                "kubernetes.autoscaling.max_replicas",
+                k.autoscaling.max_replicas,
+                f"one replica per node: pool {pool.name!r} runs on node group {group.name!r} "
+                f"(max_size {group.max_size}), so at most {group.max_size - spare} with rollout.max_surge + "
+                f"rollout.canary_hosts = {spare}",
+            )
+
+
 def startup_budget_s(s: Settings) -> int:
     """How long the startup probe lets a new pod take: failure threshold x period."""
     return startup_failure_threshold(s) * s.health.interval_s
@@ -222,24 +297,28 @@ def cluster_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
                 "its add-ons on nodes of its own: remove the section",
             )
         return
-    # The weights cache is an emptyDir on the node's gp3 root volume: a pod that cannot read the
-    # model through it before the startup probe gives up is restarted, forever.
-    budget, weights_gb = startup_budget_s(s), s.model.num_parameters * DTYPE_BYTES[s.model.dtype] / GB
-    for i, pool in enumerate(k.node_pools):
-        if pool.node_group != s.serving_group.name:
-            continue
-        needed = weights_read_s(s, pool.root_volume_throughput_mibps)
-        if needed > budget:
-            yield FieldProblem(
-                f"kubernetes.node_pools[{i}].root_volume_throughput_mibps",
-                pool.root_volume_throughput_mibps,
-                f"reading the model's {weights_gb:.0f} GB of weights at {pool.root_volume_throughput_mibps} MiB/s "
-                f"takes {needed:.0f} s, but the startup probe allows {budget} s (rollout.readiness_timeout_s "
-                f"= {s.rollout.readiness_timeout_s:g} in probes of health.interval_s = {s.health.interval_s}); "
-                f"raise it to at least {_mibps_for(s, budget)} MiB/s (gp3 allows {GP3_MAX_MIBPS}) or "
-                f"rollout.readiness_timeout_s to "
-                f"{needed:.0f} s",
-            )
+    # The weights cache is an emptyDir on the node's gp3 root volume: a pod that cannot read its
+    # model through it before the startup probe gives up is restarted, forever. Each model pool on
+    # the node pools of its own node group.
+    budget = startup_budget_s(s)
+    for view in (s.for_pool(pool.name) for pool in s.pools):
+        weights_gb = view.model.num_parameters * DTYPE_BYTES[view.model.dtype] / GB
+        for i, pool in enumerate(k.node_pools):
+            if pool.node_group != view.serving_group.name:
+                continue
+            needed = weights_read_s(view, pool.root_volume_throughput_mibps)
+            if needed > budget:
+                yield FieldProblem(
+                    f"kubernetes.node_pools[{i}].root_volume_throughput_mibps",
+                    pool.root_volume_throughput_mibps,
+                    f"reading model {view.model.name!r}'s {weights_gb:.0f} GB of weights at "
+                    f"{pool.root_volume_throughput_mibps} MiB/s "
+                    f"takes {needed:.0f} s, but the startup probe allows {budget} s (rollout.readiness_timeout_s "
+                    f"= {s.rollout.readiness_timeout_s:g} in probes of health.interval_s = {s.health.interval_s}); "
+                    f"raise it to at least {_mibps_for(view, budget)} MiB/s (gp3 allows {GP3_MAX_MIBPS}) or "
+                    f"rollout.readiness_timeout_s to "
+                    f"{needed:.0f} s",
+                )
     if k.cluster.private_endpoint and k.cluster.deployer == "outside":
         yield FieldProblem(
             "kubernetes.cluster.deployer",

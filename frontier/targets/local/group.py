@@ -312,6 +312,8 @@ class LocalFleet:
             "FRONTIER_ADDRESS": host.address,
             "FRONTIER_METRICS_URL": f"http://{host.address}:{self.settings.runtime.port}{METRICS_PATH}",
             "FRONTIER_READINESS_TIMEOUT_S": str(int(timeout_s)),
+            # A pool of a stack of several models boots from its own history, the wheel from the stack's.
+            "FRONTIER_ARTIFACTS_PREFIX": store.artifacts_prefix,
         }
         (root / NODE_ENV).write_text("".join(f"{k}={v}\n" for k, v in env.items()))
         # The slot's env file points the AWS CLI at the stack's moto, as the instance profile would.

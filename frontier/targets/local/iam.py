@@ -45,7 +45,7 @@ import copy
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,7 @@ def documents(
     settings: Settings, history_bucket: str, history_prefix: str
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Each actor's policy documents by name, rendered by the cloud program's functions."""
+    from frontier.release.history import stack_history
     from infra.identity import deploy_policy, lifecycle_policy, runtime_policy
 
     cloud = _cloud(settings)
@@ -106,6 +107,11 @@ def documents(
     deploy: dict[str, dict[str, Any]] = {}
     for pool in settings.pools:
         args = _identity_args(settings, pool.model.weights_uri, history_bucket, history_prefix)
+        # A pool's hosts boot from its own history (releases, records, host tools), as its deploys
+        # write it; the prefix is the history store's own, so the two cannot drift apart.
+        pool_store = stack_history(settings.for_pool(pool.name), None, history_bucket, history_prefix)
+        if pool_store.prefix != pool_store.artifacts_prefix:
+            args = replace(args, pool_history_prefix=pool_store.prefix)
         host[f"runtime-{pool.name}"] = runtime_policy(args, hosts=True)
         deploy[f"deploy-{pool.name}"] = deploy_policy(args)
     found = {"admin": {"admin": ADMIN_DOCUMENT}, "host": host, "deploy": deploy}

@@ -6,6 +6,12 @@ of (hash of the previous block, its token ids), so a later sequence with the sam
 Freed blocks keep their content and hash and sit in an LRU free list: they are reusable by a
 prefix hit until the allocator evicts them for new content.
 
+Under a sliding window on every layer (``window`` > 0), a sequence's leading blocks that no later
+query of it can see are freed as it moves on (``release_behind_window``), so a long sequence holds
+about ``window / block_size`` blocks: its table keeps their stale cells, to which attention gives
+no weight (the kernels start at the window, the gather path masks them), and
+``num_released_blocks`` counts them.
+
 Every sequence holding blocks also holds a row of the device-side block table (``row_of``).
 Each change to a sequence's block list is logged as a ``(row, column, block)`` triple
 (``take_table_updates``): the model runner applies only those to its table tensor each step
@@ -22,9 +28,13 @@ from frontier_runtime.engine.sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, config: EngineConfig, num_blocks: int) -> None:
+    def __init__(self, config: EngineConfig, num_blocks: int, window: int = 0) -> None:
+        """``window``: the sliding window every layer attends within (0: some layer sees it all)."""
         if num_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
+        if window < 0:
+            raise ValueError(f"the sliding window must be >= 0 tokens (0: none), got {window}")
+        self.window = window
         self.num_blocks = num_blocks
         self.block_size = config.block_size
         self.enable_prefix_caching = config.prefix_caching
@@ -100,6 +110,7 @@ class BlockManager:
                 del self.free[b]
             self.ref_counts[b] += 1
         seq.block_table = list(cached)
+        seq.num_released_blocks = 0
         row = self._row(seq)
         for col, b in enumerate(cached):
             self.updates[(row, col)] = b
@@ -158,22 +169,40 @@ class BlockManager:
         self.ref_counts[block] = 1
         return block
 
+    def release_behind_window(self, seq: Sequence) -> None:
+        """Free the leading blocks no later query of ``seq`` sees (every layer sliding).
+
+        The next query sits at ``num_computed_tokens`` and reads keys from ``num_computed_tokens -
+        window + 1`` on; later ones start later still. With prefix caching the block before the
+        first unhashed one is kept: its hash chains the next block's registration.
+        """
+        if not self.window:
+            return
+        behind = (seq.num_computed_tokens - self.window + 1) // self.block_size
+        if self.enable_prefix_caching:
+            behind = min(behind, seq.num_hashed_blocks - 1)
+        for i in range(seq.num_released_blocks, behind):
+            self._unreference(seq.block_table[i])
+        seq.num_released_blocks = max(seq.num_released_blocks, behind)
+
     def release(self, seq: Sequence) -> None:
         """Drop the sequence's references; blocks nobody uses go back to the free list.
 
         The tail blocks are freed first so they are evicted first: a prefix outlives its suffixes.
         """
-        for block in reversed(seq.block_table):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                if self.block_hash[block] is None:
-                    self.free[block] = None
-                    self.free.move_to_end(block, last=False)  # no content worth keeping: reuse first
-                else:
-                    self.free[block] = None
+        for block in reversed(seq.block_table[seq.num_released_blocks :]):
+            self._unreference(block)
         seq.block_table = []
+        seq.num_released_blocks = 0
         row = self.row_of.pop(seq, None)
         if row is not None:
             self.free_rows.append(row)
         seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0
+
+    def _unreference(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free[block] = None
+            if self.block_hash[block] is None:
+                self.free.move_to_end(block, last=False)  # no content worth keeping: reuse first

@@ -70,7 +70,10 @@ class LLMEngine:
                 f"holds {self.runner.num_blocks} blocks ({have} bytes): raise cpu_kv_cache_bytes / "
                 f"gpu_memory_utilization or lower model.max_seq_len"
             )
-        self.block_manager = BlockManager(config, self.runner.num_blocks)
+        # Blocks behind the window are freed only where every layer slides: a full layer reads them.
+        every_layer_slides = len(cfg.sliding_layers) == cfg.num_layers
+        window = (cfg.sliding_window or 0) if every_layer_slides else 0
+        self.block_manager = BlockManager(config, self.runner.num_blocks, window=window)
         self.scheduler = Scheduler(config, self.block_manager)
         self.sampler = Sampler(config.seed, self.runner.device)
         eos = set(cfg.eos_token_ids)
@@ -187,6 +190,7 @@ class LLMEngine:
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
             self.block_manager.cache_computed_blocks(seq)
+            self.block_manager.release_behind_window(seq)
             if seq.times.scheduled is None:
                 seq.times.scheduled = started
         if not samplers:

@@ -223,7 +223,12 @@ class ModelRunner:
         self.max_seq_len = config.max_seq_len or cfg.max_position_embeddings
         self.max_blocks_per_seq = -(-self.max_seq_len // self.block_size)
         self.backend = select_backend(
-            self.device, self.block_size, self.dtype, config.attention_backend, self.kv_dtype
+            self.device,
+            self.block_size,
+            self.dtype,
+            config.attention_backend,
+            self.kv_dtype,
+            window=cfg.sliding_window or 0,
         )
         if self.kv_dtype == torch.float8_e4m3fn:
             self._set_fp8_scales()

@@ -41,6 +41,9 @@ class Sequence:
         self.num_cached_prompt_tokens = 0
         self.block_table: list[int] = []
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
+        # Leading blocks freed behind a sliding window: their table cells are stale, and attention
+        # gives them no weight (the kernels start at the window, the gather path masks them).
+        self.num_released_blocks = 0
         self.status = Status.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_token_ids = stop_token_ids

@@ -9,7 +9,10 @@ block_size, head_dim]``. A step's tokens are flat, sequence after sequence (deco
 each, then prefill chunks); ``query_start`` marks where each sequence's tokens begin and
 ``seq_lens`` counts its tokens in the cache once this step's are written. A sequence's new tokens
 are its last ones, so query ``j`` of ``n`` attends to keys ``0 .. seq_len - n + j`` (causal,
-aligned to the end).
+aligned to the end). A layer with a sliding window ``w`` (Mistral's; ``window`` > 0) narrows that to
+the last ``w`` of them, the query's own key included: keys ``p - w + 1 .. p`` for the query at
+position ``p``, as transformers masks ``kv_idx > q_idx - sliding_window``. Every backend takes the
+window per call, so layers with and without one share a step.
 
 Backends, chosen once per process (``select_backend``; ``attention_backend`` in the settings names
 one to require it):
@@ -67,10 +70,11 @@ class AttentionMetadata:
     # flash-varlen: the step's own rows of the table, and cumulative key counts.
     step_tables: torch.Tensor | None = None
     cu_seq_k: torch.Tensor | None = None
-    # sdpa-gather: host copies of the lengths, for padding, and the plan the first layer builds.
+    # sdpa-gather: host copies of the lengths, for padding, and the plan the first layer of each
+    # window (0: none) builds.
     host_query_lens: list[int] | None = None
     host_seq_lens: list[int] | None = None
-    gather: list[_GatherGroup] | None = field(default=None, repr=False)
+    gather: dict[int, list[_GatherGroup]] = field(default_factory=dict, repr=False)
 
 
 def allocate_kv(
@@ -129,16 +133,20 @@ def attend(
     scale: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    window: int = 0,
 ) -> torch.Tensor:
     """Attention output for ``q`` ([tokens, heads, head_dim]), same shape and dtype.
 
-    ``k_scale``/``v_scale`` apply to an fp8 cache only (it holds value / scale)."""
+    ``k_scale``/``v_scale`` apply to an fp8 cache only (it holds value / scale). ``window`` > 0: each
+    query sees its last ``window`` keys only (a sliding window); 0: every earlier key."""
+    if window < 0:
+        raise ValueError(f"attention window {window} must be >= 0 (0: no window)")
     if k_cache.dtype != torch.float8_e4m3fn:
         k_scale = v_scale = 1.0
     if meta.backend == "cpu-kernel":
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dense_rows = q.stride(2) == 1 and q.stride(1) == q.shape[2]  # a view into qkv is read in place
-        torch.ops.frontier.paged_attention(
+        args = (
             out,
             q if dense_rows else q.contiguous(),
             k_cache,
@@ -151,9 +159,13 @@ def attend(
             k_scale,
             v_scale,
         )
+        if window:
+            torch.ops.frontier.paged_attention_window(*args, window)
+        else:
+            torch.ops.frontier.paged_attention(*args)
         return out
     if meta.backend == "flash-varlen":
-        return _flash_varlen(q, k_cache, v_cache, meta, scale)
+        return _flash_varlen(q, k_cache, v_cache, meta, scale, window)
     if meta.backend == "triton":
         return triton_attention.paged_attention(
             q,
@@ -167,8 +179,9 @@ def attend(
             scale,
             k_scale,
             v_scale,
+            window=window,
         )
-    return _sdpa_gather(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
+    return _sdpa_gather(q, k_cache, v_cache, meta, scale, k_scale, v_scale, window)
 
 
 @functools.cache
@@ -179,7 +192,7 @@ def _varlen_entry() -> tuple[Callable[..., Any], frozenset[str]]:
     return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
 
 
-def _varlen_keywords(params: frozenset[str], causal: bool, gqa: bool) -> dict[str, Any]:
+def _varlen_keywords(params: frozenset[str], causal: bool, gqa: bool, window: int = 0) -> dict[str, Any]:
     """The keywords for this torch's ``varlen_attn``, or NotImplementedError naming what it lacks.
 
     Its signature has moved between torch releases (``is_causal`` became ``window_size``;
@@ -187,12 +200,16 @@ def _varlen_keywords(params: frozenset[str], causal: bool, gqa: bool) -> dict[st
     missing = {"seqused_k", "block_table", "scale"} - params
     if gqa and "enable_gqa" not in params:
         missing.add("enable_gqa")
-    if not ({"window_size", "is_causal"} & params):
+    if not ({"window_size", "is_causal"} & params) or (window and "window_size" not in params):
         missing.add("window_size")
     if missing:
         raise NotImplementedError(f"this torch's varlen_attn takes no {', '.join(sorted(missing))}")
     kw: dict[str, Any] = {}
-    if "window_size" in params:
+    if window:
+        # FlashAttention's (left, right) window, aligned to the end of the keys like its causal
+        # mask: key j is seen by the query at position p when p - left <= j <= p.
+        kw["window_size"] = (window - 1, 0)
+    elif "window_size" in params:
         kw["window_size"] = (-1, 0) if causal else (-1, -1)
     else:
         kw["is_causal"] = causal
@@ -202,12 +219,18 @@ def _varlen_keywords(params: frozenset[str], causal: bool, gqa: bool) -> dict[st
 
 
 def _flash_varlen(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     varlen_attn, params = _varlen_entry()
     # One query per sequence (a decode step) sees every key: no causal window, which lets the
     # kernel pack a KV head's query heads into one tile.
-    kw = _varlen_keywords(params, causal=meta.max_query_len > 1, gqa=q.shape[1] != k_cache.shape[2])
+    gqa = q.shape[1] != k_cache.shape[2]
+    kw = _varlen_keywords(params, causal=meta.max_query_len > 1, gqa=gqa, window=window)
     out = varlen_attn(
         q,
         k_cache,
@@ -241,9 +264,9 @@ class _GatherGroup:
 
 
 def _gather_plan(
-    meta: AttentionMetadata, group: int, block_size: int, device: torch.device
+    meta: AttentionMetadata, group: int, block_size: int, device: torch.device, window: int = 0
 ) -> list[_GatherGroup]:
-    """Built once per step from the host copies of the lengths (one host-to-device copy)."""
+    """Built once per step and window from the host copies of the lengths (one host-to-device copy)."""
     assert meta.host_query_lens is not None and meta.host_seq_lens is not None
     qlens, klens, nd = meta.host_query_lens, meta.host_seq_lens, meta.num_decodes
     plan = []
@@ -267,6 +290,8 @@ def _gather_plan(
         pos = (klen - qlen).unsqueeze(1) + qi.unsqueeze(0)  # [s, max_q]
         kpos = torch.arange(nblocks * block_size, device=device)
         mask = kpos.view(1, 1, -1) <= pos.unsqueeze(2)  # [s, max_q, keys]
+        if window:
+            mask &= kpos.view(1, 1, -1) > pos.unsqueeze(2) - window
         padded = qi.unsqueeze(0) >= qlen.unsqueeze(1)
         mask |= padded.unsqueeze(2) & (kpos == 0).view(1, 1, -1)  # padded rows: one key, no NaN
         mask = mask.unsqueeze(1).expand(s, group, max_q, -1).reshape(s, 1, group * max_q, -1)
@@ -283,11 +308,14 @@ def _sdpa_gather(
     scale: float,
     k_scale: float,
     v_scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    if meta.gather is None:  # the step's first layer
-        meta.gather = _gather_plan(meta, q.shape[1] // k_cache.shape[2], k_cache.shape[1], q.device)
+    plan = meta.gather.get(window)
+    if plan is None:  # the step's first layer with this window
+        group = q.shape[1] // k_cache.shape[2]
+        plan = meta.gather[window] = _gather_plan(meta, group, k_cache.shape[1], q.device, window)
     out = torch.empty_like(q)
-    for g in meta.gather:
+    for g in plan:
         out[g.t0 : g.t1] = _sdpa_group(q, k_cache, v_cache, g, scale, k_scale, v_scale)
     return out
 
@@ -357,9 +385,17 @@ def _probe_step(
 
 
 def probe(
-    backend: str, device: torch.device, block_size: int, dtype: torch.dtype, kv_dtype: torch.dtype
+    backend: str,
+    device: torch.device,
+    block_size: int,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    window: int = 0,
 ) -> str:
-    """Why ``backend`` cannot run here, or "" if it can (a kernel: it ran a tiny step and agreed with SDPA)."""
+    """Why ``backend`` cannot run here, or "" if it can (a kernel: it ran a tiny step and agreed with SDPA).
+
+    ``window``: the model's sliding window (0: none); the probe step then attends within a window
+    too, small enough to cut its longer sequence."""
     if backend == "sdpa-gather":
         return ""
     if backend == "cpu-kernel":
@@ -375,17 +411,22 @@ def probe(
             return "FlashAttention reads no fp8 KV cache"
     if backend == "triton" and not triton_attention.available(device):
         return "Triton is not installed, or the device is neither CUDA nor a CPU under TRITON_INTERPRET=1"
-    return _probe_kernel(backend, device, block_size, dtype, kv_dtype)
+    return _probe_kernel(backend, device, block_size, dtype, kv_dtype, min(window, 5))
 
 
 @functools.cache  # once per process: a kernel's answer for a shape does not change
 def _probe_kernel(
-    backend: str, device: torch.device, block_size: int, dtype: torch.dtype, kv_dtype: torch.dtype
+    backend: str,
+    device: torch.device,
+    block_size: int,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    window: int = 0,
 ) -> str:
     try:
         q, k_cache, v_cache, meta = _probe_step(device, block_size, dtype, kv_dtype, backend)
-        got = attend(q, k_cache, v_cache, meta, 0.125)
-        want = _sdpa_gather(q, k_cache, v_cache, meta, 0.125, 1.0, 1.0)
+        got = attend(q, k_cache, v_cache, meta, 0.125, window=window)
+        want = _sdpa_gather(q, k_cache, v_cache, meta, 0.125, 1.0, 1.0, window)
     except (ImportError, RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError) as exc:
         return (
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (block_size {block_size})"
@@ -401,20 +442,23 @@ def select_backend(
     dtype: torch.dtype,
     prefer: str = "auto",
     kv_dtype: torch.dtype | None = None,
+    window: int = 0,
 ) -> str:
-    """The fastest backend that runs here; ``prefer`` (the ``attention_backend`` setting) requires one."""
+    """The fastest backend that runs here; ``prefer`` (the ``attention_backend`` setting) requires one.
+
+    ``window``: the model's sliding window (0: none), which the backend must honour."""
     kv = kv_dtype or dtype
     if prefer != "auto":
         if prefer not in BACKENDS:
             raise ValueError(f"attention_backend {prefer!r} is not one of {', '.join(BACKENDS)}")
-        problem = probe(prefer, device, block_size, dtype, kv)
+        problem = probe(prefer, device, block_size, dtype, kv, window)
         if problem:
             raise ValueError(
                 f"attention_backend {prefer!r} is required but cannot run on {device}: {problem}"
             )
         return prefer
     for backend in CANDIDATES.get(device.type, ("sdpa-gather",)):
-        problem = probe(backend, device, block_size, dtype, kv)
+        problem = probe(backend, device, block_size, dtype, kv, window)
         if not problem:
             return backend
         log.info("attention backend %s not used: %s", backend, problem)

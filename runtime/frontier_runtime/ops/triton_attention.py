@@ -2,7 +2,9 @@
 
 The cache is ``[num_blocks, block_size, kv_heads, head_dim]`` for K and V; token ``t`` of a sequence
 sits at ``cache[tables[row, t // block_size], t % block_size]``. A sequence's query tokens are its
-last ones, so query ``j`` of ``n`` attends keys ``0 .. seq_len - n + j`` (causal, aligned to the end).
+last ones, so query ``j`` of ``n`` attends keys ``0 .. seq_len - n + j`` (causal, aligned to the end);
+with a sliding window ``w`` > 0, only the last ``w`` of them (keys ``p - w + 1 .. p`` for the query at
+position ``p``), and key tiles before the tile's first query's window are skipped.
 An fp8 cache holds value / scale and is dequantised as it is read.
 
 One program handles one sequence, one KV head and a tile of that sequence's queries; the query heads
@@ -82,6 +84,7 @@ def _kernel() -> Any:
         scale_log2,
         k_scale,
         v_scale,
+        window,
         GROUP: tl.constexpr,
         GROUP_PAD: tl.constexpr,
         BLOCK_Q: tl.constexpr,
@@ -90,6 +93,7 @@ def _kernel() -> Any:
         BLOCK_N: tl.constexpr,
         PAGE: tl.constexpr,
         FP8: tl.constexpr,
+        SLIDING: tl.constexpr,
         PRECISION: tl.constexpr,
         DOT_FP32: tl.constexpr,
     ):
@@ -120,16 +124,21 @@ def _kernel() -> Any:
         )
         if DOT_FP32:
             q = q.to(tl.float32)
-        # Every row's position is >= 0, so each row sees key 0 and its running max is finite after
-        # the first tile (padded rows included): no NaN from an all-masked row.
+        # Without a window every row's position is >= 0, so each row sees key 0 and its running max
+        # is finite after the first tile (padded rows included): no NaN from an all-masked row.
+        # With one, a row may see no key of a tile before its window: it is kept out of its sums.
         pos = seq_len - q_len + q_idx
         keys_end = seq_len - q_len + tl.minimum(tile * BLOCK_Q + BLOCK_Q, q_len)
+        keys_begin = 0
+        if SLIDING:
+            # Key tiles start on BLOCK_N boundaries, before the tile's first query's window.
+            keys_begin = tl.maximum(seq_len - q_len + tile * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N
 
         m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_Q * GROUP_PAD], dtype=tl.float32)
         acc = tl.zeros([BLOCK_Q * GROUP_PAD, BLOCK_D], dtype=tl.float32)
         table_row = tables_ptr + row * stride_table
-        for start in range(0, keys_end, BLOCK_N):
+        for start in range(keys_begin, keys_end, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             n_ok = offs_n < keys_end
             # A key tile may span several pages (or part of one): each key finds its own block.
@@ -161,14 +170,26 @@ def _kernel() -> Any:
             v = v.to(q.dtype)
             # Scores in log2 units: exp2 is the cheap instruction.
             s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
-            s = tl.where(offs_n[None, :] <= pos[:, None], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            if SLIDING:
+                seen = (offs_n[None, :] <= pos[:, None]) & (offs_n[None, :] > pos[:, None] - window)
+                s = tl.where(seen, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                # A row that has seen no key yet keeps m = -inf: shifting by 0 instead gives it
+                # alpha 0 and p 0 (its sums are still 0), where -inf - -inf would be NaN.
+                m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_shift)
+                p = tl.exp2(s - m_shift[:, None])
+            else:
+                s = tl.where(offs_n[None, :] <= pos[:, None], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
 
+        if SLIDING:  # a padded row past its sequence may see no key of its window: no 0 / 0
+            l_i = tl.where(l_i > 0, l_i, 1.0)
         out = acc / l_i[:, None]
         tl.store(
             o_ptr + q_tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od,
@@ -196,10 +217,12 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Attention of ``q`` ([tokens, heads, head_dim]) over the paged cache; same shape, q's dtype.
 
-    ``k_scale``/``v_scale`` dequantise an fp8 cache (it holds value / scale); ignored otherwise."""
+    ``k_scale``/``v_scale`` dequantise an fp8 cache (it holds value / scale); ignored otherwise.
+    ``window`` > 0: each query sees its last ``window`` keys only; 0: every earlier key."""
     triton = _triton()
     tokens, heads, head_dim = q.shape
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -207,6 +230,8 @@ def paged_attention(
         raise ValueError(f"{heads} query heads do not split over {kv_heads} KV heads")
     if page & (page - 1):
         raise ValueError(f"block_size {page} is not a power of two")
+    if window < 0:
+        raise ValueError(f"attention window {window} must be >= 0 (0: no window)")
     if out is None:
         out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
     num_seqs = rows.shape[0]
@@ -246,6 +271,7 @@ def paged_attention(
         scale * 1.4426950408889634,  # log2(e): the kernel exponentiates in base 2
         float(k_scale),
         float(v_scale),
+        int(window),
         GROUP=group,
         GROUP_PAD=group_pad,
         BLOCK_Q=block_q,
@@ -254,6 +280,7 @@ def paged_attention(
         BLOCK_N=block_n,
         PAGE=page,
         FP8=fp8,
+        SLIDING=window > 0,  # the kernel without a window compiles without its masks
         # fp32 inputs keep full precision on the tensor cores (tf32 would lose ~3 digits).
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         # The interpreter's tl.dot multiplies bf16/fp16 operands as raw bits: give it fp32 ones.

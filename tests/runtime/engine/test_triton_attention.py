@@ -102,8 +102,9 @@ def _step(
     )
 
 
-def _reference(step: Step, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-    """Each sequence alone: its keys gathered by position, explicit causal softmax in float32."""
+def _reference(step: Step, k_scale: float = 1.0, v_scale: float = 1.0, window: int = 0) -> torch.Tensor:
+    """Each sequence alone: its keys gathered by position, explicit causal softmax in float32;
+    ``window`` > 0 masks as transformers' sliding window does (``kv_idx > q_idx - window``)."""
     heads = step.q.shape[1]
     block_size, kv_heads = step.k_cache.shape[1], step.k_cache.shape[2]
     out, t0 = [], 0
@@ -116,7 +117,10 @@ def _reference(step: Step, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.
         v = v.repeat_interleave(heads // kv_heads, dim=1)
         q = step.q[t0 : t0 + n].float()
         scores = torch.einsum("qhd,khd->hqk", q, k) * step.scale
-        visible = pos.unsqueeze(0) <= torch.arange(total - n, total).unsqueeze(1)
+        q_pos = torch.arange(total - n, total).unsqueeze(1)
+        visible = pos.unsqueeze(0) <= q_pos
+        if window:
+            visible &= pos.unsqueeze(0) > q_pos - window
         probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
         out.append(torch.einsum("hqk,khd->qhd", probs, v))
         t0 += n
@@ -202,3 +206,29 @@ def test_same_shapes_with_new_contents_give_new_answers() -> None:
     for name in ("q", "k_cache", "v_cache", "tables", "rows", "seq_lens"):
         getattr(first, name).copy_(getattr(second, name))
     _check(first.run(), _reference(second), "rewritten contents")
+
+
+# (query_lens, seq_lens, window): decodes whose window starts inside a key tile and a page, prefill
+# chunks longer than the window (rows that see no key of the first tiles), a window of one key, a
+# window wider than every sequence, GQA groups of 1, 4 and 8.
+WINDOWED = [
+    ([1, 1, 1], [130, 17, 64], 16, 4, 1, 16),
+    ([1, 40, 7], [100, 40, 90], 5, 8, 2, 16),
+    ([80, 1], [200, 150], 33, 8, 1, 32),
+    ([9, 1], [9, 70], 1, 4, 4, 16),
+    ([12, 3], [60, 30], 500, 4, 1, 16),
+]
+
+
+@pytest.mark.parametrize(("query_lens", "lens", "window", "heads", "kv_heads", "block_size"), WINDOWED)
+def test_a_sliding_window_limits_each_query_to_its_last_keys(
+    query_lens: list[int], lens: list[int], window: int, heads: int, kv_heads: int, block_size: int
+) -> None:
+    step = _step(21, query_lens, lens, heads, kv_heads, 64, block_size, torch.float32)
+    _check(step.run(window=window), _reference(step, window=window), f"window {window}")
+
+
+def test_a_sliding_window_over_a_bfloat16_fp8_cache() -> None:
+    step = _step(22, [1, 30], [90, 75], 8, 2, 64, 16, torch.bfloat16, cache_dtype=FP8)
+    got = step.run(k_scale=0.05, v_scale=0.05, window=20)
+    _check(got, _reference(step, 0.05, 0.05, window=20), "fp8 cache, window 20")

@@ -3,7 +3,8 @@
 Tokens of one step are flat (``[num_tokens, hidden]``): decode tokens first (one per sequence),
 then each prefill chunk. K/V are written at their slots and every query token attends in one call
 per layer (``ops.paged_attention``: a C++ kernel on CPU, FlashAttention's paged varlen kernel on
-CUDA, SDPA over gathered blocks where neither is available).
+CUDA, SDPA over gathered blocks where neither is available). A layer with a sliding window (Mistral's,
+some Qwen layers) passes it to that call: its queries see their last ``window`` keys only.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ class Rope:
 class Attention(nn.Module):
     """Each rank holds its share of the query and KV heads; ``o_proj`` is row-parallel."""
 
-    def __init__(self, cfg: LlamaConfig, tp: TPGroup) -> None:
+    def __init__(self, cfg: LlamaConfig, tp: TPGroup, window: int = 0) -> None:
         super().__init__()
         self.tp = tp
+        self.window = window  # keys each query sees, its own included; 0: the whole context
         self.num_heads = cfg.num_heads // tp.world_size
         self.num_kv_heads = cfg.num_kv_heads // tp.world_size
         self.head_dim = cfg.head_dim
@@ -122,5 +124,5 @@ class Attention(nn.Module):
         else:
             q, k = rope.apply(q, k)
             write_kv(k_cache, v_cache, k, v, meta, self.k_scale, self.v_scale)
-        out = attend(q, k_cache, v_cache, meta, hd**-0.5, self.k_scale, self.v_scale)
+        out = attend(q, k_cache, v_cache, meta, hd**-0.5, self.k_scale, self.v_scale, self.window)
         return self.tp.all_reduce(self.o_proj(out.view(n, self.q_size)))

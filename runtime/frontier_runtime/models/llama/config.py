@@ -53,7 +53,14 @@ class LlamaConfig:
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
     norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
     sparse_layers: tuple[int, ...] = ()  # the layers whose MLP is the sparse one
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # keys a query of a sliding layer sees, its own included
+    sliding_layers: tuple[int, ...] = ()  # the layers that attend within sliding_window
+
+    def window_of(self, layer: int) -> int:
+        """The sliding window ``layer`` attends within, or 0 where it sees the whole context."""
+        if self.sliding_window is None or layer not in self.sliding_layers:
+            return 0
+        return self.sliding_window
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> LlamaConfig:
@@ -99,12 +106,7 @@ class LlamaConfig:
             )
         max_positions = cfg.get("max_position_embeddings", 2048)
         window = _sliding_window(arch, cfg)
-        if window is not None and window < max_positions:
-            # The attention kernels attend to every earlier token. Up to `window` tokens that is
-            # exactly the sliding window's attention, so the context is cut to the window: the
-            # engine then refuses a longer model.max_seq_len, naming both, rather than
-            # attending past the window and decoding something else than the model would.
-            max_positions = window
+        sliding = _sliding_layers(arch, cfg, layers) if window is not None else ()
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -133,7 +135,8 @@ class LlamaConfig:
             # Mixtral always renormalises; the Qwen MoEs say so in norm_topk_prob (default off).
             norm_topk_prob=arch == "mixtral" or bool(cfg.get("norm_topk_prob", False)),
             sparse_layers=sparse,
-            sliding_window=window,
+            sliding_window=window if sliding else None,
+            sliding_layers=sliding,
         )
 
     @classmethod
@@ -145,18 +148,29 @@ class LlamaConfig:
 
 
 def _sliding_window(arch: str, cfg: dict[str, Any]) -> int | None:
-    """The window some layer attends within, or None where every layer attends to the whole context."""
+    """The window the sliding layers attend within, or None where every layer attends to the whole context."""
     window = cfg.get("sliding_window")
-    if not window:
+    if not window or arch == "llama":  # Llama's attention has no window, whatever its config says
         return None
-    if arch.startswith("qwen"):
-        # Qwen configs carry a sliding_window that only use_sliding_window switches on, and then
-        # (layer_types, in newer configs) only for some layers.
-        if not cfg.get("use_sliding_window", False):
-            return None
-        if "layer_types" in cfg and "sliding_attention" not in cfg["layer_types"]:
-            return None
-    return int(window)
+    # Qwen configs carry a sliding_window that only use_sliding_window switches on.
+    if arch.startswith("qwen") and not cfg.get("use_sliding_window", False):
+        return None
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"config.json: sliding_window {window!r} must be a whole number of tokens >= 1")
+    return window
+
+
+def _sliding_layers(arch: str, cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
+    """The layers that attend within the window, as transformers' modelling code of ``arch`` picks them."""
+    if arch in ("mistral", "mixtral", "qwen3_moe"):  # every layer (Mistral ignores layer_types)
+        return tuple(range(layers))
+    if cfg.get("layer_types"):
+        return tuple(i for i, kind in enumerate(cfg["layer_types"]) if kind == "sliding_attention")
+    # Older Qwen configs name no layer_types: max_window_layers splits them, each family its own way.
+    bound = cfg.get("max_window_layers", 28)
+    if arch == "qwen2_moe":
+        return tuple(i for i in range(layers) if (i + 1) % 2 and i < bound)
+    return tuple(i for i in range(layers) if i >= bound)
 
 
 def check_tensor_parallel(cfg: LlamaConfig, tp_size: int) -> None:

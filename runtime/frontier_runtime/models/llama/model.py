@@ -29,7 +29,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         tp = placement.tp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, tp)
+        self.self_attn = Attention(cfg, tp, window=cfg.window_of(index))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # Chosen once here, so the forward below is the same for dense and sparse layers.
         self.mlp: MLP | SparseMoE = SparseMoE(cfg, placement) if index in cfg.sparse_layers else MLP(cfg, tp)

@@ -14,7 +14,8 @@
 // query tokens, KV head) with at::parallel_for, so it uses torch's intra-op threads. Each work
 // item keeps the `group` query heads of its KV head together, so a key block is read once for all
 // of them (GQA costs no extra memory traffic), and runs an online softmax in float32 over the
-// blocks.
+// blocks. A sliding window (Mistral's) bounds each query's keys from below as well: blocks wholly
+// before every query's window of a work item are not read at all.
 
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
@@ -66,11 +67,13 @@ inline void to_float(const C* src, float* dst, int64_t n, float scale) {
   for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]) * scale;
 }
 
-// One query row against one block of keys: scores, online-softmax update, V accumulation.
+// One query row against one block of keys: scores, online-softmax update, V accumulation over the
+// block's keys first .. valid - 1 (first > 0 only where a sliding window starts inside the block).
 // BSC is the block size when known at compile time (16, the default: scores stay in registers).
 template <int BSC>
 inline void row_block(const float* qr, const float* kt, const float* vt, int64_t D, int64_t bs_dyn,
-                      int64_t valid, float& m, float& l, float* ar, float* sc_buf, float* p_buf) {
+                      int64_t first, int64_t valid, float& m, float& l, float* ar, float* sc_buf,
+                      float* p_buf) {
   const int64_t BS = BSC ? BSC : bs_dyn;
   float sc_local[BSC ? BSC : 1];
   float p_local[BSC ? BSC : 1];
@@ -108,7 +111,7 @@ inline void row_block(const float* qr, const float* kt, const float* vt, int64_t
     }
   }
   float block_max = NEG;
-  for (int64_t t = 0; t < valid; ++t) block_max = std::max(block_max, sc[t]);
+  for (int64_t t = first; t < valid; ++t) block_max = std::max(block_max, sc[t]);
   const float m_new = std::max(m, block_max);
   if (m_new > m && l > 0.0f) {
     const float corr = exp_neg(m - m_new);
@@ -120,11 +123,11 @@ inline void row_block(const float* qr, const float* kt, const float* vt, int64_t
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t t = 0; t < BS; ++t) {
-    const float e = t < valid ? exp_neg(sc[t] - m_new) : 0.0f;
+    const float e = t >= first && t < valid ? exp_neg(sc[t] - m_new) : 0.0f;
     p[t] = e;
     sum += e;
   }
-  for (int64_t t = 0; t < valid; ++t) {
+  for (int64_t t = first; t < valid; ++t) {
     const float pt = p[t];
     const float* v = vt + t * D;
 #pragma omp simd
@@ -135,10 +138,11 @@ inline void row_block(const float* qr, const float* kt, const float* vt, int64_t
 
 // K cache [blocks, kv_heads, head_dim, block_size] (keys of a block side by side, so one query's
 // scores against a block are head_dim vector FMAs); V cache [blocks, kv_heads, block_size, head_dim].
+// window > 0: the query at position p sees keys p - window + 1 .. p only; 0: keys 0 .. p.
 template <typename Q, typename C>
 void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& query_start,
-            const at::Tensor& seq_lens, double scale, double k_scale, double v_scale) {
+            const at::Tensor& seq_lens, double scale, double k_scale, double v_scale, int64_t window) {
   const int64_t S = rows.size(0);
   const int64_t Hq = q.size(1), D = q.size(2);
   const int64_t KVH = k_cache.size(1), BS = k_cache.size(3);
@@ -176,6 +180,8 @@ void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
       // Position of query q0: the sequence's new tokens are its last (qs[s+1] - qs[s]) ones.
       const int64_t first_pos = sl[s] - (qs[s + 1] - qs[s]) + (q0 - qs[s]);
       const int64_t num_keys = first_pos + nq;  // the last query sees keys 0 .. its position
+      // The first query's window starts earliest: blocks before it are no query's.
+      const int64_t first_key = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
       for (int64_t i = 0; i < nq; ++i)
         for (int64_t g = 0; g < G; ++g)
           to_float(qp + (q0 + i) * q_row + (h * G + g) * D, &qf[(i * G + g) * D], D, static_cast<float>(scale));
@@ -183,7 +189,7 @@ void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
       std::fill(l.begin(), l.begin() + R, 0.0f);
       std::fill(acc.begin(), acc.begin() + R * D, 0.0f);
       const int32_t* trow = tab + static_cast<int64_t>(row[s]) * max_blocks;
-      for (int64_t b = 0; b * BS < num_keys; ++b) {
+      for (int64_t b = first_key / BS; b * BS < num_keys; ++b) {
         const int64_t tile = (static_cast<int64_t>(trow[b]) * KVH + h) * D * BS;
         const int64_t kn = std::min<int64_t>(BS, num_keys - b * BS);
         const float* kt;
@@ -211,11 +217,14 @@ void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
         for (int64_t r = 0; r < R; ++r) {
           const int64_t pos = first_pos + r / G;
           const int64_t valid = std::min<int64_t>(kn, pos - b * BS + 1);
-          if (valid <= 0) continue;
+          const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1 - b * BS) : 0;
+          if (valid <= first) continue;
           if (BS == 16) {
-            row_block<16>(&qf[r * D], kt, vt, D, 16, valid, m[r], l[r], &acc[r * D], score.data(), prob.data());
+            row_block<16>(&qf[r * D], kt, vt, D, 16, first, valid, m[r], l[r], &acc[r * D], score.data(),
+                          prob.data());
           } else {
-            row_block<0>(&qf[r * D], kt, vt, D, BS, valid, m[r], l[r], &acc[r * D], score.data(), prob.data());
+            row_block<0>(&qf[r * D], kt, vt, D, BS, first, valid, m[r], l[r], &acc[r * D], score.data(),
+                         prob.data());
           }
         }
       }
@@ -233,20 +242,22 @@ void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
 template <typename Q>
 void by_cache(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& qstart,
-              const at::Tensor& seqlens, double scale, double ks, double vs) {
+              const at::Tensor& seqlens, double scale, double ks, double vs, int64_t w) {
   switch (k.scalar_type()) {
-    case at::kFloat: return attend<Q, float>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
-    case at::kBFloat16: return attend<Q, c10::BFloat16>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
-    case at::kHalf: return attend<Q, c10::Half>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
+    case at::kFloat: return attend<Q, float>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs, w);
+    case at::kBFloat16: return attend<Q, c10::BFloat16>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs, w);
+    case at::kHalf: return attend<Q, c10::Half>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs, w);
     case at::kFloat8_e4m3fn:
-      return attend<Q, c10::Float8_e4m3fn>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs);
+      return attend<Q, c10::Float8_e4m3fn>(out, q, k, v, tables, rows, qstart, seqlens, scale, ks, vs, w);
     default: TORCH_CHECK(false, "paged_attention: unsupported KV cache dtype ", k.scalar_type());
   }
 }
 
-void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& query_start,
-                     const at::Tensor& seq_lens, double scale, double k_scale, double v_scale) {
+void paged_attention_window(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& tables, const at::Tensor& rows,
+                            const at::Tensor& query_start, const at::Tensor& seq_lens, double scale,
+                            double k_scale, double v_scale, int64_t window) {
+  TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0 (0: no window), got ", window);
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && out.is_contiguous() && k_cache.is_contiguous() &&
               v_cache.is_contiguous(), "paged_attention: q rows must be dense [heads, head_dim], out and the caches contiguous");
   TORCH_CHECK(tables.scalar_type() == at::kInt && rows.scalar_type() == at::kInt &&
@@ -254,11 +265,18 @@ void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_ca
               "paged_attention: tables, rows, query_start and seq_lens must be int32");
   TORCH_CHECK(k_cache.dim() == 4 && q.size(1) % k_cache.size(1) == 0, "paged_attention: query heads must divide by KV heads");
   switch (q.scalar_type()) {
-    case at::kFloat: return by_cache<float>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale);
-    case at::kBFloat16: return by_cache<c10::BFloat16>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale);
-    case at::kHalf: return by_cache<c10::Half>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale);
+    case at::kFloat: return by_cache<float>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale, window);
+    case at::kBFloat16: return by_cache<c10::BFloat16>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale, window);
+    case at::kHalf: return by_cache<c10::Half>(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale, window);
     default: TORCH_CHECK(false, "paged_attention: unsupported query dtype ", q.scalar_type());
   }
+}
+
+// Every earlier key: the signature every caller without a sliding window uses.
+void paged_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& tables, const at::Tensor& rows, const at::Tensor& query_start,
+                     const at::Tensor& seq_lens, double scale, double k_scale, double v_scale) {
+  paged_attention_window(out, q, k_cache, v_cache, tables, rows, query_start, seq_lens, scale, k_scale, v_scale, 0);
 }
 
 
@@ -623,6 +641,9 @@ bool panel_gemm() {
 TORCH_LIBRARY(frontier, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor rows, "
         "Tensor query_start, Tensor seq_lens, float scale, float k_scale, float v_scale) -> ()");
+  m.def("paged_attention_window(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, "
+        "Tensor rows, Tensor query_start, Tensor seq_lens, float scale, float k_scale, float v_scale, "
+        "int window) -> ()");
   m.def("rms_norm(Tensor(a!) out, Tensor(b!) x, Tensor(c!)? residual, Tensor weight, float eps) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor gate_up) -> ()");
   m.def("rotary_and_cache(Tensor(a!) q, Tensor k, Tensor v, Tensor positions, Tensor cos, Tensor sin, "
@@ -635,6 +656,7 @@ TORCH_LIBRARY(frontier, m) {
 
 TORCH_LIBRARY_IMPL(frontier, CPU, m) {
   m.impl("paged_attention", &paged_attention);
+  m.impl("paged_attention_window", &paged_attention_window);
   m.impl("rms_norm", &rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("rotary_and_cache", &rotary_and_cache);
