@@ -39,6 +39,7 @@ from policy.rules import (
     REACH_POLICIES,
     RESOURCE_POLICIES,
     STACK_POLICIES,
+    STORE_POLICIES,
 )
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policy"
@@ -510,6 +511,9 @@ def test_every_rule_has_a_violation_case():
     assert set(RESOURCE_VIOLATIONS) == {p.name for p in RESOURCE_POLICIES + EXPOSURE_POLICIES} | doors
     doors = {p.name for p in DOOR_POLICIES if isinstance(p, StackValidationPolicy)}
     assert set(STACK_VIOLATIONS) == {p.name for p in STACK_POLICIES + REACH_POLICIES} | doors
+    # The quota store's rule needs a gateway stack that provisions one: its violation cases are in
+    # tests/infra/test_quota_store.py (test_the_cache_rule_fires_on_a_store_left_open).
+    assert {p.name for p in STORE_POLICIES} == {"cache-encrypted-with-auth"}
 
 
 def test_known_breaks_are_advisory():
