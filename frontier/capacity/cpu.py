@@ -190,13 +190,13 @@ def _engine_layers() -> tuple[list[Any], str]:
 def fit_engine_overhead(model_dir: Path, threads: int, bandwidth: float, flops: float) -> tuple[float, float]:
     """The engine's own time per layer and per sequence of a decode step: measured steps of the
     4-layer random checkpoint ``model_dir`` at concurrency 1 and 32, less their bare roofline."""
-    from frontier.capacity.roofline import Efficiency, step
+    from frontier.capacity.roofline import step
 
     cfg = json.loads((model_dir / "config.json").read_text())
     measured = _engine_decode_steps(model_dir, threads)
     replica = replica_of_config(cfg)
     device = _measured_device(bandwidth, flops)
-    bare = Efficiency(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, "bare", overlap=1.0, gemm_weight_passes=1.0)
+    bare = _fitted("bare")
     context = FIT_PROMPT + FIT_OUTPUT / 2
     residual = {
         c: s - step(device, bare, replica, decode_seqs=c, context=context).total_s
@@ -254,24 +254,13 @@ def fit_moe_overhead(
     of the sparse checkpoint ``model_dir`` at concurrency 1 and 32, less the roofline of those steps
     (row tiles padded, the dense fit's per-layer and per-sequence time included), per layer, fitted
     to a + e x the experts a layer's tokens touch (k at concurrency 1, nearly all of them at 32)."""
-    from frontier.capacity.roofline import Efficiency, experts_touched, step
+    from frontier.capacity.roofline import experts_touched, step
 
     cfg = json.loads((model_dir / "config.json").read_text())
     measured = _engine_decode_steps(model_dir, threads)
     replica = replica_of_config(cfg)
     device = _measured_device(bandwidth, flops)
-    dense = Efficiency(
-        1.0,
-        1.0,
-        1.0,
-        0.0,
-        0.0,
-        per_seq,
-        "dense fit",
-        layer_overhead_s=per_layer,
-        gemm_row_tile=row_tile,
-        expert_gemms="serial",
-    )
+    dense = _fitted("dense fit", per_layer, per_seq, gemm_row_tile=row_tile, expert_gemms="serial")
     context = FIT_PROMPT + FIT_OUTPUT / 2
     sh = replica.shape
     per_layer_residual = {
@@ -318,6 +307,14 @@ def _measured_device(bandwidth: float, flops: float) -> Any:
     return Device("CPU", 16e9, bandwidth, flops, bandwidth, "measured")
 
 
+def _fitted(source: str, per_layer: float = 0.0, per_seq: float = 0.0, **terms: Any) -> Any:
+    """The measured CPU at its full rate (every figure the engine's own), plus the engine's fitted
+    time per layer and per sequence: the roofline a fit subtracts from, or fits against."""
+    from frontier.capacity.roofline import Efficiency
+
+    return Efficiency(1.0, 1.0, 1.0, 0.0, 0.0, per_seq, source, layer_overhead_s=per_layer, **terms)
+
+
 def replica_of_config(cfg: dict[str, Any], max_batch: int = max(FIT_CONCURRENCY)) -> Any:
     """The roofline's replica of a float32 checkpoint on one CPU, from its config.json fields
     (Llama-shaped; Mixtral's experts where it has them)."""
@@ -353,7 +350,7 @@ def fit_server_overhead(
     less the engine's steps as the roofline models them (with the fitted engine overhead)."""
     import httpx
 
-    from frontier.capacity.roofline import Efficiency, step
+    from frontier.capacity.roofline import step
     from frontier.capacity.runtime_process import serve_locally
 
     cfg = json.loads((model_dir / "config.json").read_text())
@@ -384,18 +381,7 @@ def fit_server_overhead(
             prompt = _prompt_tokens(client)
     replica = replica_of_config(cfg)
     device = _measured_device(bandwidth, flops)
-    engine = Efficiency(
-        1.0,
-        1.0,
-        1.0,
-        0.0,
-        0.0,
-        per_seq,
-        "fitted",
-        overlap=1.0,
-        gemm_weight_passes=1.0,
-        layer_overhead_s=per_layer,
-    )
+    engine = _fitted("fitted", per_layer, per_seq)
     prefill_s = step(
         device, engine, replica, decode_seqs=0, prefill_tokens=prompt, prefill_attended=prompt / 2, context=0
     ).total_s

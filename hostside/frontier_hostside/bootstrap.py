@@ -129,10 +129,7 @@ class NodeConfig:
             "e2e_series": "FRONTIER_E2E_SERIES",
             "readiness_timeout_s": "FRONTIER_READINESS_TIMEOUT_S",
         }
-        missing = [key for key in keys.values() if not env.get(key)]
-        if missing:
-            raise BootError(f"{path}: missing {', '.join(missing)}")
-        values: dict[str, Any] = {name: env[key] for name, key in keys.items()}
+        values = required_env(path, env, keys)
         values["readiness_timeout_s"] = float(values["readiness_timeout_s"])
         values["history_prefix"] = values["history_prefix"].rstrip("/") + "/"
         # Set where there is no instance metadata service (the local stack's host slots).
@@ -151,6 +148,14 @@ def read_env(path: Path) -> dict[str, str]:
             key, _, value = line.partition("=")
             env[key.strip()] = value.strip().strip('"')
     return env
+
+
+def required_env(path: str | Path, env: dict[str, str], keys: dict[str, str]) -> dict[str, Any]:
+    """``keys`` (field -> variable) read from ``env``; every one named that is missing or empty."""
+    missing = [key for key in keys.values() if not env.get(key)]
+    if missing:
+        raise BootError(f"{path}: missing {', '.join(missing)}")
+    return {name: env[key] for name, key in keys.items()}
 
 
 def log(message: str) -> None:
@@ -587,10 +592,7 @@ class GatewayNodeConfig:
             "requests_series": "FRONTIER_GATEWAY_REQUESTS_SERIES",
             "pools": "FRONTIER_GATEWAY_POOLS",
         }
-        missing = [key for key in keys.values() if not env.get(key)]
-        if missing:
-            raise BootError(f"{path}: missing {', '.join(missing)}")
-        values: dict[str, Any] = {name: env[key] for name, key in keys.items()}
+        values = required_env(path, env, keys)
         pools = {}
         for item in values["pools"].split(","):
             pool, sep, group = item.partition("=")

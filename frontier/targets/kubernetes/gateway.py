@@ -29,6 +29,7 @@ settings, ``Settings.for_pool``) and this gateway in front of them. Choices wort
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from typing import Any
@@ -47,10 +48,12 @@ from frontier.access.gateway import render_gateway_config
 from frontier.config.schema import Gateway, Settings
 from frontier.errors import FrontierError
 from frontier.targets.kubernetes.objects import (
+    RESTRICTED_CONTAINER,
     TEMPLATE_HASH_ANNOTATION,
     Manifest,
     app_name,
     config_hash,
+    http_probe,
     kubernetes_of,
 )
 
@@ -134,17 +137,6 @@ def service_account(settings: Settings, role_arn: Any = None) -> Manifest:
     )
 
 
-def _probe(settings: Settings, path: str, failure_threshold: int) -> dict[str, Any]:
-    health = settings.health
-    return {
-        "httpGet": {"path": path, "port": "http"},
-        "periodSeconds": health.interval_s,
-        "timeoutSeconds": health.timeout_s,
-        "failureThreshold": failure_threshold,
-        "successThreshold": 1,
-    }
-
-
 def image(settings: Settings) -> str:
     k = kubernetes_of(settings)
     if not k.gateway_image:
@@ -179,19 +171,13 @@ def pod_template(settings: Settings, config_text: str) -> dict[str, Any]:
         ],
         "resources": {"requests": dict(GATEWAY_RESOURCES), "limits": dict(GATEWAY_RESOURCES)},
         # Ready while every pool has a ready replica or a hold queue; live while the process answers.
-        "readinessProbe": _probe(settings, READINESS_PATH, settings.health.unhealthy_threshold),
-        "livenessProbe": _probe(settings, LIVENESS_PATH, max(3, settings.health.unhealthy_threshold)),
+        "readinessProbe": http_probe(settings, READINESS_PATH, settings.health.unhealthy_threshold),
+        "livenessProbe": http_probe(settings, LIVENESS_PATH, max(3, settings.health.unhealthy_threshold)),
         # The load balancer keeps sending for its deregistration delay; the gateway serves through it.
         "lifecycle": {
             "preStop": {"exec": {"command": ["sleep", str(settings.rollout.deregistration_delay_s)]}}
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
         "volumeMounts": [
             {"name": "config", "mountPath": GATEWAY_CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},

@@ -27,6 +27,7 @@ Choices worth knowing (autoscaling: :mod:`frontier.targets.kubernetes.autoscalin
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -58,6 +59,7 @@ from frontier.targets.kubernetes.network import ingress_access_annotations
 from frontier.targets.kubernetes.network_policies import network_policies
 from frontier.targets.kubernetes.objects import (
     CONFIG_FILE,
+    RESTRICTED_CONTAINER,
     TEMPLATE_HASH_ANNOTATION,
     Manifest,
     app_labels,
@@ -65,6 +67,7 @@ from frontier.targets.kubernetes.objects import (
     canary_name,
     config_hash,
     config_map_name,
+    http_probe,
     kubernetes_of,
     selector,
 )
@@ -217,17 +220,6 @@ def config_map(settings: Settings, runtime_yaml: str) -> Manifest:
     )
 
 
-def _probe(settings: Settings, path: str, failure_threshold: int, success_threshold: int = 1) -> dict:
-    health = settings.health
-    return {
-        "httpGet": {"path": path, "port": "http"},
-        "periodSeconds": health.interval_s,
-        "timeoutSeconds": health.timeout_s,
-        "failureThreshold": failure_threshold,
-        "successThreshold": success_threshold,
-    }
-
-
 def _tolerations(pool: NodePool) -> list[dict[str, Any]]:
     out = []
     for taint in pool.taints:
@@ -277,19 +269,13 @@ def pod_template(
             {"name": "HOME", "value": HOME_DIR},
         ],
         "resources": resources,
-        "startupProbe": _probe(settings, health.readiness_path, startup_failure_threshold(settings)),
-        "readinessProbe": _probe(
+        "startupProbe": http_probe(settings, health.readiness_path, startup_failure_threshold(settings)),
+        "readinessProbe": http_probe(
             settings, health.readiness_path, health.unhealthy_threshold, health.healthy_threshold
         ),
-        "livenessProbe": _probe(settings, health.liveness_path, max(3, health.unhealthy_threshold)),
+        "livenessProbe": http_probe(settings, health.liveness_path, max(3, health.unhealthy_threshold)),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(pre_stop_s(settings))]}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
         "volumeMounts": [
             {"name": "config", "mountPath": CONTAINER_RELEASE_DIR, "readOnly": True},
             {"name": "weights-cache", "mountPath": rt.weights_cache_dir},

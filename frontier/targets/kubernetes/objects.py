@@ -27,6 +27,15 @@ CONFIG_FILE = "runtime.yaml"
 # On the pod template: a hash of the template itself, so a deploy of the release that runs still
 # rolls when the stack changed the pod's shape (probes, volumes, placement) but not the release.
 TEMPLATE_HASH_ANNOTATION = "frontier.dev/pod-template-hash"
+# A container of ours (the runtime's, the gateway's): no privileges, nothing written outside its
+# volumes. Copied into each pod spec, so a spec edited later never changes another's.
+RESTRICTED_CONTAINER: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 
 @dataclass(frozen=True)
@@ -97,3 +106,15 @@ def selector(settings: Settings, track: str | None = None) -> dict[str, str]:
     if track:
         labels[K8S_TRACK_LABEL] = track
     return labels
+
+
+def http_probe(settings: Settings, path: str, failure_threshold: int, success_threshold: int = 1) -> dict:
+    """A probe of ``path`` on the container's ``http`` port, at the stack's health interval and timeout."""
+    health = settings.health
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": health.interval_s,
+        "timeoutSeconds": health.timeout_s,
+        "failureThreshold": failure_threshold,
+        "successThreshold": success_threshold,
+    }
