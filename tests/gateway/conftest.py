@@ -3,15 +3,12 @@ real redis-server for the shared quota store."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.gateway.harness import RuntimeProcess, StandIn, free_port, start_runtime, wait_ready
+from tests.gateway.harness import RuntimeProcess, StandIn, redis_server, start_runtime, wait_ready
 
 # Two different shapes, so routing to the wrong pool would show (different vocab use, speed).
 SHAPE_A = {
@@ -73,39 +70,5 @@ def runtimes(
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server of its own on a free loopback port, nothing persisted."""
-    port = free_port()
-    work = tmp_path_factory.mktemp("redis")
-    server = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(work),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start on port {port} (exit {server.poll()})")
-            time.sleep(0.05)
+    with redis_server(tmp_path_factory.mktemp("redis")) as port:
         yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)

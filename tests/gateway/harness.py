@@ -283,3 +283,33 @@ def wait_ready(runtimes: list[RuntimeProcess], timeout_s: float = 120) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"runtimes not ready: {[rt.url for rt in pending]}")
         time.sleep(0.2)
+
+
+@contextmanager
+def redis_server(work: Path, password: str = "") -> Iterator[int]:
+    """A real redis-server of its own on a free loopback port, nothing persisted; with ``password``
+    it takes only clients presenting it. Yields its port once it answers."""
+    port = free_port()
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1"]
+    command += ["--save", "", "--appendonly", "no", "--dir", str(work)]
+    if password:
+        command += ["--requirepass", password]
+    ready = b"-NOAUTH" if password else b"+PONG"  # what PING gets once the server listens
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(64).startswith(ready):
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start on port {port} (exit {server.poll()})")
+            time.sleep(0.05)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

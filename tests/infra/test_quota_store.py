@@ -14,9 +14,6 @@ import asyncio
 import base64
 import contextvars
 import json
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +39,7 @@ from infra.errors import ProvisionError
 from infra.program import build
 from infra.quota_store import AUTH_TOKEN_LENGTH, REDIS_PORT, provisions_store
 from policy.rules import POLICIES
+from tests.gateway.harness import redis_server
 
 GROUP = "aws:elasticache/replicationGroup:ReplicationGroup"
 SUBNET_GROUP = "aws:elasticache/subnetGroup:SubnetGroup"
@@ -348,38 +346,11 @@ def test_the_cache_rule_fires_on_a_store_left_open(gated, change, fragment):
 SERVER_PASSWORD = "p" * 32
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def guarded_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A redis-server of its own that takes only clients presenting ``SERVER_PASSWORD``."""
-    port, work = _free_port(), tmp_path_factory.mktemp("redis")
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--requirepass", SERVER_PASSWORD]
-        + ["--save", "", "--appendonly", "no", "--dir", str(work)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(64).startswith(b"-NOAUTH"):
-                        break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+    with redis_server(tmp_path_factory.mktemp("redis"), password=SERVER_PASSWORD) as port:
         yield f"redis://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 @pytest.fixture
