@@ -32,19 +32,8 @@ from frontier_runtime.ops.paged_attention import (
     attend,
     write_kv,
 )
-from frontier_runtime.requests import SamplingParams
+from test_model_families import GREEDY, VOCAB, transformers_greedy, write_checkpoint
 
-GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
-VOCAB = 512
-COMMON = {
-    "vocab_size": VOCAB,
-    "num_hidden_layers": 2,
-    "max_position_embeddings": 256,
-    "hidden_act": "silu",
-    "bos_token_id": None,
-    "eos_token_id": None,  # no early stops: every output runs the full MAX_NEW tokens
-    "pad_token_id": None,
-}
 # Two shapes, each with a window far shorter than its prompts + outputs (up to ~100 tokens).
 SHAPES: dict[str, dict[str, Any]] = {
     "window16": {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
@@ -220,39 +209,12 @@ def test_a_window_that_is_not_a_positive_whole_number_is_refused() -> None:
 # ---- the engine against transformers, past the window ------------------------------------------
 
 
-def _checkpoint(out: Path, model_type: str, seed: int, **fields: Any) -> Path:
-    """A random model as transformers saves it (std 0.1, norms around 1: argmax is not noise)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(model_type, **{**COMMON, **fields})
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            scale, shift = (0.1, 1.0) if name.endswith("norm.weight") else (0.1, 0.0)
-            param.copy_(shift + scale * torch.randn(param.shape, generator=g))
-    model.save_pretrained(out)
-    return out
-
-
 def _reference(out: Path, model_type: str, seed: int, **fields: Any) -> Reference:
     """Prompts of 40..100 tokens, and transformers' greedy outputs, one prompt at a time, fp32."""
-    from transformers import AutoModelForCausalLM
-
-    model_dir = _checkpoint(out, model_type, seed, **fields)
+    model_dir = write_checkpoint(out, model_type, seed, **fields)
     rng = random.Random(seed)
     prompts = [[rng.randrange(8, VOCAB) for _ in range(40 + 12 * i)] for i in range(6)]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    outputs = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p])
-            got = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False
-            )
-            outputs.append(got[0, len(p) :].tolist())
-    return Reference(model_dir, prompts, outputs)
+    return Reference(model_dir, prompts, transformers_greedy(model_dir, prompts))
 
 
 @pytest.fixture(scope="module")
@@ -370,7 +332,7 @@ def test_mistral_equals_transformers_when_sequences_freeing_blocks_are_preempted
 
 def test_blocks_stay_held_where_some_layer_sees_the_whole_context(tmp_path: Path) -> None:
     fields = {**SHAPES["window16"], "use_sliding_window": True, "max_window_layers": 1}
-    model_dir = _checkpoint(tmp_path, "qwen2", seed=31, **fields)
+    model_dir = write_checkpoint(tmp_path, "qwen2", seed=31, **fields)
     engine = LLMEngine(model_dir, block_size=4)
     assert engine.block_manager.window == 0
 
