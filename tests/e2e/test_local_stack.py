@@ -109,7 +109,8 @@ def test_down_stops_everything_and_a_second_down_finds_nothing(settings):
     stopped = {c.name: c.state for c in local.down(settings)}
     assert stopped["moto"] == stopped["haproxy"] == stopped["sshd-host-1"] == "stopped"
     assert not any(services.pid_alive(pid) for pid in pids)
-    assert {c.state for c in local.down(settings)} == {"absent"}
+    again = local.down(settings)
+    assert {c.state for c in again} == {"absent"}, [(c.name, c.state, c.detail) for c in again]
 
 
 def test_a_taken_port_is_named_before_anything_starts(settings):
