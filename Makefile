@@ -27,10 +27,11 @@ test: system-packages install typecheck
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory test-torch-ops
 
-# The engine's tests again on torch ops alone (native CPU kernels off): what a GPU host runs.
+# The engine's tests again on torch ops alone (native CPU kernels off): what a GPU host runs. The e2e
+# ones (a replica over two nodes: processes and sockets, no kernel of their own) run once, above.
 .PHONY: test-torch-ops
 test-torch-ops: install
-	FRONTIER_NATIVE_KERNELS=0 $(BIN)/python -m pytest -q -m "not native_kernels" tests/runtime/engine
+	FRONTIER_NATIVE_KERNELS=0 $(BIN)/python -m pytest -q -m "not native_kernels and not e2e" tests/runtime/engine
 
 # Strict on the typed layers listed in pyproject.toml's [tool.mypy].
 typecheck: install

@@ -10,6 +10,9 @@
 - **KEDA**: the ScaledObject's CRD and the operator that acts on it.
 - **Prometheus Operator CRDs**: the ServiceMonitor and PrometheusRule kinds. Only the CRDs: the
   Prometheus that scrapes and alerts is the cluster's monitoring stack's.
+- **LeaderWorkerSet** (sigs.k8s.io/lws), where a model pool's replica spans several nodes: the CRD,
+  and the controller and webhooks that turn each group into a leader and its workers' StatefulSet
+  and inject the group's env (leader address, worker index). From its OCI chart.
 
 Each is a pinned Helm chart from :data:`CHARTS`; Pulumi waits for each release to be ready (its
 pods up, its webhooks answering) before anything that :func:`ClusterAddons.needed_by` names as
@@ -41,6 +44,7 @@ LB_CLUSTER_TAG = "elbv2.k8s.aws/cluster"
 
 @dataclass(frozen=True)
 class Chart:
+    #: The chart's name in ``repository``, or a whole ``oci://`` reference (no repository then).
     chart: str
     version: str
     repository: str
@@ -62,6 +66,7 @@ CHARTS: Mapping[str, Chart] = {
         "https://prometheus-community.github.io/helm-charts",
         "kube-system",
     ),
+    "lws": Chart("oci://registry.k8s.io/lws/charts/lws", "0.10.0", "", "lws-system"),
 }
 # Which add-ons a workload object needs in place (and answering) before it is created.
 NEEDED_BY: Mapping[str, tuple[str, ...]] = {
@@ -73,6 +78,8 @@ NEEDED_BY: Mapping[str, tuple[str, ...]] = {
     "Ingress": ("load-balancer-controller",),
     "ScaledObject": ("keda",),
     "ServiceMonitor": ("prometheus-crds",),
+    # Its CRD and its pod webhook (the group's env); and GPUs and readiness gates as a Deployment's pods.
+    "LeaderWorkerSet": ("lws", "device-plugin", "load-balancer-controller"),
     "PrometheusRule": ("prometheus-crds",),
 }
 
@@ -270,6 +277,8 @@ class ClusterAddons(pulumi.ComponentResource):
             self._release(name, args, "load-balancer-controller", values, after)
         self._release(name, args, "keda", {})
         self._release(name, args, "prometheus-crds", {})
+        if any(pool.runtime.nodes_per_replica > 1 for pool in s.pools):
+            self._release(name, args, "lws", {})
         self.register_outputs({})
 
     def needed_by(self, kind: str) -> list[pulumi.Resource]:
@@ -285,7 +294,9 @@ class ClusterAddons(pulumi.ComponentResource):
             name=key,
             chart=chart.chart,
             version=chart.version,
-            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repository),
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repository)
+            if chart.repository
+            else None,
             namespace=chart.namespace,
             create_namespace=chart.namespace != "kube-system",
             values=values,

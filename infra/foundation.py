@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pulumi
 
 from frontier.config.schema import Settings
+from frontier.render.boot import replica_nodes
 from infra.cloud import Cloud
 from infra.identity import IdentityArgs
 from infra.network import Network, NetworkArgs
@@ -149,4 +150,7 @@ class Foundation(pulumi.ComponentResource):
             ssm_access=self._args.ssm_access,
             ssh_user=self._args.settings.inventory.ssh_user,
             tags=base_tags(self._args.settings.stack),
+            replica_slots=any(
+                replica_nodes(self._args.settings, g) > 1 for g in self._args.settings.node_groups
+            ),
         )

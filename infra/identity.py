@@ -19,7 +19,7 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
-from frontier_hostside.names import BOOT_RECORDS_PREFIX, HOST_TOOLS_PREFIX
+from frontier_hostside.names import BOOT_RECORDS_PREFIX, HOST_TOOLS_PREFIX, REPLICAS_PREFIX
 from frontier_hostside.names import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 
 from infra.cloud import Cloud
@@ -77,6 +77,8 @@ class IdentityArgs:
     # records under a prefix of its own (frontier.release.history.stack_history); the artifacts stay
     # under history_prefix, shared by the pools. "" where the stack serves one model.
     pool_history_prefix: str = ""
+    # A node group whose replica spans several nodes: its hosts claim slots under replicas/.
+    replica_slots: bool = False
 
 
 def _statement(
@@ -152,8 +154,22 @@ def host_boot_statements(args: IdentityArgs) -> list[dict[str, Any]]:
             args.kms_key_arn,
             {"StringEquals": {"kms:ViaService": f"s3.{cloud.region}.{cloud.dns_suffix}"}},
         ),
-        # Which group and lifecycle state the host is in (describe calls cannot be scoped).
+        # Which group and lifecycle state the host is in (describe calls cannot be scoped). The
+        # replica rendezvous asks the same of the hosts holding slots: is each still in its group?
         _statement("SeeItsLifecycleState", "autoscaling:DescribeAutoScalingInstances", "*"),
+        *(replica_slot_statements(args.history_bucket_arn, pool) if args.replica_slots else []),
+    ]
+
+
+def replica_slot_statements(history_bucket_arn: pulumi.Input[str], pool_prefix: str) -> list[dict[str, Any]]:
+    """A replica over several nodes: a host claims its slot (replica, node) with a conditional put
+    and reads its leader's (frontier_hostside/rendezvous.py); nothing else under the prefix."""
+    slots = pool_prefix.rstrip("/") + "/" + REPLICAS_PREFIX.rstrip("/")
+    return [
+        _statement(
+            "ClaimItsReplicaSlot", ["s3:GetObject", "s3:PutObject"], _objects(history_bucket_arn, slots)
+        ),
+        _list_prefix("ListTheReplicaSlots", history_bucket_arn, slots),
     ]
 
 

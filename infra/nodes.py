@@ -40,6 +40,7 @@ from frontier.config.hardware import (  # re-exported: the tests and `fab ami.la
 )
 from frontier.config.schedule import cron_of
 from frontier.config.schema import NodeGroup, Settings
+from frontier.render.boot import replica_nodes
 from infra.errors import ProvisionError
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE
 
@@ -102,9 +103,17 @@ def uses_instance_store(group: NodeGroup) -> bool:
 
 
 def needs_efa(settings: Settings, group: NodeGroup) -> bool:
-    """EFA when asked for, or when one replica's GPUs (TP x PP) do not fit on one node."""
+    """EFA when asked for, or when one replica's GPUs (TP x PP) do not fit on one node, or its
+    replica spans several nodes (``runtime.nodes_per_replica``).
+
+    With EFA the runtime hosts' security group admits all traffic from itself (infra.security_groups):
+    that also opens what the nodes of one replica need of each other, the step and store ports
+    (names.REPLICA_STEP_PORT, REPLICA_STORE_PORT), the ephemeral ports gloo and NCCL open between
+    every pair of ranks, and a worker's leader proxy to its leader's runtime port. Nothing else
+    opens: the rule names the group itself, never an address range.
+    """
     gpus_per_replica = settings.runtime.tensor_parallel_size * settings.runtime.pipeline_parallel_size
-    return group.efa or gpus_per_replica > group.gpus_per_node
+    return group.efa or gpus_per_replica > group.gpus_per_node or replica_nodes(settings, group) > 1
 
 
 @dataclass(frozen=True)
@@ -161,6 +170,8 @@ class NodeGroupArgs:
     # What a booting host reads or needs its role to allow (policies, buckets, secrets, tools): the group's
     # create waits for healthy hosts, so none of it may come after the group.
     boot_dependencies: Sequence[pulumi.Resource] = ()
+    # Hosts one replica spans (runtime.nodes_per_replica): the group scales by whole replicas.
+    nodes_per_replica: int = 1
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -303,9 +314,37 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 depends_on=list(args.boot_dependencies),
             ),
         )
+        if args.nodes_per_replica > 1:
+            whole_replicas(
+                f"{name}-queue-depth",
+                asg.name,
+                group,
+                args.nodes_per_replica,
+                (args.stack, group.name),
+                child,
+            )
+        else:
+            self._track_queue_depth(name, asg.name, args, child)
+        if group.schedule is not None:
+            scheduled_capacity(
+                f"{name}-schedule", asg.name, group, dimensions=(args.stack, group.name), opts=child
+            )
+        # From zero means one host: not a replica where it spans several (`fab scale` starts those).
+        if group.min_size == 0 and group.idle_to_zero_s is not None and args.nodes_per_replica == 1:
+            from_zero_and_back(
+                f"{name}-zero", asg.name, group, dimensions=(args.stack, group.name), opts=child
+            )
+        self.asg_name, self.asg_arn, self.launch_template_id = asg.name, asg.arn, template.id
+        self.register_outputs({"asg_name": asg.name, "launch_template_id": template.id})
+
+    @staticmethod
+    def _track_queue_depth(
+        name: str, asg_name: pulumi.Output[str], args: NodeGroupArgs, opts: pulumi.ResourceOptions
+    ) -> None:
+        group = args.group
         aws.autoscaling.Policy(
             f"{name}-queue-depth",
-            autoscaling_group_name=asg.name,
+            autoscaling_group_name=asg_name,
             policy_type="TargetTrackingScaling",
             target_tracking_configuration={
                 "target_value": group.target_queue_depth,
@@ -320,18 +359,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
                     "statistic": "Average",
                 },
             },
-            opts=child,
+            opts=opts,
         )
-        if group.schedule is not None:
-            scheduled_capacity(
-                f"{name}-schedule", asg.name, group, dimensions=(args.stack, group.name), opts=child
-            )
-        if group.min_size == 0 and group.idle_to_zero_s is not None:
-            from_zero_and_back(
-                f"{name}-zero", asg.name, group, dimensions=(args.stack, group.name), opts=child
-            )
-        self.asg_name, self.asg_arn, self.launch_template_id = asg.name, asg.arn, template.id
-        self.register_outputs({"asg_name": asg.name, "launch_template_id": template.id})
 
     @staticmethod
     def _volume(device: str, size_gb: int, *, iops: int | None = None, throughput: int | None = None) -> dict:
@@ -344,6 +373,58 @@ class GpuNodeGroup(pulumi.ComponentResource):
         if iops:
             ebs |= {"iops": iops, "throughput": throughput}
         return {"device_name": device, "ebs": ebs}
+
+
+def whole_replicas(
+    name: str,
+    asg_name: pulumi.Input[str],
+    group: NodeGroup,
+    nodes: int,
+    dimensions: tuple[str, str],
+    opts: pulumi.ResourceOptions,
+) -> None:
+    """Queue-depth scaling of a group whose replica spans ``nodes`` hosts, a whole replica at a time.
+
+    Target tracking sets any capacity it likes, and a group of 5 hosts at 2 per replica serves as
+    2 replicas with a fifth host idle. Instead: a step policy adds ``nodes`` hosts when the average
+    QueueDepth per host stays above ``target_queue_depth`` for 3 minutes, and another takes
+    ``nodes`` away when nothing has waited for SCALE_IN_COOLDOWN_S. (A worker publishes its leader's
+    queue, through its leader proxy, so the average per host is the average per replica.)
+    """
+    metric = {
+        "namespace": CLOUDWATCH_NAMESPACE,
+        "metric_name": QUEUE_DEPTH_METRIC,
+        "dimensions": dict(zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True)),
+        "statistic": "Average",
+        "period": 60,
+    }
+    for action, step, comparison, threshold, periods in (
+        ("out", nodes, "GreaterThanThreshold", group.target_queue_depth, 3),
+        ("in", -nodes, "LessThanOrEqualToThreshold", 0, SCALE_IN_COOLDOWN_S // 60),
+    ):
+        policy = aws.autoscaling.Policy(
+            f"{name}-{action}",
+            autoscaling_group_name=asg_name,
+            policy_type="StepScaling",
+            adjustment_type="ChangeInCapacity",
+            step_adjustments=[
+                {"scaling_adjustment": step, "metric_interval_lower_bound": "0"}
+                if step > 0
+                else {"scaling_adjustment": step, "metric_interval_upper_bound": "0"}
+            ],
+            opts=opts,
+        )
+        aws.cloudwatch.MetricAlarm(
+            f"{name}-{action}",
+            comparison_operator=comparison,
+            threshold=threshold,
+            evaluation_periods=periods,
+            datapoints_to_alarm=periods,
+            treat_missing_data="notBreaching",
+            alarm_actions=[policy.arn],
+            **metric,
+            opts=opts,
+        )
 
 
 def from_zero_and_back(

@@ -13,7 +13,7 @@ import pulumi
 
 from frontier.config.schema import SEVERITIES, NodeGroup, Settings
 from frontier.render.alerts import resource_limits, severities
-from frontier.render.boot import render_cloud_init, render_gateway_cloud_init
+from frontier.render.boot import render_cloud_init, render_gateway_cloud_init, replica_nodes
 from infra.cloud import Cloud, look_up
 from infra.edge import (
     TARGET_TLS_PORT,
@@ -332,6 +332,7 @@ def build(settings: Settings) -> Ec2Outputs[pulumi.Input[str]] | KubernetesOutpu
                         storage,
                         secrets,
                     ],
+                    nodes_per_replica=replica_nodes(settings, group),
                 ),
             )
         )

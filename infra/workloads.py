@@ -13,6 +13,11 @@ ConfigMaps are named by content and kept when replaced, so a previous revision c
 On a cluster this stack creates, each object that needs a cluster add-on (GPUs to request, a CRD,
 a controller's webhook) waits for that add-on's release (:data:`infra.addons.NEEDED_BY`).
 
+A pool whose replica spans several nodes is a LeaderWorkerSet instead
+(:mod:`frontier.targets.kubernetes.leader_workers`): alike, its two pod templates belong to ``fab
+deploy`` and its replicas to KEDA; its replica key is a Secret of its own, its value made here
+(``pulumi_random``, kept in the state as a secret), created before the LeaderWorkerSet that names it.
+
 A stack with a gateway gets every model pool's objects and the gateway's. The gateway's Deployment
 is Pulumi's whole: its image and config come from the stack file, so ``pulumi up`` applies a
 changed ``gateway.yaml`` as a new ConfigMap and the Deployment rolls to it (see
@@ -38,11 +43,15 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+import pulumi_random as random
 from frontier_hostside.names import K8S_CONFIG_HASH_ANNOTATION, PLACEHOLDER_DIGEST
 
 from frontier.config.schema import Settings
+from frontier.targets.kubernetes import leader_workers as lw
+from frontier.targets.kubernetes.gateway import pool_views
 from frontier.targets.kubernetes.manifests import Manifest, Workload, render_workload
 from frontier.targets.kubernetes.monitoring import DCGM_NAME, monitoring_objects
+from frontier.targets.kubernetes.objects import app_labels, kubernetes_of
 from infra.addons import ClusterAddons
 from infra.storage import LB_LOG_PREFIX
 
@@ -68,6 +77,14 @@ SKIP_AWAIT = "pulumi.com/skipAwait"
 LB_ATTRIBUTES = "alb.ingress.kubernetes.io/load-balancer-attributes"
 # What `fab deploy` and KEDA change on a live runtime Deployment.
 RELEASE_FIELDS = ["spec.template", "spec.replicas"]
+# What `fab deploy` and KEDA change on a live LeaderWorkerSet.
+GROUP_FIELDS = [
+    "spec.leaderWorkerTemplate.leaderTemplate",
+    "spec.leaderWorkerTemplate.workerTemplate",
+    "spec.replicas",
+]
+# The replica key: long enough for an HMAC key, letters and digits only (an env value as is).
+REPLICA_KEY_LENGTH = 64
 # Rendered but not applied by Pulumi (see the module docstring): (kind, name).
 NOT_APPLIED = frozenset({("DaemonSet", DCGM_NAME)})
 # Kinds whose CRD comes with another kind's add-on: the Prometheus Operator's CRDs chart brings
@@ -114,13 +131,15 @@ def resource_for(
     name: str, manifest: Manifest, opts: pulumi.ResourceOptions, *, released: bool = False
 ) -> pulumi.CustomResource:
     """``manifest`` as its typed resource. ``released``: a runtime Deployment, whose pod template and
-    replicas belong to ``fab deploy`` and KEDA."""
+    replicas belong to ``fab deploy`` and KEDA. A LeaderWorkerSet's alike (:data:`GROUP_FIELDS`)."""
     key = (manifest.api_version, manifest.kind)
     metadata = manifest.metadata
     if manifest.kind == "Deployment":
         metadata = {**metadata, "annotations": {**metadata.get("annotations", {}), SKIP_AWAIT: "true"}}
     if released:
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(ignore_changes=RELEASE_FIELDS))
+    if manifest.kind == lw.KIND:
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(ignore_changes=GROUP_FIELDS))
     if manifest.kind == "ConfigMap" and K8S_CONFIG_HASH_ANNOTATION in manifest.annotations:
         # Named by content: a previous revision of its Deployment may still start with it.
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(retain_on_delete=True))
@@ -174,13 +193,18 @@ class Workloads(pulumi.ComponentResource):
         self.resources: dict[str, list[pulumi.CustomResource]] = {}
         namespace = self._add(f"{name}-namespace", workload.namespace, [])
         released = {d.name for d in workload.runtime_deployments}
+        keys = {
+            lw.set_name(view): self._replica_key(name, view, namespace)
+            for view in pool_views(args.settings)
+            if lw.spans_nodes(view)
+        }
         for manifest in workload.all()[1:]:
             if manifest.kind == "Ingress" and args.access_logs_bucket is not None:
                 manifest = with_access_logs(manifest, args.access_logs_bucket)
             is_runtime = manifest.kind == "Deployment" and manifest.name in released
-            self._add(
-                f"{name}-{manifest.kind.lower()}-{manifest.name}", manifest, [namespace], released=is_runtime
-            )
+            # A LeaderWorkerSet's pods start only once the Secret their key comes from exists.
+            after = [namespace, *([keys[manifest.name]] if manifest.kind == lw.KIND else [])]
+            self._add(f"{name}-{manifest.kind.lower()}-{manifest.name}", manifest, after, released=is_runtime)
         # The Prometheus stack's part, in its own namespace.
         monitoring_ns = monitoring_namespace(args.settings)
         after = []
@@ -191,6 +215,26 @@ class Workloads(pulumi.ComponentResource):
         self.deployment_name, self.namespace = workload.deployment.name, workload.namespace.name
         self.deployments = [d.name for d in workload.runtime_deployments]
         self.register_outputs({"deployment": workload.deployment.name, "namespace": workload.namespace.name})
+
+    def _replica_key(self, name: str, view: Settings, namespace: pulumi.Resource) -> k8s.core.v1.Secret:
+        """The pool's replica key, made once and kept in the state (a secret output), as the Secret its
+        pods read it from."""
+        secret = lw.replica_key_secret(view)
+        key = random.RandomPassword(
+            f"{name}-{secret}",
+            length=REPLICA_KEY_LENGTH,
+            special=False,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        resource = k8s.core.v1.Secret(
+            f"{name}-secret-{secret}",
+            metadata={"name": secret, "namespace": kubernetes_of(view).namespace, "labels": app_labels(view)},
+            type="Opaque",
+            string_data={lw.REPLICA_KEY_FIELD: key.result},
+            opts=pulumi.ResourceOptions(parent=self, provider=self._provider, depends_on=[namespace]),
+        )
+        self.resources.setdefault("Secret", []).append(resource)
+        return resource
 
     def _add(
         self, resource_name: str, manifest: Manifest, after: list[pulumi.Resource], *, released: bool = False

@@ -104,9 +104,11 @@ K8S_TEMPLATED = (
     "kubernetes:apps/v1:ReplicaSet",
     "kubernetes:batch/v1:Job",
 )
-K8S_POD_OWNERS = K8S_POD + K8S_CRON_JOB + K8S_TEMPLATED
+# A replica over several nodes: a leader's and a worker's pod template (sigs.k8s.io/lws).
+K8S_LEADER_WORKER_SET = ("kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet",)
+K8S_POD_OWNERS = K8S_POD + K8S_CRON_JOB + K8S_TEMPLATED + K8S_LEADER_WORKER_SET
 # Long-running workloads: each needs a disruption budget and a network policy of its own.
-K8S_WORKLOADS = ("kubernetes:apps/v1:Deployment", "kubernetes:apps/v1:StatefulSet")
+K8S_WORKLOADS = ("kubernetes:apps/v1:Deployment", "kubernetes:apps/v1:StatefulSet", *K8S_LEADER_WORKER_SET)
 K8S_PDB = ("kubernetes:policy/v1:PodDisruptionBudget",)
 K8S_NETWORK_POLICY = ("kubernetes:networking.k8s.io/v1:NetworkPolicy",)
 
@@ -400,12 +402,27 @@ def check_listener_forwards_only_api(props: Mapping[str, Any], _: ResourceValida
 # --- Kubernetes: pods, as the typed pulumi_kubernetes resources carry them -------------------------
 
 
-def pod_spec(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any]:
+def pod_specs(resource_type: str, props: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every pod spec the object carries (a LeaderWorkerSet: its leader's and its workers')."""
     if resource_type in K8S_POD:
-        return get(props, "spec", default={})
+        return [get(props, "spec", default={})]
     if resource_type in K8S_CRON_JOB:
-        return get(props, "spec", "jobTemplate", "spec", "template", "spec", default={})
-    return get(props, "spec", "template", "spec", default={})
+        return [get(props, "spec", "jobTemplate", "spec", "template", "spec", default={})]
+    if resource_type in K8S_LEADER_WORKER_SET:
+        group = get(props, "spec", "leaderWorkerTemplate", default={})
+        return [
+            get(group, t, "spec", default={}) for t in ("leaderTemplate", "workerTemplate") if get(group, t)
+        ]
+    return [get(props, "spec", "template", "spec", default={})]
+
+
+def pod_template_labels(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The labels a workload's pods carry (a LeaderWorkerSet's: its worker template's, which its
+    leader's include)."""
+    if resource_type in K8S_LEADER_WORKER_SET:
+        group = get(props, "spec", "leaderWorkerTemplate", default={})
+        return get(group, "workerTemplate", "metadata", "labels", default={})
+    return get(props, "spec", "template", "metadata", "labels", default={})
 
 
 def pod_containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -415,7 +432,7 @@ def pod_containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def check_k8s_digest_images(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
-    for container in pod_containers(pod_spec(args.resource_type, props)):
+    for container in (c for spec in pod_specs(args.resource_type, props) for c in pod_containers(spec)):
         image = str(get(container, "image", default=""))
         _, _, digest = image.partition("@")
         if not DIGEST_PATTERN.match(digest):
@@ -426,7 +443,11 @@ def check_k8s_digest_images(props: Mapping[str, Any], args: ResourceValidationAr
 
 
 def check_k8s_not_privileged(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
-    spec = pod_spec(args.resource_type, props)
+    for spec in pod_specs(args.resource_type, props):
+        yield from _privileges(spec)
+
+
+def _privileges(spec: Mapping[str, Any]) -> Iterator[str]:
     for key in ("hostNetwork", "hostPID", "hostIPC"):
         if truthy(get(spec, key)):
             yield f"pod shares the node's namespaces ({key}: true)"
@@ -452,7 +473,7 @@ def check_k8s_not_privileged(props: Mapping[str, Any], args: ResourceValidationA
 def check_k8s_gpu_requests_equal_limits(
     props: Mapping[str, Any], args: ResourceValidationArgs
 ) -> Iterator[str]:
-    for container in pod_containers(pod_spec(args.resource_type, props)):
+    for container in (c for spec in pod_specs(args.resource_type, props) for c in pod_containers(spec)):
         request = get(container, "resources", "requests", GPU_RESOURCE)
         limit = get(container, "resources", "limits", GPU_RESOURCE)
         if (request is not None or limit is not None) and as_int(request) != as_int(limit):
@@ -732,7 +753,7 @@ def check_k8s_pdb_and_network_policy(
     """Every workload has a disruption budget and a network policy that select its pods by their labels."""
     for workload in _of_type(resources, K8S_WORKLOADS):
         namespace = get(workload.props, "metadata", "namespace")
-        labels = get(workload.props, "spec", "template", "metadata", "labels", default={})
+        labels = pod_template_labels(workload.resource_type, workload.props)
         near = [r for r in resources if get(r.props, "metadata", "namespace") == namespace]
         if not any(_selects(get(p.props, "spec", "selector"), labels) for p in _of_type(near, K8S_PDB)):
             yield workload, "no PodDisruptionBudget selects its pods: a node drain may take them all at once"
@@ -934,7 +955,11 @@ def _all_containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def check_k8s_containers_hardened(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
-    spec = pod_spec(args.resource_type, props)
+    for spec in pod_specs(args.resource_type, props):
+        yield from _hardening(spec)
+
+
+def _hardening(spec: Mapping[str, Any]) -> Iterator[str]:
     pod_seccomp = get(spec, "securityContext", "seccompProfile", "type")
     for container in _all_containers(spec):
         name, security = get(container, "name"), get(container, "securityContext", default={})
@@ -945,7 +970,7 @@ def check_k8s_containers_hardened(props: Mapping[str, Any], args: ResourceValida
 
 
 def check_k8s_containers_limited(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
-    for container in _all_containers(pod_spec(args.resource_type, props)):
+    for container in (c for spec in pod_specs(args.resource_type, props) for c in _all_containers(spec)):
         limits = get(container, "resources", "limits", default={})
         missing = [r for r in ("cpu", "memory") if get(limits, r) is None]
         if missing:

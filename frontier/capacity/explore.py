@@ -24,6 +24,7 @@ the model's own. Where the engine refuses fp8, the sweep keeps the stack's dtype
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -216,8 +217,8 @@ def reason_of(problem: FieldProblem) -> str:
     """A reason that groups alike problems (the figures in the message differ per candidate)."""
     if problem.path.endswith(".gpu_memory_gb"):
         return "memory: weights + KV cache for max_batch_size x max_seq_len exceed the GPU's budget"
-    if problem.path == "runtime.tensor_parallel_size" and "GPUs per node" in problem.message:
-        if "x pipeline (1) parallel" in problem.message:
+    if problem.path == "runtime.nodes_per_replica" and "GPUs per node" in problem.message:
+        if "pipeline (1) x" in problem.message:
             return "topology: tensor parallel needs more GPUs than a node has"
         return "topology: tensor x pipeline parallel needs more GPUs than a node has"
     if problem.path == "runtime.expert_parallel_size" and "NVLink domain" in problem.message:
@@ -402,6 +403,8 @@ def expert_parallel_sweep(
                 "runtime": rt.model_copy(
                     update={
                         "expert_parallel_size": ep,
+                        # As many nodes as the replica's GPUs take: what is left to judge is the domain.
+                        "nodes_per_replica": math.ceil(replica.gpus / group.gpus_per_node),
                         "max_concurrency": replica.max_concurrency,
                         "queue": rt.queue.model_copy(
                             update={"max_length": max(rt.queue.max_length, replica.max_concurrency)}
@@ -417,7 +420,9 @@ def expert_parallel_sweep(
             }
         )
         broken = list(rules(s))
-        rule = "ok" if not broken else f"{broken[0].path} = {broken[0].value}: {broken[0].text}"
+        # The layout's own problem first (a rollout's sizes, say, follow from it and say less).
+        first = next((b for b in broken if b.path.startswith("runtime.")), broken[0] if broken else None)
+        rule = "ok" if first is None else f"{first.path} = {first.value}: {first.text}"
         weights, budget, kv = _ep_memory(settings, replica)
         nodes = -(-replica.gpus // group.gpus_per_node)
         row = ExpertParallelRow(

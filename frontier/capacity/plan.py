@@ -104,25 +104,30 @@ def replicas_for_peak(peak_qps: float, safety_factor: float, replica_qps: float)
     return max(1, math.ceil(round(peak_qps * safety_factor / replica_qps, 9)))
 
 
-def rollout_spare(settings: Settings, replicas_per_node: int) -> Spare:
+def rollout_spare(settings: Settings, replicas_per_node: int, nodes_per_replica: int = 1) -> Spare:
+    """Hosts a rollout takes out of service at once, and the replicas on them (a replica over N
+    nodes: N of those hosts are one replica)."""
     surge, batch = settings.rollout.max_surge, settings.rollout.batch_size
     if surge >= batch:
         reason = f"rollout.max_surge = {surge} (>= rollout.batch_size = {batch})"
     else:
         reason = f"rollout.batch_size = {batch} (> rollout.max_surge = {surge})"
     hosts = max(surge, batch)
-    return Spare(hosts=hosts, replicas=hosts * replicas_per_node, reason=reason)
+    replicas = hosts * replicas_per_node if nodes_per_replica == 1 else math.ceil(hosts / nodes_per_replica)
+    return Spare(hosts=hosts, replicas=replicas, reason=reason)
 
 
 def plan_group(settings: Settings, group: NodeGroup, throughput: Throughput) -> GroupPlan:
     rt, capacity = settings.runtime, settings.capacity
-    gpus_per_replica = rt.pipeline_parallel_size * max(rt.tensor_parallel_size, rt.expert_parallel_size)
+    gpus_per_replica = rt.ranks
     nodes_per_replica = math.ceil(gpus_per_replica / group.gpus_per_node)
+    if group.name == settings.serving_group.name:  # the stack may spread a replica wider than it must
+        nodes_per_replica = max(nodes_per_replica, rt.nodes_per_replica)
     # A replica over several nodes is one unit of a rollout: the spare is counted in replicas then.
     replicas_per_node = group.gpus_per_node // gpus_per_replica if nodes_per_replica == 1 else 1
     demand = capacity.peak_qps * capacity.safety_factor
     for_peak = replicas_for_peak(capacity.peak_qps, capacity.safety_factor, throughput.replica_qps)
-    spare = rollout_spare(settings, replicas_per_node)
+    spare = rollout_spare(settings, replicas_per_node, nodes_per_replica)
     replicas = for_peak + spare.replicas
     nodes = math.ceil(replicas / replicas_per_node) * nodes_per_replica
     cost_per_hour = nodes * group.price_per_hour

@@ -46,11 +46,12 @@ Mixture of experts, expert parallel (EP) and pipeline parallel (PP), per GPU of 
   x bytes x 2 x (EP - 1) / EP; inside the NVLink domain at the link's bandwidth, outside it the share
   bound for other domains at the node's network bandwidth (EFA) per GPU, plus a latency per phase
   (``allreduce_latency_s`` inside, ``network_latency_s`` across).
-- PP: each stage holds layers / PP; a step's tokens go through in m micro-batches (m = min(sequences,
-  2 x PP): two in flight per stage), each re-reading the stage's weights and sending its activations
-  (tokens / m x hidden x bytes, split over the stage's G GPUs) to the next stage, over NVLink while
-  the replica fits the NVLink domain, else over the network. The pipeline fills and drains once per
-  step: the bubble is (PP - 1) / (m + PP - 1) of the step, (PP - 1) more micro-batch stage times.
+- PP: each stage holds layers / PP; as the engine runs it, the batch goes through as m = min(sequences,
+  PP) steps in flight, one per stage, each of its own sequences (tokens / m) in one micro-batch, each
+  re-reading the stage's weights and sending its activations (tokens / m x hidden x bytes, split over
+  the stage's G GPUs) to the next stage, over NVLink while the replica fits the NVLink domain, else
+  over the network. With a step per stage no stage waits; with fewer sequences than stages (m < PP)
+  each step still crosses all PP stages, so a stage idles (PP - m) / PP of the time.
 
 Everything here is arithmetic on typed inputs: devices come from ``gpus.py`` (datasheets) or from
 the CPU micro-benchmark (``cpu.py``), efficiency factors from defaults or from ``calibrate.py``.
@@ -496,19 +497,20 @@ def alltoall_s(device: Device, eff: Efficiency, replica: Replica, tokens: float)
 
 
 def pipeline_bubble(pipeline_parallel: int, microbatches: int) -> float:
-    """The share of a step a stage waits while the pipeline fills and drains: (PP - 1) / (m + PP - 1)."""
+    """The share of the time a stage waits with m steps in flight over PP stages: (PP - m) / PP
+    while m < PP (each step crosses every stage in turn), none once a step per stage is in flight."""
     if pipeline_parallel < 1 or microbatches < 1:
         raise FrontierError(
             f"pipeline_parallel = {pipeline_parallel}, microbatches = {microbatches}: both must be >= 1"
         )
-    return (pipeline_parallel - 1) / (microbatches + pipeline_parallel - 1)
+    return max(0, pipeline_parallel - microbatches) / pipeline_parallel
 
 
 def microbatches(pipeline_parallel: int, sequences: float) -> int:
-    """Micro-batches of a step: two in flight per stage, never more than there are sequences."""
+    """Steps in flight, one micro-batch each: one per stage, never more than there are sequences."""
     if pipeline_parallel == 1:
         return 1
-    return max(1, min(2 * pipeline_parallel, int(sequences)))
+    return max(1, min(pipeline_parallel, int(sequences)))
 
 
 def stage_send_s(device: Device, eff: Efficiency, replica: Replica, tokens: float) -> float:
@@ -602,8 +604,8 @@ def step(
     busy = (
         longer + (1 - eff.overlap) * shorter + experts_s + comm_s
     )  # the stage's work for all m micro-batches
-    # The pipeline fills and drains: PP - 1 more micro-batch stage times, (PP - 1) / (m + PP - 1) of the step.
-    bubble_s = busy / m * (pp - 1)
+    # Fewer steps in flight than stages: each still crosses all PP stages, PP - m stage times idle.
+    bubble_s = busy / m * max(0, pp - m)
     return Step(
         tokens=tokens,
         weight_bytes=weight_bytes,

@@ -8,7 +8,7 @@ from frontier_settings import FieldProblem, problems_of
 from pydantic import ValidationError
 
 from frontier.config.memory import memory_fit
-from frontier.config.schema import ModelPool, Settings, runtime_config
+from frontier.config.schema import ModelPool, NodeGroup, Settings, runtime_config
 
 
 def cross_check(s: Settings) -> Iterator[FieldProblem]:
@@ -81,13 +81,6 @@ def cross_check(s: Settings) -> Iterator[FieldProblem]:
             )
         if not _runs_first_pool(s, group):
             continue  # another pool's node group: checked with that pool's runtime below
-        if tp * pp > group.gpus_per_node:
-            yield FieldProblem(
-                "runtime.tensor_parallel_size",
-                tp,
-                f"tensor ({tp}) x pipeline ({pp}) parallel = {tp * pp} GPUs must fit the "
-                f"{group.gpus_per_node} GPUs per node of node group {group.name!r}",
-            )
         if ep > group.nvlink_domain_gpus:
             yield FieldProblem(
                 "runtime.expert_parallel_size",
@@ -95,6 +88,7 @@ def cross_check(s: Settings) -> Iterator[FieldProblem]:
                 f"an expert-parallel group must stay inside one NVLink domain: node group {group.name!r} "
                 f"has nvlink_domain_gpus = {group.nvlink_domain_gpus}",
             )
+        yield from _node_span_problems(s, group)
         fit = memory_fit(s, group)
         if not fit.fits:
             yield FieldProblem(
@@ -280,6 +274,44 @@ def alert_problems(s: Settings) -> Iterator[FieldProblem]:
             None,
             f"stack {s.stack!r} is a production stack: its page alarms need at least one of emails, "
             "sqs_queue_arns or https_endpoints",
+        )
+
+
+def _node_span_problems(s: Settings, group: NodeGroup) -> Iterator[FieldProblem]:
+    """A replica's ranks over its nodes: each node's share must fit the node, and a pipeline stage
+    (a tensor- or expert-parallel group, all-reducing every layer) that spans nodes must stay in one
+    NVLink domain (the runtime splits ranks over nodes in order: whole stages when N divides PP)."""
+    rt = s.runtime
+    nodes, ranks = rt.nodes_per_replica, rt.ranks
+    if ranks % nodes:
+        return  # the runtime section's own rule names it
+    formula = (
+        f"pipeline ({rt.pipeline_parallel_size}) x max(tensor ({rt.tensor_parallel_size}), "
+        f"expert ({rt.expert_parallel_size})) parallel = {ranks} GPUs"
+    )
+    if rt.ranks_per_node > group.gpus_per_node:
+        fix = (
+            f"; set runtime.nodes_per_replica to {-(-ranks // group.gpus_per_node)} or more"
+            if nodes == 1
+            else ""
+        )
+        yield FieldProblem(
+            "runtime.nodes_per_replica",
+            nodes,
+            f"{formula} over {nodes} node(s) is {rt.ranks_per_node} per node, more than the "
+            f"{group.gpus_per_node} GPUs per node of node group {group.name!r}{fix}",
+        )
+    stage = max(rt.tensor_parallel_size, rt.expert_parallel_size)
+    spanned = -(-stage // rt.ranks_per_node)  # nodes one stage's ranks lie on
+    per_domain = max(1, group.nvlink_domain_gpus // group.gpus_per_node)  # nodes one NVLink domain joins
+    if spanned > per_domain:
+        yield FieldProblem(
+            "runtime.nodes_per_replica",
+            nodes,
+            f"a pipeline stage's {stage} GPUs would lie on {spanned} nodes, but one NVLink domain joins "
+            f"{per_domain} (nvlink_domain_gpus = {group.nvlink_domain_gpus}, {group.gpus_per_node} GPUs per node "
+            f"in node group {group.name!r}): split the nodes between pipeline stages instead "
+            "(nodes_per_replica dividing pipeline_parallel_size)",
         )
 
 

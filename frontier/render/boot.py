@@ -106,10 +106,22 @@ def render_cloudwatch_agent(settings: Settings, group: NodeGroup | str | None = 
     return text
 
 
+def replica_nodes(settings: Settings, group: NodeGroup) -> int:
+    """How many nodes one replica of ``group`` spans: ``runtime.nodes_per_replica`` of the pool
+    that runs on it (1 for a group no pool runs on)."""
+    spans = [pool.runtime.nodes_per_replica for pool in settings.pools if settings.pool_group(pool) == group]
+    return max(spans, default=1)
+
+
 def node_env(
     settings: Settings, group: NodeGroup, *, history_bucket: str, history_prefix: str
 ) -> list[tuple[str, str]]:
-    """``/etc/frontier/node.env``: what the host bootstrap (frontier_hostside/bootstrap.py) reads."""
+    """``/etc/frontier/node.env``: what the host bootstrap (frontier_hostside/bootstrap.py) reads.
+
+    A group whose replica spans several nodes adds how many: the bootstrap then claims the host's
+    slot (replica, node) before the runtime starts (frontier_hostside/rendezvous.py).
+    """
+    nodes = replica_nodes(settings, group)
     return [
         ("FRONTIER_STACK", settings.stack),
         ("FRONTIER_NODE_GROUP", group.name),
@@ -130,7 +142,81 @@ def node_env(
         ("FRONTIER_WAITING_SERIES", names.WAITING_METRIC),
         ("FRONTIER_RUNNING_SERIES", names.RUNNING_METRIC),
         ("FRONTIER_E2E_SERIES", names.E2E_LATENCY_METRIC),
+        *([(names.NODES_PER_REPLICA_ENV, str(nodes))] if nodes > 1 else []),
     ]
+
+
+# --- a replica over several nodes --------------------------------------------------------------------
+
+LEADER_PROXY_CONFIG = "/etc/frontier/leader-proxy.cfg"
+LEADER_PROXY_SOCKET = f"{names.CLOUD_HAPROXY_STATE}/leader-proxy.sock"
+
+
+def render_leader_proxy(settings: Settings, *, stats_socket: str = LEADER_PROXY_SOCKET) -> str:
+    """A worker node's HAProxy: the runtime's port (all addresses) forwarded to its leader's.
+
+    The leader's address is HAProxy's ``${FRONTIER_LEADER_ADDRESS}``, from the environment file the
+    rendezvous writes, so one rendered file serves every worker of the group. It checks nothing
+    itself: a readiness or liveness probe passes through and gets the leader's own answer (a check
+    of its own would answer 503 to the liveness probe while the leader loads, and the worker's
+    watchdog would restart it for that).
+    """
+    runtime = settings.runtime
+    per_host = runtime.max_concurrency + runtime.queue.max_length
+    return render_template(
+        "haproxy.cfg.j2",
+        stack=settings.stack,
+        servers=[("leader", f'"${{{names.LEADER_ADDRESS_ENV}}}"', runtime.port)],
+        bind_address="0.0.0.0",
+        bind_port=runtime.port,
+        stats_socket=stats_socket,
+        stats_port=None,
+        checks=False,
+        queue_timeout_ms=runtime.queue.timeout_ms,
+        check_timeout_ms=settings.health.timeout_s * 1000,
+        stream_timeout_s=max(settings.edge.idle_timeout_s, math.ceil(settings.slo.p99_latency_ms / 1000) * 2),
+        maxconn=per_host,
+        server_maxconn=per_host,
+    )
+
+
+@dataclass(frozen=True)
+class ReplicaBoot:
+    """What cloud-init adds on the hosts of a group whose replica spans ``nodes`` nodes."""
+
+    nodes: int
+    proxy_config: str
+    proxy_config_path: str = LEADER_PROXY_CONFIG
+    proxy_unit: str = names.LEADER_PROXY_UNIT
+    leader_env: str = names.LEADER_ENV_FILE
+
+
+def replica_boot(settings: Settings, group: NodeGroup) -> ReplicaBoot | None:
+    """None for a group whose replica fits one node: its hosts boot exactly as before."""
+    nodes = replica_nodes(settings, group)
+    return ReplicaBoot(nodes, render_leader_proxy(settings)) if nodes > 1 else None
+
+
+def replica_unit(settings: Settings) -> dict[str, object]:
+    """What the runtime's unit (templates/frontier-runtime.service.j2) adds for a replica over several
+    nodes; nothing for one that fits a node, whose unit renders as before."""
+    nodes = replica_nodes(settings, settings.serving_group)
+    if nodes == 1:
+        return {}
+    return {
+        "nodes_per_replica": nodes,
+        "replica_env": names.REPLICA_ENV_FILE,
+        # Passed by name: docker takes each value from the unit's environment, so the key is in no
+        # command line.
+        "replica_env_names": [
+            names.RUNTIME_COMMAND_ENV,
+            names.REPLICA_INDEX_ENV,
+            names.NODE_RANK_ENV,
+            names.LEADER_ADDRESS_ENV,
+            names.REPLICA_KEY_ENV,
+        ],
+        "command_env": names.RUNTIME_COMMAND_ENV,
+    }
 
 
 # Placeholders `fab render` shows where only `pulumi up` knows the value (the account id).
@@ -258,4 +344,5 @@ def render_cloud_init(
         ecr_registry=registry if ".dkr.ecr." in registry else None,
         publish_interval_s=PUBLISH_INTERVAL_S,
         launch_timeout_s=launch_timeout_s,
+        replica=replica_boot(settings, node_group),
     )

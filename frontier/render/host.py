@@ -32,6 +32,7 @@ from frontier.config.memory import kv_bytes_per_token, kv_cache_dtype_bytes
 from frontier.config.schema import Settings, runtime_config
 from frontier.errors import FrontierError
 from frontier.release.artifact import check_digest, is_placeholder
+from frontier.render.boot import replica_unit
 from frontier.render.templates import render_template
 
 
@@ -92,6 +93,8 @@ def render_systemd_unit(settings: Settings, digest: str) -> str:
         stop_grace_s=stop_grace_s,
         timeout_stop_s=stop_grace_s + 15,
         start_timeout_s=math.ceil(settings.rollout.readiness_timeout_s),
+        # A replica over several nodes: serve or node, as the host's slot says (frontier.render.boot).
+        **replica_unit(settings),
     )
 
 

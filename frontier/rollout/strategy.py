@@ -157,6 +157,7 @@ def roll_hosts(
     surge: bool = False,
     launch_timeout_s: float = 0.0,
     verification: CanaryVerification | None = None,
+    in_place_reason: str = "",
 ) -> RolloutResult:
     """Roll ``release`` over ``hosts`` behind ``balancer``: the host rollout of every host target.
 
@@ -166,9 +167,12 @@ def roll_hosts(
     ``launch_timeout_s``) and as many old ones retire after it; otherwise ``rollout.batch_size``
     hosts go out of service at a time, in place. The result says which and why. ``verification``
     (from :func:`frontier.rollout.canary.canary_verification`) runs the stack's verification set on
-    the canary before the rollout goes on.
+    the canary before the rollout goes on. ``in_place_reason`` is why a caller that holds a group
+    does not let it surge (its replicas span several nodes): the strategy then says so.
     """
     strategy = choose(settings.rollout, group.size() if group is not None and surge else None)
+    if group is not None and not surge and in_place_reason:  # the caller's own reason not to surge
+        strategy = Strategy(IN_PLACE, settings.rollout.batch_size, in_place_reason)
     wheel = store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
 
     def roll(over: list[HostSpec]) -> RolloutResult:

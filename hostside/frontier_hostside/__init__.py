@@ -21,7 +21,7 @@ from frontier_hostside.names import AGENT_FILE_NAME, BOOTSTRAP_FILE_NAME
 PACKAGE = "frontier_hostside"
 PACKAGE_DIR = Path(__file__).resolve().parent
 # What the scripts import from this package; nothing else of it goes to a host.
-IMPORTED_FILES = ("__init__.py", "names.py")
+IMPORTED_FILES = ("__init__.py", "names.py", "rendezvous.py")
 
 
 def package_files() -> dict[str, bytes]:

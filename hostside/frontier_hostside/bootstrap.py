@@ -27,6 +27,12 @@ what hosts run (Pulumi uploads it beside the agent, under the history prefix's `
     watch      every ``--interval`` seconds: publish, and look at the host's lifecycle state; on
                Terminating:Wait (scale-in, instance refresh) stop the runtime through the agent,
                which drains it, then complete the terminate hook, so no request is cut.
+    replica-env
+               on a group whose replica spans several nodes (``FRONTIER_NODES_PER_REPLICA``), run
+               before each start of the runtime unit: claim or find this host's slot (replica,
+               node) in S3 (frontier_hostside/rendezvous.py), write the node's rank, its leader's
+               address and the replica's key to /run/frontier/replica.env (tmpfs, mode 0600), and
+               on a worker point its leader proxy at the leader.
 
 AWS is reached through the AWS CLI, not boto3: the Deep Learning AMI ships it (cloud-init installs
 it on plain Ubuntu), it takes the instance profile's credentials from IMDSv2 and honours
@@ -66,11 +72,17 @@ from frontier_hostside.names import (
     GATEWAY_NODE_GROUP,
     GATEWAY_REQUESTS_CW_METRIC,
     HOST_TOOLS_PREFIX,
+    LEADER_ADDRESS_ENV,
+    LEADER_ENV_FILE,
+    LEADER_PROXY_UNIT,
+    NODES_PER_REPLICA_ENV,
     PLACEHOLDER_HOST,
     RELEASE_ID_PATTERN,
     RELEASE_MANIFEST,
+    REPLICA_ENV_FILE,
     RESTARTS_CW_METRIC,
 )
+from frontier_hostside.rendezvous import Rendezvous, RendezvousError, write_env
 
 DEFAULT_ENV = "/etc/frontier/node.env"
 IMDS = "http://169.254.169.254/latest"
@@ -106,6 +118,8 @@ class NodeConfig:
     # Where the runtime wheels are: the stack's history prefix, shared by the pools of a stack of
     # several models (each pool's history_prefix is then its own); "" means history_prefix.
     artifacts_prefix: str = ""
+    # Nodes one replica spans; above 1 the host claims its slot before each runtime start.
+    nodes_per_replica: int = 1
 
     @classmethod
     def load(cls, path: str) -> NodeConfig:
@@ -137,6 +151,12 @@ class NodeConfig:
         values["address"] = env.get("FRONTIER_ADDRESS", "")
         artifacts = env.get("FRONTIER_ARTIFACTS_PREFIX", "")
         values["artifacts_prefix"] = artifacts.rstrip("/") + "/" if artifacts else ""
+        nodes = env.get(NODES_PER_REPLICA_ENV, "1")
+        if not nodes.isdigit() or int(nodes) < 1:
+            raise BootError(
+                f"{path}: {NODES_PER_REPLICA_ENV}={nodes!r}: must be a whole number of nodes, 1 or more"
+            )
+        values["nodes_per_replica"] = int(nodes)
         return cls(**values)
 
 
@@ -165,11 +185,17 @@ def log(message: str) -> None:
 # --- AWS through its CLI ---------------------------------------------------------------------------
 
 
+# Lifecycle states of a host that no longer holds its place in the group.
+GONE_STATES = ("Terminating", "Terminated", "Detaching", "Detached")
+DESCRIBE_INSTANCES_MAX = 50
+
+
 @dataclass
 class Aws:
     region: str
     command: str = "aws"
     calls: list[list[str]] = field(default_factory=list)
+    bucket: str = ""  # the history bucket: where the rendezvous's slots live
 
     def run(self, *args: str) -> dict[str, Any]:
         argv = [self.command, "--region", self.region, "--output", "json", *args]
@@ -199,6 +225,58 @@ class Aws:
             fh.write(body)
             fh.flush()
             self.run("s3api", "put-object", "--bucket", bucket, "--key", key, "--body", fh.name)
+
+    # The rendezvous's slots (frontier_hostside.rendezvous.Slots): S3's conditional writes, which
+    # the CLI passes on as If-None-Match / If-Match; a condition that does not hold is a 412.
+
+    def list_keys(self, prefix: str) -> list[str]:
+        return self.keys(self.bucket, prefix)
+
+    def read(self, key: str) -> tuple[bytes, str] | None:
+        with tempfile.TemporaryDirectory() as tmp:
+            target = Path(tmp) / "object"
+            try:
+                answer = self.run("s3api", "get-object", "--bucket", self.bucket, "--key", key, str(target))
+            except BootError as exc:
+                if "NoSuchKey" in str(exc):
+                    return None
+                raise
+            return target.read_bytes(), str(answer["ETag"])
+
+    def create(self, key: str, body: bytes) -> bool:
+        return self._put_if(key, body, "--if-none-match", "*")
+
+    def replace(self, key: str, body: bytes, etag: str) -> bool:
+        return self._put_if(key, body, "--if-match", etag)
+
+    def _put_if(self, key: str, body: bytes, condition: str, value: str) -> bool:
+        with tempfile.NamedTemporaryFile(suffix=".json") as fh:
+            fh.write(body)
+            fh.flush()
+            try:
+                self.run(
+                    "s3api", "put-object", "--bucket", self.bucket, "--key", key, "--body", fh.name,
+                    condition, value,
+                )  # fmt: skip
+            except BootError as exc:
+                # 409 ConditionalRequestConflict: another conditional write to the key is in flight.
+                if "PreconditionFailed" in str(exc) or "ConditionalRequestConflict" in str(exc):
+                    return False
+                raise
+        return True
+
+    def live(self, instance_ids: list[str]) -> set[str]:
+        """The ids that are members of an auto scaling group and not on their way out of it."""
+        live: set[str] = set()
+        for start in range(0, len(instance_ids), DESCRIBE_INSTANCES_MAX):  # the call's own limit
+            chunk = instance_ids[start : start + DESCRIBE_INSTANCES_MAX]
+            answer = self.run("autoscaling", "describe-auto-scaling-instances", "--instance-ids", *chunk)
+            live |= {
+                found["InstanceId"]
+                for found in answer.get("AutoScalingInstances") or []
+                if not found["LifecycleState"].startswith(GONE_STATES)
+            }
+        return live
 
     def group_of(self, instance_id: str) -> tuple[str, str]:
         """(auto scaling group, lifecycle state) of an instance; ("", "") outside any group."""
@@ -446,6 +524,45 @@ def boot(config: NodeConfig, aws: Aws) -> dict[str, Any]:
     if group and state.startswith("Pending"):
         aws.complete(group, config.launch_hook, instance_id, "CONTINUE")
     return {"ok": True, "outcome": outcome, "release": release, "reason": reason, "group": group}
+
+
+# --- a replica over several nodes: which node this host is ------------------------------------------
+
+
+def replica_env(
+    config: NodeConfig, aws: Aws, out: Path, leader_env: Path, restart_proxy: bool = False
+) -> dict[str, Any]:
+    """Claim (or find) this host's slot and write what the runtime unit reads (``out``, 0600 under
+    /run). A worker also gets its leader's address in ``leader_env`` for its leader proxy, which
+    ``restart_proxy`` restarts (without waiting: this runs inside the runtime unit's start)."""
+    if config.nodes_per_replica < 2:
+        raise BootError(
+            f"{NODES_PER_REPLICA_ENV} is {config.nodes_per_replica}: a replica on one node has no slot to claim"
+        )
+    instance_id, address = identity(config)
+    slots = Rendezvous(
+        aws, config.history_prefix, config.node_group, config.nodes_per_replica, instance_id, address
+    )
+    try:
+        claim = slots.claim()
+    except RendezvousError as exc:
+        raise BootError(str(exc)) from None
+    write_env(claim, out)
+    if claim.node == 0:
+        leader_env.unlink(missing_ok=True)
+        action = "stop"
+    else:
+        leader_env.parent.mkdir(parents=True, exist_ok=True)
+        tmp = leader_env.with_name(f".{leader_env.name}.tmp")
+        tmp.write_text(f"{LEADER_ADDRESS_ENV}={claim.leader_address}\n")
+        tmp.replace(leader_env)
+        action = "restart"
+    if restart_proxy:
+        subprocess.run(
+            ["systemctl", "--no-block", action, f"{LEADER_PROXY_UNIT}.service"], check=False, timeout=30
+        )
+    log(f"replica {claim.replica} node {claim.node}: runs {claim.command}, leader {claim.leader_address}")
+    return {"ok": True, **claim.public()}
 
 
 def abandon(config: NodeConfig, aws: Aws, reason: str) -> dict[str, Any]:
@@ -732,6 +849,10 @@ def main(argv: list[str] | None = None) -> int:
     watch_parser = commands.add_parser("watch")
     watch_parser.add_argument("--interval", type=float, default=60.0)
     watch_parser.add_argument("--rounds", type=int, default=0)
+    replica_parser = commands.add_parser("replica-env")
+    replica_parser.add_argument("--out", default=REPLICA_ENV_FILE)
+    replica_parser.add_argument("--leader-env", default=LEADER_ENV_FILE)
+    replica_parser.add_argument("--restart-proxy", action="store_true")
     args = parser.parse_args(argv)
     try:
         if args.command == "publish-gateway":
@@ -740,13 +861,15 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(answer, sort_keys=True))
             return 0
         config = NodeConfig.load(args.env)
-        aws = Aws(config.region)
+        aws = Aws(config.region, bucket=config.history_bucket)
         if args.command == "boot":
             answer = boot(config, aws)
         elif args.command == "abandon":
             answer = abandon(config, aws, args.reason)
         elif args.command == "publish":
             answer = publish(config, aws)
+        elif args.command == "replica-env":
+            answer = replica_env(config, aws, Path(args.out), Path(args.leader_env), args.restart_proxy)
         else:
             answer = watch(config, aws, args.interval, args.rounds)
     except (BootError, OSError) as exc:

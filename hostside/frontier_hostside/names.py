@@ -83,6 +83,33 @@ METRICS_PATH = "/metrics"
 READINESS_PATH = "/health/ready"
 LIVENESS_PATH = "/health/live"
 
+# --- a replica over several nodes ------------------------------------------------------------------
+# Node 0 (the leader) runs ``serve``: the API, the scheduler and rank 0. Every other node runs
+# ``python -m frontier_runtime node``, whose ranks connect to the leader's step port, then join the
+# process group through the store port. gloo/NCCL then open ephemeral ports between every pair of
+# ranks: the nodes of one replica must admit all TCP from each other (and nobody else).
+NODE_COMMAND = "node"
+REPLICA_STEP_PORT = 29500
+REPLICA_STORE_PORT = 29501
+NODE_RANK_ENV = "FRONTIER_NODE_RANK"  # 0 on the leader
+LEADER_ADDRESS_ENV = "FRONTIER_LEADER_ADDRESS"  # the leader's address as the other nodes reach it
+REPLICA_KEY_ENV = "FRONTIER_REPLICA_KEY"  # the step channel's HMAC key, the same on every node
+# Where the nodes of a replica meet (EC2): under the history prefix, one record per slot,
+# ``replicas/<node group>/<replica>/node-<k>.json``, claimed with conditional writes at boot.
+REPLICAS_PREFIX = "replicas/"
+SERVE_COMMAND = "serve"  # what the leader runs; the other nodes run NODE_COMMAND
+RUNTIME_COMMAND_ENV = "FRONTIER_RUNTIME_COMMAND"  # serve or node: the runtime unit runs it
+REPLICA_INDEX_ENV = "FRONTIER_REPLICA"  # which replica of its node group the host serves in
+NODES_PER_REPLICA_ENV = "FRONTIER_NODES_PER_REPLICA"  # node.env of a group whose replica spans nodes
+# The slot's facts for the runtime unit, key included: under /run (tmpfs), so never on a disk.
+REPLICA_ENV_FILE = "/run/frontier/replica.env"
+# A worker node's runtime port answers as its leader (a proxy): the leader's address only, no key.
+LEADER_ENV_FILE = "/run/frontier/leader.env"
+LEADER_PROXY_UNIT = "frontier-leader-proxy"
+REPLICA_PORT_ENV = "FRONTIER_REPLICA_PORT"  # moves both ports (step, step + 1): several replicas per host
+REPLICA_JOIN_TIMEOUT_ENV = "FRONTIER_REPLICA_JOIN_TIMEOUT_S"  # how long the nodes wait for each other
+EXIT_NODE_LOST = 3  # the leader's serve: a node of its replica was lost (its supervisor restarts it)
+
 # --- request priority ------------------------------------------------------------------------------
 # The classes a request may carry in its ``priority`` body field (the gateway sets it from the
 # tenant's class): batch runs only on capacity interactive work leaves free and is preempted first.

@@ -1,5 +1,7 @@
-"""``python -m frontier_runtime serve --config runtime.yaml [--host H] [--port P] [--model-dir DIR]``
-and ``python -m frontier_runtime probe [--ready]`` (the container's health check).
+"""``python -m frontier_runtime serve --config runtime.yaml [--host H] [--port P] [--model-dir DIR]``,
+``python -m frontier_runtime node --config runtime.yaml [--leader ADDR] [--node-rank K] [--model-dir DIR]``
+(a node other than the leader of a replica over several nodes: see ``engine.nodes``) and
+``python -m frontier_runtime probe [--ready]`` (the container's health check).
 
 The working directory is the host's install root: relative paths in the config (weights cache,
 a local model directory) resolve against it. ``--host``/``--port`` override the config so one
@@ -9,8 +11,15 @@ rendered runtime.yaml can serve several host slots on one machine.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from frontier_hostside import names
+
+if TYPE_CHECKING:
+    from frontier_runtime.config import RuntimeConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,6 +32,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model-dir", type=Path, help="serve this local model directory instead of model.source"
     )
+    node = commands.add_parser(
+        "node", help="run this node's ranks of a replica whose leader (node 0) runs serve elsewhere"
+    )
+    node.add_argument("--config", required=True, type=Path, help="the rendered runtime.yaml (the leader's)")
+    node.add_argument("--leader", help=f"the leader's address (default: ${names.LEADER_ADDRESS_ENV})")
+    node.add_argument(
+        "--node-rank", type=int, help=f"this node's index, 1.. (default: ${names.NODE_RANK_ENV})"
+    )
+    node.add_argument("--model-dir", type=Path, help="this local model directory instead of model.source")
     probe = commands.add_parser(
         "probe", help="exit 0 when the running server is live (the container's health check)"
     )
@@ -60,9 +78,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.model_dir is not None and not args.model_dir.is_dir():
         print(f"frontier_runtime: --model-dir {args.model_dir} is not a directory", file=sys.stderr)
         return 2
+    if args.command == names.NODE_COMMAND:
+        return _node(config, args)
     from frontier_runtime.server.serve import serve
 
     return serve(config, host=args.host, port=args.port, model_dir=args.model_dir)
+
+
+def _node(config: RuntimeConfig, args: argparse.Namespace) -> int:
+    """Fetch the weights as serve does, then run this node's ranks until the replica breaks."""
+    from frontier_runtime.engine.config import EngineConfig
+    from frontier_runtime.engine.nodes import NodeRole, ReplicaError
+    from frontier_runtime.engine.tp_worker import run_node
+    from frontier_runtime.server.serve import resolve_model_dir
+
+    env = dict(os.environ)
+    if args.leader is not None:
+        env[names.LEADER_ADDRESS_ENV] = args.leader
+    if args.node_rank is not None:
+        env[names.NODE_RANK_ENV] = str(args.node_rank)
+    try:
+        if config.nodes_per_replica == 1:
+            raise ReplicaError("runtime.nodes_per_replica is 1: this replica has no other node to run")
+        role = NodeRole.from_env(config.nodes_per_replica, env)
+        engine_config = EngineConfig.from_runtime(config, resolve_model_dir(config, args.model_dir))
+        return run_node(engine_config, role)
+    except (ReplicaError, ValueError, OSError) as exc:
+        print(f"frontier_runtime node: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

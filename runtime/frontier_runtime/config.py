@@ -134,6 +134,36 @@ class ParallelConfig(Strict):
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
     expert_parallel_size: int = Field(default=1, ge=1, le=1024)
+    nodes_per_replica: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Nodes one replica spans: its pipeline_parallel x max(tensor, expert) ranks split evenly "
+        "over them, node 0 (the leader) serving the API; 1: every rank on one node.",
+    )
+
+    @property
+    def ranks(self) -> int:
+        """Processes of one replica: pipeline stages of max(tensor, expert) parallel ranks each."""
+        return self.pipeline_parallel_size * max(self.tensor_parallel_size, self.expert_parallel_size)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.ranks // self.nodes_per_replica
+
+    @model_validator(mode="after")
+    def _nodes_split_the_ranks(self) -> ParallelConfig:
+        if self.ranks % self.nodes_per_replica:
+            raise FieldProblems(
+                FieldProblem(
+                    "nodes_per_replica",
+                    self.nodes_per_replica,
+                    f"must divide the replica's {self.ranks} ranks (pipeline {self.pipeline_parallel_size} x "
+                    f"max(tensor {self.tensor_parallel_size}, expert {self.expert_parallel_size})) so that "
+                    "every node holds as many",
+                )
+            )
+        return self
 
 
 class CpuConfig(Strict):

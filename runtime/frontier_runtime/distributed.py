@@ -249,6 +249,26 @@ def send_to(tensor: torch.Tensor, rank: int) -> Sending:
     return Sending(tensor, work)
 
 
+@dataclass(frozen=True)
+class Receiving:
+    """A tensor on its way from another rank; ``tensor`` holds it once ``wait`` returns."""
+
+    tensor: torch.Tensor
+    work: dist.Work
+
+    def wait(self) -> None:
+        self.work.wait()
+
+
+def start_receive(rank: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Receiving:
+    """Post the receive of what ``send_to`` sends from global rank ``rank``; the caller waits later
+    (receives from one rank complete in the order they were posted, matching the sends' order)."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    work = dist.irecv(out, src=rank)
+    assert work is not None  # None only for a rank outside the default group
+    return Receiving(out, work)
+
+
 def receive_from(rank: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Receive the tensor ``send_to`` sends from global rank ``rank`` (its shape and dtype known here)."""
     out = torch.empty(shape, dtype=dtype, device=device)

@@ -6,27 +6,33 @@ Mocked: the Pulumi engine and the AWS and Kubernetes providers (``pulumi.runtime
 
 from __future__ import annotations
 
+import contextvars
 import ipaddress
 import json
 from typing import Any
 
 import pytest
 import yaml
-from infra_mocks import Graph
-from k8s_mocks import CA_DATA, ENDPOINT, OIDC_ISSUER, run_kubernetes
+from infra_mocks import Graph, _run
+from k8s_mocks import CA_DATA, ENDPOINT, OIDC_ISSUER, EksMocks, run_kubernetes
+from pulumi.runtime import rpc
+from pulumi.runtime.mocks import MockResourceArgs
 
 from frontier import project
 from frontier.config.schema import Settings
 from frontier.render.host import render_runtime_config
 from frontier.targets import load_stack
 from frontier.targets.kubernetes import gateway as gw
+from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes.monitoring import DCGM_NAME, monitoring_objects
 from frontier.targets.kubernetes.network import control_plane_subnets, public_range
 from infra.addons import CHARTS, GPU_NODE_LABEL, LB_CLUSTER_TAG, LB_CONTROLLER_SERVICE_ACCOUNT
+from infra.program import build
 from infra.workloads import (
     LB_ATTRIBUTES,
     NOT_APPLIED,
+    REPLICA_KEY_LENGTH,
     SKIP_AWAIT,
     applied_monitoring_objects,
     monitoring_namespace,
@@ -460,7 +466,8 @@ def test_service_monitors_and_rules_are_created_only_after_the_prometheus_operat
 
 def test_every_addon_is_a_pinned_chart_from_one_table(eks):
     releases = eks.of_type(HELM_RELEASE)
-    assert sorted(r.inputs["name"] for r in releases) == sorted(CHARTS)
+    # LWS: only on a cluster with a replica over several nodes (test_the_lws_controller_is_...).
+    assert sorted(r.inputs["name"] for r in releases) == sorted(c for c in CHARTS if c != "lws")
     for release in releases:
         chart = CHARTS[release.inputs["name"]]
         assert release.inputs["chart"] == chart.chart and release.inputs["version"] == chart.version
@@ -656,3 +663,80 @@ def test_every_policy_rule_passes_on_the_gateway_stacks_resources(eks_gateway):
 
     found = {name: unexplained(name, graph_violations(rule, eks_gateway)) for name, rule in BY_NAME.items()}
     assert {name: v for name, v in found.items() if v} == {}
+
+
+# --- a replica over several nodes (eks-multinode: a LeaderWorkerSet per such pool) ----------------------
+
+
+PASSWORD = "random:index/randomPassword:RandomPassword"
+REPLICA_KEY = "k" * REPLICA_KEY_LENGTH  # what the random provider would make
+
+
+class ReplicaKeyMocks(EksMocks):
+    """EKS's mocks, plus the value the random provider computes at creation."""
+
+    def new_resource(self, args: MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        resource_id, outputs = super().new_resource(args)
+        if args.typ == PASSWORD:
+            outputs["result"] = REPLICA_KEY
+        return resource_id, outputs
+
+
+@pytest.fixture(scope="module")
+def eks_multinode() -> Graph:
+    settings = load_stack("eks-multinode")
+    return contextvars.Context().run(_run, settings, build, ReplicaKeyMocks(settings.region))
+
+
+def test_the_lws_controller_is_a_pinned_oci_chart_installed_only_where_a_replica_spans_nodes(
+    eks, eks_multinode
+):
+    release = _release(eks_multinode, "lws")
+    chart = CHARTS["lws"]
+    assert release.inputs["chart"] == chart.chart == "oci://registry.k8s.io/lws/charts/lws"
+    assert release.inputs["version"] == chart.version and all(p.isdigit() for p in chart.version.split("."))
+    assert "repositoryOpts" not in release.inputs  # the OCI reference is the whole address
+    assert release.inputs["namespace"] == "lws-system" and release.inputs["createNamespace"] is True
+    assert "lws" not in {r.inputs["name"] for r in eks.of_type(HELM_RELEASE)}
+
+
+def test_the_leader_worker_set_is_created_only_after_the_lws_controller_and_the_gpu_plugin(eks_multinode):
+    group = _workload(eks_multinode, "LeaderWorkerSet")
+    assert group.type == "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet"
+    for addon in ("lws", "device-plugin", "load-balancer-controller"):
+        assert _release(eks_multinode, addon).urn in group.dependencies, addon
+    assert not _k8s(eks_multinode, "Deployment")
+
+
+def test_the_replica_key_is_made_by_pulumi_random_into_the_pools_secret_before_the_group(eks_multinode):
+    settings = eks_multinode.settings
+    secret = _k8s(eks_multinode, "Secret")[lw.replica_key_secret(settings)]
+    (password,) = eks_multinode.of_type("random:index/randomPassword:RandomPassword")
+    assert password.inputs["length"] == REPLICA_KEY_LENGTH and password.inputs["special"] is False
+    assert password.urn in secret.dependencies  # its value is the password's result
+    # The password's result is a secret: the whole map reaches the engine marked so (kept encrypted
+    # in the state, shown by no preview).
+    data = secret.inputs["stringData"]
+    assert data.get(rpc._special_sig_key) == rpc._special_secret_sig
+    assert data["value"] == {lw.REPLICA_KEY_FIELD: REPLICA_KEY}
+    assert secret.inputs["metadata"]["namespace"] == settings.kubernetes.namespace
+    assert secret.urn in _workload(eks_multinode, "LeaderWorkerSet").dependencies
+
+
+def test_pulumi_leaves_the_groups_templates_to_fab_deploy_and_their_count_to_keda(eks_multinode):
+    group = _workload(eks_multinode, "LeaderWorkerSet")
+    assert group.ignored_changes == [
+        "spec.leaderWorkerTemplate.leaderTemplate",
+        "spec.leaderWorkerTemplate.workerTemplate",
+        "spec.replicas",
+    ]
+    settings = eks_multinode.settings
+    expected = m.render_workload(settings, release_digest(settings)).deployment.to_dict()["spec"]
+    assert _plain(group.inputs["spec"]) == expected
+
+
+def test_the_scaled_object_targets_the_leader_worker_set_that_pulumi_creates(eks_multinode):
+    (scaled,) = _k8s(eks_multinode, "ScaledObject").values()
+    target = scaled.inputs["spec"]["scaleTargetRef"]
+    group = _workload(eks_multinode, "LeaderWorkerSet")
+    assert (target["kind"], target["name"]) == ("LeaderWorkerSet", group.inputs["metadata"]["name"])

@@ -35,11 +35,15 @@ from infra.edge import TARGET_TLS_PORT
 from policy.rules import (
     DOOR_POLICIES,
     EXPOSURE_POLICIES,
+    K8S_LEADER_WORKER_SET,
+    K8S_WORKLOADS,
     POLICIES,
     REACH_POLICIES,
     RESOURCE_POLICIES,
     STACK_POLICIES,
     STORE_POLICIES,
+    check_k8s_pdb_and_network_policy,
+    pod_specs,
 )
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policy"
@@ -623,6 +627,35 @@ def test_the_pack_runs_in_the_projects_python_environment():
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_rule_passes_on_the_kubernetes_stacks_resources(eks_prod, name):
     assert unexplained(name, graph_violations(BY_NAME[name], eks_prod)) == []
+
+
+_eks_multinode_graph: list[Graph] = []
+
+
+@pytest.fixture
+def eks_multinode() -> Graph:
+    """The stack whose replicas are LeaderWorkerSet groups over two nodes, under mocks, built once."""
+    if not _eks_multinode_graph:
+        from k8s_mocks import run_kubernetes
+
+        from frontier.targets import load_stack
+
+        _eks_multinode_graph.append(run_kubernetes(load_stack("eks-multinode")))
+    return _eks_multinode_graph[0]
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_rule_passes_on_a_leader_worker_set_stacks_resources(eks_multinode, name):
+    assert unexplained(name, graph_violations(BY_NAME[name], eks_multinode)) == []
+
+
+def test_the_pack_checks_a_leader_worker_sets_pods_and_its_budget(eks_multinode):
+    resources = engine_view(eks_multinode)[1].resources
+    [group] = [r for r in resources if r.resource_type in K8S_LEADER_WORKER_SET]
+    assert len(pod_specs(group.resource_type, group.props)) == 2
+    assert group.resource_type in {r for r in K8S_WORKLOADS}
+    # Its PodDisruptionBudget and NetworkPolicy select its pods (else the pair below names it).
+    assert [w for w, _ in check_k8s_pdb_and_network_policy(resources)] == []
 
 
 @pytest.mark.parametrize(

@@ -52,3 +52,12 @@ def eks_prod() -> Settings:
 @pytest.fixture(scope="session")
 def eks_gateway() -> Settings:
     return load_stack(GATEWAY_STACK)
+
+
+MULTINODE_STACK = "eks-multinode"
+
+
+@pytest.fixture
+def multinode_stack(tmp_path: Path) -> Callable[[dict[str, object]], Path]:
+    """``multinode_stack({"kubernetes.autoscaling.max_replicas": 5})`` → path of a changed copy of eks-multinode."""
+    return _editor(tmp_path, MULTINODE_STACK)

@@ -13,7 +13,13 @@ Endpoints: GET/PATCH(json-patch)/DELETE ``/apis/apps/v1/namespaces/{ns}/deployme
 POST ``/apis/apps/v1/namespaces/{ns}/deployments``, POST/GET ``/api/v1/namespaces/{ns}/configmaps``,
 DELETE ``/api/v1/namespaces/{ns}/configmaps/{name}``,
 GET ``/api/v1/namespaces/{ns}/pods?labelSelector=``, GET
-``/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics``. Anything else answers 404.
+``/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics``, GET/PATCH(json-patch)
+``/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets/{name}``. Anything else answers 404.
+
+LeaderWorkerSets get the LWS controller, as simply: changed templates replace every group's pods
+(a leader ``<name>-<group>`` with worker index 0, workers ``<name>-<group>-<index>``) at once, and
+the status reports every group updated and ready after ``settle_reads`` further reads; a ``stuck``
+image's groups never become ready (LWS reports no progress deadline: the rollout's clock runs out).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ DEPLOYMENT = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments(?:/([^/]
 CONFIG_MAPS = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+):(\d+)/proxy/metrics$")
+GROUPS = re.compile(r"^/apis/leaderworkerset.x-k8s.io/v1/namespaces/([^/]+)/leaderworkersets/([^/]+)$")
+WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 ROUTE = "/v1/chat/completions"
 REQUESTS_PER_SCRAPE = 100
 
@@ -68,6 +76,7 @@ class FakeCluster:
     pods: dict[str, dict] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
     scrapes: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, dict] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _pending: dict[str, int] = field(default_factory=dict)
 
@@ -163,6 +172,83 @@ class FakeCluster:
             }
         return live
 
+    # --- the LeaderWorkerSet controller, simplified ----------------------------------------------
+
+    def put_group(self, body: dict) -> dict:
+        name = body["metadata"]["name"]
+        live = copy.deepcopy(body)
+        live["metadata"].setdefault("generation", 0)
+        live["metadata"]["generation"] += 1
+        live["spec"].setdefault("replicas", 1)
+        self.groups[name] = live
+        self._replace_group_pods(live)
+        self._pending[name] = self.settle_reads
+        live["status"] = {
+            "observedGeneration": live["metadata"]["generation"] - 1,
+            "replicas": live["spec"]["replicas"],
+        }
+        return live
+
+    def _replace_group_pods(self, group: dict) -> None:
+        name = group["metadata"]["name"]
+        for pod in [p for p, v in self.pods.items() if v["owner"] == name]:
+            del self.pods[pod]
+        spec = group["spec"]["leaderWorkerTemplate"]
+        for g in range(group["spec"]["replicas"]):
+            for index in range(spec["size"]):
+                template = spec["leaderTemplate" if index == 0 else "workerTemplate"]
+                pod = f"{name}-{g}" if index == 0 else f"{name}-{g}-{index}"
+                self._add_pod(pod, name, template, {WORKER_INDEX: str(index)})
+
+    def _add_pod(self, pod: str, owner: str, template: dict, labels: dict[str, str]) -> None:
+        image = template["spec"]["containers"][0]["image"]
+        up = self.behaviour(image) != "stuck"
+        self.pods[pod] = {
+            "owner": owner,
+            "image": image,
+            "metadata": {
+                "name": pod,
+                "namespace": self.namespace,
+                "labels": {**(template["metadata"].get("labels") or {}), **labels},
+                "annotations": dict(template["metadata"].get("annotations") or {}),
+            },
+            "spec": {"nodeName": f"ip-10-50-0-{len(self.pods) + 10}.ec2.internal"},
+            "status": {
+                "phase": "Running" if up else "Pending",
+                "podIP": f"10.50.1.{len(self.pods) + 10}",
+                "conditions": [{"type": "Ready", "status": "True" if up else "False"}],
+                "containerStatuses": [
+                    {"image": image, "imageID": image, "state": {"running": {}} if up else {"waiting": {}}}
+                ],
+            },
+        }
+
+    def read_group(self, name: str) -> dict | None:
+        live = self.groups.get(name)
+        if live is None:
+            return None
+        leader = live["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+        replicas = live["spec"]["replicas"]
+        if self.behaviour(leader["spec"]["containers"][0]["image"]) == "stuck":
+            live["status"] = {
+                "observedGeneration": live["metadata"]["generation"],
+                "replicas": replicas + 1,
+                "updatedReplicas": 1,
+                "readyReplicas": replicas - 1 if replicas > 1 else 0,
+                "conditions": [{"type": "UpdateInProgress", "status": "True"}],
+            }
+        elif self._pending.get(name, 0) > 0:
+            self._pending[name] -= 1
+        else:
+            live["status"] = {
+                "observedGeneration": live["metadata"]["generation"],
+                "replicas": replicas,
+                "updatedReplicas": replicas,
+                "readyReplicas": replicas,
+                "conditions": [{"type": "Available", "status": "True"}],
+            }
+        return live
+
     # --- a runtime's /metrics ---------------------------------------------------------------------
 
     def metrics(self, pod: str) -> str:
@@ -214,6 +300,8 @@ class _Handler(BaseHTTPRequestHandler):
             cluster.requests.append((method, url.path))
             if match := DEPLOYMENT.match(url.path):
                 return self._deployment(method, match.group(2))
+            if match := GROUPS.match(url.path):
+                return self._group(method, match.group(2))
             if match := CONFIG_MAPS.match(url.path):
                 return self._config_map(method, match.group(2), url.query)
             if PODS.match(url.path) and method == "GET":
@@ -289,6 +377,28 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._send(422, _status(422, "Invalid", f"op {op['op']}"))
                 _pointer_set(updated, op["path"], op["value"])
             return self._send(200, cluster.put_deployment(updated))
+        return self._send(405, _status(405, "MethodNotAllowed", method))
+
+    def _group(self, method: str, name: str) -> None:
+        cluster = self.cluster
+        live = cluster.read_group(name)
+        if live is None:
+            return self._send(
+                404, _status(404, "NotFound", f'leaderworkersets.leaderworkerset.x-k8s.io "{name}" not found')
+            )
+        if method == "GET":
+            return self._send(200, live)
+        if method == "PATCH":
+            if self.headers.get("Content-Type") != "application/json-patch+json":
+                return self._send(
+                    415, _status(415, "UnsupportedMediaType", self.headers.get("Content-Type", ""))
+                )
+            updated = copy.deepcopy(live)
+            for op in self._body():
+                if op["op"] not in ("replace", "add"):
+                    return self._send(422, _status(422, "Invalid", f"op {op['op']}"))
+                _pointer_set(updated, op["path"], op["value"])
+            return self._send(200, cluster.put_group(updated))
         return self._send(405, _status(405, "MethodNotAllowed", method))
 
     def do_GET(self) -> None:  # noqa: N802

@@ -36,6 +36,7 @@ CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "keda-2.16-scaledobject.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "prometheus-operator-0.80-servicemonitor.json",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheus-operator-0.80-prometheusrule.json",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "lws-0.10-leaderworkerset.json",
 }
 EXISTING = {
     "kubernetes.cluster.mode": "existing",
@@ -77,7 +78,7 @@ def validate(manifest: dict, version: str) -> None:
 
 
 def test_there_is_a_kubernetes_stack():
-    assert [s.stack for s in kubernetes_stacks()] == ["eks-gateway", "eks-prod"]
+    assert [s.stack for s in kubernetes_stacks()] == ["eks-gateway", "eks-multinode", "eks-prod"]
 
 
 @pytest.mark.parametrize("variant", ["shipped", "existing"])
@@ -86,12 +87,14 @@ def test_every_manifest_of_every_kubernetes_stack_validates_for_its_version(vari
     for settings in stacks:
         objects = m.render_workload(settings, DIGEST).all()
         kinds = {o.kind for o in objects}
+        # A replica over several nodes is a LeaderWorkerSet (test_multinode_manifests).
+        runtime_kind = "LeaderWorkerSet" if settings.runtime.nodes_per_replica > 1 else "Deployment"
         assert kinds == {
             "Namespace",
             "ServiceAccount",
             "ConfigMap",
             "NetworkPolicy",
-            "Deployment",
+            runtime_kind,
             "Service",
             "PodDisruptionBudget",
             "Ingress",

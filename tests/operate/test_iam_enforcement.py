@@ -29,6 +29,7 @@ from botocore.exceptions import ClientError
 from frontier_hostside import bootstrap
 from frontier_hostside.bootstrap import Aws, BootError, NodeConfig
 from frontier_hostside.names import RUNNING_METRIC, WAITING_METRIC
+from frontier_hostside.rendezvous import Rendezvous, slot_key
 
 from frontier import project
 from frontier.config.schema import Settings
@@ -39,6 +40,7 @@ from frontier.render.boot import node_env
 from frontier.targets import load_stack
 from frontier.targets.local import cluster as local
 from frontier.targets.local import iam, services
+from infra.identity import replica_slot_statements
 
 # Each AWS CLI call costs a second or two.
 pytestmark = pytest.mark.slow
@@ -150,6 +152,38 @@ def test_the_host_role_reads_the_current_release_and_records_its_boot(account):
     key = f"{account.store.prefix}boots/host-1.json"
     account.aws.put(account.store.bucket, key, b"{}")
     assert account.store.s3.get_object(Bucket=account.store.bucket, Key=key)["Body"].read() == b"{}"
+
+
+def _with_replica_slots(account) -> None:
+    """The host role of a stack whose replica spans nodes: the runtime document and the slot grants."""
+    name, document = account.host_policy()
+    bucket_arn = f"arn:aws:s3:::{account.store.bucket}"
+    document = {
+        **document,
+        "Statement": [*document["Statement"], *replica_slot_statements(bucket_arn, account.store.prefix)],
+    }
+    account.client("admin", "iam").put_user_policy(
+        UserName=iam.user_name(account.settings, "host"),
+        PolicyName=name,
+        PolicyDocument=json.dumps(iam.for_moto(document)),
+    )
+
+
+def test_the_host_role_claims_a_replica_slot_and_reads_its_leaders(account):
+    _with_replica_slots(account)
+    host = Aws("us-east-1", account.aws.command, bucket=account.store.bucket)
+    group = account.settings.serving_group.name
+    leader = Rendezvous(host, account.store.prefix, group, 2, "host-1", "127.0.0.1").claim()
+    assert (leader.replica, leader.node) == (0, 0)
+    assert host.read(slot_key(account.store.prefix, group, 0, 0)) is not None
+
+
+def test_without_its_replica_slot_grants_a_host_cannot_claim_a_slot(account):
+    host = Aws("us-east-1", account.aws.command, bucket=account.store.bucket)
+    with pytest.raises(BootError, match="PutObject"):
+        Rendezvous(
+            host, account.store.prefix, account.settings.serving_group.name, 2, "host-1", "127.0.0.1"
+        ).claim()
 
 
 class MetricsPage(BaseHTTPRequestHandler):

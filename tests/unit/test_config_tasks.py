@@ -127,4 +127,7 @@ def test_plan_uses_the_measured_baseline_when_there_is_one(capsys):
 def test_plan_of_an_unknown_stack_names_the_known_ones(capsys):
     code, _, err = fab(capsys, "plan", "-s", "qa")
     assert code == 2
-    assert "known stacks: dev, eks-gateway, eks-prod, local, moe-prod, prod, staging" in err
+    assert (
+        "known stacks: dev, eks-gateway, eks-multinode, eks-prod, local, moe-prod, prod, prod-multinode, staging"
+        in err
+    )

@@ -158,27 +158,37 @@ def test_leaving_the_domain_without_a_known_network_is_an_error_naming_the_numbe
 
 
 def test_pipeline_bubble():
-    """(PP - 1) / (m + PP - 1): 4 stages, 4 micro-batches wait 3/7 of the step; 2 stages with one
-    micro-batch (a single sequence) wait half of it: the stages take turns."""
-    assert pipeline_bubble(4, 4) == pytest.approx(3 / 7)
+    """(PP - m) / PP with m steps in flight: 4 stages with a step each never wait; 4 stages with 3
+    steps wait a quarter of the time; 2 stages with one sequence (one step) take turns: half."""
+    assert pipeline_bubble(4, 4) == 0.0
+    assert pipeline_bubble(4, 3) == pytest.approx(1 / 4)
     assert pipeline_bubble(2, 1) == pytest.approx(1 / 2)
     assert pipeline_bubble(1, 8) == 0.0
     with pytest.raises(FrontierError, match="pipeline_parallel = 0, microbatches = 3"):
         pipeline_bubble(0, 3)
 
 
-def test_a_pipeline_step_pays_its_bubble_and_rereads_the_stage_per_micro_batch():
-    """TP 4 x PP 2 of the small model (8 GPUs, one NVLink domain), 4 decoding sequences: m = 4
-    micro-batches (2 per stage), each reading the stage's dense weights 99,155,968 / 8 = 12,394,496 B
-    and the experts its one token hits (2 layers x 2 x 12,582,912 B / 4 GPUs = 12,582,912 B);
-    the bubble is 1 more micro-batch stage time: 1 / (4 + 1) of the step's busy time.
-    Each micro-batch sends 1 token x 1024 x 2 B / 4 GPUs = 512 B to the next stage: 1.6 ns + 10 us."""
+def test_a_pipeline_rereads_the_stage_per_step_in_flight_and_waits_for_none():
+    """TP 4 x PP 2 of the small model (8 GPUs, one NVLink domain), 4 decoding sequences: m = 2 steps
+    in flight (one per stage) of 2 sequences each, each reading the stage's dense weights
+    99,155,968 / 8 = 12,394,496 B and the experts its two tokens hit (2 layers x 12,582,912 B x the
+    expected experts of 2 tokens over 4 GPUs); no bubble. Each step sends 2 tokens x 1024 x 2 B / 4
+    GPUs = 1,024 B to the next stage: 3.3 ns + 10 us."""
     replica = _replica(SMALL, tp=4, pp=2)
     st = step(H200, EFF, replica, decode_seqs=4, context=0)
-    assert st.microbatches == 4
-    assert st.weight_bytes == pytest.approx(4 * (12_394_496 + 12_582_912))
-    assert st.bubble_s / (st.total_s - st.overhead_s) == pytest.approx(1 / 5)
-    assert stage_send_s(H200, EFF, replica, 1) == pytest.approx(512 / 315e9 + 10 * US)
+    assert st.microbatches == 2
+    experts = busiest_rank_experts(SMALL, 1, 2)
+    assert st.weight_bytes == pytest.approx(2 * (12_394_496 + 2 * experts * 12_582_912 / 4))
+    assert st.bubble_s == 0.0
+    assert stage_send_s(H200, EFF, replica, 2) == pytest.approx(1024 / 315e9 + 10 * US)
+
+
+def test_a_single_sequence_crosses_the_stages_in_turn():
+    """One decoding sequence over PP 2: one step in flight, so each stage idles while the other works:
+    the bubble equals the busy time (half the round)."""
+    st = step(H200, EFF, _replica(SMALL, tp=4, pp=2), decode_seqs=1, context=0)
+    assert st.microbatches == 1
+    assert st.bubble_s / (st.total_s - st.overhead_s) == pytest.approx(1 / 2)
 
 
 def test_bad_layouts_name_the_numbers():
@@ -274,6 +284,17 @@ def test_a_replica_over_two_nodes_pays_for_both():
     assert (group.gpus_per_replica, group.nodes_per_replica) == (16, 2)
     assert (group.replicas, group.nodes) == (5, 10)
     assert group.cost_per_million_output_tokens == pytest.approx(226 / (2000 * 3600) * 1e6)
+
+
+def test_a_replica_spread_wider_than_it_must_pays_for_every_node_it_spans():
+    """The same 16 GPUs over 4 nodes (4 GPUs on each, 4 idle): 5 replicas = 20 nodes, $452/h a replica."""
+    settings = load_stack("moe-prod")
+    rt = settings.runtime.model_copy(update={"expert_parallel_size": 16, "nodes_per_replica": 4})
+    group = plan_with(
+        settings.model_copy(update={"runtime": rt}), Throughput(7.0, 2000.0, "roofline", None)
+    ).groups[0]
+    assert (group.nodes_per_replica, group.nodes, group.idle_gpus_per_node) == (4, 20, 4)
+    assert group.cost_per_million_output_tokens == pytest.approx(4 * 113 / (2000 * 3600) * 1e6, rel=0.01)
 
 
 def test_the_stack_s_own_layout_is_a_candidate_of_its_sweep():

@@ -124,13 +124,26 @@ def _problem_line(message: str, field: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("stack", ["local", "dev", "staging", "prod", "eks-prod", "moe-prod"])
+SHIPPED_STACKS = [
+    "dev",
+    "eks-gateway",
+    "eks-multinode",
+    "eks-prod",
+    "local",
+    "moe-prod",
+    "prod",
+    "prod-multinode",
+    "staging",
+]
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
 def test_every_shipped_stack_loads(stack):
     assert load_stack(stack).stack == stack
 
 
-def test_the_seven_stacks_are_shipped():
-    assert available_stacks() == ["dev", "eks-gateway", "eks-prod", "local", "moe-prod", "prod", "staging"]
+def test_the_shipped_stacks_are_these():
+    assert available_stacks() == SHIPPED_STACKS
 
 
 @pytest.mark.parametrize(
@@ -170,7 +183,7 @@ def test_missing_region_is_refused(changed_stack):
 def test_missing_stack_file_names_the_known_stacks():
     with pytest.raises(
         StackError,
-        match=r"no such stack file.*known stacks: dev, eks-gateway, eks-prod, local, moe-prod, prod, staging",
+        match=r"no such stack file.*known stacks: dev, eks-gateway, eks-multinode, eks-prod, local, moe-prod, prod, prod-multinode, staging",
     ):
         load_stack("qa")
 
@@ -271,11 +284,30 @@ CROSS_RULES = {
         "runtime.expert_parallel_size = 4",
         "must divide model.num_experts (6)",
     ),
-    "tensor x pipeline parallel fits the GPUs of a node": (
+    "a replica on one node fits the GPUs of a node": (
         "prod",
         {"runtime.pipeline_parallel_size": 2},
-        "runtime.tensor_parallel_size = 8",
-        "tensor (8) x pipeline (2) parallel = 16 GPUs must fit the 8 GPUs per node of node group 'h100'",
+        "runtime.nodes_per_replica = 1",
+        "pipeline (2) x max(tensor (8), expert (1)) parallel = 16 GPUs over 1 node(s) is 16 per node, more "
+        "than the 8 GPUs per node of node group 'h100'; set runtime.nodes_per_replica to 2 or more",
+    ),
+    "a replica over nodes fits each node its share": (
+        "prod",
+        {"runtime.pipeline_parallel_size": 4, "runtime.nodes_per_replica": 2},
+        "runtime.nodes_per_replica = 2",
+        "= 32 GPUs over 2 node(s) is 16 per node, more than the 8 GPUs per node",
+    ),
+    "nodes split a replica's ranks evenly": (
+        "prod",
+        {"runtime.pipeline_parallel_size": 2, "runtime.nodes_per_replica": 3},
+        "runtime.nodes_per_replica = 3",
+        "must divide the replica's 16 ranks (pipeline 2 x max(tensor 8, expert 1))",
+    ),
+    "a pipeline stage spans nodes only inside one NVLink domain": (
+        "prod",
+        {"runtime.nodes_per_replica": 2},
+        "runtime.nodes_per_replica = 2",
+        "a pipeline stage's 8 GPUs would lie on 2 nodes, but one NVLink domain joins 1 (nvlink_domain_gpus = 8",
     ),
     "expert parallel stays inside one NVLink domain": (
         "prod",
@@ -487,4 +519,7 @@ def test_fab_plan_on_a_broken_cross_check_exits_non_zero_naming_the_field(stacks
     changed_stack("prod", {"runtime.pipeline_parallel_size": 2})
     result = _fab("plan", "--stack", "prod", stacks_dir=stacks_copy)
     assert result.returncode != 0
-    assert "runtime.tensor_parallel_size = 8: tensor (8) x pipeline (2) parallel = 16 GPUs" in result.stderr
+    assert (
+        "runtime.nodes_per_replica = 1: pipeline (2) x max(tensor (8), expert (1)) parallel = 16 GPUs"
+        in result.stderr
+    )

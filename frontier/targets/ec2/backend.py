@@ -8,6 +8,8 @@ Bucket names, the target group and the endpoint come from the Pulumi stack outpu
 
 The node group is an auto scaling group (:class:`~frontier.targets.ec2.group.AsgFleet`, found by
 its tags): a rollout surges where its ``max_size`` leaves room and holds the group while it runs.
+A group whose replica spans several nodes rolls in place, its hosts in replica order, a wave of
+whole replicas at a time (:mod:`frontier.targets.ec2.replicas`).
 A stack that lists its hosts (``inventory.source: static``) is a fixed fleet: no group, in place.
 """
 
@@ -39,6 +41,7 @@ from frontier.release.history import (
     stack_history,
 )
 from frontier.release.release import Release
+from frontier.render.boot import replica_nodes
 from frontier.rollout.canary import canary_verification
 from frontier.rollout.rolling import Event, Reporter, RolloutResult
 from frontier.rollout.strategy import roll_hosts
@@ -48,6 +51,7 @@ from frontier.targets.ec2.access import InstanceConnectKey, host_connection
 from frontier.targets.ec2.balancer import AlbBalancer
 from frontier.targets.ec2.discovery import HOST_PYTHON, discover
 from frontier.targets.ec2.group import AsgFleet
+from frontier.targets.ec2.replicas import claimed_slots, in_replica_order
 
 # A surge host boots (drivers, image, weights) before its readiness timeout starts to count.
 LAUNCH_ALLOWANCE_S = 900
@@ -65,7 +69,31 @@ class Ec2Backend:
         group_name = group or self.settings.serving_group.name
         if self.settings.inventory.source == "static":
             return static_hosts(self.settings, group_name, python=HOST_PYTHON, resolve_root=str)
-        return discover(self.settings, self.aws_client("ec2"), group_name, root=HOST_ROOT, python=HOST_PYTHON)
+        found = discover(
+            self.settings, self.aws_client("ec2"), group_name, root=HOST_ROOT, python=HOST_PYTHON
+        )
+        if self.replica_nodes(group_name) == 1:
+            return found
+        # A replica's nodes side by side, so each rollout wave holds whole replicas (replicas.py).
+        outputs = self.outputs()
+        slots = claimed_slots(
+            self.aws_client("s3"), outputs.history_bucket, outputs.history_prefix, group_name
+        )
+        return in_replica_order(found, slots)
+
+    def replica_nodes(self, group: str | None = None) -> int:
+        """Nodes one replica of ``group`` (the serving group by default) spans."""
+        name = group or self.settings.serving_group.name
+        return replica_nodes(self.settings, next(g for g in self.settings.node_groups if g.name == name))
+
+    def in_place_reason(self) -> str:
+        """Why a rollout may not launch new hosts first; "" where it may. Not where a replica spans
+        several nodes: hosts launched mid-rollout would claim slots in replicas the rollout is
+        taking apart; those groups roll in place, a wave of whole replicas at a time."""
+        nodes = self.replica_nodes()
+        if nodes == 1:
+            return ""
+        return f"a replica spans {nodes} nodes (runtime.nodes_per_replica): whole replicas roll in place"
 
     def outputs(self) -> Ec2Outputs[str]:
         """What ``pulumi up`` of the stack exported, as saved for ``fab``."""
@@ -129,7 +157,8 @@ class Ec2Backend:
                 kind,
                 reporter,
                 group=fleet,
-                surge=True,
+                surge=not self.in_place_reason(),
+                in_place_reason=self.in_place_reason(),
                 launch_timeout_s=launch_timeout_s,
                 verification=verification,
             )

@@ -18,6 +18,7 @@ from frontier_hostside.names import HOST_ROOT, NODE_GROUP_TAG, STACK_TAG
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
+from frontier.render.boot import replica_nodes
 from frontier.rollout.strategy import GroupSize
 from frontier.targets.ec2.discovery import HOST_PYTHON, discover
 
@@ -102,7 +103,16 @@ class AsgFleet:
         )
 
     def scale(self, replicas: int) -> GroupSize:
-        """Set the desired capacity; a value outside min..max is refused and changes nothing."""
+        """Set the desired capacity; a value outside min..max, or one that is not whole replicas where
+        a replica spans several nodes, is refused and changes nothing."""
+        nodes = replica_nodes(
+            self.settings, next(g for g in self.settings.node_groups if g.name == self.group)
+        )
+        if replicas % nodes:
+            raise FleetError(
+                f"--replicas {replicas}: a replica of node group {self.group!r} spans {nodes} hosts "
+                f"(runtime.nodes_per_replica = {nodes}): give a multiple of {nodes} hosts"
+            )
         size = self.size()
         if not size.min_size <= replicas <= size.max_size:
             raise FleetError(

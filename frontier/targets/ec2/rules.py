@@ -3,6 +3,10 @@
 Every node group (and the gateway's) boots a pinned AMI; a model cache on instance store needs an
 instance type that has one; the ALB serves HTTPS with an ACM certificate; the gateway finds a
 pool's hosts by their node group's tag, so pools do not share a group; its metering goes to S3.
+A group whose replica spans ``N`` nodes (``runtime.nodes_per_replica``) counts whole replicas: its
+sizes, its schedule's floors and the rollout's canary and batches are multiples of ``N`` (a partial
+replica serves nothing, and a wave that splits a replica would leave its nodes on two releases),
+and its hosts come from the auto scaling group (the rendezvous tells a lost host by its group).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from frontier_settings import FieldProblem
 from frontier.config.checks import certificate_problems
 from frontier.config.hardware import INSTANCE_STORE, instance_store
 from frontier.config.schema import Settings
+from frontier.render.boot import replica_nodes
 
 
 def stack_problems(s: Settings) -> Iterator[FieldProblem]:
@@ -22,6 +27,7 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
     yield from certificate_problems(s)
     yield from _pool_problems(s)
     yield from _gateway_problems(s)
+    yield from _replica_problems(s)
 
 
 def _node_group_problems(s: Settings) -> Iterator[FieldProblem]:
@@ -81,3 +87,42 @@ def _gateway_problems(s: Settings) -> Iterator[FieldProblem]:
             f"must give up before the one in front of it (runtime.queue.timeout_ms = {queue_s:g} s, "
             f"gateway.request_timeout_s = {gw.request_timeout_s:g} s, edge.idle_timeout_s = {idle_s} s)",
         )
+
+
+def _replica_problems(s: Settings) -> Iterator[FieldProblem]:
+    """Whole replicas only, on a group whose replica spans several nodes."""
+    for i, group in enumerate(s.node_groups):
+        nodes = replica_nodes(s, group)
+        if nodes == 1:
+            continue
+        where, why = (
+            f"node_groups[{i}]",
+            f"runtime.nodes_per_replica = {nodes}: a partial replica serves nothing",
+        )
+        for name in ("min_size", "desired_size", "max_size"):
+            value = getattr(group, name)
+            if value % nodes:
+                yield FieldProblem(f"{where}.{name}", value, f"must be a multiple of {nodes} ({why})")
+        for w, window in enumerate(group.schedule.windows if group.schedule else ()):
+            if window.min_size % nodes:
+                yield FieldProblem(
+                    f"{where}.schedule.windows[{w}].min_size",
+                    window.min_size,
+                    f"must be a multiple of {nodes} ({why})",
+                )
+        if s.inventory.source == "static":
+            yield FieldProblem(
+                "inventory.source",
+                s.inventory.source,
+                f"node group {group.name!r} spans {nodes} nodes per replica: its hosts find each other "
+                "through its auto scaling group; use source: aws",
+            )
+        rollout = s.rollout
+        for name, value in (("canary_hosts", rollout.canary_hosts), ("batch_size", rollout.batch_size)):
+            if value % nodes:
+                yield FieldProblem(
+                    f"rollout.{name}",
+                    value,
+                    f"must be a multiple of runtime.nodes_per_replica ({nodes}): a rollout wave takes whole "
+                    f"replicas out of service, or a replica's nodes would run two releases",
+                )

@@ -6,15 +6,22 @@ an adapter (prometheus-adapter) with a rule per metric, a second component to ru
 with the query; KEDA's ScaledObject carries the PromQL query itself, next to the threshold, and
 drives the same HPA machinery underneath (behavior, stabilisation). Scale-down is one replica per
 period, slower than the runtime's drain, so load moves off a replica before it goes.
+
+A pool whose replica spans several nodes is scaled the same way through its LeaderWorkerSet's
+scale subresource (``spec.replicas``: groups, one replica each; the HPA selector LWS publishes
+matches the leaders, which are the pods that serve and report the queue).
 """
 
 from __future__ import annotations
+
+import math
 
 from frontier_gateway.hold import POOL_LABEL, POOL_WAITING_METRIC
 from frontier_hostside.names import WAITING_METRIC
 
 from frontier.config.schedule import cron_of
 from frontier.config.schema import Settings
+from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of
 
 
@@ -28,7 +35,7 @@ def scaled_object(settings: Settings) -> Manifest:
     auto = k.autoscaling
     body = {
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": app_name(settings)},
+            "scaleTargetRef": scale_target(settings),
             "pollingInterval": auto.polling_interval_s,
             # KEDA's cooldownPeriod is how long every trigger must be inactive before it scales to
             # zero: the stack's idle_to_zero_s where the group may reach zero.
@@ -71,10 +78,18 @@ def scaled_object(settings: Settings) -> Manifest:
     )
 
 
+def scale_target(settings: Settings) -> dict[str, str]:
+    """The pool's runtime workload: its Deployment, or its LeaderWorkerSet where a replica spans nodes."""
+    if lw.spans_nodes(settings):
+        return {"apiVersion": lw.API_VERSION, "kind": lw.KIND, "name": lw.set_name(settings)}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": app_name(settings)}
+
+
 def schedule_triggers(settings: Settings) -> list[dict[str, object]]:
     """The serving group's schedule as KEDA cron triggers: inside each window at least its min_size
-    replicas (one replica per node of the group), the queue-depth trigger scaling above it. KEDA takes
-    the largest of its triggers, so a window only ever raises the floor."""
+    replicas (one replica per node of the group; where a replica spans N nodes, enough replicas to
+    hold min_size nodes), the queue-depth trigger scaling above it. KEDA takes the largest of its
+    triggers, so a window only ever raises the floor."""
     schedule = settings.serving_group.schedule
     if schedule is None:
         return []
@@ -86,7 +101,7 @@ def schedule_triggers(settings: Settings) -> list[dict[str, object]]:
                 "timezone": schedule.timezone,
                 "start": cron_of(window, window.start),
                 "end": cron_of(window, window.end),
-                "desiredReplicas": str(window.min_size),
+                "desiredReplicas": str(math.ceil(window.min_size / settings.runtime.nodes_per_replica)),
             },
         }
         for window in schedule.windows

@@ -10,6 +10,10 @@ The cluster is reached with the official ``kubernetes`` client from a kubeconfig
 (``kubernetes.cluster.kubeconfig`` / ``context``) for an existing cluster; for one the stack
 created, ``$KUBECONFIG`` (else ``~/.kube/config``) with the context named like the cluster, as
 ``aws eks update-kubeconfig --name <cluster> --alias <cluster>`` writes it.
+
+A pool whose replica spans several nodes runs as a LeaderWorkerSet, not a Deployment: ``fab deploy``
+and ``fab rollback`` roll it through :mod:`frontier.targets.kubernetes.group_rollout` (both pod
+templates patched, the LWS controller rolling group by group, the same gate, no canary).
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from frontier.hosts.inventory import HostSpec
 from frontier.release.history import HistoryStore, stack_history
 from frontier.release.release import Release
 from frontier.rollout.rolling import Reporter, RolloutResult
+from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes import rules
+from frontier.targets.kubernetes.group_rollout import LeaderWorkerSetRollout
 from frontier.targets.kubernetes.rollout import Clock, KubernetesRollout, list_pods
 from frontier.targets.kubernetes.status import PodSession, pod_facts
 
@@ -130,7 +136,9 @@ class KubernetesBackend:
         return None
 
     def rollout(self, reporter: Reporter | None = None) -> KubernetesRollout:
-        return KubernetesRollout(self.settings, self.api(), reporter, self.clock)
+        """The pool's Deployment's rollout, or its LeaderWorkerSet's where a replica spans nodes."""
+        kind = LeaderWorkerSetRollout if lw.spans_nodes(self.settings) else KubernetesRollout
+        return kind(self.settings, self.api(), reporter, self.clock)
 
     def rollout_size(self) -> int:
         """The pods the Deployment may run at most (asked without the API: it may be unreachable)."""

@@ -23,6 +23,10 @@ Choices worth knowing (autoscaling: :mod:`frontier.targets.kubernetes.autoscalin
   stack's SLO alerts come once (they select every runtime of the stack).
 - **The gateway** (a stack's ``gateway:``): its own Deployment in front of the pools, the Ingress
   pointing at it (:mod:`frontier.targets.kubernetes.gateway`).
+- **A replica over several nodes** (a pool's ``runtime.nodes_per_replica`` above 1): a
+  LeaderWorkerSet in place of its Deployment, each pod on its own node with its share of the
+  replica's GPUs, the Service in front of the leaders only
+  (:mod:`frontier.targets.kubernetes.leader_workers`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from frontier.errors import FrontierError
 from frontier.release.artifact import is_placeholder
 from frontier.render.host import image_reference, render_runtime_config
 from frontier.targets.kubernetes import gateway as gw
+from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.autoscaling import scaled_object
 from frontier.targets.kubernetes.monitoring import monitoring_objects, prometheus_rule, service_monitor
 from frontier.targets.kubernetes.network import ingress_access_annotations
@@ -88,19 +93,23 @@ def serving_pool(settings: Settings) -> NodePool:
 
 
 def gpus_per_pod(settings: Settings) -> int:
-    """One replica's GPUs, all on one node: pipeline stages of max(tensor, expert) parallel GPUs
-    each (a stage spans EP GPUs when EP > TP, as the runtime lays it out and the planner counts)."""
-    rt = settings.runtime
-    return rt.pipeline_parallel_size * max(rt.tensor_parallel_size, rt.expert_parallel_size)
+    """One pod's GPUs, all on one node: a replica's pipeline stages of max(tensor, expert) parallel
+    GPUs each (a stage spans EP GPUs when EP > TP, as the runtime lays it out and the planner
+    counts), split evenly over its ``runtime.nodes_per_replica`` pods (the runtime's config refuses a
+    split that is not even): the runtime's own ``ranks_per_node``."""
+    return settings.runtime.ranks_per_node
 
 
 def pod_gpus_formula(settings: Settings) -> str:
     """How :func:`gpus_per_pod` counts, with the stack's numbers (for errors)."""
     rt = settings.runtime
-    return (
+    formula = (
         f"pipeline {rt.pipeline_parallel_size} x max(tensor {rt.tensor_parallel_size}, "
         f"expert {rt.expert_parallel_size}) parallel"
     )
+    if rt.nodes_per_replica > 1:
+        formula = f"{formula} / runtime.nodes_per_replica {rt.nodes_per_replica}"
+    return formula
 
 
 # Of a node's CPU and memory, what the runtime pods may ask for together: the kubelet reserves some,
@@ -371,12 +380,13 @@ def deployment(
 
 
 def service(settings: Settings) -> Manifest:
+    """The pool's ClusterIP Service; where a replica spans nodes, in front of its leaders only."""
     k = kubernetes_of(settings)
     port = settings.runtime.port
     body = {
         "spec": {
             "type": "ClusterIP",
-            "selector": selector(settings),
+            "selector": lw.leader_selector(settings) if lw.spans_nodes(settings) else selector(settings),
             "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
         }
     }
@@ -465,6 +475,8 @@ class PoolObjects:
 
     model: str
     config_map: Manifest
+    #: The pool's runtime workload: its Deployment, or, where a replica spans several nodes, its
+    #: LeaderWorkerSet (``fab deploy`` rolls the former only).
     deployment: Manifest
     service: Manifest
     disruption_budget: Manifest
@@ -478,10 +490,15 @@ class PoolObjects:
 def pool_objects(view: Settings, digest: str, release_id: str = "", *, first: bool = True) -> PoolObjects:
     """``view``: the stack as one pool sees it (``Settings.for_pool``)."""
     runtime_yaml = render_runtime_config(view)
+    if lw.spans_nodes(view):
+        pod = pod_template(view, digest, runtime_yaml, track="stable", release_id=release_id)
+        workload = lw.leader_worker_set(view, pod)
+    else:
+        workload = deployment(view, digest, runtime_yaml, release_id=release_id)
     return PoolObjects(
         model=view.model.name,
         config_map=config_map(view, runtime_yaml),
-        deployment=deployment(view, digest, runtime_yaml, release_id=release_id),
+        deployment=workload,
         service=service(view),
         disruption_budget=disruption_budget(view),
         scaled_object=scaled_object(view),
@@ -556,8 +573,13 @@ class Workload:
 
     @property
     def runtime_deployments(self) -> list[Manifest]:
-        """What ``fab deploy`` rolls (one per pool); Pulumi leaves their template and replicas alone."""
-        return [pool.deployment for pool in self.pools]
+        """The pools' Deployments, which ``fab deploy`` rolls; Pulumi leaves their template and replicas alone."""
+        return [pool.deployment for pool in self.pools if pool.deployment.kind == "Deployment"]
+
+    @property
+    def leader_worker_sets(self) -> list[Manifest]:
+        """The pools whose replicas span nodes: ``fab deploy`` rolls their templates, KEDA their replicas."""
+        return [pool.deployment for pool in self.pools if pool.deployment.kind == lw.KIND]
 
     def all(self) -> list[Manifest]:
         """In apply order: what an object names exists before it (config before Deployment, Service

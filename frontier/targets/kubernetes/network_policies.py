@@ -10,6 +10,10 @@ port from the gateway's pods only: ingress controller -> gateway -> runtimes. Th
 port (``/metrics``) admits Prometheus alone; out, the gateway reaches DNS, the pools' runtimes,
 HTTPS (Secrets Manager, S3 metering, STS), the Pod Identity agent, a Redis quota store's port, and
 the trace collector's port where tracing is on.
+
+A pool whose replica spans several nodes also gets ``<app>-replica``: all TCP between its own pods,
+in and out (the leader's step and store ports, and the ephemeral ports gloo and NCCL open between
+every pair of ranks), and from nothing else.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from frontier_hostside.names import INSTANCE_METADATA_CIDR
 
 from frontier.config.schema import Settings
 from frontier.targets.kubernetes import gateway as gw
+from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.network import api_server_cidrs, ingress_source_cidrs
 from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of, selector
 
@@ -49,11 +54,35 @@ def network_policies(settings: Settings) -> list[Manifest]:
         labels=app_labels(settings),
     )
     front = front_peers(settings)
+    replicas = [replica_policy(view) for view in gw.pool_views(settings) if lw.spans_nodes(view)]
     if settings.gateway is None:
-        return [deny, *runtime_policies(settings, front)]
+        return [deny, *runtime_policies(settings, front), *replicas]
     from_gateway = [{"podSelector": {"matchLabels": gw.gateway_selector()}}]
     runtimes = [policy for view in gw.pool_views(settings) for policy in runtime_policies(view, from_gateway)]
-    return [deny, *runtimes, *gateway_policies(settings, front)]
+    return [deny, *runtimes, *replicas, *gateway_policies(settings, front)]
+
+
+def replica_policy(view: Settings) -> Manifest:
+    """One pool's pods to each other, every TCP port both ways: the ranks of a replica over several
+    nodes meet on the leader's ports, then gloo and NCCL connect every pair on ephemeral ones."""
+    k = kubernetes_of(view)
+    pool = {"podSelector": {"matchLabels": selector(view)}}
+    all_tcp = [{"protocol": "TCP"}]  # no port: every port of the protocol
+    return Manifest(
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        f"{app_name(view)}-replica",
+        k.namespace,
+        {
+            "spec": {
+                "podSelector": {"matchLabels": selector(view)},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [{"from": [pool], "ports": all_tcp}],
+                "egress": [{"to": [pool], "ports": all_tcp}],
+            }
+        },
+        labels=app_labels(view),
+    )
 
 
 def front_peers(settings: Settings) -> list[dict[str, Any]]:

@@ -4,6 +4,10 @@ Its ``kubernetes:`` section must be there and hold together (namespace, cluster,
 autoscaling, ingress, image); every model pool runs on a node pool of its node group, and fits it;
 a gateway has its image, fixed ports, durable metering and, on an existing cluster, its IAM role;
 and the edge terminates TLS with an ACM certificate unless the cluster's own ingress class does.
+
+A pool whose replica spans ``runtime.nodes_per_replica`` N nodes runs N pods per replica, one per
+node, each with its share of the replica's GPUs (:mod:`frontier.targets.kubernetes.leader_workers`):
+that share must fit a node, and replicas count N nodes each against the node group's max_size.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from frontier_settings import FieldProblem
 
 from frontier.config.checks import certificate_problems
 from frontier.config.schema import DTYPE_BYTES, GB, GP3_MAX_MIBPS, MIB, Kubernetes, Settings
+from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.manifests import gpus_per_pod, pod_gpus_formula, startup_failure_threshold
 from frontier.targets.kubernetes.objects import app_name
 
@@ -127,8 +132,8 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
             # The first model pool's pods; other pools' are checked against their own node group.
             if gpus > per_node and group.name == s.serving_group.name:
                 yield FieldProblem(
-                    f"{where}.instance_types[{j}]" if pool.instance_types else "runtime.tensor_parallel_size",
-                    instance_type if pool.instance_types else s.runtime.tensor_parallel_size,
+                    f"{where}.instance_types[{j}]" if pool.instance_types else _split_field(s),
+                    instance_type if pool.instance_types else _split_value(s),
                     f"a runtime pod requests {gpus} nvidia.com/gpu ({pod_gpus_formula(s)}) but a "
                     f"{instance_type} node of pool {pool.name!r} has {per_node}; allowed: at most {per_node}",
                 )
@@ -145,20 +150,21 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
             f"one pool must run the serving node group {s.serving_group.name!r} (node_groups[0])",
         )
     auto = k.autoscaling
+    yield from replica_group_problems(s, k)
     if auto.min_replicas > auto.max_replicas:
         yield FieldProblem(
             "kubernetes.autoscaling.min_replicas",
             auto.min_replicas,
             f"must be <= kubernetes.autoscaling.max_replicas ({auto.max_replicas})",
         )
-    if auto.max_replicas > s.serving_group.max_size:
+    if auto.max_replicas > s.serving_group.max_size and not lw.spans_nodes(s):
         yield FieldProblem(
             "kubernetes.autoscaling.max_replicas",
             auto.max_replicas,
             f"one replica per node: must be <= node_groups[0].max_size ({s.serving_group.max_size})",
         )
     spare = s.rollout.max_surge + s.rollout.canary_hosts
-    if auto.max_replicas + spare > s.serving_group.max_size:
+    if auto.max_replicas + spare > s.serving_group.max_size and not lw.spans_nodes(s):
         yield FieldProblem(
             "kubernetes.autoscaling.max_replicas",
             auto.max_replicas,
@@ -260,19 +266,66 @@ def pool_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
         gpus = gpus_per_pod(view)
         if gpus > group.gpus_per_node:
             yield FieldProblem(
-                f"{where}.runtime.tensor_parallel_size",
-                view.runtime.tensor_parallel_size,
+                f"{where}.{_split_field(view)}",
+                _split_value(view),
                 f"a pod of this pool requests {gpus} nvidia.com/gpu ({pod_gpus_formula(view)}) but a "
                 f"{group.instance_type} node of node group {group.name!r} has {group.gpus_per_node}",
             )
         spare = s.rollout.max_surge + s.rollout.canary_hosts
-        if k.autoscaling.max_replicas + spare > group.max_size:
+        if k.autoscaling.max_replicas + spare > group.max_size and not lw.spans_nodes(view):
             yield FieldProblem(
                 "kubernetes.autoscaling.max_replicas",
                 k.autoscaling.max_replicas,
                 f"one replica per node: pool {pool.name!r} runs on node group {group.name!r} "
                 f"(max_size {group.max_size}), so at most {group.max_size - spare} with rollout.max_surge + "
                 f"rollout.canary_hosts = {spare}",
+            )
+
+
+def _split_field(view: Settings) -> str:
+    """The field that sizes a pod's GPUs: the tensor parallel size, or how many nodes share a replica."""
+    return "runtime.nodes_per_replica" if lw.spans_nodes(view) else "runtime.tensor_parallel_size"
+
+
+def _split_value(view: Settings) -> int:
+    rt = view.runtime
+    return rt.nodes_per_replica if lw.spans_nodes(view) else rt.tensor_parallel_size
+
+
+# The StatefulSet controller labels each pod with ``<statefulset>-<10-character hash>`` (at most 63
+# characters), so a StatefulSet name may take 52. LWS names each group's workers' StatefulSet
+# ``<leaderworkerset>-<group index>``.
+STATEFULSET_NAME_MAX = 52
+
+
+def replica_group_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
+    """Each pool whose replica spans nodes: its replicas in nodes fit its node group, its groups'
+    names fit what the StatefulSets under its LeaderWorkerSet may be named."""
+    auto = k.autoscaling
+    for i, view in enumerate(s.for_pool(pool.name) for pool in s.pools):
+        if not lw.spans_nodes(view):
+            continue
+        where = "runtime" if i == 0 else f"models[{i}].runtime"
+        nodes, group = view.runtime.nodes_per_replica, view.serving_group
+        # A rolling update surges whole groups; there is no canary group (group_rollout.py).
+        surge = s.rollout.max_surge * nodes
+        if auto.max_replicas * nodes + surge > group.max_size:
+            yield FieldProblem(
+                "kubernetes.autoscaling.max_replicas",
+                auto.max_replicas,
+                f"a replica of model {view.model.name!r} spans {where}.nodes_per_replica = {nodes} nodes: "
+                f"{auto.max_replicas} replicas x {nodes} nodes + rollout.max_surge {s.rollout.max_surge} "
+                f"replica(s) x {nodes} nodes = {auto.max_replicas * nodes + surge} nodes, but node group "
+                f"{group.name!r} has max_size {group.max_size}; allowed: at most "
+                f"{max(0, (group.max_size - surge) // nodes)}",
+            )
+        longest = f"{lw.set_name(view)}-{max(0, auto.max_replicas + s.rollout.max_surge - 1)}"
+        if len(longest) > STATEFULSET_NAME_MAX:
+            yield FieldProblem(
+                f"models[{i}].model.name" if i else "model.name",
+                view.model.name,
+                f"its replicas' StatefulSets would be named like {longest!r} ({len(longest)} characters); "
+                f"allowed: at most {STATEFULSET_NAME_MAX}: shorten the model's name",
             )
 
 

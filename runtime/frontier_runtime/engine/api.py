@@ -57,6 +57,12 @@ class EngineClient(Protocol):
         """False once the loop has stopped or failed: the engine takes no more requests."""
         ...
 
+    @property
+    def replica_lost(self) -> str | None:
+        """Why the replica no longer works (one of its ranks or nodes was lost), or None. Once set,
+        ``is_running`` is False for good: only a restart of every node brings the replica back."""
+        ...
+
     def submit(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[RequestOutput]:

@@ -88,21 +88,15 @@ class EngineConfig(BatchConfig, CacheConfig, ParallelConfig, CpuConfig):
         )
 
     @property
-    def ranks(self) -> int:
-        """Processes of the replica: pipeline stages of max(tensor, expert) parallel ranks each."""
-        stage = max(self.tensor_parallel_size, self.expert_parallel_size)
-        return self.pipeline_parallel_size * stage
-
-    @property
     def threads_per_rank(self) -> int:
-        """Intra-op threads of each rank (tensor, expert or pipeline parallel): the budget split
-        evenly, at least one.
+        """Intra-op threads of each rank (tensor, expert or pipeline parallel): this node's budget split
+        evenly over this node's ranks, at least one.
 
         Oversubscribed threads make every step several times slower, so ranks share the budget
         (all cores when ``cpu_threads`` is 0) rather than each taking all of it.
         """
         budget = self.cpu_threads or os.cpu_count() or 1
-        return max(1, budget // self.ranks)
+        return max(1, budget // self.ranks_per_node)
 
 
 # The sections RuntimeSettings and EngineConfig both inherit, whose fields sit at the top level of each.

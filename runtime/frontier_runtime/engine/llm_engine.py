@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +20,26 @@ from frontier_runtime.engine.affinity import pin_if_configured
 from frontier_runtime.engine.api import EngineStats
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
-from frontier_runtime.engine.model_runner import ModelRunner
+from frontier_runtime.engine.model_runner import Launched, ModelRunner
+from frontier_runtime.engine.nodes import ReplicaError
 from frontier_runtime.engine.output_processor import OutputProcessor
 from frontier_runtime.engine.sampler import Sampler
-from frontier_runtime.engine.scheduler import Scheduler
+from frontier_runtime.engine.scheduler import Scheduler, SchedulerOutput
 from frontier_runtime.engine.sequence import Sequence, Status
 from frontier_runtime.engine.tp_worker import TPWorkers
 from frontier_runtime.requests import RequestOutput, SamplingParams, TokenLogprob
-from frontier_runtime.structured.decoding import StructuredDecoder
+from frontier_runtime.structured.decoding import PendingMasks, StructuredDecoder
 from frontier_runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class _InFlight:
+    """A launched step: what was scheduled, who samples, and the runner's handle to its logits."""
+
+    scheduled: list[tuple[Sequence, int]]
+    samplers: list[Sequence]
+    masks: PendingMasks | None
+    launched: Launched
 
 
 class LLMEngine:
@@ -51,6 +65,9 @@ class LLMEngine:
         except BaseException:
             self.workers.terminate()
             raise
+        # Told when a rank of the replica is lost (AsyncEngine fails its requests and stops then).
+        self.on_replica_lost: Callable[[str], None] = lambda why: None
+        self.workers.watch(lambda why: self.on_replica_lost(why))
         cfg = self.runner.model_config
         self.model_config = cfg
         self.max_seq_len = config.max_seq_len or cfg.max_position_embeddings
@@ -85,6 +102,9 @@ class LLMEngine:
         )
         self._seqs: dict[str, Sequence] = {}
         self._pending: list[RequestOutput] = []  # aborts, delivered by the next step()
+        # Steps launched and not yet sampled: one at a time, or one per pipeline stage under PP.
+        self._in_flight: deque[_InFlight] = deque()
+        self.steps_in_flight = config.pipeline_parallel_size
         self._arrivals = itertools.count()
         self._steps = 0
         self._last_batch = 0
@@ -164,49 +184,79 @@ class LLMEngine:
         return len(ids)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._in_flight)
 
     # -- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Schedule and launch one step; return the outputs of the oldest step in flight once it is
+        done. Without pipeline parallelism that is the step just launched. With PP stages, up to PP
+        steps of disjoint sequences are in flight: while the later stages work on one, rank 0's
+        stage starts the next, so no stage idles while rank 0 samples and schedules."""
         outputs, self._pending = self._pending, []
-        sched = self.scheduler.schedule()
+        busy = {seq for flight in self._in_flight for seq, _ in flight.scheduled}
+        sched = self.scheduler.schedule(busy, self._step_share(len(busy)))
         for seq in sched.finished:
             self._seqs.pop(seq.request_id, None)
             self._release_structured(seq.request_id)
             outputs.append(self._output(seq, []))
-        if not sched.scheduled:
-            return self._with_text(outputs)
+        if sched.scheduled:
+            self._launch(sched)
+        if self._in_flight and (len(self._in_flight) >= self.steps_in_flight or not sched.scheduled):
+            outputs += self._collect(self._in_flight.popleft())
+        return self._with_text(outputs)
+
+    def _step_share(self, busy: int) -> int | None:
+        """Sequences one step may take: with several steps in flight, an even share of the work
+        (so each step carries its part of the batch, not the first all of it and the others none)."""
+        if self.steps_in_flight == 1:
+            return None
+        work = len(self.scheduler.running) + len(self.scheduler.waiting)
+        return max(1, -(-work // self.steps_in_flight))
+
+    def _launch(self, sched: SchedulerOutput) -> None:
         self._steps += 1
         self._last_batch = len(sched.scheduled)
         self._last_tokens = sched.num_tokens
         started = time.monotonic()  # one clock read per step: the requests' traces use it
-
         bm = self.block_manager
         step, samplers = self.runner.prepare(sched.scheduled, bm.row_of, bm.take_table_updates())
+        if self.steps_in_flight > 1:
+            # The other steps in flight keep the stages busy: splitting this one would only make
+            # each stage read its weights once more per micro-batch.
+            step.micro_batches = 1
         masks = self.structured.start(samplers) if self.structured is not None else None
+        if self.workers.lost is not None:  # a step now would wait on a rank that is gone
+            raise ReplicaError(f"the replica lost a rank: {self.workers.lost}")
         self.workers.send(step)
-        logits = self.runner.execute(step)
+        launched = self.runner.launch(step)
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
             self.block_manager.cache_computed_blocks(seq)
             self.block_manager.release_behind_window(seq)
             if seq.times.scheduled is None:
                 seq.times.scheduled = started
-        if not samplers:
-            return self._with_text(outputs)
+        self._in_flight.append(_InFlight(sched.scheduled, samplers, masks, launched))
+
+    def _collect(self, flight: _InFlight) -> list[RequestOutput]:
+        logits = self.runner.collect(flight.launched)
+        if not flight.samplers:
+            return []
         result = self.sampler(
             logits,
-            [s.params for s in samplers],
-            [s.generator for s in samplers],
-            masks.result() if masks is not None else None,
+            [s.params for s in flight.samplers],
+            [s.generator for s in flight.samplers],
+            flight.masks.result() if flight.masks is not None else None,
         )
         sampled = time.monotonic()
-        for seq, token, lp in zip(samplers, result.token_ids, result.logprobs, strict=True):
+        outputs = []
+        for seq, token, lp in zip(flight.samplers, result.token_ids, result.logprobs, strict=True):
+            if seq.status is Status.FINISHED:  # aborted while its step was in flight
+                continue
             if seq.times.first_token is None:
                 seq.times.first_token = sampled
             outputs.append(self._append_token(seq, token, lp))
-        return self._with_text(outputs)
+        return outputs
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq.token_ids.append(token)
@@ -309,6 +359,9 @@ class LLMEngine:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        in_flight = getattr(self, "_in_flight", ())
+        while in_flight:  # every rank sees each launched step through before it is told to stop
+            self.runner.collect(in_flight.popleft().launched)
         structured = getattr(self, "structured", None)
         if structured is not None:
             structured.close()

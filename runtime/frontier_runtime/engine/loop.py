@@ -29,6 +29,7 @@ from pathlib import Path
 from frontier_runtime.config import RuntimeConfig
 from frontier_runtime.engine.api import EngineDeadError, EngineStats
 from frontier_runtime.engine.llm_engine import LLMEngine
+from frontier_runtime.engine.nodes import ReplicaError
 from frontier_runtime.engine.output_processor import OutputProcessor
 from frontier_runtime.requests import RequestOutput, SamplingParams
 from frontier_runtime.tokenizer import Tokenizer
@@ -70,6 +71,9 @@ class AsyncEngine:
         self._output_thread.start()
         self._thread = threading.Thread(target=self._run, name="frontier-engine-loop", daemon=True)
         self._thread.start()
+        engine.on_replica_lost = self._replica_lost
+        if engine.workers.lost is not None:  # lost before this loop listened
+            self._replica_lost(engine.workers.lost)
 
     @classmethod
     def from_config(cls, config: RuntimeConfig, model_dir: str | Path) -> AsyncEngine:
@@ -85,7 +89,23 @@ class AsyncEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and self.error is None and not self._stopping
+        return (
+            self._thread.is_alive()
+            and self.error is None
+            and not self._stopping
+            and self.replica_lost is None
+        )
+
+    @property
+    def replica_lost(self) -> str | None:
+        return self.engine.workers.lost
+
+    def _replica_lost(self, why: str) -> None:
+        """From the watchdog's thread: end every request now (the loop thread may be blocked in a
+        collective with the lost rank until the process group's timeout) and wake the loop to stop."""
+        self._fail_everything(ReplicaError(why))
+        with self._cv:
+            self._cv.notify()
 
     # -- requests (any thread) -----------------------------------------------------------------
 
@@ -178,6 +198,8 @@ class AsyncEngine:
         self.engine.shutdown()
 
     def _dead_reason(self) -> str:
+        if self.replica_lost is not None:
+            return f"the replica lost a rank: {self.replica_lost}"
         if self.error is not None:
             return f"the engine loop failed: {type(self.error).__name__}: {self.error}"
         return "the engine is shut down"
@@ -203,6 +225,8 @@ class AsyncEngine:
         with self._cv:
             was_idle = False
             while not self._stopping and not self._inbox and not self.engine.has_unfinished():
+                if self.replica_lost is not None:
+                    raise ReplicaError(f"the replica lost a rank: {self.replica_lost}")
                 was_idle = True
                 self._cv.wait(self.idle_poll_s)
                 self.heartbeat = time.monotonic()

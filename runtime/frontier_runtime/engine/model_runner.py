@@ -12,8 +12,10 @@ sizes over static buffers (``cuda_graphs``).
 
 Under pipeline parallelism every rank gets the whole step and holds the KV cache of its own layers;
 a stage's output goes to the same local rank of the next stage, and the last stage's logits back to
-rank 0, the one that samples. A step of several sequences runs as micro-batches (``pipeline_chunks``)
-so that a stage starts on the next micro-batch while the next stage works on the previous one.
+rank 0, the one that samples. The engine keeps a step per stage in flight (``launch`` now,
+``collect`` later), each of its own sequences in one micro-batch, so every stage works on some step
+while rank 0 samples and schedules; a step on its own may instead run as micro-batches
+(``pipeline_chunks``) so that a stage starts on the next while the next stage works on the previous.
 
 Every step only a CUDA device takes (memory queries, the host-to-device copy, graph capture and
 replay) goes through the runner's ``DeviceOps``, chosen by the device; a test injects its own to
@@ -28,7 +30,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from frontier_runtime.distributed import Layout, Sending, init_placement, receive_from, send_to
+from frontier_runtime.distributed import (
+    Layout,
+    Receiving,
+    Sending,
+    init_placement,
+    receive_from,
+    send_to,
+    start_receive,
+)
 from frontier_runtime.engine.config import EngineConfig, resolve_dtype
 from frontier_runtime.engine.sequence import Sequence
 from frontier_runtime.models.llama.config import LlamaConfig
@@ -56,6 +66,9 @@ class StepInput:
     num_decodes: int = 0
     table_updates: list[int] = field(default_factory=list)  # flat (row, column, block) triples
     logits_indices: list[int] = field(default_factory=list)
+    # Micro-batches under pipeline parallelism; 0: ``ModelRunner.pipeline_chunks``' rule. Rank 0
+    # decides so that every rank splits alike (1 when a step per stage is in flight).
+    micro_batches: int = 0
 
     @property
     def is_decode_only(self) -> bool:
@@ -191,6 +204,16 @@ def _kernels_in_use(device: torch.device) -> str:
     return f"{native}+panel-gemm" if panel_gemm.available() else native
 
 
+@dataclass
+class Launched:
+    """A step started by ``ModelRunner.launch``: its logits, or (rank 0 of a pipeline) the receives
+    that bring them, and the sends this rank must see through before the tensors may go."""
+
+    logits: torch.Tensor | None = None
+    sent: list[Sending] = field(default_factory=list)
+    receiving: list[Receiving] = field(default_factory=list)
+
+
 class ModelRunner:
     """One rank's model shard and KV cache; rank 0's also prepares each step's inputs."""
 
@@ -199,7 +222,10 @@ class ModelRunner:
     ) -> None:
         self.config = config
         cpu_kernel.use_native_kernels(config.native_kernels)  # before loading: layers choose kernels then
-        self.device = torch.device(config.device if config.device != "cuda" else f"cuda:{rank}")
+        # A rank takes the GPU of its index on its node (a replica may span several nodes).
+        self.device = torch.device(
+            config.device if config.device != "cuda" else f"cuda:{rank % config.ranks_per_node}"
+        )
         self.ops = ops or device_ops_for(self.device)
         self.ops.set_device(self.device)
         layout = Layout(
@@ -435,20 +461,39 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:
         """Run the step on this rank's shard; the logits of ``step.logits_indices``, float32."""
+        return self.collect(self.launch(step))
+
+    @torch.inference_mode()
+    def launch(self, step: StepInput) -> Launched:
+        """Start the step: all of it, except under pipeline parallelism, where this rank does its
+        stage's part and the rest travels on (rank 0 may launch the next step before ``collect``)."""
         if self.graphs and step.is_decode_only and len(step.rows) <= max(self.graphs):
-            return self._replay(step)
+            return Launched(logits=self._replay(step))
         if self.pipelined:
-            return self._execute_pipelined(step)
+            return self._launch_pipelined(step)
         ids, positions, meta, logit_rows = self._metadata(step)
         hidden = self.model(ids, positions, meta, self.kv_caches)
         if not step.logits_indices:
-            return hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32)
-        return self.model.compute_logits(hidden.index_select(0, logit_rows))
+            return Launched(logits=hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32))
+        return Launched(logits=self.model.compute_logits(hidden.index_select(0, logit_rows)))
+
+    def collect(self, launched: Launched) -> torch.Tensor:
+        """The launched step's logits (on rank 0 of a pipeline: once the last stage sent them)."""
+        for sending in launched.sent:
+            sending.wait()
+        if launched.logits is not None:
+            return launched.logits
+        for receiving in launched.receiving:
+            receiving.wait()
+        parts = [r.tensor for r in launched.receiving]
+        vocab = self.model_config.vocab_size
+        return torch.cat(parts) if parts else torch.empty((0, vocab), dtype=torch.float32, device=self.device)
 
     # -- pipeline parallelism -------------------------------------------------------------------
 
-    def _execute_pipelined(self, step: StepInput) -> torch.Tensor:
-        """This rank's stage over the step's micro-batches; on rank 0, the logits of the whole step."""
+    def _launch_pipelined(self, step: StepInput) -> Launched:
+        """This rank's stage over the step's micro-batches; rank 0 also posts the receives of the
+        step's logits from the last stage, which ``collect`` waits for."""
         p = self.placement
         stage, stages = p.pipeline_stage, p.layout.pipeline_parallel
         hidden = self.model_config.hidden_size
@@ -467,24 +512,24 @@ class ModelRunner:
                 sent.append(send_to(out, p.peer_in_stage(stage + 1)))
             elif p.peer_in_stage(0) == 0 and chunk.logits_indices:  # the last stage's rank beside rank 0
                 sent.append(send_to(self.model.compute_logits(out.index_select(0, logit_rows)), 0))
-        for sending in sent:
-            sending.wait()
-        if p.rank != 0:
-            return torch.empty((0, self.model_config.vocab_size), dtype=torch.float32, device=self.device)
-        last = p.peer_in_stage(stages - 1)
         vocab = self.model_config.vocab_size
-        parts = [
-            receive_from(last, (len(c.logits_indices), vocab), torch.float32, self.device)
+        if p.rank != 0:
+            return Launched(
+                logits=torch.empty((0, vocab), dtype=torch.float32, device=self.device), sent=sent
+            )
+        last = p.peer_in_stage(stages - 1)
+        receiving = [
+            start_receive(last, (len(c.logits_indices), vocab), torch.float32, self.device)
             for c in chunks
             if c.logits_indices
         ]
-        if not parts:
-            return torch.empty((0, vocab), dtype=torch.float32, device=self.device)
-        return torch.cat(parts)
+        return Launched(sent=sent, receiving=receiving)
 
     def pipeline_chunks(self, step: StepInput) -> int:
-        """Micro-batches of a step: two per stage so each stage has the next one ready, never more
-        than the step's sequences (one sequence's tokens stay in one micro-batch)."""
+        """Micro-batches of a step: as rank 0 set them, else two per stage so each stage has the next
+        one ready, never more than the step's sequences (one sequence's tokens stay in one)."""
+        if step.micro_batches:
+            return min(step.micro_batches, max(1, len(step.rows)))
         return max(1, min(2 * self.placement.layout.pipeline_parallel, len(step.rows)))
 
     # -- CUDA graphs ----------------------------------------------------------------------------

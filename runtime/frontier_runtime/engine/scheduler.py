@@ -17,6 +17,7 @@ which an interactive prompt waits or is prefilled.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from frontier_hostside.names import BATCH
@@ -49,6 +50,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._held = 0  # running sequences left out of this schedule (their step is in flight)
 
     def add(self, seq: Sequence) -> None:
         if _is_batch(seq):
@@ -108,7 +110,10 @@ class Scheduler:
             victim = next((s for s in reversed(self.running) if _is_batch(s)), None)
             if victim is None:
                 return
-            if len(self.running) + min(waiting_interactive, self.max_batch_size) <= self.max_batch_size:
+            if (
+                len(self.running) + self._held + min(waiting_interactive, self.max_batch_size)
+                <= self.max_batch_size
+            ):
                 cached = self.blocks.find_cached_prefix(head)
                 remaining = head.num_tokens - len(cached) * self.blocks.block_size
                 if self.blocks.can_admit(head, cached, min(remaining, self.max_num_batched_tokens)):
@@ -117,7 +122,26 @@ class Scheduler:
             self._preempt(victim)
             out.num_preempted += 1
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, busy: Collection[Sequence] = (), max_seqs: int | None = None) -> SchedulerOutput:
+        """The next step. ``busy``: running sequences whose previous step is still in flight (a
+        pipeline keeps several steps in flight): not scheduled, never preempted, and they keep their
+        slots and blocks. ``max_seqs``: at most this many sequences in the step."""
+        if not busy:
+            return self._schedule(max_seqs or self.max_batch_size)
+        order = {id(seq): i for i, seq in enumerate(self.running)}
+        hidden = [seq for seq in self.running if seq in busy]
+        self.running = [seq for seq in self.running if seq not in busy]
+        self._held = len(hidden)  # their slots count against max_batch_size: every step in flight together
+        try:
+            return self._schedule(max_seqs or self.max_batch_size)
+        finally:
+            self._held = 0
+            # Back in arrival order (new sequences last), so the newest is still preempted first.
+            self.running = sorted(
+                self.running + hidden, key=lambda seq: order.get(id(seq), len(order) + seq.arrival)
+            )
+
+    def _schedule(self, max_seqs: int) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         self._make_room_for_interactive(out)
@@ -139,7 +163,7 @@ class Scheduler:
 
         # 1. Running sequences, oldest first; make room by preempting from the newest end.
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and len(out.scheduled) < max_seqs:
             seq = self.running[i]
             if pause_batch and _is_batch(seq):
                 break  # every later one is batch too (sorted above)
@@ -168,7 +192,13 @@ class Scheduler:
             i += 1
 
         # 2. Waiting sequences, FCFS; none jumps ahead of a head that does not fit.
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size and not starved:
+        while (
+            self.waiting
+            and budget > 0
+            and len(self.running) + self._held < self.max_batch_size
+            and len(out.scheduled) < max_seqs
+            and not starved
+        ):
             seq = self.waiting[0]
             if pause_batch and _is_batch(seq):
                 break

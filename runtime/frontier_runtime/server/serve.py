@@ -30,6 +30,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from frontier_hostside import names
 from starlette.types import ASGIApp
 
 from frontier_runtime.config import RuntimeConfig
@@ -47,6 +48,8 @@ log = logging.getLogger("frontier_runtime.serve")
 
 EXIT_OK = 0
 EXIT_START_FAILED = 1
+EXIT_NODE_LOST = names.EXIT_NODE_LOST
+REPLICA_LOST_GRACE_S = 1.0
 
 
 @dataclass
@@ -236,6 +239,7 @@ class RuntimeServer(uvicorn.Server):
                     reloader.run_forever(self.state.config.api_keys_reload_s, self._reload_keys)
                 )
             self.state.attach(loaded.engine, loaded.codec)
+            self._spawn(self._watch_replica(loaded.engine))
             started = time.monotonic()
             # The warm-up blocks until one real forward is done: keep it off the loop.
             await asyncio.to_thread(loaded.engine.warmup)
@@ -258,6 +262,23 @@ class RuntimeServer(uvicorn.Server):
             log.error(f"start-up failed: {exc}", extra={"event": "startup_failed", "error": str(exc)})
             self.exit_code = EXIT_START_FAILED
             self.should_exit = True
+
+    async def _watch_replica(self, engine: EngineClient) -> None:
+        """Exit ``EXIT_NODE_LOST`` once the replica lost a rank: the engine already answers 503 and
+        fails its probes; a restart (by this process's supervisor) waits for every node again."""
+        while not self.should_exit:
+            why = engine.replica_lost
+            if why is not None:
+                log.error(
+                    f"the replica lost a rank: {why}; exiting for a restart",
+                    extra={"event": "replica_lost", "reason": why},
+                )
+                self.state.health.draining = True
+                await asyncio.sleep(REPLICA_LOST_GRACE_S)  # the 503s already on their way go out
+                self.exit_code = EXIT_NODE_LOST
+                self.should_exit = True
+                return
+            await asyncio.sleep(0.2)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.state.health.draining = True

@@ -32,11 +32,65 @@ def test_pp2_over_gloo_equals_transformers_with_a_tied_head(tied_ref: Reference)
         assert list(model.layer_ids) == [0] and model.norm is None and model.embed_tokens is not None
         assert len(engine.runner.kv_caches) == 1  # the KV cache of its own layer only
         outs, largest = generate_tracking_batch(engine, tied_ref.prompts, GREEDY)
-        assert largest == 8  # 8 sequences a step: 4 micro-batches of 2 over the two stages
+        # 8 sequences as two steps of 4 (one micro-batch each), both in flight at once.
+        assert largest == 4
     finally:
         engine.shutdown()
     assert outs == tied_ref.outputs
     assert all(not p.is_alive() for p in engine.workers.processes)
+
+
+def test_a_pipeline_keeps_one_step_per_stage_in_flight(tied_ref: Reference) -> None:
+    # While the last stage finishes one step, rank 0's stage runs the next: no stage idles while
+    # rank 0 samples and schedules. Each step holds its own sequences (none is in two at once).
+    engine = LLMEngine(tied_ref.model_dir, pipeline_parallel_size=2, max_batch_size=8)
+    runner = engine.runner
+    launched, at_collect = [0], []
+    launch, collect = runner.launch, runner.collect
+
+    def counting_launch(step):  # noqa: ANN001, ANN202
+        launched[0] += 1
+        return launch(step)
+
+    def counting_collect(flight):  # noqa: ANN001, ANN202
+        at_collect.append(launched[0])  # steps launched when this one is collected
+        launched[0] -= 1
+        return collect(flight)
+
+    runner.launch, runner.collect = counting_launch, counting_collect
+    overlapping = 0
+    try:
+        for i, prompt in enumerate(tied_ref.prompts):
+            engine.add_request(f"r{i}", prompt, GREEDY)
+        while engine.has_unfinished():
+            engine.step()
+            seqs = [seq for flight in engine._in_flight for seq, _ in flight.scheduled]
+            overlapping += len(seqs) - len(set(seqs))
+    finally:
+        engine.shutdown()
+    assert at_collect.count(2) > 0.8 * len(at_collect)  # the next step already runs at nearly every collect
+    assert overlapping == 0
+
+
+def test_an_abort_while_its_step_is_in_flight_drops_that_steps_token(tied_ref: Reference) -> None:
+    engine = LLMEngine(tied_ref.model_dir, pipeline_parallel_size=2, max_batch_size=8)
+    try:
+        for i, prompt in enumerate(tied_ref.prompts[:4]):
+            engine.add_request(f"r{i}", prompt, GREEDY)
+        engine.step()  # r0, r1 launched
+        assert {seq.request_id for seq, _ in engine._in_flight[0].scheduled} == {"r0", "r1"}
+        engine.abort("r0")
+        outs = []
+        while engine.has_unfinished():
+            outs += engine.step()
+    finally:
+        engine.shutdown()
+    r0 = [o for o in outs if o.request_id == "r0"]
+    assert [(o.new_token_ids, o.finish_reason) for o in r0] == [([], "abort")]
+    tokens = {
+        f"r{i}": [t for o in outs if o.request_id == f"r{i}" for t in o.new_token_ids] for i in (1, 2, 3)
+    }
+    assert tokens == {f"r{i}": tied_ref.outputs[i] for i in (1, 2, 3)}
 
 
 @pytest.mark.slow

@@ -55,6 +55,10 @@ class ScriptedEngine:
     def is_running(self) -> bool:
         return self.running
 
+    @property
+    def replica_lost(self) -> str | None:
+        return None
+
     def submit(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[RequestOutput]:
