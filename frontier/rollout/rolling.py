@@ -355,33 +355,47 @@ class Rollout:
         return str(self.session(host).prune(self.settings.rollout.keep_releases))
 
     def _restore(self, touched: list[HostSpec], results: dict[str, HostResult]) -> bool:
-        """Return every touched host to the release it ran before; True when all of them are back."""
+        """Return every touched host to the release it ran before; True when all of them are back.
+
+        A replica over N nodes goes back as one unit (its N hosts in the order the rollout took
+        them, whole replicas): its nodes must never run two releases, or its leader would refuse
+        the others."""
         all_back = True
+        restorable = []
         for host in touched:
             res = results[host.name]
-            if not res.from_release:
-                # A host with nothing before: keep it out of rotation rather than serve a bad release.
-                try:
-                    self._phase(res, "restore", self.session(host).stop)
-                except Exception as exc:  # noqa: BLE001
-                    res.error = res.error or str(exc)
-                res.outcome = "failed"
-                all_back = False
+            if res.from_release:
+                restorable.append(host)
                 continue
+            # A host with nothing before: keep it out of rotation rather than serve a bad release.
             try:
-                self.report(Event(host.name, "restore", "info", f"back to {res.from_release}"))
-                # A fresh connection: the old one may be what broke.
-                old = self.sessions.pop(host.name, None)
-                if old is not None:
-                    old.close()
-                self._switch([host], results, {host.name: res.from_release})
-                res.outcome = "restored"
-            except Exception as exc:  # noqa: BLE001 - keep restoring the others
-                res.outcome = "failed"
+                self._phase(res, "restore", self.session(host).stop)
+            except Exception as exc:  # noqa: BLE001
                 res.error = res.error or str(exc)
+            res.outcome = "failed"
+            all_back = False
+        size = self.settings.runtime.nodes_per_replica
+        for unit in (restorable[i : i + size] for i in range(0, len(restorable), size)):
+            try:
+                for host in unit:
+                    self.report(
+                        Event(host.name, "restore", "info", f"back to {results[host.name].from_release}")
+                    )
+                    # A fresh connection: the old one may be what broke.
+                    old = self.sessions.pop(host.name, None)
+                    if old is not None:
+                        old.close()
+                self._switch(unit, results, {h.name: results[h.name].from_release for h in unit})
+                for host in unit:
+                    results[host.name].outcome = "restored"
+            except Exception as exc:  # noqa: BLE001 - keep restoring the others
                 all_back = False
-                with contextlib.suppress(Exception):
-                    self.balancer.enable(host, 1.0)  # let the balancer's health check decide
+                for host in unit:
+                    res = results[host.name]
+                    res.outcome = "failed"
+                    res.error = res.error or str(exc)
+                    with contextlib.suppress(Exception):
+                        self.balancer.enable(host, 1.0)  # let the balancer's health check decide
         for res in results.values():
             if res.outcome == "pending":
                 res.outcome = "untouched"

@@ -119,6 +119,18 @@ def test_a_spanning_stacks_unit_claims_the_hosts_slot_before_each_start() -> Non
     assert claim == ["/usr/bin/python3 /opt/frontier/bin/frontier-bootstrap.py replica-env --restart-proxy"]
 
 
+def test_a_spanning_stacks_unit_never_stops_restarting_while_its_replica_reforms() -> None:
+    # Each node exits whenever its replica loses another; five restarts in ten minutes would park it.
+    unit = render_systemd_unit(multinode(), DIGEST)
+    assert "StartLimitIntervalSec=0" in unit and "StartLimitBurst" not in unit
+
+
+@pytest.mark.parametrize("stack", SINGLE_NODE_STACKS)
+def test_a_single_node_stacks_unit_gives_up_on_a_crash_loop(stack: str) -> None:
+    unit = render_systemd_unit(load_stack(stack), DIGEST)
+    assert "StartLimitIntervalSec=600" in unit and "StartLimitBurst=5" in unit
+
+
 def test_a_workers_unit_runs_node(tmp_path: Path) -> None:
     env = slot_env(tmp_path, Claim(replica=0, node=1, leader_address="10.0.1.10", key="k" * 64))
     argv = exec_start(render_systemd_unit(multinode(), DIGEST), env)
