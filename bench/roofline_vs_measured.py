@@ -17,9 +17,10 @@ written by transformers (hidden 512, 4 layers, 8 experts of width 1024, top-2; 5
 - predicted: ``roofline.decode_tokens_per_s`` with the CPU as ``fab plan`` models it
   (``frontier.capacity.cpu``): the engine's own linear layer streaming weights at one row and
   multiplying at 32 rows, measured again right before each run (the best of those measurements
-  is used), and the engine's overhead per layer and per sequence fitted on the engine once at the
-  start (``cpu.fit_engine_overhead``, on the tiny model at concurrency 1 and 32: those two rows are
-  in-sample, the others held out); beside it the bare roofline with no overhead.
+  is used), and the engine's overhead per layer and per sequence fitted on this run's own tiny rows
+  at concurrency 1 and 32 (as ``cpu.fit_engine_overhead`` fits it: those two rows are in-sample,
+  the others held out; a fit taken at another moment of a shared machine carried that moment's
+  load into every tiny row); beside it the bare roofline with no overhead.
 - the sparse layer: the engine runs one GEMM per expert in use, one after another, each computing
   whole 8-row tiles (the panel GEMM's register tile), so each expert GEMM is its own roofline over
   its Binomial(B, k / E) rows, padded; the engine's own time per sparse layer (routing, sorting,
@@ -55,7 +56,7 @@ from frontier.capacity import cpu
 from frontier.capacity.baseline import load_baseline
 from frontier.capacity.cpu import clock
 from frontier.capacity.devices import cpu_efficiency, cpu_threads
-from frontier.capacity.roofline import Device, Replica, decode_tokens_per_s, fit_slo
+from frontier.capacity.roofline import Device, Efficiency, Replica, decode_tokens_per_s, fit_slo, step
 from frontier.targets import load_stack
 
 CONCURRENCY = (1, 8, 32)
@@ -98,6 +99,33 @@ class Row:
     @property
     def error(self) -> float:
         return self.predicted / self.measured - 1
+
+
+@dataclass(frozen=True)
+class Run:
+    """One model at one concurrency, measured, with the CPU as measured right before it."""
+
+    model: str
+    concurrency: int
+    replica: Replica
+    device: Device
+    measured: float  # tok/s
+
+
+def fit_overhead(fit: list[Run], bare: Efficiency, context: float) -> tuple[float, float]:
+    """Per layer and per sequence: the two runs' step times less their bare roofline, a line in the
+    sequences (as ``cpu.fit_engine_overhead`` fits it on its own measurement)."""
+    (low, high) = sorted(fit, key=lambda r: r.concurrency)
+    residual = {
+        r.concurrency: r.concurrency / r.measured
+        - step(r.device, bare, r.replica, decode_seqs=r.concurrency, context=context).total_s
+        for r in (low, high)
+    }
+    per_seq = max(
+        0.0, (residual[high.concurrency] - residual[low.concurrency]) / (high.concurrency - low.concurrency)
+    )
+    per_layer = max(0.0, (residual[low.concurrency] - per_seq * low.concurrency) / low.replica.shape.layers)
+    return per_layer, per_seq
 
 
 def write_checkpoint(out: Path, shape: dict) -> Path:
@@ -202,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     context = args.prompt + args.output / 2
     rows: list[Row] = []
+    runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="frontier-roofline-") as tmp:
         for name, shape in MODELS.items():
             model_dir = write_checkpoint(Path(tmp) / name.split()[0], shape)
@@ -231,25 +260,37 @@ def main(argv: list[str] | None = None) -> None:
                 wall = c / median([wall_s for _, wall_s in steps])
                 device = best_device(cpus)
                 seen.extend(cpus)
-                predicted = decode_tokens_per_s(device, engine_eff, replica, c, context)
-                bare = decode_tokens_per_s(device, bare_eff, replica, c, context)
-                rows.append(
-                    Row(
-                        f"{name} decode, concurrency {c}",
-                        predicted,
-                        bare,
-                        measured,
-                        "tok/s",
-                        (name, c) in IN_SAMPLE,
-                    )
-                )
+                runs.append(Run(name, c, replica, device, measured))
                 print(
-                    f"  concurrency {c}: measured {measured:,.1f} tok/s (wall clock: {wall:,.1f}), "
-                    f"predicted {predicted:,.1f} "
+                    f"  concurrency {c}: measured {measured:,.1f} tok/s (wall clock: {wall:,.1f}) "
                     f"(CPU copy {device.bandwidth / 1e9:.1f} GB/s, matmul {device.flops / 1e9:.1f} GFLOP/s)",
                     flush=True,
                 )
             engine.shutdown()
+
+    # The engine's overhead per layer and per sequence, fitted on this run's own tiny rows at
+    # concurrency 1 and 32 (those two rows are in-sample; every other row is held out): a fit taken
+    # at another moment of a shared machine would carry that moment's load into every tiny row.
+    per_layer, per_seq = fit_overhead(
+        [r for r in runs if (r.model, r.concurrency) in IN_SAMPLE], bare_eff, context
+    )
+    engine_eff = replace(engine_eff, layer_overhead_s=per_layer, seq_overhead_s=per_seq)
+    print(
+        f"engine overhead fitted on this run's tiny rows: {per_layer * 1e3:.3f} ms/layer + "
+        f"{per_seq * 1e3:.3f} ms/sequence per step",
+        flush=True,
+    )
+    for r in runs:
+        rows.append(
+            Row(
+                f"{r.model} decode, concurrency {r.concurrency}",
+                decode_tokens_per_s(r.device, engine_eff, r.replica, r.concurrency, context),
+                decode_tokens_per_s(r.device, bare_eff, r.replica, r.concurrency, context),
+                r.measured,
+                "tok/s",
+                (r.model, r.concurrency) in IN_SAMPLE,
+            )
+        )
 
     local = load_stack("local")
     baseline = load_baseline("local")

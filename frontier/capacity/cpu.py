@@ -66,8 +66,11 @@ MOE_WIDTH = 512
 # (``frontier_runtime.ops.panel_gemm``), so 9 rows cost what 16 do. oneDNN's and torch's tiling is
 # not the engine's to state: 1 (no padding modelled).
 ROW_TILE = {"panel": 8}
-# The server fit: streamed completions one at a time, of one token and of SERVER_TOKENS tokens.
-SERVER_REQUESTS = 24
+# The server fit: streamed completions of one token and of SERVER_TOKENS tokens, SERVER_CONCURRENCY at
+# once (the local stack's max_batch_size: at its knee the server streams that many together, and the
+# interleaved streams, the output thread and the GIL cost more per token than one stream alone).
+SERVER_CONCURRENCY = 16
+SERVER_REQUESTS = 48
 SERVER_TOKENS = 32
 
 
@@ -346,8 +349,9 @@ def fit_server_overhead(
     per_seq: float,
 ) -> tuple[float, float]:
     """The runtime server's own time per request and per streamed token, where it shares the
-    engine's cores: a real runtime process's CPU time over streamed completions sent one at a time,
-    less the engine's steps as the roofline models them (with the fitted engine overhead)."""
+    engine's cores: a real runtime process's CPU time over streamed completions sent
+    ``SERVER_CONCURRENCY`` at a time, less the engine's steps as the roofline models them at that
+    batch (with the fitted engine overhead)."""
     import httpx
 
     from frontier.capacity.roofline import step
@@ -357,9 +361,9 @@ def fit_server_overhead(
     with tempfile.TemporaryDirectory(prefix="frontier-cpu-server-") as tmp:
         config = {
             "model": {"name": "fit", "weights_uri": str(model_dir), "max_seq_len": 1024},
-            "max_concurrency": 4,
-            "batch": {"window_ms": 0, "max_batch_size": 4, "max_num_batched_tokens": 1024},
-            "cpu_kv_cache_bytes": 32 << 20,
+            "max_concurrency": SERVER_CONCURRENCY,
+            "batch": {"window_ms": 0, "max_batch_size": SERVER_CONCURRENCY, "max_num_batched_tokens": 1024},
+            "cpu_kv_cache_bytes": 64 << 20,
             "cpu_threads": threads,
             "log_level": "warning",
             "device": "cpu",
@@ -382,10 +386,20 @@ def fit_server_overhead(
     replica = replica_of_config(cfg)
     device = _measured_device(bandwidth, flops)
     engine = _fitted("fitted", per_layer, per_seq)
-    prefill_s = step(
-        device, engine, replica, decode_seqs=0, prefill_tokens=prompt, prefill_attended=prompt / 2, context=0
-    ).total_s
-    decode_s = step(device, engine, replica, decode_seqs=1, context=prompt + SERVER_TOKENS / 2).total_s
+    c = SERVER_CONCURRENCY  # requests arrive together: a step prefills, then decodes, c of them at once
+    prefill_s = (
+        step(
+            device,
+            engine,
+            replica,
+            decode_seqs=0,
+            prefill_tokens=prompt * c,
+            prefill_attended=prompt / 2,
+            context=0,
+        ).total_s
+        / c
+    )
+    decode_s = step(device, engine, replica, decode_seqs=c, context=prompt + SERVER_TOKENS / 2).total_s / c
     (cpu_one, tokens_one), (cpu_many, tokens_many) = one, many
     per_token = (cpu_many - cpu_one - (tokens_many - tokens_one) * decode_s) / max(
         1, tokens_many - tokens_one
@@ -398,6 +412,18 @@ PROMPT = "the operators of the cluster keep the weights close to the hosts that 
 
 
 def _completions(client: Any, count: int, max_tokens: int) -> int:
+    """Send ``count`` streamed completions, ``SERVER_CONCURRENCY`` at a time; the completion tokens
+    they made."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    share = [
+        count // SERVER_CONCURRENCY + (i < count % SERVER_CONCURRENCY) for i in range(SERVER_CONCURRENCY)
+    ]
+    with ThreadPoolExecutor(max_workers=SERVER_CONCURRENCY) as pool:
+        return sum(pool.map(lambda n: _completions_in_turn(client, n, max_tokens), share))
+
+
+def _completions_in_turn(client: Any, count: int, max_tokens: int) -> int:
     """Send ``count`` streamed completions one after another; the completion tokens they made."""
     tokens = 0
     for _ in range(count):
