@@ -83,14 +83,18 @@ class FakeCluster:
     # --- the Deployment controller, simplified ------------------------------------------------------
 
     def put_deployment(self, body: dict) -> dict:
+        return self._put(body, self.deployments, self._replace_pods)
+
+    def _put(self, body: dict, store: dict[str, dict], replace_pods: Callable[[dict], None]) -> dict:
+        """A new generation of a workload: its pods replaced, its status observed ``settle_reads``
+        reads later."""
         name = body["metadata"]["name"]
         live = copy.deepcopy(body)
         live["metadata"].setdefault("generation", 0)
         live["metadata"]["generation"] += 1
         live["spec"].setdefault("replicas", 1)
-        live.setdefault("status", {})
-        self.deployments[name] = live
-        self._replace_pods(live)
+        store[name] = live
+        replace_pods(live)
         self._pending[name] = self.settle_reads
         live["status"] = {
             "observedGeneration": live["metadata"]["generation"] - 1,
@@ -107,33 +111,8 @@ class FakeCluster:
             del self.pods[pod]
         template = deployment["spec"]["template"]
         template_hash = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
-        image = self._image(deployment)
-        up = self.behaviour(image) != "stuck"
         for i in range(deployment["spec"]["replicas"]):
-            pod = f"{name}-{template_hash}-{i}"
-            self.pods[pod] = {
-                "owner": name,
-                "image": image,
-                "metadata": {
-                    "name": pod,
-                    "namespace": self.namespace,
-                    "labels": dict(template["metadata"].get("labels") or {}),
-                    "annotations": dict(template["metadata"].get("annotations") or {}),
-                },
-                "spec": {"nodeName": f"ip-10-50-0-{len(self.pods) + 10}.ec2.internal"},
-                "status": {
-                    "phase": "Running" if up else "Pending",
-                    "podIP": f"10.50.1.{len(self.pods) + 10}",
-                    "conditions": [{"type": "Ready", "status": "True" if up else "False"}],
-                    "containerStatuses": [
-                        {
-                            "image": image,
-                            "imageID": image,
-                            "state": {"running": {}} if up else {"waiting": {}},
-                        }
-                    ],
-                },
-            }
+            self._add_pod(f"{name}-{template_hash}-{i}", name, template, {})
 
     def read_deployment(self, name: str) -> dict | None:
         live = self.deployments.get(name)
@@ -175,19 +154,7 @@ class FakeCluster:
     # --- the LeaderWorkerSet controller, simplified ----------------------------------------------
 
     def put_group(self, body: dict) -> dict:
-        name = body["metadata"]["name"]
-        live = copy.deepcopy(body)
-        live["metadata"].setdefault("generation", 0)
-        live["metadata"]["generation"] += 1
-        live["spec"].setdefault("replicas", 1)
-        self.groups[name] = live
-        self._replace_group_pods(live)
-        self._pending[name] = self.settle_reads
-        live["status"] = {
-            "observedGeneration": live["metadata"]["generation"] - 1,
-            "replicas": live["spec"]["replicas"],
-        }
-        return live
+        return self._put(body, self.groups, self._replace_group_pods)
 
     def _replace_group_pods(self, group: dict) -> None:
         name = group["metadata"]["name"]
@@ -367,17 +334,23 @@ class _Handler(BaseHTTPRequestHandler):
                 del cluster.pods[pod]
             return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
         if method == "PATCH":
-            if self.headers.get("Content-Type") != "application/json-patch+json":
-                return self._send(
-                    415, _status(415, "UnsupportedMediaType", self.headers.get("Content-Type", ""))
-                )
-            updated = copy.deepcopy(live)
-            for op in self._body():
-                if op["op"] not in ("replace", "add"):
-                    return self._send(422, _status(422, "Invalid", f"op {op['op']}"))
-                _pointer_set(updated, op["path"], op["value"])
-            return self._send(200, cluster.put_deployment(updated))
+            updated = self._patched(live)
+            return None if updated is None else self._send(200, cluster.put_deployment(updated))
         return self._send(405, _status(405, "MethodNotAllowed", method))
+
+    def _patched(self, live: dict) -> dict | None:
+        """``live`` with the request's JSON patch applied (replace and add only); None once an error
+        answer is sent."""
+        if self.headers.get("Content-Type") != "application/json-patch+json":
+            self._send(415, _status(415, "UnsupportedMediaType", self.headers.get("Content-Type", "")))
+            return None
+        updated = copy.deepcopy(live)
+        for op in self._body():
+            if op["op"] not in ("replace", "add"):
+                self._send(422, _status(422, "Invalid", f"op {op['op']}"))
+                return None
+            _pointer_set(updated, op["path"], op["value"])
+        return updated
 
     def _group(self, method: str, name: str) -> None:
         cluster = self.cluster
@@ -389,16 +362,8 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET":
             return self._send(200, live)
         if method == "PATCH":
-            if self.headers.get("Content-Type") != "application/json-patch+json":
-                return self._send(
-                    415, _status(415, "UnsupportedMediaType", self.headers.get("Content-Type", ""))
-                )
-            updated = copy.deepcopy(live)
-            for op in self._body():
-                if op["op"] not in ("replace", "add"):
-                    return self._send(422, _status(422, "Invalid", f"op {op['op']}"))
-                _pointer_set(updated, op["path"], op["value"])
-            return self._send(200, cluster.put_group(updated))
+            updated = self._patched(live)
+            return None if updated is None else self._send(200, cluster.put_group(updated))
         return self._send(405, _status(405, "MethodNotAllowed", method))
 
     def do_GET(self) -> None:  # noqa: N802
