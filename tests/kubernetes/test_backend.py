@@ -58,14 +58,19 @@ def behaviour(image: str) -> str:
     return {ERRORS: "errors", STUCK: "stuck"}.get(digest, "good")
 
 
-@pytest.fixture
-def settings(eks_prod: Settings, tmp_path) -> Settings:
-    """eks-prod as an existing cluster reached through a kubeconfig file (written per test)."""
-    k = eks_prod.kubernetes
+def on_fake_cluster(stack: Settings, tmp_path: Path) -> Settings:
+    """``stack`` as an existing cluster reached through a kubeconfig file (the fake API server's,
+    written per test into ``tmp_path``)."""
+    k = stack.kubernetes
     cluster = k.cluster.model_copy(
         update={"mode": "existing", "kubeconfig": str(tmp_path / "kubeconfig"), "context": "fake"}
     )
-    return eks_prod.model_copy(update={"kubernetes": k.model_copy(update={"cluster": cluster})})
+    return stack.model_copy(update={"kubernetes": k.model_copy(update={"cluster": cluster})})
+
+
+@pytest.fixture
+def settings(eks_prod: Settings, tmp_path) -> Settings:
+    return on_fake_cluster(eks_prod, tmp_path)
 
 
 @pytest.fixture

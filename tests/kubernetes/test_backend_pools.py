@@ -16,7 +16,7 @@ import boto3
 import pytest
 from fake_apiserver import FakeApiServer, FakeCluster
 from moto import mock_aws
-from test_backend import ERRORS, GOOD_A, GOOD_B, REPLICAS, VirtualClock, behaviour
+from test_backend import ERRORS, GOOD_A, GOOD_B, REPLICAS, VirtualClock, behaviour, on_fake_cluster
 
 from frontier.config.schema import Settings
 from frontier.release.artifact import Artifact
@@ -35,12 +35,7 @@ BIG, SMALL = "llama-3.1-70b-instruct", "llama-3.1-8b-instruct"
 
 @pytest.fixture
 def settings(eks_gateway: Settings, tmp_path: Path) -> Settings:
-    """eks-gateway as an existing cluster reached through a kubeconfig file (written per test)."""
-    k = eks_gateway.kubernetes
-    cluster = k.cluster.model_copy(
-        update={"mode": "existing", "kubeconfig": str(tmp_path / "kubeconfig"), "context": "fake"}
-    )
-    return eks_gateway.model_copy(update={"kubernetes": k.model_copy(update={"cluster": cluster})})
+    return on_fake_cluster(eks_gateway, tmp_path)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from fake_apiserver import WORKER_INDEX, FakeApiServer, FakeCluster
 from frontier_hostside import names
 from moto import mock_aws
-from test_backend import ERRORS, GOOD_A, GOOD_B, STUCK, VirtualClock, behaviour
+from test_backend import ERRORS, GOOD_A, GOOD_B, STUCK, VirtualClock, behaviour, on_fake_cluster
 
 from frontier.config.schema import Settings
 from frontier.release.artifact import Artifact
@@ -39,13 +39,7 @@ GROUPS = 2
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    """eks-multinode as an existing cluster reached through a kubeconfig file (written per test)."""
-    stack = load_stack("eks-multinode")
-    k = stack.kubernetes
-    cluster = k.cluster.model_copy(
-        update={"mode": "existing", "kubeconfig": str(tmp_path / "kubeconfig"), "context": "fake"}
-    )
-    return stack.model_copy(update={"kubernetes": k.model_copy(update={"cluster": cluster})})
+    return on_fake_cluster(load_stack("eks-multinode"), tmp_path)
 
 
 @pytest.fixture
