@@ -15,7 +15,7 @@ import json
 
 from frontier_hostside.names import DEPLOYING_POINTER
 from test_fleet_during_deploys import deployed, release  # noqa: F401 - fixture
-from test_fleet_ec2 import aws, fleet, prod  # noqa: F401 - fixtures
+from test_fleet_ec2 import fleet, prod  # noqa: F401 - prod is a fixture
 
 from frontier.release.history import HistoryStore
 from frontier.rollout.rolling import Event, HostResult, RolloutResult

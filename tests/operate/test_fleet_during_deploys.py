@@ -13,7 +13,7 @@ import json
 import boto3
 import pytest
 from frontier_hostside.names import DEPLOYING_POINTER
-from test_fleet_ec2 import REGION, aws, fleet, group_state, prod  # noqa: F401 - fixtures
+from test_fleet_ec2 import REGION, fleet, group_state, prod  # noqa: F401 - prod is a fixture
 
 from frontier.release.artifact import Artifact
 from frontier.release.history import iso, now

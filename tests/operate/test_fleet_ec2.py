@@ -14,7 +14,6 @@ import pytest
 from frontier_hostside.names import NODE_GROUP_TAG, ROLE_TAG, STACK_TAG
 from invoke import Context
 from invoke.exceptions import Exit
-from moto import mock_aws
 from moto.ssm.models import Parameter, ssm_backends
 
 from frontier.cli import ops
@@ -53,54 +52,62 @@ def publish_ami(name: str, value: str) -> None:
 
 
 @pytest.fixture
-def aws(monkeypatch):
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": REGION,
-        "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
-    }.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        yield
-
-
-@pytest.fixture
 def prod(aws):
     """The prod stack's node group as Pulumi makes it: 4..10 hosts, 6 desired, tagged for fab."""
     settings = load_stack("prod")
+    tagged_group(
+        settings,
+        "prod-h100-asg-1a2b3c",
+        "prod-h100",
+        settings.serving_group.desired_size,
+        "10.40",
+        {"Name": "frontier-prod-h100"},
+        instance_type="p5.48xlarge",
+    )
+    return settings
+
+
+def tagged_group(
+    settings,  # noqa: ANN001
+    name: str,
+    template_name: str,
+    desired: int,
+    network: str,
+    extra_tags: dict[str, str] | None = None,
+    *,
+    instance_type: str | None = None,
+) -> None:
+    """The stack's serving group as Pulumi makes it in moto: a subnet of ``network``.0.0/16, a launch
+    template, and the auto scaling group tagged for fab's discovery, ``desired`` hosts."""
     group = settings.serving_group
     ec2 = boto3.client("ec2", region_name=REGION)
-    vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.40.1.0/24", AvailabilityZone=f"{REGION}a")["Subnet"][
-        "SubnetId"
-    ]
+    vpc = ec2.create_vpc(CidrBlock=f"{network}.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{network}.1.0/24", AvailabilityZone=f"{REGION}a")[
+        "Subnet"
+    ]["SubnetId"]
     template = ec2.create_launch_template(
-        LaunchTemplateName="prod-h100",
-        LaunchTemplateData={"ImageId": group.ami_id, "InstanceType": "p5.48xlarge"},
+        LaunchTemplateName=template_name,
+        LaunchTemplateData={"ImageId": group.ami_id, "InstanceType": instance_type or group.instance_type},
     )["LaunchTemplate"]["LaunchTemplateId"]
-    tags = {STACK_TAG: "prod", NODE_GROUP_TAG: group.name, ROLE_TAG: "runtime", "Name": "frontier-prod-h100"}
-    autoscaling = boto3.client("autoscaling", region_name=REGION)
-    autoscaling.create_auto_scaling_group(
-        AutoScalingGroupName="prod-h100-asg-1a2b3c",
+    tags = {STACK_TAG: settings.stack, NODE_GROUP_TAG: group.name, ROLE_TAG: "runtime", **(extra_tags or {})}
+    boto3.client("autoscaling", region_name=REGION).create_auto_scaling_group(
+        AutoScalingGroupName=name,
         LaunchTemplate={"LaunchTemplateId": template},
         MinSize=group.min_size,
         MaxSize=group.max_size,
-        DesiredCapacity=group.desired_size,
+        DesiredCapacity=desired,
         VPCZoneIdentifier=subnet,
         Tags=[
             {
                 "Key": k,
                 "Value": v,
                 "PropagateAtLaunch": True,
-                "ResourceId": "prod-h100-asg-1a2b3c",
+                "ResourceId": name,
                 "ResourceType": "auto-scaling-group",
             }
             for k, v in tags.items()
         ],
     )
-    return settings
 
 
 def fleet(settings) -> AsgFleet:

@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 from frontier_hostside.names import ROLE_TAG, STACK_TAG
 from invoke import Context
 from invoke.exceptions import Exit
-from test_fleet_ec2 import REGION, aws  # noqa: F401 - fixture
+from test_fleet_ec2 import REGION
 
 from frontier.cli import access
 from frontier.targets.ec2.backend import Ec2Backend
@@ -59,7 +59,7 @@ class Refreshes:
 
 
 @pytest.fixture
-def gateway_group(aws):  # noqa: F811
+def gateway_group(aws):
     """The prod stack's gateway group: two hosts, tagged with the stack and the gateway's role."""
     ec2 = boto3.client("ec2", region_name=REGION)
     template = ec2.create_launch_template(
@@ -144,7 +144,7 @@ def test_a_refresh_already_running_is_refused_saying_so(gateway_group, monkeypat
     assert f"the gateway group {GROUP} is already being refreshed" in str(refused.value.message)
 
 
-def test_a_stack_without_a_gateway_group_is_refused_naming_the_tags_it_looked_for(aws):  # noqa: F811
+def test_a_stack_without_a_gateway_group_is_refused_naming_the_tags_it_looked_for(aws):
     with pytest.raises(Exit) as refused:
         access.gateway_roll(Context(), stack="prod")
     assert "no auto scaling group tagged frontier:stack=prod and frontier:role=gateway" in str(
@@ -152,7 +152,7 @@ def test_a_stack_without_a_gateway_group_is_refused_naming_the_tags_it_looked_fo
     )
 
 
-def test_a_timeout_outside_its_range_is_refused_before_any_call(aws):  # noqa: F811
+def test_a_timeout_outside_its_range_is_refused_before_any_call(aws):
     with pytest.raises(Exit, match=r"--timeout 0: must be seconds in \(0, 86400\]"):
         access.gateway_roll(Context(), stack="prod", timeout=0)
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from frontier_hostside.names import NODE_GROUP_TAG, ROLE_TAG, STACK_TAG
 from frontier_hostside.rendezvous import Holder, slot_key
-from moto import mock_aws
+from test_fleet_ec2 import REGION, tagged_group
 
 from frontier.release.artifact import Artifact
 from frontier.release.release import Release
@@ -20,54 +19,17 @@ from frontier.targets import load_stack
 from frontier.targets.ec2.backend import Ec2Backend
 from frontier.targets.ec2.group import AsgFleet, FleetError
 
-REGION = "us-east-1"
 HOSTS = 4  # two replicas of two nodes
 
 
 @pytest.fixture
-def multinode(monkeypatch, saved_outputs):
+def multinode(aws, saved_outputs):
     """prod-multinode's group as Pulumi makes it (4 hosts: 2 replicas), its history bucket, its outputs."""
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": REGION,
-        "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
-    }.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        settings = load_stack("prod-multinode")
-        group = settings.serving_group
-        ec2 = boto3.client("ec2", region_name=REGION)
-        vpc = ec2.create_vpc(CidrBlock="10.44.0.0/16")["Vpc"]["VpcId"]
-        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.44.1.0/24", AvailabilityZone=f"{REGION}a")
-        template = ec2.create_launch_template(
-            LaunchTemplateName="prod-multinode-h100x2",
-            LaunchTemplateData={"ImageId": group.ami_id, "InstanceType": group.instance_type},
-        )["LaunchTemplate"]["LaunchTemplateId"]
-        name = "prod-multinode-h100x2-asg"
-        tags = {STACK_TAG: settings.stack, NODE_GROUP_TAG: group.name, ROLE_TAG: "runtime"}
-        boto3.client("autoscaling", region_name=REGION).create_auto_scaling_group(
-            AutoScalingGroupName=name,
-            LaunchTemplate={"LaunchTemplateId": template},
-            MinSize=group.min_size,
-            MaxSize=group.max_size,
-            DesiredCapacity=HOSTS,
-            VPCZoneIdentifier=subnet["Subnet"]["SubnetId"],
-            Tags=[
-                {
-                    "Key": k,
-                    "Value": v,
-                    "PropagateAtLaunch": True,
-                    "ResourceId": name,
-                    "ResourceType": "auto-scaling-group",
-                }
-                for k, v in tags.items()
-            ],
-        )
-        outputs = saved_outputs.ec2(settings)
-        boto3.client("s3", region_name=REGION).create_bucket(Bucket=outputs.history_bucket)
-        yield settings, outputs
+    settings = load_stack("prod-multinode")
+    tagged_group(settings, "prod-multinode-h100x2-asg", "prod-multinode-h100x2", HOSTS, "10.44")
+    outputs = saved_outputs.ec2(settings)
+    boto3.client("s3", region_name=REGION).create_bucket(Bucket=outputs.history_bucket)
+    return settings, outputs
 
 
 def claim_slots(settings, outputs, order: list[tuple[int, int]]) -> dict[tuple[int, int], str]:
