@@ -113,19 +113,14 @@ class Run:
 
 
 def fit_overhead(fit: list[Run], bare: Efficiency, context: float) -> tuple[float, float]:
-    """Per layer and per sequence: the two runs' step times less their bare roofline, a line in the
-    sequences (as ``cpu.fit_engine_overhead`` fits it on its own measurement)."""
-    (low, high) = sorted(fit, key=lambda r: r.concurrency)
+    """Per layer and per sequence from the two runs' step times less their bare roofline, as
+    ``cpu.fit_engine_overhead`` fits its own measurement."""
     residual = {
         r.concurrency: r.concurrency / r.measured
         - step(r.device, bare, r.replica, decode_seqs=r.concurrency, context=context).total_s
-        for r in (low, high)
+        for r in fit
     }
-    per_seq = max(
-        0.0, (residual[high.concurrency] - residual[low.concurrency]) / (high.concurrency - low.concurrency)
-    )
-    per_layer = max(0.0, (residual[low.concurrency] - per_seq * low.concurrency) / low.replica.shape.layers)
-    return per_layer, per_seq
+    return cpu.overhead_line(residual, fit[0].replica.shape.layers)
 
 
 def write_checkpoint(out: Path, shape: dict) -> Path:

@@ -205,9 +205,15 @@ def fit_engine_overhead(model_dir: Path, threads: int, bandwidth: float, flops: 
         c: s - step(device, bare, replica, decode_seqs=c, context=context).total_s
         for c, s in measured.items()
     }
-    low, high = FIT_CONCURRENCY
+    return overhead_line(residual, replica.shape.layers)
+
+
+def overhead_line(residual: dict[int, float], layers: int) -> tuple[float, float]:
+    """Per layer and per sequence from a decode step's time beyond its bare roofline at two
+    concurrencies: a line in the sequences, its intercept spread over the layers."""
+    low, high = sorted(residual)
     per_seq = max(0.0, (residual[high] - residual[low]) / (high - low))
-    per_layer = max(0.0, (residual[low] - per_seq * low) / replica.shape.layers)
+    per_layer = max(0.0, (residual[low] - per_seq * low) / layers)
     return per_layer, per_seq
 
 
