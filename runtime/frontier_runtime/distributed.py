@@ -230,8 +230,9 @@ def init_placement(rank: int, layout: Layout, init_method: str, device: torch.de
 
 
 @dataclass(frozen=True)
-class Sending:
-    """A tensor on its way to another rank; the sender keeps it alive until ``wait`` returns."""
+class Transfer:
+    """A tensor on its way to or from another rank: a sender keeps it alive until ``wait`` returns,
+    a receiver finds it filled then."""
 
     tensor: torch.Tensor
     work: dist.Work
@@ -240,33 +241,22 @@ class Sending:
         self.work.wait()
 
 
-def send_to(tensor: torch.Tensor, rank: int) -> Sending:
+def send_to(tensor: torch.Tensor, rank: int) -> Transfer:
     """Start sending ``tensor`` to global rank ``rank`` (pipeline stages: hidden states forward,
     logits back); the caller goes on computing and waits before the step ends."""
     tensor = tensor.contiguous()
     work = dist.isend(tensor, dst=rank)
     assert work is not None  # None only for a rank outside the default group
-    return Sending(tensor, work)
+    return Transfer(tensor, work)
 
 
-@dataclass(frozen=True)
-class Receiving:
-    """A tensor on its way from another rank; ``tensor`` holds it once ``wait`` returns."""
-
-    tensor: torch.Tensor
-    work: dist.Work
-
-    def wait(self) -> None:
-        self.work.wait()
-
-
-def start_receive(rank: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Receiving:
+def start_receive(rank: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Transfer:
     """Post the receive of what ``send_to`` sends from global rank ``rank``; the caller waits later
     (receives from one rank complete in the order they were posted, matching the sends' order)."""
     out = torch.empty(shape, dtype=dtype, device=device)
     work = dist.irecv(out, src=rank)
     assert work is not None  # None only for a rank outside the default group
-    return Receiving(out, work)
+    return Transfer(out, work)
 
 
 def receive_from(rank: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -32,8 +32,7 @@ import torch
 
 from frontier_runtime.distributed import (
     Layout,
-    Receiving,
-    Sending,
+    Transfer,
     init_placement,
     receive_from,
     send_to,
@@ -210,8 +209,8 @@ class Launched:
     that bring them, and the sends this rank must see through before the tensors may go."""
 
     logits: torch.Tensor | None = None
-    sent: list[Sending] = field(default_factory=list)
-    receiving: list[Receiving] = field(default_factory=list)
+    sent: list[Transfer] = field(default_factory=list)
+    receiving: list[Transfer] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -498,7 +497,7 @@ class ModelRunner:
         stage, stages = p.pipeline_stage, p.layout.pipeline_parallel
         hidden = self.model_config.hidden_size
         chunks = step.split(self.pipeline_chunks(step))
-        sent: list[Sending] = []
+        sent: list[Transfer] = []
         for chunk in chunks:
             ids, positions, meta, logit_rows = self._metadata(chunk)
             if p.is_first_stage:

@@ -239,7 +239,8 @@ class RuntimeServer(uvicorn.Server):
                     reloader.run_forever(self.state.config.api_keys_reload_s, self._reload_keys)
                 )
             self.state.attach(loaded.engine, loaded.codec)
-            self._spawn(self._watch_replica(loaded.engine))
+            if self.state.config.ranks > 1:  # one rank alone has no other to lose
+                self._spawn(self._watch_replica(loaded.engine))
             started = time.monotonic()
             # The warm-up blocks until one real forward is done: keep it off the loop.
             await asyncio.to_thread(loaded.engine.warmup)
