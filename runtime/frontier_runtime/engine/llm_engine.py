@@ -195,7 +195,7 @@ class LLMEngine:
         stage starts the next, so no stage idles while rank 0 samples and schedules."""
         outputs, self._pending = self._pending, []
         busy = {seq for flight in self._in_flight for seq, _ in flight.scheduled}
-        sched = self.scheduler.schedule(busy, self._step_share(len(busy)))
+        sched = self.scheduler.schedule(busy, self._step_share())
         for seq in sched.finished:
             self._seqs.pop(seq.request_id, None)
             self._release_structured(seq.request_id)
@@ -206,7 +206,7 @@ class LLMEngine:
             outputs += self._collect(self._in_flight.popleft())
         return self._with_text(outputs)
 
-    def _step_share(self, busy: int) -> int | None:
+    def _step_share(self) -> int | None:
         """Sequences one step may take: with several steps in flight, an even share of the work
         (so each step carries its part of the batch, not the first all of it and the others none)."""
         if self.steps_in_flight == 1:

@@ -162,12 +162,7 @@ def worker_main(config: EngineConfig, rank: int, init_method: str, steps: Connec
     """Entry point of ranks >= 1 on the leader's node: load the shard, then mirror rank 0's steps."""
     torch.set_num_threads(config.threads_per_rank)
     pin_if_configured(config, rank % config.ranks_per_node)
-    runner = ModelRunner(config, rank=rank, init_method=init_method)
-    try:
-        for step in receive_steps(steps):
-            runner.execute(step)
-    finally:
-        runner.shutdown()
+    mirror_steps(config, rank, init_method, steps)
 
 
 def remote_rank_main(config: EngineConfig, rank: int, role: NodeRole) -> None:
@@ -177,12 +172,19 @@ def remote_rank_main(config: EngineConfig, rank: int, role: NodeRole) -> None:
     pin_if_configured(config, rank % config.ranks_per_node)
     conn, init_method = join_leader(role, hello_of(config, rank))
     beat = Heartbeat(conn)
-    runner = ModelRunner(config, rank=rank, init_method=init_method)
     try:
-        for step in receive_steps(conn):
-            runner.execute(step)  # type: ignore[arg-type]
+        mirror_steps(config, rank, init_method, conn)
     finally:
         beat.stop()
+
+
+def mirror_steps(config: EngineConfig, rank: int, init_method: str, steps: Connection) -> None:
+    """Join the process group, load this rank's shard, run each step rank 0 sends until it stops."""
+    runner = ModelRunner(config, rank=rank, init_method=init_method)
+    try:
+        for step in receive_steps(steps):
+            runner.execute(step)
+    finally:
         runner.shutdown()
 
 
