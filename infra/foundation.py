@@ -26,7 +26,7 @@ from infra.cloud import Cloud
 from infra.identity import IdentityArgs
 from infra.network import Network, NetworkArgs
 from infra.registry import Registry, RegistryArgs
-from infra.secrets import Secrets, SecretsArgs
+from infra.secret_store import Secrets, SecretsArgs
 from infra.storage import Storage, StorageArgs
 from infra.tags import base_tags
 

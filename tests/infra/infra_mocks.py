@@ -1,7 +1,7 @@
 """Run the Pulumi program under mocks and keep what it created as plain data.
 
 No Pulumi CLI or engine exists here, so ``pulumi.runtime.set_mocks`` stands in for the engine and
-:class:`CloudMocks` for AWS: it answers every invoke the program makes (and fails loudly on any
+:class:`cloud_mocks.CloudMocks` for AWS: it answers every invoke the program makes (and fails loudly on any
 other), and returns for each resource its inputs plus the computed outputs AWS would add (ARNs,
 ids, DNS names, ...). Each program run happens in a fresh :class:`contextvars.Context`, because
 Pulumi keeps its settings and root stack in context variables: runs for dev, staging and prod share
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import hashlib
 import runpy
 import time
 from collections.abc import Callable
@@ -21,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
+from cloud_mocks import ACCOUNT_ID, ELB_ACCOUNTS, ROOT_DEVICE, CloudMocks
+from pulumi.runtime.mocks import MockMonitor, MockResourceArgs
 from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
@@ -33,169 +33,7 @@ from infra.program import build
 
 MAIN = Path(__file__).resolve().parents[2] / "infra" / "__main__.py"
 CLOUD_STACKS = ("dev", "staging", "prod")
-
-ACCOUNT_ID = "123456789012"
-ELB_ACCOUNTS = {"us-east-1": "127311923021", "us-west-2": "797873946194"}
-ZONE_LETTERS = "abcdef"
-ROOT_SNAPSHOT_GB = 75
-ROOT_DEVICE = "/dev/sda1"
-
-
-def fake_ami(parameter: str) -> str:
-    return "ami-" + hashlib.sha256(parameter.encode()).hexdigest()[:17]
-
-
-class CloudMocks(pulumi.runtime.Mocks):
-    """AWS as the program sees it: one account, a region with six AZs, the published AMIs."""
-
-    def __init__(self, region: str, *, zones: int = 6, root_snapshot_gb: int = ROOT_SNAPSHOT_GB) -> None:
-        self.region = region
-        self.zones = [f"{region}{letter}" for letter in ZONE_LETTERS[:zones]]
-        self.root_snapshot_gb = root_snapshot_gb
-        self.invokes: list[tuple[str, dict[str, Any]]] = []
-        self.images: dict[str, str] = {}
-        self.arm_images: set[str] = set()
-
-    # --- invokes ----------------------------------------------------------------------------------
-
-    def call(self, args: MockCallArgs) -> dict[str, Any]:
-        self.invokes.append((args.token, dict(args.args)))
-        handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-            "aws:index/getCallerIdentity:getCallerIdentity": self._caller_identity,
-            "aws:index/getPartition:getPartition": self._partition,
-            "aws:index/getAvailabilityZones:getAvailabilityZones": self._zones,
-            "aws:elb/getServiceAccount:getServiceAccount": self._elb_account,
-            "aws:ssm/getParameter:getParameter": self._parameter,
-            "aws:ec2/getAmi:getAmi": self._ami,
-        }
-        if args.token not in handlers:
-            raise NotImplementedError(f"the program made an invoke the mocks do not know: {args.token}")
-        return handlers[args.token](dict(args.args))
-
-    def _caller_identity(self, _: dict) -> dict:
-        return {
-            "accountId": ACCOUNT_ID,
-            "arn": f"arn:aws:iam::{ACCOUNT_ID}:user/operator",
-            "userId": "AIDAEXAMPLE",
-            "id": ACCOUNT_ID,
-        }
-
-    def _partition(self, _: dict) -> dict:
-        return {
-            "partition": "aws",
-            "dnsSuffix": "amazonaws.com",
-            "reverseDnsPrefix": "com.amazonaws",
-            "id": "aws",
-        }
-
-    def _zones(self, _: dict) -> dict:
-        return {
-            "names": self.zones,
-            "zoneIds": [f"use1-az{i}" for i in range(len(self.zones))],
-            "id": self.region,
-        }
-
-    def _elb_account(self, args: dict) -> dict:
-        account = ELB_ACCOUNTS[args.get("region") or self.region]
-        return {"arn": f"arn:aws:iam::{account}:root", "id": account}
-
-    def _parameter(self, args: dict) -> dict:
-        name = args["name"]
-        image = fake_ami(name)
-        self.images[image] = "arm64" if "/arm64/" in name else "x86_64"
-        return {
-            "name": name,
-            "value": image,
-            "insecureValue": image,
-            "type": "String",
-            "version": 1,
-            "id": name,
-            "arn": f"arn:aws:ssm:{self.region}::parameter{name}",
-            "withDecryption": True,
-        }
-
-    def _ami(self, args: dict) -> dict:
-        image = args["filters"][0]["values"][0]
-        return {
-            "id": image,
-            "imageId": image,
-            # A pinned AMI of the stack file, or one the SSM parameter named.
-            "architecture": self.images.get(image, "arm64" if image in self.arm_images else "x86_64"),
-            "rootDeviceName": ROOT_DEVICE,
-            "blockDeviceMappings": [
-                {
-                    "deviceName": ROOT_DEVICE,
-                    "ebs": {
-                        "volume_size": str(self.root_snapshot_gb),
-                        "volume_type": "gp3",
-                        "encrypted": "false",
-                    },
-                    "noDevice": "",
-                    "virtualName": "",
-                }
-            ],
-        }
-
-    # --- resources --------------------------------------------------------------------------------
-
-    def new_resource(self, args: MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        outputs = dict(args.inputs)
-        resource_id, computed = self._computed(args)
-        outputs.update({key: value for key, value in computed.items() if key not in outputs})
-        outputs["id"] = resource_id
-        return resource_id, outputs
-
-    def _computed(self, args: MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        """The id and the outputs AWS fills in that the program reads back."""
-        inputs, typ = args.inputs, args.typ
-        suffix = hashlib.sha256(f"{typ}/{args.name}".encode()).hexdigest()[:7]
-        physical = inputs.get("name") or f"{args.name}-{suffix}"
-        service = typ.split(":")[1].split("/")[0]
-        arn = f"arn:aws:{service}:{self.region}:{ACCOUNT_ID}:{physical}"
-        if typ == "aws:s3/bucket:Bucket":
-            bucket = inputs.get("bucket") or physical
-            return bucket, {"bucket": bucket, "arn": f"arn:aws:s3:::{bucket}"}
-        if typ == "aws:lb/loadBalancer:LoadBalancer":
-            return arn, {
-                "arn": f"arn:aws:elasticloadbalancing:{self.region}:{ACCOUNT_ID}:loadbalancer/app/{physical}/{suffix}",
-                "arnSuffix": f"app/{physical}/{suffix}",
-                "dnsName": f"{physical}-{suffix}.{self.region}.elb.amazonaws.com",
-                "zoneId": "Z35SXDOTRQ7X7K",
-            }
-        if typ == "aws:lb/targetGroup:TargetGroup":
-            return arn, {
-                "arn": f"arn:aws:elasticloadbalancing:{self.region}:{ACCOUNT_ID}:targetgroup/{physical}/{suffix}",
-                "arnSuffix": f"targetgroup/{physical}/{suffix}",
-            }
-        if typ == "aws:ecr/repository:Repository":
-            return physical, {
-                "arn": f"arn:aws:ecr:{self.region}:{ACCOUNT_ID}:repository/{physical}",
-                "repositoryUrl": f"{ACCOUNT_ID}.dkr.ecr.{self.region}.amazonaws.com/{physical}",
-                "registryId": ACCOUNT_ID,
-            }
-        if typ == "aws:kms/key:Key":
-            return suffix, {"arn": f"arn:aws:kms:{self.region}:{ACCOUNT_ID}:key/{suffix}", "keyId": suffix}
-        if typ == "aws:secretsmanager/secret:Secret":
-            return physical, {
-                "arn": f"arn:aws:secretsmanager:{self.region}:{ACCOUNT_ID}:secret:{physical}-AbCdEf"
-            }
-        if typ == "aws:iam/role:Role":
-            return physical, {"arn": f"arn:aws:iam::{ACCOUNT_ID}:role/{physical}", "name": physical}
-        if typ == "aws:iam/instanceProfile:InstanceProfile":
-            return physical, {
-                "arn": f"arn:aws:iam::{ACCOUNT_ID}:instance-profile/{physical}",
-                "name": physical,
-            }
-        if typ == "aws:cloudwatch/logGroup:LogGroup":
-            return physical, {
-                "arn": f"arn:aws:logs:{self.region}:{ACCOUNT_ID}:log-group:{physical}",
-                "name": physical,
-            }
-        if typ == "aws:ec2/launchTemplate:LaunchTemplate":
-            return f"lt-{suffix}", {"arn": arn, "latestVersion": 1, "defaultVersion": 1}
-        if typ in ("aws:autoscaling/group:Group", "aws:ec2/placementGroup:PlacementGroup"):
-            return physical, {"arn": arn, "name": physical}
-        return f"{typ.split(':')[-1].lower()}-{suffix}", {"arn": arn}
+__all__ = ["ACCOUNT_ID", "ELB_ACCOUNTS", "ROOT_DEVICE", "CloudMocks"]
 
 
 @dataclass(frozen=True)

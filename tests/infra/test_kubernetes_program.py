@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from infra_mocks import Graph, _run
-from k8s_mocks import CA_DATA, ENDPOINT, OIDC_ISSUER, EksMocks, run_kubernetes
+from k8s_mocks import CA_DATA, EKS_ENDPOINT, OIDC_ISSUER, EksMocks, run_kubernetes
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockResourceArgs
 
@@ -222,7 +222,7 @@ def test_the_provider_talks_to_the_new_cluster_with_an_eks_token(eks):
     provider = eks.one("pulumi:providers:kubernetes")
     kubeconfig = json.loads(provider.inputs["kubeconfig"])
     cluster = kubeconfig["clusters"][0]["cluster"]
-    assert cluster == {"server": ENDPOINT, "certificate-authority-data": CA_DATA}
+    assert cluster == {"server": EKS_ENDPOINT, "certificate-authority-data": CA_DATA}
     assert kubeconfig["users"][0]["user"]["exec"]["args"][:4] == [
         "eks",
         "get-token",

@@ -1,0 +1,81 @@
+"""``pulumi up -s STACK`` as the CLI's Python language host runs the program, with mocks for the engine.
+
+Run in a fresh interpreter, isolated the way a user's shell cannot help it (``python -I``: no
+PYTHONPATH, no user site, no script folder on ``sys.path``)::
+
+    .venv/bin/python -I tests/infra/language_host.py PROGRAM_DIR PROJECT STACK OUT.json
+
+with the stack's config in ``PULUMI_CONFIG`` (``project:key`` names, objects as JSON strings), which
+is how the CLI hands it over. What the language host does, this does in the same order:
+
+1. import ``pulumi`` (and nothing of the project),
+2. change into the program's folder (``main:`` of ``Pulumi.yaml``),
+3. ``runpy.run_path(".", run_name="__main__")``, which puts that folder first on ``sys.path``: a module
+   there named like a standard-library or installed module shadows it for every importer.
+
+Only step 0 differs: the engine and AWS are :mod:`cloud_mocks`, loaded by file path so that the tests'
+folder never reaches ``sys.path``. OUT.json receives every resource declared (type and name) and the
+stack's exported outputs; a program that fails prints its traceback and exits non-zero, as ``pulumi up``
+would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from pulumi.runtime.stack import run_pulumi_func
+
+
+def _cloud_mocks() -> Any:
+    path = Path(__file__).resolve().with_name("cloud_mocks.py")
+    spec = importlib.util.spec_from_file_location("_rehearsal_cloud_mocks", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and annotations look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(program_dir: str, project: str, stack: str, out: str) -> None:
+    config = json.loads(os.environ.get("PULUMI_CONFIG", "{}"))
+    region = config.get("aws:region", "us-east-1")
+    mocks_module = _cloud_mocks()
+    created: list[tuple[str, str]] = []
+
+    class Recording(mocks_module.EksCloudMocks):  # type: ignore[misc, name-defined]
+        def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
+            created.append((args.typ, args.name))
+            return super().new_resource(args)
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    pulumi.runtime.set_mocks(Recording(region), project=project, stack=stack, preview=False)
+
+    os.chdir(program_dir)
+    loop.run_until_complete(run_pulumi_func(lambda: runpy.run_path(".", run_name="__main__")))
+
+    root = pulumi.runtime.settings.get_root_resource()
+    outputs = {name: _resolve(loop, value) for name, value in dict(root.outputs).items()}
+    Path(out).write_text(json.dumps({"resources": created, "outputs": outputs}, default=str))
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, value: Any) -> Any:
+    if isinstance(value, pulumi.Output):
+        return _resolve(loop, loop.run_until_complete(value.future()))
+    if isinstance(value, list | tuple):
+        return [_resolve(loop, v) for v in value]
+    if isinstance(value, dict):
+        return {k: _resolve(loop, v) for k, v in value.items()}
+    return value
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
