@@ -32,16 +32,10 @@ from pulumi_policy import (
 from pulumi_policy.proxy import unknown_checking_proxy
 
 from infra.edge import TARGET_TLS_PORT
-from policy.rules import (
-    DOOR_POLICIES,
-    EXPOSURE_POLICIES,
+from policy.rules import POLICIES, quota_store
+from policy.rules.kubernetes import (
     K8S_LEADER_WORKER_SET,
     K8S_WORKLOADS,
-    POLICIES,
-    REACH_POLICIES,
-    RESOURCE_POLICIES,
-    STACK_POLICIES,
-    STORE_POLICIES,
     check_k8s_pdb_and_network_policy,
     pod_specs,
 )
@@ -511,13 +505,14 @@ def _without_kubernetes(graph: Graph, kind: str, keep: str = "") -> list[Resourc
 
 
 def test_every_rule_has_a_violation_case():
-    doors = {p.name for p in DOOR_POLICIES if isinstance(p, ResourceValidationPolicy)}
-    assert set(RESOURCE_VIOLATIONS) == {p.name for p in RESOURCE_POLICIES + EXPOSURE_POLICIES} | doors
-    doors = {p.name for p in DOOR_POLICIES if isinstance(p, StackValidationPolicy)}
-    assert set(STACK_VIOLATIONS) == {p.name for p in STACK_POLICIES + REACH_POLICIES} | doors
     # The quota store's rule needs a gateway stack that provisions one: its violation cases are in
     # tests/infra/test_quota_store.py (test_the_cache_rule_fires_on_a_store_left_open).
-    assert {p.name for p in STORE_POLICIES} == {"cache-encrypted-with-auth"}
+    elsewhere = {p.name for p in quota_store.POLICIES}
+    assert elsewhere == {"cache-encrypted-with-auth"}
+    resource_rules = {p.name for p in POLICIES if isinstance(p, ResourceValidationPolicy)}
+    assert set(RESOURCE_VIOLATIONS) == resource_rules - elsewhere
+    assert set(STACK_VIOLATIONS) == {p.name for p in POLICIES if isinstance(p, StackValidationPolicy)}
+    assert all(isinstance(p, ResourceValidationPolicy | StackValidationPolicy) for p in POLICIES)
 
 
 def test_known_breaks_are_advisory():

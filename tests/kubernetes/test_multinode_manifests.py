@@ -31,7 +31,7 @@ from frontier.targets import load_stack
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes.objects import TEMPLATE_HASH_ANNOTATION, selector
-from policy import rules as policy_rules
+from policy.rules import kubernetes as policy_rules
 
 STACK = "eks-multinode"
 

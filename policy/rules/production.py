@@ -1,0 +1,173 @@
+"""Production stacks (the ones named in the pack's ``productionStacks`` config): what outlives a
+release is protected from deletion, and the doors stay closed: who reaches the balancer, how it
+reaches the hosts, where the hosts may send (infra/edge.py, infra/security_groups.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from frontier_hostside.names import RUNTIME_ROLE, STACK_TAG
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    PolicyResource,
+    ReportViolation,
+    ResourceValidationArgs,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from policy.rules.edge import LOAD_BALANCER, TARGET_GROUP, WEB_ACL_ASSOCIATION
+from policy.rules.kubernetes import EKS_CLUSTER
+from policy.rules.network import SECURITY_GROUP, open_rules
+from policy.rules.reading import as_list, get, stack_of, tags_of, truthy
+from policy.rules.storage import BUCKET, ECR_REPOSITORY, KMS_KEY, SECRET
+from policy.rules.validation import of_type, resource_policy
+
+# The stacks infra/ treats as production (infra/program.py, infra/kubernetes_program.py).
+PRODUCTION_STACKS = ["prod", "eks-prod"]
+PRODUCTION_SCHEMA = PolicyConfigSchema(
+    properties={
+        "productionStacks": {"type": "array", "items": {"type": "string"}, "default": PRODUCTION_STACKS}
+    }
+)
+# What outlives a release: losing one loses weights, history, keys, secrets, images or the cluster.
+STATEFUL = BUCKET + KMS_KEY + SECRET + ECR_REPOSITORY + EKS_CLUSTER
+STATEFUL_MANDATORY = tuple(t for t in STATEFUL if t not in ECR_REPOSITORY)
+
+
+def production_stacks(config: Mapping[str, Any] | None) -> list[str]:
+    return list(get(config or {}, "productionStacks", default=PRODUCTION_STACKS))
+
+
+def check_production_protected(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    stack = stack_of(args.urn)
+    if stack not in production_stacks(args.get_config()):
+        return
+    protect = getattr(args.opts, "protect", None)
+    if not protect:
+        yield (
+            f"stateful resource of production stack {stack!r} is not protected: "
+            "set protect=True (directly or on its component) so `pulumi destroy` cannot delete it"
+        )
+
+
+def check_lb_deletion_protection(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    stack = get(tags_of(props), STACK_TAG)
+    if stack in production_stacks(args.get_config()) and not truthy(get(props, "enableDeletionProtection")):
+        yield f"load balancer of production stack {stack!r} has no deletion protection"
+
+
+def check_production_targets_https(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
+    stack = stack_of(args.urn)
+    if stack not in production_stacks(args.get_config()):
+        return
+    # Lambda targets have no protocol; only a plain HTTP hop from the balancer is refused.
+    if str(get(props, "protocol", default="")).upper() == "HTTP":
+        yield (
+            f"target group of production stack {stack!r} forwards plain HTTP to its targets: use HTTPS "
+            "(runtime hosts terminate TLS on their own proxy)"
+        )
+    if str(get(props, "healthCheck", "protocol", default="")).upper() == "HTTP":
+        yield f"target group of production stack {stack!r} checks its targets' health over plain HTTP: use HTTPS"
+
+
+def production_stack_policy(
+    name: str,
+    description: str,
+    check: Callable[[Sequence[PolicyResource], Sequence[str]], Iterable[tuple[PolicyResource, str]]],
+) -> StackValidationPolicy:
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        for resource, message in check(list(args.resources), production_stacks(args.get_config())):
+            report_violation(f"{resource.name}: {message}", resource.urn)
+
+    return StackValidationPolicy(
+        name=name,
+        description=description,
+        validate=validate,
+        enforcement_level=EnforcementLevel.MANDATORY,
+        config_schema=PRODUCTION_SCHEMA,
+    )
+
+
+def _open_group_ids(resources: Sequence[PolicyResource]) -> set[str]:
+    """The security groups that take traffic from 0.0.0.0/0 or ::/0, on any port."""
+    ids = set()
+    for holder, *_ in open_rules(resources, "ingress"):
+        group = get(holder.props, "id") if holder.resource_type in SECURITY_GROUP else None
+        ids.add(str(group or get(holder.props, "securityGroupId", default="")))
+    return ids
+
+
+def check_production_lb_allowlisted(
+    resources: Sequence[PolicyResource], production: Sequence[str]
+) -> Iterator[tuple[PolicyResource, str]]:
+    """A production balancer open to the internet needs a WAF in front (where a public API's own
+    rules live) or an allowlist; a rate limit or an IP set in the WAF is the operator's choice."""
+    open_groups = _open_group_ids(resources)
+    guarded = {str(get(a.props, "resourceArn")) for a in of_type(resources, WEB_ACL_ASSOCIATION)}
+    for lb in of_type(resources, LOAD_BALANCER):
+        stack = stack_of(lb.urn)
+        if (
+            stack not in production
+            or truthy(get(lb.props, "internal"))
+            or str(get(lb.props, "arn")) in guarded
+        ):
+            continue
+        if any(str(group) in open_groups for group in as_list(get(lb.props, "securityGroups"))):
+            yield (
+                lb,
+                f"internet-facing load balancer of production stack {stack!r} admits 0.0.0.0/0 with no WAF: "
+                "set edge.allow_cidrs, edge.scheme: internal, or a WAF (edge.waf_rate_limit)",
+            )
+
+
+def check_production_runtime_egress(
+    resources: Sequence[PolicyResource], production: Sequence[str]
+) -> Iterator[tuple[PolicyResource, str]]:
+    for holder, role, protocol, low, high, public in open_rules(resources, "egress"):
+        stack = stack_of(holder.urn)
+        if role == RUNTIME_ROLE and stack in production:
+            yield (
+                holder,
+                f"runtime hosts of production stack {stack!r} may send {protocol} {low}-{high} to "
+                f"{', '.join(public)}: they reach only the VPC and its endpoints (network.egress: endpoints)",
+            )
+
+
+POLICIES = [
+    resource_policy(
+        "production-stateful-protected",
+        "Production buckets, keys, secrets, repositories and clusters are protected from deletion.",
+        STATEFUL_MANDATORY + ECR_REPOSITORY,
+        check_production_protected,
+        config_schema=PRODUCTION_SCHEMA,
+    ),
+    resource_policy(
+        "lb-deletion-protection",
+        "Production load balancers are protected from deletion.",
+        LOAD_BALANCER,
+        check_lb_deletion_protection,
+        EnforcementLevel.ADVISORY,
+        PRODUCTION_SCHEMA,
+    ),
+    resource_policy(
+        "production-targets-https",
+        "Production target groups forward to and check their targets over HTTPS.",
+        TARGET_GROUP,
+        check_production_targets_https,
+        config_schema=PRODUCTION_SCHEMA,
+    ),
+    production_stack_policy(
+        "production-lb-allowlisted",
+        "A production load balancer open to 0.0.0.0/0 is internal, allowlisted or behind a WAF.",
+        check_production_lb_allowlisted,
+    ),
+    production_stack_policy(
+        "production-runtime-egress-to-endpoints",
+        "Production runtime hosts send nothing to 0.0.0.0/0 or ::/0, on any port.",
+        check_production_runtime_egress,
+    ),
+]
