@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from frontier_settings.auth import bearer_token
+
 from frontier_gateway.config import SHA256_HEX, TenantConfig
 
 
@@ -71,16 +73,6 @@ class Tenants:
         if token is None:
             return None
         return self._by_digest.get(key_digest(token))
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    if not authorization:
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return token
 
 
 def load_tenants(configs: Iterable[TenantConfig], *, client: Any | None = None) -> Tenants:

@@ -14,6 +14,8 @@ import hashlib
 import secrets
 from collections.abc import Iterable
 
+from frontier_settings.auth import bearer_token
+
 
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", errors="surrogatepass")).digest()
@@ -57,13 +59,3 @@ def key_set_fingerprint(digests: Iterable[bytes]) -> str:
 def fingerprint_of(keys: Iterable[str]) -> str:
     """The fingerprint a runtime reports for ``keys`` (what ``fab keys.rotate`` waits for)."""
     return key_set_fingerprint(_digest(k) for k in keys)
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    if not authorization:
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return token
