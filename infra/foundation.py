@@ -2,7 +2,7 @@
 
 The stack's key and API-keys secret, its VPC (unless an existing cluster brings its own), its
 weights, history and log buckets, its image registry, and what the stack's roles are granted on all
-of these. The EC2 program (:mod:`infra.program`) and the EKS program
+of these. The EC2 program (:mod:`infra.ec2_program`) and the EKS program
 (:mod:`infra.kubernetes_program`) each build one and then only what their target adds.
 
 The roles themselves stay with each target: the EC2 deploy role drains the edge's target group,

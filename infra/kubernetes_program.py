@@ -23,9 +23,9 @@ from frontier.targets.kubernetes.gateway import GATEWAY_SERVICE_ACCOUNT
 from infra.addons import ClusterAddons, ClusterAddonsArgs
 from infra.cloud import Cloud, look_up
 from infra.eks import EksArgs, EksCluster
-from infra.errors import ProvisionError
 from infra.foundation import Foundation, FoundationArgs
 from infra.outputs import KubernetesOutputs
+from infra.preflight import certificate_problems, refuse_problems, registry_problems
 from infra.tags import base_tags
 from infra.workload_identity import (
     KubernetesDeployRole,
@@ -47,19 +47,8 @@ def _k8s(settings: Settings) -> Kubernetes:
 def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
     k = _k8s(s)
     if k.ingress.kind == "alb":
-        cert_region = s.edge.certificate_arn.split(":")[3] if s.edge.certificate_arn.count(":") >= 5 else ""
-        if cert_region != cloud.region:
-            yield (
-                f"edge.certificate_arn = {s.edge.certificate_arn!r}: an ALB needs an ACM certificate of its own "
-                f"region ({cloud.region})"
-            )
-    registry = f"{cloud.account_id}.dkr.ecr.{cloud.region}.{cloud.dns_suffix}"
-    host, _, path = s.runtime.image_repository.partition("/")
-    if host != registry or not path:
-        yield (
-            f"runtime.image_repository = {s.runtime.image_repository!r}: nodes pull the runtime from the ECR "
-            f"repository this stack creates; expected {registry}/<name>"
-        )
+        yield from certificate_problems(s, cloud)
+    yield from registry_problems(s, cloud, "nodes")
     if k.cluster.mode == "create" and len(cloud.availability_zones) < 2:
         yield f"region {cloud.region}: EKS needs two availability zones for its control plane"
     if k.cluster.mode == "existing" and not os.path.exists(os.path.expanduser(k.cluster.kubeconfig)):
@@ -181,10 +170,7 @@ class GatewayIdentity(pulumi.ComponentResource):
 
 
 def preflight(settings: Settings, cloud: Cloud) -> None:
-    problems = list(_problems(settings, cloud))
-    if problems:
-        lines = [f"{settings.source}: {len(problems)} problem(s) for provisioning stack {settings.stack!r}"]
-        raise ProvisionError("\n".join([*lines, *(f"  {p}" for p in problems)]))
+    refuse_problems(settings, _problems(settings, cloud))
 
 
 def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]:

@@ -26,7 +26,7 @@ from policy.rules.reading import as_list, get, stack_of, tags_of, truthy
 from policy.rules.storage import BUCKET, ECR_REPOSITORY, KMS_KEY, SECRET
 from policy.rules.validation import of_type, resource_policy
 
-# The stacks infra/ treats as production (infra/program.py, infra/kubernetes_program.py).
+# The stacks infra/ treats as production (infra/ec2_program.py, infra/kubernetes_program.py).
 PRODUCTION_STACKS = ["prod", "eks-prod"]
 PRODUCTION_SCHEMA = PolicyConfigSchema(
     properties={

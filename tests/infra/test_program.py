@@ -181,7 +181,7 @@ def test_a_cache_volume_cloud_init_cannot_tell_from_the_root_volume_is_refused()
 
 
 def test_user_data_beyond_ec2s_limit_is_refused(monkeypatch):
-    monkeypatch.setattr("infra.program.render_cloud_init", lambda settings, group, **_: "#" * 17_000)
+    monkeypatch.setattr("infra.ec2_program.render_cloud_init", lambda settings, group, **_: "#" * 17_000)
     with pytest.raises(
         ProvisionError, match=r"node_groups\[0\] \(a10g\): .* is 17000 bytes; EC2 accepts at most 16384"
     ):
