@@ -26,6 +26,7 @@ import base64
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -79,18 +80,39 @@ class GatewayNodes(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GatewayNodesArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("frontier:gateway:GatewayNodes", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        tags = with_tags(dict(args.tags), role=GATEWAY_ROLE)
+        self._name, self._args = name, args
+        self._child = pulumi.ResourceOptions(parent=self)
+        self._tags = with_tags(dict(args.tags), role=GATEWAY_ROLE)
 
+        group = self._security_group()
+        # Made from the group, so only once it exists (the quota store admits it).
+        boot_after = list(args.boot_dependencies(group.id)) if args.boot_dependencies else []
+        self._admit_to_runtimes(group)
+        role, grants = self._role()
+        profile = aws.iam.InstanceProfile(
+            f"{name}-profile", role=role.name, tags=self._tags, opts=self._child
+        )
+        template = self._launch_template(group, profile)
+        # The profile names the role at once, its policies only once attached: hosts must not boot first.
+        asg = self._auto_scaling_group(template, after=[*grants, *boot_after])
+
+        self.security_group_id = group.id
+        self.asg_name = asg.name
+        self.role_arn = role.arn
+        self.register_outputs({"security_group_id": group.id, "asg_name": asg.name})
+
+    def _security_group(self) -> aws.ec2.SecurityGroup:
+        """The gateway's group: its port from the ALB in; the runtimes' port (and, with internet
+        egress, AWS's APIs) out."""
+        name, args, child = self._name, self._args, self._child
         group = aws.ec2.SecurityGroup(
             f"{name}-sg",
             description=f"Gateway: port {args.port} from the load balancer only",
             vpc_id=args.vpc_id,
-            tags=tags,
+            tags=self._tags,
             opts=child,
         )
-        rule = aws.vpc.SecurityGroupIngressRule
-        rule(
+        aws.vpc.SecurityGroupIngressRule(
             f"{name}-from-alb",
             security_group_id=group.id,
             referenced_security_group_id=args.alb_security_group_id,
@@ -131,18 +153,25 @@ class GatewayNodes(pulumi.ComponentResource):
                 description="Secrets Manager, S3 and KMS over HTTPS (through the NAT)",
                 opts=child,
             )
-        boot_after = list(args.boot_dependencies(group.id)) if args.boot_dependencies else []
-        rule(
-            f"{name}-runtime-from-gateway",
+        return group
+
+    def _admit_to_runtimes(self, group: aws.ec2.SecurityGroup) -> None:
+        """The runtime hosts take their port from the gateway's group."""
+        args = self._args
+        aws.vpc.SecurityGroupIngressRule(
+            f"{self._name}-runtime-from-gateway",
             security_group_id=args.runtime_security_group_id,
             referenced_security_group_id=group.id,
             ip_protocol="tcp",
             from_port=args.runtime_port,
             to_port=args.runtime_port,
             description="Requests from the gateway",
-            opts=child,
+            opts=self._child,
         )
 
+    def _role(self) -> tuple[aws.iam.Role, list[pulumi.Resource]]:
+        """The hosts' role and the grants a host needs before it boots (its policy, SSM's)."""
+        name, args, child = self._name, self._args, self._child
         role = aws.iam.Role(
             f"{name}-role",
             assume_role_policy=json.dumps(
@@ -157,90 +186,14 @@ class GatewayNodes(pulumi.ComponentResource):
                     ],
                 }
             ),
-            tags=tags,
+            tags=self._tags,
             opts=child,
         )
-        secret_arns = [
-            f"arn:aws:secretsmanager:{args.region}:{args.account_id}:secret:{secret}-*"
-            for secret in args.secret_names
-        ]
-        metering_arn = f"arn:aws:s3:::{args.metering_bucket}/{args.metering_prefix.strip('/')}/*"
-        release_prefix = f"{args.history_prefix.rstrip('/')}/gateway/".lstrip("/")
-        release_arn = f"arn:aws:s3:::{args.history_bucket}/{release_prefix.rstrip('/')}"
-        # /frontier/<stack>/gateway and /frontier/<stack>/cloud-init (infra/monitoring.py).
-        log_groups = f"arn:aws:logs:{args.region}:{args.account_id}:log-group:/frontier/{args.stack}/*"
         grants = aws.iam.RolePolicy(
             f"{name}-policy",
             role=role.id,
             policy=pulumi.Output.from_input(args.kms_key_arn).apply(
-                lambda key: json.dumps(
-                    {
-                        "Version": "2012-10-17",
-                        "Statement": [
-                            {
-                                "Sid": "ReadKeyDigests",
-                                "Effect": "Allow",
-                                "Action": "secretsmanager:GetSecretValue",
-                                "Resource": secret_arns,
-                            },
-                            {
-                                "Sid": "DecryptSecrets",
-                                "Effect": "Allow",
-                                "Action": "kms:Decrypt",
-                                "Resource": key,
-                            },
-                            {
-                                # Replicas are found by their tags; DescribeInstances has no
-                                # resource-level permissions.
-                                "Sid": "DiscoverRuntimes",
-                                "Effect": "Allow",
-                                "Action": "ec2:DescribeInstances",
-                                "Resource": "*",
-                            },
-                            {
-                                "Sid": "WriteMetering",
-                                "Effect": "Allow",
-                                "Action": "s3:PutObject",
-                                "Resource": metering_arn,
-                            },
-                            {
-                                "Sid": "ReadWhatItBoots",
-                                "Effect": "Allow",
-                                "Action": "s3:GetObject",
-                                "Resource": f"{release_arn}/*",
-                            },
-                            {
-                                "Sid": "ListWhatItBoots",
-                                "Effect": "Allow",
-                                "Action": "s3:ListBucket",
-                                "Resource": f"arn:aws:s3:::{args.history_bucket}",
-                                "Condition": {"StringLike": {"s3:prefix": f"{release_prefix}*"}},
-                            },
-                            {
-                                "Sid": "ShipItsLogs",
-                                "Effect": "Allow",
-                                "Action": [
-                                    "logs:CreateLogStream",
-                                    "logs:PutLogEvents",
-                                    "logs:DescribeLogStreams",
-                                ],
-                                "Resource": [
-                                    f"{log_groups}:*",
-                                    f"{log_groups}:log-stream:*",
-                                ],
-                            },
-                            {
-                                # The held requests (the from-zero alarms' signal), its answers, and
-                                # the CloudWatch agent's host metrics: the runtime's namespace only.
-                                "Sid": "PutGatewayMetrics",
-                                "Effect": "Allow",
-                                "Action": "cloudwatch:PutMetricData",
-                                "Resource": "*",
-                                "Condition": {"StringEquals": {"cloudwatch:namespace": CLOUDWATCH_NAMESPACE}},
-                            },
-                        ],
-                    }
-                )
+                lambda key: json.dumps(gateway_host_policy(args, key))
             ),
             opts=child,
         )
@@ -250,11 +203,14 @@ class GatewayNodes(pulumi.ComponentResource):
             policy_arn="arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
             opts=child,
         )
-        profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
+        return role, [grants, ssm]
 
-        host_tags = {**tags, ROLE_TAG: GATEWAY_ROLE, "Name": f"frontier-{args.stack}-gateway"}
-        template = aws.ec2.LaunchTemplate(
-            f"{name}-lt",
+    def _launch_template(
+        self, group: aws.ec2.SecurityGroup, profile: aws.iam.InstanceProfile
+    ) -> aws.ec2.LaunchTemplate:
+        args = self._args
+        return aws.ec2.LaunchTemplate(
+            f"{self._name}-lt",
             description=f"Frontier {args.stack}: gateway ({args.instance_type})",
             image_id=args.ami_id,
             instance_type=args.instance_type,
@@ -274,14 +230,20 @@ class GatewayNodes(pulumi.ComponentResource):
             ],
             user_data=base64.b64encode(args.user_data.encode()).decode(),
             tag_specifications=[
-                {"resource_type": kind, "tags": host_tags} for kind in ("instance", "volume")
+                {"resource_type": kind, "tags": self._host_tags()} for kind in ("instance", "volume")
             ],
             update_default_version=True,
-            tags=tags,
-            opts=child,
+            tags=self._tags,
+            opts=self._child,
         )
-        asg = aws.autoscaling.Group(
-            f"{name}-asg",
+
+    def _auto_scaling_group(
+        self, template: aws.ec2.LaunchTemplate, after: Sequence[pulumi.Resource]
+    ) -> aws.autoscaling.Group:
+        """The group in the ALB's target group, rolled by instance refresh; made after ``after``."""
+        args = self._args
+        return aws.autoscaling.Group(
+            f"{self._name}-asg",
             min_size=args.min_size,
             desired_capacity=args.desired_size,
             max_size=args.max_size,
@@ -301,11 +263,89 @@ class GatewayNodes(pulumi.ComponentResource):
                     "skip_matching": True,
                 },
             },
-            tags=[{"key": k, "value": v, "propagate_at_launch": True} for k, v in host_tags.items()],
-            # The profile names the role at once, its policies only once attached: hosts must not boot first.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[grants, ssm, *boot_after]),
+            tags=[{"key": k, "value": v, "propagate_at_launch": True} for k, v in self._host_tags().items()],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(after)),
         )
-        self.security_group_id = group.id
-        self.asg_name = asg.name
-        self.role_arn = role.arn
-        self.register_outputs({"security_group_id": group.id, "asg_name": asg.name})
+
+    def _host_tags(self) -> dict[str, str]:
+        """What each host and its volumes carry: the discovery tags and a readable name."""
+        return {**self._tags, ROLE_TAG: GATEWAY_ROLE, "Name": f"frontier-{self._args.stack}-gateway"}
+
+
+def gateway_host_policy(args: GatewayNodesArgs, kms_key_arn: str) -> dict[str, Any]:
+    """What a gateway host does with AWS; nothing else."""
+    secret_arns = [
+        f"arn:aws:secretsmanager:{args.region}:{args.account_id}:secret:{secret}-*"
+        for secret in args.secret_names
+    ]
+    metering_arn = f"arn:aws:s3:::{args.metering_bucket}/{args.metering_prefix.strip('/')}/*"
+    release_prefix = f"{args.history_prefix.rstrip('/')}/gateway/".lstrip("/")
+    release_arn = f"arn:aws:s3:::{args.history_bucket}/{release_prefix.rstrip('/')}"
+    # /frontier/<stack>/gateway and /frontier/<stack>/cloud-init (infra/monitoring.py).
+    log_groups = f"arn:aws:logs:{args.region}:{args.account_id}:log-group:/frontier/{args.stack}/*"
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "ReadKeyDigests",
+                "Effect": "Allow",
+                "Action": "secretsmanager:GetSecretValue",
+                "Resource": secret_arns,
+            },
+            {
+                "Sid": "DecryptSecrets",
+                "Effect": "Allow",
+                "Action": "kms:Decrypt",
+                "Resource": kms_key_arn,
+            },
+            {
+                # Replicas are found by their tags; DescribeInstances has no
+                # resource-level permissions.
+                "Sid": "DiscoverRuntimes",
+                "Effect": "Allow",
+                "Action": "ec2:DescribeInstances",
+                "Resource": "*",
+            },
+            {
+                "Sid": "WriteMetering",
+                "Effect": "Allow",
+                "Action": "s3:PutObject",
+                "Resource": metering_arn,
+            },
+            {
+                "Sid": "ReadWhatItBoots",
+                "Effect": "Allow",
+                "Action": "s3:GetObject",
+                "Resource": f"{release_arn}/*",
+            },
+            {
+                "Sid": "ListWhatItBoots",
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": f"arn:aws:s3:::{args.history_bucket}",
+                "Condition": {"StringLike": {"s3:prefix": f"{release_prefix}*"}},
+            },
+            {
+                "Sid": "ShipItsLogs",
+                "Effect": "Allow",
+                "Action": [
+                    "logs:CreateLogStream",
+                    "logs:PutLogEvents",
+                    "logs:DescribeLogStreams",
+                ],
+                "Resource": [
+                    f"{log_groups}:*",
+                    f"{log_groups}:log-stream:*",
+                ],
+            },
+            {
+                # The held requests (the from-zero alarms' signal), its answers, and
+                # the CloudWatch agent's host metrics: the runtime's namespace only.
+                "Sid": "PutGatewayMetrics",
+                "Effect": "Allow",
+                "Action": "cloudwatch:PutMetricData",
+                "Resource": "*",
+                "Condition": {"StringEquals": {"cloudwatch:namespace": CLOUDWATCH_NAMESPACE}},
+            },
+        ],
+    }
