@@ -12,6 +12,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from frontier.cli import tables
 from frontier.cli.common import pool_settings, reports_errors, settings_for
+from frontier.figures import size
 from frontier.hosts import drivers as nvidia
 from frontier.hosts.boots import boot_records
 from frontier.release import artifact as artifacts
@@ -21,7 +22,6 @@ from frontier.rollout.deploy import deploy_plan
 from frontier.rollout.deploy import rollback as run_rollback
 from frontier.rollout.rolling import Event, RolloutFailed, RolloutResult
 from frontier.targets import backend_for
-from frontier.targets.ec2.ami import latest_amis
 
 STACK = "stack name (default $FRONTIER_STACK, else local)"
 _COLOUR = {"ok": "green", "fail": "red", "info": "cyan", "start": "dim"}
@@ -255,7 +255,7 @@ def weights_gc(c, stack=None, model=None, keep_last=None, dry_run=False, version
     verb = "would delete" if dry_run else "delete"
     rows = [
         (v.version, "keep" if v.keep else verb, v.stored.pushed_at or "-", len(v.stored.keys),
-         tables.size(v.stored.bytes), v.why)
+         size(v.stored.bytes), v.why)
         for v in plan.verdicts
     ]  # fmt: skip
     title = f"weights gc: {settings.model.weights_uri} (kept releases: {', '.join(r.release_id for r in kept) or 'none'})"
@@ -264,7 +264,7 @@ def weights_gc(c, stack=None, model=None, keep_last=None, dry_run=False, version
         tables.table(title, ("version", "action", "pushed", "objects", "bytes", "why"), rows, numeric=(3, 4))
     )
     doomed = plan.doomed
-    freed = tables.size(sum(v.stored.bytes for v in doomed))
+    freed = size(sum(v.stored.bytes for v in doomed))
     if dry_run:
         print(f"dry run: {len(doomed)} version(s) ({freed}) would be deleted; nothing was")
         return
@@ -332,28 +332,9 @@ def scale(c, stack=None, replicas=None):
     )
 
 
-@task(name="latest", help={"stack": STACK})
-@reports_errors
-def ami_latest(c, stack=None):
-    """Propose the newest published AMI for each node group against the one the stack pins."""
-    settings = settings_for(stack)
-    proposals = latest_amis(settings, backend_for(settings).aws_client("ssm"))
-    rows = [(p.group, p.pinned or "-", p.latest, p.action()) for p in proposals]
-    console = tables.console()
-    console.print(
-        tables.table(f"AMIs of stack {settings.stack}", ("node group", "pinned", "latest", "action"), rows)
-    )
-    stale = [p for p in proposals if not p.current]
-    if stale:
-        console.print(f"edit {settings.source}:")
-        for p in stale:
-            console.print(f"  {p.field}: {p.pinned or '(empty)'} -> {p.latest}")
-
-
 def register(namespace: Collection) -> None:
     for t in (deploy, rollback, status, history, drivers, unlock, scale):
         namespace.add_task(t)
     namespace.add_collection(Collection("weights", weights_push, weights_gc))
     namespace.add_collection(Collection("release", release_build))
     namespace.add_collection(Collection("image", image_build, image_push))
-    namespace.add_collection(Collection("ami", ami_latest))

@@ -1,4 +1,5 @@
-"""Small helpers for the tables tasks print (rich), so every task formats numbers the same way."""
+"""Small helpers for the tables tasks print (rich); figures in them are written by
+:mod:`frontier.figures`."""
 
 from __future__ import annotations
 
@@ -24,23 +25,3 @@ def table(
     for row in rows:
         t.add_row(*(str(cell) for cell in row))
     return t
-
-
-def size(value: float) -> str:
-    """Bytes in decimal units (GPU memory is sold in GB): GB from one gigabyte up, else MB or kB."""
-    for unit, scale in (("GB", 10**9), ("MB", 10**6)):
-        if abs(value) >= scale:
-            return f"{value / scale:,.2f} {unit}"
-    return f"{value / 10**3:,.2f} kB"
-
-
-def count(value: float) -> str:
-    """Large counts the way people say them: 70.6B, 5.2M, 12.0k."""
-    for unit, scale in (("B", 10**9), ("M", 10**6), ("k", 10**3)):
-        if abs(value) >= scale:
-            return f"{value / scale:,.1f}{unit}"
-    return f"{value:,.0f}"
-
-
-def money(value: float) -> str:
-    return f"${value:,.2f}"
