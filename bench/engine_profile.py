@@ -45,7 +45,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from frontier_runtime.engine import model_runner
-    from frontier_runtime.models.llama import attention, layers
+    from frontier_runtime.models.llama import layers
+    from frontier_runtime.ops.attention import AttentionBackend
     from frontier_runtime.requests import SamplingParams
 
     model = bench.ensure_model(args.model)
@@ -83,8 +84,8 @@ def main() -> None:
             return timed(key, forward, self, x)
 
         layers.Linear.forward = linear_timed
-        attend = attention.attend
-        attention.attend = lambda *a, **kw: timed("attention", attend, *a, **kw)
+        attend = AttentionBackend.attend.__func__  # every backend's, through the base class
+        AttentionBackend.attend = classmethod(lambda cls, *a, **kw: timed("attention", attend, cls, *a, **kw))
 
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
     start = time.perf_counter()

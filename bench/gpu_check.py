@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 from frontier_runtime.engine.llm_engine import LLMEngine
-from frontier_runtime.ops import paged_attention
+from frontier_runtime.ops import attention
 from frontier_runtime.requests import SamplingParams
 from frontier_runtime.tiny import make_tiny_checkpoint
 
@@ -182,12 +182,12 @@ def environment(row: dict[str, Any], device: str) -> None:
     for backend, block_sizes in sizes.items():
         accepted[backend] = {}
         for bs in block_sizes:
-            problem = paged_attention.probe(backend, dev, bs, torch.bfloat16, torch.bfloat16)
+            problem = attention.probe(attention.backend(backend), dev, bs, torch.bfloat16, torch.bfloat16)
             accepted[backend][str(bs)] = problem or "ok"
     row["block_sizes"] = accepted
-    fp8 = paged_attention.probe("triton", dev, 16, torch.bfloat16, torch.float8_e4m3fn)
+    fp8 = attention.probe(attention.TritonBackend, dev, 16, torch.bfloat16, torch.float8_e4m3fn)
     row["triton_fp8_kv"] = fp8 or "ok"
-    row["auto_backend_bs16"] = paged_attention.select_backend(dev, 16, torch.bfloat16)
+    row["auto_backend_bs16"] = attention.select_backend(dev, 16, torch.bfloat16).name
 
 
 def copy_bandwidth(device: str) -> float:
@@ -234,7 +234,7 @@ def start_engine(
     info = {
         "settings": settings,
         "load_s": round(time.perf_counter() - start, 2),
-        "backend": runner.backend,
+        "backend": runner.backend.name,
         "kernels": runner.kernels,
         "block_size": runner.block_size,
         "graphs": sorted(runner.graphs),
@@ -526,7 +526,7 @@ def throughput_rows(
         flash = [
             bs
             for bs in BLOCK_SIZES
-            if not paged_attention.probe("flash-varlen", dev, bs, torch.bfloat16, torch.bfloat16)
+            if not attention.probe(attention.FlashVarlenBackend, dev, bs, torch.bfloat16, torch.bfloat16)
         ]
         if flash:
             variants.append({"attention_backend": "flash-varlen", "block_size": flash[0]})

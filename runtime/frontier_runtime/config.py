@@ -27,7 +27,7 @@ KvCacheDtype = Literal["auto", "float32", "bfloat16", "float16", "fp8"]
 # Weights of the linear projections: int8 weight-only (CPU and CUDA) or float8_e4m3fn (CUDA only).
 Quantization = Literal["none", "int8", "fp8"]
 Device = Literal["auto", "cpu", "cuda"]
-# How a step's queries read the paged KV cache (frontier_runtime.ops.paged_attention).
+# How a step's queries read the paged KV cache: a backend registered in frontier_runtime.ops.attention.
 AttentionBackend = Literal["auto", "cpu-kernel", "flash-varlen", "triton", "sdpa-gather"]
 PATH_PATTERN = r"^/[A-Za-z0-9_./-]*$"
 SECRET_ID_PATTERN = r"^[A-Za-z0-9/_+=.@:-]+$"

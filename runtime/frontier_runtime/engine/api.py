@@ -26,7 +26,7 @@ class EngineStats:
     last_batch_size: int
     last_step_tokens: int
     steps: int
-    attention_backend: str = ""  # ops.paged_attention's backend; "" before an engine is loaded
+    attention_backend: str = ""  # the ops.attention backend's name; "" before an engine is loaded
     # "native-<variant>[+panel-gemm]" (the prebuilt CPU library, e.g. native-avx512), "triton-fused"
     # (CUDA: RMSNorm, SwiGLU and rotary + KV write as Triton kernels) or "torch" (torch ops only)
     kernels: str = ""

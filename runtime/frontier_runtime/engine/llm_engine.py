@@ -336,7 +336,7 @@ class LLMEngine:
             last_batch_size=self._last_batch,
             last_step_tokens=self._last_tokens,
             steps=self._steps,
-            attention_backend=self.runner.backend,
+            attention_backend=self.runner.backend.name,
             kernels=self.runner.kernels,
         )
 

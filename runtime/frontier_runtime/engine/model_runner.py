@@ -7,8 +7,8 @@ not rebuilt per step: the block manager logs which cells changed and each rank a
 to its table tensor. Everything a step needs goes to the device in one copy; positions and slots
 are derived there from the tables.
 
-On CUDA with a paged kernel (flash-varlen or Triton), decode-only steps replay CUDA graphs captured at padded batch
-sizes over static buffers (``cuda_graphs``).
+On CUDA with an attention backend whose steps read tensors only (its traits' ``graph_capturable``),
+decode-only steps replay CUDA graphs captured at padded batch sizes over static buffers (``cuda_graphs``).
 
 Under pipeline parallelism every rank gets the whole step and holds the KV cache of its own layers;
 a stage's output goes to the same local rank of the next stage, and the last stage's logits back to
@@ -43,7 +43,7 @@ from frontier_runtime.engine.sequence import Sequence
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.loader import load_model
 from frontier_runtime.ops import cpu_kernel, panel_gemm, triton_fused
-from frontier_runtime.ops.paged_attention import AttentionMetadata, allocate_kv, select_backend
+from frontier_runtime.ops.attention import AttentionMetadata, select_backend
 
 log = logging.getLogger("frontier_runtime.engine")
 
@@ -109,7 +109,7 @@ class DeviceOps:
     measure, no graphs). A test subclasses it to stand in for a GPU."""
 
     sizes_kv_by_memory = False  # KV blocks from measured free memory, not ``cpu_kv_cache_bytes``
-    graph_backends: frozenset[str] = frozenset()  # attention backends whose decode steps it captures
+    captures_graphs = False  # replays decode steps of a graph-capturable attention backend
 
     def set_device(self, device: torch.device) -> None:
         pass
@@ -150,8 +150,7 @@ class DeviceOps:
 
 class CudaOps(DeviceOps):
     sizes_kv_by_memory = True
-    # sdpa-gather pads from host copies of the lengths, which a captured graph would freeze.
-    graph_backends = frozenset({"flash-varlen", "triton"})
+    captures_graphs = True
 
     def set_device(self, device: torch.device) -> None:
         torch.cuda.set_device(device)
@@ -258,7 +257,9 @@ class ModelRunner:
         if self.kv_dtype == torch.float8_e4m3fn:
             self._set_fp8_scales()
         self.kernels = _kernels_in_use(self.device)
-        log.info("attention backend %s, kernels %s, KV cache %s", self.backend, self.kernels, self.kv_dtype)
+        log.info(
+            "attention backend %s, kernels %s, KV cache %s", self.backend.name, self.kernels, self.kv_dtype
+        )
         kv_per_token = 2 * len(self.model.layers) * self.model.num_local_kv_heads * cfg.head_dim
         self.bytes_per_block = kv_per_token * self.block_size * self.kv_dtype.itemsize
         self.tables = torch.zeros(
@@ -284,7 +285,8 @@ class ModelRunner:
     def use_cuda_graphs(self) -> bool:
         return (
             self.config.cuda_graphs
-            and self.backend in self.ops.graph_backends
+            and self.ops.captures_graphs
+            and self.backend.traits.graph_capturable
             and not self.placement.world.enabled  # NCCL inside captured graphs is left for later
         )
 
@@ -298,8 +300,8 @@ class ModelRunner:
         cfg = self.model_config
         kvh = self.model.num_local_kv_heads
         return [
-            allocate_kv(
-                self.backend, num_blocks, self.block_size, kvh, cfg.head_dim, self.kv_dtype, self.device
+            self.backend.allocate_kv(
+                num_blocks, self.block_size, kvh, cfg.head_dim, self.kv_dtype, self.device
             )
             for _ in self.model.layers
         ]
@@ -434,8 +436,7 @@ class ModelRunner:
         slots = self.tables[token_rows, positions // bs].long() * bs + positions % bs
         rows32 = rows.to(torch.int32)
         seq_lens32 = seq_lens.to(torch.int32)
-        max_q = max(step.counts)
-        max_k = max(c + n for c, n in zip(step.computed, step.counts, strict=True))
+        host_seq_lens = [c + n for c, n in zip(step.computed, step.counts, strict=True)]
         meta = AttentionMetadata(
             slots=slots,
             tables=self.tables,
@@ -443,18 +444,11 @@ class ModelRunner:
             query_start=query_start.to(torch.int32),
             seq_lens=seq_lens32,
             num_decodes=step.num_decodes,
-            max_query_len=max_q,
-            max_seq_len=max_k,
+            max_query_len=max(step.counts),
+            max_seq_len=max(host_seq_lens),
             backend=self.backend,
         )
-        if self.backend == "flash-varlen":
-            meta.step_tables = self.tables.index_select(0, rows32)
-            cu = torch.zeros(s + 1, dtype=torch.int32, device=dev)
-            torch.cumsum(seq_lens32, 0, out=cu[1:])
-            meta.cu_seq_k = cu
-        elif self.backend == "sdpa-gather":
-            meta.host_query_lens = list(step.counts)
-            meta.host_seq_lens = [c + n for c, n in zip(step.computed, step.counts, strict=True)]
+        self.backend.complete_metadata(meta, step.counts, host_seq_lens)
         return ids, positions, meta, logit_rows
 
     @torch.inference_mode()

@@ -6,7 +6,8 @@ traffic per layer. The fused kernels compute the same expressions in the same or
 the activations' dtype where torch's separate ops would, in one pass. On CUDA the same steps run as
 the Triton kernels of ``triton_fused`` (where Triton is installed). Elsewhere (a CPU where no
 prebuilt variant of the kernels loads, or CUDA without Triton) each function runs the plain torch
-expression.
+expression. The rotary embedding fused with the KV cache write is the attention backend's
+(``ops.attention``): where it writes depends on the backend's cache layout.
 """
 
 from __future__ import annotations
@@ -66,41 +67,3 @@ def rotary(
     c = cos[positions].to(q.dtype).unsqueeze(1)
     s = sin[positions].to(q.dtype).unsqueeze(1)
     return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
-
-
-def can_rotate_into_cache(q: torch.Tensor, k_cache: torch.Tensor, backend: str) -> bool:
-    """Whether ``rotary_and_cache`` applies: the CPU kernel's cache layout, in q's own dtype; or,
-    where ``triton_fused`` runs, the flash layout of every other backend, in q's dtype or fp8."""
-    if backend == "cpu-kernel":
-        return k_cache.dtype == q.dtype and _fused(q)
-    return triton_fused.applies(q) and k_cache.dtype in (q.dtype, triton_fused.FP8)
-
-
-def rotary_and_cache(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    backend: str,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> None:
-    """Rotate q in place and write rotated k and v at ``slots`` of ``backend``'s cache, one pass.
-
-    ``backend`` has no default: the two layouts differ, and a cache written in the wrong one gives
-    wrong tokens without an error.
-
-    ``k_scale``/``v_scale`` apply to an fp8 cache only (it holds value / scale)."""
-    if backend != "cpu-kernel":
-        triton_fused.rotary_and_write_kv(
-            q, k, v, positions, cos, sin, k_cache, v_cache, slots, k_scale, v_scale
-        )
-        return
-    torch.ops.frontier.rotary_and_cache(
-        q, k, v, positions.contiguous(), cos, sin, k_cache, v_cache, slots.contiguous()
-    )

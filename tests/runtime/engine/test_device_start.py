@@ -20,11 +20,9 @@ class FakeGpu(DeviceOps):
 
     sizes_kv_by_memory = True
 
-    def __init__(
-        self, free: int, total: int, peak: int = 0, graph_backends: frozenset[str] = frozenset()
-    ) -> None:
+    def __init__(self, free: int, total: int, peak: int = 0, captures_graphs: bool = False) -> None:
         self.free, self.total, self.peak = free, total, peak
-        self.graph_backends = graph_backends
+        self.captures_graphs = captures_graphs
         self.calls: list[str] = []
 
     def synchronize(self, device: torch.device) -> None:
@@ -69,7 +67,7 @@ def capturable_backend(request: pytest.FixtureRequest) -> str:
 def test_a_cuda_start_sizes_the_kv_cache_before_it_captures_graphs(
     tied_dir: Path, capturable_backend: str
 ) -> None:
-    gpu = FakeGpu(free=2 * GIB, total=2 * GIB, graph_backends=frozenset({capturable_backend}))
+    gpu = FakeGpu(free=2 * GIB, total=2 * GIB, captures_graphs=True)
     runner = ModelRunner(config(tied_dir, attention_backend=capturable_backend), ops=gpu)
     assert gpu.calls.index("mem_get_info") < gpu.calls.index("capture")
     assert gpu.calls.count("capture") == len(runner.graph_sizes())
@@ -123,7 +121,7 @@ def test_a_decode_step_replayed_from_a_captured_graph_equals_the_eager_step(
     tied_dir: Path, capturable_backend: str
 ) -> None:
     cfg = config(tied_dir, attention_backend=capturable_backend, num_blocks=16)
-    gpu = FakeGpu(free=2 * GIB, total=2 * GIB, graph_backends=frozenset({capturable_backend}))
+    gpu = FakeGpu(free=2 * GIB, total=2 * GIB, captures_graphs=True)
     graphed, eager = ModelRunner(cfg, ops=gpu), ModelRunner(cfg)
     assert graphed.graphs and not eager.graphs
     replays = []

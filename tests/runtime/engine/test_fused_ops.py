@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from engine_fixtures import assert_prebuilt_kernels_loaded, needs_native_kernels
 from frontier_runtime.ops import fused
-from frontier_runtime.ops.paged_attention import AttentionMetadata, allocate_kv, attend, write_kv
+from frontier_runtime.ops.attention import AttentionMetadata, CpuKernelBackend
 
 pytestmark = needs_native_kernels
 
@@ -69,16 +69,16 @@ def test_rotary_into_the_cache_matches_rotating_then_writing(dtype: torch.dtype)
         num_decodes=0,
         max_query_len=tokens,
         max_seq_len=tokens,
-        backend="cpu-kernel",
+        backend=CpuKernelBackend,
     )
     c, s = cos[positions].to(dtype).unsqueeze(1), sin[positions].to(dtype).unsqueeze(1)
     want_q = q * c + fused.rotate_half(q) * s
     want_k = k * c + fused.rotate_half(k) * s
-    want_caches = allocate_kv("cpu-kernel", 8, block, kv_heads, hd, dtype)
-    write_kv(*want_caches, want_k, v, meta)
+    want_caches = CpuKernelBackend.allocate_kv(8, block, kv_heads, hd, dtype)
+    CpuKernelBackend.write_kv(*want_caches, want_k, v, meta)
 
-    k_cache, v_cache = allocate_kv("cpu-kernel", 8, block, kv_heads, hd, dtype)
-    fused.rotary_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slots, "cpu-kernel")
+    k_cache, v_cache = CpuKernelBackend.allocate_kv(8, block, kv_heads, hd, dtype)
+    CpuKernelBackend.rotary_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slots)
     torch.testing.assert_close(q, want_q, **TOL[dtype])  # rotated where it lies, inside qkv
     torch.testing.assert_close(k_cache, want_caches[0], **TOL[dtype])
     assert torch.equal(v_cache, want_caches[1])
@@ -88,7 +88,7 @@ def test_attention_reads_a_query_view_in_place() -> None:
     heads, kv_heads, hd, block = 4, 2, 16, 4
     qkv = torch.randn(3, (heads + 2 * kv_heads) * hd)
     q = qkv[:, : heads * hd].view(3, heads, hd)  # rows strided by the whole projection
-    k_cache, v_cache = allocate_kv("cpu-kernel", 4, block, kv_heads, hd, torch.float32)
+    k_cache, v_cache = CpuKernelBackend.allocate_kv(4, block, kv_heads, hd, torch.float32)
     k_cache.normal_(), v_cache.normal_()
     meta = AttentionMetadata(
         slots=torch.zeros(0, dtype=torch.long),
@@ -99,8 +99,9 @@ def test_attention_reads_a_query_view_in_place() -> None:
         num_decodes=3,
         max_query_len=1,
         max_seq_len=8,
-        backend="cpu-kernel",
+        backend=CpuKernelBackend,
     )
     torch.testing.assert_close(
-        attend(q, k_cache, v_cache, meta, 0.25), attend(q.contiguous(), k_cache, v_cache, meta, 0.25)
+        CpuKernelBackend.attend(q, k_cache, v_cache, meta, 0.25),
+        CpuKernelBackend.attend(q.contiguous(), k_cache, v_cache, meta, 0.25),
     )

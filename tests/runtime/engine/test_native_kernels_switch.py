@@ -26,7 +26,7 @@ def test_with_native_kernels_off_greedy_outputs_equal_transformers_and_no_kernel
     engine = LLMEngine(gqa_ref.model_dir, native_kernels=False)
     outputs = engine.generate(gqa_ref.prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0.0))
     assert outputs == gqa_ref.outputs
-    assert engine.runner.backend == "sdpa-gather"
+    assert engine.runner.backend.name == "sdpa-gather"
     assert not any(m.panels for m in engine.runner.model.modules() if isinstance(m, Linear))
     assert not cpu_kernel.loaded() and cpu_kernel._state == {}
 

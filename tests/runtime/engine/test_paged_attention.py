@@ -6,22 +6,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 from engine_fixtures import assert_prebuilt_kernels_loaded, needs_native_kernels
-from frontier_runtime.ops import paged_attention
-from frontier_runtime.ops.paged_attention import (
+from frontier_runtime.ops.attention import (
+    AttentionBackend,
     AttentionMetadata,
-    _varlen_entry,
-    _varlen_keywords,
-    allocate_kv,
-    attend,
+    backend,
+    flash_varlen,
+    sdpa_gather,
     select_backend,
-    write_kv,
 )
+from frontier_runtime.ops.attention.flash_varlen import varlen_entry, varlen_keywords
 
 BLOCK = 4
 
 
 def _step(
-    backend: str,
+    name: str,
     dtype: torch.dtype,
     cache_dtype: torch.dtype,
     heads: int = 6,
@@ -29,6 +28,7 @@ def _step(
     hd: int = 16,
 ):
     """Two decodes and two prefill chunks (one with cached context), blocks scattered in the pool."""
+    cls = backend(name)
     gen = torch.Generator().manual_seed(0)
     query_lens = [1, 1, 7, 5]
     seq_lens = [9, 2, 7, 13]  # the last chunk follows 8 cached tokens
@@ -44,12 +44,12 @@ def _step(
     rows = torch.tensor([2, 0, 3, 1], dtype=torch.int32)  # sequences sit on arbitrary rows
     full = torch.zeros(4, width, dtype=torch.int32)
     full[rows.long()] = table
-    k_cache, v_cache = allocate_kv(backend, num_blocks, BLOCK, kv_heads, hd, cache_dtype)
+    k_cache, v_cache = cls.allocate_kv(num_blocks, BLOCK, kv_heads, hd, cache_dtype)
     keys = [torch.randn(n, kv_heads, hd, generator=gen) for n in seq_lens]
     values = [torch.randn(n, kv_heads, hd, generator=gen) for n in seq_lens]
     for t, k, v in zip(tables, keys, values, strict=True):
         slots = torch.tensor([t[p // BLOCK] * BLOCK + p % BLOCK for p in range(k.shape[0])])
-        write_kv(k_cache, v_cache, k, v, _meta(backend, slots), 0.05, 0.05)
+        cls.write_kv(k_cache, v_cache, k, v, _meta(cls, slots), 0.05, 0.05)
     q = torch.randn(sum(query_lens), heads, hd, generator=gen).to(dtype)
     qs = [0]
     for n in query_lens:
@@ -63,7 +63,7 @@ def _step(
         num_decodes=2,
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
-        backend=backend,
+        backend=cls,
         host_query_lens=query_lens,
         host_seq_lens=seq_lens,
     )
@@ -81,9 +81,9 @@ def _step(
     return q, k_cache, v_cache, meta, torch.cat(ref), hd**-0.5
 
 
-def _meta(backend: str, slots: torch.Tensor) -> AttentionMetadata:
+def _meta(cls: type[AttentionBackend], slots: torch.Tensor) -> AttentionMetadata:
     i32 = torch.zeros(0, dtype=torch.int32)
-    return AttentionMetadata(slots, i32, i32, i32, i32, 0, 0, 0, backend)
+    return AttentionMetadata(slots, i32, i32, i32, i32, 0, 0, 0, cls)
 
 
 def _fp8(x: torch.Tensor) -> torch.Tensor:
@@ -98,14 +98,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", [pytest.param("cpu-kernel", marks=needs_native_kernels), "sdpa-gather"])
+@pytest.mark.parametrize("name", [pytest.param("cpu-kernel", marks=needs_native_kernels), "sdpa-gather"])
 @pytest.mark.parametrize(("dtype", "cache_dtype", "tol"), CASES)
 def test_backends_match_per_sequence_sdpa(
-    backend: str, dtype: torch.dtype, cache_dtype: torch.dtype, tol: float
+    name: str, dtype: torch.dtype, cache_dtype: torch.dtype, tol: float
 ) -> None:
-    select_backend(torch.device("cpu"), BLOCK, dtype, prefer=backend)  # builds the kernel
-    q, k_cache, v_cache, meta, ref, scale = _step(backend, dtype, cache_dtype)
-    out = attend(q, k_cache, v_cache, meta, scale, 0.05, 0.05)
+    select_backend(torch.device("cpu"), BLOCK, dtype, prefer=name)  # builds the kernel
+    q, k_cache, v_cache, meta, ref, scale = _step(name, dtype, cache_dtype)
+    out = meta.backend.attend(q, k_cache, v_cache, meta, scale, 0.05, 0.05)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
 
@@ -113,15 +113,13 @@ def test_backends_match_per_sequence_sdpa(
 @needs_native_kernels
 def test_the_prebuilt_cpu_kernel_loads_here_and_is_chosen() -> None:
     assert_prebuilt_kernels_loaded()
-    assert select_backend(torch.device("cpu"), BLOCK, torch.float32) == "cpu-kernel"
+    assert select_backend(torch.device("cpu"), BLOCK, torch.float32).name == "cpu-kernel"
 
 
 def test_an_unknown_or_unfit_backend_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="'flex' is not one of"):
         select_backend(torch.device("cpu"), BLOCK, torch.float32, prefer="flex")
-    with pytest.raises(
-        ValueError, match="'flash-varlen' is required but cannot run on cpu: it needs a CUDA device"
-    ):
+    with pytest.raises(ValueError, match="'flash-varlen' is required but cannot run on cpu: it needs a GPU"):
         select_backend(torch.device("cpu"), BLOCK, torch.float32, prefer="flash-varlen")
 
 
@@ -141,21 +139,21 @@ VARLEN_OLDER = frozenset({"scale", "is_causal", "seqused_k", "block_table"})
 
 
 def test_varlen_keywords_are_read_from_the_signature_of_this_torch() -> None:
-    assert _varlen_keywords(VARLEN_TODAY, causal=True, gqa=True) == {
+    assert varlen_keywords(VARLEN_TODAY, causal=True, gqa=True) == {
         "window_size": (-1, 0),
         "enable_gqa": True,
     }
-    assert _varlen_keywords(VARLEN_OLDER, causal=True, gqa=False) == {"is_causal": True}
+    assert varlen_keywords(VARLEN_OLDER, causal=True, gqa=False) == {"is_causal": True}
 
 
 def test_the_installed_torch_varlen_attn_takes_every_keyword_the_engine_needs() -> None:
-    _, params = _varlen_entry()
-    assert _varlen_keywords(params, causal=True, gqa=True)["enable_gqa"] is True
+    _, params = varlen_entry()
+    assert varlen_keywords(params, causal=True, gqa=True)["enable_gqa"] is True
 
 
 def test_a_torch_whose_varlen_attn_lacks_gqa_is_refused_naming_the_keyword() -> None:
     with pytest.raises(NotImplementedError, match="takes no enable_gqa"):
-        _varlen_keywords(VARLEN_OLDER, causal=True, gqa=True)
+        varlen_keywords(VARLEN_OLDER, causal=True, gqa=True)
 
 
 def test_decode_steps_call_varlen_without_the_causal_window_and_prefills_with_it(
@@ -168,11 +166,11 @@ def test_decode_steps_call_varlen_without_the_causal_window_and_prefills_with_it
         seen.append(kw)
         return torch.zeros_like(q)
 
-    monkeypatch.setattr(paged_attention, "_varlen_entry", lambda: (varlen_attn, VARLEN_TODAY))
+    monkeypatch.setattr(flash_varlen, "varlen_entry", lambda: (varlen_attn, VARLEN_TODAY))
     q, k_cache, v_cache, meta, _, scale = _step("flash-varlen", torch.float32, torch.float32)
-    attend(q, k_cache, v_cache, meta, scale)
+    meta.backend.attend(q, k_cache, v_cache, meta, scale)
     meta.max_query_len = 1
-    attend(q[:2], k_cache, v_cache, meta, scale)
+    meta.backend.attend(q[:2], k_cache, v_cache, meta, scale)
     assert [kw["window_size"] for kw in seen] == [(-1, 0), (-1, -1)]
 
 
@@ -184,8 +182,8 @@ def test_the_gather_path_builds_its_indices_once_per_step_for_every_layer(
     from frontier_runtime.requests import SamplingParams
 
     plans = []
-    build = paged_attention._gather_plan
-    monkeypatch.setattr(paged_attention, "_gather_plan", lambda *a: plans.append(1) or build(*a))
+    build = sdpa_gather.gather_plan
+    monkeypatch.setattr(sdpa_gather, "gather_plan", lambda *a: plans.append(1) or build(*a))
     engine = LLMEngine(gqa_ref.model_dir, attention_backend="sdpa-gather", max_batch_size=4)
     steps_before = engine.stats().steps
     plans.clear()
@@ -204,6 +202,6 @@ def test_the_engine_on_the_portable_sdpa_path_equals_transformers(gqa_ref) -> No
     engine = LLMEngine(
         gqa_ref.model_dir, attention_backend="sdpa-gather", max_batch_size=8, max_num_batched_tokens=16
     )
-    assert engine.runner.backend == "sdpa-gather"
+    assert engine.runner.backend.name == "sdpa-gather"
     out = engine.generate(gqa_ref.prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0.0))
     assert out == gqa_ref.outputs

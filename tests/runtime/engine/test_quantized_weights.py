@@ -238,7 +238,7 @@ def test_pack_quantized_int8_round_trips_with_its_padding() -> None:
 
 def _layer(qweight: torch.Tensor, scale: torch.Tensor, scheme: str) -> Linear:
     layer = Linear(qweight.shape[1], qweight.shape[0], bias=False)
-    layer.adopt_quantized(qweight, scale, scheme)
+    layer.adopt_quantized(qweight, scale, quant.method(scheme))
     return layer
 
 

@@ -25,13 +25,9 @@ from engine_fixtures import (
 )
 from frontier_runtime.engine.llm_engine import LLMEngine
 from frontier_runtime.models.llama import LlamaConfig
-from frontier_runtime.ops.paged_attention import (
-    AttentionMetadata,
-    _varlen_keywords,
-    allocate_kv,
-    attend,
-    write_kv,
-)
+from frontier_runtime.ops import attention
+from frontier_runtime.ops.attention import AttentionMetadata
+from frontier_runtime.ops.attention.flash_varlen import varlen_keywords
 from test_model_families import GREEDY, VOCAB, transformers_greedy, write_checkpoint
 
 # Two shapes, each with a window far shorter than its prompts + outputs (up to ~100 tokens).
@@ -60,13 +56,14 @@ def _windowed_step(backend: str, block_size: int, dtype: torch.dtype, seed: int 
         used += need
     width = max(len(t) for t in tables)
     table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-    k_cache, v_cache = allocate_kv(backend, 64, block_size, kv_heads, hd, dtype)
+    cls = attention.backend(backend)
+    k_cache, v_cache = cls.allocate_kv(64, block_size, kv_heads, hd, dtype)
     keys = [torch.randn(n, kv_heads, hd, generator=gen) for n in seq_lens]
     values = [torch.randn(n, kv_heads, hd, generator=gen) for n in seq_lens]
     for t, k, v in zip(tables, keys, values, strict=True):
         slots = torch.tensor([t[p // block_size] * block_size + p % block_size for p in range(k.shape[0])])
         i32 = torch.zeros(0, dtype=torch.int32)
-        write_kv(k_cache, v_cache, k, v, AttentionMetadata(slots, i32, i32, i32, i32, 0, 0, 0, backend))
+        cls.write_kv(k_cache, v_cache, k, v, AttentionMetadata(slots, i32, i32, i32, i32, 0, 0, 0, cls))
     q = torch.randn(sum(query_lens), heads, hd, generator=gen).to(dtype)
     starts = [0]
     for n in query_lens:
@@ -80,7 +77,7 @@ def _windowed_step(backend: str, block_size: int, dtype: torch.dtype, seed: int 
         num_decodes=2,
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
-        backend=backend,
+        backend=cls,
         host_query_lens=query_lens,
         host_seq_lens=seq_lens,
     )
@@ -119,7 +116,7 @@ def test_each_query_attends_to_its_last_window_keys_only(backend: str, block_siz
     if backend == "cpu-kernel":
         assert_prebuilt_kernels_loaded()
     q, k_cache, v_cache, meta, keys, values = _windowed_step(backend, block_size, torch.float32)
-    got = attend(q, k_cache, v_cache, meta, 0.25, window=window)
+    got = meta.backend.attend(q, k_cache, v_cache, meta, 0.25, window=window)
     torch.testing.assert_close(got, _masked_reference(q, meta, keys, values, window), atol=1e-5, rtol=1e-5)
 
 
@@ -128,7 +125,7 @@ def test_a_bfloat16_cache_within_a_window_matches_the_mask(backend: str) -> None
     if backend == "cpu-kernel":
         assert_prebuilt_kernels_loaded()
     q, k_cache, v_cache, meta, keys, values = _windowed_step(backend, 16, torch.bfloat16, seed=1)
-    got = attend(q, k_cache, v_cache, meta, 0.25, window=7)
+    got = meta.backend.attend(q, k_cache, v_cache, meta, 0.25, window=7)
     want = _masked_reference(
         q, meta, [k.bfloat16().float() for k in keys], [v.bfloat16().float() for v in values], 7
     )
@@ -141,8 +138,8 @@ def test_layers_with_and_without_a_window_share_one_step(backend: str) -> None:
     if backend == "cpu-kernel":
         assert_prebuilt_kernels_loaded()
     q, k_cache, v_cache, meta, keys, values = _windowed_step(backend, 16, torch.float32, seed=2)
-    windowed = attend(q, k_cache, v_cache, meta, 0.25, window=8)
-    full = attend(q, k_cache, v_cache, meta, 0.25)
+    windowed = meta.backend.attend(q, k_cache, v_cache, meta, 0.25, window=8)
+    full = meta.backend.attend(q, k_cache, v_cache, meta, 0.25)
     total = max(meta.host_seq_lens or [0])
     torch.testing.assert_close(windowed, _masked_reference(q, meta, keys, values, 8), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(full, _masked_reference(q, meta, keys, values, total), atol=1e-5, rtol=1e-5)
@@ -155,18 +152,18 @@ VARLEN_OLDER = frozenset({"scale", "is_causal", "seqused_k", "block_table"})
 
 def test_flash_varlen_is_asked_for_the_window_less_the_querys_own_key_on_its_left() -> None:
     for causal in (True, False):  # prefill steps and decode steps alike
-        assert _varlen_keywords(VARLEN_TODAY, causal=causal, gqa=False, window=16) == {"window_size": (15, 0)}
+        assert varlen_keywords(VARLEN_TODAY, causal=causal, gqa=False, window=16) == {"window_size": (15, 0)}
 
 
 def test_a_torch_whose_varlen_attn_takes_no_window_is_refused_for_a_windowed_model() -> None:
     with pytest.raises(NotImplementedError, match="takes no window_size"):
-        _varlen_keywords(VARLEN_OLDER, causal=True, gqa=False, window=16)
+        varlen_keywords(VARLEN_OLDER, causal=True, gqa=False, window=16)
 
 
 def test_a_negative_window_is_refused() -> None:
     q, k_cache, v_cache, meta, _, _ = _windowed_step("sdpa-gather", 16, torch.float32)
     with pytest.raises(ValueError, match=r"attention window -1 must be >= 0"):
-        attend(q, k_cache, v_cache, meta, 0.25, window=-1)
+        meta.backend.attend(q, k_cache, v_cache, meta, 0.25, window=-1)
 
 
 # ---- which layers slide: transformers' reading of config.json ----------------------------------

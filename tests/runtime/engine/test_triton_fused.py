@@ -26,7 +26,7 @@ import triton.language as tl  # noqa: E402
 from engine_fixtures import Reference  # noqa: E402
 from frontier_runtime.engine.llm_engine import LLMEngine  # noqa: E402
 from frontier_runtime.ops import fused, triton_fused  # noqa: E402
-from frontier_runtime.ops.paged_attention import AttentionMetadata, allocate_kv, write_kv  # noqa: E402
+from frontier_runtime.ops.attention import AttentionMetadata, TritonBackend, backend  # noqa: E402
 from frontier_runtime.requests import SamplingParams  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
@@ -141,7 +141,7 @@ def flash_meta() -> AttentionMetadata:
         num_decodes=0,
         max_query_len=TOKENS,
         max_seq_len=TOKENS,
-        backend="triton",
+        backend=TritonBackend,
     )
 
 
@@ -150,7 +150,7 @@ def rotate_and_write(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's caches after one call on views into ``qkv`` (q is rotated inside ``qkv``)."""
     cos, sin = rope_tables(geo.head_dim)
-    k_cache, v_cache = allocate_kv("triton", 8, BLOCK, geo.kv_heads, geo.head_dim, cache_dtype)
+    k_cache, v_cache = TritonBackend.allocate_kv(8, BLOCK, geo.kv_heads, geo.head_dim, cache_dtype)
     triton_fused.rotary_and_write_kv(
         *split_qkv(qkv, geo), POSITIONS, cos, sin, k_cache, v_cache, SLOTS, k_scale, v_scale
     )
@@ -167,8 +167,8 @@ def written_by_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _, k, v = split_qkv(qkv, geo)
     _, k_rot = rotated_by_torch(qkv, geo)
-    k_cache, v_cache = allocate_kv("triton", 8, BLOCK, geo.kv_heads, geo.head_dim, cache_dtype)
-    write_kv(k_cache, v_cache, k_rot, v, flash_meta(), k_scale, v_scale)
+    k_cache, v_cache = TritonBackend.allocate_kv(8, BLOCK, geo.kv_heads, geo.head_dim, cache_dtype)
+    TritonBackend.write_kv(k_cache, v_cache, k_rot, v, flash_meta(), k_scale, v_scale)
     return k_cache, v_cache
 
 
@@ -222,7 +222,7 @@ def test_an_fp8_cache_gets_the_bytes_write_kv_writes(
 
 def test_a_step_without_tokens_writes_nothing() -> None:
     q, k, v = split_qkv(torch.zeros(TOKENS, sum(GQA.widths)), GQA)
-    k_cache, v_cache = allocate_kv("triton", 2, BLOCK, GQA.kv_heads, GQA.head_dim, torch.float32)
+    k_cache, v_cache = TritonBackend.allocate_kv(2, BLOCK, GQA.kv_heads, GQA.head_dim, torch.float32)
     no_index = torch.zeros(0, dtype=torch.long)
     cos, sin = rope_tables(GQA.head_dim)
     triton_fused.rotary_and_write_kv(q[:0], k[:0], v[:0], no_index, cos, sin, k_cache, v_cache, no_index)
@@ -276,29 +276,30 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 FLASH_LAYOUT_BACKENDS = ["triton", "flash-varlen", "sdpa-gather"]
 
 
-def run_fused_ops(backend: str) -> None:
+def run_fused_ops(name: str) -> None:
     """One call of each of ``fused``'s steps on CPU tensors, as a decoder layer makes them."""
     x = torch.randn(TOKENS, 64)
     fused.rms_norm(x, torch.ones(64), 1e-6, residual=torch.zeros(TOKENS, 64))
     fused.silu_and_mul(x)
     q, k, v = split_qkv(torch.randn(TOKENS, sum(GQA.widths)), GQA)
-    k_cache, v_cache = allocate_kv(backend, 8, BLOCK, GQA.kv_heads, GQA.head_dim, torch.float32)
-    if fused.can_rotate_into_cache(q, k_cache, backend):
+    cls = backend(name)
+    k_cache, v_cache = cls.allocate_kv(8, BLOCK, GQA.kv_heads, GQA.head_dim, torch.float32)
+    if cls.can_rotate_into_cache(q, k_cache):
         cos, sin = rope_tables(GQA.head_dim)
-        fused.rotary_and_cache(q, k, v, POSITIONS, cos, sin, k_cache, v_cache, SLOTS, backend)
+        cls.rotary_and_cache(q, k, v, POSITIONS, cos, sin, k_cache, v_cache, SLOTS)
 
 
-@pytest.mark.parametrize("backend", FLASH_LAYOUT_BACKENDS)
-def test_cpu_tensors_keep_to_the_cpu_paths(backend: str, kernel_calls: dict[str, int]) -> None:
-    run_fused_ops(backend)
+@pytest.mark.parametrize("name", FLASH_LAYOUT_BACKENDS)
+def test_cpu_tensors_keep_to_the_cpu_paths(name: str, kernel_calls: dict[str, int]) -> None:
+    run_fused_ops(name)
     assert not any(kernel_calls.values()), kernel_calls
 
 
-@pytest.mark.parametrize("backend", FLASH_LAYOUT_BACKENDS)
+@pytest.mark.parametrize("name", FLASH_LAYOUT_BACKENDS)
 def test_forced_on_cpu_every_step_goes_through_the_kernels(
-    backend: str, forced_on_cpu: None, kernel_calls: dict[str, int]
+    name: str, forced_on_cpu: None, kernel_calls: dict[str, int]
 ) -> None:
-    run_fused_ops(backend)
+    run_fused_ops(name)
     assert kernel_calls == dict.fromkeys(kernel_calls, 1)
 
 
@@ -310,7 +311,7 @@ def test_rotation_into_the_cache_is_offered_for_a_cache_of_q_dtype_or_fp8(
 ) -> None:
     q = torch.zeros(1, GQA.heads, GQA.head_dim)  # float32
     k_cache = torch.zeros(1, BLOCK, GQA.kv_heads, GQA.head_dim, dtype=cache_dtype)
-    assert fused.can_rotate_into_cache(q, k_cache, "triton") == offered
+    assert TritonBackend.can_rotate_into_cache(q, k_cache) == offered
 
 
 # The interpreter runs each kernel in milliseconds: the shorter prompts, a few steps each.

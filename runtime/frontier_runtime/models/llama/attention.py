@@ -2,8 +2,8 @@
 
 Tokens of one step are flat (``[num_tokens, hidden]``): decode tokens first (one per sequence),
 then each prefill chunk. K/V are written at their slots and every query token attends in one call
-per layer (``ops.paged_attention``: a C++ kernel on CPU, FlashAttention's paged varlen kernel on
-CUDA, SDPA over gathered blocks where neither is available). A layer with a sliding window (Mistral's,
+per layer, through the step's attention backend (``ops.attention``: a C++ kernel on CPU, a paged
+flash or Triton kernel on CUDA, SDPA over gathered blocks where neither is available). A layer with a sliding window (Mistral's,
 some Qwen layers) passes it to that call: its queries see their last ``window`` keys only.
 """
 
@@ -18,7 +18,7 @@ from frontier_runtime.distributed import TPGroup
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.layers import Linear, RMSNorm
 from frontier_runtime.ops import fused
-from frontier_runtime.ops.paged_attention import AttentionMetadata, attend, write_kv
+from frontier_runtime.ops.attention import AttentionMetadata
 
 __all__ = ["Attention", "AttentionMetadata", "Rope"]
 
@@ -105,9 +105,10 @@ class Attention(nn.Module):
             # Contiguous copies, so the fused norm runs (it also leaves q rotatable in place).
             q = self.q_norm(q.contiguous())[0]
             k = self.k_norm(k.contiguous())[0]
-        if fused.can_rotate_into_cache(q, k_cache, meta.backend):
+        backend = meta.backend
+        if backend.can_rotate_into_cache(q, k_cache):
             # q is rotated where it lies in the projection's output and read from there.
-            fused.rotary_and_cache(
+            backend.rotary_and_cache(
                 q,
                 k,
                 v,
@@ -117,12 +118,11 @@ class Attention(nn.Module):
                 k_cache,
                 v_cache,
                 meta.slots,
-                meta.backend,
                 self.k_scale,
                 self.v_scale,
             )
         else:
             q, k = rope.apply(q, k)
-            write_kv(k_cache, v_cache, k, v, meta, self.k_scale, self.v_scale)
-        out = attend(q, k_cache, v_cache, meta, hd**-0.5, self.k_scale, self.v_scale, self.window)
+            backend.write_kv(k_cache, v_cache, k, v, meta, self.k_scale, self.v_scale)
+        out = backend.attend(q, k_cache, v_cache, meta, hd**-0.5, self.k_scale, self.v_scale, self.window)
         return self.tp.all_reduce(self.o_proj(out.view(n, self.q_size)))

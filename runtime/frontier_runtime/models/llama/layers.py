@@ -49,6 +49,7 @@ class Linear(nn.Linear):
     qweight: torch.Tensor | None  # quantized weight (a buffer), [out, in] or int8 panels
     weight_scale: torch.Tensor | None  # its float32 scale per output channel (a buffer)
     qpanels: bool = False  # qweight is packed for the panel GEMM
+    quantization: type[quant.QuantizationMethod] = quant.Unquantized  # multiplies by qweight
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias)
@@ -90,9 +91,12 @@ class Linear(nn.Linear):
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT_ROWS)
 
-    def adopt_quantized(self, qweight: torch.Tensor, scale: torch.Tensor, quantization: str) -> None:
+    def adopt_quantized(
+        self, qweight: torch.Tensor, scale: torch.Tensor, method: type[quant.QuantizationMethod]
+    ) -> None:
         """Take ``qweight`` ([out, in], filled by the loader) and its per-channel ``scale`` as the weight."""
-        self.qpanels = quantization == "int8" and qweight.device.type == "cpu" and panel_gemm.available()
+        self.quantization = method
+        self.qpanels = method.uses_panels(qweight.device)
         self.register_buffer("qweight", panel_gemm.pack(qweight) if self.qpanels else qweight.contiguous())
         self.register_buffer("weight_scale", scale.float().contiguous())
         self.weight = None
@@ -135,7 +139,7 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qweight is not None and self.weight_scale is not None:
-            return quant.linear(x, self.qweight, self.weight_scale, self.bias, self.qpanels)
+            return self.quantization.linear(x, self.qweight, self.weight_scale, self.bias, self.qpanels)
         if self.packed is not None:
             x32 = x.float() if self.widen else x
             if self.panels:

@@ -313,15 +313,16 @@ def load_model(
     problem = quant.device_problem(quantization, device.type)
     if problem:
         raise quant.QuantizationError(problem)
-    stored = quant.checkpoint_scheme(model_dir, quantization)  # refused before any weight is read
+    method = quant.method(quantization)
+    stored = quant.checkpoint_scheme(model_dir, method)  # refused before any weight is read
     cfg = LlamaConfig.from_dir(model_dir)
     placement = placement or Placement.of_tensor_parallel(tp)
     model = build_on_meta(cfg, placement=placement)
     ckpt = Checkpoint(model_dir)
     check_experts(cfg, ckpt)
     filler = _Filler(ckpt, placement.tp, dtype, device)
-    if quantization != "none":
-        filler.quantizer = quant.WeightQuantizer(quantization, ckpt, stored, device)
+    if method.quantizes():
+        filler.quantizer = quant.WeightQuantizer(method, ckpt, stored, device)
     put = filler.fill
 
     if model.embed_tokens is not None:

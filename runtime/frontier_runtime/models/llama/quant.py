@@ -33,7 +33,7 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -42,15 +42,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from frontier_runtime.distributed import TPGroup
-from frontier_runtime.ops import panel_gemm
+from frontier_runtime.ops import panel_gemm, table
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 INT8_MAX = 127.0
-QUANTIZATIONS = ("none", "int8", "fp8")
-WEIGHT_DTYPES = {"int8": torch.int8, "fp8": FP8}
-# Devices each scheme runs on: float8 GEMMs (and the fp8 dtype's fast conversions) are CUDA's.
-RUNS_ON = {"none": ("cpu", "cuda"), "int8": ("cpu", "cuda"), "fp8": ("cuda",)}
 COMPRESSED_TENSORS = "compressed-tensors"
 # compressed-tensors formats whose tensors this loader reads (each stores per-channel scales).
 DENSE_WEIGHT_FORMATS = ("int-quantized", "naive-quantized", "float-quantized")
@@ -59,6 +55,152 @@ PACKED_FORMAT = "pack-quantized"
 
 class QuantizationError(ValueError):
     """A quantization the device cannot run, or a checkpoint whose scheme disagrees with the setting."""
+
+
+class QuantizationMethod:
+    """One ``model.quantization``: where it runs (its ``ops.table`` traits), how a weight is
+    quantized and multiplied, and how compressed-tensors spells it. A class, never instantiated."""
+
+    traits: ClassVar[table.QuantizationTraits]
+    name: ClassVar[str]
+    weight_dtype: ClassVar[torch.dtype | None] = None  # None: the projections stay in the model dtype
+    limit: ClassVar[float] = 0.0  # the largest magnitude a quantized weight holds
+    # compressed-tensors' ``weights.type`` and the format of its plain (unpacked) weights.
+    stored_type: ClassVar[str] = ""
+    dense_format: ClassVar[str] = ""
+    packs: ClassVar[bool] = False  # may also be stored pack-quantized (four values per int32)
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls.name = cls.traits.name
+
+    @classmethod
+    def quantizes(cls) -> bool:
+        return cls.weight_dtype is not None
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> QuantizedWeight:
+        """``weight`` [out, in] with one symmetric scale per output channel (computed in float32)."""
+        if cls.weight_dtype is None:
+            raise QuantizationError(f"model.quantization {cls.name!r} quantizes no weight")
+        w = weight.float()
+        # An all-zero row keeps scale 1 (any scale gives zeros; 0 would divide by zero).
+        amax = w.abs().amax(dim=1)
+        scale = torch.where(amax > 0, amax / cls.limit, torch.ones_like(amax))
+        return QuantizedWeight(cls.cast(w / scale[:, None]), scale)
+
+    @classmethod
+    def cast(cls, scaled: torch.Tensor) -> torch.Tensor:
+        """Scaled float32 weights (within ``limit``) as ``weight_dtype``."""
+        raise NotImplementedError(f"{cls.__name__} stores no quantized weight")
+
+    @classmethod
+    def uses_panels(cls, device: torch.device) -> bool:
+        """Whether a weight on ``device`` is packed for the CPU panel GEMM."""
+        return False
+
+    @classmethod
+    def linear(
+        cls,
+        x: torch.Tensor,
+        qweight: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        panels: bool,
+    ) -> torch.Tensor:
+        """``x @ (qweight * scale).T + bias`` in x's dtype: dequantize, then multiply. int8 and e4m3
+        values are exact in bfloat16, float16 and float32, so the weight converts exactly and its
+        per-channel scale multiplies the output, in float32."""
+        out = (F.linear(x, qweight.to(x.dtype)).float() * scale).to(x.dtype)
+        return out if bias is None else out + bias
+
+
+class Unquantized(QuantizationMethod):
+    traits = table.QUANTIZATIONS["none"]
+
+
+class Int8(QuantizationMethod):
+    """Weight-only int8: activations stay in the model dtype."""
+
+    traits = table.QUANTIZATIONS["int8"]
+    weight_dtype = torch.int8
+    limit = INT8_MAX
+    stored_type = "int"
+    dense_format = "int-quantized"
+    packs = True
+
+    @classmethod
+    def cast(cls, scaled: torch.Tensor) -> torch.Tensor:
+        return scaled.round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+
+    @classmethod
+    def uses_panels(cls, device: torch.device) -> bool:
+        return device.type == "cpu" and panel_gemm.available()
+
+    @classmethod
+    def linear(
+        cls,
+        x: torch.Tensor,
+        qweight: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        panels: bool,
+    ) -> torch.Tensor:
+        """``panels``: ``qweight`` is packed for the CPU panel GEMM, which widens it inside the
+        kernel (float32 there)."""
+        if panels:
+            x32 = x.float()
+            bias32 = None if bias is None else bias.float()
+            out = panel_gemm.linear_int8(x32, qweight, scale, bias32)
+            return out if x.dtype == torch.float32 else out.to(x.dtype)
+        if x.device.type == "cpu" and x.dtype != torch.float32:
+            # torch's int8 weight GEMM (one scale per output channel, in x's dtype). Not for float32
+            # activations: its float32 kernel is ~30x slower than this at 128 rows (measured here).
+            rows = x.reshape(-1, x.shape[-1])
+            out = torch._weight_int8pack_mm(rows.contiguous(), qweight, scale.to(x.dtype))
+            out = out.view(*x.shape[:-1], qweight.shape[0])
+            return out if bias is None else out + bias
+        return super().linear(x, qweight, scale, bias, panels)
+
+
+class Fp8(QuantizationMethod):
+    """float8_e4m3fn weights; on sm90 the activations are quantized per token too."""
+
+    traits = table.QUANTIZATIONS["fp8"]
+    weight_dtype = FP8
+    limit = FP8_MAX
+    stored_type = "float"
+    dense_format = "float-quantized"
+
+    @classmethod
+    def cast(cls, scaled: torch.Tensor) -> torch.Tensor:
+        return scaled.clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+
+    @classmethod
+    def linear(
+        cls,
+        x: torch.Tensor,
+        qweight: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        panels: bool,
+    ) -> torch.Tensor:
+        if scaled_mm_applies(x, qweight):
+            return fp8_scaled_mm(x, qweight, scale, bias)
+        return super().linear(x, qweight, scale, bias, panels)
+
+
+METHODS: dict[str, type[QuantizationMethod]] = {cls.name: cls for cls in (Unquantized, Int8, Fp8)}
+
+
+def method(quantization: str) -> type[QuantizationMethod]:
+    """The method registered as ``quantization``, or QuantizationError listing those there are."""
+    try:
+        return METHODS[quantization]
+    except KeyError:
+        raise QuantizationError(
+            f"model.quantization {quantization!r} is not one of {list(METHODS)}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -73,18 +215,8 @@ class QuantizedWeight:
 
 
 def quantize(weight: torch.Tensor, quantization: str) -> QuantizedWeight:
-    """``weight`` [out, in] with one symmetric scale per output channel (computed in float32)."""
-    w = weight.float()
-    limit = INT8_MAX if quantization == "int8" else FP8_MAX
-    # An all-zero row keeps scale 1 (any scale gives zeros; 0 would divide by zero).
-    amax = w.abs().amax(dim=1)
-    scale = torch.where(amax > 0, amax / limit, torch.ones_like(amax))
-    scaled = w / scale[:, None]
-    if quantization == "int8":
-        q = scaled.round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
-    else:
-        q = scaled.clamp_(-FP8_MAX, FP8_MAX).to(FP8)
-    return QuantizedWeight(q, scale)
+    """``weight`` [out, in] under the method named ``quantization`` (see ``QuantizationMethod.quantize``)."""
+    return method(quantization).quantize(weight)
 
 
 def dequantize(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -94,14 +226,15 @@ def dequantize(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -
 
 def device_problem(quantization: str, device: str) -> str:
     """Why ``device`` cannot run ``quantization`` ("" if it can), naming what it can run."""
-    if quantization not in RUNS_ON:
-        return f"model.quantization {quantization!r} is not one of {list(QUANTIZATIONS)}"
-    if device in RUNS_ON[quantization]:
+    if quantization not in METHODS:
+        return f"model.quantization {quantization!r} is not one of {list(METHODS)}"
+    problem = METHODS[quantization].traits.problem(device)
+    if not problem:
         return ""
-    can = [name for name, devices in RUNS_ON.items() if device in devices]
+    can = " or ".join(repr(name) for name in table.quantizations_on(device))
     return (
-        f"model.quantization {quantization!r} needs a CUDA GPU (float8_e4m3fn weights), and this runtime's "
-        f"device is {device!r}, which runs model.quantization {' or '.join(repr(c) for c in can)}"
+        f"model.quantization {quantization!r} {problem}, and this runtime's device is {device!r}, "
+        f"which runs model.quantization {can}"
     )
 
 
@@ -112,11 +245,11 @@ def device_problem(quantization: str, device: str) -> str:
 class StoredScheme:
     """How a compressed-tensors checkpoint stores its quantized projections."""
 
-    quantization: str  # "int8" or "fp8"
+    method: type[QuantizationMethod]
     format: str  # a compressed-tensors format: the tensors each projection stores
 
 
-def checkpoint_scheme(model_dir: Path, quantization: str) -> StoredScheme | None:
+def checkpoint_scheme(model_dir: Path, quantization: type[QuantizationMethod]) -> StoredScheme | None:
     """The checkpoint's stored scheme (None for an unquantized one), refused where it is not one this
     loader reads or disagrees with ``quantization``: before any weight is read."""
     where = f"{model_dir}/config.json quantization_config"
@@ -130,7 +263,7 @@ def checkpoint_scheme(model_dir: Path, quantization: str) -> StoredScheme | None
     if method != COMPRESSED_TENSORS:
         raise QuantizationError(
             f"{where}: quant_method {method!r} is not loaded (only {COMPRESSED_TENSORS!r} checkpoints with "
-            f"int8 or fp8 per-channel weights are); model.quantization is {quantization!r}"
+            f"int8 or fp8 per-channel weights are); model.quantization is {quantization.name!r}"
         )
     groups = qc.get("config_groups") or {}
     if len(groups) != 1:
@@ -140,10 +273,11 @@ def checkpoint_scheme(model_dir: Path, quantization: str) -> StoredScheme | None
         )
     name, group = next(iter(groups.items()))
     stored = _stored_scheme(f"{where}.config_groups.{name}", group, group.get("format") or qc.get("format"))
-    if stored.quantization != quantization:
+    if stored.method is not quantization:
+        stored_name = stored.method.name
         raise QuantizationError(
-            f"{where} stores {stored.quantization} weights ({COMPRESSED_TENSORS}, format {stored.format!r}), "
-            f"but model.quantization is {quantization!r}: set model.quantization to {stored.quantization!r}, "
+            f"{where} stores {stored_name} weights ({COMPRESSED_TENSORS}, format {stored.format!r}), "
+            f"but model.quantization is {quantization.name!r}: set model.quantization to {stored_name!r}, "
             "or point weights_uri at an unquantized checkpoint"
         )
     return stored
@@ -153,11 +287,16 @@ def _stored_scheme(where: str, group: dict[str, Any], fmt: str | None) -> Stored
     weights = group.get("weights") or {}
     kind, bits = weights.get("type"), weights.get("num_bits")
     strategy, symmetric = weights.get("strategy"), weights.get("symmetric", True)
-    schemes: dict[tuple[Any, Any], str] = {("int", 8): "int8", ("float", 8): "fp8"}
-    quantization = schemes.get((kind, bits))
-    if quantization is None:
+    schemes: dict[tuple[Any, Any], type[QuantizationMethod]] = {
+        (m.stored_type, m.weight_dtype.itemsize * 8): m
+        for m in METHODS.values()
+        if m.weight_dtype is not None
+    }
+    stored = schemes.get((kind, bits))
+    if stored is None:
+        known = " or ".join(f"{t} {b}" for t, b in schemes)
         raise QuantizationError(
-            f"{where}.weights: type {kind!r} num_bits {bits!r} is not loaded (int 8 or float 8 only)"
+            f"{where}.weights: type {kind!r} num_bits {bits!r} is not loaded ({known} only)"
         )
     if strategy not in ("channel", "tensor") or weights.get("group_size") or not symmetric:
         raise QuantizationError(
@@ -171,13 +310,14 @@ def _stored_scheme(where: str, group: dict[str, Any], fmt: str | None) -> Stored
         raise QuantizationError(
             f"{where}.input_activations: static activation scales are not loaded (dynamic or none only)"
         )
-    packed = quantization == "int8" and fmt == PACKED_FORMAT
+    packed = stored.packs and fmt == PACKED_FORMAT
     if fmt not in DENSE_WEIGHT_FORMATS and not packed:
+        packers = ", ".join(m.name for m in METHODS.values() if m.packs)
         raise QuantizationError(
-            f"{where}: format {fmt!r} is not loaded for {quantization} weights (one of "
-            f"{[*DENSE_WEIGHT_FORMATS, PACKED_FORMAT + ' (int8)']})"
+            f"{where}: format {fmt!r} is not loaded for {stored.name} weights (one of "
+            f"{[*DENSE_WEIGHT_FORMATS, f'{PACKED_FORMAT} ({packers})']})"
         )
-    return StoredScheme(quantization, str(fmt))
+    return StoredScheme(stored, str(fmt))
 
 
 # ---- filling the model's projections ------------------------------------------------------------
@@ -189,7 +329,9 @@ class Projection(Protocol):
     out_features: int
     in_features: int
 
-    def adopt_quantized(self, qweight: torch.Tensor, scale: torch.Tensor, quantization: str) -> None: ...
+    def adopt_quantized(
+        self, qweight: torch.Tensor, scale: torch.Tensor, method: type[QuantizationMethod]
+    ) -> None: ...
 
 
 class WeightSource(Protocol):
@@ -211,9 +353,13 @@ class WeightQuantizer:
     projection with their scales; columns of a row-parallel one, whose scales stay whole)."""
 
     def __init__(
-        self, quantization: str, ckpt: WeightSource, stored: StoredScheme | None, device: torch.device
+        self,
+        method: type[QuantizationMethod],
+        ckpt: WeightSource,
+        stored: StoredScheme | None,
+        device: torch.device,
     ) -> None:
-        self.quantization, self.ckpt, self.stored, self.device = quantization, ckpt, stored, device
+        self.method, self.ckpt, self.stored, self.device = method, ckpt, stored, device
 
     @staticmethod
     def covers(what: str) -> bool:
@@ -229,10 +375,10 @@ class WeightQuantizer:
         out_features, in_features = module.out_features, module.in_features
         if tuple(qweight.shape) != (out_features, in_features):
             raise ValueError(
-                f"{self.ckpt.model_dir}: {what} gets a {self.quantization} weight of shape "
+                f"{self.ckpt.model_dir}: {what} gets a {self.method.name} weight of shape "
                 f"{tuple(qweight.shape)} (this rank's slice), expected ({out_features}, {in_features})"
             )
-        module.adopt_quantized(qweight.to(self.device), scale.to(self.device), self.quantization)
+        module.adopt_quantized(qweight.to(self.device), scale.to(self.device), self.method)
 
     def _quantized_here(self, name: str, dim: int | None, shards: TPGroup) -> QuantizedWeight:
         """A projection stored unquantized, quantized for this rank.
@@ -244,14 +390,14 @@ class WeightQuantizer:
         # Quantized on the serving device (a GPU does it in a blink): the float copy of this one
         # projection is the only transient there.
         if dim != 1 or shards.world_size == 1:
-            return quantize(self.ckpt.read(name, shards, dim).to(self.device), self.quantization)
+            return self.method.quantize(self.ckpt.read(name, shards, dim).to(self.device))
         size = self.ckpt.shape(name)[1]
         if size % shards.world_size:
             raise ValueError(
                 f"{self.ckpt.model_dir}: {name} dimension 1 of size {size} does not split over "
                 f"{shards.world_size} ranks"
             )
-        return _row_slice(quantize(self.ckpt.read(name).to(self.device), self.quantization), shards)
+        return _row_slice(self.method.quantize(self.ckpt.read(name).to(self.device)), shards)
 
     def _piece(self, name: str, dim: int | None, shards: TPGroup) -> QuantizedWeight:
         base = name.removesuffix(".weight")
@@ -270,11 +416,11 @@ class WeightQuantizer:
             qweight = unpack_int8(packed)[:, :columns]  # less the padding of the last int32
         else:
             qweight = self.ckpt.read(name, shards, dim)
-        want = WEIGHT_DTYPES[self.quantization]
+        want = self.method.weight_dtype
         if qweight.dtype != want:
             raise ValueError(
                 f"{self.ckpt.model_dir}: {name} is stored as {qweight.dtype}, but the checkpoint's "
-                f"quantization_config says {self.quantization} ({want})"
+                f"quantization_config says {self.method.name} ({want})"
             )
         scale_name = base + ".weight_scale"
         # A per-channel scale [out, 1] follows the rows of its weight; a per-tensor one serves every row.
@@ -312,36 +458,6 @@ def pack_int8(qweight: torch.Tensor) -> torch.Tensor:
 
 
 # ---- the forward pass -------------------------------------------------------------------------
-
-
-def linear(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scale: torch.Tensor,
-    bias: torch.Tensor | None,
-    panels: bool,
-) -> torch.Tensor:
-    """``x @ (qweight * scale).T + bias`` in x's dtype, by the fastest path the device has.
-
-    ``panels``: ``qweight`` is int8 packed for the CPU panel GEMM (float32 inside the kernel)."""
-    if panels:
-        x32 = x.float()
-        bias32 = None if bias is None else bias.float()
-        out = panel_gemm.linear_int8(x32, qweight, scale, bias32)
-        return out if x.dtype == torch.float32 else out.to(x.dtype)
-    if qweight.dtype == FP8 and scaled_mm_applies(x, qweight):
-        return fp8_scaled_mm(x, qweight, scale, bias)
-    if qweight.dtype == torch.int8 and x.device.type == "cpu" and x.dtype != torch.float32:
-        # torch's int8 weight GEMM (one scale per output channel, in x's dtype). Not for float32
-        # activations: its float32 kernel is ~30x slower than this at 128 rows (measured here).
-        rows = x.reshape(-1, x.shape[-1])
-        out = torch._weight_int8pack_mm(rows.contiguous(), qweight, scale.to(x.dtype))
-        out = out.view(*x.shape[:-1], qweight.shape[0])
-        return out if bias is None else out + bias
-    # Dequantize, then multiply: int8 and e4m3 values are exact in bfloat16, float16 and float32,
-    # so the weight converts exactly and its per-channel scale multiplies the output, in float32.
-    out = (F.linear(x, qweight.to(x.dtype)).float() * scale).to(x.dtype)
-    return out if bias is None else out + bias
 
 
 def scaled_mm_applies(x: torch.Tensor, qweight: torch.Tensor) -> bool:
@@ -426,8 +542,10 @@ def write_compressed_tensors(
     int8 is written as llm-compressor writes weight-only int8 (``pack-quantized``) unless ``packed``
     is false (``int-quantized``: a plain int8 ``weight``); fp8 as ``float-quantized``."""
     src, dst = Path(src), Path(dst)
-    if quantization not in WEIGHT_DTYPES:
-        raise QuantizationError(f"quantization {quantization!r}: expected one of {sorted(WEIGHT_DTYPES)}")
+    quantizing = sorted(name for name, m in METHODS.items() if m.quantizes())
+    if quantization not in quantizing:
+        raise QuantizationError(f"quantization {quantization!r}: expected one of {quantizing}")
+    chosen = METHODS[quantization]
     dst.mkdir(parents=True, exist_ok=True)
     for path in src.iterdir():
         if path.is_file() and path.suffix != ".safetensors" and path.name != "model.safetensors.index.json":
@@ -440,10 +558,10 @@ def write_compressed_tensors(
                 if not is_projection(name):
                     tensors[name] = value
                     continue
-                q = quantize(value, quantization)
+                q = chosen.quantize(value)
                 base = name.removesuffix(".weight")
                 tensors[base + ".weight_scale"] = q.scale.view(-1, 1)
-                if quantization == "int8" and packed:
+                if chosen.packs and packed:
                     tensors[base + ".weight_packed"] = pack_int8(q.qweight)
                     tensors[base + ".weight_shape"] = torch.tensor(q.qweight.shape, dtype=torch.int32)
                 else:
@@ -457,8 +575,8 @@ def write_compressed_tensors(
 
 def compressed_tensors_config(quantization: str, packed: bool = True) -> dict[str, Any]:
     """``quantization_config`` of a weight-only per-channel scheme, as compressed-tensors spells it."""
-    kind = "int" if quantization == "int8" else "float"
-    fmt = (PACKED_FORMAT if packed else "int-quantized") if quantization == "int8" else "float-quantized"
+    chosen = method(quantization)
+    fmt = PACKED_FORMAT if packed and chosen.packs else chosen.dense_format
     return {
         "quant_method": COMPRESSED_TENSORS,
         "format": fmt,
@@ -470,7 +588,7 @@ def compressed_tensors_config(quantization: str, packed: bool = True) -> dict[st
                 "targets": ["Linear"],
                 "weights": {
                     "num_bits": 8,
-                    "type": kind,
+                    "type": chosen.stored_type,
                     "strategy": "channel",
                     "symmetric": True,
                     "group_size": None,

@@ -1,0 +1,49 @@
+"""``triton``: the paged kernel of ``ops.triton_attention`` (any power-of-two block size from 16, an
+fp8 cache too). It serves on CUDA; under ``TRITON_INTERPRET=1`` it also runs on CPU tensors (tests)."""
+
+from __future__ import annotations
+
+import torch
+
+from frontier_runtime.ops import table, triton_attention
+from frontier_runtime.ops.attention.base import AttentionBackend, AttentionMetadata
+
+
+class TritonBackend(AttentionBackend):
+    traits = table.ATTENTION_BACKENDS["triton"]
+    verified_on_a_probe_step = True
+
+    @classmethod
+    def unavailable(cls, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype) -> str:
+        # Not the traits' device check: the interpreter runs it on CPU, which the traits leave out
+        # because no host serves that way.
+        if not triton_attention.available(device):
+            return "Triton is not installed, or the device is neither CUDA nor a CPU under TRITON_INTERPRET=1"
+        return ""
+
+    @classmethod
+    def forward(
+        cls,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        k_scale: float,
+        v_scale: float,
+        window: int,
+    ) -> torch.Tensor:
+        return triton_attention.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.tables,
+            meta.rows,
+            meta.query_start,
+            meta.seq_lens,
+            meta.max_query_len,
+            scale,
+            k_scale,
+            v_scale,
+            window=window,
+        )
