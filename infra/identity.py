@@ -6,8 +6,31 @@ pull the runtime image, write its own log groups, and put metrics in the ``Front
 namespace. When hosts are reached through Session Manager (no bastion), it also runs the SSM agent.
 
 The deploy role is for operators and CI running ``fab``: deploy history and locks, weights push,
-image push, draining targets in its own target group, reading the state of its node groups and alarms.
+image push, draining targets in its own target group, reading the state of its node groups and alarms,
+and ``fab keys.rotate`` of its runtimes' API-keys secret. Rotation is the deploy role's right, not a
+separate operator role's: whoever can deploy can already ship a release that reads that secret on
+every host, so a role of its own would add a credential to guard without taking any power away.
 Neither role has a wildcard action on a data service.
+
+Which principal runs which task. ``tests/e2e/test_task_actors.py`` runs the deploy role's tasks the
+local stack has (weights.push, release.build, deploy, status, history, keys.rotate under
+load, rollback, weights.gc, scale) as the ``fab`` command, signing with the deploy user's key against
+moto's server enforcing these documents, while the host slots run as the runtime role; then it
+evaluates every call moto allowed against the documents as AWS would, conditions included
+(``tools/iam-simulate``): none is denied. The EC2-only parts (auto scaling, target groups, Instance
+Connect, Session Manager, ECR) are not on the local stack; docs/demo.md ("IAM, enforced") lists
+the statements no recorded call needs, and why each stays.
+
+=================================================================  ===========================
+task                                                               principal
+=================================================================  ===========================
+deploy, rollback, status, history, scale, verify, weights.push,    the deploy role
+weights.gc, release.build, image.push, keys.rotate, gateway.roll,
+usage, batch
+a host's bootstrap, agent, metrics publisher, runtime              the runtime hosts' role
+the gateway process                                                the gateway's role
+``pulumi up``                                                      the account's administrator
+=================================================================  ===========================
 """
 
 from __future__ import annotations
@@ -246,6 +269,16 @@ def deploy_policy(args: IdentityArgs) -> dict[str, Any]:
             _objects(args.weights_bucket_arn, args.weights_prefix),
         ),
         _statement("EncryptHistoryAndWeights", ["kms:Decrypt", "kms:GenerateDataKey"], args.kms_key_arn),
+        # `fab keys.rotate`: read the key set, publish it with a new key first, later without the old.
+        _statement(
+            "RotateItsApiKeys",
+            [
+                "secretsmanager:GetSecretValue",
+                "secretsmanager:PutSecretValue",
+                "secretsmanager:DescribeSecret",
+            ],
+            args.api_keys_secret_arn,
+        ),
         _statement("PushRuntimeImages", ECR_PUSH, args.repository_arn),
         _statement("LogInToTheRegistry", "ecr:GetAuthorizationToken", "*"),
         _statement(

@@ -15,12 +15,26 @@ missing=()
 for pkg in "${packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-  echo "missing Debian packages: ${missing[*]} (install them: sudo apt-get install ${missing[*]})" >&2
+if [ ${#missing[@]} -ne 0 ]; then
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "missing Debian packages: ${missing[*]} (install them: sudo apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+  echo "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The IAM simulator the e2e tests evaluate the local stack's call log with (conditions included):
+# @cloud-copilot/iam-simulate, pinned by tools/iam-simulate/package-lock.json. Node 18+ and npm.
+if ! command -v npm >/dev/null 2>&1; then
+  echo "npm is missing: install Node.js 18+ with npm (Debian: apt-get install nodejs npm)" >&2
   exit 1
 fi
-echo "installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+tool="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tools/iam-simulate"
+lock=$tool/package-lock.json
+stamp=$tool/node_modules/.package-lock.json
+if [ ! -f "$stamp" ] || [ "$lock" -nt "$stamp" ]; then
+  (cd "$tool" && npm ci --no-audit --no-fund --silent)
+fi

@@ -67,7 +67,7 @@ def _seconds(option: str, value: str | None, default: float) -> float:
 def rotate_keys(c, stack=None, wait_s=None, overlap_s=None):
     """Add a new runtime API key, wait until every replica serves it, retire the old one after the overlap."""
     settings = settings_for(stack)
-    secret_id = settings.runtime.api_keys_secret
+    secret_id = settings.api_keys_secret
     if not secret_id:
         raise Exit("error: runtime.api_keys_secret is not set: the stack's runtimes take no API key", code=2)
     reload_s, field = _reload_interval(settings)
@@ -106,6 +106,9 @@ def rotate_keys(c, stack=None, wait_s=None, overlap_s=None):
     console.print(
         f"done: {rotation.retired} old key(s) retired; the new key is the first of {secret_id} (never printed)"
     )
+    refreshed = backend_for(settings).api_keys_rotated(secret_id)
+    if refreshed:
+        console.print(refreshed)
 
 
 def register(namespace: Collection) -> None:

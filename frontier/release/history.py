@@ -124,6 +124,35 @@ class LockInfo:
         )
 
 
+def present(s3: Any, bucket: str, key: str) -> bool:
+    """Whether ``key`` exists, by a listing of ``key`` as the prefix (the key itself sorts first).
+
+    Not by a GET or HEAD of it: AWS answers those 404 for a missing key only to a caller it allows
+    ``s3:ListBucket`` on the bucket as such, and 403 to one whose listing is conditioned on
+    ``s3:prefix`` (the deploy and host roles: the request of a GET carries no prefix). A listing
+    with ``Prefix`` set is what those roles are allowed, and answers the same on AWS and on moto.
+    """
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+    return bool(listed) and listed[0]["Key"] == key
+
+
+def get_if_present(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    """``get_object`` of ``key``, or None where it does not exist (see :func:`present`).
+
+    A key removed between the listing and the GET (a lock released meanwhile) answers NoSuchKey
+    where the caller may list the bucket as such, AccessDenied where it may not: the first is read
+    as absent, the second raised, never guessed to mean absent.
+    """
+    if not present(s3, bucket, key):
+        return None
+    try:
+        return s3.get_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
+            return None
+        raise
+
+
 class HistoryStore:
     """One stack's prefix in its history bucket."""
 
@@ -148,9 +177,19 @@ class HistoryStore:
         self.stack = stack
 
     def ensure_bucket(self) -> None:
-        with contextlib.suppress(ClientError):
-            self.s3.head_bucket(Bucket=self.bucket)
+        """Create the bucket where it does not exist (an unchecked moto in tests; the local stack's
+        ``up`` and a cloud stack's Pulumi program create it as their administrator).
+
+        Probed by listing under the stack's prefix, never HeadBucket: AWS authorises HeadBucket as
+        ``s3:ListBucket`` with no ``s3:prefix`` in the request, which the deploy role's
+        prefix-conditioned listing does not allow.
+        """
+        try:
+            self.s3.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
             return
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "NoSuchBucket":
+                raise
         try:
             self.s3.create_bucket(Bucket=self.bucket)
         except ClientError as exc:
@@ -164,12 +203,12 @@ class HistoryStore:
         return self.s3.put_object(Bucket=self.bucket, Key=(root or self.prefix) + key, Body=data, **kwargs)
 
     def _get(self, key: str, *, root: str | None = None) -> bytes | None:
-        try:
-            return self.s3.get_object(Bucket=self.bucket, Key=(root or self.prefix) + key)["Body"].read()
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
-                return None
-            raise
+        found = get_if_present(self.s3, self.bucket, (root or self.prefix) + key)
+        return None if found is None else found["Body"].read()
+
+    def _read(self, key: str) -> bytes:
+        """A key a listing under the prefix has just shown (no existence check of its own)."""
+        return self.s3.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"].read()
 
     def _keys(self, sub: str) -> list[str]:
         keys: list[str] = []
@@ -228,7 +267,7 @@ class HistoryStore:
             raise ReleaseError(f"release {release_id} is not in the history of stack {self.stack!r}")
         files = {}
         for key in self._keys(base + "files/"):
-            files[key[len(base + "files/") :]] = (self._get(key) or b"").decode()
+            files[key[len(base + "files/") :]] = self._read(key).decode()
         return release_from_manifest(manifest.decode(), files)
 
     # --- history ----------------------------------------------------------------------------------
@@ -242,7 +281,7 @@ class HistoryStore:
         """Every deploy and rollback of the stack, oldest first."""
         out = []
         for key in self._keys("records/"):
-            body = self._get(key)
+            body = self._read(key)
             if body:
                 out.append(json.loads(body))
         return sorted(out, key=lambda r: r["started_at"])
@@ -258,12 +297,9 @@ class HistoryStore:
     LOCK = "lock/deploy.json"
 
     def read_lock(self) -> LockInfo | None:
-        try:
-            obj = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + self.LOCK)
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
-                return None
-            raise
+        obj = get_if_present(self.s3, self.bucket, self.prefix + self.LOCK)
+        if obj is None:
+            return None
         data = json.loads(obj["Body"].read())
         return LockInfo(
             data["holder"],
@@ -433,5 +469,5 @@ def stack_history(settings: Settings, s3: Any, bucket: str, prefix: str) -> Hist
     A stack of several models keeps each pool's releases, history and lock apart (``settings`` is
     then one pool's view); the artifacts (runtime wheels and images) stay the stack's.
     """
-    pool_prefix = f"{prefix.rstrip('/')}/models/{settings.model.name}/" if settings.models else prefix
+    pool_prefix = f"{prefix.rstrip('/')}/models/{settings.model.name}/" if settings.listed_models else prefix
     return HistoryStore(s3, bucket, settings.stack, pool_prefix, artifacts_prefix=prefix)

@@ -77,9 +77,11 @@ def push(
     if not src.is_dir():
         raise WeightsError(f"--src {src}: not a directory")
     bucket, prefix = version_prefix(weights_uri, version)
-    _check_bucket(s3, bucket, create_bucket)
+    _check_bucket(s3, bucket, prefix, create_bucket)
     manifest = build_manifest(src, model, version, created_at=iso(now()))
-    existing = _existing_manifest(s3, bucket, f"{prefix}/{MANIFEST_NAME}")
+    stored = _listed(s3, bucket, f"{prefix}/")
+    manifest_key = f"{prefix}/{MANIFEST_NAME}"
+    existing = _existing_manifest(s3, bucket, manifest_key) if manifest_key in stored else None
     if existing is not None and existing.files != manifest.files:
         raise WeightsError(
             f"s3://{bucket}/{prefix} already holds a different model (its manifest lists other files or "
@@ -91,7 +93,7 @@ def push(
     )
     for entry in manifest.files:
         key = f"{prefix}/{entry.path}"
-        if _same_object(s3, bucket, key, entry.size, entry.sha256):
+        if stored.get(key) == entry.size and _same_object(s3, bucket, key, entry.size, entry.sha256):
             report.skipped.append(entry.path)
             if progress:
                 progress(entry.path, entry.size)
@@ -120,18 +122,33 @@ def push(
     return report
 
 
-def _check_bucket(s3: Any, bucket: str, create: bool) -> None:
+# The pusher is the deploy role, whose s3:ListBucket holds only with an s3:prefix under the model's
+# prefix. So the bucket is probed, and what a version already holds is found, by listing under the
+# version's prefix, never by HeadBucket (AWS checks it as s3:ListBucket with no prefix: refused) nor
+# by a HEAD or GET of a key that may be missing (AWS answers 403, not 404, to a caller without an
+# unconditioned listing). Only keys the listing shows are read.
+
+
+def _check_bucket(s3: Any, bucket: str, prefix: str, create: bool) -> None:
     try:
-        s3.head_bucket(Bucket=bucket)
+        s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/", MaxKeys=1)
     except ClientError as exc:
-        if not create:
-            raise WeightsError(
-                f"weights bucket {bucket!r} is not reachable: {exc.response['Error']['Code']}"
-            ) from None
+        code = exc.response["Error"]["Code"]
+        if not create or code != "NoSuchBucket":
+            raise WeightsError(f"weights bucket {bucket!r} is not reachable: {code}") from None
         s3.create_bucket(Bucket=bucket)
 
 
+def _listed(s3: Any, bucket: str, prefix: str) -> dict[str, int]:
+    """Every key under ``prefix`` and its size."""
+    found: dict[str, int] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        found.update((obj["Key"], obj["Size"]) for obj in page.get("Contents", []))
+    return found
+
+
 def _existing_manifest(s3: Any, bucket: str, key: str) -> Manifest | None:
+    """The manifest at ``key``, a key a listing has shown (None if deleted since)."""
     try:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     except ClientError as exc:
@@ -142,6 +159,7 @@ def _existing_manifest(s3: Any, bucket: str, key: str) -> Manifest | None:
 
 
 def _same_object(s3: Any, bucket: str, key: str, size: int, sha256: str) -> bool:
+    """Whether ``key``, listed with ``size`` bytes, holds exactly this file (its recorded sha256)."""
     try:
         head = s3.head_object(Bucket=bucket, Key=key)
     except ClientError as exc:

@@ -79,6 +79,12 @@ class Backend(Target, Protocol):
         one; None on a stack with a gateway, where the caller names its tenant by its key."""
         ...
 
+    def api_keys_rotated(self, secret_id: str) -> str | None:
+        """After ``keys.rotate`` published a new first key in ``secret_id``: bring the target's own
+        copy of a client key up to date, and say what changed; None where the target keeps no copy
+        (its clients read the secret, as the gateway does)."""
+        ...
+
     def stack_problems(self) -> Iterator[FieldProblem]:
         """What this target refuses in a stack file, beyond the rules every stack is held to."""
         ...

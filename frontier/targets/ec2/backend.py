@@ -35,6 +35,7 @@ from frontier.release.history import (
     DEFAULT_LOCK_TTL_S,
     HistoryStore,
     LockInfo,
+    get_if_present,
     iso,
     now,
     operator,
@@ -305,6 +306,9 @@ class Ec2Backend:
     def api_key(self) -> str | None:
         return None
 
+    def api_keys_rotated(self, secret_id: str) -> str | None:
+        return None  # clients and the gateway read the secret itself
+
     def stack_problems(self) -> Iterator[FieldProblem]:
         return rules.stack_problems(self.settings)
 
@@ -350,12 +354,10 @@ def withdraw_the_release_being_rolled(store: HistoryStore, held: LockInfo | None
     if held is None:
         store.s3.delete_object(Bucket=store.bucket, Key=key)
         return
-    try:
-        found = store.s3.get_object(Bucket=store.bucket, Key=key)
-    except ClientError as exc:
-        if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
-            return
-        raise
+    # Listed first: the deploy role's GET of a missing key is refused (403) on AWS, not answered 404.
+    found = get_if_present(store.s3, store.bucket, key)
+    if found is None:
+        return
     if json.loads(found["Body"].read()).get("lock") != held.token:
         return
     try:

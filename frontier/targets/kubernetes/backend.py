@@ -135,6 +135,9 @@ class KubernetesBackend:
     def api_key(self) -> str | None:
         return None
 
+    def api_keys_rotated(self, secret_id: str) -> str | None:
+        return None  # clients and the gateway read the secret itself
+
     def rollout(self, reporter: Reporter | None = None) -> KubernetesRollout:
         """The pool's Deployment's rollout, or its LeaderWorkerSet's where a replica spans nodes."""
         kind = LeaderWorkerSetRollout if lw.spans_nodes(self.settings) else KubernetesRollout

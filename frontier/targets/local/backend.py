@@ -118,6 +118,12 @@ class LocalBackend:
             return None
         return cluster.api_key(self.settings)
 
+    def api_keys_rotated(self, secret_id: str) -> str | None:
+        """The local stack keeps a client copy of its runtimes' first key (``local.up`` writes it for
+        the demo, ``fab loadtest`` and ``fab verify``): after a rotation it is the retired key, so it
+        is read again from the secret, as the deploy role that rotated it."""
+        return cluster.refresh_api_key(self.settings, secret_id, self.aws_client("secretsmanager"))
+
     def stack_problems(self) -> Iterator[FieldProblem]:
         return rules.stack_problems(self.settings)
 

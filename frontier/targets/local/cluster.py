@@ -210,6 +210,17 @@ def api_key(settings: Settings) -> str:
     return path.read_text().strip()
 
 
+def refresh_api_key(settings: Settings, secret_id: str, secretsmanager: Any) -> str | None:
+    """Write the secret's first key (the one clients use) to the client copy, if ``secret_id`` is
+    the one ``up`` copied from; what was done, or None when this stack keeps no copy of it."""
+    if secret_id not in {pool.runtime.api_keys_secret for pool in settings.pools}:
+        return None
+    path = state_dir(settings) / API_KEY_FILE
+    value = secretsmanager.get_secret_value(SecretId=secret_id)["SecretString"]
+    _write_private(path, json.loads(value)["keys"][0] + "\n")
+    return f"client copy of the new key: {path} (mode 0600)"
+
+
 def _read_state(settings: Settings) -> dict:
     path = state_dir(settings) / STATE_FILE
     try:

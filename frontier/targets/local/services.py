@@ -320,7 +320,9 @@ def start_moto(
     ``port=0`` picks a free port. In-process mode (``ThreadedMotoServer``) starts in milliseconds
     and suits tests; the subprocess suits a local stack that must keep running after the command.
     ``env`` adds to the subprocess's environment (moto reads its settings, such as IAM enforcement,
-    from there).
+    from there). The subprocess appends every call its IAM enforcement allows to
+    :func:`call_log` (:mod:`frontier.targets.local.moto_calls`): what AWS would evaluate, conditions'
+    context included, for the tests to check against the unwidened documents.
     """
     require_python_module("moto.server", "moto[server]")
     state = Path(state_dir).resolve()
@@ -340,10 +342,22 @@ def start_moto(
     else:
         port = port or free_port(address)
         log = state / f"{name}.log"
-        command = [sys.executable, "-m", "moto.server", "-H", address, "-p", str(port)]
+        command = [
+            sys.executable,
+            "-m",
+            "frontier.targets.local.moto_calls",
+            "--log",
+            str(call_log(state, name)),
+        ]
+        command += ["-H", address, "-p", str(port)]
         service = _spawn(name, command, state, log, address, port, env={**os.environ, **env} if env else None)
     _wait_http(f"{service.endpoint}/moto-api/data.json", timeout, service)
     return service
+
+
+def call_log(state_dir: str | Path, name: str = "moto") -> Path:
+    """The log of the calls moto's server ``name`` under ``state_dir`` allowed, one JSON line each."""
+    return Path(state_dir).resolve() / f"{name}-calls.jsonl"
 
 
 def _wait_http(url: str, timeout: float, service: Service) -> None:

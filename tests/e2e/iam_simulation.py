@@ -1,0 +1,210 @@
+"""The local stack's call log, evaluated as AWS would: the unwidened documents, conditions included.
+
+moto's server records each call it allows (:mod:`frontier.targets.local.moto_calls`): principal,
+IAM action, the resource's ARN, and the request context keys. Here each call of an actor of the
+stack (host, deploy, gateway; the admin stands in for ``pulumi up``) is evaluated against that
+actor's documents as ``infra/identity.py`` renders them for AWS (``iam.documents``, before
+``iam.for_moto`` widens them) by ``@cloud-copilot/iam-simulate`` (``tools/iam-simulate/``).
+
+Calls AWS makes on the caller's behalf that moto never does are added: the cloud's weights and
+history buckets and the API-keys secret are encrypted with the stack's KMS key, so a GET of an
+object or a secret is also a ``kms:Decrypt`` and a PUT a ``kms:GenerateDataKey``, via that
+service (``kms:ViaService``), by the same principal.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from frontier import project
+from frontier.config.schema import Settings
+from frontier.targets.local import cluster as local
+from frontier.targets.local import iam
+
+TOOL = project.root() / "tools" / "iam-simulate"
+CHECKED_ACTORS = ("host", "deploy", "gateway")
+
+
+@dataclass(frozen=True)
+class Call:
+    principal: str
+    action: str
+    resource: str
+    context: tuple[tuple[str, str], ...]
+    operation: str
+
+    def request(self) -> dict[str, Any]:
+        return {
+            "principal": self.principal,
+            "action": self.action,
+            "resource": self.resource,
+            "context": dict(self.context),
+        }
+
+    def describe(self) -> str:
+        context = ", ".join(f"{k}={v!r}" for k, v in self.context)
+        return f"{self.principal.rsplit('/', 1)[-1]}: {self.action} on {self.resource}" + (
+            f" [{context}]" if context else ""
+        )
+
+
+def principal_arn(settings: Settings, actor: str) -> str:
+    return f"arn:aws:iam::{iam.ACCOUNT_ID}:user/{iam.user_name(settings, actor)}"
+
+
+def actor_documents(settings: Settings) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each checked actor's documents by name, as AWS would hold them (not widened for moto)."""
+    found = iam.documents(settings, local.history_bucket(settings), local.history_prefix(settings))
+    return {actor: found[actor] for actor in CHECKED_ACTORS if actor in found}
+
+
+def _encrypted_buckets(settings: Settings) -> set[str]:
+    return {local.history_bucket(settings)} | {
+        pool.model.weights_uri.removeprefix("s3://").split("/", 1)[0] for pool in settings.pools
+    }
+
+
+def implied(settings: Settings, call: Call) -> list[Call]:
+    """The KMS calls AWS makes for ``call`` with the caller's permissions (see the module docstring)."""
+    region = settings.region
+    key = iam._key_arn(settings)
+    kms_action = ""
+    via = ""
+    if call.action.startswith("s3:") and call.resource.startswith("arn:aws:s3:::"):
+        bucket = call.resource.removeprefix("arn:aws:s3:::").split("/", 1)[0]
+        if bucket in _encrypted_buckets(settings) and "/" in call.resource.removeprefix("arn:aws:s3:::"):
+            via = f"s3.{region}.amazonaws.com"
+            if call.action in ("s3:GetObject", "s3:GetObjectVersion"):
+                kms_action = "kms:Decrypt"
+            elif call.action == "s3:PutObject":
+                kms_action = "kms:GenerateDataKey"
+    elif call.action in ("secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue"):
+        via = f"secretsmanager.{region}.amazonaws.com"
+        kms_action = "kms:Decrypt" if call.action.endswith("GetSecretValue") else "kms:GenerateDataKey"
+    if not kms_action:
+        return []
+    return [Call(call.principal, kms_action, key, (("kms:ViaService", via),), f"{call.operation} (KMS)")]
+
+
+def calls_of(settings: Settings, log: Iterable[dict[str, Any]]) -> list[Call]:
+    """The distinct calls of the checked actors in ``log``, with the KMS calls they imply."""
+    principals = {principal_arn(settings, actor) for actor in CHECKED_ACTORS}
+    seen: dict[Call, None] = {}
+    for line in log:
+        if line["principal"] not in principals:
+            continue
+        call = Call(
+            line["principal"],
+            line["action"],
+            line["resource"],
+            tuple(sorted(line.get("context", {}).items())),
+            line.get("operation", ""),
+        )
+        for one in (call, *implied(settings, call)):
+            seen.setdefault(one)
+    return list(seen)
+
+
+def simulate(
+    policy_sets: dict[str, dict[str, list[dict[str, Any]]]],
+    calls: list[Call],
+    resource_policies: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Each policy set's decisions on ``calls``, in order (one Node process for all of them)."""
+    node = shutil.which("node")
+    assert node, "node is not on PATH: tools/iam-simulate needs Node 18+ (scripts/system-packages.sh)"
+    assert (TOOL / "node_modules" / "@cloud-copilot" / "iam-simulate").is_dir(), (
+        f"{TOOL}/node_modules is missing: run `npm ci` there (scripts/system-packages.sh does)"
+    )
+    payload = {
+        "policySets": policy_sets,
+        "calls": [c.request() for c in calls],
+        "resourcePolicies": resource_policies or {},
+    }
+    done = subprocess.run(
+        [node, str(TOOL / "simulate.mjs")],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def policy_set(settings: Settings, documents: dict[str, dict[str, dict[str, Any]]]) -> dict[str, list]:
+    return {
+        principal_arn(settings, actor): [{"name": name, "policy": doc} for name, doc in policies.items()]
+        for actor, policies in documents.items()
+    }
+
+
+@dataclass(frozen=True)
+class Statement:
+    actor: str
+    policy: str
+    sid: str
+
+
+def statements(documents: dict[str, dict[str, dict[str, Any]]]) -> list[Statement]:
+    return [
+        Statement(actor, name, statement["Sid"])
+        for actor, policies in documents.items()
+        for name, document in policies.items()
+        for statement in document["Statement"]
+    ]
+
+
+def without(documents: dict[str, dict[str, dict[str, Any]]], gone: Statement) -> dict:
+    trimmed = copy.deepcopy(documents)
+    document = trimmed[gone.actor][gone.policy]
+    document["Statement"] = [s for s in document["Statement"] if s["Sid"] != gone.sid]
+    return trimmed
+
+
+@dataclass
+class Evaluation:
+    calls: list[Call]
+    decisions: list[dict[str, Any]]
+    # Per statement: the recorded calls that are denied once it alone is taken out.
+    needed_by: dict[Statement, list[Call]]
+
+    @property
+    def denied(self) -> list[tuple[Call, dict[str, Any]]]:
+        return [(c, d) for c, d in zip(self.calls, self.decisions, strict=True) if d["decision"] != "Allowed"]
+
+    def unneeded(self) -> list[Statement]:
+        return [s for s, calls in self.needed_by.items() if not calls]
+
+
+def evaluate(settings: Settings, log: Iterable[dict[str, Any]]) -> Evaluation:
+    """The recorded calls against the unwidened documents, and against each with one statement out."""
+    documents = actor_documents(settings)
+    calls = calls_of(settings, log)
+    sets = {"all": policy_set(settings, documents)}
+    every = statements(documents)
+    for index, statement in enumerate(every):
+        sets[f"without-{index}"] = policy_set(settings, without(documents, statement))
+    # A KMS key answers to its key policy as well: the cloud program's, which lets the account's
+    # IAM policies grant its use (without it, KMS refuses every identity policy's grant).
+    from infra.secret_store import key_policy
+
+    keys = {iam._key_arn(settings): json.loads(key_policy(iam._cloud(settings)))}
+    results = simulate(sets, calls, keys)
+    baseline = results["all"]
+    needed_by = {
+        statement: [
+            call
+            for call, before, after in zip(calls, baseline, results[f"without-{index}"], strict=True)
+            if before["decision"] == "Allowed" and after["decision"] != "Allowed"
+        ]
+        for index, statement in enumerate(every)
+    }
+    return Evaluation(calls, baseline, needed_by)
