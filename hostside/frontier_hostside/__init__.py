@@ -5,10 +5,16 @@ Standard library only, Python 3.8 and later (tests/unit/test_hostside.py checks 
     names      paths, file names, tags, metric names, priority classes and id patterns that the
                toolkit, the runtime, the gateway and the host tools all import
     agent      the host agent: one host's releases and runtime (a host runs it as frontier-agent.py)
+    keeper     what the agent's two keepers of a running runtime share: probing, counting, history
+    supervisor the keeper where no systemd runs: the runtime's parent, restarting it
+    watchdog   the keeper where systemd runs: restarting the runtime's unit when liveness fails
+    processes  pids, signals and whole-file records, for the agent and its keepers
+    weights_cache  the cached weights versions no release names any more (the agent's prune)
     bootstrap  what a host does by itself: boot, publish, drain (a host runs it as frontier-bootstrap.py)
+    rendezvous a replica's slots over several nodes (the bootstrap's replica-env)
 
 A host runs the agent and the bootstrap as scripts from ``<root>/bin``. They import their names
-from this package, so this file and ``names.py`` travel with them, as ``bin/frontier_hostside/``:
+and the modules above from this package, so those travel with them, as ``bin/frontier_hostside/``:
 a script's own folder comes first on ``sys.path``, so the copy beside it is the one it imports.
 """
 
@@ -21,7 +27,16 @@ from frontier_hostside.names import AGENT_FILE_NAME, BOOTSTRAP_FILE_NAME
 PACKAGE = "frontier_hostside"
 PACKAGE_DIR = Path(__file__).resolve().parent
 # What the scripts import from this package; nothing else of it goes to a host.
-IMPORTED_FILES = ("__init__.py", "names.py", "rendezvous.py")
+IMPORTED_FILES = (
+    "__init__.py",
+    "names.py",
+    "processes.py",
+    "keeper.py",
+    "supervisor.py",
+    "watchdog.py",
+    "weights_cache.py",
+    "rendezvous.py",
+)
 
 
 def package_files() -> dict[str, bytes]:

@@ -2,12 +2,12 @@
 
 This file is uploaded as it is to every host as ``frontier-agent.py``, next to
 ``frontier-agent.json`` (its configuration, rendered by
-:func:`frontier.render.host.render_agent_config`) and ``frontier_hostside/`` (the names it imports;
-:func:`frontier_hostside.agent_files` is what travels), and run there by the host's own ``python3``.
-So it imports the standard library only and runs on Python 3.8 and later. Every command prints
-exactly one JSON object on stdout; a failed command prints ``{"ok": false, "error": ..., "phase":
-...}`` and exits non-zero (2: refused or failed, 3: the runtime exited during start-up, 4: not
-ready in time)::
+:func:`frontier.render.host.render_agent_config`) and ``frontier_hostside/`` (the names and the
+modules it imports; :func:`frontier_hostside.agent_files` is what travels), and run there by the
+host's own ``python3``. So it imports the standard library only and runs on Python 3.8 and later.
+Every command prints exactly one JSON object on stdout; a failed command prints ``{"ok": false,
+"error": ..., "phase": ...}`` and exits non-zero (2: refused or failed, 3: the runtime exited
+during start-up, 4: not ready in time)::
 
     facts [--release ID]     current/previous release, what runs, releases newest first, a staged manifest's hash
     stage ID DIR [--wheel W] verify DIR against its release.json, install the wheel, move it to releases/ID
@@ -17,21 +17,21 @@ ready in time)::
     wait-ready SECONDS       poll the readiness path; fail early when the runtime exits
     metrics | status         the runtime's /metrics; facts plus readiness, liveness, digest and restarts
     prune KEEP               keep the KEEP most recent releases (never current or previous)
-    supervise                (run by ``start``) keep the current release's runtime up: see :class:`Supervisor`
+    supervise                (run by ``start``) keep the current release's runtime up (see below)
 
 Self-healing (the choice, in short): the supervisor is this file run as ``supervise``.
 
 * Without systemd (the local stack's host slots, any plain host), ``start`` runs it detached; it
   launches the runtime as its child and restarts it when it exits or when liveness fails
-  ``liveness_failures`` times in a row (:class:`Supervisor`); ``stop`` stops the supervisor, which
-  stops the runtime.
+  ``liveness_failures`` times in a row (:mod:`frontier_hostside.supervisor`); ``stop`` stops the
+  supervisor, which stops the runtime.
 * With systemd (EC2), the release's unit restarts a runtime that exits (``Restart=on-failure``), and
   ``start`` installs and runs ``frontier-agent.service``, a liveness watchdog that restarts the unit
-  when liveness fails that many times (:class:`Watchdog`).
+  when liveness fails that many times (:mod:`frontier_hostside.watchdog`).
 
-Either way (one base, :class:`Keeper`: the probing, the counting, the history) the restarts are
-counted in ``run/supervisor.json`` (``status`` reports them) and each one is a line in
-``logs/agent.jsonl``. The interval, probe timeout and failure count are the stack's
+Either way (one base, :mod:`frontier_hostside.keeper`: the probing, the counting, the history)
+the restarts are counted in ``run/supervisor.json`` (``status`` reports them) and each one is a
+line in ``logs/agent.jsonl``. The interval, probe timeout and failure count are the stack's
 health settings (``health.interval_s``, ``health.timeout_s``, ``health.unhealthy_threshold``).
 
 The host layout follows releases/current::
@@ -55,19 +55,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -84,6 +81,10 @@ from frontier_hostside.names import (
     SUPERVISOR_PID_NAME,
     WATCHDOG_UNIT,
 )
+from frontier_hostside.processes import atomic_write, command_line, now, pid_alive, terminate_then_kill
+from frontier_hostside.supervisor import Supervisor
+from frontier_hostside.watchdog import Watchdog
+from frontier_hostside.weights_cache import evict_weights
 
 # Where systemd announces itself and keeps local units (overridable to test the agent without it).
 SYSTEMD_RUN_DIR_ENV = "FRONTIER_SYSTEMD_RUN_DIR"
@@ -93,12 +94,6 @@ RUNTIME_MODULE = "frontier_runtime"
 LOG_TAIL_LINES = 40
 # What the supervisor did, one JSON object a line (start, restart, recovered, stop).
 HISTORY_NAME = "agent.jsonl"
-# How often the supervisor looks at its child, and how long it waits for a fresh one to be ready
-# (a fresh one is probed for readiness that often too, so the recovery time is measured closely).
-SUPERVISOR_TICK_S = 0.1
-READY_PROBE_S = 0.1
-# Restarts of a runtime that dies before it is ready again wait 1, 2, 4 ... s, at most this long.
-MAX_BACKOFF_S = 30.0
 
 
 class AgentError(Exception):
@@ -182,133 +177,6 @@ class Facts:
         return self.running and self.current == release_id and self.running_release == release_id
 
 
-# --- processes ------------------------------------------------------------------------------------
-
-
-def pid_alive(pid: int) -> bool:
-    """The process exists and is not a zombie. (Reaping is its parent's business: pass the Popen.)"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        # The state is the first field after the command name, which is in parentheses.
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def wait_exit(pid: int, timeout: float, process: subprocess.Popen | None = None) -> bool:
-    """True once ``pid`` has exited (within ``timeout`` seconds)."""
-    if process is not None:
-        try:
-            process.wait(timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def terminate_then_kill(
-    pid: int,
-    timeout: float,
-    *,
-    kill_timeout: float = 5.0,
-    still_ours: Callable[[], bool] | None = None,
-    process: subprocess.Popen | None = None,
-) -> str:
-    """Stop one process: SIGTERM, wait ``timeout`` s, SIGKILL, wait ``kill_timeout`` s.
-
-    Returns ``"absent"`` (it was already gone, a zombie, or the pid now belongs to another
-    program), ``"terminated"`` (it exited on SIGTERM), ``"killed"`` (it needed SIGKILL) or
-    ``"stuck"`` (it outlived SIGKILL too, e.g. in uninterruptible sleep). ``still_ours`` is asked
-    before each signal, so a pid recycled meanwhile is never signalled; ``process``, when the
-    caller started it, is waited on so that it is reaped.
-    """
-
-    def ours() -> bool:
-        alive = process.poll() is None if process is not None else pid_alive(pid)
-        return alive and (still_ours is None or still_ours())
-
-    if not ours():
-        return "absent"
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    if wait_exit(pid, timeout, process):
-        return "terminated"
-    if not ours():
-        return "terminated"
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    return "killed" if wait_exit(pid, kill_timeout, process) else "stuck"
-
-
-def _cmdline(pid: int, settle_s: float = 0.5) -> str:
-    """The process's command line. A process reads as '' for a moment while it is being started
-    (seen here just after a supervisor launched the runtime): wait that moment out."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        try:
-            text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return ""
-        if text or time.monotonic() >= deadline:
-            return text
-        time.sleep(0.01)
-
-
-def _is_supervisor(pid: int) -> bool:
-    words = _cmdline(pid).split()
-    return SUPERVISE_COMMAND in words and any(
-        w.endswith(".py") and "agent" in os.path.basename(w) for w in words
-    )
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def _read_env_file(path: Path) -> dict[str, str]:
-    """``KEY=VALUE`` lines (``export`` and quotes allowed, ``#`` comments), as a shell would source them."""
-    out: dict[str, str] = {}
-    if not path.exists():
-        return out
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[len("export ") :].strip()
-        key, sep, value = line.partition("=")
-        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-            continue
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        out[key] = value
-    return out
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _atomic_symlink(link: Path, target: str) -> None:
-    tmp = link.with_name(f".{link.name}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
-
-
 # --- the agent ------------------------------------------------------------------------------------
 
 
@@ -333,116 +201,13 @@ class Agent:
         self.history_file = self.root / "logs" / HISTORY_NAME
         self.supervisor_pid_file = self.run_dir / SUPERVISOR_PID_NAME
         self.supervisor_state_file = self.run_dir / "supervisor.json"
-        self._supervisor: subprocess.Popen | None = None
+        self._supervisor: subprocess.Popen[bytes] | None = None
         self.systemd_run_dir = Path(environ.get(SYSTEMD_RUN_DIR_ENV, "/run/systemd/system"))
         self.unit_dir = Path(environ.get(UNIT_DIR_ENV, "/etc/systemd/system"))
         self.unit = config.unit[: -len(".service")] if config.unit.endswith(".service") else config.unit
         self._release_id = re.compile(config.release_id_pattern)
 
-    # --- what is where --------------------------------------------------------------------------
-
-    def check_id(self, release_id: str, phase: str) -> str:
-        if not self._release_id.match(release_id):
-            raise AgentError(
-                f"{phase}: {release_id!r} is not a release id (pattern {self.config.release_id_pattern})"
-            )
-        return release_id
-
-    def link(self, name: str) -> str:
-        """The release id a symlink (``current``/``previous``) points at, or ''."""
-        try:
-            return os.path.basename(os.readlink(self.root / name))
-        except OSError:
-            return ""
-
-    def order(self) -> list[str]:
-        """Every release directory, most recent first: the recorded order, then unrecorded ones."""
-        try:
-            recorded = [str(i) for i in json.loads(self.order_file.read_text())["releases"]]
-        except (OSError, ValueError, KeyError, TypeError):
-            recorded = []
-        present = set()
-        if self.releases_dir.is_dir():
-            present = {
-                p.name for p in self.releases_dir.iterdir() if p.is_dir() and not p.name.startswith(".")
-            }
-        return [i for i in recorded if i in present] + sorted(present - set(recorded))
-
-    def _touch_order(self, release_id: str) -> None:
-        order = [release_id] + [i for i in self.order() if i != release_id]
-        _atomic_write(self.order_file, json.dumps({"releases": order}, indent=2) + "\n")
-
-    def systemd(self) -> bool:
-        return (
-            self.systemd_run_dir.is_dir()
-            and shutil.which("systemctl", path=self.environ.get("PATH")) is not None
-        )
-
-    def running_pid(self) -> int | None:
-        """The pid of the runtime this agent started, if it still runs (a recycled pid does not count)."""
-        try:
-            pid = int(self.pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        if pid_alive(pid) and RUNTIME_MODULE in _cmdline(pid):
-            return pid
-        return None
-
-    def supervisor_pid(self) -> int | None:
-        """The pid of this host's supervisor, if it runs."""
-        try:
-            pid = int(self.supervisor_pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        if pid_alive(pid) and _is_supervisor(pid):
-            return pid
-        return None
-
-    def supervisor_state(self) -> dict[str, Any]:
-        try:
-            return dict(json.loads(self.supervisor_state_file.read_text()))
-        except (OSError, ValueError, TypeError):
-            return {}
-
-    def is_running(self) -> bool:
-        if self.systemd():
-            return self._systemctl("is-active", "--quiet", self.unit, check=False).returncode == 0
-        return self.running_pid() is not None
-
-    def _systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run(["systemctl", *args], capture_output=True, text=True, env=self.environ)
-        if check and done.returncode != 0:
-            raise AgentError(f"systemctl {' '.join(args)}: {(done.stderr or done.stdout).strip()}")
-        return done
-
-    def http_status(self, path: str, timeout: float = 2.0) -> int:
-        url = f"http://{self.config.address}:{self.config.port}{path}"
-        # No proxy: the runtime is on this host, whatever http_proxy says.
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        try:
-            with opener.open(url, timeout=timeout) as response:
-                return int(response.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-        except (OSError, ValueError):
-            return 0
-
-    def log_tail(self) -> str:
-        if self.systemd():
-            if shutil.which("journalctl", path=self.environ.get("PATH")) is None:
-                return ""
-            done = subprocess.run(
-                ["journalctl", "-u", self.unit, "-n", str(LOG_TAIL_LINES), "--no-pager"],
-                capture_output=True,
-                text=True,
-                env=self.environ,
-            )
-            return done.stdout
-        if self.log_file.exists():
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
-        return ""
-
-    # --- the phases -----------------------------------------------------------------------------
+    # --- the phases, one a command ----------------------------------------------------------------
 
     def facts(self, release_id: str = "") -> Facts:
         running = self.is_running()
@@ -462,7 +227,7 @@ class Agent:
         restarts = int(state.get("restarts", 0))
         if systemd:
             # systemd restarts a runtime that exits by itself (Restart=on-failure) and counts those.
-            shown = self._systemctl(
+            shown = self.systemctl(
                 "show", "-p", "NRestarts", "--value", self.unit, check=False
             ).stdout.strip()
             restarts += int(shown) if shown.isdigit() else 0
@@ -528,13 +293,6 @@ class Agent:
         self._touch_order(release_id)
         return {"current": release_id, "previous": self.link(PREVIOUS_LINK)}
 
-    def current_release(self, phase: str) -> Path:
-        current = self.root / CURRENT_LINK
-        release = Path(os.path.realpath(current)) if current.is_symlink() else None
-        if release is None or not release.is_dir():
-            raise AgentError(f"{phase}: no current release under {self.root}")
-        return release
-
     def start(self) -> dict[str, Any]:
         release = self.current_release("start")
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -545,11 +303,11 @@ class Agent:
             shutil.copyfile(release / f"{self.unit}.service", unit_file)
             os.chmod(unit_file, 0o644)
             watchdog_changed = self._install_watchdog()
-            self._systemctl("daemon-reload")
-            self._systemctl("restart", self.unit)
-            self._systemctl("enable", f"{WATCHDOG_UNIT}.service")
-            self._systemctl("restart" if watchdog_changed else "start", f"{WATCHDOG_UNIT}.service")
-            _atomic_write(self.release_file, release.name + "\n")
+            self.systemctl("daemon-reload")
+            self.systemctl("restart", self.unit)
+            self.systemctl("enable", f"{WATCHDOG_UNIT}.service")
+            self.systemctl("restart" if watchdog_changed else "start", f"{WATCHDOG_UNIT}.service")
+            atomic_write(self.release_file, release.name + "\n")
             return {"started": release.name, "pid": None, "launcher": "systemd"}
         running = self.running_pid() or self.supervisor_pid()
         if running is not None:
@@ -559,7 +317,7 @@ class Agent:
         return {"started": release.name, "pid": pid, "supervisor": supervisor.pid, "launcher": "process"}
 
     def _install_watchdog(self) -> bool:
-        """The agent, the names it imports, its configuration and the watchdog unit under
+        """The agent, the package files it imports, its configuration and the watchdog unit under
         <root>/bin; True when any changed.
 
         The agent may run from an upload folder (``/tmp`` for a non-root SSH user): the watchdog
@@ -583,7 +341,7 @@ class Agent:
                 changed = True
         return changed
 
-    def _start_supervisor(self) -> subprocess.Popen:
+    def _start_supervisor(self) -> subprocess.Popen[bytes]:
         if not self.config_path:
             raise AgentError("start: the supervisor needs the agent's configuration file; none was given")
         for stale in (self.pid_file, self.release_file, self.supervisor_state_file):
@@ -602,7 +360,7 @@ class Agent:
             )
         return self._supervisor
 
-    def _wait_launched(self, supervisor: subprocess.Popen, timeout: float = 30.0) -> int:
+    def _wait_launched(self, supervisor: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
         """The runtime's pid once the supervisor has launched it and recorded it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -619,32 +377,9 @@ class Agent:
             f"start: the supervisor launched no runtime within {timeout:g}s", log_tail=self.log_tail()
         )
 
-    def launch(self, release: Path, word: str = "start") -> subprocess.Popen:
-        """The runtime of ``release`` as a child of this process; its output goes to the runtime log."""
-        env = dict(self.environ)
-        env.update(_read_env_file(self.root / "env"))
-        env["PYTHONPATH"] = str(release / "site")
-        with self.log_file.open("ab") as log:
-            log.write(f"=== {_now()} {word} {release.name}\n".encode())
-            log.flush()
-            process = subprocess.Popen(
-                [
-                    self.config.python, "-m", RUNTIME_MODULE, "serve", "--config", str(release / "runtime.yaml"),
-                    "--host", self.config.address, "--port", str(self.config.port),
-                ],
-                cwd=str(self.root),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        _atomic_write(self.pid_file, f"{process.pid}\n")
-        _atomic_write(self.release_file, release.name + "\n")
-        return process
-
     def stop(self) -> dict[str, Any]:
         if self.systemd():
-            self._systemctl("stop", self.unit, check=False)
+            self.systemctl("stop", self.unit, check=False)
             with contextlib.suppress(FileNotFoundError):
                 self.release_file.unlink()
             return {"stopped": True, "pid": None, "outcome": "stopped"}
@@ -667,7 +402,7 @@ class Agent:
             # SIGTERM: the runtime turns unready, finishes in-flight requests within its drain
             # timeout and exits; SIGKILL only if it outlives that by 5 s.
             outcome = terminate_then_kill(
-                left, self.config.drain_timeout_s + 5, still_ours=lambda: RUNTIME_MODULE in _cmdline(left)
+                left, self.config.drain_timeout_s + 5, still_ours=lambda: RUNTIME_MODULE in command_line(left)
             )
         for path in (self.pid_file, self.release_file, self.supervisor_pid_file, self.supervisor_state_file):
             with contextlib.suppress(FileNotFoundError):
@@ -725,327 +460,178 @@ class Agent:
                 shutil.rmtree(self.releases_dir / release_id)
                 removed.append(release_id)
         if removed:
-            _atomic_write(self.order_file, json.dumps({"releases": self.order()}, indent=2) + "\n")
-        return {"pruned": removed, **self.evict_weights()}
+            atomic_write(self.order_file, json.dumps({"releases": self.order()}, indent=2) + "\n")
+        return {"pruned": removed, **evict_weights(self.root, self.releases_dir)}
 
-    def evict_weights(self) -> dict[str, Any]:
-        """Remove the cached weights versions that no release left on this host names.
+    # --- the release directory --------------------------------------------------------------------
 
-        The cache is the runtime's (frontier_runtime/storage/weights.py): one directory per version,
-        ``<cache root>/<bucket>/<prefix>/<version>/``, holding the fetcher's lock file. A release's
-        ``runtime.yaml`` names its version (``model.weights_uri``, ``model.version``) and cache root
-        (``weights_cache_dir``). A version whose lock is held (a fetch under way) stays; when any
-        release's weights cannot be read, nothing is evicted (what it needs is unknown). The result
-        names what was evicted, and is empty when nothing was (so ``prune``'s answer is unchanged).
-        """
-        needed: set[Path] = set()
-        roots: set[Path] = set()
-        releases = sorted(p for p in self.releases_dir.glob("*") if p.is_dir() and not p.name.startswith("."))
-        for release in releases:
-            weights = _release_weights(release / "runtime.yaml")
-            if weights is None:
-                return {}
-            cache_dir, uri, version = weights
-            root = Path(cache_dir) if os.path.isabs(cache_dir) else self.root / cache_dir
-            bucket, _, prefix = uri[len("s3://") :].partition("/")
-            roots.add(root)
-            needed.add(root.joinpath(bucket, *(part for part in prefix.split("/") if part), version))
-        evicted = []
-        for root in sorted(roots):
-            for lock in sorted(root.rglob(WEIGHTS_LOCK_NAME)):
-                version_dir = lock.parent
-                if version_dir in needed or not _lock_free(lock):
-                    continue
-                shutil.rmtree(version_dir, ignore_errors=True)
-                evicted.append(str(version_dir.relative_to(root)))
-        return {"weights_evicted": evicted} if evicted else {}
+    def check_id(self, release_id: str, phase: str) -> str:
+        if not self._release_id.match(release_id):
+            raise AgentError(
+                f"{phase}: {release_id!r} is not a release id (pattern {self.config.release_id_pattern})"
+            )
+        return release_id
 
+    def current_release(self, phase: str) -> Path:
+        current = self.root / CURRENT_LINK
+        release = Path(os.path.realpath(current)) if current.is_symlink() else None
+        if release is None or not release.is_dir():
+            raise AgentError(f"{phase}: no current release under {self.root}")
+        return release
 
-#: The lock file the runtime's weights fetcher keeps in each cached version's directory.
-WEIGHTS_LOCK_NAME = ".lock"
-
-
-def _release_weights(runtime_yaml: Path) -> tuple[str, str, str] | None:
-    """(weights_cache_dir, model.weights_uri, model.version) of a rendered runtime.yaml, or None.
-
-    The file is yaml.safe_dump's block style (frontier_settings.to_yaml): top-level keys at column
-    0, the model's at column 2, scalars plain or quoted; the standard library reads that much.
-    """
-    try:
-        text = runtime_yaml.read_text()
-    except OSError:
-        return None
-    top: dict[str, str] = {}
-    model: dict[str, str] = {}
-    section = ""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        key, colon, value = stripped.partition(":")
-        if not colon:
-            continue
-        indent = len(line) - len(line.lstrip(" "))
-        if indent == 0:
-            section = key
-            top[key] = _yaml_scalar(value.strip())
-        elif indent == 2 and section == "model":
-            model[key] = _yaml_scalar(value.strip())
-    uri, version, cache_dir = (
-        model.get("weights_uri", ""),
-        model.get("version", ""),
-        top.get("weights_cache_dir", ""),
-    )
-    if not (uri.startswith("s3://") and version and cache_dir):
-        return None
-    return cache_dir, uri, version
-
-
-def _yaml_scalar(value: str) -> str:
-    if len(value) >= 2 and value[0] == value[-1] == "'":
-        return value[1:-1].replace("''", "'")
-    if len(value) >= 2 and value[0] == value[-1] == '"':
-        return str(json.loads(value))
-    return value
-
-
-def _lock_free(lock: Path) -> bool:
-    """True when no fetcher holds the version's lock (taken and let go at once)."""
-    try:
-        with lock.open("a") as fh:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-    except OSError:
-        return False
-    return True
-
-
-# --- the supervisor and the watchdog --------------------------------------------------------------
-
-
-class Keeper:
-    """What the supervisor and the watchdog share: keeping the current release's runtime serving.
-
-    Either runs as ``agent.py supervise`` (the agent picks the one that fits the host), records its
-    pid in ``run/supervisor.pid`` and stops on SIGTERM. Either probes readiness until the runtime
-    has answered ready, so loading a model is never mistaken for a hang, then liveness every
-    ``liveness_interval_s`` (each probe waiting up to ``liveness_timeout_s``), and restarts the
-    runtime after ``liveness_failures`` failed probes in a row; how it restarts is its own. Every
-    restart is counted in ``run/supervisor.json`` (``status`` reports it) and written to
-    ``logs/agent.jsonl`` with its reason, and the measured time until the runtime answered ready
-    again as a ``recovered`` line.
-    """
-
-    def __init__(self, agent: Agent, **state: Any) -> None:
-        self.agent = agent
-        self.config = agent.config
-        self.stopping = False
-        self.state: dict[str, Any] = {"pid": os.getpid(), "restarts": 0, "last_restart": None, **state}
-        self.up = False  # the runtime has answered ready since it was (re)started
-        self.failures = 0  # liveness probes failed in a row
-        self.down_since: float | None = None  # when the last restart began, until it answers ready
-
-    def release_name(self) -> str:
-        return self.agent.link(CURRENT_LINK)
-
-    def _on_stop(self, *_args: object) -> None:
-        self.stopping = True
-
-    def _take_charge(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_stop)
-        signal.signal(signal.SIGINT, self._on_stop)
-        self.agent.run_dir.mkdir(parents=True, exist_ok=True)
-        self.agent.history_file.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.agent.supervisor_pid_file, f"{os.getpid()}\n")
-
-    def _save(self) -> None:
-        _atomic_write(self.agent.supervisor_state_file, json.dumps(self.state, sort_keys=True) + "\n")
-
-    def _event(self, event: str, **details: Any) -> None:
-        line = {
-            "at": _now(),
-            "host": self.config.host,
-            "event": event,
-            "release": self.release_name(),
-            **details,
-        }
-        with self.agent.history_file.open("a") as out:
-            out.write(json.dumps(line, sort_keys=True) + "\n")
-
-    def _pause(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not self.stopping and time.monotonic() < deadline:
-            time.sleep(min(SUPERVISOR_TICK_S, max(0.0, deadline - time.monotonic())))
-
-    def _probe_wait(self) -> float:
-        """Until the next probe: readiness is probed often, so the recovery time is measured closely."""
-        return READY_PROBE_S if not self.up else self.config.liveness_interval_s
-
-    def _probe(self, **details: Any) -> str:
-        """One probe (readiness until the runtime has answered ready, liveness after); the reason to
-        restart the runtime, or ''. ``details`` go into the ``recovered`` line."""
-        timeout = self.config.liveness_timeout_s
-        if not self.up:
-            if self.agent.http_status(self.config.readiness_path, timeout) == 200:
-                self.up, self.failures = True, 0
-                self._ready()
-                if self.down_since is not None:
-                    after_s = round(time.monotonic() - self.down_since, 3)
-                    self._event("recovered", **details, after_s=after_s)
-                    self.down_since = None
-            return ""
-        if self.agent.http_status(self.config.liveness_path, timeout) == 200:
-            self.failures = 0
-        else:
-            self.failures += 1
-            if self.failures >= self.config.liveness_failures:
-                return f"liveness failed {self.failures} times in a row"
-        return ""
-
-    def _ready(self) -> None:
-        """The runtime has answered ready (after a start or a restart)."""
-
-    def _went_down(self) -> None:
-        """The runtime is to be restarted: it counts as down until it answers ready again."""
-        self.down_since = time.monotonic()
-        self.up, self.failures = False, 0
-
-    def _restarted(self, reason: str, **details: Any) -> None:
-        self.state["restarts"] += 1
-        self.state["last_restart"] = {"at": _now(), "reason": reason}
-        self._save()
-        self._event("restart", reason=reason, restarts=self.state["restarts"], **details)
-
-
-class Supervisor(Keeper):
-    """The runtime's parent on hosts without systemd: it launches the runtime as its own child.
-
-    ``start`` runs ``agent.py supervise`` detached. Every ``SUPERVISOR_TICK_S`` the supervisor
-    looks at its child:
-
-    * it exits, or it fails its liveness probes (:class:`Keeper`) → the supervisor stops what is
-      left of it (SIGTERM, drain, SIGKILL) and launches it again: at once the first time, then
-      after 1, 2, 4 … 30 s while runtimes keep exiting before they are ready (a crash loop backs
-      off, as Kubernetes' does);
-    * a runtime that exits before it is ready is counted (``exits_before_ready``): ``wait-ready``
-      fails at once on it, so a release that cannot start fails its rollout's readiness phase
-      (which then stops the host or rolls it back) instead of waiting out the timeout;
-    * the host's record names another supervisor, or none (its root was cleared or removed) → it
-      stops: an orphan must not keep a runtime alive.
-
-    SIGTERM stops the supervisor: it stops its runtime and records how (``stop_outcome``).
-    """
-
-    def __init__(self, agent: Agent, release: Path) -> None:
-        super().__init__(agent, release=release.name, runtime_pid=None, state="starting")
-        self.release = release
-        self.dying_young = 0  # runtimes in a row that exited before they were ready
-
-    def release_name(self) -> str:
-        return self.release.name
-
-    def _launch(self, word: str) -> subprocess.Popen:
-        child = self.agent.launch(self.release, word)
-        self.state["runtime_pid"] = child.pid
-        self._save()
-        return child
-
-    def _still_in_charge(self) -> bool:
+    def link(self, name: str) -> str:
+        """The release id a symlink (``current``/``previous``) points at, or ''."""
         try:
-            return int(self.agent.supervisor_pid_file.read_text().split()[0]) == os.getpid()
-        except (OSError, ValueError, IndexError):
-            return False
+            return os.path.basename(os.readlink(self.root / name))
+        except OSError:
+            return ""
 
-    def _ready(self) -> None:
-        self.dying_young = 0
-        self.state.update(state="serving", exits_before_ready=0)
-        self._save()
+    def order(self) -> list[str]:
+        """Every release directory, most recent first: the recorded order, then unrecorded ones."""
+        try:
+            recorded = [str(i) for i in json.loads(self.order_file.read_text())["releases"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            recorded = []
+        present = set()
+        if self.releases_dir.is_dir():
+            present = {
+                p.name for p in self.releases_dir.iterdir() if p.is_dir() and not p.name.startswith(".")
+            }
+        return [i for i in recorded if i in present] + sorted(present - set(recorded))
 
-    def run(self) -> dict[str, Any]:
-        self._take_charge()
-        child = self._launch("start")
-        self._event("start", pid=child.pid)
-        next_probe = time.monotonic()
-        while not self.stopping:
-            if not self._still_in_charge():
-                self.stopping = True
-                break
-            status = child.poll()
-            reason = ""
-            if status is not None:
-                reason = f"the runtime exited with status {status}"
-                if not self.up:
-                    reason += " before it was ready"
-                    # wait-ready reads this: a release that cannot start fails its rollout at once.
-                    self.state["exits_before_ready"] = self.state.get("exits_before_ready", 0) + 1
-            elif time.monotonic() >= next_probe:
-                next_probe = time.monotonic() + self._probe_wait()
-                reason = self._probe(pid=child.pid)
-            if reason:
-                self.dying_young = 0 if self.up else self.dying_young + 1
-                self._went_down()
-                fresh = self._restart(child, reason)
-                if fresh is None:
-                    return self._stopped(child, str(self.state.get("stop_outcome", "terminated")))
-                child = fresh
-                next_probe = time.monotonic()
-                continue
-            time.sleep(SUPERVISOR_TICK_S)
-        return self._stopped(
-            child, terminate_then_kill(child.pid, self.config.drain_timeout_s + 5, process=child)
+    def _touch_order(self, release_id: str) -> None:
+        order = [release_id] + [i for i in self.order() if i != release_id]
+        atomic_write(self.order_file, json.dumps({"releases": order}, indent=2) + "\n")
+
+    # --- the runtime: how it runs, how it answers -------------------------------------------------
+
+    def launch(self, release: Path, word: str = "start") -> subprocess.Popen[bytes]:
+        """The runtime of ``release`` as a child of this process; its output goes to the runtime log."""
+        env = dict(self.environ)
+        env.update(_read_env_file(self.root / "env"))
+        env["PYTHONPATH"] = str(release / "site")
+        with self.log_file.open("ab") as log:
+            log.write(f"=== {now()} {word} {release.name}\n".encode())
+            log.flush()
+            process = subprocess.Popen(
+                [
+                    self.config.python, "-m", RUNTIME_MODULE, "serve", "--config", str(release / "runtime.yaml"),
+                    "--host", self.config.address, "--port", str(self.config.port),
+                ],
+                cwd=str(self.root),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        atomic_write(self.pid_file, f"{process.pid}\n")
+        atomic_write(self.release_file, release.name + "\n")
+        return process
+
+    def systemd(self) -> bool:
+        return (
+            self.systemd_run_dir.is_dir()
+            and shutil.which("systemctl", path=self.environ.get("PATH")) is not None
         )
 
-    def _stopped(self, child: subprocess.Popen, outcome: str) -> dict[str, Any]:
-        self.state.update(state="stopped", stop_outcome=outcome)
-        with contextlib.suppress(OSError):  # an orphan's root may be gone
-            self._save()
-            self._event("stop", pid=child.pid, outcome=outcome, restarts=self.state["restarts"])
-        return {"supervised": False, "stop_outcome": outcome, "restarts": self.state["restarts"]}
+    def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(["systemctl", *args], capture_output=True, text=True, env=self.environ)
+        if check and done.returncode != 0:
+            raise AgentError(f"systemctl {' '.join(args)}: {(done.stderr or done.stdout).strip()}")
+        return done
 
-    def _restart(self, child: subprocess.Popen, reason: str) -> subprocess.Popen | None:
-        """Stop what is left of ``child`` and launch the release again; None when asked to stop meanwhile."""
-        self.state["state"] = "restarting"
-        self._save()
-        outcome = terminate_then_kill(child.pid, self.config.drain_timeout_s + 5, process=child)
-        if self.dying_young > 1:
-            self._pause(min(MAX_BACKOFF_S, 2.0 ** (self.dying_young - 2)))
-        if self.stopping:
-            self.state["stop_outcome"] = outcome
+    def is_running(self) -> bool:
+        if self.systemd():
+            return self.systemctl("is-active", "--quiet", self.unit, check=False).returncode == 0
+        return self.running_pid() is not None
+
+    def running_pid(self) -> int | None:
+        """The pid of the runtime this agent started, if it still runs (a recycled pid does not count)."""
+        try:
+            pid = int(self.pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
             return None
-        fresh = self._launch("restart")
-        self._restarted(reason, old_pid=child.pid, pid=fresh.pid, old_outcome=outcome)
-        return fresh
+        if pid_alive(pid) and RUNTIME_MODULE in command_line(pid):
+            return pid
+        return None
+
+    def supervisor_pid(self) -> int | None:
+        """The pid of this host's supervisor, if it runs."""
+        try:
+            pid = int(self.supervisor_pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if pid_alive(pid) and _is_supervisor(pid):
+            return pid
+        return None
+
+    def supervisor_state(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.supervisor_state_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return {}
+
+    def http_status(self, path: str, timeout: float = 2.0) -> int:
+        url = f"http://{self.config.address}:{self.config.port}{path}"
+        # No proxy: the runtime is on this host, whatever http_proxy says.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(url, timeout=timeout) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except (OSError, ValueError):
+            return 0
+
+    def log_tail(self) -> str:
+        if self.systemd():
+            if shutil.which("journalctl", path=self.environ.get("PATH")) is None:
+                return ""
+            done = subprocess.run(
+                ["journalctl", "-u", self.unit, "-n", str(LOG_TAIL_LINES), "--no-pager"],
+                capture_output=True,
+                text=True,
+                env=self.environ,
+            )
+            return done.stdout
+        if self.log_file.exists():
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
+        return ""
 
 
-class Watchdog(Keeper):
-    """The supervisor where systemd runs (``frontier-agent.service``, installed by ``start``).
+def _is_supervisor(pid: int) -> bool:
+    words = command_line(pid).split()
+    return SUPERVISE_COMMAND in words and any(
+        w.endswith(".py") and "agent" in os.path.basename(w) for w in words
+    )
 
-    systemd already restarts a runtime that exits (``Restart=on-failure`` in the release's unit).
-    The watchdog covers a runtime that still runs but no longer answers: while the runtime's unit
-    is active it probes it (:class:`Keeper`) and runs ``systemctl restart`` on the unit when
-    liveness fails. A stopped unit (a rollout's stop phase) is left alone; stopping the watchdog
-    never stops the runtime.
-    """
 
-    def __init__(self, agent: Agent) -> None:
-        super().__init__(agent, state="watching")
+def _read_env_file(path: Path) -> dict[str, str]:
+    """``KEY=VALUE`` lines (``export`` and quotes allowed, ``#`` comments), as a shell would source them."""
+    out: dict[str, str] = {}
+    if not path.exists():
+        return out
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export ") :].strip()
+        key, sep, value = line.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            continue
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key] = value
+    return out
 
-    def run(self) -> dict[str, Any]:
-        self._take_charge()
-        self._save()
-        while not self.stopping:
-            if not self.agent.is_running():
-                self.up, self.failures = False, 0
-                self._pause(self.config.liveness_interval_s)
-                continue
-            wait = self._probe_wait()
-            reason = self._probe()
-            if reason:
-                self._went_down()
-                self.agent._systemctl("restart", self.agent.unit, check=False)
-                self._restarted(reason, unit=self.agent.unit)
-            self._pause(wait)
-        return {"supervised": False, "restarts": self.state["restarts"]}
+
+def _atomic_symlink(link: Path, target: str) -> None:
+    tmp = link.with_name(f".{link.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
 
 
 # --- the command line -----------------------------------------------------------------------------

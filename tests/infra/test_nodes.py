@@ -145,6 +145,11 @@ def test_the_host_tools_are_uploaded_beside_the_history(graph):
             "frontier-bootstrap.py",
             "frontier_hostside/__init__.py",  # the names the agent and the bootstrap import
             "frontier_hostside/names.py",
+            "frontier_hostside/processes.py",  # the agent's and its keepers' pids and records
+            "frontier_hostside/keeper.py",
+            "frontier_hostside/supervisor.py",
+            "frontier_hostside/watchdog.py",
+            "frontier_hostside/weights_cache.py",
             "frontier_hostside/rendezvous.py",  # the bootstrap's replica slots
             "frontier-agent.json",
             "install-nvidia.sh",
