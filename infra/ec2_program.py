@@ -35,6 +35,7 @@ from infra.nodes import (
     GpuNodeGroup,
     MachineImage,
     NodeGroupArgs,
+    image_problems,
     launch_timeout_s,
     look_up_image,
     needs_efa,
@@ -184,6 +185,7 @@ def _node_problems(
                 "cloud-init tells the model-cache volume from the root volume by its size"
             )
         image = images[group.name]
+        yield from image_problems(settings, index, group, image)
         if group.root_volume_gb < image.root_snapshot_gb:
             yield (
                 f"node_groups[{index}].root_volume_gb = {group.root_volume_gb}: the AMI {image.image_id} "

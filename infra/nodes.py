@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -31,6 +31,7 @@ from frontier_hostside.names import (
     TERMINATE_HOOK,
 )
 
+from frontier.config import host_image
 from frontier.config.hardware import (  # re-exported: the tests and `fab ami.latest` share them
     CPU_AMI_PARAMETER,  # noqa: F401
     GPU_AMI_PARAMETER,  # noqa: F401
@@ -40,7 +41,7 @@ from frontier.config.hardware import (  # re-exported: the tests and `fab ami.la
 )
 from frontier.config.schedule import cron_of
 from frontier.config.schema import NodeGroup, Settings
-from frontier.render.boot import replica_nodes
+from frontier.render.boot import host_tools, replica_nodes
 from infra.errors import ProvisionError
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE
 
@@ -121,6 +122,8 @@ class MachineImage:
     image_id: str
     root_device_name: str
     root_snapshot_gb: int
+    # What `fab ami.bake` installed on it (its frontier:host-tools tag); None for a stock image.
+    host_tools: str | None = None
 
 
 def look_up_image(group: NodeGroup) -> MachineImage:
@@ -137,7 +140,8 @@ def look_up_image(group: NodeGroup) -> MachineImage:
         )
     image_id = group.ami_id
     image = aws.ec2.get_ami(
-        owners=["amazon", "099720109477"],  # AWS (Deep Learning AMIs) and Canonical
+        # The account's own (what `fab ami.bake` makes), AWS's (Deep Learning AMIs) and Canonical's.
+        owners=["self", "amazon", "099720109477"],
         filters=[aws.ec2.GetAmiFilterArgs(name="image-id", values=[image_id])],
     )
     if image.architecture != arch:
@@ -147,7 +151,30 @@ def look_up_image(group: NodeGroup) -> MachineImage:
         )
     root = next((m for m in image.block_device_mappings if m.device_name == image.root_device_name), None)
     root_gb = int((root.ebs or {}).get("volume_size") or 0) if root else 0
-    return MachineImage(image_id=image_id, root_device_name=image.root_device_name, root_snapshot_gb=root_gb)
+    return MachineImage(
+        image_id=image_id,
+        root_device_name=image.root_device_name,
+        root_snapshot_gb=root_gb,
+        host_tools=(image.tags or {}).get(host_image.CONTENTS_TAG),
+    )
+
+
+def image_problems(settings: Settings, index: int, group: NodeGroup, image: MachineImage) -> Iterator[str]:
+    """A closed network cannot install at boot: the image must carry (by its tag) what hosts run.
+
+    Caught here, before the group exists: a host that boots without them stops at its preflight,
+    and the group would launch another in its place until ``pulumi up`` gave up.
+    """
+    if settings.network.egress != "endpoints":
+        return
+    missing = host_image.missing_from(image.host_tools, host_tools(settings, group))
+    if missing:
+        carried = "a stock image (no frontier:host-tools tag)" if image.host_tools is None else "an image"
+        yield (
+            f"node_groups[{index}].ami_id = {image.image_id!r}: {carried} without {', '.join(missing)}; "
+            f"network.egress = 'endpoints' reaches no package mirror at boot: bake one with "
+            f"`{host_image.bake_command(settings.stack, group.name)}` and pin it here"
+        )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from frontier_hostside.names import (
 )
 
 from frontier.access.gateway import render_gateway_config
+from frontier.config import host_image as image
 from frontier.config.hardware import has_nvswitch, instance_store
 from frontier.config.schema import NodeGroup, Settings
 from frontier.errors import FrontierError
@@ -317,6 +318,64 @@ def render_gateway_cloud_init(settings: Settings, *, history_bucket: str, histor
     )
 
 
+def host_tools(settings: Settings, group: NodeGroup) -> tuple[image.HostTool, ...]:
+    """What a host of ``group`` runs and its image must therefore carry."""
+    return image.needs(group, multi_node=replica_nodes(settings, group) > 1)
+
+
+def render_preflight(
+    settings: Settings,
+    group: NodeGroup,
+    *,
+    tools_uri: str = "",
+    strict: bool = False,
+    advice: str = "",
+    stop: str = "exit 1",
+) -> str:
+    """The bootstrap's first step: every tool the host runs is on its image, or one line says why not.
+
+    With ``network.egress: endpoints`` nothing can be installed at boot, so a missing tool stops the
+    boot at once, naming each tool and the bake command, in the bootstrap log and on the console
+    (``aws ec2 get-console-output``). With ``internet`` the bootstrap goes on and installs what it
+    can, as on a bare Ubuntu image. ``strict`` stops on a missing tool whatever the egress: the bake
+    checking its own result, in a script that defines the checks' helpers itself.
+    """
+    return render_template(
+        "host-preflight.sh.j2",
+        tools=host_tools(settings, group),
+        aws_cli_min=image.AWS_CLI_MIN,
+        closed=strict or settings.network.egress == "endpoints",
+        advice=advice
+        or (
+            "network.egress is endpoints, so no package mirror is reachable: bake an image with "
+            f"'{image.bake_command(settings.stack, group.name)}' and pin it in node_groups[{group.name}].ami_id"
+        ),
+        tools_uri=tools_uri,
+        stop=stop,
+        define_checks=not strict,
+    )
+
+
+def render_bake_script(settings: Settings, group: NodeGroup, source_image: str) -> str:
+    """The builder instance's user data for ``fab ami.bake``: install, check as a host would, power off."""
+    tools = host_tools(settings, group)
+    return render_template(
+        "bake-host-image.sh.j2",
+        stack=settings.stack,
+        group=group,
+        source_image=source_image,
+        tools=tools,
+        contents=image.contents_value(tools),
+        aws_cli_min=image.AWS_CLI_MIN,
+        driver_branch=settings.drivers.driver_branch,
+        toolkit_version=settings.drivers.container_toolkit_version,
+        needs_nvidia_repositories=group.accelerator == "gpu",
+        preflight=render_preflight(
+            settings, group, strict=True, advice="installed, yet not usable", stop='fail "preflight"'
+        ),
+    )
+
+
 def render_cloud_init(
     settings: Settings,
     group: NodeGroup | str,
@@ -333,16 +392,18 @@ def render_cloud_init(
     node_group = _group(settings, group)
     prefix = history_prefix or f"history/{settings.stack}/"
     registry = settings.runtime.image_repository.split("/", 1)[0]
+    tools_uri = f"s3://{history_bucket}/{prefix}{names.HOST_TOOLS_PREFIX}{node_group.name}/"
     return render_template(
         "cloud-init.yaml.j2",
         stack=settings.stack,
         group=node_group,
         node_env=node_env(settings, node_group, history_bucket=history_bucket, history_prefix=prefix),
-        tools_uri=f"s3://{history_bucket}/{prefix}{names.HOST_TOOLS_PREFIX}{node_group.name}/",
+        tools_uri=tools_uri,
         host_root=HOST_ROOT,
         gpu=node_group.accelerator == "gpu",
         ecr_registry=registry if ".dkr.ecr." in registry else None,
         publish_interval_s=PUBLISH_INTERVAL_S,
         launch_timeout_s=launch_timeout_s,
         replica=replica_boot(settings, node_group),
+        preflight=render_preflight(settings, node_group, tools_uri=tools_uri),
     )

@@ -21,6 +21,16 @@ ROOT_SNAPSHOT_GB = 75
 ROOT_DEVICE = "/dev/sda1"
 
 
+# The images the stacks pin are the account's own, baked by `fab ami.bake`: their tag says what they
+# carry (frontier.config.host_image; a test holds this equal to what the bake installs). Any image an SSM
+# parameter publishes, or one a test names in ``stock_images``, is a stock image with no such tag.
+HOST_TOOLS_TAG = "frontier:host-tools"
+BAKED_TOOLS = (
+    "amazon-cloudwatch-agent,amazon-ecr-credential-helper,aws-cli-v2,dcgm,docker,efa,haproxy,"
+    "nvidia-container-toolkit,nvidia-driver"
+)
+
+
 def fake_ami(parameter: str) -> str:
     return "ami-" + hashlib.sha256(parameter.encode()).hexdigest()[:17]
 
@@ -28,13 +38,21 @@ def fake_ami(parameter: str) -> str:
 class CloudMocks(pulumi.runtime.Mocks):
     """AWS as the program sees it: one account, a region with six AZs, the published AMIs."""
 
-    def __init__(self, region: str, *, zones: int = 6, root_snapshot_gb: int = ROOT_SNAPSHOT_GB) -> None:
+    def __init__(
+        self,
+        region: str,
+        *,
+        zones: int = 6,
+        root_snapshot_gb: int = ROOT_SNAPSHOT_GB,
+        stock_images: tuple[str, ...] = (),
+    ) -> None:
         self.region = region
         self.zones = [f"{region}{letter}" for letter in ZONE_LETTERS[:zones]]
         self.root_snapshot_gb = root_snapshot_gb
         self.invokes: list[tuple[str, dict[str, Any]]] = []
         self.images: dict[str, str] = {}
         self.arm_images: set[str] = set()
+        self.stock_images = set(stock_images)
 
     # --- invokes ----------------------------------------------------------------------------------
 
@@ -102,6 +120,9 @@ class CloudMocks(pulumi.runtime.Mocks):
             # A pinned AMI of the stack file, or one the SSM parameter named.
             "architecture": self.images.get(image, "arm64" if image in self.arm_images else "x86_64"),
             "rootDeviceName": ROOT_DEVICE,
+            "tags": {}
+            if image in self.images or image in self.stock_images
+            else {HOST_TOOLS_TAG: BAKED_TOOLS},
             "blockDeviceMappings": [
                 {
                     "deviceName": ROOT_DEVICE,

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from cloud_mocks import ACCOUNT_ID, ELB_ACCOUNTS, ROOT_DEVICE, CloudMocks
 from pulumi.runtime.mocks import MockMonitor, MockResourceArgs
 from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.stack import run_pulumi_func
@@ -30,6 +29,7 @@ from frontier.config.schema import Settings
 from frontier.targets import load_stack
 from infra.outputs import StackOutputs, as_dict
 from infra.program import build
+from tests.infra.cloud_mocks import ACCOUNT_ID, ELB_ACCOUNTS, ROOT_DEVICE, CloudMocks
 
 MAIN = Path(__file__).resolve().parents[2] / "infra" / "__main__.py"
 CLOUD_STACKS = ("dev", "staging", "prod")

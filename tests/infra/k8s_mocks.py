@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextvars
 import runpy
 
-from cloud_mocks import CA_DATA, EKS_ENDPOINT, OIDC_ISSUER, EksCloudMocks
 from infra_mocks import MAIN, Graph, _Recorder, _run
 
 from frontier.config.schema import Settings
 from infra.program import build
+from tests.infra.cloud_mocks import CA_DATA, EKS_ENDPOINT, OIDC_ISSUER, EksCloudMocks
 
 
 class EksMocks(_Recorder, EksCloudMocks):

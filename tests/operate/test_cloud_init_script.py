@@ -1,7 +1,7 @@
 """The bootstrap script cloud-init installs, run for real in a private mount namespace.
 
-The script is rendered from ``templates/cloud-init.yaml.j2`` for the prod stack (a p5 on the Deep
-Learning AMI) and runs with bash as on a host, writing its log under /var/log and the host tools
+The script is rendered from ``templates/cloud-init.yaml.j2`` for the prod stack (a p5 on the image
+``fab ami.bake`` makes from the Deep Learning AMI) and runs with bash as on a host, writing its log under /var/log and the host tools
 under /opt/frontier: both are fresh tmpfs mounts in a mount namespace of its own (``unshare -m``),
 so nothing of this machine is touched. The rendered cache and driver scripts it runs are the real
 ones (their files go under FRONTIER_CACHE_ROOT / FRONTIER_DRIVERS_ROOT); the tools they and the
@@ -13,6 +13,7 @@ itself runs for real in test_bootstrap.py.
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,10 @@ DRIVER = "570.172.08"
 
 SHIMS = {
     # `aws s3 cp --quiet --recursive s3://BUCKET/PREFIX DEST`: a folder stands in for the bucket.
-    "aws": 'echo "aws $*" >> "$SHIM/log"; src="${@: -2:1}"; cp -r "$S3/${src#s3://}". "${@: -1}"',
+    "aws": (
+        '[ "$1" = --version ] && { echo "aws-cli/2.27.50 Python/3.13.4 Linux/6.8.0 exe/x86_64.ubuntu.24"; exit 0; }; '
+        'echo "aws $*" >> "$SHIM/log"; src="${@: -2:1}"; cp -r "$S3/${src#s3://}". "${@: -1}"'
+    ),
     "python3": 'echo "python3 $*" >> "$SHIM/log"; [ "$3" = boot ] && exit "${BOOT_RC:-0}"; exit 0',
     "systemctl": 'echo "systemctl $*" >> "$SHIM/log"; case "$1" in is-active) [ -f "$SHIM/active-${@: -1}" ];; esac',
     "apt-get": 'echo "apt-get $*" >> "$SHIM/log"',
@@ -40,6 +44,9 @@ SHIMS = {
     "dpkg": 'echo "dpkg $*" >> "$SHIM/log"',
     "docker": 'echo "docker $*" >> "$SHIM/log"',
     "docker-credential-ecr-login": "exit 0",
+    # what the bake adds to the Deep Learning AMI (frontier/config/host_image.py)
+    "haproxy": 'echo "haproxy $*" >> "$SHIM/log"',
+    "dcgmi": "exit 0",
     # the model cache: eight NVMe instance-store disks
     "lsblk": 'for i in 1 2 3 4 5 6 7 8; do echo "/dev/nvme${i}n1 Amazon EC2 NVMe Instance Storage"; done',
     "mdadm": 'echo "mdadm $*" >> "$SHIM/log"; [ "$1" = --assemble ] && exit 1; exit 0',
@@ -94,6 +101,14 @@ class Host:
         (self.shim / "gpus").write_text("8")
         (self.shim / "active-nvidia-fabricmanager").touch()
 
+    def stock(self) -> None:
+        """The Deep Learning AMI as AWS publishes it: no HAProxy, no ECR credential helper, no DCGM,
+        and the AWS CLI it ships is older than the rendezvous needs."""
+        for tool in ("haproxy", "docker-credential-ecr-login", "dcgmi"):
+            (self.bin / tool).unlink()
+        aws = (self.bin / "aws").read_text().replace("aws-cli/2.27.50", "aws-cli/2.15.30")
+        (self.bin / "aws").write_text(aws)
+
     def run(self, **env: str) -> subprocess.CompletedProcess:
         # /opt and /var/log are private tmpfs mounts; the CloudWatch agent "is installed" there.
         inner = (
@@ -106,7 +121,8 @@ class Host:
             f"bash {self.script}; rc=$?; cp /var/log/frontier-bootstrap.log {self.out}/; ls /opt/frontier/bin > {self.out}/bin; exit $rc"
         )
         environment = {
-            "PATH": f"{self.bin}:/usr/bin:/bin:/usr/sbin:/sbin",
+            # No sbin: this machine's own HAProxy (the local stack's balancer) must not stand in for the image's.
+            "PATH": f"{self.bin}:/usr/bin:/bin",
             "SHIM": str(self.shim),
             "S3": str(self.s3),
             "FRONTIER_CACHE_ROOT": str(self.root),
@@ -134,7 +150,7 @@ def host(tmp_path: Path) -> Host:
     return Host(tmp_path)
 
 
-def test_a_p5_on_the_deep_learning_ami_boots_in_order_and_installs_nothing(host):
+def test_a_p5_on_its_baked_image_boots_in_order_and_installs_nothing(host):
     done = host.run()
     assert done.returncode == 0, done.stderr + host.boot_log()
     log = host.log()
@@ -195,4 +211,27 @@ def test_an_image_with_containerd_but_no_docker_is_abandoned_not_given_a_second_
     done = host.run()
     assert done.returncode == 1
     assert not [line for line in host.log() if "docker.io" in line]  # never a second engine
-    assert any("abandon --reason containerd without docker" in line for line in host.log())
+    assert any("abandon --reason frontier: this image lacks docker;" in line for line in host.log())
+
+
+def test_the_stock_deep_learning_ami_stops_at_its_preflight_with_one_line_and_installs_nothing(host):
+    host.stock()
+    started = time.monotonic()
+    done = host.run()
+    took = time.monotonic() - started
+    assert done.returncode == 1
+    assert took < 60
+    [line] = [line for line in host.boot_log().splitlines() if line.startswith("frontier:")]
+    assert line == (
+        "frontier: this image lacks aws-cli-v2 haproxy amazon-ecr-credential-helper dcgm; network.egress is "
+        "endpoints, so no package mirror is reachable: bake an image with 'fab ami.bake -s prod --group h100' "
+        "and pin it in node_groups[h100].ami_id"
+    )
+    log = host.log()
+    assert not [
+        entry for entry in log if entry.startswith(("apt-get", "snap", "curl", "dpkg ", "mdadm", "nvidia"))
+    ]
+    # The launch is abandoned at once with that line (the AWS CLI could still fetch the tool that says so).
+    [abandon] = [entry for entry in log if "frontier-bootstrap.py abandon" in entry]
+    assert abandon.endswith(f"--reason {line}")
+    assert not [entry for entry in log if entry.endswith("frontier-bootstrap.py boot")]

@@ -16,7 +16,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 from moto.ssm.models import Parameter, ssm_backends
 
-from frontier.cli import ops
+from frontier.cli import ami, ops
 from frontier.config.hardware import ami_parameter
 from frontier.hosts.inventory import HostSpec
 from frontier.release.artifact import Artifact
@@ -214,9 +214,19 @@ def test_ami_latest_proposes_the_published_ami_against_the_pinned_one(prod):
     assert latest_amis(prod, ssm)[0].action() == "up to date"
 
 
-def test_fab_ami_latest_prints_the_line_to_change(prod, capsys):
+def test_fab_ami_latest_on_a_closed_network_proposes_baking_the_newest_stock_image(prod, capsys):
     publish_ami(ami_parameter(prod.serving_group), "ami-0fedcba9876543210")
-    ops.ami_latest(Context(), stack="prod")
+    ami.ami_latest(Context(), stack="prod")
+    out = capsys.readouterr().out
+    assert "fab ami.bake -s prod --group h100 --subnet SUBNET --source ami-0fedcba9876543210" in out
+    assert "->" not in out  # a stock image is the bake's source, never the pin
+
+
+def test_fab_ami_latest_where_hosts_reach_the_internet_prints_the_line_to_change(prod, capsys, monkeypatch):
+    opened = prod.model_copy(update={"network": prod.network.model_copy(update={"egress": "internet"})})
+    monkeypatch.setattr(ami, "settings_for", lambda _: opened)
+    publish_ami(ami_parameter(prod.serving_group), "ami-0fedcba9876543210")
+    ami.ami_latest(Context(), stack="prod")
     out = capsys.readouterr().out
     assert f"node_groups[0].ami_id: {prod.serving_group.ami_id} -> ami-0fedcba9876543210" in out
 
