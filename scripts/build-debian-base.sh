@@ -1,24 +1,40 @@
 #!/usr/bin/env bash
 # A base image for the CPU variant of runtime/Dockerfile, built from Debian's packages where no
-# registry can be pulled from: debootstrap's minbase of bookworm (python3.11, the same minor as the
-# runtime's venv on the hosts) imported into podman as localhost/frontier-debian-base:bookworm.
+# registry can be pulled from: debootstrap's minbase of bookworm imported into podman as
+# localhost/frontier-debian-base:bookworm, and a local apt repository beside it holding every package
+# the Dockerfile's stages install with apt (python3 3.11, the same minor as the runtime's venv on the
+# hosts; g++ for the first stage; the runtime stage's C compiler and Python headers).
 #
-#   scripts/build-debian-base.sh            # prints the image's name; builds it only when missing
-#   podman build --build-arg CUDA_IMAGE=localhost/frontier-debian-base:bookworm ...
+#   scripts/build-debian-base.sh            # prints the repository's folder, then the image's name
+#                                           # (last, as callers read it); builds them only when missing
+#   podman build --build-arg CUDA_IMAGE=localhost/frontier-debian-base:bookworm -v REPO:/debs:ro ...
 #
-# It carries everything both stages of the Dockerfile install with apt (python3, python3-venv,
-# ca-certificates, g++, passwd), so the image builds with no network: the Dockerfile installs only
-# what its base lacks. The CPU variant therefore keeps g++ in its runtime stage; the production
-# image's runtime stage (a CUDA runtime base) gets none.
+# The base carries python3 (the host boot rehearsal runs the bootstrap on it), python3-venv,
+# ca-certificates and passwd, and no compiler and no headers: what the runtime stage needs of those
+# it must install itself, as on a CUDA runtime base. Its apt reads one source, the repository
+# mounted at /debs, so each `apt-get install` of the Dockerfile runs for real with no network, and a
+# package the runtime stage does not name is not in the runtime image, whatever the first stage
+# installed.
 #
-# Built once per machine: the image is labelled with the sha256 of this recipe (this file and the
-# mirror), and a present image with the same label is reused. FORCE=1 rebuilds. Needs root,
-# debootstrap and podman (scripts/system-packages.sh installs them).
+# The packages are the ones named on the Dockerfile's `packages="..."` lines ($DOCKERFILE, default
+# runtime/Dockerfile beside this script), downloaded with their dependencies by the base's own apt
+# (so exactly what the base lacks), indexed with dpkg-deb.
+#
+# Built once per machine: the image is labelled with the sha256 of this recipe (this file, the
+# mirror and the package list), the repository lives in a folder named by it, and a present pair
+# with the same recipe is reused. FORCE=1 rebuilds. Needs root, debootstrap and podman
+# (scripts/system-packages.sh installs them).
 set -euo pipefail
 
 IMAGE=${FRONTIER_DEBIAN_BASE:-localhost/frontier-debian-base:bookworm}
 SUITE=bookworm
-PACKAGES=python3,python3-venv,ca-certificates,g++,passwd
+PACKAGES=python3,python3-venv,ca-certificates,passwd
+DOCKERFILE=${DOCKERFILE:-$(dirname "$0")/../runtime/Dockerfile}
+# Where a build mounts the repository (the base's only apt source).
+REPO_MOUNT=/debs
+# Every package the Dockerfile's apt steps may install, from its `packages="..."` lines.
+REPO_PACKAGES=$(grep -o 'packages="[^"]*"' "$DOCKERFILE" | sed 's/^packages="//; s/"$//' | tr ' ' '\n' | sort -u | tr '\n' ' ')
+[ -n "$REPO_PACKAGES" ] || { echo "no packages=\"...\" line in $DOCKERFILE" >&2; exit 1; }
 
 # The mirror apt is configured with here (deb822 first, then the one-line format): debootstrap
 # reaches exactly what apt-get reaches, nothing else.
@@ -33,10 +49,12 @@ default_mirror() {
 MIRROR=${DEBIAN_MIRROR:-$(default_mirror)}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 
-recipe=$( (cat "$0"; echo "$MIRROR") | sha256sum | cut -c1-16)
+recipe=$( (cat "$0"; echo "$MIRROR"; echo "$REPO_PACKAGES") | sha256sum | cut -c1-16)
+REPO=${FRONTIER_DEBIAN_REPO:-/var/tmp/frontier-debian-repo}/$recipe
 
-if [ "${FORCE:-0}" != 1 ] && podman image exists "$IMAGE" \
+if [ "${FORCE:-0}" != 1 ] && [ -f "$REPO/Packages" ] && podman image exists "$IMAGE" \
   && [ "$(podman image inspect --format '{{index .Labels "frontier.base.recipe"}}' "$IMAGE")" = "$recipe" ]; then
+  echo "$REPO"
   echo "$IMAGE"
   exit 0
 fi
@@ -51,6 +69,27 @@ trap 'rm -rf "$root"' EXIT
 echo "debootstrap --variant=minbase $SUITE from $MIRROR (+ $PACKAGES)" >&2
 debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$root" "$MIRROR" >&2
 
+# The repository: what the Dockerfile installs and the base lacks, resolved by the base's own apt
+# (from the mirror debootstrap used), then indexed as a flat repository.
+echo "apt-get install --download-only $REPO_PACKAGES" >&2
+chroot "$root" apt-get update -qq >&2
+chroot "$root" apt-get install -y -qq --download-only --no-install-recommends $REPO_PACKAGES >&2
+rm -rf "$REPO.partial"
+mkdir -p "$REPO.partial"
+mv "$root"/var/cache/apt/archives/*.deb "$REPO.partial"/
+(
+  cd "$REPO.partial"
+  for deb in *.deb; do
+    dpkg-deb --field "$deb"
+    echo "Filename: ./$deb"
+    echo "Size: $(stat -c %s "$deb")"
+    echo "SHA256: $(sha256sum "$deb" | cut -d' ' -f1)"
+    echo
+  done >Packages
+)
+rm -rf "$REPO"
+mv "$REPO.partial" "$REPO"
+
 # What an image never reads: the package downloads, apt's lists (the Dockerfile runs apt-get update
 # itself when it needs to), documentation, man pages and translations.
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/var/log/* \
@@ -64,6 +103,9 @@ path-exclude /usr/share/locale/*
 EOF
 printf 'APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n' \
   >"$root"/etc/apt/apt.conf.d/01-frontier-norecommends
+# The repository is apt's one source: a build without it mounted cannot install anything.
+echo "deb [trusted=yes] file:$REPO_MOUNT ./" >"$root"/etc/apt/sources.list
+rm -f "$root"/etc/apt/sources.list.d/*
 
 previous=$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 tar --numeric-owner --xattrs -C "$root" -c . \
@@ -72,4 +114,7 @@ tar --numeric-owner --xattrs -C "$root" -c . \
       --change 'CMD ["/bin/bash"]' - "$IMAGE" >&2
 # The base this one replaces, unless images built on it still need it (rmi refuses those).
 [ -z "$previous" ] || podman rmi "$previous" >/dev/null 2>&1 || true
+# Repositories of earlier recipes.
+find "$(dirname "$REPO")" -mindepth 1 -maxdepth 1 -type d ! -name "$recipe" -exec rm -rf {} + 2>/dev/null || true
+echo "$REPO"
 echo "$IMAGE"

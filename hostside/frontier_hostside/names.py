@@ -34,6 +34,21 @@ CACHE_MOUNT = "/var/cache/frontier"
 # Where a cloud host keeps verified weights (the mounted model-cache volume).
 CLOUD_WEIGHTS_CACHE = f"{CACHE_MOUNT}/weights"
 CONTAINER_RELEASE_DIR = "/etc/frontier/release"
+# Inside the runtime container, whose root is read-only (the unit's --read-only, the pod's
+# readOnlyRootFilesystem): where the compilers that run at first use keep what they build (Triton's
+# driver and launchers and its kernels, inductor's, CUDA's JIT of PTX, torch's NVRTC kernels). A
+# scratch mount of its own (the unit's --tmpfs, the pod's emptyDir) of JIT_CACHE_MIB, never noexec:
+# Triton and inductor load the shared objects they put there.
+JIT_CACHE_DIR = f"{CACHE_MOUNT}/jit"
+JIT_CACHE_MIB = 2048
+# What points each of them there (their defaults are under the read-only home, or /tmp, which the
+# unit's docker mounts noexec): the unit's --env and the pod's env, both rendered from this.
+JIT_CACHE_ENV = (
+    ("TRITON_CACHE_DIR", f"{JIT_CACHE_DIR}/triton"),
+    ("TORCHINDUCTOR_CACHE_DIR", f"{JIT_CACHE_DIR}/inductor"),
+    ("CUDA_CACHE_PATH", f"{JIT_CACHE_DIR}/cuda"),
+    ("PYTORCH_KERNEL_CACHE_PATH", f"{JIT_CACHE_DIR}/torch-kernels"),
+)
 # The block device name the launch template gives the model-cache volume (it shows up as an NVMe
 # device on Nitro instances; cloud-init finds it by size and EBS model, not by this name).
 CACHE_DEVICE_NAME = "/dev/sdf"

@@ -1,12 +1,16 @@
 """The runtime image: runtime/Dockerfile built with podman and run the way a GPU host's unit runs it.
 
 The CPU variant is the production Dockerfile on another base: a root file system from Debian's
-packages (scripts/build-debian-base.sh; no registry can be pulled from here), every wheel from a
-local wheelhouse that the host's pip fills (torch's CPU wheel lies on local disk), and the build
-runs with no network at all. The container runs with the flags of templates/frontier-runtime.service.j2:
-uid 10001, a read-only root, /tmp on a tmpfs, the release read-only, the weights cache bind-mounted
-writable; the runtime fetches the weights from S3 (moto's server on loopback, over the host network)
-into that cache, verifies them and serves.
+packages with no compiler and no headers, as a CUDA runtime image has none, and a local apt
+repository of what the Dockerfile installs (scripts/build-debian-base.sh; no registry can be pulled
+from here), every wheel from a local wheelhouse that the host's pip fills (torch's CPU wheel lies on
+local disk), and the build runs with no network at all. The container runs with the flags and mounts
+of the unit that templates/frontier-runtime.service.j2 renders, read out of its ExecStart (see
+_unit_run for the little that changes): uid 10001, a read-only root, /tmp and the JIT cache on
+tmpfs, the release read-only, the weights cache bind-mounted writable; the runtime fetches the
+weights from S3 (moto's server on loopback, over the host network) into that cache, verifies them
+and serves. Inside it, what Triton needs at first use on a GPU: a C compiler found as Triton finds
+one, Python.h, and a cache folder per variable that takes and loads what was built.
 
 The first run on a machine pays for the base and the image (see docs/runtime.md, "The image"); both
 stay in podman's store under tags derived from their content, so later runs only start containers.
@@ -19,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -34,7 +39,17 @@ from pathlib import Path
 import boto3
 import pytest
 import yaml
-from frontier_hostside.names import CLOUD_WEIGHTS_CACHE, CONTAINER_RELEASE_DIR, READINESS_PATH, RUNTIME_UID
+from frontier_hostside.names import (
+    CLOUD_WEIGHTS_CACHE,
+    CURRENT_LINK,
+    HOST_ROOT,
+    JIT_CACHE_DIR,
+    JIT_CACHE_ENV,
+    PLACEHOLDER_DIGEST,
+    READINESS_PATH,
+    RUNTIME_UID,
+    UNIT_NAME,
+)
 from frontier_runtime.config import parse_config
 from moto.server import ThreadedMotoServer
 
@@ -42,6 +57,7 @@ from frontier import project
 from frontier.release import weights
 from frontier.release.artifact import PODMAN_BUILD_FORMAT, build_image
 from frontier.render.boot import render_mount_cache
+from frontier.render.stack import render_stack
 from frontier.targets import load_stack
 
 # A cold run builds the base (~1.5 min) and the image (several minutes on two cores) inside the
@@ -61,6 +77,10 @@ PODMAN = ("podman", "--runtime", "runc", "--cgroup-manager=cgroupfs")
 # `podman run` flags this sandbox needs and a GPU host does not: raising rlimits above the current
 # ones is refused, and no CNI plugins are installed (the unit runs with --network host anyway).
 SANDBOX_RUN_FLAGS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000", "--network", "host")
+# The stack whose rendered unit the container runs with: local's serving group is CPU, so its unit
+# has every flag a GPU host's has but --gpus all, --ipc=host and the memlock and stack ulimits
+# (which need a GPU host, and raising rlimits is refused here).
+UNIT_STACK = "local"
 MODEL = "tiny-image"
 TINY_SHAPE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 128}
 BUCKET = "frontier-image-test"
@@ -117,12 +137,29 @@ def _wheelhouse() -> Path:
     return house
 
 
-def _debian_base() -> str:
-    """The local base image, built from Debian's packages the first time on this machine."""
-    result = subprocess.run(["bash", str(BASE_SCRIPT)], capture_output=True, text=True, timeout=900)
+@dataclass(frozen=True)
+class DebianBase:
+    image: str
+    # The local apt repository of every package the Dockerfile installs with apt: the base's only
+    # apt source, mounted into the build at /debs.
+    repository: Path
+
+
+def _debian_base() -> DebianBase:
+    """The local base image (no compiler, no headers: what the runtime stage needs of those it must
+    install, as on a CUDA runtime base) and its package repository, built from Debian's packages the
+    first time on this machine."""
+    result = subprocess.run(
+        ["bash", str(BASE_SCRIPT)],
+        env={**os.environ, "DOCKERFILE": str(CONTEXT / "Dockerfile")},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if result.returncode != 0:
         pytest.fail(f"{BASE_SCRIPT.name} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
-    return result.stdout.strip().splitlines()[-1]
+    repository, image = result.stdout.strip().splitlines()[-2:]
+    return DebianBase(image, Path(repository))
 
 
 def _ignored(rel: Path, patterns: list[str]) -> bool:
@@ -172,9 +209,11 @@ def image() -> Image:
     wheel set. An unchanged checkout finds it in podman's store and builds nothing."""
     wheelhouse = _wheelhouse()
     base = _debian_base()
-    base_id = _podman("image", "inspect", "--format", "{{.Id}}", base).stdout.strip()
-    build_args = {"CUDA_IMAGE": base, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/wheelhouse"}
-    content = json.dumps([_context_digest(), base_id, wheelhouse.name, build_args], sort_keys=True)
+    base_id = _podman("image", "inspect", "--format", "{{.Id}}", base.image).stdout.strip()
+    build_args = {"CUDA_IMAGE": base.image, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/wheelhouse"}
+    content = json.dumps(
+        [_context_digest(), base_id, base.repository.name, wheelhouse.name, build_args], sort_keys=True
+    )
     ref = f"{IMAGE_REPOSITORY}:cpu-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
     if _podman("image", "exists", ref, check=False).returncode == 0:
         return Image(ref)
@@ -184,6 +223,7 @@ def image() -> Image:
         "--build-context", f"hostside={HOSTSIDE}",
         *(arg for name, value in build_args.items() for arg in ("--build-arg", f"{name}={value}")),
         "--volume", f"{wheelhouse}:/wheelhouse:ro",
+        "--volume", f"{base.repository}:/debs:ro",
         "--tag", ref, str(CONTEXT),
         timeout=1500,
     )  # fmt: skip
@@ -319,23 +359,80 @@ class Container:
         return int(result.stdout.strip().splitlines()[-1])
 
 
+def _unit_exec_start() -> tuple[dict[str, str], list[str]]:
+    """The rendered unit's Environment= and its ExecStart as argv (continuation lines joined, split
+    as systemd splits them). Rendered for UNIT_STACK as `fab render` renders it."""
+    unit = render_stack(load_stack(UNIT_STACK), PLACEHOLDER_DIGEST)[f"release/{UNIT_NAME}"]
+    lines = unit.replace("\\\n", " ").splitlines()
+    environment = dict(
+        line.removeprefix("Environment=").split("=", 1) for line in lines if line.startswith("Environment=")
+    )
+    (exec_start,) = [line.removeprefix("ExecStart=") for line in lines if line.startswith("ExecStart=")]
+    return environment, shlex.split(exec_start)
+
+
+def _unit_run(name: str, image: Image, binds: dict[str, Path], extra_env: dict[str, str]) -> list[str]:
+    """The unit's `docker run` as this sandbox runs it. Every flag, mount and the command pass
+    through as rendered; what changes, and why:
+    - /usr/bin/docker becomes podman with this sandbox's global and run flags (PODMAN,
+      SANDBOX_RUN_FLAGS, the latter only where the unit does not already pass them);
+    - ${FRONTIER_IMAGE} is expanded from the unit's Environment= (systemd does it there) and then
+      names the image built here (the unit names a registry digest);
+    - --name gets this test's name, and --rm gives way to --detach (systemd keeps docker run in the
+      foreground and lets --rm clean up; a test reads the logs of a container that exited, then
+      removes it);
+    - each bind mount's source, a host path (the release's current link, the weights cache), is
+      this test's folder for it: one the test has no folder for fails;
+    - extra_env (moto's endpoint and keys: a host's instance profile gives real ones) goes before
+      the image."""
+    environment, argv = _unit_exec_start()
+    assert argv[:2] == ["/usr/bin/docker", "run"], argv[:2]
+    image_at = argv.index("${FRONTIER_IMAGE}")
+    assert environment["FRONTIER_IMAGE"].endswith(f"@{PLACEHOLDER_DIGEST}"), environment
+    flags, command = argv[2:image_at], argv[image_at + 1 :]
+    out: list[str] = []
+    i = 0
+    while i < len(flags):
+        flag = flags[i]
+        if flag == "--rm":
+            i += 1
+            continue
+        if flag == "--name":
+            out += ["--name", name]
+            i += 2
+            continue
+        if flag == "--mount" and "type=bind" in flags[i + 1]:
+            fields = dict(
+                field.split("=", 1) if "=" in field else (field, "") for field in flags[i + 1].split(",")
+            )
+            source = fields["source"]
+            if source not in binds:
+                pytest.fail(f"the unit bind-mounts {source}, for which this test has no folder")
+            fields["source"] = str(binds[source])
+            out += ["--mount", ",".join(f"{k}={v}" if v else k for k, v in fields.items())]
+            i += 2
+            continue
+        out.append(flag)
+        i += 1
+    sandbox = list(SANDBOX_RUN_FLAGS)
+    if "--network" in out:  # the unit's own --network host
+        at = sandbox.index("--network")
+        del sandbox[at : at + 2]
+    env = [arg for key, value in extra_env.items() for arg in ("--env", f"{key}={value}")]
+    return ["run", "--detach", *sandbox, *out, *env, image.ref, *command]
+
+
 def _start(image: Image, weights_: Weights, root: Path, cache: Path, name: str) -> Container:
     port = _free_port()
     release = _release(root, weights_, port)
-    _podman(
-        "run", "--detach", "--name", name, *SANDBOX_RUN_FLAGS,
-        "--user", f"{RUNTIME_UID}:{RUNTIME_UID}",
-        "--read-only",
-        "--tmpfs", "/tmp:rw,nosuid,nodev,size=64m",
-        "--mount", f"type=bind,source={release},target={CONTAINER_RELEASE_DIR},readonly",
-        "--mount", f"type=bind,source={cache},target={CLOUD_WEIGHTS_CACHE}",
-        "--env", f"AWS_ENDPOINT_URL={weights_.endpoint}",
-        "--env", "AWS_REGION=us-east-1", "--env", "AWS_DEFAULT_REGION=us-east-1",
+    binds = {f"{HOST_ROOT}/{CURRENT_LINK}": release, CLOUD_WEIGHTS_CACHE: cache}
+    moto = {
+        "AWS_ENDPOINT_URL": weights_.endpoint,
         # moto's server takes any key; a host's instance profile gives real ones.
-        "--env", "AWS_ACCESS_KEY_ID=testing", "--env", "AWS_SECRET_ACCESS_KEY=testing",
-        image.ref,
-        "python", "-m", "frontier_runtime", "serve", "--config", f"{CONTAINER_RELEASE_DIR}/runtime.yaml",
-    )  # fmt: skip
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }
+    _podman(*_unit_run(name, image, binds, moto))
     return Container(name, f"http://127.0.0.1:{port}", cache)
 
 
@@ -459,6 +556,201 @@ def test_the_health_check_of_the_image_is_the_runtime_probe_and_passes(
     assert check["Test"][-4:] == ["python", "-m", "frontier_runtime", "probe"]
     probe = _podman("exec", served.name, *check["Test"][1:], check=False)
     assert probe.returncode == 0, probe.stderr
+
+
+# --- what Triton and inductor need at first use, checked inside the served container -------------
+
+# Run in the container (`podman exec`, so with the unit's user, mounts and environment) and, for its
+# lookup alone, here against Triton's own code. Triton is not in the CPU image (the CPU torch wheel
+# does not depend on it; the CUDA one does), so the probe reproduces what Triton does at first use
+# (triton/runtime/build.py, 3.x): _find_compiler("c"), _build's command line and include folder, and
+# _compile_so's build in a temporary folder, put into the cache folder, loaded from there. Where
+# Triton is importable it uses Triton's own lookup instead, and says which it used.
+PROBE = r"""
+import errno, importlib.util, json, os, shutil, subprocess, sys, sysconfig, tempfile
+
+
+def find_c_compiler(environ, which):
+    # Triton's _find_compiler("c"): $CC as given, else gcc on PATH, else clang (None: Triton raises).
+    cc = environ.get("CC")
+    if cc is not None:
+        return cc
+    gcc, clang = which("gcc"), which("clang")
+    return gcc if gcc is not None else clang
+
+
+def python_include():
+    # _build's folder for Python.h: the default scheme's, posix_prefix for Debian's posix_local.
+    scheme = sysconfig.get_default_scheme()
+    if scheme == "posix_local":
+        scheme = "posix_prefix"
+    return sysconfig.get_paths(scheme=scheme)["include"]
+
+
+SOURCE = '''
+#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "NAME", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_NAME(void) { return PyModule_Create(&module); }
+'''
+
+
+def build_and_load(cc, folder, name):
+    # _compile_so: _build in a temporary folder (under TMPDIR), the bytes put into the cache folder
+    # (a temporary name, then renamed, as its cache manager does), the module loaded from there.
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, so = os.path.join(tmp, "main.c"), os.path.join(tmp, name + suffix)
+        with open(src, "w") as f:
+            f.write(SOURCE.replace("NAME", name))
+        command = [cc, src, "-O3", "-shared", "-fPIC", "-Wno-psabi", "-o", so, "-I" + tmp, "-I" + python_include()]
+        built = subprocess.run(command, capture_output=True, text=True)
+        if built.returncode != 0:
+            raise RuntimeError(built.stderr[-2000:])
+        with open(so, "rb") as f:
+            data = f.read()
+    os.makedirs(os.path.join(folder, name), exist_ok=True)
+    target = os.path.join(folder, name, name + suffix)
+    with open(target + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(target + ".tmp", target)
+    spec = importlib.util.spec_from_file_location(name, target)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.answer()
+
+
+def attempt(function, *args):
+    try:
+        return {"answer": function(*args)}
+    except Exception as exc:
+        return {"error": type(exc).__name__ + ": " + str(exc)}
+
+
+def mount_of(path):
+    # The mount holding path (the deepest mount point at or above it): point, type, options.
+    best = None
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _, point, kind, options = line.split()[:4]
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and (best is None or len(point) >= len(best[0])):
+                best = (point, kind, options.split(","))
+    return best
+
+
+def write(path):
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        return "written"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+
+
+def main(variables):
+    out = {}
+    try:
+        from triton.runtime.build import _find_compiler
+    except ImportError:
+        out["lookup"], cc = "reproduced", find_c_compiler(os.environ, shutil.which)
+    else:
+        out["lookup"], cc = "triton", _find_compiler("c")
+    out["cc"] = cc
+    out["include"], out["sysconfig_include"] = python_include(), sysconfig.get_paths()["include"]
+    out["python_h"] = os.path.isfile(os.path.join(out["include"], "Python.h"))
+    out["caches"] = {}
+    for i, variable in enumerate(variables):
+        folder = os.environ.get(variable)
+        built = attempt(build_and_load, cc, folder, "probe_cache_%d" % i)
+        out["caches"][variable] = {"path": folder, "mount": mount_of(folder), **built}
+    out["root"] = {path: write(path) for path in ("/usr/frontier-probe", os.path.expanduser("~/frontier-probe"))}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
+"""
+
+
+def _probe_functions() -> dict:
+    namespace: dict = {"__name__": "probe"}
+    exec(compile(PROBE, "probe", "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def jit_probe(served: Container) -> dict:
+    variables = json.dumps([name for name, _ in JIT_CACHE_ENV])
+    result = _podman("exec", served.name, "python", "-c", PROBE, variables, timeout=180, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_probes_compiler_lookup_is_tritons(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Pins the reproduction to Triton's own _find_compiler (this venv's Triton), for $CC set, gcc
+    and clang alone or together, cc (which Triton never looks for), and none."""
+    from triton.runtime import build
+
+    find_c_compiler = _probe_functions()["find_c_compiler"]
+    folders = []
+    for tools in [(), ("gcc",), ("clang",), ("gcc", "clang"), ("cc", "clang"), ("cc",)]:
+        folder = tmp_path / ("-".join(tools) or "none")
+        folder.mkdir()
+        for tool in tools:
+            (folder / tool).write_text("#!/bin/sh\n")
+            (folder / tool).chmod(0o755)
+        folders.append(folder)
+    cases = [({"CC": "/opt/cc/bin/my-cc"}, folders[3])] + [({}, folder) for folder in folders]
+    try:
+        for env, folder in cases:
+            monkeypatch.delenv("CC", raising=False)
+            for key, value in env.items():
+                monkeypatch.setenv(key, value)
+            monkeypatch.setenv("PATH", str(folder))
+            build._find_compiler.cache_clear()
+            try:
+                tritons = build._find_compiler("c")
+            except RuntimeError:  # Triton's "Failed to find C compiler"
+                tritons = None
+            assert find_c_compiler(os.environ, shutil.which) == tritons, (env, folder.name)
+    finally:
+        build._find_compiler.cache_clear()
+
+
+def test_a_c_compiler_is_found_the_way_triton_looks_for_one(jit_probe: dict) -> None:
+    # The CPU image has no Triton (see PROBE); a GPU image's Triton looks the same way.
+    assert jit_probe["lookup"] == "reproduced"
+    assert jit_probe["cc"] == "/usr/bin/gcc", jit_probe
+
+
+def test_python_h_is_where_sysconfig_puts_the_include_folder(jit_probe: dict) -> None:
+    assert jit_probe["include"] == jit_probe["sysconfig_include"]
+    assert jit_probe["python_h"], f"no Python.h in {jit_probe['include']}"
+
+
+def test_each_jit_cache_is_writable_and_loads_what_triton_builds_there(jit_probe: dict) -> None:
+    """For each variable, as Triton's driver does: built with the found compiler against Python.h,
+    put into the folder the variable names, loaded from there (which needs exec on that mount)."""
+    for variable, folder in JIT_CACHE_ENV:
+        cache = jit_probe["caches"][variable]
+        assert cache["path"] == folder and folder.startswith(f"{JIT_CACHE_DIR}/"), (variable, cache)
+        assert cache.get("answer") == 42, (variable, cache)
+
+
+def test_the_jit_caches_are_on_the_units_tmpfs_without_noexec(jit_probe: dict) -> None:
+    """Each folder lies on the unit's own tmpfs for them, nosuid and nodev but not noexec (docker's
+    --tmpfs adds noexec unless the flag says exec; test_render checks that the unit says it)."""
+    for variable, _ in JIT_CACHE_ENV:
+        point, kind, options = jit_probe["caches"][variable]["mount"]
+        assert (point, kind) == (JIT_CACHE_DIR, "tmpfs"), variable
+        assert {"rw", "nosuid", "nodev"} <= set(options) and "noexec" not in options, options
+
+
+def test_the_root_file_system_refuses_writes_with_erofs(jit_probe: dict) -> None:
+    """Under the unit's --read-only, /usr and the runtime's home (where ~/.triton and ~/.nv would
+    go) refuse a write."""
+    assert jit_probe["root"] == {"/usr/frontier-probe": "EROFS", "/var/lib/frontier/frontier-probe": "EROFS"}
 
 
 def test_a_root_owned_weights_cache_is_refused_with_eacces(

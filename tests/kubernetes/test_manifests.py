@@ -198,6 +198,60 @@ def test_the_pod_is_locked_down_with_memory_shm_and_a_weights_cache(eks_prod):
     assert volumes["weights-cache"]["emptyDir"]["sizeLimit"] == f"{eks_prod.kubernetes.weights_cache_gb}Gi"
 
 
+def _runtime_pod_templates(settings: Settings) -> list[tuple[str, dict]]:
+    """Every pod template that runs the runtime image: each pool's Deployment, or its
+    LeaderWorkerSet's leader and workers."""
+    templates = []
+    for pool in m.render_workload(settings, DIGEST).pools:
+        spec = pool.deployment.to_dict()["spec"]
+        if "template" in spec:
+            templates.append((pool.deployment.name, spec["template"]))
+        else:
+            lws = spec["leaderWorkerTemplate"]
+            templates += [(f"{pool.deployment.name} leader", lws["leaderTemplate"])]
+            templates += [(f"{pool.deployment.name} worker", lws["workerTemplate"])]
+    return templates
+
+
+def _mount_under(mounts: list[dict], path: str) -> dict | None:
+    """The mount that holds ``path`` (the deepest whose mountPath is it or a folder above it)."""
+    holding = [
+        x for x in mounts if path == x["mountPath"] or path.startswith(x["mountPath"].rstrip("/") + "/")
+    ]
+    return max(holding, key=lambda x: len(x["mountPath"]), default=None)
+
+
+@pytest.mark.parametrize("stack", ["eks-gateway", "eks-multinode", "eks-prod"])
+def test_every_jit_cache_is_a_writable_volume_under_a_read_only_root(stack):
+    """Triton, inductor and CUDA compile at first use and write where their variables say: each of
+    those folders is on a writable emptyDir in every runtime pod, whose root stays read-only."""
+    settings = load_stack(stack)
+    templates = _runtime_pod_templates(settings)
+    assert templates
+    for where, template in templates:
+        spec = template["spec"]
+        container = next(c for c in spec["containers"] if c["name"] == names.CONTAINER_NAME)
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True, where
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for variable, folder in names.JIT_CACHE_ENV:
+            assert env[variable] == folder, (where, variable)
+            mount = _mount_under(container["volumeMounts"], folder)
+            assert mount is not None, f"{where}: nothing mounted at {folder} ({variable})"
+            assert mount["mountPath"] == names.JIT_CACHE_DIR and not mount.get("readOnly", False), where
+            volume = volumes[mount["name"]]
+            assert set(volume) == {"name", "emptyDir"}, (where, volume)
+            assert volume["emptyDir"] == {"sizeLimit": f"{names.JIT_CACHE_MIB}Mi"}, where
+
+
+def test_the_jit_cache_lies_outside_every_other_mount(eks_prod):
+    """Its own volume: not under /tmp (the unit mounts that noexec on EC2) nor the weights cache
+    (which the weights' garbage collection owns)."""
+    container = _pod(eks_prod)["spec"]["containers"][0]
+    others = [x for x in container["volumeMounts"] if x["mountPath"] != names.JIT_CACHE_DIR]
+    assert _mount_under(others, names.JIT_CACHE_DIR) is None
+
+
 def test_one_replica_per_node_on_the_gpu_pool(eks_prod):
     spec = _pod(eks_prod)["spec"]
     term = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]

@@ -10,7 +10,14 @@ import sys
 import jinja2
 import pytest
 import yaml
-from frontier_hostside.names import PLACEHOLDER_DIGEST, RUNTIME_UID, UNIT_NAME
+from frontier_hostside.names import (
+    JIT_CACHE_DIR,
+    JIT_CACHE_ENV,
+    JIT_CACHE_MIB,
+    PLACEHOLDER_DIGEST,
+    RUNTIME_UID,
+    UNIT_NAME,
+)
 from frontier_runtime.config import RuntimeSettings, parse_config
 
 from frontier import project
@@ -216,6 +223,17 @@ def test_unit_mounts_the_release_read_only_and_references_secrets_by_id_only(pro
     assert "--config /etc/frontier/release/runtime.yaml" in unit
     assert "api-keys" not in unit
     assert "AWS_SECRET_ACCESS_KEY" not in unit
+
+
+def test_unit_gives_the_jit_caches_a_tmpfs_that_allows_exec(prod):
+    """docker's --tmpfs mounts noexec,nosuid,nodev and merges what the flag says over that, so /tmp
+    is noexec: Triton and inductor load the shared objects they build from their caches, which get a
+    tmpfs of their own that says exec (tests/e2e/test_runtime_image.py loads one from each)."""
+    unit = _unit(prod)
+    assert f"  --tmpfs {JIT_CACHE_DIR}:rw,exec,nosuid,nodev,size={JIT_CACHE_MIB}m \\\n" in unit
+    for name, folder in JIT_CACHE_ENV:
+        assert folder.startswith(f"{JIT_CACHE_DIR}/")
+        assert f"  --env {name}={folder} \\\n" in unit
 
 
 def test_unit_waits_longer_than_the_drain_before_killing(settings):

@@ -45,6 +45,9 @@ from frontier_hostside.names import (
     CONTAINER_NAME,
     CONTAINER_RELEASE_DIR,
     GPU_RESOURCE,
+    JIT_CACHE_DIR,
+    JIT_CACHE_ENV,
+    JIT_CACHE_MIB,
     K8S_CONFIG_HASH_ANNOTATION,
     K8S_RELEASE_ANNOTATION,
     K8S_TRACK_LABEL,
@@ -276,6 +279,8 @@ def pod_template(
             {"name": "AWS_REGION", "value": settings.region},
             {"name": "AWS_DEFAULT_REGION", "value": settings.region},
             {"name": "HOME", "value": HOME_DIR},
+            # What Triton, inductor and CUDA compile at first use: into the jit-cache volume.
+            *({"name": name, "value": value} for name, value in JIT_CACHE_ENV),
         ],
         "resources": resources,
         "startupProbe": http_probe(settings, health.readiness_path, startup_failure_threshold(settings)),
@@ -291,6 +296,7 @@ def pod_template(
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "home", "mountPath": HOME_DIR},
+            {"name": "jit-cache", "mountPath": JIT_CACHE_DIR},
         ],
     }
     spec: dict[str, Any] = {
@@ -332,6 +338,9 @@ def pod_template(
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{k.shm_gb}Gi"}},
             {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
             {"name": "home", "emptyDir": {"sizeLimit": "1Gi"}},
+            # Disk, not memory, and exec (the kubelet mounts emptyDirs so): Triton and inductor load
+            # the shared objects they build there.
+            {"name": "jit-cache", "emptyDir": {"sizeLimit": f"{JIT_CACHE_MIB}Mi"}},
         ],
     }
     template = {
