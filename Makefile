@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install system-packages test test-fast typecheck demo lint fmt bench clean
+.PHONY: install system-packages test test-quick test-fast typecheck demo lint fmt bench clean
 
 install: $(STAMP)
 
@@ -37,8 +37,11 @@ test-torch-ops: install
 typecheck: install
 	$(BIN)/mypy
 
-test-fast: install
-	$(BIN)/python -m pytest -q -m "not e2e and not slow"
+# The quick tier: no process, no server (tests/conftest.py marks `proc`), nothing slow; under 2 minutes.
+test-quick: install
+	$(BIN)/python -m pytest -q -m "not proc and not e2e and not slow" --durations=15
+
+test-fast: test-quick
 
 demo: system-packages install
 	$(BIN)/python -m frontier.demo

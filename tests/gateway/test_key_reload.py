@@ -4,7 +4,6 @@ from Secrets Manager (moto's server) every ``keys_reload_s``; a failed reload ke
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,9 +12,9 @@ import boto3
 import httpx
 import pytest
 from frontier_hostside import names
-from moto.server import ThreadedMotoServer
 
 from tests.gateway.harness import StandIn, digest, gateway_config, running_gateway, tenant
+from tests.moto_server import moto_server, reset
 
 TENANT_SECRET = "frontier/test/tenant-acme"
 RUNTIME_SECRET = "frontier/test/runtime-keys"
@@ -27,18 +26,13 @@ WITHIN_S = RELOAD_S + 10  # one interval, plus a busy machine's scheduling
 
 @pytest.fixture
 def secrets(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    # moto's backends live in this process, shared by every server: start from an empty account.
-    httpx.post(f"http://{host}:{port}/moto-api/reset").raise_for_status()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
-    client = boto3.client("secretsmanager")
-    client.create_secret(Name=TENANT_SECRET, SecretString=json.dumps({"sha256": [digest(OLD)]}))
-    client.create_secret(Name=RUNTIME_SECRET, SecretString=json.dumps({"keys": [RUNTIME_OLD]}))
-    yield client
-    server.stop()
+    with moto_server() as endpoint:
+        reset(endpoint)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        client = boto3.client("secretsmanager")
+        client.create_secret(Name=TENANT_SECRET, SecretString=json.dumps({"sha256": [digest(OLD)]}))
+        client.create_secret(Name=RUNTIME_SECRET, SecretString=json.dumps({"keys": [RUNTIME_OLD]}))
+        yield client
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ import boto3
 import pytest
 import yaml
 from botocore.exceptions import ClientError
-from moto.server import ThreadedMotoServer
 
 from frontier import project
 from frontier.config.schema import Settings
@@ -34,6 +33,7 @@ from frontier.release.release import Release
 from frontier.rollout.deploy import deploy
 from frontier.rollout.rolling import Event, Reporter, RolloutFailed, RolloutResult
 from frontier.targets import load_stack
+from tests.moto_server import moto_server
 
 DIGEST = "sha256:" + "e" * 64
 BUCKET = "frontier-local-history"  # the local stack's, so `fab status -s local` reads this one
@@ -45,13 +45,8 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ key, as the gateway does, and so move to the new key once it is published."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import subprocess
@@ -23,9 +22,9 @@ import pytest
 import yaml
 from frontier_hostside import names
 from frontier_runtime.server.auth import fingerprint_of
-from moto.server import ThreadedMotoServer
 
 from frontier.access.keys import Replica, RotationError, rotate, timing_problems
+from tests.moto_server import moto_server, reset
 
 SECRET = "frontier/test/rotated-keys"
 OLD = "sk-before-rotation-0123456789"
@@ -36,17 +35,12 @@ CLIENTS = 3
 
 @pytest.fixture
 def secrets(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    httpx.post(f"{endpoint}/moto-api/reset").raise_for_status()  # moto's backends are per process
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    client = boto3.client("secretsmanager")
-    client.create_secret(Name=SECRET, SecretString=json.dumps({"keys": [OLD]}))
-    yield client
-    server.stop()
+    with moto_server() as endpoint:
+        reset(endpoint)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        client = boto3.client("secretsmanager")
+        client.create_secret(Name=SECRET, SecretString=json.dumps({"keys": [OLD]}))
+        yield client
 
 
 def _free_port() -> int:

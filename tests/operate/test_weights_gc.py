@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import fcntl
 import json
-import logging
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -22,7 +21,6 @@ from frontier_runtime.config import parse_config
 from frontier_runtime.storage.weights import WeightsError as FetchError
 from frontier_runtime.storage.weights import cache_dir_for, fetch_weights
 from frontier_settings import to_yaml
-from moto.server import ThreadedMotoServer
 from pydantic import ValidationError
 
 from frontier.config.schema import Rollout
@@ -40,6 +38,7 @@ from frontier.release.weights import (
 )
 from frontier.render.host import render_agent_config
 from frontier.targets import load_stack
+from tests.moto_server import moto_server
 
 WEIGHTS = "frontier-test-weights"
 URI = f"s3://{WEIGHTS}/tiny"
@@ -49,12 +48,8 @@ ARTIFACT = Artifact("sha256:" + "c" * 64, "wheel", "frontier_runtime-0.1-py3-non
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ the runtime served by uvicorn on a real loopback socket (port 0)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,26 +10,21 @@ from typing import Any
 import pytest
 from frontier_runtime.server.serve import build_engine
 from frontier_runtime.server.text import TextCodec
-from moto.server import ThreadedMotoServer
 from server_harness import TINY_SHAPE, RunningServer, runtime_config, servers
+
+from tests.moto_server import moto_server, reset
 
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> str:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
 def aws_endpoint(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """Point every default boto3 client at moto's server through the standard environment."""
-    import urllib.request
-
-    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")).read()
+    reset(moto_endpoint)
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     return moto_endpoint
 
