@@ -104,7 +104,8 @@ async def _error(request: Request, exc: Exception) -> Response:
 
 
 def _gateway(request: Request) -> Gateway:
-    return request.app.state.gateway
+    gateway: Gateway = request.app.state.gateway
+    return gateway
 
 
 def _identify(gw: Gateway, request: Request) -> Tenant:
@@ -210,7 +211,8 @@ async def _generate(request: Request, path: str) -> Response:
         priority = names.BATCH if names.BATCH in (tenant.priority, asked) else names.INTERACTIVE
         body[names.PRIORITY_FIELD] = priority
         stream = bool(body.get("stream"))
-        options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+        asked_options = body.get("stream_options")
+        options: dict[str, Any] = asked_options if isinstance(asked_options, dict) else {}
         wants_usage = bool(options.get("include_usage"))
         if stream:
             # The runtime's usage chunk is the meter; asked for on the client's behalf, then dropped.

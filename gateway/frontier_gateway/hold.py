@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from frontier_hostside.names import PRIORITY_CLASSES
 
@@ -97,7 +98,9 @@ class HoldQueue:
                 watcher.cancel()
         return time.monotonic() - started
 
-    async def _one_turn(self, place: tuple[int, int], left: float, watcher: asyncio.Future | None) -> None:
+    async def _one_turn(
+        self, place: tuple[int, int], left: float, watcher: asyncio.Future[Any] | None
+    ) -> None:
         waiter = _Waiter(*place, asyncio.get_running_loop().create_future())
         heapq.heappush(self._heap, waiter)
         try:

@@ -5,13 +5,22 @@ Served on the admin port only: they name tenants, their volumes and the replicas
 from __future__ import annotations
 
 from frontier_hostside import names
-from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: F401
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from frontier_gateway.hold import POOL_LABEL, POOL_WAITING_METRIC
 from frontier_gateway.pools import Pools
+
+# The exposition format's media type, which the app's /metrics answers with.
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 

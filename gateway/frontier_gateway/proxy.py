@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from frontier_hostside import names
 from starlette.responses import Response, StreamingResponse
@@ -232,12 +232,12 @@ class Proxy:
         held: list[bytes],
         events: AsyncIterator[list[bytes]],
     ) -> AsyncIterator[bytes]:
-        usage: dict | None = None
+        usage: dict[str, Any] | None = None
         status = 200
         try:
             # The events that arrived together leave together: one write to the client, not one each.
-            batch = held
-            while True:
+            batch: list[bytes] | None = held
+            while batch is not None:
                 kept = []
                 for event in batch:
                     data = _event_json(event)
@@ -247,8 +247,6 @@ class Proxy:
                 if kept:
                     yield b"".join(kept)
                 batch = await anext(events, None)
-                if batch is None:
-                    break
         except UpstreamError as exc:
             # Bytes already reached the client: the request cannot move; say so in the stream.
             status = 502
@@ -276,7 +274,7 @@ class Proxy:
                 call.trace.end_upstream({200: 200, 502: 0}.get(status))
             self._finish(call, status, usage, replica.url)
 
-    def _finish(self, call: Call, status: int, usage: dict | None, replica: str) -> None:
+    def _finish(self, call: Call, status: int, usage: dict[str, Any] | None, replica: str) -> None:
         if call.finished:
             return
         call.finished = True
@@ -381,7 +379,7 @@ async def _until_first_data(events: AsyncIterator[list[bytes]]) -> list[bytes] |
     return None
 
 
-def _event_json(event: bytes) -> dict | None:
+def _event_json(event: bytes) -> dict[str, Any] | None:
     if not event.startswith(b"data:"):
         return None
     payload = event[5:].strip()
@@ -394,13 +392,13 @@ def _event_json(event: bytes) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _usage_in(data: dict | None) -> dict | None:
+def _usage_in(data: dict[str, Any] | None) -> dict[str, Any] | None:
     """The usage an event's parsed JSON (``_event_json``) reports, if any."""
     usage = data.get("usage") if data else None
     return usage if isinstance(usage, dict) else None
 
 
-def _keep(data: dict | None, client_wants_usage: bool) -> bool:
+def _keep(data: dict[str, Any] | None, client_wants_usage: bool) -> bool:
     """Drop the usage-only chunk the gateway asked for on the client's behalf (``data``: the
     event's parsed JSON)."""
     if client_wants_usage:
@@ -408,7 +406,7 @@ def _keep(data: dict | None, client_wants_usage: bool) -> bool:
     return not (data is not None and data.get("usage") and not data.get("choices"))
 
 
-def _usage_of(body: bytes | memoryview) -> dict | None:
+def _usage_of(body: bytes | memoryview) -> dict[str, Any] | None:
     try:
         data = json.loads(bytes(body))
     except ValueError:

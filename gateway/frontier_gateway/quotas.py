@@ -391,8 +391,10 @@ def authenticated_client(config: QuotaConfig, secrets: Any | None = None) -> Any
     import redis.asyncio
 
     url, password = store_connection(config, secrets)
-    timeouts = {"socket_timeout": config.timeout_s, "socket_connect_timeout": config.timeout_s}
-    probe = redis.Redis.from_url(url, password=password, **timeouts)
+    timeout = config.timeout_s
+    probe = redis.Redis.from_url(
+        url, password=password, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
     try:
         probe.ping()
     except (redis.AuthenticationError, redis.ResponseError) as exc:
@@ -406,7 +408,9 @@ def authenticated_client(config: QuotaConfig, secrets: Any | None = None) -> Any
         )
     finally:
         probe.close()
-    return redis.asyncio.Redis.from_url(url, password=password, **timeouts)
+    return redis.asyncio.Redis.from_url(
+        url, password=password, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
 
 
 def format_duration(seconds: float) -> str:
@@ -419,7 +423,7 @@ def format_duration(seconds: float) -> str:
     return f"{int(minutes)}m{round(rest, 3):g}s"
 
 
-def estimate_tokens(body: dict, default_max_tokens: int) -> int:
+def estimate_tokens(body: dict[str, Any], default_max_tokens: int) -> int:
     """Tokens counted up front: prompt characters / 4 (at least 1) plus the completion length asked for."""
     chars = 0
     prompt = body.get("prompt")

@@ -118,7 +118,7 @@ def upstream_key(client: Any | None, secret_id: str) -> str:
 
         client = boto3.client("secretsmanager")
     try:
-        text = client.get_secret_value(SecretId=secret_id)["SecretString"].strip()
+        text: str = client.get_secret_value(SecretId=secret_id)["SecretString"].strip()
     except Exception as exc:
         code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
         raise TenantKeyError(f"cannot read the runtimes' API key from secret {secret_id!r}: {code}") from None
