@@ -11,6 +11,9 @@ Standard library only, Python 3.8 and later (tests/unit/test_hostside.py checks 
     processes  pids, signals and whole-file records, for the agent and its keepers
     weights_cache  the cached weights versions no release names any more (the agent's prune)
     bootstrap  what a host does by itself: boot, publish, drain (a host runs it as frontier-bootstrap.py)
+    node_boot  the bootstrap's commands on a runtime host: boot, abandon, publish, watch, replica-env
+    gateway_boot  the bootstrap's command on a gateway host: publish-gateway
+    aws_cli    AWS through its CLI, as the bootstrap reaches it
     rendezvous a replica's slots over several nodes (the bootstrap's replica-env)
 
 A host runs the agent and the bootstrap as scripts from ``<root>/bin``. They import their names
@@ -35,6 +38,9 @@ IMPORTED_FILES = (
     "supervisor.py",
     "watchdog.py",
     "weights_cache.py",
+    "aws_cli.py",
+    "node_boot.py",
+    "gateway_boot.py",
     "rendezvous.py",
 )
 

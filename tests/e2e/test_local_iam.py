@@ -11,9 +11,10 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from fabric import Config, Connection
-from frontier_hostside import bootstrap
-from frontier_hostside.bootstrap import Aws, BootError, NodeConfig
+from frontier_hostside import node_boot
+from frontier_hostside.aws_cli import Aws, BootError
 from frontier_hostside.names import LOCAL_AWS_KEY_ID, LOCAL_AWS_SECRET
+from frontier_hostside.node_boot import NodeConfig
 
 from frontier.config.schema import Settings
 from frontier.release.artifact import Artifact, sha256_digest
@@ -183,11 +184,11 @@ def two_pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_a_second_pools_host_boots_its_pools_release_with_the_stacks_wheel(two_pools):
-    record = bootstrap.current_release(two_pools.aws, two_pools.config)
+    record = node_boot.current_release(two_pools.aws, two_pools.config)
     assert record is not None and record["release"] == two_pools.release.id
     incoming = Path(two_pools.config.root) / "incoming" / two_pools.release.id
-    manifest = bootstrap.fetch_release(two_pools.aws, two_pools.config, two_pools.release.id, incoming)
-    wheel = bootstrap.fetch_wheel(two_pools.aws, two_pools.config, manifest["artifact"], incoming.parent)
+    manifest = node_boot.fetch_release(two_pools.aws, two_pools.config, two_pools.release.id, incoming)
+    wheel = node_boot.fetch_wheel(two_pools.aws, two_pools.config, manifest["artifact"], incoming.parent)
     assert Path(wheel).read_bytes() == two_pools.wheel.read_bytes()
     two_pools.aws.put(two_pools.pool.bucket, f"{two_pools.pool.prefix}boots/host-3.json", b"{}")
 

@@ -150,6 +150,9 @@ def test_the_host_tools_are_uploaded_beside_the_history(graph):
             "frontier_hostside/supervisor.py",
             "frontier_hostside/watchdog.py",
             "frontier_hostside/weights_cache.py",
+            "frontier_hostside/aws_cli.py",  # the bootstrap's modules
+            "frontier_hostside/node_boot.py",
+            "frontier_hostside/gateway_boot.py",
             "frontier_hostside/rendezvous.py",  # the bootstrap's replica slots
             "frontier-agent.json",
             "install-nvidia.sh",

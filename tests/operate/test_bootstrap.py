@@ -28,9 +28,10 @@ from pathlib import Path
 import boto3
 import frontier_hostside
 import pytest
-from frontier_hostside import bootstrap
-from frontier_hostside.bootstrap import Aws, NodeConfig
+from frontier_hostside import bootstrap, node_boot
+from frontier_hostside.aws_cli import Aws
 from frontier_hostside.names import E2E_LATENCY_METRIC, RUNNING_METRIC, UNIT_NAME, WAITING_METRIC
+from frontier_hostside.node_boot import NodeConfig
 
 from frontier.hosts.boots import boot_records
 from frontier.release.artifact import Artifact
@@ -197,7 +198,7 @@ def boots(store: HistoryStore) -> list[dict]:
 def test_a_launching_host_serves_the_current_release_then_continues_its_launch_hook(cloud):
     config, store, release, port, _, instance_id = cloud
     aws = HookedAws(config.region, "Pending:Wait")
-    answer = bootstrap.boot(config, aws)
+    answer = node_boot.boot(config, aws)
     assert answer["ok"] is True, answer
     assert (answer["outcome"], answer["release"]) == ("continued", release.id)
     # Ready before the hook is completed: the host joins the target group serving.
@@ -206,7 +207,7 @@ def test_a_launching_host_serves_the_current_release_then_continues_its_launch_h
     assert aws.completed == [("frontier-local-asg", "frontier-launch", instance_id, "CONTINUE")]
     [record] = boots(store)
     assert (record["outcome"], record["release"], record["host"]) == ("continued", release.id, instance_id)
-    facts = bootstrap.agent(config, "status")
+    facts = node_boot.agent(config, "status")
     assert facts["current"] == release.id and facts["ready"] is True
     # The real CLI did the rest: the record listing, the release, the wheel, the boot record.
     assert ["s3api", "list-objects-v2"] in [call[:2] for call in aws.calls]
@@ -220,7 +221,7 @@ def test_a_release_altered_in_the_bucket_is_abandoned_with_the_reason(cloud):
         Body=b'{"mode": "serve"}\n',
     )
     aws = HookedAws(config.region, "Pending:Wait")
-    answer = bootstrap.boot(config, aws)
+    answer = node_boot.boot(config, aws)
     assert answer["ok"] is False and answer["outcome"] == "abandoned"
     assert "runtime.yaml has sha256" in answer["reason"] and "release.json says" in answer["reason"]
     assert [c[-1] for c in aws.completed] == ["ABANDON"]
@@ -236,7 +237,7 @@ def test_the_newest_good_record_wins_and_failed_ones_are_skipped(cloud):
     store.append(
         {"kind": "deploy", "started_at": iso(now()), "release": "r-000000000000", "outcome": "rolled_back"}
     )
-    record = bootstrap.current_release(Aws(config.region, command=AWS_CLI or "aws"), config)
+    record = node_boot.current_release(Aws(config.region, command=AWS_CLI or "aws"), config)
     assert record is not None and record["release"] == release.id == store.last_good()["release"]
 
 
@@ -269,9 +270,9 @@ def test_queue_depth_running_requests_and_latency_reach_cloudwatch(cloud):
     config = replace(config, metrics_url=f"http://127.0.0.1:{server.server_address[1]}/metrics")
     try:
         Metrics.body = exposition(7, 3, {"0.5": 2, "1.0": 5, "+Inf": 5})
-        first = bootstrap.publish(config, Aws(config.region, command=AWS_CLI or "aws"))
+        first = node_boot.publish(config, Aws(config.region, command=AWS_CLI or "aws"))
         Metrics.body = exposition(9, 4, {"0.5": 2, "1.0": 6, "+Inf": 8})
-        second = bootstrap.publish(config, Aws(config.region, command=AWS_CLI or "aws"))
+        second = node_boot.publish(config, Aws(config.region, command=AWS_CLI or "aws"))
     finally:
         server.shutdown()
     assert (first["queue_depth"], first["running"], first["latency_requests"]) == (7, 3, 5)
@@ -304,11 +305,11 @@ def test_restarts_are_published_as_the_count_since_the_last_publish(cloud, monke
     threading.Thread(target=server.serve_forever, daemon=True).start()
     config = replace(config, metrics_url=f"http://127.0.0.1:{server.server_address[1]}/metrics")
     counted = iter([1, 3, 3])  # what the agent's status reports at each publish
-    monkeypatch.setattr(bootstrap, "_restarts", lambda _config: next(counted))
+    monkeypatch.setattr(node_boot, "_restarts", lambda _config: next(counted))
     try:
         Metrics.body = exposition(0, 0, {"+Inf": 0})
         aws = Aws(config.region, command=AWS_CLI or "aws")
-        published = [bootstrap.publish(config, aws)["restarts"] for _ in range(3)]
+        published = [node_boot.publish(config, aws)["restarts"] for _ in range(3)]
     finally:
         server.shutdown()
     assert published == [0, 2, 0]
@@ -316,23 +317,23 @@ def test_restarts_are_published_as_the_count_since_the_last_publish(cloud, monke
 
 def test_latency_values_come_from_histogram_deltas_and_a_restart_starts_over():
     before = {0.5: 2.0, 1.0: 5.0, float("inf"): 5.0}
-    assert bootstrap.latency_values(before, {0.5: 3.0, 1.0: 7.0, float("inf"): 8.0}) == (
+    assert node_boot.latency_values(before, {0.5: 3.0, 1.0: 7.0, float("inf"): 8.0}) == (
         [500.0, 1000.0, 1000.0],
         [1.0, 1.0, 1.0],
     )
     # A restarted runtime's counters are lower: everything it counted is new.
-    assert bootstrap.latency_values(before, {0.5: 1.0, 1.0: 1.0, float("inf"): 1.0}) == ([500.0], [1.0])
+    assert node_boot.latency_values(before, {0.5: 1.0, 1.0: 1.0, float("inf"): 1.0}) == ([500.0], [1.0])
 
 
 def test_scale_in_drains_the_runtime_before_the_terminate_hook_continues(cloud):
     config, store, release, port, _, instance_id = cloud
-    assert bootstrap.boot(config, HookedAws(config.region, "Pending:Wait"))["ok"]
-    assert bootstrap.drain_if_terminating(config, HookedAws(config.region, "InService")) is None
+    assert node_boot.boot(config, HookedAws(config.region, "Pending:Wait"))["ok"]
+    assert node_boot.drain_if_terminating(config, HookedAws(config.region, "InService")) is None
     aws = HookedAws(config.region, "Terminating:Wait")
-    answer = bootstrap.drain_if_terminating(config, aws)
+    answer = node_boot.drain_if_terminating(config, aws)
     assert answer is not None and answer["reason"] == "drained"
     assert aws.completed == [("frontier-local-asg", "frontier-terminate", instance_id, "CONTINUE")]
-    assert bootstrap.agent(config, "facts")["running"] is False
+    assert node_boot.agent(config, "facts")["running"] is False
 
 
 def test_the_command_hosts_run_publishes_with_the_real_cli(cloud):

@@ -15,8 +15,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from frontier_hostside import bootstrap
-from frontier_hostside.bootstrap import Aws
+from frontier_hostside import node_boot
+from frontier_hostside.aws_cli import Aws
 from frontier_hostside.names import DEPLOYING_POINTER, UNIT_NAME
 from test_bootstrap import AWS_CLI, BUCKET, HookedAws, boots, cloud  # noqa: F401 - fixture
 
@@ -45,11 +45,11 @@ def test_a_host_launched_mid_deploy_boots_the_release_being_deployed(cloud):  # 
         # It lasts as long as the deploy's lock: a dead `fab` cannot pin hosts to its release.
         assert (pointer["release"], pointer["expires"]) == (rolling.id, lock.expires)
         aws = HookedAws(config.region, "Pending:Wait")
-        answer = bootstrap.boot(config, aws)
+        answer = node_boot.boot(config, aws)
     assert answer["ok"] is True, answer
     assert (answer["outcome"], answer["release"]) == ("continued", rolling.id)
     assert store.last_good()["release"] == current.id  # the history still says the old one is current
-    assert bootstrap.agent(config, "status")["current"] == rolling.id
+    assert node_boot.agent(config, "status")["current"] == rolling.id
     assert aws.completed == [("frontier-local-asg", "frontier-launch", instance_id, "CONTINUE")]
     [record] = boots(store)
     assert record["release"] == rolling.id
@@ -60,7 +60,7 @@ def test_after_a_failed_deploy_withdraws_its_release_hosts_boot_the_last_good_on
     rolling = second_release(store, current)
     name_the_release_being_rolled(store, rolling, "deploy")
     withdraw_the_release_being_rolled(store)
-    chosen = bootstrap.release_to_boot(Aws(config.region, command=AWS_CLI or "aws"), config)
+    chosen = node_boot.release_to_boot(Aws(config.region, command=AWS_CLI or "aws"), config)
     assert chosen is not None and chosen["release"] == current.id
 
 
@@ -70,9 +70,9 @@ def test_a_deploy_whose_lock_expired_no_longer_decides_what_hosts_boot(cloud):  
     with store.locked(f"deploy {rolling.id}", ttl_s=60):
         name_the_release_being_rolled(store, rolling, "deploy")
     aws = Aws(config.region, command=AWS_CLI or "aws")
-    assert bootstrap.deploying_release(aws, config)["release"] == rolling.id
+    assert node_boot.deploying_release(aws, config)["release"] == rolling.id
     # Two minutes on, the lock of that deploy would have expired: its pointer is ignored.
-    assert bootstrap.deploying_release(aws, config, now=time.time() + 120) is None
+    assert node_boot.deploying_release(aws, config, now=time.time() + 120) is None
 
 
 def test_a_pointer_that_names_no_release_is_ignored(cloud):  # noqa: F811
@@ -82,7 +82,7 @@ def test_a_pointer_that_names_no_release_is_ignored(cloud):  # noqa: F811
         Key=store.prefix + DEPLOYING_POINTER,
         Body=json.dumps({"release": "latest", "expires": "2999-01-01T00:00:00Z"}).encode(),
     )
-    chosen = bootstrap.release_to_boot(Aws(config.region, command=AWS_CLI or "aws"), config)
+    chosen = node_boot.release_to_boot(Aws(config.region, command=AWS_CLI or "aws"), config)
     assert chosen is not None and chosen["release"] == current.id
 
 
@@ -91,7 +91,7 @@ def test_a_host_with_no_release_continues_its_launch_hook_and_serves_nothing(clo
     for key in store._keys("records/"):
         store.s3.delete_object(Bucket=BUCKET, Key=store.prefix + key)
     aws = HookedAws(config.region, "Pending:Wait")
-    answer = bootstrap.boot(config, aws)
+    answer = node_boot.boot(config, aws)
     # CONTINUE, not ABANDON: abandoning would terminate it and launch another empty host.
     assert (answer["ok"], answer["outcome"]) == (True, "empty")
     assert aws.completed == [("frontier-local-asg", "frontier-launch", instance_id, "CONTINUE")]

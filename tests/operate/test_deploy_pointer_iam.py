@@ -9,8 +9,8 @@ hosts after it boot.
 from __future__ import annotations
 
 import pytest
-from frontier_hostside import bootstrap
-from frontier_hostside.bootstrap import BootError
+from frontier_hostside import node_boot
+from frontier_hostside.aws_cli import BootError
 from frontier_hostside.names import DEPLOYING_POINTER
 from test_iam_enforcement import account  # noqa: F401 - the fixture
 
@@ -21,10 +21,10 @@ pytestmark = pytest.mark.slow
 
 def test_the_deploy_role_names_the_release_being_rolled_and_the_host_role_reads_it(account):  # noqa: F811
     name_the_release_being_rolled(account.store, account.release, "deploy")
-    pointer = bootstrap.deploying_release(account.aws, account.config)
+    pointer = node_boot.deploying_release(account.aws, account.config)
     assert pointer is not None and pointer["release"] == account.release.id
     withdraw_the_release_being_rolled(account.store)
-    assert bootstrap.deploying_release(account.aws, account.config) is None
+    assert node_boot.deploying_release(account.aws, account.config) is None
 
 
 def test_the_host_role_cannot_name_a_release_for_the_hosts_after_it(account):  # noqa: F811

@@ -303,7 +303,7 @@ def test_the_publisher_puts_each_pools_held_requests_and_the_gateways_answers_in
 
 
 def test_counts_are_increases_since_the_last_publish_and_a_restarted_gateway_counts_from_zero():
-    from frontier_hostside.bootstrap import counted_since
+    from frontier_hostside.gateway_boot import counted_since
 
     assert counted_since({"200": 5.0, "503": 1.0}, {"200": 9.0, "503": 1.0, "500": 2.0}) == {
         "200": 4.0,
@@ -314,7 +314,8 @@ def test_counts_are_increases_since_the_last_publish_and_a_restarted_gateway_cou
 
 
 def test_a_pool_mapping_that_is_not_pool_equals_node_group_is_refused_naming_it(tmp_path):
-    from frontier_hostside.bootstrap import BootError, GatewayNodeConfig
+    from frontier_hostside.aws_cli import BootError
+    from frontier_hostside.gateway_boot import GatewayNodeConfig
 
     env = tmp_path / "gateway.env"
     lines = {

@@ -26,9 +26,10 @@ import boto3
 import pytest
 import yaml
 from botocore.exceptions import ClientError
-from frontier_hostside import bootstrap
-from frontier_hostside.bootstrap import Aws, BootError, NodeConfig
+from frontier_hostside import node_boot
+from frontier_hostside.aws_cli import Aws, BootError
 from frontier_hostside.names import RUNNING_METRIC, WAITING_METRIC
+from frontier_hostside.node_boot import NodeConfig
 from frontier_hostside.rendezvous import Rendezvous, slot_key
 
 from frontier import project
@@ -144,10 +145,10 @@ def account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_the_host_role_reads_the_current_release_and_records_its_boot(account):
-    record = bootstrap.current_release(account.aws, account.config)
+    record = node_boot.current_release(account.aws, account.config)
     assert record is not None and record["release"] == account.release.id
     incoming = Path(account.config.root) / "incoming" / account.release.id
-    manifest = bootstrap.fetch_release(account.aws, account.config, account.release.id, incoming)
+    manifest = node_boot.fetch_release(account.aws, account.config, account.release.id, incoming)
     assert manifest["id"] == account.release.id
     key = f"{account.store.prefix}boots/host-1.json"
     account.aws.put(account.store.bucket, key, b"{}")
@@ -205,7 +206,7 @@ def test_the_host_role_publishes_its_runtime_metrics(account):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     config = replace(account.config, metrics_url=f"http://127.0.0.1:{server.server_address[1]}/metrics")
     try:
-        published = bootstrap.publish(config, account.aws)
+        published = node_boot.publish(config, account.aws)
     finally:
         server.shutdown()
     assert (published["queue_depth"], published["running"]) == (2, 1)
@@ -216,7 +217,7 @@ def test_the_host_role_publishes_its_runtime_metrics(account):
 def test_without_s3_get_object_the_host_is_refused_its_release_naming_the_call(account):
     account.host_without("s3:GetObject")
     with pytest.raises(BootError) as refused:
-        bootstrap.current_release(account.aws, account.config)
+        node_boot.current_release(account.aws, account.config)
     # S3 names the call (GetObject, authorised as s3:GetObject) and the refusal, not the policy.
     assert "AccessDenied" in str(refused.value) and "GetObject operation" in str(refused.value)
 

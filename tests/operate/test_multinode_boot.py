@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from frontier_hostside.bootstrap import BootError, NodeConfig
+from frontier_hostside.aws_cli import BootError
 from frontier_hostside.names import (
     CONTAINER_RELEASE_DIR,
     LEADER_ADDRESS_ENV,
@@ -29,6 +29,7 @@ from frontier_hostside.names import (
     REPLICA_ENV_FILE,
     REPLICA_KEY_ENV,
 )
+from frontier_hostside.node_boot import NodeConfig
 from frontier_hostside.rendezvous import Claim, write_env
 
 from frontier.config.schema import Settings

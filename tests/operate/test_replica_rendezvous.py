@@ -17,13 +17,14 @@ from pathlib import Path
 
 import boto3
 import pytest
-from frontier_hostside.bootstrap import Aws, NodeConfig, replica_env
+from frontier_hostside.aws_cli import Aws
 from frontier_hostside.names import (
     LEADER_ADDRESS_ENV,
     NODE_RANK_ENV,
     REPLICA_KEY_ENV,
     RUNTIME_COMMAND_ENV,
 )
+from frontier_hostside.node_boot import NodeConfig, replica_env
 from frontier_hostside.rendezvous import Claim, Holder, Rendezvous, slot_key, write_env
 
 from frontier.render.boot import node_env
