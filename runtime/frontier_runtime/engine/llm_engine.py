@@ -27,7 +27,7 @@ from frontier_runtime.engine.sampler import Sampler
 from frontier_runtime.engine.scheduler import Scheduler, SchedulerOutput
 from frontier_runtime.engine.sequence import Sequence, Status
 from frontier_runtime.engine.tp_worker import TPWorkers
-from frontier_runtime.requests import RequestOutput, SamplingParams, TokenLogprob
+from frontier_runtime.requests import FinishReason, RequestOutput, SamplingParams, TokenLogprob
 from frontier_runtime.structured.decoding import PendingMasks, StructuredDecoder
 from frontier_runtime.tokenizer import Tokenizer
 
@@ -140,6 +140,7 @@ class LLMEngine:
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if params.structured is not None:
+            assert self.structured is not None  # validate_request refuses structured output without it
             self.structured.add(request_id, params.structured)  # a bad constraint raises ValueError
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.eos_token_ids
@@ -260,7 +261,7 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq.token_ids.append(token)
-        reason = None
+        reason: FinishReason | None = None
         stop_reason = None
         grammar = self.structured.accept(seq.request_id, token) if self.structured is not None else None
         if token in seq.stop_token_ids:

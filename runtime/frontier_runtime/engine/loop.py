@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from frontier_runtime.config import RuntimeConfig
 from frontier_runtime.engine.api import EngineDeadError, EngineStats
@@ -36,11 +37,15 @@ from frontier_runtime.tokenizer import Tokenizer
 
 log = logging.getLogger("frontier_runtime.engine.loop")
 
+T = TypeVar("T")
+# What a request's stream queue carries: its outputs, then the error that ended it, if one did.
+_Streamed = RequestOutput | BaseException
+
 
 class _AsyncSink:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.queue: asyncio.Queue[_Streamed] = asyncio.Queue()
 
 
 class _SyncSink:
@@ -56,7 +61,8 @@ class AsyncEngine:
         self.batch_window_s = engine.config.window_ms / 1000.0
         self.idle_poll_s = idle_poll_s
         self._cv = threading.Condition(threading.Lock())
-        self._inbox: deque[tuple] = deque()
+        # ("add", id, prompt, params), ("abort", id) and ("call", fn, future), for the loop thread.
+        self._inbox: deque[tuple[Any, ...]] = deque()
         self._sinks: dict[str, _AsyncSink | _SyncSink] = {}
         self._stats = engine.stats()
         self._stopping = False
@@ -64,7 +70,7 @@ class AsyncEngine:
         self.heartbeat = time.monotonic()
         engine.set_detokenize_inline(False)
         self._text = OutputProcessor(engine.tokenizer)  # the output thread's alone
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._output_thread = threading.Thread(
             target=self._run_outputs, name="frontier-engine-outputs", daemon=True
         )
@@ -159,9 +165,9 @@ class AsyncEngine:
                 self._inbox.append(("abort", request_id))
                 self._cv.notify()
 
-    def call(self, fn: Callable[[LLMEngine], object]) -> Future:
+    def call(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
         """Run ``fn(engine)`` on the loop thread between steps (for inspection in tests and tools)."""
-        fut: Future = Future()
+        fut: Future[T] = Future()
         with self._cv:
             if not self.is_running:
                 raise EngineDeadError(self._dead_reason())
@@ -297,7 +303,7 @@ class AsyncEngine:
         return processed.output
 
     def _hand_over(self, outputs: list[RequestOutput]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[_Streamed], RequestOutput]]] = {}
         with self._cv:
             for out in outputs:
                 sink = self._sinks.get(out.request_id)
@@ -350,6 +356,6 @@ class AsyncEngine:
             self._deliver_error(rid, EngineDeadError(self._dead_reason()))
 
 
-def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+def _deliver(items: list[tuple[asyncio.Queue[_Streamed], RequestOutput]]) -> None:
     for stream, out in items:
         stream.put_nowait(out)

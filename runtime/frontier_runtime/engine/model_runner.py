@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -42,6 +43,7 @@ from frontier_runtime.engine.config import EngineConfig, resolve_dtype
 from frontier_runtime.engine.sequence import Sequence
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.loader import load_model
+from frontier_runtime.models.llama.model import DecoderLayer
 from frontier_runtime.ops import cpu_kernel, panel_gemm, triton_fused
 from frontier_runtime.ops.attention import AttentionMetadata, select_backend
 
@@ -183,7 +185,8 @@ class CudaOps(DeviceOps):
         self, forward: Callable[[], torch.Tensor], pool: object
     ) -> tuple[Callable[[], object], torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        # ``pool`` is the handle this class's graph_pool() made.
+        with torch.cuda.graph(graph, pool=cast("torch.cuda._POOL_HANDLE", pool)):
             out = forward()
         return graph.replay, out
 
@@ -291,7 +294,8 @@ class ModelRunner:
         )
 
     def _set_fp8_scales(self) -> None:
-        for layer in self.model.layers:
+        for module in self.model.layers:
+            layer = cast(DecoderLayer, module)
             k_bound, v_bound = layer.self_attn.kv_bound(layer.input_layernorm.weight)
             layer.self_attn.k_scale = max(k_bound, 1e-6) / FP8_MAX
             layer.self_attn.v_scale = max(v_bound, 1e-6) / FP8_MAX
@@ -417,8 +421,8 @@ class ModelRunner:
             dtype=torch.int64,
         )
         packed = self.ops.to_device(host, dev)
-        ids, rows, computed, counts, logit_rows, updates = packed.split(
-            [t, s, s, s, n_logits, len(step.table_updates)]
+        ids, rows, computed, counts, logit_rows, updates = torch.split(
+            packed, [t, s, s, s, n_logits, len(step.table_updates)]
         )
         if step.table_updates:
             self._apply_table_updates(updates)
@@ -554,8 +558,8 @@ class ModelRunner:
             dtype=torch.int64,
         )
         packed = self.ops.to_device(host, self.device)
-        ids, rows, computed, logit_rows, updates = packed.split(
-            [s, s, s, len(step.logits_indices), len(step.table_updates)]
+        ids, rows, computed, logit_rows, updates = torch.split(
+            packed, [s, s, s, len(step.logits_indices), len(step.table_updates)]
         )
         if step.table_updates:
             self._apply_table_updates(updates)
@@ -608,16 +612,16 @@ class _DecodeGraph:
 
     @staticmethod
     def buffers(top: int, max_blocks: int, dev: torch.device) -> dict[str, torch.Tensor]:
-        i32 = dict(dtype=torch.int32, device=dev)
+        i32 = torch.int32
         return {
             "ids": torch.zeros(top, dtype=torch.long, device=dev),
             "positions": torch.zeros(top, dtype=torch.long, device=dev),
             "slots": torch.zeros(top, dtype=torch.long, device=dev),
-            "rows": torch.zeros(top, **i32),
-            "seq_lens": torch.ones(top, **i32),
-            "query_start": torch.arange(top + 1, **i32),
-            "cu_seq_k": torch.zeros(top + 1, **i32),
-            "step_tables": torch.zeros(top, max_blocks, **i32),
+            "rows": torch.zeros(top, dtype=i32, device=dev),
+            "seq_lens": torch.ones(top, dtype=i32, device=dev),
+            "query_start": torch.arange(top + 1, dtype=i32, device=dev),
+            "cu_seq_k": torch.zeros(top + 1, dtype=i32, device=dev),
+            "step_tables": torch.zeros(top, max_blocks, dtype=i32, device=dev),
         }
 
     def replay(

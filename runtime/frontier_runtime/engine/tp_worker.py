@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from typing import cast
 
 import torch
 from frontier_hostside import names
@@ -183,7 +184,7 @@ def mirror_steps(config: EngineConfig, rank: int, init_method: str, steps: Conne
     runner = ModelRunner(config, rank=rank, init_method=init_method)
     try:
         for step in receive_steps(steps):
-            runner.execute(step)
+            runner.execute(cast(StepInput, step))  # rank 0 sends StepInputs only
     finally:
         runner.shutdown()
 

@@ -160,7 +160,8 @@ class RequestContext:
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
+    headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
+    for key, value in headers:
         if key == name:
             return value.decode("latin-1")
     return None
@@ -195,7 +196,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def _state(request: Request) -> ServerState:
-    return request.app.state.server
+    state: ServerState = request.app.state.server
+    return state
 
 
 def _refuse_unless_serving(state: ServerState) -> None:

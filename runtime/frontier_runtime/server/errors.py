@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.responses import JSONResponse
 
 _TYPES = {
@@ -42,7 +44,7 @@ class APIError(Exception):
     def type(self) -> str:
         return _TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self, request_id: str | None = None) -> JSONResponse:

@@ -59,7 +59,9 @@ class CompletionFormat:
         }
         return self._envelope(self.chunk_object, [choice])
 
-    def response(self, text: str, logprobs: list[TokenLogprob] | None, finish_reason: str, use: dict) -> dict:
+    def response(
+        self, text: str, logprobs: list[TokenLogprob] | None, finish_reason: str, use: dict[str, Any]
+    ) -> dict[str, Any]:
         choice = {
             "index": 0,
             "text": text,
@@ -123,7 +125,9 @@ class ChatFormat(CompletionFormat):
         }
         return self._envelope(self.chunk_object, [choice])
 
-    def response(self, text: str, logprobs: list[TokenLogprob] | None, finish_reason: str, use: dict) -> dict:
+    def response(
+        self, text: str, logprobs: list[TokenLogprob] | None, finish_reason: str, use: dict[str, Any]
+    ) -> dict[str, Any]:
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},

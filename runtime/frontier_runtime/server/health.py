@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -33,12 +34,12 @@ class Health:
         age = self.heartbeat_age_s()
         return age is not None and age > self.stuck_after_s
 
-    def live(self) -> tuple[bool, dict]:
+    def live(self) -> tuple[bool, dict[str, Any]]:
         age = self.heartbeat_age_s()
         ok = not self.loop_stuck()
         return ok, {"status": "ok" if ok else "engine loop stuck", "heartbeat_age_s": _round(age)}
 
-    def ready(self) -> tuple[bool, dict]:
+    def ready(self) -> tuple[bool, dict[str, Any]]:
         reasons = []
         if not self.weights_loaded:
             reasons.append("weights not loaded")

@@ -362,9 +362,9 @@ def _validation_error(exc: ValidationError) -> APIError:
         )
     # Union branches show up in the location (``prompt.str``); keep only real field names and indices.
     loc = [str(p) for p in first["loc"] if isinstance(p, int) or not _looks_like_type(str(p))]
-    param = ".".join(loc) or None
+    where = ".".join(loc) or None
     extra = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    return invalid(f"{param or 'body'}: {first['msg']}{extra}", param)
+    return invalid(f"{where or 'body'}: {first['msg']}{extra}", where)
 
 
 def _looks_like_type(part: str) -> bool:

@@ -155,10 +155,11 @@ class RuntimeServer(uvicorn.Server):
         self.owns_engine = owns_engine
         self.exit_code = EXIT_OK
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._reload_keys = asyncio.Event()
         self._reloading: asyncio.Future[None] | None = None
-        self.started = time.monotonic()  # the "ready" phase counts from here
+        # The "ready" phase counts from here (uvicorn's own ``started`` says the sockets listen).
+        self.created = time.monotonic()
 
     # uvicorn calls this from its signal handler (main thread).
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -247,7 +248,7 @@ class RuntimeServer(uvicorn.Server):
             self.state.health.warmed_up = True
             record = phase_recorder(self.state)
             record("warmup", time.monotonic() - started)
-            record("ready", time.monotonic() - self.started)
+            record("ready", time.monotonic() - self.created)
             stats = loaded.engine.stats()
             log.info(
                 f"ready: attention backend {stats.attention_backend}, kernels {stats.kernels}",

@@ -12,7 +12,7 @@ soon as its grammar is complete. Requests without a constraint cost one dict loo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -101,11 +101,12 @@ class StructuredDecoder:
     def release(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
 
-    def start(self, samplers: list[_Sampling]) -> PendingMasks | None:
+    def start(self, samplers: Sequence[_Sampling]) -> PendingMasks | None:
         """Begin filling the masks of the constrained rows among ``samplers`` (logits order)."""
         if not self._matchers:
             return None
-        rows, matchers = [], []
+        rows: list[int] = []
+        matchers: list[tuple[llguidance.LLMatcher, int]] = []
         for row, seq in enumerate(samplers):
             matcher = self._matchers.get(seq.request_id)
             if matcher is not None:

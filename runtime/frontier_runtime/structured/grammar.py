@@ -21,13 +21,17 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import llguidance
 
 from frontier_runtime.requests import StructuredOutput
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # declared in the stub only
+
 # Applied before the schema's own "x-guidance" options.
-JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 MAX_CHOICES = 256
 MAX_SPEC_CHARS = 256 * 1024
 _REGEX_META = re.compile(r"([\\.+*?()|\[\]{}^$#&\-~])")
@@ -57,7 +61,9 @@ def _build(output: StructuredOutput) -> str:
         if not isinstance(schema, dict | bool):
             raise GrammarError(f"a JSON schema must be an object or a boolean, got {type(schema).__name__}")
         try:
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            # A boolean schema goes as its JSON text: llguidance reads both forms alike.
+            spec = schema if isinstance(schema, dict) else json.dumps(schema)
+            return llguidance.LLMatcher.grammar_from_json_schema(spec, defaults=JSON_OPTIONS)
         except ValueError as exc:
             raise GrammarError(f"the JSON schema cannot be compiled: {exc}") from None
     if output.kind == "regex":
