@@ -86,7 +86,8 @@ SINGLE = TPGroup()
 def free_tcp_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def init_group(rank: int, world_size: int, init_method: str, device: torch.device) -> TPGroup:

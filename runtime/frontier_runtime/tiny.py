@@ -16,6 +16,7 @@ import functools
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -208,7 +209,7 @@ def train_tokenizer_json(seed: int = 0, vocab_size: int = 4096) -> str:
     return tok.to_str()
 
 
-def _hf_config(shape: dict, bos: int, eos: list[int]) -> dict:
+def _hf_config(shape: dict[str, Any], bos: int, eos: list[int]) -> dict[str, Any]:
     heads = shape["num_heads"]
     rope = {"rope_type": "default", "rope_theta": shape["rope_theta"]}
     if shape["rope_scaling"]:
@@ -238,9 +239,9 @@ def _hf_config(shape: dict, bos: int, eos: list[int]) -> dict:
     }
 
 
-def _weights(shape: dict, seed: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+def _weights(shape: dict[str, Any], seed: int, device: str = "cpu") -> dict[str, torch.Tensor]:
     g = torch.Generator(device=device).manual_seed(seed)
-    std = shape["initializer_range"]
+    std: float = shape["initializer_range"]
     h, inter, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
     hd = h // shape["num_heads"]
     kv = shape["num_kv_heads"] * hd
@@ -295,7 +296,7 @@ def make_tiny_checkpoint(
     shards: int = 1,
     tokenizer_seed: int = 0,
     device: str = "cpu",
-    **shape: object,
+    **shape: Any,
 ) -> Path:
     """Write config.json, weights, tokenizer.json, tokenizer_config.json and generation_config.json.
 

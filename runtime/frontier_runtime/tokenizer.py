@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Template
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -56,8 +57,9 @@ class Tokenizer:
         self.eos_token = _token_text(cfg.get("eos_token"))
         self.bos_token_id = self.token_to_id(self.bos_token) if self.bos_token else gen.get("bos_token_id")
         eos_ids: list[int] = []
-        if self.eos_token and self.token_to_id(self.eos_token) is not None:
-            eos_ids.append(self.token_to_id(self.eos_token))
+        eos_id = self.token_to_id(self.eos_token) if self.eos_token else None
+        if eos_id is not None:
+            eos_ids.append(eos_id)
         gen_eos = gen.get("eos_token_id")
         for tid in gen_eos if isinstance(gen_eos, list) else ([] if gen_eos is None else [gen_eos]):
             if tid not in eos_ids:
@@ -79,7 +81,10 @@ class Tokenizer:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, template: Template | None = None
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        template: Template | None = None,
     ) -> str:
         """Render ``messages`` with ``template`` (``compile_chat_template``), by default the model's own."""
         if template is None:
@@ -95,7 +100,7 @@ class Tokenizer:
             eos_token=self.eos_token or "",
         )
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         return self.encode(
             self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
         )

@@ -15,6 +15,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 FORMAT = "frontier-weights/1"
 MANIFEST_NAME = "manifest.json"
@@ -39,7 +40,7 @@ class Manifest:
     files: tuple[ManifestEntry, ...]
     created_at: str = ""
     format: str = FORMAT
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         data = asdict(self)

@@ -61,9 +61,10 @@ def parse_keys(text: str, secret_id: str = "secret") -> tuple[str, ...]:
     return keys
 
 
-def _secret_text(response: dict, secret_id: str) -> str:
+def _secret_text(response: dict[str, Any], secret_id: str) -> str:
     if response.get("SecretString") is not None:
-        return response["SecretString"]
+        text: str = response["SecretString"]
+        return text
     binary = response.get("SecretBinary")
     if binary is None:
         raise SecretsError(f"secret {secret_id!r} has no value")

@@ -212,7 +212,7 @@ def _ensure_file(
     key_prefix: str,
     target: Path,
     entry: ManifestEntry,
-    marker: dict[str, dict],
+    marker: dict[str, dict[str, Any]],
     report: FetchReport,
     attempts: int,
 ) -> None:
@@ -240,7 +240,9 @@ def _ensure_file(
     )
 
 
-def _rehash_matches(path: Path, entry: ManifestEntry, marker: dict[str, dict], report: FetchReport) -> bool:
+def _rehash_matches(
+    path: Path, entry: ManifestEntry, marker: dict[str, dict[str, Any]], report: FetchReport
+) -> bool:
     """A cached file of the right size that lost its stamp: hash it; True (and stamped) if it matches."""
     if not (path.is_file() and path.stat().st_size == entry.size):
         return False
@@ -302,7 +304,9 @@ class _Source:
         return f"s3://{self.bucket}/{self.key(entry)}"
 
 
-def _reusable(target: Path, entry: ManifestEntry, marker: dict[str, dict], report: FetchReport) -> bool:
+def _reusable(
+    target: Path, entry: ManifestEntry, marker: dict[str, dict[str, Any]], report: FetchReport
+) -> bool:
     """True when the cached copy of ``entry`` is verified (by its stamp, or by hashing it now)."""
     path = target / entry.path
     if _trusted(path, entry, marker):
@@ -381,7 +385,7 @@ def _fetch_parallel(
     source: _Source,
     target: Path,
     entries: list[ManifestEntry],
-    marker: dict[str, dict],
+    marker: dict[str, dict[str, Any]],
     report: FetchReport,
     attempts: int,
     concurrency: int,
@@ -474,7 +478,7 @@ def _get_part(source: _Source, item: _Incoming, index: int) -> None:
         raise WeightsError(f"cannot download {source.uri(entry)}: {exc}") from exc
 
 
-def _trusted(path: Path, entry: ManifestEntry, marker: dict[str, dict]) -> bool:
+def _trusted(path: Path, entry: ManifestEntry, marker: dict[str, dict[str, Any]]) -> bool:
     """True when ``path`` is the very file verified earlier against this manifest entry."""
     stamp = marker.get(entry.path)
     if not stamp or stamp.get("sha256") != entry.sha256:
@@ -486,12 +490,12 @@ def _trusted(path: Path, entry: ManifestEntry, marker: dict[str, dict]) -> bool:
     return st.st_size == entry.size == stamp.get("size") and st.st_mtime_ns == stamp.get("mtime_ns")
 
 
-def _stamp(path: Path, sha256: str) -> dict:
+def _stamp(path: Path, sha256: str) -> dict[str, Any]:
     st = path.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
 
 
-def _read_marker(target: Path) -> dict[str, dict]:
+def _read_marker(target: Path) -> dict[str, dict[str, Any]]:
     try:
         data = json.loads((target / MARKER_NAME).read_text())
     except (OSError, ValueError):
@@ -500,7 +504,7 @@ def _read_marker(target: Path) -> dict[str, dict]:
     return {k: v for k, v in files.items() if isinstance(v, dict)} if isinstance(files, dict) else {}
 
 
-def _write_marker(target: Path, marker: dict[str, dict]) -> None:
+def _write_marker(target: Path, marker: dict[str, dict[str, Any]]) -> None:
     _write_atomically(target / MARKER_NAME, json.dumps({"files": marker}, indent=1, sort_keys=True).encode())
 
 
