@@ -153,4 +153,5 @@ class Foundation(pulumi.ComponentResource):
             replica_slots=any(
                 replica_nodes(self._args.settings, g) > 1 for g in self._args.settings.node_groups
             ),
+            metering_uri=gateway.metering.uri if (gateway := self._args.settings.gateway) else "",
         )

@@ -1,13 +1,14 @@
 """IAM: the runtime hosts' instance role and the role ``fab`` assumes to deploy.
 
-The runtime role can do exactly what a serving host needs: read its model's prefix of the weights
-bucket, read its API-keys secret, decrypt with the stack's key (only via S3 and Secrets Manager),
+The runtime role can do exactly what a serving host needs: read the objects under its model's
+prefix of the weights bucket (the manifest names every key: it never lists), read its API-keys secret, decrypt with the stack's key (only via S3 and Secrets Manager),
 pull the runtime image, write its own log groups, and put metrics in the ``Frontier/Runtime``
 namespace. When hosts are reached through Session Manager (no bastion), it also runs the SSM agent.
 
 The deploy role is for operators and CI running ``fab``: deploy history and locks, weights push,
 image push, draining targets in its own target group, reading the state of its node groups and alarms,
-and ``fab keys.rotate`` of its runtimes' API-keys secret. Rotation is the deploy role's right, not a
+refreshing its gateway's hosts, reading its gateway's metering records (``fab usage``) and
+``fab keys.rotate`` of its runtimes' API-keys secret. Rotation is the deploy role's right, not a
 separate operator role's: whoever can deploy can already ship a release that reads that secret on
 every host, so a role of its own would add a credential to guard without taking any power away.
 Neither role has a wildcard action on a data service.
@@ -17,9 +18,12 @@ local stack has (weights.push, release.build, deploy, status, history, keys.rota
 load, rollback, weights.gc, scale) as the ``fab`` command, signing with the deploy user's key against
 moto's server enforcing these documents, while the host slots run as the runtime role; then it
 evaluates every call moto allowed against the documents as AWS would, conditions included
-(``tools/iam-simulate``): none is denied. The EC2-only parts (auto scaling, target groups, Instance
-Connect, Session Manager, ECR) are not on the local stack; docs/demo.md ("IAM, enforced") lists
-the statements no recorded call needs, and why each stays.
+(``tools/iam-simulate``): none is denied. The EC2 paths the local stack never takes (auto scaling,
+target groups, Instance Connect, ECR, the AMI parameters, the metering bucket, a host's boot, logs,
+metrics and lifecycle actions) run in ``tests/e2e/test_ec2_actors.py`` with the prod stack's
+documents, each actor with its own key, against moto's server enforcing them, and are evaluated
+the same way. Every statement is needed by some recorded call; docs/demo.md ("IAM, enforced") has
+the table, and says which calls moto authorises but does not carry out.
 
 =================================================================  ===========================
 task                                                               principal
@@ -72,6 +76,15 @@ SSM_AGENT = [
     "ec2messages:GetMessages",
     "ec2messages:SendReply",
 ]
+# Peer-scanner exceptions (`make scan`, checkov) for one statement each, keyed by its Sid: the scan
+# lifts that statement into a policy of its own and skips only there. No reason may hold a "=".
+CHECKOV_EXCEPTIONS: dict[str, dict[str, str]] = {
+    "RunTheSessionManagerAgent": {
+        "CKV_AWS_111": "the Session Manager agent's own calls on *, as AWS's AmazonSSMManagedInstanceCore grants "
+        "them (its ssmmessages and ec2messages channels take no resource); only stacks whose hosts are reached "
+        "through Session Manager grant it",
+    },
+}
 # What a booting host reads under the history prefix: deploy records, releases (with a wheel's
 # artifact where a release runs from one), the host tools.
 BOOT_READS = ("artifacts", HOST_TOOLS_PREFIX.rstrip("/"), "records", "releases")
@@ -102,6 +115,9 @@ class IdentityArgs:
     pool_history_prefix: str = ""
     # A node group whose replica spans several nodes: its hosts claim slots under replicas/.
     replica_slots: bool = False
+    # Where the stack's gateway meters (gateway.metering.uri): `fab usage` reads it as the deploy
+    # role where it is an S3 location. "" without a gateway.
+    metering_uri: str = ""
 
 
 def _statement(
@@ -205,7 +221,6 @@ def runtime_policy(args: IdentityArgs, *, hosts: bool = False) -> dict[str, Any]
             ["s3:GetObject", "s3:GetObjectVersion"],
             _objects(args.weights_bucket_arn, args.weights_prefix),
         ),
-        _list_prefix("ListItsModelWeights", args.weights_bucket_arn, args.weights_prefix),
         _statement(
             "ReadItsApiKeys",
             ["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"],
@@ -295,6 +310,7 @@ def deploy_policy(args: IdentityArgs) -> dict[str, Any]:
                 "elasticloadbalancing:DescribeLoadBalancers",
                 "autoscaling:DescribeAutoScalingGroups",
                 "autoscaling:DescribeScalingActivities",
+                "autoscaling:DescribeInstanceRefreshes",
                 "ec2:DescribeInstances",
                 "cloudwatch:DescribeAlarms",
                 "cloudwatch:GetMetricData",
@@ -315,6 +331,13 @@ def deploy_policy(args: IdentityArgs) -> dict[str, Any]:
             cloud.arn("autoscaling", "autoScalingGroup:*"),
             own_stack,
         ),
+        # `fab gateway.roll`: an instance refresh of the gateway's group (of its own stack only).
+        _statement(
+            "RefreshItsGatewayHosts",
+            "autoscaling:StartInstanceRefresh",
+            cloud.arn("autoscaling", "autoScalingGroup:*"),
+            own_stack,
+        ),
         # `fab ami.latest`: the public parameters AWS publishes the AMI ids under.
         _statement(
             "ReadPublishedAmiIds",
@@ -322,6 +345,7 @@ def deploy_policy(args: IdentityArgs) -> dict[str, Any]:
             cloud.arn("ssm", "parameter/aws/service/*", account=False),
         ),
     ]
+    statements += usage_statements(args)
     # `fab` admits itself to a host with a key of its run, pushed by EC2 Instance Connect just before
     # it connects (frontier/targets/ec2/access.py), through Session Manager or the bastion alike.
     # Only instances of this stack, and only as its inventory.ssh_user where the stack names one.
@@ -356,6 +380,20 @@ def deploy_policy(args: IdentityArgs) -> dict[str, Any]:
             ),
         ]
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def usage_statements(args: IdentityArgs) -> list[dict[str, Any]]:
+    """`fab usage`: list and read the gateway's metering records under their S3 prefix (the prefix
+    the gateway's role writes under, infra/gateway.py); nothing where the stack meters elsewhere."""
+    if not args.metering_uri.startswith("s3://"):
+        return []
+    bucket, _, prefix = args.metering_uri.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/") or "metering"
+    bucket_arn = f"arn:{args.cloud.partition}:s3:::{bucket}"
+    return [
+        _statement("ReadItsUsage", "s3:GetObject", _objects(bucket_arn, prefix)),
+        _list_prefix("ListItsUsage", bucket_arn, prefix),
+    ]
 
 
 def trust(principal: dict[str, str], condition: dict | None = None) -> str:

@@ -30,7 +30,6 @@ POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
 POD_STATEMENTS = frozenset(
     {
         "ReadItsModelWeights",
-        "ListItsModelWeights",
         "ReadItsApiKeys",
         "DecryptWeightsAndSecret",
         "WriteItsLogs",
@@ -38,7 +37,8 @@ POD_STATEMENTS = frozenset(
     }
 )
 # Of the EC2 deploy policy, what `fab` does on Kubernetes too: history and locks, weights and image
-# pushes, `fab weights.gc` (no target groups or auto scaling groups to drive).
+# pushes, `fab weights.gc`, `fab usage` where the gateway meters to S3 (no target groups or auto
+# scaling groups to drive).
 DEPLOY_STATEMENTS = frozenset(
     {
         "ReadWriteDeployHistoryAndLocks",
@@ -49,6 +49,8 @@ DEPLOY_STATEMENTS = frozenset(
         "EncryptHistoryAndWeights",
         "PushRuntimeImages",
         "LogInToTheRegistry",
+        "ReadItsUsage",
+        "ListItsUsage",
     }
 )
 # Pod Identity trust: the agent assumes the role and tags the session with the pod's identity.

@@ -10,12 +10,17 @@ Calls AWS makes on the caller's behalf that moto never does are added: the cloud
 history buckets and the API-keys secret are encrypted with the stack's KMS key, so a GET of an
 object or a secret is also a ``kms:Decrypt`` and a PUT a ``kms:GenerateDataKey``, via that
 service (``kms:ViaService``), by the same principal.
+
+The same evaluation reads the EC2 stack's log (``tests/e2e/test_ec2_actors.py``): its documents,
+key and buckets are handed in (:class:`Account`); a statement is needed where a call of either log
+needs it (:func:`needed_across`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -29,6 +34,16 @@ from frontier.targets.local import iam
 
 TOOL = project.root() / "tools" / "iam-simulate"
 CHECKED_ACTORS = ("host", "deploy", "gateway")
+# Condition keys AWS documents that the simulator's data cannot type, each evaluated under a global
+# key of the same type (a string) in the documents and the calls alike: ec2:osuser, which EC2
+# Instance Connect's SendSSHPublicKey sets, is listed under ec2-instance-connect's keys, and the
+# simulator looks an ec2: key up among EC2's only ("Condition key ec2:osuser not found").
+SIMULATOR_KEYS = {"ec2:osuser": "aws:PrincipalTag/ec2-osuser"}
+# The parameters AWS publishes (the AMI ids) have ARNs without an account, which the simulator cannot
+# match to SSM's parameter type (its ${Account} takes one character or more): in the documents and
+# the calls alike, the empty account of an SSM parameter ARN reads "aws", so the two still match
+# exactly where they matched before and nowhere else.
+PUBLISHED_PARAMETER = re.compile(r"(arn:aws:ssm:[^:\"]*)::parameter/")
 
 
 @dataclass(frozen=True)
@@ -70,15 +85,31 @@ def _encrypted_buckets(settings: Settings) -> set[str]:
     }
 
 
-def implied(settings: Settings, call: Call) -> list[Call]:
+@dataclass(frozen=True)
+class Account:
+    """What a stack's evaluation needs besides its log: each actor's documents, the stack's KMS key
+    and the buckets that key encrypts."""
+
+    documents: dict[str, dict[str, dict[str, Any]]]
+    key_arn: str
+    encrypted_buckets: frozenset[str]
+
+
+def local_account(settings: Settings) -> Account:
+    """The local stack's: the documents ``local.up`` rendered, its key's ARN, its buckets."""
+    return Account(actor_documents(settings), iam._key_arn(settings), frozenset(_encrypted_buckets(settings)))
+
+
+def implied(settings: Settings, call: Call, account: Account | None = None) -> list[Call]:
     """The KMS calls AWS makes for ``call`` with the caller's permissions (see the module docstring)."""
+    account = account or local_account(settings)
     region = settings.region
-    key = iam._key_arn(settings)
+    key = account.key_arn
     kms_action = ""
     via = ""
     if call.action.startswith("s3:") and call.resource.startswith("arn:aws:s3:::"):
         bucket = call.resource.removeprefix("arn:aws:s3:::").split("/", 1)[0]
-        if bucket in _encrypted_buckets(settings) and "/" in call.resource.removeprefix("arn:aws:s3:::"):
+        if bucket in account.encrypted_buckets and "/" in call.resource.removeprefix("arn:aws:s3:::"):
             via = f"s3.{region}.amazonaws.com"
             if call.action in ("s3:GetObject", "s3:GetObjectVersion"):
                 kms_action = "kms:Decrypt"
@@ -92,7 +123,7 @@ def implied(settings: Settings, call: Call) -> list[Call]:
     return [Call(call.principal, kms_action, key, (("kms:ViaService", via),), f"{call.operation} (KMS)")]
 
 
-def calls_of(settings: Settings, log: Iterable[dict[str, Any]]) -> list[Call]:
+def calls_of(settings: Settings, log: Iterable[dict[str, Any]], account: Account | None = None) -> list[Call]:
     """The distinct calls of the checked actors in ``log``, with the KMS calls they imply."""
     principals = {principal_arn(settings, actor) for actor in CHECKED_ACTORS}
     seen: dict[Call, None] = {}
@@ -106,7 +137,7 @@ def calls_of(settings: Settings, log: Iterable[dict[str, Any]]) -> list[Call]:
             tuple(sorted(line.get("context", {}).items())),
             line.get("operation", ""),
         )
-        for one in (call, *implied(settings, call)):
+        for one in (call, *implied(settings, call, account)):
             seen.setdefault(one)
     return list(seen)
 
@@ -127,9 +158,13 @@ def simulate(
         "calls": [c.request() for c in calls],
         "resourcePolicies": resource_policies or {},
     }
+    text = json.dumps(payload)
+    for key, stand_in in SIMULATOR_KEYS.items():
+        text = text.replace(json.dumps(key), json.dumps(stand_in))
+    text = PUBLISHED_PARAMETER.sub(r"\1:aws:parameter/", text)
     done = subprocess.run(
         [node, str(TOOL / "simulate.mjs")],
-        input=json.dumps(payload),
+        input=text,
         capture_output=True,
         text=True,
         check=False,
@@ -184,10 +219,12 @@ class Evaluation:
         return [s for s, calls in self.needed_by.items() if not calls]
 
 
-def evaluate(settings: Settings, log: Iterable[dict[str, Any]]) -> Evaluation:
-    """The recorded calls against the unwidened documents, and against each with one statement out."""
-    documents = actor_documents(settings)
-    calls = calls_of(settings, log)
+def evaluate(settings: Settings, log: Iterable[dict[str, Any]], account: Account | None = None) -> Evaluation:
+    """The recorded calls against the unwidened documents, and against each with one statement out
+    (the local stack's documents unless ``account`` hands others in)."""
+    account = account or local_account(settings)
+    documents = account.documents
+    calls = calls_of(settings, log, account)
     sets = {"all": policy_set(settings, documents)}
     every = statements(documents)
     for index, statement in enumerate(every):
@@ -196,7 +233,7 @@ def evaluate(settings: Settings, log: Iterable[dict[str, Any]]) -> Evaluation:
     # IAM policies grant its use (without it, KMS refuses every identity policy's grant).
     from infra.secret_store import key_policy
 
-    keys = {iam._key_arn(settings): json.loads(key_policy(iam._cloud(settings)))}
+    keys = {account.key_arn: json.loads(key_policy(iam._cloud(settings)))}
     results = simulate(sets, calls, keys)
     baseline = results["all"]
     needed_by = {
@@ -208,3 +245,13 @@ def evaluate(settings: Settings, log: Iterable[dict[str, Any]]) -> Evaluation:
         for index, statement in enumerate(every)
     }
     return Evaluation(calls, baseline, needed_by)
+
+
+def needed_across(*evaluations: Evaluation) -> dict[tuple[str, str], list[Call]]:
+    """Per (actor, Sid): the calls of every evaluation denied once that statement alone is out. The
+    stacks name their documents apart (one per pool), their statements alike."""
+    needed: dict[tuple[str, str], list[Call]] = {}
+    for evaluation in evaluations:
+        for statement, calls in evaluation.needed_by.items():
+            needed.setdefault((statement.actor, statement.sid), []).extend(calls)
+    return needed

@@ -6,7 +6,10 @@ AWS makes on the caller's behalf; none may be denied. Taking each statement out 
 statements no recorded call needs (the report printed here, and kept in docs/infrastructure.md).
 
 The tests run in file order on one stack: push, build, deploy, status and history, rotate under load, deploy B and
-roll back, collect weights; the evaluation comes last and reads everything before it.
+roll back, collect weights; the evaluation comes last and reads everything before it. The mutation
+report also runs the EC2 stack's paths (``tests/e2e/ec2_actors.py``: auto scaling, target groups,
+Instance Connect, the AMI parameters, ECR, the gateway's refresh, metering in S3, a host's boot,
+logs, metrics and lifecycle action) and counts their calls with these.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from frontier.config.schema import Settings
 from frontier.targets import load_stack
 from frontier.targets.local import cluster as local
 from frontier.targets.local import iam, moto_calls, services
-from tests.e2e import iam_simulation
+from tests.e2e import ec2_actors, iam_simulation
 from tests.e2e.conftest import stack_variant
 from tests.e2e.stackcopy import write_local_stack
 
@@ -39,41 +42,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RELOAD_S = 5  # the runtimes read their key set this often: the shortest interval allowed
 OLD_WEIGHTS = "retired-1"  # a weights version no release names: weights.gc's to delete
 
-# Statements no recorded call of these tests needs, and why each stays. The mutation report must
-# come out as exactly this set: a statement that becomes needed, or one that stops being needed,
-# changes this table (and the report in docs/infrastructure.md) on purpose.
-EC2_BOOT = (
-    "an EC2 host's bootstrap; the local slots start from fab, tests/operate/test_iam_enforcement.py boots one"
-)
-UNEXERCISED = {
-    ("host", "CompleteItsLifecycleActions"): "auto scaling lifecycle hooks: EC2 only",
-    (
-        "host",
-        "ListItsModelWeights",
-    ): "unused: the runtime reads its manifest and the keys it names, never lists",
-    ("host", "PullTheRuntimeImage"): "ECR: the local stack runs the wheel, no image",
-    ("host", "LogInToTheRegistry"): "ECR: the local stack runs the wheel, no image",
-    ("host", "WriteItsLogs"): "CloudWatch Logs: the local slots log to files",
-    (
-        "host",
-        "PutRuntimeMetrics",
-    ): "the metrics publisher runs on EC2 hosts (test_iam_enforcement.py runs it)",
-    ("host", "ReadTheCurrentRelease"): EC2_BOOT,
-    ("host", "ListTheCurrentRelease"): EC2_BOOT,
-    ("host", "RecordItsBoot"): EC2_BOOT,
-    ("host", "EncryptItsBootRecord"): EC2_BOOT,
-    ("host", "SeeItsLifecycleState"): EC2_BOOT,
-    ("deploy", "PushRuntimeImages"): "image.push: ECR, no container registry on the local stack",
-    ("deploy", "LogInToTheRegistry"): "image.push: ECR, no container registry on the local stack",
-    ("deploy", "DrainAndEnableTargets"): "ALB target groups: the local balancer is HAProxy",
-    ("deploy", "SeeTheCluster"): "ALB, auto scaling, EC2 and alarm reads: EC2 stacks only",
-    ("deploy", "SurgeItsNodeGroups"): "scale, max_surge, scale-in protection: auto scaling groups, EC2 only",
-    ("deploy", "ReadPublishedAmiIds"): "ami.latest: AWS's public SSM parameters",
-    (
-        "deploy",
-        "PushItsSshKeyToItsInstances",
-    ): "EC2 Instance Connect: the local slots take the stack's own key",
-}
+# Statements no recorded call needs, with the reason each stays: the local stack's calls here and the
+# EC2 stack's (tests/e2e/test_ec2_actors.py, run again by the report) together. None today: every
+# statement of every actor is needed by some call. A statement that stops being needed fails the
+# report until it is removed or justified here (and in docs/demo.md's table).
+JUSTIFIED: dict[tuple[str, str], str] = {}
 
 
 @dataclass
@@ -283,15 +256,25 @@ def test_every_recorded_call_is_allowed_by_the_unwidened_documents(stack, evalua
     assert evaluation.denied == []
 
 
-def test_mutation_report_names_the_statements_no_recorded_call_needs(evaluation, capsys):
-    rows = [
-        (s.actor, s.policy, s.sid, len(calls), sorted({c.operation for c in calls})[:3])
-        for s, calls in evaluation.needed_by.items()
-    ]
+@pytest.fixture(scope="module")
+def ec2_evaluation(tmp_path_factory):
+    """The EC2 stack's paths, run as their actors against moto enforcing prod's documents."""
+    prod, log, _ = ec2_actors.exercise(tmp_path_factory.mktemp("ec2-actors"), ec2_actors.aws_cli())
+    return ec2_actors.evaluate(prod, log)
+
+
+def test_mutation_report_every_statement_is_needed_by_a_recorded_call(evaluation, ec2_evaluation, capsys):
+    assert ec2_evaluation.denied == []
+    needed = iam_simulation.needed_across(evaluation, ec2_evaluation)
+    local_calls = {(s.actor, s.sid): len(calls) for s, calls in evaluation.needed_by.items()}
+    ec2_calls = {(s.actor, s.sid): len(calls) for s, calls in ec2_evaluation.needed_by.items()}
     with capsys.disabled():
-        print("\n  statement taken out                           calls denied  e.g. / why it stays")
-        for actor, policy, sid, count, examples in rows:
-            why = ", ".join(examples) or UNEXERCISED.get((actor, sid), "NOT NEEDED BY ANY RECORDED CALL")
-            print(f"  {actor:7} {policy:22} {sid:32} {count:5}  {why}")
-    unneeded = {(s.actor, s.sid) for s in evaluation.unneeded()}
-    assert unneeded == set(UNEXERCISED), sorted(unneeded)
+        print("\n  statement taken out                        local  ec2  denied calls, e.g. / why it stays")
+        for (actor, sid), calls in needed.items():
+            why = ", ".join(sorted({c.operation for c in calls})[:3]) or JUSTIFIED.get(
+                (actor, sid), "NOT NEEDED BY ANY RECORDED CALL"
+            )
+            counts = f"{local_calls.get((actor, sid), '-'):>5} {ec2_calls.get((actor, sid), '-'):>4}"
+            print(f"  {actor:7} {sid:34} {counts}  {why}")
+    unneeded = {key for key, calls in needed.items() if not calls}
+    assert unneeded == set(JUSTIFIED), sorted(unneeded)

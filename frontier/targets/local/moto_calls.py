@@ -14,8 +14,13 @@ Condition as met and checks other services' calls as if their resource were ``*`
 (:mod:`frontier.targets.local.iam`). The log says what AWS would evaluate instead: the action by
 IAM's name (HeadBucket is ``s3:ListBucket``; a DELETE of a version is ``s3:DeleteObjectVersion``;
 DeleteObjects is one ``s3:DeleteObject`` per key), the resource's real ARN (the secret's, the auto
-scaling group's, the target group's, the log group's) and the request context keys the documents'
-conditions read (``s3:prefix``, ``aws:ResourceTag/<key>``, ``cloudwatch:namespace``). The tests
+scaling group's, the target group's, the log group's, the repository's, the instance's) and the
+request context keys the documents' conditions read (``s3:prefix``, ``aws:ResourceTag/<key>``,
+``cloudwatch:namespace``, ``ec2:osuser``).
+
+moto authorises a call before it looks for the operation, so a call it authorises but does not
+implement (StartInstanceRefresh, CompleteLifecycleAction, GetDownloadUrlForLayer in moto 5.2) is
+logged here, then answered with an error. The tests
 evaluate it against the unwidened documents with an IAM simulator that does evaluate conditions
 (``tests/e2e/test_task_actors.py``, ``tools/iam-simulate/``).
 
@@ -140,6 +145,22 @@ def _secret_arn(response: Any) -> str:
     return f"arn:aws:secretsmanager:{response.region}:{response.current_account}:secret:{secret_id}"
 
 
+def _instance_key_check(response: Any) -> dict[str, Any]:
+    """SendSSHPublicKey: authorised on the instance (its ARN and tags) for the OS user named."""
+    from moto.ec2.models import ec2_backends
+
+    region, account = response.region, response.current_account
+    instance = str(response._get_param("InstanceId"))
+    found = ec2_backends[account][region].describe_tags(filters={"resource-id": [instance]})
+    context = _tags_context({tag["key"]: tag["value"] for tag in found})
+    context["ec2:osuser"] = str(response._get_param("InstanceOSUser"))
+    return {
+        "action": "ec2-instance-connect:SendSSHPublicKey",
+        "resource": f"arn:aws:ec2:{region}:{account}:instance/{instance}",
+        "context": context,
+    }
+
+
 GROUP_ACTIONS = frozenset(
     {
         "SetDesiredCapacity",
@@ -184,6 +205,13 @@ def checks(service: str, response: Any, operation: str, resource: str) -> list[d
                 "context": {},
             }
         ]
+    if service == "ecr" and operation != "GetAuthorizationToken":
+        # Every ECR call but the registry login acts on one repository (the login reads nothing).
+        name = response._get_param("repositoryName")
+        arn = f"arn:aws:ecr:{region}:{account}:repository/{name}" if name else "*"
+        return [{"action": f"ecr:{operation}", "resource": arn, "context": {}}]
+    if service == "ec2-instance-connect" and operation == "SendSSHPublicKey":
+        return [_instance_key_check(response)]
     if service == "logs" and operation in ("CreateLogStream", "PutLogEvents", "DescribeLogStreams"):
         group = response._get_param("logGroupName")
         arn = f"arn:aws:logs:{region}:{account}:log-group:{group}"
