@@ -23,9 +23,24 @@ $(STAMP): pyproject.toml hostside/pyproject.toml runtime/pyproject.toml gateway/
 system-packages:
 	bash scripts/system-packages.sh
 
-test: system-packages install typecheck
+test: system-packages install typecheck scan
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory test-torch-ops
+
+# checkov, a peer scanner, over every stack's rendered Kubernetes manifests, every Dockerfile and the
+# Pulumi programs' policy documents; each exception sits on the object it excuses (scripts/security_scan.py).
+# checkov's own pins clash with ours: it gets its own venv, every wheel pinned by hash.
+CHECKOV_VENV := .frontier/checkov-venv
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+
+$(CHECKOV_STAMP): tools/checkov/requirements.txt
+	test -x $(CHECKOV_VENV)/bin/python || $(PY) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet --require-hashes --no-deps -r tools/checkov/requirements.txt
+	touch $(CHECKOV_STAMP)
+
+.PHONY: scan
+scan: install $(CHECKOV_STAMP)
+	$(BIN)/python scripts/security_scan.py --checkov $(CHECKOV_VENV)/bin/checkov
 
 # The engine's tests again on torch ops alone (native CPU kernels off): what a GPU host runs. The e2e
 # ones (a replica over two nodes: processes and sockets, no kernel of their own) run once, above.

@@ -18,6 +18,7 @@ import yaml
 from frontier.config.schema import ALARM_SEVERITIES, Settings
 from frontier.errors import FrontierError
 from frontier.render.dashboards import PANELS
+from frontier.targets import load_stack
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes import monitoring
 
@@ -195,3 +196,40 @@ def test_fab_render_writes_the_monitoring_objects_beside_the_workload(eks_prod):
     assert sorted(d["kind"] for d in written.values()) == sorted(
         o.kind for o in monitoring.monitoring_objects(eks_prod)
     )
+
+
+def test_the_dcgm_exporter_is_hardened_as_far_as_dcgm_allows(eks_prod):
+    """Everything checkov asks of a workload, but root with SYS_ADMIN: the profiling counters need it."""
+    daemon = objects(eks_prod)["DaemonSet"]
+    spec = daemon["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    context = container["securityContext"]
+    assert container["image"].startswith("nvcr.io/nvidia/k8s/dcgm-exporter@sha256:")
+    assert container["imagePullPolicy"] == "IfNotPresent"  # content-addressed: nothing to pull again
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+    # The API server refuses allowPrivilegeEscalation false beside the spelling CAP_SYS_ADMIN only.
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert set(container["resources"]["limits"]) == {"cpu", "memory"}
+    assert container["livenessProbe"]["httpGet"]["port"] == monitoring.DCGM_PORT
+    writable = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+    assert writable == {m["name"] for m in container["volumeMounts"] if not m.get("readOnly")}
+
+
+def test_checkov_exceptions_sit_on_the_dcgm_exporter_only_each_with_its_reason(eks_prod):
+    daemon = objects(eks_prod)["DaemonSet"]
+    skips = {k: v for k, v in daemon["metadata"]["annotations"].items() if k.startswith("checkov.io/skip")}
+    assert {
+        v.split("=", 1)[0]: v.split("=", 1)[1] for v in skips.values()
+    } == monitoring.DCGM_CHECKOV_EXCEPTIONS
+    assert all(v.count("=") == 1 for v in skips.values())  # checkov splits on "="
+    for settings in (eks_prod, load_stack("eks-multinode")):
+        for rel, text in m.manifest_files(settings, DIGEST).items():
+            if "dcgm-exporter" not in rel or "daemonset" not in rel:
+                assert "checkov.io/" not in text, rel
+
+
+def test_a_checkov_exception_without_a_reason_is_refused():
+    with pytest.raises(ValueError, match="CKV_K8S_39"):
+        monitoring.checkov_skips({"CKV_K8S_39": "a=b"})
