@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
+from frontier_hostside.names import RELEASE_MANIFEST as MANIFEST
 
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.release.artifact import CACHE_DIR, Artifact, ArtifactError, cached_path, verify
-from frontier.release.release import MANIFEST, Release, ReleaseError, check_release_id, release_from_manifest
+from frontier.release.release import Release, ReleaseError, check_release_id, release_from_manifest
 
 DEFAULT_LOCK_TTL_S = 3 * 3600
 #: A deploy lock is a lease: its holder renews it every RENEW_EVERY_S while it runs, and a holder
@@ -146,7 +147,8 @@ def get_if_present(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
     if not present(s3, bucket, key):
         return None
     try:
-        return s3.get_object(Bucket=bucket, Key=key)
+        found: dict[str, Any] = s3.get_object(Bucket=bucket, Key=key)
+        return found
     except ClientError as exc:
         if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
             return None
@@ -198,9 +200,12 @@ class HistoryStore:
 
     # --- objects ----------------------------------------------------------------------------------
 
-    def _put(self, key: str, body: bytes | str, *, root: str | None = None, **kwargs: Any) -> dict:
+    def _put(self, key: str, body: bytes | str, *, root: str | None = None, **kwargs: Any) -> dict[str, Any]:
         data = body.encode() if isinstance(body, str) else body
-        return self.s3.put_object(Bucket=self.bucket, Key=(root or self.prefix) + key, Body=data, **kwargs)
+        answer: dict[str, Any] = self.s3.put_object(
+            Bucket=self.bucket, Key=(root or self.prefix) + key, Body=data, **kwargs
+        )
+        return answer
 
     def _get(self, key: str, *, root: str | None = None) -> bytes | None:
         found = get_if_present(self.s3, self.bucket, (root or self.prefix) + key)
@@ -208,7 +213,8 @@ class HistoryStore:
 
     def _read(self, key: str) -> bytes:
         """A key a listing under the prefix has just shown (no existence check of its own)."""
-        return self.s3.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"].read()
+        data: bytes = self.s3.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"].read()
+        return data
 
     def _keys(self, sub: str) -> list[str]:
         keys: list[str] = []
@@ -279,7 +285,7 @@ class HistoryStore:
 
     def records(self) -> list[dict[str, Any]]:
         """Every deploy and rollback of the stack, oldest first."""
-        out = []
+        out: list[dict[str, Any]] = []
         for key in self._keys("records/"):
             body = self._read(key)
             if body:
@@ -287,6 +293,7 @@ class HistoryStore:
         return sorted(out, key=lambda r: r["started_at"])
 
     def last_good(self, *, excluding: str | None = None) -> dict[str, Any] | None:
+        record: dict[str, Any]  # mypy reads reversed() of a list as Any
         for record in reversed(self.records()):
             if record["outcome"] == "succeeded" and record.get("release") != excluding:
                 return record

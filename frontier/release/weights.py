@@ -166,7 +166,8 @@ def _same_object(s3: Any, bucket: str, key: str, size: int, sha256: str) -> bool
         if exc.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound"):
             return False
         raise
-    return head.get("ContentLength") == size and head.get("Metadata", {}).get(SHA_METADATA) == sha256
+    same: bool = head.get("ContentLength") == size and head.get("Metadata", {}).get(SHA_METADATA) == sha256
+    return same
 
 
 # --- weights.gc -----------------------------------------------------------------------------------

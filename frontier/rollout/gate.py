@@ -33,9 +33,9 @@ class GateReading:
         return f"{self.requests:.0f} requests, error rate {self.error_rate:.2%}, p99 {p99}"
 
 
-def _samples(text: str, excluded_routes: set[str]) -> tuple[dict[tuple, float], dict[float, float]]:
+def _samples(text: str, excluded_routes: set[str]) -> tuple[dict[tuple[str, str], float], dict[float, float]]:
     """Request counts by (route, status) and latency bucket counts by upper bound, for served routes."""
-    requests: dict[tuple, float] = {}
+    requests: dict[tuple[str, str], float] = {}
     buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

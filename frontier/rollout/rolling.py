@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from frontier.config.schema import Settings
@@ -170,7 +171,7 @@ class Rollout:
             if touched is not None and host not in touched:
                 touched.append(host)
             left = self._phase(
-                results[host.name], "drain", lambda h=host: self.balancer.drain(h, self.drain_timeout)
+                results[host.name], "drain", partial(self.balancer.drain, host, self.drain_timeout)
             )
             if left != 0:
                 open_sessions = "an unknown number of" if left is None else str(left)
@@ -187,17 +188,19 @@ class Rollout:
         for host in wave:
             rid = target[host.name]
             self._phase(
-                results[host.name], "start", lambda h=host, r=rid: self.session(h).activate_and_start(r)
+                results[host.name],
+                "start",
+                partial(lambda h, r: self.session(h).activate_and_start(r), host, rid),
             )
         for host in wave:
             self._phase(
                 results[host.name],
                 "readiness",
-                lambda h=host: self.session(h).wait_ready(rollout.readiness_timeout_s),
+                partial(lambda h: self.session(h).wait_ready(rollout.readiness_timeout_s), host),
             )
         for host in wave:
             self._phase(
-                results[host.name], "enable", lambda h=host: self.balancer.enable(h, self.enable_timeout)
+                results[host.name], "enable", partial(self.balancer.enable, host, self.enable_timeout)
             )
 
     def _concurrently(
@@ -210,8 +213,8 @@ class Rollout:
         for host in wave:
             self.session(host)  # connections are opened here, not from the worker threads
         with ThreadPoolExecutor(max_workers=len(wave)) as pool:
-            futures = [pool.submit(self._phase, results[h.name], phase, lambda h=h: fn(h)) for h in wave]
-        errors = [f.exception() for f in futures if f.exception() is not None]
+            futures = [pool.submit(self._phase, results[h.name], phase, partial(fn, h)) for h in wave]
+        errors = [error for f in futures if (error := f.exception()) is not None]
         if errors:
             raise errors[0]
 
@@ -307,14 +310,14 @@ class Rollout:
                 for host in wave:
                     res = results[host.name]
                     facts: HostFacts = self._phase(
-                        res, "check", lambda h=host: self.session(h).facts(release.id)
+                        res, "check", partial(lambda h: self.session(h).facts(release.id), host)
                     )
                     res.from_release = facts.current
                     if facts.runs(release.id):
                         res.outcome = "skipped"
                         self.report(Event(host.name, "check", "info", f"already runs {release.id}"))
                         continue
-                    self._phase(res, "stage", lambda h=host: self._stage(h, release, wheel))
+                    self._phase(res, "stage", partial(self._stage, host, release, wheel))
                     todo.append(host)
                 if not todo:
                     continue
@@ -331,7 +334,7 @@ class Rollout:
                     results[host.name].outcome = "updated"
                     # A release left on disk is not worth failing a good rollout for.
                     with contextlib.suppress(FrontierError):
-                        self._phase(results[host.name], "prune", lambda h=host: self._prune(h))
+                        self._phase(results[host.name], "prune", partial(self._prune, host))
         except (Exception, KeyboardInterrupt) as exc:  # any failure, ours, the network's or Ctrl-C, stops it
             if isinstance(exc, KeyboardInterrupt):
                 result.reason = "interrupted by the operator"

@@ -21,7 +21,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from frontier.config.schema import Rollout as RolloutSettings
 from frontier.config.schema import Settings
@@ -33,8 +33,8 @@ from frontier.release.release import Release
 from frontier.rollout.canary import CanaryVerification
 from frontier.rollout.rolling import HostResult, Reporter, Rollout, RolloutResult
 
-SURGE = "surge"
-IN_PLACE = "one-unavailable"
+SURGE: Final = "surge"
+IN_PLACE: Final = "one-unavailable"
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,8 @@ def surge_rollout(
         if rolled.outcome != "succeeded":
             # The wave's new hosts go; the old ones never left service.
             fleet.retire(new)
-            for host in rolled.hosts:
-                host.outcome = "retired"
+            for new_host in rolled.hosts:
+                new_host.outcome = "retired"
             result.outcome, result.reason = "rolled_back", rolled.reason
             break
         fleet.retire(wave)
