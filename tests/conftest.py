@@ -132,6 +132,8 @@ PROC_TESTS: dict[str, str] = {
     "tests/operate/test_services.py::test_sshd_starts_is_found_by_a_later_command_and_stops": "public_key(): a process",
     "tests/runtime/engine/test_affinity.py::test_binding_pins_the_calling_thread_and_each_pool_thread_to_its_core": "a process",
     "tests/runtime/engine/test_engine_sizing.py::test_the_engine_runs_without_the_server_or_boto3": "a process",
+    "tests/runtime/engine/test_kv_events.py::test_an_engine_with_kv_events_on_publishes_its_prompts_blocks": "ZMQ sockets listening",
+    "tests/runtime/engine/test_kv_events.py::test_the_wire_frames_are_topic_sequence_payload_and_a_replay_resends_from_a_sequence": "ZMQ sockets listening",
     "tests/runtime/engine/test_kernel_variants.py::test_every_prebuilt_variant_this_cpu_runs_gives_the_numbers_torch_gives": "probe(): a process",
     "tests/runtime/engine/test_kernel_variants.py::test_the_portable_variant_loads_and_gives_the_numbers_torch_gives": "probe(): a process",
     "tests/runtime/engine/test_kernel_variants.py::test_the_source_compiles_for_aarch64": "a process",

@@ -125,6 +125,14 @@ REPLICA_PORT_ENV = "FRONTIER_REPLICA_PORT"  # moves both ports (step, step + 1):
 REPLICA_JOIN_TIMEOUT_ENV = "FRONTIER_REPLICA_JOIN_TIMEOUT_S"  # how long the nodes wait for each other
 EXIT_NODE_LOST = 3  # the leader's serve: a node of its replica was lost (its supervisor restarts it)
 
+# --- KV-cache events (runtime.kv_events) ----------------------------------------------------------------
+# With kv_events.enabled, each runtime publishes its prefix cache's changes in vLLM's KV-event wire format
+# (ZMQ PUB: topic, 8-byte big-endian sequence, msgpack batch) and answers replays from a sequence on a
+# ROUTER socket; the gateway subscribes to both. vLLM's own defaults, so a vLLM pool needs no other ports.
+KV_EVENTS_PORT = 5557
+KV_EVENTS_REPLAY_PORT = 5558
+KV_EVENTS_TOPIC = "kv-events"
+
 # --- request priority ------------------------------------------------------------------------------
 # The classes a request may carry in its ``priority`` body field (the gateway sets it from the
 # tenant's class): batch runs only on capacity interactive work leaves free and is preempted first.

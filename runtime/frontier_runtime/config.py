@@ -13,7 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from frontier_hostside.names import CLOUD_WEIGHTS_CACHE
+from frontier_hostside.names import (
+    CLOUD_WEIGHTS_CACHE,
+    KV_EVENTS_PORT,
+    KV_EVENTS_REPLAY_PORT,
+    KV_EVENTS_TOPIC,
+)
 from frontier_hostside.names import LIVENESS_PATH as DEFAULT_LIVENESS_PATH
 from frontier_hostside.names import READINESS_PATH as DEFAULT_READINESS_PATH
 from frontier_settings import ConfigError, FieldProblem, FieldProblems, load_model, parse_model
@@ -109,6 +114,33 @@ class BatchConfig(Strict):
         return self
 
 
+class KvEventsConfig(Strict):
+    """The prefix cache's changes published in vLLM's KV-event wire format, for KV-aware routing.
+
+    Each engine step's blocks stored and removed go out as one batch on a ZMQ PUB socket; a ROUTER
+    socket resends the batches from a sequence number (a subscriber that saw a gap). Off by default:
+    the gateway's ``kv_routing`` subscribes to both ports of every replica it discovers.
+    """
+
+    enabled: bool = False
+    port: int = Field(default=KV_EVENTS_PORT, ge=1024, le=65535, description="ZMQ PUB port of the events.")
+    replay_port: int = Field(
+        default=KV_EVENTS_REPLAY_PORT, ge=1024, le=65535, description="ZMQ ROUTER port of the replays."
+    )
+    topic: str = Field(default=KV_EVENTS_TOPIC, max_length=256)
+    buffer_steps: int = Field(
+        default=10_000, ge=1, le=1_000_000, description="Batches kept for replay (one per step with changes)."
+    )
+
+    @model_validator(mode="after")
+    def _two_ports(self) -> KvEventsConfig:
+        if self.port == self.replay_port:
+            raise FieldProblems(
+                FieldProblem("replay_port", self.replay_port, f"must differ from {{port}} ({self.port})")
+            )
+        return self
+
+
 class CacheConfig(Strict):
     """The paged KV cache and the prefix cache."""
 
@@ -121,6 +153,7 @@ class CacheConfig(Strict):
         default=256 * 1024 * 1024, ge=1024, le=2**44, description="KV cache budget on CPU hosts."
     )
     prefix_caching: bool = True
+    kv_events: KvEventsConfig = KvEventsConfig()
     attention_backend: AttentionBackend = Field(
         default="auto",
         description=(

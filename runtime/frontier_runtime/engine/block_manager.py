@@ -17,6 +17,9 @@ Each change to a sequence's block list is logged as a ``(row, column, block)`` t
 (``take_table_updates``): the model runner applies only those to its table tensor each step
 instead of rebuilding every table from Python lists, and sends them to the other
 tensor-parallel ranks, which keep identical tables.
+
+With KV events on (``events``), every hash that enters or leaves ``cached`` is logged for the
+publisher (``kv_events.py``): the events mirror exactly what ``find_cached_prefix`` can find.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from frontier_runtime.engine.config import EngineConfig
+from frontier_runtime.engine.kv_events import KvEventLog
 from frontier_runtime.engine.sequence import Sequence
 
 
@@ -49,6 +53,8 @@ class BlockManager:
         self.updates: dict[tuple[int, int], int] = {}  # (row, column) -> block, since the last take
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
+        # What enters and leaves ``cached``, for the KV-event publisher (None: kv_events off).
+        self.events: KvEventLog | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -85,6 +91,9 @@ class BlockManager:
             return
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        events = self.events
+        run: list[int] = []  # hashes new to the cache, consecutive: one BlockStored event
+        run_parent: int | None = None
         for i in range(seq.num_hashed_blocks, full):
             block = seq.block_table[i]
             if self.block_hash[block] is None:
@@ -93,8 +102,24 @@ class BlockManager:
                 h = hash((parent, tokens))
                 self.block_hash[block] = h
                 self.block_tokens[block] = tokens
+                if events is not None and h not in self.cached:
+                    if not run:
+                        run_parent = parent
+                    run.append(h)
+                    self.cached[h] = block
+                    continue
                 self.cached.setdefault(h, block)
+            if run:
+                self._stored(run_parent, run, seq, i - len(run))
+                run = []
+        if run:
+            self._stored(run_parent, run, seq, full - len(run))
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
+
+    def _stored(self, parent: int | None, hashes: list[int], seq: Sequence, first: int) -> None:
+        assert self.events is not None
+        bs = self.block_size
+        self.events.stored(parent, hashes, list(seq.token_ids[first * bs : (first + len(hashes)) * bs]))
 
     # -- allocation -----------------------------------------------------------------------------
 
@@ -164,6 +189,8 @@ class BlockManager:
         if h is not None:  # evict its old content from the prefix cache
             if self.cached.get(h) == block:
                 del self.cached[h]
+                if self.events is not None:
+                    self.events.removed(h)
             self.block_hash[block] = None
             self.block_tokens[block] = None
         self.ref_counts[block] = 1

@@ -20,6 +20,7 @@ from frontier_runtime.engine.affinity import pin_if_configured
 from frontier_runtime.engine.api import EngineStats
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
+from frontier_runtime.engine.kv_events import KvEventLog, KvEventPublisher
 from frontier_runtime.engine.model_runner import Launched, ModelRunner
 from frontier_runtime.engine.nodes import ReplicaError
 from frontier_runtime.engine.output_processor import OutputProcessor
@@ -92,6 +93,15 @@ class LLMEngine:
         window = (cfg.sliding_window or 0) if every_layer_slides else 0
         self.block_manager = BlockManager(config, self.runner.num_blocks, window=window)
         self.scheduler = Scheduler(config, self.block_manager)
+        self.kv_events: KvEventPublisher | None = None
+        if config.kv_events.enabled and config.prefix_caching:
+            ev = config.kv_events
+            try:
+                self.kv_events = KvEventPublisher(ev.port, ev.replay_port, ev.topic, ev.buffer_steps)
+            except BaseException:
+                self.shutdown()
+                raise
+            self.block_manager.events = KvEventLog(config.block_size)
         self.sampler = Sampler(config.seed, self.runner.device)
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
@@ -203,6 +213,8 @@ class LLMEngine:
             outputs.append(self._output(seq, []))
         if sched.scheduled:
             self._launch(sched)
+            if self.kv_events is not None:
+                self.kv_events.publish(self.block_manager.events.take() if self.block_manager.events else [])
         if self._in_flight and (len(self._in_flight) >= self.steps_in_flight or not sched.scheduled):
             outputs += self._collect(self._in_flight.popleft())
         return self._with_text(outputs)
@@ -366,6 +378,9 @@ class LLMEngine:
         structured = getattr(self, "structured", None)
         if structured is not None:
             structured.close()
+        kv_events = getattr(self, "kv_events", None)
+        if kv_events is not None:
+            kv_events.close()
         workers = getattr(self, "workers", None)
         if workers is not None:
             workers.close()
