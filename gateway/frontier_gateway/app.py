@@ -264,6 +264,7 @@ async def _generate(request: Request, path: str) -> Response:
         headers=headers,
         until_disconnect=lambda: _until_disconnect(request),
         trace=trace,
+        kv_keys=pool.kv.keys_for(body) if pool.kv is not None else None,
     )
     assert gw.proxy is not None  # set at start-up
     return await gw.proxy.forward(call, pool)

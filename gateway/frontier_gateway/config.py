@@ -10,7 +10,13 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from frontier_hostside.names import PRIORITY_CLASSES, READINESS_PATH, SESSION_HEADER
+from frontier_hostside.names import (
+    KV_EVENTS_PORT,
+    KV_EVENTS_REPLAY_PORT,
+    PRIORITY_CLASSES,
+    READINESS_PATH,
+    SESSION_HEADER,
+)
 from frontier_settings import ConfigError, load_model, parse_model
 from frontier_settings.tracing import TracingSettings
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -34,12 +40,38 @@ class Ec2Discovery(_Strict):
     interval_s: float = Field(default=15.0, gt=0, le=3600)
 
 
+class KvRoutingConfig(_Strict):
+    """Route a pool's requests by the KV-cache events of its replicas (``kv_index.py``).
+
+    The replicas publish them with ``runtime.kv_events.enabled`` (or vLLM's ``--kv-events-config``);
+    the gateway tokenizes each request with the model's tokenizer and chat template to find the
+    replica holding the longest cached prefix, blended with its requests in flight.
+    """
+
+    tokenizer_dir: str = Field(
+        min_length=1, description="A directory with the model's tokenizer.json and tokenizer_config.json."
+    )
+    block_size: int = Field(default=16, ge=1, le=256, description="The replicas' runtime.block_size.")
+    events_port: int = Field(default=KV_EVENTS_PORT, ge=1, le=65535)
+    replay_port: int = Field(default=KV_EVENTS_REPLAY_PORT, ge=1, le=65535)
+    # Several runtimes on one host: each replica's own (events, replay) ports, by base URL.
+    ports: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    load_weight_blocks: float = Field(
+        default=8.0, ge=0, le=100_000, description="Blocks of prefill one request in flight weighs."
+    )
+    speculative_ttl_s: float = Field(default=2.0, ge=0, le=600)
+    stale_after_s: float = Field(
+        default=15.0, gt=0, le=3600, description="No events this long while owed: load-only routing."
+    )
+
+
 class PoolConfig(_Strict):
     """One model and the runtimes that serve it: fixed base URLs, or found on EC2."""
 
     name: str = Field(min_length=1, max_length=512)
     replicas: tuple[str, ...] = Field(default=(), description="Base URLs, e.g. http://10.0.1.7:8000.")
     discovery: Ec2Discovery | None = None
+    kv_routing: KvRoutingConfig | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> PoolConfig:

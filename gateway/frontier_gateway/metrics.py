@@ -13,7 +13,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from frontier_gateway.hold import POOL_LABEL, POOL_WAITING_METRIC
@@ -55,6 +55,26 @@ class _ReplicaCollector(Collector):
         yield ready
         yield outstanding
         yield breaker
+        # KV-aware routing: decisions by outcome (events_stopped: load only, the replicas' events
+        # went quiet), and the blocks indexed per replica.
+        kv_decisions = CounterMetricFamily(
+            names.GATEWAY_KV_ROUTING_METRIC,
+            "routing decisions of pools with KV routing, by outcome",
+            labels=[names.GATEWAY_MODEL_LABEL, "outcome"],
+        )
+        kv_blocks = GaugeMetricFamily(
+            names.GATEWAY_KV_BLOCKS_METRIC,
+            "cached blocks the KV index holds for the replica",
+            labels=[names.GATEWAY_MODEL_LABEL, "replica"],
+        )
+        for name, pool in self.pools.by_model.items():
+            if pool.kv is not None:
+                for outcome, count in pool.kv.index.outcomes.items():
+                    kv_decisions.add_metric([name, outcome], float(count))
+                for url, blocks in pool.kv.index.summary().items():
+                    kv_blocks.add_metric([name, url], float(blocks))
+        yield kv_decisions
+        yield kv_blocks
         # The demand signal of a pool that may be at zero: what the autoscalers launch a replica on.
         waiting = GaugeMetricFamily(
             POOL_WAITING_METRIC,

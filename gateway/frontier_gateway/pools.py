@@ -33,6 +33,7 @@ import httpx
 from frontier_gateway.breaker import Breaker
 from frontier_gateway.config import BreakerConfig, HoldConfig, PoolConfig, ProbeConfig
 from frontier_gateway.hold import HoldQueue
+from frontier_gateway.kv_index import KvRouting
 
 log = logging.getLogger("frontier_gateway.pools")
 
@@ -79,6 +80,8 @@ class Pool:
         self._turn = itertools.count()
         # Requests held while no replica is available (gateway.hold); None: a 503 at once.
         self.hold: HoldQueue | None = None
+        # Routing by the replicas' KV events (kv_index.py); None: the affinity key's rendezvous hash.
+        self.kv: KvRouting | None = None
 
     def set_urls(self, urls: Iterable[str]) -> None:
         """The replicas a discovery found: known ones keep their state, new ones wait for a probe."""
@@ -86,6 +89,8 @@ class Pool:
         self.replicas = [
             known.get(url) or Replica(url, self.breaker, self.id_key) for url in dict.fromkeys(urls)
         ]
+        if self.kv is not None:  # a replica that left takes its index entries with it
+            self.kv.subscriber.sync(r.url for r in self.replicas)
 
     @property
     def ready_count(self) -> int:
@@ -96,15 +101,24 @@ class Pool:
         skip = set(exclude)
         return [r for r in self.replicas if r.ready and r.url not in skip and r.breaker.available()]
 
-    def choose(self, affinity_key: str | None = None, exclude: Iterable[str] = ()) -> Replica | None:
+    def choose(
+        self, affinity_key: str | None = None, exclude: Iterable[str] = (), kv_keys: list[int] | None = None
+    ) -> Replica | None:
         """A ready replica not in ``exclude``, claimed for one request (a half-open breaker's one
-        trial); None when there is none."""
+        trial); None when there is none. With KV routing, ``kv_keys`` (the request's block keys)
+        pick it instead of the affinity key."""
         ready = self.available(exclude)
         if not ready:
             return None
         least = min(r.outstanding for r in ready)
         chosen = None
-        if affinity_key is not None:
+        if self.kv is not None:
+            chosen, _ = self.kv.index.choose(ready, kv_keys)
+            if chosen.outstanding - least >= self.max_imbalance:
+                chosen = None
+            elif kv_keys:
+                self.kv.index.routed(chosen.url, kv_keys)
+        elif affinity_key is not None:
             affine = max(ready, key=lambda r: _rendezvous(affinity_key, r.url))
             if affine.outstanding - least < self.max_imbalance:
                 chosen = affine
@@ -136,7 +150,12 @@ class Pools:
         """``id_key``: the key of the replicas' public ids; the gateways of a stack share one so a
         replica has one id whichever gateway answers (default: this process's own)."""
         key = secrets.token_bytes(32) if id_key is None else id_key
+        configs = tuple(configs)
         self.by_model = {c.name: Pool(c.name, c.replicas, max_imbalance, breaker, key) for c in configs}
+        for c in configs:
+            if c.kv_routing is not None:
+                pool = self.by_model[c.name]
+                pool.kv = KvRouting(c.kv_routing, c.replicas)
 
     def get(self, model: str) -> Pool | None:
         return self.by_model.get(model)

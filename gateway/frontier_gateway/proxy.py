@@ -78,6 +78,7 @@ class Call:
     # its pool's hold queue at once.
     until_disconnect: Callable[[], Awaitable[object]] | None = None
     trace: CallTrace | None = None  # None: not traced (tracing off)
+    kv_keys: list[int] | None = None  # the prompt's block keys, for a pool with KV routing
 
 
 class Proxy:
@@ -114,7 +115,7 @@ class Proxy:
                     return Response(status_code=499)
             for attempt in range(self.retries + 1):
                 with _step(call, "gateway.route") as route:
-                    replica = pool.choose(call.affinity_key, tried)
+                    replica = pool.choose(call.affinity_key, tried, call.kv_keys)
                     if route is not None:
                         route.set_attributes(
                             {

@@ -88,6 +88,9 @@ def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
                     )
             # One probe round before taking traffic, so readiness is true from the start when it can be.
             await gateway.pools.probe_once(client, config.readiness_path, config.probe)
+            kv_pools = [p.kv for p in gateway.pools.by_model.values() if p.kv is not None]
+            for kv in kv_pools:  # subscribe to the KV events of every replica known so far
+                kv.subscriber.start()
             tasks = [
                 asyncio.create_task(
                     follow(gateway.pools.by_model[p.name], p.discovery, ec2_client(p.discovery))
@@ -112,6 +115,8 @@ def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                for kv in kv_pools:
+                    kv.subscriber.close()
                 await gateway.quotas.aclose()
                 await asyncio.to_thread(gateway.sink.flush)
                 if gateway.tracing is not None:

@@ -277,6 +277,8 @@ GATEWAY_DURATION_METRIC = "frontier_gateway_request_duration_seconds"  # histogr
 GATEWAY_TTFT_METRIC = "frontier_gateway_time_to_first_token_seconds"  # histogram {tenant, model}
 GATEWAY_TOKENS_METRIC = "frontier_gateway_tokens"  # counter {tenant, model, kind=prompt|completion}
 GATEWAY_RATE_LIMITED_METRIC = "frontier_gateway_rate_limited"  # counter {tenant, limit}
+GATEWAY_KV_ROUTING_METRIC = "frontier_gateway_kv_routing"  # counter {model, outcome}: KV routing decisions
+GATEWAY_KV_BLOCKS_METRIC = "frontier_gateway_kv_index_blocks"  # gauge {model, replica}: blocks indexed
 GATEWAY_IN_FLIGHT_METRIC = "frontier_gateway_in_flight"  # gauge {tenant}
 GATEWAY_RETRIES_METRIC = "frontier_gateway_retries"  # counter {model}
 GATEWAY_REPLICA_READY_METRIC = "frontier_gateway_replica_ready"  # gauge {model, replica}
