@@ -181,7 +181,10 @@ def read_input(path: Path, model: str) -> tuple[list[BatchRequest], list[BadLine
                 continue
             count += 1
             parsed = _parse_line(number, text, model, seen)
-            (requests if isinstance(parsed, BatchRequest) else bad).append(parsed)
+            if isinstance(parsed, BatchRequest):
+                requests.append(parsed)
+            else:
+                bad.append(parsed)
     return requests, bad, count
 
 
@@ -296,7 +299,9 @@ class ResultFile:
         os.close(self._fd)
 
 
-def _result(line: int, custom_id: str | None, response: dict | None, error: dict | None) -> dict[str, Any]:
+def _result(
+    line: int, custom_id: str | None, response: dict[str, Any] | None, error: dict[str, Any] | None
+) -> dict[str, Any]:
     return {
         "id": f"batch_req_{uuid.uuid4().hex}",
         "custom_id": custom_id,
@@ -437,7 +442,8 @@ async def _send(
 
 
 def _backoff(attempt: int) -> float:
-    return min(30.0, 0.25 * 2**attempt) * (0.5 + random.random() / 2)
+    delay: float = min(30.0, 0.25 * 2**attempt) * (0.5 + random.random() / 2)
+    return delay
 
 
 def _retry_after(answer: httpx.Response, attempt: int) -> float:

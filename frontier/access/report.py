@@ -21,7 +21,7 @@ def _table(
     return t
 
 
-def usage_table(stack: str, uri: str, rows: list[Usage], prices: dict[str, float]):
+def usage_table(stack: str, uri: str, rows: list[Usage], prices: dict[str, float]) -> Table:
     body = [
         (
             r.tenant,

@@ -175,7 +175,7 @@ def _concurrency_grid(model: ReplicaModel) -> list[int]:
     return sorted(c for c in grid if c <= top)
 
 
-def _point_row(p: OperatingPoint, settings: Settings, mark: str = "") -> tuple:
+def _point_row(p: OperatingPoint, settings: Settings, mark: str = "") -> tuple[object, ...]:
     broken = slo_violations(p, settings.slo)
     return (
         f"{p.concurrency}{mark}",
@@ -275,7 +275,7 @@ def _price_source(o: Option) -> str:
     return "the stack's own" if o.current or inst is None else inst.price_source
 
 
-def _option_row(o: Option, ex: Exploration, mark: str | None = None, moe: bool = False) -> tuple:
+def _option_row(o: Option, ex: Exploration, mark: str | None = None, moe: bool = False) -> tuple[object, ...]:
     p, g = o.point, o.plan
     estimate = _price_source(o).startswith("ESTIMATE")
     c = o.candidate

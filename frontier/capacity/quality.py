@@ -120,7 +120,7 @@ def measure(
     workdir: Path,
     *,
     model_dir: Path | None = None,
-    on_progress: Callable[[str], None] = print,
+    on_progress: Callable[[str], object] = print,
 ) -> QualityRun:
     """The pass rate of the stack's verification set for each of ``variants`` (the first is the
     reference whose greedy outputs become the golden ones), each on its own runtime process."""
