@@ -9,14 +9,11 @@ base is FlashAttention's paged layout, which every backend but the CPU kernel re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from frontier_runtime.ops import table, triton_fused
-
-if TYPE_CHECKING:
-    from frontier_runtime.ops.attention.sdpa_gather import GatherGroup
 
 # torch's dtypes as ``ops.table`` names them (fp8 as ``runtime.kv_cache_dtype`` spells it).
 DTYPE_NAMES = {
@@ -27,6 +24,21 @@ DTYPE_NAMES = {
 }
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
+
+
+@dataclass
+class GatherGroup:
+    """The sdpa-gather backend's plan, kept on the step's metadata: one SDPA call's worth of a step (its decodes, or its prefill chunks): which cache blocks
+    to gather, where each padded query row comes from, which rows are real, and the mask."""
+
+    t0: int  # the group's tokens are q[t0:t1]
+    t1: int
+    seqs: int
+    max_q: int
+    blocks: torch.Tensor  # [seqs * nblocks] long: cache blocks, sequence by sequence
+    query_src: torch.Tensor  # [seqs * max_q] long: token of q each padded query row reads
+    real_rows: torch.Tensor  # [t1 - t0] long: the padded rows that are real tokens, in order
+    mask: torch.Tensor  # [seqs, 1, group * max_q, nblocks * block_size] bool
 
 
 @dataclass

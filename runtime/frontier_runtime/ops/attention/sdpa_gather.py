@@ -7,13 +7,11 @@ layer: no host sync per layer, but a captured graph would freeze them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from frontier_runtime.ops import table
-from frontier_runtime.ops.attention.base import FP8, AttentionBackend, AttentionMetadata
+from frontier_runtime.ops.attention.base import FP8, AttentionBackend, AttentionMetadata, GatherGroup
 
 
 class SdpaGatherBackend(AttentionBackend):
@@ -44,21 +42,6 @@ class SdpaGatherBackend(AttentionBackend):
         for g in plan:
             out[g.t0 : g.t1] = _sdpa_group(q, k_cache, v_cache, g, scale, k_scale, v_scale)
         return out
-
-
-@dataclass
-class GatherGroup:
-    """One SDPA call's worth of a step (its decodes, or its prefill chunks): which cache blocks
-    to gather, where each padded query row comes from, which rows are real, and the mask."""
-
-    t0: int  # the group's tokens are q[t0:t1]
-    t1: int
-    seqs: int
-    max_q: int
-    blocks: torch.Tensor  # [seqs * nblocks] long: cache blocks, sequence by sequence
-    query_src: torch.Tensor  # [seqs * max_q] long: token of q each padded query row reads
-    real_rows: torch.Tensor  # [t1 - t0] long: the padded rows that are real tokens, in order
-    mask: torch.Tensor  # [seqs, 1, group * max_q, nblocks * block_size] bool
 
 
 def gather_plan(
