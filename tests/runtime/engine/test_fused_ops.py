@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from engine_fixtures import assert_prebuilt_kernels_loaded, needs_native_kernels
 from frontier_runtime.ops import fused
-from frontier_runtime.ops.attention import AttentionMetadata, CpuKernelBackend
+from frontier_runtime.ops.attention import AttentionMetadata, CpuKernelBackend, RotaryWrite
 
 pytestmark = needs_native_kernels
 
@@ -78,7 +78,7 @@ def test_rotary_into_the_cache_matches_rotating_then_writing(dtype: torch.dtype)
     CpuKernelBackend.write_kv(*want_caches, want_k, v, meta)
 
     k_cache, v_cache = CpuKernelBackend.allocate_kv(8, block, kv_heads, hd, dtype)
-    CpuKernelBackend.rotary_and_cache(q, k, v, positions, cos, sin, k_cache, v_cache, slots)
+    CpuKernelBackend.rotary_and_cache(RotaryWrite(q, k, v, positions, cos, sin, k_cache, v_cache, slots))
     torch.testing.assert_close(q, want_q, **TOL[dtype])  # rotated where it lies, inside qkv
     torch.testing.assert_close(k_cache, want_caches[0], **TOL[dtype])
     assert torch.equal(v_cache, want_caches[1])

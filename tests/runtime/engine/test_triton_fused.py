@@ -26,7 +26,7 @@ import triton.language as tl  # noqa: E402
 from engine_fixtures import Reference  # noqa: E402
 from frontier_runtime.engine.llm_engine import LLMEngine  # noqa: E402
 from frontier_runtime.ops import fused, triton_fused  # noqa: E402
-from frontier_runtime.ops.attention import AttentionMetadata, TritonBackend, backend  # noqa: E402
+from frontier_runtime.ops.attention import AttentionMetadata, RotaryWrite, TritonBackend, backend  # noqa: E402
 from frontier_runtime.requests import SamplingParams  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
@@ -286,7 +286,7 @@ def run_fused_ops(name: str) -> None:
     k_cache, v_cache = cls.allocate_kv(8, BLOCK, GQA.kv_heads, GQA.head_dim, torch.float32)
     if cls.can_rotate_into_cache(q, k_cache):
         cos, sin = rope_tables(GQA.head_dim)
-        cls.rotary_and_cache(q, k, v, POSITIONS, cos, sin, k_cache, v_cache, SLOTS)
+        cls.rotary_and_cache(RotaryWrite(q, k, v, POSITIONS, cos, sin, k_cache, v_cache, SLOTS))
 
 
 @pytest.mark.parametrize("name", FLASH_LAYOUT_BACKENDS)

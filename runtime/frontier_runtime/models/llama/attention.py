@@ -18,7 +18,7 @@ from frontier_runtime.distributed import TPGroup
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.layers import Linear, RMSNorm
 from frontier_runtime.ops import fused
-from frontier_runtime.ops.attention import AttentionMetadata
+from frontier_runtime.ops.attention import AttentionMetadata, RotaryWrite
 
 __all__ = ["Attention", "AttentionMetadata", "Rope"]
 
@@ -109,17 +109,19 @@ class Attention(nn.Module):
         if backend.can_rotate_into_cache(q, k_cache):
             # q is rotated where it lies in the projection's output and read from there.
             backend.rotary_and_cache(
-                q,
-                k,
-                v,
-                rope.positions,
-                rope.cos,
-                rope.sin,
-                k_cache,
-                v_cache,
-                meta.slots,
-                self.k_scale,
-                self.v_scale,
+                RotaryWrite(
+                    q,
+                    k,
+                    v,
+                    rope.positions,
+                    rope.cos,
+                    rope.sin,
+                    k_cache,
+                    v_cache,
+                    meta.slots,
+                    self.k_scale,
+                    self.v_scale,
+                )
             )
         else:
             q, k = rope.apply(q, k)

@@ -26,7 +26,12 @@ from typing import Any
 import torch
 
 from frontier_runtime.ops import table
-from frontier_runtime.ops.attention.base import AttentionBackend, AttentionMetadata
+from frontier_runtime.ops.attention.base import (
+    AttentionBackend,
+    AttentionCall,
+    AttentionMetadata,
+    RotaryWrite,
+)
 from frontier_runtime.ops.attention.cpu_kernel import CpuKernelBackend
 from frontier_runtime.ops.attention.flash_varlen import FlashVarlenBackend
 from frontier_runtime.ops.attention.sdpa_gather import SdpaGatherBackend
@@ -35,9 +40,11 @@ from frontier_runtime.ops.attention.triton import TritonBackend
 __all__ = [
     "BACKENDS",
     "AttentionBackend",
+    "AttentionCall",
     "AttentionMetadata",
     "CpuKernelBackend",
     "FlashVarlenBackend",
+    "RotaryWrite",
     "SdpaGatherBackend",
     "TritonBackend",
     "backend",
@@ -123,7 +130,7 @@ def _probe_kernel(
     try:
         q, k_cache, v_cache, meta = _probe_step(device, block_size, dtype, kv_dtype, backend)
         got = backend.attend(q, k_cache, v_cache, meta, 0.125, window=window)
-        want = PORTABLE.forward(q, k_cache, v_cache, meta, 0.125, 1.0, 1.0, window)
+        want = PORTABLE.forward(AttentionCall(q, k_cache, v_cache, meta, 0.125, window=window))
     except (ImportError, RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError) as exc:
         return (
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (block_size {block_size})"

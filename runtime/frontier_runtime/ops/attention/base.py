@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+from torch import Tensor
 
 from frontier_runtime.ops import table, triton_fused
 
@@ -62,6 +63,39 @@ class AttentionMetadata:
     host_query_lens: list[int] | None = None
     host_seq_lens: list[int] | None = None
     gather: dict[int, list[GatherGroup]] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One layer's ``attend``, its arguments checked: what a backend's ``forward`` reads. ``k_scale``
+    and ``v_scale`` are 1.0 unless the cache is fp8; ``window`` is >= 0."""
+
+    q: torch.Tensor  # [tokens, heads, head_dim]
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    meta: AttentionMetadata
+    scale: float
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    window: int = 0
+
+
+@dataclass(frozen=True)
+class RotaryWrite:
+    """One layer's fused rotary and cache write: q rotated in place, rotated k and v written at
+    ``slots``. ``k_scale``/``v_scale`` apply to an fp8 cache only (it holds value / scale)."""
+
+    q: torch.Tensor  # [tokens, heads, head_dim]
+    k: torch.Tensor  # [tokens, kv_heads, head_dim]
+    v: torch.Tensor
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slots: torch.Tensor
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
 
 class AttentionBackend:
@@ -132,9 +166,14 @@ class AttentionBackend:
     ) -> None:
         """Store the step's keys and values ([tokens, kv_heads, head_dim]) at their slots."""
         k, v, k_cache, v_cache = _as_cache_values(k_cache, v_cache, k, v, k_scale, v_scale)
+        cls.store_kv(k_cache, v_cache, k, v, meta.slots)
+
+    @classmethod
+    def store_kv(cls, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
+        """``write_kv``'s store, k and v already as the cache holds them: this backend's layout."""
         kvh, hd = k_cache.shape[2], k_cache.shape[3]
-        k_cache.view(-1, kvh, hd).index_copy_(0, meta.slots, k)
-        v_cache.view(-1, kvh, hd).index_copy_(0, meta.slots, v)
+        k_cache.view(-1, kvh, hd).index_copy_(0, slots, k)
+        v_cache.view(-1, kvh, hd).index_copy_(0, slots, v)
 
     @classmethod
     def can_rotate_into_cache(cls, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -142,25 +181,10 @@ class AttentionBackend:
         return triton_fused.applies(q) and k_cache.dtype in (q.dtype, triton_fused.FP8)
 
     @classmethod
-    def rotary_and_cache(
-        cls,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        positions: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slots: torch.Tensor,
-        k_scale: float = 1.0,
-        v_scale: float = 1.0,
-    ) -> None:
-        """Rotate q in place and write rotated k and v at ``slots`` of the cache, in one pass.
-
-        ``k_scale``/``v_scale`` apply to an fp8 cache only (it holds value / scale)."""
+    def rotary_and_cache(cls, w: RotaryWrite) -> None:
+        """Rotate ``w.q`` in place and write rotated k and v at ``w.slots`` of the cache, in one pass."""
         triton_fused.rotary_and_write_kv(
-            q, k, v, positions, cos, sin, k_cache, v_cache, slots, k_scale, v_scale
+            w.q, w.k, w.v, w.positions, w.cos, w.sin, w.k_cache, w.v_cache, w.slots, w.k_scale, w.v_scale
         )
 
     # -- a step ----------------------------------------------------------------------------------
@@ -190,20 +214,10 @@ class AttentionBackend:
             raise ValueError(f"attention window {window} must be >= 0 (0: no window)")
         if k_cache.dtype != FP8:
             k_scale = v_scale = 1.0
-        return cls.forward(q, k_cache, v_cache, meta, scale, k_scale, v_scale, window)
+        return cls.forward(AttentionCall(q, k_cache, v_cache, meta, scale, k_scale, v_scale, window))
 
     @classmethod
-    def forward(
-        cls,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        k_scale: float,
-        v_scale: float,
-        window: int,
-    ) -> torch.Tensor:
+    def forward(cls, call: AttentionCall) -> torch.Tensor:
         """``attend`` once its arguments are checked: the backend's own kernel."""
         raise NotImplementedError(f"{cls.__name__} has no forward")
 

@@ -6,9 +6,10 @@ head_dim]``; the rotary embedding and the cache write are fused into one C++ pas
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from frontier_runtime.ops import cpu_kernel, table
-from frontier_runtime.ops.attention.base import AttentionBackend, AttentionMetadata, _as_cache_values
+from frontier_runtime.ops.attention.base import AttentionBackend, AttentionCall, RotaryWrite
 
 
 class CpuKernelBackend(AttentionBackend):
@@ -22,19 +23,9 @@ class CpuKernelBackend(AttentionBackend):
         return "the native CPU kernels are switched off or not built for this host"
 
     @classmethod
-    def write_kv(
-        cls,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        meta: AttentionMetadata,
-        k_scale: float = 1.0,
-        v_scale: float = 1.0,
-    ) -> None:
-        k, v, k_cache, v_cache = _as_cache_values(k_cache, v_cache, k, v, k_scale, v_scale)
+    def store_kv(cls, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
         bs = k_cache.shape[3]
-        blocks, offsets = meta.slots // bs, meta.slots % bs
+        blocks, offsets = slots // bs, slots % bs
         k_cache[blocks, :, :, offsets] = k
         v_cache[blocks, :, offsets, :] = v
 
@@ -44,54 +35,32 @@ class CpuKernelBackend(AttentionBackend):
         return k_cache.dtype == q.dtype and q.device.type == "cpu" and cpu_kernel.load()
 
     @classmethod
-    def rotary_and_cache(
-        cls,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        positions: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slots: torch.Tensor,
-        k_scale: float = 1.0,
-        v_scale: float = 1.0,
-    ) -> None:
+    def rotary_and_cache(cls, w: RotaryWrite) -> None:
         # No scales: ``can_rotate_into_cache`` offers it for a cache of q's dtype only.
         torch.ops.frontier.rotary_and_cache(
-            q, k, v, positions.contiguous(), cos, sin, k_cache, v_cache, slots.contiguous()
+            w.q, w.k, w.v, w.positions.contiguous(), w.cos, w.sin, w.k_cache, w.v_cache, w.slots.contiguous()
         )
 
     @classmethod
-    def forward(
-        cls,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        k_scale: float,
-        v_scale: float,
-        window: int,
-    ) -> torch.Tensor:
+    def forward(cls, call: AttentionCall) -> torch.Tensor:
+        q, meta = call.q, call.meta
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dense_rows = q.stride(2) == 1 and q.stride(1) == q.shape[2]  # a view into qkv is read in place
         args = (
             out,
             q if dense_rows else q.contiguous(),
-            k_cache,
-            v_cache,
+            call.k_cache,
+            call.v_cache,
             meta.tables,
             meta.rows,
             meta.query_start,
             meta.seq_lens,
-            scale,
-            k_scale,
-            v_scale,
+            call.scale,
+            call.k_scale,
+            call.v_scale,
         )
-        if window:
-            torch.ops.frontier.paged_attention_window(*args, window)
+        if call.window:
+            torch.ops.frontier.paged_attention_window(*args, call.window)
         else:
             torch.ops.frontier.paged_attention(*args)
         return out

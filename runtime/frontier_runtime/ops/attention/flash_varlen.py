@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from frontier_runtime.ops import table
-from frontier_runtime.ops.attention.base import AttentionBackend, AttentionMetadata
+from frontier_runtime.ops.attention.base import AttentionBackend, AttentionCall, AttentionMetadata
 
 
 class FlashVarlenBackend(AttentionBackend):
@@ -28,31 +28,22 @@ class FlashVarlenBackend(AttentionBackend):
         meta.cu_seq_k = cu
 
     @classmethod
-    def forward(
-        cls,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        k_scale: float,
-        v_scale: float,
-        window: int,
-    ) -> torch.Tensor:
+    def forward(cls, call: AttentionCall) -> torch.Tensor:
         varlen_attn, params = varlen_entry()
+        meta = call.meta
         # One query per sequence (a decode step) sees every key: no causal window, which lets the
         # kernel pack a KV head's query heads into one tile.
-        gqa = q.shape[1] != k_cache.shape[2]
-        kw = varlen_keywords(params, causal=meta.max_query_len > 1, gqa=gqa, window=window)
+        gqa = call.q.shape[1] != call.k_cache.shape[2]
+        kw = varlen_keywords(params, causal=meta.max_query_len > 1, gqa=gqa, window=call.window)
         out = varlen_attn(
-            q,
-            k_cache,
-            v_cache,
+            call.q,
+            call.k_cache,
+            call.v_cache,
             meta.query_start,
             meta.cu_seq_k,
             meta.max_query_len,
             meta.max_seq_len,
-            scale=scale,
+            scale=call.scale,
             seqused_k=meta.seq_lens,
             block_table=meta.step_tables,
             **kw,

@@ -11,7 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from frontier_runtime.ops import table
-from frontier_runtime.ops.attention.base import FP8, AttentionBackend, AttentionMetadata, GatherGroup
+from frontier_runtime.ops.attention.base import (
+    FP8,
+    AttentionBackend,
+    AttentionCall,
+    AttentionMetadata,
+    GatherGroup,
+)
 
 
 class SdpaGatherBackend(AttentionBackend):
@@ -23,24 +29,15 @@ class SdpaGatherBackend(AttentionBackend):
         meta.host_seq_lens = list(seq_lens)
 
     @classmethod
-    def forward(
-        cls,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        k_scale: float,
-        v_scale: float,
-        window: int,
-    ) -> torch.Tensor:
+    def forward(cls, call: AttentionCall) -> torch.Tensor:
+        q, k_cache, meta, window = call.q, call.k_cache, call.meta, call.window
         plan = meta.gather.get(window)
         if plan is None:  # the step's first layer with this window
             group = q.shape[1] // k_cache.shape[2]
             plan = meta.gather[window] = gather_plan(meta, group, k_cache.shape[1], q.device, window)
         out = torch.empty_like(q)
         for g in plan:
-            out[g.t0 : g.t1] = _sdpa_group(q, k_cache, v_cache, g, scale, k_scale, v_scale)
+            out[g.t0 : g.t1] = _sdpa_group(call, g)
         return out
 
 
@@ -81,16 +78,9 @@ def gather_plan(
     return plan
 
 
-def _sdpa_group(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    g: GatherGroup,
-    scale: float,
-    k_scale: float,
-    v_scale: float,
-) -> torch.Tensor:
+def _sdpa_group(call: AttentionCall, g: GatherGroup) -> torch.Tensor:
     """Sequences padded to one batch: [seqs, kv_heads, group * max_q, head_dim] against their keys."""
+    q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
     s, max_q = g.seqs, g.max_q
     heads, hd = q.shape[1], q.shape[2]
     bs, kvh = k_cache.shape[1], k_cache.shape[2]
@@ -102,14 +92,14 @@ def _sdpa_group(
     keys = k_cache.index_select(0, g.blocks).view(s, keys_len, kvh, hd).transpose(1, 2)
     values = v_cache.index_select(0, g.blocks).view(s, keys_len, kvh, hd).transpose(1, 2)
     if fp8:
-        keys = keys.view(FP8).to(q.dtype) * k_scale
-        values = values.view(FP8).to(q.dtype) * v_scale
+        keys = keys.view(FP8).to(q.dtype) * call.k_scale
+        values = values.view(FP8).to(q.dtype) * call.v_scale
     else:
         keys, values = keys.to(q.dtype), values.to(q.dtype)
     assert keys_len % bs == 0
     # Padded queries: token i of sequence j at [j, :, g * max_q + i] for each of the group's heads.
     qp = q.index_select(0, g.query_src).view(s, max_q, kvh, group, hd)
     qp = qp.permute(0, 2, 3, 1, 4).reshape(s, kvh, group * max_q, hd)
-    o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=g.mask, scale=scale)
+    o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=g.mask, scale=call.scale)
     o = o.view(s, kvh, group, max_q, hd).permute(0, 3, 1, 2, 4).reshape(s * max_q, heads, hd)
     return o.index_select(0, g.real_rows)

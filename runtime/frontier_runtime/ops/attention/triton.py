@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from frontier_runtime.ops import table, triton_attention
-from frontier_runtime.ops.attention.base import AttentionBackend, AttentionMetadata
+from frontier_runtime.ops.attention.base import AttentionBackend, AttentionCall
 
 
 class TritonBackend(AttentionBackend):
@@ -22,28 +22,19 @@ class TritonBackend(AttentionBackend):
         return ""
 
     @classmethod
-    def forward(
-        cls,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        k_scale: float,
-        v_scale: float,
-        window: int,
-    ) -> torch.Tensor:
+    def forward(cls, call: AttentionCall) -> torch.Tensor:
+        meta = call.meta
         return triton_attention.paged_attention(
-            q,
-            k_cache,
-            v_cache,
+            call.q,
+            call.k_cache,
+            call.v_cache,
             meta.tables,
             meta.rows,
             meta.query_start,
             meta.seq_lens,
             meta.max_query_len,
-            scale,
-            k_scale,
-            v_scale,
-            window=window,
+            call.scale,
+            call.k_scale,
+            call.v_scale,
+            window=call.window,
         )
