@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch import nn
+from torch import Tensor, nn
 
 from frontier_runtime.distributed import TPGroup
 from frontier_runtime.ops import panel_gemm, table
@@ -84,9 +84,7 @@ class QuantizationMethod:
         if cls.weight_dtype is None:
             raise QuantizationError(f"model.quantization {cls.name!r} quantizes no weight")
         w = weight.float()
-        # An all-zero row keeps scale 1 (any scale gives zeros; 0 would divide by zero).
-        amax = w.abs().amax(dim=1)
-        scale = torch.where(amax > 0, amax / cls.limit, torch.ones_like(amax))
+        scale = symmetric_scale(w.abs().amax(dim=1), cls.limit)
         return QuantizedWeight(cls.cast(w / scale[:, None]), scale)
 
     @classmethod
@@ -100,14 +98,7 @@ class QuantizationMethod:
         return False
 
     @classmethod
-    def linear(
-        cls,
-        x: torch.Tensor,
-        qweight: torch.Tensor,
-        scale: torch.Tensor,
-        bias: torch.Tensor | None,
-        panels: bool,
-    ) -> torch.Tensor:
+    def linear(cls, x: Tensor, qweight: Tensor, scale: Tensor, bias: Tensor | None, panels: bool) -> Tensor:
         """``x @ (qweight * scale).T + bias`` in x's dtype: dequantize, then multiply. int8 and e4m3
         values are exact in bfloat16, float16 and float32, so the weight converts exactly and its
         per-channel scale multiplies the output, in float32."""
@@ -138,14 +129,7 @@ class Int8(QuantizationMethod):
         return device.type == "cpu" and panel_gemm.available()
 
     @classmethod
-    def linear(
-        cls,
-        x: torch.Tensor,
-        qweight: torch.Tensor,
-        scale: torch.Tensor,
-        bias: torch.Tensor | None,
-        panels: bool,
-    ) -> torch.Tensor:
+    def linear(cls, x: Tensor, qweight: Tensor, scale: Tensor, bias: Tensor | None, panels: bool) -> Tensor:
         """``panels``: ``qweight`` is packed for the CPU panel GEMM, which widens it inside the
         kernel (float32 there)."""
         if panels:
@@ -177,14 +161,7 @@ class Fp8(QuantizationMethod):
         return scaled.clamp_(-FP8_MAX, FP8_MAX).to(FP8)
 
     @classmethod
-    def linear(
-        cls,
-        x: torch.Tensor,
-        qweight: torch.Tensor,
-        scale: torch.Tensor,
-        bias: torch.Tensor | None,
-        panels: bool,
-    ) -> torch.Tensor:
+    def linear(cls, x: Tensor, qweight: Tensor, scale: Tensor, bias: Tensor | None, panels: bool) -> Tensor:
         if scaled_mm_applies(x, qweight):
             return fp8_scaled_mm(x, qweight, scale, bias)
         return super().linear(x, qweight, scale, bias, panels)
@@ -217,6 +194,12 @@ class QuantizedWeight:
 def quantize(weight: torch.Tensor, quantization: str) -> QuantizedWeight:
     """``weight`` [out, in] under the method named ``quantization`` (see ``QuantizationMethod.quantize``)."""
     return method(quantization).quantize(weight)
+
+
+def symmetric_scale(amax: torch.Tensor, limit: float) -> torch.Tensor:
+    """The symmetric scale that maps ``amax`` to ``limit``; 1 where ``amax`` is 0 (any scale gives
+    zeros there, and 0 would divide by zero)."""
+    return torch.where(amax > 0, amax / limit, torch.ones_like(amax))
 
 
 def dequantize(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -471,8 +454,7 @@ def scaled_mm_applies(x: torch.Tensor, qweight: torch.Tensor) -> bool:
 
 def quantize_rows_fp8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Activations [tokens, K] as float8_e4m3fn with one float32 scale per token ([tokens, 1])."""
-    amax = rows.abs().amax(dim=-1, keepdim=True).float()
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    scale = symmetric_scale(rows.abs().amax(dim=-1, keepdim=True).float(), FP8_MAX)
     return (rows.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
