@@ -612,16 +612,18 @@ def one_answer_per_connection() -> Iterator[tuple[str, list[bytes]]]:
         yield server.url, wire
 
 
+async def answer_or_error(url: str) -> tuple[int, list[tuple[str, str]], bytes] | UpstreamError:
+    """One request through a fresh client: the answer, or the UpstreamError it raised."""
+    async with client() as upstream:
+        try:
+            return await fetch(upstream, url)
+        except UpstreamError as exc:
+            return exc
+
+
 def test_fuzzed_answers_are_whole_or_refused(run: Run[Any]) -> None:
     """A whole answer arrives exactly as sent; one cut short or followed by more bytes is an
     UpstreamError. Nothing else is raised and nothing hangs."""
-
-    async def one(url: str) -> tuple[int, list[tuple[str, str]], bytes] | UpstreamError:
-        async with client() as upstream:
-            try:
-                return await fetch(upstream, url)
-            except UpstreamError as exc:
-                return exc
 
     with one_answer_per_connection() as (url, wire):
 
@@ -629,7 +631,7 @@ def test_fuzzed_answers_are_whole_or_refused(run: Run[Any]) -> None:
         @given(answers())
         def check(answer: tuple[bytes, int, list[tuple[str, str]], bytes, str]) -> None:
             wire[0], status, headers, body, flaw = answer
-            outcome = run(one(url))
+            outcome = run(answer_or_error(url))
             if flaw == "none":
                 assert outcome == (status, headers, body)
             else:
@@ -643,13 +645,6 @@ def test_mutated_answers_end_in_an_answer_or_upstream_error(run: Run[Any]) -> No
     either reads an answer no longer than what was sent or raises UpstreamError, within its
     timeouts. No other exception escapes."""
 
-    async def one(url: str) -> tuple[int, list[tuple[str, str]], bytes] | UpstreamError:
-        async with client() as upstream:
-            try:
-                return await fetch(upstream, url)
-            except UpstreamError as exc:
-                return exc
-
     with one_answer_per_connection() as (url, wire):
 
         @FUZZ
@@ -657,7 +652,7 @@ def test_mutated_answers_end_in_an_answer_or_upstream_error(run: Run[Any]) -> No
         def check(answer: tuple[bytes, int, list[tuple[str, str]], bytes, str], edit: list[Any]) -> None:
             wire[0] = mutate(answer[0], edit)
             started = time.monotonic()
-            outcome = run(one(url))
+            outcome = run(answer_or_error(url))
             assert time.monotonic() - started < GIVE_UP_S
             if not isinstance(outcome, UpstreamError):
                 status, _, body = outcome
