@@ -270,7 +270,7 @@ class ClusterAddons(pulumi.ComponentResource):
         s, k = args.settings, args.settings.kubernetes
         assert k is not None
         self.releases = {}
-        if s.serving_group.accelerator == "gpu":
+        if any(pool.group.accelerator == "gpu" for pool in s.pools):
             self._release(name, args, "device-plugin", device_plugin_values(s))
         if k.ingress.kind == "alb":
             values, after = self._controller(name, args)

@@ -145,10 +145,10 @@ def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
         )
     yield from certificate_problems(s, cloud)
     yield from registry_problems(s, cloud, "hosts")
-    weights_bucket = s.model.weights_uri.removeprefix("s3://").split("/", 1)[0]
+    weights_bucket = s.weights_root.removeprefix("s3://").split("/", 1)[0]
     if not weights_bucket.endswith(bucket_suffix(cloud)):
         yield (
-            f"model.weights_uri = {s.model.weights_uri!r}: S3 bucket names are global; name the weights "
+            f"model.weights_uri = {s.weights_root!r}: S3 bucket names are global; name the weights "
             f"bucket with this account and region, e.g. frontier-{s.stack}-weights{bucket_suffix(cloud)}"
         )
     health = s.health

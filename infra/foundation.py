@@ -73,7 +73,7 @@ class Foundation(pulumi.ComponentResource):
             SecretsArgs(
                 stack=stack,
                 cloud=cloud,
-                api_keys_secret_name=settings.runtime.api_keys_secret,
+                api_keys_secret_name=settings.api_keys_secret,
                 production=production,
                 tags=tags,
             ),
@@ -103,7 +103,7 @@ class Foundation(pulumi.ComponentResource):
             StorageArgs(
                 stack=stack,
                 cloud=cloud,
-                weights_uri=settings.model.weights_uri,
+                weights_uri=settings.weights_root,
                 kms_key_arn=self.secrets.key_arn,
                 weights_noncurrent_days=WEIGHTS_NONCURRENT_DAYS,
                 history_noncurrent_days=HISTORY_NONCURRENT_DAYS,
@@ -115,7 +115,7 @@ class Foundation(pulumi.ComponentResource):
         self.registry = Registry(
             f"{name}-registry",
             RegistryArgs(
-                image_repository=settings.runtime.image_repository,
+                image_repository=settings.image_repository,
                 kms_key_arn=self.secrets.key_arn,
                 tags=tags,
             ),

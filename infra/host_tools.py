@@ -26,7 +26,7 @@ from frontier_hostside.names import (
 )
 
 from frontier.config.schema import NodeGroup, Settings
-from frontier.render.boot import render_cloudwatch_agent, render_driver_script, render_mount_cache
+from frontier.render.boot import group_pool, render_cloudwatch_agent, render_driver_script, render_mount_cache
 from frontier.render.host import render_agent_config
 
 
@@ -34,17 +34,20 @@ def host_tools(settings: Settings, group: NodeGroup) -> dict[str, str]:
     """File name -> content, for one node group."""
     files = {
         **{name: data.decode() for name, data in frontier_hostside.host_tools().items()},
-        # The bootstrap writes the host's own name and address over the placeholders.
-        AGENT_CONFIG_NAME: render_agent_config(
+        "mount-cache.sh": render_mount_cache(settings, group),
+        "cloudwatch-agent.json": render_cloudwatch_agent(settings, group),
+    }
+    if settings.pools_on(group):
+        # The agent supervises the runtime of the group's pool; the bootstrap writes the host's own
+        # name and address over the placeholders.
+        files[AGENT_CONFIG_NAME] = render_agent_config(
             settings,
+            group_pool(settings, group),
             host=PLACEHOLDER_HOST,
             root=HOST_ROOT,
             python="/usr/bin/python3",
             address=PLACEHOLDER_ADDRESS,
-        ),
-        "mount-cache.sh": render_mount_cache(settings, group),
-        "cloudwatch-agent.json": render_cloudwatch_agent(settings, group),
-    }
+        )
     if group.accelerator == "gpu":
         files["install-nvidia.sh"] = render_driver_script(settings, group)
     return dict(sorted(files.items()))

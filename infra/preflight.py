@@ -36,9 +36,9 @@ def registry_problems(s: Settings, cloud: Cloud, pullers: str) -> Iterator[str]:
     """The runtime's image must come from the ECR repository the stack creates, which ``pullers``
     (the hosts, the nodes) are allowed to read."""
     registry = f"{cloud.account_id}.dkr.ecr.{cloud.region}.{cloud.dns_suffix}"
-    host, _, path = s.runtime.image_repository.partition("/")
+    host, _, path = s.image_repository.partition("/")
     if host != registry or not path:
         yield (
-            f"runtime.image_repository = {s.runtime.image_repository!r}: {pullers} pull the runtime from the ECR "
+            f"runtime.image_repository = {s.image_repository!r}: {pullers} pull the runtime from the ECR "
             f"repository this stack creates; expected {registry}/<name>"
         )

@@ -224,7 +224,7 @@ class SavedOutputs:
     @staticmethod
     def _common(settings: Settings) -> dict[str, Any]:
         stack, region = settings.stack, settings.region
-        weights_bucket, _, weights_prefix = settings.model.weights_uri.removeprefix("s3://").partition("/")
+        weights_bucket, _, weights_prefix = settings.weights_root.removeprefix("s3://").partition("/")
         arn = f"{region}:{ACCOUNT_ID}"
         return {
             "region": region,
@@ -232,8 +232,8 @@ class SavedOutputs:
             "weights_prefix": weights_prefix,
             "history_bucket": f"frontier-{stack}-history-{ACCOUNT_ID}-{region}",
             "history_prefix": f"history/{stack}/",
-            "ecr_repository_url": settings.runtime.image_repository,
-            "api_keys_secret_arn": f"arn:aws:secretsmanager:{arn}:secret:{settings.runtime.api_keys_secret}",
+            "ecr_repository_url": settings.image_repository,
+            "api_keys_secret_arn": f"arn:aws:secretsmanager:{arn}:secret:{settings.api_keys_secret}",
             "kms_key_arn": f"arn:aws:kms:{arn}:key/0a1b2c3d",
             "deploy_role_arn": f"arn:aws:iam::{ACCOUNT_ID}:role/{stack}-iam-deploy",
             "runtime_role_arn": f"arn:aws:iam::{ACCOUNT_ID}:role/{stack}-iam-runtime",
@@ -272,7 +272,8 @@ class SavedOutputs:
             endpoint=f"https://{k.ingress.host}",
             cluster_name=k.cluster.name,
             namespace=k.namespace,
-            deployment=f"frontier-{settings.model.name}",
+            # As the program exports it: the Deployment of the pool listed first (Workload.deployment).
+            deployment=f"frontier-{settings.pools[0].name}",
         ).model_copy(update=changes)
         self._save(outputs)
         return outputs

@@ -39,7 +39,7 @@ def gateway_config(
         if replicas is None:
             discovery = {
                 "stack": settings.stack,
-                "node_group": settings.pool_group(pool).name,
+                "node_group": pool.group.name,
                 "port": pool.runtime.port,
                 "region": settings.region,
             }
@@ -59,13 +59,24 @@ def gateway_config(
                 "models": models,
                 "tenants": [tenant.model_dump() for tenant in settings.tenants],
                 # Every pool's runtimes share the stack's key secret: the gateway is their one client.
-                "upstream_api_key_secret": settings.runtime.api_keys_secret or "",
+                "upstream_api_key_secret": upstream_key_secret(settings),
                 "readiness_path": settings.health.readiness_path,
             }
         )
     except ValidationError as exc:
         lines = "\n".join(f"  {p}" for p in problems_of(exc))
         raise FrontierError(f"the gateway refuses the config of stack {settings.stack!r}:\n{lines}") from None
+
+
+def upstream_key_secret(settings: Settings) -> str:
+    """The runtimes' key secret, which every pool shares (the stack check holds them to it)."""
+    secrets = sorted({pool.runtime.api_keys_secret or "" for pool in settings.pools})
+    if len(secrets) != 1:
+        raise FrontierError(
+            f"stack {settings.stack!r}: the gateway calls every pool with one key, but the pools' "
+            f"runtime.api_keys_secret differ ({', '.join(secrets)})"
+        )
+    return secrets[0]
 
 
 def render_gateway_config(settings: Settings, replicas: Mapping[str, list[str]] | None, **kwargs: Any) -> str:
@@ -76,10 +87,7 @@ def render_gateway_config(settings: Settings, replicas: Mapping[str, list[str]] 
 def static_replicas(settings: Settings) -> dict[str, list[str]]:
     """Each pool's runtimes on a static inventory: its hosts at its runtime's port."""
     return {
-        pool.name: [
-            f"http://{h.address}:{pool.runtime.port}" for h in settings.for_pool(pool.name).inventory.hosts
-        ]
-        for pool in settings.pools
+        pool.name: [f"http://{h.address}:{pool.runtime.port}" for h in pool.hosts] for pool in settings.pools
     }
 
 

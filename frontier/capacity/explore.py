@@ -207,14 +207,21 @@ def variant(settings: Settings, c: Candidate) -> Settings:
             "kv_cache_dtype": c.kv_cache_dtype,
         }
     )
-    update: dict[str, object] = {"node_groups": (new_group, *settings.node_groups[1:]), "runtime": new_rt}
+    update: dict[str, object] = {"group": new_group, "runtime": new_rt}
     if c.quantization != _quantization(settings):
         update["model"] = settings.model.model_copy(update={"quantization": c.quantization})
-    return settings.model_copy(update=update)
+    return settings.with_pool(settings.only_pool.model_copy(update=update))
 
 
 def reason_of(problem: FieldProblem) -> str:
     """A reason that groups alike problems (the figures in the message differ per candidate)."""
+    # A candidate is one pool's stack: its fields are named as a one-model file writes them.
+    problem = FieldProblem(
+        problem.path.removeprefix("pools[0]."),
+        problem.value,
+        problem.message,
+        problem.scope.removeprefix("pools[0]"),
+    )
     if problem.path.endswith(".gpu_memory_gb"):
         return "memory: weights + KV cache for max_batch_size x max_seq_len exceed the GPU's budget"
     if problem.path == "runtime.nodes_per_replica" and "GPUs per node" in problem.message:
@@ -398,31 +405,37 @@ def expert_parallel_sweep(
             max_num_batched_tokens=base.max_num_batched_tokens * groups,
             max_concurrency=base.max_concurrency * groups,
         )
-        s = settings.model_copy(
-            update={
-                "runtime": rt.model_copy(
-                    update={
-                        "expert_parallel_size": ep,
-                        # As many nodes as the replica's GPUs take: what is left to judge is the domain.
-                        "nodes_per_replica": math.ceil(replica.gpus / group.gpus_per_node),
-                        "max_concurrency": replica.max_concurrency,
-                        "queue": rt.queue.model_copy(
-                            update={"max_length": max(rt.queue.max_length, replica.max_concurrency)}
-                        ),
-                        "batch": rt.batch.model_copy(
-                            update={
-                                "max_batch_size": replica.max_batch_size,
-                                "max_num_batched_tokens": replica.max_num_batched_tokens,
-                            }
-                        ),
-                    }
-                )
-            }
+        s = settings.with_pool(
+            settings.only_pool.model_copy(
+                update={
+                    "runtime": rt.model_copy(
+                        update={
+                            "expert_parallel_size": ep,
+                            # As many nodes as the replica's GPUs take: what is left to judge is the domain.
+                            "nodes_per_replica": math.ceil(replica.gpus / group.gpus_per_node),
+                            "max_concurrency": replica.max_concurrency,
+                            "queue": rt.queue.model_copy(
+                                update={"max_length": max(rt.queue.max_length, replica.max_concurrency)}
+                            ),
+                            "batch": rt.batch.model_copy(
+                                update={
+                                    "max_batch_size": replica.max_batch_size,
+                                    "max_num_batched_tokens": replica.max_num_batched_tokens,
+                                }
+                            ),
+                        }
+                    )
+                }
+            )
         )
         broken = list(rules(s))
         # The layout's own problem first (a rollout's sizes, say, follow from it and say less).
-        first = next((b for b in broken if b.path.startswith("runtime.")), broken[0] if broken else None)
-        rule = "ok" if first is None else f"{first.path} = {first.value}: {first.text}"
+        first = next(
+            (b for b in broken if b.path.startswith("pools[0].runtime.")), broken[0] if broken else None
+        )
+        rule = (
+            "ok" if first is None else f"{first.path} = {first.value}: {first.text}".replace("pools[0].", "")
+        )
         weights, budget, kv = _ep_memory(settings, replica)
         nodes = -(-replica.gpus // group.gpus_per_node)
         row = ExpertParallelRow(

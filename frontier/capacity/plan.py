@@ -138,7 +138,7 @@ def plan_group(settings: Settings, group: NodeGroup, throughput: Throughput) -> 
     fleet_per_million = cost_per_hour / peak_tokens_per_hour * 1e6
     return GroupPlan(
         group=group,
-        memory=memory_fit(settings, group),
+        memory=memory_fit(settings.only_pool, group),
         gpus_per_replica=gpus_per_replica,
         replicas_per_node=replicas_per_node,
         idle_gpus_per_node=(

@@ -84,7 +84,7 @@ def render(c, stack=None, out=None, digest=None):
             f"{digest[:15]}… and is NOT deployable; pass --digest sha256:<64 hex> for a real release"
         )
     else:
-        console.print(f"image: {image_reference(settings, digest)}")
+        console.print(f"image: {image_reference(settings.only_pool, digest)}")
 
 
 @task(

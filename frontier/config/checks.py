@@ -4,61 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from frontier_runtime.ops.table import (
+    ATTENTION_BACKENDS,
+    AUTO,
+    CPU,
+    CUDA,
+    QUANTIZATIONS,
+    attention_backends_on,
+    quantizations_on,
+)
 from frontier_settings import FieldProblem, problems_of
 from pydantic import ValidationError
 
 from frontier.config.memory import memory_fit
-from frontier.config.schema import ModelPool, NodeGroup, Settings, runtime_config
+from frontier.config.schema import PoolSettings, Settings, runtime_config
 
 
 def cross_check(s: Settings) -> Iterator[FieldProblem]:
     """Rules that span fields: parallelism vs topology, batching vs queueing, memory fit."""
-    rt, model = s.runtime, s.model
-    tp, pp, ep = rt.tensor_parallel_size, rt.pipeline_parallel_size, rt.expert_parallel_size
-
-    # A fleet's policy, not the runtime's (which may run with no queue at all): a host that
-    # restarts must find room for every request it was running.
-    if rt.max_concurrency > rt.queue.max_length:
-        yield FieldProblem(
-            "runtime.max_concurrency",
-            rt.max_concurrency,
-            f"must be <= runtime.queue.max_length ({rt.queue.max_length}): the queue must hold one full wave",
-        )
-    # The runtime's own rules that span its section and the model's (the ones inside the runtime
-    # section ran when it was parsed).
-    try:
-        runtime_config(model, rt)
-    except ValidationError as exc:
-        for problem in problems_of(exc):
-            yield FieldProblem(_in_stack(problem.path), problem.value, problem.naming(_in_stack))
-    yield from _attention_backend_problems(s)
-    yield from _quantization_problems(s)
-    yield from _timeout_chain_problems(s)
-    if model.num_attention_heads % tp:
-        yield FieldProblem(
-            "runtime.tensor_parallel_size",
-            tp,
-            f"must divide model.num_attention_heads ({model.num_attention_heads})",
-        )
-    if model.num_kv_heads % tp and tp % model.num_kv_heads:
-        yield FieldProblem(
-            "runtime.tensor_parallel_size",
-            tp,
-            f"must divide model.num_kv_heads ({model.num_kv_heads}) or be a multiple of it (KV heads are "
-            "split across tensor-parallel ranks, or replicated when there are fewer heads than ranks)",
-        )
-    if model.num_layers % pp:
-        yield FieldProblem(
-            "runtime.pipeline_parallel_size", pp, f"must divide model.num_layers ({model.num_layers})"
-        )
-    if ep > 1 and model.num_experts == 0:
-        yield FieldProblem(
-            "runtime.expert_parallel_size", ep, "must be 1 for a dense model (model.num_experts = 0)"
-        )
-    if model.num_experts and model.num_experts % ep:
-        yield FieldProblem(
-            "runtime.expert_parallel_size", ep, f"must divide model.num_experts ({model.num_experts})"
-        )
+    for i, pool in enumerate(s.pools):
+        yield from (problem.under(f"pools[{i}]") for problem in _pool_rules(s, pool))
+        yield from _pool_fit_problems(s, pool)
+        if s.rollout.deregistration_delay_s > pool.runtime.drain_timeout_s + 600:
+            yield FieldProblem(
+                "rollout.deregistration_delay_s",
+                s.rollout.deregistration_delay_s,
+                f"is far beyond pools[{i}].runtime.drain_timeout_s ({pool.runtime.drain_timeout_s}); keep them close",
+            )
 
     names = [group.name for group in s.node_groups]
     for i, name in enumerate(names):
@@ -79,42 +51,18 @@ def cross_check(s: Settings) -> Iterator[FieldProblem]:
                 group.desired_size,
                 f"must lie within min_size ({group.min_size}) .. max_size ({group.max_size})",
             )
-        if not _runs_first_pool(s, group):
-            continue  # another pool's node group: checked with that pool's runtime below
-        if ep > group.nvlink_domain_gpus:
-            yield FieldProblem(
-                "runtime.expert_parallel_size",
-                ep,
-                f"an expert-parallel group must stay inside one NVLink domain: node group {group.name!r} "
-                f"has nvlink_domain_gpus = {group.nvlink_domain_gpus}",
-            )
-        yield from _node_span_problems(s, group)
-        fit = memory_fit(s, group)
-        if not fit.fits:
-            yield FieldProblem(
-                f"{where}.gpu_memory_gb",
-                group.gpu_memory_gb,
-                "the model does not fit: " + fit.explain(),
-            )
-
-    desired = s.serving_group.desired_size
-    if desired > 1:
-        # A rollout takes the canary hosts, then batch_size hosts, out of service at once; either way
-        # at least one host must keep serving.
-        for field in ("canary_hosts", "batch_size"):
-            value = getattr(s.rollout, field)
-            if value >= desired:
-                yield FieldProblem(
-                    f"rollout.{field}",
-                    value,
-                    f"must be < node_groups[0].desired_size ({desired}) so that a host keeps serving",
-                )
-    if s.rollout.deregistration_delay_s > s.runtime.drain_timeout_s + 600:
-        yield FieldProblem(
-            "rollout.deregistration_delay_s",
-            s.rollout.deregistration_delay_s,
-            f"is far beyond runtime.drain_timeout_s ({s.runtime.drain_timeout_s}); keep them close",
-        )
+        desired = group.desired_size
+        if desired > 1 and s.pools_on(group):
+            # A rollout takes the canary hosts, then batch_size hosts, out of service at once; either
+            # way at least one host of the group it rolls must keep serving.
+            for field in ("canary_hosts", "batch_size"):
+                value = getattr(s.rollout, field)
+                if value >= desired:
+                    yield FieldProblem(
+                        f"rollout.{field}",
+                        value,
+                        f"must be < {where}.desired_size ({desired}) so that a host keeps serving",
+                    )
     if s.health.timeout_s >= s.health.interval_s and s.health.interval_s > 1:
         yield FieldProblem(
             "health.timeout_s", s.health.timeout_s, f"must be < health.interval_s ({s.health.interval_s})"
@@ -153,49 +101,132 @@ def cross_check(s: Settings) -> Iterator[FieldProblem]:
         )
 
 
-def _attention_backend_problems(s: Settings) -> Iterator[FieldProblem]:
-    """A required attention backend the serving hosts cannot run is refused here, not at their start."""
-    backend, group = s.runtime.attention_backend, s.serving_group
-    on_cpu = group.accelerator == "cpu"
-    if on_cpu and backend in ("flash-varlen", "triton"):
+def _pool_rules(s: Settings, pool: PoolSettings) -> Iterator[FieldProblem]:
+    """The rules of one pool's model and runtime, named relative to the pool (``runtime.port``)."""
+    rt, model = pool.runtime, pool.model
+    tp, pp, ep = rt.tensor_parallel_size, rt.pipeline_parallel_size, rt.expert_parallel_size
+
+    # A fleet's policy, not the runtime's (which may run with no queue at all): a host that
+    # restarts must find room for every request it was running.
+    if rt.max_concurrency > rt.queue.max_length:
         yield FieldProblem(
-            "runtime.attention_backend",
-            backend,
-            f"needs a GPU, and node group {group.name!r} serves on CPU; use 'auto', 'cpu-kernel' or 'sdpa-gather'",
+            "runtime.max_concurrency",
+            rt.max_concurrency,
+            "must be <= {runtime.queue.max_length}"
+            + f" ({rt.queue.max_length}): the queue must hold one full wave",
         )
-    if not on_cpu and backend == "cpu-kernel":
+    # The runtime's own rules that span its section and the model's (the ones inside the runtime
+    # section ran when it was parsed).
+    try:
+        runtime_config(model, rt)
+    except ValidationError as exc:
+        for problem in problems_of(exc):
+            yield FieldProblem(_in_pool(problem.path), problem.value, problem.naming(_braced_in_pool))
+    yield from _attention_backend_problems(pool)
+    yield from _quantization_problems(pool)
+    yield from _timeout_chain_problems(s, pool)
+    if model.num_attention_heads % tp:
         yield FieldProblem(
-            "runtime.attention_backend",
-            backend,
-            f"runs on CPU hosts only, and node group {group.name!r} serves on {group.accelerator}; "
-            "use 'auto', 'triton', 'flash-varlen' or 'sdpa-gather'",
+            "runtime.tensor_parallel_size",
+            tp,
+            "must divide {model.num_attention_heads}" + f" ({model.num_attention_heads})",
         )
-    if backend == "flash-varlen" and s.runtime.kv_cache_dtype == "fp8":
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
         yield FieldProblem(
-            "runtime.attention_backend",
-            backend,
-            "reads no fp8 KV cache (runtime.kv_cache_dtype is 'fp8'); use 'triton' or 'auto'",
+            "runtime.tensor_parallel_size",
+            tp,
+            "must divide {model.num_kv_heads}"
+            + f" ({model.num_kv_heads}) or be a multiple of it (KV heads are "
+            "split across tensor-parallel ranks, or replicated when there are fewer heads than ranks)",
+        )
+    if model.num_layers % pp:
+        yield FieldProblem(
+            "runtime.pipeline_parallel_size", pp, "must divide {model.num_layers}" + f" ({model.num_layers})"
+        )
+    if ep > 1 and model.num_experts == 0:
+        yield FieldProblem(
+            "runtime.expert_parallel_size", ep, "must be 1 for a dense model ({model.num_experts} = 0)"
+        )
+    if model.num_experts and model.num_experts % ep:
+        yield FieldProblem(
+            "runtime.expert_parallel_size", ep, "must divide {model.num_experts}" + f" ({model.num_experts})"
+        )
+    group = pool.group
+    if ep > group.nvlink_domain_gpus:
+        yield FieldProblem(
+            "runtime.expert_parallel_size",
+            ep,
+            f"an expert-parallel group must stay inside one NVLink domain: node group {group.name!r} "
+            f"has nvlink_domain_gpus = {group.nvlink_domain_gpus}",
+        )
+    yield from _node_span_problems(pool)
+
+
+def _pool_fit_problems(s: Settings, pool: PoolSettings) -> Iterator[FieldProblem]:
+    """The pool's model on one GPU of its node group, named at the group's memory."""
+    fit = memory_fit(pool, pool.group)
+    if not fit.fits:
+        yield FieldProblem(
+            f"node_groups[{s.node_groups.index(pool.group)}].gpu_memory_gb",
+            pool.group.gpu_memory_gb,
+            "the model does not fit: " + fit.explain(),
         )
 
 
-def _quantization_problems(s: Settings) -> Iterator[FieldProblem]:
-    """fp8 weights need a GPU's float8 GEMMs: a CPU node group is refused here, before any host is
-    touched, as the runtime would refuse it at start."""
-    group = s.serving_group
-    if s.model.quantization == "fp8" and group.accelerator == "cpu":
+def _attention_backend_problems(pool: PoolSettings) -> Iterator[FieldProblem]:
+    """A required attention backend the serving hosts cannot run is refused here, not at their start
+    (which backend runs where is the runtime's table, ``frontier_runtime.ops.table``)."""
+    backend, group, kv = pool.runtime.attention_backend, pool.group, pool.runtime.kv_cache_dtype
+    if backend == AUTO:
+        return
+    device = _device_of(group.accelerator)
+    traits = ATTENTION_BACKENDS[backend]
+    problem = traits.problem(device)
+    if problem:
+        yield FieldProblem(
+            "runtime.attention_backend",
+            backend,
+            f"{problem}, and node group {group.name!r} serves on {group.accelerator.upper()}; "
+            f"use {_either(AUTO, *attention_backends_on(device))}",
+        )
+    elif kv != AUTO and (problem := traits.problem(device, kv)):
+        yield FieldProblem(
+            "runtime.attention_backend",
+            backend,
+            f"{problem} ({{runtime.kv_cache_dtype}} is {kv!r}); use {_either(AUTO, *attention_backends_on(device, kv))}",
+        )
+
+
+def _quantization_problems(pool: PoolSettings) -> Iterator[FieldProblem]:
+    """Weights the serving hosts cannot multiply (fp8's float8 GEMMs are a GPU's) are refused here,
+    before any host is touched, as the runtime would refuse them at start (``ops.table`` again)."""
+    group, quantization = pool.group, pool.model.quantization
+    device = _device_of(group.accelerator)
+    problem = QUANTIZATIONS[quantization].problem(device)
+    if problem:
         yield FieldProblem(
             "model.quantization",
-            "fp8",
-            f"needs a CUDA GPU (float8_e4m3fn weights), and node group {group.name!r} serves on cpu, "
-            "which runs model.quantization 'none' or 'int8'",
+            quantization,
+            f"{problem}, and node group {group.name!r} serves on {group.accelerator}, "
+            f"which runs {{model.quantization}} {' or '.join(repr(q) for q in quantizations_on(device))}",
         )
 
 
-def _timeout_chain_problems(s: Settings) -> Iterator[FieldProblem]:
+def _device_of(accelerator: str) -> str:
+    """The runtime's device type on a node group's hosts."""
+    return CPU if accelerator == "cpu" else CUDA
+
+
+def _either(*names: str) -> str:
+    quoted = [repr(name) for name in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def _timeout_chain_problems(s: Settings, pool: PoolSettings) -> Iterator[FieldProblem]:
     """The runtime's queue gives up (503 with retry-after) before whatever waits on it: the gateway's
     upstream request and the balancer's idle timeout (a non-streamed answer sends no byte until it is
     done). Where the balancer fronts the gateway is the target's rule (EC2's ``rules``)."""
-    queue_s = s.runtime.queue.timeout_ms / 1000
+    queue_s = pool.runtime.queue.timeout_ms / 1000
     waiting = [("edge.idle_timeout_s", float(s.edge.idle_timeout_s))]
     if s.gateway is not None:
         waiting.append(("gateway.request_timeout_s", s.gateway.request_timeout_s))
@@ -203,7 +234,7 @@ def _timeout_chain_problems(s: Settings) -> Iterator[FieldProblem]:
         if queue_s >= seconds:
             yield FieldProblem(
                 "runtime.queue.timeout_ms",
-                s.runtime.queue.timeout_ms,
+                pool.runtime.queue.timeout_ms,
                 f"must give up before {name} ({seconds:g} s): a queued request would be cut off there "
                 "without the runtime's 503 and retry-after",
             )
@@ -224,7 +255,7 @@ def scale_to_zero_problems(s: Settings) -> Iterator[FieldProblem]:
                     f"has no effect with min_size {group.min_size}: set min_size 0 to let the group go to zero",
                 )
             continue
-        served = [pool.name for pool in s.pools if s.pool_group(pool) == group]
+        served = [pool.name for pool in s.pools_on(group)]
         for name in served:
             if name not in holds:
                 yield FieldProblem(
@@ -277,11 +308,11 @@ def alert_problems(s: Settings) -> Iterator[FieldProblem]:
         )
 
 
-def _node_span_problems(s: Settings, group: NodeGroup) -> Iterator[FieldProblem]:
+def _node_span_problems(pool: PoolSettings) -> Iterator[FieldProblem]:
     """A replica's ranks over its nodes: each node's share must fit the node, and a pipeline stage
     (a tensor- or expert-parallel group, all-reducing every layer) that spans nodes must stay in one
     NVLink domain (the runtime splits ranks over nodes in order: whole stages when N divides PP)."""
-    rt = s.runtime
+    rt, group = pool.runtime, pool.group
     nodes, ranks = rt.nodes_per_replica, rt.ranks
     if ranks % nodes:
         return  # the runtime section's own rule names it
@@ -315,9 +346,14 @@ def _node_span_problems(s: Settings, group: NodeGroup) -> Iterator[FieldProblem]
         )
 
 
-def _in_stack(path: str) -> str:
-    """A field of the runtime's config where the stack file holds it: its model is the stack's."""
+def _in_pool(path: str) -> str:
+    """A field of the runtime's config where the pool holds it: its model is the pool's."""
     return path if path.startswith("model.") else f"runtime.{path}"
+
+
+def _braced_in_pool(path: str) -> str:
+    """A field the runtime's message names, as a reference the pool's problem writes out in full."""
+    return "{" + _in_pool(path) + "}"
 
 
 def certificate_problems(s: Settings) -> Iterator[FieldProblem]:
@@ -332,71 +368,53 @@ def certificate_problems(s: Settings) -> Iterator[FieldProblem]:
 # --- model pools, the gateway and tenants ----------------------------------------------------------
 
 
-def _runs_first_pool(s: Settings, group: object) -> bool:
-    # A one-model stack may run its model on any node group; a stack that lists models runs each
-    # pool on its own group only.
-    return not s.models or group == s.pool_group(s.pools[0])
-
-
-# Problems a pool's own model and runtime can have, as cross_check words them for the first pool.
-_POOL_FIELDS = ("model.", "runtime.", "node_groups[0].gpu_memory_gb")
-
-
 def pool_problems(s: Settings) -> Iterator[FieldProblem]:
-    """Each listed model: a unique name, a known node group and hosts, its own fit and rules."""
-    if not s.models:
-        return
-    groups = [group.name for group in s.node_groups]
-    hosts = [host.name for host in s.inventory.hosts]
+    """The pools: a unique name each, and a host runs one pool."""
     seen: dict[str, int] = {}
     host_owner: dict[str, str] = {}
+    listed = len(s.pools) > 1
     for i, pool in enumerate(s.pools):
-        where = f"models[{i}]"
+        where = f"pools[{i}]"
         if pool.name in seen:
             yield FieldProblem(
-                f"{where}.model.name", pool.name, f"must be unique among models (models[{seen[pool.name]}])"
+                f"{where}.model.name", pool.name, f"must be unique among models (pools[{seen[pool.name]}])"
             )
         seen.setdefault(pool.name, i)
-        if pool.node_group and pool.node_group not in groups:
-            yield FieldProblem(
-                f"{where}.node_group", pool.node_group, f"must name one of node_groups ({', '.join(groups)})"
-            )
         for j, host in enumerate(pool.hosts):
-            if host not in hosts:
+            if listed and host.name in host_owner:
                 yield FieldProblem(
-                    f"{where}.hosts[{j}]", host, f"must name one of inventory.hosts ({', '.join(hosts)})"
+                    f"{where}.hosts[{j}]",
+                    host.name,
+                    f"already runs model {host_owner[host.name]!r}: one pool per host",
                 )
-            elif host in host_owner:
-                yield FieldProblem(
-                    f"{where}.hosts[{j}]", host, f"already runs model {host_owner[host]!r}: one pool per host"
-                )
-            host_owner.setdefault(host, pool.name)
-        if len(s.pools) > 1 and s.inventory.source == "static" and not pool.hosts:
-            yield FieldProblem(
-                f"{where}.hosts",
-                [],
-                "with several models, each pool must list the inventory.hosts it runs on",
-            )
-        if i:
-            yield from _pool_rules(s, i, pool)
+            host_owner.setdefault(host.name, pool.name)
     if len(s.pools) > 1 and s.gateway is None:
         yield FieldProblem(
             "gateway", None, f"{len(s.pools)} models need a 'frontier:gateway' section to route by model"
         )
+    yield from _shared_problems(s)
 
 
-def _pool_rules(s: Settings, i: int, pool: ModelPool) -> Iterator[FieldProblem]:
-    """cross_check's model, runtime and memory rules for pool ``i``, named by its place in models."""
-    group = s.pool_group(pool)
-    alone = s.for_pool(pool.name).model_copy(
-        update={"node_groups": (group,), "models": (), "tenants": (), "gateway": None}
-    )
-    for problem in cross_check(alone):
-        if problem.path.startswith(_POOL_FIELDS):
-            path = problem.path.replace("node_groups[0]", f"node_groups[{s.node_groups.index(group)}]")
-            if not path.startswith("node_groups"):
-                path = f"models[{i}].{path}"
-            yield FieldProblem(path, problem.value, problem.text)
+def _shared_problems(s: Settings) -> Iterator[FieldProblem]:
+    """What the stack builds once for all its pools (one key secret the gateway calls them with,
+    one image repository, one weights bucket): every pool names the same as the one listed first."""
+
+    def shared(pool: PoolSettings) -> dict[str, str | None]:
+        return {
+            "runtime.api_keys_secret": pool.runtime.api_keys_secret,
+            "runtime.image_repository": pool.runtime.image_repository,
+            "model.weights_uri": pool.model.weights_uri.removeprefix("s3://").split("/", 1)[0],
+        }
+
+    first = shared(s.pools[0])
+    for i, pool in enumerate(s.pools[1:], start=1):
+        for field, value in shared(pool).items():
+            if value != first[field]:
+                yield FieldProblem(
+                    f"pools[{i}].{field}",
+                    value,
+                    f"must be {first[field]!r}, as pools[0]'s: the stack builds one for all its pools",
+                )
 
 
 def tenant_problems(s: Settings) -> Iterator[FieldProblem]:

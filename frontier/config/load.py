@@ -8,6 +8,7 @@ a stack through :func:`frontier.targets.load_stack`, which brings those of the s
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -56,19 +57,61 @@ def read_stack(
     if not isinstance(config, dict):
         raise StackError(f"{file}: expected a top-level 'config:' mapping")
     raw = _unnamespace(config, file)
+    listed = _lists_models(raw, file)
+    raw = _with_pools(raw, listed)
     raw.update(stack=stack, source=str(file))
     try:
         settings = Settings.model_validate(raw)
     except ValidationError as exc:
-        problems = list(problems_of(exc))
-        if "models" in raw:
-            # model and runtime are copies of models[0]'s: name each problem once, where it was written.
-            problems = [p for p in problems if not p.path.startswith(("model.", "runtime."))]
-        raise StackError(_describe(file, problems)) from None
+        # A pool's group and hosts are copies of node_groups and inventory.hosts entries: each
+        # problem of theirs is named once, where it was written.
+        problems = [p for p in problems_of(exc) if not _COPIED.match(p.path)]
+        raise StackError(_describe(file, problems, listed)) from None
     problems = list(rules(settings))
     if problems:
-        raise StackError(_describe(file, problems))
+        raise StackError(_describe(file, problems, listed))
     return settings
+
+
+# The two shapes of a stack file's pools: one model (``frontier:model`` + ``frontier:runtime``) or
+# a list (``frontier:models``, each entry a model, a runtime, its node group, replicas and hosts).
+_ONE_POOL = ("model", "runtime")
+_COPIED = re.compile(r"^pools\[\d+\]\.(group|hosts\[\d+\])\.")
+_POOL_PATH = re.compile(r"\bpools\[(\d+)\](\.?)")
+
+
+def _lists_models(raw: dict[str, object], file: Path) -> bool:
+    """Whether the file lists its models; a file that also writes a top-level one is refused."""
+    if "models" not in raw:
+        return False
+    mixed = [f"{PROJECT}:{key}" for key in _ONE_POOL if key in raw]
+    if mixed:
+        raise StackError(
+            f"{file}: {PROJECT}:models and {' and '.join(mixed)}: a stack lists its models under "
+            f"{PROJECT}:models, or writes its one model as {PROJECT}:model and {PROJECT}:runtime, not both"
+        )
+    return True
+
+
+def _with_pools(raw: dict[str, object], listed: bool) -> dict[str, object]:
+    """The file's models as ``pools``, the one shape :class:`Settings` has."""
+    if listed:
+        pools = raw.pop("models")
+    else:
+        pools = [{key: raw.pop(key) for key in _ONE_POOL if key in raw}]
+    return {**raw, "pools": pools, "listed_models": listed}
+
+
+def _as_written(text: str, listed: bool) -> str:
+    """A problem's field paths as the file writes them: ``pools[1].runtime`` is ``models[1].runtime``
+    in a file that lists its models, and ``pools[0].runtime`` is ``runtime`` in a one-model file."""
+
+    def written(match: re.Match[str]) -> str:
+        if listed:
+            return f"models[{match.group(1)}]{match.group(2)}"
+        return "" if match.group(2) else "model"
+
+    return _POOL_PATH.sub(written, text)
 
 
 def _unnamespace(config: dict[str, object], file: Path) -> dict[str, object]:
@@ -85,9 +128,9 @@ def _unnamespace(config: dict[str, object], file: Path) -> dict[str, object]:
     return raw
 
 
-def _describe(file: Path, problems: list[FieldProblem]) -> str:
+def _describe(file: Path, problems: list[FieldProblem], listed: bool) -> str:
     lines = [f"{file}: {len(problems)} problem(s)"]
     for p in problems:
         shown = "" if p.value is None else f" = {p.value!r}"
-        lines.append(f"  {p.path}{shown}: {p.text}")
+        lines.append(_as_written(f"  {p.path}{shown}: {p.text}", listed))
     return "\n".join(lines)

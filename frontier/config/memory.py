@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from frontier.config.schema import DTYPE_BYTES, GB, Model, NodeGroup, Settings
+from frontier.config.schema import DTYPE_BYTES, GB, Model, NodeGroup, PoolSettings
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,9 @@ def weights_bytes(model: Model) -> float:
     return rest * DTYPE_BYTES[model.dtype] + projections * projection_bytes_per_parameter(model)
 
 
-def kv_cache_dtype_bytes(s: Settings) -> int:
-    dtype = s.runtime.kv_cache_dtype
-    return DTYPE_BYTES[s.model.dtype if dtype == "auto" else dtype]
+def kv_cache_dtype_bytes(pool: PoolSettings) -> int:
+    dtype = pool.runtime.kv_cache_dtype
+    return DTYPE_BYTES[pool.model.dtype if dtype == "auto" else dtype]
 
 
 def kv_bytes_per_token(
@@ -109,11 +109,12 @@ def kv_bytes_per_token(
     return 2 * layers * heads * model.head_dim * dtype_bytes
 
 
-def memory_fit(s: Settings, group: NodeGroup) -> MemoryFit:
-    rt, model = s.runtime, s.model
+def memory_fit(pool: PoolSettings, group: NodeGroup) -> MemoryFit:
+    """One GPU of ``group`` serving ``pool``'s model with its runtime (the planner asks of other groups)."""
+    rt, model = pool.runtime, pool.model
     shards = rt.tensor_parallel_size * rt.pipeline_parallel_size
     weights = weights_bytes(model)
-    dtype_bytes = kv_cache_dtype_bytes(s)
+    dtype_bytes = kv_cache_dtype_bytes(pool)
     tokens = rt.batch.max_batch_size * model.max_seq_len
     per_gpu = kv_bytes_per_token(model, dtype_bytes, rt.tensor_parallel_size, rt.pipeline_parallel_size)
     return MemoryFit(

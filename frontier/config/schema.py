@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from frontier_gateway.config import GatewaySettings, TenantConfig
 from frontier_hostside.names import HOST_ROOT, RUNTIME_UID
@@ -17,6 +18,7 @@ from frontier_settings import FieldProblem, FieldProblems
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from frontier.config.schedule import Schedule
+from frontier.errors import StackError
 
 PROJECT = "frontier"
 
@@ -648,23 +650,26 @@ class Kubernetes(_Settings):
     )
 
 
-class ModelPool(_Settings):
-    """One model a stack serves: its own node group, runtime settings, replicas and releases.
+class PoolSettings(_Settings):
+    """One model a stack serves, resolved: its model, runtime, node group, replicas and hosts.
 
     Clients name it by ``model.name`` in the ``model`` field of a request; the gateway routes there.
+    A stack file writes a pool as ``frontier:model`` + ``frontier:runtime`` (a one-model stack) or as
+    one entry of ``frontier:models`` naming its ``node_group`` and ``hosts``; :class:`Settings`
+    resolves those names, so a pool carries the group and hosts themselves.
     """
 
     model: Model
     runtime: Runtime
-    node_group: str = Field(default="", description="The node_groups entry it runs on; empty: the first.")
+    group: NodeGroup
     replicas: int | None = Field(
         default=None,
         ge=1,
         le=1000,
         description="Replicas of this pool; empty: the node group's desired_size.",
     )
-    hosts: tuple[str, ...] = Field(
-        default=(), description="Static inventory: the inventory.hosts names that run this pool; empty: all."
+    hosts: tuple[Host, ...] = Field(
+        default=(), description="Static inventory: the inventory.hosts that run this pool."
     )
 
     @property
@@ -694,8 +699,11 @@ class Settings(_Settings):
     region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]$")
     network: Network
     node_groups: tuple[NodeGroup, ...] = Field(min_length=1)
-    model: Model
-    runtime: Runtime
+    #: Every model the stack serves, each on its own node group (see :class:`PoolSettings`).
+    pools: tuple[PoolSettings, ...]
+    #: The file lists its models (``frontier:models``) rather than writing one: each pool then keeps
+    #: its own releases, history and lock (``models/<name>/`` under the stack's history prefix).
+    listed_models: bool = False
     health: Health
     rollout: Rollout
     slo: Slo
@@ -707,10 +715,6 @@ class Settings(_Settings):
     verify: Verify = Verify()
     local: Local | None = None
     kubernetes: Kubernetes | None = None
-    #: Every model the stack serves. A stack file may list them under ``frontier:models``; one
-    #: written with a single ``model`` and ``runtime`` leaves this empty (see :attr:`pools`), and
-    #: ``model`` / ``runtime`` always hold the first pool's.
-    models: tuple[ModelPool, ...] = ()
     gateway: Gateway | None = None
     tenants: tuple[TenantConfig, ...] = ()
     alerts: Alerts = Alerts()
@@ -725,24 +729,125 @@ class Settings(_Settings):
 
     @model_validator(mode="before")
     @classmethod
-    def _first_pool(cls, data: object) -> object:
-        # A stack that lists models keeps model and runtime as the first pool's, so code that
-        # serves one model at a time reads them as before.
-        if isinstance(data, dict) and isinstance(data.get("models"), list) and data["models"]:
-            first = data["models"][0]
-            if isinstance(first, dict) and "model" not in data and "runtime" not in data:
-                return {**data, "model": first.get("model"), "runtime": first.get("runtime")}
-        return data
+    def _resolve_pools(cls, data: object) -> object:
+        # A pool names its node group and hosts; every reader gets the group and hosts themselves.
+        if not isinstance(data, dict) or not isinstance(data.get("pools"), list):
+            return data
+        groups = data.get("node_groups") or []
+        inventory = data.get("inventory") or {}
+        hosts = inventory.get("hosts") or [] if isinstance(inventory, dict) else []
+        shared = (
+            len(data["pools"]) > 1 and isinstance(inventory, dict) and inventory.get("source") == "static"
+        )
+        resolved, problems = [], []
+        for i, pool in enumerate(data["pools"]):
+            if isinstance(pool, dict):
+                if shared and not pool.get("hosts"):
+                    # Hosts run one pool each: with several, "all hosts" would be every pool's.
+                    problems.append(
+                        FieldProblem(
+                            f"pools[{i}].hosts",
+                            [],
+                            "with several models, each pool must list the inventory.hosts it runs on",
+                        )
+                    )
+                pool, wrong = _resolved_pool(pool, groups, hosts, f"pools[{i}]")
+                problems.extend(wrong)
+            resolved.append(pool)
+        if problems:
+            raise FieldProblems(*problems)
+        return {**data, "pools": resolved}
+
+    @model_validator(mode="after")
+    def _pools_run_on_the_stacks_groups(self) -> Settings:
+        if not self.pools:
+            raise FieldProblems(FieldProblem("pools", [], "a stack serves at least one model"))
+        problems = [
+            FieldProblem(f"pools[{i}].group", pool.group.name, "must be one of node_groups, as written there")
+            for i, pool in enumerate(self.pools)
+            if pool.group not in self.node_groups
+        ]
+        if problems:
+            raise FieldProblems(*problems)
+        # Each pool holds the very node group the stack declares (``pool.group is node_groups[i]``).
+        return self.model_copy(update={"node_groups": self.node_groups})
 
     @property
-    def pools(self) -> tuple[ModelPool, ...]:
-        """Every model pool, the first one always carrying ``model`` and ``runtime``."""
-        if not self.models:
-            return (ModelPool(model=self.model, runtime=self.runtime),)
-        first = self.models[0].model_copy(update={"model": self.model, "runtime": self.runtime})
-        return (first, *self.models[1:])
+    def only_pool(self) -> PoolSettings:
+        """The pool of a stack that serves one model, or of one pool's view (:meth:`for_pool`).
 
-    def pool(self, name: str) -> ModelPool:
+        A stack of several models has no such pool: code that acts for a pool is handed the one it
+        acts for, and reading this there is refused rather than answered with the first pool.
+        """
+        if len(self.pools) != 1:
+            raise StackError(
+                f"stack {self.stack!r} serves {len(self.pools)} models ({self.model_names()}): "
+                "name the pool to act for"
+            )
+        return self.pools[0]
+
+    @property
+    def model(self) -> Model:
+        """:attr:`only_pool`'s model (code not yet handed its pool reads it here)."""
+        return self.only_pool.model
+
+    @property
+    def runtime(self) -> Runtime:
+        """:attr:`only_pool`'s runtime."""
+        return self.only_pool.runtime
+
+    @property
+    def serving_group(self) -> NodeGroup:
+        """:attr:`only_pool`'s node group."""
+        return self.only_pool.group
+
+    # What the stack builds once for every pool: one key secret, one image repository, one weights
+    # location. Each pool's section names it; the stack check holds the pools to the same one.
+
+    @property
+    def api_keys_secret(self) -> str:
+        """The Secrets Manager id of the runtimes' API keys, which every pool shares."""
+        return self._shared(
+            "runtime.api_keys_secret", {pool.runtime.api_keys_secret or "" for pool in self.pools}
+        )
+
+    @property
+    def image_repository(self) -> str:
+        """The runtime image's repository, which every pool's runtime comes from."""
+        return self._shared(
+            "runtime.image_repository", {pool.runtime.image_repository for pool in self.pools}
+        )
+
+    @property
+    def weights_root(self) -> str:
+        """``s3://bucket/prefix`` holding every pool's weights: their bucket, and the prefix they share."""
+        buckets = {pool.model.weights_uri.removeprefix("s3://").split("/", 1)[0] for pool in self.pools}
+        bucket = self._shared("model.weights_uri's bucket", buckets)
+        paths = [
+            pool.model.weights_uri.removeprefix(f"s3://{bucket}").strip("/").split("/") for pool in self.pools
+        ]
+        common = []
+        for parts in zip(*paths, strict=False):
+            if len(set(parts)) != 1:
+                break
+            common.append(parts[0])
+        return "/".join([f"s3://{bucket}", *common])
+
+    def _shared(self, field: str, values: set[str]) -> str:
+        if len(values) != 1:
+            raise StackError(
+                f"stack {self.stack!r}: every pool's {field} must be the same, got {', '.join(sorted(values))}"
+            )
+        return values.pop()
+
+    def for_pool(self, name: str) -> Settings:
+        """These settings narrowed to the pool serving model ``name``: it is then their only pool,
+        and the inventory holds its hosts. Code not yet handed a pool acts for one through this."""
+        pool = self.pool(name)
+        inventory = self.inventory.model_copy(update={"hosts": pool.hosts})
+        return self.model_copy(update={"pools": (pool,), "inventory": inventory})
+
+    def pool(self, name: str) -> PoolSettings:
         """The pool serving model ``name``; KeyError naming the models served otherwise."""
         for pool in self.pools:
             if pool.name == name:
@@ -754,42 +859,80 @@ class Settings(_Settings):
     def model_names(self) -> str:
         return ", ".join(pool.name for pool in self.pools)
 
-    def pool_group(self, pool: ModelPool) -> NodeGroup:
-        """The node group a pool runs on (the first one unless the pool names another)."""
-        for group in self.node_groups:
-            if group.name == pool.node_group:
-                return group
-        return self.node_groups[0]
+    def pools_on(self, group: NodeGroup) -> tuple[PoolSettings, ...]:
+        """The pools whose replicas run on ``group``."""
+        return tuple(pool for pool in self.pools if pool.group.name == group.name)
 
-    def for_pool(self, name: str) -> Settings:
-        """These settings as if the stack served only model ``name``: its runtime, its node group
-        first, its hosts. Deploys, renders and plans work on one pool through this view."""
-        pool = self.pool(name)
-        group = self.pool_group(pool)
-        inventory = self.inventory
-        if pool.hosts:
-            hosts = tuple(host for host in inventory.hosts if host.name in pool.hosts)
-            inventory = inventory.model_copy(update={"hosts": hosts})
-        groups = (group, *(g for g in self.node_groups if g.name != group.name))
-        return self.model_copy(
-            update={
-                "model": pool.model,
-                "runtime": pool.runtime,
-                "node_groups": groups,
-                "inventory": inventory,
-                "models": (pool,) if self.models else (),
-            }
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Settings:
+        """A copy with ``update``, its pools kept on the node groups it declares: new ``node_groups``
+        reach the pools that run on them, and a one-pool stack's ``model`` or ``runtime`` is its pool's."""
+        changes = dict(update or {})
+        of_pool: dict[str, Any] = {key: changes.pop(key) for key in ("model", "runtime") if key in changes}
+        copy = super().model_copy(update=changes, deep=deep)
+        if "node_groups" in changes:
+            by_name = {group.name: group for group in copy.node_groups}
+            pools = tuple(
+                pool.model_copy(update={"group": by_name.get(pool.group.name, pool.group)})
+                for pool in copy.pools
+            )
+            copy = super(Settings, copy).model_copy(update={"pools": pools})
+        if of_pool:
+            copy = copy.with_pool(copy.only_pool.model_copy(update=of_pool))
+        return copy
+
+    def with_pool(self, pool: PoolSettings) -> Settings:
+        """These settings with the pool of the same name replaced by ``pool``, and its node group
+        replaced where node_groups declares it (what-if copies: the planner's candidates, tests)."""
+        old = self.pool(pool.name).group
+        groups = tuple(pool.group if group.name == old.name else group for group in self.node_groups)
+        by_name = {group.name: group for group in groups}
+        pools = tuple(
+            pool
+            if p.name == pool.name
+            else p.model_copy(update={"group": by_name.get(p.group.name, pool.group)})
+            for p in self.pools
         )
-
-    @property
-    def serving_group(self) -> NodeGroup:
-        """The node group the model is served on (the first one)."""
-        return self.node_groups[0]
+        return self.model_copy(update={"node_groups": groups, "pools": pools})
 
     def alert_route(self, severity: Severity) -> AlertRoute:
         """Where ``severity``'s alarms go: its ``alerts.routes`` entry, with ``monitoring.alarm_email``
         (the one on-call address older stack files give) on the page route."""
         return self.alerts.route(severity, self.monitoring.alarm_email)
+
+
+def _resolved_pool(
+    pool: dict[str, object], groups: list[object], hosts: list[object], where: str
+) -> tuple[dict[str, object], list[FieldProblem]]:
+    """A pool as written (``node_group`` and ``hosts`` by name; no group: the first, no hosts: all)
+    with its group and hosts in their place, and the names that match none."""
+    pool = dict(pool)
+    problems = []
+    if "group" not in pool:
+        name = pool.pop("node_group", "") or ""
+        named = [g for g in groups if isinstance(g, dict) and g.get("name") == name]
+        if named or not name:
+            pool["group"] = named[0] if named else (groups[0] if groups else None)
+        else:
+            known = ", ".join(str(g.get("name")) for g in groups if isinstance(g, dict))
+            problems.append(
+                FieldProblem(f"{where}.node_group", name, f"must name one of node_groups ({known})")
+            )
+    names = pool.get("hosts")
+    if isinstance(names, list | tuple) and all(isinstance(n, str) for n in names):
+        by_name = {h.get("name"): h for h in hosts if isinstance(h, dict)}
+        if names:
+            pool["hosts"] = [by_name.get(n, n) for n in names]
+            known = ", ".join(str(n) for n in by_name)
+            problems.extend(
+                FieldProblem(f"{where}.hosts[{j}]", n, f"must name one of inventory.hosts ({known})")
+                for j, n in enumerate(names)
+                if n not in by_name
+            )
+        else:
+            pool["hosts"] = list(hosts)
+    elif "hosts" not in pool:
+        pool["hosts"] = list(hosts)
+    return pool, problems
 
 
 def runtime_config(model: Model, runtime: Runtime, **derived: object) -> RuntimeConfig:

@@ -163,7 +163,7 @@ def scale_from_zero(
     """Take ``model``'s pool to zero, send ``requests`` at once through the gateway while the local
     autoscaler brings one slot up, then wait for the pool to go back to zero by itself."""
     gateway = settings.gateway
-    group = settings.pool_group(settings.pool(model))
+    group = settings.pool(model).group
     if gateway is None or model not in gateway.hold or group.min_size != 0 or group.idle_to_zero_s is None:
         raise FrontierError(
             f"model {model!r} of stack {settings.stack!r} cannot go to zero: it needs min_size 0, "

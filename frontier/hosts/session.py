@@ -78,7 +78,7 @@ class HostError(FrontierError):
 def render_host_agent_config(settings: Settings, host: HostSpec) -> str:
     """The agent configuration of ``host`` (``frontier-agent.json``)."""
     return render_agent_config(
-        settings, host=host.name, root=host.root, python=host.python, address=host.address
+        settings, settings.only_pool, host=host.name, root=host.root, python=host.python, address=host.address
     )
 
 

@@ -82,7 +82,9 @@ class ResourceLimits:
 
 
 def resource_limits(settings: Settings) -> ResourceLimits:
-    return ResourceLimits(gpu_memory=round((1 + settings.runtime.gpu_memory_utilization) / 2, 4))
+    # A host runs one pool: halfway above the most any pool claims, so no pool's steady serving trips it.
+    claimed = max(pool.runtime.gpu_memory_utilization for pool in settings.pools)
+    return ResourceLimits(gpu_memory=round((1 + claimed) / 2, 4))
 
 
 def severities(settings: Settings) -> dict[str, Severity]:

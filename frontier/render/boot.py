@@ -21,7 +21,7 @@ from frontier_hostside.names import (
 from frontier.access.gateway import render_gateway_config
 from frontier.config import host_image as image
 from frontier.config.hardware import has_nvswitch, instance_store
-from frontier.config.schema import NodeGroup, Settings
+from frontier.config.schema import NodeGroup, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.render.alerts import HOST_NAMESPACE, AgentMetrics, agent_metrics
 from frontier.render.templates import render_template
@@ -30,9 +30,7 @@ from frontier.render.templates import render_template
 DLAMI_NVME_MOUNT = "/opt/dlami/nvme"
 
 
-def _group(settings: Settings, group: NodeGroup | str | None) -> NodeGroup:
-    if group is None:
-        return settings.serving_group
+def _group(settings: Settings, group: NodeGroup | str) -> NodeGroup:
     if isinstance(group, NodeGroup):
         return group
     for candidate in settings.node_groups:
@@ -42,7 +40,7 @@ def _group(settings: Settings, group: NodeGroup | str | None) -> NodeGroup:
     raise FrontierError(f"stack {settings.stack!r} has no node group {group!r} (node groups: {known})")
 
 
-def render_driver_script(settings: Settings, group: NodeGroup | str | None = None) -> str:
+def render_driver_script(settings: Settings, group: NodeGroup | str) -> str:
     """The NVIDIA driver check (or install, on plain Ubuntu); idempotent, ends in a status line."""
     node_group = _group(settings, group)
     return render_template(
@@ -97,7 +95,7 @@ def shipped_logs(settings: Settings) -> list[ShippedLog]:
     ]
 
 
-def render_cloudwatch_agent(settings: Settings, group: NodeGroup | str | None = None) -> str:
+def render_cloudwatch_agent(settings: Settings, group: NodeGroup | str) -> str:
     """The CloudWatch agent's configuration for ``group``'s hosts: their logs, and their host, process
     and GPU metrics (:func:`frontier.render.alerts.agent_metrics`; the runtime's own metrics come
     from the bootstrap's publisher)."""
@@ -110,8 +108,20 @@ def render_cloudwatch_agent(settings: Settings, group: NodeGroup | str | None = 
 def replica_nodes(settings: Settings, group: NodeGroup) -> int:
     """How many nodes one replica of ``group`` spans: ``runtime.nodes_per_replica`` of the pool
     that runs on it (1 for a group no pool runs on)."""
-    spans = [pool.runtime.nodes_per_replica for pool in settings.pools if settings.pool_group(pool) == group]
+    spans = [pool.runtime.nodes_per_replica for pool in settings.pools_on(group)]
     return max(spans, default=1)
+
+
+def group_pool(settings: Settings, group: NodeGroup) -> PoolSettings:
+    """The pool whose replicas ``group``'s hosts boot into: one per group where hosts boot the runtime."""
+    pools = settings.pools_on(group)
+    if len(pools) != 1:
+        served = ", ".join(pool.name for pool in pools) or "none"
+        raise FrontierError(
+            f"stack {settings.stack!r}: node group {group.name!r} runs {len(pools)} models ({served}); "
+            "its hosts boot the runtime of exactly one"
+        )
+    return pools[0]
 
 
 def node_env(
@@ -123,6 +133,7 @@ def node_env(
     slot (replica, node) before the runtime starts (frontier_hostside/rendezvous.py).
     """
     nodes = replica_nodes(settings, group)
+    port = group_pool(settings, group).runtime.port
     return [
         ("FRONTIER_STACK", settings.stack),
         ("FRONTIER_NODE_GROUP", group.name),
@@ -135,7 +146,7 @@ def node_env(
         ("FRONTIER_LAUNCH_HOOK", names.LAUNCH_HOOK),
         ("FRONTIER_TERMINATE_HOOK", names.TERMINATE_HOOK),
         ("FRONTIER_READINESS_TIMEOUT_S", str(math.ceil(settings.rollout.readiness_timeout_s))),
-        ("FRONTIER_METRICS_URL", f"http://127.0.0.1:{settings.runtime.port}{names.METRICS_PATH}"),
+        ("FRONTIER_METRICS_URL", f"http://127.0.0.1:{port}{names.METRICS_PATH}"),
         ("FRONTIER_METRIC_NAMESPACE", names.CLOUDWATCH_NAMESPACE),
         ("FRONTIER_QUEUE_METRIC", names.QUEUE_DEPTH_METRIC),
         ("FRONTIER_RUNNING_METRIC", names.RUNNING_REQUESTS_METRIC),
@@ -153,7 +164,9 @@ LEADER_PROXY_CONFIG = "/etc/frontier/leader-proxy.cfg"
 LEADER_PROXY_SOCKET = f"{names.CLOUD_HAPROXY_STATE}/leader-proxy.sock"
 
 
-def render_leader_proxy(settings: Settings, *, stats_socket: str = LEADER_PROXY_SOCKET) -> str:
+def render_leader_proxy(
+    settings: Settings, pool: PoolSettings, *, stats_socket: str = LEADER_PROXY_SOCKET
+) -> str:
     """A worker node's HAProxy: the runtime's port (all addresses) forwarded to its leader's.
 
     The leader's address is HAProxy's ``${FRONTIER_LEADER_ADDRESS}``, from the environment file the
@@ -162,7 +175,7 @@ def render_leader_proxy(settings: Settings, *, stats_socket: str = LEADER_PROXY_
     of its own would answer 503 to the liveness probe while the leader loads, and the worker's
     watchdog would restart it for that).
     """
-    runtime = settings.runtime
+    runtime = pool.runtime
     per_host = runtime.max_concurrency + runtime.queue.max_length
     return render_template(
         "haproxy.cfg.j2",
@@ -195,13 +208,15 @@ class ReplicaBoot:
 def replica_boot(settings: Settings, group: NodeGroup) -> ReplicaBoot | None:
     """None for a group whose replica fits one node: its hosts boot exactly as before."""
     nodes = replica_nodes(settings, group)
-    return ReplicaBoot(nodes, render_leader_proxy(settings)) if nodes > 1 else None
+    return (
+        ReplicaBoot(nodes, render_leader_proxy(settings, group_pool(settings, group))) if nodes > 1 else None
+    )
 
 
-def replica_unit(settings: Settings) -> dict[str, object]:
+def replica_unit(settings: Settings, pool: PoolSettings) -> dict[str, object]:
     """What the runtime's unit (templates/frontier-runtime.service.j2) adds for a replica over several
     nodes; nothing for one that fits a node, whose unit renders as before."""
-    nodes = replica_nodes(settings, settings.serving_group)
+    nodes = replica_nodes(settings, pool.group)
     if nodes == 1:
         return {}
     return {
@@ -249,7 +264,7 @@ def gateway_env(settings: Settings) -> list[tuple[str, str]]:
     """``/etc/frontier/gateway.env``: what the bootstrap's ``publish-gateway`` reads on a gateway host."""
     gw = settings.gateway
     assert gw is not None
-    pools = ",".join(f"{pool.name}={settings.pool_group(pool).name}" for pool in settings.pools)
+    pools = ",".join(f"{pool.name}={pool.group.name}" for pool in settings.pools)
     return [
         ("FRONTIER_STACK", settings.stack),
         ("AWS_REGION", settings.region),
@@ -391,7 +406,7 @@ def render_cloud_init(
     """
     node_group = _group(settings, group)
     prefix = history_prefix or f"history/{settings.stack}/"
-    registry = settings.runtime.image_repository.split("/", 1)[0]
+    registry = group_pool(settings, node_group).runtime.image_repository.split("/", 1)[0]
     tools_uri = f"s3://{history_bucket}/{prefix}{names.HOST_TOOLS_PREFIX}{node_group.name}/"
     return render_template(
         "cloud-init.yaml.j2",

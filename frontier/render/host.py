@@ -32,37 +32,37 @@ from frontier_settings import problems_of
 from pydantic import ValidationError
 
 from frontier.config.memory import kv_bytes_per_token, kv_cache_dtype_bytes
-from frontier.config.schema import Settings, runtime_config
+from frontier.config.schema import PoolSettings, Settings, runtime_config
 from frontier.errors import FrontierError
 from frontier.release.artifact import check_digest, is_placeholder
 from frontier.render.boot import replica_unit
 from frontier.render.templates import render_template
 
 
-def cpu_kv_cache_bytes(settings: Settings) -> int:
+def cpu_kv_cache_bytes(pool: PoolSettings) -> int:
     """KV cache for max_batch_size sequences of max_seq_len tokens, the whole model on one device."""
-    per_token = kv_bytes_per_token(settings.model, kv_cache_dtype_bytes(settings))
-    return per_token * settings.runtime.batch.max_batch_size * settings.model.max_seq_len
+    per_token = kv_bytes_per_token(pool.model, kv_cache_dtype_bytes(pool))
+    return per_token * pool.runtime.batch.max_batch_size * pool.model.max_seq_len
 
 
-def runtime_config_for(settings: Settings) -> RuntimeConfig:
-    """The runtime's config for this stack's (first) pool: its runtime section as written, plus the
-    model, the probe paths and the device its node group gives it."""
-    on_cpu = settings.serving_group.accelerator == "cpu"
+def runtime_config_for(settings: Settings, pool: PoolSettings) -> RuntimeConfig:
+    """The runtime's config for ``pool``: its runtime section as written, plus the model, the
+    stack's probe paths and the device its node group gives it."""
+    on_cpu = pool.group.accelerator == "cpu"
     derived: dict[str, Any] = {
         "health": settings.health.model_dump(include=set(HealthConfig.model_fields)),
         "device": "cpu" if on_cpu else "cuda",
     }
-    if on_cpu and "cpu_kv_cache_bytes" not in settings.runtime.model_fields_set:
+    if on_cpu and "cpu_kv_cache_bytes" not in pool.runtime.model_fields_set:
         # Unless the stack sizes it: max_batch_size x max_seq_len tokens of KV cache in host memory.
-        derived["cpu_kv_cache_bytes"] = cpu_kv_cache_bytes(settings)
-    return runtime_config(settings.model, settings.runtime, **derived)
+        derived["cpu_kv_cache_bytes"] = cpu_kv_cache_bytes(pool)
+    return runtime_config(pool.model, pool.runtime, **derived)
 
 
-def render_runtime_config(settings: Settings) -> str:
-    """``runtime.yaml`` for this stack: the validated runtime config, every field written out."""
+def render_runtime_config(settings: Settings, pool: PoolSettings) -> str:
+    """``runtime.yaml`` for ``pool``: the validated runtime config, every field written out."""
     try:
-        config = runtime_config_for(settings)
+        config = runtime_config_for(settings, pool)
     except ValidationError as exc:
         lines = "\n".join(f"  {p}" for p in problems_of(exc))
         raise FrontierError(f"the runtime refuses the config of stack {settings.stack!r}:\n{lines}") from None
@@ -72,19 +72,19 @@ def render_runtime_config(settings: Settings) -> str:
 # --- one release on a host ------------------------------------------------------------------------
 
 
-def image_reference(settings: Settings, digest: str) -> str:
-    return f"{settings.runtime.image_repository}@{check_digest(digest)}"
+def image_reference(pool: PoolSettings, digest: str) -> str:
+    return f"{pool.runtime.image_repository}@{check_digest(digest)}"
 
 
-def render_systemd_unit(settings: Settings, digest: str) -> str:
-    rt = settings.runtime
-    gpu = settings.serving_group.accelerator == "gpu"
+def render_systemd_unit(settings: Settings, pool: PoolSettings, digest: str) -> str:
+    rt = pool.runtime
+    gpu = pool.group.accelerator == "gpu"
     # docker stop waits this long for the runtime's own drain before SIGKILL; systemd waits longer.
     stop_grace_s = math.ceil(rt.drain_timeout_s) + 15
     return render_template(
         "frontier-runtime.service.j2",
         stack=settings.stack,
-        image=image_reference(settings, digest),
+        image=image_reference(pool, digest),
         placeholder=is_placeholder(digest),
         container=CONTAINER_NAME,
         gpu=gpu,
@@ -100,20 +100,22 @@ def render_systemd_unit(settings: Settings, digest: str) -> str:
         timeout_stop_s=stop_grace_s + 15,
         start_timeout_s=math.ceil(settings.rollout.readiness_timeout_s),
         # A replica over several nodes: serve or node, as the host's slot says (frontier.render.boot).
-        **replica_unit(settings),
+        **replica_unit(settings, pool),
     )
 
 
-def render_release_files(settings: Settings, digest: str) -> dict[str, str]:
-    """The files of one release: what ``releases/<id>/`` holds on every host of the stack."""
+def render_release_files(settings: Settings, pool: PoolSettings, digest: str) -> dict[str, str]:
+    """The files of one release of ``pool``: what ``releases/<id>/`` holds on every host of the pool."""
     check_digest(digest)
     return {
-        "runtime.yaml": render_runtime_config(settings),
-        UNIT_NAME: render_systemd_unit(settings, digest),
+        "runtime.yaml": render_runtime_config(settings, pool),
+        UNIT_NAME: render_systemd_unit(settings, pool, digest),
     }
 
 
-def render_agent_config(settings: Settings, *, host: str, root: str, python: str, address: str) -> str:
+def render_agent_config(
+    settings: Settings, pool: PoolSettings, *, host: str, root: str, python: str, address: str
+) -> str:
     """``frontier-agent.json``: what the host agent of ``host`` needs to know (pure, sorted keys)."""
     config = AgentConfig(
         stack=settings.stack,
@@ -121,10 +123,10 @@ def render_agent_config(settings: Settings, *, host: str, root: str, python: str
         root=root.rstrip("/") or "/",
         python=python,
         address=address,
-        port=settings.runtime.port,
+        port=pool.runtime.port,
         readiness_path=settings.health.readiness_path,
         liveness_path=settings.health.liveness_path,
-        drain_timeout_s=float(settings.runtime.drain_timeout_s),
+        drain_timeout_s=float(pool.runtime.drain_timeout_s),
         unit=UNIT_NAME,
         manifest=RELEASE_MANIFEST,
         release_id_pattern=RELEASE_ID_PATTERN.pattern,

@@ -16,5 +16,6 @@ def build_release(settings: Settings, artifact: Artifact) -> Release:
     """Render this stack's files for the artifact (the digest was checked: tags never get here)."""
     check_digest(artifact.digest)
     return Release(
-        artifact=artifact, files=dict(sorted(render_release_files(settings, artifact.digest).items()))
+        artifact=artifact,
+        files=dict(sorted(render_release_files(settings, settings.only_pool, artifact.digest).items())),
     )

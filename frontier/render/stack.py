@@ -18,7 +18,7 @@ def render_stack(settings: Settings, digest: str) -> dict[str, str]:
     ``Backend.rendered_files``.
     """
     files: dict[str, str] = {}
-    for name, text in render_release_files(settings, digest).items():
+    for name, text in render_release_files(settings, settings.only_pool, digest).items():
         files[f"release/{name}"] = text
     for group in settings.node_groups:
         files[f"cloud-init/{group.name}.yaml"] = render_cloud_init(settings, group)

@@ -18,29 +18,34 @@ def _load(tmp_path: Path, document: dict):
     return load_stack("local", path=write_stack(tmp_path, document))
 
 
-SINGLE_MODEL_STACKS = [s for s in available_stacks() if not load_stack(s).models]
+SINGLE_MODEL_STACKS = [s for s in available_stacks() if not load_stack(s).listed_models]
 
 
 @pytest.mark.parametrize("stack", SINGLE_MODEL_STACKS)
 def test_every_single_model_stack_is_a_one_pool_list(stack: str) -> None:
     settings = load_stack(stack)
-    assert [pool.name for pool in settings.pools] == [settings.model.name]
-    assert settings.pools[0].runtime == settings.runtime
+    (pool,) = settings.pools
+    assert pool.group == settings.node_groups[0] and pool.hosts == settings.inventory.hosts
     assert settings.tenants == () and settings.gateway is None
 
 
 def test_two_models_load_with_their_own_hosts_and_runtime(tmp_path: Path) -> None:
     settings = _load(tmp_path, two_model_config())
     assert [pool.name for pool in settings.pools] == ["tiny-llama", "tiny-llama-small"]
-    # model and runtime stay the first pool's, so one-model code reads them as before.
-    assert settings.model.name == "tiny-llama"
-    small = settings.for_pool("tiny-llama-small")
+    big, small = settings.pools
     assert small.model.hidden_size == 128
-    assert [host.name for host in small.inventory.hosts] == ["host-3"]
-    assert [host.name for host in settings.for_pool("tiny-llama").inventory.hosts] == ["host-1", "host-2"]
+    assert [host.name for host in small.hosts] == ["host-3"]
+    assert [host.name for host in big.hosts] == ["host-1", "host-2"]
+    assert [host.name for host in settings.for_pool("tiny-llama-small").inventory.hosts] == ["host-3"]
     assert [t.priority for t in settings.tenants] == ["interactive", "batch"]
     with pytest.raises(KeyError, match="serves tiny-llama, tiny-llama-small"):
         settings.pool("gpt-4")
+
+
+def test_a_stack_of_two_models_has_no_one_model_to_read(tmp_path: Path) -> None:
+    settings = _load(tmp_path, two_model_config())
+    with pytest.raises(StackError, match="serves 2 models"):
+        settings.model  # noqa: B018 (the read itself is refused)
 
 
 def _refused(tmp_path: Path, document: dict) -> str:
@@ -119,9 +124,15 @@ def test_the_second_pool_gets_the_same_cross_checks(tmp_path: Path) -> None:
 
 def test_pools_must_split_the_hosts(tmp_path: Path) -> None:
     document = two_model_config()
-    document["config"]["frontier:models"][1]["hosts"] = ["host-2", "host-9"]
+    document["config"]["frontier:models"][1]["hosts"] = ["host-2", "host-3"]
     message = _refused(tmp_path, document)
     assert "models[1].hosts[0] = 'host-2': already runs model 'tiny-llama'" in message
+
+
+def test_a_pool_names_hosts_of_the_inventory(tmp_path: Path) -> None:
+    document = two_model_config()
+    document["config"]["frontier:models"][1]["hosts"] = ["host-3", "host-9"]
+    message = _refused(tmp_path, document)
     assert (
         "models[1].hosts[1] = 'host-9': must name one of inventory.hosts (host-1, host-2, host-3, host-4)"
         in message

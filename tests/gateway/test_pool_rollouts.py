@@ -39,7 +39,7 @@ def test_one_pool_is_its_own_hosts_runtime_and_history(two_models: Path) -> None
     assert [h.name for h in backend_for(big).hosts()] == ["host-1", "host-2"]
     assert stack_history(big, None, "b", "history/local/").prefix == "history/local/models/tiny-llama/"
     # Each pool renders its own runtime.yaml, hence its own release id.
-    assert render_runtime_config(small) != render_runtime_config(big)
+    assert render_runtime_config(small, small.only_pool) != render_runtime_config(big, big.only_pool)
 
 
 def test_a_one_model_stack_keeps_its_history_where_it_was() -> None:

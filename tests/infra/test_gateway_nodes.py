@@ -212,7 +212,7 @@ def test_a_timer_publishes_the_gateways_metrics_with_each_pools_node_group(gated
     env = dict(line.split("=", 1) for line in files["/etc/frontier/gateway.env"].splitlines())
     settings = gated.settings
     assert env["FRONTIER_GATEWAY_POOLS"] == ",".join(
-        f"{pool.name}={settings.pool_group(pool).name}" for pool in settings.pools
+        f"{pool.name}={pool.group.name}" for pool in settings.pools
     )
     assert env["FRONTIER_HELD_METRIC"] == "HeldRequests"
     assert env["FRONTIER_GATEWAY_METRICS_URL"] == f"https://127.0.0.1:{settings.gateway.admin_port}/metrics"

@@ -278,7 +278,7 @@ def test_the_workloads_carry_every_runtime_property(eks):
         if r.type == "kubernetes:core/v1:ConfigMap"
         and r.inputs["metadata"]["name"].startswith(m.app_name(settings))
     )
-    assert config.inputs["data"]["runtime.yaml"] == render_runtime_config(settings)
+    assert config.inputs["data"]["runtime.yaml"] == render_runtime_config(settings, settings.only_pool)
     assert pod["spec"]["volumes"][0]["configMap"]["name"] == config.inputs["metadata"]["name"]
     sa = next(r for r in eks.resources if r.type == "kubernetes:core/v1:ServiceAccount")
     assert sa.inputs["automountServiceAccountToken"] is False

@@ -79,7 +79,9 @@ def cluster(settings: Settings) -> Iterator[FakeApiServer]:
     with FakeApiServer(fake) as server:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
         # What `pulumi up` left: the Deployment with the stack's first image, scaled by KEDA to 3.
-        first = m.deployment(settings, GOOD_A, render_runtime_config(settings), replicas=REPLICAS)
+        first = m.deployment(
+            settings, GOOD_A, render_runtime_config(settings, settings.only_pool), replicas=REPLICAS
+        )
         fake.put_deployment(first.to_dict())
         fake.requests.clear()
         yield server
@@ -143,7 +145,9 @@ def test_deploy_goes_through_a_canary_and_the_gate_then_rolls_the_deployment(
     assert annotations[names.K8S_RELEASE_ANNOTATION] == result.release
     # The release's config as an immutable ConfigMap, named in the new template.
     (config,) = cluster.cluster.config_maps.values()
-    assert config["immutable"] is True and config["data"]["runtime.yaml"] == render_runtime_config(settings)
+    assert config["immutable"] is True and config["data"]["runtime.yaml"] == render_runtime_config(
+        settings, settings.only_pool
+    )
     assert stable["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == config["metadata"]["name"]
     # canary created, gated, then the Deployment patched, gated, and the canary removed: in that order.
     canary = m.canary_name(settings)
@@ -303,7 +307,9 @@ def test_fab_deploy_history_and_rollback_on_a_kubernetes_stack(capsys, monkeypat
         from frontier.targets import load_stack
 
         settings = load_stack("eks-prod")
-        first = m.deployment(settings, GOOD_A, render_runtime_config(settings), replicas=REPLICAS)
+        first = m.deployment(
+            settings, GOOD_A, render_runtime_config(settings, settings.only_pool), replicas=REPLICAS
+        )
         fake.put_deployment(first.to_dict())
 
         code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_A)
@@ -345,7 +351,7 @@ def test_config_maps_beyond_keep_releases_are_pruned_never_the_one_in_use(settin
         )
         backend = KubernetesBackend(variant, clock=clock)
         assert deploy(backend, GOOD_B).outcome == "succeeded"
-        names.append(m.config_map_name(variant, render_runtime_config(variant)))
+        names.append(m.config_map_name(variant, render_runtime_config(variant, variant.only_pool)))
     assert sorted(cluster.cluster.config_maps) == sorted(names[-2:])
     volume = _stable(cluster, settings)["spec"]["template"]["spec"]["volumes"][0]
     assert volume["configMap"]["name"] == names[-1]

@@ -46,7 +46,7 @@ def cluster(settings: Settings) -> Iterator[FakeApiServer]:
         # What `pulumi up` left: each pool's Deployment on the stack's first image.
         for model in (BIG, SMALL):
             view = settings.for_pool(model)
-            first = m.deployment(view, GOOD_A, render_runtime_config(view), replicas=REPLICAS)
+            first = m.deployment(view, GOOD_A, render_runtime_config(view, view.only_pool), replicas=REPLICAS)
             fake.put_deployment(first.to_dict())
         fake.requests.clear()
         yield server

@@ -42,7 +42,9 @@ def test_every_object_of_the_gateway_stack_validates_strictly(eks_gateway, workl
     for manifest in workload.all():
         validate(manifest.to_dict(), version)
     for view in gw.pool_views(eks_gateway):
-        canary = m.deployment(view, DIGEST, render_runtime_config(view), track="canary", replicas=1)
+        canary = m.deployment(
+            view, DIGEST, render_runtime_config(view, view.only_pool), track="canary", replicas=1
+        )
         validate(canary.to_dict(), version)
 
 

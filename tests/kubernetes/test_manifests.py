@@ -82,19 +82,23 @@ def test_there_is_a_kubernetes_stack():
 
 
 @pytest.mark.parametrize("variant", ["shipped", "existing"])
+@pytest.mark.slow
 def test_every_manifest_of_every_kubernetes_stack_validates_for_its_version(variant, existing):
     stacks = kubernetes_stacks() if variant == "shipped" else [existing]
     for settings in stacks:
         objects = m.render_workload(settings, DIGEST).all()
         kinds = {o.kind for o in objects}
         # A replica over several nodes is a LeaderWorkerSet (test_multinode_manifests).
-        runtime_kind = "LeaderWorkerSet" if settings.runtime.nodes_per_replica > 1 else "Deployment"
+        runtime_kinds = {
+            "LeaderWorkerSet" if pool.runtime.nodes_per_replica > 1 else "Deployment"
+            for pool in settings.pools
+        }
         assert kinds == {
             "Namespace",
             "ServiceAccount",
             "ConfigMap",
             "NetworkPolicy",
-            runtime_kind,
+            *runtime_kinds,
             "Service",
             "PodDisruptionBudget",
             "Ingress",
@@ -104,8 +108,10 @@ def test_every_manifest_of_every_kubernetes_stack_validates_for_its_version(vari
         }
         for manifest in objects:
             validate(manifest.to_dict(), settings.kubernetes.cluster.version)
-        canary = m.deployment(settings, DIGEST, render_runtime_config(settings), track="canary", replicas=1)
-        validate(canary.to_dict(), settings.kubernetes.cluster.version)
+        for pool in settings.pools:
+            view = settings.for_pool(pool.name)
+            canary = m.deployment(view, DIGEST, render_runtime_config(view, pool), track="canary", replicas=1)
+            validate(canary.to_dict(), settings.kubernetes.cluster.version)
 
 
 def test_the_validators_refuse_what_they_should(eks_prod):
@@ -284,7 +290,7 @@ def test_a_config_change_changes_the_config_map_and_the_pod_template(eks_prod):
     pod_a, pod_b = (w.deployment.to_dict()["spec"]["template"] for w in (a, b))
     assert pod_a["metadata"]["annotations"][annotation] != pod_b["metadata"]["annotations"][annotation]
     assert pod_b["spec"]["volumes"][0]["configMap"]["name"] == b.config_map.name
-    assert b.config_map.body["data"]["runtime.yaml"] == render_runtime_config(changed)
+    assert b.config_map.body["data"]["runtime.yaml"] == render_runtime_config(changed, changed.only_pool)
     assert b.config_map.body["immutable"] is True
 
 

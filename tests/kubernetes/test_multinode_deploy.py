@@ -48,7 +48,9 @@ def cluster(settings: Settings) -> Iterator[FakeApiServer]:
     with FakeApiServer(fake) as server:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
         # What `pulumi up` left: the LeaderWorkerSet on the stack's first image, scaled by KEDA to 2.
-        pod = m.pod_template(settings, GOOD_A, render_runtime_config(settings), track="stable")
+        pod = m.pod_template(
+            settings, GOOD_A, render_runtime_config(settings, settings.only_pool), track="stable"
+        )
         fake.put_group(lw.leader_worker_set(settings, pod, replicas=GROUPS).to_dict())
         fake.requests.clear()
         yield server

@@ -64,6 +64,7 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+@pytest.mark.slow
 def test_every_object_of_the_multinode_stack_validates_strictly(multinode, workload):
     version = multinode.kubernetes.cluster.version
     for manifest in workload.all():
@@ -77,6 +78,7 @@ def test_each_pod_template_validates_strictly_as_a_pod(multinode, group):
         kubernetes_validate.validate(pod, multinode.kubernetes.cluster.version, strict=True)
 
 
+@pytest.mark.slow
 def test_the_lws_schema_refuses_what_the_crd_refuses(group):
     """Controls: an unknown field and a restart policy outside the CRD's enum both fail."""
     unknown = json.loads(json.dumps(group))
@@ -123,7 +125,9 @@ def test_the_service_selects_leaders_only(multinode, workload):
 
 
 def test_the_leader_is_a_one_node_replicas_pod_plus_rank_0_the_key_and_the_replica_ports(multinode, group):
-    one_node = m.pod_template(multinode, DIGEST, render_runtime_config(multinode), track="stable")
+    one_node = m.pod_template(
+        multinode, DIGEST, render_runtime_config(multinode, multinode.only_pool), track="stable"
+    )
     leader = _template(group, "leaderTemplate")
     expected, container = _container(one_node), _container(leader)
     assert container["command"] == expected["command"]
@@ -336,6 +340,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return load_stack("eks-gateway", path=path)
 
 
+@pytest.mark.slow
 def test_behind_the_gateway_only_the_pool_spanning_nodes_becomes_a_leader_worker_set(mixed):
     workload = m.render_workload(mixed, DIGEST)
     big, small = (mixed.for_pool(pool.name) for pool in mixed.pools)

@@ -151,7 +151,12 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     agent_config = json.loads(
         render_agent_config(
-            settings, host="bootstrap", root="/opt/frontier", python="/usr/bin/python3", address="0.0.0.0"
+            settings,
+            settings.only_pool,
+            host="bootstrap",
+            root="/opt/frontier",
+            python="/usr/bin/python3",
+            address="0.0.0.0",
         )
     )
     agent_config["port"] = port

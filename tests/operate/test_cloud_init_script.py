@@ -93,7 +93,9 @@ class Host:
         (tools / "frontier-bootstrap.py").write_text("# the bootstrap (python3 is a shim here)\n")
         (tools / "mount-cache.sh").write_text(render_mount_cache(settings, group))
         (tools / "install-nvidia.sh").write_text(render_driver_script(settings, group))
-        (tools / "cloudwatch-agent.json").write_text(render_cloudwatch_agent(settings))
+        (tools / "cloudwatch-agent.json").write_text(
+            render_cloudwatch_agent(settings, settings.serving_group)
+        )
         self.s3 = base / "s3"
         for name, body in {**SHIMS, "amazon-cloudwatch-agent-ctl": CLOUDWATCH_CTL}.items():
             (self.bin / name).write_text("#!/bin/bash\n" + body.strip() + "\n")

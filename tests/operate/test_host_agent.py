@@ -38,8 +38,10 @@ STANDIN = Path(__file__).with_name("runtime_standin.py")
 @pytest.fixture
 def config(tmp_path: Path) -> AgentConfig:
     """The rendered configuration of a host slot on a scratch root, on a free port."""
+    settings = load_stack("local")
     text = render_agent_config(
-        load_stack("local"),
+        settings,
+        settings.only_pool,
         host="host-t",
         root=str(tmp_path / "root"),
         python=sys.executable,
@@ -113,7 +115,10 @@ def staged(a: Agent, r: Release) -> Release:
 def test_the_agent_config_is_rendered_purely_from_the_stack():
     settings = load_stack("local")
     kwargs = {"host": "h", "root": "/opt/frontier/", "python": "/usr/bin/python3", "address": "10.0.0.5"}
-    one, two = render_agent_config(settings, **kwargs), render_agent_config(settings, **kwargs)
+    one, two = (
+        render_agent_config(settings, settings.only_pool, **kwargs),
+        render_agent_config(settings, settings.only_pool, **kwargs),
+    )
     assert one == two
     config = AgentConfig.from_dict(json.loads(one))
     assert (config.root, config.port, config.readiness_path) == (

@@ -37,6 +37,13 @@ from frontier.render.boot import node_env, render_cloud_init, render_leader_prox
 from frontier.render.host import render_systemd_unit
 from frontier.targets import load_stack
 
+
+def _pooled(settings):
+    """The stack and its one pool, as the renderers of one pool's files take them."""
+    (pool,) = settings.pools
+    return settings, pool
+
+
 DIGEST = "sha256:" + "ab" * 32
 RUNTIME_YAML = f"{CONTAINER_RELEASE_DIR}/runtime.yaml"
 SINGLE_NODE_STACKS = ("dev", "staging", "prod")
@@ -66,7 +73,7 @@ def slot_env(tmp_path: Path, claim: Claim) -> dict[str, str]:
 
 @pytest.mark.parametrize("stack", SINGLE_NODE_STACKS)
 def test_a_single_node_stacks_unit_runs_serve_and_reads_no_slot(stack: str) -> None:
-    unit = render_systemd_unit(load_stack(stack), DIGEST)
+    unit = render_systemd_unit(*_pooled(load_stack(stack)), DIGEST)
     assert exec_start(unit, {})[-4:] == [
         "frontier_runtime",
         "serve",
@@ -114,7 +121,7 @@ def test_a_bad_replica_size_in_node_env_is_refused_naming_the_file_variable_and_
 
 
 def test_a_spanning_stacks_unit_claims_the_hosts_slot_before_each_start() -> None:
-    unit = render_systemd_unit(multinode(), DIGEST)
+    unit = render_systemd_unit(*_pooled(multinode()), DIGEST)
     assert f"EnvironmentFile=-{REPLICA_ENV_FILE}" in unit
     claim = re.findall(r"^ExecStartPre=(.*frontier-bootstrap\.py.*)$", unit, re.MULTILINE)
     assert claim == ["/usr/bin/python3 /opt/frontier/bin/frontier-bootstrap.py replica-env --restart-proxy"]
@@ -122,31 +129,31 @@ def test_a_spanning_stacks_unit_claims_the_hosts_slot_before_each_start() -> Non
 
 def test_a_spanning_stacks_unit_never_stops_restarting_while_its_replica_reforms() -> None:
     # Each node exits whenever its replica loses another; five restarts in ten minutes would park it.
-    unit = render_systemd_unit(multinode(), DIGEST)
+    unit = render_systemd_unit(*_pooled(multinode()), DIGEST)
     assert "StartLimitIntervalSec=0" in unit and "StartLimitBurst" not in unit
 
 
 @pytest.mark.parametrize("stack", SINGLE_NODE_STACKS)
 def test_a_single_node_stacks_unit_gives_up_on_a_crash_loop(stack: str) -> None:
-    unit = render_systemd_unit(load_stack(stack), DIGEST)
+    unit = render_systemd_unit(*_pooled(load_stack(stack)), DIGEST)
     assert "StartLimitIntervalSec=600" in unit and "StartLimitBurst=5" in unit
 
 
 def test_a_workers_unit_runs_node(tmp_path: Path) -> None:
     env = slot_env(tmp_path, Claim(replica=0, node=1, leader_address="10.0.1.10", key="k" * 64))
-    argv = exec_start(render_systemd_unit(multinode(), DIGEST), env)
+    argv = exec_start(render_systemd_unit(*_pooled(multinode()), DIGEST), env)
     assert argv[-4:] == ["frontier_runtime", "node", "--config", RUNTIME_YAML]
 
 
 def test_a_leaders_unit_runs_serve(tmp_path: Path) -> None:
     env = slot_env(tmp_path, Claim(replica=0, node=0, leader_address="10.0.1.10", key="k" * 64))
-    argv = exec_start(render_systemd_unit(multinode(), DIGEST), env)
+    argv = exec_start(render_systemd_unit(*_pooled(multinode()), DIGEST), env)
     assert argv[-4:] == ["frontier_runtime", "serve", "--config", RUNTIME_YAML]
 
 
 def test_the_container_gets_the_slot_by_name_so_the_key_is_on_no_command_line(tmp_path: Path) -> None:
     env = slot_env(tmp_path, Claim(replica=0, node=1, leader_address="10.0.1.10", key="k" * 64))
-    argv = exec_start(render_systemd_unit(multinode(), DIGEST), env)
+    argv = exec_start(render_systemd_unit(*_pooled(multinode()), DIGEST), env)
     passed = [argv[i + 1] for i, word in enumerate(argv) if word == "--env"]
     assert {"FRONTIER_RUNTIME_COMMAND", "FRONTIER_NODE_RANK", LEADER_ADDRESS_ENV, REPLICA_KEY_ENV} <= set(
         passed
@@ -156,7 +163,10 @@ def test_the_container_gets_the_slot_by_name_so_the_key_is_on_no_command_line(tm
 
 def test_no_rendered_file_of_a_spanning_stack_holds_a_replica_key() -> None:
     settings = multinode()
-    for text in (render_systemd_unit(settings, DIGEST), render_cloud_init(settings, settings.serving_group)):
+    for text in (
+        render_systemd_unit(settings, settings.only_pool, DIGEST),
+        render_cloud_init(settings, settings.serving_group),
+    ):
         assert f"{REPLICA_KEY_ENV}=" not in text
 
 
@@ -173,12 +183,12 @@ def test_cloud_init_writes_the_leader_proxy_configuration_byte_for_byte() -> Non
     user_data = render_cloud_init(settings, settings.serving_group)
     assert user_data.startswith("#cloud-config\n")
     files = {f["path"]: f["content"] for f in yaml.safe_load(user_data)["write_files"]}
-    assert files["/etc/frontier/leader-proxy.cfg"] == render_leader_proxy(settings)
+    assert files["/etc/frontier/leader-proxy.cfg"] == render_leader_proxy(settings, settings.only_pool)
 
 
 def test_the_leader_proxy_configuration_is_valid_haproxy_once_the_leader_is_named(tmp_path: Path) -> None:
     config = tmp_path / "leader-proxy.cfg"
-    config.write_text(render_leader_proxy(multinode(), stats_socket=str(tmp_path / "proxy.sock")))
+    config.write_text(render_leader_proxy(*_pooled(multinode()), stats_socket=str(tmp_path / "proxy.sock")))
     checked = subprocess.run(
         ["haproxy", "-c", "-f", str(config)],
         env={**os.environ, LEADER_ADDRESS_ENV: "10.0.1.10"},
@@ -222,7 +232,9 @@ def test_a_workers_leader_proxy_answers_every_probe_with_its_leaders_own_status(
     settings = multinode()
     settings = settings.model_copy(update={"runtime": settings.runtime.model_copy(update={"port": port})})
     config = tmp_path / "leader-proxy.cfg"
-    config.write_text(render_leader_proxy(settings, stats_socket=str(tmp_path / "proxy.sock")))
+    config.write_text(
+        render_leader_proxy(settings, settings.only_pool, stats_socket=str(tmp_path / "proxy.sock"))
+    )
     leader = LeaderServer(("::1", port), Leader)
     threading.Thread(target=leader.serve_forever, daemon=True).start()
     proxy = subprocess.Popen(

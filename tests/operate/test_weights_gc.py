@@ -205,8 +205,9 @@ def test_a_release_without_runtime_config_is_refused_naming_it(s3, store):
 def host_with_releases(tmp_path: Path, s3, *versions: str) -> Agent:
     """A host root holding one release per version (newest last), each version fetched into its cache."""
     root = tmp_path / "root"
+    settings = load_stack("local")
     text = render_agent_config(
-        load_stack("local"), host="host-t", root=str(root), python=sys.executable, address="127.0.0.1"
+        settings, settings.only_pool, host="host-t", root=str(root), python=sys.executable, address="127.0.0.1"
     )
     agent = Agent(AgentConfig.from_dict(json.loads(text)))
     order = []

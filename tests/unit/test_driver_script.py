@@ -19,6 +19,13 @@ import pytest
 from frontier.render.boot import render_driver_script
 from frontier.targets import load_stack
 
+
+def _grouped(settings):
+    """The stack and its one node group, as the driver script is rendered for a group."""
+    (group,) = settings.node_groups
+    return settings, group
+
+
 DRIVER_VERSION = "550.127.05"
 AMI_DRIVER = "570.172.08"
 
@@ -174,12 +181,12 @@ def changes(host: FakeHost, before: list[str]) -> list[str]:
 @pytest.fixture
 def host(tmp_path) -> FakeHost:
     """A p5.48xlarge of the prod stack (8 GPUs joined by NVSwitch) booted from plain Ubuntu."""
-    return FakeHost(tmp_path, render_driver_script(load_stack("prod")))
+    return FakeHost(tmp_path, render_driver_script(*_grouped(load_stack("prod"))))
 
 
 @pytest.fixture
 def ami_host(tmp_path) -> FakeHost:
-    return FakeHost(tmp_path, render_driver_script(load_stack("prod"))).deep_learning_ami()
+    return FakeHost(tmp_path, render_driver_script(*_grouped(load_stack("prod")))).deep_learning_ami()
 
 
 # --- plain Ubuntu: install the pinned branch -------------------------------------------------------
@@ -285,7 +292,7 @@ def test_a_second_run_on_the_ami_changes_nothing(ami_host):
 
 
 def test_a_stopped_fabric_manager_is_started_on_nvswitch_hosts(tmp_path):
-    host = FakeHost(tmp_path, render_driver_script(load_stack("prod"))).deep_learning_ami(
+    host = FakeHost(tmp_path, render_driver_script(*_grouped(load_stack("prod")))).deep_learning_ami(
         fabricmanager_running=False
     )
     result = host.run()
@@ -309,7 +316,7 @@ def test_an_nvswitch_host_without_fabric_manager_fails(ami_host):
 
 def test_a_host_without_nvswitch_needs_no_fabric_manager(tmp_path):
     # g6e.12xlarge (staging): L40S over PCIe.
-    host = FakeHost(tmp_path, render_driver_script(load_stack("staging"))).deep_learning_ami()
+    host = FakeHost(tmp_path, render_driver_script(*_grouped(load_stack("staging")))).deep_learning_ami()
     host.remove("nv-fabricmanager")
     host.set_gpus(4)
     result = host.run()
@@ -318,7 +325,7 @@ def test_a_host_without_nvswitch_needs_no_fabric_manager(tmp_path):
 
 
 def test_an_ami_driver_installed_but_not_loaded_is_an_error_not_a_second_install(tmp_path):
-    host = FakeHost(tmp_path, render_driver_script(load_stack("prod")))
+    host = FakeHost(tmp_path, render_driver_script(*_grouped(load_stack("prod"))))
     (host.shim / "ami-module").write_text(AMI_DRIVER)  # modinfo finds the AMI's module; nvidia-smi absent
     result = host.run()
     assert result.returncode == 1

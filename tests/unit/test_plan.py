@@ -133,8 +133,10 @@ def test_several_replicas_per_node_share_the_node_and_its_spare():
 def test_idle_gpus_are_paid_for_by_the_replicas():
     prod = load_stack("prod")
     # Planner arithmetic only: 3-GPU replicas on an 8-GPU node leave two GPUs idle.
-    three_gpus = prod.model_copy(
-        update={"runtime": prod.runtime.model_copy(update={"tensor_parallel_size": 3})}
+    three_gpus = prod.with_pool(
+        prod.only_pool.model_copy(
+            update={"runtime": prod.runtime.model_copy(update={"tensor_parallel_size": 3})}
+        )
     )
     g = plan_stack(three_gpus, None).groups[0]
     assert g.replicas_per_node == 2 and g.idle_gpus_per_node == 2

@@ -105,24 +105,28 @@ def test_the_environment_does_not_escape_config_text():
 
 
 def test_rendered_runtime_config_parses_back_into_an_equal_model(settings):
-    assert parse_config(render_runtime_config(settings)) == runtime_config_for(settings)
+    assert parse_config(render_runtime_config(settings, settings.only_pool)) == runtime_config_for(
+        settings, settings.only_pool
+    )
 
 
 def test_runtime_config_carries_the_stack_runtime_section_field_for_field(settings):
-    config = parse_config(render_runtime_config(settings))
+    config = parse_config(render_runtime_config(settings, settings.only_pool))
     fields = set(RuntimeSettings.model_fields) - {"cpu_kv_cache_bytes"}  # sized from the model unless set
     assert config.model_dump(include=fields) == settings.runtime.model_dump(include=fields)
 
 
 def test_a_stack_that_sizes_the_cpu_kv_cache_keeps_its_size(local):
-    sized = local.model_copy(
-        update={"runtime": local.runtime.model_copy(update={"cpu_kv_cache_bytes": 1 << 20})}
+    sized = local.with_pool(
+        local.only_pool.model_copy(
+            update={"runtime": local.runtime.model_copy(update={"cpu_kv_cache_bytes": 1 << 20})}
+        )
     )
-    assert parse_config(render_runtime_config(sized)).cpu_kv_cache_bytes == 1 << 20
+    assert parse_config(render_runtime_config(sized, sized.only_pool)).cpu_kv_cache_bytes == 1 << 20
 
 
 def test_runtime_config_carries_the_model_and_probe_paths(settings):
-    config = parse_config(render_runtime_config(settings))
+    config = parse_config(render_runtime_config(settings, settings.only_pool))
     assert config.model.name == settings.model.name
     assert config.model.weights_uri == settings.model.weights_uri
     assert config.model.version == settings.model.version
@@ -133,51 +137,60 @@ def test_runtime_config_carries_the_model_and_probe_paths(settings):
 
 
 def test_a_stack_can_pin_its_runtime_threads(local):
-    pinned = local.model_copy(update={"runtime": local.runtime.model_copy(update={"cpu_bind_threads": True})})
-    assert parse_config(render_runtime_config(pinned)).cpu_bind_threads is True
+    pinned = local.with_pool(
+        local.only_pool.model_copy(
+            update={"runtime": local.runtime.model_copy(update={"cpu_bind_threads": True})}
+        )
+    )
+    assert parse_config(render_runtime_config(pinned, pinned.only_pool)).cpu_bind_threads is True
 
 
 def test_cloud_runtime_config_runs_on_cuda_with_the_cache_volume(prod):
-    config = parse_config(render_runtime_config(prod))
+    config = parse_config(render_runtime_config(prod, prod.only_pool))
     assert config.device == "cuda"
     assert config.weights_cache_dir == "/var/cache/frontier/weights"
 
 
 def test_local_runtime_config_runs_on_cpu_with_a_relative_cache(local):
-    config = parse_config(render_runtime_config(local))
+    config = parse_config(render_runtime_config(local, local.only_pool))
     assert config.device == "cpu"
     assert config.weights_cache_dir == "cache/weights"
 
 
 def test_cpu_kv_cache_holds_max_batch_size_sequences_of_max_seq_len(local):
-    config = parse_config(render_runtime_config(local))
+    config = parse_config(render_runtime_config(local, local.only_pool))
     # tiny-llama: 2 x 4 layers x 4 KV heads x 32 head_dim x 4 bytes (float32) = 4,096 B per token
     assert config.cpu_kv_cache_bytes == 4096 * 16 * 1024
 
 
 def test_runtime_config_holds_no_secret_value(local):
-    text = render_runtime_config(local)
+    text = render_runtime_config(local, local.only_pool)
     assert "api_keys_secret: frontier/local/api-keys" in text
     assert "sk-" not in text
 
 
 def test_a_config_the_runtime_refuses_is_not_rendered(prod):
-    broken = prod.model_copy(update={"runtime": prod.runtime.model_copy(update={"port": 70000})})
+    broken = prod.with_pool(
+        prod.only_pool.model_copy(update={"runtime": prod.runtime.model_copy(update={"port": 70000})})
+    )
     with pytest.raises(
         FrontierError, match=r"the runtime refuses the config of stack 'prod':\n.*port = 70000"
     ):
-        render_runtime_config(broken)
+        render_runtime_config(broken, broken.only_pool)
 
 
 # --- systemd unit ---------------------------------------------------------------------------------
 
 
 def _unit(settings, digest=DIGEST) -> str:
-    return render_release_files(settings, digest)[UNIT_NAME]
+    return render_release_files(settings, settings.only_pool, digest)[UNIT_NAME]
 
 
 def test_release_is_the_runtime_config_and_the_unit(prod):
-    assert sorted(render_release_files(prod, DIGEST)) == ["frontier-runtime.service", "runtime.yaml"]
+    assert sorted(render_release_files(prod, prod.only_pool, DIGEST)) == [
+        "frontier-runtime.service",
+        "runtime.yaml",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -186,7 +199,7 @@ def test_release_is_the_runtime_config_and_the_unit(prod):
 )
 def test_unit_refuses_anything_but_an_immutable_digest(prod, reference):
     with pytest.raises(FrontierError, match=re.escape(repr(reference))):
-        render_release_files(prod, reference)
+        render_release_files(prod, prod.only_pool, reference)
 
 
 def test_unit_runs_the_image_by_digest(prod):
@@ -258,12 +271,12 @@ def test_placeholder_digest_is_marked_not_deployable(prod):
 
 def test_driver_script_is_valid_bash(prod, tmp_path):
     script = tmp_path / "install-nvidia.sh"
-    script.write_text(render_driver_script(prod))
+    script.write_text(render_driver_script(prod, prod.serving_group))
     subprocess.run(["bash", "-n", str(script)], check=True)
 
 
 def test_driver_script_pins_branch_and_toolkit(prod):
-    script = render_driver_script(prod)
+    script = render_driver_script(prod, prod.serving_group)
     assert 'BRANCH="550"' in script
     assert 'TOOLKIT_VERSION="1.17.3"' in script
     assert "nvidia-headless-${BRANCH}-server" in script

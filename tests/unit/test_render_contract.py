@@ -43,11 +43,15 @@ def runtime_settings(draw):
 @given(stack=st.sampled_from(sorted(BASE)), changes=runtime_settings(), max_seq_len=st.integers(16, 4096))
 def test_every_valid_stack_renders_a_config_the_runtime_accepts(stack, changes, max_seq_len):
     raw = dict(BASE[stack])
-    raw["runtime"] = {**raw["runtime"], **changes}
-    raw["model"] = {**raw["model"], "max_seq_len": max_seq_len}
-    candidate = Settings.model_validate(raw)
+    (pool,) = raw["pools"]
+    pool = {
+        **pool,
+        "runtime": {**pool["runtime"], **changes},
+        "model": {**pool["model"], "max_seq_len": max_seq_len},
+    }
+    candidate = Settings.model_validate({**raw, "pools": [pool]})
     assume(not list(cross_check(candidate)))  # e.g. a KV cache that does not fit memory
-    config = parse_config(render_runtime_config(candidate))
+    config = parse_config(render_runtime_config(candidate, candidate.only_pool))
     assert config.batch.max_batch_size == changes["batch"]["max_batch_size"]
     assert config.batch.window_ms == changes["batch"]["window_ms"]
     assert config.gpu_memory_utilization == changes["gpu_memory_utilization"]

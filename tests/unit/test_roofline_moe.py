@@ -277,8 +277,10 @@ def test_a_replica_over_two_nodes_pays_for_both():
     per replica at a peak of 20 x 1.4 = 28 req/s: 4 replicas + 1 spare = 5 replicas = 10 nodes;
     one replica costs $226/h: 226 / (2,000 x 3,600) x 1e6 = $31.39 per 1M output tokens."""
     settings = load_stack("moe-prod")
-    wide = settings.model_copy(
-        update={"runtime": settings.runtime.model_copy(update={"expert_parallel_size": 16})}
+    wide = settings.with_pool(
+        settings.only_pool.model_copy(
+            update={"runtime": settings.runtime.model_copy(update={"expert_parallel_size": 16})}
+        )
     )
     group = plan_with(wide, Throughput(7.0, 2000.0, "roofline", None)).groups[0]
     assert (group.gpus_per_replica, group.nodes_per_replica) == (16, 2)
@@ -291,7 +293,8 @@ def test_a_replica_spread_wider_than_it_must_pays_for_every_node_it_spans():
     settings = load_stack("moe-prod")
     rt = settings.runtime.model_copy(update={"expert_parallel_size": 16, "nodes_per_replica": 4})
     group = plan_with(
-        settings.model_copy(update={"runtime": rt}), Throughput(7.0, 2000.0, "roofline", None)
+        settings.with_pool(settings.only_pool.model_copy(update={"runtime": rt})),
+        Throughput(7.0, 2000.0, "roofline", None),
     ).groups[0]
     assert (group.nodes_per_replica, group.nodes, group.idle_gpus_per_node) == (4, 20, 4)
     assert group.cost_per_million_output_tokens == pytest.approx(4 * 113 / (2000 * 3600) * 1e6, rel=0.01)

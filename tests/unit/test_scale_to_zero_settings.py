@@ -156,8 +156,9 @@ def _eks_at_zero() -> Settings:
     cannot have a gateway section yet (its target's rule refuses one), so no stack file with the
     hold queue that min_size 0 needs would load; the ScaledObject is rendered from the settings alone."""
     settings = load_stack("eks-prod")
-    group = settings.node_groups[0].model_copy(update={"min_size": 0, "idle_to_zero_s": 600})
-    return settings.model_copy(update={"node_groups": (group, *settings.node_groups[1:])})
+    (pool,) = settings.pools
+    group = pool.group.model_copy(update={"min_size": 0, "idle_to_zero_s": 600})
+    return settings.with_pool(pool.model_copy(update={"group": group}))
 
 
 def test_a_kubernetes_pool_that_may_reach_zero_renders_a_scaledobject_with_min_zero_and_the_idle_time() -> (

@@ -55,11 +55,11 @@ def _pool_problems(s: Settings) -> Iterator[FieldProblem]:
         return
     seen_groups: dict[str, str] = {}
     for i, pool in enumerate(s.pools):
-        group = s.pool_group(pool).name
+        group = pool.group.name
         if group in seen_groups:
             yield FieldProblem(
-                f"models[{i}].node_group",
-                pool.node_group or group,
+                f"pools[{i}].node_group",
+                group,
                 f"already runs model {seen_groups[group]!r}: each pool needs its own node group",
             )
         seen_groups.setdefault(group, pool.name)
@@ -78,13 +78,17 @@ def _gateway_problems(s: Settings) -> Iterator[FieldProblem]:
         )
     # The ALB fronts the gateway: a non-streamed answer sends no byte until it is done, so past the
     # idle timeout the client gets the ALB's bare 504 while the gateway still waits on the runtime.
-    queue_s, idle_s = s.runtime.queue.timeout_ms / 1000, s.edge.idle_timeout_s
+    idle_s = s.edge.idle_timeout_s
     if gw.request_timeout_s >= idle_s:
+        queues = ", ".join(
+            f"pools[{i}].runtime.queue.timeout_ms = {pool.runtime.queue.timeout_ms / 1000:g} s"
+            for i, pool in enumerate(s.pools)
+        )
         yield FieldProblem(
             "gateway.request_timeout_s",
             gw.request_timeout_s,
             f"must be below edge.idle_timeout_s ({idle_s} s), the ALB's, which fronts the gateway; each hop "
-            f"must give up before the one in front of it (runtime.queue.timeout_ms = {queue_s:g} s, "
+            f"must give up before the one in front of it ({queues}, "
             f"gateway.request_timeout_s = {gw.request_timeout_s:g} s, edge.idle_timeout_s = {idle_s} s)",
         )
 

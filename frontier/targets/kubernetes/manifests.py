@@ -78,6 +78,7 @@ from frontier.targets.kubernetes.objects import (
     http_probe,
     kubernetes_of,
     selector,
+    stack_labels,
 )
 
 HOME_DIR = "/var/lib/frontier"
@@ -147,7 +148,7 @@ def cpu_and_memory(settings: Settings) -> dict[str, str]:
 
 
 def image(settings: Settings, digest: str) -> str:
-    return image_reference(settings, digest)  # the digest is checked there: tags are refused
+    return image_reference(settings.only_pool, digest)  # the digest is checked there: tags are refused
 
 
 # --- timing ---------------------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def namespace(settings: Settings) -> Manifest:
     k = kubernetes_of(settings)
     version = f"v{k.cluster.version}"
     labels = {
-        **app_labels(settings),
+        **stack_labels(),
         "pod-security.kubernetes.io/enforce": "restricted",
         "pod-security.kubernetes.io/enforce-version": version,
         "pod-security.kubernetes.io/audit": "restricted",
@@ -214,7 +215,7 @@ def service_account(settings: Settings, role_arn: Any = None) -> Manifest:
         k.service_account,
         k.namespace,
         body,
-        labels=app_labels(settings),
+        labels=stack_labels(),
         annotations=annotations,
     )
 
@@ -498,7 +499,7 @@ class PoolObjects:
 
 def pool_objects(view: Settings, digest: str, release_id: str = "", *, first: bool = True) -> PoolObjects:
     """``view``: the stack as one pool sees it (``Settings.for_pool``)."""
-    runtime_yaml = render_runtime_config(view)
+    runtime_yaml = render_runtime_config(view, view.only_pool)
     if lw.spans_nodes(view):
         pod = pod_template(view, digest, runtime_yaml, track="stable", release_id=release_id)
         workload = lw.leader_worker_set(view, pod)

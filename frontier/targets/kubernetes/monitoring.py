@@ -19,7 +19,14 @@ from frontier.config.schema import SEVERITIES, NodePool, Settings, Severity
 from frontier.errors import FrontierError
 from frontier.render.alerts import render_alerts, render_resource_alerts
 from frontier.render.dashboards import render_grafana_dashboard
-from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of, selector
+from frontier.targets.kubernetes.objects import (
+    Manifest,
+    app_labels,
+    app_name,
+    kubernetes_of,
+    selector,
+    stack_labels,
+)
 
 
 def service_monitor(settings: Settings) -> Manifest:
@@ -235,6 +242,7 @@ def dcgm_exporter(settings: Settings) -> list[Manifest]:
             }
         },
         labels=labels,
+        annotations=checkov_skips(DCGM_CHECKOV_EXCEPTIONS),
     )
     service = Manifest(
         "v1",
@@ -249,7 +257,6 @@ def dcgm_exporter(settings: Settings) -> list[Manifest]:
             }
         },
         labels=labels,
-        annotations=checkov_skips(DCGM_CHECKOV_EXCEPTIONS),
     )
     monitor = Manifest(
         "monitoring.coreos.com/v1",
@@ -290,7 +297,7 @@ def resource_rule(settings: Settings) -> Manifest:
         f"frontier-{settings.stack}-resource-alerts",
         k.monitoring.prometheus_namespace,
         {"spec": {"groups": rules["groups"]}},
-        labels={**app_labels(settings), **k.monitoring.service_monitor_labels},
+        labels={**stack_labels(), **k.monitoring.service_monitor_labels},
     )
 
 
@@ -359,7 +366,7 @@ def alertmanager_config(settings: Settings) -> Manifest:
         f"frontier-{settings.stack}-alert-routes",
         k.namespace,
         body,
-        labels={**app_labels(settings), **k.monitoring.service_monitor_labels},
+        labels={**stack_labels(), **k.monitoring.service_monitor_labels},
     )
 
 
@@ -378,7 +385,7 @@ def dashboard_config_map(settings: Settings) -> Manifest:
         name,
         k.monitoring.prometheus_namespace,
         {"data": {f"frontier-{settings.stack}.json": render_grafana_dashboard(settings)}},
-        labels={**app_labels(settings), GRAFANA_DASHBOARD_LABEL: "1"},
+        labels={**stack_labels(), GRAFANA_DASHBOARD_LABEL: "1"},
     )
 
 

@@ -28,7 +28,14 @@ from frontier.config.schema import Settings
 from frontier.targets.kubernetes import gateway as gw
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.network import api_server_cidrs, ingress_source_cidrs
-from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of, selector
+from frontier.targets.kubernetes.objects import (
+    Manifest,
+    app_labels,
+    app_name,
+    kubernetes_of,
+    selector,
+    stack_labels,
+)
 
 # EKS Pod Identity's agent on every node: plain HTTP on a link-local address that is not the
 # instance metadata service.
@@ -51,7 +58,7 @@ def network_policies(settings: Settings) -> list[Manifest]:
         "default-deny",
         k.namespace,
         {"spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}},
-        labels=app_labels(settings),
+        labels=stack_labels(),
     )
     front = front_peers(settings)
     replicas = [replica_policy(view) for view in gw.pool_views(settings) if lw.spans_nodes(view)]

@@ -101,6 +101,11 @@ def app_labels(settings: Settings) -> dict[str, str]:
     }
 
 
+def stack_labels() -> dict[str, str]:
+    """What the stack's own objects carry (its namespace, its runtimes' identity): every pool's."""
+    return {K8S_APP_LABEL: CONTAINER_NAME, K8S_MANAGED_BY_LABEL: "frontier"}
+
+
 def selector(settings: Settings, track: str | None = None) -> dict[str, str]:
     labels = {K8S_APP_LABEL: CONTAINER_NAME, K8S_INSTANCE_LABEL: app_name(settings)}
     if track:

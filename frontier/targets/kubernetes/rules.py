@@ -105,7 +105,6 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
     yield from gateway_problems(s, k)
     yield from pool_problems(s, k)
     groups = {group.name: group for group in s.node_groups}
-    gpus = gpus_per_pod(s)
     names: list[str] = []
     for i, pool in enumerate(k.node_pools):
         where = f"kubernetes.node_pools[{i}]"
@@ -129,26 +128,23 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
                 )
                 continue
             per_node = group.gpus_per_node if known is None else known
-            # The first model pool's pods; other pools' are checked against their own node group.
-            if gpus > per_node and group.name == s.serving_group.name:
-                yield FieldProblem(
-                    f"{where}.instance_types[{j}]" if pool.instance_types else _split_field(s),
-                    instance_type if pool.instance_types else _split_value(s),
-                    f"a runtime pod requests {gpus} nvidia.com/gpu ({pod_gpus_formula(s)}) but a "
-                    f"{instance_type} node of pool {pool.name!r} has {per_node}; allowed: at most {per_node}",
-                )
-            elif known is not None and known != group.gpus_per_node:
+            # A type the node pool adds beside its group's own: every model pool on the group fits it.
+            for view in (s.for_pool(served.name) for served in s.pools_on(group)):
+                gpus = gpus_per_pod(view)
+                if gpus > per_node and pool.instance_types:
+                    yield FieldProblem(
+                        f"{where}.instance_types[{j}]",
+                        instance_type,
+                        f"a runtime pod of model {view.model.name!r} requests {gpus} nvidia.com/gpu "
+                        f"({pod_gpus_formula(view)}) but a {instance_type} node of pool {pool.name!r} has "
+                        f"{per_node}; allowed: at most {per_node}",
+                    )
+            if known is not None and known != group.gpus_per_node:
                 yield FieldProblem(
                     f"{where}.instance_types[{j}]",
                     instance_type,
                     f"has {known} GPUs; node group {group.name!r} plans for {group.gpus_per_node} per node",
                 )
-    if s.serving_group.name not in {pool.node_group for pool in k.node_pools}:
-        yield FieldProblem(
-            "kubernetes.node_pools",
-            [pool.node_group for pool in k.node_pools],
-            f"one pool must run the serving node group {s.serving_group.name!r} (node_groups[0])",
-        )
     auto = k.autoscaling
     yield from replica_group_problems(s, k)
     if auto.min_replicas > auto.max_replicas:
@@ -156,20 +152,6 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
             "kubernetes.autoscaling.min_replicas",
             auto.min_replicas,
             f"must be <= kubernetes.autoscaling.max_replicas ({auto.max_replicas})",
-        )
-    if auto.max_replicas > s.serving_group.max_size and not lw.spans_nodes(s):
-        yield FieldProblem(
-            "kubernetes.autoscaling.max_replicas",
-            auto.max_replicas,
-            f"one replica per node: must be <= node_groups[0].max_size ({s.serving_group.max_size})",
-        )
-    spare = s.rollout.max_surge + s.rollout.canary_hosts
-    if auto.max_replicas + spare > s.serving_group.max_size and not lw.spans_nodes(s):
-        yield FieldProblem(
-            "kubernetes.autoscaling.max_replicas",
-            auto.max_replicas,
-            f"one replica per node: at full scale a rollout also places rollout.max_surge + rollout.canary_hosts "
-            f"= {spare} pod(s), so at most node_groups[0].max_size - {spare} = {s.serving_group.max_size - spare}",
         )
     if auto.min_replicas <= s.rollout.batch_size:
         yield FieldProblem(
@@ -190,12 +172,14 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
                 "is a mutable reference: name the image by digest, <repository>@sha256:<64 hex> "
                 "(tags such as ':latest' move under a running Deployment)",
             )
-        elif repository != s.runtime.image_repository:
-            yield FieldProblem(
-                "kubernetes.image",
-                k.image,
-                f"must be from runtime.image_repository ({s.runtime.image_repository})",
-            )
+        else:
+            for i, pool in enumerate(s.pools):
+                if repository != pool.runtime.image_repository:
+                    yield FieldProblem(
+                        "kubernetes.image",
+                        k.image,
+                        f"must be from pools[{i}].runtime.image_repository ({pool.runtime.image_repository})",
+                    )
 
 
 def gateway_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
@@ -239,26 +223,26 @@ def gateway_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
 
 
 def pool_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
-    """Each model pool beyond the first: a node pool for its node group, a name of its own, a fit."""
-    names = {app_name(s.for_pool(s.pools[0].name)): 0}
+    """Each model pool: a node pool for its node group, a name of its own, pods and replicas that fit."""
+    names: dict[str, int] = {}
     pooled = {pool.node_group for pool in k.node_pools}
-    for i, pool in enumerate(s.pools[1:], start=1):
+    for i, pool in enumerate(s.pools):
         view = s.for_pool(pool.name)
-        where = f"models[{i}]"
+        where = f"pools[{i}]"
         name = app_name(view)
         if name in names:
             yield FieldProblem(
                 f"{where}.model.name",
                 pool.name,
-                f"its Deployment would be named {name!r} like models[{names[name]}]'s: "
+                f"its Deployment would be named {name!r} like pools[{names[name]}]'s: "
                 "names must differ in letters or digits",
             )
         names.setdefault(name, i)
-        group = view.serving_group
+        group = pool.group
         if group.name not in pooled:
             yield FieldProblem(
                 f"{where}.node_group",
-                pool.node_group or group.name,
+                group.name,
                 f"no kubernetes.node_pools entry runs node group {group.name!r}; add one "
                 f"(node pools run: {', '.join(sorted(pooled))})",
             )
@@ -268,17 +252,27 @@ def pool_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
             yield FieldProblem(
                 f"{where}.{_split_field(view)}",
                 _split_value(view),
-                f"a pod of this pool requests {gpus} nvidia.com/gpu ({pod_gpus_formula(view)}) but a "
-                f"{group.instance_type} node of node group {group.name!r} has {group.gpus_per_node}",
+                f"a runtime pod requests {gpus} nvidia.com/gpu ({pod_gpus_formula(view)}) but a "
+                f"{group.instance_type} node of node group {group.name!r} has {group.gpus_per_node}; "
+                f"allowed: at most {group.gpus_per_node}",
             )
-        spare = s.rollout.max_surge + s.rollout.canary_hosts
-        if k.autoscaling.max_replicas + spare > group.max_size and not lw.spans_nodes(view):
+        if lw.spans_nodes(view):
+            continue  # replica_group_problems sizes replicas in nodes
+        where_group = f"node_groups[{s.node_groups.index(group)}]"
+        if k.autoscaling.max_replicas > group.max_size:
             yield FieldProblem(
                 "kubernetes.autoscaling.max_replicas",
                 k.autoscaling.max_replicas,
-                f"one replica per node: pool {pool.name!r} runs on node group {group.name!r} "
-                f"(max_size {group.max_size}), so at most {group.max_size - spare} with rollout.max_surge + "
-                f"rollout.canary_hosts = {spare}",
+                f"one replica per node of model {pool.name!r}: must be <= {where_group}.max_size ({group.max_size})",
+            )
+        spare = s.rollout.max_surge + s.rollout.canary_hosts
+        if k.autoscaling.max_replicas + spare > group.max_size:
+            yield FieldProblem(
+                "kubernetes.autoscaling.max_replicas",
+                k.autoscaling.max_replicas,
+                f"one replica per node of model {pool.name!r}: at full scale a rollout also places "
+                f"rollout.max_surge + rollout.canary_hosts = {spare} pod(s), so at most "
+                f"{where_group}.max_size - {spare} = {group.max_size - spare}",
             )
 
 
@@ -305,7 +299,7 @@ def replica_group_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]
     for i, view in enumerate(s.for_pool(pool.name) for pool in s.pools):
         if not lw.spans_nodes(view):
             continue
-        where = "runtime" if i == 0 else f"models[{i}].runtime"
+        where = f"pools[{i}].runtime"
         nodes, group = view.runtime.nodes_per_replica, view.serving_group
         # A rolling update surges whole groups; there is no canary group (group_rollout.py).
         surge = s.rollout.max_surge * nodes
@@ -322,7 +316,7 @@ def replica_group_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]
         longest = f"{lw.set_name(view)}-{max(0, auto.max_replicas + s.rollout.max_surge - 1)}"
         if len(longest) > STATEFULSET_NAME_MAX:
             yield FieldProblem(
-                f"models[{i}].model.name" if i else "model.name",
+                f"pools[{i}].model.name",
                 view.model.name,
                 f"its replicas' StatefulSets would be named like {longest!r} ({len(longest)} characters); "
                 f"allowed: at most {STATEFULSET_NAME_MAX}: shorten the model's name",

@@ -344,7 +344,12 @@ def publish_host_tools(settings: Settings, store: HistoryStore) -> list[str]:
     group = settings.serving_group
     prefix = f"{store.prefix}{HOST_TOOLS_PREFIX}{group.name}/"
     template = render_agent_config(
-        settings, host=PLACEHOLDER_HOST, root="/", python=sys.executable, address=PLACEHOLDER_ADDRESS
+        settings,
+        settings.only_pool,
+        host=PLACEHOLDER_HOST,
+        root="/",
+        python=sys.executable,
+        address=PLACEHOLDER_ADDRESS,
     )
     files = {**frontier_hostside.host_tools(), AGENT_CONFIG_NAME: template.encode()}
     for name, body in files.items():

@@ -127,7 +127,7 @@ def gateway_policy(settings: Settings) -> dict[str, Any]:
     that is a bucket.
     """
     cloud = _cloud(settings)
-    secrets = [*(t.api_key_secret for t in settings.tenants), settings.runtime.api_keys_secret]
+    secrets = [*(t.api_key_secret for t in settings.tenants), settings.api_keys_secret]
     statements: list[dict[str, Any]] = [
         _allow(
             "ReadKeyDigests",
@@ -194,7 +194,7 @@ def _identity_args(settings: Settings, weights_uri: str, history_bucket: str, hi
         history_bucket_arn=f"arn:aws:s3:::{history_bucket}",
         history_prefix=history_prefix,
         kms_key_arn=_key_arn(settings),
-        api_keys_secret_arn=cloud.arn("secretsmanager", f"secret:{settings.runtime.api_keys_secret}-*"),
+        api_keys_secret_arn=cloud.arn("secretsmanager", f"secret:{settings.api_keys_secret}-*"),
         repository_arn=cloud.arn("ecr", f"repository/frontier-{settings.stack}-runtime"),
         target_group_arn=cloud.arn("elasticloadbalancing", f"targetgroup/frontier-{settings.stack}/local"),
         ssm_access=False,

@@ -23,8 +23,13 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
 
 
 def _port_problems(s: Settings, local: Local) -> Iterator[FieldProblem]:
+    # Pools may share a runtime port (each runtime listens on its own host's address); none may
+    # share one with what listens on the balancer's.
+    runtime_ports = {
+        pool.runtime.port: f"pools[{i}].runtime.port" for i, pool in reversed(list(enumerate(s.pools)))
+    }
     ports = {
-        "runtime.port": s.runtime.port,
+        **{field: port for port, field in runtime_ports.items()},
         "local.moto_port": local.moto_port,
         "local.balancer_port": local.balancer_port,
         "local.balancer_stats_port": local.balancer_stats_port,
@@ -44,7 +49,7 @@ def _port_problems(s: Settings, local: Local) -> Iterator[FieldProblem]:
 
 def _slot_problems(s: Settings) -> Iterator[FieldProblem]:
     """The local stand-in for an auto scaling group grows only into the slots the stack lists."""
-    if s.inventory.source != "static" or s.models:
+    if s.inventory.source != "static" or s.listed_models:
         return
     slots = len(s.inventory.hosts)
     for i, group in enumerate(s.node_groups):

@@ -413,7 +413,10 @@ def test_int8_weights_count_one_byte_per_projection_weight_in_the_memory_fit() -
 
     prod = load_stack("prod")
     int8 = prod.model_copy(update={"model": prod.model.model_copy(update={"quantization": "int8"})})
-    bf16_fit, int8_fit = memory_fit(prod, prod.serving_group), memory_fit(int8, int8.serving_group)
+    bf16_fit, int8_fit = (
+        memory_fit(prod.only_pool, prod.serving_group),
+        memory_fit(int8.only_pool, int8.serving_group),
+    )
     projections, channels = projection_parameters(prod.model)
     saved = projections * 2 - (projections * 1 + channels * 4)  # bf16 bytes less int8 bytes and scales
     assert bf16_fit.weights_bytes - int8_fit.weights_bytes == pytest.approx(saved)
