@@ -30,11 +30,9 @@ are still checked and logged; moto then answers an error, and where a task waits
 from __future__ import annotations
 
 import contextlib
-import datetime
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -42,7 +40,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +56,7 @@ from frontier_hostside.names import (
     CLOUDWATCH_NAMESPACE,
     NODE_GROUP_TAG,
     ROLE_TAG,
-    RUNNING_METRIC,
     STACK_TAG,
-    WAITING_METRIC,
 )
 from frontier_hostside.node_boot import NodeConfig
 from invoke import Context
@@ -80,6 +76,7 @@ from frontier.targets.ec2.access import InstanceConnectKey
 from frontier.targets.ec2.backend import Ec2Backend
 from frontier.targets.local import iam, moto_calls, services
 from infra.identity import IdentityArgs, deploy_policy, lifecycle_policy, runtime_policy
+from tests.aws_host import MetricsPage, publish_parameter
 from tests.e2e import iam_simulation
 
 ACCOUNT = iam.ACCOUNT_ID
@@ -90,17 +87,6 @@ LAUNCH_HOOK = "frontier-launch"
 IMAGE_TAG = "src-0123456789ab"
 # No retries: a call moto authorises but does not implement is answered once, with an error.
 ONCE = Config(retries={"max_attempts": 1, "mode": "standard"})
-
-
-def aws_cli() -> str:
-    """The aws command; behind a pyenv shim, the real one (each shim hop costs half a second)."""
-    found = shutil.which("aws")
-    assert found, "the AWS CLI (`aws`) must be on PATH: hosts bootstrap through it"
-    if "/.pyenv/shims/" in found:
-        done = subprocess.run(["pyenv", "which", "aws"], capture_output=True, text=True, check=False)
-        if done.returncode == 0 and done.stdout.strip():
-            return done.stdout.strip()
-    return found
 
 
 # --- the stack and its documents ------------------------------------------------------------------
@@ -207,27 +193,6 @@ def account(settings: Settings, saved: Ec2Outputs[str]) -> iam_simulation.Accoun
 # --- moto's server, enforcing -------------------------------------------------------------------
 
 
-def publish(name: str, value: str, region: str) -> None:
-    """A parameter AWS publishes (``/aws/service/...``), put into moto's store as moto loads its own."""
-    from moto.ssm.models import Parameter, ssm_backends
-
-    versions = ssm_backends[ACCOUNT][region]._parameters[name]
-    versions.append(
-        Parameter(
-            account_id=ACCOUNT,
-            name=name,
-            value=value,
-            parameter_type="String",
-            description=None,
-            allowed_pattern=None,
-            keyid=None,
-            last_modified_date=datetime.datetime.now(datetime.UTC),
-            version=len(versions) + 1,
-            data_type="text",
-        )
-    )
-
-
 def serve(argv: list[str]) -> None:
     """``python -m tests.e2e.ec2_actors --log FILE --region R [--publish NAME=VALUE]... <moto.server
     arguments>``: moto's server, logging what it allows, with the published parameters in place."""
@@ -243,7 +208,7 @@ def serve(argv: list[str]) -> None:
         else:
             rest.append(arg)
     for name, value in published:
-        publish(name, value, region)
+        publish_parameter(name, value, region)
     moto_calls.main(["--log", log, *rest])
 
 
@@ -555,20 +520,6 @@ def deploy_paths(prod: Prod, mp: pytest.MonkeyPatch) -> dict[str, str]:
 
 
 # --- the runtime hosts' role, through the AWS CLI -----------------------------------------------
-
-
-class MetricsPage(BaseHTTPRequestHandler):
-    """A runtime's /metrics, as the publisher scrapes it."""
-
-    def log_message(self, *_args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:  # noqa: N802 - the http.server API
-        body = f"{WAITING_METRIC} 2\n{RUNNING_METRIC} 1\n".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
 
 def host_paths(prod: Prod, mp: pytest.MonkeyPatch, aws_cli: str) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.aws_host import aws_cli
 from tests.e2e import ec2_actors, iam_simulation
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -48,7 +49,7 @@ UNIMPLEMENTED = {
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    return ec2_actors.exercise(tmp_path_factory.mktemp("ec2-actors"), ec2_actors.aws_cli())
+    return ec2_actors.exercise(tmp_path_factory.mktemp("ec2-actors"), aws_cli())
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from frontier.render.boot import node_env
 from frontier.targets import backend_for, load_stack
 from frontier.targets.local import cluster as local
 from frontier.targets.local import iam, services
+from tests.aws_host import aws_cli
 from tests.e2e.stackcopy import write_local_stack
 from tests.gateway.stacks import SECOND_MODEL, two_model_config, write_stack
 
@@ -122,17 +121,6 @@ class TwoPools:
         )
 
 
-def _aws_cli() -> str:
-    """The aws command; behind a pyenv shim, the real one (each shim hop costs half a second)."""
-    found = shutil.which("aws")
-    assert found, "the AWS CLI (`aws`) must be on PATH: hosts bootstrap through it"
-    if "/.pyenv/shims/" in found:
-        done = subprocess.run(["pyenv", "which", "aws"], capture_output=True, text=True)
-        if done.returncode == 0 and done.stdout.strip():
-            return done.stdout.strip()
-    return found
-
-
 @pytest.fixture
 def two_pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FRONTIER_STACKS_DIR", str(tmp_path / "stacks"))
@@ -177,7 +165,7 @@ def two_pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         for key, value in {"AWS_ENDPOINT_URL": moto.endpoint, **keys["host"].env()}.items():
             monkeypatch.setenv(key, value)
         yield TwoPools(
-            settings, keys, pool, release, wheel, NodeConfig.load(str(env_file)), Aws("us-east-1", _aws_cli())
+            settings, keys, pool, release, wheel, NodeConfig.load(str(env_file)), Aws("us-east-1", aws_cli())
         )
     finally:
         services.stop(moto)

@@ -33,6 +33,7 @@ from frontier.config.schema import Settings
 from frontier.targets import load_stack
 from frontier.targets.local import cluster as local
 from frontier.targets.local import iam, moto_calls, services
+from tests.aws_host import aws_cli
 from tests.e2e import ec2_actors, iam_simulation
 from tests.e2e.conftest import stack_variant
 from tests.e2e.stackcopy import write_local_stack
@@ -259,7 +260,7 @@ def test_every_recorded_call_is_allowed_by_the_unwidened_documents(stack, evalua
 @pytest.fixture(scope="module")
 def ec2_evaluation(tmp_path_factory):
     """The EC2 stack's paths, run as their actors against moto enforcing prod's documents."""
-    prod, log, _ = ec2_actors.exercise(tmp_path_factory.mktemp("ec2-actors"), ec2_actors.aws_cli())
+    prod, log, _ = ec2_actors.exercise(tmp_path_factory.mktemp("ec2-actors"), aws_cli())
     return ec2_actors.evaluate(prod, log)
 
 

@@ -75,3 +75,30 @@ def write_stack(directory: Path, document: dict, stack: str = "local") -> Path:
     path = directory / f"Pulumi.{stack}.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
+
+
+def dev_gateway_document(tenant: dict | None = None, **gateway: object) -> dict:
+    """dev's stack document with a gateway on EC2 (``gateway`` adds to or replaces its fields) and one
+    interactive tenant, acme, of dev's model (``tenant`` adds to or replaces its fields)."""
+    document = yaml.safe_load((project.root() / "stacks" / "Pulumi.dev.yaml").read_text())
+    config = document["config"]
+    config["frontier:gateway"] = {
+        "port": 8090,
+        "metering": {"uri": "s3://frontier-dev-metering-123456789012-us-east-1/metering"},
+        "ami_id": "ami-0123456789abcdef0",
+        "request_timeout_s": 110,  # below dev's edge.idle_timeout_s (120 s): the ALB fronts the gateway
+        **gateway,
+    }
+    config["frontier:tenants"] = [
+        {
+            "name": "acme",
+            "api_key_secret": "frontier/dev/tenants/acme",
+            "models": [config["frontier:model"]["name"]],
+            "requests_per_minute": 600,
+            "tokens_per_minute": 100000,
+            "max_concurrent_requests": 16,
+            "priority": "interactive",
+            **(tenant or {}),
+        }
+    ]
+    return document

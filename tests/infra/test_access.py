@@ -285,35 +285,14 @@ def test_the_deploy_role_reads_usage_only_where_the_gateway_meters_to_s3(graph):
 
 def test_fab_usage_reads_the_gateways_metering_records_only_under_their_prefix(tmp_path):
     """The metering location reaches the deploy role's document from the stack's gateway section."""
-    import yaml
     from infra_mocks import run_program
 
-    from frontier import project
     from frontier.targets import load_stack
+    from tests.gateway.stacks import dev_gateway_document, write_stack
 
-    document = yaml.safe_load((project.root() / "stacks" / "Pulumi.dev.yaml").read_text())
-    config = document["config"]
     bucket = f"frontier-dev-metering-{ACCOUNT_ID}-us-east-1"
-    config["frontier:gateway"] = {
-        "port": 8090,
-        "metering": {"uri": f"s3://{bucket}/metering"},
-        "ami_id": "ami-0123456789abcdef0",
-        "instance_type": "c7i.large",
-        "request_timeout_s": 110,
-    }
-    config["frontier:tenants"] = [
-        {
-            "name": "acme",
-            "api_key_secret": "frontier/dev/tenants/acme",
-            "models": [config["frontier:model"]["name"]],
-            "requests_per_minute": 600,
-            "tokens_per_minute": 100000,
-            "max_concurrent_requests": 16,
-            "priority": "interactive",
-        }
-    ]
-    path = tmp_path / "Pulumi.dev.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    document = dev_gateway_document(metering={"uri": f"s3://{bucket}/metering"}, instance_type="c7i.large")
+    path = write_stack(tmp_path, document, "dev")
     graph = run_program(load_stack("dev", path=path))
     statements = granted(policy(graph, "deploy"))
     assert statements["ReadItsUsage"]["Action"] == "s3:GetObject"

@@ -21,7 +21,6 @@ from typing import Any
 
 import boto3
 import pytest
-import yaml
 from frontier_gateway.config import QuotaConfig
 from frontier_gateway.quotas import QuotaStoreError, RedisQuotas, open_quotas, store_connection
 from frontier_gateway.tenants import Tenant
@@ -32,7 +31,6 @@ from pulumi.runtime.mocks import MockResourceArgs
 from pulumi_policy import PolicyResourceOptions, ResourceValidationArgs
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from frontier import project
 from frontier.access.gateway import gateway_config
 from frontier.targets import load_stack
 from infra.errors import ProvisionError
@@ -40,6 +38,7 @@ from infra.program import build
 from infra.quota_store import AUTH_TOKEN_LENGTH, REDIS_PORT, provisions_store
 from policy.rules import POLICIES
 from tests.gateway.harness import redis_server
+from tests.gateway.stacks import dev_gateway_document, write_stack
 
 GROUP = "aws:elasticache/replicationGroup:ReplicationGroup"
 SUBNET_GROUP = "aws:elasticache/subnetGroup:SubnetGroup"
@@ -74,30 +73,9 @@ class StoreMocks(_Recorder):
 
 def gated_stack(directory: Path, quota: dict, egress: str = "endpoints") -> Path:
     """dev, with a gateway (and a tenant) whose counters live in Redis."""
-    document = yaml.safe_load((project.root() / "stacks" / "Pulumi.dev.yaml").read_text())
-    config = document["config"]
-    config["frontier:network"]["egress"] = egress
-    config["frontier:gateway"] = {
-        "port": 8090,
-        "metering": {"uri": "s3://frontier-dev-metering-123456789012-us-east-1/metering"},
-        "ami_id": "ami-0123456789abcdef0",
-        "request_timeout_s": 110,  # below dev's edge.idle_timeout_s (120 s)
-        "quota": quota,
-    }
-    config["frontier:tenants"] = [
-        {
-            "name": "acme",
-            "api_key_secret": "frontier/dev/tenants/acme",
-            "models": [config["frontier:model"]["name"]],
-            "requests_per_minute": 600,
-            "tokens_per_minute": 100000,
-            "max_concurrent_requests": 16,
-            "priority": "interactive",
-        }
-    ]
-    path = directory / "Pulumi.dev.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return path
+    document = dev_gateway_document(quota=quota)
+    document["config"]["frontier:network"]["egress"] = egress
+    return write_stack(directory, document, "dev")
 
 
 def run(path: Path, stack: str = "dev", mocks: Callable[[str], StoreMocks] = StoreMocks) -> Graph:

@@ -15,14 +15,13 @@ import base64
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import urllib.request
 import zipfile
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
@@ -41,6 +40,7 @@ from frontier.render.boot import node_env
 from frontier.render.host import render_agent_config
 from frontier.targets import load_stack
 from frontier.targets.local import services
+from tests.aws_host import MetricsPage, find_aws_cli
 
 # Each AWS CLI call costs a second or two here: the boots take 15-30 s.
 pytestmark = pytest.mark.slow
@@ -49,17 +49,7 @@ STANDIN = Path(__file__).with_name("runtime_standin.py")
 BUCKET = "frontier-local-history-123456789012-us-east-1"
 
 
-def _aws_cli() -> str | None:
-    """The aws command; behind a pyenv shim, the real one (each shim hop costs half a second)."""
-    found = shutil.which("aws")
-    if found and "/.pyenv/shims/" in found:
-        done = subprocess.run(["pyenv", "which", "aws"], capture_output=True, text=True)
-        if done.returncode == 0 and done.stdout.strip():
-            return done.stdout.strip()
-    return found
-
-
-AWS_CLI = _aws_cli()
+AWS_CLI = find_aws_cli()
 
 
 class HookedAws(Aws):
@@ -246,17 +236,8 @@ def test_the_newest_good_record_wins_and_failed_ones_are_skipped(cloud):
     assert record is not None and record["release"] == release.id == store.last_good()["release"]
 
 
-class Metrics(BaseHTTPRequestHandler):
+class Metrics(MetricsPage):
     body = b""
-
-    def log_message(self, *_args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:  # noqa: N802 - the http.server API
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
 
 
 def exposition(waiting: float, running: float, buckets: dict[str, float]) -> bytes:

@@ -6,7 +6,6 @@ which is what a host looks like once its bootstrap completed the launch hook.
 
 from __future__ import annotations
 
-import datetime
 import json
 
 import boto3
@@ -14,7 +13,6 @@ import pytest
 from frontier_hostside.names import NODE_GROUP_TAG, ROLE_TAG, STACK_TAG
 from invoke import Context
 from invoke.exceptions import Exit
-from moto.ssm.models import Parameter, ssm_backends
 
 from frontier.cli import ami, ops
 from frontier.config.hardware import ami_parameter
@@ -26,29 +24,14 @@ from frontier.targets import load_stack
 from frontier.targets.ec2.ami import latest_amis
 from frontier.targets.ec2.backend import Ec2Backend
 from frontier.targets.ec2.group import AsgFleet, FleetError
+from tests.aws_host import publish_parameter
 
 REGION = "us-east-1"
-ACCOUNT = "123456789012"
 
 
 def publish_ami(name: str, value: str) -> None:
-    """AWS publishes the AMI parameters under /aws/service/; moto refuses puts there (as AWS does),
-    so the value goes into moto's store the way moto loads its own published parameters."""
-    versions = ssm_backends[ACCOUNT][REGION]._parameters[name]
-    versions.append(
-        Parameter(
-            account_id=ACCOUNT,
-            name=name,
-            value=value,
-            parameter_type="String",
-            description=None,
-            allowed_pattern=None,
-            keyid=None,
-            last_modified_date=datetime.datetime.now(datetime.UTC),
-            version=len(versions) + 1,
-            data_type="text",
-        )
-    )
+    """An AMI parameter AWS publishes under /aws/service/, in moto's store."""
+    publish_parameter(name, value, REGION)
 
 
 @pytest.fixture

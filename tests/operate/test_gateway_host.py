@@ -50,31 +50,12 @@ def boot_files(settings) -> dict[str, str]:  # noqa: ANN001
 @pytest.fixture(scope="module")
 def gated_settings(tmp_path_factory: pytest.TempPathFactory):
     """The dev stack with a gateway section (as tests/infra/test_gateway_nodes.py builds it)."""
-    from frontier import project
     from frontier.targets import load_stack
+    from tests.gateway.stacks import dev_gateway_document, write_stack
 
-    document = yaml.safe_load((project.root() / "stacks" / "Pulumi.dev.yaml").read_text())
-    config = document["config"]
-    config["frontier:gateway"] = {
-        "port": 8090,
-        "metering": {"uri": "s3://frontier-dev-metering-123456789012-us-east-1/metering"},
-        "ami_id": "ami-0123456789abcdef0",
-        "request_timeout_s": 110,
-    }
-    config["frontier:tenants"] = [
-        {
-            "name": "acme",
-            "api_key_secret": "frontier/dev/tenants/acme",
-            "models": [config["frontier:model"]["name"]],
-            "requests_per_minute": 600,
-            "tokens_per_minute": 100000,
-            "max_concurrent_requests": 16,
-            "priority": "interactive",
-        }
-    ]
-    path = tmp_path_factory.mktemp("stacks") / "Pulumi.dev.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return load_stack("dev", path=path)
+    return load_stack(
+        "dev", path=write_stack(tmp_path_factory.mktemp("stacks"), dev_gateway_document(), "dev")
+    )
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 from dataclasses import dataclass, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
@@ -28,7 +26,6 @@ import yaml
 from botocore.exceptions import ClientError
 from frontier_hostside import node_boot
 from frontier_hostside.aws_cli import Aws, BootError
-from frontier_hostside.names import RUNNING_METRIC, WAITING_METRIC
 from frontier_hostside.node_boot import NodeConfig
 from frontier_hostside.rendezvous import Rendezvous, slot_key
 
@@ -42,20 +39,11 @@ from frontier.targets import load_stack
 from frontier.targets.local import cluster as local
 from frontier.targets.local import iam, services
 from infra.identity import replica_slot_statements
+from tests.aws_host import MetricsPage, aws_cli
+from tests.gateway.stacks import dev_gateway_document
 
 # Each AWS CLI call costs a second or two.
 pytestmark = pytest.mark.slow
-
-
-def _aws_cli() -> str:
-    """The aws command; behind a pyenv shim, the real one (each shim hop costs half a second)."""
-    found = shutil.which("aws")
-    assert found, "the AWS CLI (`aws`) must be on PATH: hosts bootstrap through it"
-    if "/.pyenv/shims/" in found:
-        done = subprocess.run(["pyenv", "which", "aws"], capture_output=True, text=True)
-        if done.returncode == 0 and done.stdout.strip():
-            return done.stdout.strip()
-    return found
 
 
 @dataclass
@@ -138,7 +126,7 @@ def account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             store,
             release,
             NodeConfig.load(str(env_file)),
-            Aws("us-east-1", _aws_cli()),
+            Aws("us-east-1", aws_cli()),
         )
     finally:
         services.stop(moto)
@@ -185,20 +173,6 @@ def test_without_its_replica_slot_grants_a_host_cannot_claim_a_slot(account):
         Rendezvous(
             host, account.store.prefix, account.settings.serving_group.name, 2, "host-1", "127.0.0.1"
         ).claim()
-
-
-class MetricsPage(BaseHTTPRequestHandler):
-    """A runtime's /metrics, as the publisher scrapes it."""
-
-    def log_message(self, *_args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:  # noqa: N802 - the http.server API
-        body = f"{WAITING_METRIC} 2\n{RUNNING_METRIC} 1\n".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
 
 def test_the_host_role_publishes_its_runtime_metrics(account):
@@ -278,26 +252,7 @@ def test_the_local_gateway_is_granted_what_the_cloud_gateway_role_is():
     sys.path.insert(0, str(project.root() / "tests" / "infra"))
     from infra_mocks import run_program
 
-    document = yaml.safe_load((project.root() / "stacks" / "Pulumi.dev.yaml").read_text())
-    config = document["config"]
-    config["frontier:gateway"] = {
-        "port": 8090,
-        "metering": {"uri": "s3://frontier-dev-metering-123456789012-us-east-1/metering"},
-        "ami_id": "ami-0123456789abcdef0",
-        "instance_type": "c7i.large",
-        "request_timeout_s": 110,
-    }
-    config["frontier:tenants"] = [
-        {
-            "name": "acme",
-            "api_key_secret": "frontier/dev/tenants/acme",
-            "models": [config["frontier:model"]["name"]],
-            "requests_per_minute": 600,
-            "tokens_per_minute": 100000,
-            "max_concurrent_requests": 16,
-            "priority": "interactive",
-        }
-    ]
+    document = dev_gateway_document(instance_type="c7i.large")
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "Pulumi.dev.yaml"
         path.write_text(yaml.safe_dump(document, sort_keys=False))

@@ -9,8 +9,6 @@ each a test of its own.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
 import urllib.request
 from pathlib import Path
@@ -30,6 +28,7 @@ from frontier_hostside.rendezvous import Claim, Holder, Rendezvous, slot_key, wr
 from frontier.render.boot import node_env
 from frontier.targets import load_stack
 from frontier.targets.local import services
+from tests.aws_host import aws_cli
 
 # Each AWS CLI call costs a second or so here.
 pytestmark = pytest.mark.slow
@@ -39,18 +38,7 @@ PREFIX = "history/prod-multinode/"
 GROUP = "p5"
 
 
-def _aws_cli() -> str:
-    """The aws command; behind a pyenv shim, the real one (each shim hop costs half a second)."""
-    found = shutil.which("aws")
-    assert found, "the AWS CLI (`aws`) must be on PATH: hosts claim their slots through it"
-    if "/.pyenv/shims/" in found:
-        done = subprocess.run(["pyenv", "which", "aws"], capture_output=True, text=True)
-        if done.returncode == 0 and done.stdout.strip():
-            return done.stdout.strip()
-    return found
-
-
-AWS_CLI = _aws_cli()
+AWS_CLI = aws_cli("hosts claim their slots through it")
 
 
 def _group(name: str, size: int) -> list[str]:
