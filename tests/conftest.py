@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import socket
@@ -98,6 +99,7 @@ PROC_TESTS: dict[str, str] = {
     "tests/gateway/test_traces.py::test_the_demo_prints_one_requests_trace_with_every_span": "traced_gateway(): the gateway under uvicorn",
     "tests/gateway/test_traces.py::test_tracing_off_builds_no_exporter_and_loads_no_sdk": "a process",
     "tests/gateway/test_upstream.py": "StandIn(): an HTTP server; a listening socket",
+    "tests/gateway/test_upstream_adversarial.py": "Replica(): a raw TCP server",
     "tests/gateway/test_usage_and_batch.py": "StandIn(): an HTTP server; _fab(): a process",
     "tests/infra/test_closed_doors.py::test_the_hosts_haproxy_answers_https_with_the_certificate_made_at_boot": "a process",
     "tests/infra/test_language_host.py": "runs(): a process",
@@ -131,6 +133,7 @@ PROC_TESTS: dict[str, str] = {
     "tests/operate/test_rollout_e2e.py::test_status_and_history_tasks_print_what_each_host_runs": "a process",
     "tests/operate/test_services.py::test_a_taken_port_is_refused_naming_it": "a listening socket",
     "tests/operate/test_services.py::test_sshd_starts_is_found_by_a_later_command_and_stops": "public_key(): a process",
+    "tests/runtime/test_backend_registries.py::test_the_table_and_the_stack_check_that_reads_it_load_without_torch": "a process",
     "tests/runtime/engine/test_affinity.py::test_binding_pins_the_calling_thread_and_each_pool_thread_to_its_core": "a process",
     "tests/runtime/engine/test_engine_sizing.py::test_the_engine_runs_without_the_server_or_boto3": "a process",
     "tests/runtime/engine/test_kv_events.py::test_an_engine_with_kv_events_on_publishes_its_prompts_blocks": "ZMQ sockets listening",
@@ -344,6 +347,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if not re.search(r"\bnot\s+proc\b", config.option.markexpr or "") or _WATCHING:
         return
     _WATCHING = True
+    # What the quick tier's modules load (torch, pulumi's providers, boto's models) makes each full
+    # garbage-collector pass long, and Python's default thresholds ran one every few tests: a third of
+    # the run's CPU. Passes are rarer here, and what test collection loaded is frozen out of them.
+    gc.set_threshold(10_000, 50, 100)
     sys.addaudithook(_audit)
     listen = socket.socket.listen
 
@@ -361,6 +368,16 @@ def pytest_configure(config: pytest.Config) -> None:
         return spawn(path, args, passfds)
 
     multiprocessing.util.spawnv_passfds = watched_spawn  # type: ignore[assignment]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:  # noqa: ARG001
+    if _WATCHING:
+        gc.collect()
+        gc.freeze()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:  # noqa: ARG001
+    gc.unfreeze()  # for the collection at exit: what native extensions hold is freed, not reported leaked
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
 from frontier.loadtest.report import knee_line, plot, step_notes, steps_table
@@ -34,6 +35,7 @@ def test_the_knee_line_names_the_rate_and_why_the_next_step_broke():
     assert "sweep lower rates" in knee_line(None, [step(3, p99_ms=9000)])
 
 
+@pytest.mark.slow
 def test_the_plot_is_a_png_of_latency_against_offered_load(tmp_path):
     out = plot(STEPS, SLO, find_knee(STEPS, SLO), tmp_path / "sub" / "plot.png", "test")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -152,6 +152,7 @@ def test_an_fp8_kv_cache_halves_the_kv_bytes_so_larger_batches_fit(prod):
     assert ex.current.candidate.kv_cache_dtype == "bfloat16"  # the stack's own stays marked
 
 
+@pytest.mark.slow
 def test_fab_plan_explore_prints_the_front_and_writes_the_chart(capsys, tmp_path):
     png = tmp_path / "front.png"
     code, out, err = fab(capsys, "plan", "-s", "prod", "--explore", "--png", str(png))

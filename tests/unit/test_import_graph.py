@@ -126,6 +126,7 @@ def test_no_import_arrow_runs_back_up_between_rooms():
         ("frontier.", "frontier.cli"),  # the library never imports its Fabric tasks
     ],
 )
+@pytest.mark.slow
 def test_lower_rooms_never_import_upper_ones(lower, upper):
     graph = _graph()
     offenders = [

@@ -13,6 +13,8 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import PROC_FIXTURES, PROC_TESTS, REPO
 
 TESTS = REPO / "tests"
@@ -24,7 +26,7 @@ STARTS = {
     "os.execv", "os.execvp", "multiprocessing.Process", "multiprocessing.Pool", "mp.Process",
     "mp.spawn", "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell",
     "Popen", "ThreadedMotoServer", "HTTPServer", "ThreadingHTTPServer", "TCPServer",
-    "ThreadingTCPServer", "serve_forever", "uvicorn_server", "RuntimeServer", "listen",
+    "ThreadingTCPServer", "serve_forever", "uvicorn_server", "RuntimeServer", "listen", "create_server",
 }  # fmt: skip
 
 
@@ -228,6 +230,7 @@ def _covered(test: str, test_arguments: set[str]) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_every_fixture_that_starts_a_process_or_a_server_is_in_the_proc_list() -> None:
     fixtures, _ = Tree().starters()
     missing = {name: what for name, what in fixtures.items() if name not in PROC_FIXTURES}
@@ -237,6 +240,7 @@ def test_every_fixture_that_starts_a_process_or_a_server_is_in_the_proc_list() -
     )
 
 
+@pytest.mark.slow
 def test_every_test_that_starts_a_process_or_a_server_itself_is_marked_proc() -> None:
     tree = Tree()
     _, tests = tree.starters()
@@ -259,6 +263,7 @@ def test_every_test_that_starts_a_process_or_a_server_itself_is_marked_proc() ->
     )
 
 
+@pytest.mark.slow
 def test_every_entry_of_the_proc_lists_names_a_fixture_or_a_test_that_exists() -> None:
     tree = Tree()
     stale = []

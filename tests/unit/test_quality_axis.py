@@ -57,6 +57,7 @@ def _run(rates: dict[tuple[str, str], float | None]) -> QualityRun:
     return QualityRun({}, "random", "default.yaml", results)
 
 
+@pytest.mark.slow
 def test_a_variant_is_on_the_front_when_no_cheaper_one_passes_as_much():
     prod = load_stack("prod")
     ex = explore(

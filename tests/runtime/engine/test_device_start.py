@@ -12,6 +12,9 @@ from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.model_runner import DeviceOps, ModelRunner, StepInput
 from frontier_runtime.ops import cpu_kernel
 
+# A model built and stepped per test (1-2 s each): out of the quick tier.
+pytestmark = pytest.mark.slow
+
 GIB = 1 << 30
 
 

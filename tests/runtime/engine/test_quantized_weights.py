@@ -78,6 +78,7 @@ def int8_outputs(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
 # ---- memory ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_int8_weights_take_at_most_0_55_of_the_bf16_model(model_dir: Path) -> None:
     bf16 = quant.weight_bytes(load_model(model_dir, torch.bfloat16, "cpu"))
     int8 = quant.weight_bytes(load_model(model_dir, torch.bfloat16, "cpu", quantization="int8"))
@@ -149,6 +150,7 @@ def test_quantizing_at_load_never_holds_more_than_the_int8_model_and_one_project
 # ---- quality --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_int8_greedy_outputs_agree_with_the_unquantized_model_on_128_prompts(
     fp32_outputs: list[list[int]], int8_outputs: list[list[int]]
 ) -> None:

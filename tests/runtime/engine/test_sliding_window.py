@@ -278,6 +278,7 @@ def test_mistral_equals_transformers_on_prefix_cache_hits(
     assert engine.stats().prefix_cache_hits > 0
 
 
+@pytest.mark.slow
 def test_the_triton_kernel_in_the_engine_equals_transformers_past_the_window(
     mistral: dict[str, Reference],
 ) -> None:

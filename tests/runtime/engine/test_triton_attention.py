@@ -163,6 +163,7 @@ def _random_case(seed: int) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("seed", range(24))
+@pytest.mark.slow
 def test_random_steps_match_the_reference(seed: int) -> None:
     case = _random_case(seed)
     step = _step(seed, **case)  # type: ignore[arg-type]

@@ -323,6 +323,7 @@ def greedy(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
     return engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0))
 
 
+@pytest.mark.slow
 def test_a_tiny_engine_through_the_kernels_matches_transformers(
     tied_ref: Reference, forced_on_cpu: None, kernel_calls: dict[str, int]
 ) -> None:
@@ -332,6 +333,7 @@ def test_a_tiny_engine_through_the_kernels_matches_transformers(
     assert all(kernel_calls.values()), kernel_calls
 
 
+@pytest.mark.slow
 def test_a_bf16_engine_with_an_fp8_cache_gives_the_same_tokens_through_the_kernels_as_without(
     tied_ref: Reference, forced_on_cpu: None, kernel_calls: dict[str, int]
 ) -> None:
