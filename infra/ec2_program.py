@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pulumi
 
+from frontier.config.checks import is_production
 from frontier.config.schema import SEVERITIES, NodeGroup, Settings
 from frontier.render.alerts import resource_limits, severities
 from frontier.render.boot import render_cloud_init, render_gateway_cloud_init, replica_nodes
@@ -49,7 +50,6 @@ from infra.security_groups import SecurityGroups, SecurityGroupsArgs
 from infra.storage import HISTORY_PREFIX_ROOT, bucket_suffix, unique_bucket_name
 from infra.tags import base_tags
 
-PRODUCTION_STACKS = frozenset({"prod"})
 # ALB target group limits (the stack loader allows wider ranges, valid for HAProxy on the local stack).
 ALB_MIN_THRESHOLD = 2
 ALB_MIN_INTERVAL_S = 5
@@ -194,10 +194,6 @@ def _node_problems(
 
 
 # --- the program's parts, in the order they are made ------------------------------------------------
-
-
-def is_production(settings: Settings) -> bool:
-    return settings.stack in PRODUCTION_STACKS
 
 
 def lay_ground(settings: Settings, cloud: Cloud) -> Ground:

@@ -18,6 +18,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from frontier.config.checks import is_production
 from frontier.config.schema import Kubernetes, Settings
 from frontier.targets.kubernetes.gateway import GATEWAY_SERVICE_ACCOUNT
 from infra.addons import ClusterAddons, ClusterAddonsArgs
@@ -35,8 +36,6 @@ from infra.workload_identity import (
     pod_identity_trust,
 )
 from infra.workloads import Workloads, WorkloadsArgs
-
-PRODUCTION_STACKS = frozenset({"prod", "eks-prod"})
 
 
 def _k8s(settings: Settings) -> Kubernetes:
@@ -177,7 +176,7 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
     k = _k8s(settings)
     cloud = look_up(settings.region)
     preflight(settings, cloud)
-    stack, production = settings.stack, settings.stack in PRODUCTION_STACKS
+    stack, production = settings.stack, is_production(settings)
     tags = base_tags(stack)
     create = k.cluster.mode == "create"
     foundation = Foundation(

@@ -46,6 +46,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 from frontier_hostside.names import K8S_CONFIG_HASH_ANNOTATION, PLACEHOLDER_DIGEST
 
+from frontier.config.checks import is_production
 from frontier.config.schema import Settings
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.gateway import pool_views
@@ -75,6 +76,7 @@ ARGUMENTS = {
 }
 SKIP_AWAIT = "pulumi.com/skipAwait"
 LB_ATTRIBUTES = "alb.ingress.kubernetes.io/load-balancer-attributes"
+LB_DELETION_PROTECTION = "deletion_protection.enabled"
 # What `fab deploy` and KEDA change on a live runtime Deployment.
 RELEASE_FIELDS = ["spec.template", "spec.replicas"]
 # What `fab deploy` and KEDA change on a live LeaderWorkerSet.
@@ -114,8 +116,9 @@ def release_digest(settings: Settings) -> str:
     return k.image.partition("@")[2] if k is not None and k.image else PLACEHOLDER_DIGEST
 
 
-def with_access_logs(ingress: Manifest, bucket: pulumi.Input[str]) -> Manifest:
-    """The ALB's attributes plus access logs to the stack's bucket (a name known only to Pulumi)."""
+def with_access_logs(ingress: Manifest, bucket: pulumi.Input[str], production: bool) -> Manifest:
+    """The ALB's attributes plus access logs to the stack's bucket (a name known only to Pulumi) and,
+    on a production stack, deletion protection (as ``enable_deletion_protection`` on EC2's ALB)."""
     if LB_ATTRIBUTES not in ingress.annotations:  # an ingress class of the cluster's own: not an ALB
         return ingress
     attributes = pulumi.Output.concat(
@@ -123,6 +126,7 @@ def with_access_logs(ingress: Manifest, bucket: pulumi.Input[str]) -> Manifest:
         ",access_logs.s3.enabled=true,access_logs.s3.bucket=",
         bucket,
         f",access_logs.s3.prefix={LB_LOG_PREFIX}",
+        f",{LB_DELETION_PROTECTION}=true" if production else "",
     )
     return dataclasses.replace(ingress, annotations={**ingress.annotations, LB_ATTRIBUTES: attributes})
 
@@ -200,7 +204,7 @@ class Workloads(pulumi.ComponentResource):
         }
         for manifest in workload.all()[1:]:
             if manifest.kind == "Ingress" and args.access_logs_bucket is not None:
-                manifest = with_access_logs(manifest, args.access_logs_bucket)
+                manifest = with_access_logs(manifest, args.access_logs_bucket, is_production(args.settings))
             is_runtime = manifest.kind == "Deployment" and manifest.name in released
             # A LeaderWorkerSet's pods start only once the Secret their key comes from exists.
             after = [namespace, *([keys[manifest.name]] if manifest.kind == lw.KIND else [])]

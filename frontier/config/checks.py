@@ -293,8 +293,9 @@ def scale_to_zero_problems(s: Settings) -> Iterator[FieldProblem]:
 
 
 def is_production(s: Settings) -> bool:
-    """``prod`` and ``<anything>-prod``: the stacks whose alarms must reach someone."""
-    return s.stack == "prod" or s.stack.endswith("-prod")
+    """The stack's file says ``production: true``: the one answer the programs in infra/, the policy
+    pack and these checks read."""
+    return s.production
 
 
 def alert_problems(s: Settings) -> Iterator[FieldProblem]:

@@ -696,6 +696,11 @@ class Settings(_Settings):
     #: Where the fleet runs: ``ec2`` hosts, a ``kubernetes`` cluster, or ``local`` (the embedded
     #: stack, inferred from its ``local:`` section); picks the backend.
     target: Literal["local", "ec2", "kubernetes"] = "ec2"
+    #: A production stack (``frontier:production: true``): its stateful resources are protected, its
+    #: balancer has deletion protection, its logs are kept 90 days, its page alarms must reach
+    #: someone, and the policy pack's production rules apply. Read through
+    #: :func:`frontier.config.checks.is_production`, never from the stack's name.
+    production: bool = False
     region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]$")
     network: Network
     node_groups: tuple[NodeGroup, ...] = Field(min_length=1)

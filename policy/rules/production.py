@@ -1,10 +1,13 @@
-"""Production stacks (the ones named in the pack's ``productionStacks`` config): what outlives a
-release is protected from deletion, and the doors stay closed: who reaches the balancer, how it
-reaches the hosts, where the hosts may send (infra/edge.py, infra/security_groups.py).
+"""Production stacks (those whose file says ``frontier:production: true``, read through
+:func:`frontier.config.checks.is_production` as infra/ reads it; the pack's ``productionStacks``
+config names others in their place): what outlives a release is protected from deletion, and the
+doors stay closed: who reaches the balancer, how it reaches the hosts, where the hosts may send
+(infra/edge.py, infra/security_groups.py).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,32 +22,49 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
+from frontier.config.checks import is_production
+from frontier.config.load import available_stacks
+from frontier.project import stacks_dir
+from frontier.targets import load_stack
 from policy.rules.edge import LOAD_BALANCER, TARGET_GROUP, WEB_ACL_ASSOCIATION
-from policy.rules.kubernetes import EKS_CLUSTER
+from policy.rules.kubernetes import EKS_CLUSTER, K8S_INGRESS
 from policy.rules.network import SECURITY_GROUP, open_rules
 from policy.rules.reading import as_list, get, stack_of, tags_of, truthy
 from policy.rules.storage import BUCKET, ECR_REPOSITORY, KMS_KEY, SECRET
 from policy.rules.validation import of_type, resource_policy
 
-# The stacks infra/ treats as production (infra/ec2_program.py, infra/kubernetes_program.py).
-PRODUCTION_STACKS = ["prod", "eks-prod"]
+# No default: without the key, the stack files decide (declared_production).
 PRODUCTION_SCHEMA = PolicyConfigSchema(
-    properties={
-        "productionStacks": {"type": "array", "items": {"type": "string"}, "default": PRODUCTION_STACKS}
-    }
+    properties={"productionStacks": {"type": "array", "items": {"type": "string"}}}
 )
 # What outlives a release: losing one loses weights, history, keys, secrets, images or the cluster.
 STATEFUL = BUCKET + KMS_KEY + SECRET + ECR_REPOSITORY + EKS_CLUSTER
 STATEFUL_MANDATORY = tuple(t for t in STATEFUL if t not in ECR_REPOSITORY)
 
 
-def production_stacks(config: Mapping[str, Any] | None) -> list[str]:
-    return list(get(config or {}, "productionStacks", default=PRODUCTION_STACKS))
+def declared_production(stack: str) -> bool:
+    """Whether the stack's file declares it production, as infra/ reads it; a stack without a file
+    here (one the pack is tried on elsewhere) is not."""
+    return _declared(str(stacks_dir()), stack)
+
+
+@functools.cache
+def _declared(stacks: str, stack: str) -> bool:
+    return stack in available_stacks() and is_production(load_stack(stack))
+
+
+def production_stacks(config: Mapping[str, Any] | None) -> Callable[[str], bool]:
+    """Which stacks the production rules apply to: those the pack's ``productionStacks`` config
+    names where it is set (to rehearse a rule on another stack), else those declared production."""
+    named = get(config or {}, "productionStacks")
+    if named is None:
+        return declared_production
+    return frozenset(str(stack) for stack in as_list(named)).__contains__
 
 
 def check_production_protected(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
     stack = stack_of(args.urn)
-    if stack not in production_stacks(args.get_config()):
+    if not production_stacks(args.get_config())(stack):
         return
     protect = getattr(args.opts, "protect", None)
     if not protect:
@@ -56,13 +76,36 @@ def check_production_protected(props: Mapping[str, Any], args: ResourceValidatio
 
 def check_lb_deletion_protection(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
     stack = get(tags_of(props), STACK_TAG)
-    if stack in production_stacks(args.get_config()) and not truthy(get(props, "enableDeletionProtection")):
+    if production_stacks(args.get_config())(str(stack)) and not truthy(
+        get(props, "enableDeletionProtection")
+    ):
         yield f"load balancer of production stack {stack!r} has no deletion protection"
+
+
+# The AWS Load Balancer Controller's ALB attributes (infra/workloads.py adds deletion protection).
+ALB_ATTRIBUTES = "alb.ingress.kubernetes.io/load-balancer-attributes"
+
+
+def check_ingress_deletion_protection(
+    props: Mapping[str, Any], args: ResourceValidationArgs
+) -> Iterator[str]:
+    """An ALB made by the load balancer controller from a production stack's Ingress: its attributes
+    annotation (no annotation: an ingress class of the cluster's own, not an ALB) must enable it."""
+    stack = stack_of(args.urn)
+    attributes = get(props, "metadata", "annotations", ALB_ATTRIBUTES)
+    if attributes is None or not production_stacks(args.get_config())(stack):
+        return
+    pairs = dict(a.strip().partition("=")[::2] for a in str(attributes).split(","))
+    if pairs.get("deletion_protection.enabled") != "true":
+        yield (
+            f"Ingress of production stack {stack!r} makes an ALB without deletion protection: "
+            f"add deletion_protection.enabled=true to {ALB_ATTRIBUTES}"
+        )
 
 
 def check_production_targets_https(props: Mapping[str, Any], args: ResourceValidationArgs) -> Iterator[str]:
     stack = stack_of(args.urn)
-    if stack not in production_stacks(args.get_config()):
+    if not production_stacks(args.get_config())(stack):
         return
     # Lambda targets have no protocol; only a plain HTTP hop from the balancer is refused.
     if str(get(props, "protocol", default="")).upper() == "HTTP":
@@ -77,7 +120,7 @@ def check_production_targets_https(props: Mapping[str, Any], args: ResourceValid
 def production_stack_policy(
     name: str,
     description: str,
-    check: Callable[[Sequence[PolicyResource], Sequence[str]], Iterable[tuple[PolicyResource, str]]],
+    check: Callable[[Sequence[PolicyResource], Callable[[str], bool]], Iterable[tuple[PolicyResource, str]]],
 ) -> StackValidationPolicy:
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
         for resource, message in check(list(args.resources), production_stacks(args.get_config())):
@@ -102,7 +145,7 @@ def _open_group_ids(resources: Sequence[PolicyResource]) -> set[str]:
 
 
 def check_production_lb_allowlisted(
-    resources: Sequence[PolicyResource], production: Sequence[str]
+    resources: Sequence[PolicyResource], production: Callable[[str], bool]
 ) -> Iterator[tuple[PolicyResource, str]]:
     """A production balancer open to the internet needs a WAF in front (where a public API's own
     rules live) or an allowlist; a rate limit or an IP set in the WAF is the operator's choice."""
@@ -110,11 +153,7 @@ def check_production_lb_allowlisted(
     guarded = {str(get(a.props, "resourceArn")) for a in of_type(resources, WEB_ACL_ASSOCIATION)}
     for lb in of_type(resources, LOAD_BALANCER):
         stack = stack_of(lb.urn)
-        if (
-            stack not in production
-            or truthy(get(lb.props, "internal"))
-            or str(get(lb.props, "arn")) in guarded
-        ):
+        if not production(stack) or truthy(get(lb.props, "internal")) or str(get(lb.props, "arn")) in guarded:
             continue
         if any(str(group) in open_groups for group in as_list(get(lb.props, "securityGroups"))):
             yield (
@@ -125,11 +164,11 @@ def check_production_lb_allowlisted(
 
 
 def check_production_runtime_egress(
-    resources: Sequence[PolicyResource], production: Sequence[str]
+    resources: Sequence[PolicyResource], production: Callable[[str], bool]
 ) -> Iterator[tuple[PolicyResource, str]]:
     for holder, role, protocol, low, high, public in open_rules(resources, "egress"):
         stack = stack_of(holder.urn)
-        if role == RUNTIME_ROLE and stack in production:
+        if role == RUNTIME_ROLE and production(stack):
             yield (
                 holder,
                 f"runtime hosts of production stack {stack!r} may send {protocol} {low}-{high} to "
@@ -152,6 +191,13 @@ POLICIES = [
         check_lb_deletion_protection,
         EnforcementLevel.ADVISORY,
         PRODUCTION_SCHEMA,
+    ),
+    resource_policy(
+        "production-ingress-deletion-protection",
+        "The ALB a production stack's Ingress makes is protected from deletion.",
+        K8S_INGRESS,
+        check_ingress_deletion_protection,
+        config_schema=PRODUCTION_SCHEMA,
     ),
     resource_policy(
         "production-targets-https",

@@ -44,7 +44,7 @@ def test_the_alb_writes_access_logs_to_the_log_bucket(graph):
 
 
 def test_deletion_protection_only_in_production(graph):
-    assert graph.one(LB).inputs["enableDeletionProtection"] is (graph.stack == "prod")
+    assert graph.one(LB).inputs["enableDeletionProtection"] is graph.settings.production
 
 
 def test_the_idle_timeout_follows_the_stack_and_bad_headers_are_dropped(graph):

@@ -39,6 +39,7 @@ from policy.rules.kubernetes import (
     check_k8s_pdb_and_network_policy,
     pod_specs,
 )
+from policy.rules.production import ALB_ATTRIBUTES
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policy"
 BY_NAME = {p.name: p for p in POLICIES}
@@ -344,6 +345,11 @@ RESOURCE_VIOLATIONS = {
         setter(("conditions", 0, "pathPattern", "values"), ["/*"]),
     ),
     "k8s-ingress-forwards-only-api": ("eks_prod", (K8S_INGRESS, RUNTIME_INGRESS), setter(INGRESS_PATH, "/*")),
+    "production-ingress-deletion-protection": (
+        "eks_prod",
+        (K8S_INGRESS, RUNTIME_INGRESS),
+        setter(("metadata", "annotations", ALB_ATTRIBUTES), "idle_timeout.timeout_seconds=300"),
+    ),
     "k8s-services-not-exposed": (
         "eks_prod",
         ("kubernetes:core/v1:Service", RUNTIME_SERVICE),

@@ -78,8 +78,10 @@ def gated_stack(directory: Path, quota: dict, egress: str = "endpoints") -> Path
     return write_stack(directory, document, "dev")
 
 
-def run(path: Path, stack: str = "dev", mocks: Callable[[str], StoreMocks] = StoreMocks) -> Graph:
-    settings = load_stack("dev", path=path).model_copy(update={"stack": stack})
+def run(
+    path: Path, stack: str = "dev", mocks: Callable[[str], StoreMocks] = StoreMocks, production: bool = False
+) -> Graph:
+    settings = load_stack("dev", path=path).model_copy(update={"stack": stack, "production": production})
     _ensure_event_loop()
     return contextvars.Context().run(_run, settings, build, mocks(settings.region))
 
@@ -152,7 +154,7 @@ def test_production_keeps_a_replica_in_another_zone_and_protects_the_secret(tmp_
     path = gated_stack(
         tmp_path_factory.mktemp("stacks"), {"store": "redis", "redis_auth_secret": STORE_SECRET}
     )
-    prod = run(path, stack="prod")
+    prod = run(path, stack="prod", production=True)
     group = prod.one(GROUP).inputs
     assert group["numCacheClusters"] == 2
     assert group["automaticFailoverEnabled"] is True and group["multiAzEnabled"] is True
