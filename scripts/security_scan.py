@@ -245,6 +245,8 @@ class Tally:
 
 
 def run_checkov(checkov: Path, directory: Path) -> list[dict[str, Any]]:
+    # It runs in the rendered folder: a path given relative to the repository must not be read from there.
+    checkov = checkov.resolve()
     if not checkov.exists():
         raise ScanError(f"{checkov} does not exist: `make scan` installs it (tools/checkov/requirements.txt)")
     env = {**os.environ, "BC_SKIP_MAPPING": "TRUE", "CHECKOV_NO_OUTPUT_COLOR": "1", "LOG_LEVEL": "ERROR"}
