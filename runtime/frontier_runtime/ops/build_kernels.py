@@ -4,7 +4,7 @@
 
 Compiles ``csrc/kernels.cpp`` once per variant into ``DIR`` (default: the package's ``kernels/``,
 where ``cpu_kernel.load()`` looks), each library with its manifest beside it. Without
-``--variant`` it builds every variant this machine's architecture has: all three on x86-64, the
+``--variant`` it builds every variant this machine's architecture has: all four on x86-64, the
 portable one elsewhere. Needs g++ (or ``$CXX``) and torch's headers; serving needs neither.
 """
 
@@ -33,7 +33,10 @@ COMMON_FLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-std=c++17", "-shared"
 # Fixed ISA levels, never -march=native: the library runs on every CPU of its level, not only on
 # the one that built it. The portable variant names no -march at all, so it builds on any
 # architecture (the compiler's default target: x86-64 baseline with SSE2, armv8-a on aarch64).
+# avx512bf16 is x86-64-v4 plus AVX512-BF16 (Cooper Lake, Sapphire Rapids and later, Zen 4 and
+# later): the bf16 panel GEMM's dot products (_mm512_dpbf16_ps) and conversions.
 VARIANT_FLAGS = {
+    "avx512bf16": ["-march=x86-64-v4", "-mavx512bf16", "-mprefer-vector-width=512"],
     "avx512": ["-march=x86-64-v4", "-mprefer-vector-width=512"],
     "avx2": ["-march=x86-64-v3"],
     "portable": [],

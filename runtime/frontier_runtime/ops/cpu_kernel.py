@@ -2,13 +2,16 @@
 
 ``python -m frontier_runtime.ops.build_kernels`` (run by ``make install``, by the release wheel's
 build where the libraries are missing, and by the image's builder stage) compiles the source into
-``kernels/`` three times: ``avx512`` (x86-64-v4, 512-bit vectors, the only one with the panel
-GEMM), ``avx2`` (x86-64-v3) and ``portable`` (no -march: any x86-64 CPU, and the only variant on
+``kernels/`` four times: ``avx512bf16`` (x86-64-v4 with AVX512-BF16: the avx512 variant plus the
+bf16 panel GEMM), ``avx512`` (x86-64-v4, 512-bit vectors, the panel GEMM for float32 and int8
+weights), ``avx2`` (x86-64-v3) and ``portable`` (no -march: any x86-64 CPU, and the only variant on
 other architectures). A manifest beside each library names the torch release and C++ ABI it was
 built against, the machine, and the digest of the source it was built from.
 
 ``load()`` picks the best variant this CPU runs (its /proc/cpuinfo flags against the x86-64-v4 and
--v3 levels), checks the manifest and loads the library; it never compiles, so it needs no compiler
+-v3 levels and avx512_bf16; ``FRONTIER_KERNEL_VARIANT=<name>`` holds it to that variant or a lesser
+one, e.g. ``avx512`` to run a CPU with AVX512-BF16 without the bf16 panel GEMM), checks the
+manifest and loads the library; it never compiles, so it needs no compiler
 and no writable cache. Where no variant is built, or the one found was built for another torch,
 another machine or another source, it logs why once and returns False: the caller then uses the
 torch path. It also returns False, loading nothing, while the kernels are switched off
@@ -31,12 +34,14 @@ log = logging.getLogger("frontier_runtime.ops")
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
 SOURCE_PATH = Path(__file__).parent / "csrc" / "kernels.cpp"
-VARIANTS = ("avx512", "avx2", "portable")  # best first
+VARIANTS = ("avx512bf16", "avx512", "avx2", "portable")  # best first
 # The /proc/cpuinfo flags of the ISA levels the x86 variants are compiled for (-march=x86-64-v3 and
 # -v4): the compiler may emit any instruction of its level, not only the vector ones.
 _X86_V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})
+_X86_V4 = _X86_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 _NEEDS = {
-    "avx512": _X86_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
+    "avx512bf16": _X86_V4 | {"avx512_bf16"},
+    "avx512": _X86_V4,
     "avx2": _X86_V3,
     "portable": frozenset(),
 }
@@ -46,6 +51,7 @@ _state: dict[str, str | None] = {}  # "variant": the one loaded, None where none
 _setting = {"native_kernels": True}
 _switch: dict[tuple[str | None, bool], bool] = {}  # (raw $FRONTIER_NATIVE_KERNELS, setting) -> enabled
 ENV_SWITCH = "FRONTIER_NATIVE_KERNELS"
+ENV_VARIANT = "FRONTIER_KERNEL_VARIANT"  # the best variant to consider (A/B runs, tests)
 
 
 def use_native_kernels(setting: bool) -> None:
@@ -79,7 +85,7 @@ def loaded() -> bool:
 
 
 def variant() -> str | None:
-    """The variant this process loaded (``avx512``, ``avx2``, ``portable``), or None."""
+    """The variant this process loaded (``avx512bf16``, ``avx512``, ``avx2``, ``portable``), or None."""
     return _state.get("variant")
 
 
@@ -92,7 +98,8 @@ def load() -> bool:
         with _lock:
             if "variant" not in _state:
                 _state["variant"] = _load_best(
-                    KERNEL_DIR, supported_variants(_cpu_flags(), platform.machine())
+                    KERNEL_DIR,
+                    capped(supported_variants(_cpu_flags(), platform.machine()), os.environ.get(ENV_VARIANT)),
                 )
     return _state["variant"] is not None
 
@@ -103,6 +110,15 @@ def supported_variants(cpu_flags: str, machine: str) -> list[str]:
         return ["portable"]
     have = set(cpu_flags.split())
     return [name for name in VARIANTS if _NEEDS[name] <= have]
+
+
+def capped(candidates: list[str], best: str | None) -> list[str]:
+    """``candidates`` from variant ``best`` down (all of them where ``best`` is unset or empty)."""
+    if not best:
+        return candidates
+    if best not in VARIANTS:
+        raise ValueError(f"{ENV_VARIANT}={best!r}: expected one of {', '.join(VARIANTS)}")
+    return [name for name in candidates if VARIANTS.index(name) >= VARIANTS.index(best)]
 
 
 def library_path(name: str, directory: Path = KERNEL_DIR) -> Path:

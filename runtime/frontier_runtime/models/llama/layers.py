@@ -30,6 +30,13 @@ class Linear(nn.Linear):
     at 8-256 rows. Where neither is available the weight stays [in, out] and ``torch.matmul``
     multiplies by it (MKL is 10-35 % faster in that layout than with [out, in] at 16-256 rows).
 
+    A bfloat16 weight on a CPU with AVX512-BF16 (the ``avx512bf16`` kernels) stays bf16, packed into
+    the pair panels of the bf16 panel GEMM (:func:`~frontier_runtime.ops.panel_gemm.linear_bf16`):
+    half the bytes of a widened copy (2-3x its speed), 1.3-3x oneDNN's bf16 GEMM on the plain
+    weight (what such a layer ran before) at the 1-128 rows of decode steps and level with or
+    ahead of oneDNN on a packed weight (the 100M model's shapes, two threads:
+    ``bench/panel_gemm_vs_onednn.py --dtype bfloat16``), and a row's result never depends on its
+    batch. The LM head leaves its float32 sums unrounded (``float_out``).
     A bfloat16/float16 weight on a CPU without native 16-bit GEMM (no AVX512-BF16/AMX: see
     :func:`native_half_gemm`) is kept as a float32 copy instead: torch's emulated bf16 GEMM is ~6x
     slower than fp32 here. The products are those of a bf16 GEMM with fp32 accumulation (both
@@ -43,8 +50,10 @@ class Linear(nn.Linear):
     """
 
     weight_t: torch.Tensor | None = None
-    packed: torch.Tensor | None = None  # the float32 weight packed for a CPU GEMM
+    packed: torch.Tensor | None = None  # the weight packed for a CPU GEMM (float32, or bf16 pairs)
     panels: bool = False  # packed for the panel GEMM (else for oneDNN)
+    bf16_panels: bool = False  # packed for the bf16 panel GEMM
+    float_out: bool = False  # a bf16 GEMM may leave its sums in float32 (the LM head: logits)
     widen: bool = False  # the CPU weight is a float32 copy of a 16-bit weight
     qweight: torch.Tensor | None  # quantized weight (a buffer), [out, in] or int8 panels
     weight_scale: torch.Tensor | None  # its float32 scale per output channel (a buffer)
@@ -67,26 +76,37 @@ class Linear(nn.Linear):
 
     @staticmethod
     def packs(dtype: torch.dtype) -> bool:
-        """Whether a CPU layer of a ``dtype`` model multiplies by a packed float32 weight."""
+        """Whether a CPU layer of a ``dtype`` model multiplies by a packed weight: float32, or bf16
+        for the bf16 panel GEMM."""
+        if dtype == torch.bfloat16 and panel_gemm.bf16_available():
+            return True
         return Linear.transposed_dtype(dtype) == torch.float32 and (
             panel_gemm.available() or onednn_packing()
         )
 
     def adopt_packed(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
-        """Pack ``weight`` ([out, in] float32, contiguous, filled by the loader) for a ``dtype`` model.
+        """Pack ``weight`` ([out, in] float32, or bfloat16 where :meth:`packs` says so; contiguous,
+        filled by the loader) for a ``dtype`` model.
 
-        Both packings read a contiguous [out, in] weight straight into their layout; from a
+        The packings read a contiguous [out, in] weight straight into their layout; from a
         transposed view they would first make a contiguous copy (a second transient copy)."""
-        self.widen = dtype != torch.float32
-        if self.widen and self.bias is not None:
+        if weight.dtype == torch.bfloat16 and weight.shape[1] % 2:
+            # The bf16 panels pair K steps: an odd K stays [out, in] for oneDNN's bf16 GEMM.
+            self.weight = nn.Parameter(weight, requires_grad=False)
+            return
+        self.widen = dtype != weight.dtype
+        if weight.dtype != torch.float32 and self.bias is not None:  # the kernels add float32 biases
             self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
         self._pack(weight)
         self.weight = None
 
     def _pack(self, weight: torch.Tensor) -> None:
-        """Hold ``weight`` ([out, in] float32, contiguous) packed for the panel GEMM, else oneDNN."""
-        self.panels = panel_gemm.available()
-        if self.panels:
+        """Hold ``weight`` ([out, in] float32 or bf16, contiguous) packed for the panel GEMM, else oneDNN."""
+        self.bf16_panels = weight.dtype == torch.bfloat16
+        self.panels = self.bf16_panels or panel_gemm.available()
+        if self.bf16_panels:
+            self.packed = panel_gemm.pack_bf16(weight)
+        elif self.panels:
             self.packed = panel_gemm.pack(weight)
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT_ROWS)
@@ -120,7 +140,19 @@ class Linear(nn.Linear):
         self.adopt_transposed(weight.to(layout).t().contiguous(), weight.dtype)
 
     def pack(self) -> None:
-        """Pack a float32 [in, out] weight for the CPU's GEMM (no-op where none packs)."""
+        """Pack a float32 [in, out] weight, or a bf16 [out, in] one where the CPU has the bf16 panel
+        GEMM, for the CPU's GEMM (no-op where none packs)."""
+        weight = self.weight
+        if (
+            self.weight_t is None
+            and self.packed is None
+            and self.qweight is None
+            and weight is not None
+            and weight.dtype == torch.bfloat16
+            and self.packs(torch.bfloat16)
+        ):
+            self.adopt_packed(weight.detach().contiguous(), torch.bfloat16)
+            return
         if self.weight_t is None or self.weight_t.dtype != torch.float32 or not self.packs(torch.float32):
             return
         self._pack(self.weight_t.t().contiguous())
@@ -132,6 +164,8 @@ class Linear(nn.Linear):
             q = panel_gemm.unpack(self.qweight, self.out_features) if self.qpanels else self.qweight
             return quant.dequantize(q, self.weight_scale, torch.float32)
         if self.packed is not None:
+            if self.bf16_panels:
+                return panel_gemm.unpack_bf16(self.packed, self.out_features)
             return (
                 panel_gemm.unpack(self.packed, self.out_features) if self.panels else self.packed.to_dense()
             )
@@ -140,6 +174,10 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qweight is not None and self.weight_scale is not None:
             return self.quantization.linear(x, self.qweight, self.weight_scale, self.bias, self.qpanels)
+        if self.packed is not None and self.bf16_panels:
+            out_dtype = torch.float32 if self.float_out else torch.bfloat16
+            out = panel_gemm.linear_bf16(x.bfloat16(), self.packed, self.out_features, self.bias, out_dtype)
+            return out if self.float_out or x.dtype == torch.bfloat16 else out.to(x.dtype)
         if self.packed is not None:
             x32 = x.float() if self.widen else x
             if self.panels:

@@ -74,6 +74,8 @@ class LlamaForCausalLM(nn.Module):
             if last and not cfg.tie_word_embeddings
             else None
         )
+        if self.lm_head is not None:
+            self.lm_head.float_out = True  # the logits, in float32 where the GEMM can leave them so
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
 

@@ -1,9 +1,9 @@
 // Frontier's native CPU kernels, registered as torch.ops.frontier.*: paged attention, the fused
 // elementwise steps of a decoder layer (RMSNorm, SwiGLU, rotary + KV cache write), the panel GEMM
-// (float32 or int8 weights) and the binding of torch's intra-op threads to CPUs.
+// (float32, int8 or bfloat16 weights) and the binding of torch's intra-op threads to CPUs.
 //
 // Built ahead of time, never at serving time: `python -m frontier_runtime.ops.build_kernels`
-// compiles this one file three times (avx512, avx2, portable; see build_kernels.py for the flags)
+// compiles this one file four times (avx512bf16, avx512, avx2, portable; see build_kernels.py)
 // and cpu_kernel.py loads the best variant the CPU runs. Every x86 intrinsic sits behind
 // `#if defined(__AVX512F__)` with a portable path beside it, so the portable build (no -march)
 // compiles on any architecture torch supports; the rest is plain C++ the compiler vectorises.
@@ -66,6 +66,20 @@ inline void to_float(const C* src, float* dst, int64_t n, float scale) {
 #pragma omp simd
   for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]) * scale;
 }
+
+#if defined(__AVX512F__)
+// bf16 -> float32 is a 16-bit shift; GCC does not vectorise c10::BFloat16's conversion (it goes
+// through memcpy), and a bf16 KV cache converts every block it attends to.
+inline void to_float(const c10::BFloat16* src, float* dst, int64_t n, float scale) {
+  const __m512 s = _mm512_set1_ps(scale);
+  int64_t d = 0;
+  for (; d + 16 <= n; d += 16) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + d)));
+    _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)), s));
+  }
+  for (; d < n; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+}
+#endif
 
 // One query row against one block of keys: scores, online-softmax update, V accumulation over the
 // block's keys first .. valid - 1 (first > 0 only where a sliding window starts inside the block).
@@ -194,20 +208,20 @@ void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
         const int64_t kn = std::min<int64_t>(BS, num_keys - b * BS);
         const float* kt;
         const float* vt;
+        // The next block of the table is anywhere in the pool, beyond the hardware prefetcher's
+        // reach (it follows a page): ask for its K and V tiles while this block is computed.
+        if ((b + 1) * BS < num_keys) {
+          const int64_t next = (static_cast<int64_t>(trow[b + 1]) * KVH + h) * D * BS;
+          const char* nk = reinterpret_cast<const char*>(kp + next);
+          const char* nv = reinterpret_cast<const char*>(vp + next);
+          for (int64_t byte = 0; byte < D * BS * static_cast<int64_t>(sizeof(C)); byte += 64) {
+            __builtin_prefetch(nk + byte);
+            __builtin_prefetch(nv + byte);
+          }
+        }
         if (direct) {
           kt = reinterpret_cast<const float*>(kp) + tile;
           vt = reinterpret_cast<const float*>(vp) + tile;
-          // The next block of the table is anywhere in the pool, beyond the hardware prefetcher's
-          // reach (it follows a page): ask for its K and V tiles while this block is computed.
-          if ((b + 1) * BS < num_keys) {
-            const int64_t next = (static_cast<int64_t>(trow[b + 1]) * KVH + h) * D * BS;
-            const char* nk = reinterpret_cast<const char*>(reinterpret_cast<const float*>(kp) + next);
-            const char* nv = reinterpret_cast<const char*>(reinterpret_cast<const float*>(vp) + next);
-            for (int64_t byte = 0; byte < D * BS * 4; byte += 64) {
-              __builtin_prefetch(nk + byte);
-              __builtin_prefetch(nv + byte);
-            }
-          }
         } else {
           to_float(kp + tile, kf.data(), D * BS, ks);
           to_float(vp + tile, vf.data(), kn * D, vs);
@@ -602,6 +616,157 @@ void panel_linear_int8(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
                          scale.data_ptr<float>(), bias.has_value() ? bias->data_ptr<float>() : nullptr, x.size(0),
                          x.size(1), w.size(0), out.size(1));
 }
+
+// ---- bfloat16 GEMM with native bf16 dot products (the avx512bf16 variant) -----------------------
+// Where the CPU has AVX512-BF16, a bf16 layer keeps its weights in bf16: packed into panels of 32
+// columns by pairs of K steps, [P, K/2, 32, 2] (element (p, kk, j, t) = W[32p + j, 2kk + t]), so
+// one K pair of a panel is two 64-byte vectors and _mm512_dpbf16_ps multiplies each by a pair of
+// one row's activations broadcast to every lane, summing both products into the float32 lane of
+// its column. Half the bytes of the float32 copy the other variants widen bf16 weights into (a
+// decode step streams every weight once, so it reads half as much), and no widening of the
+// activations either. The tile, blocking and prefetching are those of the float32 GEMM above, a K
+// block being 256 steps (16 KB of bf16). Partial sums of a chunk of rows stay in a float32 scratch
+// of 32 columns while its K blocks pass; at the last block the bias (float32) is added and each
+// output rounded once to bf16 (round to nearest even, as torch rounds), or written in float32 (the
+// logits: rounding them to bf16 would move a logprob by up to 2**-8 of the logit). The products are exact in
+// float32 and summed in the order k = 0, 1, 2, ... (each pair's two products first), so a row's
+// result never depends on its batch either.
+#if defined(__AVX512BF16__)
+#define FRONTIER_PANEL_GEMM_BF16 1
+
+constexpr int64_t KC16 = 256;  // K steps per block (even)
+
+template <int R>
+inline void gemm_tile_bf16(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t kc, float* c,
+                           uint16_t* o, float* of, int64_t ldo, __mmask16 m0, __mmask16 m1, bool first,
+                           const float* bias, const uint16_t* pf1, const uint16_t* pf2, int64_t pf_n) {
+  constexpr int64_t LINE = 32;  // bf16 weights per cache line
+  __m512 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * NR);
+    acc1[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * NR + 16);
+  }
+  const int64_t pairs = kc / 2;
+  int64_t due = 0;
+  for (int64_t kk = 0; kk < pairs; ++kk) {
+    for (due += pf_n; due >= pairs; due -= pairs) {
+      if (pf1 != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf1), _MM_HINT_T0);
+      if (pf2 != nullptr) _mm_prefetch(reinterpret_cast<const char*>(pf2), _MM_HINT_T1);
+      pf1 = pf1 != nullptr ? pf1 + LINE : nullptr;
+      pf2 = pf2 != nullptr ? pf2 + LINE : nullptr;
+    }
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + kk * 2 * NR);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + kk * 2 * NR + NR);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * lda + 2 * kk, sizeof(pair));
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
+      acc0[r] = _mm512_dpbf16_ps(acc0[r], x, b0);
+      acc1[r] = _mm512_dpbf16_ps(acc1[r], x, b1);
+    }
+  }
+  if (o == nullptr && of == nullptr) {  // not the last block: the partial sums wait in the scratch
+    for (int r = 0; r < R; ++r) {
+      _mm512_storeu_ps(c + r * NR, acc0[r]);
+      _mm512_storeu_ps(c + r * NR + 16, acc1[r]);
+    }
+    return;
+  }
+  if (bias != nullptr) {
+    const __m512 bias0 = _mm512_maskz_loadu_ps(m0, bias), bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = _mm512_add_ps(acc0[r], bias0);
+      acc1[r] = _mm512_add_ps(acc1[r], bias1);
+    }
+  }
+  if (of != nullptr) {  // float32 out (logits): the sums as they are
+    for (int r = 0; r < R; ++r) {
+      _mm512_mask_storeu_ps(of + r * ldo, m0, acc0[r]);
+      _mm512_mask_storeu_ps(of + r * ldo + 16, m1, acc1[r]);
+    }
+    return;
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_mask_storeu_epi16(o + r * ldo, m0, (__m256i)_mm512_cvtneps_pbh(acc0[r]));
+    _mm256_mask_storeu_epi16(o + r * ldo + 16, m1, (__m256i)_mm512_cvtneps_pbh(acc1[r]));
+  }
+}
+
+using GemmTileBf16 = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, uint16_t*, float*, int64_t,
+                              __mmask16, __mmask16, bool, const float*, const uint16_t*, const uint16_t*, int64_t);
+constexpr GemmTileBf16 GEMM_TILES_BF16[MR + 1] = {
+    nullptr, gemm_tile_bf16<1>, gemm_tile_bf16<2>, gemm_tile_bf16<3>, gemm_tile_bf16<4>,
+    gemm_tile_bf16<5>, gemm_tile_bf16<6>, gemm_tile_bf16<7>, gemm_tile_bf16<8>};
+
+// out = x (bf16) . W^T + bias for panels ``wp`` [P, K/2, 32, 2], into bf16 ``op`` or else float32 ``fp``;
+// K even, ``bp`` may be null.
+void panel_gemm_run_bf16(uint16_t* op, float* fp, const uint16_t* ap, int64_t lda, const uint16_t* wp, const float* bp,
+                         int64_t M, int64_t K, int64_t P, int64_t N) {
+  const int64_t mc_max = std::max<int64_t>(MR, ((1 << 20) / (2 * K)) / MR * MR);
+  auto chunk = [&](int64_t rows) {
+    const int64_t chunks = (rows + mc_max - 1) / mc_max;
+    return ((rows + chunks - 1) / chunks + MR - 1) / MR * MR;
+  };
+  constexpr int64_t LINE = 32;
+  auto run = [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1, int64_t mc) {
+    std::vector<float> scratch(static_cast<size_t>(std::min(mc, r1 - r0) + MR) * NR);
+    const uint16_t* stop = wp + p1 * K * NR;
+    for (int64_t m0 = r0; m0 < r1; m0 += mc) {
+      const int64_t m1 = std::min(r1, m0 + mc);
+      const int64_t tiles = (m1 - m0 + MR - 1) / MR;
+      for (int64_t p = p0; p < p1; ++p) {
+        const __mmask16 lo = lanes(N - p * NR), hi = lanes(N - p * NR - 16);
+        const uint16_t* panel = wp + p * K * NR;
+        for (int64_t kb = 0; kb < K; kb += KC16) {
+          const int64_t kc = std::min(KC16, K - kb);
+          const bool last = kb + kc >= K;
+          const uint16_t* here = panel + kb * NR;
+          const int64_t lines = (kc * NR + LINE - 1) / LINE;
+          const int64_t share = (lines + tiles - 1) / tiles;
+          for (int64_t m = m0, t = 0; m < m1; m += MR, ++t) {
+            const int64_t rows = std::min(MR, m1 - m);
+            const uint16_t* a1 = here + kc * NR + t * share * LINE;
+            const uint16_t* a2 = a1 + KC16 * NR;
+            GEMM_TILES_BF16[rows](ap + m * lda + kb, lda, here, kc, scratch.data() + (m - m0) * NR,
+                                  last && op != nullptr ? op + m * N + p * NR : nullptr,
+                                  last && fp != nullptr ? fp + m * N + p * NR : nullptr, N, lo, hi, kb == 0,
+                                  last && bp != nullptr ? bp + p * NR : nullptr, a1 < stop ? a1 : nullptr,
+                                  a2 < stop ? a2 : nullptr, share);
+          }
+        }
+      }
+    }
+  };
+  const int64_t threads = at::get_num_threads();
+  if (M >= ROWS_SPLIT * threads) {
+    const int64_t per = (M + threads - 1) / threads;
+    at::parallel_for(0, M, per, [&](int64_t r0, int64_t r1) { run(r0, r1, 0, P, chunk(per)); });
+  } else {
+    at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) { run(0, M, p0, p1, chunk(M)); });
+  }
+}
+
+void panel_linear_bf16(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
+                       const c10::optional<at::Tensor>& bias) {
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 4 && out.dim() == 2,
+              "panel_linear_bf16: x [M, K], panels [P, K/2, 32, 2], out [M, N]");
+  const bool f32 = out.scalar_type() == at::kFloat;
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && (f32 || out.scalar_type() == at::kBFloat16) &&
+              w.scalar_type() == at::kBFloat16, "panel_linear_bf16: bfloat16 x and panels, bfloat16 or float out");
+  const int64_t P = w.size(0);
+  TORCH_CHECK(K % 2 == 0 && x.stride(1) == 1 && w.is_contiguous() && out.is_contiguous() && w.size(1) * 2 == K &&
+              w.size(2) == NR && w.size(3) == 2 && out.size(0) == M && P * NR >= N && (P - 1) * NR < N,
+              "panel_linear_bf16: shapes do not match");
+  TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N),
+              "panel_linear_bf16: bias must be N contiguous floats");
+  panel_gemm_run_bf16(f32 ? nullptr : reinterpret_cast<uint16_t*>(out.data_ptr()),
+                      f32 ? out.data_ptr<float>() : nullptr, reinterpret_cast<const uint16_t*>(x.data_ptr()),
+                      x.stride(0), reinterpret_cast<const uint16_t*>(w.data_ptr()),
+                      bias.has_value() ? bias->data_ptr<float>() : nullptr, M, K, P, N);
+}
+#endif  // __AVX512BF16__
 #else
 void panel_linear(at::Tensor, const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&) {
   TORCH_CHECK(false, "panel_linear: built without AVX-512");
@@ -610,6 +775,12 @@ void panel_linear(at::Tensor, const at::Tensor&, const at::Tensor&, const c10::o
 void panel_linear_int8(at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                        const c10::optional<at::Tensor>&) {
   TORCH_CHECK(false, "panel_linear_int8: built without AVX-512");
+}
+#endif
+
+#if !defined(FRONTIER_PANEL_GEMM_BF16)
+void panel_linear_bf16(at::Tensor, const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&) {
+  TORCH_CHECK(false, "panel_linear_bf16: built without AVX512-BF16");
 }
 #endif
 
@@ -636,6 +807,14 @@ bool panel_gemm() {
 #endif
 }
 
+bool panel_gemm_bf16() {
+#ifdef FRONTIER_PANEL_GEMM_BF16
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(frontier, m) {
@@ -650,7 +829,9 @@ TORCH_LIBRARY(frontier, m) {
         "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots) -> ()");
   m.def("panel_linear(Tensor(a!) out, Tensor x, Tensor panels, Tensor? bias) -> ()");
   m.def("panel_linear_int8(Tensor(a!) out, Tensor x, Tensor panels, Tensor scale, Tensor? bias) -> ()");
+  m.def("panel_linear_bf16(Tensor(a!) out, Tensor x, Tensor panels, Tensor? bias) -> ()");
   m.def("panel_gemm() -> bool", &panel_gemm);
+  m.def("panel_gemm_bf16() -> bool", &panel_gemm_bf16);
   m.def("bind_threads(int[] cpus) -> ()", &bind_threads);
 }
 
@@ -662,4 +843,5 @@ TORCH_LIBRARY_IMPL(frontier, CPU, m) {
   m.impl("rotary_and_cache", &rotary_and_cache);
   m.impl("panel_linear", &panel_linear);
   m.impl("panel_linear_int8", &panel_linear_int8);
+  m.impl("panel_linear_bf16", &panel_linear_bf16);
 }
