@@ -60,15 +60,32 @@ def test_leaving_a_stream_early_aborts_the_request_and_frees_its_blocks(
 def test_abort_from_another_thread_ends_the_stream_with_reason_abort(
     aengine: AsyncEngine, tied_ref: Reference
 ) -> None:
+    # The loop thread is held between two steps once the request has two tokens, so the abort lands
+    # mid-stream however fast the engine runs or however late this thread sees its outputs.
+    held, release = threading.Event(), threading.Event()
+
+    def hold_at_two_tokens(engine: LLMEngine) -> bool:
+        seq = engine._seqs.get("x")
+        if seq is None or seq.num_output_tokens < 2:
+            return False
+        held.set()
+        release.wait(30)
+        return True
+
     async def main() -> str | None:
         stream = aengine.submit(
             "x", tied_ref.prompts[3], SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
         )
-        reason = None
+        while not held.is_set():
+            call = aengine.call(hold_at_two_tokens)
+            while not (call.done() or held.wait(0.001)):
+                await asyncio.sleep(0)
+        await asyncio.get_running_loop().run_in_executor(None, aengine.abort, "x")
+        release.set()
+        reason, tokens = None, 0
         async for out in stream:
-            if out.completion_tokens == 2:
-                await asyncio.get_running_loop().run_in_executor(None, aengine.abort, "x")
-            reason = out.finish_reason
+            reason, tokens = out.finish_reason, out.completion_tokens
+        assert 2 <= tokens < 400
         return reason
 
     assert asyncio.run(main()) == "abort"
