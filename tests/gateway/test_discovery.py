@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Iterator
+from typing import Any
 
 import boto3
 import pytest
@@ -13,19 +14,24 @@ from frontier_hostside import names
 from moto.server import ThreadedMotoServer
 from pydantic import ValidationError
 
+from tests.moto_server import moto_server, reset
+
 
 @pytest.fixture
-def ec2():
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield boto3.client("ec2", region_name="us-east-1", endpoint_url=f"http://{host}:{port}")
-    server.stop()
+def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """An empty account on moto's server. moto's backends are this process's, shared by every server
+    and mock an earlier test ran: whatever it left (its instances, an EC2 backend built without
+    moto's default images) is reset away, and the hosts boot an image registered here."""
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # none is needed; loading them is slow
+    with moto_server() as endpoint:
+        reset(endpoint)
+        client = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint)
+        client.register_image(Name="runtime", RootDeviceName="/dev/sda1")
+        yield client
 
 
 def _launch(ec2, stack: str, group: str, count: int = 1) -> list[str]:
-    image = ec2.describe_images()["Images"][0]["ImageId"]
+    [image] = [i["ImageId"] for i in ec2.describe_images(Owners=["self"])["Images"]]
     tags = {
         names.STACK_TAG: stack,
         names.NODE_GROUP_TAG: group,
