@@ -113,27 +113,40 @@ def replica_nodes(settings: Settings, group: NodeGroup) -> int:
 
 
 def group_pool(settings: Settings, group: NodeGroup) -> PoolSettings:
-    """The pool whose replicas ``group``'s hosts boot into: one per group where hosts boot the runtime."""
+    """The pool whose replicas ``group``'s hosts boot into, where every host of the group boots the same
+    one (EC2: a group's hosts are alike). A group whose pools split its hosts between them (a static
+    inventory, each pool listing its hosts) has no such pool: a host boots the pool that lists it."""
     pools = settings.pools_on(group)
     if len(pools) != 1:
         served = ", ".join(pool.name for pool in pools) or "none"
+        split = len(pools) > 1 and all(pool.hosts for pool in pools)
         raise FrontierError(
             f"stack {settings.stack!r}: node group {group.name!r} runs {len(pools)} models ({served}); "
-            "its hosts boot the runtime of exactly one"
+            + (
+                "each of its hosts boots the pool that lists it: name that pool"
+                if split
+                else "its hosts boot the runtime of exactly one"
+            )
         )
     return pools[0]
 
 
 def node_env(
-    settings: Settings, group: NodeGroup, *, history_bucket: str, history_prefix: str
+    settings: Settings, pool: PoolSettings | NodeGroup, *, history_bucket: str, history_prefix: str
 ) -> list[tuple[str, str]]:
     """``/etc/frontier/node.env``: what the host bootstrap (frontier_hostside/bootstrap.py) reads.
 
-    A group whose replica spans several nodes adds how many: the bootstrap then claims the host's
+    For the hosts of ``pool``: the pool a host boots into, which its caller knows (on a static
+    inventory, the pool that lists the host, though its node group runs others' hosts too), or a node
+    group whose hosts all boot its one pool (:func:`group_pool`; EC2's cloud-init, rendered per group).
+
+    A pool whose replica spans several nodes adds how many: the bootstrap then claims the host's
     slot (replica, node) before the runtime starts (frontier_hostside/rendezvous.py).
     """
-    nodes = replica_nodes(settings, group)
-    port = group_pool(settings, group).runtime.port
+    host_pool = pool if isinstance(pool, PoolSettings) else group_pool(settings, pool)
+    group = host_pool.group
+    nodes = host_pool.runtime.nodes_per_replica
+    port = host_pool.runtime.port
     return [
         ("FRONTIER_STACK", settings.stack),
         ("FRONTIER_NODE_GROUP", group.name),

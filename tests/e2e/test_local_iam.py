@@ -149,8 +149,16 @@ def two_pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         pool.append(
             {"kind": "deploy", "started_at": iso(now()), "release": release.id, "outcome": "succeeded"}
         )
-        group = settings.for_pool(SECOND_MODEL["name"]).serving_group
-        env = dict(node_env(settings, group, history_bucket=bucket, history_prefix=pool.prefix))
+        # The slot is host-3, which the small pool lists: its node.env is that pool's, though the
+        # node group 'cpu' runs both pools' hosts.
+        env = dict(
+            node_env(
+                settings,
+                settings.pool(SECOND_MODEL["name"]),
+                history_bucket=bucket,
+                history_prefix=pool.prefix,
+            )
+        )
         env |= {
             "AWS_REGION": "us-east-1",
             "FRONTIER_ROOT": str(tmp_path / "host-3"),

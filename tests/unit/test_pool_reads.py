@@ -64,7 +64,7 @@ LEFT = {
     "frontier/targets/local/backend.py": 1,
     "frontier/targets/local/balancer.py": 6,
     "frontier/targets/local/cluster.py": 3,
-    "frontier/targets/local/group.py": 5,
+    "frontier/targets/local/group.py": 4,
     "frontier/targets/local/heal.py": 1,
     "frontier/targets/local/iam.py": 1,
     "infra/ec2_program.py": 8,

@@ -118,7 +118,9 @@ class LocalFleet:
         say: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.group = settings.serving_group
+        # The pool this fleet's slots boot (a stack of several models runs a fleet per pool's view).
+        self.pool = settings.only_pool
+        self.group = self.pool.group
         self.name = f"{settings.stack}-{self.group.name}"
         # The history (moto's S3) is reached only when a slot launches: sizes and refusals need none.
         self._history = history
@@ -304,13 +306,13 @@ class LocalFleet:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(store.s3.get_object(Bucket=store.bucket, Key=key)["Body"].read())
         env = dict(
-            node_env(self.settings, self.group, history_bucket=store.bucket, history_prefix=store.prefix)
+            node_env(self.settings, self.pool, history_bucket=store.bucket, history_prefix=store.prefix)
         )
         env |= {
             "FRONTIER_ROOT": str(root),
             "FRONTIER_INSTANCE_ID": host.name,
             "FRONTIER_ADDRESS": host.address,
-            "FRONTIER_METRICS_URL": f"http://{host.address}:{self.settings.runtime.port}{METRICS_PATH}",
+            "FRONTIER_METRICS_URL": f"http://{host.address}:{self.pool.runtime.port}{METRICS_PATH}",
             "FRONTIER_READINESS_TIMEOUT_S": str(int(timeout_s)),
             # A pool of a stack of several models boots from its own history, the wheel from the stack's.
             "FRONTIER_ARTIFACTS_PREFIX": store.artifacts_prefix,
