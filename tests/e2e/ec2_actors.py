@@ -466,7 +466,12 @@ else:
 
 
 def as_actor(prod: Prod, actor: str, mp: pytest.MonkeyPatch) -> None:
-    """The environment of ``actor``'s process: its key, and moto's server as AWS."""
+    """The environment of ``actor``'s process: its key, and moto's server as AWS.
+
+    ``fab``'s tasks run here in this process, where boto3's default session keeps the credentials it
+    first read from the environment (another actor's, another server's key, or an earlier test's):
+    the session is dropped, so the next client reads this actor's key as a fresh ``fab`` would."""
+    mp.setattr(boto3, "DEFAULT_SESSION", None)
     for key, value in {
         "AWS_ENDPOINT_URL": prod.endpoint, "AWS_REGION": prod.region, "AWS_DEFAULT_REGION": prod.region,
         **prod.keys[actor].env(),
