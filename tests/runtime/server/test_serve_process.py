@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 from frontier_runtime.config import parse_config
+from frontier_runtime.ops import cpu_kernel
 from frontier_runtime.server.app import create_app
 from frontier_runtime.server.serve import RuntimeServer, load_runtime, new_state, uvicorn_config
 from frontier_runtime.storage.manifest import MANIFEST_NAME, build_manifest
@@ -185,7 +186,8 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(runtime_process: Proc
 def test_the_ready_line_names_the_attention_backend_and_kernels(runtime_process: Process) -> None:
     ready = runtime_process.wait_event("ready")
     assert ready["attention_backend"] in ("cpu-kernel", "sdpa-gather")
-    assert re.fullmatch(r"native-(avx512|avx2|portable)(\+panel-gemm)?|torch", ready["kernels"])
+    variants = "|".join(cpu_kernel.VARIANTS)
+    assert re.fullmatch(rf"native-({variants})(\+panel-gemm)?|torch", ready["kernels"])
     assert f"attention backend {ready['attention_backend']}, kernels {ready['kernels']}" in ready["msg"]
 
 
