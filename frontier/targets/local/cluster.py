@@ -525,6 +525,15 @@ def down(settings: Settings) -> list[Component]:
             continue
         services.stop(service)
         report.append(Component(name, "stopped", f"pid {service.pid}"))
+    # A daemon found absent above may have been recorded while the others were stopping (one that
+    # `up` had only just spawned): a second look stops it too, so a second `down` finds nothing.
+    for index, component in enumerate(report):
+        late = (
+            services.find(state, component.name) if component.state == "absent" and state.exists() else None
+        )
+        if late is not None:
+            services.stop(late)
+            report[index] = Component(component.name, "stopped", f"pid {late.pid}")
     (state / STATE_FILE).unlink(missing_ok=True)
     # moto's users went with it; the next `up` makes new ones.
     iam.credentials_file(state).unlink(missing_ok=True)
