@@ -37,7 +37,6 @@ class Needed(Enum):
     EVERY_HOST = "every host"
     GPU = "GPU hosts"
     EFA = "hosts with EFA"
-    MULTI_NODE = "hosts of a replica over several nodes"
 
 
 @dataclass(frozen=True)
@@ -138,8 +137,6 @@ def needs(group: NodeGroup, *, multi_node: bool) -> tuple[HostTool, ...]:
     # The nodes of one replica talk over EFA whether or not the group asks for it (infra.nodes.needs_efa).
     if group.efa or multi_node:
         wanted.add(Needed.EFA)
-    if multi_node:
-        wanted.add(Needed.MULTI_NODE)
     return tuple(tool for tool in TOOLS if tool.needed in wanted)
 
 
