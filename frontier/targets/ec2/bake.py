@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
+from frontier_hostside.names import STACK_TAG
 
 from frontier.config import host_image as image
 from frontier.config.hardware import ami_parameter, architecture
@@ -36,7 +37,6 @@ from frontier.render.boot import host_tools, render_bake_script
 BAKE_MARKER = "frontier-bake: "
 # Builders sized for the driver's DKMS build, not for serving: no GPU is needed to install a driver.
 BUILDER_TYPES = {"x86_64": "c7i.2xlarge", "arm64": "c7g.2xlarge"}
-STACK_TAG = "frontier:stack"
 SOURCE_TAG = "frontier:source-image"
 
 
