@@ -261,6 +261,11 @@ SESSION_HEADER = "x-session-id"  # the default affinity header
 REQUEST_ID_HEADER = "x-request-id"  # the gateway's own id of a request (metering, upstream, answer)
 CLIENT_REQUEST_ID_HEADER = "x-client-request-id"  # a client's own id, echoed and metered beside ours
 REPLICA_HEADER = "x-frontier-replica"  # which replica answered, as an opaque id (clients debugging affinity)
+# Sent by the gateway to a runtime: "1" asks for each streamed chunk's token ids (choices[0].token_ids),
+# what a migration of the stream to another replica continues from.
+TOKEN_IDS_HEADER = "x-frontier-token-ids"
+# The request body's extension field that continues a generation another replica began.
+CONTINUATION_FIELD = "frontier_continuation"
 # OpenAI's rate-limit headers, on every answer to an authenticated request.
 LIMIT_REQUESTS = "x-ratelimit-limit-requests"
 LIMIT_TOKENS = "x-ratelimit-limit-tokens"
@@ -281,6 +286,9 @@ GATEWAY_KV_ROUTING_METRIC = "frontier_gateway_kv_routing"  # counter {model, out
 GATEWAY_KV_BLOCKS_METRIC = "frontier_gateway_kv_index_blocks"  # gauge {model, replica}: blocks indexed
 GATEWAY_IN_FLIGHT_METRIC = "frontier_gateway_in_flight"  # gauge {tenant}
 GATEWAY_RETRIES_METRIC = "frontier_gateway_retries"  # counter {model}
+GATEWAY_MIGRATIONS_METRIC = "frontier_gateway_migrations"  # counter {model, reason}: generations moved
+GATEWAY_MIGRATION_STALL_METRIC = "frontier_gateway_migration_stall_seconds"  # histogram {model}
+GATEWAY_MIGRATION_FAILURES_METRIC = "frontier_gateway_migration_failures"  # counter {model, why}
 GATEWAY_REPLICA_READY_METRIC = "frontier_gateway_replica_ready"  # gauge {model, replica}
 GATEWAY_REPLICA_OUTSTANDING_METRIC = "frontier_gateway_replica_outstanding"  # gauge {model, replica}
 GATEWAY_REPLICA_BREAKER_METRIC = "frontier_gateway_replica_breaker_open"  # gauge {model, replica}
