@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from frontier_runtime.ops.table import QUANTIZATIONS
 from frontier_settings import FieldProblem
 
 from frontier.capacity.devices import gpu_device
@@ -94,7 +95,7 @@ class Candidate:
         kv = " kv-fp8" if self.kv_cache_dtype == "fp8" else ""
         pp = f" PP{self.pipeline_parallel}" if self.pipeline_parallel > 1 else ""
         ep = f" EP{self.expert_parallel}" if self.expert_parallel > 1 else ""
-        weights = f" w-{self.quantization}" if self.quantization != "none" else ""
+        weights = f" w-{self.quantization}" if QUANTIZATIONS[self.quantization].quantized else ""
         return f"{self.instance_type} TP{self.tensor_parallel}{pp}{ep} mbs{self.max_batch_size}{kv}{weights}"
 
 

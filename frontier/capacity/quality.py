@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from frontier_runtime.ops.table import CPU, QUANTIZATIONS
+
 from frontier.capacity.explore import Exploration, Option
 from frontier.capacity.runtime_process import serve_locally
 from frontier.config.schema import Settings
@@ -37,7 +39,8 @@ SCALED_MAX_HEADS = 8
 SCALED_CONTEXT = 512
 # The tokenizer the random checkpoints share is trained to this many tokens (frontier_runtime.tiny).
 SCALED_VOCAB = 4096
-WEIGHTS = ("none", "int8", "fp8")
+# Every weight quantization the runtime registers, unquantized first (the reference).
+WEIGHTS = tuple(QUANTIZATIONS)
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ class Variant:
 
     @property
     def label(self) -> str:
-        weights = "weights " + ("unquantized" if self.quantization == "none" else self.quantization)
+        quantized = QUANTIZATIONS[self.quantization].quantized
+        weights = "weights " + (self.quantization if quantized else "unquantized")
         return f"{weights}, kv {self.kv_cache_dtype}"
 
 
@@ -86,9 +90,8 @@ def variants_to_measure(settings: Settings, kv_dtypes: tuple[str, ...]) -> tuple
 
 def why_not_here(variant: Variant) -> str:
     """Why this machine cannot run ``variant`` (empty when it can)."""
-    if variant.quantization == "fp8":
-        return "fp8 weights run on CUDA GPUs with fp8 tensor cores only; this machine has none"
-    return ""
+    problem = QUANTIZATIONS[variant.quantization].problem(CPU)
+    return f"model.quantization {variant.quantization} {problem}; this machine has none" if problem else ""
 
 
 def scaled_shape(settings: Settings) -> dict[str, object]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from frontier_runtime.ops.table import QUANTIZATIONS
+
 from frontier.config.schema import DTYPE_BYTES, GB, Model, NodeGroup, PoolSettings
 
 
@@ -60,9 +62,9 @@ class MemoryFit:
         )
 
 
-# model.quantization: a quantized projection holds one byte per weight (int8 or float8_e4m3fn) and
-# a float32 scale per output channel; the embedding, norms, LM head and router keep model.dtype.
-QUANTIZED_WEIGHT_BYTES = {"int8": 1, "fp8": 1}
+# model.quantization: a quantized projection holds its method's bytes per weight (one for int8 and
+# float8_e4m3fn) and a float32 scale per output channel; the embedding, norms, LM head and router
+# keep model.dtype.
 SCALE_BYTES = 4
 
 
@@ -78,10 +80,11 @@ def projection_parameters(model: Model) -> tuple[int, int]:
 def projection_bytes_per_parameter(model: Model) -> float:
     """Bytes a projection's weight takes per parameter: model.dtype's, or the quantized byte and its
     share of the per-channel scales."""
-    if model.quantization == "none":
+    method = QUANTIZATIONS[model.quantization]
+    if not method.quantized:
         return DTYPE_BYTES[model.dtype]
     weights, channels = projection_parameters(model)
-    return QUANTIZED_WEIGHT_BYTES[model.quantization] + SCALE_BYTES * channels / weights
+    return method.weight_bytes + SCALE_BYTES * channels / weights
 
 
 def weights_bytes(model: Model) -> float:

@@ -114,6 +114,13 @@ class QuantizationTraits:
     name: str
     devices: tuple[str, ...]  # device types that run its GEMMs
     weights: str  # the dtype a quantized projection's weight is stored in ("" for none)
+    # Bytes a projection's weight takes per parameter (0: the model's dtype decides); the per-output-
+    # channel float32 scales come on top.
+    weight_bytes: int = 0
+
+    @property
+    def quantized(self) -> bool:
+        return self.weight_bytes > 0
 
     def problem(self, device: str) -> str:
         """Why ``device`` cannot run it ("" if it can)."""
@@ -123,14 +130,16 @@ class QuantizationTraits:
         return f"needs {where} ({self.weights} weights)"
 
 
+UNQUANTIZED = "none"  # the ``model.quantization`` that keeps the checkpoint's dtype
+
 QUANTIZATIONS = {
     t.name: t
     for t in (
-        QuantizationTraits(name="none", devices=DEVICES, weights=""),
+        QuantizationTraits(name=UNQUANTIZED, devices=DEVICES, weights=""),
         # Weight-only: activations stay in the model dtype, so any device multiplies.
-        QuantizationTraits(name="int8", devices=DEVICES, weights="int8"),
+        QuantizationTraits(name="int8", devices=DEVICES, weights="int8", weight_bytes=1),
         # float8 GEMMs (and the fp8 dtype's fast conversions) are CUDA's.
-        QuantizationTraits(name="fp8", devices=(CUDA,), weights="float8_e4m3fn"),
+        QuantizationTraits(name="fp8", devices=(CUDA,), weights="float8_e4m3fn", weight_bytes=1),
     )
 }
 

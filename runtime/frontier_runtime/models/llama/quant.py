@@ -107,7 +107,7 @@ class QuantizationMethod:
 
 
 class Unquantized(QuantizationMethod):
-    traits = table.QUANTIZATIONS["none"]
+    traits = table.QUANTIZATIONS[table.UNQUANTIZED]
 
 
 class Int8(QuantizationMethod):
