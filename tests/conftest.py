@@ -125,6 +125,7 @@ PROC_TESTS: dict[str, str] = {
     "tests/operate/test_host_agent.py::test_the_agent_runs_from_the_files_that_travel_with_it_alone": "a process",
     "tests/operate/test_host_agent.py::test_the_cli_answers_in_json_with_the_phase_and_exit_status": "cli(): a process",
     "tests/operate/test_host_agent.py::test_the_release_order_is_recorded_not_read_from_file_times": "cli(): a process",
+    "tests/operate/test_spot_notices.py": "the IMDS stand-in (a server) and the host agent's processes",
     "tests/operate/test_iam_enforcement.py::test_the_host_role_publishes_its_runtime_metrics": "an HTTP server",
     "tests/operate/test_key_rotation.py::test_fab_keys_rotate_refuses_an_overlap_shorter_than_the_stack_reload_interval": "a process",
     "tests/operate/test_multinode_boot.py::test_a_workers_leader_proxy_answers_every_probe_with_its_leaders_own_status": "LeaderServer(): an HTTP server",

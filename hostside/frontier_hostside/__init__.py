@@ -9,12 +9,14 @@ Standard library only, Python 3.8 and later (tests/unit/test_hostside.py checks 
     supervisor the keeper where no systemd runs: the runtime's parent, restarting it
     watchdog   the keeper where systemd runs: restarting the runtime's unit when liveness fails
     processes  pids, signals and whole-file records, for the agent and its keepers
+    interruption   spot notices from IMDS: the agent's ``interruptions`` command drains the host
     weights_cache  the cached weights versions no release names any more (the agent's prune)
     bootstrap  what a host does by itself: boot, publish, drain (a host runs it as frontier-bootstrap.py)
     node_boot  the bootstrap's commands on a runtime host: boot, abandon, publish, watch, replica-env
     gateway_boot  the bootstrap's command on a gateway host: publish-gateway
     aws_cli    AWS through its CLI, as the bootstrap reaches it
     rendezvous a replica's slots over several nodes (the bootstrap's replica-env)
+    release_signature  a release's signature checked with the stack's public key (the agent's stage, activate)
 
 A host runs the agent and the bootstrap as scripts from ``<root>/bin``. They import their names
 and the modules above from this package, so those travel with them, as ``bin/frontier_hostside/``:
@@ -37,11 +39,13 @@ IMPORTED_FILES = (
     "keeper.py",
     "supervisor.py",
     "watchdog.py",
+    "interruption.py",
     "weights_cache.py",
     "aws_cli.py",
     "node_boot.py",
     "gateway_boot.py",
     "rendezvous.py",
+    "release_signature.py",
 )
 
 

@@ -18,6 +18,7 @@ during start-up, 4: not ready in time)::
     metrics | status         the runtime's /metrics; facts plus readiness, liveness, digest and restarts
     prune KEEP               keep the KEEP most recent releases (never current or previous)
     supervise                (run by ``start``) keep the current release's runtime up (see below)
+    interruptions [--imds URL] [--interval S]  poll IMDS for spot notices; on one, stop (drain) the runtime
 
 Self-healing (the choice, in short): the supervisor is this file run as ``supervise``.
 
@@ -65,7 +66,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,8 @@ from frontier_hostside.names import (
     SUPERVISOR_PID_NAME,
     WATCHDOG_UNIT,
 )
+from frontier_hostside.release_signature import SIGNATURE_NAME, SignatureError, verify_release
+from frontier_hostside.interruption import IMDS_URL, IMDS_URL_ENV, POLL_INTERVAL_S, Imds, InterruptionWatcher
 from frontier_hostside.processes import atomic_write, command_line, now, pid_alive, terminate_then_kill
 from frontier_hostside.supervisor import Supervisor
 from frontier_hostside.watchdog import Watchdog
@@ -128,14 +131,18 @@ class AgentConfig:
     liveness_failures: int
     # The watchdog's systemd unit (rendered from templates/frontier-agent.service.j2).
     watchdog_unit: str
+    # The stack's release key (KMS GetPublicKey: base64 DER, ECC_NIST_P256). Where one is set, a
+    # release is staged and activated only with a release.sig it verifies; "" on a stack that has
+    # no release key, whose releases are checked against their manifest only.
+    release_public_key: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AgentConfig:
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in data]
+        missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
         if missing:
             raise AgentError(f"agent config lacks {', '.join(missing)}")
-        return cls(**{n: data[n] for n in names})
+        return cls(**{n: data[n] for n in names if n in data})
 
     @classmethod
     def load(cls, path: str) -> AgentConfig:
@@ -251,16 +258,10 @@ class Agent:
         manifest = source / self.config.manifest
         if not manifest.is_file():
             raise AgentError(f"stage: {manifest} is missing")
-        try:
-            files = json.loads(manifest.read_text())["files"]
-        except (ValueError, KeyError) as exc:
-            raise AgentError(f"stage: {manifest} is not a release manifest ({exc})") from None
-        # Every file must match the hash release.json gives it: nothing half-uploaded is ever activated.
-        for name, want in sorted(files.items()):
-            path = source / name
-            got = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "(missing)"
-            if got != want:
-                raise AgentError(f"stage: {name} has sha256 {got}, {self.config.manifest} says {want}")
+        # The signature first (release.json is what it covers), then every file against the hash
+        # release.json gives it: nothing half-uploaded or altered is ever activated.
+        self.check_signature("stage", release_id, source)
+        self.check_files("stage", source)
         if wheel:
             done = subprocess.run(
                 [
@@ -286,6 +287,10 @@ class Agent:
         self.check_id(release_id, "activate")
         if not (self.releases_dir / release_id / self.config.manifest).is_file():
             raise AgentError(f"activate: release {release_id} is not staged")
+        # Again here: a staged release's files may have been changed since it was staged.
+        release_dir = self.releases_dir / release_id
+        self.check_signature("activate", release_id, release_dir)
+        self.check_files("activate", release_dir)
         old = self.link(CURRENT_LINK)
         if old and old != release_id:
             _atomic_symlink(self.root / PREVIOUS_LINK, f"{RELEASES_DIR}/{old}")
@@ -464,6 +469,33 @@ class Agent:
         return {"pruned": removed, **evict_weights(self.root, self.releases_dir)}
 
     # --- the release directory --------------------------------------------------------------------
+
+    def check_signature(self, phase: str, release_id: str, directory: Path) -> None:
+        """Refuse a release that the stack's release key did not sign (where the stack has one)."""
+        key = self.config.release_public_key
+        if not key:
+            return
+        signature = directory / SIGNATURE_NAME
+        if not signature.is_file():
+            raise AgentError(f"{phase}: release {release_id} is unsigned ({SIGNATURE_NAME} is missing); refused")
+        manifest = (directory / self.config.manifest).read_bytes()
+        try:
+            verify_release(key, self.config.stack, release_id, manifest, signature.read_text())
+        except SignatureError as exc:
+            raise AgentError(f"{phase}: {exc}; refused") from None
+
+    def check_files(self, phase: str, directory: Path) -> None:
+        """Every file must match the hash release.json gives it."""
+        manifest = directory / self.config.manifest
+        try:
+            files = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError) as exc:
+            raise AgentError(f"{phase}: {manifest} is not a release manifest ({exc})") from None
+        for name, want in sorted(files.items()):
+            path = directory / name
+            got = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "(missing)"
+            if got != want:
+                raise AgentError(f"{phase}: {name} has sha256 {got}, {self.config.manifest} says {want}")
 
     def check_id(self, release_id: str, phase: str) -> str:
         if not self._release_id.match(release_id):
@@ -664,6 +696,12 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prune")
     p.add_argument("keep", type=int)
     sub.add_parser(SUPERVISE_COMMAND)
+    # Spot notices from IMDS take the host out of service (frontier_hostside.interruption).
+    p = sub.add_parser("interruptions")
+    p.add_argument("--imds", default=os.environ.get(IMDS_URL_ENV, IMDS_URL))
+    p.add_argument("--interval", type=float, default=POLL_INTERVAL_S)
+    p.add_argument("--rounds", type=int, default=0)
+    p.add_argument("--drain-on-rebalance", action="store_true")
     return parser
 
 
@@ -691,6 +729,12 @@ def run(agent: Agent, args: argparse.Namespace) -> dict[str, Any]:
         return agent.prune(args.keep)
     if command == SUPERVISE_COMMAND:
         return agent.supervise()
+    if command == "interruptions":
+        try:
+            watcher = InterruptionWatcher(agent, Imds(args.imds), args.interval, args.drain_on_rebalance)
+        except ValueError as exc:
+            raise AgentError(f"interruptions: {exc}") from None
+        return watcher.run(args.rounds)
     raise AgentError(f"unknown command {command!r}")
 
 
