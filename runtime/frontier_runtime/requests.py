@@ -35,6 +35,25 @@ class StructuredOutput:
 
 
 @dataclass(frozen=True)
+class Continuation:
+    """A generation another replica began, to be carried on here (a migrated stream).
+
+    ``output_token_ids`` are the tokens already generated: the sequence starts as the prompt plus
+    them, they count against ``max_tokens``, a constraint's grammar consumes them, a seeded
+    generator is advanced past their draws, and the detokenizer reads them so stop strings and
+    multi-byte characters that span the cut are found. ``emitted_chars`` is how much of their text
+    the client already has: only text past it is sent.
+    """
+
+    output_token_ids: tuple[int, ...]
+    emitted_chars: int = 0
+
+    def __post_init__(self) -> None:
+        if self.emitted_chars < 0:
+            raise ValueError(f"emitted_chars must be >= 0, got {self.emitted_chars}")
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0  # 0 means greedy
@@ -47,6 +66,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-N logprobs per generated token; None = off
     structured: StructuredOutput | None = None  # None: free text
     priority: str = names.INTERACTIVE  # one of names.PRIORITY_CLASSES
+    continuation: Continuation | None = None  # None: a fresh generation
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -64,6 +84,11 @@ class SamplingParams:
         if self.structured is not None and self.stop:
             # A stop string could cut the output short of what the constraint guarantees.
             raise ValueError("stop sequences cannot be combined with a structured output constraint")
+        if self.continuation is not None and len(self.continuation.output_token_ids) >= self.max_tokens:
+            raise ValueError(
+                f"the continuation already holds {len(self.continuation.output_token_ids)} generated tokens, "
+                f"which leaves none of max_tokens {self.max_tokens}"
+            )
 
     @property
     def greedy(self) -> bool:

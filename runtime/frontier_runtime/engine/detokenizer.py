@@ -42,6 +42,16 @@ class IncrementalDetokenizer:
         self.text += new
         return self._truncate_at_stop(before)
 
+    def resume(self, token_ids: tuple[int, ...], emitted_chars: int) -> None:
+        """Carry on a generation another replica began: read its tokens as if generated here (a stop
+        string found among them would have ended it there, so none is looked for), and treat the
+        first ``emitted_chars`` characters of their text as sent."""
+        stop, self.stop = self.stop, ()
+        for token in token_ids:
+            self.append(token)
+        self.stop = stop
+        self.emitted = min(emitted_chars, len(self.text))
+
     def _truncate_at_stop(self, before: int) -> str | None:
         best: tuple[int, str] | None = None
         for s in self.stop:

@@ -144,6 +144,16 @@ class LLMEngine:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if params.structured is not None and self.structured is None:
             raise ValueError("structured output needs the model's tokenizer.json, which this model lacks")
+        if params.continuation is not None:
+            resumed = params.continuation.output_token_ids
+            bad = next((t for t in resumed if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ValueError(f"continuation token id {bad} is outside the vocabulary (0..{vocab - 1})")
+            if len(prompt_token_ids) + len(resumed) >= self.max_seq_len:
+                raise ValueError(
+                    f"prompt ({len(prompt_token_ids)}) and continuation ({len(resumed)}) tokens fill this "
+                    f"model's context of {self.max_seq_len} tokens"
+                )
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.validate_request(prompt_token_ids, params)
@@ -151,7 +161,9 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if params.structured is not None:
             assert self.structured is not None  # validate_request refuses structured output without it
-            self.structured.add(request_id, params.structured)  # a bad constraint raises ValueError
+            resumed = params.continuation.output_token_ids if params.continuation is not None else ()
+            # A bad constraint, or a continuation its grammar refuses, raises ValueError.
+            self.structured.add(request_id, params.structured, resumed)
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else self.eos_token_ids
         )
@@ -162,11 +174,12 @@ class LLMEngine:
             next(self._arrivals),
             stop_ids,
             self.runner.device,
+            self.model_config.vocab_size,
         )
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
         if self.detokenize:
-            self.outputs.add(request_id, params.stop)
+            self.outputs.add(request_id, params.stop, params.continuation)
 
     def set_detokenize_inline(self, inline: bool) -> None:
         """Whether ``step()`` adds text and applies stop strings (before any request arrives)."""

@@ -137,7 +137,7 @@ class AsyncEngine:
             if request_id in self._sinks:
                 raise ValueError(f"request id {request_id!r} is already in the engine")
             self._sinks[request_id] = sink
-            self._outbox.put(("add", request_id, params.stop))
+            self._outbox.put(("add", request_id, params.stop, params.continuation))
             self._inbox.append(("add", request_id, prompt, params))
             self._cv.notify()
 
@@ -284,7 +284,7 @@ class AsyncEngine:
             kind = item[0]
             try:
                 if kind == "add":
-                    self._text.add(item[1], item[2])
+                    self._text.add(item[1], item[2], item[3])
                 elif kind == "outputs":
                     self._hand_over([self._with_text(out) for out in item[1]])
                 else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
-from frontier_runtime.requests import RequestOutput
+from frontier_runtime.requests import Continuation, RequestOutput
 from frontier_runtime.tokenizer import Tokenizer
 
 
@@ -29,8 +29,11 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
 
-    def add(self, request_id: str, stop: tuple[str, ...]) -> None:
-        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, stop)
+    def add(self, request_id: str, stop: tuple[str, ...], continuation: Continuation | None = None) -> None:
+        detok = IncrementalDetokenizer(self.tokenizer, stop)
+        if continuation is not None:
+            detok.resume(continuation.output_token_ids, continuation.emitted_chars)
+        self._detokenizers[request_id] = detok
 
     def discard(self, request_id: str) -> None:
         self._detokenizers.pop(request_id, None)

@@ -31,12 +31,17 @@ class Sequence:
         arrival: int,
         stop_token_ids: frozenset[int],
         device: torch.device | str = "cpu",
+        vocab_size: int = 0,
     ) -> None:
         self.request_id = request_id
         self.params = params
         self.arrival = arrival
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
+        resumed = params.continuation.output_token_ids if params.continuation is not None else ()
+        # A continued generation: its earlier output is computed with the prompt (one prefill) and
+        # counts as output (max_tokens, usage), exactly as if this engine had generated it.
+        self.token_ids += resumed
         self.num_computed_tokens = 0
         self.num_cached_prompt_tokens = 0
         self.block_table: list[int] = []
@@ -52,6 +57,8 @@ class Sequence:
         if params.seed is not None:
             # On the device the logits live on, so sampling never copies them to the host.
             self.generator = torch.Generator(device=device).manual_seed(params.seed)
+            if resumed and not params.greedy:
+                advance(self.generator, len(resumed), vocab_size, device)
 
     @property
     def num_tokens(self) -> int:
@@ -70,3 +77,14 @@ class Sequence:
             f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
             f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
         )
+
+
+def advance(generator: torch.Generator, tokens: int, vocab_size: int, device: torch.device | str) -> None:
+    """Move a seeded request's generator past the draws of ``tokens`` sampled tokens: the sampler
+    fills one float32 row of ``vocab_size`` exponentials from it per token (``Sampler._sample``), so
+    the same fills here leave it where an uninterrupted run's would be."""
+    if vocab_size < 1:
+        raise ValueError("a continued seeded generation needs the model's vocab_size to advance its generator")
+    row = torch.empty(vocab_size, dtype=torch.float32, device=device)
+    for _ in range(tokens):
+        row.exponential_(generator=generator)

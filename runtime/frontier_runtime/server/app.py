@@ -387,6 +387,10 @@ async def _generate(
         assert codec is not None  # _refuse_unless_serving
         prompt = await build_prompt(body, codec)
         _check_token_ids(list(body.stop_token_ids or ()), codec.vocab_size, "stop_token_ids")
+        if body.frontier_continuation is not None:
+            _check_token_ids(
+                body.frontier_continuation.token_ids, codec.vocab_size, "frontier_continuation.token_ids"
+            )
         max_tokens = resolve_max_tokens(
             body.requested_max_tokens(),
             len(prompt.token_ids),
@@ -397,7 +401,7 @@ async def _generate(
         try:
             params = body.sampling_params(max_tokens)
         except ValueError as exc:
-            raise invalid(str(exc)) from None
+            raise invalid(str(exc), "frontier_continuation" if "continuation" in str(exc) else None) from None
     except BaseException:
         ticket.release()
         raise
@@ -424,6 +428,7 @@ async def _generate(
         fmt_class(request_id, model, int(time.time()), codec.decode_token),
         stream=body.stream,
         include_usage=body.include_usage(),
+        token_ids=request.headers.get(names.TOKEN_IDS_HEADER) == "1",
         echo_text=prompt.echo_text,
         arrived_at=request.scope["state"]["arrived_at"],
         log_fields=fields,

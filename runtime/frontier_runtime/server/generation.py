@@ -57,6 +57,7 @@ class Generation:
         *,
         stream: bool,
         include_usage: bool,
+        token_ids: bool = False,
         echo_text: str = "",
         arrived_at: float,
         log_fields: dict[str, Any],
@@ -72,6 +73,9 @@ class Generation:
         self.fmt = fmt
         self.stream = stream
         self.include_usage = include_usage
+        # Each streamed chunk carries its token ids (choices[0].token_ids): the gateway asked
+        # (names.TOKEN_IDS_HEADER), to continue the stream elsewhere if this replica fails.
+        self.token_ids = token_ids
         self.echo_text = echo_text
         self.arrived_at = arrived_at
         self.log = log_fields
@@ -172,7 +176,7 @@ class Generation:
                 return
         self._admitted()
         opening = self.fmt.opening_chunk()
-        if opening is not None:
+        if opening is not None and self.params.continuation is None:  # a continued stream's client has it
             await self._body(send, sse(opening))
         last = None
         text: list[str] = []
@@ -186,7 +190,10 @@ class Generation:
                         self._check_structured_output("".join(text), reason)
                 if out.new_text or out.new_token_ids or reason:
                     logprobs = out.logprobs if self.params.logprobs is not None else None
-                    await self._body(send, sse(self.fmt.chunk(out.new_text, logprobs, reason)))
+                    chunk = self.fmt.chunk(out.new_text, logprobs, reason)
+                    if self.token_ids:
+                        chunk["choices"][0]["token_ids"] = out.new_token_ids
+                    await self._body(send, sse(chunk))
         except APIError as exc:
             await self._body(send, sse(exc.body()) + DONE, more=False)
             return

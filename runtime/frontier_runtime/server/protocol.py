@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from frontier_hostside.names import INTERACTIVE, PRIORITY_CLASSES
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from frontier_runtime.requests import SamplingParams, StructuredOutput
+from frontier_runtime.requests import Continuation, SamplingParams, StructuredOutput
 from frontier_runtime.server.errors import APIError, invalid
 
 MAX_STOP_SEQUENCES = 16
@@ -102,6 +102,16 @@ class ResponseFormatJsonSchema(_Body):
     json_schema: JsonSchemaFormat
 
 
+class ContinuationBody(_Body):
+    """``frontier_continuation``: carry on a generation another replica began (the gateway sends it
+    when it migrates a stream). The prompt is the request's own, tokenised here as it was there;
+    ``token_ids`` are the tokens generated so far (they count against max_tokens), and
+    ``emitted_chars`` how many characters of their text the client already has."""
+
+    token_ids: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_048_576)
+    emitted_chars: int = Field(default=0, ge=0)
+
+
 ResponseFormat = Annotated[
     ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema, Field(discriminator="type")
 ]
@@ -135,6 +145,8 @@ class GenerationRequest(_Body):
     guided_choice: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
         default=None, min_length=1, max_length=256
     )
+
+    frontier_continuation: ContinuationBody | None = None
 
     NOT_IMPLEMENTED: ClassVar[dict[str, tuple[Any, ...]]] = NOT_IMPLEMENTED_COMMON
     # The request's class (the gateway sets it from the tenant's): batch work is admitted only on
@@ -243,7 +255,14 @@ class GenerationRequest(_Body):
             logprobs=self.requested_logprobs(),
             structured=self.structured_output(),
             priority=self.priority,
+            continuation=self.continuation(),
         )
+
+    def continuation(self) -> Continuation | None:
+        body = self.frontier_continuation
+        if body is None:
+            return None
+        return Continuation(tuple(body.token_ids), body.emitted_chars)
 
 
 PromptTokens = list[Annotated[int, Field(ge=0)]]

@@ -91,11 +91,26 @@ class StructuredDecoder:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._matchers
 
-    def add(self, request_id: str, output: StructuredOutput) -> None:
-        """Start constraining ``request_id``; raises ``GrammarError`` (a ValueError) for a bad constraint."""
+    def add(self, request_id: str, output: StructuredOutput, consumed: Sequence[int] = ()) -> None:
+        """Start constraining ``request_id``; raises ``GrammarError`` (a ValueError) for a bad constraint.
+
+        ``consumed``: tokens already generated under this constraint elsewhere (a continued
+        generation). The matcher's state is rebuilt by feeding them through the grammar, as their
+        sampling did; one the grammar refuses, or a grammar they already complete, is a
+        ``GrammarError``: they were not generated under this constraint."""
         matcher = llguidance.LLMatcher(self.tokenizer, compile_grammar(output), log_level=0)
         if matcher.is_error():
             raise GrammarError(f"the {output.kind} constraint cannot be used: {matcher.get_error()}")
+        for position, token in enumerate(consumed):
+            if not matcher.consume_token(token):
+                raise GrammarError(
+                    f"continuation token {token} (position {position}) is refused by the {output.kind} "
+                    f"constraint: {matcher.get_error()}"
+                )
+        if consumed and matcher.is_stopped():
+            raise GrammarError(
+                f"the continuation's {len(consumed)} tokens already complete the {output.kind} constraint"
+            )
         self._matchers[request_id] = matcher
 
     def release(self, request_id: str) -> None:
