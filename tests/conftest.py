@@ -77,6 +77,7 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/unit/test_driver_script.py::host": "FakeHost(): a process",
     "tests/unit/test_haproxy_live.py::backends": "_Backend(): an HTTP server",
     "tests/verify/conftest.py::listener": "a listening socket",
+    "tests/verify/conftest.py::moto_endpoint": "moto_server(): a server on a socket",
     "tests/verify/conftest.py::runtime": "start_runtime(): a process",
 }
 PROC_TESTS: dict[str, str] = {
