@@ -32,6 +32,7 @@ import frontier_hostside
 from fabric import Connection
 from frontier_hostside.agent import Facts
 from frontier_hostside.names import AGENT_CONFIG_NAME, AGENT_FILE_NAME
+from frontier_hostside.release_signature import SIGNATURE_NAME
 
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
@@ -209,6 +210,8 @@ class HostSession:
         self._mkdirs(incoming)
         for name, text in release.files.items():
             self._put_bytes(text.encode(), f"{incoming}/{name}")
+        if release.signature:
+            self._put_bytes(release.signature.encode(), f"{incoming}/{SIGNATURE_NAME}")
         self._put_bytes(manifest, f"{incoming}/{MANIFEST}")
         args = ["stage", release.id, incoming]
         if release.artifact.kind == "wheel":

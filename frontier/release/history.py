@@ -30,6 +30,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 from frontier_hostside.names import RELEASE_MANIFEST as MANIFEST
+from frontier_hostside.release_signature import SIGNATURE_NAME
 
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
@@ -259,6 +260,9 @@ class HistoryStore:
 
     def put_release(self, release: Release) -> None:
         base = f"releases/{release.id}/"
+        if release.signature and self._get(base + SIGNATURE_NAME) != release.signature.encode():
+            # Before the manifest check: a release stored unsigned (or by an earlier key) gets this one.
+            self._put(base + SIGNATURE_NAME, release.signature)
         if self._get(base + MANIFEST) == release.manifest().encode():
             return
         for name, text in release.files.items():
@@ -274,7 +278,8 @@ class HistoryStore:
         files = {}
         for key in self._keys(base + "files/"):
             files[key[len(base + "files/") :]] = self._read(key).decode()
-        return release_from_manifest(manifest.decode(), files)
+        signature = self._get(base + SIGNATURE_NAME)
+        return release_from_manifest(manifest.decode(), files, signature.decode() if signature else "")
 
     # --- history ----------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from frontier_hostside.names import RELEASE_ID_PATTERN as RELEASE_ID
 from frontier_hostside.names import RELEASE_MANIFEST as MANIFEST
@@ -31,6 +31,12 @@ def sha256_text(text: str) -> str:
 class Release:
     artifact: Artifact
     files: Mapping[str, str] = field(default_factory=dict)
+    #: ``release.sig`` (frontier.release.signing): the stack's release key over this release's
+    #: manifest; "" until signed. Not part of the id or the manifest, which it covers.
+    signature: str = field(default="", compare=False)
+
+    def signed(self, signature: str) -> Release:
+        return replace(self, signature=signature)
 
     @property
     def digest(self) -> str:
@@ -74,7 +80,7 @@ def check_release_id(value: str) -> str:
     return value
 
 
-def release_from_manifest(manifest: str, files: Mapping[str, str]) -> Release:
+def release_from_manifest(manifest: str, files: Mapping[str, str], signature: str = "") -> Release:
     """Rebuild a stored release and prove its files are the ones its manifest names."""
     try:
         data = json.loads(manifest)
@@ -83,7 +89,7 @@ def release_from_manifest(manifest: str, files: Mapping[str, str]) -> Release:
         stored_id = data["id"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ReleaseError(f"{MANIFEST} is malformed: {exc}") from exc
-    release = Release(artifact=artifact, files=dict(sorted(files.items())))
+    release = Release(artifact=artifact, files=dict(sorted(files.items())), signature=signature)
     if release.file_hashes != expected or release.id != stored_id:
         raise ReleaseError(f"release {stored_id}: stored files do not match {MANIFEST} (corrupt or altered)")
     return release

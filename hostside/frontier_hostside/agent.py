@@ -66,11 +66,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from frontier_hostside import package_files
+from frontier_hostside.interruption import IMDS_URL, IMDS_URL_ENV, POLL_INTERVAL_S, Imds, InterruptionWatcher
 from frontier_hostside.names import (
     AGENT_CONFIG_NAME,
     AGENT_FILE_NAME,
@@ -82,9 +83,13 @@ from frontier_hostside.names import (
     SUPERVISOR_PID_NAME,
     WATCHDOG_UNIT,
 )
-from frontier_hostside.release_signature import SIGNATURE_NAME, SignatureError, verify_release
-from frontier_hostside.interruption import IMDS_URL, IMDS_URL_ENV, POLL_INTERVAL_S, Imds, InterruptionWatcher
 from frontier_hostside.processes import atomic_write, command_line, now, pid_alive, terminate_then_kill
+from frontier_hostside.release_signature import (
+    RELEASE_KEY_NAME,
+    SIGNATURE_NAME,
+    SignatureError,
+    verify_release,
+)
 from frontier_hostside.supervisor import Supervisor
 from frontier_hostside.watchdog import Watchdog
 from frontier_hostside.weights_cache import evict_weights
@@ -131,18 +136,14 @@ class AgentConfig:
     liveness_failures: int
     # The watchdog's systemd unit (rendered from templates/frontier-agent.service.j2).
     watchdog_unit: str
-    # The stack's release key (KMS GetPublicKey: base64 DER, ECC_NIST_P256). Where one is set, a
-    # release is staged and activated only with a release.sig it verifies; "" on a stack that has
-    # no release key, whose releases are checked against their manifest only.
-    release_public_key: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AgentConfig:
         names = [f.name for f in fields(cls)]
-        missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
+        missing = [n for n in names if n not in data]
         if missing:
             raise AgentError(f"agent config lacks {', '.join(missing)}")
-        return cls(**{n: data[n] for n in names if n in data})
+        return cls(**{n: data[n] for n in names})
 
     @classmethod
     def load(cls, path: str) -> AgentConfig:
@@ -471,13 +472,21 @@ class Agent:
     # --- the release directory --------------------------------------------------------------------
 
     def check_signature(self, phase: str, release_id: str, directory: Path) -> None:
-        """Refuse a release that the stack's release key did not sign (where the stack has one)."""
-        key = self.config.release_public_key
-        if not key:
+        """Refuse a release that the stack's release key did not sign.
+
+        The key is ``<root>/release-key.pub``, written when the host is provisioned (the bootstrap
+        or ``local.up`` reads it with kms:GetPublicKey), never by a deploy. A host without one
+        belongs to a stack with no release key: its releases are held to their manifest only.
+        """
+        key_file = self.root / RELEASE_KEY_NAME
+        if not key_file.is_file():
             return
+        key = key_file.read_text().strip()
         signature = directory / SIGNATURE_NAME
         if not signature.is_file():
-            raise AgentError(f"{phase}: release {release_id} is unsigned ({SIGNATURE_NAME} is missing); refused")
+            raise AgentError(
+                f"{phase}: release {release_id} is unsigned ({SIGNATURE_NAME} is missing); refused"
+            )
         manifest = (directory / self.config.manifest).read_bytes()
         try:
             verify_release(key, self.config.stack, release_id, manifest, signature.read_text())
