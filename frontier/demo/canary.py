@@ -9,7 +9,6 @@ and the history names the cases that failed. Clients under load see no error thr
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -19,27 +18,29 @@ from frontier import project
 from frontier.config.schema import Settings
 from frontier.loadtest.client import BackgroundLoad, RequestSample, Target
 from frontier.rollout.deploy import deploy
+from frontier.rollout.recordings import store_recording
 from frontier.rollout.rolling import RolloutFailed, RolloutResult
 from frontier.targets import backend_for, load_stack
 from frontier.targets.local import cluster as local
-from frontier.verify import load_set, record_golden, write_golden
+from frontier.verify import read_set, record_golden
 
 CANARY_SET = "stacks/verify/canary.yaml"
 
 
 def record_release_a(settings: Settings, release_a: str) -> Path:
-    """The canary set copied into the local stack's state, with release A's greedy outputs beside it."""
-    path = local.state_dir(settings) / "demo" / "verify" / Path(CANARY_SET).name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(project.root() / CANARY_SET, path)
+    """Release A's greedy outputs of the canary set, kept in the stack's history beside release A
+    (what ``fab verify --record`` does); returns the set's path."""
+    path = project.root() / CANARY_SET
     model = settings.model.name
     outputs = record_golden(
         local.balancer_url(settings),
         local.api_key(settings),
-        load_set(path, model=model, recording=True),
+        read_set(path, model=model, golden=None),
         model=model,
     )
-    write_golden(path, model, release_a, outputs)
+    store_recording(
+        backend_for(settings).history_store(), path, model=model, release=release_a, outputs=outputs
+    )
     return path
 
 

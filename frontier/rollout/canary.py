@@ -8,23 +8,33 @@ host still on the old release, each reached through an SSH tunnel to its runtime
 runtime ports are never open to the operator). The canary passes when its pass rate is at least
 ``verify.min_pass_rate`` and at most ``verify.max_pass_rate_drop`` below the old release's; a
 failure names the cases that failed, and the rollout rolls back with that reason in its history.
+
+Golden cases are held to the stack's recording (``fab verify --record``). Where none was made yet,
+the old host's greedy outputs are recorded first, kept in the history beside the old release (the
+reference a canary is judged against is the release it replaces), and the canary held to them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from frontier.config.schema import Settings
-from frontier.verify import VerifyReport, VerifySet, load_set, run_set, set_file
+from frontier.release.history import HistoryStore
+from frontier.rollout.recordings import load_for_stack, store_recording
+from frontier.verify import VerifyReport, VerifySet, record_golden, run_set, set_file
+from frontier.verify.cases import GoldenCase
 
 
 @dataclass(frozen=True)
 class CanaryVerification:
-    """What a canary is verified with: the set, the model's name and context, the runtime's key."""
+    """What a canary is verified with: the set, the model's name and context, the runtime's key,
+    and the history its golden outputs are kept in (``set_path`` names them there)."""
 
     verify_set: VerifySet
     model: str
@@ -33,22 +43,49 @@ class CanaryVerification:
     runtime_port: int
     min_pass_rate: float
     max_drop: float
+    store: HistoryStore | None = None
+    set_path: Path | None = None
+
+    @property
+    def unrecorded(self) -> bool:
+        """Whether some golden case has no recorded output to be held to."""
+        golden = self.verify_set.golden
+        return any(
+            isinstance(case, GoldenCase) and (golden is None or case.name not in golden.outputs)
+            for case in self.verify_set.cases
+        )
+
+    def recorded_from(self, release: str, conn: Any, address: str) -> CanaryVerification:
+        """This verification with the golden outputs of the runtime at ``address`` (on ``release``,
+        the one the canary replaces) recorded, kept in the history beside that release, and held."""
+        assert self.store is not None and self.set_path is not None
+        with tunnel(conn, address, self.runtime_port) as url:
+            outputs = record_golden(url, self.api_key, self.verify_set, model=self.model)
+        store_recording(self.store, self.set_path, model=self.model, release=release, outputs=outputs)
+        held = load_for_stack(self.store, self.set_path, model=self.model)
+        return dataclasses.replace(self, verify_set=held)
 
 
-def canary_verification(settings: Settings, api_key: str | None) -> CanaryVerification | None:
+def canary_verification(
+    settings: Settings, api_key: str | None, store: HistoryStore
+) -> CanaryVerification | None:
     """The stack's canary verification, or None where ``rollout.verify_canary`` is off. The set is
-    read (and refused, naming file, line and field) before any host is touched."""
+    read (and refused, naming file, line and field), with the golden outputs ``store`` holds for it,
+    before any host is touched."""
     if not settings.rollout.verify_canary:
         return None
     model = settings.model
+    set_path = set_file(settings.verify.file)
     return CanaryVerification(
-        verify_set=load_set(set_file(settings.verify.file), model=model.name),
+        verify_set=load_for_stack(store, set_path, model=model.name),
         model=model.name,
         context_tokens=model.max_seq_len,
         api_key=api_key,
         runtime_port=settings.runtime.port,
         min_pass_rate=settings.verify.min_pass_rate,
         max_drop=settings.verify.max_pass_rate_drop,
+        store=store,
+        set_path=set_path,
     )
 
 

@@ -265,6 +265,12 @@ class Rollout:
         if check is None:
             return
         old_report = None
+        if old is not None and check.unrecorded and check.store is not None:
+            # Nothing recorded yet: the release the canary replaces is the reference.
+            reference = self.session(old).facts().current
+            check = check.recorded_from(reference, self.session(old).conn, old.address)
+            self.verification = check
+            self.report(Event(old.name, "verify", "info", f"golden outputs recorded from {reference}"))
         if old is not None:
             old_report = verify_through(self.session(old).conn, old.address, check)
             self.report(

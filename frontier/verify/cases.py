@@ -136,8 +136,9 @@ class MultiTurnCase(_Case):
 
 
 class GoldenCase(_Case):
-    """A greedy request whose output must equal the one recorded from a reference release (the
-    set's golden file), token for token. The runner sends it with temperature 0."""
+    """A greedy request whose output must equal the one recorded from a reference release, token
+    for token. The runner sends it with temperature 0; with nothing recorded for it yet, the case
+    is reported as not recorded (``fab verify --record``), neither passed nor failed."""
 
     kind: Literal["golden"]
     route: Route = "chat"
@@ -167,7 +168,9 @@ class GoldenOutput(_Model):
 
 
 class GoldenFile(_Model):
-    """Greedy outputs of one model from one release, stored beside the set (``<set>.golden.json``)."""
+    """Greedy outputs of one model from one release, stored in the stack's history beside that
+    release (``releases/<id>/verify/<set>.golden.json``): they belong to that model and release,
+    not to the set, which every stack may share."""
 
     model: str = Field(min_length=1)
     release: str = Field(min_length=1)
@@ -176,7 +179,8 @@ class GoldenFile(_Model):
 
 
 class VerifySet(_Model):
-    """A set ready to run: its cases, and the golden outputs its golden cases are held to."""
+    """A set ready to run: its cases, and the golden outputs its golden cases are held to (None:
+    nothing recorded yet, or loaded to record them)."""
 
     source: str
     cases: tuple[Case, ...]

@@ -1,14 +1,16 @@
-"""Read a verification set and its golden file, refusing either with the file, line and field.
+"""Read a verification set and its golden outputs, refusing either with the file, line and field.
 
 Everything that can be known without the endpoint is checked here: the case kinds, each case's
 expectation, unique names, and that the golden outputs were recorded for the model being verified.
-YAML's node marks give the lines (``yaml.compose``); the golden file is JSON, which YAML reads too.
+YAML's node marks give the lines (``yaml.compose``); golden outputs are JSON, which YAML reads too.
+Where the golden outputs are kept (the stack's history) is the caller's: this module reads text.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,113 +37,112 @@ class Problem(BaseModel):
     value: str = ""
 
 
+@dataclass(frozen=True)
+class Recording:
+    """Golden outputs as stored (a :class:`GoldenFile` as JSON) and where they were read from, which
+    messages name: an ``s3://`` URI in the stack's history, or a file."""
+
+    where: str
+    text: str
+
+
 def set_file(file: str) -> Path:
     """The set a stack's ``verify.file`` names: relative paths are the project's."""
     path = Path(file)
     return path if path.is_absolute() else project.root() / path
 
 
+def read_set(path: Path, *, model: str, golden: Recording | None) -> VerifySet:
+    """The set at ``path``, its golden cases held to ``golden`` (recorded for ``model``).
+
+    Without ``golden`` (nothing recorded yet, or the run is about to record) the golden cases are
+    run as not recorded; so is a golden case added to the set after the recording was made."""
+    root, data = _read(str(path), _text(path))
+    try:
+        parsed = SetFile.model_validate(data)
+    except ValidationError as exc:
+        raise VerifySetError(_describe(str(path), root, _problems(exc))) from None
+    problems = list(_repeated_names(parsed))
+    if problems:
+        raise VerifySetError(_describe(str(path), root, problems))
+    held = None
+    if golden is not None and any(isinstance(c, GoldenCase) for c in parsed.cases):
+        held = _golden_for(golden, model)
+    return VerifySet(source=str(path), cases=parsed.cases, golden=held)
+
+
 def golden_path(set_path: Path) -> Path:
-    """Where a set's golden outputs live: beside it, ``<set>.golden.json``."""
+    """Where a working copy of a set keeps its golden outputs: beside it, ``<set>.golden.json``."""
     return set_path.with_name(f"{set_path.stem}.golden.json")
 
 
 def load_set(path: Path, *, model: str, recording: bool = False) -> VerifySet:
-    """The set at ``path``, with golden outputs for ``model``. ``recording`` reads no golden file:
-    the run is about to write it."""
-    root, data = _read(path)
-    try:
-        parsed = SetFile.model_validate(data)
-    except ValidationError as exc:
-        raise VerifySetError(_describe(path, root, _problems(exc))) from None
-    problems = list(_repeated_names(parsed))
-    if problems:
-        raise VerifySetError(_describe(path, root, problems))
-    golden_cases = [(i, c) for i, c in enumerate(parsed.cases) if isinstance(c, GoldenCase)]
-    golden = None
-    if golden_cases and not recording:
-        golden = _golden_for(path, root, golden_cases, model)
-    return VerifySet(source=str(path), cases=parsed.cases, golden=golden)
+    """A working copy of a set (a quality sweep's, in its own folder) with the golden outputs
+    beside it, if any; ``recording`` reads none: the run is about to write them. A stack's
+    golden outputs are kept in its history instead (:func:`read_set` with what it holds)."""
+    beside = golden_path(path)
+    golden = None if recording or not beside.is_file() else Recording(str(beside), beside.read_text())
+    return read_set(path, model=model, golden=golden)
 
 
 def write_golden(set_path: Path, model: str, release: str, outputs: dict[str, GoldenOutput]) -> Path:
-    """Store the outputs recorded from ``release`` beside the set; returns the file written."""
+    """Store the outputs recorded from ``release`` beside a working copy of a set."""
+    target = golden_path(set_path)
+    target.write_text(golden_text(model, release, outputs))
+    return target
+
+
+def golden_text(model: str, release: str, outputs: dict[str, GoldenOutput]) -> str:
+    """The outputs recorded from ``release``, as stored (JSON)."""
     golden = GoldenFile(
         model=model,
         release=release,
         recorded_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         outputs=outputs,
     )
-    target = golden_path(set_path)
-    target.write_text(json.dumps(golden.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n")
-    return target
+    return json.dumps(golden.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
 
 
-def _golden_for(path: Path, root: yaml.Node, cases: list[tuple[int, GoldenCase]], model: str) -> GoldenFile:
-    file = golden_path(path)
-    if not file.exists():
-        index, case = cases[0]
-        raise VerifySetError(
-            _describe(
-                path,
-                root,
-                [
-                    Problem(
-                        path=("cases", index, "kind"),
-                        text=f"golden case {case.name!r} has no recorded output: {file} does not exist; "
-                        "record it from a reference release with `fab verify --record`",
-                        value="'golden'",
-                    )
-                ],
-            )
-        )
-    golden_root, data = _read(file)
+def _golden_for(recording: Recording, model: str) -> GoldenFile:
+    golden_root, data = _read(recording.where, recording.text)
     try:
         golden = GoldenFile.model_validate(data)
     except ValidationError as exc:
-        raise VerifySetError(_describe(file, golden_root, _problems(exc))) from None
+        raise VerifySetError(_describe(recording.where, golden_root, _problems(exc))) from None
     if golden.model != model:
         raise VerifySetError(
             _describe(
-                file,
+                recording.where,
                 golden_root,
                 [
                     Problem(
                         path=("model",),
                         text=f"recorded for another model (release {golden.release}); this run verifies "
-                        f"{model!r}: record again with --record, or give the stack a set of its own",
+                        f"{model!r}: record again with `fab verify --record`",
                         value=repr(golden.model),
                     )
                 ],
             )
         )
-    missing = [
-        Problem(
-            path=("cases", index, "name"),
-            text=f"golden case has no recorded output in {file}: record again with --record",
-            value=repr(case.name),
-        )
-        for index, case in cases
-        if case.name not in golden.outputs
-    ]
-    if missing:
-        raise VerifySetError(_describe(path, root, missing))
     return golden
 
 
-def _read(path: Path) -> tuple[yaml.Node, Any]:
-    """The file's node tree (for line numbers) and its data."""
+def _text(path: Path) -> str:
     if not path.is_file():
         raise VerifySetError(f"{path}: no such verification file")
-    text = path.read_text()
+    return path.read_text()
+
+
+def _read(where: str, text: str) -> tuple[yaml.Node, Any]:
+    """The file's node tree (for line numbers) and its data."""
     try:
         root = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 1
-        raise VerifySetError(f"{path}:{line}: not valid YAML: {exc.problem}") from None
+        raise VerifySetError(f"{where}:{line}: not valid YAML: {exc.problem}") from None
     if root is None or not isinstance(data, dict):
-        raise VerifySetError(f"{path}:1: expected a mapping with 'cases:' at the top")
+        raise VerifySetError(f"{where}:1: expected a mapping with 'cases:' at the top")
     return root, data
 
 
@@ -200,7 +201,7 @@ def _problem(error: ErrorDetails) -> Problem:
     return Problem(path=path, text=error["msg"].removeprefix("Value error, "), value=shown)
 
 
-def _describe(file: Path, root: yaml.Node, problems: list[Problem]) -> str:
+def _describe(file: str, root: yaml.Node, problems: list[Problem]) -> str:
     lines = [f"{file}: {len(problems)} problem(s)"] if len(problems) > 1 else []
     for p in problems:
         shown = f" = {p.value}" if p.value else ""

@@ -18,6 +18,8 @@ class CaseResult(BaseModel):
     #: Why it failed, or what it saw when it passed (status, finish reason, tokens).
     why: str
     seconds: float
+    #: A golden case with no recorded output to compare with: neither passed nor failed.
+    unrecorded: bool = False
 
 
 class KindSummary(BaseModel):
@@ -25,6 +27,7 @@ class KindSummary(BaseModel):
     cases: int
     passed: int
     failing: tuple[CaseResult, ...]
+    unrecorded: int = 0
 
     @property
     def failed(self) -> int:
@@ -42,16 +45,26 @@ class VerifyReport(BaseModel):
     results: tuple[CaseResult, ...]
 
     @property
+    def ran(self) -> tuple[CaseResult, ...]:
+        """The cases judged: every case but the golden ones with nothing recorded."""
+        return tuple(r for r in self.results if not r.unrecorded)
+
+    @property
+    def unrecorded(self) -> tuple[CaseResult, ...]:
+        return tuple(r for r in self.results if r.unrecorded)
+
+    @property
     def passed(self) -> int:
         return sum(r.passed for r in self.results)
 
     @property
     def pass_rate(self) -> float:
-        return self.passed / len(self.results) if self.results else 0.0
+        """Passed over the cases judged (0 when none was)."""
+        return self.passed / len(self.ran) if self.ran else 0.0
 
     @property
     def failures(self) -> tuple[CaseResult, ...]:
-        return tuple(r for r in self.results if not r.passed)
+        return tuple(r for r in self.ran if not r.passed)
 
     def by_kind(self) -> list[KindSummary]:
         """One summary per kind the set has, in the order of ``KINDS``."""
@@ -59,10 +72,15 @@ class VerifyReport(BaseModel):
         for kind in KINDS:
             results = [r for r in self.results if r.kind == kind]
             if results:
-                failing = tuple(r for r in results if not r.passed)
+                failing = tuple(r for r in results if not r.passed and not r.unrecorded)
+                unrecorded = sum(r.unrecorded for r in results)
                 out.append(
                     KindSummary(
-                        kind=kind, cases=len(results), passed=len(results) - len(failing), failing=failing
+                        kind=kind,
+                        cases=len(results),
+                        passed=len(results) - len(failing) - unrecorded,
+                        failing=failing,
+                        unrecorded=unrecorded,
                     )
                 )
         return out
@@ -72,16 +90,18 @@ def kind_tables(report: VerifyReport) -> list[Table]:
     """One table per case kind: every case, passed or failed, and why."""
     tables = []
     for summary in report.by_kind():
-        table = Table(
-            title=f"{summary.kind}: {summary.cases} cases, {summary.passed} passed, {summary.failed} failed",
-            title_justify="left",
-        )
+        title = f"{summary.kind}: {summary.cases} cases, {summary.passed} passed, {summary.failed} failed"
+        if summary.unrecorded:
+            title += f", {summary.unrecorded} not yet recorded"
+        table = Table(title=title, title_justify="left")
         table.add_column("case")
         table.add_column("result")
         table.add_column("why", overflow="fold")
         table.add_column("s", justify="right")
         for r in (r for r in report.results if r.kind == summary.kind):
             result = "[green]pass[/]" if r.passed else "[red]FAIL[/]"
+            if r.unrecorded:
+                result = "[yellow]not recorded[/]"
             table.add_row(r.name, result, r.why, f"{r.seconds:.2f}")
         tables.append(table)
     return tables
@@ -89,14 +109,26 @@ def kind_tables(report: VerifyReport) -> list[Table]:
 
 def summary_table(report: VerifyReport) -> Table:
     table = Table(title=f"verify {report.model} at {report.endpoint} ({report.source})", title_justify="left")
-    for name, justify in (("kind", "left"), ("cases", "right"), ("passed", "right"), ("failed", "right")):
+    columns = ("kind", "left"), ("cases", "right"), ("passed", "right"), ("failed", "right")
+    for name, justify in (*columns, ("not recorded", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     table.add_column("failing", overflow="fold")
     for s in report.by_kind():
         table.add_row(
-            s.kind, str(s.cases), str(s.passed), str(s.failed), ", ".join(r.name for r in s.failing)
+            s.kind,
+            str(s.cases),
+            str(s.passed),
+            str(s.failed),
+            str(s.unrecorded),
+            ", ".join(r.name for r in s.failing),
         )
     table.add_row(
-        "all", str(len(report.results)), str(report.passed), str(len(report.failures)), "", style="bold"
+        "all",
+        str(len(report.results)),
+        str(report.passed),
+        str(len(report.failures)),
+        str(len(report.unrecorded)),
+        "",
+        style="bold",
     )
     return table

@@ -1,5 +1,6 @@
 """Fixtures: one real runtime process serving a tiny random model on a free loopback port, a copy
-of the local stack pointed at it, and a listening socket that tells whether anything connected."""
+of the local stack pointed at it with its history on moto's server, and a listening socket that
+tells whether anything connected."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import yaml
 
 from frontier import project
 from tests.gateway.harness import RuntimeProcess, start_runtime, wait_ready
+from tests.moto_server import moto_server, reset
 from tests.verify.harness import CONTEXT, MODEL, SHAPE
 
 
@@ -43,10 +45,27 @@ def write_set(tmp_path: Path) -> Callable[[str], Path]:
     return write
 
 
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    with moto_server() as endpoint:
+        yield endpoint
+
+
 @pytest.fixture
-def local_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Path]:
+def history(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An empty account on moto's server, where the stack's history (and its recordings) is kept:
+    the standard ``AWS_ENDPOINT_URL`` points the local stack's clients at it."""
+    reset(moto_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    return moto_endpoint
+
+
+@pytest.fixture
+def local_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, history: str) -> Callable[..., Path]:
     """``local_stack(set_path, min_pass_rate=1.0)``: a copy of the local stack serving the test's model
-    with that verification set; ``fab -s local`` reads it."""
+    with that verification set, its history on moto's server; ``fab -s local`` reads it."""
 
     def make(set_path: Path, min_pass_rate: float = 1.0) -> Path:
         stacks = tmp_path / "stacks"

@@ -145,7 +145,7 @@ class Ec2Backend:
         launch_timeout_s = self.settings.rollout.readiness_timeout_s + LAUNCH_ALLOWANCE_S
         # Read (and refused) before any host is touched; only a deploy proves itself on the canary.
         verify = kind == "deploy" and self.settings.rollout.verify_canary
-        verification = canary_verification(self.settings, self.runtime_key()) if verify else None
+        verification = canary_verification(self.settings, self.runtime_key(), store) if verify else None
         name_the_release_being_rolled(store, release, kind, held)
         try:
             result = roll_hosts(

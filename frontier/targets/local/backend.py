@@ -61,9 +61,10 @@ class LocalBackend:
 
     def roll(self, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
         """One batch out of service at a time over the slots in service, held against scale-in."""
+        store = self.history_store()
         return roll_hosts(
             self.settings,
-            self.history_store(),
+            store,
             self.hosts(),
             self.balancer(),
             self.connect,
@@ -72,7 +73,7 @@ class LocalBackend:
             reporter,
             group=self.fleet(),
             # A rollback returns to a release that served; only a deploy proves itself on the canary.
-            verification=canary_verification(self.settings, cluster.api_key(self.settings))
+            verification=canary_verification(self.settings, cluster.api_key(self.settings), store)
             if kind == "deploy" and self.settings.rollout.verify_canary
             else None,
         )
