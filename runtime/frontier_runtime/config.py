@@ -43,6 +43,8 @@ SECRET_ID_PATTERN = r"^[A-Za-z0-9/_+=.@:-]+$"
 #: about concurrency x the largest part (a part waits in memory only until its file's hash reaches it).
 WEIGHTS_FETCH_CONCURRENCY = 8
 WEIGHTS_FETCH_MAX_CONCURRENCY = 64
+# The prefill replica's KV transfer listener (vLLM's NIXL side channel listens on 5600).
+KV_TRANSFER_PORT = 5600
 
 
 class Strict(BaseModel):
@@ -141,6 +143,43 @@ class KvEventsConfig(Strict):
         return self
 
 
+KvRole = Literal["both", "prefill", "decode"]
+KvFailurePolicy = Literal["fail", "recompute"]
+
+
+class KvTransferConfig(Strict):
+    """Prefill/decode disaggregation: which half of a request this replica runs, and how KV blocks
+    move between the halves (requests carry vLLM's ``kv_transfer_params``).
+
+    ``prefill``: runs prompts sent with ``do_remote_decode``, keeps their blocks under a lease and
+    answers with where to fetch them. ``decode``: takes requests with ``do_remote_prefill``, pulls
+    the blocks over TCP into its own cache (registered in its prefix cache) and decodes. ``both``:
+    an ordinary colocated replica that refuses either kind of transfer request.
+    """
+
+    role: KvRole = "both"
+    host: str = Field(
+        default="",
+        max_length=253,
+        description="Address the transfer listener binds and that prefill answers name as remote_host; "
+        "'': all addresses, answered as this host's name.",
+    )
+    port: int = Field(
+        default=KV_TRANSFER_PORT, ge=1024, le=65535, description="TCP port of the transfer listener."
+    )
+    lease_s: float = Field(
+        default=60.0, gt=0, le=3600, description="How long a prefill keeps blocks nobody has claimed."
+    )
+    timeout_s: float = Field(
+        default=10.0, gt=0, le=600, description="A pull that stalls this long has failed."
+    )
+    on_failure: KvFailurePolicy = Field(
+        default="recompute",
+        description="A decode whose pull fails: 'recompute' runs the prompt itself, 'fail' ends the request "
+        "with an error naming the prefill replica.",
+    )
+
+
 class CacheConfig(Strict):
     """The paged KV cache and the prefix cache."""
 
@@ -154,6 +193,7 @@ class CacheConfig(Strict):
     )
     prefix_caching: bool = True
     kv_events: KvEventsConfig = KvEventsConfig()
+    kv_transfer: KvTransferConfig = KvTransferConfig()
     attention_backend: AttentionBackend = Field(
         default="auto",
         description=(
@@ -161,6 +201,18 @@ class CacheConfig(Strict):
             "naming one requires it, and a start that cannot run it fails naming the backend and the reason."
         ),
     )
+
+    @model_validator(mode="after")
+    def _decode_registers_pulled_blocks(self) -> CacheConfig:
+        if self.kv_transfer.role == "decode" and not self.prefix_caching:
+            raise FieldProblems(
+                FieldProblem(
+                    "prefix_caching",
+                    self.prefix_caching,
+                    "must be true when kv_transfer.role is 'decode': pulled blocks enter the cache by their hashes",
+                )
+            )
+        return self
 
 
 class ParallelConfig(Strict):
@@ -253,6 +305,18 @@ class RuntimeSettings(CacheConfig, ParallelConfig, CpuConfig):
     json_logs: bool = True
     # Spans of each request (queue wait, prefill, decode) over OTLP to the stack's collector.
     tracing: TracingSettings = TracingSettings()
+
+    @model_validator(mode="after")
+    def _transfer_on_one_rank(self) -> RuntimeSettings:
+        if self.kv_transfer.role != "both" and self.ranks > 1:
+            raise FieldProblems(
+                FieldProblem(
+                    "kv_transfer.role",
+                    self.kv_transfer.role,
+                    f"must be 'both' on a replica of {self.ranks} ranks: KV transfer moves one rank's cache",
+                )
+            )
+        return self
 
     @model_validator(mode="after")
     def _batching_within_admission(self) -> RuntimeSettings:

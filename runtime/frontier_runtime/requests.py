@@ -54,6 +54,56 @@ class Continuation:
 
 
 @dataclass(frozen=True)
+class KvTransferParams:
+    """vLLM's ``kv_transfer_params`` (its NixlConnector's fields), in both directions.
+
+    To a prefill replica: ``do_remote_decode`` (keep the prompt's KV for a decode replica). Back
+    from it, and on to the decode replica: ``do_remote_prefill`` with where the blocks are
+    (``remote_host``:``remote_port`` of engine ``remote_engine_id``, lease ``remote_request_id``)
+    and which (``remote_block_ids``, in prompt order).
+    """
+
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_engine_id: str | None = None
+    remote_request_id: str | None = None
+    remote_host: str | None = None
+    remote_port: int | None = None
+    remote_block_ids: tuple[int, ...] = ()
+    tp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.do_remote_decode and self.do_remote_prefill:
+            raise ValueError("kv_transfer_params: do_remote_decode and do_remote_prefill cannot both be true")
+        if self.do_remote_prefill:
+            for name in ("remote_engine_id", "remote_request_id", "remote_host", "remote_port"):
+                if getattr(self, name) in (None, ""):
+                    raise ValueError(f"kv_transfer_params.{name} is required with do_remote_prefill")
+        if self.remote_port is not None and not 1 <= self.remote_port <= 65535:
+            raise ValueError(
+                f"kv_transfer_params.remote_port must be within 1..65535, got {self.remote_port}"
+            )
+        if any(b < 0 for b in self.remote_block_ids):
+            raise ValueError("kv_transfer_params.remote_block_ids must be block ids >= 0")
+        if self.tp_size != 1:
+            raise ValueError(
+                f"kv_transfer_params.tp_size must be 1 (one rank's cache moves), got {self.tp_size}"
+            )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "do_remote_decode": self.do_remote_decode,
+            "do_remote_prefill": self.do_remote_prefill,
+            "remote_engine_id": self.remote_engine_id,
+            "remote_request_id": self.remote_request_id,
+            "remote_host": self.remote_host,
+            "remote_port": self.remote_port,
+            "remote_block_ids": list(self.remote_block_ids),
+            "tp_size": self.tp_size,
+        }
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0  # 0 means greedy
@@ -66,6 +116,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-N logprobs per generated token; None = off
     structured: StructuredOutput | None = None  # None: free text
     priority: str = names.INTERACTIVE  # one of names.PRIORITY_CLASSES
+    kv_transfer: KvTransferParams | None = None  # prefill/decode disaggregation; None: colocated
     continuation: Continuation | None = None  # None: a fresh generation
 
     def __post_init__(self) -> None:
@@ -134,3 +185,5 @@ class RequestOutput:
     # The request's timeline in the engine (the same object on each of its outputs); None from
     # engines that keep none.
     times: EngineTimes | None = None
+    # On a prefill replica's last output: where a decode replica fetches the prompt's KV blocks.
+    kv_transfer_params: KvTransferParams | None = None

@@ -42,6 +42,11 @@ class EngineDeadError(RuntimeError):
     """The engine loop has stopped (shut down, or failed)."""
 
 
+class KvTransferError(RuntimeError):
+    """A decode replica could not pull a prompt's KV blocks from its prefill replica, and its
+    ``kv_transfer.on_failure`` is ``fail``: the request ends with this (naming the replica)."""
+
+
 @runtime_checkable
 class EngineClient(Protocol):
     """What the server drives: ``AsyncEngine`` is the real one. Call ``submit`` inside an event loop,

@@ -233,3 +233,54 @@ class BlockManager:
             self.free[block] = None
             if self.block_hash[block] is None:
                 self.free.move_to_end(block, last=False)  # no content worth keeping: reuse first
+
+    # -- leases and pulls (kv_transfer.py) ------------------------------------------------------
+
+    def hold(self, blocks: list[int]) -> None:
+        """One more reference to each block (a prefill's lease, a pull's hits): none is evicted."""
+        for b in blocks:
+            if self.ref_counts[b] == 0:
+                del self.free[b]
+            self.ref_counts[b] += 1
+
+    def unhold(self, blocks: list[int]) -> None:
+        """Drop what ``hold`` or ``reserve`` took; the last blocks are freed first (evicted first)."""
+        for b in reversed(blocks):
+            self._unreference(b)
+
+    def reserve(self, n: int) -> list[int] | None:
+        """``n`` free blocks for content arriving from elsewhere (a pull), or None if fewer are free."""
+        if n > len(self.free):
+            return None
+        return [self._take_free_block() for _ in range(n)]
+
+    def register(self, token_ids: list[int], blocks: list[int]) -> None:
+        """Enter full blocks holding ``token_ids``' leading tokens, in order, into the prefix cache
+        (pulled blocks: a later request with the same prefix finds them)."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        parent: int | None = None
+        run: list[int] = []
+        run_parent: int | None = None
+        first = 0
+        for i, block in enumerate(blocks):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = hash((parent, tokens))
+            if self.block_hash[block] is None:
+                self.block_hash[block] = h
+                self.block_tokens[block] = tokens
+                if h not in self.cached:
+                    self.cached[h] = block
+                    if self.events is not None:
+                        if not run:
+                            run_parent, first = parent, i
+                        run.append(h)
+                        parent = h
+                        continue
+            if run and self.events is not None:
+                self.events.stored(run_parent, run, list(token_ids[first * bs : (first + len(run)) * bs]))
+                run = []
+            parent = h
+        if run and self.events is not None:
+            self.events.stored(run_parent, run, list(token_ids[first * bs : (first + len(run)) * bs]))

@@ -17,10 +17,11 @@ import torch
 
 from frontier_runtime.config import RuntimeConfig
 from frontier_runtime.engine.affinity import pin_if_configured
-from frontier_runtime.engine.api import EngineStats
+from frontier_runtime.engine.api import EngineStats, KvTransferError
 from frontier_runtime.engine.block_manager import BlockManager
 from frontier_runtime.engine.config import EngineConfig
 from frontier_runtime.engine.kv_events import KvEventLog, KvEventPublisher
+from frontier_runtime.engine.kv_transfer import KvTransfer
 from frontier_runtime.engine.model_runner import Launched, ModelRunner
 from frontier_runtime.engine.nodes import ReplicaError
 from frontier_runtime.engine.output_processor import OutputProcessor
@@ -93,6 +94,15 @@ class LLMEngine:
         window = (cfg.sliding_window or 0) if every_layer_slides else 0
         self.block_manager = BlockManager(config, self.runner.num_blocks, window=window)
         self.scheduler = Scheduler(config, self.block_manager)
+        try:  # prefill/decode disaggregation: the prefill's listener, the decode's pulls
+            self.kv_transfer = KvTransfer(
+                config.kv_transfer, self.block_manager, self.runner.kv_caches, config.ranks
+            )
+        except BaseException:
+            self.shutdown()
+            raise
+        # Requests a failed KV pull ended (kv_transfer.on_failure 'fail'), for take_failed().
+        self._failed: list[tuple[str, KvTransferError]] = []
         self.kv_events: KvEventPublisher | None = None
         if config.kv_events.enabled and config.prefix_caching:
             ev = config.kv_events
@@ -144,6 +154,7 @@ class LLMEngine:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if params.structured is not None and self.structured is None:
             raise ValueError("structured output needs the model's tokenizer.json, which this model lacks")
+        self.kv_transfer.check(params.kv_transfer)
         if params.continuation is not None:
             resumed = params.continuation.output_token_ids
             bad = next((t for t in resumed if not 0 <= t < vocab), None)
@@ -177,7 +188,8 @@ class LLMEngine:
             self.model_config.vocab_size,
         )
         self._seqs[request_id] = seq
-        self.scheduler.add(seq)
+        if not self.kv_transfer.start_pull(seq):  # a pull schedules it once its blocks are here
+            self.scheduler.add(seq)
         if self.detokenize:
             self.outputs.add(request_id, params.stop, params.continuation)
 
@@ -192,6 +204,7 @@ class LLMEngine:
         seq = self._seqs.pop(request_id, None)
         if seq is None:
             return False
+        self.kv_transfer.cancel(request_id)
         self.scheduler.remove(seq)
         self._release_structured(seq.request_id)
         seq.status = Status.FINISHED
@@ -208,7 +221,12 @@ class LLMEngine:
         return len(ids)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending) or bool(self._in_flight)
+        return (
+            self.scheduler.has_unfinished()
+            or bool(self._pending)
+            or bool(self._in_flight)
+            or self.kv_transfer.busy
+        )
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -218,6 +236,7 @@ class LLMEngine:
         steps of disjoint sequences are in flight: while the later stages work on one, rank 0's
         stage starts the next, so no stage idles while rank 0 samples and schedules."""
         outputs, self._pending = self._pending, []
+        self._tend_transfers()
         busy = {seq for flight in self._in_flight for seq, _ in flight.scheduled}
         sched = self.scheduler.schedule(busy, self._step_share())
         for seq in sched.finished:
@@ -295,10 +314,42 @@ class LLMEngine:
             reason = grammar
         elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
             reason = "length"
+        leased = None
         if reason is not None:
             seq.finish_reason = reason
+            leased = self.kv_transfer.lease(seq)  # before _finish frees the sequence's blocks
             self._finish(seq)
-        return self._output(seq, [token], None if logprob is None else [logprob], stop_reason)
+        out = self._output(seq, [token], None if logprob is None else [logprob], stop_reason)
+        out.kv_transfer_params = leased
+        return out
+
+    def _tend_transfers(self) -> None:
+        """Leases claimed or expired; pulls done: scheduled, recomputed, or failed by policy."""
+        kv = self.kv_transfer
+        if kv.busy and not self.scheduler.has_unfinished() and not self._in_flight:
+            kv.wait(0.01)  # nothing else to run: wait for a pull rather than spin empty steps
+        tended = kv.tend()
+        for seq in tended.ready:
+            if seq.request_id in self._seqs:
+                self.scheduler.add(seq)
+        for seq, exc in tended.failed:
+            if self._seqs.pop(seq.request_id, None) is None:
+                continue
+            self._release_structured(seq.request_id)
+            if self.detokenize:
+                self.outputs.discard(seq.request_id)
+            seq.status = Status.FINISHED
+            seq.times.finished = time.monotonic()
+            self._failed.append((seq.request_id, exc))
+
+    def end_leases(self) -> None:
+        """Free the blocks of leases claimed or expired (an idle engine's loop calls this)."""
+        self.kv_transfer.end_leases()
+
+    def take_failed(self) -> list[tuple[str, KvTransferError]]:
+        """Requests ended by a failed KV pull since the last call, each with its error."""
+        failed, self._failed = self._failed, []
+        return failed
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
@@ -394,6 +445,9 @@ class LLMEngine:
         kv_events = getattr(self, "kv_events", None)
         if kv_events is not None:
             kv_events.close()
+        kv_transfer = getattr(self, "kv_transfer", None)
+        if kv_transfer is not None:
+            kv_transfer.close()
         workers = getattr(self, "workers", None)
         if workers is not None:
             workers.close()

@@ -217,6 +217,8 @@ class AsyncEngine:
             while self._wait_for_work():
                 self._drain_inbox()
                 outputs = self.engine.step()
+                for rid, exc in self.engine.take_failed():  # a failed KV pull, policy 'fail'
+                    self._deliver_error(rid, exc)
                 self._stats = self.engine.stats()
                 self.heartbeat = time.monotonic()
                 self._dispatch(outputs)
@@ -235,6 +237,7 @@ class AsyncEngine:
                     raise ReplicaError(f"the replica lost a rank: {self.replica_lost}")
                 was_idle = True
                 self._cv.wait(self.idle_poll_s)
+                self.engine.end_leases()  # a prefill's claimed or expired KV leases, while idle
                 self.heartbeat = time.monotonic()
             if self._stopping:
                 return False
