@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install system-packages test test-quick test-fast typecheck demo lint fmt bench clean
+.PHONY: install system-packages test test-quick test-fast typecheck demo lint fmt bench clean lock
 
 install: $(STAMP)
 
@@ -22,6 +22,11 @@ $(STAMP): pyproject.toml hostside/pyproject.toml runtime/pyproject.toml gateway/
 
 system-packages:
 	bash scripts/system-packages.sh
+
+# requirements/*.txt: every third-party distribution of the toolkit, the runtime, the gateway and the
+# runtime image, pinned with its hashes (uv, itself pinned, in .frontier/uv-venv; scripts/lock.sh).
+lock:
+	bash scripts/lock.sh
 
 test: system-packages install typecheck scan
 	$(BIN)/python -m pytest -q

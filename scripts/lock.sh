@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# `make lock`: every third-party distribution this repository installs, pinned with its hashes.
+#
+#   requirements/toolkit.txt  the .venv `make install` builds: toolkit (with dev), runtime, gateway,
+#                             host side; CPython 3.11 on linux x86_64, torch's CPU wheel
+#   requirements/runtime.txt  the runtime and the host side alone (a runtime-only venv)
+#   requirements/gateway.txt  the gateway and the host side alone
+#   requirements/image.txt    what runtime/Dockerfile installs besides torch and our two wheels,
+#                             for any Python the base may carry (universal: 3.11 to 3.12)
+#
+# Our own distributions (frontier, frontier-runtime, frontier-gateway, frontier-hostside) are left
+# out: they are built from this tree and installed with --no-deps after the lock.
+# uv resolves (a pinned release from PyPI, in its own venv under .frontier/); it honours pip's
+# configuration of this machine's indexes and wheel folder only when told, so they are passed here
+# from `pip config`. The result must not depend on what is installed: nothing reads the .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-python3.11}
+UV_VERSION=0.13.8
+UV_VENV=.frontier/uv-venv
+if ! "$UV_VENV/bin/uv" --version 2>/dev/null | grep -q "uv $UV_VERSION"; then
+    "$PY" -m venv "$UV_VENV"
+    "$UV_VENV/bin/pip" install --quiet "uv==$UV_VERSION"
+fi
+UV="$UV_VENV/bin/uv"
+
+# The indexes and wheel folders pip is configured with (where torch's CPU wheel lies), for uv.
+sources=()
+for link in $("$PY" -m pip config get global.find-links 2>/dev/null || true) ${PIP_FIND_LINKS:-}; do
+    sources+=(--find-links "$link")
+done
+for index in $("$PY" -m pip config get global.extra-index-url 2>/dev/null || true) ${PIP_EXTRA_INDEX_URL:-}; do
+    sources+=(--extra-index-url "$index")
+done
+
+ours=(--no-emit-package frontier --no-emit-package frontier-runtime
+      --no-emit-package frontier-gateway --no-emit-package frontier-hostside)
+common=(--quiet --generate-hashes --no-header --index-strategy unsafe-best-match
+        --python-version 3.11 "${sources[@]}" "${ours[@]}")
+
+mkdir -p requirements
+in=$(mktemp -d)
+trap 'rm -rf "$in"' EXIT
+
+lock() {  # NAME PLATFORM-ARGS... -- REQUIREMENTS...
+    local name=$1; shift
+    local args=()
+    while [ "$1" != "--" ]; do args+=("$1"); shift; done
+    shift
+    printf '%s\n' "$@" > "$in/$name.in"
+    {
+        echo "# $name: written by \`make lock\` (scripts/lock.sh); do not edit. Install with"
+        echo "#   pip install --require-hashes --no-deps -r requirements/$name.txt"
+        "$UV" pip compile "${common[@]}" "${args[@]}" "$in/$name.in" \
+            | sed "s#$in/$name.in#requirements/$name.in#"
+    } > "requirements/$name.txt.tmp"
+    mv "requirements/$name.txt.tmp" "requirements/$name.txt"
+    echo "requirements/$name.txt: $(grep -c '^[A-Za-z0-9]' "requirements/$name.txt") distributions"
+}
+
+linux=(--python-platform x86_64-manylinux_2_28)
+lock toolkit "${linux[@]}" -- "-e ./hostside" "-e ./runtime" "-e ./gateway" "-e .[dev]"
+lock runtime "${linux[@]}" -- "-e ./hostside" "-e ./runtime"
+lock gateway "${linux[@]}" -- "-e ./hostside" "-e ./gateway"
+# The image installs CUDA torch from its own index first (runtime/Dockerfile's TORCH_INDEX), which
+# this machine cannot reach: torch is overridden out of the resolution, so neither it nor what only
+# it pulls (sympy, networkx, filelock, fsspec, and on CUDA the nvidia-* libraries) is in this lock.
+# The build stage's setuptools and wheel are.
+echo 'torch ; python_version < "0"' > "$in/no-torch.txt"
+lock image --universal --override "$in/no-torch.txt" -- "-e ./hostside" "-e ./runtime" "setuptools>=68" "wheel"
