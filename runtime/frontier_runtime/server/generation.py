@@ -25,7 +25,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from frontier_runtime.engine.api import EngineClient, EngineDeadError
+from frontier_runtime.engine.api import EngineClient, EngineDeadError, KvTransferError
 from frontier_runtime.requests import RequestOutput, SamplingParams
 from frontier_runtime.server.admission import QueueTimeout, Ticket
 from frontier_runtime.server.errors import APIError
@@ -145,6 +145,8 @@ class Generation:
             reason,
             use,
         )
+        if last is not None and last.kv_transfer_params is not None:  # a prefill replica's answer
+            body["kv_transfer_params"] = last.kv_transfer_params.to_json()
         payload = json.dumps(body, ensure_ascii=False).encode()
         await send(
             {
@@ -257,6 +259,10 @@ class Generation:
             raise APIError(400, str(exc), reason="invalid") from None
         except (asyncio.CancelledError, GeneratorExit):
             raise
+        except KvTransferError as exc:  # a decode replica's pull failed and its policy is 'fail'
+            self._finished = True
+            self.state.metrics.failures.labels("engine_error").inc()
+            raise APIError(502, str(exc), code="kv_transfer_failed") from None
         except EngineDeadError as exc:
             self._finished = True
             self.state.metrics.failures.labels("engine_error").inc()

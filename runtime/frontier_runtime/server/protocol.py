@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from frontier_hostside.names import INTERACTIVE, PRIORITY_CLASSES
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from frontier_runtime.requests import Continuation, SamplingParams, StructuredOutput
+from frontier_runtime.requests import Continuation, KvTransferParams, SamplingParams, StructuredOutput
 from frontier_runtime.server.errors import APIError, invalid
 
 MAX_STOP_SEQUENCES = 16
@@ -112,6 +112,23 @@ class ContinuationBody(_Body):
     emitted_chars: int = Field(default=0, ge=0)
 
 
+class KvTransferBody(BaseModel):
+    """vLLM's ``kv_transfer_params`` (its NixlConnector's fields): ``do_remote_decode`` to a prefill
+    replica; ``do_remote_prefill`` with the prefill's answer to a decode replica. Fields of other
+    connectors are ignored, as vLLM's proxy passes them along."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_engine_id: str | None = Field(default=None, max_length=256)
+    remote_request_id: str | None = Field(default=None, max_length=512)
+    remote_host: str | None = Field(default=None, max_length=253)
+    remote_port: int | None = Field(default=None, ge=1, le=65535)
+    remote_block_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=1_048_576)
+    tp_size: int = Field(default=1, ge=1, le=1)
+
+
 ResponseFormat = Annotated[
     ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema, Field(discriminator="type")
 ]
@@ -147,6 +164,7 @@ class GenerationRequest(_Body):
     )
 
     frontier_continuation: ContinuationBody | None = None
+    kv_transfer_params: KvTransferBody | None = None
 
     NOT_IMPLEMENTED: ClassVar[dict[str, tuple[Any, ...]]] = NOT_IMPLEMENTED_COMMON
     # The request's class (the gateway sets it from the tenant's): batch work is admitted only on
@@ -256,7 +274,17 @@ class GenerationRequest(_Body):
             structured=self.structured_output(),
             priority=self.priority,
             continuation=self.continuation(),
+            kv_transfer=self.kv_transfer(),
         )
+
+    def kv_transfer(self) -> KvTransferParams | None:
+        body = self.kv_transfer_params
+        if body is None or not (body.do_remote_decode or body.do_remote_prefill):
+            return None
+        try:
+            return KvTransferParams(**{**body.model_dump(), "remote_block_ids": tuple(body.remote_block_ids)})
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="kv_transfer_params") from None
 
     def continuation(self) -> Continuation | None:
         body = self.frontier_continuation
