@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pulumi
 
 from frontier.config.checks import is_production
+from frontier.config.purchase import falls_back_to
 from frontier.config.schema import SEVERITIES, NodeGroup, Settings
 from frontier.render.alerts import resource_limits, severities
 from frontier.render.boot import render_cloud_init, render_gateway_cloud_init, replica_nodes
@@ -30,6 +31,7 @@ from infra.foundation import Foundation, FoundationArgs, retention_days
 from infra.gateway import GatewayNodes, GatewayNodesArgs
 from infra.host_tools import HostTools, HostToolsArgs
 from infra.identity import Identity
+from infra.interruptions import wire_interruptions
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network
 from infra.nodes import (
@@ -105,6 +107,8 @@ def build_ec2(settings: Settings) -> Ec2Outputs[pulumi.Input[str]]:
         )
         for group in settings.node_groups
     ]
+    # Spot and Capacity Block notices on one queue; a block's hosts move to its fallback at its warning.
+    wire_interruptions(ground.stack, ground.tags, settings.node_groups, [g.asg_name for g in groups])
     quota_store = gateway(ground, security, edge) if settings.gateway is not None else None
     monitoring = monitoring_for(ground, edge, groups)
     return outputs(ground, security, edge, identity, groups, monitoring, quota_store)
@@ -304,7 +308,10 @@ def node_group(
 ) -> GpuNodeGroup:
     """One GPU node group; the serving group joins the ALB's target group unless a gateway fronts it."""
     settings = ground.settings
-    serving = group is settings.serving_group and settings.gateway is None
+    # A Capacity Block's fallback group serves the block's pool: it joins the same target group.
+    serving = settings.gateway is None and (
+        group is settings.serving_group or falls_back_to(settings.serving_group, group)
+    )
     return GpuNodeGroup(
         f"{ground.stack}-{group.name}",
         NodeGroupArgs(

@@ -42,6 +42,7 @@ from frontier.config.hardware import (  # re-exported: the tests and `fab ami.la
 from frontier.config.schedule import cron_of
 from frontier.config.schema import NodeGroup, Settings
 from frontier.render.boot import host_tools, replica_nodes
+from infra.interruptions import capacity_block_template, capacity_rebalance, mixed_instances_policy
 from infra.errors import ProvisionError
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE
 
@@ -276,15 +277,22 @@ class GpuNodeGroup(pulumi.ComponentResource):
             ],
             update_default_version=True,
             tags=dict(args.tags),
+            # A Capacity Block's reservation and market type (infra/interruptions.py); none elsewhere.
+            **capacity_block_template(group),
             opts=child,
         )
+        version = template.latest_version.apply(str)
+        # Spot above an on-demand base over same-GPU types; else the one launch template.
+        mixed = mixed_instances_policy(group, template.id, version)
         asg = aws.autoscaling.Group(
             f"{name}-asg",
             min_size=group.min_size,
             desired_capacity=group.desired_size,
             max_size=group.max_size,
             vpc_zone_identifiers=subnet_ids,
-            launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+            launch_template=None if mixed else {"id": template.id, "version": version},
+            mixed_instances_policy=mixed,
+            capacity_rebalance=capacity_rebalance(group),
             placement_group=self.placement_group,
             target_group_arns=list(args.target_group_arns),
             # Serving hosts are replaced when the load balancer finds them dead, after a grace period long

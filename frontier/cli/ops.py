@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from invoke import Collection, task
 from invoke.exceptions import Exit
@@ -15,6 +16,7 @@ from frontier.cli.common import pool_settings, reports_errors, settings_for
 from frontier.figures import size
 from frontier.hosts import drivers as nvidia
 from frontier.hosts.boots import boot_records
+from frontier.hosts.notices import pending_notices
 from frontier.release import artifact as artifacts
 from frontier.release import weights as model_weights
 from frontier.rollout.deploy import deploy as run_deploy
@@ -136,6 +138,23 @@ def status(c, stack=None):
         console.print(
             "  lapsed (its holder stopped renewing it, or ran past its horizon): the next deploy takes it over"
         )
+    _print_notices(console, backend, settings.stack)
+
+
+def _print_notices(console: Any, backend: Any, stack: str) -> None:
+    """Spot, rebalance and Capacity Block notices waiting on the stack's queue (read, not consumed)."""
+    try:
+        notices = pending_notices(backend.aws_client("sqs"), stack)
+    except Exception as exc:  # noqa: BLE001 - the host table above stands; say why this part is missing
+        console.print(f"interruption notices: unreadable ({exc})"[:200])
+        return
+    if notices is None:
+        return  # the stack buys on-demand only: no queue
+    if not notices:
+        console.print("interruption notices: none waiting")
+        return
+    columns = ("sent (UTC)", "notice", "instance or block", "action")
+    console.print(tables.table("interruption notices waiting", columns, [n.row() for n in notices]))
 
 
 @task(help={"stack": STACK, "limit": "show the last N entries (default 20)"})

@@ -17,6 +17,7 @@ from frontier_runtime.config import HealthConfig, ModelConfig, RuntimeConfig, Ru
 from frontier_settings import FieldProblem, FieldProblems
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from frontier.config.purchase import GroupCapacity, block_problems, check_spot, falls_back_to
 from frontier.config.schedule import Schedule
 from frontier.errors import StackError
 
@@ -86,6 +87,14 @@ class NodeGroup(_Settings):
     # A higher floor by time of day, and one forecast from the load a period ago
     # (frontier/config/schedule.py): capacity in place before a known peak.
     schedule: Schedule | None = None
+    # How the hosts are bought: unset on-demand; spot above an on-demand base, or a Capacity Block
+    # (frontier/config/purchase.py).
+    capacity: GroupCapacity | None = None
+
+    @model_validator(mode="after")
+    def _capacity_fits_the_group(self) -> NodeGroup:
+        check_spot(self.instance_type, self.max_size, self.capacity)
+        return self
 
     @model_validator(mode="after")
     def _schedule_within_the_group(self) -> NodeGroup:
@@ -772,6 +781,10 @@ class Settings(_Settings):
             for i, pool in enumerate(self.pools)
             if pool.group not in self.node_groups
         ]
+        sizes = {g.name: g.max_size for g in self.node_groups}
+        for g in self.node_groups:
+            if g.capacity is not None and g.capacity.market == "capacity-block":
+                problems.extend(block_problems(g.name, g.capacity, sizes))
         if problems:
             raise FieldProblems(*problems)
         # Each pool holds the very node group the stack declares (``pool.group is node_groups[i]``).
@@ -865,8 +878,11 @@ class Settings(_Settings):
         return ", ".join(pool.name for pool in self.pools)
 
     def pools_on(self, group: NodeGroup) -> tuple[PoolSettings, ...]:
-        """The pools whose replicas run on ``group``."""
-        return tuple(pool for pool in self.pools if pool.group.name == group.name)
+        """The pools whose replicas run on ``group``: its own, and that of a Capacity Block group
+        whose fallback it is (it takes the block's hosts when the block ends)."""
+        return tuple(
+            pool for pool in self.pools if pool.group.name == group.name or falls_back_to(pool.group, group)
+        )
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Settings:
         """A copy with ``update``, its pools kept on the node groups it declares: new ``node_groups``

@@ -149,6 +149,7 @@ def test_the_host_tools_are_uploaded_beside_the_history(graph):
             "frontier_hostside/keeper.py",
             "frontier_hostside/supervisor.py",
             "frontier_hostside/watchdog.py",
+            "frontier_hostside/interruption.py",  # the agent's spot-notice watcher
             "frontier_hostside/weights_cache.py",
             "frontier_hostside/aws_cli.py",  # the bootstrap's modules
             "frontier_hostside/node_boot.py",
