@@ -88,6 +88,7 @@ PROC_TESTS: dict[str, str] = {
     "tests/gateway/test_closed_doors.py": "a process; running_gateway(): the gateway under uvicorn",
     "tests/runtime/engine/test_kv_transfer.py": "a prefill engine's KV transfer listener; a prefill process and a relay",
     "tests/runtime/server/test_disaggregated_http.py": "runtimes under uvicorn with KV transfer listeners",
+    "tests/gateway/test_disaggregation.py": "roles(): runtime processes; running_gateway(): the gateway under uvicorn",
     "tests/gateway/test_discovery.py::test_gateway_publish_uploads_a_config_that_finds_replicas_by_tag_and_the_wheels": "moto's server",
     "tests/gateway/test_gateway.py": "StandIn(): an HTTP server; running_gateway(): the gateway under uvicorn",
     "tests/gateway/test_gateway_runtimes.py": "running_gateway(): the gateway under uvicorn; start_runtime(): a process",

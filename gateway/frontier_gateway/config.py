@@ -65,6 +65,27 @@ class KvRoutingConfig(_Strict):
     )
 
 
+class DisaggregationRouting(_Strict):
+    """A pool's prefill and decode replicas (runtimes with ``kv_transfer.role`` prefill and decode):
+    its requests go in two hops (``disaggregation.py``); its ``replicas`` are the colocated
+    fallback taken while no prefill or no decode replica is ready."""
+
+    prefill: tuple[str, ...] = Field(min_length=1, description="Base URLs of the prefill replicas.")
+    decode: tuple[str, ...] = Field(min_length=1, description="Base URLs of the decode replicas.")
+
+    @field_validator("prefill", "decode")
+    @classmethod
+    def _urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return PoolConfig._urls(value)
+
+    @model_validator(mode="after")
+    def _roles_apart(self) -> DisaggregationRouting:
+        both = sorted(set(self.prefill) & set(self.decode))
+        if both:
+            raise ValueError(f"disaggregation: {both} listed as both prefill and decode replicas")
+        return self
+
+
 class PoolConfig(_Strict):
     """One model and the runtimes that serve it: fixed base URLs, or found on EC2."""
 
@@ -72,10 +93,11 @@ class PoolConfig(_Strict):
     replicas: tuple[str, ...] = Field(default=(), description="Base URLs, e.g. http://10.0.1.7:8000.")
     discovery: Ec2Discovery | None = None
     kv_routing: KvRoutingConfig | None = None
+    disaggregation: DisaggregationRouting | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> PoolConfig:
-        if bool(self.replicas) == (self.discovery is not None):
+        if bool(self.replicas or self.disaggregation) == (self.discovery is not None):
             raise ValueError(f"model {self.name!r}: give either replicas (base URLs) or discovery, not both")
         return self
 

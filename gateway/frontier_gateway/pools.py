@@ -26,6 +26,7 @@ import logging
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import httpx
@@ -34,6 +35,9 @@ from frontier_gateway.breaker import Breaker
 from frontier_gateway.config import BreakerConfig, HoldConfig, PoolConfig, ProbeConfig
 from frontier_gateway.hold import HoldQueue
 from frontier_gateway.kv_index import KvRouting
+
+if TYPE_CHECKING:
+    from frontier_gateway.disaggregation import Disaggregated
 
 log = logging.getLogger("frontier_gateway.pools")
 
@@ -82,6 +86,8 @@ class Pool:
         self.hold: HoldQueue | None = None
         # Routing by the replicas' KV events (kv_index.py); None: the affinity key's rendezvous hash.
         self.kv: KvRouting | None = None
+        # Prefill and decode replicas taking its requests in two hops (disaggregation.py); None: none.
+        self.disaggregated: Disaggregated | None = None
 
     def set_urls(self, urls: Iterable[str]) -> None:
         """The replicas a discovery found: known ones keep their state, new ones wait for a probe."""
@@ -156,6 +162,12 @@ class Pools:
             if c.kv_routing is not None:
                 pool = self.by_model[c.name]
                 pool.kv = KvRouting(c.kv_routing, c.replicas)
+            if c.disaggregation is not None:
+                from frontier_gateway.disaggregation import Disaggregated  # it builds on Pool
+
+                self.by_model[c.name].disaggregated = Disaggregated(
+                    c.name, c.disaggregation, breaker or BreakerConfig(), key
+                )
 
     def get(self, model: str) -> Pool | None:
         return self.by_model.get(model)
@@ -175,7 +187,12 @@ class Pools:
         """True only while every model can take a request: it has a ready replica, or a hold queue
         its requests wait in while one starts (a pool at zero must stay reachable: its requests
         are what starts it)."""
-        return all(pool.ready_count or pool.hold is not None for pool in self.by_model.values())
+        return all(
+            pool.ready_count
+            or pool.hold is not None
+            or (pool.disaggregated and pool.disaggregated.ready_count)
+            for pool in self.by_model.values()
+        )
 
     def summary(self) -> dict[str, dict[str, int]]:
         return {
@@ -184,6 +201,9 @@ class Pools:
 
     async def probe_once(self, client: httpx.AsyncClient, path: str, probe: ProbeConfig) -> None:
         replicas = [r for pool in self.by_model.values() for r in pool.replicas]
+        replicas += [
+            r for pool in self.by_model.values() if pool.disaggregated for r in pool.disaggregated.replicas()
+        ]
         results = await asyncio.gather(*(_probe(client, r.url + path, probe.timeout_s) for r in replicas))
         for replica, ok in zip(replicas, results, strict=True):
             if ok and not replica.ready:

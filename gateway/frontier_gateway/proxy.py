@@ -97,6 +97,10 @@ class Proxy:
         self.upstream_auth = upstream_auth
 
     async def forward(self, call: Call, pool: Pool) -> Response:
+        if pool.disaggregated is not None:  # prefill, then decode (disaggregation.py)
+            handed = await pool.disaggregated.forward(call, self.upstream, self.upstream_auth, self.forward)
+            if handed is not None:
+                return handed
         tried: list[str] = []
         last: Response | None = None
         self.metrics.in_flight.labels(call.tenant.name).inc()

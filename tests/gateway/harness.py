@@ -238,11 +238,14 @@ def runtime_yaml(model: str, model_dir: Path, max_seq_len: int = 512) -> dict[st
     }
 
 
-def start_runtime(model: str, model_dir: Path, workdir: Path) -> RuntimeProcess:
+def start_runtime(
+    model: str, model_dir: Path, workdir: Path, settings: dict[str, Any] | None = None
+) -> RuntimeProcess:
+    """``settings``: runtime.yaml sections beside the harness's own (e.g. ``kv_transfer``)."""
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / f"{model}-{port}.yaml"
-    config.write_text(yaml.safe_dump(runtime_yaml(model, model_dir)))
+    config.write_text(yaml.safe_dump({**runtime_yaml(model, model_dir), **(settings or {})}))
     log = workdir / f"{model}-{port}.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(

@@ -1,0 +1,138 @@
+"""The gateway's two hops for a disaggregated pool, over real runtime processes: a colocated
+replica, a prefill replica (``kv_transfer.role: prefill``) and a decode replica
+(``kv_transfer.role: decode``) of one tiny model. The prefill answers one token and where its KV
+waits; the decode pulls it and its answer streams to the client, token for token what the
+colocated replica answers; with no prefill or no decode replica ready the colocated one serves."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from frontier_hostside import names
+from frontier_hostside.names import PREFIX_CACHE_HITS_METRIC
+
+from tests.gateway.harness import (
+    RuntimeProcess,
+    free_port,
+    gateway_config,
+    running_gateway,
+    start_runtime,
+    tenant,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.slow
+
+KEY = "sk-acme-0123456789"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+PROMPT = [random.Random(9).randrange(1, 500) for _ in range(120)]  # 7 full blocks of 16 to hand over
+
+
+@pytest.fixture(scope="module")
+def roles(
+    tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, RuntimeProcess]]:
+    work = tmp_path_factory.mktemp("disaggregation")
+    model = tiny_models["tiny-a"]
+    procs = {
+        "colocated": start_runtime("tiny-a", model, work),
+        "prefill": start_runtime(
+            "tiny-a",
+            model,
+            work,
+            {"kv_transfer": {"role": "prefill", "host": "127.0.0.1", "port": free_port()}},
+        ),
+        "decode": start_runtime("tiny-a", model, work, {"kv_transfer": {"role": "decode"}}),
+    }
+    try:
+        wait_ready(list(procs.values()))
+        yield procs
+    finally:
+        for rt in procs.values():
+            rt.kill()
+
+
+def config(roles: dict[str, RuntimeProcess], metering: Path, probe_interval_s: float = 0.2) -> Any:
+    cfg = gateway_config(
+        {"tiny-a": [roles["colocated"].url]},
+        [tenant("acme", KEY, ["tiny-a"])],
+        metering,
+        probe={"interval_s": probe_interval_s, "timeout_s": 0.5},
+    )
+    data = cfg.model_dump()
+    data["models"][0]["disaggregation"] = {"prefill": [roles["prefill"].url], "decode": [roles["decode"].url]}
+    return type(cfg).model_validate(data)
+
+
+def body(stream: bool) -> dict[str, Any]:
+    return {
+        "model": "tiny-a",
+        "prompt": PROMPT,
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+
+
+def streamed_text(url: str) -> tuple[str, httpx.Headers]:
+    text = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body(True), headers=AUTH, timeout=60) as answer:
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                text += [c["text"] for c in chunk.get("choices", [])]
+        return "".join(text), answer.headers
+
+
+def colocated_text(roles: dict[str, RuntimeProcess]) -> str:
+    answer = httpx.post(f"{roles['colocated'].url}/v1/completions", json=body(False), timeout=60)
+    return str(answer.json()["choices"][0]["text"])
+
+
+def test_a_request_goes_to_the_prefill_then_streams_from_the_decode_as_a_colocated_replica_answers(
+    roles: dict[str, RuntimeProcess], tmp_path: Path
+) -> None:
+    hits_before = roles["decode"].metric(PREFIX_CACHE_HITS_METRIC + "_total")
+    with running_gateway(config(roles, tmp_path / "m.jsonl")) as gw:
+        pd = gw.gateway.pools.get("tiny-a").disaggregated
+        text, headers = streamed_text(gw.url)
+        assert text == colocated_text(roles)
+        assert headers[names.REPLICA_HEADER] == pd.decode.replicas[0].id
+        assert (pd.handed_over, pd.prefill_failed) == (1, 0)
+        unary = httpx.post(f"{gw.url}/v1/completions", json=body(False), headers=AUTH, timeout=60)
+        assert unary.json()["choices"][0]["text"] == text
+        assert "kv_transfer_params" not in unary.json()
+    # The decode side computed only the prompt's tail: the 7 pulled blocks were prefix-cache hits.
+    assert roles["decode"].metric(PREFIX_CACHE_HITS_METRIC + "_total") - hits_before >= 7 * 16
+
+
+def test_a_prefill_replica_that_died_unnoticed_leaves_the_decode_computing_the_prompt(
+    roles: dict[str, RuntimeProcess], tmp_path: Path
+) -> None:
+    with running_gateway(config(roles, tmp_path / "m.jsonl", probe_interval_s=60)) as gw:
+        pd = gw.gateway.pools.get("tiny-a").disaggregated
+        roles["prefill"].kill()  # the gateway's probe will not look again for a minute
+        text, headers = streamed_text(gw.url)
+        assert text == colocated_text(roles)
+        assert headers[names.REPLICA_HEADER] == pd.decode.replicas[0].id
+        assert (pd.handed_over, pd.prefill_failed) == (0, 1)
+
+
+def test_with_no_ready_prefill_or_decode_replica_the_colocated_replica_serves(
+    roles: dict[str, RuntimeProcess], tmp_path: Path
+) -> None:
+    roles["prefill"].kill()
+    with running_gateway(config(roles, tmp_path / "m.jsonl")) as gw:
+        pool = gw.gateway.pools.get("tiny-a")
+        text, headers = streamed_text(gw.url)
+        assert text == colocated_text(roles)
+        assert headers[names.REPLICA_HEADER] == pool.replicas[0].id
+        assert pool.disaggregated.handed_over == 0
