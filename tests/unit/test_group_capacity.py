@@ -97,3 +97,28 @@ def test_a_reservation_id_that_is_not_one_is_refused(changed_stack):
 def test_every_type_in_the_gpu_table_names_a_gpu_and_a_count_and_every_band_a_fraction():
     assert all(count in (1, 4, 8) and model for model, count in INSTANCE_GPUS.values())
     assert all(0 < f < 1 for f in INTERRUPTION_BANDS.values())
+
+
+def _cloud_init(settings) -> dict:
+    import yaml
+
+    from frontier.render.boot import render_cloud_init
+
+    text = render_cloud_init(
+        settings, settings.node_groups[0], history_bucket="frontier-prod-history", launch_timeout_s=900
+    )
+    return yaml.safe_load(text.split("\n", 1)[1] if text.startswith("#cloud-config") else text)
+
+
+def test_a_spot_groups_hosts_run_the_interruption_watcher_every_5_s(changed_stack):
+    config = _cloud_init(load_stack("prod", path=changed_stack("prod", {"node_groups[0].capacity": SPOT})))
+    units = {f["path"]: f["content"] for f in config["write_files"]}
+    unit = units["/etc/systemd/system/frontier-interruptions.service"]
+    assert "frontier-agent.py --config /opt/frontier/bin/frontier-agent.json interruptions --interval 5" in unit
+    boot = next(f["content"] for f in config["write_files"] if "frontier-bootstrap.py\" boot" in f["content"])
+    assert "systemctl enable --now frontier-interruptions.service" in boot
+
+
+def test_an_on_demand_groups_hosts_run_no_interruption_watcher():
+    config = _cloud_init(load_stack("prod"))
+    assert all("frontier-interruptions" not in f["path"] for f in config["write_files"])
