@@ -63,7 +63,14 @@ class Gateway:
         self.pools.set_holds(self.config.hold)
 
     def start(self, upstream: Upstream) -> None:
-        self.proxy = Proxy(upstream, self.metrics, self.sink, self.config.retries, self.upstream_auth)
+        self.proxy = Proxy(
+            upstream,
+            self.metrics,
+            self.sink,
+            self.config.retries,
+            self.upstream_auth,
+            self.config.migration_limit,
+        )
 
     def upstream_client(self) -> Upstream:
         """The client forwarded requests take to the replicas (made on the server's event loop)."""

@@ -232,6 +232,15 @@ class GatewaySettings(_Strict):
     probe: ProbeConfig = ProbeConfig()
     metering: MeteringConfig
     retries: int = Field(default=2, ge=0, le=10, description="Other replicas tried before any byte is sent.")
+    # A generation whose replica fails after bytes reached the client continues at another replica
+    # from the tokens it had (gateway/frontier_gateway/migration.py): at most this many attempts per
+    # request, then an error event. 0: off (the stream ends with an error event at once).
+    migration_limit: int = Field(
+        default=3,
+        ge=0,
+        le=16,
+        description="Attempts to continue a generation at another replica when its own fails.",
+    )
     max_body_bytes: int = Field(default=1_048_576, ge=1024, le=104_857_600)
     connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     # Under the 300 s idle timeout AWS load balancers default to, which bounds a non-streamed answer.

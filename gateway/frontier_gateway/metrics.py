@@ -127,6 +127,25 @@ class Metrics:
             [names.GATEWAY_MODEL_LABEL],
             registry=r,
         )
+        self.migrations = Counter(
+            names.GATEWAY_MIGRATIONS_METRIC,
+            "generations moved to another replica mid-answer, by why (died, error, aborted, interrupted)",
+            [names.GATEWAY_MODEL_LABEL, "reason"],
+            registry=r,
+        )
+        self.migration_stall = Histogram(
+            names.GATEWAY_MIGRATION_STALL_METRIC,
+            "time a migrated generation's client waited: from the failure to the continuation's first chunk",
+            [names.GATEWAY_MODEL_LABEL],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.migration_failures = Counter(
+            names.GATEWAY_MIGRATION_FAILURES_METRIC,
+            "generations that could not be moved (limit, no_replica, refused): they end with an error event",
+            [names.GATEWAY_MODEL_LABEL, "why"],
+            registry=r,
+        )
         r.register(_ReplicaCollector(pools))
 
     def render(self) -> bytes:

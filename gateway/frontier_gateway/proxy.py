@@ -24,7 +24,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ from frontier_gateway.errors import GatewayError
 from frontier_gateway.hold import ClientLeft
 from frontier_gateway.metering import MeterRecord, Sink
 from frontier_gateway.metrics import Metrics
+from frontier_gateway.migration import Migrator, Outcome, assemble
 from frontier_gateway.pools import Pool, Replica
 from frontier_gateway.quotas import Grant
 from frontier_gateway.tenants import Tenant
@@ -79,6 +80,9 @@ class Call:
     until_disconnect: Callable[[], Awaitable[object]] | None = None
     trace: CallTrace | None = None  # None: not traced (tracing off)
     kv_keys: list[int] | None = None  # the prompt's block keys, for a pool with KV routing
+    # What goes upstream (``migration.py``): a non-streamed request may go as a stream.
+    upstream_body: bytes | None = None
+    upstream_stream: bool = False
 
 
 class Proxy:
@@ -89,12 +93,14 @@ class Proxy:
         sink: Sink,
         retries: int,
         upstream_auth: str | None,
+        migration_limit: int = 0,
     ) -> None:
         self.upstream = upstream
         self.metrics = metrics
         self.sink = sink
         self.retries = retries
         self.upstream_auth = upstream_auth
+        self.migrator = Migrator(upstream, metrics, migration_limit, upstream_auth)
 
     async def forward(self, call: Call, pool: Pool) -> Response:
         if pool.disaggregated is not None:  # prefill, then decode (disaggregation.py)
@@ -104,6 +110,7 @@ class Proxy:
         tried: list[str] = []
         last: Response | None = None
         self.metrics.in_flight.labels(call.tenant.name).inc()
+        call.upstream_body, call.upstream_stream = self.migrator.upstream_body(call)
         try:
             if pool.hold is not None and not pool.available():
                 try:
@@ -134,7 +141,7 @@ class Proxy:
                 if attempt:
                     self.metrics.retries.labels(call.model).inc()
                 tried.append(replica.url)
-                answer = await self._try(call, replica, final=attempt == self.retries)
+                answer = await self._try(call, replica, pool)
                 if answer is None:
                     continue  # nothing reached the client: the next replica gets it
                 if isinstance(answer, StreamingResponse):
@@ -157,7 +164,7 @@ class Proxy:
         self._finish(call, 503, None, tried[-1] if tried else "")
         return _no_replica(call, pool, tried).response(call.headers)
 
-    async def _try(self, call: Call, replica: Replica, *, final: bool) -> Response | None:
+    async def _try(self, call: Call, replica: Replica, pool: Pool) -> Response | None:
         """The answer of ``replica``, or None when it failed before anything could be sent."""
         headers = {
             "host": replica.host,
@@ -166,6 +173,9 @@ class Proxy:
         }
         if self.upstream_auth:
             headers["authorization"] = f"Bearer {self.upstream_auth}"
+        migrating = self.migrator.enabled and call.upstream_stream
+        if migrating:
+            headers[names.TOKEN_IDS_HEADER] = "1"
         if call.trace is not None:
             call.trace.begin_upstream(replica.id, replica.url, headers)
         replica.outstanding += 1
@@ -173,7 +183,9 @@ class Proxy:
         outcome: int | None = None  # for the breaker: a status, 0 for a failed connection
         try:
             try:
-                upstream = await self.upstream.post(replica.url + call.path, headers, call.body)
+                upstream = await self.upstream.post(
+                    replica.url + call.path, headers, call.upstream_body or call.body
+                )
             except UpstreamError as exc:
                 log.warning(
                     "replica unreachable",
@@ -183,7 +195,7 @@ class Proxy:
                 replica.mark_down()
                 return None
             try:
-                if call.stream and upstream.status == 200:
+                if call.upstream_stream and upstream.status == 200 and _event_stream(upstream, call):
                     events = _events(upstream)
                     held = await _until_first_data(events)
                     if held is None:
@@ -194,6 +206,8 @@ class Proxy:
                     call.ttft_s = time.monotonic() - call.started
                     outcome = 200
                     handed_over = True
+                    if migrating:
+                        return await self._migrating(call, pool, replica, upstream, held, events)
                     return StreamingResponse(
                         self._relay(call, replica, upstream, held, events),
                         status_code=200,
@@ -224,6 +238,59 @@ class Proxy:
                 replica.outstanding -= 1
                 if call.trace is not None:
                     call.trace.end_upstream(outcome)
+
+    async def _migrating(
+        self,
+        call: Call,
+        pool: Pool,
+        replica: Replica,
+        upstream: Answer,
+        held: list[bytes],
+        events: AsyncIterator[list[bytes]],
+    ) -> Response:
+        """The answer of a generation that moves to another replica if its own fails
+        (``migration.py``): streamed on, or assembled into one JSON answer for a non-streamed request."""
+        outcome = Outcome()
+
+        def open_hop(hop: Replica, headers: dict[str, str]) -> None:
+            hop.outstanding += 1
+            if call.trace is not None:
+                call.trace.begin_upstream(hop.id, hop.url, headers)
+
+        def close_hop(hop: Replica, status: int | None) -> None:
+            hop.outstanding -= 1
+            if status is not None and status != 200:
+                hop.breaker.record(status)
+            if call.trace is not None:
+                call.trace.end_upstream(status)
+
+        relay = self.migrator.relay(call, pool, replica, upstream, held, events, outcome, open_hop, close_hop)
+        if not call.stream:
+            chunks = b"".join([part async for part in relay])
+            status, body = assemble(chunks)
+            outcome.status = status  # forward() meters it
+            return Response(
+                json.dumps(body, ensure_ascii=False).encode(),
+                status_code=status,
+                headers={**call.headers, names.REPLICA_HEADER: replica.id},
+                media_type="application/json",
+            )
+        return StreamingResponse(
+            self._metered(call, relay, outcome),
+            status_code=200,
+            headers=self._client_headers(call, upstream, replica),
+            media_type="text/event-stream",
+        )
+
+    async def _metered(
+        self, call: Call, relay: AsyncGenerator[bytes, None], outcome: Outcome
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for part in relay:
+                yield part
+        finally:
+            await relay.aclose()
+            self._finish(call, outcome.status, outcome.progress.usage, outcome.replica)
 
     def _client_headers(self, call: Call, upstream: Answer, replica: Replica) -> dict[str, str]:
         passed = {name: value for name, value in upstream.headers if name not in DROPPED}
@@ -326,6 +393,15 @@ class Proxy:
             log.exception(
                 "metering write failed", extra={"event": "metering_failed", "request_id": call.request_id}
             )
+
+
+def _event_stream(upstream: Answer, call: Call) -> bool:
+    """Whether a streamed request's answer streams: a replica may answer a non-streamed request the
+    gateway sent as a stream (to migrate it) with one JSON body, which then goes through as is."""
+    if call.stream:
+        return True
+    kind = next((value for name, value in upstream.headers if name == "content-type"), "")
+    return kind.startswith("text/event-stream")
 
 
 def _step(call: Call, name: str) -> AbstractContextManager[Span | None]:

@@ -296,6 +296,13 @@ class Answer:
     async def aclose(self) -> None:
         self._release()
 
+    def interrupt(self, why: str) -> None:
+        """Break the answer off now: its reader gets ``UpstreamError(why)`` (a replica that goes
+        away: what it was still sending is not waited for)."""
+        connection = self._connection
+        if connection is not None:
+            connection._fail(why)
+
     def _release(self) -> None:
         connection, self._connection = self._connection, None
         if connection is None:

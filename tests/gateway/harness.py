@@ -143,6 +143,7 @@ class _StandIn(BaseHTTPRequestHandler):
             chunk = {
                 "id": "x",
                 "object": "text_completion",
+                "served_by": self.server.name,
                 "choices": [{"index": 0, "text": f"t{i}"}],
                 "usage": None,
             }
