@@ -1,0 +1,252 @@
+"""What splitting prefill from decode does to running streams while long prompts arrive.
+
+    .venv/bin/python bench/disaggregation.py [--streams 4] [--long-tokens 900] [--long-every-s 0.5]
+                                             [--duration-s 30] [--cores 2]
+
+The tiny model (hidden 256, 4 layers) behind one gateway process, on the same total cores, twice:
+
+- ``colocated``: one runtime with ``--cores`` intra-op threads serves everything;
+- ``1P+1D``: a prefill runtime and a decode runtime (``kv_transfer.role``), ``--cores / 2``
+  threads each; the gateway's two hops move every prompt's KV from the prefill to the decode.
+
+The load, the same in both: ``--streams`` clients each stream completions of a 64-token prompt and
+128 tokens one after another; meanwhile a ``--long-tokens`` prompt (4 tokens of answer) arrives
+every ``--long-every-s``. Printed per layout: the inter-token latency p50/p99/max of the streams
+(gaps between content chunks of one stream, after its first), their tokens per second, the long
+prompts' latency p50/p99 and requests refused. The planner does not model disaggregation yet, so
+its column says so instead of a prediction. On a shared machine the absolute figures move; the
+ratios between the two layouts are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gateway_overhead import KEY, MODEL, free_port, process, wait_http  # noqa: E402
+
+BLOCK_SIZE = 16
+STREAM_PROMPT, STREAM_TOKENS, LONG_ANSWER = 64, 128, 4
+
+
+def runtime_command(model_dir: Path, work: Path, port: int, threads: int, kv_transfer: dict) -> list[str]:
+    config = work / f"runtime-{port}.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name": MODEL, "weights_uri": str(model_dir), "max_seq_len": 1024},
+                "max_concurrency": 16,
+                "queue": {"max_length": 256, "timeout_ms": 120_000},
+                "cpu_kv_cache_bytes": 64 * 1024 * 1024,
+                "block_size": BLOCK_SIZE,
+                "log_level": "warning",
+                "device": "cpu",
+                "cpu_threads": threads,
+                "kv_transfer": kv_transfer,
+            }
+        )
+    )
+    return [sys.executable, "-m", "frontier_runtime", "serve", "--config", str(config)] + [
+        "--host", "127.0.0.1", "--port", str(port), "--model-dir", str(model_dir),
+    ]  # fmt: skip
+
+
+def gateway_command(pool: dict[str, object], work: Path, name: str, port: int) -> list[str]:
+    config = work / f"gateway-{name}.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "host": "127.0.0.1",
+                "port": port,
+                "admin_port": free_port(),
+                "models": [pool],
+                "retries": 0,
+                "probe": {"interval_s": 1.0, "timeout_s": 1.0},
+                "tenants": [
+                    {
+                        "name": "bench",
+                        "key_sha256": [hashlib.sha256(KEY.encode()).hexdigest()],
+                        "models": [MODEL],
+                        "requests_per_minute": 10_000_000,
+                        "tokens_per_minute": 10_000_000_000,
+                        "max_concurrent_requests": 1024,
+                        "priority": "interactive",
+                    }
+                ],
+                "metering": {"uri": str(work / f"metering-{name}.jsonl")},
+            }
+        )
+    )
+    return [sys.executable, "-m", "frontier_gateway", "serve", "--config", str(config)]
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.gaps: list[float] = []
+        self.tokens = 0
+        self.long_latency: list[float] = []
+        self.refused = 0
+
+
+async def stream_loop(client: httpx.AsyncClient, url: str, seed: int, until: float, tally: Tally) -> None:
+    rng = random.Random(seed)
+    while time.monotonic() < until:
+        body = {
+            "model": MODEL,
+            "prompt": [rng.randrange(1, 4000) for _ in range(STREAM_PROMPT)],
+            "max_tokens": STREAM_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        last = None
+        async with client.stream("POST", url + "/v1/completions", json=body) as answer:
+            if answer.status_code != 200:
+                await answer.aread()
+                tally.refused += 1
+                continue
+            async for line in answer.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                if not any(c.get("text") for c in json.loads(line[6:]).get("choices", [])):
+                    continue
+                now = time.monotonic()
+                if last is not None and time.monotonic() < until:
+                    tally.gaps.append(now - last)
+                last = now
+                tally.tokens += 1
+
+
+async def long_prompts(
+    client: httpx.AsyncClient, url: str, tokens: int, every_s: float, until: float, tally: Tally
+) -> None:
+    rng = random.Random(7)
+    pending = []
+
+    async def one() -> None:
+        body = {
+            "model": MODEL,
+            "prompt": [rng.randrange(1, 4000) for _ in range(tokens)],
+            "max_tokens": LONG_ANSWER,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        start = time.monotonic()
+        answer = await client.post(url + "/v1/completions", json=body)
+        if answer.status_code == 200:
+            tally.long_latency.append(time.monotonic() - start)
+        else:
+            tally.refused += 1
+
+    while time.monotonic() < until:
+        pending.append(asyncio.create_task(one()))
+        await asyncio.sleep(every_s)
+    await asyncio.gather(*pending)
+
+
+async def drive(url: str, args: argparse.Namespace) -> Tally:
+    tally = Tally()
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(
+        headers=headers, timeout=300, limits=httpx.Limits(max_connections=256)
+    ) as client:
+        # Warm both paths (first requests pay for lazy initialisation) before measuring.
+        warm = Tally()
+        await asyncio.gather(
+            stream_loop(client, url, 99, time.monotonic() + 1.0, warm),
+            long_prompts(client, url, args.long_tokens, 0.5, time.monotonic() + 1.0, warm),
+        )
+        until = time.monotonic() + args.duration_s
+        await asyncio.gather(
+            *(stream_loop(client, url, i, until, tally) for i in range(args.streams)),
+            long_prompts(client, url, args.long_tokens, args.long_every_s, until, tally),
+        )
+    return tally
+
+
+def run_layout(name: str, model_dir: Path, work: Path, args: argparse.Namespace) -> Tally:
+    with ExitStack() as stack:
+        pool: dict[str, object] = {"name": MODEL}
+        procs = []
+        if name == "colocated":
+            port = free_port()
+            cmd = runtime_command(model_dir, work, port, args.cores, {})
+            procs.append((port, stack.enter_context(process(cmd, work / f"{name}-runtime.log"))))
+            pool["replicas"] = [f"http://127.0.0.1:{port}"]
+        else:
+            half = max(1, args.cores // 2)
+            roles = {
+                "prefill": {"role": "prefill", "host": "127.0.0.1", "port": free_port()},
+                "decode": {"role": "decode"},
+            }
+            urls: dict[str, list[str]] = {}
+            for role, kv in roles.items():
+                port = free_port()
+                cmd = runtime_command(model_dir, work, port, half, kv)
+                procs.append((port, stack.enter_context(process(cmd, work / f"{name}-{role}.log"))))
+                urls[role] = [f"http://127.0.0.1:{port}"]
+            pool["disaggregation"] = urls
+        for port, proc in procs:
+            wait_http(f"http://127.0.0.1:{port}/health/ready", proc, work / f"{name}.log")
+        gw_port = free_port()
+        gw_log = work / f"{name}-gateway.log"
+        gw = stack.enter_context(process(gateway_command(pool, work, name, gw_port), gw_log))
+        wait_http(f"http://127.0.0.1:{gw_port}/health/ready", gw, gw_log)
+        return asyncio.run(drive(f"http://127.0.0.1:{gw_port}", args))
+
+
+def row(name: str, tally: Tally, duration_s: float) -> str:
+    gaps = np.array(tally.gaps) * 1000 if tally.gaps else np.array([float("nan")])
+    longs = np.array(tally.long_latency) * 1000 if tally.long_latency else np.array([float("nan")])
+    return (
+        f"| {name} | {np.percentile(gaps, 50):.1f} | {np.percentile(gaps, 99):.1f} | {gaps.max():.1f} "
+        f"| {tally.tokens / duration_s:.0f} | {np.percentile(longs, 50):.0f} | {np.percentile(longs, 99):.0f} "
+        f"| {len(tally.long_latency)} | {tally.refused} | not modelled |"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--long-tokens", type=int, default=900)
+    parser.add_argument("--long-every-s", type=float, default=0.5)
+    parser.add_argument("--duration-s", type=float, default=30.0)
+    parser.add_argument("--cores", type=int, default=2)
+    args = parser.parse_args()
+    from frontier_runtime.tiny import make_tiny_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="bench-pd-") as tmp:
+        work = Path(tmp)
+        model_dir = make_tiny_checkpoint(work / "model", seed=0)
+        results = {name: run_layout(name, model_dir, work, args) for name in ("colocated", "1P+1D")}
+    print(
+        f"\n{args.streams} streams of {STREAM_PROMPT}+{STREAM_TOKENS} tokens, a {args.long_tokens}-token prompt "
+        f"every {args.long_every_s} s, {args.duration_s:.0f} s, {args.cores} cores in both layouts "
+        f"(load average {os.getloadavg()[0]:.1f})\n"
+    )
+    print(
+        "| layout | ITL p50 ms | ITL p99 ms | ITL max ms | stream tok/s | long p50 ms | long p99 ms "
+        "| long done | refused | planner |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, tally in results.items():
+        print(row(name, tally, args.duration_s))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
