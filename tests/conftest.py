@@ -93,6 +93,7 @@ PROC_TESTS: dict[str, str] = {
     "tests/gateway/test_gateway.py": "StandIn(): an HTTP server; running_gateway(): the gateway under uvicorn",
     "tests/gateway/test_gateway_runtimes.py": "running_gateway(): the gateway under uvicorn; start_runtime(): a process",
     "tests/gateway/test_hold_queue.py": "running_gateway(): the gateway under uvicorn",
+    "tests/gateway/test_migration.py": "start_runtime(): processes; Relay(): a TCP server; running_gateway(): the gateway under uvicorn",
     "tests/gateway/test_kv_index.py::test_a_gap_is_closed_by_replay_and_one_replay_cannot_close_drops_the_entries": "ZMQ sockets listening",
     "tests/gateway/test_pool_rollouts.py::test_a_stack_of_several_models_needs_model_to_roll": "a process",
     "tests/gateway/test_quota_store.py": "running_gateway(): the gateway under uvicorn",
