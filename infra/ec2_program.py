@@ -46,6 +46,7 @@ from infra.nodes import (
     terminate_timeout_s,
 )
 from infra.outputs import Ec2Outputs
+from infra.placement import GpuPlacement, look_up_placement, placement_problems
 from infra.preflight import certificate_problems, refuse_problems, registry_problems
 from infra.quota_store import QuotaStore, QuotaStoreArgs, provisions_store, store_problems
 from infra.security_groups import SecurityGroups, SecurityGroupsArgs
@@ -82,7 +83,8 @@ def build_ec2(settings: Settings) -> Ec2Outputs[pulumi.Input[str]]:
     cloud = look_up(settings.region)
     images = {group.name: look_up_image(group) for group in settings.node_groups}
     user_data = {group.name: node_user_data(settings, group, cloud) for group in settings.node_groups}
-    preflight(settings, cloud, images, user_data)
+    placement = look_up_placement(settings)
+    preflight(settings, cloud, images, user_data, placement)
 
     ground = lay_ground(settings, cloud)
     efa_groups = {group.name for group in settings.node_groups if needs_efa(settings, group)}
@@ -104,6 +106,7 @@ def build_ec2(settings: Settings) -> Ec2Outputs[pulumi.Input[str]]:
             identity,
             tools,
             efa_groups,
+            zones=placement.zones_for(group, ground.foundation.zones),
         )
         for group in settings.node_groups
     ]
@@ -129,10 +132,22 @@ def node_user_data(settings: Settings, group: NodeGroup, cloud: Cloud) -> str:
 
 
 def preflight(
-    settings: Settings, cloud: Cloud, images: dict[str, MachineImage], user_data: dict[str, str]
+    settings: Settings,
+    cloud: Cloud,
+    images: dict[str, MachineImage],
+    user_data: dict[str, str],
+    placement: GpuPlacement,
 ) -> None:
     """Problems AWS would report halfway through an update, reported before anything is created."""
-    refuse_problems(settings, [*_problems(settings, cloud), *_node_problems(settings, images, user_data)])
+    zones = cloud.availability_zones[: settings.network.availability_zones]
+    refuse_problems(
+        settings,
+        [
+            *_problems(settings, cloud),
+            *_node_problems(settings, images, user_data),
+            *placement_problems(settings, zones, placement),
+        ],
+    )
 
 
 def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
@@ -305,6 +320,7 @@ def node_group(
     identity: Identity,
     tools: HostTools,
     efa_groups: set[str],
+    zones: tuple[str, ...],
 ) -> GpuNodeGroup:
     """One GPU node group; the serving group joins the ALB's target group unless a gateway fronts it."""
     settings = ground.settings
@@ -321,7 +337,12 @@ def node_group(
             user_data=user_data,
             instance_profile_arn=identity.instance_profile_arn,
             security_group_ids=[security.runtime_id],
-            subnet_ids=ground.network.private_subnet_ids,
+            # Only the zones that offer the group's type (an EFA group takes the first of them).
+            subnet_ids=[
+                subnet
+                for subnet, zone in zip(ground.network.private_subnet_ids, ground.foundation.zones, strict=True)
+                if zone in zones
+            ],
             target_group_arns=[edge.target_group_arn] if serving else [],
             efa=group.name in efa_groups,
             health_check_grace_s=settings.rollout.readiness_timeout_s,

@@ -82,6 +82,8 @@ class EksArgs:
     vpc_id: pulumi.Input[str]
     vpc_cidr: str
     zones: Sequence[str]
+    # Each node pool's zones: those offering every instance type it may launch (infra.placement).
+    pool_zones: Mapping[str, tuple[str, ...]]
     private_subnet_ids: Sequence[pulumi.Input[str]]
     public_subnet_ids: Sequence[pulumi.Input[str]]
     kms_key_arn: pulumi.Input[str]
@@ -393,7 +395,11 @@ class EksCluster(pulumi.ComponentResource):
             cluster_name=cluster.name,
             node_group_name=f"{args.stack}-{pool.name}",
             node_role_arn=role.arn,
-            subnet_ids=list(args.private_subnet_ids),
+            subnet_ids=[
+                subnet
+                for subnet, zone in zip(args.private_subnet_ids, args.zones, strict=True)
+                if zone in args.pool_zones[pool.name]
+            ],
             ami_type=NVIDIA_AMI_TYPE if gpu else CPU_AMI_TYPE,
             instance_types=list(pool.instance_types or (group.instance_type,)),
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(

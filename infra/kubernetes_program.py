@@ -26,6 +26,7 @@ from infra.cloud import Cloud, look_up
 from infra.eks import EksArgs, EksCluster
 from infra.foundation import Foundation, FoundationArgs
 from infra.outputs import KubernetesOutputs
+from infra.placement import GpuPlacement, look_up_placement, node_pool_problems, node_pool_zones
 from infra.preflight import certificate_problems, refuse_problems, registry_problems
 from infra.tags import base_tags
 from infra.workload_identity import (
@@ -168,14 +169,22 @@ class GatewayIdentity(pulumi.ComponentResource):
         self.register_outputs({"role_arn": self.role_arn})
 
 
-def preflight(settings: Settings, cloud: Cloud) -> None:
-    refuse_problems(settings, _problems(settings, cloud))
+def preflight(settings: Settings, cloud: Cloud, placement: GpuPlacement | None) -> None:
+    zones = cloud.availability_zones[: settings.network.availability_zones]
+    placing = node_pool_problems(settings, zones, placement) if placement is not None else ()
+    refuse_problems(settings, [*_problems(settings, cloud), *placing])
 
 
 def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]:
     k = _k8s(settings)
     cloud = look_up(settings.region)
-    preflight(settings, cloud)
+    # A created cluster's node groups are the stack's to place; an existing cluster's are not.
+    placement = (
+        look_up_placement(settings, [t for pool in k.node_pools for t in pool.instance_types])
+        if k.cluster.mode == "create"
+        else None
+    )
+    preflight(settings, cloud, placement)
     stack, production = settings.stack, is_production(settings)
     tags = base_tags(stack)
     create = k.cluster.mode == "create"
@@ -192,7 +201,7 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
 
     if create:
         network = foundation.network
-        assert network is not None
+        assert network is not None and placement is not None
         cluster = EksCluster(
             f"{stack}-eks",
             EksArgs(
@@ -203,6 +212,7 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
                 vpc_id=network.vpc_id,
                 vpc_cidr=settings.network.vpc_cidr,
                 zones=foundation.zones,
+                pool_zones=node_pool_zones(settings, foundation.zones, placement),
                 private_subnet_ids=network.private_subnet_ids,
                 public_subnet_ids=network.public_subnet_ids,
                 kms_key_arn=secrets.key_arn,

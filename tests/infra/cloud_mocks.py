@@ -45,6 +45,8 @@ class CloudMocks(pulumi.runtime.Mocks):
         zones: int = 6,
         root_snapshot_gb: int = ROOT_SNAPSHOT_GB,
         stock_images: tuple[str, ...] = (),
+        unoffered: dict[str, set[str]] | None = None,
+        vcpu_quotas: dict[str, float] | None = None,
     ) -> None:
         self.region = region
         self.zones = [f"{region}{letter}" for letter in ZONE_LETTERS[:zones]]
@@ -53,6 +55,10 @@ class CloudMocks(pulumi.runtime.Mocks):
         self.images: dict[str, str] = {}
         self.arm_images: set[str] = set()
         self.stock_images = set(stock_images)
+        # Every instance type is offered in every zone but those named here (type -> zones).
+        self.unoffered = unoffered or {}
+        # Service Quotas' values by quota code; an account with room for every stack's max_size else.
+        self.vcpu_quotas = vcpu_quotas or {}
 
     # --- invokes ----------------------------------------------------------------------------------
 
@@ -65,6 +71,8 @@ class CloudMocks(pulumi.runtime.Mocks):
             "aws:elb/getServiceAccount:getServiceAccount": self._elb_account,
             "aws:ssm/getParameter:getParameter": self._parameter,
             "aws:ec2/getAmi:getAmi": self._ami,
+            "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings": self._offerings,
+            "aws:servicequotas/getServiceQuota:getServiceQuota": self._quota,
         }
         if args.token not in handlers:
             raise NotImplementedError(f"the program made an invoke the mocks do not know: {args.token}")
@@ -91,6 +99,27 @@ class CloudMocks(pulumi.runtime.Mocks):
             "names": self.zones,
             "zoneIds": [f"use1-az{i}" for i in range(len(self.zones))],
             "id": self.region,
+        }
+
+    def _offerings(self, args: dict) -> dict:
+        assert args.get("locationType") == "availability-zone", args
+        (types,) = [f["values"] for f in args.get("filters", []) if f["name"] == "instance-type"]
+        pairs = [(t, zone) for t in types for zone in self.zones if zone not in self.unoffered.get(t, set())]
+        return {
+            "instanceTypes": [t for t, _ in pairs],
+            "locations": [zone for _, zone in pairs],
+            "locationTypes": ["availability-zone"] * len(pairs),
+            "id": self.region,
+        }
+
+    def _quota(self, args: dict) -> dict:
+        code = args["quotaCode"]
+        return {
+            "serviceCode": args["serviceCode"],
+            "quotaCode": code,
+            "value": self.vcpu_quotas.get(code, 100_000.0),
+            "adjustable": True,
+            "id": f"{args['serviceCode']}/{code}",
         }
 
     def _elb_account(self, args: dict) -> dict:

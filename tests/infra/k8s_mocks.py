@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import runpy
+from typing import Any
 
 from infra_mocks import MAIN, Graph, _Recorder, _run
 
@@ -20,9 +21,9 @@ class EksMocks(_Recorder, EksCloudMocks):
     """EKS's account, recording what the program created."""
 
 
-def run_kubernetes(settings: Settings, *, entry_point: bool = False) -> Graph:
+def run_kubernetes(settings: Settings, *, entry_point: bool = False, **mock_options: Any) -> Graph:
     """``build(settings)``, or with ``entry_point`` ``infra/__main__.py`` as ``pulumi up`` runs it."""
-    mocks = EksMocks(settings.region)
+    mocks = EksMocks(settings.region, **mock_options)
     program = (lambda _: runpy.run_path(str(MAIN))) if entry_point else build
     return contextvars.Context().run(_run, settings, program, mocks)
 

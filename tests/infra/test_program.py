@@ -30,6 +30,8 @@ INVOKES = {
     "aws:index/getAvailabilityZones:getAvailabilityZones",
     "aws:elb/getServiceAccount:getServiceAccount",
     "aws:ec2/getAmi:getAmi",
+    "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings",
+    "aws:servicequotas/getServiceQuota:getServiceQuota",
 }
 
 

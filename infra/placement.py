@@ -1,0 +1,152 @@
+"""Where the stack's GPU hosts can run: the availability zones that offer each instance type, and
+the account's vCPU quota for its family — both read before anything is created.
+
+AWS reports neither up front. An auto scaling group whose subnets sit in a zone that does not offer
+its type keeps failing launches there; a cluster placement group (EFA) pinned to such a zone never
+launches at all; and a new account's quotas for P and G instances start at 0 vCPUs, so the first
+launch fails with ``VcpuLimitExceeded`` after the network, the balancer and the IAM are built. The
+program asks first (``DescribeInstanceTypeOfferings``, Service Quotas' ``GetServiceQuota``), places
+each group in the zones that offer its type, and refuses the stack naming the zone or the quota.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import pulumi_aws as aws
+
+from frontier.capacity.gpus import INSTANCES
+from frontier.config.schema import NodeGroup, Settings
+
+
+@dataclass(frozen=True)
+class Quota:
+    code: str  # Service Quotas' code, what an increase request names
+    name: str  # as the Service Quotas console lists it
+
+
+# Running On-Demand instances are limited in vCPUs per instance family; GPU families have their
+# own quotas, which start at 0 in a new account.
+ON_DEMAND_VCPU_QUOTAS = {
+    "p": Quota("L-417A185B", "Running On-Demand P instances"),
+    "g": Quota("L-DB2E81BA", "Running On-Demand G and VT instances"),
+}
+
+
+def quota_of(instance_type: str) -> Quota | None:
+    """The on-demand vCPU quota an instance type counts against (None: not a GPU family's)."""
+    family = instance_type.split(".", 1)[0]
+    if family.startswith("vt"):
+        return ON_DEMAND_VCPU_QUOTAS["g"]
+    return ON_DEMAND_VCPU_QUOTAS.get(family[:1]) if family[:1] in "pg" else None
+
+
+@dataclass(frozen=True)
+class GpuPlacement:
+    """What the region offers the stack's GPU instance types, and the account's quotas for them."""
+
+    offered: Mapping[str, tuple[str, ...]]  # instance type -> availability zones offering it
+    vcpu_quotas: Mapping[str, float]  # quota code -> vCPUs the account may run
+
+    def zones_for(self, group: NodeGroup, zones: Iterable[str], types: Iterable[str] = ()) -> tuple[str, ...]:
+        """Of the stack's ``zones`` (in their order), those that offer every instance type the group
+        launches: its own, or ``types`` where it launches several (an EKS node pool's list)."""
+        if group.accelerator != "gpu":
+            return tuple(zones)
+        wanted = tuple(types) or (group.instance_type,)
+        return tuple(zone for zone in zones if all(zone in self.offered.get(t, ()) for t in wanted))
+
+
+def gpu_groups(settings: Settings) -> list[NodeGroup]:
+    return [group for group in settings.node_groups if group.accelerator == "gpu"]
+
+
+def look_up_placement(settings: Settings, types: Iterable[str] = ()) -> GpuPlacement:
+    """Offerings per zone of every GPU group's instance type (and of ``types``, the other types its
+    groups may launch), and the quotas those types count against."""
+    types = sorted({group.instance_type for group in gpu_groups(settings)} | set(types))
+    offered: dict[str, list[str]] = defaultdict(list)
+    if types:
+        offerings = aws.ec2.get_instance_type_offerings(
+            location_type="availability-zone",
+            filters=[aws.ec2.GetInstanceTypeOfferingsFilterArgs(name="instance-type", values=types)],
+        )
+        for instance_type, zone in zip(offerings.instance_types, offerings.locations, strict=True):
+            offered[instance_type].append(zone)
+    codes = sorted({quota.code for t in types if (quota := quota_of(t)) is not None})
+    quotas = {
+        code: float(aws.servicequotas.get_service_quota(service_code="ec2", quota_code=code).value)
+        for code in codes
+    }
+    return GpuPlacement(offered={t: tuple(sorted(zones)) for t, zones in offered.items()}, vcpu_quotas=quotas)
+
+
+def placement_problems(settings: Settings, zones: tuple[str, ...], placement: GpuPlacement) -> Iterator[str]:
+    """A GPU group whose type no zone of the stack offers, and a quota below what the groups need."""
+    for index, group in enumerate(settings.node_groups):
+        if placement.zones_for(group, zones):
+            continue
+        elsewhere = placement.offered.get(group.instance_type, ())
+        yield (
+            f"node_groups[{index}].instance_type = {group.instance_type!r}: not offered in the stack's "
+            f"availability zones ({', '.join(zones)}); "
+            + (
+                f"offered in {', '.join(elsewhere)}: raise network.availability_zones or pick another type"
+                if elsewhere
+                else "offered in no zone of this region"
+            )
+        )
+    yield from _quota_problems(settings, placement)
+
+
+def _quota_problems(settings: Settings, placement: GpuPlacement) -> Iterator[str]:
+    # Every group may grow to max_size: a quota that stops it there fails scale-out at peak.
+    needed: dict[Quota, int] = defaultdict(int)
+    groups: dict[Quota, list[str]] = defaultdict(list)
+    for group in gpu_groups(settings):
+        quota, instance = quota_of(group.instance_type), INSTANCES.get(group.instance_type)
+        if quota is None or instance is None:
+            continue  # the stack check names an unknown type; other families have no GPU quota
+        needed[quota] += group.max_size * instance.vcpus
+        groups[quota].append(f"{group.name}: {group.max_size} x {group.instance_type}")
+    for quota, vcpus in needed.items():
+        have = placement.vcpu_quotas.get(quota.code, 0.0)
+        if vcpus > have:
+            yield (
+                f"EC2 quota {quota.code} ({quota.name}) in {settings.region} is {have:g} vCPUs; the node groups "
+                f"need {vcpus} at max_size ({'; '.join(groups[quota])}): request an increase "
+                f"(aws service-quotas request-service-quota-increase --service-code ec2 --quota-code "
+                f"{quota.code} --desired-value {vcpus})"
+            )
+
+
+def node_pool_zones(
+    settings: Settings, zones: tuple[str, ...], placement: GpuPlacement
+) -> dict[str, tuple[str, ...]]:
+    """Each EKS node pool's zones: those of the stack that offer every type the pool may launch."""
+    assert settings.kubernetes is not None
+    groups = {group.name: group for group in settings.node_groups}
+    return {
+        pool.name: placement.zones_for(groups[pool.node_group], zones, pool.instance_types)
+        for pool in settings.kubernetes.node_pools
+    }
+
+
+def node_pool_problems(settings: Settings, zones: tuple[str, ...], placement: GpuPlacement) -> Iterator[str]:
+    """An EKS node pool no zone of the stack can launch, and a quota below the groups' max_size."""
+    assert settings.kubernetes is not None
+    placed = node_pool_zones(settings, zones, placement)
+    for index, pool in enumerate(settings.kubernetes.node_pools):
+        if placed[pool.name]:
+            continue
+        types = pool.instance_types or (
+            next(g for g in settings.node_groups if g.name == pool.node_group).instance_type,
+        )
+        where = {t: ", ".join(placement.offered.get(t, ())) or "no zone of this region" for t in types}
+        yield (
+            f"kubernetes.node_pools[{index}] ({pool.name}): no availability zone of the stack ({', '.join(zones)}) "
+            f"offers all of its instance types ({'; '.join(f'{t}: {z}' for t, z in where.items())})"
+        )
+    yield from _quota_problems(settings, placement)
