@@ -183,6 +183,22 @@ def test_a_pull_of_an_expired_lease_recomputes_the_prompt(colocated: LLMEngine, 
         dec.shutdown()
 
 
+def test_a_request_aborted_while_its_blocks_are_pulled_leaves_no_block_held(
+    prefill: LLMEngine, decode: LLMEngine
+) -> None:
+    prompt = prompt_of(600, seed=17)
+    params = run_prefill(prefill, "gone", prompt)
+    free = decode.block_manager.num_free_blocks
+    decode.add_request("gone", prompt, replace(GREEDY, kv_transfer=params))
+    assert decode.abort("gone")
+    outs = []
+    while decode.has_unfinished():
+        outs += decode.step()
+    assert [(o.request_id, o.finish_reason) for o in outs] == [("gone", "abort")]
+    assert decode.block_manager.num_free_blocks == free
+    assert all(count == 0 for count in decode.block_manager.ref_counts)
+
+
 # -- a prefill replica that dies mid-transfer ------------------------------------------------------
 
 PREFILL_PROCESS = """
