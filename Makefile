@@ -9,13 +9,14 @@ STAMP   := $(VENV)/.installed
 install: $(STAMP)
 
 $(STAMP): pyproject.toml hostside/pyproject.toml runtime/pyproject.toml gateway/pyproject.toml \
-          runtime/frontier_runtime/ops/csrc/kernels.cpp
+          runtime/frontier_runtime/ops/csrc/kernels.cpp requirements/toolkit.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# The CPU wheel of torch lies on local disk; pin it first so nothing pulls a CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
-	# Ours, hostside first: the runtime, the gateway and the toolkit all depend on it; no index has it.
-	$(BIN)/pip install --quiet -e './hostside' -e './runtime' -e './gateway' -e '.[dev]'
+	# Every third-party wheel from the lock (`make lock`), each checked against its sha256; torch is
+	# locked as the CPU wheel that lies on local disk, so nothing pulls a CUDA build.
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r requirements/toolkit.txt
+	# Ours, built from this tree (no index has them); their dependencies are all in the lock.
+	$(BIN)/pip install --quiet --no-deps -e './hostside' -e './runtime' -e './gateway' -e '.[dev]'
 	# The native CPU kernels, every variant of this architecture (serving never compiles).
 	$(BIN)/python -m frontier_runtime.ops.build_kernels
 	touch $(STAMP)
@@ -28,7 +29,14 @@ system-packages:
 lock:
 	bash scripts/lock.sh
 
-test: system-packages install typecheck scan
+# CI: the lock files are what `make lock` writes from the pyprojects as they stand (nothing unlocked);
+# the hashes themselves are checked by every --require-hashes install.
+.PHONY: lock-check
+lock-check:
+	bash scripts/lock.sh
+	git diff --exit-code -- requirements/
+
+test: system-packages install lock-check typecheck scan
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory test-torch-ops
 

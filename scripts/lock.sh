@@ -49,17 +49,23 @@ lock() {  # NAME PLATFORM-ARGS... -- REQUIREMENTS...
     while [ "$1" != "--" ]; do args+=("$1"); shift; done
     shift
     printf '%s\n' "$@" > "$in/$name.in"
+    # The lock as it stands is uv's preference: a version moves only when a declared range or a
+    # new dependency makes it (so `make lock-check` in CI fails on a real change, not on a release
+    # PyPI published since).
+    if [ -f "requirements/$name.txt" ]; then cp "requirements/$name.txt" "$in/$name.txt"; fi
+    "$UV" pip compile "${common[@]}" "${args[@]}" "$in/$name.in" -o "$in/$name.txt"
     {
         echo "# $name: written by \`make lock\` (scripts/lock.sh); do not edit. Install with"
         echo "#   pip install --require-hashes --no-deps -r requirements/$name.txt"
-        "$UV" pip compile "${common[@]}" "${args[@]}" "$in/$name.in" \
-            | sed "s#$in/$name.in#requirements/$name.in#"
+        grep -v "^# $name: written by\|^#   pip install --require-hashes" "$in/$name.txt" \
+            | sed "s#$in/#requirements/#"
     } > "requirements/$name.txt.tmp"
     mv "requirements/$name.txt.tmp" "requirements/$name.txt"
     echo "requirements/$name.txt: $(grep -c '^[A-Za-z0-9]' "requirements/$name.txt") distributions"
 }
 
-linux=(--python-platform x86_64-manylinux_2_28)
+# glibc 2.36: Debian bookworm, the machines `make install` runs on and the CPU image's base.
+linux=(--python-platform x86_64-manylinux_2_36)
 lock toolkit "${linux[@]}" -- "-e ./hostside" "-e ./runtime" "-e ./gateway" "-e .[dev]"
 lock runtime "${linux[@]}" -- "-e ./hostside" "-e ./runtime"
 lock gateway "${linux[@]}" -- "-e ./hostside" "-e ./gateway"
@@ -69,3 +75,6 @@ lock gateway "${linux[@]}" -- "-e ./hostside" "-e ./gateway"
 # The build stage's setuptools and wheel are.
 echo 'torch ; python_version < "0"' > "$in/no-torch.txt"
 lock image --universal --override "$in/no-torch.txt" -- "-e ./hostside" "-e ./runtime" "setuptools>=68" "wheel"
+# What `fab release.build` runs for each release's SBOM and audit, in its own venv
+# (.frontier/release-tools-venv, frontier/release/sbom.py): CycloneDX's generator and pip-audit.
+lock release-tools "${linux[@]}" -- "cyclonedx-bom==7.5.0" "pip-audit==2.10.1"
