@@ -56,14 +56,24 @@ class CanaryVerification:
         )
 
     def recorded_from(self, release: str, conn: Any, address: str) -> CanaryVerification:
-        """This verification with the golden outputs of the runtime at ``address`` (on ``release``,
-        the one the canary replaces) recorded, kept in the history beside that release, and held."""
-        assert self.store is not None and self.set_path is not None
+        """:meth:`recorded_at` the runtime at ``address``, reached over ``conn`` (SSH)."""
         with tunnel(conn, address, self.runtime_port) as url:
-            outputs = record_golden(url, self.api_key, self.verify_set, model=self.model)
+            return self.recorded_at(release, url)
+
+    def recorded_at(self, release: str, url: str) -> CanaryVerification:
+        """This verification with the golden outputs of the runtime at ``url`` (on ``release``, the
+        one the canary replaces) recorded, kept in the history beside that release, and held."""
+        assert self.store is not None and self.set_path is not None
+        outputs = record_golden(url, self.api_key, self.verify_set, model=self.model)
         store_recording(self.store, self.set_path, model=self.model, release=release, outputs=outputs)
         held = load_for_stack(self.store, self.set_path, model=self.model)
         return dataclasses.replace(self, verify_set=held)
+
+    def run_at(self, url: str) -> VerifyReport:
+        """The verification set against the runtime at ``url``."""
+        return run_set(
+            url, self.api_key, self.verify_set, model=self.model, context_tokens=self.context_tokens
+        )
 
 
 def canary_verification(
@@ -106,9 +116,7 @@ def tunnel(conn: Any, remote_host: str, remote_port: int) -> Iterator[str]:
 def verify_through(conn: Any, address: str, check: CanaryVerification) -> VerifyReport:
     """The verification set against the runtime at ``address`` (its port from the stack), via ``conn``."""
     with tunnel(conn, address, check.runtime_port) as url:
-        return run_set(
-            url, check.api_key, check.verify_set, model=check.model, context_tokens=check.context_tokens
-        )
+        return check.run_at(url)
 
 
 def judge_verification(

@@ -7,13 +7,19 @@ controller in the simplest way: a changed pod template replaces that Deployment'
 and the status reports them updated and available after ``settle_reads`` further reads. Each pod
 serves ``/metrics`` through the pod proxy path, counting requests as a runtime would; what an image
 does is chosen per digest (``behaviour``): ``good`` answers 200s, ``errors`` answers 500s,
+``slow`` answers 200s ten times slower (its latency histogram's requests all over a second),
 ``stuck`` never becomes available and reports ``ProgressDeadlineExceeded``.
+
+``pods/portforward`` speaks the API server's WebSocket port-forward protocol (v4.channel.k8s.io,
+as the client library's ``portforward`` does): each stream is joined to the TCP address ``forwards``
+names for the pod's image, a real server of the test's (none: the stream's error channel says so).
 
 Endpoints: GET/PATCH(json-patch)/DELETE ``/apis/apps/v1/namespaces/{ns}/deployments/{name}``,
 POST ``/apis/apps/v1/namespaces/{ns}/deployments``, POST/GET ``/api/v1/namespaces/{ns}/configmaps``,
 DELETE ``/api/v1/namespaces/{ns}/configmaps/{name}``,
 GET ``/api/v1/namespaces/{ns}/pods?labelSelector=``, GET
-``/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics``, GET/PATCH(json-patch)
+``/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics``, GET (WebSocket)
+``/api/v1/namespaces/{ns}/pods/{pod}/portforward?ports=``, GET/PATCH(json-patch)
 ``/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets/{name}``. Anything else answers 404.
 
 LeaderWorkerSets get the LWS controller, as simply: changed templates replace every group's pods
@@ -24,10 +30,14 @@ image's groups never become ready (LWS reports no progress deadline: the rollout
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import copy
 import hashlib
 import json
 import re
+import select
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +51,8 @@ DEPLOYMENT = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments(?:/([^/]
 CONFIG_MAPS = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+):(\d+)/proxy/metrics$")
+PORT_FORWARD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+)/portforward$")
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 GROUPS = re.compile(r"^/apis/leaderworkerset.x-k8s.io/v1/namespaces/([^/]+)/leaderworkersets/([^/]+)$")
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 ROUTE = "/v1/chat/completions"
@@ -77,6 +89,8 @@ class FakeCluster:
     requests: list[tuple[str, str]] = field(default_factory=list)
     scrapes: dict[str, int] = field(default_factory=dict)
     groups: dict[str, dict] = field(default_factory=dict)
+    #: Where a port-forward to a pod of this image (and port) is joined: a real server's address.
+    forwards: Callable[[str, int], tuple[str, int] | None] = lambda image, port: None
     lock: threading.Lock = field(default_factory=threading.Lock)
     _pending: dict[str, int] = field(default_factory=dict)
 
@@ -221,7 +235,8 @@ class FakeCluster:
     def metrics(self, pod: str) -> str:
         count = self.scrapes.get(pod, 0) + 1
         self.scrapes[pod] = count
-        errors = self.behaviour(self.pods[pod]["image"]) == "errors"
+        behaviour = self.behaviour(self.pods[pod]["image"])
+        errors = behaviour == "errors"
         served = count * REQUESTS_PER_SCRAPE
         failed = served // 4 if errors else 0
         requests, duration = names.HTTP_REQUESTS_METRIC, names.HTTP_DURATION_METRIC
@@ -232,11 +247,13 @@ class FakeCluster:
             f'{requests}_total{{route="/health/ready",status="200"}} {count * 7}',
             f"# TYPE {duration} histogram",
         ]
+        slow = behaviour == "slow"
         for le in ("0.5", "1.0", "5.0", "+Inf"):
-            lines.append(f'{duration}_bucket{{route="{ROUTE}",le="{le}"}} {served}')
+            within = 0 if slow and le in ("0.5", "1.0") else served
+            lines.append(f'{duration}_bucket{{route="{ROUTE}",le="{le}"}} {within}')
         lines += [
             f'{duration}_count{{route="{ROUTE}"}} {served}',
-            f'{duration}_sum{{route="{ROUTE}"}} {served * 0.2}',
+            f'{duration}_sum{{route="{ROUTE}"}} {served * (2.0 if slow else 0.2)}',
         ]
         return "\n".join(lines) + "\n"
 
@@ -263,6 +280,14 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         url = url._replace(path=unquote(url.path))  # as the API server reads it (pod:port arrives as %3A)
         cluster = self.cluster
+        if (match := PORT_FORWARD.match(url.path)) and method == "GET":
+            with cluster.lock:
+                cluster.requests.append((method, url.path))
+                pod = cluster.pods.get(match.group(2))
+            port = int(parse_qs(url.query).get("ports", ["0"])[0])
+            if pod is None:
+                return self._send(404, _status(404, "NotFound", f'pods "{match.group(2)}" not found'))
+            return self._port_forward(cluster.forwards(pod["image"], port), port)
         with cluster.lock:
             cluster.requests.append((method, url.path))
             if match := DEPLOYMENT.match(url.path):
@@ -366,6 +391,49 @@ class _Handler(BaseHTTPRequestHandler):
             return None if updated is None else self._send(200, cluster.put_group(updated))
         return self._send(405, _status(405, "MethodNotAllowed", method))
 
+    # --- pods/portforward over a WebSocket -------------------------------------------------------
+
+    def _port_forward(self, target: tuple[str, int] | None, port: int) -> None:
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        accept = base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode()).digest()).decode()
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.send_header("Sec-WebSocket-Protocol", "v4.channel.k8s.io")
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        ws = self.connection
+        number = port.to_bytes(2, "little")
+        _frame(ws, b"\x00" + number)  # each channel's first frame: the port it carries
+        _frame(ws, b"\x01" + number)
+        if target is None:
+            _frame(ws, b"\x01" + f"nothing listens on port {port}".encode())
+            _frame(ws, b"", opcode=0x8)
+            return
+        backend = socket.create_connection(target)
+        try:
+            while True:
+                readable, _, _ = select.select([ws, backend], [], [], 30)
+                if not readable:
+                    break
+                if backend in readable:
+                    data = backend.recv(65536)
+                    if not data:
+                        break
+                    _frame(ws, b"\x00" + data)
+                if ws in readable:
+                    opcode, payload = _read_frame(ws)
+                    if opcode == 0x8 or opcode is None:
+                        break
+                    if opcode == 0x2 and payload[:1] == b"\x00" and len(payload) > 1:
+                        backend.sendall(payload[1:])
+        finally:
+            backend.close()
+            with contextlib.suppress(OSError):
+                _frame(ws, b"", opcode=0x8)
+
     def do_GET(self) -> None:  # noqa: N802
         self._handle("GET")
 
@@ -377,6 +445,45 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:  # noqa: N802
         self._handle("DELETE")
+
+
+def _frame(sock: socket.socket, payload: bytes, opcode: int = 0x2) -> None:
+    """One unmasked WebSocket frame (a server's), FIN set."""
+    head = bytes([0x80 | opcode])
+    n = len(payload)
+    if n < 126:
+        head += bytes([n])
+    elif n < 1 << 16:
+        head += bytes([126]) + n.to_bytes(2, "big")
+    else:
+        head += bytes([127]) + n.to_bytes(8, "big")
+    sock.sendall(head + payload)
+
+
+def _read_frame(sock: socket.socket) -> tuple[int | None, bytes]:
+    """One WebSocket frame from a client (masked): its opcode and payload; (None, b"") at the end."""
+
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("closed")
+            data += chunk
+        return data
+
+    try:
+        first, second = exactly(2)
+        n = second & 0x7F
+        if n == 126:
+            n = int.from_bytes(exactly(2), "big")
+        elif n == 127:
+            n = int.from_bytes(exactly(8), "big")
+        mask = exactly(4) if second & 0x80 else b"\x00\x00\x00\x00"
+        payload = bytes(b ^ mask[i % 4] for i, b in enumerate(exactly(n)))
+    except (ConnectionError, OSError):
+        return None, b""
+    return first & 0x0F, payload
 
 
 class FakeApiServer:

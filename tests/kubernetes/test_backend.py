@@ -19,6 +19,8 @@ import pytest
 from fake_apiserver import FakeApiServer, FakeCluster
 from frontier_hostside import names
 from moto import mock_aws
+from openai_standin import API_KEY as STANDIN_KEY
+from openai_standin import openai_standin
 
 from frontier.config.schema import Settings
 from frontier.release.artifact import Artifact
@@ -68,9 +70,15 @@ def on_fake_cluster(stack: Settings, tmp_path: Path) -> Settings:
     return stack.model_copy(update={"kubernetes": k.model_copy(update={"cluster": cluster})})
 
 
+def unverified(stack: Settings) -> Settings:
+    """``stack`` with its canary's verification off: these tests are of the rollout's Kubernetes
+    steps; the verification's own are in test_canary_gates.py."""
+    return stack.model_copy(update={"rollout": stack.rollout.model_copy(update={"verify_canary": False})})
+
+
 @pytest.fixture
 def settings(eks_prod: Settings, tmp_path) -> Settings:
-    return on_fake_cluster(eks_prod, tmp_path)
+    return unverified(on_fake_cluster(eks_prod, tmp_path))
 
 
 @pytest.fixture
@@ -283,61 +291,88 @@ def _fab(capsys, *args: str) -> tuple[int, str]:
 
 def test_fab_deploy_history_and_rollback_on_a_kubernetes_stack(capsys, monkeypatch, tmp_path, s3):
     """`fab` reads the stack file, the saved outputs and the kubeconfig like on a real cluster."""
+    # The canary's verification (a production stack's) reaches each pod over port-forward: here a
+    # stand-in of the runtime's API answers for every pod, and the stack names a set of two cases.
+    verify_set = tmp_path / "pod-set.yaml"
+    verify_set.write_text(POD_SET)
+    s3_secrets = boto3.client("secretsmanager", region_name="us-east-1")
+    with openai_standin("the sea is wide") as answers:
+        fake = FakeCluster(
+            namespace="frontier-prod",
+            behaviour=behaviour,
+            settle_reads=0,
+            forwards=lambda image, port: answers,
+        )
+        with FakeApiServer(fake) as server:
+            _fab_on_cluster(capsys, monkeypatch, tmp_path, server, fake, verify_set, s3_secrets)
+
+
+POD_SET = """
+cases:
+  - {name: answered, kind: normal, request: {messages: [{role: user, content: hi}], max_tokens: 4}, expect: {status: 200}}
+  - {name: greedy, kind: golden, route: completions, request: {prompt: once, max_tokens: 4}}
+"""
+
+
+def _fab_on_cluster(capsys, monkeypatch, tmp_path, server, fake, verify_set, secrets) -> None:
     import yaml
 
     from frontier import project
 
-    fake = FakeCluster(namespace="frontier-prod", behaviour=behaviour, settle_reads=0)
-    with FakeApiServer(fake) as server:
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(server.kubeconfig("prod"))
-        stacks = tmp_path / "stacks"
-        stacks.mkdir()
-        document = yaml.safe_load((project.stacks_dir() / "Pulumi.eks-prod.yaml").read_text())
-        block = document["config"]["frontier:kubernetes"]
-        block["cluster"].update(
-            mode="existing", kubeconfig=str(kubeconfig), context="prod", api_server_cidrs=["10.60.240.0/28"]
-        )
-        block["runtime_role_arn"] = "arn:aws:iam::123456789012:role/frontier-runtime"
-        block["ingress"]["source_cidrs"] = ["10.60.128.0/20"]
-        document["config"]["frontier:rollout"]["gate"]["window_s"] = 0.2  # real seconds here
-        (stacks / "Pulumi.eks-prod.yaml").write_text(yaml.safe_dump(document))
-        monkeypatch.setenv("FRONTIER_STACKS_DIR", str(stacks))
-        monkeypatch.chdir(project.root())
-        from frontier.targets import load_stack
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(server.kubeconfig("prod"))
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    document = yaml.safe_load((project.stacks_dir() / "Pulumi.eks-prod.yaml").read_text())
+    block = document["config"]["frontier:kubernetes"]
+    block["cluster"].update(
+        mode="existing", kubeconfig=str(kubeconfig), context="prod", api_server_cidrs=["10.60.240.0/28"]
+    )
+    block["runtime_role_arn"] = "arn:aws:iam::123456789012:role/frontier-runtime"
+    block["ingress"]["source_cidrs"] = ["10.60.128.0/20"]
+    document["config"]["frontier:rollout"]["gate"]["window_s"] = 0.2  # real seconds here
+    document["config"]["frontier:verify"] = {"file": str(verify_set)}
+    secret = document["config"]["frontier:runtime"]["api_keys_secret"]
+    secrets.create_secret(Name=secret, SecretString=json.dumps({"keys": [STANDIN_KEY]}))
+    (stacks / "Pulumi.eks-prod.yaml").write_text(yaml.safe_dump(document))
+    monkeypatch.setenv("FRONTIER_STACKS_DIR", str(stacks))
+    monkeypatch.chdir(project.root())
+    from frontier.targets import load_stack
 
-        settings = load_stack("eks-prod")
-        first = m.deployment(
-            settings, GOOD_A, render_runtime_config(settings, settings.only_pool), replicas=REPLICAS
-        )
-        fake.put_deployment(first.to_dict())
+    settings = load_stack("eks-prod")
+    first = m.deployment(
+        settings, GOOD_A, render_runtime_config(settings, settings.only_pool), replicas=REPLICAS
+    )
+    fake.put_deployment(first.to_dict())
 
-        code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_A)
-        assert code == 0, out
-        code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_B)
-        assert code == 0, out
-        assert "succeeded" in out and f"deployment/{m.app_name(settings)}" in out
-        assert _image(fake.deployments[m.app_name(settings)]).endswith("@" + GOOD_B)
+    code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_A)
+    assert code == 0, out
+    code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_B)
+    assert code == 0, out
+    assert "succeeded" in out and f"deployment/{m.app_name(settings)}" in out
+    assert _image(fake.deployments[m.app_name(settings)]).endswith("@" + GOOD_B)
+    # Its canary was verified against a pod still on release A, over port-forward streams.
+    assert any(path.endswith("/portforward") for _, path in fake.requests)
 
-        code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", ERRORS)
-        assert code == 1 and "rolled back" in out and "gate on pod" in out
-        assert _image(fake.deployments[m.app_name(settings)]).endswith("@" + GOOD_B)
+    code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", ERRORS)
+    assert code == 1 and "rolled back" in out and "gate on pod" in out
+    assert _image(fake.deployments[m.app_name(settings)]).endswith("@" + GOOD_B)
 
-        code, out = _fab(capsys, "rollback", "-s", "eks-prod")
-        assert code == 0, out
-        assert _image(fake.deployments[m.app_name(settings)]).endswith("@" + GOOD_A)
+    code, out = _fab(capsys, "rollback", "-s", "eks-prod")
+    assert code == 0, out
+    assert _image(fake.deployments[m.app_name(settings)]).endswith("@" + GOOD_A)
 
-        code, out = _fab(capsys, "history", "-s", "eks-prod")
-        assert code == 0 and out.count("succeeded") == 3 and "rolled_back" in out
+    code, out = _fab(capsys, "history", "-s", "eks-prod")
+    assert code == 0 and out.count("succeeded") == 3 and "rolled_back" in out
 
-        code, out = _fab(capsys, "status", "-s", "eks-prod")
-        pods = [line for line in out.splitlines() if m.app_name(settings)[:20] in line]
-        assert code == 0 and len(pods) == REPLICAS, out
-        assert "unreachable" not in out  # every pod answers from its own object
-        assert "deploy lock: free" in out
+    code, out = _fab(capsys, "status", "-s", "eks-prod")
+    pods = [line for line in out.splitlines() if m.app_name(settings)[:20] in line]
+    assert code == 0 and len(pods) == REPLICAS, out
+    assert "unreachable" not in out  # every pod answers from its own object
+    assert "deploy lock: free" in out
 
-        code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_B, "--plan")
-        assert code == 0 and out.count("update") == REPLICAS, out
+    code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_B, "--plan")
+    assert code == 0 and out.count("update") == REPLICAS, out
 
 
 def test_config_maps_beyond_keep_releases_are_pruned_never_the_one_in_use(settings, cluster, s3, clock):

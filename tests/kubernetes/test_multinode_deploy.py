@@ -18,7 +18,7 @@ import pytest
 from fake_apiserver import WORKER_INDEX, FakeApiServer, FakeCluster
 from frontier_hostside import names
 from moto import mock_aws
-from test_backend import ERRORS, GOOD_A, GOOD_B, STUCK, VirtualClock, behaviour, on_fake_cluster
+from test_backend import ERRORS, GOOD_A, GOOD_B, STUCK, VirtualClock, behaviour, on_fake_cluster, unverified
 
 from frontier.config.schema import Settings
 from frontier.release.artifact import Artifact
@@ -39,7 +39,7 @@ GROUPS = 2
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return on_fake_cluster(load_stack("eks-multinode"), tmp_path)
+    return unverified(on_fake_cluster(load_stack("eks-multinode"), tmp_path))
 
 
 @pytest.fixture

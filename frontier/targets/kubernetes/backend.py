@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from frontier_runtime.storage.secrets import parse_keys
 from frontier_settings import FieldProblem
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
@@ -33,6 +34,7 @@ from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
 from frontier.release.history import HistoryStore, stack_history
 from frontier.release.release import Release
+from frontier.rollout.canary import CanaryVerification, canary_verification
 from frontier.rollout.rolling import Reporter, RolloutResult
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes import manifests as m
@@ -138,17 +140,32 @@ class KubernetesBackend:
     def api_keys_rotated(self, secret_id: str) -> str | None:
         return None  # clients and the gateway read the secret itself
 
-    def rollout(self, reporter: Reporter | None = None) -> KubernetesRollout:
+    def rollout(
+        self, reporter: Reporter | None = None, verification: CanaryVerification | None = None
+    ) -> KubernetesRollout:
         """The pool's Deployment's rollout, or its LeaderWorkerSet's where a replica spans nodes."""
         kind = LeaderWorkerSetRollout if lw.spans_nodes(self.settings) else KubernetesRollout
-        return kind(self.settings, self.api(), reporter, self.clock)
+        return kind(self.settings, self.api(), reporter, self.clock, verification=verification)
+
+    def runtime_key(self) -> str | None:
+        """The runtimes' API key (the first of the stack's secret), for the canary's verification,
+        which reaches one pod directly over a port-forward stream."""
+        secret_id = self.settings.runtime.api_keys_secret
+        if not secret_id:
+            return None
+        value = self.aws_client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
+        return parse_keys(value, secret_id)[0]  # the runtime's own reading of the secret
 
     def rollout_size(self) -> int:
         """The pods the Deployment may run at most (asked without the API: it may be unreachable)."""
         return self.settings.serving_group.max_size
 
     def roll(self, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
-        return self.rollout(reporter).run(release, kind)
+        # Read (and refused) before anything is touched; only a deploy proves itself on the canary.
+        verify = kind == "deploy" and self.settings.rollout.verify_canary
+        store = self.history_store() if verify else None
+        verification = canary_verification(self.settings, self.runtime_key(), store) if store else None
+        return self.rollout(reporter, verification).run(release, kind)
 
     def stack_problems(self) -> Iterator[FieldProblem]:
         return rules.stack_problems(self.settings)

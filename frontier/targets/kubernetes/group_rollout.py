@@ -48,7 +48,8 @@ TEMPLATES = ("leaderTemplate", "workerTemplate")
 
 class LeaderWorkerSetRollout(KubernetesRollout):
     """A :class:`KubernetesRollout` whose target is the pool's LeaderWorkerSet (same gate, config
-    and pruning; no canary)."""
+    and pruning; no canary: ``rollout.gate.max_p99_ratio`` is refused at load for such a pool, and
+    the verification set runs on an old leader before the roll and on the new leaders after it)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -165,10 +166,17 @@ class LeaderWorkerSetRollout(KubernetesRollout):
                 return result
             steps = _Step(group, self.report)
             steps.phase("config", lambda: self._ensure_config(release))
+            # No canary serves beside the old groups: the old release is verified before the roll,
+            # the new one after it, and a verdict against the new one puts the old templates back.
+            old_leaders = self.pods("stable", group.from_release) if self.verification else []
+            old = (old_leaders[0], group.from_release) if old_leaders and group.from_release else None
+            old_report = steps.phase("verify", lambda: self.verify_old(old)) if self.verification else None
             previous = {which: live["spec"]["leaderWorkerTemplate"][which] for which in TEMPLATES}
             steps.phase("roll", lambda: self._replace_templates(self._templates(release)) or "patched")
             steps.phase("rollout", lambda: self.wait_ready(deadline))
             steps.phase("gate", lambda: self.gate(self.pods("stable", release.id)))
+            if self.verification is not None:
+                steps.phase("verify", lambda: self.verify(self.pods("stable", release.id), old_report))
             group.outcome = "updated"
             # An old ConfigMap left behind is not worth failing a good rollout for.
             with contextlib.suppress(ApiException, HTTPError):

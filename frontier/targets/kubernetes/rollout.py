@@ -4,7 +4,11 @@
 2. **Canary**: a second Deployment (``<app>-canary``, ``rollout.canary_hosts`` replicas) runs the
    new pod template next to the old pods, behind the same Service. When it is ready, the metric
    gate reads its pods' ``/metrics`` (through the API server's pod proxy) before and after
-   ``rollout.gate.window_s`` and judges them with the EC2 gate (:mod:`frontier.rollout.gate`).
+   ``rollout.gate.window_s`` and judges them with the host targets' gate (:mod:`frontier.rollout.gate`):
+   with ``rollout.gate.max_p99_ratio``, against a pod still on the old release over the same window.
+   With ``rollout.verify_canary`` the stack's verification set then runs on each canary pod and on
+   that old pod (over port-forward streams, :mod:`.portforward`), judged as on the host targets
+   (:mod:`frontier.rollout.canary`).
 3. **Roll**: the stable Deployment's pod template is replaced (a JSON patch) and Kubernetes rolls
    it with the stack's maxSurge / maxUnavailable; the rollout's status is read until every replica
    is updated and available, or the Deployment reports ``ProgressDeadlineExceeded``.
@@ -33,10 +37,13 @@ from urllib3.exceptions import HTTPError
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.release.release import Release
-from frontier.rollout.gate import judge, read_gate
+from frontier.rollout.canary import CanaryVerification, judge_verification
+from frontier.rollout.gate import GateReading, judge, judge_relative, read_gate
 from frontier.rollout.rolling import Event, HostResult, Reporter, RolloutResult
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes.objects import TEMPLATE_HASH_ANNOTATION
+from frontier.targets.kubernetes.portforward import pod_tunnel
+from frontier.verify import VerifyReport
 
 CONFIG_FILE = m.CONFIG_FILE
 
@@ -98,6 +105,8 @@ class KubernetesRollout:
     clock: Clock = field(default_factory=Clock)
     #: How often the rollout's status is read.
     poll_s: float = 2.0
+    #: The canary's verification (``rollout.verify_canary`` on a deploy); None: none to run.
+    verification: CanaryVerification | None = None
 
     def __post_init__(self) -> None:
         k = self.settings.kubernetes
@@ -235,22 +244,83 @@ class KubernetesRollout:
         )
         return response.data.decode()
 
-    def gate(self, pods: list[str]) -> str:
+    def old_pod(self, release_id: str) -> tuple[str, str] | None:
+        """A serving pod not on ``release_id``, and the release it runs ("" for the image the stack
+        was provisioned with, which no release names), if any."""
+        for pod in list_pods(self.api, self.namespace, m.selector(self.settings, "stable")):
+            meta = pod["metadata"]
+            release = str((meta.get("annotations") or {}).get(K8S_RELEASE_ANNOTATION) or "")
+            if release != release_id and not meta.get("deletionTimestamp"):
+                return str(meta["name"]), release
+        return None
+
+    def gate(self, pods: list[str], old: str | None = None) -> str:
+        """Each of ``pods`` over the window against the stack's limits, and, with
+        ``rollout.gate.max_p99_ratio``, against ``old`` (a pod on the old release) over the same window."""
         gate = self.settings.rollout.gate
         if gate.window_s <= 0:
             return "skipped: rollout.gate.window_s is 0"
         if not pods:
             raise KubernetesRolloutError("no pod of the new release to gate")
-        before = {pod: self.metrics(pod) for pod in pods}
+        compare = old if gate.max_p99_ratio is not None else None
+        watched = pods + ([compare] if compare is not None else [])
+        before = {pod: self.metrics(pod) for pod in watched}
         self.clock.sleep(gate.window_s)
+        old_reading: GateReading | None = None
+        if compare is not None:
+            old_reading = read_gate(before[compare], self.metrics(compare), self.excluded_routes)
         readings = []
         for pod in pods:
             reading = read_gate(before[pod], self.metrics(pod), self.excluded_routes)
-            verdict = judge(reading, gate)
+            verdict = judge(reading, gate) or (
+                judge_relative(reading, old_reading, gate) if old_reading is not None else None
+            )
             if verdict:
                 raise KubernetesRolloutError(f"gate on pod {pod}: {verdict}")
             readings.append(f"{pod}: {reading.describe()}")
+        if old_reading is not None:
+            readings.append(f"old release on {compare}: {old_reading.describe()}")
         return "; ".join(readings)
+
+    # --- the canary's verification --------------------------------------------------------------
+
+    def verify_old(self, old: tuple[str, str] | None) -> VerifyReport | None:
+        """The verification set on ``old`` (a pod and the release it serves), the yardstick of the
+        new pods; where nothing is recorded yet, that release's golden outputs are recorded first."""
+        check = self.verification
+        if check is None or old is None:
+            return None
+        pod, release = old
+        port = self.settings.runtime.port
+        with pod_tunnel(self.api, self.namespace, pod, port) as url:
+            # Golden outputs belong beside a release: the provisioned image's are not recorded.
+            if check.unrecorded and check.store is not None and release:
+                check = self.verification = check.recorded_at(release, url)
+                self.report(Event(pod, "verify", "info", f"golden outputs recorded from {release}"))
+            report = check.run_at(url)
+        self.report(
+            Event(pod, "verify", "info", f"old release: {report.passed}/{len(report.results)} passed")
+        )
+        return report
+
+    def verify(self, pods: list[str], old_report: VerifyReport | None) -> str:
+        """The verification set on each of ``pods``, judged against ``old_report``."""
+        check = self.verification
+        if check is None:
+            return "not asked (rollout.verify_canary)"
+        if not pods:
+            raise KubernetesRolloutError("no pod of the new release to verify")
+        passed = []
+        for pod in pods:
+            with pod_tunnel(self.api, self.namespace, pod, self.settings.runtime.port) as url:
+                report = check.run_at(url)
+            verdict = judge_verification(report, old_report, check)
+            if verdict:
+                raise KubernetesRolloutError(f"verify on pod {pod}: {verdict}")
+            passed.append(
+                f"{pod}: {report.passed}/{len(report.results)} cases passed ({report.pass_rate:.1%})"
+            )
+        return "; ".join(passed)
 
     # --- the rollout ------------------------------------------------------------------------------
 
@@ -322,7 +392,13 @@ class KubernetesRollout:
 
         step.phase("canary", create)
         step.phase("readiness", lambda: self.wait_available(self.canary, timeout))
-        step.phase("gate", lambda: self.gate(self.pods("canary", release.id)))
+        rollout = self.settings.rollout
+        wants_old = self.verification is not None or rollout.gate.max_p99_ratio is not None
+        old = self.old_pod(release.id) if wants_old else None
+        pods = self.pods("canary", release.id)
+        step.phase("gate", lambda: self.gate(pods, old[0] if old is not None else None))
+        if self.verification is not None:
+            step.phase("verify", lambda: self.verify(pods, self.verify_old(old)))
 
     def _restore(self, canary: HostResult, stable: HostResult, previous: dict[str, Any] | None) -> bool:
         """Delete the canary; put the previous pod template back if ours was applied. True when all is back."""

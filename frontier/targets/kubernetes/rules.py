@@ -22,6 +22,7 @@ from frontier_settings import FieldProblem
 from frontier.config.checks import certificate_problems
 from frontier.config.schema import DTYPE_BYTES, GB, GP3_MAX_MIBPS, MIB, Kubernetes, Settings
 from frontier.targets.kubernetes import leader_workers as lw
+from frontier.targets.kubernetes.interruption import interruption_problems
 from frontier.targets.kubernetes.manifests import gpus_per_pod, pod_gpus_formula, startup_failure_threshold
 from frontier.targets.kubernetes.objects import app_name
 
@@ -58,6 +59,8 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
         return
     yield from kubernetes_problems(s, k)
     yield from cluster_problems(s, k)
+    # Spot nodes: all spot, and every pod on them terminated within the two-minute notice.
+    yield from interruption_problems(s)
     if k.ingress.kind != "class":
         yield from certificate_problems(s)
 
@@ -301,6 +304,17 @@ def replica_group_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]
             continue
         where = f"pools[{i}].runtime"
         nodes, group = view.runtime.nodes_per_replica, view.serving_group
+        ratio = s.rollout.gate.max_p99_ratio
+        if ratio is not None:
+            # The ratio compares a canary with the old release over the same window; a LeaderWorkerSet
+            # replaces every group at once, so no old group serves beside a new one to compare with.
+            yield FieldProblem(
+                "rollout.gate.max_p99_ratio",
+                ratio,
+                f"cannot apply on kubernetes to model {view.model.name!r}, whose replica spans "
+                f"{where}.nodes_per_replica = {nodes} nodes: its LeaderWorkerSet rolls with no canary beside "
+                "the old release; leave it out (the absolute rollout.gate.max_p99_latency_ms still holds)",
+            )
         # A rolling update surges whole groups; there is no canary group (group_rollout.py).
         surge = s.rollout.max_surge * nodes
         if auto.max_replicas * nodes + surge > group.max_size:
