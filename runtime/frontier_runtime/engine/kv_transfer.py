@@ -361,6 +361,8 @@ class KvTransfer:
             return None
         bs = self.blocks.block_size
         n = min((seq.num_prompt_tokens - 1) // bs, seq.num_computed_tokens // bs, len(seq.block_table))
+        if seq.num_released_blocks:  # a sliding window freed its leading blocks: the decode computes it all
+            n = 0
         leased = list(seq.block_table[:n])
         self.blocks.hold(leased)
         old = self.leases.hold(
