@@ -31,17 +31,25 @@ class SecretsArgs:
     tags: Mapping[str, str]
 
 
-def autoscaling_service_role(cloud: Cloud) -> str:
-    """The role auto scaling launches instances as (AWS creates it with an account's first group).
+AUTOSCALING_SERVICE = "autoscaling.amazonaws.com"
+AUTOSCALING_ROLE_PATH = f"/aws-service-role/{AUTOSCALING_SERVICE}/"
+AUTOSCALING_ROLE_NAME = "AWSServiceRoleForAutoScaling"
 
-    A key policy naming it is refused while it does not exist: an account that has never had an auto
-    scaling group creates it first (`aws iam create-service-linked-role --aws-service-name
-    autoscaling.amazonaws.com`).
+
+def autoscaling_service_role(cloud: Cloud) -> str:
+    """The role auto scaling launches instances as (AWS creates it with an account's first group)."""
+    return f"arn:{cloud.partition}:iam::{cloud.account_id}:role{AUTOSCALING_ROLE_PATH}{AUTOSCALING_ROLE_NAME}"
+
+
+def autoscaling_role_exists() -> bool:
+    """Whether the account already has auto scaling's service-linked role.
+
+    A key policy naming a principal that does not exist is refused (MalformedPolicyDocument), and AWS
+    creates this role only with an account's first auto scaling group — after the key, in a fresh
+    account. ``GetRoles`` answers an empty list where ``GetRole`` would fail the program.
     """
-    return (
-        f"arn:{cloud.partition}:iam::{cloud.account_id}:role/aws-service-role/"
-        "autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
-    )
+    found = aws.iam.get_roles(name_regex=f"^{AUTOSCALING_ROLE_NAME}$", path_prefix=AUTOSCALING_ROLE_PATH)
+    return bool(found.arns)
 
 
 def key_policy(cloud: Cloud) -> str:
@@ -123,6 +131,20 @@ class Secrets(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         tags = dict(args.tags)
 
+        # In a fresh account the key's policy needs the role before auto scaling would make it. It is
+        # the account's, shared by every stack and by groups outside Frontier: kept when the stack goes,
+        # and no longer declared once it exists (the next update forgets it, AWS keeps it).
+        linked_role = (
+            []
+            if autoscaling_role_exists()
+            else [
+                aws.iam.ServiceLinkedRole(
+                    f"{name}-autoscaling-role",
+                    aws_service_name=AUTOSCALING_SERVICE,
+                    opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
+                )
+            ]
+        )
         key = aws.kms.Key(
             f"{name}-key",
             description=f"Frontier {args.stack}: weights, history, secrets, logs, alarms",
@@ -132,7 +154,7 @@ class Secrets(pulumi.ComponentResource):
             deletion_window_in_days=30,
             policy=key_policy(args.cloud),
             tags=tags,
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=linked_role),
         )
         aws.kms.Alias(
             f"{name}-key", name=f"alias/frontier-{args.stack}", target_key_id=key.key_id, opts=child

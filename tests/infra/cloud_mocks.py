@@ -47,6 +47,7 @@ class CloudMocks(pulumi.runtime.Mocks):
         stock_images: tuple[str, ...] = (),
         unoffered: dict[str, set[str]] | None = None,
         vcpu_quotas: dict[str, float] | None = None,
+        fresh_account: bool = False,
     ) -> None:
         self.region = region
         self.zones = [f"{region}{letter}" for letter in ZONE_LETTERS[:zones]]
@@ -59,6 +60,8 @@ class CloudMocks(pulumi.runtime.Mocks):
         self.unoffered = unoffered or {}
         # Service Quotas' values by quota code; an account with room for every stack's max_size else.
         self.vcpu_quotas = vcpu_quotas or {}
+        # A fresh account has no auto scaling service-linked role yet (AWS makes it with a first group).
+        self.fresh_account = fresh_account
 
     # --- invokes ----------------------------------------------------------------------------------
 
@@ -73,6 +76,7 @@ class CloudMocks(pulumi.runtime.Mocks):
             "aws:ec2/getAmi:getAmi": self._ami,
             "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings": self._offerings,
             "aws:servicequotas/getServiceQuota:getServiceQuota": self._quota,
+            "aws:iam/getRoles:getRoles": self._roles,
         }
         if args.token not in handlers:
             raise NotImplementedError(f"the program made an invoke the mocks do not know: {args.token}")
@@ -121,6 +125,14 @@ class CloudMocks(pulumi.runtime.Mocks):
             "adjustable": True,
             "id": f"{args['serviceCode']}/{code}",
         }
+
+    def _roles(self, args: dict) -> dict:
+        # Only the service-linked roles AWS makes on an account's behalf are asked for.
+        path, pattern = args["pathPrefix"], args["nameRegex"]
+        assert path.startswith("/aws-service-role/"), args
+        name = pattern.strip("^$")
+        arns = [] if self.fresh_account else [f"arn:aws:iam::{ACCOUNT_ID}:role{path}{name}"]
+        return {"arns": arns, "names": [name] * len(arns), "pathPrefix": path, "nameRegex": pattern, "id": path}
 
     def _elb_account(self, args: dict) -> dict:
         account = ELB_ACCOUNTS[args.get("region") or self.region]
@@ -223,6 +235,9 @@ class CloudMocks(pulumi.runtime.Mocks):
             }
         if typ == "aws:ec2/launchTemplate:LaunchTemplate":
             return f"lt-{suffix}", {"arn": arn, "latestVersion": 1, "defaultVersion": 1}
+        if typ == "aws:sqs/queue:Queue":
+            url = f"https://sqs.{self.region}.amazonaws.com/{ACCOUNT_ID}/{physical}"
+            return url, {"arn": arn, "url": url, "name": physical}
         if typ in ("aws:autoscaling/group:Group", "aws:ec2/placementGroup:PlacementGroup"):
             return physical, {"arn": arn, "name": physical}
         return f"{typ.split(':')[-1].lower()}-{suffix}", {"arn": arn}

@@ -32,6 +32,7 @@ INVOKES = {
     "aws:ec2/getAmi:getAmi",
     "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings",
     "aws:servicequotas/getServiceQuota:getServiceQuota",
+    "aws:iam/getRoles:getRoles",
 }
 
 
