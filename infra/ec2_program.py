@@ -47,10 +47,10 @@ from infra.nodes import (
 )
 from infra.outputs import Ec2Outputs
 from infra.placement import GpuPlacement, look_up_placement, placement_problems
-from infra.preflight import certificate_problems, refuse_problems, registry_problems
+from infra.preflight import certificate_problems, refuse_problems, registry_problems, weights_bucket_problems
 from infra.quota_store import QuotaStore, QuotaStoreArgs, provisions_store, store_problems
 from infra.security_groups import SecurityGroups, SecurityGroupsArgs
-from infra.storage import HISTORY_PREFIX_ROOT, bucket_suffix, unique_bucket_name
+from infra.storage import HISTORY_PREFIX_ROOT, unique_bucket_name
 from infra.tags import base_tags
 
 # ALB target group limits (the stack loader allows wider ranges, valid for HAProxy on the local stack).
@@ -164,12 +164,7 @@ def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
         )
     yield from certificate_problems(s, cloud)
     yield from registry_problems(s, cloud, "hosts")
-    weights_bucket = s.weights_root.removeprefix("s3://").split("/", 1)[0]
-    if not weights_bucket.endswith(bucket_suffix(cloud)):
-        yield (
-            f"model.weights_uri = {s.weights_root!r}: S3 bucket names are global; name the weights "
-            f"bucket with this account and region, e.g. frontier-{s.stack}-weights{bucket_suffix(cloud)}"
-        )
+    yield from weights_bucket_problems(s, cloud)
     health = s.health
     for field in ("healthy_threshold", "unhealthy_threshold"):
         if getattr(health, field) < ALB_MIN_THRESHOLD:

@@ -27,7 +27,7 @@ from infra.eks import EksArgs, EksCluster
 from infra.foundation import Foundation, FoundationArgs
 from infra.outputs import KubernetesOutputs
 from infra.placement import GpuPlacement, look_up_placement, node_pool_problems, node_pool_zones
-from infra.preflight import certificate_problems, refuse_problems, registry_problems
+from infra.preflight import certificate_problems, refuse_problems, registry_problems, weights_bucket_problems
 from infra.tags import base_tags
 from infra.workload_identity import (
     KubernetesDeployRole,
@@ -49,6 +49,7 @@ def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
     if k.ingress.kind == "alb":
         yield from certificate_problems(s, cloud)
     yield from registry_problems(s, cloud, "nodes")
+    yield from weights_bucket_problems(s, cloud)
     if k.cluster.mode == "create" and len(cloud.availability_zones) < 2:
         yield f"region {cloud.region}: EKS needs two availability zones for its control plane"
     if k.cluster.mode == "existing" and not os.path.exists(os.path.expanduser(k.cluster.kubeconfig)):

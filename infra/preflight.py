@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from frontier.config.schema import Settings
 from infra.cloud import Cloud
 from infra.errors import ProvisionError
+from infra.storage import bucket_suffix
 
 
 def refuse_problems(settings: Settings, problems: Iterable[str]) -> None:
@@ -41,4 +42,14 @@ def registry_problems(s: Settings, cloud: Cloud, pullers: str) -> Iterator[str]:
         yield (
             f"runtime.image_repository = {s.image_repository!r}: {pullers} pull the runtime from the ECR "
             f"repository this stack creates; expected {registry}/<name>"
+        )
+
+
+def weights_bucket_problems(s: Settings, cloud: Cloud) -> Iterator[str]:
+    """The weights bucket the stack creates takes a name no other account or region can hold."""
+    weights_bucket = s.weights_root.removeprefix("s3://").split("/", 1)[0]
+    if not weights_bucket.endswith(bucket_suffix(cloud)):
+        yield (
+            f"model.weights_uri = {s.weights_root!r}: S3 bucket names are global; name the weights "
+            f"bucket with this account and region, e.g. frontier-{s.stack}-weights{bucket_suffix(cloud)}"
         )

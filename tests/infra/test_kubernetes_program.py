@@ -173,7 +173,7 @@ def test_the_runtime_pods_assume_a_least_privilege_role_through_pod_identity(eks
     }
     assert (
         sids["ReadItsModelWeights"]["Resource"]
-        == "arn:aws:s3:::frontier-eks-prod-weights/llama-3.1-70b-instruct/*"
+        == "arn:aws:s3:::frontier-eks-prod-weights-123456789012-us-east-1/llama-3.1-70b-instruct/*"
     )
     secret = eks.one("aws:secretsmanager/secret:Secret")
     assert sids["ReadItsApiKeys"]["Resource"] == secret.outputs["arn"]
