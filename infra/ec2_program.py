@@ -18,7 +18,7 @@ from frontier.config.checks import is_production
 from frontier.config.purchase import falls_back_to
 from frontier.config.schema import SEVERITIES, NodeGroup, Settings
 from frontier.render.alerts import resource_limits, severities
-from frontier.render.boot import render_cloud_init, render_gateway_cloud_init, replica_nodes
+from frontier.render.boot import group_pool, render_cloud_init, render_gateway_cloud_init, replica_nodes
 from infra.cloud import Cloud, look_up
 from infra.edge import (
     TARGET_TLS_PORT,
@@ -50,7 +50,7 @@ from infra.placement import GpuPlacement, look_up_placement, placement_problems
 from infra.preflight import certificate_problems, refuse_problems, registry_problems, weights_bucket_problems
 from infra.quota_store import QuotaStore, QuotaStoreArgs, provisions_store, store_problems
 from infra.security_groups import SecurityGroups, SecurityGroupsArgs
-from infra.storage import HISTORY_PREFIX_ROOT, unique_bucket_name
+from infra.storage import HISTORY_PREFIX_ROOT, metering_problems, unique_bucket_name
 from infra.tags import base_tags
 
 # ALB target group limits (the stack loader allows wider ranges, valid for HAProxy on the local stack).
@@ -163,6 +163,7 @@ def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
             f"{zones} ({', '.join(cloud.availability_zones)})"
         )
     yield from certificate_problems(s, cloud)
+    yield from metering_problems(s, cloud)
     yield from registry_problems(s, cloud, "hosts")
     yield from weights_bucket_problems(s, cloud)
     health = s.health
@@ -323,6 +324,8 @@ def node_group(
     serving = settings.gateway is None and (
         group is settings.serving_group or falls_back_to(settings.serving_group, group)
     )
+    # The group's hosts run as its pool's principal: that pool's weights, secret and history only.
+    hosts_role = identity.of(group_pool(settings, group))
     return GpuNodeGroup(
         f"{ground.stack}-{group.name}",
         NodeGroupArgs(
@@ -330,7 +333,7 @@ def node_group(
             group=group,
             image=image,
             user_data=user_data,
-            instance_profile_arn=identity.instance_profile_arn,
+            instance_profile_arn=hosts_role.instance_profile_arn,
             security_group_ids=[security.runtime_id],
             # Only the zones that offer the group's type (an EFA group takes the first of them).
             subnet_ids=[
@@ -348,7 +351,7 @@ def node_group(
             # A component stands for all its resources here; a component's own depends_on
             # would not reach the group inside it.
             boot_dependencies=[
-                *identity.host_permissions,
+                *hosts_role.host_permissions,
                 tools,
                 *edge.target_proxy_objects,
                 ground.foundation.storage,
@@ -507,7 +510,8 @@ def outputs(
         alb_zone_id=edge.alb_zone_id,
         kms_key_arn=secrets.key_arn,
         deploy_role_arn=identity.deploy_role_arn,
-        runtime_role_arn=identity.runtime_role_arn,
+        runtime_role_arn=roles[0].role_arn if len(roles := list(identity.pools.values())) == 1 else "",
+        runtime_role_arns={name: role.role_arn for name, role in identity.pools.items()},
         alarm_topic_arn=monitoring.topic_arn,
         dashboard_name=monitoring.dashboard_name,
         vpc_id=ground.network.vpc_id,

@@ -21,13 +21,12 @@ from dataclasses import dataclass
 import pulumi
 
 from frontier.config.schema import Settings
-from frontier.render.boot import replica_nodes
 from infra.cloud import Cloud
-from infra.identity import IdentityArgs
+from infra.identity import IdentityInputs
 from infra.network import Network, NetworkArgs
 from infra.registry import Registry, RegistryArgs
 from infra.secret_store import Secrets, SecretsArgs
-from infra.storage import Storage, StorageArgs
+from infra.storage import Storage, StorageArgs, stack_metering_bucket
 from infra.tags import base_tags
 
 TYPE = "frontier:foundation:Foundation"
@@ -109,6 +108,7 @@ class Foundation(pulumi.ComponentResource):
                 history_noncurrent_days=HISTORY_NONCURRENT_DAYS,
                 log_expiration_days=retention,
                 tags=tags,
+                metering_bucket=stack_metering_bucket(settings, cloud),
             ),
             opts=keep,
         )
@@ -131,13 +131,14 @@ class Foundation(pulumi.ComponentResource):
             }
         )
 
-    def identity(self, target_group_arn: pulumi.Input[str] = "") -> IdentityArgs:
-        """What the stack's roles are granted: its model's weights prefix, its history prefix, the
-        key, the API-keys secret and the repository; the EC2 deploy role also drains
-        ``target_group_arn`` (none on Kubernetes: the ALB is the load balancer controller's)."""
+    def identity(self, target_group_arn: pulumi.Input[str] = "") -> IdentityInputs:
+        """What the stack's roles are granted: each pool's runtime principal its pool's weights
+        prefix, secret and history path; the deploy role the stack's weights root and history, the key,
+        the API-keys secret and the repository, and on EC2 draining ``target_group_arn`` (none on
+        Kubernetes: the ALB is the load balancer controller's)."""
         storage = self.storage
-        return IdentityArgs(
-            stack=self._args.settings.stack,
+        return IdentityInputs(
+            settings=self._args.settings,
             cloud=self._args.cloud,
             weights_bucket_arn=storage.weights_bucket_arn,
             weights_prefix=storage.weights_prefix,
@@ -148,10 +149,5 @@ class Foundation(pulumi.ComponentResource):
             repository_arn=self.registry.repository_arn,
             target_group_arn=target_group_arn,
             ssm_access=self._args.ssm_access,
-            ssh_user=self._args.settings.inventory.ssh_user,
             tags=base_tags(self._args.settings.stack),
-            replica_slots=any(
-                replica_nodes(self._args.settings, g) > 1 for g in self._args.settings.node_groups
-            ),
-            metering_uri=gateway.metering.uri if (gateway := self._args.settings.gateway) else "",
         )

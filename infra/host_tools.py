@@ -26,6 +26,7 @@ from frontier_hostside.names import (
 )
 
 from frontier.config.schema import NodeGroup, Settings
+from frontier.release.history import pool_history_prefix
 from frontier.render.boot import group_pool, render_cloudwatch_agent, render_driver_script, render_mount_cache
 from frontier.render.host import render_agent_config
 
@@ -68,8 +69,13 @@ class HostTools(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.keys: list[str] = []
         for group in args.settings.node_groups:
+            # Under the history of the pool the group's hosts boot (node.env's prefix), which is
+            # what that pool's principal may read.
+            prefix = pool_history_prefix(
+                args.settings, group_pool(args.settings, group).name, args.history_prefix
+            )
             for file_name, content in host_tools(args.settings, group).items():
-                key = f"{args.history_prefix}{HOST_TOOLS_PREFIX}{group.name}/{file_name}"
+                key = f"{prefix}{HOST_TOOLS_PREFIX}{group.name}/{file_name}"
                 aws.s3.BucketObjectv2(
                     f"{name}-{group.name}-{file_name}",
                     bucket=args.history_bucket,

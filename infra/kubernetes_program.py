@@ -20,15 +20,20 @@ import pulumi_aws as aws
 
 from frontier.config.checks import is_production
 from frontier.config.schema import Kubernetes, Settings
+from frontier.identity.pools import principal_suffix
 from frontier.targets.kubernetes.gateway import GATEWAY_SERVICE_ACCOUNT
-from infra.addons import ClusterAddons, ClusterAddonsArgs
+from frontier.targets.kubernetes.manifests import pool_service_account
+from infra.addons import ClusterAddons, ClusterAddonsArgs, has_web_acl
 from infra.cloud import Cloud, look_up
 from infra.eks import EksArgs, EksCluster
 from infra.foundation import Foundation, FoundationArgs
+from infra.interruptions import notice_queue
 from infra.outputs import KubernetesOutputs
 from infra.placement import GpuPlacement, look_up_placement, node_pool_problems, node_pool_zones
 from infra.preflight import certificate_problems, refuse_problems, registry_problems, weights_bucket_problems
+from infra.storage import metering_problems
 from infra.tags import base_tags
+from infra.waf import StackWebAcl, WebAclArgs
 from infra.workload_identity import (
     KubernetesDeployRole,
     WorkloadIdentity,
@@ -50,6 +55,7 @@ def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
         yield from certificate_problems(s, cloud)
     yield from registry_problems(s, cloud, "nodes")
     yield from weights_bucket_problems(s, cloud)
+    yield from metering_problems(s, cloud)
     if k.cluster.mode == "create" and len(cloud.availability_zones) < 2:
         yield f"region {cloud.region}: EKS needs two availability zones for its control plane"
     if k.cluster.mode == "existing" and not os.path.exists(os.path.expanduser(k.cluster.kubeconfig)):
@@ -196,7 +202,15 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
         ),
     )
     secrets, storage, registry = foundation.secrets, foundation.storage, foundation.registry
-    # No target group: the ALB belongs to the load balancer controller.
+    # No target group: the ALB belongs to the load balancer controller, which puts this ACL in front.
+    web_acl = (
+        StackWebAcl(
+            f"{stack}-edge",
+            WebAclArgs(stack, settings.edge.waf_rate_limit, settings.edge.allow_cidrs, tags),
+        )
+        if has_web_acl(settings)
+        else None
+    )
     identity = foundation.identity()
     deploy = KubernetesDeployRole(f"{stack}-k8s", identity, cloud.arn("eks", f"cluster/{k.cluster.name}"))
 
@@ -231,24 +245,35 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
         cluster_name, oidc_issuer = k.cluster.name, ""
         kubeconfig, context = os.path.expanduser(k.cluster.kubeconfig), k.cluster.context
         provider = None
-    runtime = WorkloadIdentity(
-        f"{stack}-pods",
-        WorkloadIdentityArgs(
-            identity=identity,
-            mode=k.identity,
-            namespace=k.namespace,
-            service_account=k.service_account,
-            cluster_name=cluster_name,
-            oidc_issuer=oidc_issuer,
-            tags=tags,
-            role_arn=k.runtime_role_arn if k.cluster.mode == "existing" else "",
-        ),
-    )
+    # Each pool's pods run as a service account and role of their own: its weights, secret and
+    # history only. With IRSA the first role made makes the cluster's OIDC provider; the rest trust it.
+    runtimes: dict[str, WorkloadIdentity] = {}
+    oidc_provider_arn: pulumi.Input[str] | None = None
+    for pool in settings.pools:
+        runtimes[pool.name] = runtime = WorkloadIdentity(
+            f"{stack}-pods{principal_suffix(settings, pool)}",
+            WorkloadIdentityArgs(
+                identity=identity,
+                pool=pool,
+                mode=k.identity,
+                namespace=k.namespace,
+                service_account=pool_service_account(settings, pool),
+                cluster_name=cluster_name,
+                oidc_issuer=oidc_issuer,
+                tags=tags,
+                role_arn=k.runtime_role_arn if k.cluster.mode == "existing" else "",
+                oidc_provider_arn=oidc_provider_arn,
+            ),
+        )
+        oidc_provider_arn = oidc_provider_arn or runtime.oidc_provider_arn
+    roles = {name: runtime.runtime_role_arn for name, runtime in runtimes.items()}
 
     # A cluster of the stack's own gets its add-ons here; an existing cluster brings its own.
     addons = None
     if create:
         assert network is not None
+        # Spot nodes drain on their notice: the stack's queue, which the Node Termination Handler reads.
+        notices = notice_queue(stack, tags, settings.node_groups)
         addons = ClusterAddons(
             f"{stack}-addons",
             ClusterAddonsArgs(
@@ -259,8 +284,10 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
                 vpc_id=network.vpc_id,
                 after=cluster.system_ready,
                 tags=tags,
-                oidc_provider_arn=runtime.oidc_provider_arn,
+                oidc_provider_arn=oidc_provider_arn,
                 oidc_issuer=oidc_issuer,
+                notice_queue_url=notices.queue_url if notices else None,
+                notice_queue_arn=notices.queue_arn if notices else None,
             ),
         )
 
@@ -274,7 +301,7 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
                 cluster_name=cluster_name,
                 kms_key_arn=secrets.key_arn,
                 tags=tags,
-                oidc_provider_arn=runtime.oidc_provider_arn,
+                oidc_provider_arn=oidc_provider_arn,
                 oidc_issuer=oidc_issuer,
             ),
         )
@@ -285,9 +312,10 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
             settings=settings,
             kubeconfig=kubeconfig,
             context=context,
-            role_arn=runtime.runtime_role_arn,
+            role_arns=roles,
             gateway_role_arn=gateway.role_arn if gateway is not None else None,
             access_logs_bucket=storage.logs_bucket,
+            web_acl_arn=web_acl.arn if web_acl is not None else None,
             provider=provider,
             addons=addons,
         ),
@@ -302,7 +330,8 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
         api_keys_secret_arn=secrets.api_keys_secret_arn,
         kms_key_arn=secrets.key_arn,
         deploy_role_arn=deploy.arn,
-        runtime_role_arn=runtime.runtime_role_arn,
+        runtime_role_arn=only[0] if len(only := list(roles.values())) == 1 else "",
+        runtime_role_arns=roles,
         cluster_name=cluster_name,
         namespace=workloads.namespace,
         deployment=workloads.deployment_name,

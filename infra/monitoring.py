@@ -48,11 +48,11 @@ from frontier_hostside.names import (
 from frontier_hostside.names import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 
 from frontier.config.schema import SEVERITIES, AlertRoute, Severity, Slo
+from frontier.identity.documents import LOG_GROUP_ROOT
 from frontier.render import alerts as host
 from frontier.render.alerts import ResourceLimits
 from frontier.render.dashboards import RESOURCE_PANELS
 
-LOG_GROUP_ROOT = "/frontier"
 ALB_NAMESPACE = "AWS/ApplicationELB"
 PERIOD_S = 60
 # One restart is a host healing itself; more than this a minute, on 3 of 5 minutes, is a crash loop.

@@ -8,13 +8,14 @@ delivery cannot write into SSE-KMS buckets.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
+from frontier.config.schema import Settings
 from infra.cloud import Cloud
 from infra.tags import with_tags
 
@@ -30,6 +31,36 @@ def bucket_suffix(cloud: Cloud) -> str:
 
 def unique_bucket_name(stack: str, purpose: str, cloud: Cloud) -> str:
     return f"frontier-{stack}-{purpose}{bucket_suffix(cloud)}"
+
+
+def metering_bucket_name(stack: str, cloud: Cloud) -> str:
+    """The gateway's own metering bucket, made by the stack when ``gateway.metering.uri`` names it."""
+    return unique_bucket_name(stack, "metering", cloud)
+
+
+def metering_problems(settings: Settings, cloud: Cloud) -> Iterator[str]:
+    """The gateway meters into a bucket the stack owns: its history bucket, or the metering bucket
+    it makes. Any other bucket nothing would create (or someone else owns) is refused here, before a
+    gateway writes to it and finds it missing."""
+    gateway = settings.gateway
+    if gateway is None or not gateway.metering.uri.startswith("s3://"):
+        return
+    bucket, _ = split_s3_uri(gateway.metering.uri)
+    owned = (unique_bucket_name(settings.stack, "history", cloud), metering_bucket_name(settings.stack, cloud))
+    if bucket not in owned:
+        yield (
+            f"gateway.metering.uri = {gateway.metering.uri!r}: bucket {bucket!r} is not one this stack creates; "
+            f"use s3://{owned[1]}/<prefix> (made by the stack) or s3://{owned[0]}/<prefix> (its history bucket)"
+        )
+
+
+def stack_metering_bucket(settings: Settings, cloud: Cloud) -> str:
+    """The metering bucket the stack makes for its gateway, or "" where it makes none."""
+    gateway = settings.gateway
+    if gateway is None or not gateway.metering.uri.startswith("s3://"):
+        return ""
+    bucket, _ = split_s3_uri(gateway.metering.uri)
+    return bucket if bucket == metering_bucket_name(settings.stack, cloud) else ""
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
@@ -48,6 +79,10 @@ class StorageArgs:
     history_noncurrent_days: int
     log_expiration_days: int
     tags: Mapping[str, str]
+    #: The gateway's metering bucket where it is one of the stack's own (gateway.metering.uri names
+    #: :func:`metering_bucket_name`): made here. "" where the gateway meters into the history bucket
+    #: or the stack has no gateway.
+    metering_bucket: str = ""
 
 
 @dataclass(frozen=True)
@@ -99,6 +134,16 @@ class Storage(pulumi.ComponentResource):
             lifecycle=[self._noncurrent_rule(args.history_noncurrent_days)],
             logs_bucket=logs.name,
         )
+        if args.metering_bucket:
+            self._bucket(
+                "metering",
+                args.metering_bucket,
+                purpose="metering",
+                kms_key_arn=args.kms_key_arn,
+                versioned=True,
+                lifecycle=[self._noncurrent_rule(args.history_noncurrent_days)],
+                logs_bucket=logs.name,
+            )
         self.weights_bucket, self.weights_bucket_arn = weights.name, weights.arn
         self.history_bucket, self.history_bucket_arn = history.name, history.arn
         self.history_prefix = f"{HISTORY_PREFIX_ROOT}/{args.stack}/"

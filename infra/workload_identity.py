@@ -1,11 +1,11 @@
 """IAM for a ``kubernetes`` stack: the runtime pods' role and the role ``fab`` deploys with.
 
-The runtime role carries exactly the EC2 hosts' least-privilege policy
-(:func:`infra.identity.runtime_policy`: its model's weights prefix, its API-keys secret, the key
-only via S3 and Secrets Manager, its image, its logs and metrics), but is assumed by the runtime's
-service account instead of an instance: through EKS Pod Identity (an association of namespace and
-service account to the role) or IRSA (the cluster's OIDC provider, the trust pinned to that
-service account). Image pulls are the kubelet's, through the node role.
+Each pool's pods have a service account and a runtime role of their own, carrying the EC2 hosts'
+least-privilege policy for that pool (:func:`frontier.identity.documents.runtime_pod_policy`: its
+pool's weights prefix, its API-keys secret, the key only via S3 and Secrets Manager, its logs and
+metrics), assumed by that service account instead of an instance: through EKS Pod Identity (an
+association of namespace and service account to the role) or IRSA (the cluster's OIDC provider, the
+trust pinned to that service account). Image pulls are the kubelet's, through the node role.
 
 The deploy role keeps the EC2 deploy role's history, weights and image statements; instead of
 draining target groups it may describe its own cluster (Kubernetes access itself comes from an
@@ -17,73 +17,35 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.identity import DEPLOY_SESSION_S, IdentityArgs, deploy_policy, runtime_policy, trust
+from frontier.config.schema import PoolSettings
+from frontier.identity.documents import DEPLOY_SESSION_S, kubernetes_deploy_policy, runtime_pod_policy, trust
+from infra.identity import IdentityInputs, rendered
 
 POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
-# Of the hosts' runtime policy, what the runtime process itself uses: its weights, its API keys,
-# the key behind both, its logs and its metrics.
-POD_STATEMENTS = frozenset(
-    {
-        "ReadItsModelWeights",
-        "ReadItsApiKeys",
-        "DecryptWeightsAndSecret",
-        "WriteItsLogs",
-        "PutRuntimeMetrics",
-    }
-)
-# Of the EC2 deploy policy, what `fab` does on Kubernetes too: history and locks, weights and image
-# pushes, `fab weights.gc`, `fab usage` where the gateway meters to S3 (no target groups or auto
-# scaling groups to drive).
-DEPLOY_STATEMENTS = frozenset(
-    {
-        "ReadWriteDeployHistoryAndLocks",
-        "ListDeployHistory",
-        "PushModelWeights",
-        "ListModelWeights",
-        "CollectUnusedModelWeights",
-        "EncryptHistoryAndWeights",
-        "PushRuntimeImages",
-        "LogInToTheRegistry",
-        "ReadItsUsage",
-        "ListItsUsage",
-    }
-)
 # Pod Identity trust: the agent assumes the role and tags the session with the pod's identity.
 POD_IDENTITY_ACTIONS = ["sts:AssumeRole", "sts:TagSession"]
 
 
 @dataclass(frozen=True)
 class WorkloadIdentityArgs:
-    identity: IdentityArgs
+    identity: IdentityInputs
+    #: The pool whose pods run as this role (its weights, secret and history only).
+    pool: PoolSettings
     mode: str  # "pod_identity" | "irsa"
     namespace: str
+    #: The pool's own service account (frontier.targets.kubernetes.manifests.pool_service_account).
     service_account: str
     cluster_name: pulumi.Input[str]
     oidc_issuer: pulumi.Input[str]
     tags: Mapping[str, str]
     #: An existing cluster's role for the runtime (``kubernetes.runtime_role_arn``): none is made.
     role_arn: str = ""
-
-
-def runtime_pod_policy(args: IdentityArgs) -> dict[str, Any]:
-    """The hosts' runtime statements a pod needs: what a host does for itself (boot, image pulls,
-    lifecycle) is the node's or the kubelet's business on Kubernetes."""
-    document = runtime_policy(args)
-    return {**document, "Statement": [s for s in document["Statement"] if s["Sid"] in POD_STATEMENTS]}
-
-
-def kubernetes_deploy_policy(args: IdentityArgs, cluster_arn: str) -> dict[str, Any]:
-    document = deploy_policy(args)
-    statements = [s for s in document["Statement"] if s["Sid"] in DEPLOY_STATEMENTS]
-    statements.append(
-        {"Sid": "SeeItsCluster", "Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": cluster_arn}
-    )
-    return {**document, "Statement": statements}
+    #: IRSA on a created cluster: the OIDC provider another pool's identity made; one is made if None.
+    oidc_provider_arn: pulumi.Input[str] | None = None
 
 
 def pod_identity_trust() -> str:
@@ -123,7 +85,7 @@ class KubernetesDeployRole(pulumi.ComponentResource):
     arn: pulumi.Output[str]
 
     def __init__(
-        self, name: str, args: IdentityArgs, cluster_arn: str, opts: pulumi.ResourceOptions | None = None
+        self, name: str, args: IdentityInputs, cluster_arn: str, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("frontier:kubernetes:DeployRole", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -138,7 +100,7 @@ class KubernetesDeployRole(pulumi.ComponentResource):
         aws.iam.RolePolicy(
             f"{name}-deploy",
             role=deploy.id,
-            policy=pulumi.Output.json_dumps(kubernetes_deploy_policy(args, cluster_arn)),
+            policy=rendered(args.for_stack(), lambda a: kubernetes_deploy_policy(a, cluster_arn)),
             opts=child,
         )
         self.arn = deploy.arn
@@ -164,22 +126,25 @@ class WorkloadIdentity(pulumi.ComponentResource):
             return
 
         if args.mode == "irsa":
-            provider = aws.iam.OpenIdConnectProvider(
-                f"{name}-oidc",
-                url=args.oidc_issuer,
-                client_id_lists=["sts.amazonaws.com"],
-                tags=tags,
-                opts=child,
-            )
-            self.oidc_provider_arn = provider.arn
-            assume = pulumi.Output.all(provider.arn, args.oidc_issuer).apply(
+            if args.oidc_provider_arn is None:
+                provider = aws.iam.OpenIdConnectProvider(
+                    f"{name}-oidc",
+                    url=args.oidc_issuer,
+                    client_id_lists=["sts.amazonaws.com"],
+                    tags=tags,
+                    opts=child,
+                )
+                self.oidc_provider_arn = provider.arn
+            else:
+                self.oidc_provider_arn = pulumi.Output.from_input(args.oidc_provider_arn)
+            assume = pulumi.Output.all(self.oidc_provider_arn, args.oidc_issuer).apply(
                 lambda a: irsa_trust(a[0], a[1], args.namespace, args.service_account)
             )
         else:
             assume = pulumi.Output.from_input(pod_identity_trust())
         runtime = aws.iam.Role(
             f"{name}-runtime",
-            description=f"Frontier {base.stack}: runtime pods ({args.namespace}/{args.service_account})",
+            description=f"Frontier {base.stack}: runtime pods of {args.pool.name} ({args.namespace}/{args.service_account})",
             assume_role_policy=assume,
             tags=tags,
             opts=child,
@@ -187,7 +152,7 @@ class WorkloadIdentity(pulumi.ComponentResource):
         aws.iam.RolePolicy(
             f"{name}-runtime",
             role=runtime.id,
-            policy=pulumi.Output.json_dumps(runtime_pod_policy(base)),
+            policy=rendered(base.for_pool(args.pool), runtime_pod_policy),
             opts=child,
         )
         if args.mode == "pod_identity":

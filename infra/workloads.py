@@ -76,6 +76,7 @@ ARGUMENTS = {
 }
 SKIP_AWAIT = "pulumi.com/skipAwait"
 LB_ATTRIBUTES = "alb.ingress.kubernetes.io/load-balancer-attributes"
+WAF_ACL_ANNOTATION = "alb.ingress.kubernetes.io/wafv2-acl-arn"
 LB_DELETION_PROTECTION = "deletion_protection.enabled"
 # What `fab deploy` and KEDA change on a live runtime Deployment.
 RELEASE_FIELDS = ["spec.template", "spec.replicas"]
@@ -100,11 +101,14 @@ class WorkloadsArgs:
     #: The cluster's kubeconfig (its contents, or a file path) and the context in it, if not current.
     kubeconfig: pulumi.Input[str]
     context: str | None = None
-    role_arn: pulumi.Input[str] | None = None
+    #: Each pool's pods' IAM role by model name (IRSA annotates that pool's service account with it).
+    role_arns: Mapping[str, pulumi.Input[str]] | None = None
     #: The gateway's IAM role (IRSA annotates its service account with it), where the stack has one.
     gateway_role_arn: pulumi.Input[str] | None = None
     #: The stack's access-log bucket: an ALB made by the load balancer controller logs there too.
     access_logs_bucket: pulumi.Input[str] | None = None
+    #: The stack's web ACL, which the controller puts in front of the ALB it makes for the Ingress.
+    web_acl_arn: pulumi.Input[str] | None = None
     #: A created cluster's provider (else one is made from ``kubeconfig``) and its add-ons.
     provider: k8s.Provider | None = None
     addons: ClusterAddons | None = None
@@ -129,6 +133,11 @@ def with_access_logs(ingress: Manifest, bucket: pulumi.Input[str], production: b
         f",{LB_DELETION_PROTECTION}=true" if production else "",
     )
     return dataclasses.replace(ingress, annotations={**ingress.annotations, LB_ATTRIBUTES: attributes})
+
+
+def with_web_acl(ingress: Manifest, acl_arn: pulumi.Input[str]) -> Manifest:
+    """The stack's web ACL in front of the ALB the controller makes (an ARN known only to Pulumi)."""
+    return dataclasses.replace(ingress, annotations={**ingress.annotations, WAF_ACL_ANNOTATION: acl_arn})
 
 
 def resource_for(
@@ -183,7 +192,7 @@ class Workloads(pulumi.ComponentResource):
         workload: Workload = render_workload(
             args.settings,
             release_digest(args.settings),
-            role_arn=args.role_arn,
+            role_arns=args.role_arns,
             gateway_role_arn=args.gateway_role_arn,
         )
         provider = args.provider or k8s.Provider(
@@ -205,6 +214,8 @@ class Workloads(pulumi.ComponentResource):
         for manifest in workload.all()[1:]:
             if manifest.kind == "Ingress" and args.access_logs_bucket is not None:
                 manifest = with_access_logs(manifest, args.access_logs_bucket, is_production(args.settings))
+            if manifest.kind == "Ingress" and args.web_acl_arn is not None:
+                manifest = with_web_acl(manifest, args.web_acl_arn)
             is_runtime = manifest.kind == "Deployment" and manifest.name in released
             # A LeaderWorkerSet's pods start only once the Secret their key comes from exists.
             after = [namespace, *([keys[manifest.name]] if manifest.kind == lw.KIND else [])]

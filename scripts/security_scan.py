@@ -208,9 +208,9 @@ def render_pulumi_documents(out: Path) -> list[str]:
             sys.path.insert(0, path)
     from k8s_mocks import run_kubernetes  # EKS's account answers the EC2 program's invokes too
 
+    from frontier.identity.documents import CHECKOV_EXCEPTIONS
     from frontier.targets import load_stack
     from infra.errors import ProvisionError
-    from infra.identity import CHECKOV_EXCEPTIONS
     from infra.program import refuse_local
 
     found = []

@@ -37,7 +37,10 @@ class StackOutputs(BaseModel, Generic[Value]):
     api_keys_secret_arn: Value
     kms_key_arn: Value
     deploy_role_arn: Value
+    #: A one-model stack's runtime role; "" where the stack serves several (see runtime_role_arns).
     runtime_role_arn: Value
+    #: Each pool's runtime role by model name: its hosts or pods run as that principal alone.
+    runtime_role_arns: dict[str, Value] = {}
     #: The base URL of the OpenAI-compatible API (``fab loadtest`` and ``fab batch`` without ``--url``).
     endpoint: Value
 

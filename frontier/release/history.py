@@ -481,5 +481,12 @@ def stack_history(settings: Settings, s3: Any, bucket: str, prefix: str) -> Hist
     A stack of several models keeps each pool's releases, history and lock apart (``settings`` is
     then one pool's view); the artifacts (runtime wheels and images) stay the stack's.
     """
-    pool_prefix = f"{prefix.rstrip('/')}/models/{settings.model.name}/" if settings.listed_models else prefix
+    pool_prefix = pool_history_prefix(settings, settings.model.name, prefix)
     return HistoryStore(s3, bucket, settings.stack, pool_prefix, artifacts_prefix=prefix)
+
+
+def pool_history_prefix(settings: Settings, model: str, prefix: str) -> str:
+    """Where pool ``model`` keeps its releases, records and lock under the stack's history ``prefix``:
+    ``models/<model>/`` in a file that lists its models, the stack's own prefix otherwise. Deploys
+    write there and its hosts' node.env and principal name it, so none of them can drift apart."""
+    return f"{prefix.rstrip('/')}/models/{model}/" if settings.listed_models else prefix

@@ -23,6 +23,7 @@ from frontier.config import host_image as image
 from frontier.config.hardware import has_nvswitch, instance_store
 from frontier.config.schema import NodeGroup, PoolSettings, Settings
 from frontier.errors import FrontierError
+from frontier.release.history import pool_history_prefix
 from frontier.render.alerts import HOST_NAMESPACE, AgentMetrics, agent_metrics
 from frontier.render.templates import render_template
 
@@ -418,14 +419,21 @@ def render_cloud_init(
     ``host/`` (uploaded by ``pulumi up``), beside the releases the host bootstraps from.
     """
     node_group = _group(settings, group)
-    prefix = history_prefix or f"history/{settings.stack}/"
-    registry = group_pool(settings, node_group).runtime.image_repository.split("/", 1)[0]
+    pool = group_pool(settings, node_group)
+    stack_prefix = history_prefix or f"history/{settings.stack}/"
+    # The group's pool's history, where its deploys write its releases and records (and `pulumi up`
+    # its host tools); the runtime artifacts stay the stack's.
+    prefix = pool_history_prefix(settings, pool.name, stack_prefix)
+    registry = pool.runtime.image_repository.split("/", 1)[0]
     tools_uri = f"s3://{history_bucket}/{prefix}{names.HOST_TOOLS_PREFIX}{node_group.name}/"
+    env = node_env(settings, pool, history_bucket=history_bucket, history_prefix=prefix)
+    if prefix != stack_prefix:
+        env.append(("FRONTIER_ARTIFACTS_PREFIX", stack_prefix))
     return render_template(
         "cloud-init.yaml.j2",
         stack=settings.stack,
         group=node_group,
-        node_env=node_env(settings, node_group, history_bucket=history_bucket, history_prefix=prefix),
+        node_env=env,
         tools_uri=tools_uri,
         host_root=HOST_ROOT,
         gpu=node_group.accelerator == "gpu",

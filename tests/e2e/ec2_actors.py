@@ -66,16 +66,17 @@ from frontier.cli import access, ami, ops
 from frontier.config.hardware import ami_parameter
 from frontier.config.outputs import Ec2Outputs
 from frontier.config.schema import Settings
+from frontier.identity.documents import deploy_policy, lifecycle_policy, runtime_policy
+from frontier.identity.pools import StackResources, pool_identity, stack_identity
 from frontier.release.artifact import Artifact
 from frontier.release.history import iso, now, stack_history
 from frontier.release.release import Release
-from frontier.render.boot import node_env, replica_nodes, shipped_logs
+from frontier.render.boot import node_env, shipped_logs
 from frontier.rollout.rolling import HostResult, RolloutResult
 from frontier.targets import load_stack
 from frontier.targets.ec2.access import InstanceConnectKey
 from frontier.targets.ec2.backend import Ec2Backend
 from frontier.targets.local import iam, moto_calls, services
-from infra.identity import IdentityArgs, deploy_policy, lifecycle_policy, runtime_policy
 from tests.aws_host import MetricsPage, publish_parameter
 from tests.e2e import iam_simulation
 
@@ -153,34 +154,33 @@ def outputs(settings: Settings, target_group_arn: str) -> Ec2Outputs[str]:
 
 
 def documents(settings: Settings, saved: Ec2Outputs[str]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Each actor's documents as ``pulumi up`` of ``settings`` grants them, named as the local stack
-    names its own (one runtime and one deploy document per pool, and the lifecycle document)."""
+    """Each actor's documents as ``pulumi up`` of ``settings`` grants them (:mod:`frontier.identity`,
+    with the saved outputs' ARNs), named as the local stack names its own: each pool's host actor
+    with its runtime and lifecycle documents, and the deploy role's."""
     cloud = iam._cloud(settings)
     repository = saved.ecr_repository_url.split("/", 1)[1]
-    host: dict[str, dict[str, Any]] = {"lifecycle": lifecycle_policy(cloud, settings.stack)}
-    deploy: dict[str, dict[str, Any]] = {}
+    weights_bucket, _, weights_prefix = settings.weights_root.removeprefix("s3://").partition("/")
+    found = StackResources(
+        weights_bucket_arn=f"arn:aws:s3:::{weights_bucket}",
+        weights_prefix=weights_prefix.strip("/"),
+        history_bucket_arn=f"arn:aws:s3:::{saved.history_bucket}",
+        history_prefix=saved.history_prefix,
+        kms_key_arn=saved.kms_key_arn,
+        api_keys_secret_arns={settings.api_keys_secret: f"{saved.api_keys_secret_arn}-*"},
+        repository_arn=cloud.arn("ecr", f"repository/{repository}"),
+        target_group_arn=saved.target_group_arn,
+    )
+    stack = stack_identity(settings, cloud, found, ssm_access=saved.host_access == "ssm")
+    found_documents: dict[str, dict[str, dict[str, Any]]] = {}
     for pool in settings.pools:
-        weights_bucket, _, weights_prefix = pool.model.weights_uri.removeprefix("s3://").partition("/")
-        args = IdentityArgs(
-            stack=settings.stack,
-            cloud=cloud,
-            weights_bucket_arn=f"arn:aws:s3:::{weights_bucket}",
-            weights_prefix=weights_prefix.strip("/"),
-            history_bucket_arn=f"arn:aws:s3:::{saved.history_bucket}",
-            history_prefix=saved.history_prefix,
-            kms_key_arn=saved.kms_key_arn,
-            api_keys_secret_arn=f"{saved.api_keys_secret_arn}-*",
-            repository_arn=cloud.arn("ecr", f"repository/{repository}"),
-            target_group_arn=saved.target_group_arn,
-            ssm_access=saved.host_access == "ssm",
-            tags={},
-            ssh_user=settings.inventory.ssh_user,
-            replica_slots=any(replica_nodes(settings, g) > 1 for g in settings.node_groups),
-            metering_uri=settings.gateway.metering.uri if settings.gateway else "",
-        )
-        host[f"runtime-{pool.name}"] = runtime_policy(args, hosts=True)
-        deploy[f"deploy-{pool.name}"] = deploy_policy(args)
-    return {"host": host, "deploy": deploy}
+        found_documents[iam.host_actor(settings, pool)] = {
+            "lifecycle": lifecycle_policy(cloud, settings.stack).as_dict(),
+            f"runtime-{pool.name}": runtime_policy(
+                pool_identity(settings, pool, stack, found), hosts=True
+            ).as_dict(),
+        }
+    found_documents["deploy"] = {"deploy": deploy_policy(stack).as_dict()}
+    return found_documents
 
 
 def account(settings: Settings, saved: Ec2Outputs[str]) -> iam_simulation.Account:

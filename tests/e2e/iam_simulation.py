@@ -33,7 +33,9 @@ from frontier.targets.local import cluster as local
 from frontier.targets.local import iam
 
 TOOL = project.root() / "tools" / "iam-simulate"
-CHECKED_ACTORS = ("host", "deploy", "gateway")
+# Every actor but the admin (which stands in for `pulumi up`): each pool's host actor, the deploy
+# role, the gateway.
+UNCHECKED_ACTORS = frozenset({"admin"})
 # Condition keys AWS documents that the simulator's data cannot type, each evaluated under a global
 # key of the same type (a string) in the documents and the calls alike: ec2:osuser, which EC2
 # Instance Connect's SendSSHPublicKey sets, is listed under ec2-instance-connect's keys, and the
@@ -76,7 +78,7 @@ def principal_arn(settings: Settings, actor: str) -> str:
 def actor_documents(settings: Settings) -> dict[str, dict[str, dict[str, Any]]]:
     """Each checked actor's documents by name, as AWS would hold them (not widened for moto)."""
     found = iam.documents(settings, local.history_bucket(settings), local.history_prefix(settings))
-    return {actor: found[actor] for actor in CHECKED_ACTORS if actor in found}
+    return {actor: policies for actor, policies in found.items() if actor not in UNCHECKED_ACTORS}
 
 
 def _encrypted_buckets(settings: Settings) -> set[str]:
@@ -125,7 +127,8 @@ def implied(settings: Settings, call: Call, account: Account | None = None) -> l
 
 def calls_of(settings: Settings, log: Iterable[dict[str, Any]], account: Account | None = None) -> list[Call]:
     """The distinct calls of the checked actors in ``log``, with the KMS calls they imply."""
-    principals = {principal_arn(settings, actor) for actor in CHECKED_ACTORS}
+    checked = {*iam.actors(settings), "gateway"} - UNCHECKED_ACTORS
+    principals = {principal_arn(settings, actor) for actor in checked}
     seen: dict[Call, None] = {}
     for line in log:
         if line["principal"] not in principals:

@@ -115,9 +115,14 @@ class TwoPools:
     config: NodeConfig  # the small pool's slot, as a relaunch writes its node.env
     aws: Aws
 
+    @property
+    def host_key(self) -> iam.AccessKey:
+        """The small pool's host slots' key: that pool's principal."""
+        return self.keys[iam.host_actor(self.settings, self.settings.pool(SECOND_MODEL["name"]))]
+
     def host_s3(self, endpoint: str):  # noqa: ANN201 - a boto3 client
         return boto3.client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1", **self.keys["host"].boto3_kwargs()
+            "s3", endpoint_url=endpoint, region_name="us-east-1", **self.host_key.boto3_kwargs()
         )
 
 
@@ -170,7 +175,8 @@ def two_pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         env_file = tmp_path / "node.env"
         env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
         # What the slot's env file gives its bootstrap: the host role's key and the stack's moto.
-        for key, value in {"AWS_ENDPOINT_URL": moto.endpoint, **keys["host"].env()}.items():
+        small_host = keys[iam.host_actor(settings, settings.pool(SECOND_MODEL["name"]))]
+        for key, value in {"AWS_ENDPOINT_URL": moto.endpoint, **small_host.env()}.items():
             monkeypatch.setenv(key, value)
         yield TwoPools(
             settings, keys, pool, release, wheel, NodeConfig.load(str(env_file)), Aws("us-east-1", aws_cli())
@@ -196,7 +202,10 @@ def test_a_second_pools_host_cannot_make_a_release_current(two_pools):
 
 def test_a_second_pools_host_reads_exactly_its_pools_history_and_the_stacks_artifacts(two_pools):
     stack_prefix, pool_prefix = two_pools.pool.artifacts_prefix, two_pools.pool.prefix
-    document = iam.documents(two_pools.settings, two_pools.pool.bucket, stack_prefix)["host"]
+    small = two_pools.settings.pool(SECOND_MODEL["name"])
+    document = iam.documents(two_pools.settings, two_pools.pool.bucket, stack_prefix)[
+        iam.host_actor(two_pools.settings, small)
+    ]
     reads = next(
         s
         for s in document[f"runtime-{SECOND_MODEL['name']}"]["Statement"]

@@ -84,7 +84,7 @@ def dev_gateway_document(tenant: dict | None = None, **gateway: object) -> dict:
     config = document["config"]
     config["frontier:gateway"] = {
         "port": 8090,
-        "metering": {"uri": "s3://frontier-dev-metering-123456789012-us-east-1/metering"},
+        "metering": {"uri": "s3://frontier-dev-metering-123456789012-us-west-2/metering"},
         "ami_id": "ami-0123456789abcdef0",
         "request_timeout_s": 110,  # below dev's edge.idle_timeout_s (120 s): the ALB fronts the gateway
         **gateway,

@@ -290,7 +290,7 @@ def test_fab_usage_reads_the_gateways_metering_records_only_under_their_prefix(t
     from frontier.targets import load_stack
     from tests.gateway.stacks import dev_gateway_document, write_stack
 
-    bucket = f"frontier-dev-metering-{ACCOUNT_ID}-us-east-1"
+    bucket = f"frontier-dev-metering-{ACCOUNT_ID}-us-west-2"
     document = dev_gateway_document(metering={"uri": f"s3://{bucket}/metering"}, instance_type="c7i.large")
     path = write_stack(tmp_path, document, "dev")
     graph = run_program(load_stack("dev", path=path))

@@ -13,7 +13,7 @@ import json
 
 from infra_mocks import ACCOUNT_ID
 
-from infra.identity import SSM_AGENT
+from frontier.identity.documents import SSM_AGENT
 
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 ASG = "aws:autoscaling/group:Group"

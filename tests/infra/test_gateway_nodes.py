@@ -28,7 +28,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory):
     model = config["frontier:model"]["name"]
     config["frontier:gateway"] = {
         "port": 8090,
-        "metering": {"uri": "s3://frontier-dev-metering-123456789012-us-east-1/metering"},
+        "metering": {"uri": "s3://frontier-dev-metering-123456789012-us-west-2/metering"},
         "ami_id": "ami-0123456789abcdef0",
         "instance_type": "c7i.large",
         "request_timeout_s": 110,  # below dev's edge.idle_timeout_s (120 s): the ALB fronts the gateway
@@ -113,7 +113,7 @@ def test_the_gateway_reads_digests_and_what_it_boots_and_writes_metering_logs_an
     assert any("secret:frontier/dev/tenants/acme-*" in arn for arn in by_sid["ReadKeyDigests"]["Resource"])
     assert (
         by_sid["WriteMetering"]["Resource"]
-        == "arn:aws:s3:::frontier-dev-metering-123456789012-us-east-1/metering/*"
+        == "arn:aws:s3:::frontier-dev-metering-123456789012-us-west-2/metering/*"
     )
 
 

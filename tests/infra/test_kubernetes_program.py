@@ -465,8 +465,10 @@ def test_service_monitors_and_rules_are_created_only_after_the_prometheus_operat
 
 def test_every_addon_is_a_pinned_chart_from_one_table(eks):
     releases = eks.of_type(HELM_RELEASE)
-    # LWS: only on a cluster with a replica over several nodes (test_the_lws_controller_is_...).
-    assert sorted(r.inputs["name"] for r in releases) == sorted(c for c in CHARTS if c != "lws")
+    # LWS: only on a cluster with a replica over several nodes (test_the_lws_controller_is_...); the
+    # termination handler only where a node group buys spot (tests/kubernetes/test_spot_nodes.py).
+    only_some = ("lws", "node-termination-handler")
+    assert sorted(r.inputs["name"] for r in releases) == sorted(c for c in CHARTS if c not in only_some)
     for release in releases:
         chart = CHARTS[release.inputs["name"]]
         assert release.inputs["chart"] == chart.chart and release.inputs["version"] == chart.version
@@ -601,7 +603,10 @@ def test_the_gateway_reads_only_its_tenants_and_runtimes_keys_and_writes_only_it
     assert secrets == {t.api_key_secret for t in settings.tenants} | {
         p.runtime.api_keys_secret for p in settings.pools
     }
-    assert statements["WriteMetering"]["Resource"] == "arn:aws:s3:::frontier-eks-gateway-history/metering/*"
+    assert (
+        statements["WriteMetering"]["Resource"]
+        == "arn:aws:s3:::frontier-eks-gateway-metering-123456789012-us-east-1/metering/*"
+    )
     assert statements["DecryptSecrets"]["Condition"]["StringEquals"]["kms:ViaService"].startswith(
         "secretsmanager."
     )

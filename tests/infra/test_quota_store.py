@@ -82,6 +82,13 @@ def run(
     path: Path, stack: str = "dev", mocks: Callable[[str], StoreMocks] = StoreMocks, production: bool = False
 ) -> Graph:
     settings = load_stack("dev", path=path).model_copy(update={"stack": stack, "production": production})
+    # Renamed, the stack meters into its own metering bucket (another stack's is refused).
+    gateway = settings.gateway
+    assert gateway is not None
+    metering = gateway.metering.model_copy(
+        update={"uri": gateway.metering.uri.replace("frontier-dev-metering", f"frontier-{stack}-metering")}
+    )
+    settings = settings.model_copy(update={"gateway": gateway.model_copy(update={"metering": metering})})
     _ensure_event_loop()
     return contextvars.Context().run(_run, settings, build, mocks(settings.region))
 

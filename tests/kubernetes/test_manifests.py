@@ -393,8 +393,8 @@ def test_egress_is_dns_and_https_only_and_never_the_metadata_address(eks_prod, e
 
 
 def test_the_service_account_carries_the_irsa_role_only_with_irsa(eks_prod, existing):
-    assert m.service_account(eks_prod, "arn:aws:iam::1:role/x").annotations == {}
-    assert m.service_account(existing).annotations == {
+    assert m.service_account(eks_prod, eks_prod.only_pool, "arn:aws:iam::1:role/x").annotations == {}
+    assert m.service_account(existing, existing.only_pool).annotations == {
         m.IRSA_ROLE_ANNOTATION: "arn:aws:iam::123456789012:role/frontier-runtime"
     }
 

@@ -31,6 +31,7 @@ from frontier_hostside.rendezvous import Rendezvous, slot_key
 
 from frontier import project
 from frontier.config.schema import Settings
+from frontier.identity.documents import replica_slot_statements
 from frontier.release.artifact import Artifact
 from frontier.release.history import HistoryStore, iso, now
 from frontier.release.release import Release
@@ -38,7 +39,6 @@ from frontier.render.boot import node_env
 from frontier.targets import load_stack
 from frontier.targets.local import cluster as local
 from frontier.targets.local import iam, services
-from infra.identity import replica_slot_statements
 from tests.aws_host import MetricsPage, aws_cli
 from tests.gateway.stacks import dev_gateway_document
 
@@ -149,7 +149,10 @@ def _with_replica_slots(account) -> None:
     bucket_arn = f"arn:aws:s3:::{account.store.bucket}"
     document = {
         **document,
-        "Statement": [*document["Statement"], *replica_slot_statements(bucket_arn, account.store.prefix)],
+        "Statement": [
+            *document["Statement"],
+            *(s.as_dict() for s in replica_slot_statements(bucket_arn, account.store.prefix)),
+        ],
     }
     account.client("admin", "iam").put_user_policy(
         UserName=iam.user_name(account.settings, "host"),

@@ -101,6 +101,35 @@ def test_no_import_arrow_runs_back_up_between_rooms():
     assert report is None, "rooms import each other in a circle:\n" + (report or "")
 
 
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at the top or inside a function, by its full dotted name."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_the_toolkit_never_imports_the_pulumi_program_or_pulumi():
+    """``infra/`` builds on ``frontier/`` (the settings, the rendered files, the IAM documents of
+    ``frontier/identity/``), never the other way: the toolkit runs where Pulumi is not installed."""
+    offenders = sorted(
+        f"{_module_name(path)} -> {module}"
+        for path in (ROOT / "frontier").rglob("*.py")
+        for module in _imports(path)
+        if module.split(".")[0] in ("infra", "pulumi", "pulumi_aws", "pulumi_kubernetes")
+    )
+    assert not offenders, "the toolkit imports the Pulumi program or Pulumi:\n" + "\n".join(offenders)
+
+
+def test_an_import_of_the_program_inside_a_function_is_found(tmp_path):
+    module = tmp_path / "late.py"
+    module.write_text("def documents():\n    from infra.identity import Identity\n    import pulumi_aws\n")
+    assert _imports(module) == {"infra.identity", "pulumi_aws"}
+
+
 @pytest.mark.parametrize(
     ("lower", "upper"),
     [
@@ -118,6 +147,7 @@ def test_no_import_arrow_runs_back_up_between_rooms():
         ("frontier.render.", "frontier.targets"),
         ("frontier.config.", "frontier.targets"),
         ("frontier.capacity.", "frontier.targets"),
+        ("frontier.identity.", "frontier.targets"),  # the IAM documents serve every target alike
         # A target knows no other target and not the factory that chooses between them.
         ("frontier.targets.local.", "frontier.targets"),
         ("frontier.targets.ec2.", "frontier.targets"),

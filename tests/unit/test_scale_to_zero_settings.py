@@ -262,7 +262,7 @@ def prod_at_zero(tmp_path_factory: pytest.TempPathFactory) -> Graph:
             "node_groups[0].idle_to_zero_s": 900,
             "gateway": {
                 **_gateway({model: {"max_requests": 64, "timeout_s": 120}}),
-                "metering": {"uri": "s3://frontier-prod-metering/usage"},
+                "metering": {"uri": "s3://frontier-prod-metering-123456789012-us-east-1/usage"},
                 "ami_id": "ami-0123456789abcdef0",
             },
             "tenants": [{**TENANT, "models": [model], "api_key_secret": "frontier/prod/tenants/acme"}],

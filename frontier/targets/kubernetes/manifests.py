@@ -35,7 +35,8 @@ import copy
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,7 @@ from frontier_hostside.names import (
 )
 
 from frontier.capacity.gpus import instance_type
-from frontier.config.schema import NodePool, Settings
+from frontier.config.schema import NodePool, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.release.artifact import is_placeholder
 from frontier.render.host import image_reference, render_runtime_config
@@ -201,8 +202,18 @@ def namespace(settings: Settings) -> Manifest:
     return Manifest("v1", "Namespace", k.namespace, None, {}, labels=labels)
 
 
-def service_account(settings: Settings, role_arn: Any = None) -> Manifest:
-    """The runtime's identity. ``role_arn``: a string or a Pulumi Output of one (IRSA only)."""
+def pool_service_account(settings: Settings, pool: PoolSettings) -> str:
+    """The service account ``pool``'s pods run as: ``kubernetes.service_account`` on a one-model
+    stack, ``<it>-<model>`` where the file lists its models, so each pool's pods assume a role of
+    their own (its weights, secret and history only)."""
+    k = kubernetes_of(settings)
+    if not settings.listed_models:
+        return k.service_account
+    return f"{k.service_account}-{re.sub(r'[^a-z0-9-]+', '-', pool.name.lower()).strip('-')}"[:253]
+
+
+def service_account(settings: Settings, pool: PoolSettings, role_arn: Any = None) -> Manifest:
+    """``pool``'s identity. ``role_arn``: a string or a Pulumi Output of one (IRSA only)."""
     k = kubernetes_of(settings)
     annotations: dict[str, Any] = {}
     if k.identity == "irsa":
@@ -212,7 +223,7 @@ def service_account(settings: Settings, role_arn: Any = None) -> Manifest:
     return Manifest(
         "v1",
         "ServiceAccount",
-        k.service_account,
+        pool_service_account(settings, pool),
         k.namespace,
         body,
         labels=stack_labels(),
@@ -248,9 +259,10 @@ def _tolerations(pool: NodePool) -> list[dict[str, Any]]:
 def pod_template(
     settings: Settings, digest: str, runtime_yaml: str, *, track: str, release_id: str = ""
 ) -> dict[str, Any]:
-    k, rt, health = kubernetes_of(settings), settings.runtime, settings.health
+    k, serving, health = kubernetes_of(settings), settings.only_pool, settings.health
+    rt = serving.runtime
     pool = serving_pool(settings)
-    gpu = settings.serving_group.accelerator == "gpu"
+    gpu = serving.group.accelerator == "gpu"
     # Requests equal to limits: the pod is Guaranteed, never the first evicted under node pressure.
     # (Extended resources such as GPUs cannot be overcommitted anyway: their requests must equal limits.)
     amounts = cpu_and_memory(settings)
@@ -301,7 +313,7 @@ def pod_template(
         ],
     }
     spec: dict[str, Any] = {
-        "serviceAccountName": k.service_account,
+        "serviceAccountName": pool_service_account(settings, serving),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": grace_period_s(settings),
@@ -484,6 +496,8 @@ class PoolObjects:
     monitoring, all named ``frontier-<model>`` (the pool's view of the settings)."""
 
     model: str
+    #: The pool's own identity: its pods assume its role alone.
+    service_account: Manifest
     config_map: Manifest
     #: The pool's runtime workload: its Deployment, or, where a replica spans several nodes, its
     #: LeaderWorkerSet (``fab deploy`` rolls the former only).
@@ -497,16 +511,26 @@ class PoolObjects:
     prometheus_rule: Manifest | None
 
 
-def pool_objects(view: Settings, digest: str, release_id: str = "", *, first: bool = True) -> PoolObjects:
-    """``view``: the stack as one pool sees it (``Settings.for_pool``)."""
-    runtime_yaml = render_runtime_config(view, view.only_pool)
+def pool_objects(
+    view: Settings,
+    digest: str,
+    release_id: str = "",
+    *,
+    first: bool = True,
+    role_arns: Mapping[str, Any] | None = None,
+) -> PoolObjects:
+    """``view``: the stack as one pool sees it (``Settings.for_pool``); ``role_arns``: each pool's
+    pods' role by model name (IRSA)."""
+    pool = view.only_pool
+    runtime_yaml = render_runtime_config(view, pool)
     if lw.spans_nodes(view):
         pod = pod_template(view, digest, runtime_yaml, track="stable", release_id=release_id)
         workload = lw.leader_worker_set(view, pod)
     else:
         workload = deployment(view, digest, runtime_yaml, release_id=release_id)
     return PoolObjects(
-        model=view.model.name,
+        model=pool.name,
+        service_account=service_account(view, pool, (role_arns or {}).get(pool.name)),
         config_map=config_map(view, runtime_yaml),
         deployment=workload,
         service=service(view),
@@ -544,7 +568,6 @@ class Workload:
     """Every object of one stack: shared ones, each model pool's, and the gateway's where it has one."""
 
     namespace: Manifest
-    service_account: Manifest
     network_policies: tuple[Manifest, ...]
     pools: tuple[PoolObjects, ...]
     ingress: Manifest
@@ -597,7 +620,7 @@ class Workload:
         g = self.gateway
         return [
             self.namespace,
-            self.service_account,
+            *(p.service_account for p in self.pools),
             *([g.service_account] if g else []),
             *self.network_policies,
             *(m for p in self.pools for m in (p.config_map, p.deployment, p.service, p.disruption_budget)),
@@ -613,7 +636,7 @@ def render_workload(
     settings: Settings,
     digest: str,
     *,
-    role_arn: Any = None,
+    role_arns: Mapping[str, Any] | None = None,
     release_id: str = "",
     gateway_role_arn: Any = None,
 ) -> Workload:
@@ -621,10 +644,9 @@ def render_workload(
     pool on it: a new pool's first release is the stack's image, then ``fab deploy --model``."""
     return Workload(
         namespace=namespace(settings),
-        service_account=service_account(settings, role_arn),
         network_policies=tuple(network_policies(settings)),
         pools=tuple(
-            pool_objects(view, digest, release_id, first=i == 0)
+            pool_objects(view, digest, release_id, first=i == 0, role_arns=role_arns)
             for i, view in enumerate(gw.pool_views(settings))
         ),
         ingress=ingress(settings),

@@ -368,7 +368,8 @@ def host_env(settings: Settings, host: Host) -> dict[str, str]:
     """What a host slot's ``env`` file holds: the AWS environment (the host role's key) and where
     the slot lives."""
     return {
-        **aws_env(settings, "host"),
+        # The host's pool's principal: its pool's weights, secret and history only.
+        **aws_env(settings, iam.host_actor(settings, iam.pool_of_host(settings, host))),
         # Where the slot's runtime sends request spans: the stack's receiver (see traces.py).
         **traces_env(settings),
         "FRONTIER_HOST": host.name,

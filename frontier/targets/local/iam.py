@@ -8,12 +8,13 @@ each with an access key kept in ``<state_dir>/iam.json`` (mode 0600):
 ``admin``
     what ``pulumi up`` is on a cloud stack: it creates the buckets, the API-key secret, the tenants'
     secrets and the users below. Nothing else signs with it.
-``host``
-    a host slot's bootstrap, agent, metrics publisher and runtime: the runtime hosts' instance role,
-    :func:`infra.identity.runtime_policy` (``hosts=True``) and :func:`infra.identity.lifecycle_policy`,
-    one runtime document per model the stack serves.
+``host`` (``host-<model>`` for each pool where the stack file lists its models)
+    a host slot's bootstrap, agent, metrics publisher and runtime: its pool's runtime principal,
+    :func:`frontier.identity.documents.runtime_policy` (``hosts=True``) for that pool's weights,
+    secret and history, and :func:`frontier.identity.documents.lifecycle_policy`. A slot of one pool
+    cannot read another pool's weights.
 ``deploy``
-    ``fab``: the deploy role, :func:`infra.identity.deploy_policy`, one per model.
+    ``fab``: the deploy role, :func:`frontier.identity.documents.deploy_policy`, over every pool.
 ``gateway``
     the gateway process (stacks with a gateway): its role's statements as ``infra/gateway.py``
     grants them (written there inline, so :func:`gateway_policy` restates them; a test runs the
@@ -45,19 +46,21 @@ import copy
 import json
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from frontier.config.schema import Settings
+from frontier.config.schema import Host, PoolSettings, Settings
 from frontier.errors import FrontierError
+from frontier.identity.cloud import Cloud
+from frontier.identity.documents import deploy_policy, lifecycle_policy, runtime_policy
+from frontier.identity.pools import StackResources, pool_identity, principal_suffix, stack_identity
 
 # The calls moto lets through unchecked: create the admin user, give it its policy, make its key.
 UNCHECKED_CALLS = 3
 MOTO_ENV = {"INITIAL_NO_AUTH_ACTION_COUNT": str(UNCHECKED_CALLS)}
 CREDENTIALS_FILE = "iam.json"
 ACCOUNT_ID = "123456789012"  # moto's default account: the one every local ARN names
-ACTORS = ("admin", "host", "deploy", "gateway")
 # The services whose calls moto checks against a resource ARN; any other call is checked as if its
 # resource were "*" (moto/core/responses.py: only these define the call's resource).
 RESOURCE_CHECKED = frozenset({"s3", "iam", "sts", "sqs"})
@@ -95,29 +98,54 @@ def user_name(settings: Settings, actor: str) -> str:
 # --- the documents ---------------------------------------------------------------------------------
 
 
+def host_actor(settings: Settings, pool: PoolSettings) -> str:
+    """The user ``pool``'s host slots sign as: ``host`` on a one-model stack, ``host-<model>`` where
+    the file lists its models (each pool's hosts a principal of their own, as on a cloud stack)."""
+    return "host" + principal_suffix(settings, pool)
+
+
+def pool_of_host(settings: Settings, host: Host) -> PoolSettings:
+    """The pool whose replica ``host`` runs: the pool that lists it (a one-model stack's every host)."""
+    found = [pool for pool in settings.pools if host in pool.hosts]
+    if len(settings.pools) == 1:
+        return settings.only_pool
+    if len(found) != 1:
+        raise IdentityError(
+            f"inventory host {host.name!r}: listed by {len(found)} pools ({', '.join(p.name for p in found) or 'none'}); "
+            "each host runs exactly one pool"
+        )
+    return found[0]
+
+
 def documents(
     settings: Settings, history_bucket: str, history_prefix: str
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Each actor's policy documents by name, rendered by the cloud program's functions."""
-    from frontier.release.history import stack_history
-    from infra.identity import deploy_policy, lifecycle_policy, runtime_policy
-
+    """Each actor's policy documents by name, rendered by :mod:`frontier.identity` as the cloud
+    program renders them: one host actor per pool, scoped to that pool's weights, secret and history."""
     cloud = _cloud(settings)
-    host: dict[str, dict[str, Any]] = {"lifecycle": lifecycle_policy(cloud, settings.stack)}
-    deploy: dict[str, dict[str, Any]] = {}
+    found = _resources(settings, history_bucket, history_prefix)
+    stack = stack_identity(settings, cloud, found, ssm_access=False)
+    everyone: dict[str, dict[str, dict[str, Any]]] = {"admin": {"admin": ADMIN_DOCUMENT}}
     for pool in settings.pools:
-        args = _identity_args(settings, pool.model.weights_uri, history_bucket, history_prefix)
-        # A pool's hosts boot from its own history (releases, records, host tools), as its deploys
-        # write it; the prefix is the history store's own, so the two cannot drift apart.
-        pool_store = stack_history(settings.for_pool(pool.name), None, history_bucket, history_prefix)
-        if pool_store.prefix != pool_store.artifacts_prefix:
-            args = replace(args, pool_history_prefix=pool_store.prefix)
-        host[f"runtime-{pool.name}"] = runtime_policy(args, hosts=True)
-        deploy[f"deploy-{pool.name}"] = deploy_policy(args)
-    found = {"admin": {"admin": ADMIN_DOCUMENT}, "host": host, "deploy": deploy}
+        pool_args = pool_identity(settings, pool, stack, found)
+        everyone[host_actor(settings, pool)] = {
+            "lifecycle": lifecycle_policy(cloud, settings.stack).as_dict(),
+            f"runtime-{pool.name}": runtime_policy(pool_args, hosts=True).as_dict(),
+        }
+    everyone["deploy"] = {"deploy": deploy_policy(stack).as_dict()}
     if settings.gateway is not None:
-        found["gateway"] = {"gateway": gateway_policy(settings)}
-    return found
+        everyone["gateway"] = {"gateway": gateway_policy(settings)}
+    return everyone
+
+
+def actors(settings: Settings) -> tuple[str, ...]:
+    """Every user of the stack: the admin, each pool's host actor, the deploy role, the gateway."""
+    return (
+        "admin",
+        *(host_actor(settings, pool) for pool in settings.pools),
+        "deploy",
+        *(("gateway",) if settings.gateway is not None else ()),
+    )
 
 
 def gateway_policy(settings: Settings) -> dict[str, Any]:
@@ -168,9 +196,7 @@ def for_moto(document: dict[str, Any]) -> dict[str, Any]:
     return rendered
 
 
-def _cloud(settings: Settings) -> Any:
-    from infra.cloud import Cloud
-
+def _cloud(settings: Settings) -> Cloud:
     return Cloud(
         account_id=ACCOUNT_ID,
         partition="aws",
@@ -181,24 +207,22 @@ def _cloud(settings: Settings) -> Any:
     )
 
 
-def _identity_args(settings: Settings, weights_uri: str, history_bucket: str, history_prefix: str) -> Any:
-    from infra.identity import IdentityArgs
-
+def _resources(settings: Settings, history_bucket: str, history_prefix: str) -> StackResources:
+    """The local stack's resources by the names it gives them, as ARNs."""
     cloud = _cloud(settings)
-    weights_bucket, _, weights_prefix = weights_uri.removeprefix("s3://").partition("/")
-    return IdentityArgs(
-        stack=settings.stack,
-        cloud=cloud,
+    weights_bucket, _, weights_prefix = settings.weights_root.removeprefix("s3://").partition("/")
+    return StackResources(
         weights_bucket_arn=f"arn:aws:s3:::{weights_bucket}",
         weights_prefix=weights_prefix.strip("/"),
         history_bucket_arn=f"arn:aws:s3:::{history_bucket}",
         history_prefix=history_prefix,
         kms_key_arn=_key_arn(settings),
-        api_keys_secret_arn=cloud.arn("secretsmanager", f"secret:{settings.api_keys_secret}-*"),
+        api_keys_secret_arns={
+            name: cloud.arn("secretsmanager", f"secret:{name}-*")
+            for name in {pool.runtime.api_keys_secret or "" for pool in settings.pools}
+        },
         repository_arn=cloud.arn("ecr", f"repository/frontier-{settings.stack}-runtime"),
         target_group_arn=cloud.arn("elasticloadbalancing", f"targetgroup/frontier-{settings.stack}/local"),
-        ssm_access=False,
-        tags={},
     )
 
 
@@ -281,9 +305,9 @@ def provision(
             made = iam.create_access_key(UserName=name)["AccessKey"]
             keys[actor] = AccessKey(made["AccessKeyId"], made["SecretAccessKey"])
     _write_keys(state_dir, keys)
-    actors = ", ".join(a for a in ACTORS if a in keys)
+    users = ", ".join(a for a in actors(settings) if a in keys)
     return (
-        f"users {actors} (moto checks every call against their policies); keys in {credentials_file(state_dir)} (mode 0600)",
+        f"users {users} (moto checks every call against their policies); keys in {credentials_file(state_dir)} (mode 0600)",
         keys,
     )
 

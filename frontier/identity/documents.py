@@ -1,0 +1,494 @@
+"""The policy documents of a stack's principals: the runtime hosts or pods of each pool, the deploy
+role ``fab`` assumes, and the lifecycle grant of a host.
+
+The runtime principal can do exactly what a serving host needs: read the objects under its pool's
+prefix of the weights bucket (the manifest names every key: it never lists), read its API-keys
+secret, decrypt with the stack's key (only via S3 and Secrets Manager), pull the runtime image, write
+its own log groups, and put metrics in the ``Frontier/Runtime`` namespace. When hosts are reached
+through Session Manager (no bastion), it also runs the SSM agent.
+
+The deploy role is for operators and CI running ``fab``: deploy history and locks, weights push,
+image push, draining targets in its own target group, reading the state of its node groups and alarms,
+refreshing its gateway's hosts, reading its gateway's metering records (``fab usage``) and
+``fab keys.rotate`` of its runtimes' API-keys secret. Rotation is the deploy role's right, not a
+separate operator role's: whoever can deploy can already ship a release that reads that secret on
+every host, so a role of its own would add a credential to guard without taking any power away.
+Neither role has a wildcard action on a data service.
+
+Which principal runs which task. ``tests/e2e/test_task_actors.py`` runs the deploy role's tasks the
+local stack has (weights.push, release.build, deploy, status, history, keys.rotate under load,
+rollback, weights.gc, scale) as the ``fab`` command, signing with the deploy user's key against
+moto's server enforcing these documents, while the host slots run as their pool's runtime principal;
+then it evaluates every call moto allowed against the documents as AWS would, conditions included
+(``tools/iam-simulate``): none is denied. The EC2 paths the local stack never takes run in
+``tests/e2e/test_ec2_actors.py`` with the prod stack's documents, evaluated the same way.
+
+=================================================================  ===========================
+task                                                               principal
+=================================================================  ===========================
+deploy, rollback, status, history, scale, verify, weights.push,    the deploy role
+weights.gc, release.build, image.push, keys.rotate, gateway.roll,
+usage, batch
+a host's bootstrap, agent, metrics publisher, runtime              its pool's runtime principal
+the gateway process                                                the gateway's role
+``pulumi up``                                                      the account's administrator
+=================================================================  ===========================
+
+Every ARN here is a plain string: the Pulumi program resolves its resources' ARNs first and renders
+the same documents the local stack renders with its own names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from frontier_hostside.names import BOOT_RECORDS_PREFIX, HOST_TOOLS_PREFIX, REPLICAS_PREFIX, STACK_TAG
+from frontier_hostside.names import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
+
+from frontier.identity.cloud import Cloud
+
+LOG_GROUP_ROOT = "/frontier"
+ECR_PULL = ("ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer")
+ECR_PUSH = (
+    *ECR_PULL,
+    "ecr:InitiateLayerUpload",
+    "ecr:UploadLayerPart",
+    "ecr:CompleteLayerUpload",
+    "ecr:PutImage",
+    "ecr:DescribeImages",
+)
+# What the SSM agent itself calls; none of these touch data.
+SSM_AGENT = (
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+    "ec2messages:AcknowledgeMessage",
+    "ec2messages:DeleteMessage",
+    "ec2messages:FailMessage",
+    "ec2messages:GetEndpoint",
+    "ec2messages:GetMessages",
+    "ec2messages:SendReply",
+)
+# Peer-scanner exceptions (`make scan`, checkov) for one statement each, keyed by its Sid: the scan
+# lifts that statement into a policy of its own and skips only there. No reason may hold a "=".
+CHECKOV_EXCEPTIONS: dict[str, dict[str, str]] = {
+    "RunTheSessionManagerAgent": {
+        "CKV_AWS_111": "the Session Manager agent's own calls on *, as AWS's AmazonSSMManagedInstanceCore grants "
+        "them (its ssmmessages and ec2messages channels take no resource); only stacks whose hosts are reached "
+        "through Session Manager grant it",
+    },
+}
+# What a booting host reads under the history prefix: deploy records, releases (with a wheel's
+# artifact where a release runs from one), the host tools.
+BOOT_READS = ("artifacts", HOST_TOOLS_PREFIX.rstrip("/"), "records", "releases")
+# The lifecycle actions a host completes (launch: ready or not; terminate: drained), on its own groups.
+LIFECYCLE_ACTIONS = ("autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat")
+DEPLOY_SESSION_S = 4 * 3600  # a canary, gates and a drain per batch can take hours on a large group
+# Of the hosts' runtime statements, what the runtime process itself uses on Kubernetes: its weights,
+# its API keys, the key behind both, its logs and its metrics (boot, image pulls and lifecycle are
+# the node's or the kubelet's business there).
+POD_STATEMENTS = frozenset(
+    {"ReadItsModelWeights", "ReadItsApiKeys", "DecryptWeightsAndSecret", "WriteItsLogs", "PutRuntimeMetrics"}
+)
+# Of the EC2 deploy statements, what `fab` does on Kubernetes too: history and locks, weights and
+# image pushes, `fab weights.gc`, `fab usage` where the gateway meters to S3.
+KUBERNETES_DEPLOY_STATEMENTS = frozenset(
+    {
+        "ReadWriteDeployHistoryAndLocks",
+        "ListDeployHistory",
+        "PushModelWeights",
+        "ListModelWeights",
+        "CollectUnusedModelWeights",
+        "EncryptHistoryAndWeights",
+        "PushRuntimeImages",
+        "LogInToTheRegistry",
+        "ReadItsUsage",
+        "ListItsUsage",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One Allow statement. Actions and resources keep their written order; one of each is written
+    as a string (as AWS shows it back)."""
+
+    sid: str
+    actions: tuple[str, ...]
+    resources: tuple[str, ...]
+    condition: Mapping[str, Mapping[str, str | tuple[str, ...]]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "Sid": self.sid,
+            "Effect": "Allow",
+            "Action": self.actions[0] if len(self.actions) == 1 else list(self.actions),
+            "Resource": self.resources[0] if len(self.resources) == 1 else list(self.resources),
+        }
+        if self.condition:
+            out["Condition"] = {
+                test: {key: list(v) if isinstance(v, tuple) else v for key, v in keys.items()}
+                for test, keys in self.condition.items()
+            }
+        return out
+
+
+@dataclass(frozen=True)
+class PolicyDocument:
+    statements: tuple[Statement, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"Version": "2012-10-17", "Statement": [s.as_dict() for s in self.statements]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict())
+
+    def only(self, sids: Iterable[str]) -> PolicyDocument:
+        keep = frozenset(sids)
+        return PolicyDocument(tuple(s for s in self.statements if s.sid in keep))
+
+    def statement(self, sid: str) -> Statement:
+        for s in self.statements:
+            if s.sid == sid:
+                return s
+        raise KeyError(f"no statement {sid!r}: {', '.join(s.sid for s in self.statements)}")
+
+    def __add__(self, more: Iterable[Statement]) -> PolicyDocument:
+        return PolicyDocument((*self.statements, *more))
+
+
+def allow(
+    sid: str,
+    actions: str | Iterable[str],
+    resources: str | Iterable[str],
+    condition: Mapping[str, Mapping[str, str | tuple[str, ...]]] | None = None,
+) -> Statement:
+    return Statement(
+        sid,
+        (actions,) if isinstance(actions, str) else tuple(actions),
+        (resources,) if isinstance(resources, str) else tuple(resources),
+        dict(condition or {}),
+    )
+
+
+@dataclass(frozen=True)
+class IdentityArgs:
+    """What a principal's documents name: one pool's weights prefix, secret and history path (the
+    runtime principal), or the stack's (the deploy role, which deploys every pool)."""
+
+    stack: str
+    cloud: Cloud
+    weights_bucket_arn: str
+    weights_prefix: str
+    history_bucket_arn: str
+    history_prefix: str
+    kms_key_arn: str
+    api_keys_secret_arn: str
+    repository_arn: str
+    target_group_arn: str
+    ssm_access: bool
+    # The user `fab` logs in as (inventory.ssh_user): the only one its pushed keys are for, when set.
+    ssh_user: str = ""
+    # On a stack of several models, a pool keeps its releases, records, host tools and boot records
+    # under a prefix of its own (frontier.release.history.pool_history_prefix); the artifacts stay
+    # under history_prefix, shared by the pools. "" where the stack serves one model.
+    pool_history_prefix: str = ""
+    # A node group whose replica spans several nodes: its hosts claim slots under replicas/.
+    replica_slots: bool = False
+    # Where the stack's gateway meters (gateway.metering.uri): `fab usage` reads it as the deploy
+    # role where it is an S3 location. "" without a gateway.
+    metering_uri: str = ""
+
+
+def objects(bucket_arn: str, prefix: str) -> str:
+    return f"{bucket_arn}/{prefix.strip('/')}/*"
+
+
+def list_prefix(sid: str, bucket_arn: str, prefix: str) -> Statement:
+    prefix = prefix.strip("/")
+    return allow(sid, "s3:ListBucket", bucket_arn, {"StringLike": {"s3:prefix": (prefix, f"{prefix}/*")}})
+
+
+def log_groups_arn(cloud: Cloud, stack: str) -> str:
+    return cloud.arn("logs", f"log-group:{LOG_GROUP_ROOT}/{stack}/*")
+
+
+def boot_read_prefixes(args: IdentityArgs) -> list[str]:
+    """The history prefixes a booting host reads: the stack's artifacts, and its pool's host tools,
+    records and releases (the stack's own where it serves one model)."""
+    pool = args.pool_history_prefix or args.history_prefix
+    return [
+        (args.history_prefix if sub == "artifacts" else pool).rstrip("/") + "/" + sub for sub in BOOT_READS
+    ]
+
+
+def host_boot_statements(args: IdentityArgs) -> list[Statement]:
+    """What an EC2 host needs to bootstrap itself (pods get their release from Kubernetes)."""
+    cloud = args.cloud
+    reads = boot_read_prefixes(args)
+    pool = args.pool_history_prefix or args.history_prefix
+    return [
+        # A host bootstraps itself: the current good release from the history (read only), the host
+        # tools beside it, and its own boot record under boots/ (never records/, which says what
+        # is current: a host cannot make a release current).
+        allow("ReadTheCurrentRelease", "s3:GetObject", [objects(args.history_bucket_arn, p) for p in reads]),
+        allow(
+            "ListTheCurrentRelease",
+            "s3:ListBucket",
+            args.history_bucket_arn,
+            {
+                "StringLike": {
+                    "s3:prefix": tuple([f"{p.strip('/')}/*" for p in reads] + [p.strip("/") for p in reads])
+                }
+            },
+        ),
+        allow(
+            "RecordItsBoot",
+            "s3:PutObject",
+            objects(args.history_bucket_arn, pool + BOOT_RECORDS_PREFIX.rstrip("/")),
+        ),
+        allow(
+            "EncryptItsBootRecord",
+            "kms:GenerateDataKey",
+            args.kms_key_arn,
+            {"StringEquals": {"kms:ViaService": f"s3.{cloud.region}.{cloud.dns_suffix}"}},
+        ),
+        # Which group and lifecycle state the host is in (describe calls cannot be scoped). The
+        # replica rendezvous asks the same of the hosts holding slots: is each still in its group?
+        allow("SeeItsLifecycleState", "autoscaling:DescribeAutoScalingInstances", "*"),
+        *(replica_slot_statements(args.history_bucket_arn, pool) if args.replica_slots else []),
+    ]
+
+
+def replica_slot_statements(history_bucket_arn: str, pool_prefix: str) -> list[Statement]:
+    """A replica over several nodes: a host claims its slot (replica, node) with a conditional put
+    and reads its leader's (frontier_hostside/rendezvous.py); nothing else under the prefix."""
+    slots = pool_prefix.rstrip("/") + "/" + REPLICAS_PREFIX.rstrip("/")
+    return [
+        allow("ClaimItsReplicaSlot", ("s3:GetObject", "s3:PutObject"), objects(history_bucket_arn, slots)),
+        list_prefix("ListTheReplicaSlots", history_bucket_arn, slots),
+    ]
+
+
+def runtime_policy(args: IdentityArgs, *, hosts: bool = False) -> PolicyDocument:
+    """A pool's runtime principal: ``hosts`` adds what an EC2 host does to boot itself."""
+    cloud = args.cloud
+    logs = log_groups_arn(cloud, args.stack)
+    statements = [
+        allow(
+            "ReadItsModelWeights",
+            ("s3:GetObject", "s3:GetObjectVersion"),
+            objects(args.weights_bucket_arn, args.weights_prefix),
+        ),
+        allow(
+            "ReadItsApiKeys",
+            ("secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"),
+            args.api_keys_secret_arn,
+        ),
+        allow(
+            "DecryptWeightsAndSecret",
+            "kms:Decrypt",
+            args.kms_key_arn,
+            {
+                "StringEquals": {
+                    "kms:ViaService": (
+                        f"s3.{cloud.region}.{cloud.dns_suffix}",
+                        f"secretsmanager.{cloud.region}.{cloud.dns_suffix}",
+                    )
+                }
+            },
+        ),
+        allow("PullTheRuntimeImage", ECR_PULL, args.repository_arn),
+        # Registry logins cannot be scoped to a repository; the token alone reads nothing.
+        allow("LogInToTheRegistry", "ecr:GetAuthorizationToken", "*"),
+        allow(
+            "WriteItsLogs",
+            ("logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"),
+            (logs, f"{logs}:log-stream:*"),
+        ),
+        allow(
+            "PutRuntimeMetrics",
+            "cloudwatch:PutMetricData",
+            "*",
+            {"StringEquals": {"cloudwatch:namespace": METRIC_NAMESPACE}},
+        ),
+    ]
+    if hosts:
+        statements += host_boot_statements(args)
+    if args.ssm_access:
+        statements.append(allow("RunTheSessionManagerAgent", SSM_AGENT, "*"))
+    return PolicyDocument(tuple(statements))
+
+
+def runtime_pod_policy(args: IdentityArgs) -> PolicyDocument:
+    """A pool's pods: the hosts' runtime statements the runtime process itself uses."""
+    return runtime_policy(args).only(POD_STATEMENTS)
+
+
+def deploy_policy(args: IdentityArgs) -> PolicyDocument:
+    cloud = args.cloud
+    own_stack = {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": args.stack}}
+    groups = cloud.arn("autoscaling", "autoScalingGroup:*")
+    statements = [
+        allow(
+            "ReadWriteDeployHistoryAndLocks",
+            ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"),
+            objects(args.history_bucket_arn, args.history_prefix),
+        ),
+        list_prefix("ListDeployHistory", args.history_bucket_arn, args.history_prefix),
+        allow(
+            "PushModelWeights",
+            ("s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"),
+            objects(args.weights_bucket_arn, args.weights_prefix),
+        ),
+        list_prefix("ListModelWeights", args.weights_bucket_arn, args.weights_prefix),
+        # `fab weights.gc`: deletes the versions no kept release needs, under the model's prefix only.
+        allow(
+            "CollectUnusedModelWeights",
+            "s3:DeleteObject",
+            objects(args.weights_bucket_arn, args.weights_prefix),
+        ),
+        allow("EncryptHistoryAndWeights", ("kms:Decrypt", "kms:GenerateDataKey"), args.kms_key_arn),
+        # `fab keys.rotate`: read the key set, publish it with a new key first, later without the old.
+        allow(
+            "RotateItsApiKeys",
+            (
+                "secretsmanager:GetSecretValue",
+                "secretsmanager:PutSecretValue",
+                "secretsmanager:DescribeSecret",
+            ),
+            args.api_keys_secret_arn,
+        ),
+        allow("PushRuntimeImages", ECR_PUSH, args.repository_arn),
+        allow("LogInToTheRegistry", "ecr:GetAuthorizationToken", "*"),
+        allow(
+            "DrainAndEnableTargets",
+            ("elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"),
+            args.target_group_arn,
+        ),
+        # Describe calls cannot be scoped to a resource in IAM.
+        allow(
+            "SeeTheCluster",
+            (
+                "elasticloadbalancing:DescribeTargetHealth",
+                "elasticloadbalancing:DescribeTargetGroups",
+                "elasticloadbalancing:DescribeLoadBalancers",
+                "autoscaling:DescribeAutoScalingGroups",
+                "autoscaling:DescribeScalingActivities",
+                "autoscaling:DescribeInstanceRefreshes",
+                "ec2:DescribeInstances",
+                "cloudwatch:DescribeAlarms",
+                "cloudwatch:GetMetricData",
+            ),
+            "*",
+        ),
+        # max_surge: grow a node group by a host before draining one, then shrink back; `fab scale`;
+        # while a deploy runs, the hosts it touches are protected from scale-in and AZRebalance waits.
+        allow(
+            "SurgeItsNodeGroups",
+            (
+                "autoscaling:SetDesiredCapacity",
+                "autoscaling:SetInstanceProtection",
+                "autoscaling:SuspendProcesses",
+                "autoscaling:ResumeProcesses",
+                "autoscaling:TerminateInstanceInAutoScalingGroup",
+            ),
+            groups,
+            own_stack,
+        ),
+        # `fab gateway.roll`: an instance refresh of the gateway's group (of its own stack only).
+        allow("RefreshItsGatewayHosts", "autoscaling:StartInstanceRefresh", groups, own_stack),
+        # `fab ami.latest`: the public parameters AWS publishes the AMI ids under.
+        allow(
+            "ReadPublishedAmiIds",
+            "ssm:GetParameter",
+            cloud.arn("ssm", "parameter/aws/service/*", account=False),
+        ),
+    ]
+    statements += usage_statements(args)
+    # `fab` admits itself to a host with a key of its run, pushed by EC2 Instance Connect just before
+    # it connects (frontier/targets/ec2/access.py), through Session Manager or the bastion alike.
+    # Only instances of this stack, and only as its inventory.ssh_user where the stack names one.
+    push_to_own_instances = {f"aws:ResourceTag/{STACK_TAG}": args.stack}
+    if args.ssh_user:
+        push_to_own_instances["ec2:osuser"] = args.ssh_user
+    statements.append(
+        allow(
+            "PushItsSshKeyToItsInstances",
+            "ec2-instance-connect:SendSSHPublicKey",
+            cloud.arn("ec2", "instance/*"),
+            {"StringEquals": push_to_own_instances},
+        )
+    )
+    if args.ssm_access:
+        statements += [
+            allow(
+                "SshOverSessionManager",
+                "ssm:StartSession",
+                cloud.arn("ec2", "instance/*"),
+                {"StringEquals": {f"ssm:resourceTag/{STACK_TAG}": args.stack}},
+            ),
+            allow(
+                "UseTheSshSessionDocument",
+                "ssm:StartSession",
+                cloud.arn("ssm", "document/AWS-StartSSHSession", account=False),
+            ),
+            allow(
+                "EndItsSessions",
+                ("ssm:TerminateSession", "ssm:ResumeSession"),
+                cloud.arn("ssm", "session/${aws:userid}-*"),
+            ),
+        ]
+    return PolicyDocument(tuple(statements))
+
+
+def kubernetes_deploy_policy(args: IdentityArgs, cluster_arn: str) -> PolicyDocument:
+    """The deploy role on Kubernetes: no target groups or auto scaling groups to drive; it may
+    describe its own cluster (its Kubernetes access is an EKS access entry)."""
+    return deploy_policy(args).only(KUBERNETES_DEPLOY_STATEMENTS) + [
+        allow("SeeItsCluster", "eks:DescribeCluster", cluster_arn)
+    ]
+
+
+def usage_statements(args: IdentityArgs) -> list[Statement]:
+    """`fab usage`: list and read the gateway's metering records under their S3 prefix (the prefix
+    the gateway's role writes under); nothing where the stack meters elsewhere."""
+    if not args.metering_uri.startswith("s3://"):
+        return []
+    bucket, _, prefix = args.metering_uri.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/") or "metering"
+    bucket_arn = f"arn:{args.cloud.partition}:s3:::{bucket}"
+    return [
+        allow("ReadItsUsage", "s3:GetObject", objects(bucket_arn, prefix)),
+        list_prefix("ListItsUsage", bucket_arn, prefix),
+    ]
+
+
+def lifecycle_policy(cloud: Cloud, stack: str) -> PolicyDocument:
+    """The runtime hosts may complete lifecycle actions only on groups tagged with their stack.
+
+    Scoped by tag, not by ARN: a group's ARN exists only once the group does, and a group's create
+    waits for hosts that need this permission to pass their launch hook.
+    """
+    return PolicyDocument(
+        (
+            allow(
+                "CompleteItsLifecycleActions",
+                LIFECYCLE_ACTIONS,
+                cloud.arn("autoscaling", "autoScalingGroup:*"),
+                {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": stack}},
+            ),
+        )
+    )
+
+
+def trust(principal: Mapping[str, str], condition: Mapping[str, Any] | None = None) -> str:
+    statement: dict[str, Any] = {"Effect": "Allow", "Principal": dict(principal), "Action": "sts:AssumeRole"}
+    if condition:
+        statement["Condition"] = dict(condition)
+    return json.dumps({"Version": "2012-10-17", "Statement": [statement]})
