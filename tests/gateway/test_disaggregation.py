@@ -114,6 +114,24 @@ def test_a_request_goes_to_the_prefill_then_streams_from_the_decode_as_a_colocat
     assert roles["decode"].metric(PREFIX_CACHE_HITS_METRIC + "_total") - hits_before >= 7 * 16
 
 
+def test_a_chat_request_is_handed_over_too(roles: dict[str, RuntimeProcess], tmp_path: Path) -> None:
+    chat = {
+        "model": "tiny-a",
+        "messages": [{"role": "user", "content": "a prompt long enough to fill blocks " * 12}],
+        "max_completion_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    with running_gateway(config(roles, tmp_path / "m.jsonl")) as gw:
+        pd = gw.gateway.pools.get("tiny-a").disaggregated
+        handed = httpx.post(f"{gw.url}/v1/chat/completions", json=chat, headers=AUTH, timeout=60)
+        assert handed.status_code == 200, handed.text
+        assert pd.handed_over == 1
+    direct = httpx.post(f"{roles['colocated'].url}/v1/chat/completions", json=chat, timeout=60)
+    assert handed.json()["choices"][0]["message"] == direct.json()["choices"][0]["message"]
+    assert handed.json()["usage"]["completion_tokens"] == 8
+
+
 def test_a_prefill_replica_that_died_unnoticed_leaves_the_decode_computing_the_prompt(
     roles: dict[str, RuntimeProcess], tmp_path: Path
 ) -> None:
