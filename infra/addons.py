@@ -99,10 +99,19 @@ class ClusterAddonsArgs:
     oidc_issuer: pulumi.Input[str] | None = None
 
 
-def load_balancer_controller_policy(cloud: Cloud, cluster_name: str, vpc_id: str) -> dict[str, Any]:
+def has_web_acl(settings: Settings) -> bool:
+    """An ALB Ingress of a stack with a rate limit: the stack makes a web ACL the Ingress names."""
+    k = settings.kubernetes
+    return k is not None and k.ingress.kind == "alb" and settings.edge.waf_rate_limit > 0
+
+
+def load_balancer_controller_policy(
+    cloud: Cloud, cluster_name: str, vpc_id: str, waf: bool = False
+) -> dict[str, Any]:
     """The controller's permissions: read the account's network and load balancers, create ALBs,
     target groups and security groups tagged with this cluster, and change only those (and, in the
-    cluster's VPC, the node security groups' rules that admit them)."""
+    cluster's VPC, the node security groups' rules that admit them); with ``waf``, put the stack's
+    web ACL in front of its ALBs."""
     elb, ec2 = "elasticloadbalancing", "ec2"
     tagged = {"StringEquals": {f"aws:ResourceTag/{LB_CLUSTER_TAG}": cluster_name}}
     tagging = {"StringEquals": {f"aws:RequestTag/{LB_CLUSTER_TAG}": cluster_name}}
@@ -235,6 +244,24 @@ def load_balancer_controller_policy(cloud: Cloud, cluster_name: str, vpc_id: str
                 [f"{elb}:RegisterTargets", f"{elb}:DeregisterTargets"],
                 cloud.arn(elb, "targetgroup/*/*"),
             ),
+            # The Ingress names the stack's web ACL; associating one needs both the ACL and the ALB.
+            *(
+                [
+                    statement(
+                        "PutTheStacksWebAclInFrontOfItsAlbs",
+                        [
+                            "wafv2:GetWebACL",
+                            "wafv2:GetWebACLForResource",
+                            "wafv2:AssociateWebACL",
+                            "wafv2:DisassociateWebACL",
+                            f"{elb}:SetWebAcl",
+                        ],
+                        [cloud.arn("wafv2", "regional/webacl/*/*"), load_balancers[0]],
+                    )
+                ]
+                if waf
+                else []
+            ),
         ],
     }
 
@@ -332,7 +359,7 @@ class ClusterAddons(pulumi.ComponentResource):
             f"{name}-lb-controller",
             role=role.id,
             policy=pulumi.Output.all(args.cluster_name, args.vpc_id).apply(
-                lambda a: json.dumps(load_balancer_controller_policy(args.cloud, a[0], a[1]))
+                lambda a: json.dumps(load_balancer_controller_policy(args.cloud, a[0], a[1], waf=has_web_acl(args.settings)))
             ),
             opts=child,
         )
@@ -362,9 +389,10 @@ class ClusterAddons(pulumi.ComponentResource):
                 "name": LB_CONTROLLER_SERVICE_ACCOUNT,
                 "annotations": annotations,
             },
-            # The stack's Ingress asks for neither: their API calls stay out of the role.
+            # The stack's Ingress names a WAFv2 ACL where it has one (edge.waf_rate_limit); Shield
+            # Advanced and WAF Classic never: their API calls stay out of the role.
             "enableShield": False,
             "enableWaf": False,
-            "enableWafv2": False,
+            "enableWafv2": has_web_acl(args.settings),
         }
         return values, after

@@ -29,6 +29,7 @@ from frontier_hostside.names import API_PATH_PREFIX, CLOUD_HAPROXY_STATE, HOST_T
 from frontier.config.schema import Health, Settings
 from frontier.render.templates import render_template
 from infra.storage import LB_LOG_PREFIX
+from infra.waf import WebAclArgs, web_acl
 
 # New hosts get a linearly growing share of requests for this long: a fresh runtime has cold CUDA
 # graphs and an empty prefix cache. (ALB cannot combine slow start with least-outstanding-requests.)
@@ -270,67 +271,7 @@ class Edge(pulumi.ComponentResource):
     def _waf(
         name: str, args: EdgeArgs, alb: aws.lb.LoadBalancer, child: pulumi.ResourceOptions
     ) -> pulumi.Output[str]:
-        """Blocks a client IP that sends more than ``edge.waf_rate_limit`` requests in 5 minutes; with
-        an allowlist, also every client outside it (the security group drops those silently, the WAF
-        counts and samples them)."""
-        metric = f"frontier-{args.stack}"
-        rules: list[dict] = [
-            {
-                "name": "rate-limit-per-client-ip",
-                "priority": 0,
-                "action": {"block": {}},
-                "statement": {
-                    "rate_based_statement": {
-                        "limit": args.waf_rate_limit,
-                        "aggregate_key_type": "IP",
-                        "evaluation_window_sec": 300,
-                    }
-                },
-                "visibility_config": {
-                    "cloudwatch_metrics_enabled": True,
-                    "metric_name": f"{metric}-rate-limit",
-                    "sampled_requests_enabled": True,
-                },
-            }
-        ]
-        default_action: dict = {"allow": {}}
-        if args.allow_cidrs:
-            allowed = aws.wafv2.IpSet(
-                f"{name}-allowed",
-                scope="REGIONAL",
-                ip_address_version="IPV4",
-                addresses=list(args.allow_cidrs),
-                description=f"Frontier {args.stack}: edge.allow_cidrs",
-                tags=dict(args.tags),
-                opts=child,
-            )
-            rules.append(
-                {
-                    "name": "allow-listed-clients",
-                    "priority": 1,
-                    "action": {"allow": {}},
-                    "statement": {"ip_set_reference_statement": {"arn": allowed.arn}},
-                    "visibility_config": {
-                        "cloudwatch_metrics_enabled": True,
-                        "metric_name": f"{metric}-allowed",
-                        "sampled_requests_enabled": True,
-                    },
-                }
-            )
-            default_action = {"block": {}}
-        acl = aws.wafv2.WebAcl(
-            f"{name}-waf",
-            scope="REGIONAL",
-            description=f"Frontier {args.stack}: per-client rate limit",
-            default_action=default_action,
-            rules=rules,
-            visibility_config={
-                "cloudwatch_metrics_enabled": True,
-                "metric_name": metric,
-                "sampled_requests_enabled": True,
-            },
-            tags=dict(args.tags),
-            opts=child,
-        )
+        """The stack's web ACL (infra/waf.py) in front of its ALB."""
+        acl = web_acl(name, WebAclArgs(args.stack, args.waf_rate_limit, args.allow_cidrs, args.tags), child)
         aws.wafv2.WebAclAssociation(f"{name}-waf", resource_arn=alb.arn, web_acl_arn=acl.arn, opts=child)
         return acl.arn

@@ -34,6 +34,7 @@ from infra.workloads import (
     NOT_APPLIED,
     REPLICA_KEY_LENGTH,
     SKIP_AWAIT,
+    WAF_ACL_ANNOTATION,
     applied_monitoring_objects,
     monitoring_namespace,
     release_digest,
@@ -248,6 +249,8 @@ def test_every_rendered_object_is_a_typed_resource_with_the_rendered_properties(
             attributes = metadata["annotations"][LB_ATTRIBUTES]
             assert attributes.startswith(manifest.annotations[LB_ATTRIBUTES] + ",access_logs.s3.enabled=true")
             metadata["annotations"][LB_ATTRIBUTES] = manifest.annotations[LB_ATTRIBUTES]
+            # ... and the web ACL it made for the stack's rate limit.
+            assert metadata["annotations"].pop(WAF_ACL_ANNOTATION) == eks.one("aws:wafv2/webAcl:WebAcl").outputs["arn"]
         if manifest.kind == "Deployment":
             assert metadata["annotations"].pop(SKIP_AWAIT) == "true"
             if not metadata["annotations"]:
