@@ -34,6 +34,7 @@ from frontier_gateway.config import GatewayConfig
 from frontier_gateway.errors import GatewayError, invalid
 from frontier_gateway.metering import Sink
 from frontier_gateway.metrics import CONTENT_TYPE, Metrics
+from frontier_gateway.migration import interrupt_route
 from frontier_gateway.pools import Pools
 from frontier_gateway.proxy import Call, Proxy
 from frontier_gateway.quotas import Quotas, QuotaStoreError, Refusal, estimate_tokens
@@ -97,6 +98,7 @@ def create_admin_app(gateway: Gateway) -> Starlette:
     """The admin app: for the host's scraper and operators, on the admin address only."""
     routes = [
         Route(names.METRICS_PATH, _metrics, methods=["GET"]),
+        Route(names.GATEWAY_INTERRUPT_PATH, interrupt_route, methods=["POST"]),
         Route(names.READINESS_PATH, _ready_detail, methods=["GET", "HEAD"]),
         Route(names.LIVENESS_PATH, _live, methods=["GET", "HEAD"]),
     ]

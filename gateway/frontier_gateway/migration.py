@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from frontier_hostside import names
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from frontier_gateway.pools import Pool, Replica
 from frontier_gateway.upstream import Answer, Upstream, UpstreamError
@@ -368,6 +370,30 @@ class Migrator:
             active.discard(id(hop))
             if not active:
                 del self._active[hop.replica.url]
+
+
+async def interrupt_route(request: Request) -> Response:
+    """``names.GATEWAY_INTERRUPT_PATH`` on the admin port: the replica named leaves rotation and its
+    generations move to other replicas now (what a spot or capacity notice calls)."""
+    gateway = request.app.state.gateway
+    try:
+        data = json.loads(await request.body())
+    except ValueError:
+        data = None
+    url = data.get("replica") if isinstance(data, dict) else None
+    if not isinstance(url, str):
+        return JSONResponse({"error": 'the body must be {"replica": "<base URL>"}'}, status_code=400)
+    replicas = [r for pool in gateway.pools.by_model.values() for r in pool.replicas if r.url == url]
+    if not replicas:
+        known = sorted(r.url for pool in gateway.pools.by_model.values() for r in pool.replicas)
+        return JSONResponse(
+            {"error": f"replica {url!r} is not one of this gateway's: {known}"}, status_code=404
+        )
+    for replica in replicas:
+        replica.mark_down()
+    moved = gateway.proxy.migrator.interrupt(url)
+    log.warning("replica interrupted", extra={"event": "replica_interrupted", "replica": url, "moved": moved})
+    return JSONResponse({"replica": url, "moved": moved})
 
 
 def _limit_event(limit: int, attempts: int, why: str, reason: str) -> bytes:

@@ -181,6 +181,12 @@ STEP_TOKENS_METRIC = "frontier_step_tokens"
 ENGINE_STEPS_METRIC = "frontier_engine_steps"
 KV_BLOCKS_TOTAL_METRIC = "frontier_kv_blocks_total"
 KV_BLOCKS_FREE_METRIC = "frontier_kv_blocks_free"
+# Prefill/decode disaggregation (runtime.kv_transfer): the blocks a decode replica pulled and its
+# pulls that failed; the leases a prefill replica holds and those that expired unclaimed.
+KV_TRANSFER_BLOCKS_PULLED_METRIC = "frontier_kv_transfer_blocks_pulled"  # counter (_total)
+KV_TRANSFER_PULL_FAILURES_METRIC = "frontier_kv_transfer_pull_failures"  # counter (_total)
+KV_TRANSFER_LEASES_METRIC = "frontier_kv_transfer_leases"  # gauge
+KV_TRANSFER_LEASES_EXPIRED_METRIC = "frontier_kv_transfer_leases_expired"  # counter (_total)
 ADMITTED_METRIC = "frontier_admitted_requests"
 QUEUED_METRIC = "frontier_queued_requests"
 READY_METRIC = "frontier_ready"
@@ -243,6 +249,10 @@ RUNTIME_METRIC_NAMES = (
     ENGINE_STEPS_METRIC,
     KV_BLOCKS_TOTAL_METRIC,
     KV_BLOCKS_FREE_METRIC,
+    KV_TRANSFER_BLOCKS_PULLED_METRIC,
+    KV_TRANSFER_PULL_FAILURES_METRIC,
+    KV_TRANSFER_LEASES_METRIC,
+    KV_TRANSFER_LEASES_EXPIRED_METRIC,
     ADMITTED_METRIC,
     QUEUED_METRIC,
     READY_METRIC,
@@ -266,6 +276,9 @@ REPLICA_HEADER = "x-frontier-replica"  # which replica answered, as an opaque id
 TOKEN_IDS_HEADER = "x-frontier-token-ids"
 # The request body's extension field that continues a generation another replica began.
 CONTINUATION_FIELD = "frontier_continuation"
+# The gateway's admin path that moves every generation a replica serves to others (a spot or
+# capacity notice): POST {"replica": "<base URL>"}.
+GATEWAY_INTERRUPT_PATH = "/admin/replicas/interrupt"
 # OpenAI's rate-limit headers, on every answer to an authenticated request.
 LIMIT_REQUESTS = "x-ratelimit-limit-requests"
 LIMIT_TOKENS = "x-ratelimit-limit-tokens"

@@ -380,6 +380,41 @@ def test_a_non_streamed_request_whose_replica_dies_is_answered_whole_from_the_ne
     assert migrations == 1
 
 
+def test_a_replica_interrupted_by_a_notice_moves_its_streams_with_no_error(
+    one_runtime: RuntimeProcess, relays: list[Relay], tmp_path: Path
+) -> None:
+    body = {
+        "model": MODEL,
+        "prompt": "a stream whose replica got a notice",
+        "max_tokens": 40,
+        "temperature": 0,
+    }
+    whole = _stream(one_runtime.url, names.COMPLETIONS_PATH, body, Streamed())
+    first, second = Relay(one_runtime.url, hold_after=7), Relay(one_runtime.url)
+    relays += [first, second]
+    second.ready = False
+    with running_gateway(_config([first.url, second.url], tmp_path / "m.jsonl")) as gw:
+        result = Streamed()
+        worker = threading.Thread(target=_stream, args=(gw.url, names.COMPLETIONS_PATH, body, result))
+        worker.start()
+        _until(lambda: first.events >= 7)
+        second.ready = True
+        _until(lambda: _replica_ready(gw, second.url))
+        notice = httpx.post(
+            gw.admin_url + names.GATEWAY_INTERRUPT_PATH, json={"replica": first.url}, timeout=10
+        )
+        unknown = httpx.post(
+            gw.admin_url + names.GATEWAY_INTERRUPT_PATH, json={"replica": "http://x:1"}, timeout=10
+        )
+        worker.join(60)
+        text = httpx.get(gw.admin_url + names.METRICS_PATH, timeout=10).text
+    assert notice.json() == {"replica": first.url, "moved": 1}
+    assert unknown.status_code == 404 and "http://x:1" in unknown.json()["error"]
+    assert result.error is None and not [e for e in result.events if "error" in e]
+    assert result.text == whole.text
+    assert f'{names.GATEWAY_MIGRATIONS_METRIC}_total{{model="{MODEL}",reason="interrupted"}} 1.0' in text
+
+
 def test_a_stream_out_of_migrations_ends_with_an_error_event_naming_the_limit(
     one_runtime: RuntimeProcess, relays: list[Relay], tmp_path: Path
 ) -> None:
