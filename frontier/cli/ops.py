@@ -18,6 +18,7 @@ from frontier.hosts import drivers as nvidia
 from frontier.hosts.boots import boot_records
 from frontier.hosts.notices import pending_notices
 from frontier.release import artifact as artifacts
+from frontier.release import sbom as supply_chain
 from frontier.release import weights as model_weights
 from frontier.rollout.deploy import deploy as run_deploy
 from frontier.rollout.deploy import deploy_plan
@@ -166,10 +167,14 @@ def history(c, stack=None, limit=20):
     records = store.records()[-int(limit) :]
     rows = [
         (r["started_at"][:19].replace("T", " "), r["kind"], r["release"], r["digest"][:19], r["config_hash"][:19],
-         r["who"], f"{r['duration_s']:.1f}s", r["outcome"], r.get("reason", "")[:60])
+         r["who"], f"{r['duration_s']:.1f}s", r["outcome"], r.get("reason", "")[:60],
+         # SBOM components and the audit (frontier.release.sbom); "-" for a record from before them.
+         "-" if r.get("sbom_components") is None else str(r["sbom_components"]), r.get("audit", "-")[:60])
         for r in records
     ]  # fmt: skip
-    columns = ("started (UTC)", "kind", "release", "digest", "config", "who", "took", "outcome", "reason")
+    columns = (
+        "started (UTC)", "kind", "release", "digest", "config", "who", "took", "outcome", "reason", "sbom", "audit"
+    )  # fmt: skip
     console = tables.console()
     console.print(tables.table(f"history of stack {settings.stack}", columns, rows))
     if records and records[-1].get("strategy"):
@@ -294,11 +299,18 @@ def weights_gc(c, stack=None, model=None, keep_last=None, dry_run=False, version
 @task(name="build", help={"stack": STACK})
 @reports_errors
 def release_build(c, stack=None):
-    """Build the runtime wheel reproducibly and register its digest (where no container engine runs)."""
+    """Build the runtime wheel reproducibly, make its SBOM and audit, and register its digest (where
+    no container engine runs); the stack's releases.refuse_vulnerabilities_at may refuse it."""
     settings = settings_for(stack)
     built, path = artifacts.build_wheel()
-    backend_for(settings).history_store().put_artifact(built, path)
+    threshold = settings.releases.refuse_vulnerabilities_at
+    built, sbom, audit = supply_chain.survey(built, threshold, settings.stack)
+    store = backend_for(settings).history_store()
+    store.put_artifact(built, path)
+    supply_chain.put_supply_chain(store, built, sbom, audit)
     print(f"built {path.name} ({built.size:,} bytes)\ndigest: {built.digest}")
+    print(f"sbom: {sbom.components} components, CycloneDX {sbom.digest}")
+    print(audit.summary())
     print(f"deploy it with: fab deploy -s {settings.stack} --digest {built.digest}")
 
 

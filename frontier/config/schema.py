@@ -300,6 +300,19 @@ class Capacity(_Settings):
     assumed_replica_qps: float = Field(gt=0, le=1_000_000, description="Used until a baseline is measured.")
 
 
+class Releases(_Settings):
+    """The stack's ``releases:`` section: what a release must show before ``fab release.build`` registers it."""
+
+    refuse_vulnerabilities_at: Literal["none", "low", "medium", "high", "critical"] = Field(
+        default="none",
+        description=(
+            "Refuse a release whose audit (pip-audit over its lock) finds a known vulnerability at or "
+            "above this severity, or whose audit could not run; a finding of unknown severity counts "
+            "as at or above any. 'none' records the audit and refuses nothing."
+        ),
+    )
+
+
 class Verify(_Settings):
     """The stack's ``verify:`` section: the verification set ``fab verify`` (and a canary) runs."""
 
@@ -727,6 +740,7 @@ class Settings(_Settings):
     drivers: Drivers
     monitoring: Monitoring
     verify: Verify = Verify()
+    releases: Releases = Releases()
     local: Local | None = None
     kubernetes: Kubernetes | None = None
     gateway: Gateway | None = None

@@ -64,14 +64,20 @@ class Artifact:
     filename: str = ""  # the wheel's file name
     size: int = 0
     image: str = ""  # repository@digest for images
+    #: The digest of its CycloneDX SBOM (frontier.release.sbom), "" where none was made; part of
+    #: every release's release.json, so under its signature.
+    sbom: str = ""
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        data = asdict(self)
+        if not self.sbom:
+            del data["sbom"]  # an artifact without one reads as it did before SBOMs existed
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> Artifact:
         data = json.loads(text)
-        return cls(**{k: data[k] for k in ("digest", "kind", "filename", "size", "image") if k in data})
+        return cls(**{k: data[k] for k in ("digest", "kind", "filename", "size", "image", "sbom") if k in data})
 
 
 def sha256_digest(path: Path) -> str:

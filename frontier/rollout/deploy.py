@@ -15,8 +15,9 @@ from typing import Any
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.release.artifact import check_digest
-from frontier.release.history import Lease, iso, now, operator
+from frontier.release.history import HistoryStore, Lease, iso, now, operator
 from frontier.release.release import Release, check_release_id
+from frontier.release.sbom import get_supply_chain
 from frontier.render.release import build_release
 from frontier.rollout.rolling import Event, Reporter, RolloutFailed, RolloutResult, waves
 from frontier.rollout.target import Target
@@ -125,7 +126,8 @@ def _roll(target: Target, release: Release, kind: str, reporter: Reporter | None
             )
         result = target.roll(release, kind, _stopping_when_lost(lease, reporter))
         # The stack's current release from now on: hosts that launch later bootstrap it.
-        store.append(_record(target.settings, release, result, started))
+        record = _record(target.settings, release, result, started)
+        store.append({**record, **_supply_chain_fields(store, release)})
     if result.outcome != "succeeded":
         raise RolloutFailed(result)
     return result
@@ -157,6 +159,18 @@ def _stopping_when_lost(lease: Lease, reporter: Reporter | None) -> Reporter:
         report(event)
 
     return guarded
+
+
+def _supply_chain_fields(store: HistoryStore, release: Release) -> dict[str, Any]:
+    """What ``fab history`` shows of the release's SBOM and audit (frontier.release.sbom)."""
+    found = get_supply_chain(store, release.artifact)
+    if found is None:
+        return {"sbom_components": None, "audit": "no SBOM: built before SBOMs were made"}
+    return {
+        "sbom": found.sbom_digest,
+        "sbom_components": found.components,
+        "audit": found.audit.summary().removeprefix("audit: "),
+    }
 
 
 def _record(
