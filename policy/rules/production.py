@@ -26,6 +26,7 @@ from frontier.config.checks import is_production
 from frontier.config.load import available_stacks
 from frontier.project import stacks_dir
 from frontier.targets import load_stack
+from frontier.targets.kubernetes.network import INBOUND_CIDRS_ANNOTATION, SCHEME_ANNOTATION
 from policy.rules.edge import LOAD_BALANCER, TARGET_GROUP, WEB_ACL_ASSOCIATION
 from policy.rules.kubernetes import EKS_CLUSTER, K8S_INGRESS
 from policy.rules.network import SECURITY_GROUP, open_rules
@@ -84,6 +85,7 @@ def check_lb_deletion_protection(props: Mapping[str, Any], args: ResourceValidat
 
 # The AWS Load Balancer Controller's ALB attributes (infra/workloads.py adds deletion protection).
 ALB_ATTRIBUTES = "alb.ingress.kubernetes.io/load-balancer-attributes"
+WAF_ACL_ANNOTATION = "alb.ingress.kubernetes.io/wafv2-acl-arn"
 
 
 def check_ingress_deletion_protection(
@@ -100,6 +102,28 @@ def check_ingress_deletion_protection(
         yield (
             f"Ingress of production stack {stack!r} makes an ALB without deletion protection: "
             f"add deletion_protection.enabled=true to {ALB_ATTRIBUTES}"
+        )
+
+
+def check_production_ingress_allowlisted(
+    props: Mapping[str, Any], args: ResourceValidationArgs
+) -> Iterator[str]:
+    """The internet-facing ALB a production Ingress makes (the controller's default scheme is
+    internal), open to 0.0.0.0/0: the Ingress names a web ACL, as EC2's balancer is associated one."""
+    stack = stack_of(args.urn)
+    annotations = get(props, "metadata", "annotations", default={}) or {}
+    if get(annotations, ALB_ATTRIBUTES) is None or not production_stacks(args.get_config())(stack):
+        return
+    if get(annotations, SCHEME_ANNOTATION, default="internal") != "internet-facing" or get(
+        annotations, WAF_ACL_ANNOTATION
+    ):
+        return
+    cidrs = {c.strip() for c in str(get(annotations, INBOUND_CIDRS_ANNOTATION, default="0.0.0.0/0")).split(",")}
+    if cidrs & {"0.0.0.0/0", "::/0"}:
+        yield (
+            f"Ingress of production stack {stack!r} makes an internet-facing ALB that admits 0.0.0.0/0 with "
+            f"no WAF ({WAF_ACL_ANNOTATION}): set edge.allow_cidrs, edge.scheme: internal, or a WAF "
+            "(edge.waf_rate_limit)"
         )
 
 
@@ -197,6 +221,13 @@ POLICIES = [
         "The ALB a production stack's Ingress makes is protected from deletion.",
         K8S_INGRESS,
         check_ingress_deletion_protection,
+        config_schema=PRODUCTION_SCHEMA,
+    ),
+    resource_policy(
+        "production-ingress-allowlisted",
+        "The internet-facing ALB a production Ingress makes is allowlisted or behind a WAF.",
+        K8S_INGRESS,
+        check_production_ingress_allowlisted,
         config_schema=PRODUCTION_SCHEMA,
     ),
     resource_policy(

@@ -350,6 +350,11 @@ RESOURCE_VIOLATIONS = {
         (K8S_INGRESS, RUNTIME_INGRESS),
         setter(("metadata", "annotations", ALB_ATTRIBUTES), "idle_timeout.timeout_seconds=300"),
     ),
+    "production-ingress-allowlisted": (
+        "eks_prod",
+        (K8S_INGRESS, RUNTIME_INGRESS),
+        lambda props: props["metadata"]["annotations"].pop("alb.ingress.kubernetes.io/wafv2-acl-arn"),
+    ),
     "k8s-services-not-exposed": (
         "eks_prod",
         ("kubernetes:core/v1:Service", RUNTIME_SERVICE),
