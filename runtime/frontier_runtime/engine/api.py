@@ -30,6 +30,12 @@ class EngineStats:
     # "native-<variant>[+panel-gemm]" (the prebuilt CPU library, e.g. native-avx512), "triton-fused"
     # (CUDA: RMSNorm, SwiGLU and rotary + KV write as Triton kernels) or "torch" (torch ops only)
     kernels: str = ""
+    # Prefill/decode disaggregation: blocks pulled and pulls failed (decode), leases held and
+    # expired unclaimed (prefill); 0 on a colocated replica.
+    kv_blocks_pulled: int = 0
+    kv_pulls_failed: int = 0
+    kv_leases: int = 0
+    kv_leases_expired: int = 0
 
     @property
     def kv_usage(self) -> float:

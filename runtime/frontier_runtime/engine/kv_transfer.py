@@ -438,12 +438,15 @@ class KvTransfer:
 
     # -- the engine thread, each step -----------------------------------------------------------
 
-    def end_leases(self) -> None:
+    def end_leases(self) -> int:
+        """Drop the blocks of leases claimed or expired; how many ended."""
         now = time.monotonic()
-        for lease in self.leases.take_ended(now):
+        ended = self.leases.take_ended(now)
+        for lease in ended:
             if lease.expires <= now:
                 self.leases_expired += 1
             self.blocks.unhold(lease.blocks)
+        return len(ended)
 
     def tend(self) -> Tended:
         out = Tended()

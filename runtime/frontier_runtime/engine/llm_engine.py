@@ -342,9 +342,9 @@ class LLMEngine:
             seq.times.finished = time.monotonic()
             self._failed.append((seq.request_id, exc))
 
-    def end_leases(self) -> None:
-        """Free the blocks of leases claimed or expired (an idle engine's loop calls this)."""
-        self.kv_transfer.end_leases()
+    def end_leases(self) -> int:
+        """Free the blocks of leases claimed or expired (an idle engine's loop calls this); how many."""
+        return self.kv_transfer.end_leases()
 
     def take_failed(self) -> list[tuple[str, KvTransferError]]:
         """Requests ended by a failed KV pull since the last call, each with its error."""
@@ -415,6 +415,10 @@ class LLMEngine:
             steps=self._steps,
             attention_backend=self.runner.backend.name,
             kernels=self.runner.kernels,
+            kv_blocks_pulled=self.kv_transfer.blocks_pulled,
+            kv_pulls_failed=self.kv_transfer.pulls_failed,
+            kv_leases=len(self.kv_transfer.leases),
+            kv_leases_expired=self.kv_transfer.leases_expired,
         )
 
     def generate(

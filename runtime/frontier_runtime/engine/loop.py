@@ -237,7 +237,8 @@ class AsyncEngine:
                     raise ReplicaError(f"the replica lost a rank: {self.replica_lost}")
                 was_idle = True
                 self._cv.wait(self.idle_poll_s)
-                self.engine.end_leases()  # a prefill's claimed or expired KV leases, while idle
+                if self.engine.end_leases():  # a prefill's claimed or expired KV leases, while idle
+                    self._stats = self.engine.stats()
                 self.heartbeat = time.monotonic()
             if self._stopping:
                 return False

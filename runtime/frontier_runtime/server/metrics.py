@@ -258,6 +258,26 @@ class _LiveCollector(Collector):
         yield gauge(
             names.KV_BLOCKS_FREE_METRIC, "KV cache blocks free.", stats.kv_blocks_free if stats else 0
         )
+        yield counter(
+            names.KV_TRANSFER_BLOCKS_PULLED_METRIC,
+            "KV blocks pulled from prefill replicas.",
+            stats.kv_blocks_pulled if stats else 0,
+        )
+        yield counter(
+            names.KV_TRANSFER_PULL_FAILURES_METRIC,
+            "KV pulls from prefill replicas that failed.",
+            stats.kv_pulls_failed if stats else 0,
+        )
+        yield gauge(
+            names.KV_TRANSFER_LEASES_METRIC,
+            "Prompts whose KV blocks wait for a decode replica.",
+            stats.kv_leases if stats else 0,
+        )
+        yield counter(
+            names.KV_TRANSFER_LEASES_EXPIRED_METRIC,
+            "KV leases that expired unclaimed.",
+            stats.kv_leases_expired if stats else 0,
+        )
         yield gauge(names.ADMITTED_METRIC, "Requests holding an engine slot.", admitted)
         yield gauge(names.QUEUED_METRIC, "Requests in the admission queue.", queued)
         yield gauge(names.READY_METRIC, "1 when the readiness check passes.", 1.0 if ready else 0.0)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import random
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from frontier_hostside import names
 from frontier_runtime.server.serve import Loaded, build_engine
 from frontier_runtime.server.text import TextCodec
 from server_harness import RunningServer, runtime_config, start_server
@@ -55,6 +57,16 @@ def decode(replicas: Start) -> RunningServer:
     return replicas(kv_transfer__role="decode")
 
 
+def metric(url: str, name: str) -> float:
+    """The sum of one family's samples on a runtime's /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((name + "{", name + " "))
+    )
+
+
 def completion(url: str, prompt: list[int], **fields: Any) -> httpx.Response:
     body = {"prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": True, **fields}
     return httpx.post(f"{url}/v1/completions", json=body, timeout=60)
@@ -77,6 +89,24 @@ def test_a_prefill_answers_with_kv_transfer_params_and_the_decode_completes_as_a
     assert "kv_transfer_params" not in handed.json()
     colocated = completion(shared_server.url, PROMPT)
     assert handed.json()["choices"][0]["text"] == colocated.json()["choices"][0]["text"]
+    assert metric(decode.url, names.KV_TRANSFER_BLOCKS_PULLED_METRIC + "_total") == (150 - 1) // 16
+    assert metric(decode.url, names.KV_TRANSFER_PULL_FAILURES_METRIC + "_total") == 0
+
+
+def test_a_prefill_counts_the_leases_it_holds_until_they_are_claimed(
+    prefill: RunningServer, decode: RunningServer
+) -> None:
+    prompt = [random.Random(6).randrange(1, 500) for _ in range(100)]
+    first = completion(prefill.url, prompt, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    assert metric(prefill.url, names.KV_TRANSFER_LEASES_METRIC) == 1
+    assert (
+        completion(decode.url, prompt, kv_transfer_params=first.json()["kv_transfer_params"]).status_code
+        == 200
+    )
+    deadline = time.monotonic() + 5
+    while metric(prefill.url, names.KV_TRANSFER_LEASES_METRIC) != 0:  # claimed: freed by the idle loop
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def test_a_failed_pull_under_policy_fail_answers_502_naming_the_prefill_replica(replicas: Start) -> None:
