@@ -10,6 +10,8 @@
 - **KEDA**: the ScaledObject's CRD and the operator that acts on it.
 - **Prometheus Operator CRDs**: the ServiceMonitor and PrometheusRule kinds. Only the CRDs: the
   Prometheus that scrapes and alerts is the cluster's monitoring stack's.
+- **AWS Node Termination Handler** in queue mode, where a node group buys spot: it drains a node
+  on its interruption notice from the stack's queue (frontier/targets/kubernetes/interruption.py).
 - **LeaderWorkerSet** (sigs.k8s.io/lws), where a model pool's replica spans several nodes: the CRD,
   and the controller and webhooks that turn each group into a leader and its workers' StatefulSet
   and inject the group's env (leader address, worker index). From its OCI chart.
@@ -37,6 +39,7 @@ from infra.workload_identity import irsa_trust, pod_identity_trust
 # A label the GPU node groups carry; the device plugin's chart selects nodes by it.
 GPU_NODE_LABEL = "nvidia.com/gpu.present"
 LB_CONTROLLER_SERVICE_ACCOUNT = "aws-load-balancer-controller"
+NTH_SERVICE_ACCOUNT = "aws-node-termination-handler"
 IRSA_ROLE_ANNOTATION = "eks.amazonaws.com/role-arn"
 # The tag the load balancer controller puts on every ALB, target group and security group it makes.
 LB_CLUSTER_TAG = "elbv2.k8s.aws/cluster"
@@ -67,6 +70,10 @@ CHARTS: Mapping[str, Chart] = {
         "kube-system",
     ),
     "lws": Chart("oci://registry.k8s.io/lws/charts/lws", "0.10.0", "", "lws-system"),
+    # NTH v1.25.0's chart, in queue mode (frontier/targets/kubernetes/interruption.py says why NTH).
+    "node-termination-handler": Chart(
+        "oci://public.ecr.aws/aws-ec2/helm/aws-node-termination-handler", "0.27.0", "", "kube-system"
+    ),
 }
 # Which add-ons a workload object needs in place (and answering) before it is created.
 NEEDED_BY: Mapping[str, tuple[str, ...]] = {
@@ -97,6 +104,10 @@ class ClusterAddonsArgs:
     #: IRSA only: the cluster's OIDC provider and issuer.
     oidc_provider_arn: pulumi.Input[str] | None = None
     oidc_issuer: pulumi.Input[str] | None = None
+    #: Where a node group buys spot: the stack's notice queue (infra/interruptions.py), which the
+    #: Node Termination Handler drains nodes from.
+    notice_queue_url: pulumi.Input[str] | None = None
+    notice_queue_arn: pulumi.Input[str] | None = None
 
 
 def has_web_acl(settings: Settings) -> bool:
@@ -266,6 +277,32 @@ def load_balancer_controller_policy(
     }
 
 
+def termination_handler_policy(queue_arn: str) -> dict[str, Any]:
+    """What NTH's queue processor calls: the stack's queue only; the instance and group lookups
+    that map a notice's instance to its node (these take no resource-level scope)."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "NoticeQueue",
+                "Effect": "Allow",
+                "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage"],
+                "Resource": queue_arn,
+            },
+            {
+                "Sid": "FindTheNode",
+                "Effect": "Allow",
+                "Action": [
+                    "ec2:DescribeInstances",
+                    "autoscaling:DescribeAutoScalingInstances",
+                    "autoscaling:DescribeTags",
+                ],
+                "Resource": "*",
+            },
+        ],
+    }
+
+
 def device_plugin_values(settings: Settings) -> dict[str, Any]:
     """On GPU nodes only, through every taint the GPU pools carry."""
     k = settings.kubernetes
@@ -306,6 +343,9 @@ class ClusterAddons(pulumi.ComponentResource):
         self._release(name, args, "prometheus-crds", {})
         if any(pool.runtime.nodes_per_replica > 1 for pool in s.pools):
             self._release(name, args, "lws", {})
+        if args.notice_queue_url is not None:
+            values, after = self._termination_handler(name, args)
+            self._release(name, args, "node-termination-handler", values, after)
         self.register_outputs({})
 
     def needed_by(self, kind: str) -> list[pulumi.Resource]:
@@ -333,6 +373,66 @@ class ClusterAddons(pulumi.ComponentResource):
                 parent=self, provider=args.provider, depends_on=[*args.after, *after]
             ),
         )
+
+    def _termination_handler(
+        self, name: str, args: ClusterAddonsArgs
+    ) -> tuple[dict[str, Any], list[pulumi.Resource]]:
+        """NTH's queue processor: its role (read and delete the stack's notices, find the instance's
+        node) and the values that put it in queue mode on that queue."""
+        k = args.settings.kubernetes
+        assert k is not None and args.notice_queue_arn is not None
+        child = pulumi.ResourceOptions(parent=self)
+        namespace = CHARTS["node-termination-handler"].namespace
+        if k.identity == "irsa":
+            assert args.oidc_provider_arn is not None and args.oidc_issuer is not None
+            trust: pulumi.Input[str] = pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
+                lambda a: irsa_trust(a[0], a[1], namespace, NTH_SERVICE_ACCOUNT)
+            )
+        else:
+            trust = pod_identity_trust()
+        role = aws.iam.Role(
+            f"{name}-nth",
+            description=f"Frontier {args.settings.stack}: the AWS Node Termination Handler",
+            assume_role_policy=trust,
+            tags=dict(args.tags),
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-nth",
+            role=role.id,
+            policy=pulumi.Output.from_input(args.notice_queue_arn).apply(
+                lambda arn: json.dumps(termination_handler_policy(arn))
+            ),
+            opts=child,
+        )
+        annotations: dict[str, Any] = {}
+        after: list[pulumi.Resource] = [role]
+        if k.identity == "pod_identity":
+            after.append(
+                aws.eks.PodIdentityAssociation(
+                    f"{name}-nth",
+                    cluster_name=args.cluster_name,
+                    namespace=namespace,
+                    service_account=NTH_SERVICE_ACCOUNT,
+                    role_arn=role.arn,
+                    tags=dict(args.tags),
+                    opts=child,
+                )
+            )
+        else:
+            annotations[IRSA_ROLE_ANNOTATION] = role.arn
+        values = {
+            "enableSqsTerminationDraining": True,
+            "queueURL": args.notice_queue_url,
+            "awsRegion": args.cloud.region,
+            # The rule is the account's: an instance that is no node of this cluster is skipped
+            # (NTH finds no node for it), so no instance tag is needed to tell ours apart.
+            "checkTagBeforeDraining": False,
+            # Each pod keeps its own grace period (preStop + drain, sized to the notice).
+            "podTerminationGracePeriod": -1,
+            "serviceAccount": {"create": True, "name": NTH_SERVICE_ACCOUNT, "annotations": annotations},
+        }
+        return values, after
 
     def _controller(self, name: str, args: ClusterAddonsArgs) -> tuple[dict[str, Any], list[pulumi.Resource]]:
         """The controller's role (Pod Identity or IRSA), the values that name its cluster, and what

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import pulumi
 
 from frontier.config.checks import is_production
-from frontier.config.purchase import falls_back_to
 from frontier.config.schema import SEVERITIES, NodeGroup, Settings
 from frontier.render.alerts import resource_limits, severities
 from frontier.render.boot import group_pool, render_cloud_init, render_gateway_cloud_init, replica_nodes
@@ -320,10 +319,9 @@ def node_group(
 ) -> GpuNodeGroup:
     """One GPU node group; the serving group joins the ALB's target group unless a gateway fronts it."""
     settings = ground.settings
-    # A Capacity Block's fallback group serves the block's pool: it joins the same target group.
-    serving = settings.gateway is None and (
-        group is settings.serving_group or falls_back_to(settings.serving_group, group)
-    )
+    # Without a gateway the stack serves one pool: the groups that boot it join the target group
+    # (its own, and a Capacity Block's fallback, which takes over the block's hosts).
+    serving = settings.gateway is None and bool(settings.pools_on(group))
     # The group's hosts run as its pool's principal: that pool's weights, secret and history only.
     hosts_role = identity.of(group_pool(settings, group))
     return GpuNodeGroup(

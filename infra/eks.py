@@ -44,6 +44,7 @@ from frontier.targets.kubernetes.rules import SYSTEM_POOL
 from infra.addons import GPU_NODE_LABEL
 from infra.cloud import Cloud
 from infra.identity import trust
+from infra.interruptions import eks_capacity_type, eks_instance_types
 
 NVIDIA_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 CPU_AMI_TYPE = "AL2023_x86_64_STANDARD"
@@ -401,7 +402,9 @@ class EksCluster(pulumi.ComponentResource):
                 if zone in args.pool_zones[pool.name]
             ],
             ami_type=NVIDIA_AMI_TYPE if gpu else CPU_AMI_TYPE,
-            instance_types=list(pool.instance_types or (group.instance_type,)),
+            instance_types=eks_instance_types(pool.instance_types, group),
+            # A spot group's nodes are all spot (frontier/targets/kubernetes/interruption.py).
+            capacity_type=eks_capacity_type(group),
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=group.min_size, desired_size=group.desired_size, max_size=group.max_size
             ),

@@ -160,7 +160,9 @@ class InterruptionQueue(pulumi.ComponentResource):
     queue_url: pulumi.Output[str]
     queue_arn: pulumi.Output[str]
 
-    def __init__(self, name: str, args: InterruptionQueueArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self, name: str, args: InterruptionQueueArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
         super().__init__("frontier:nodes:InterruptionQueue", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         queue = aws.sqs.Queue(
@@ -182,7 +184,9 @@ class InterruptionQueue(pulumi.ComponentResource):
         policy = aws.sqs.QueuePolicy(
             f"{name}-policy",
             queue_url=queue.url,
-            policy=pulumi.Output.all(queue.arn, rule.arn).apply(lambda a: json.dumps(queue_policy(a[0], a[1]))),
+            policy=pulumi.Output.all(queue.arn, rule.arn).apply(
+                lambda a: json.dumps(queue_policy(a[0], a[1]))
+            ),
             opts=child,
         )
         aws.cloudwatch.EventTarget(
@@ -196,6 +200,13 @@ class InterruptionQueue(pulumi.ComponentResource):
         self.register_outputs({"queue_url": queue.url, "queue_arn": queue.arn})
 
 
+def notice_queue(stack: str, tags: Mapping[str, str], node_groups: tuple[NodeGroup, ...]) -> InterruptionQueue | None:
+    """The stack's notice queue where a group buys spot or a Capacity Block; None where all buy on-demand."""
+    if all(g.capacity is None for g in node_groups):
+        return None
+    return InterruptionQueue(f"{stack}-interruptions", InterruptionQueueArgs(stack, tags))
+
+
 def wire_interruptions(
     stack: str,
     tags: Mapping[str, str],
@@ -207,14 +218,33 @@ def wire_interruptions(
     ``asg_names`` are the auto scaling groups of ``node_groups``, in the same order. A stack that
     buys on-demand only gets neither (no notice would ever arrive).
     """
-    if all(g.capacity is None for g in node_groups):
+    queue = notice_queue(stack, tags, node_groups)
+    if queue is None:
         return None
-    queue = InterruptionQueue(f"{stack}-interruptions", InterruptionQueueArgs(stack, tags))
     by_name = {g.name: (g, asg) for g, asg in zip(node_groups, asg_names, strict=True)}
     for group, asg in zip(node_groups, asg_names, strict=True):
         if isinstance(group.capacity, CapacityBlock):
             fallback, fallback_asg = by_name[group.capacity.fallback_group]
             capacity_block_handover(
-                f"{stack}-{group.name}", group, asg, fallback, fallback_asg, pulumi.ResourceOptions(parent=queue)
+                f"{stack}-{group.name}",
+                group,
+                asg,
+                fallback,
+                fallback_asg,
+                pulumi.ResourceOptions(parent=queue),
             )
     return queue
+
+
+def eks_capacity_type(group: NodeGroup) -> str | None:
+    """An EKS managed node group's capacity type: SPOT for a spot group (all of it: the stack
+    check refuses an on-demand base there), else the default (on-demand)."""
+    return "SPOT" if isinstance(group.capacity, SpotCapacity) else None
+
+
+def eks_instance_types(listed: tuple[str, ...], group: NodeGroup) -> list[str]:
+    """The node pool's own list, else the group's type and, for spot, the same-GPU types beside it."""
+    if listed:
+        return list(listed)
+    extra = group.capacity.instance_types if isinstance(group.capacity, SpotCapacity) else ()
+    return [group.instance_type, *extra]

@@ -42,8 +42,8 @@ from frontier.config.hardware import (  # re-exported: the tests and `fab ami.la
 from frontier.config.schedule import cron_of
 from frontier.config.schema import NodeGroup, Settings
 from frontier.render.boot import host_tools, replica_nodes
-from infra.interruptions import capacity_block_template, capacity_rebalance, mixed_instances_policy
 from infra.errors import ProvisionError
+from infra.interruptions import capacity_block_template, capacity_rebalance, mixed_instances_policy
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE
 
 # Fast volume for weights: loading a 140 GB model at 1000 MiB/s takes ~2.5 min instead of ~19 at gp3's default.

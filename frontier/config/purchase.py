@@ -8,9 +8,7 @@ beside it, which must carry the same GPU model and count (a replica's tensor-par
 memory fit are the GPU's, whichever type the spot market gives). Spot hosts are allocated
 capacity-optimized (the pools least likely to be interrupted) and with capacity rebalancing on: the
 auto scaling group launches a replacement when a host gets a rebalance recommendation, before the
-two-minute interruption notice. ``interruption_frequency`` is the band the Spot Instance Advisor
-shows for the type in the region (https://aws.amazon.com/ec2/spot/instance-advisor/), the planner's
-input for what spot costs in lost work.
+two-minute interruption notice.
 
 ``market: capacity-block`` — the group's hosts run in a Capacity Block for ML (a capacity
 reservation ``cr-…`` bought for 1-182 days; its instances end at ``end_time``, 11:30 UTC on the last
@@ -54,9 +52,6 @@ INSTANCE_GPUS: dict[str, tuple[str, int]] = {
     "p6-b200.48xlarge": ("B200-180GB", 8),
 }
 
-# The Spot Instance Advisor's bands of "frequency of interruption" (share of instances interrupted
-# over the trailing month), and the fraction the planner takes for each (the band's middle; >20%: 25%).
-INTERRUPTION_BANDS: dict[str, float] = {"<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25}
 WARNING_MINUTES = 40
 
 
@@ -77,11 +72,10 @@ class SpotCapacity(_Model):
     instance_types: tuple[str, ...] = Field(
         default=(), max_length=19, description="Types besides the group's own, with the same GPUs."
     )
-    allocation_strategy: Literal["capacity-optimized", "capacity-optimized-prioritized", "price-capacity-optimized"] = (
-        "capacity-optimized"
-    )
+    allocation_strategy: Literal[
+        "capacity-optimized", "capacity-optimized-prioritized", "price-capacity-optimized"
+    ] = "capacity-optimized"
     capacity_rebalance: bool = True
-    interruption_frequency: Literal["<5%", "5-10%", "10-15%", "15-20%", ">20%"] = "<5%"
 
 
 class CapacityBlock(_Model):
@@ -95,7 +89,9 @@ class CapacityBlock(_Model):
     @classmethod
     def _utc(cls, value: datetime) -> datetime:
         if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError("must carry its time zone (Capacity Blocks end at 11:30 UTC: write ...T11:30:00Z)")
+            raise ValueError(
+                "must carry its time zone (Capacity Blocks end at 11:30 UTC: write ...T11:30:00Z)"
+            )
         return value
 
     @property
@@ -116,19 +112,31 @@ def spot_problems(instance_type: str, max_size: int, spot: SpotCapacity) -> list
     problems = []
     if spot.on_demand_base > max_size:
         problems.append(
-            FieldProblem("capacity.on_demand_base", spot.on_demand_base, f"must be at most the group's max_size ({max_size})")
+            FieldProblem(
+                "capacity.on_demand_base",
+                spot.on_demand_base,
+                f"must be at most the group's max_size ({max_size})",
+            )
         )
     own = gpus_of(instance_type)
     known = ", ".join(sorted(INSTANCE_GPUS))
     if own is None and spot.instance_types:
         problems.append(
-            FieldProblem("instance_type", instance_type, f"has no GPU facts to match other types against; known: {known}")
+            FieldProblem(
+                "instance_type",
+                instance_type,
+                f"has no GPU facts to match other types against; known: {known}",
+            )
         )
         return problems
     for i, other in enumerate(spot.instance_types):
         theirs = gpus_of(other)
         if theirs is None:
-            problems.append(FieldProblem(f"capacity.instance_types[{i}]", other, f"is not a known GPU type; known: {known}"))
+            problems.append(
+                FieldProblem(
+                    f"capacity.instance_types[{i}]", other, f"is not a known GPU type; known: {known}"
+                )
+            )
         elif own is not None and theirs != own:
             problems.append(
                 FieldProblem(
@@ -149,7 +157,9 @@ def block_problems(group_name: str, block: CapacityBlock, groups: dict[str, int]
     if block.fallback_group == group_name:
         return [FieldProblem(path, block.fallback_group, "must be another node group, not the block's own")]
     if block.fallback_group not in groups:
-        return [FieldProblem(path, block.fallback_group, f"must name one of node_groups ({', '.join(groups)})")]
+        return [
+            FieldProblem(path, block.fallback_group, f"must name one of node_groups ({', '.join(groups)})")
+        ]
     return []
 
 

@@ -48,7 +48,11 @@ def parse_notice(body: str) -> PendingNotice | None:
         return None
     detail = event.get("detail") if isinstance(event.get("detail"), dict) else {}
     detail_type = str(event["detail-type"])
-    subject = str(detail.get("instance-id") or detail.get("capacity-reservation-id") or ",".join(event.get("resources", [])))
+    subject = str(
+        detail.get("instance-id")
+        or detail.get("capacity-reservation-id")
+        or ",".join(event.get("resources", []))
+    )
     return PendingNotice(
         kind=KINDS.get(detail_type, detail_type),
         at=str(event.get("time", "")),
@@ -62,7 +66,10 @@ def pending_notices(sqs: Any, stack: str) -> list[PendingNotice] | None:
     try:
         url = sqs.get_queue_url(QueueName=notice_queue_name(stack))["QueueUrl"]
     except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"):
+        if exc.response.get("Error", {}).get("Code") in (
+            "AWS.SimpleQueueService.NonExistentQueue",
+            "QueueDoesNotExist",
+        ):
             return None
         raise
     seen: dict[str, PendingNotice] = {}

@@ -34,9 +34,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Protocol
 
 from frontier_hostside.processes import atomic_write, now
 
@@ -67,7 +68,7 @@ class Notice:
     at: str
 
     @property
-    def key(self) -> Tuple[str, str, str]:
+    def key(self) -> tuple[str, str, str]:
         return (self.kind, self.action, self.at)
 
 
@@ -83,7 +84,7 @@ class Imds:
         # IMDS is on the host itself: never through a proxy, whatever http_proxy says.
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-    def _request(self, request: urllib.request.Request) -> Tuple[int, str]:
+    def _request(self, request: urllib.request.Request) -> tuple[int, str]:
         try:
             with self._opener.open(request, timeout=self.timeout_s) as response:
                 return int(response.status), response.read().decode()
@@ -106,7 +107,7 @@ class Imds:
             self._token_until = time.monotonic() + max(1.0, self.ttl_s - TOKEN_MARGIN_S)
         return self._token
 
-    def get(self, path: str) -> Optional[str]:
+    def get(self, path: str) -> str | None:
         """The value at ``path``, or None where IMDS answers 404 (no such notice)."""
         for attempt in (1, 2):
             request = urllib.request.Request(
@@ -123,9 +124,9 @@ class Imds:
             raise ImdsError(f"GET {self.url}{path} answered {status}")
         return None
 
-    def notices(self) -> List[Notice]:
+    def notices(self) -> list[Notice]:
         """The notices IMDS holds now: a spot instance-action, a rebalance recommendation, both or none."""
-        found: List[Notice] = []
+        found: list[Notice] = []
         spot = self.get(SPOT_ACTION_PATH)
         if spot is not None:
             data = _json_object(spot, SPOT_ACTION_PATH)
@@ -137,7 +138,7 @@ class Imds:
         return found
 
 
-def _json_object(text: str, path: str) -> Dict[str, Any]:
+def _json_object(text: str, path: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except ValueError:
@@ -161,7 +162,7 @@ class DrainableHost(Protocol):
     run_dir: Path
     history_file: Path
 
-    def stop(self) -> Dict[str, Any]: ...
+    def stop(self) -> dict[str, Any]: ...
 
 
 class InterruptionWatcher:
@@ -182,11 +183,11 @@ class InterruptionWatcher:
         self.interval_s = interval_s
         self.drain_on_rebalance = drain_on_rebalance
         self.sleep = sleep
-        self.handled: Dict[Tuple[str, str, str], Dict[str, Any]] = {}
+        self.handled: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.record_file = host.run_dir / RECORD_NAME
         self.errors = 0
 
-    def poll_once(self) -> List[Dict[str, Any]]:
+    def poll_once(self) -> list[dict[str, Any]]:
         """One look at IMDS; what was done for each notice not seen before."""
         try:
             notices = self.imds.notices()
@@ -202,10 +203,10 @@ class InterruptionWatcher:
             done.append(self.handle(notice))
         return done
 
-    def handle(self, notice: Notice) -> Dict[str, Any]:
+    def handle(self, notice: Notice) -> dict[str, Any]:
         seen = time.time()
         drain = notice.kind == SPOT or self.drain_on_rebalance
-        entry: Dict[str, Any] = {
+        entry: dict[str, Any] = {
             "event": "interruption_notice",
             "notice": asdict(notice),
             "seen_at": now(),
@@ -227,7 +228,7 @@ class InterruptionWatcher:
         self._record()
         return entry
 
-    def run(self, rounds: int = 0) -> Dict[str, Any]:
+    def run(self, rounds: int = 0) -> dict[str, Any]:
         """Poll until stopped (``rounds`` > 0: that many polls, for tests and one-off checks)."""
         done = 0
         while rounds <= 0 or done < rounds:
@@ -250,7 +251,7 @@ class InterruptionWatcher:
         entries = list(self.handled.values())
         atomic_write(self.record_file, json.dumps({"notices": entries}, sort_keys=True) + "\n")
 
-    def _log(self, line: Dict[str, Any]) -> None:
+    def _log(self, line: dict[str, Any]) -> None:
         full = {"at": now(), "host": self.host.config.host, **line}
         text = json.dumps(full, sort_keys=True)
         self.host.history_file.parent.mkdir(parents=True, exist_ok=True)
@@ -259,7 +260,7 @@ class InterruptionWatcher:
         print(text, file=sys.stderr, flush=True)
 
 
-def read_record(run_dir: Path) -> List[Dict[str, Any]]:
+def read_record(run_dir: Path) -> list[dict[str, Any]]:
     """The notices this host has handled (``run/interruption.json``), oldest first; [] when none."""
     try:
         data = json.loads((run_dir / RECORD_NAME).read_text())

@@ -36,7 +36,14 @@ BLOCK = {
 
 
 def _fallback_group(document_group: dict) -> dict:
-    return {**document_group, "name": "h100-od", "min_size": 1, "desired_size": 1, "max_size": 8, "schedule": None}
+    return {
+        **document_group,
+        "name": "h100-od",
+        "min_size": 1,
+        "desired_size": 1,
+        "max_size": 8,
+        "schedule": None,
+    }
 
 
 def program(tmp_path: Path, group_changes: dict, second_group: bool = False) -> Graph:
@@ -103,6 +110,7 @@ def test_only_the_stacks_rule_may_send_to_the_queue_and_the_target_waits_for_tha
     assert statement["Action"] == "sqs:SendMessage"
     assert statement["Resource"] == spot.one(QUEUE).outputs["arn"]
     assert statement["Condition"]["ArnEquals"]["aws:SourceArn"] == spot.one(RULE).outputs["arn"]
+    assert spot.one(QUEUE_POLICY).inputs["queueUrl"] == spot.one(QUEUE).outputs["url"]
     assert spot.one(QUEUE_POLICY).urn in spot.one(TARGET).dependencies
 
 

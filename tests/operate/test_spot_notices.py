@@ -7,6 +7,7 @@ agent's ``interruptions`` command polls it while the agent's supervisor runs the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -27,10 +28,33 @@ from frontier_hostside.interruption import (
     read_record,
 )
 
+from frontier.render.host import render_agent_config
+from frontier.targets import load_stack
+from frontier.targets.local import services
 from frontier.targets.local.imds import ImdsServer, Instance
-from tests.operate.test_host_agent import config, host, release, staged, write_config  # noqa: F401
+from tests.operate.test_host_agent import release, staged, write_config
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> agent.AgentConfig:
+    """The local stack's rendered agent configuration for a scratch root, on a free port."""
+    settings = load_stack("local")
+    text = render_agent_config(
+        settings, settings.only_pool, host="host-t", root=str(tmp_path / "root"), python=sys.executable,
+        address="127.0.0.1",
+    )  # fmt: skip
+    (tmp_path / "root").mkdir()
+    return dataclasses.replace(agent.AgentConfig.from_dict(json.loads(text)), port=services.free_port())
+
+
+@pytest.fixture
+def host(tmp_path: Path, config: agent.AgentConfig):
+    """An agent on the scratch root; whatever runtime a test leaves running is stopped after it."""
+    a = agent.Agent(config, str(write_config(config, tmp_path / "agent.json")))
+    yield a
+    a.stop()
 
 
 @pytest.fixture
@@ -51,9 +75,7 @@ def call(url: str, method: str = "GET", headers: dict[str, str] | None = None, b
 
 
 def token(imds: ImdsServer) -> str:
-    status, body = call(
-        f"{imds.url}/latest/api/token", "PUT", {"X-aws-ec2-metadata-token-ttl-seconds": "60"}
-    )
+    status, body = call(f"{imds.url}/latest/api/token", "PUT", {"X-aws-ec2-metadata-token-ttl-seconds": "60"})
     assert status == 200
     return body
 
@@ -70,7 +92,10 @@ def test_the_stand_in_answers_metadata_only_with_an_imdsv2_token(imds):
     assert call(f"{imds.url}/latest/api/token", "PUT", too_long)[0] == 400
     headers = {"X-aws-ec2-metadata-token": token(imds)}
     assert call(url, headers=headers) == (200, "i-0feedfacecafe0001")
-    assert call(f"{imds.url}/latest/meta-data/placement/availability-zone", headers=headers) == (200, "us-east-1a")
+    assert call(f"{imds.url}/latest/meta-data/placement/availability-zone", headers=headers) == (
+        200,
+        "us-east-1a",
+    )
     assert call(f"{imds.url}/latest/meta-data/placement/region", headers=headers) == (200, "us-east-1")
 
 
@@ -170,7 +195,10 @@ def test_a_spot_notice_takes_the_host_out_of_service_within_one_poll(tmp_path, h
             (SPOT, "terminate", True)
         ]
         assert record[0]["stop"]["outcome"] == "terminated"
-        events = [json.loads(line)["event"] for line in (host.root / "logs" / "agent.jsonl").read_text().splitlines()]
+        events = [
+            json.loads(line)["event"]
+            for line in (host.root / "logs" / "agent.jsonl").read_text().splitlines()
+        ]
         assert "interruption_notice" in events and "interruption_drained" in events
     finally:
         watcher.terminate()

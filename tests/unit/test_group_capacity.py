@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from frontier.config.purchase import INTERRUPTION_BANDS, INSTANCE_GPUS, CapacityBlock, SpotCapacity
+from frontier.config.purchase import INSTANCE_GPUS, CapacityBlock, SpotCapacity
 from frontier.errors import StackError
 from frontier.targets import load_stack
 
@@ -40,7 +40,9 @@ def test_a_group_without_capacity_buys_on_demand(changed_stack):
 
 
 def test_an_instance_type_with_another_gpu_is_refused_naming_both(changed_stack):
-    path = changed_stack("prod", {"node_groups[0].capacity": {**SPOT, "instance_types": ["p5en.48xlarge", "p4d.24xlarge"]}})
+    path = changed_stack(
+        "prod", {"node_groups[0].capacity": {**SPOT, "instance_types": ["p5en.48xlarge", "p4d.24xlarge"]}}
+    )
     message = _refusal(path)
     assert "capacity.instance_types[0]" in message and "p5en.48xlarge" in message
     assert "8 x H200-SXM-141GB" in message and "8 x H100-SXM-80GB" in message
@@ -48,12 +50,18 @@ def test_an_instance_type_with_another_gpu_is_refused_naming_both(changed_stack)
 
 
 def test_an_instance_type_with_another_gpu_count_is_refused(changed_stack):
-    message = _refusal(changed_stack("prod", {"node_groups[0].capacity": {**SPOT, "instance_types": ["p5.4xlarge"]}}))
-    assert "p5.4xlarge" in message and "1 x H100-SXM-80GB" in message and "same GPU model and count" in message
+    message = _refusal(
+        changed_stack("prod", {"node_groups[0].capacity": {**SPOT, "instance_types": ["p5.4xlarge"]}})
+    )
+    assert (
+        "p5.4xlarge" in message and "1 x H100-SXM-80GB" in message and "same GPU model and count" in message
+    )
 
 
 def test_an_unknown_instance_type_is_refused_naming_the_known_ones(changed_stack):
-    message = _refusal(changed_stack("prod", {"node_groups[0].capacity": {**SPOT, "instance_types": ["p9.huge"]}}))
+    message = _refusal(
+        changed_stack("prod", {"node_groups[0].capacity": {**SPOT, "instance_types": ["p9.huge"]}})
+    )
     assert "capacity.instance_types[0]" in message and "'p9.huge'" in message and "p5e.48xlarge" in message
 
 
@@ -67,7 +75,9 @@ def test_a_percentage_or_strategy_out_of_range_is_refused(changed_stack):
         changed_stack("prod", {"node_groups[0].capacity": {**SPOT, "on_demand_above_base_percent": 101}})
     )
     assert "on_demand_above_base_percent" in message and "101" in message
-    message = _refusal(changed_stack("prod", {"node_groups[0].capacity": {**SPOT, "allocation_strategy": "lowest-price"}}))
+    message = _refusal(
+        changed_stack("prod", {"node_groups[0].capacity": {**SPOT, "allocation_strategy": "lowest-price"}})
+    )
     assert "allocation_strategy" in message and "capacity-optimized" in message
 
 
@@ -85,18 +95,21 @@ def test_a_capacity_block_end_without_a_time_zone_is_refused(changed_stack):
 def test_a_capacity_block_must_fall_back_to_another_group_of_the_stack(changed_stack):
     message = _refusal(changed_stack("prod", {"node_groups[0].capacity": BLOCK}))
     assert "capacity.fallback_group" in message and "another node group" in message
-    message = _refusal(changed_stack("prod", {"node_groups[0].capacity": {**BLOCK, "fallback_group": "a100"}}))
+    message = _refusal(
+        changed_stack("prod", {"node_groups[0].capacity": {**BLOCK, "fallback_group": "a100"}})
+    )
     assert "'a100'" in message and "must name one of node_groups (h100)" in message
 
 
 def test_a_reservation_id_that_is_not_one_is_refused(changed_stack):
-    message = _refusal(changed_stack("prod", {"node_groups[0].capacity": {**BLOCK, "reservation_id": "cb-1"}}))
+    message = _refusal(
+        changed_stack("prod", {"node_groups[0].capacity": {**BLOCK, "reservation_id": "cb-1"}})
+    )
     assert "reservation_id" in message and "cb-1" in message
 
 
-def test_every_type_in_the_gpu_table_names_a_gpu_and_a_count_and_every_band_a_fraction():
+def test_every_type_in_the_gpu_table_names_a_gpu_and_a_count():
     assert all(count in (1, 4, 8) and model for model, count in INSTANCE_GPUS.values())
-    assert all(0 < f < 1 for f in INTERRUPTION_BANDS.values())
 
 
 def _cloud_init(settings) -> dict:
@@ -114,8 +127,10 @@ def test_a_spot_groups_hosts_run_the_interruption_watcher_every_5_s(changed_stac
     config = _cloud_init(load_stack("prod", path=changed_stack("prod", {"node_groups[0].capacity": SPOT})))
     units = {f["path"]: f["content"] for f in config["write_files"]}
     unit = units["/etc/systemd/system/frontier-interruptions.service"]
-    assert "frontier-agent.py --config /opt/frontier/bin/frontier-agent.json interruptions --interval 5" in unit
-    boot = next(f["content"] for f in config["write_files"] if "frontier-bootstrap.py\" boot" in f["content"])
+    assert (
+        "frontier-agent.py --config /opt/frontier/bin/frontier-agent.json interruptions --interval 5" in unit
+    )
+    boot = next(f["content"] for f in config["write_files"] if 'frontier-bootstrap.py" boot' in f["content"])
     assert "systemctl enable --now frontier-interruptions.service" in boot
 
 

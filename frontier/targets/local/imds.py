@@ -180,7 +180,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = self._body()
             if self.path == "/control/spot":
-                notice = instance.post_spot(str(body.get("action", "terminate")), float(body.get("in_s", SPOT_NOTICE_S)))
+                notice = instance.post_spot(
+                    str(body.get("action", "terminate")), float(body.get("in_s", SPOT_NOTICE_S))
+                )
             elif self.path == "/control/rebalance":
                 notice = instance.post_rebalance()
             elif self.path == "/control/clear":
