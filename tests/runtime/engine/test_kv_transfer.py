@@ -199,6 +199,26 @@ def test_a_request_aborted_while_its_blocks_are_pulled_leaves_no_block_held(
     assert all(count == 0 for count in decode.block_manager.ref_counts)
 
 
+def test_a_decode_whose_cache_layout_differs_is_refused_by_the_prefill_naming_both(
+    prefill: LLMEngine, gqa_dir: Path
+) -> None:
+    """A bfloat16 KV cache cannot take a float32 cache's blocks: no byte moves, and ``fail`` says why."""
+    dec = LLMEngine(
+        EngineConfig(
+            gqa_dir, **BASE, kv_cache_dtype="bfloat16", kv_transfer={"role": "decode", "on_failure": "fail"}
+        )
+    )
+    try:
+        prompt = prompt_of(100, seed=19)
+        assert run_decode(dec, "mixed", prompt, run_prefill(prefill, "mixed", prompt)) == []
+        [(rid, error)] = dec.take_failed()
+        assert "refused the pull: the caches' block layouts differ" in str(error)
+        assert "torch.bfloat16" in str(error) and "torch.float32" in str(error)
+        assert dec.kv_transfer.blocks_pulled == 0
+    finally:
+        dec.shutdown()
+
+
 # -- a prefill replica that dies mid-transfer ------------------------------------------------------
 
 PREFILL_PROCESS = """
