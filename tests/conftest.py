@@ -34,6 +34,7 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/e2e/conftest.py::cluster": "a process",
     "tests/e2e/test_local_alarms.py::cluster": "a process",
     "tests/gateway/conftest.py::redis_url": "redis_server(): a process",
+    "tests/gateway/test_migration.py::three_replicas": "start_runtime(): processes",
     "tests/operate/test_release_supply_chain.py::release_tools": "pip, cyclonedx-py and pip-audit processes",
     "tests/gateway/conftest.py::runtimes": "start_runtime(): a process",
     "tests/gateway/test_disaggregation.py::roles": "start_runtime(): prefill, decode and colocated processes",
