@@ -495,9 +495,14 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
     from frontier.targets.local.traces import SPANS_FILE
 
     multi = dm.two_model_settings(settings)
-    # The stack now serves two models: the host and deploy roles gain the second model's weights.
+    # The stack now serves two models: each pool's hosts get a principal of their own, the deploy
+    # role the second model's weights.
     identities = local.identities(multi)
     console.print(f"  {identities.name:<16} {identities.state:<8} {identities.detail}")
+    # Each pool's slots now sign as that pool's principal (its weights, secret and history only).
+    for slot in local.host_slots(multi):
+        if slot.state not in ("exists", "running"):
+            console.print(f"  {slot.name:<16} {slot.state:<8} {slot.detail}")
     small = multi.for_pool(dm.SMALL_MODEL)
     push_weights(small, dm.small_model_dir(settings))
     for pool in multi.pools:

@@ -395,12 +395,27 @@ def _up_sshd(settings: Settings, host: Host, state: Path, public_key: str) -> Co
     name = f"sshd-{host.name}"
     running = services.find(state, name)
     where = f"{settings.inventory.ssh_user}@{host.address}:{host.ssh_port}"
+    wanted = host_env(settings, host)
     if running is not None:
-        return Component(name, "running", f"{where} (pid {running.pid})")
-    service = services.start_sshd(
-        host.address, host.ssh_port, state, public_key, name=name, set_env=host_env(settings, host)
-    )
-    return Component(name, "started", f"{where} (pid {service.pid})")
+        if services.sshd_session_env(state, name) == wanted:
+            return Component(name, "running", f"{where} (pid {running.pid})")
+        # The slot's sessions hand out another key now (the stack file moved it to another pool,
+        # or lists its models): a session must sign as the slot's pool's principal.
+        services.stop(running)
+    service = services.start_sshd(host.address, host.ssh_port, state, public_key, name=name, set_env=wanted)
+    return Component(name, "started" if running is None else "restarted", f"{where} (pid {service.pid})")
+
+
+def host_slots(settings: Settings) -> list[Component]:
+    """Each host slot's env file and SSH sessions, with its pool's key: run after :func:`identities`
+    when the stack file changes which pool a slot serves (a one-model stack turned into pools)."""
+    state = state_dir(settings)
+    report = []
+    for host in settings.inventory.hosts:
+        report.append(_prepare_host(settings, host))
+        if services.find(state, f"sshd-{host.name}") is not None:
+            report.append(_up_sshd(settings, host, state, _ensure_ssh_key(settings)))
+    return report
 
 
 def haproxy_config_path(settings: Settings) -> Path:

@@ -225,6 +225,16 @@ def start_sshd(
     return service
 
 
+def sshd_session_env(state_dir: str | Path, name: str) -> dict[str, str]:
+    """What the sshd ``name`` under ``state_dir`` hands every session (its config's ``SetEnv``)."""
+    config = Path(state_dir).resolve() / f"{name}.sshd_config"
+    with contextlib.suppress(OSError):
+        for line in config.read_text().splitlines():
+            if line.startswith("SetEnv "):
+                return dict(pair.split("=", 1) for pair in line.removeprefix("SetEnv ").split())
+    return {}
+
+
 def _wait_banner(service: Service, timeout: float) -> None:
     def banner() -> bool:
         with (

@@ -1,0 +1,226 @@
+"""Each pool's principal reads its own pool's weights, secret and history, and not another pool's:
+the eks-gateway stack (two pools on EKS, a service account and role per pool) and a two-model EC2
+stack (an instance role and profile per pool), each program run under Pulumi's mocks, its rendered
+role documents evaluated as AWS would, conditions included, by ``@cloud-copilot/iam-simulate``
+(``tools/iam-simulate``, through ``tests/e2e/iam_simulation.py``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from infra_mocks import Graph, run_program
+from k8s_mocks import run_kubernetes
+
+from frontier.config.schema import PoolSettings, Settings
+from frontier.identity.pools import principal_suffix, weights_prefix
+from frontier.release.history import pool_history_prefix
+from frontier.render.boot import render_cloud_init
+from frontier.targets import load_stack
+from frontier.targets.kubernetes.manifests import pool_service_account
+from infra.cloud import look_up
+from infra.foundation import Foundation, FoundationArgs
+from infra.identity import Identity
+from tests.e2e.iam_simulation import Call, simulate
+from tests.gateway.stacks import dev_gateway_document, write_stack
+
+ROLE = "aws:iam/role:Role"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+BUCKET = "aws:s3/bucket:Bucket"
+SECRET = "aws:secretsmanager/secret:Secret"
+SMALL = "llama-3.1-8b-instruct"
+
+
+@dataclass(frozen=True)
+class Principal:
+    pool: PoolSettings
+    arn: str
+    document: dict[str, Any]
+
+
+def principals(graph: Graph, name_of: str) -> dict[str, Principal]:
+    """Each pool's runtime role (``name_of`` formats its resource name with ``suffix``) and its document."""
+    found = {}
+    for pool in graph.settings.pools:
+        name = name_of.format(stack=graph.stack, suffix=principal_suffix(graph.settings, pool))
+        role = graph.one(ROLE, name)
+        document = json.loads(graph.one(ROLE_POLICY, name).inputs["policy"])
+        found[pool.name] = Principal(pool, role.outputs["arn"], document)
+    return found
+
+
+def bucket_arn(graph: Graph, purpose: str) -> str:
+    return graph.one(BUCKET, f"{graph.stack}-storage-{purpose}").outputs["arn"]
+
+
+def decisions(graph: Graph, found: dict[str, Principal], calls: list[Call]) -> list[str]:
+    policies = {p.arn: [{"name": "runtime", "policy": p.document}] for p in found.values()}
+    return [d["decision"] for d in simulate({"all": policies}, calls)["all"]]
+
+
+def weights_read(graph: Graph, principal: Principal, pool: PoolSettings) -> Call:
+    key = f"{bucket_arn(graph, 'weights')}/{weights_prefix(pool)}/model-00001-of-00002.safetensors"
+    return Call(principal.arn, "s3:GetObject", key, (), "GetObject")
+
+
+def secret_read(graph: Graph, principal: Principal, pool: PoolSettings) -> Call:
+    (secret,) = [
+        s.outputs["arn"]
+        for s in graph.of_type(SECRET)
+        if s.outputs["arn"].split(":secret:")[1].rsplit("-", 1)[0] == pool.runtime.api_keys_secret
+    ]
+    return Call(principal.arn, "secretsmanager:GetSecretValue", secret, (), "GetSecretValue")
+
+
+def history_read(graph: Graph, principal: Principal, pool: PoolSettings) -> Call:
+    prefix = pool_history_prefix(graph.settings, pool.name, f"history/{graph.stack}/")
+    key = f"{bucket_arn(graph, 'history')}/{prefix}releases/r-1/manifest.json"
+    return Call(principal.arn, "s3:GetObject", key, (), "GetObject")
+
+
+def own_and_others(graph: Graph, found: dict[str, Principal], read) -> dict[tuple[str, str], str]:  # noqa: ANN001
+    """(principal's pool, read pool) -> decision, for every pair."""
+    pairs = [(p, q) for p in found for q in found]
+    calls = [read(graph, found[p], found[q].pool) for p, q in pairs]
+    return dict(zip(pairs, decisions(graph, found, calls), strict=True))
+
+
+def allowed_exactly_on_the_diagonal(results: dict[tuple[str, str], str]) -> bool:
+    return all((decision == "Allowed") == (p == q) for (p, q), decision in results.items())
+
+
+# --- eks-gateway: a service account and a role per pool ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eks_gateway() -> Graph:
+    return run_kubernetes(load_stack("eks-gateway"))
+
+
+@pytest.fixture(scope="module")
+def eks_principals(eks_gateway: Graph) -> dict[str, Principal]:
+    return principals(eks_gateway, "{stack}-pods{suffix}-runtime")
+
+
+def test_eks_gateway_has_a_runtime_role_per_pool(eks_principals):
+    assert sorted(eks_principals) == ["llama-3.1-70b-instruct", SMALL]
+    assert len({p.arn for p in eks_principals.values()}) == 2
+
+
+def test_each_eks_pools_service_account_is_associated_with_its_own_role(eks_gateway, eks_principals):
+    associations = {
+        a.inputs["serviceAccount"]: a.inputs["roleArn"]
+        for a in eks_gateway.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    }
+    for principal in eks_principals.values():
+        account = pool_service_account(eks_gateway.settings, principal.pool)
+        assert associations[account] == principal.arn
+
+
+def test_each_eks_pools_pods_run_as_its_own_service_account(eks_gateway, eks_principals):
+    accounts = {
+        d.inputs["spec"]["template"]["spec"]["serviceAccountName"]
+        for d in eks_gateway.of_type("kubernetes:apps/v1:Deployment")
+        if d.inputs["metadata"]["name"] != "frontier-gateway"
+    }
+    assert accounts == {pool_service_account(eks_gateway.settings, p.pool) for p in eks_principals.values()}
+    assert len(accounts) == 2
+
+
+def test_each_eks_pool_reads_its_own_weights_and_not_the_other_pools(eks_gateway, eks_principals):
+    results = own_and_others(eks_gateway, eks_principals, weights_read)
+    assert allowed_exactly_on_the_diagonal(results), results
+
+
+def test_each_eks_pool_reads_its_own_secret(eks_gateway, eks_principals):
+    calls = [secret_read(eks_gateway, p, p.pool) for p in eks_principals.values()]
+    assert decisions(eks_gateway, eks_principals, calls) == ["Allowed"] * len(calls)
+
+
+# --- a two-model EC2 stack: an instance role and profile per pool ---------------------------------
+
+
+def two_model_ec2_document() -> dict:
+    """dev with a gateway, serving its model on its node group and an 8B model on a group of its own."""
+    document = dev_gateway_document()
+    config = document["config"]
+    (group,) = config["frontier:node_groups"]
+    small_group = {**copy.deepcopy(group), "name": "small"}
+    config["frontier:node_groups"] = [group, small_group]
+    model, runtime = config.pop("frontier:model"), config.pop("frontier:runtime")
+    bucket = model["weights_uri"].removeprefix("s3://").split("/", 1)[0]
+    small = {**copy.deepcopy(model), "name": SMALL, "weights_uri": f"s3://{bucket}/{SMALL}"}
+    config["frontier:models"] = [
+        {"model": model, "runtime": runtime, "node_group": group["name"]},
+        {"model": small, "runtime": copy.deepcopy(runtime), "node_group": "small"},
+    ]
+    config["frontier:tenants"][0]["models"] = [model["name"], SMALL]
+    return document
+
+
+def identity_program(settings: Settings) -> None:
+    """What the EC2 program builds of a stack's identity: the Foundation (buckets, key, secret,
+    registry) and the Identity component's roles. (The whole EC2 program does not yet take a stack
+    of several models: its preflight still reads the one pool's runtime.)"""
+    cloud = look_up(settings.region)
+    foundation = Foundation(
+        settings.stack,
+        FoundationArgs(settings=settings, cloud=cloud, production=False, network=False, ssm_access=False),
+    )
+    target_group = cloud.arn("elasticloadbalancing", f"targetgroup/{settings.stack}/0123456789abcdef")
+    Identity(f"{settings.stack}-iam", foundation.identity(target_group_arn=target_group))
+
+
+@pytest.fixture(scope="module")
+def two_model_ec2(tmp_path_factory) -> Graph:
+    path = write_stack(tmp_path_factory.mktemp("stacks"), two_model_ec2_document(), "dev")
+    return run_program(load_stack("dev", path=path), identity_program)
+
+
+@pytest.fixture(scope="module")
+def ec2_principals(two_model_ec2: Graph) -> dict[str, Principal]:
+    return principals(two_model_ec2, "{stack}-iam-runtime{suffix}")
+
+
+def test_a_two_model_ec2_stack_has_a_runtime_role_and_instance_profile_per_pool(
+    two_model_ec2, ec2_principals
+):
+    assert len({p.arn for p in ec2_principals.values()}) == 2
+    profiles = {
+        p.name: p.inputs["role"] for p in two_model_ec2.of_type("aws:iam/instanceProfile:InstanceProfile")
+    }
+    roles = {r.name: r.outputs["name"] for r in two_model_ec2.of_type(ROLE)}
+    for principal in ec2_principals.values():
+        name = f"{two_model_ec2.stack}-iam-runtime{principal_suffix(two_model_ec2.settings, principal.pool)}"
+        assert profiles[name] == roles[name]
+
+
+def test_each_ec2_pool_reads_its_own_weights_and_not_the_other_pools(two_model_ec2, ec2_principals):
+    results = own_and_others(two_model_ec2, ec2_principals, weights_read)
+    assert allowed_exactly_on_the_diagonal(results), results
+
+
+def test_each_ec2_pools_hosts_boot_from_its_own_history_and_not_the_other_pools(
+    two_model_ec2, ec2_principals
+):
+    results = own_and_others(two_model_ec2, ec2_principals, history_read)
+    assert allowed_exactly_on_the_diagonal(results), results
+
+
+def test_each_ec2_pool_reads_its_own_secret(two_model_ec2, ec2_principals):
+    calls = [secret_read(two_model_ec2, p, p.pool) for p in ec2_principals.values()]
+    assert decisions(two_model_ec2, ec2_principals, calls) == ["Allowed"] * len(calls)
+
+
+def test_each_ec2_groups_node_env_names_its_pools_history(two_model_ec2):
+    settings = two_model_ec2.settings
+    for pool in settings.pools:
+        user_data = render_cloud_init(settings, pool.group, history_bucket="b", history_prefix="history/dev/")
+        prefix = pool_history_prefix(settings, pool.name, "history/dev/")
+        assert prefix == f"history/dev/models/{pool.name}/"
+        assert f"FRONTIER_HISTORY_PREFIX={prefix}" in user_data
+        assert "FRONTIER_ARTIFACTS_PREFIX=history/dev/" in user_data
+        assert f"s3://b/{prefix}host/{pool.group.name}/" in user_data
