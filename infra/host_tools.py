@@ -6,7 +6,7 @@ names they import (cloud-init's recursive copy makes it a folder beside them), t
 (rendered for the stack; the bootstrap fills in the host's name and address), the driver and
 model-cache scripts of the group, and the CloudWatch agent's configuration. cloud-init stays thin
 (EC2 user data is limited to 16 KB) and fetches them; the runtime role may read only this prefix,
-the releases and the deploy records (see :mod:`infra.identity`).
+the releases and the deploy records (see :mod:`frontier.identity.documents`).
 """
 
 from __future__ import annotations

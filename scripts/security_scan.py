@@ -134,7 +134,7 @@ def cloudformation_of(
 ) -> dict[str, Any]:
     """The policy-bearing resources of a Pulumi graph as CloudFormation, attribute for attribute.
 
-    A statement whose Sid has an entry in ``exceptions`` (``infra.identity.CHECKOV_EXCEPTIONS``) becomes a
+    A statement whose Sid has an entry in ``exceptions`` (``frontier.identity.documents.CHECKOV_EXCEPTIONS``) becomes a
     policy of its own carrying the skip, so the rest of its document is still held to every check.
     """
     resources, exceptions = list(resources), exceptions or {}

@@ -200,18 +200,22 @@ class IdentityArgs:
     pool_history_prefix: str = ""
     # A node group whose replica spans several nodes: its hosts claim slots under replicas/.
     replica_slots: bool = False
+    # The deploy role pushes and collects every pool's weights: each pool's prefix (their common
+    # root may be the whole bucket, which no pool needs). Empty: weights_prefix alone.
+    weights_prefixes: tuple[str, ...] = ()
     # Where the stack's gateway meters (gateway.metering.uri): `fab usage` reads it as the deploy
     # role where it is an S3 location. "" without a gateway.
     metering_uri: str = ""
 
 
 def objects(bucket_arn: str, prefix: str) -> str:
-    return f"{bucket_arn}/{prefix.strip('/')}/*"
-
-
-def list_prefix(sid: str, bucket_arn: str, prefix: str) -> Statement:
     prefix = prefix.strip("/")
-    return allow(sid, "s3:ListBucket", bucket_arn, {"StringLike": {"s3:prefix": (prefix, f"{prefix}/*")}})
+    return f"{bucket_arn}/{prefix}/*" if prefix else f"{bucket_arn}/*"
+
+
+def list_prefix(sid: str, bucket_arn: str, *prefixes: str) -> Statement:
+    keys = tuple(key for p in (p.strip("/") for p in prefixes) for key in (p, f"{p}/*"))
+    return allow(sid, "s3:ListBucket", bucket_arn, {"StringLike": {"s3:prefix": keys}})
 
 
 def log_groups_arn(cloud: Cloud, stack: str) -> str:
@@ -334,6 +338,7 @@ def deploy_policy(args: IdentityArgs) -> PolicyDocument:
     cloud = args.cloud
     own_stack = {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": args.stack}}
     groups = cloud.arn("autoscaling", "autoScalingGroup:*")
+    weights = args.weights_prefixes or (args.weights_prefix,)
     statements = [
         allow(
             "ReadWriteDeployHistoryAndLocks",
@@ -344,14 +349,14 @@ def deploy_policy(args: IdentityArgs) -> PolicyDocument:
         allow(
             "PushModelWeights",
             ("s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"),
-            objects(args.weights_bucket_arn, args.weights_prefix),
+            [objects(args.weights_bucket_arn, prefix) for prefix in weights],
         ),
-        list_prefix("ListModelWeights", args.weights_bucket_arn, args.weights_prefix),
-        # `fab weights.gc`: deletes the versions no kept release needs, under the model's prefix only.
+        list_prefix("ListModelWeights", args.weights_bucket_arn, *weights),
+        # `fab weights.gc`: deletes the versions no kept release needs, under the models' prefixes only.
         allow(
             "CollectUnusedModelWeights",
             "s3:DeleteObject",
-            objects(args.weights_bucket_arn, args.weights_prefix),
+            [objects(args.weights_bucket_arn, prefix) for prefix in weights],
         ),
         allow("EncryptHistoryAndWeights", ("kms:Decrypt", "kms:GenerateDataKey"), args.kms_key_arn),
         # `fab keys.rotate`: read the key set, publish it with a new key first, later without the old.

@@ -58,6 +58,7 @@ def stack_identity(
         ssm_access=ssm_access,
         ssh_user=settings.inventory.ssh_user,
         metering_uri=gateway.metering.uri if (gateway := settings.gateway) else "",
+        weights_prefixes=tuple(dict.fromkeys(weights_prefix(pool) for pool in settings.pools)),
     )
 
 
@@ -72,6 +73,7 @@ def pool_identity(
         api_keys_secret_arn=_secret_arn(found, pool.runtime.api_keys_secret or ""),
         pool_history_prefix="" if pool_prefix == stack.history_prefix else pool_prefix,
         replica_slots=pool.runtime.nodes_per_replica > 1,
+        weights_prefixes=(),
     )
 
 

@@ -1,4 +1,4 @@
-"""IAM scope: what a grant, a trust policy or a resource policy lets its holder do (infra/identity.py,
+"""IAM scope: what a grant, a trust policy or a resource policy lets its holder do (frontier/identity/,
 infra/workload_identity.py, and the resource policies of infra/storage.py and infra/secret_store.py).
 """
 

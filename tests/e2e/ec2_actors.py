@@ -4,7 +4,7 @@ enforcing the prod stack's IAM documents, every allowed call logged for ``iam_si
 moto's server runs as the local stack's does (:mod:`frontier.targets.local.moto_calls`, with
 ``INITIAL_NO_AUTH_ACTION_COUNT``), in a process of its own started by this module's ``__main__``,
 which first puts the AMI ids AWS publishes under ``/aws/service/`` into moto's SSM store (moto, like
-AWS, refuses a put there). The users and their documents are the prod stack's: ``infra/identity.py``'s
+AWS, refuses a put there). The users and their documents are the prod stack's: ``frontier/identity/``'s
 functions with the names ``pulumi up`` gives prod's resources (:func:`documents`), widened for moto
 by :func:`frontier.targets.local.iam.for_moto`; the administrator (standing in for ``pulumi up``)
 makes the resources those names point at.

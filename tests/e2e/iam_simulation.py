@@ -3,7 +3,7 @@
 moto's server records each call it allows (:mod:`frontier.targets.local.moto_calls`): principal,
 IAM action, the resource's ARN, and the request context keys. Here each call of an actor of the
 stack (host, deploy, gateway; the admin stands in for ``pulumi up``) is evaluated against that
-actor's documents as ``infra/identity.py`` renders them for AWS (``iam.documents``, before
+actor's documents as ``frontier/identity/`` renders them for AWS (``iam.documents``, before
 ``iam.for_moto`` widens them) by ``@cloud-copilot/iam-simulate`` (``tools/iam-simulate/``).
 
 Calls AWS makes on the caller's behalf that moto never does are added: the cloud's weights and

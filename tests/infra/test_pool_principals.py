@@ -224,3 +224,14 @@ def test_each_ec2_groups_node_env_names_its_pools_history(two_model_ec2):
         assert f"FRONTIER_HISTORY_PREFIX={prefix}" in user_data
         assert "FRONTIER_ARTIFACTS_PREFIX=history/dev/" in user_data
         assert f"s3://b/{prefix}host/{pool.group.name}/" in user_data
+
+
+def test_the_eks_deploy_role_pushes_every_pools_weights_and_nothing_else_in_the_bucket(eks_gateway):
+    # The pools' weights share no prefix (their root is the whole bucket): the role names each one.
+    role = eks_gateway.one(ROLE, f"{eks_gateway.stack}-k8s-deploy").outputs["arn"]
+    document = json.loads(eks_gateway.one(ROLE_POLICY, f"{eks_gateway.stack}-k8s-deploy").inputs["policy"])
+    bucket = bucket_arn(eks_gateway, "weights")
+    keys = [f"{weights_prefix(pool)}/v1/model.safetensors" for pool in eks_gateway.settings.pools]
+    calls = [Call(role, "s3:PutObject", f"{bucket}/{key}", (), "PutObject") for key in [*keys, "elsewhere/x"]]
+    found = simulate({"all": {role: [{"name": "deploy", "policy": document}]}}, calls)["all"]
+    assert [d["decision"] for d in found] == ["Allowed", "Allowed", "ImplicitlyDenied"]

@@ -1,5 +1,5 @@
 """The deploy pointer under IAM enforcement: moto's server checks each call against the documents
-``infra/identity.py`` renders (the ``account`` of test_iam_enforcement.py).
+``frontier/identity/`` renders (the ``account`` of test_iam_enforcement.py).
 
 `fab`, as the deploy role, names the release it rolls and withdraws the name; a host, as the host
 role, reads it through the real AWS CLI, and cannot write it: a host must not choose what the

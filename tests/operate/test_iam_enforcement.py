@@ -2,7 +2,7 @@
 
 moto runs as the local stack runs it (``INITIAL_NO_AUTH_ACTION_COUNT``: only the admin user's
 creation goes unchecked); the local target makes the host, deploy and admin users with the documents
-``infra/identity.py`` renders. ``fab``'s part (the history) is written with the deploy role's key,
+``frontier/identity/`` renders. ``fab``'s part (the history) is written with the deploy role's key,
 and a host's bootstrap reads it through the real AWS CLI with the host role's key, as a host slot's
 ``env`` file hands it over. Taking one action out of the host role's document fails exactly the
 call that needs it, and the error names it.

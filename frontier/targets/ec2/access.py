@@ -9,7 +9,7 @@ Manager session that the host's SSM agent opened outward, over HTTPS: the ProxyC
 
 which needs the AWS CLI and AWS's ``session-manager-plugin`` where ``fab`` runs, ``ssm:StartSession``
 on the stack's instances (by their ``frontier:stack`` tag) and on that one document, and the SSM
-agent's calls on the host (``infra/identity.py``). With a bastion, the path is SSH through it.
+agent's calls on the host (``frontier/identity/documents.py``). With a bastion, the path is SSH through it.
 
 **The key.** Either way the host must admit a key, and no key is baked into the launch template
 or cloud-init: each ``fab`` run makes an Ed25519 key pair in memory and, right before each
