@@ -18,6 +18,7 @@ from frontier.capacity.baseline import (
     load_archived,
     load_baseline,
 )
+from frontier.capacity.markets import market_report
 from frontier.capacity.plan import plan_stack
 from frontier.capacity.plan_tables import (
     Report,
@@ -124,6 +125,8 @@ def plan(c, stack=None, explore=False, png=None, refresh_cpu=False, quality=Fals
         chart = Path(png) if png else plans / f"{settings.stack}-pareto.png"
         workdir = plans / f"{settings.stack}-quality" if quality else None
         _show(console, exploration_report(settings, model, stack_problems, chart, workdir, console.print))
+        # The same fleet bought on-demand, as spot and in a Capacity Block, where the stack prices them.
+        _show(console, market_report(settings, plan_stack(settings, baseline)))
 
 
 def _show(console, report: Iterable[Report]) -> None:

@@ -53,6 +53,9 @@ INSTANCE_GPUS: dict[str, tuple[str, int]] = {
 }
 
 WARNING_MINUTES = 40
+# The Spot Instance Advisor's bands (share of a type's spot instances interrupted over the trailing
+# month) and the share the planner takes for each: the band's middle, 25 % for ">20%".
+INTERRUPTION_BANDS: dict[str, float] = {"<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25}
 
 
 def notice_queue_name(stack: str) -> str:
@@ -76,6 +79,11 @@ class SpotCapacity(_Model):
         "capacity-optimized", "capacity-optimized-prioritized", "price-capacity-optimized"
     ] = "capacity-optimized"
     capacity_rebalance: bool = True
+    # The planner's inputs (`fab plan --explore`'s market rows): the spot price of the group's type
+    # in the region (`aws ec2 describe-spot-price-history`), and the Spot Instance Advisor's
+    # frequency-of-interruption band for it (https://aws.amazon.com/ec2/spot/instance-advisor/).
+    price_per_hour: float | None = Field(default=None, ge=0, le=10_000)
+    interruption_frequency: Literal["<5%", "5-10%", "10-15%", "15-20%", ">20%"] | None = None
 
 
 class CapacityBlock(_Model):
@@ -84,6 +92,9 @@ class CapacityBlock(_Model):
     end_time: datetime
     fallback_group: str = Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")
     warning_minutes: int = Field(default=WARNING_MINUTES, ge=1, le=1440)
+    # The block's price per instance-hour (its offering's upfront fee over its hours:
+    # `aws ec2 describe-capacity-block-offerings`), for the planner's market rows.
+    price_per_hour: float | None = Field(default=None, ge=0, le=10_000)
 
     @field_validator("end_time")
     @classmethod
