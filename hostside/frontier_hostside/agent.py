@@ -711,6 +711,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=POLL_INTERVAL_S)
     p.add_argument("--rounds", type=int, default=0)
     p.add_argument("--drain-on-rebalance", action="store_true")
+    p.add_argument("--gateway-admin", action="append", default=[], help="a gateway's admin URL to tell (repeat)")
     return parser
 
 
@@ -740,7 +741,10 @@ def run(agent: Agent, args: argparse.Namespace) -> dict[str, Any]:
         return agent.supervise()
     if command == "interruptions":
         try:
-            watcher = InterruptionWatcher(agent, Imds(args.imds), args.interval, args.drain_on_rebalance)
+            watcher = InterruptionWatcher(
+                agent, Imds(args.imds), args.interval, args.drain_on_rebalance,
+                gateway_admin=tuple(args.gateway_admin),
+            )  # fmt: skip
         except ValueError as exc:
             raise AgentError(f"interruptions: {exc}") from None
         return watcher.run(args.rounds)

@@ -15,6 +15,10 @@ the host's capacity pool is at elevated risk, often well before that. The watche
   from that instant — the load balancer's readiness checks drop the host, the gateway's prober marks
   the replica not ready (a draining replica, whose in-flight generations the gateway may move), and
   requests still in flight finish within the runtime's drain timeout, before the two minutes end.
+  Before that, each gateway named (``gateway_admin``: its admin address) is told on
+  ``names.GATEWAY_INTERRUPT_PATH`` that this replica is interrupted, so it takes the replica out of
+  rotation and moves the generations it serves to other replicas at once, rather than waiting for
+  them to finish here; a gateway that cannot be reached is logged and the drain goes on.
 * **rebalance recommendation** → recorded and logged; the host keeps serving unless
   ``drain_on_rebalance``. Why: with capacity rebalancing on, the auto scaling group answers the same
   signal by launching a replacement first and terminating this host after it is in service, through
@@ -39,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from frontier_hostside.names import GATEWAY_INTERRUPT_PATH
 from frontier_hostside.processes import atomic_write, now
 
 IMDS_URL = "http://169.254.169.254"
@@ -151,6 +156,10 @@ def _json_object(text: str, path: str) -> dict[str, Any]:
 class AgentConfigView(Protocol):
     @property
     def host(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def port(self) -> int: ...
 
 
 class DrainableHost(Protocol):
@@ -175,6 +184,7 @@ class InterruptionWatcher:
         interval_s: float = POLL_INTERVAL_S,
         drain_on_rebalance: bool = False,
         sleep: Callable[[float], None] = time.sleep,
+        gateway_admin: tuple[str, ...] = (),
     ) -> None:
         if not 0.05 <= interval_s <= 60:
             raise ValueError(f"interval_s is {interval_s:g}; it must be between 0.05 and 60")
@@ -183,6 +193,9 @@ class InterruptionWatcher:
         self.interval_s = interval_s
         self.drain_on_rebalance = drain_on_rebalance
         self.sleep = sleep
+        self.gateway_admin = tuple(url.rstrip("/") for url in gateway_admin)
+        # What the gateways know this host's runtime by: its base URL.
+        self.replica_url = f"http://{host.config.address}:{host.config.port}"
         self.handled: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.record_file = host.run_dir / RECORD_NAME
         self.errors = 0
@@ -218,6 +231,8 @@ class InterruptionWatcher:
             # The record first: a status read while the drain runs already says why.
             self._record()
             self._log(entry)
+            if self.gateway_admin:
+                entry["gateways"] = [self._tell_gateway(url) for url in self.gateway_admin]
             stopped = self.host.stop()
             entry["stop"] = stopped
             entry["drained_after_s"] = round(time.time() - seen, 3)
@@ -244,6 +259,29 @@ class InterruptionWatcher:
             "notices": [entry["notice"] for entry in self.handled.values()],
             "out_of_service": any(entry["out_of_service"] for entry in self.handled.values()),
         }
+
+    def _tell_gateway(self, admin_url: str) -> dict[str, Any]:
+        """POST the interrupt to one gateway's admin address; what it answered (or why not)."""
+        url = admin_url + GATEWAY_INTERRUPT_PATH
+        body = json.dumps({"replica": self.replica_url}).encode()
+        request = urllib.request.Request(
+            url, data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=5) as response:
+                answer: dict[str, Any] = {"gateway": admin_url, "status": int(response.status)}
+                answer.update(json.loads(response.read() or b"{}"))
+        except urllib.error.HTTPError as exc:
+            answer = {
+                "gateway": admin_url,
+                "status": int(exc.code),
+                "error": exc.read().decode(errors="replace")[:200],
+            }
+        except (OSError, ValueError) as exc:
+            answer = {"gateway": admin_url, "status": 0, "error": str(exc)}
+        self._log({"event": "gateway_told", **answer})
+        return answer
 
     def _record(self) -> None:
         """Every notice handled so far, the latest included, in ``run/interruption.json``."""

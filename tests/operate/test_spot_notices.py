@@ -32,6 +32,7 @@ from frontier.render.host import render_agent_config
 from frontier.targets import load_stack
 from frontier.targets.local import services
 from frontier.targets.local.imds import ImdsServer, Instance
+from tests.gateway.harness import gateway_config, running_gateway, tenant
 from tests.operate.test_host_agent import release, staged, write_config
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -238,3 +239,33 @@ def test_the_agent_files_that_travel_include_the_interruption_watcher():
 
     assert "frontier_hostside/interruption.py" in frontier_hostside.agent_files()
     assert Path(frontier_hostside.__file__).with_name("interruption.py").is_file()
+
+
+def test_on_a_spot_notice_the_gateway_is_told_before_the_drain_and_takes_the_replica_out(
+    tmp_path, host, config, imds
+):
+    serving(host, config)
+    replica = f"http://{config.address}:{config.port}"
+    gateway = gateway_config({"tiny": [replica]}, [tenant("acme", "sk-acme", ["tiny"])], tmp_path / "m.jsonl")
+    with running_gateway(gateway) as gw:
+        call(f"{imds.url}/control/spot", "POST", body={"action": "terminate", "in_s": 120})
+        watcher = InterruptionWatcher(host, Imds(imds.url), interval_s=0.05, gateway_admin=(gw.admin_url,))
+        answer = watcher.run(rounds=1)
+        assert answer["out_of_service"] is True
+        (told,) = read_record(host.run_dir)[0]["gateways"]
+        assert (told["gateway"], told["status"], told["replica"]) == (gw.admin_url, 200, replica)
+        assert gw.gateway.pools.get("tiny").ready_count == 0
+
+
+def test_an_unreachable_gateway_is_logged_and_the_drain_goes_on(tmp_path, host, config, imds):
+    serving(host, config)
+    call(f"{imds.url}/control/spot", "POST", body={"action": "terminate", "in_s": 120})
+    closed = ImdsServer("127.0.0.1", 0)
+    nowhere = closed.url
+    closed.server_close()
+    answer = InterruptionWatcher(host, Imds(imds.url), interval_s=0.05, gateway_admin=(nowhere,)).run(
+        rounds=1
+    )
+    assert answer["out_of_service"] is True and not host.facts().running
+    (told,) = read_record(host.run_dir)[0]["gateways"]
+    assert told["status"] == 0 and told["error"]
