@@ -33,6 +33,10 @@
     chats to each model, ``nightly`` (batch, the small model only) streams four of its own, is
     refused the other model (404) and runs a 16-line batch job — then the gateway's metering
     summed per tenant and model;
+13a. migration (``frontier/demo/migration.py``): one long greedy stream to the first model whose
+    replica gets a notice mid-stream (the gateway's ``/admin/replicas/interrupt``); it carries on at
+    the other replica with no error, and the migration count, the stall and the text's equality
+    with the uninterrupted run are printed;
 13b. scale from zero (``frontier/demo/zero.py``): the small model's pool retired to zero, eight
     requests for it sent at once and held by the gateway, the local autoscaler launches its slot
     (a boot from the pool's own history under the host role's policy), every request answered,
@@ -543,10 +547,21 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
         raise FrontierError(
             f"the batch job had {summary.failed} failed and {summary.malformed} malformed lines"
         )
+    phases.append(migration_part(multi, settings.model.name, acme, tally))
     rows, prices, uri = dm.usage_rows(multi)
     usage = usage_table(multi.stack, uri, rows, prices)
     phases.append(zero_part(multi, dm.SMALL_MODEL, acme, tally))
     return phases, usage
+
+
+def migration_part(multi: Settings, model: str, key: str, tally: Tally) -> Phase:
+    """One stream whose replica gets a notice mid-stream, moved to the other replica of its pool."""
+    from frontier.demo.migration import demo_part
+
+    step(f"13a. migration: a {model} stream's replica gets a notice mid-stream")
+    run = demo_part(multi, model, key, say=lambda line: console.print(f"  {line}"))
+    tally.add([run.sample])
+    return Phase(f"migration: {run.migrations:.0f} moved, stall {run.stall_s * 1000:.0f} ms", [run.sample])
 
 
 def zero_part(multi: Settings, model: str, key: str, tally: Tally) -> Phase:
