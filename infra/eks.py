@@ -39,6 +39,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from frontier.config.schema import Kubernetes, NodeGroup, NodePool
+from frontier.targets.kubernetes.deploy_access import DEPLOY_GROUP
 from frontier.targets.kubernetes.network import control_plane_subnets
 from frontier.targets.kubernetes.rules import SYSTEM_POOL
 from infra.addons import GPU_NODE_LABEL
@@ -55,7 +56,7 @@ TAINT_EFFECTS = {
     "PreferNoSchedule": "PREFER_NO_SCHEDULE",
     "NoExecute": "NO_EXECUTE",
 }
-NAMESPACE_EDIT_POLICY = "AmazonEKSEditPolicy"
+CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 # Where the AWS Load Balancer Controller looks for the subnets of an internet-facing ALB, and of an
 # internal one (an Ingress with ``alb.ingress.kubernetes.io/scheme: internal``). Both go to the
 # public subnets: they hold no pod, so the runtime's NetworkPolicy admits the ALB's range
@@ -247,25 +248,31 @@ class EksCluster(pulumi.ComponentResource):
                 opts=child,
             )
 
-        entry = aws.eks.AccessEntry(
+        # The deploy role is a member of the group the stack's Role binds (what fab does in the
+        # namespace, deploy_access.py): EKS's namespaced access policies cover built-in API groups
+        # only, and a LeaderWorkerSet's patch is refused under them.
+        aws.eks.AccessEntry(
             f"{name}-deploy",
             cluster_name=cluster.name,
             principal_arn=args.deploy_role_arn,
+            kubernetes_groups=[DEPLOY_GROUP],
             tags=tags,
             opts=child,
         )
-        aws.eks.AccessPolicyAssociation(
-            f"{name}-deploy",
-            cluster_name=cluster.name,
-            principal_arn=args.deploy_role_arn,
-            policy_arn=f"arn:{cloud.partition}:eks::aws:cluster-access-policy/{NAMESPACE_EDIT_POLICY}",
-            access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(
-                type="namespace", namespaces=[k.namespace]
-            ),
-            # EKS associates a policy only with a principal that has an entry; both name the principal
-            # by the same ARN, so only this orders them.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[entry]),
-        )
+        for index, admin in enumerate(k.cluster.admins):
+            entry = aws.eks.AccessEntry(
+                f"{name}-admin-{index}", cluster_name=cluster.name, principal_arn=admin, tags=tags, opts=child
+            )
+            aws.eks.AccessPolicyAssociation(
+                f"{name}-admin-{index}",
+                cluster_name=cluster.name,
+                principal_arn=admin,
+                policy_arn=f"arn:{cloud.partition}:eks::aws:cluster-access-policy/{CLUSTER_ADMIN_POLICY}",
+                access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
+                # EKS associates a policy only with a principal that has an entry; both name the
+                # principal by the same ARN, so only this orders them.
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[entry]),
+            )
 
         self.name, self.arn = cluster.name, cluster.arn
         self.oidc_issuer = cluster.identities.apply(lambda ids: ids[0].oidcs[0].issuer if ids else "")

@@ -66,6 +66,8 @@ KINDS: Mapping[tuple[str, str], Any] = {
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
     ("networking.k8s.io/v1", "Ingress"): k8s.networking.v1.Ingress,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
+    ("rbac.authorization.k8s.io/v1", "Role"): k8s.rbac.v1.Role,
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
 }
 # Top-level fields of the objects above, by their Python argument names.
 ARGUMENTS = {
@@ -73,6 +75,9 @@ ARGUMENTS = {
     "data": "data",
     "immutable": "immutable",
     "automountServiceAccountToken": "automount_service_account_token",
+    "rules": "rules",
+    "roleRef": "role_ref",
+    "subjects": "subjects",
 }
 SKIP_AWAIT = "pulumi.com/skipAwait"
 LB_ATTRIBUTES = "alb.ingress.kubernetes.io/load-balancer-attributes"

@@ -551,6 +551,10 @@ class KubernetesCluster(_Settings):
     # proxy); the only source besides the ingress and Prometheus that the NetworkPolicy admits.
     # create: empty, the control-plane subnets this stack makes; existing: required.
     api_server_cidrs: tuple[str, ...] = ()
+    # create: IAM roles or users (a CI pipeline's) made cluster admins by access entries. With EKS's
+    # API authentication only the cluster's creator is one otherwise: another principal's later
+    # `pulumi up` could not reach the cluster to apply the workloads.
+    admins: tuple[Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[A-Za-z0-9+=,.@_/-]+$")], ...] = ()
 
     @field_validator("api_server_cidrs")
     @classmethod

@@ -95,7 +95,7 @@ def test_the_eks_cluster_is_private_encrypted_logged_and_in_its_own_subnets(eks)
     )
     assert len({s.inputs["availabilityZone"] for s in subnets}) == 2
     assert inputs["encryptionConfig"]["resources"] == ["secrets"]
-    key = eks.one("aws:kms/key:Key")
+    key = next(k for k in eks.of_type("aws:kms/key:Key") if k.name.endswith("-secrets-key"))
     assert inputs["encryptionConfig"]["provider"]["keyArn"] == key.outputs["arn"]
     assert inputs["enabledClusterLogTypes"] == ["api", "audit", "authenticator"]
     assert inputs["accessConfig"]["authenticationMode"] == "API"
@@ -202,11 +202,11 @@ def test_the_deploy_role_reaches_history_and_only_its_namespace(eks):
     assert sids["SeeItsCluster"]["Resource"] == "arn:aws:eks:us-east-1:123456789012:cluster/frontier-eks-prod"
     assert sids["ReadWriteDeployHistoryAndLocks"]["Resource"].endswith("/history/eks-prod/*")
     deploy = eks.one("aws:iam/role:Role", "eks-prod-k8s-deploy")
+    # In the cluster it is a member of the group the stack's Role binds (deploy_access.py), no more.
     entry = eks.one("aws:eks/accessEntry:AccessEntry")
     assert entry.inputs["principalArn"] == deploy.outputs["arn"]
-    association = eks.one("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
-    assert association.inputs["accessScope"] == {"type": "namespace", "namespaces": ["frontier-prod"]}
-    assert association.inputs["policyArn"].endswith("cluster-access-policy/AmazonEKSEditPolicy")
+    assert entry.inputs["kubernetesGroups"] == ["frontier:deploy"]
+    assert not eks.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
 
 
 def test_public_subnets_are_tagged_for_the_load_balancer_controller(eks):
@@ -250,7 +250,10 @@ def test_every_rendered_object_is_a_typed_resource_with_the_rendered_properties(
             assert attributes.startswith(manifest.annotations[LB_ATTRIBUTES] + ",access_logs.s3.enabled=true")
             metadata["annotations"][LB_ATTRIBUTES] = manifest.annotations[LB_ATTRIBUTES]
             # ... and the web ACL it made for the stack's rate limit.
-            assert metadata["annotations"].pop(WAF_ACL_ANNOTATION) == eks.one("aws:wafv2/webAcl:WebAcl").outputs["arn"]
+            assert (
+                metadata["annotations"].pop(WAF_ACL_ANNOTATION)
+                == eks.one("aws:wafv2/webAcl:WebAcl").outputs["arn"]
+            )
         if manifest.kind == "Deployment":
             assert metadata["annotations"].pop(SKIP_AWAIT) == "true"
             if not metadata["annotations"]:
@@ -393,7 +396,7 @@ def test_the_stack_key_admits_the_auto_scaling_service_linked_role_to_encrypt_ro
     # A managed node group's hosts are launched by the auto scaling service-linked role: with a root
     # volume encrypted by a customer managed key, the key's policy must let that role use the key and
     # grant its use to EBS (an IAM policy cannot: the role's own policy is AWS's), or every launch fails.
-    key = eks.one("aws:kms/key:Key")
+    key = next(k for k in eks.of_type("aws:kms/key:Key") if k.name.endswith("-secrets-key"))
     for template in eks.of_type("aws:ec2/launchTemplate:LaunchTemplate"):  # GPU pools and the system pool
         [root] = template.inputs["blockDeviceMappings"]
         assert root["ebs"]["kmsKeyId"] == key.outputs["arn"]

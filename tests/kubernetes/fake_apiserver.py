@@ -22,6 +22,10 @@ GET ``/api/v1/namespaces/{ns}/pods?labelSelector=``, GET
 ``/api/v1/namespaces/{ns}/pods/{pod}/portforward?ports=``, GET/PATCH(json-patch)
 ``/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets/{name}``. Anything else answers 404.
 
+With ``rules`` (the deploy Role's, ``frontier.targets.kubernetes.deploy_access``) the server
+authorizes as RBAC does: each request resolved to a verb on an API group's resource (subresource
+included), refused with 403 Forbidden unless a rule allows it, and recorded in ``authorized``.
+
 LeaderWorkerSets get the LWS controller, as simply: changed templates replace every group's pods
 (a leader ``<name>-<group>`` with worker index 0, workers ``<name>-<group>-<index>``) at once, and
 the status reports every group updated and ready after ``settle_reads`` further reads; a ``stuck``
@@ -47,6 +51,8 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from frontier_hostside import names
 
+from frontier.targets.kubernetes.deploy_access import Rule
+
 DEPLOYMENT = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments(?:/([^/]+))?$")
 CONFIG_MAPS = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
@@ -57,6 +63,32 @@ GROUPS = re.compile(r"^/apis/leaderworkerset.x-k8s.io/v1/namespaces/([^/]+)/lead
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 ROUTE = "/v1/chat/completions"
 REQUESTS_PER_SCRAPE = 100
+
+
+RESOURCE_PATH = re.compile(
+    r"^/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)/namespaces/[^/]+/(?P<resource>[^/]+)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?"
+)
+VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update"}
+
+
+def request_attributes(method: str, path: str, query: str = "") -> tuple[str, str, str]:
+    """The verb, API group and resource RBAC authorizes a request as (the API server's request info:
+    a GET of a name is get, of a collection list or watch; a subresource joins its resource)."""
+    match = RESOURCE_PATH.match(path)
+    if match is None:
+        return method.lower(), "", path
+    resource = match["resource"] + (f"/{match['sub']}" if match["sub"] else "")
+    if match["resource"] == "pods" and match["name"] and ":" in match["name"] and match["sub"] == "proxy":
+        resource = "pods/proxy"  # pods/{name}:{port}/proxy/...
+    named = match["name"] is not None
+    if method == "GET":
+        verb = "get" if named else ("watch" if "watch=true" in query else "list")
+    elif method == "DELETE":
+        verb = "delete" if named else "deletecollection"
+    else:
+        verb = VERBS[method]
+    return verb, match["group"] or "", resource
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -89,6 +121,10 @@ class FakeCluster:
     requests: list[tuple[str, str]] = field(default_factory=list)
     scrapes: dict[str, int] = field(default_factory=dict)
     groups: dict[str, dict] = field(default_factory=dict)
+    #: The Role the caller is bound to (None: every request allowed, as for a cluster admin).
+    rules: tuple[Rule, ...] | None = None
+    #: Every request as RBAC saw it: (verb, API group, resource), allowed or not.
+    authorized: list[tuple[str, str, str, bool]] = field(default_factory=list)
     #: Where a port-forward to a pod of this image (and port) is joined: a real server's address.
     forwards: Callable[[str, int], tuple[str, int] | None] = lambda image, port: None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -280,6 +316,8 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         url = url._replace(path=unquote(url.path))  # as the API server reads it (pod:port arrives as %3A)
         cluster = self.cluster
+        if not self._authorized(method, url.path, url.query):
+            return None
         if (match := PORT_FORWARD.match(url.path)) and method == "GET":
             with cluster.lock:
                 cluster.requests.append((method, url.path))
@@ -314,6 +352,24 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._send(404, _status(404, "NotFound", f'pods "{pod}" not found'))
                 return self._send(200, cluster.metrics(pod), "text/plain; version=0.0.4")
             return self._send(404, _status(404, "NotFound", f"{method} {url.path}"))
+
+    def _authorized(self, method: str, path: str, query: str) -> bool:
+        verb, group, resource = request_attributes(method, path, query)
+        rules = self.cluster.rules
+        allowed = rules is None or any(rule.allows(verb, group, resource) for rule in rules)
+        with self.cluster.lock:
+            self.cluster.authorized.append((verb, group, resource, allowed))
+        if not allowed:
+            self._send(
+                403,
+                _status(
+                    403,
+                    "Forbidden",
+                    f'{resource} is forbidden: User "deploy" cannot {verb} resource "{resource}" in API group '
+                    f'"{group}" in the namespace "{self.cluster.namespace}"',
+                ),
+            )
+        return allowed
 
     def _config_map(self, method: str, name: str | None, query: str) -> None:
         cluster = self.cluster

@@ -19,8 +19,6 @@ import pytest
 from fake_apiserver import FakeApiServer, FakeCluster
 from frontier_hostside import names
 from moto import mock_aws
-from openai_standin import API_KEY as STANDIN_KEY
-from openai_standin import openai_standin
 
 from frontier.config.schema import Settings
 from frontier.release.artifact import Artifact
@@ -28,10 +26,13 @@ from frontier.release.history import HistoryStore, LockHeld
 from frontier.render.host import render_runtime_config
 from frontier.rollout.deploy import deploy, rollback
 from frontier.rollout.rolling import RolloutFailed
-from frontier.targets import backend_for
+from frontier.targets import backend_for, load_stack
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes.backend import KubernetesBackend
+from frontier.targets.kubernetes.deploy_access import deploy_rules
 from frontier.targets.kubernetes.rollout import Clock
+from tests.openai_standin import API_KEY as STANDIN_KEY
+from tests.openai_standin import openai_standin
 
 GOOD_A = "sha256:" + "a" * 64
 GOOD_B = "sha256:" + "b" * 64
@@ -83,7 +84,7 @@ def settings(eks_prod: Settings, tmp_path) -> Settings:
 
 @pytest.fixture
 def cluster(settings: Settings) -> Iterator[FakeApiServer]:
-    fake = FakeCluster(namespace=settings.kubernetes.namespace, behaviour=behaviour)
+    fake = FakeCluster(namespace=settings.kubernetes.namespace, behaviour=behaviour, rules=deploy_rules(settings))
     with FakeApiServer(fake) as server:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
         # What `pulumi up` left: the Deployment with the stack's first image, scaled by KEDA to 3.
@@ -300,6 +301,7 @@ def test_fab_deploy_history_and_rollback_on_a_kubernetes_stack(capsys, monkeypat
         fake = FakeCluster(
             namespace="frontier-prod",
             behaviour=behaviour,
+            rules=deploy_rules(load_stack("eks-prod")),
             settle_reads=0,
             forwards=lambda image, port: answers,
         )

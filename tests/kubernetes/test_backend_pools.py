@@ -27,6 +27,7 @@ from frontier.rollout.rolling import RolloutFailed
 from frontier.targets import backend_for
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes.backend import KubernetesBackend
+from frontier.targets.kubernetes.deploy_access import deploy_rules
 
 BUCKET = "frontier-eks-gateway-history"
 PREFIX = "history/eks-gateway/"
@@ -40,7 +41,7 @@ def settings(eks_gateway: Settings, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def cluster(settings: Settings) -> Iterator[FakeApiServer]:
-    fake = FakeCluster(namespace=settings.kubernetes.namespace, behaviour=behaviour)
+    fake = FakeCluster(namespace=settings.kubernetes.namespace, behaviour=behaviour, rules=deploy_rules(settings))
     with FakeApiServer(fake) as server:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
         # What `pulumi up` left: each pool's Deployment on the stack's first image.

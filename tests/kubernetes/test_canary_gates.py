@@ -7,7 +7,7 @@ refused at load, and the verification runs on an old leader before the roll and 
 
 Real: the ``kubernetes`` client (its WebSocket port-forward included) over TCP, the deploy path,
 the history on moto's S3 and Secrets Manager (in process). Mocked (see fake_apiserver.py and
-openai_standin.py): the API server, its controllers and the pods, whose API answers come from
+tests/openai_standin.py): the API server, its controllers and the pods, whose API answers come from
 stand-ins on real sockets; time, by a virtual clock.
 """
 
@@ -22,7 +22,6 @@ import pytest
 import yaml
 from fake_apiserver import FakeApiServer, FakeCluster
 from moto import mock_aws
-from openai_standin import API_KEY, openai_standin
 from test_backend import BUCKET, GOOD_A, GOOD_B, REPLICAS, VirtualClock, behaviour, on_fake_cluster
 
 from frontier import project
@@ -37,6 +36,8 @@ from frontier.targets import load_stack
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes.backend import KubernetesBackend
+from frontier.targets.kubernetes.deploy_access import deploy_rules
+from tests.openai_standin import API_KEY, openai_standin
 
 SLOW = "sha256:" + "c" * 64
 WRONG = "sha256:" + "d" * 64
@@ -77,7 +78,9 @@ def cluster(settings: Settings, answers) -> Iterator[FakeCluster]:
             return None
         return answers["wrong"] if image.endswith("@" + WRONG) else answers["right"]
 
-    fake = FakeCluster(namespace=settings.kubernetes.namespace, behaviour=behaviours, forwards=forwards)
+    fake = FakeCluster(
+        namespace=settings.kubernetes.namespace, behaviour=behaviours, forwards=forwards, rules=deploy_rules(settings)
+    )
     with FakeApiServer(fake) as server:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
         first = m.deployment(
@@ -179,7 +182,9 @@ def multinode(tmp_path: Path, answers, saved_outputs) -> Iterator[tuple[Kubernet
     def forwards(image: str, to: int) -> tuple[str, int] | None:
         return answers["wrong"] if image.endswith("@" + WRONG) else answers["right"]
 
-    fake = FakeCluster(namespace=stack.kubernetes.namespace, behaviour=behaviour, forwards=forwards)
+    fake = FakeCluster(
+        namespace=stack.kubernetes.namespace, behaviour=behaviour, forwards=forwards, rules=deploy_rules(stack)
+    )
     prefix = "history/eks-multinode/"
     bucket = "frontier-eks-multinode-history"
     saved_outputs.kubernetes(stack, history_bucket=bucket, history_prefix=prefix)

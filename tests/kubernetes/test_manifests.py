@@ -95,6 +95,8 @@ def test_every_manifest_of_every_kubernetes_stack_validates_for_its_version(vari
         }
         assert kinds == {
             "Namespace",
+            "Role",  # what fab may do in the namespace, and its binding (deploy_access.py)
+            "RoleBinding",
             "ServiceAccount",
             "ConfigMap",
             "NetworkPolicy",

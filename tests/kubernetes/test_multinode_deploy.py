@@ -30,6 +30,7 @@ from frontier.targets import backend_for, load_stack
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes.backend import KubernetesBackend
+from frontier.targets.kubernetes.deploy_access import deploy_rules
 from frontier.targets.kubernetes.group_rollout import LeaderWorkerSetRollout
 
 BUCKET = "frontier-eks-multinode-history"
@@ -44,7 +45,7 @@ def settings(tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def cluster(settings: Settings) -> Iterator[FakeApiServer]:
-    fake = FakeCluster(namespace=settings.kubernetes.namespace, behaviour=behaviour)
+    fake = FakeCluster(namespace=settings.kubernetes.namespace, behaviour=behaviour, rules=deploy_rules(settings))
     with FakeApiServer(fake) as server:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
         # What `pulumi up` left: the LeaderWorkerSet on the stack's first image, scaled by KEDA to 2.

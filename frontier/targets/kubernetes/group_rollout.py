@@ -42,7 +42,7 @@ from frontier.targets.kubernetes.rollout import (
 )
 
 GROUP, VERSION = lw.API_VERSION.split("/")
-PLURAL = "leaderworkersets"
+PLURAL = lw.PLURAL
 TEMPLATES = ("leaderTemplate", "workerTemplate")
 
 

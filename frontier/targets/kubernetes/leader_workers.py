@@ -59,6 +59,7 @@ from frontier.targets.kubernetes.objects import (
 
 API_VERSION = "leaderworkerset.x-k8s.io/v1"
 KIND = "LeaderWorkerSet"
+PLURAL = "leaderworkersets"
 # What the LWS controller puts on every pod of a group: the pod's index in it (0: the leader).
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 # What its pod webhook puts first in every container's env, so later entries may expand them.

@@ -63,6 +63,7 @@ from frontier.render.host import image_reference, render_runtime_config
 from frontier.targets.kubernetes import gateway as gw
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.autoscaling import scaled_object
+from frontier.targets.kubernetes.deploy_access import deploy_role
 from frontier.targets.kubernetes.monitoring import monitoring_objects, prometheus_rule, service_monitor
 from frontier.targets.kubernetes.network import ingress_access_annotations
 from frontier.targets.kubernetes.network_policies import network_policies
@@ -572,6 +573,8 @@ class Workload:
     pools: tuple[PoolObjects, ...]
     ingress: Manifest
     gateway: GatewayObjects | None = None
+    # What fab may do in the namespace: a Role and its binding to the deploy role's group.
+    deploy_access: tuple[Manifest, ...] = ()
 
     # The first pool's objects: a one-model stack's only ones.
     @property
@@ -620,6 +623,7 @@ class Workload:
         g = self.gateway
         return [
             self.namespace,
+            *self.deploy_access,
             *(p.service_account for p in self.pools),
             *([g.service_account] if g else []),
             *self.network_policies,
@@ -651,6 +655,7 @@ def render_workload(
         ),
         ingress=ingress(settings),
         gateway=gateway_objects(settings, gateway_role_arn) if settings.gateway is not None else None,
+        deploy_access=deploy_role(settings),
     )
 
 

@@ -1,0 +1,86 @@
+"""What ``fab`` may do in the stack's namespace: a Role of exactly the verbs its tasks use, bound to
+the group the deploy role's EKS access entry names.
+
+EKS's namespaced access policies (``AmazonEKSEditPolicy``) reach the built-in API groups only, so a
+LeaderWorkerSet's patch is refused (403) under them; and they grant far more than a rollout needs
+(Secrets, Services, every workload kind). The rules below are read off what the tasks call —
+``deploy``/``rollback`` (the Deployment's or LeaderWorkerSet's rollout, its canary Deployment and the
+ConfigMap of each release), ``status`` (pods), the canary gates (pod metrics through the API
+server's proxy, verification over port-forward) and ``scale`` (a workload's replicas) — and
+``tests/kubernetes/test_deploy_access.py`` drives those tasks against the API and holds every
+request to them, and every rule to some request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frontier.config.schema import Settings
+from frontier.targets.kubernetes import leader_workers as lw
+from frontier.targets.kubernetes.gateway import pool_views
+from frontier.targets.kubernetes.objects import Manifest, kubernetes_of, stack_labels
+
+# The Kubernetes group the deploy role's access entry maps it into (EKS: ``kubernetesGroups``).
+DEPLOY_GROUP = "frontier:deploy"
+RBAC = "rbac.authorization.k8s.io/v1"
+
+
+@dataclass(frozen=True)
+class Rule:
+    api_group: str  # "" is the core group
+    resource: str  # with its subresource, as RBAC names it: "pods/portforward"
+    verbs: tuple[str, ...]
+
+    def allows(self, verb: str, api_group: str, resource: str) -> bool:
+        return (self.api_group, self.resource) == (api_group, resource) and verb in self.verbs
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {"apiGroups": [self.api_group], "resources": [self.resource], "verbs": list(self.verbs)}
+
+
+def deploy_rules(settings: Settings) -> tuple[Rule, ...]:
+    """The verbs ``fab`` uses on this stack, per resource; LeaderWorkerSets only where a pool has one."""
+    rules = [
+        # The rollout reads the Deployment, patches its template and replicas, and makes and
+        # removes its canary.
+        Rule("apps", "deployments", ("get", "create", "patch", "delete")),
+        # Each release's runtime config; old ones are listed and pruned.
+        Rule("", "configmaps", ("list", "create", "delete")),
+        # fab status and the rollout's readiness: the pods of a workload, by label.
+        Rule("", "pods", ("list",)),
+        # The canary gates read a pod's /metrics through the API server.
+        Rule("", "pods/proxy", ("get",)),
+        # Canary verification talks to one pod: the WebSocket upgrade is a GET, which API servers
+        # from 1.31 authorize as create as well (AuthorizePodWebsocketUpgradeCreatePermission).
+        Rule("", "pods/portforward", ("get", "create")),
+    ]
+    if any(lw.spans_nodes(view) for view in pool_views(settings)):
+        rules.append(Rule(lw.API_VERSION.partition("/")[0], lw.PLURAL, ("get", "patch")))
+    return tuple(rules)
+
+
+def deploy_role(settings: Settings) -> tuple[Manifest, Manifest]:
+    """The Role and the RoleBinding that give :data:`DEPLOY_GROUP` :func:`deploy_rules`, in the
+    stack's namespace only."""
+    namespace = kubernetes_of(settings).namespace
+    name = "frontier-deploy"
+    role = Manifest(
+        RBAC,
+        "Role",
+        name,
+        namespace,
+        {"rules": [rule.to_dict() for rule in deploy_rules(settings)]},
+        labels=stack_labels(),
+    )
+    binding = Manifest(
+        RBAC,
+        "RoleBinding",
+        name,
+        namespace,
+        {
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": DEPLOY_GROUP}],
+        },
+        labels=stack_labels(),
+    )
+    return role, binding
