@@ -59,6 +59,13 @@ class KvRoutingConfig(_Strict):
     load_weight_blocks: float = Field(
         default=8.0, ge=0, le=100_000, description="Blocks of prefill one request in flight weighs."
     )
+    share_cap: float = Field(
+        default=2.0,
+        ge=1,
+        le=1000,
+        description="A replica holding share_cap x (pool's in flight + 1) / replicas + 1 requests is "
+        "passed over while another is under it, whatever it has cached.",
+    )
     speculative_ttl_s: float = Field(default=2.0, ge=0, le=600)
     stale_after_s: float = Field(
         default=15.0, gt=0, le=3600, description="No events this long while owed: load-only routing."

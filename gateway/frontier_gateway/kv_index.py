@@ -16,7 +16,16 @@ sequence. ``KvIndex`` keeps block key -> replicas from them:
 - **Score**: the longest run of the request's leading blocks a replica holds. The chosen replica
   minimises ``blocks to prefill + load_weight_blocks x requests in flight`` (its in-flight count
   is the gateway's own, known at dispatch: no scrape lags it), as Dynamo's KV router costs prefill
-  and decode work.
+  and decode work. Equal costs go to the one with fewer in flight, then in turn (never the first
+  listed: a shared system prompt ties every replica, and the first would take every conversation).
+- **Share cap**: a replica already holding ``share_cap x (in flight + 1) / replicas + 1`` requests
+  is passed over while another is under it, whatever it holds: hits that tie on a shared prefix,
+  and speculative entries that make a conversation's next turns stick, cannot pile one replica up.
+- **Queue depth** is the gateway's own in-flight count, not a figure the runtime reports: every
+  request queued at a replica went through the gateway that counts it, so at dispatch the count is
+  exact, where a reported depth (a scrape, a probe's header) lags by its interval — the overshoot of
+  llm-d-router #2066. Several gateways each see their own share; a field in the event batch would
+  break vLLM's ``KVEventBatch`` layout that other consumers decode.
 - **Speculative entries**: the request's blocks count as held by the chosen replica for
   ``speculative_ttl_s``, until its events arrive (a burst sharing a prefix follows the first one).
 - **Gaps**: a sequence number skipped asks the replica's replay socket for the missing batches; if
@@ -132,8 +141,11 @@ class KvIndex:
         stale_after_s: float = 15.0,
         load_weight_blocks: float = 8.0,
         clock: Callable[[], float] = time.monotonic,
+        share_cap: float = 2.0,
     ) -> None:
         self.block_size = block_size
+        self.share_cap = share_cap
+        self._turn = 0
         self.speculative_ttl_s = speculative_ttl_s
         self.stale_after_s = stale_after_s
         self.load_weight_blocks = load_weight_blocks
@@ -277,7 +289,16 @@ class KvIndex:
             matches = {c.url: self.matched(c.url, keys, now) if c in live else 0 for c in candidates}
         total = len(keys or ())
         w = self.load_weight_blocks
-        least = min(candidates, key=lambda c: ((total - matches[c.url]) + w * c.outstanding, c.outstanding))
+        in_flight = sum(c.outstanding for c in candidates)
+        cap = self.share_cap * (in_flight + 1) / len(candidates) + 1
+        under = [c for c in candidates if c.outstanding < cap] or list(candidates)
+        costs = {c.url: (total - matches[c.url]) + w * c.outstanding for c in under}
+        best = min(costs.values())
+        tied = [c for c in under if costs[c.url] == best]
+        fewest = min(c.outstanding for c in tied)
+        tied = [c for c in tied if c.outstanding == fewest]
+        least = tied[self._turn % len(tied)]
+        self._turn += 1
         if matches[least.url]:
             outcome = KV_HIT
         self.outcomes[outcome] += 1
@@ -523,6 +544,7 @@ class KvRouting:
             speculative_ttl_s=config.speculative_ttl_s,
             stale_after_s=config.stale_after_s,
             load_weight_blocks=config.load_weight_blocks,
+            share_cap=config.share_cap,
         )
         self.subscriber = KvSubscriber(self.index, config.events_port, config.replay_port, dict(config.ports))
         self._tokens: PromptTokens | None = None

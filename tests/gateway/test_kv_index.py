@@ -94,6 +94,37 @@ def test_load_outweighs_a_short_hit_but_not_a_long_one() -> None:
     assert idx.choose([Cand(A, outstanding=4), Cand(B)], keys)[0].url == B  # 0 + 8 > 6 + 0
 
 
+def test_replicas_that_tie_on_a_shared_prefix_take_new_conversations_in_turn() -> None:
+    idx = index()
+    for url in (A, B, C):
+        idx.apply(url, [stored(SYSTEM)])  # every replica holds the shared system prompt
+    firsts = []
+    for tail in range(3):  # three new conversations: equal hits, equal load
+        keys = request_blocks(SYSTEM + [tail] * 9, BS)
+        firsts.append(idx.choose([Cand(A), Cand(B), Cand(C)], keys)[0].url)
+    assert sorted(firsts) == [A, B, C]
+
+
+def test_of_equal_costs_the_replica_with_fewer_in_flight_wins() -> None:
+    idx = index(load_weight_blocks=1.0)
+    idx.apply(A, [stored(TURN[:24])])  # 6 blocks: A costs 0 + 1 x 3 = 3
+    idx.apply(B, [stored(TURN[:12])])  # 3 blocks: B costs 3 + 1 x 0 = 3
+    keys = request_blocks(TURN, BS)
+    for _ in range(3):
+        assert idx.choose([Cand(A, outstanding=3), Cand(B)], keys)[0].url == B
+
+
+def test_a_replica_over_its_share_is_passed_over_however_much_it_holds() -> None:
+    idx = index(load_weight_blocks=0.0, share_cap=1.0)  # load alone would never move it
+    idx.apply(A, [stored(TURN[:24])])
+    keys = request_blocks(TURN, BS)
+    # 3 in flight on 3 replicas: the cap is 1 x 4 / 3 + 1 = 2.33, A holds 3.
+    chosen, _ = idx.choose([Cand(A, outstanding=3), Cand(B), Cand(C)], keys)
+    assert chosen.url in (B, C)
+    # Under the cap (1 in flight: 1 x 2 / 3 + 1 = 1.67), the hit wins.
+    assert idx.choose([Cand(A, outstanding=1), Cand(B), Cand(C)], keys)[0].url == A
+
+
 def test_removed_and_cleared_blocks_leave_the_index() -> None:
     idx = index()
     idx.apply(A, [stored(TURN[:24])])
