@@ -1,28 +1,37 @@
 """What routing by the replicas' KV events buys, beside the gateway's other policies, in one run.
 
-    .venv/bin/python bench/kv_routing.py [--replicas 4] [--conversations 24] [--turns 6] [--rate 2.0]
-                                         [--duration-s 60] [--system-tokens 600]
+    .venv/bin/python bench/kv_routing.py [--replicas 4] [--conversations 16] [--turns 6]
+                                         [--rate 0 (calibrate)] [--duration-s 60] [--weights 2,8,32]
 
 Four runtime processes of the tiny model (one intra-op thread each, ``runtime.kv_events`` on, each
-with its own event ports) sit behind one gateway process per policy:
+with its own event ports, a KV cache of ``--kv-cache-mb``: 24 MiB holds ~6,000 tokens, about four
+conversations' histories, so a replica that sees every conversation cannot keep them all) sit
+behind one gateway process per policy:
 
 - ``least-loaded``: affinity off: the replica with the fewest requests in flight, ties rotating (the
   gateway's round-robin);
 - ``prefix-hash``: today's default: the rendezvous hash of the prompt's first 256 characters;
-- ``kv-events``: the pool's ``kv_routing``: the longest cached prefix from the replicas' events, plus
-  a weight per request in flight.
+- ``kv-events``: the pool's ``kv_routing``: the longest cached prefix from the replicas' events,
+  plus ``load_weight_blocks`` per request in flight, capped at ``share_cap``.
 
-Workloads, each policy in turn on the same runtimes (each policy's conversations use their own
-system prompt, so no policy inherits another's cache):
+Steps, each on the same runtimes, each run with its own system prompt (no run inherits another's
+cache):
 
-- ``multi-turn``: conversations sharing one long system prompt; each turn appends a user message
-  and the previous answer to its history; turns arrive as a Poisson process at ``--rate`` per
-  second (pick one near 70 % of what the replicas sustain), each to a conversation not in flight.
-- ``no-reuse``: random prompts of the same length, at the same rate.
+1. **Capacity** (unless ``--rate`` is given): least-loaded on the multi-turn workload at a ladder
+   of rates, ``--calibrate-s`` each; the first rate whose TTFT p50 is over twice the lowest rate's
+   (the queues have begun to grow), or that sheds, is the capacity; the runs that follow go at
+   ``--load`` (70 %) of it.
+2. **Load weight**: kv-events at that rate for each of ``--weights`` (``--sweep-s`` each); the one
+   of least TTFT p90 is kept.
+3. **The A/B**, ``--duration-s`` per policy and workload:
+   - ``multi-turn``: conversations sharing one long system prompt; each turn appends a user message
+     and the previous answer to its history; turns arrive as a Poisson process, each to a
+     conversation not in flight (none idle: counted shed);
+   - ``no-reuse``: random prompts as long as an average multi-turn prompt, at the same rate.
 
-Per policy: TTFT p50/p90/p99 (streamed, to the first content chunk), completed requests per second,
-requests shed (any non-200), and each replica's prefix-cache hit rate over the policy's run (from
-the runtimes' own counters). The machine's load average is printed with the table: on a shared
+Per run: TTFT p50/p90/p99 (streamed, to the first content chunk), completed requests per second,
+requests shed (any non-200), and each replica's prefix-cache hit rate (hit tokens / queried tokens,
+from the runtimes' own counters). The machine's load average is printed with each row: on a shared
 machine the absolute figures move, the ratios between policies are the result.
 """
 
@@ -40,6 +49,7 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -50,7 +60,7 @@ from gateway_overhead import KEY, MODEL, free_port, process, wait_http  # noqa: 
 
 POLICIES = ("least-loaded", "prefix-hash", "kv-events")
 BLOCK_SIZE = 16
-LOAD_WEIGHT_BLOCKS = [8.0]  # --load-weight-blocks
+TOKENS_PER_WORD = 2.8  # the tiny tokenizer on VOCAB, measured
 
 
 def runtime_command(
@@ -78,7 +88,14 @@ def runtime_command(
 
 
 def gateway_command(
-    policy: str, urls: list[str], events: dict[str, tuple[int, int]], model_dir: Path, work: Path, port: int
+    policy: str,
+    urls: list[str],
+    events: dict[str, tuple[int, int]],
+    model_dir: Path,
+    work: Path,
+    port: int,
+    weight: float,
+    share_cap: float,
 ) -> list[str]:
     pool: dict[str, object] = {"name": MODEL, "replicas": urls}
     affinity = {"mode": "off" if policy == "least-loaded" else "prefix"}
@@ -87,9 +104,10 @@ def gateway_command(
             "tokenizer_dir": str(model_dir),
             "block_size": BLOCK_SIZE,
             "ports": events,
-            "load_weight_blocks": LOAD_WEIGHT_BLOCKS[0],
+            "load_weight_blocks": weight,
+            "share_cap": share_cap,
         }
-    config = work / f"gateway-{policy}.yaml"
+    config = work / f"gateway-{policy}-{port}.yaml"
     config.write_text(
         yaml.safe_dump(
             {
@@ -119,6 +137,11 @@ def gateway_command(
 
 def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(VOCAB) for _ in range(n))
+
+
+def text(rng: random.Random, tokens: int) -> str:
+    """About ``tokens`` tokens of words."""
+    return words(rng, max(1, round(tokens / TOKENS_PER_WORD)))
 
 
 VOCAB = [
@@ -152,10 +175,12 @@ async def one_request(
     return 200, ttft, "".join(text)
 
 
-async def run_workload(url: str, kind: str, args: argparse.Namespace, seed: int) -> dict[str, object]:
+async def run_workload(
+    url: str, kind: str, args: argparse.Namespace, seed: int, rate: float, duration_s: float
+) -> dict[str, Any]:
     rng = random.Random(seed)  # the words: each policy its own system prompt
     arrivals = random.Random(kind)  # the arrival times: the same for every policy
-    system = words(rng, args.system_tokens // 2)  # ~2 tokens per word with the tiny tokenizer
+    system = text(rng, args.system_tokens)
     histories = [[{"role": "system", "content": system}] for _ in range(args.conversations)]
     turns = [0] * args.conversations
     busy = [False] * args.conversations
@@ -167,16 +192,16 @@ async def run_workload(url: str, kind: str, args: argparse.Namespace, seed: int)
 
         async def turn(i: int) -> None:
             if kind == "multi-turn":
-                histories[i].append({"role": "user", "content": words(rng, args.user_tokens // 2)})
+                histories[i].append({"role": "user", "content": text(rng, args.user_tokens)})
                 messages = histories[i]
             else:
-                messages = [
-                    {"role": "user", "content": words(rng, (args.system_tokens + args.user_tokens) // 2)}
-                ]
-            status, ttft, text = await one_request(client, url, messages, args.max_tokens)
+                # as long as the average multi-turn prompt (its history half grown)
+                length = args.system_tokens + (args.user_tokens + args.max_tokens) * (args.turns + 1) // 2
+                messages = [{"role": "user", "content": text(rng, length)}]
+            status, ttft, answer = await one_request(client, url, messages, args.max_tokens)
             results.append((status, ttft))
             if kind == "multi-turn":
-                histories[i].append({"role": "assistant", "content": text})
+                histories[i].append({"role": "assistant", "content": answer})
                 turns[i] += 1
                 if turns[i] >= args.turns:  # a finished conversation starts over as a new one
                     histories[i] = [{"role": "system", "content": system}]
@@ -185,8 +210,8 @@ async def run_workload(url: str, kind: str, args: argparse.Namespace, seed: int)
 
         started = time.monotonic()
         nxt = 0
-        while time.monotonic() - started < args.duration_s:
-            await asyncio.sleep(arrivals.expovariate(args.rate))
+        while time.monotonic() - started < duration_s:
+            await asyncio.sleep(arrivals.expovariate(rate))
             idle = [j for j in range(args.conversations) if not busy[(nxt + j) % args.conversations]]
             if not idle:
                 results.append((0, float("nan")))  # the client side had no idle conversation: counted shed
@@ -229,11 +254,11 @@ def tokenize_cost(model_dir: Path, args: argparse.Namespace) -> float:
 
     rng = random.Random(7)
     tokens = PromptTokens(model_dir)
-    history = [{"role": "system", "content": words(rng, args.system_tokens // 2)}]
+    history = [{"role": "system", "content": text(rng, args.system_tokens)}]
     for _ in range(args.turns):
         history += [
-            {"role": "user", "content": words(rng, args.user_tokens // 2)},
-            {"role": "assistant", "content": words(rng, args.max_tokens)},
+            {"role": "user", "content": text(rng, args.user_tokens)},
+            {"role": "assistant", "content": text(rng, args.max_tokens)},
         ]
     body = {"messages": history}
     n = 200
@@ -245,23 +270,96 @@ def tokenize_cost(model_dir: Path, args: argparse.Namespace) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
+class Bench:
+    """The runtimes, and one gateway per run in front of them."""
+
+    def __init__(self, stack: ExitStack, work: Path, model_dir: Path, args: argparse.Namespace) -> None:
+        self.stack, self.work, self.model_dir, self.args = stack, work, model_dir, args
+        ports = [free_port() for _ in range(args.replicas)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in ports]
+        self.events = {u: (free_port(), free_port()) for u in self.urls}
+        procs = []
+        for port, url in zip(ports, self.urls, strict=True):
+            log = work / f"runtime-{port}.log"
+            cmd = runtime_command(model_dir, work, port, self.events[url], args.kv_cache_mb * 1024 * 1024)
+            procs.append((stack.enter_context(process(cmd, log, {"OMP_NUM_THREADS": "1"})), log, url))
+        for proc, log, url in procs:
+            wait_http(url + "/health/ready", proc, log)
+        self.seed = 0
+
+    def run(self, policy: str, kind: str, rate: float, duration_s: float, weight: float) -> dict[str, Any]:
+        self.seed += 1
+        gport = free_port()
+        glog = self.work / f"gateway-{policy}-{kind}-{gport}.log"
+        cmd = gateway_command(
+            policy, self.urls, self.events, self.model_dir, self.work, gport, weight, self.args.share_cap
+        )
+        with process(cmd, glog) as gproc:
+            gurl = f"http://127.0.0.1:{gport}"
+            wait_http(gurl + "/health/ready", gproc, glog)
+            time.sleep(1.0)  # the KV subscriptions connect
+            before = prefix_counters(self.urls)
+            result = asyncio.run(run_workload(gurl, kind, self.args, self.seed, rate, duration_s))
+            after = prefix_counters(self.urls)
+            gproc.terminate()
+            gproc.wait(timeout=20)
+        hits = []
+        for url in self.urls:
+            q = after[url][0] - before[url][0]
+            h = after[url][1] - before[url][1]
+            hits.append(h / q if q else float("nan"))
+        result["hits"] = hits
+        result["load"] = os.getloadavg()[0]
+        result["offered"] = rate
+        return result
+
+
+def line(label: str, r: dict[str, Any]) -> str:
+    p50, p90, p99 = r["ttft"]
+    return (
+        f"{label:34s} TTFT p50 {p50 * 1000:6.0f} ms  p90 {p90 * 1000:6.0f} ms  p99 {p99 * 1000:6.0f} ms  "
+        f"{r['rate']:5.2f} req/s  shed {r['shed']}/{r['sent']}  "
+        f"hit rate per replica {' '.join(f'{h:.2f}' for h in r['hits'])}  load {r['load']:.1f}"
+    )
+
+
+def calibrate(bench: Bench, args: argparse.Namespace) -> float:
+    """The capacity of the replicas under least-loaded routing on the multi-turn workload: the first
+    rate of the ladder whose TTFT p50 is over twice the first rate's (the queue has begun to grow:
+    p50, because a 20 s window holds too few requests for a steady p90), or that sheds."""
+    base = None
+    rate = 0.0
+    for rate in (float(r) for r in args.ladder.split(",")):
+        r = bench.run("least-loaded", "multi-turn", rate, args.calibrate_s, 0.0)
+        print(line(f"capacity: least-loaded @ {rate:.2f}/s", r), flush=True)
+        if base is None:
+            base = r["ttft"][0]
+        elif r["ttft"][0] > 2 * base or r["shed"]:
+            return rate
+    return rate
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--conversations", type=int, default=24)
+    parser.add_argument("--conversations", type=int, default=16)
     parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--rate", type=float, default=2.0, help="turns per second (Poisson)")
+    parser.add_argument("--rate", type=float, default=0.0, help="turns per second (Poisson); 0: calibrate")
+    parser.add_argument("--ladder", default="0.5,1,1.5,2,2.5,3,4,5", help="rates tried to find capacity")
+    parser.add_argument("--calibrate-s", type=float, default=20.0)
+    parser.add_argument("--load", type=float, default=0.7, help="fraction of capacity the runs go at")
     parser.add_argument("--duration-s", type=float, default=60.0)
-    parser.add_argument("--system-tokens", type=int, default=600)
-    parser.add_argument("--user-tokens", type=int, default=60)
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--kv-cache-mb", type=int, default=16, help="each replica's KV cache")
+    parser.add_argument("--system-tokens", type=int, default=400)
+    parser.add_argument("--user-tokens", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--kv-cache-mb", type=int, default=24, help="each replica's KV cache")
     parser.add_argument("--workloads", default="multi-turn,no-reuse")
-    parser.add_argument("--load-weight-blocks", type=float, default=8.0, help="kv_routing.load_weight_blocks")
+    parser.add_argument("--weights", default="2,8,32", help="kv_routing.load_weight_blocks tried")
+    parser.add_argument("--sweep-s", type=float, default=30.0)
+    parser.add_argument("--share-cap", type=float, default=2.0, help="kv_routing.share_cap")
     args = parser.parse_args()
-    LOAD_WEIGHT_BLOCKS[0] = args.load_weight_blocks
     from frontier_runtime.tiny import make_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
@@ -271,58 +369,46 @@ def main() -> int:
             f"gateway tokenization + block keys per request: {tokenize_cost(model_dir, args):.0f} us",
             flush=True,
         )
-        ports = [free_port() for _ in range(args.replicas)]
-        urls = [f"http://127.0.0.1:{p}" for p in ports]
-        events = {u: (free_port(), free_port()) for u in urls}
-        procs = []
-        for port, url in zip(ports, urls, strict=True):
-            log = work / f"runtime-{port}.log"
-            cmd = runtime_command(model_dir, work, port, events[url], args.kv_cache_mb * 1024 * 1024)
-            procs.append((stack.enter_context(process(cmd, log, {"OMP_NUM_THREADS": "1"})), log, url))
-        for proc, log, url in procs:
-            wait_http(url + "/health/ready", proc, log)
+        bench = Bench(stack, work, model_dir, args)
+        rate = args.rate
+        if rate <= 0:
+            capacity = calibrate(bench, args)
+            rate = args.load * capacity
+            print(f"capacity ~{capacity:.2f} req/s: the runs go at {rate:.2f} req/s", flush=True)
+        weights = [float(w) for w in args.weights.split(",")]
+        weight = weights[0]
+        if len(weights) > 1:
+            best = float("inf")
+            for w in weights:
+                r = bench.run("kv-events", "multi-turn", rate, args.sweep_s, w)
+                print(line(f"weight: kv-events w={w:g}", r), flush=True)
+                if r["ttft"][1] < best:
+                    best, weight = r["ttft"][1], w
+            print(f"load_weight_blocks {weight:g} (least TTFT p90)", flush=True)
         rows = []
-        seed = 0
         for kind in args.workloads.split(","):
             for policy in POLICIES:
-                seed += 1
-                gport = free_port()
-                glog = work / f"gateway-{policy}-{kind}.log"
-                gproc = stack.enter_context(
-                    process(gateway_command(policy, urls, events, model_dir, work, gport), glog)
-                )
-                gurl = f"http://127.0.0.1:{gport}"
-                wait_http(gurl + "/health/ready", gproc, glog)
-                time.sleep(1.0)  # the KV subscriptions connect
-                before = prefix_counters(urls)
-                result = asyncio.run(run_workload(gurl, kind, args, seed))
-                after = prefix_counters(urls)
-                hits = []
-                for url in urls:
-                    q = after[url][0] - before[url][0]
-                    h = after[url][1] - before[url][1]
-                    hits.append(h / q if q else float("nan"))
-                gproc.terminate()
-                gproc.wait(timeout=20)
-                load = os.getloadavg()[0]
-                rows.append((kind, policy, result, hits, load))
-                p50, p90, p99 = result["ttft"]  # type: ignore[misc]
-                print(
-                    f"{kind:10s} {policy:12s} TTFT p50 {p50 * 1000:7.0f} ms  p90 {p90 * 1000:7.0f} ms  "
-                    f"p99 {p99 * 1000:7.0f} ms  {result['rate']:5.2f} req/s  shed {result['shed']}/{result['sent']}  "
-                    f"hit rate per replica {' '.join(f'{h:.2f}' for h in hits)}  load {load:.1f}",
-                    flush=True,
-                )
+                r = bench.run(policy, kind, rate, args.duration_s, weight)
+                rows.append((kind, policy, r))
+                print(line(f"{kind} {policy}", r), flush=True)
         print()
+        print(f"rate {rate:.2f} req/s, load_weight_blocks {weight:g}, share_cap {args.share_cap:g}")
         print(
             "| workload | policy | TTFT p50 ms | p90 ms | p99 ms | req/s | shed | prefix hit rate per replica | load avg |"
         )
         print("|---|---|---|---|---|---|---|---|---|")
-        for kind, policy, result, hits, load in rows:
-            p50, p90, p99 = result["ttft"]  # type: ignore[misc]
+        for kind, policy, r in rows:
+            p50, p90, p99 = r["ttft"]
             print(
                 f"| {kind} | {policy} | {p50 * 1000:.0f} | {p90 * 1000:.0f} | {p99 * 1000:.0f} | "
-                f"{result['rate']:.2f} | {result['shed']}/{result['sent']} | {' '.join(f'{h:.2f}' for h in hits)} | {load:.1f} |"
+                f"{r['rate']:.2f} | {r['shed']}/{r['sent']} | {' '.join(f'{h:.2f}' for h in r['hits'])} | {r['load']:.1f} |"
+            )
+        for kind in args.workloads.split(","):
+            by = {policy: r for k, policy, r in rows if k == kind}
+            rr, kv = by["least-loaded"], by["kv-events"]
+            print(
+                f"{kind}: kv-events / least-loaded TTFT p90 {kv['ttft'][1] / rr['ttft'][1]:.2f}, "
+                f"throughput {kv['rate'] / rr['rate']:.2f}, shed {kv['shed']} vs {rr['shed']}"
             )
     return 0
 
