@@ -16,6 +16,7 @@ import pulumi
 
 from frontier.config.checks import is_production
 from frontier.config.schema import SEVERITIES, NodeGroup, Settings
+from frontier.release.history import pool_history_prefix
 from frontier.render.alerts import resource_limits, severities
 from frontier.render.boot import group_pool, render_cloud_init, render_gateway_cloud_init, replica_nodes
 from infra.cloud import Cloud, look_up
@@ -48,6 +49,8 @@ from infra.outputs import Ec2Outputs
 from infra.placement import GpuPlacement, look_up_placement, placement_problems
 from infra.preflight import certificate_problems, refuse_problems, registry_problems, weights_bucket_problems
 from infra.quota_store import QuotaStore, QuotaStoreArgs, provisions_store, store_problems
+from infra.replica_scaling import ReplicaTerminationArgs
+from infra.secret_store import autoscaling_service_role
 from infra.security_groups import SecurityGroups, SecurityGroupsArgs
 from infra.storage import HISTORY_PREFIX_ROOT, metering_problems, unique_bucket_name
 from infra.tags import base_tags
@@ -356,7 +359,29 @@ def node_group(
                 ground.foundation.secrets,
             ],
             nodes_per_replica=replica_nodes(settings, group),
+            termination=replica_termination(ground, group),
         ),
+    )
+
+
+def replica_termination(ground: Ground, group: NodeGroup) -> ReplicaTerminationArgs | None:
+    """Where the group's replica spans hosts, the termination policy that gives up whole replicas."""
+    settings = ground.settings
+    nodes = replica_nodes(settings, group)
+    if nodes == 1:
+        return None
+    stack_prefix = f"{HISTORY_PREFIX_ROOT}/{settings.stack}/"
+    return ReplicaTerminationArgs(
+        stack=settings.stack,
+        cloud=ground.cloud,
+        node_group=group.name,
+        nodes_per_replica=nodes,
+        history_bucket=ground.foundation.storage.history_bucket,
+        history_prefix=pool_history_prefix(settings, group_pool(settings, group).name, stack_prefix),
+        kms_key_arn=ground.foundation.secrets.key_arn,
+        autoscaling_role_arn=autoscaling_service_role(ground.cloud),
+        tags=ground.tags,
+        after=[ground.foundation.secrets],
     )
 
 

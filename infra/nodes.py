@@ -44,6 +44,7 @@ from frontier.config.schema import NodeGroup, Settings
 from frontier.render.boot import host_tools, replica_nodes
 from infra.errors import ProvisionError
 from infra.interruptions import capacity_block_template, capacity_rebalance, mixed_instances_policy
+from infra.replica_scaling import ReplicaTermination, ReplicaTerminationArgs
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE
 
 # Fast volume for weights: loading a 140 GB model at 1000 MiB/s takes ~2.5 min instead of ~19 at gp3's default.
@@ -200,6 +201,8 @@ class NodeGroupArgs:
     boot_dependencies: Sequence[pulumi.Resource] = ()
     # Hosts one replica spans (runtime.nodes_per_replica): the group scales by whole replicas.
     nodes_per_replica: int = 1
+    # Where it spans several: the custom termination policy that gives up whole replicas only.
+    termination: ReplicaTerminationArgs | None = None
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -297,7 +300,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
             target_group_arns=list(args.target_group_arns),
             # Serving hosts are replaced when the load balancer finds them dead, after a grace period long
             # enough for a first boot (driver check, image pull, weights download, warm-up).
-            health_check_type="ELB" if args.target_group_arns else "EC2",
+            # A multi-node replica's hosts are healthy or not together (the ALB checks its leader's
+            # runtime, which waits for every node): an ELB check would replace the survivors of a
+            # replica that lost a node before its rendezvous re-forms them, so only EC2's counts.
+            health_check_type="ELB" if args.target_group_arns and args.nodes_per_replica == 1 else "EC2",
             health_check_grace_period=min(MAX_GRACE_S, math.ceil(args.health_check_grace_s)),
             # ...but not before there is a release to serve (groups out of the target group check
             # only EC2 status, which an empty host passes). Until the first deploy a host continues
@@ -331,7 +337,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
             instance_refresh={"strategy": "Rolling", "preferences": dict(args.refresh or {})}
             if args.refresh
             else None,
-            termination_policies=["OldestLaunchTemplate", "OldestInstance"],
+            # A custom policy (a Lambda function) must come first; the others order what it returns.
+            termination_policies=[
+                *([ReplicaTermination(f"{name}-terminator", args.termination, child).function_arn] if args.termination else []),
+                "OldestLaunchTemplate",
+                "OldestInstance",
+            ],
             enabled_metrics=[
                 "GroupInServiceInstances",
                 "GroupDesiredCapacity",
