@@ -10,7 +10,16 @@ from frontier.config.schema import Settings
 from frontier.targets import load_stack
 from infra.errors import ProvisionError
 
-CLOUD_STACKS = ("dev", "staging", "prod", "prod-multinode", "moe-prod", "eks-prod", "eks-gateway", "eks-multinode")
+CLOUD_STACKS = (
+    "dev",
+    "staging",
+    "prod",
+    "prod-multinode",
+    "moe-prod",
+    "eks-prod",
+    "eks-gateway",
+    "eks-multinode",
+)
 
 
 def run(settings: Settings):
@@ -40,5 +49,8 @@ def test_every_cloud_stacks_weights_bucket_carries_its_account_and_region(stack)
 
 @pytest.mark.parametrize("stack", ["dev", "eks-prod"])
 def test_a_weights_bucket_without_account_and_region_is_refused_on_every_target(stack):
-    with pytest.raises(ProvisionError, match=r"model\.weights_uri = 's3://frontier-[a-z-]+-weights/.*S3 bucket names are global"):
+    with pytest.raises(
+        ProvisionError,
+        match=r"model\.weights_uri = 's3://frontier-[a-z-]+-weights/.*S3 bucket names are global",
+    ):
         run(unsuffixed(load_stack(stack)))

@@ -43,7 +43,9 @@ def test_the_ingress_names_the_web_acl_for_the_controller_to_associate(eks):
 
 
 def test_the_controller_runs_with_wafv2_on(eks):
-    controller = next(r for r in eks.of_type(HELM_RELEASE) if r.inputs["chart"] == "aws-load-balancer-controller")
+    controller = next(
+        r for r in eks.of_type(HELM_RELEASE) if r.inputs["chart"] == "aws-load-balancer-controller"
+    )
     assert controller.inputs["values"]["enableWafv2"] is True
     assert controller.inputs["values"]["enableWaf"] is False
 

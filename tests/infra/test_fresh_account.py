@@ -11,7 +11,9 @@ from frontier.targets import load_stack
 
 SERVICE_LINKED_ROLE = "aws:iam/serviceLinkedRole:ServiceLinkedRole"
 KEY = "aws:kms/key:Key"
-ROLE_ARN = "arn:aws:iam::123456789012:role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
+ROLE_ARN = (
+    "arn:aws:iam::123456789012:role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
+)
 
 
 def run(stack: str, **mocks):

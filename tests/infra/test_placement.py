@@ -43,7 +43,9 @@ def test_the_program_asks_for_offerings_and_quotas_of_its_gpu_types_only():
     graph = run_program(settings)
     [(_, offerings)] = [call for call in graph.invokes if call[0] == OFFERINGS]
     assert offerings["locationType"] == "availability-zone"
-    assert offerings["filters"] == [{"name": "instance-type", "values": [settings.serving_group.instance_type]}]
+    assert offerings["filters"] == [
+        {"name": "instance-type", "values": [settings.serving_group.instance_type]}
+    ]
     assert [args["quotaCode"] for token, args in graph.invokes if token == QUOTA] == ["L-DB2E81BA"]
 
 
@@ -80,7 +82,9 @@ def test_a_zero_gpu_quota_is_refused_naming_the_quota_and_the_vcpus_needed():
         run_program(settings, vcpu_quotas={"L-DB2E81BA": 0})
     [line] = [line for line in str(refused.value).splitlines() if "L-DB2E81BA" in line]
     needed = group.max_size * 4  # g5.xlarge: 4 vCPUs
-    assert f"EC2 quota L-DB2E81BA (Running On-Demand G and VT instances) in {settings.region} is 0 vCPUs" in line
+    assert (
+        f"EC2 quota L-DB2E81BA (Running On-Demand G and VT instances) in {settings.region} is 0 vCPUs" in line
+    )
     assert f"need {needed} at max_size ({group.name}: {group.max_size} x {group.instance_type})" in line
     assert f"--desired-value {needed}" in line
 
