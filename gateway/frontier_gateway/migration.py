@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -64,6 +65,11 @@ class Progress:
     response_id: str | None = None  # the first stream's id and creation time, kept across moves
     created: int | None = None
     usage: dict[str, Any] | None = None
+    moved: bool = False  # continued at another replica: chunks get the first stream's id
+
+
+# The ids field as the runtime writes it (compact JSON, last in its choice).
+_TOKEN_IDS = re.compile(rb',"token_ids":\[[0-9,]*\]')
 
 
 @dataclass
@@ -85,6 +91,7 @@ class Outcome:
     migrations: int = 0
     stalls_s: list[float] = field(default_factory=list)
     progress: Progress = field(default_factory=Progress)
+    chunks: list[dict[str, Any]] = field(default_factory=list)  # a non-streamed request's, parsed
 
 
 class Migrator:
@@ -158,6 +165,7 @@ class Migrator:
         progress = outcome.progress
         # A non-streamed answer is assembled from the chunks: its usage is the usage chunk's.
         keep_usage = call.client_wants_usage or not call.stream
+        collect = outcome.chunks if not call.stream else None
         hop = _Hop(replica, answer, events)
         tried = [replica.url]
         batch: list[bytes] | None = held
@@ -172,7 +180,7 @@ class Migrator:
                     while batch is not None:
                         out: list[bytes] = []
                         for event in batch:
-                            kept, why, error_event = self._take(event, progress, keep_usage)
+                            kept, why, error_event = self._take(event, progress, keep_usage, collect)
                             if why is not None:
                                 break
                             if kept is not None:
@@ -241,6 +249,7 @@ class Migrator:
                     },
                 )
                 hop, batch = moved
+                progress.moved = True
                 self._track(hop)
         except BaseException:
             outcome.status = 499  # the client left (or the gateway stops)
@@ -310,10 +319,11 @@ class Migrator:
         return (_Hop(replica, answer, events), held), None
 
     def _take(
-        self, event: bytes, progress: Progress, client_wants_usage: bool
+        self, event: bytes, progress: Progress, client_wants_usage: bool, collect: list[dict[str, Any]] | None
     ) -> tuple[bytes | None, str | None, bytes | None]:
         """One event from the replica: the bytes for the client (None: none), why the stream must
-        move (None: it need not), and the error event to pass on if it cannot."""
+        move (None: it need not), and the error event to pass on if it cannot. With ``collect`` (a
+        non-streamed request) the chunk goes there instead of into bytes."""
         if not event.startswith(b"data:"):
             return event, None, None  # a comment (keep-alive): as is
         payload = event[5:].strip()
@@ -335,6 +345,7 @@ class Migrator:
         choice = (
             choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
         )
+        ids = None
         if choice is not None:
             if choice.get("finish_reason") == "abort":
                 return None, "aborted", None  # the replica gave the generation up (drain, shutdown)
@@ -351,8 +362,16 @@ class Migrator:
             progress.response_id, progress.created = data.get("id"), data.get("created")
         elif "id" in data:
             data["id"], data["created"] = progress.response_id, progress.created
+        if collect is not None:
+            collect.append(data)
+            return b"", None, None
         if usage and not choices and not client_wants_usage:
             return None, None, None  # the usage chunk asked for on the client's behalf
+        if not progress.moved and ids is not None:
+            # The runtime's compact chunk with its ids cut out: what it would have sent the client.
+            stripped, cut = _TOKEN_IDS.subn(b"", event)
+            if cut == 1:
+                return stripped, None, None
         return (
             b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n",
             None,
@@ -422,10 +441,13 @@ async def _events(upstream: Answer) -> AsyncIterator[list[bytes]]:
         yield [buffer]
 
 
-def assemble(chunks: bytes) -> tuple[int, dict[str, Any]]:
-    """The non-streamed answer (status, body) built from a relayed stream's bytes: the text and
-    logprobs of its chunks joined, the finish reason and usage of its end; an error event's body
-    with its status when the stream ended in one."""
+def assemble(chunks: list[dict[str, Any]], tail: bytes) -> tuple[int, dict[str, Any]]:
+    """The non-streamed answer (status, body) built from a relayed stream's chunks: their text and
+    logprobs joined, the finish reason and usage of its end; an error event's body with its
+    status when the stream ended in one (``tail``: the relay's bytes, which hold only that)."""
+    for event in tail.split(b"\n\n"):
+        if event.startswith(b"data:") and event[5:].strip() not in (b"", b"[DONE]"):
+            chunks = [*chunks, json.loads(event[5:])]
     text: list[str] = []
     chat = False
     first: dict[str, Any] | None = None
@@ -434,13 +456,7 @@ def assemble(chunks: bytes) -> tuple[int, dict[str, Any]]:
     content_logprobs: list[Any] = []
     completion_logprobs: dict[str, list[Any]] = {}
     any_logprobs = False
-    for event in chunks.split(b"\n\n"):
-        if not event.startswith(b"data:"):
-            continue
-        payload = event[5:].strip()
-        if payload == b"[DONE]":
-            continue
-        data = json.loads(payload)
+    for data in chunks:
         if "error" in data:
             code = (data.get("error") or {}).get("code")
             return (503 if code in ("queue_timeout", "engine_unavailable", "draining") else 502), data

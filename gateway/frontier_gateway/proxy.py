@@ -266,8 +266,8 @@ class Proxy:
 
         relay = self.migrator.relay(call, pool, replica, upstream, held, events, outcome, open_hop, close_hop)
         if not call.stream:
-            chunks = b"".join([part async for part in relay])
-            status, body = assemble(chunks)
+            tail = b"".join([part async for part in relay])
+            status, body = assemble(outcome.chunks, tail)
             outcome.status = status  # forward() meters it
             return Response(
                 json.dumps(body, ensure_ascii=False).encode(),
