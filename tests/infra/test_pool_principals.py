@@ -235,3 +235,19 @@ def test_the_eks_deploy_role_pushes_every_pools_weights_and_nothing_else_in_the_
     calls = [Call(role, "s3:PutObject", f"{bucket}/{key}", (), "PutObject") for key in [*keys, "elsewhere/x"]]
     found = simulate({"all": {role: [{"name": "deploy", "policy": document}]}}, calls)["all"]
     assert [d["decision"] for d in found] == ["Allowed", "Allowed", "ImplicitlyDenied"]
+
+
+@pytest.mark.slow
+def test_eks_gateway_run_as_pulumi_up_runs_it_declares_a_role_and_association_per_pool(tmp_path):
+    """The same program in a fresh interpreter, as the CLI's language host runs it."""
+    from test_language_host import run_as_language_host
+
+    run = run_as_language_host("eks-gateway", tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    settings = load_stack("eks-gateway")
+    for pool in settings.pools:
+        name = f"{settings.stack}-pods{principal_suffix(settings, pool)}-runtime"
+        assert (ROLE, name) in run.resources
+        assert ("aws:eks/podIdentityAssociation:PodIdentityAssociation", name) in run.resources
+    assert set(run.outputs["runtime_role_arns"]) == {pool.name for pool in settings.pools}
+    assert run.outputs["runtime_role_arn"] == ""  # a stack of several models has no one runtime role
