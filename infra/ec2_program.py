@@ -360,6 +360,7 @@ def node_group(
             ],
             nodes_per_replica=replica_nodes(settings, group),
             termination=replica_termination(ground, group),
+            max_concurrency=group_pool(settings, group).runtime.max_concurrency,
         ),
     )
 

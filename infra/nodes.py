@@ -45,6 +45,7 @@ from frontier.render.boot import host_tools, replica_nodes
 from infra.errors import ProvisionError
 from infra.interruptions import capacity_block_template, capacity_rebalance, mixed_instances_policy
 from infra.replica_scaling import ReplicaTermination, ReplicaTerminationArgs
+from infra.scale_in import scale_in_by_load
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE
 
 # Fast volume for weights: loading a 140 GB model at 1000 MiB/s takes ~2.5 min instead of ~19 at gp3's default.
@@ -61,8 +62,6 @@ BOOT_ALLOWANCE_S = 900
 TERMINATE_MARGIN_S = 60
 # The process the first successful deploy resumes (frontier/targets/ec2/group.py: REPLACE_UNHEALTHY).
 REPLACE_UNHEALTHY = "ReplaceUnhealthy"
-# Scale out fast on a queue, scale in slowly: GPU hosts take minutes to come and cost much to churn.
-SCALE_IN_COOLDOWN_S = 600
 
 
 def launch_timeout_s(readiness_timeout_s: float) -> int:
@@ -203,6 +202,8 @@ class NodeGroupArgs:
     nodes_per_replica: int = 1
     # Where it spans several: the custom termination policy that gives up whole replicas only.
     termination: ReplicaTerminationArgs | None = None
+    # Requests one replica runs at once (its pool's runtime.max_concurrency): what scale-in fits into.
+    max_concurrency: int = 1
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -371,6 +372,16 @@ class GpuNodeGroup(pulumi.ComponentResource):
             )
         else:
             self._track_queue_depth(name, asg.name, args, child)
+        # Out on queue depth (above); in a replica at a time, only when a replica fewer would do.
+        scale_in_by_load(
+            f"{name}-load",
+            asg.name,
+            group,
+            nodes=args.nodes_per_replica,
+            max_concurrency=args.max_concurrency,
+            dimensions=(args.stack, group.name),
+            opts=child,
+        )
         if group.schedule is not None:
             scheduled_capacity(
                 f"{name}-schedule", asg.name, group, dimensions=(args.stack, group.name), opts=child
@@ -393,6 +404,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
             autoscaling_group_name=asg_name,
             policy_type="TargetTrackingScaling",
             target_tracking_configuration={
+                # Scale-out only: tracking a queue that is empty at any steady load would take the
+                # group to min_size; infra/scale_in.py decides when hosts go.
+                "disable_scale_in": True,
                 "target_value": group.target_queue_depth,
                 "customized_metric_specification": {
                     "namespace": CLOUDWATCH_NAMESPACE,
@@ -429,48 +443,38 @@ def whole_replicas(
     dimensions: tuple[str, str],
     opts: pulumi.ResourceOptions,
 ) -> None:
-    """Queue-depth scaling of a group whose replica spans ``nodes`` hosts, a whole replica at a time.
+    """Queue-depth scale-out of a group whose replica spans ``nodes`` hosts, a whole replica at a time.
 
     Target tracking sets any capacity it likes, and a group of 5 hosts at 2 per replica serves as
     2 replicas with a fifth host idle. Instead: a step policy adds ``nodes`` hosts when the average
-    QueueDepth per host stays above ``target_queue_depth`` for 3 minutes, and another takes
-    ``nodes`` away when nothing has waited for SCALE_IN_COOLDOWN_S. (A worker publishes its leader's
-    queue, through its leader proxy, so the average per host is the average per replica.)
+    QueueDepth per host stays above ``target_queue_depth`` for 3 minutes. (A worker publishes its
+    leader's queue, through its leader proxy, so the average per host is the average per replica.)
+    Scale-in is :func:`infra.scale_in.scale_in_by_load`'s, by ``nodes`` hosts too, and which hosts
+    go is the replica termination policy's (infra/replica_scaling.py).
     """
-    metric = {
-        "namespace": CLOUDWATCH_NAMESPACE,
-        "metric_name": QUEUE_DEPTH_METRIC,
-        "dimensions": dict(zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True)),
-        "statistic": "Average",
-        "period": 60,
-    }
-    for action, step, comparison, threshold, periods in (
-        ("out", nodes, "GreaterThanThreshold", group.target_queue_depth, 3),
-        ("in", -nodes, "LessThanOrEqualToThreshold", 0, SCALE_IN_COOLDOWN_S // 60),
-    ):
-        policy = aws.autoscaling.Policy(
-            f"{name}-{action}",
-            autoscaling_group_name=asg_name,
-            policy_type="StepScaling",
-            adjustment_type="ChangeInCapacity",
-            step_adjustments=[
-                {"scaling_adjustment": step, "metric_interval_lower_bound": "0"}
-                if step > 0
-                else {"scaling_adjustment": step, "metric_interval_upper_bound": "0"}
-            ],
-            opts=opts,
-        )
-        aws.cloudwatch.MetricAlarm(
-            f"{name}-{action}",
-            comparison_operator=comparison,
-            threshold=threshold,
-            evaluation_periods=periods,
-            datapoints_to_alarm=periods,
-            treat_missing_data="notBreaching",
-            alarm_actions=[policy.arn],
-            **metric,
-            opts=opts,
-        )
+    out = aws.autoscaling.Policy(
+        f"{name}-out",
+        autoscaling_group_name=asg_name,
+        policy_type="StepScaling",
+        adjustment_type="ChangeInCapacity",
+        step_adjustments=[{"scaling_adjustment": nodes, "metric_interval_lower_bound": "0"}],
+        opts=opts,
+    )
+    aws.cloudwatch.MetricAlarm(
+        f"{name}-out",
+        comparison_operator="GreaterThanThreshold",
+        threshold=group.target_queue_depth,
+        evaluation_periods=3,
+        datapoints_to_alarm=3,
+        treat_missing_data="notBreaching",
+        alarm_actions=[out.arn],
+        namespace=CLOUDWATCH_NAMESPACE,
+        metric_name=QUEUE_DEPTH_METRIC,
+        dimensions=dict(zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True)),
+        statistic="Average",
+        period=60,
+        opts=opts,
+    )
 
 
 def from_zero_and_back(

@@ -77,6 +77,9 @@ class NodeGroup(_Settings):
     # Requests waiting per host that the target-tracking policy holds the group at (between
     # min_size and max_size), read from the QueueDepth metric each host publishes.
     target_queue_depth: float = Field(default=16, gt=0, le=100_000)
+    # Scale in (a replica at a time) only when nothing waits and the replicas left would run at most
+    # this fraction of their concurrency: an empty queue alone is the normal state of a steady load.
+    scale_in_utilisation: float = Field(default=0.5, gt=0, le=1)
     # With min_size 0: after this long with nothing running, waiting or held by the gateway, the
     # group goes to zero hosts; a request for it is then held by the gateway (gateway.hold) while one
     # starts. Unset: the group never scales to zero.
@@ -519,8 +522,6 @@ class LocalAutoscaler(_Settings):
         default=30, ge=0, le=3600, description="Nothing waiting and little running this long: retire one."
     )
     cooldown_s: float = Field(default=10, ge=0, le=3600, description="Quiet time after each change.")
-    # Scale in only when the remaining hosts would run at most this fraction of their concurrency.
-    scale_in_utilisation: float = Field(default=0.5, gt=0, le=1)
 
 
 class Local(_Settings):

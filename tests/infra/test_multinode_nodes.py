@@ -90,10 +90,12 @@ def test_a_spanning_group_scales_on_queue_depth_a_whole_replica_at_a_time(spanni
     assert (out["metricName"], out["statistic"], out["threshold"]) == ("QueueDepth", "Average", 16)
 
 
-def test_a_single_node_group_keeps_its_target_tracking() -> None:
+def test_a_single_node_group_keeps_its_target_tracking_out_and_steps_in_a_host_at_a_time() -> None:
     policies = graph_for("prod").of_type("aws:autoscaling/policy:Policy")
-    assert "TargetTrackingScaling" in {p.inputs["policyType"] for p in policies}
-    assert "StepScaling" not in {p.inputs["policyType"] for p in policies}
+    [tracking] = [p.inputs for p in policies if p.inputs["policyType"] == "TargetTrackingScaling"]
+    assert tracking["targetTrackingConfiguration"]["disableScaleIn"] is True
+    [step] = [p.inputs for p in policies if p.inputs["policyType"] == "StepScaling"]
+    assert step["stepAdjustments"][0]["scalingAdjustment"] == -1
 
 
 def runtime_statements(graph) -> dict[str, dict]:

@@ -189,6 +189,7 @@ def test_a_target_tracking_policy_scales_on_the_published_queue_depth_per_host(g
     assert policy["policyType"] == "TargetTrackingScaling"
     tracking = policy["targetTrackingConfiguration"]
     assert tracking["targetValue"] == group.target_queue_depth
+    assert tracking["disableScaleIn"] is True  # infra/scale_in.py decides when hosts go
     metric = tracking["customizedMetricSpecification"]
     assert (metric["namespace"], metric["metricName"], metric["statistic"]) == (
         "Frontier/Runtime",

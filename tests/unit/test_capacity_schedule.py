@@ -117,12 +117,13 @@ def _peak_policy():
     from frontier.config.schema import LocalAutoscaler
     from frontier.targets.local.autoscaler import Policy
 
-    timing = LocalAutoscaler(
-        interval_s=1, scale_out_after_s=5, scale_in_after_s=10, cooldown_s=3, scale_in_utilisation=0.5
-    )
+    timing = LocalAutoscaler(interval_s=1, scale_out_after_s=5, scale_in_after_s=10, cooldown_s=3)
     schedule = Schedule(timezone="America/New_York", windows=(ScheduleWindow(**{**PEAK, "min_size": 3}),))
     return Policy(
-        target_queue_depth=4, min_size=1, max_size=4, max_concurrency=8, timing=timing, schedule=schedule
+        target_queue_depth=4, min_size=1, max_size=4, max_concurrency=8,
+        scale_in_utilisation=0.5,
+        timing=timing,
+        schedule=schedule,
     )
 
 

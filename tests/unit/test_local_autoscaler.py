@@ -8,14 +8,17 @@ from frontier.config.schema import LocalAutoscaler
 from frontier.targets import load_stack
 from frontier.targets.local.autoscaler import Decider, Observation, Policy
 
-TIMING = LocalAutoscaler(
-    interval_s=1, scale_out_after_s=5, scale_in_after_s=10, cooldown_s=3, scale_in_utilisation=0.5
-)
+TIMING = LocalAutoscaler(interval_s=1, scale_out_after_s=5, scale_in_after_s=10, cooldown_s=3)
 
 
 def policy(min_size: int = 1, max_size: int = 4) -> Policy:
     return Policy(
-        target_queue_depth=4, min_size=min_size, max_size=max_size, max_concurrency=8, timing=TIMING
+        target_queue_depth=4,
+        min_size=min_size,
+        max_size=max_size,
+        max_concurrency=8,
+        scale_in_utilisation=0.5,
+        timing=TIMING,
     )
 
 

@@ -201,6 +201,7 @@ def _decider(idle_to_zero_s: float | None = 5, min_size: int = 0) -> Decider:
             min_size=min_size,
             max_size=2,
             max_concurrency=8,
+            scale_in_utilisation=0.5,
             timing=TIMING,
             idle_to_zero_s=idle_to_zero_s,
         )

@@ -40,7 +40,7 @@ FIELD_RULES = [
     ("prod", "node_groups[0].cache_volume_gb", 0, "greater than or equal to 1"),
     ("prod", "node_groups[0].target_queue_depth", 0, "greater than 0"),
     ("local", "local.autoscaler.scale_in_after_s", -5, "greater than or equal to 0"),
-    ("local", "local.autoscaler.scale_in_utilisation", 0, "greater than 0"),
+    ("prod", "node_groups[0].scale_in_utilisation", 0, "greater than 0"),
     (
         "prod",
         "node_groups[0].ami_id",

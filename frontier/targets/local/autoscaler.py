@@ -1,7 +1,7 @@
 """The local stack's autoscaler: target tracking on the runtimes' queue depth, fed from ``/metrics``.
 
 The cloud's node group scales on the ``QueueDepth`` metric each host publishes (a target-tracking
-policy, see :mod:`infra.scaling`); KEDA does the same on ``vllm:num_requests_waiting`` in vLLM's
+policy, see :mod:`infra.nodes`; it scales in by :mod:`infra.scale_in`'s rule, the one below); KEDA does the same on ``vllm:num_requests_waiting`` in vLLM's
 production stack. Here nothing stands between the runtimes and the decision: every ``interval_s``
 the autoscaler scrapes each in-service slot's ``/metrics`` and feeds a :class:`Decider`:
 
@@ -93,6 +93,7 @@ class Policy:
     min_size: int
     max_size: int
     max_concurrency: int
+    scale_in_utilisation: float
     timing: LocalAutoscaler
     idle_to_zero_s: float | None = None
     schedule: Schedule | None = None
@@ -114,6 +115,7 @@ class Policy:
             group.min_size,
             group.max_size,
             settings.runtime.max_concurrency,
+            group.scale_in_utilisation,
             settings.local.autoscaler,
             group.idle_to_zero_s,
             group.schedule,
@@ -155,7 +157,7 @@ class Decider:
             return None
         over = seen.waiting_per_host > p.target_queue_depth
         fits_on_fewer = (
-            seen.hosts > 1 and seen.running <= (seen.hosts - 1) * p.max_concurrency * t.scale_in_utilisation
+            seen.hosts > 1 and seen.running <= (seen.hosts - 1) * p.max_concurrency * p.scale_in_utilisation
         )
         calm = seen.waiting == 0 and fits_on_fewer
         self._over_since = (self._over_since if self._over_since is not None else seen.at) if over else None
@@ -175,7 +177,7 @@ class Decider:
                 seen.hosts,
                 seen.hosts - 1,
                 f"nothing waiting and {seen.running:.0f} running (fits {seen.hosts - 1} host(s) at "
-                f"{t.scale_in_utilisation:.0%}) for {seen.at - self._calm_since:.0f}s",
+                f"{p.scale_in_utilisation:.0%}) for {seen.at - self._calm_since:.0f}s",
             )
         return None
 
