@@ -358,7 +358,7 @@ def main() -> int:
     parser.add_argument("--workloads", default="multi-turn,no-reuse")
     parser.add_argument("--weights", default="2,8,32", help="kv_routing.load_weight_blocks tried")
     parser.add_argument("--sweep-s", type=float, default=30.0)
-    parser.add_argument("--share-cap", type=float, default=2.0, help="kv_routing.share_cap")
+    parser.add_argument("--share-cap", type=float, default=1.25, help="kv_routing.share_cap")
     args = parser.parse_args()
     from frontier_runtime.tiny import make_tiny_checkpoint
 

@@ -60,10 +60,10 @@ class KvRoutingConfig(_Strict):
         default=8.0, ge=0, le=100_000, description="Blocks of prefill one request in flight weighs."
     )
     share_cap: float = Field(
-        default=2.0,
+        default=1.25,
         ge=1,
         le=1000,
-        description="A replica holding share_cap x (pool's in flight + 1) / replicas + 1 requests is "
+        description="A replica that took share_cap / replicas of the pool's last 32 decisions is "
         "passed over while another is under it, whatever it has cached.",
     )
     speculative_ttl_s: float = Field(default=2.0, ge=0, le=600)

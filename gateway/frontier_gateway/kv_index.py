@@ -18,9 +18,13 @@ sequence. ``KvIndex`` keeps block key -> replicas from them:
   is the gateway's own, known at dispatch: no scrape lags it), as Dynamo's KV router costs prefill
   and decode work. Equal costs go to the one with fewer in flight, then in turn (never the first
   listed: a shared system prompt ties every replica, and the first would take every conversation).
-- **Share cap**: a replica already holding ``share_cap x (in flight + 1) / replicas + 1`` requests
-  is passed over while another is under it, whatever it holds: hits that tie on a shared prefix,
-  and speculative entries that make a conversation's next turns stick, cannot pile one replica up.
+- **Share cap**: a replica that took ``share_cap / replicas`` or more of the pool's last
+  ``SHARE_WINDOW`` (32) decisions is passed over while another is under it, whatever it holds. At low
+  concurrency the in-flight count is 0 or 1 everywhere and cannot spread anything: the first
+  replica to hold the shared system prompt would win every new conversation (it alone skips that
+  prefill), its speculative entries would make it win the next, and one replica's cache would end
+  up holding every conversation while the others idle. The cap spreads the conversations; their
+  hits keep each one on the replica it was spread to.
 - **Queue depth** is the gateway's own in-flight count, not a figure the runtime reports: every
   request queued at a replica went through the gateway that counts it, so at dispatch the count is
   exact, where a reported depth (a scrape, a probe's header) lags by its interval — the overshoot of
@@ -44,7 +48,7 @@ import asyncio
 import json
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +58,7 @@ from urllib.parse import urlsplit
 log = logging.getLogger("frontier_gateway.kv_index")
 
 END_OF_REPLAY = -1
+SHARE_WINDOW = 32  # the decisions the share cap counts: a few per conversation of a busy pool
 
 # Decision outcomes, the label of the routing metric.
 KV_HIT = "kv_hit"  # a replica held part of the prompt and took the request
@@ -141,11 +146,12 @@ class KvIndex:
         stale_after_s: float = 15.0,
         load_weight_blocks: float = 8.0,
         clock: Callable[[], float] = time.monotonic,
-        share_cap: float = 2.0,
+        share_cap: float = 1.25,
     ) -> None:
         self.block_size = block_size
         self.share_cap = share_cap
         self._turn = 0
+        self.recent: deque[str] = deque(maxlen=SHARE_WINDOW)  # the replicas the last decisions chose
         self.speculative_ttl_s = speculative_ttl_s
         self.stale_after_s = stale_after_s
         self.load_weight_blocks = load_weight_blocks
@@ -289,9 +295,9 @@ class KvIndex:
             matches = {c.url: self.matched(c.url, keys, now) if c in live else 0 for c in candidates}
         total = len(keys or ())
         w = self.load_weight_blocks
-        in_flight = sum(c.outstanding for c in candidates)
-        cap = self.share_cap * (in_flight + 1) / len(candidates) + 1
-        under = [c for c in candidates if c.outstanding < cap] or list(candidates)
+        cap = self.share_cap * SHARE_WINDOW / len(candidates)
+        taken = Counter(self.recent)
+        under = [c for c in candidates if taken[c.url] < cap or not taken[c.url]] or list(candidates)
         costs = {c.url: (total - matches[c.url]) + w * c.outstanding for c in under}
         best = min(costs.values())
         tied = [c for c in under if costs[c.url] == best]
@@ -299,6 +305,7 @@ class KvIndex:
         tied = [c for c in tied if c.outstanding == fewest]
         least = tied[self._turn % len(tied)]
         self._turn += 1
+        self.recent.append(least.url)
         if matches[least.url]:
             outcome = KV_HIT
         self.outcomes[outcome] += 1
