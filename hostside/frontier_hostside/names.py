@@ -196,6 +196,8 @@ DRAINING_METRIC = "frontier_draining"
 ENGINE_INFO_METRIC = "frontier_engine_info"
 ATTENTION_BACKEND_LABEL = "attention_backend"
 KERNELS_LABEL = "kernels"
+# A replica over several ranks: the all-reduce bus bandwidth its ranks measured at start (GB/s).
+INTERCONNECT_BUS_METRIC = "frontier_interconnect_bus_gbps"
 
 # The API key set a runtime (or gateway) holds, reloaded from Secrets Manager on a schedule and on
 # SIGHUP. The fingerprint is a hash of the keys' SHA-256 digests, so ``fab keys.rotate`` can tell
@@ -258,6 +260,7 @@ RUNTIME_METRIC_NAMES = (
     READY_METRIC,
     DRAINING_METRIC,
     ENGINE_INFO_METRIC,
+    INTERCONNECT_BUS_METRIC,
     API_KEYS_LOADED_METRIC,
     API_KEYS_AGE_METRIC,
     API_KEYS_RELOAD_FAILURES_METRIC,

@@ -226,6 +226,16 @@ class ParallelConfig(Strict):
         description="Nodes one replica spans: its pipeline_parallel x max(tensor, expert) ranks split evenly "
         "over them, node 0 (the leader) serving the API; 1: every rank on one node.",
     )
+    # A collective waits this long for the slowest rank before the replica fails: long enough for the
+    # largest shard's load, which the ranks finish at different times (NCCL's own default is 10 min).
+    process_group_timeout_s: float = Field(default=1800, ge=30, le=86_400)
+    min_bus_gbps: float = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="Refuse to start when the ranks' all-reduce bus bandwidth measured at start (GB/s, as "
+        "nccl-tests' busbw) is below this; 0 measures and reports only (frontier_interconnect_bus_gbps).",
+    )
 
     @property
     def ranks(self) -> int:

@@ -90,14 +90,20 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def init_group(rank: int, world_size: int, init_method: str, device: torch.device) -> TPGroup:
+def init_group(
+    rank: int, world_size: int, init_method: str, device: torch.device, timeout_s: float = 1800
+) -> TPGroup:
     """Join the process group (every rank must call it); ``SINGLE`` when there is one rank."""
     if world_size == 1:
         return SINGLE
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
         dist.init_process_group(
-            backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=120)
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
         )
     return TPGroup(rank=rank, world_size=world_size)
 
@@ -220,11 +226,13 @@ class Placement:
 SINGLE_PLACEMENT = Placement()
 
 
-def init_placement(rank: int, layout: Layout, init_method: str, device: torch.device) -> Placement:
+def init_placement(
+    rank: int, layout: Layout, init_method: str, device: torch.device, timeout_s: float = 1800
+) -> Placement:
     """Join the replica's process group and its sub-groups (every rank must call it, with the same layout)."""
     if layout.world_size == 1:
         return SINGLE_PLACEMENT
-    init_group(rank, layout.world_size, init_method, device)
+    init_group(rank, layout.world_size, init_method, device, timeout_s)
     # new_group is collective: every rank creates every group, in the same order, member or not.
     groups = {ranks: dist.new_group(list(ranks)) for ranks in layout.groups()}
     return layout.placement(rank, groups)

@@ -30,6 +30,8 @@ class EngineStats:
     # "native-<variant>[+panel-gemm]" (the prebuilt CPU library, e.g. native-avx512), "triton-fused"
     # (CUDA: RMSNorm, SwiGLU and rotary + KV write as Triton kernels) or "torch" (torch ops only)
     kernels: str = ""
+    # What the replica's ranks measured of their links at start (GB/s, nccl-tests' busbw); 0: one rank.
+    interconnect_bus_gbps: float = 0.0
     # Prefill/decode disaggregation: blocks pulled and pulls failed (decode), leases held and
     # expired unclaimed (prefill); 0 on a colocated replica.
     kv_blocks_pulled: int = 0

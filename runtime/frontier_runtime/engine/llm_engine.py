@@ -415,6 +415,7 @@ class LLMEngine:
             steps=self._steps,
             attention_backend=self.runner.backend.name,
             kernels=self.runner.kernels,
+            interconnect_bus_gbps=self.runner.interconnect.bus_gbps if self.runner.interconnect else 0.0,
             kv_blocks_pulled=self.kv_transfer.blocks_pulled,
             kv_pulls_failed=self.kv_transfer.pulls_failed,
             kv_leases=len(self.kv_transfer.leases),

@@ -39,6 +39,7 @@ from frontier_runtime.distributed import (
     send_to,
     start_receive,
 )
+from frontier_runtime import interconnect
 from frontier_runtime.engine.config import EngineConfig, resolve_dtype
 from frontier_runtime.engine.sequence import Sequence
 from frontier_runtime.models.llama.config import LlamaConfig
@@ -232,7 +233,15 @@ class ModelRunner:
         layout = Layout(
             config.tensor_parallel_size, config.expert_parallel_size, config.pipeline_parallel_size
         )
-        self.placement = init_placement(rank, layout, init_method, self.device)
+        self.placement = init_placement(
+            rank, layout, init_method, self.device, config.process_group_timeout_s
+        )
+        # Before the weights: a replica whose links are too slow is refused before it loads.
+        self.interconnect = (
+            interconnect.check(self.device, config.min_bus_gbps) if layout.world_size > 1 else None
+        )
+        if self.interconnect is not None and rank == 0:
+            log.info("%s", self.interconnect)
         self.tp = self.placement.tp
         self.pipelined = layout.pipeline_parallel > 1
         self.dtype = DTYPES[resolve_dtype(config)]

@@ -251,7 +251,8 @@ class RuntimeServer(uvicorn.Server):
             record("ready", time.monotonic() - self.created)
             stats = loaded.engine.stats()
             log.info(
-                f"ready: attention backend {stats.attention_backend}, kernels {stats.kernels}",
+                f"ready: attention backend {stats.attention_backend}, kernels {stats.kernels}"
+                + (f", interconnect {stats.interconnect_bus_gbps:.2f} GB/s" if stats.interconnect_bus_gbps else ""),
                 extra={
                     "event": "ready",
                     "warmup_s": round(time.monotonic() - started, 3),
