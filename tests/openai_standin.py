@@ -1,7 +1,7 @@
-"""What a runtime pod answers on its API port, for the Kubernetes tests' port-forward streams.
+"""What a runtime answers on its API port, where the tests simulate the hosts or pods it runs on.
 
-The fake API server simulates the pods (tests/kubernetes/fake_apiserver.py); no runtime runs
-behind them. This stands in for one on a real socket: it checks the runtime's bearer key and
+The fake API server's pods (tests/kubernetes/fake_apiserver.py) and moto's EC2 instances have no
+runtime behind them. This stands in for one on a real socket: it checks the runtime's bearer key and
 answers chat and completion requests in OpenAI's shape with one fixed text (``answer``), or 500s
 (``answer=None``), so a verification set can pass, fail, or tell two "releases" apart.
 """

@@ -120,6 +120,9 @@ class Rollout:
         self.connect = connect
         self.report = reporter or (lambda event: None)
         self.verification = verification
+        #: Hosts outside this rollout that may still serve the old release (a surge wave's are new):
+        #: the canary's yardstick may be one of them.
+        self.peers: list[HostSpec] = []
         self.sessions: dict[str, HostSession] = {}
         health = settings.health
         self.excluded_routes = {health.readiness_path, health.liveness_path, "/metrics"}
@@ -294,7 +297,7 @@ class Rollout:
 
     def _old_host(self, release_id: str, exclude: list[HostSpec]) -> HostSpec | None:
         """A host not in ``exclude`` that serves a release other than ``release_id``, if any."""
-        for host in self.hosts:
+        for host in self.hosts + [p for p in self.peers if p not in self.hosts]:
             if host in exclude:
                 continue
             facts = self.session(host).facts()

@@ -176,7 +176,10 @@ def roll_hosts(
     wheel = store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
 
     def roll(over: list[HostSpec]) -> RolloutResult:
-        return Rollout(settings, over, balancer, connect, reporter, verification).run(release, wheel, kind)
+        rollout = Rollout(settings, over, balancer, connect, reporter, verification)
+        # A surge wave's hosts are all new: its canary is judged against a host of the old release.
+        rollout.peers = list(hosts)
+        return rollout.run(release, wheel, kind)
 
     with group.hold(hosts) if group is not None else contextlib.nullcontext():
         if group is not None and strategy.kind == SURGE:

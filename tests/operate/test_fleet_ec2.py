@@ -47,7 +47,15 @@ def prod(aws):
         {"Name": "frontier-prod-h100"},
         instance_type="p5.48xlarge",
     )
+    runtime_secret(settings)
     return settings
+
+
+def runtime_secret(settings) -> None:  # noqa: ANN001
+    """The runtimes' API-key secret as Pulumi makes it: a deploy reads it to verify its canary."""
+    boto3.client("secretsmanager", region_name=REGION).create_secret(
+        Name=settings.runtime.api_keys_secret, SecretString=json.dumps({"keys": ["fleet-test-key"]})
+    )
 
 
 def tagged_group(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import boto3
 import pytest
 from frontier_hostside.rendezvous import Holder, slot_key
-from test_fleet_ec2 import REGION, tagged_group
+from test_fleet_ec2 import REGION, runtime_secret, tagged_group
 
 from frontier.release.artifact import Artifact
 from frontier.release.release import Release
@@ -27,6 +27,7 @@ def multinode(aws, saved_outputs):
     """prod-multinode's group as Pulumi makes it (4 hosts: 2 replicas), its history bucket, its outputs."""
     settings = load_stack("prod-multinode")
     tagged_group(settings, "prod-multinode-h100x2-asg", "prod-multinode-h100x2", HOSTS, "10.44")
+    runtime_secret(settings)
     outputs = saved_outputs.ec2(settings)
     boto3.client("s3", region_name=REGION).create_bucket(Bucket=outputs.history_bucket)
     return settings, outputs
