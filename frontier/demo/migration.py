@@ -22,6 +22,7 @@ from frontier_hostside import names
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.loadtest.stats import RequestSample
+from frontier.targets.local.gateway import gateway_url
 
 MAX_TOKENS = 240
 NOTICE_AFTER = 24  # tokens the client has when the replica gets its notice
@@ -115,8 +116,8 @@ def _replica_url(admin: str, replica_id: str) -> str:
 
 def demo_part(multi: Settings, model: str, key: str, say: Callable[[str], None]) -> MigrationRun:
     """One stream moved by a notice to its replica; its text equals the uninterrupted run's."""
-    assert multi.gateway is not None and multi.local is not None
-    url = f"http://{multi.local.bind_address}:{multi.gateway.port}"
+    assert multi.gateway is not None
+    url = gateway_url(multi)
     admin = f"http://{multi.gateway.admin_host}:{multi.gateway.admin_port}"
     prompt = "The migration demo: a long story told one token at a time"
     reference = _Stream()

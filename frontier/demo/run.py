@@ -547,7 +547,9 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
         raise FrontierError(
             f"the batch job had {summary.failed} failed and {summary.malformed} malformed lines"
         )
-    phases.append(migration_part(multi, settings.model.name, acme, tally))
+    # The first model's pool: two replicas, so a stream has one to move to.
+    first = next(pool.name for pool in multi.pools if pool.name != dm.SMALL_MODEL)
+    phases.append(migration_part(multi, first, acme, tally))
     rows, prices, uri = dm.usage_rows(multi)
     usage = usage_table(multi.stack, uri, rows, prices)
     phases.append(zero_part(multi, dm.SMALL_MODEL, acme, tally))
