@@ -20,6 +20,7 @@ from frontier.hosts.notices import pending_notices
 from frontier.release import artifact as artifacts
 from frontier.release import sbom as supply_chain
 from frontier.release import weights as model_weights
+from frontier.release.shape import check_checkpoint
 from frontier.rollout.deploy import deploy as run_deploy
 from frontier.rollout.deploy import deploy_plan
 from frontier.rollout.deploy import rollback as run_rollback
@@ -240,6 +241,9 @@ def weights_push(c, stack=None, src=None, version=None):
     settings = settings_for(stack)
     backend = backend_for(settings)
     version = version or settings.model.version
+    if Path(src).is_dir():
+        # Before any byte is sent: the plan and the memory fit were made for the stack's shape.
+        check_checkpoint(settings.model, Path(src))
     files = [p for p in Path(src).rglob("*") if p.is_file()] if Path(src).is_dir() else []
     total = sum(p.stat().st_size for p in files)
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
