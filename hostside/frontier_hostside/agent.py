@@ -61,6 +61,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -303,6 +304,10 @@ class Agent:
         release = self.current_release("start")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        if not self.is_running():
+            # A port another process holds fails the runtime only once it has loaded its weights
+            # (minutes on a GPU host), and then as a readiness timeout: say it before starting.
+            self._check_port_free()
         if self.systemd():
             self.unit_dir.mkdir(parents=True, exist_ok=True)
             unit_file = self.unit_dir / f"{self.unit}.service"
@@ -321,6 +326,21 @@ class Agent:
         supervisor = self._start_supervisor()
         pid = self._wait_launched(supervisor)
         return {"started": release.name, "pid": pid, "supervisor": supervisor.pid, "launcher": "process"}
+
+    def _check_port_free(self) -> None:
+        address, port = self.config.address, self.config.port
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+            # As the runtime's server binds: a port in TIME_WAIT from the last runtime is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((address, port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                raise AgentError(
+                    f"start: port = {port} on {address} is in use by another process: the runtime "
+                    "could not listen there; stop that process, or give the stack another runtime.port"
+                ) from None
 
     def _install_watchdog(self) -> bool:
         """The agent, the package files it imports, its configuration and the watchdog unit under
