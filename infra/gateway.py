@@ -313,6 +313,15 @@ def gateway_host_policy(args: GatewayNodesArgs, kms_key_arn: str) -> dict[str, A
                 "Resource": metering_arn,
             },
             {
+                # The stack's buckets encrypt with its key (SSE-KMS): S3 asks KMS for a new object's
+                # data key with the writer's permissions, so without this every flush is refused.
+                "Sid": "EncryptMetering",
+                "Effect": "Allow",
+                "Action": "kms:GenerateDataKey",
+                "Resource": kms_key_arn,
+                "Condition": {"StringEquals": {"kms:ViaService": f"s3.{args.region}.amazonaws.com"}},
+            },
+            {
                 "Sid": "ReadWhatItBoots",
                 "Effect": "Allow",
                 "Action": "s3:GetObject",

@@ -94,6 +94,7 @@ def test_the_gateway_reads_digests_and_what_it_boots_and_writes_metering_logs_an
         "DecryptSecrets",
         "DiscoverRuntimes",
         "WriteMetering",
+        "EncryptMetering",
         "ReadWhatItBoots",
         "ListWhatItBoots",
         "ShipItsLogs",
@@ -115,6 +116,10 @@ def test_the_gateway_reads_digests_and_what_it_boots_and_writes_metering_logs_an
         by_sid["WriteMetering"]["Resource"]
         == "arn:aws:s3:::frontier-dev-metering-123456789012-us-west-2/metering/*"
     )
+    assert by_sid["EncryptMetering"]["Action"] == "kms:GenerateDataKey"
+    assert by_sid["EncryptMetering"]["Condition"] == {
+        "StringEquals": {"kms:ViaService": "s3.us-west-2.amazonaws.com"}
+    }
 
 
 def test_gateway_hosts_are_private_with_imdsv2_and_boot_the_gateway(gated) -> None:

@@ -16,6 +16,7 @@ from infra_mocks import Graph, run_program
 from k8s_mocks import run_kubernetes
 
 from frontier.config.schema import PoolSettings, Settings
+from frontier.identity.cloud import Cloud
 from frontier.identity.pools import principal_suffix, weights_prefix
 from frontier.release.history import pool_history_prefix
 from frontier.render.boot import render_cloud_init
@@ -251,3 +252,26 @@ def test_eks_gateway_run_as_pulumi_up_runs_it_declares_a_role_and_association_pe
         assert ("aws:eks/podIdentityAssociation:PodIdentityAssociation", name) in run.resources
     assert set(run.outputs["runtime_role_arns"]) == {pool.name for pool in settings.pools}
     assert run.outputs["runtime_role_arn"] == ""  # a stack of several models has no one runtime role
+
+
+def test_the_ec2_gateway_writes_metering_into_the_bucket_the_stack_makes_with_its_data_key(tmp_path):
+    from infra.secret_store import key_policy
+
+    path = write_stack(tmp_path, dev_gateway_document(), "dev")
+    graph = run_program(load_stack("dev", path=path))
+    role = graph.one(ROLE, "dev-gateway-role").outputs["arn"]
+    document = json.loads(graph.one(ROLE_POLICY, "dev-gateway-policy").inputs["policy"])
+    key = graph.one("aws:kms/key:Key", "dev-secrets-key").outputs["arn"]
+    metering = graph.one(BUCKET, "dev-storage-metering").outputs["arn"]
+    via = (("kms:ViaService", "s3.us-west-2.amazonaws.com"),)
+    calls = [
+        Call(role, "s3:PutObject", f"{metering}/metering/2026/12/06/gw-1.jsonl", (), "PutObject"),
+        Call(role, "kms:GenerateDataKey", key, via, "PutObject (KMS)"),
+    ]
+    cloud = Cloud("123456789012", "aws", "us-west-2", "amazonaws.com", (), "")
+    found = simulate(
+        {"all": {role: [{"name": "gateway", "policy": document}]}},
+        calls,
+        {key: json.loads(key_policy(cloud))},
+    )["all"]
+    assert [d["decision"] for d in found] == ["Allowed", "Allowed"]

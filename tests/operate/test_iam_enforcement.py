@@ -267,13 +267,17 @@ def test_the_local_gateway_is_granted_what_the_cloud_gateway_role_is():
     def granted(document: dict) -> list[tuple]:
         # The stack's KMS key is a resource of the cloud only; the local stack names none.
         return [
-            (s["Sid"], s["Action"], None if s["Sid"] == "DecryptSecrets" else s["Resource"])
+            (
+                s["Sid"],
+                s["Action"],
+                None if s["Sid"] in ("DecryptSecrets", "EncryptMetering") else s["Resource"],
+            )
             for s in document["Statement"]
         ]
 
     # What the gateway process does; the rest is its EC2 host's (boot from the history bucket, ship
     # its log, publish its metrics), which the local stack's gateway, started by `fab`, has no part of.
-    process = ["ReadKeyDigests", "DecryptSecrets", "DiscoverRuntimes", "WriteMetering"]
+    process = ["ReadKeyDigests", "DecryptSecrets", "DiscoverRuntimes", "WriteMetering", "EncryptMetering"]
     host = ["ReadWhatItBoots", "ListWhatItBoots", "ShipItsLogs", "PutGatewayMetrics"]
     assert [sid for sid, *_ in granted(cloud)] == process + host
     assert granted(local_document) == [g for g in granted(cloud) if g[0] in process]

@@ -174,6 +174,10 @@ def gateway_policy(settings: Settings) -> dict[str, Any]:
                 "WriteMetering", "s3:PutObject", f"arn:aws:s3:::{bucket}/{prefix.strip('/') or 'metering'}/*"
             )
         )
+        # The bucket encrypts with the stack's key: a new object's data key, asked for via S3.
+        encrypt = _allow("EncryptMetering", "kms:GenerateDataKey", _key_arn(settings))
+        encrypt["Condition"] = {"StringEquals": {"kms:ViaService": f"s3.{settings.region}.amazonaws.com"}}
+        statements.append(encrypt)
     return {"Version": "2012-10-17", "Statement": statements}
 
 
