@@ -38,10 +38,11 @@ from frontier.config.hardware import (  # re-exported: the tests and `fab ami.la
     ami_parameter,
     architecture,
     instance_store,
+    uses_efa,
 )
 from frontier.config.schedule import cron_of
 from frontier.config.schema import NodeGroup, Settings
-from frontier.render.boot import host_tools, replica_nodes
+from frontier.render.boot import host_tools
 from infra.errors import ProvisionError
 from infra.interruptions import capacity_block_template, capacity_rebalance, mixed_instances_policy
 from infra.replica_scaling import ReplicaTermination, ReplicaTerminationArgs
@@ -105,17 +106,8 @@ def uses_instance_store(group: NodeGroup) -> bool:
 
 
 def needs_efa(settings: Settings, group: NodeGroup) -> bool:
-    """EFA when asked for, or when one replica's GPUs (TP x PP) do not fit on one node, or its
-    replica spans several nodes (``runtime.nodes_per_replica``).
-
-    With EFA the runtime hosts' security group admits all traffic from itself (infra.security_groups):
-    that also opens what the nodes of one replica need of each other, the step and store ports
-    (names.REPLICA_STEP_PORT, REPLICA_STORE_PORT), the ephemeral ports gloo and NCCL open between
-    every pair of ranks, and a worker's leader proxy to its leader's runtime port. Nothing else
-    opens: the rule names the group itself, never an address range.
-    """
-    gpus_per_replica = settings.runtime.tensor_parallel_size * settings.runtime.pipeline_parallel_size
-    return group.efa or gpus_per_replica > group.gpus_per_node or replica_nodes(settings, group) > 1
+    """Whether ``group``'s hosts get EFA: :func:`frontier.config.hardware.uses_efa` for its pools."""
+    return uses_efa(group, [pool.runtime for pool in settings.pools_on(group)])
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ Sources: the EC2 instance type pages (accelerated computing, "Instance storage" 
 
 from __future__ import annotations
 
-from frontier.config.schema import NodeGroup
+from collections.abc import Iterable
+
+from frontier.config.schema import NodeGroup, Runtime
 
 # Instance type -> (NVMe instance-store disks, GB each).
 INSTANCE_STORE: dict[str, tuple[int, int]] = {
@@ -63,3 +65,20 @@ def ami_parameter(group: NodeGroup) -> str:
     if group.accelerator == "gpu":
         return GPU_AMI_PARAMETER.format(arch=arch)
     return CPU_AMI_PARAMETER.format(arch="arm64" if arch == "arm64" else "amd64")
+
+
+def uses_efa(group: NodeGroup, runtimes: Iterable[Runtime]) -> bool:
+    """EFA when the group asks for it, or when a replica of a pool it runs (``runtimes``) does not fit
+    on one node: its GPUs (TP x PP) outnumber the node's, or it spans several nodes.
+
+    With EFA the runtime hosts' security group admits all traffic from itself (infra.security_groups):
+    that also opens what the nodes of one replica need of each other, the step and store ports
+    (names.REPLICA_STEP_PORT, REPLICA_STORE_PORT), the ephemeral ports gloo and NCCL open between
+    every pair of ranks, and a worker's leader proxy to its leader's runtime port. Nothing else
+    opens: the rule names the group itself, never an address range. The runtime's container gets
+    the group's EFA devices (frontier.render.host).
+    """
+    return group.efa or any(
+        rt.tensor_parallel_size * rt.pipeline_parallel_size > group.gpus_per_node or rt.nodes_per_replica > 1
+        for rt in runtimes
+    )

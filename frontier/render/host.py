@@ -31,6 +31,7 @@ from frontier_runtime.config import HealthConfig, RuntimeConfig
 from frontier_settings import problems_of
 from pydantic import ValidationError
 
+from frontier.config.hardware import uses_efa
 from frontier.config.memory import kv_bytes_per_token, kv_cache_dtype_bytes
 from frontier.config.schema import PoolSettings, Settings, runtime_config
 from frontier.errors import FrontierError
@@ -88,6 +89,8 @@ def render_systemd_unit(settings: Settings, pool: PoolSettings, digest: str) -> 
         placeholder=is_placeholder(digest),
         container=CONTAINER_NAME,
         gpu=gpu,
+        # The group's EFA devices, which NCCL reaches through libfabric's efa provider (the image's).
+        efa=gpu and uses_efa(pool.group, [rt]),
         region=settings.region,
         host_root=HOST_ROOT,
         release_dir=CONTAINER_RELEASE_DIR,

@@ -210,7 +210,13 @@ def image() -> Image:
     wheelhouse = _wheelhouse()
     base = _debian_base()
     base_id = _podman("image", "inspect", "--format", "{{.Id}}", base.image).stdout.strip()
-    build_args = {"CUDA_IMAGE": base.image, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/wheelhouse"}
+    # No EFA userspace: the CPU variant has neither the devices nor a network to fetch it with.
+    build_args = {
+        "CUDA_IMAGE": base.image,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": "/wheelhouse",
+        "EFA_INSTALLER_VERSION": "",
+    }
     content = json.dumps(
         [_context_digest(), base_id, base.repository.name, wheelhouse.name, build_args], sort_keys=True
     )
