@@ -13,7 +13,10 @@ from frontier_runtime.requests import Continuation, SamplingParams, StructuredOu
 
 SCHEMA = {
     "type": "object",
-    "properties": {"kind": {"enum": ["pod", "node"]}, "cpu": {"type": "integer", "minimum": 1, "maximum": 64}},
+    "properties": {
+        "kind": {"enum": ["pod", "node"]},
+        "cpu": {"type": "integer", "minimum": 1, "maximum": 64},
+    },
     "required": ["kind", "cpu"],
     "additionalProperties": False,
 }
@@ -40,9 +43,7 @@ def test_a_constrained_continuation_rebuilds_the_grammar_state_and_ends_in_the_s
     whole, reason = _tokens(engine, "whole", prompt, params)
     assert reason == "stop"
     cut = len(whole) // 2
-    continued = SamplingParams(
-        **{**params.__dict__, "continuation": Continuation(tuple(whole[:cut]))}
-    )
+    continued = SamplingParams(**{**params.__dict__, "continuation": Continuation(tuple(whole[:cut]))})
     rest, reason = _tokens(engine, "rest", prompt, continued)
     assert whole[:cut] + rest == whole
     assert reason == "stop"
@@ -50,7 +51,9 @@ def test_a_constrained_continuation_rebuilds_the_grammar_state_and_ends_in_the_s
     assert len(engine.structured._matchers) == 0
 
 
-def test_a_continuation_the_grammar_refuses_is_refused_naming_the_token_and_position(engine: LLMEngine) -> None:
+def test_a_continuation_the_grammar_refuses_is_refused_naming_the_token_and_position(
+    engine: LLMEngine,
+) -> None:
     prompt = engine.tokenizer.encode("describe a workload")
     not_json = tuple(engine.tokenizer.encode("hello"))
     params = SamplingParams(max_tokens=40, structured=CONSTRAINED, continuation=Continuation(not_json))
