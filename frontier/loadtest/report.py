@@ -215,7 +215,7 @@ def steps_table(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None
     table = Table(title="load test", title_justify="left")
     for name in ("offered/s", "sent", "failed", "tput/s", "out tok/s", "goodput/s", "met SLO"):
         table.add_column(name, justify="right")
-    for name in ("TTFT p50/p99", "TPOT p50/p99", "ITL p99", "E2EL p50/p90/p99"):
+    for name in ("TTFT p50/p95/p99", "TPOT p50/p99", "ITL p99", "E2EL p50/p90/p95/p99"):
         table.add_column(f"{name} ms", justify="right")
     table.add_column("prefix hit", justify="right")
     table.add_column("SLO")
@@ -232,10 +232,10 @@ def steps_table(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None
             f"{s.output_tokens_per_s:,.0f}",
             f"{s.goodput_rps:.2f}",
             f"{s.attainment:.0%}" if s.completed else "-",
-            f"{_ms(s.ttft.p50_ms)}/{_ms(s.ttft.p99_ms)}",
+            f"{_ms(s.ttft.p50_ms)}/{_ms(s.ttft.p95_ms)}/{_ms(s.ttft.p99_ms)}",
             f"{_ms(s.tpot.p50_ms)}/{_ms(s.tpot.p99_ms)}",
             _ms(s.itl.p99_ms),
-            f"{_ms(s.e2el.p50_ms)}/{_ms(s.e2el.p90_ms)}/{_ms(s.e2el.p99_ms)}",
+            f"{_ms(s.e2el.p50_ms)}/{_ms(s.e2el.p90_ms)}/{_ms(s.e2el.p95_ms)}/{_ms(s.e2el.p99_ms)}",
             "-" if (hit := getattr(s, "prefix_cache_hit_rate", None)) is None else f"{hit:.0%}",
             mark,
         )
@@ -279,6 +279,7 @@ def plot(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None, out: 
     for label, values, style in (
         ("E2EL p50", [s.e2el.p50_ms for s in rated], "o-"),
         ("E2EL p90", [s.e2el.p90_ms for s in rated], "s-"),
+        ("E2EL p95", [s.e2el.p95_ms for s in rated], "d-"),
         ("E2EL p99", [s.e2el.p99_ms for s in rated], "^-"),
         ("TTFT p99", [s.ttft.p99_ms for s in rated], "v--"),
     ):

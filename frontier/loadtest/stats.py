@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-PERCENTILES = (50, 90, 99)
+PERCENTILES = (50, 90, 95, 99)
 
 # Achieved throughput "tracks" offered load while successful completions in a step's (lagged) window
 # are at least this share of the requests sent in it. Below it the server has fallen behind.
@@ -93,14 +93,15 @@ class Distribution:
     mean_ms: float
     p50_ms: float
     p90_ms: float
+    p95_ms: float
     p99_ms: float
 
     @classmethod
     def of_seconds(cls, values: Iterable[float]) -> Distribution:
         ms = [v * 1000 for v in values]
         mean = sum(ms) / len(ms) if ms else math.nan
-        p50, p90, p99 = (percentile(ms, q) for q in PERCENTILES)
-        return cls(count=len(ms), mean_ms=mean, p50_ms=p50, p90_ms=p90, p99_ms=p99)
+        p50, p90, p95, p99 = (percentile(ms, q) for q in PERCENTILES)
+        return cls(count=len(ms), mean_ms=mean, p50_ms=p50, p90_ms=p90, p95_ms=p95, p99_ms=p99)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,12 @@ def test_the_table_marks_the_knee_and_the_broken_step():
     assert "ok, knee" in rows[1] and "broken" in rows[2] and rows[0].rstrip("│ ").endswith("ok")
 
 
+def test_the_table_gives_ttft_and_e2el_at_p95_beside_p50_and_p99():
+    text = rendered(steps_table(STEPS[:1], SLO))
+    assert "TTFT p50/p95/p99 ms" in text and "E2EL p50/p90/p95/p99 ms" in text
+    assert "│         400/640/720/800 │" in text  # the first step's E2EL p50/p90/p95/p99
+
+
 def test_notes_give_errors_by_kind_and_every_broken_rule():
     (note,) = step_notes(STEPS, SLO)
     assert note.startswith("4 req/s: errors http_429 x3; error rate 3.0% > 1.0%; p99 E2EL 2500 ms > 2000 ms")

@@ -56,6 +56,12 @@ def test_distribution_is_in_milliseconds():
     assert d.p50_ms == pytest.approx(200)
 
 
+def test_the_distribution_has_the_p95_between_its_p90_and_p99():
+    d = Distribution.of_seconds([i / 100 for i in range(1, 21)])  # 10 ms .. 200 ms
+    assert d.p95_ms == pytest.approx(190.5)  # rank 18.05: 190 + 0.05 * 10
+    assert d.p90_ms < d.p95_ms < d.p99_ms
+
+
 def test_summary_counts_errors_by_kind_and_the_error_rate():
     samples = [
         ok(0.0, 0.1, 0.5, 5),
