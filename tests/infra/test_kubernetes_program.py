@@ -416,14 +416,6 @@ def test_the_stack_key_admits_the_auto_scaling_service_linked_role_to_encrypt_ro
     ]
 
 
-def test_the_access_policy_association_waits_for_its_access_entry(eks):
-    # EKS refuses to associate an access policy with a principal that has no access entry yet; the
-    # two name the principal by the same ARN, so nothing but depends_on orders them.
-    entry = eks.one("aws:eks/accessEntry:AccessEntry")
-    association = eks.one("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
-    assert entry.urn in association.dependencies
-
-
 # --- the cluster's add-ons and its system node group ------------------------------------------------
 
 
