@@ -21,6 +21,7 @@ from frontier.loadtest.client import LoadTestError, Target
 from frontier.loadtest.report import (
     LoadShape,
     knee_line,
+    length_table,
     measure,
     plot,
     step_notes,
@@ -160,7 +161,7 @@ def default_api_key(settings: Settings) -> str | None:
         "duration": "seconds of a single-rate or fixed-concurrency run (default 30)",
         "step_duration": "seconds per rate of a step load (default 20)",
         "burstiness": "gamma shape of the arrival gaps: 1 is Poisson, <1 burstier (default 1)",
-        "prompt_tokens": "approximate prompt length (default capacity.avg_prompt_tokens)",
+        "prompt_tokens": "approximate prompt length, or comma-separated lengths to mix, each request drawing one; the report splits latency by input length (default capacity.avg_prompt_tokens)",
         "max_tokens": "tokens to generate per request (default capacity.avg_output_tokens)",
         "endpoint": "completions or chat (default completions)",
         "max_in_flight": "cap on requests in flight from this client (default none)",
@@ -202,19 +203,22 @@ def loadtest(
         raise LoadTestError("give one of --rate, --step or --concurrency")
     if int(replicas) < 1:
         raise LoadTestError(f"--replicas {replicas}: must be >= 1")
+    mix = _parse_lengths(prompt_tokens) if prompt_tokens is not None else ()
     target = Target(
         base_url=url or default_target_url(settings),
         model=settings.model.name,
         api_key=default_api_key(settings),
         endpoint=endpoint,
-        prompt_tokens=int(prompt_tokens or settings.capacity.avg_prompt_tokens),
+        prompt_tokens=mix[0] if mix else settings.capacity.avg_prompt_tokens,
+        prompt_mix=mix if len(mix) > 1 else (),
         max_tokens=int(max_tokens or settings.capacity.avg_output_tokens),
         timeout_s=float(timeout),
     )
     slo = slo_targets(settings)
     console = wide_console()
     console.print(
-        f"load test of {target.url} (model {target.model}, ~{target.prompt_tokens} prompt tokens, "
+        f"load test of {target.url} (model {target.model}, "
+        f"~{'/'.join(map(str, target.prompt_mix)) or target.prompt_tokens} prompt tokens, "
         f"{target.max_tokens} output tokens); SLO: TTFT {slo.ttft_ms:g} ms, TPOT {slo.tpot_ms:g} ms, "
         f"p99 {slo.p99_latency_ms:g} ms, errors {slo.error_rate:.1%}"
     )
@@ -237,6 +241,12 @@ def loadtest(
     console.print(steps_table(steps, slo, knee))
     for note in step_notes(steps, slo):
         console.print(f"  {note}")
+    for s in steps:
+        if len(s.by_length) > 1:
+            table = length_table(s.by_length)
+            load = f"{s.offered_rps:g} req/s" if s.offered_rps is not None else f"concurrency {s.concurrency}"
+            table.title = f"{table.title} at {load}"
+            console.print(table)
     if not step:
         _fail_on_errors(steps, slo)
         return
@@ -251,6 +261,19 @@ def loadtest(
         )
     if knee is None:
         raise Exit("no step held the SLO: no baseline saved", code=1)
+
+
+def _parse_lengths(value: object) -> tuple[int, ...]:
+    """``--prompt-tokens``: one length, or several comma-separated, each 1..1,048,576 tokens."""
+    try:
+        lengths = tuple(int(part) for part in str(value).split(","))
+    except ValueError:
+        raise LoadTestError(
+            f"--prompt-tokens {value}: give a number of tokens, or several separated by commas"
+        ) from None
+    if not lengths or any(not 1 <= n <= 1_048_576 for n in lengths):
+        raise LoadTestError(f"--prompt-tokens {value}: each length must be 1..1048576 tokens")
+    return lengths
 
 
 def _fail_on_errors(steps: list[StepSummary], slo: SloTargets) -> None:

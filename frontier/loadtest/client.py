@@ -61,6 +61,9 @@ class Target:
     api_key: str | None = None
     endpoint: Endpoint = "completions"
     prompt_tokens: int = 32
+    #: Prompt lengths to mix, each request drawing one uniformly (empty: ``prompt_tokens`` alone),
+    #: so one run measures every input-length bucket the report splits it into.
+    prompt_mix: tuple[int, ...] = ()
     max_tokens: int = 32
     timeout_s: float = 60.0
     # Generate exactly max_tokens (as vLLM's benchmark does), so every request costs the same.
@@ -94,6 +97,12 @@ class Target:
             body["prompt"] = prompt
         body.update(self.extra_body)
         return body
+
+
+def prompt_words(target: Target, rng: np.random.Generator) -> int:
+    """Words of the next request's prompt (about 0.75 per token): its length drawn from the mix."""
+    tokens = int(rng.choice(target.prompt_mix)) if target.prompt_mix else target.prompt_tokens
+    return max(1, int(tokens * 0.75))
 
 
 def make_prompt(rng: np.random.Generator, words: int) -> str:
@@ -271,7 +280,6 @@ async def run_steps(
         raise LoadTestError(f"step duration = {step_s}: must be > 0 seconds")
     rng = np.random.default_rng(seed)
     slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
-    words = max(1, int(target.prompt_tokens * 0.75))
     per_step: list[list[asyncio.Task[RequestSample]]] = []
     windows: list[tuple[float, float]] = []
     async with _client(target) as client:
@@ -285,7 +293,7 @@ async def run_steps(
                 delay = step_start + offset - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                prompt = make_prompt(rng, words)
+                prompt = make_prompt(rng, prompt_words(target, rng))
                 tasks.append(asyncio.create_task(_guarded(client, target, prompt, slots, on_event)))
             await asyncio.sleep(max(0.0, step_start + step_s - time.perf_counter()))
             per_step.append(tasks)
@@ -304,12 +312,12 @@ async def run_concurrency(
     if concurrency < 1:
         raise LoadTestError(f"concurrency = {concurrency}: must be >= 1")
     rng = np.random.default_rng(seed)
-    words = max(1, int(target.prompt_tokens * 0.75))
     samples: list[RequestSample] = []
 
     async def client_loop(client: httpx.AsyncClient, deadline: float) -> None:
         while time.perf_counter() < deadline:
-            samples.append(await _guarded(client, target, make_prompt(rng, words), None, on_event))
+            prompt = make_prompt(rng, prompt_words(target, rng))
+            samples.append(await _guarded(client, target, prompt, None, on_event))
 
     async with _client(target) as client:
         start = time.perf_counter()
@@ -372,7 +380,6 @@ class BackgroundLoad:
 
     async def _run(self) -> None:
         rng = np.random.default_rng(self.seed)
-        words = max(1, int(self.target.prompt_tokens * 0.75))
         tasks: list[asyncio.Task[RequestSample]] = []
         async with _client(self.target) as client:
             next_at = time.perf_counter()
@@ -382,6 +389,6 @@ class BackgroundLoad:
                     await asyncio.sleep(min(0.05, max(0.0, next_at - time.perf_counter())))
                 if self._stop.is_set():
                     break
-                prompt = make_prompt(rng, words)
+                prompt = make_prompt(rng, prompt_words(self.target, rng))
                 tasks.append(asyncio.create_task(_guarded(client, self.target, prompt, None, self._record)))
             await asyncio.gather(*tasks)

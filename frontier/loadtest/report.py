@@ -17,7 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from frontier.loadtest.client import Target, run_concurrency, run_steps
-from frontier.loadtest.stats import Knee, RequestSample, SloTargets, StepSummary, summarize
+from frontier.loadtest.stats import Knee, LengthBucket, RequestSample, SloTargets, StepSummary, summarize
 
 
 def wide_console() -> Console:
@@ -238,6 +238,23 @@ def steps_table(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None
             f"{_ms(s.e2el.p50_ms)}/{_ms(s.e2el.p90_ms)}/{_ms(s.e2el.p95_ms)}/{_ms(s.e2el.p99_ms)}",
             "-" if (hit := getattr(s, "prefix_cache_hit_rate", None)) is None else f"{hit:.0%}",
             mark,
+        )
+    return table
+
+
+def length_table(buckets: Sequence[LengthBucket]) -> Table:
+    """The run's completed requests by prompt length: TTFT and E2EL percentiles per range."""
+    table = Table(title="by input length (prompt tokens)", title_justify="left")
+    table.add_column("prompt tokens")
+    table.add_column("requests", justify="right")
+    for name in ("TTFT p50/p95/p99", "E2EL p50/p95/p99"):
+        table.add_column(f"{name} ms", justify="right")
+    for b in buckets:
+        table.add_row(
+            b.label,
+            str(b.requests),
+            f"{_ms(b.ttft.p50_ms)}/{_ms(b.ttft.p95_ms)}/{_ms(b.ttft.p99_ms)}",
+            f"{_ms(b.e2el.p50_ms)}/{_ms(b.e2el.p95_ms)}/{_ms(b.e2el.p99_ms)}",
         )
     return table
 

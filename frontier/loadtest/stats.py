@@ -133,6 +133,8 @@ class StepSummary:
     concurrency: int | None = None
     lag_s: float = 0.0
     met_slo: int = 0
+    #: The completed requests split by prompt length (:func:`by_input_length`).
+    by_length: tuple[LengthBucket, ...] = ()
 
     @property
     def attainment(self) -> float:
@@ -221,6 +223,7 @@ def summarize(
         tpot=Distribution.of_seconds(t for s in ok if (t := s.tpot_s) is not None),
         itl=Distribution.of_seconds(gap for s in ok for gap in s.itl_s),
         e2el=Distribution.of_seconds(s.e2el_s for s in ok if s.e2el_s is not None),
+        by_length=tuple(by_input_length(ok)),
     )
 
 
@@ -274,3 +277,44 @@ def find_knee(
     if knee is None:
         return None
     return Knee(rate_rps=knee.offered_rps or 0.0, step=knee)
+
+
+@dataclass(frozen=True)
+class LengthBucket:
+    """The requests whose prompt was in one range of lengths (tokens, as the server counted them)."""
+
+    low: int
+    high: int
+    #: Completed requests in the range (a failed one has no prompt length the server counted).
+    requests: int
+    ttft: Distribution
+    e2el: Distribution
+
+    @property
+    def label(self) -> str:
+        return f"{self.low}-{self.high}"
+
+
+def by_input_length(samples: Iterable[RequestSample]) -> list[LengthBucket]:
+    """Requests split by prompt length into power-of-two ranges (1-128, 129-256, 257-512, ...), the
+    ranges with none left out: latency grows with the prompt, so one figure over a mix hides it.
+    Completed requests only: the server counts a prompt's tokens in its answer."""
+    groups: dict[int, list[RequestSample]] = {}
+    for sample in samples:
+        if not sample.ok or sample.prompt_tokens < 1:
+            continue
+        high = max(128, 1 << (sample.prompt_tokens - 1).bit_length())
+        groups.setdefault(high, []).append(sample)
+    buckets = []
+    for high in sorted(groups):
+        group = groups[high]
+        buckets.append(
+            LengthBucket(
+                low=1 if high == 128 else high // 2 + 1,
+                high=high,
+                requests=len(group),
+                ttft=Distribution.of_seconds(s.ttft_s for s in group if s.ttft_s is not None),
+                e2el=Distribution.of_seconds(s.e2el_s for s in group if s.e2el_s is not None),
+            )
+        )
+    return buckets

@@ -13,6 +13,7 @@ from frontier.loadtest.client import (
     LoadTestError,
     Target,
     arrival_times,
+    prompt_words,
     run_concurrency,
     run_steps,
     stream_request,
@@ -144,3 +145,11 @@ def test_background_load_returns_every_request_it_sent_when_stopped():
         sent, failed = load.counts()
     assert len(samples) == sent == len(server.requests) > 5
     assert failed == 0
+
+
+def test_a_prompt_mix_draws_each_requests_length_from_the_mix():
+    target = Target(base_url="http://x", model="m", prompt_tokens=64, prompt_mix=(64, 1024))
+    rng = np.random.default_rng(0)
+    drawn = {prompt_words(target, rng) for _ in range(50)}
+    assert drawn == {48, 768}  # about 0.75 words per token
+    assert prompt_words(Target(base_url="http://x", model="m", prompt_tokens=64), rng) == 48

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from frontier.loadtest.report import knee_line, plot, step_notes, steps_table
-from frontier.loadtest.stats import SloTargets, find_knee
+from frontier.loadtest.report import knee_line, length_table, plot, step_notes, steps_table
+from frontier.loadtest.stats import Distribution, LengthBucket, SloTargets, find_knee
 from tests.loadtest.test_knee import step
 
 SLO = SloTargets(ttft_ms=1000, tpot_ms=200, p99_latency_ms=2000, error_rate=0.01)
@@ -29,6 +29,21 @@ def test_the_table_gives_ttft_and_e2el_at_p95_beside_p50_and_p99():
     text = rendered(steps_table(STEPS[:1], SLO))
     assert "TTFT p50/p95/p99 ms" in text and "E2EL p50/p90/p95/p99 ms" in text
     assert "│         400/640/720/800 │" in text  # the first step's E2EL p50/p90/p95/p99
+
+
+def test_the_input_length_table_gives_each_ranges_latency():
+    def dist(ms: float) -> Distribution:
+        return Distribution(count=10, mean_ms=ms, p50_ms=ms, p90_ms=ms, p95_ms=ms * 1.5, p99_ms=ms * 2)
+
+    buckets = [
+        LengthBucket(1, 128, 10, dist(100), dist(400)),
+        LengthBucket(1025, 2048, 4, dist(900), dist(3000)),
+    ]
+    rows = [line for line in rendered(length_table(buckets)).splitlines() if line.startswith("│")]
+    assert rows == [
+        "│ 1-128         │       10 │         100/150/200 │         400/600/800 │",
+        "│ 1025-2048     │        4 │     900/1,350/1,800 │   3,000/4,500/6,000 │",
+    ]
 
 
 def test_notes_give_errors_by_kind_and_every_broken_rule():

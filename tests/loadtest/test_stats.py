@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from frontier.loadtest.stats import Distribution, RequestSample, SloTargets, percentile, summarize
+from frontier.loadtest.stats import (
+    Distribution,
+    RequestSample,
+    SloTargets,
+    by_input_length,
+    percentile,
+    summarize,
+)
 
 SLO = SloTargets(ttft_ms=500, tpot_ms=100, p99_latency_ms=2000, error_rate=0.05)
 
@@ -139,3 +146,16 @@ def test_latency_percentiles_ignore_failed_requests():
     s = summarize(samples, window=(0.0, 1.0), slo=SLO)
     assert s.e2el.count == 2
     assert s.e2el.p50_ms == pytest.approx(300)
+
+
+def test_completed_requests_are_split_by_prompt_length_into_power_of_two_ranges():
+    def sample(prompt: int, e2el: float, ok: bool = True) -> RequestSample:
+        return RequestSample(
+            sent_at=0, ok=ok, ttft_s=e2el / 4, e2el_s=e2el, prompt_tokens=prompt, output_tokens=8
+        )
+
+    samples = [sample(20, 0.1), sample(128, 0.2), sample(129, 0.4), sample(900, 1.0), sample(1000, 1.2)]
+    samples.append(sample(0, 9.0, ok=False))  # failed: no prompt length counted
+    buckets = by_input_length(samples)
+    assert [(b.label, b.requests) for b in buckets] == [("1-128", 2), ("129-256", 1), ("513-1024", 2)]
+    assert buckets[2].e2el.p50_ms == pytest.approx(1100)

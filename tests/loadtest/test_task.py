@@ -23,6 +23,8 @@ from tests.loadtest.sse_server import SseServer
         ({"rate": 1, "concurrency": 2}, "give one of --rate, --step or --concurrency"),
         ({"endpoint": "embeddings"}, "--endpoint 'embeddings': must be 'completions' or 'chat'"),
         ({"replicas": 0}, "--replicas 0: must be >= 1"),
+        ({"prompt_tokens": "64,abc"}, "--prompt-tokens 64,abc: give a number of tokens, or several"),
+        ({"prompt_tokens": "64,0"}, "--prompt-tokens 64,0: each length must be 1..1048576 tokens"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(options, message):
