@@ -533,6 +533,7 @@ def outputs(
         else pulumi.Output.concat("https://", edge.alb_dns_name),
         alb_zone_id=edge.alb_zone_id,
         kms_key_arn=secrets.key_arn,
+        release_key_arn=foundation.release_key.arn,
         deploy_role_arn=identity.deploy_role_arn,
         runtime_role_arn=roles[0].role_arn if len(roles := list(identity.pools.values())) == 1 else "",
         runtime_role_arns={name: role.role_arn for name, role in identity.pools.items()},

@@ -25,6 +25,7 @@ from infra.cloud import Cloud
 from infra.identity import IdentityInputs
 from infra.network import Network, NetworkArgs
 from infra.registry import Registry, RegistryArgs
+from infra.release_key import ReleaseKey, ReleaseKeyArgs
 from infra.secret_store import Secrets, SecretsArgs
 from infra.storage import Storage, StorageArgs, stack_metering_bucket
 from infra.tags import base_tags
@@ -55,6 +56,7 @@ class Foundation(pulumi.ComponentResource):
     network: Network | None
     storage: Storage
     registry: Registry
+    release_key: ReleaseKey
     zones: tuple[str, ...]
 
     def __init__(self, name: str, args: FoundationArgs, opts: pulumi.ResourceOptions | None = None) -> None:
@@ -121,9 +123,17 @@ class Foundation(pulumi.ComponentResource):
             ),
             opts=keep,
         )
+        # Signs releases: hosts run only what it signed (infra/release_key.py).
+        self.release_key = ReleaseKey(
+            f"{name}-release",
+            ReleaseKeyArgs(stack=stack, cloud=cloud, tags=tags),
+            # New with release signing: no root URN to alias; kept like the other key in production.
+            opts=pulumi.ResourceOptions(parent=self, protect=production),
+        )
         self.register_outputs(
             {
                 "kms_key_arn": self.secrets.key_arn,
+                "release_key_arn": self.release_key.arn,
                 "vpc_id": self.network.vpc_id if self.network else None,
                 "weights_bucket": self.storage.weights_bucket,
                 "history_bucket": self.storage.history_bucket,
@@ -145,6 +155,7 @@ class Foundation(pulumi.ComponentResource):
             history_bucket_arn=storage.history_bucket_arn,
             history_prefix=storage.history_prefix,
             kms_key_arn=self.secrets.key_arn,
+            release_key_arn=self.release_key.arn,
             api_keys_secret_arn=self.secrets.api_keys_secret_arn,
             repository_arn=self.registry.repository_arn,
             target_group_arn=target_group_arn,

@@ -46,6 +46,8 @@ class IdentityInputs:
     target_group_arn: pulumi.Input[str]
     ssm_access: bool
     tags: Mapping[str, str]
+    #: The release key (infra/release_key.py): the deploy role signs with it, hosts read its public key.
+    release_key_arn: pulumi.Input[str] = ""
 
     @property
     def stack(self) -> str:
@@ -53,7 +55,7 @@ class IdentityInputs:
 
     def _resolved(self, make: Callable[[StackResources], IdentityArgs]) -> pulumi.Output[IdentityArgs]:
         def resources(arns: list[str]) -> IdentityArgs:
-            weights, history, key, secret, repository, target_group = arns
+            weights, history, key, secret, repository, target_group, release_key = arns
             return make(
                 StackResources(
                     weights_bucket_arn=weights,
@@ -64,6 +66,7 @@ class IdentityInputs:
                     api_keys_secret_arns={self.settings.api_keys_secret: secret},
                     repository_arn=repository,
                     target_group_arn=target_group or "",
+                    release_key_arn=release_key or "",
                 )
             )
 
@@ -74,6 +77,7 @@ class IdentityInputs:
             self.api_keys_secret_arn,
             self.repository_arn,
             self.target_group_arn,
+            self.release_key_arn,
         ).apply(resources)
 
     def for_stack(self) -> pulumi.Output[IdentityArgs]:

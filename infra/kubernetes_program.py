@@ -329,6 +329,7 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
         ecr_repository_url=registry.repository_url,
         api_keys_secret_arn=secrets.api_keys_secret_arn,
         kms_key_arn=secrets.key_arn,
+        release_key_arn=foundation.release_key.arn,
         deploy_role_arn=deploy.arn,
         runtime_role_arn=only[0] if len(only := list(roles.values())) == 1 else "",
         runtime_role_arns=roles,

@@ -36,6 +36,7 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/gateway/conftest.py::redis_url": "redis_server(): a process",
     "tests/gateway/test_migration.py::three_replicas": "start_runtime(): processes",
     "tests/operate/test_release_supply_chain.py::release_tools": "pip, cyclonedx-py and pip-audit processes",
+    "tests/operate/test_release_key_grants.py::account": "moto's server",
     "tests/gateway/conftest.py::runtimes": "start_runtime(): a process",
     "tests/gateway/test_disaggregation.py::roles": "start_runtime(): prefill, decode and colocated processes",
     "tests/runtime/server/test_disaggregated_http.py::replicas": "start_server(): runtimes under uvicorn",

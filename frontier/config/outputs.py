@@ -36,6 +36,9 @@ class StackOutputs(BaseModel, Generic[Value]):
     ecr_repository_url: Value
     api_keys_secret_arn: Value
     kms_key_arn: Value
+    #: The release key (infra/release_key.py): releases are signed with it and hosts run only what
+    #: it signed. None in a file saved by a program from before release keys.
+    release_key_arn: Value | None = None
     deploy_role_arn: Value
     #: A one-model stack's runtime role; "" where the stack serves several (see runtime_role_arns).
     runtime_role_arn: Value

@@ -109,6 +109,8 @@ KUBERNETES_DEPLOY_STATEMENTS = frozenset(
         "LogInToTheRegistry",
         "ReadItsUsage",
         "ListItsUsage",
+        # Releases are signed at deploy on every target.
+        "SignReleases",
     }
 )
 
@@ -206,6 +208,9 @@ class IdentityArgs:
     # Where the stack's gateway meters (gateway.metering.uri): `fab usage` reads it as the deploy
     # role where it is an S3 location. "" without a gateway.
     metering_uri: str = ""
+    # The release key (frontier.release.signing): the deploy role alone signs with it; hosts read its
+    # public key when provisioned. "" where the stack has none.
+    release_key_arn: str = ""
 
 
 def objects(bucket_arn: str, prefix: str) -> str:
@@ -266,6 +271,13 @@ def host_boot_statements(args: IdentityArgs) -> list[Statement]:
         # replica rendezvous asks the same of the hosts holding slots: is each still in its group?
         allow("SeeItsLifecycleState", "autoscaling:DescribeAutoScalingInstances", "*"),
         *(replica_slot_statements(args.history_bucket_arn, pool) if args.replica_slots else []),
+        # The release key's public half, written to <root>/release-key.pub at boot: from then on
+        # the host's agent runs only releases it verifies (frontier_hostside.release_signature).
+        *(
+            [allow("ReadTheReleaseKey", ("kms:GetPublicKey", "kms:Verify"), args.release_key_arn)]
+            if args.release_key_arn
+            else []
+        ),
     ]
 
 
@@ -449,6 +461,12 @@ def deploy_policy(args: IdentityArgs) -> PolicyDocument:
                 cloud.arn("ssm", "session/${aws:userid}-*"),
             ),
         ]
+    if args.release_key_arn:
+        # Releases are signed at deploy, by this role alone among the stack's principals
+        # (frontier.release.signing); hosts run only what it signed.
+        statements.append(
+            allow("SignReleases", ("kms:Sign", "kms:GetPublicKey"), args.release_key_arn)
+        )
     return PolicyDocument(tuple(statements))
 
 

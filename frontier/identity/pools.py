@@ -32,6 +32,8 @@ class StackResources:
     api_keys_secret_arns: Mapping[str, str]
     repository_arn: str
     target_group_arn: str
+    #: The release key (frontier.release.signing); "" where the stack has none.
+    release_key_arn: str = ""
 
 
 def weights_prefix(pool: PoolSettings) -> str:
@@ -55,6 +57,7 @@ def stack_identity(
         api_keys_secret_arn=_secret_arn(found, settings.api_keys_secret),
         repository_arn=found.repository_arn,
         target_group_arn=found.target_group_arn,
+        release_key_arn=found.release_key_arn,
         ssm_access=ssm_access,
         ssh_user=settings.inventory.ssh_user,
         metering_uri=gateway.metering.uri if (gateway := settings.gateway) else "",

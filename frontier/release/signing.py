@@ -19,6 +19,7 @@ from frontier_hostside.release_signature import (
     ALGORITHM,
     ReleaseSignature,
     SignatureError,
+    release_key_alias,
     statement,
     verify_release,
 )
@@ -36,7 +37,7 @@ class SigningError(FrontierError):
 
 def key_alias(stack: str) -> str:
     """The alias of ``stack``'s release key, as the Foundation creates it."""
-    return f"alias/frontier-{stack}-release"
+    return release_key_alias(stack)
 
 
 @dataclass(frozen=True)
@@ -48,38 +49,41 @@ class ReleaseKey:
 
 
 def find_release_key(kms: Any, stack: str) -> ReleaseKey | None:
-    """The stack's release key, or None where the stack has none (its alias does not exist)."""
+    """The stack's release key, or None where the stack has none (its alias does not exist). One
+    call, kms:GetPublicKey: all a host's role and the deploy role are granted besides signing."""
     try:
-        meta = kms.describe_key(KeyId=key_alias(stack))["KeyMetadata"]
+        answer = kms.get_public_key(KeyId=key_alias(stack))
     except kms.exceptions.NotFoundException:
         return None
-    # KMS answers KeySpec and its deprecated twin CustomerMasterKeySpec; moto the second only.
-    spec = meta.get("KeySpec") or meta.get("CustomerMasterKeySpec")
-    if spec != KEY_SPEC or meta.get("KeyUsage") != KEY_USAGE:
+    except kms.exceptions.UnsupportedOperationException as exc:  # a symmetric key has no public half
         raise SigningError(
-            f"{key_alias(stack)} is a {spec} {meta.get('KeyUsage')} key; "
+            f"{key_alias(stack)} is no release key ({exc}); it must be {KEY_SPEC} {KEY_USAGE}"
+        ) from None
+    # KMS answers KeySpec and its deprecated twin CustomerMasterKeySpec; moto the second only.
+    spec = answer.get("KeySpec") or answer.get("CustomerMasterKeySpec")
+    if spec != KEY_SPEC or answer.get("KeyUsage") != KEY_USAGE:
+        raise SigningError(
+            f"{key_alias(stack)} is a {spec} {answer.get('KeyUsage')} key; "
             f"a release key must be {KEY_SPEC} {KEY_USAGE}"
         )
-    answer = kms.get_public_key(KeyId=meta["Arn"])
     return ReleaseKey(arn=str(answer["KeyId"]), public_key=base64.b64encode(answer["PublicKey"]).decode())
 
 
 def create_release_key(kms: Any, stack: str) -> ReleaseKey:
     """The stack's release key, made with its alias where it does not exist (the local stack's
-    ``local.up`` stands in for the Foundation with this)."""
-    found = find_release_key(kms, stack)
-    if found is not None:
-        return found
-    made = kms.create_key(
-        KeySpec=KEY_SPEC,
-        KeyUsage=KEY_USAGE,
-        Description=f"Frontier {stack}: signs releases; hosts run only what it signed",
-        Tags=[{"TagKey": "frontier:stack", "TagValue": stack}],
-    )["KeyMetadata"]
-    kms.create_alias(AliasName=key_alias(stack), TargetKeyId=made["KeyId"])
+    ``local.up`` stands in for the Foundation with this), named by its full ARN."""
+    if find_release_key(kms, stack) is None:
+        made = kms.create_key(
+            KeySpec=KEY_SPEC,
+            KeyUsage=KEY_USAGE,
+            Description=f"Frontier {stack}: signs releases; hosts run only what it signed",
+            Tags=[{"TagKey": "frontier:stack", "TagValue": stack}],
+        )["KeyMetadata"]
+        kms.create_alias(AliasName=key_alias(stack), TargetKeyId=made["KeyId"])
     key = find_release_key(kms, stack)
     assert key is not None
-    return key
+    arn = str(kms.describe_key(KeyId=key_alias(stack))["KeyMetadata"]["Arn"])
+    return ReleaseKey(arn=arn, public_key=key.public_key)
 
 
 def sign_release(kms: Any, key: ReleaseKey, stack: str, release: Release) -> Release:

@@ -9,8 +9,9 @@ files for an artifact digest; ``rollback`` takes a release stored in the history
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
@@ -18,6 +19,7 @@ from frontier.release.artifact import check_digest
 from frontier.release.history import HistoryStore, Lease, iso, now, operator
 from frontier.release.release import Release, check_release_id
 from frontier.release.sbom import get_supply_chain
+from frontier.release.signing import SigningError, check_release, find_release_key, sign_release
 from frontier.render.release import build_release
 from frontier.rollout.rolling import Event, Reporter, RolloutFailed, RolloutResult, waves
 from frontier.rollout.target import Target
@@ -111,7 +113,35 @@ def rollback(target: Target, to: str | None = None, *, reporter: Reporter | None
     return _roll(target, rollback_target(target, to), "rollback", reporter)
 
 
+@runtime_checkable
+class _ReachesAws(Protocol):
+    """A target whose stack has AWS behind it (every backend): where its release key lives."""
+
+    def aws_client(self, service: str) -> Any: ...
+
+
+def signed_for_stack(target: Target, release: Release, kind: str) -> Release:
+    """A deploy's release signed with the stack's release key; a rollback's stored release checked
+    against it (never signed again: a history that was altered is refused, not laundered). A stack
+    without a release key rolls its releases as they are; its hosts have no key to refuse them by."""
+    if not isinstance(target, _ReachesAws):
+        return release
+    stack = target.settings.stack
+    kms = target.aws_client("kms")
+    key = find_release_key(kms, stack)
+    if key is None:
+        return release
+    if kind == "deploy":
+        release = sign_release(kms, key, stack, release)
+    try:
+        check_release(key, stack, release)
+    except SigningError as exc:
+        raise SigningError(f"{kind} refused: {exc}; deploy its digest again to sign it anew") from None
+    return release
+
+
 def _roll(target: Target, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
+    release = signed_for_stack(target, release, kind)  # before anything is stored or locked
     store = target.history_store()
     if release.artifact.kind == "wheel":
         store.fetch_artifact(release.artifact)  # a missing or corrupt wheel fails before the lock
@@ -186,6 +216,8 @@ def _record(
         "digest": release.digest,
         "config_hash": release.config_hash,
         "release": release.id,
+        # The release key that signed it ("" on a stack without one): hosts ran only that.
+        "signed_by": json.loads(release.signature)["key_id"] if release.signature else "",
         "outcome": result.outcome,
         "reason": result.reason,
         # surge or one-unavailable, and why (frontier.rollout.strategy)

@@ -36,6 +36,7 @@ from frontier_hostside.names import (
     RELEASE_MANIFEST,
     RESTARTS_CW_METRIC,
 )
+from frontier_hostside.release_signature import RELEASE_KEY_NAME, SIGNATURE_NAME, release_key_alias
 from frontier_hostside.rendezvous import Rendezvous, RendezvousError, write_env
 
 IMDS = "http://169.254.169.254/latest"
@@ -222,6 +223,8 @@ def fetch_release(aws: Aws, config: NodeConfig, release: str, incoming: Path) ->
     manifest: dict[str, Any] = json.loads((download / RELEASE_MANIFEST).read_text())
     incoming.mkdir(parents=True)
     (incoming / RELEASE_MANIFEST).write_bytes((download / RELEASE_MANIFEST).read_bytes())
+    if (download / SIGNATURE_NAME).is_file():  # the agent checks it at stage
+        (incoming / SIGNATURE_NAME).write_bytes((download / SIGNATURE_NAME).read_bytes())
     for name, want in sorted(manifest["files"].items()):
         if "/" in name or name.startswith("."):
             raise BootError(f"release {release}: refusing file name {name!r}")
@@ -277,6 +280,25 @@ def install_agent(aws: Aws, config: NodeConfig, host: str, address: str) -> Path
     return bin_dir / AGENT_FILE_NAME
 
 
+def install_release_key(aws: Aws, config: NodeConfig) -> bool:
+    """``<root>/release-key.pub``: the stack's release key as KMS gives it (kms:GetPublicKey). From
+    then on the agent stages and activates only releases it signed. False where the stack has none:
+    no such key, or none its role is granted (a stack with a key grants it: the Foundation's
+    documents do both)."""
+    try:
+        answer = aws.run("kms", "get-public-key", "--key-id", release_key_alias(config.stack))
+    except BootError as exc:
+        if "NotFoundException" in str(exc) or "AccessDenied" in str(exc):
+            log(f"no release key for this host ({str(exc)[:200]}): releases are held to their manifests only")
+            return False
+        raise
+    target = Path(config.root) / RELEASE_KEY_NAME
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(str(answer["PublicKey"]) + "\n")
+    tmp.replace(target)
+    return True
+
+
 def agent(config: NodeConfig, *args: str, timeout: float = 600) -> dict[str, Any]:
     """One host-agent command; its JSON answer, or BootError with the agent's own words."""
     bin_dir = Path(config.root) / "bin"
@@ -327,6 +349,7 @@ def boot(config: NodeConfig, aws: Aws) -> dict[str, Any]:
     release = ""
     try:
         install_agent(aws, config, instance_id, address)
+        install_release_key(aws, config)
         record = release_to_boot(aws, config)
         if record is None:
             # Nothing was ever deployed: the host joins empty and the first `fab deploy` fills it.

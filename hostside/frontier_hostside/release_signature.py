@@ -75,6 +75,11 @@ class ReleaseSignature:
             raise SignatureError(f"{SIGNATURE_NAME} is malformed ({type(exc).__name__}: {exc})") from None
 
 
+def release_key_alias(stack: str) -> str:
+    """The KMS alias of ``stack``'s release key: the toolkit, the Pulumi program and hosts all name it so."""
+    return f"alias/frontier-{stack}-release"
+
+
 def statement(stack: str, release_id: str, manifest: bytes) -> bytes:
     """The bytes KMS signs for a release: its stack, its id and its ``release.json``'s sha256."""
     return f"{STATEMENT_PREFIX} {stack} {release_id} sha256:{hashlib.sha256(manifest).hexdigest()}\n".encode()

@@ -198,6 +198,7 @@ def test_the_deploy_role_reaches_history_and_only_its_namespace(eks):
         "PushRuntimeImages",
         "LogInToTheRegistry",
         "SeeItsCluster",
+        "SignReleases",
     }
     assert sids["SeeItsCluster"]["Resource"] == "arn:aws:eks:us-east-1:123456789012:cluster/frontier-eks-prod"
     assert sids["ReadWriteDeployHistoryAndLocks"]["Resource"].endswith("/history/eks-prod/*")

@@ -155,6 +155,7 @@ def test_the_host_tools_are_uploaded_beside_the_history(graph):
             "frontier_hostside/node_boot.py",
             "frontier_hostside/gateway_boot.py",
             "frontier_hostside/rendezvous.py",  # the bootstrap's replica slots
+            "frontier_hostside/release_signature.py",  # the agent's check of a release's signature
             "frontier-agent.json",
             "install-nvidia.sh",
             "mount-cache.sh",

@@ -18,6 +18,7 @@ COMPONENTS = {
     "frontier:secrets:Secrets",
     "frontier:storage:Storage",
     "frontier:registry:Registry",
+    "frontier:release:ReleaseKey",
     "frontier:edge:Edge",
     "frontier:identity:Identity",
     "frontier:monitoring:Monitoring",

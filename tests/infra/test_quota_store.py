@@ -139,7 +139,7 @@ def test_a_gateway_sharing_redis_without_a_url_gets_an_elasticache_group_in_the_
 
 def test_the_store_encrypts_in_transit_and_at_rest_with_the_stacks_key(gated):
     group = gated.one(GROUP).inputs
-    key = gated.one("aws:kms/key:Key").outputs["arn"]
+    key = next(k for k in gated.of_type("aws:kms/key:Key") if k.name.endswith("-secrets-key")).outputs["arn"]
     assert group["transitEncryptionEnabled"] is True
     assert group["atRestEncryptionEnabled"] is True
     assert group["kmsKeyId"] == key
@@ -193,7 +193,10 @@ def test_a_stack_name_too_long_for_an_elasticache_id_is_refused_before_anything_
 def test_the_secret_holds_the_tls_url_and_the_token_under_the_stacks_key(gated):
     secret = gated.one(SECRET, "dev-quota-store-auth")
     assert secret.inputs["name"] == STORE_SECRET
-    assert secret.inputs["kmsKeyId"] == gated.one("aws:kms/key:Key").outputs["arn"]
+    assert (
+        secret.inputs["kmsKeyId"]
+        == next(k for k in gated.of_type("aws:kms/key:Key") if k.name.endswith("-secrets-key")).outputs["arn"]
+    )
     version = gated.one(SECRET_VERSION, "dev-quota-store-auth").inputs
     assert version["secretId"] == secret.id
     assert json.loads(revealed(version["secretString"])) == {

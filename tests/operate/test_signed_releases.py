@@ -158,7 +158,9 @@ def test_the_release_key_is_found_by_its_alias_and_is_an_ecc_sign_verify_key(kms
     made = create_release_key(kms, "prod")
     meta = kms.describe_key(KeyId=key_alias("prod"))["KeyMetadata"]
     assert (meta["KeySpec"], meta["KeyUsage"]) == ("ECC_NIST_P256", "SIGN_VERIFY")
-    assert find_release_key(kms, "prod") == made
+    found = find_release_key(kms, "prod")
+    assert found is not None and found.public_key == made.public_key
+    assert made.arn == meta["Arn"]  # the documents name the key by its ARN
     assert find_release_key(kms, "staging") is None
     assert create_release_key(kms, "prod") == made  # idempotent
 

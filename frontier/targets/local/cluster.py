@@ -51,10 +51,12 @@ from frontier_hostside.names import (
     LOCAL_AWS_SECRET,
     SUPERVISOR_PID_NAME,
 )
+from frontier_hostside.release_signature import RELEASE_KEY_NAME
 
 from frontier import aws, project
 from frontier.config.schema import Host, Local, Settings
 from frontier.errors import FrontierError
+from frontier.release.signing import find_release_key
 from frontier.targets.local import iam, services, traces
 from frontier.targets.local.balancer import balancer_backends, render_haproxy
 from frontier.targets.local.group import STATE_FILE as GROUP_STATE_FILE
@@ -388,6 +390,15 @@ def _prepare_host(settings: Settings, host: Host) -> Component:
     if not env_file.exists() or env_file.read_text() != env:
         # It holds the host role's secret key, as an instance's metadata service would: owner only.
         _write_private(env_file, env)
+    # The stack's release key, read as the slot's own host role (kms:GetPublicKey), as a cloud
+    # host's bootstrap reads it: from now on its agent runs only releases that key signed.
+    found = find_release_key(
+        aws_client(settings, "kms", actor=iam.host_actor(settings, iam.pool_of_host(settings, host))),
+        settings.stack,
+    )
+    key_file = root / RELEASE_KEY_NAME
+    if found is not None and (not key_file.is_file() or key_file.read_text().strip() != found.public_key):
+        key_file.write_text(found.public_key + "\n")
     return Component(f"host {host.name}", "created" if created else "exists", f"root {root}")
 
 

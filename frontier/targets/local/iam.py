@@ -50,16 +50,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from frontier import project
 from frontier.config.schema import Host, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.identity.cloud import Cloud
 from frontier.identity.documents import deploy_policy, lifecycle_policy, runtime_policy
 from frontier.identity.pools import StackResources, pool_identity, principal_suffix, stack_identity
+from frontier.release.signing import create_release_key
 
 # The calls moto lets through unchecked: create the admin user, give it its policy, make its key.
 UNCHECKED_CALLS = 3
 MOTO_ENV = {"INITIAL_NO_AUTH_ACTION_COUNT": str(UNCHECKED_CALLS)}
 CREDENTIALS_FILE = "iam.json"
+# The release key provision made (frontier.release.signing): its ARN, which the documents name.
+RELEASE_KEY_FILE = "release-key.json"
 ACCOUNT_ID = "123456789012"  # moto's default account: the one every local ARN names
 # The services whose calls moto checks against a resource ARN; any other call is checked as if its
 # resource were "*" (moto/core/responses.py: only these define the call's resource).
@@ -118,12 +122,13 @@ def pool_of_host(settings: Settings, host: Host) -> PoolSettings:
 
 
 def documents(
-    settings: Settings, history_bucket: str, history_prefix: str
+    settings: Settings, history_bucket: str, history_prefix: str, release_key: str | None = None
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Each actor's policy documents by name, rendered by :mod:`frontier.identity` as the cloud
-    program renders them: one host actor per pool, scoped to that pool's weights, secret and history."""
+    program renders them: one host actor per pool, scoped to that pool's weights, secret and history.
+    ``release_key``: the release key's ARN (default: the one the stack's state records)."""
     cloud = _cloud(settings)
-    found = _resources(settings, history_bucket, history_prefix)
+    found = _resources(settings, history_bucket, history_prefix, release_key)
     stack = stack_identity(settings, cloud, found, ssm_access=False)
     everyone: dict[str, dict[str, dict[str, Any]]] = {"admin": {"admin": ADMIN_DOCUMENT}}
     for pool in settings.pools:
@@ -211,7 +216,9 @@ def _cloud(settings: Settings) -> Cloud:
     )
 
 
-def _resources(settings: Settings, history_bucket: str, history_prefix: str) -> StackResources:
+def _resources(
+    settings: Settings, history_bucket: str, history_prefix: str, release_key: str | None = None
+) -> StackResources:
     """The local stack's resources by the names it gives them, as ARNs."""
     cloud = _cloud(settings)
     weights_bucket, _, weights_prefix = settings.weights_root.removeprefix("s3://").partition("/")
@@ -227,7 +234,21 @@ def _resources(settings: Settings, history_bucket: str, history_prefix: str) -> 
         },
         repository_arn=cloud.arn("ecr", f"repository/frontier-{settings.stack}-runtime"),
         target_group_arn=cloud.arn("elasticloadbalancing", f"targetgroup/frontier-{settings.stack}/local"),
+        release_key_arn=release_key_arn(settings) if release_key is None else release_key,
     )
+
+
+def release_key_arn(settings: Settings) -> str:
+    """The local release key's ARN as :func:`provision` recorded it; "" before it made one. moto
+    names a key by a random id, so the documents learn it here, after the key exists."""
+    if settings.local is None:
+        return ""
+    try:
+        return str(
+            json.loads((project.resolve(settings.local.state_dir) / RELEASE_KEY_FILE).read_text())["arn"]
+        )
+    except (OSError, ValueError, KeyError):
+        return ""
 
 
 def _key_arn(settings: Settings) -> str:
@@ -294,7 +315,13 @@ def provision(
     iam = boto3.client(
         "iam", endpoint_url=endpoint, region_name=settings.region, **keys["admin"].boto3_kwargs()
     )
-    wanted = documents(settings, history_bucket, history_prefix)
+    # The release key first, as the Foundation makes it before the roles: the documents name it.
+    kms = boto3.client(
+        "kms", endpoint_url=endpoint, region_name=settings.region, **keys["admin"].boto3_kwargs()
+    )
+    release_key = create_release_key(kms, settings.stack)
+    (state_dir / RELEASE_KEY_FILE).write_text(json.dumps({"arn": release_key.arn}, indent=2) + "\n")
+    wanted = documents(settings, history_bucket, history_prefix, release_key.arn)
     for actor, policies in wanted.items():
         if actor == "admin":
             continue

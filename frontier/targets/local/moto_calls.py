@@ -145,6 +145,17 @@ def _secret_arn(response: Any) -> str:
     return f"arn:aws:secretsmanager:{response.region}:{response.current_account}:secret:{secret_id}"
 
 
+def _key_arn(response: Any) -> str:
+    """A KMS call's key as IAM sees it: the key's ARN, whether the call named it by id, ARN or alias."""
+    from moto.kms.models import kms_backends
+
+    backend = kms_backends[response.current_account][response.region]
+    try:
+        return str(backend.describe_key(str(response._get_param("KeyId"))).arn)
+    except Exception:  # an unknown key: the call itself fails; IAM saw no key
+        return "*"
+
+
 def _instance_key_check(response: Any) -> dict[str, Any]:
     """SendSSHPublicKey: authorised on the instance (its ARN and tags) for the OS user named."""
     from moto.ec2.models import ec2_backends
@@ -210,6 +221,8 @@ def checks(service: str, response: Any, operation: str, resource: str) -> list[d
         name = response._get_param("repositoryName")
         arn = f"arn:aws:ecr:{region}:{account}:repository/{name}" if name else "*"
         return [{"action": f"ecr:{operation}", "resource": arn, "context": {}}]
+    if service == "kms" and response._get_param("KeyId"):
+        return [{"action": f"kms:{operation}", "resource": _key_arn(response), "context": {}}]
     if service == "ec2-instance-connect" and operation == "SendSSHPublicKey":
         return [_instance_key_check(response)]
     if service == "logs" and operation in ("CreateLogStream", "PutLogEvents", "DescribeLogStreams"):
