@@ -240,17 +240,18 @@ def weights_push(c, stack=None, src=None, version=None):
         raise Exit("error: --src DIR is required (the model directory to upload)", code=2)
     settings = settings_for(stack)
     backend = backend_for(settings)
-    version = version or settings.model.version
+    model = settings.model
+    version = version or model.version
     if Path(src).is_dir():
         # Before any byte is sent: the plan and the memory fit were made for the stack's shape.
-        check_checkpoint(settings.model, Path(src))
+        check_checkpoint(model, Path(src))
     files = [p for p in Path(src).rglob("*") if p.is_file()] if Path(src).is_dir() else []
     total = sum(p.stat().st_size for p in files)
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
     with Progress(*columns, console=tables.console(), transient=True) as bar:
-        job = bar.add_task(f"weights {settings.model.name}@{version}", total=total)
+        job = bar.add_task(f"weights {model.name}@{version}", total=total)
         report = model_weights.push(
-            backend.aws_client("s3"), Path(src), settings.model.weights_uri, settings.model.name, version,
+            backend.aws_client("s3"), Path(src), model.weights_uri, model.name, version,
             progress=lambda _path, sent: bar.advance(job, sent), create_bucket=backend.creates_buckets,
         )  # fmt: skip
     print(

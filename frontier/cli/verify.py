@@ -10,8 +10,7 @@ from invoke import Collection, task
 from invoke.exceptions import Exit
 
 from frontier.cli import tables
-from frontier.cli.common import reports_errors, settings_for
-from frontier.config.schema import Model, Settings
+from frontier.cli.common import pool_settings, reports_errors, settings_for
 from frontier.errors import FrontierError
 from frontier.release.history import HistoryStore
 from frontier.rollout.recordings import load_for_stack, store_recording
@@ -39,11 +38,13 @@ def verify(c, stack=None, url=None, key=None, record=False, release=None, model=
     beside the release they came from; before any recording they are reported as not yet recorded
     and left out of the pass rate."""
     settings = settings_for(stack)
-    served = _model(settings, model)
+    # The pool verified (the stack's one, or --model's): its model, and its history's recordings.
+    view = pool_settings(stack, model)
+    served = view.model
     set_path = set_file(settings.verify.file)
     # The whole set is checked before anything is sent or read from the history.
     read_set(set_path, model=served.name, golden=None)
-    store = backend_for(_pool_view(settings, model)).history_store()
+    store = backend_for(view).history_store()
     # Another endpoint (--url) needs nothing of the stack's target: no outputs, no key lookup.
     endpoint = url or backend_for(settings).endpoint()
     api_key = key or os.environ.get("FRONTIER_API_KEY") or (None if url else backend_for(settings).api_key())
@@ -77,20 +78,6 @@ def verify(c, stack=None, url=None, key=None, record=False, release=None, model=
         )
     if not judged or report.pass_rate < floor:
         raise Exit(code=1)
-
-
-def _model(settings: Settings, name: str | None) -> Model:
-    if name is None:
-        return settings.model
-    try:
-        return settings.pool(name).model
-    except KeyError as exc:
-        raise Exit(f"error: --model: {exc.args[0]}", code=2) from None
-
-
-def _pool_view(settings: Settings, name: str | None) -> Settings:
-    """The settings whose history holds the recordings: the pool's own on a stack of several."""
-    return settings if name is None else settings.for_pool(name)
 
 
 def _last_good_release(store: HistoryStore, stack: str) -> str:

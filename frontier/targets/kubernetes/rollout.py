@@ -291,8 +291,7 @@ class KubernetesRollout:
         if check is None or old is None:
             return None
         pod, release = old
-        port = self.settings.runtime.port
-        with pod_tunnel(self.api, self.namespace, pod, port) as url:
+        with pod_tunnel(self.api, self.namespace, pod, check.runtime_port) as url:
             # Golden outputs belong beside a release: the provisioned image's are not recorded.
             if check.unrecorded and check.store is not None and release:
                 check = self.verification = check.recorded_at(release, url)
@@ -312,7 +311,7 @@ class KubernetesRollout:
             raise KubernetesRolloutError("no pod of the new release to verify")
         passed = []
         for pod in pods:
-            with pod_tunnel(self.api, self.namespace, pod, self.settings.runtime.port) as url:
+            with pod_tunnel(self.api, self.namespace, pod, check.runtime_port) as url:
                 report = check.run_at(url)
             verdict = judge_verification(report, old_report, check)
             if verdict:

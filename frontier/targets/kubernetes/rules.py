@@ -311,8 +311,8 @@ def replica_group_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]
             yield FieldProblem(
                 "rollout.gate.max_p99_ratio",
                 ratio,
-                f"cannot apply on kubernetes to model {view.model.name!r}, whose replica spans "
-                f"{where}.nodes_per_replica = {nodes} nodes: its LeaderWorkerSet rolls with no canary beside "
+                f"cannot apply on kubernetes to a pool whose replica spans {where}.nodes_per_replica = "
+                f"{nodes} nodes: its LeaderWorkerSet rolls with no canary beside "
                 "the old release; leave it out (the absolute rollout.gate.max_p99_latency_ms still holds)",
             )
         # A rolling update surges whole groups; there is no canary group (group_rollout.py).
