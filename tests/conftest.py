@@ -55,6 +55,7 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/kubernetes/test_canary_gates.py::answers": "openai_standin(): an HTTP server",
     "tests/kubernetes/test_canary_gates.py::cluster": "FakeApiServer(): an HTTP server",
     "tests/kubernetes/test_canary_gates.py::multinode": "FakeApiServer(): an HTTP server",
+    "tests/operate/test_canary_gates_ec2.py::world": "openai_standin(): an HTTP server",
     "tests/kubernetes/test_multinode_deploy.py::cluster": "FakeApiServer(): an HTTP server",
     "tests/operate/conftest.py::tiny_model": "make_tiny_model(): a process",
     "tests/operate/test_balancer.py::haproxy": "SlowBackend(): an HTTP server",
