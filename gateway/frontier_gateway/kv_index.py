@@ -16,8 +16,9 @@ sequence. ``KvIndex`` keeps block key -> replicas from them:
 - **Score**: the longest run of the request's leading blocks a replica holds. The chosen replica
   minimises ``blocks to prefill + load_weight_blocks x requests in flight`` (its in-flight count
   is the gateway's own, known at dispatch: no scrape lags it), as Dynamo's KV router costs prefill
-  and decode work. Equal costs go to the one with fewer in flight, then in turn (never the first
-  listed: a shared system prompt ties every replica, and the first would take every conversation).
+  and decode work. Equal costs go to the one with fewer in flight, then to the one that took
+  fewer of the recent decisions, then in turn (never the first listed: a shared system prompt ties
+  every replica, and the first would take every conversation).
 - **Share cap**: a replica that took ``share_cap / replicas`` or more of the pool's last
   ``SHARE_WINDOW`` (32) decisions is passed over while another is under it, whatever it holds. At low
   concurrency the in-flight count is 0 or 1 everywhere and cannot spread anything: the first
@@ -301,8 +302,8 @@ class KvIndex:
         costs = {c.url: (total - matches[c.url]) + w * c.outstanding for c in under}
         best = min(costs.values())
         tied = [c for c in under if costs[c.url] == best]
-        fewest = min(c.outstanding for c in tied)
-        tied = [c for c in tied if c.outstanding == fewest]
+        fewest = min((c.outstanding, taken[c.url]) for c in tied)
+        tied = [c for c in tied if (c.outstanding, taken[c.url]) == fewest]
         least = tied[self._turn % len(tied)]
         self._turn += 1
         self.recent.append(least.url)

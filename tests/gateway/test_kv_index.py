@@ -114,6 +114,16 @@ def test_of_equal_costs_the_replica_with_fewer_in_flight_wins() -> None:
         assert idx.choose([Cand(A, outstanding=3), Cand(B)], keys)[0].url == B
 
 
+def test_of_equal_costs_and_loads_the_replica_that_took_fewer_recent_decisions_wins() -> None:
+    idx = index()
+    for url in (A, B, C):
+        idx.apply(url, [stored(SYSTEM)])
+    idx.recent.extend([A, A, B])  # A took two of the last decisions, B one, C none
+    keys = request_blocks(SYSTEM + [1] * 9, BS)
+    assert idx.choose([Cand(A), Cand(B), Cand(C)], keys)[0].url == C
+    assert idx.choose([Cand(A), Cand(B), Cand(C)], keys)[0].url in (B, C)
+
+
 def test_a_replica_over_its_share_of_recent_decisions_is_passed_over_however_much_it_holds() -> None:
     idx = index(load_weight_blocks=0.0, share_cap=1.5)  # load alone would never move it
     idx.apply(A, [stored(TURN[:24])])  # only A holds the prefix
