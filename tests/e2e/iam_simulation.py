@@ -237,6 +237,11 @@ def evaluate(settings: Settings, log: Iterable[dict[str, Any]], account: Account
     from infra.secret_store import key_policy
 
     keys = {account.key_arn: json.loads(key_policy(iam._cloud(settings)))}
+    # The release key answers to its own key policy (infra/release_key.py), on a stack that has one.
+    from infra.release_key import release_key_policy
+
+    if release_key := iam.release_key_arn(settings):
+        keys[release_key] = json.loads(release_key_policy(iam._cloud(settings)))
     results = simulate(sets, calls, keys)
     baseline = results["all"]
     needed_by = {
