@@ -383,6 +383,7 @@ def replica_termination(ground: Ground, group: NodeGroup) -> ReplicaTerminationA
         autoscaling_role_arn=autoscaling_service_role(ground.cloud),
         tags=ground.tags,
         after=[ground.foundation.secrets],
+        log_retention_days=retention_days(ground.production),
     )
 
 

@@ -35,7 +35,6 @@ FUNCTION_FILES = {
 RUNTIME = "python3.12"
 # Auto scaling waits at most 2 s for the answer (and asks again after a failure).
 TIMEOUT_S = 2
-LOG_RETENTION_DAYS = 30
 
 
 @dataclass(frozen=True)
@@ -50,6 +49,8 @@ class ReplicaTerminationArgs:
     kms_key_arn: pulumi.Input[str]
     autoscaling_role_arn: str
     tags: Mapping[str, str]
+    # The stack's log retention (longer on production stacks, as every log group of theirs).
+    log_retention_days: int = 30
     # What makes the service-linked role in a fresh account (a principal must exist to be named).
     after: Sequence[pulumi.Resource] = ()
 
@@ -100,7 +101,7 @@ class ReplicaTermination(pulumi.ComponentResource):
         logs = aws.cloudwatch.LogGroup(
             f"{name}-logs",
             name=f"/aws/lambda/{function_name}",
-            retention_in_days=LOG_RETENTION_DAYS,
+            retention_in_days=args.log_retention_days,
             tags=tags,
             opts=child,
         )

@@ -28,6 +28,11 @@ TOPIC = "aws:sns/topic:Topic"
 SUBSCRIPTION = "aws:sns/topicSubscription:TopicSubscription"
 
 
+def monitoring_alarms(graph):
+    """The stack's alarms (infra/monitoring.py); a node group's scaling alarms act on its policies."""
+    return [a for a in graph.of_type(ALARM) if "frontier:monitoring:Monitoring" in a.parent_types]
+
+
 def alarm(graph, key):
     return graph.one(ALARM, f"{graph.stack}-monitoring-{key}").inputs
 
@@ -120,7 +125,7 @@ def test_every_runtime_alarm_reads_a_series_the_hosts_publish(graph):
     published = published_series(graph)
     runtime_alarms = [
         a.inputs
-        for a in graph.of_type(ALARM)
+        for a in monitoring_alarms(graph)
         if a.inputs.get("namespace") == "Frontier/Runtime"
         and a.inputs["metricName"] in PUBLISHED_BY_BOOTSTRAP
     ]
@@ -128,7 +133,7 @@ def test_every_runtime_alarm_reads_a_series_the_hosts_publish(graph):
     for a in runtime_alarms:
         assert (a["namespace"], a["metricName"], tuple(sorted(a["dimensions"].items()))) in published
     others = [
-        a.inputs for a in graph.of_type(ALARM) if a.inputs.get("namespace") not in (None, "Frontier/Runtime")
+        a.inputs for a in monitoring_alarms(graph) if a.inputs.get("namespace") not in (None, "Frontier/Runtime")
     ]
     assert {a["namespace"] for a in others} == {"AWS/ApplicationELB"}  # AWS publishes these itself
 
@@ -157,7 +162,7 @@ def test_there_is_one_encrypted_topic_per_severity(graph):
 
 def test_every_alarm_notifies_its_severitys_topic_when_it_fires_and_when_it_recovers(graph):
     arns = {severity: t.outputs["arn"] for severity, t in topics(graph).items()}
-    alarms = graph.of_type(ALARM)
+    alarms = monitoring_alarms(graph)
     assert {severity_of(graph, a) for a in alarms} == {"page", "warn", "info"}
     for a in alarms:
         topic = arns[severity_of(graph, a)]
@@ -450,7 +455,7 @@ def test_gateway_alarms_notify_the_topic_of_their_own_severity(gated):  # noqa: 
 
 
 def test_a_stack_without_a_gateway_has_no_gateway_alarms_or_log_group(dev):
-    assert not [a for a in dev.of_type(ALARM) if "gateway" in a.inputs["name"]]
+    assert not [a for a in monitoring_alarms(dev) if "gateway" in a.inputs["name"]]
     assert "/frontier/dev/gateway" not in {
         g.inputs["name"] for g in dev.of_type("aws:cloudwatch/logGroup:LogGroup")
     }
