@@ -170,6 +170,11 @@ def main() -> None:
         action="store_true",
         help="bf16, int8 and fp8 weights through the engine on CUDA (a GPU host)",
     )
+    parser.add_argument(
+        "--write-table",
+        action="store_true",
+        help="write the measured factors into the planner's table (frontier/capacity/quantization_speed.json)",
+    )
     args = parser.parse_args()
     if args.gpu_check:
         gpu_check()
@@ -227,6 +232,54 @@ def main() -> None:
         agree = agreement(reference["outputs"], res["outputs"])
         row += f" {agree.prompt_fraction:.1%} | {agree.token_fraction:.1%} |"
         print(row)
+    if args.write_table:
+        write_table(speeds, batches, gpu, args)
+
+
+# Each quantized variant against the unquantized one of its activation dtype, as the planner asks.
+PAIRS = {"int8": ("fp32", "float32", "int8"), "int8+bf16": ("bf16", "bfloat16", "int8")}
+GPU_PAIRS = {"int8": ("bf16", "bfloat16", "int8"), "fp8": ("bf16", "bfloat16", "fp8")}
+
+
+def write_table(speeds: dict[str, dict[str, list[float]]], batches: list[int], gpu: bool, args) -> None:
+    """Replace this device kind's rows of the planner's table with this run's medians."""
+    import datetime
+    import platform
+
+    table = ROOT / "frontier" / "capacity" / "quantization_speed.json"
+    device = "cuda" if gpu else "cpu"
+    machine = _gpu_name() if gpu else _cpu_name()
+    flags = " --gpu-engine" if gpu else f" --threads {args.threads}"
+    source = (
+        f"bench/quantized_weights.py{flags} --rounds {args.rounds}, {machine} ({platform.machine()}), "
+        f"{datetime.date.today().isoformat()}"
+    )
+    rows = [r for r in json.loads(table.read_text())["measurements"] if r["device"] != device]
+    for name, (reference, dtype, method) in (GPU_PAIRS if gpu else PAIRS).items():
+        if name not in speeds or reference not in speeds:
+            continue
+        for b in batches:
+            factor = statistics.median(speeds[name][str(b)]) / statistics.median(speeds[reference][str(b)])
+            rows.append(
+                {"device": device, "dtype": dtype, "method": method, "batch": b, "factor": round(factor, 3), "source": source}
+            )
+    rows.sort(key=lambda r: (r["device"], r["dtype"], r["method"], r["batch"]))
+    table.write_text(json.dumps({"measurements": rows}, indent=2) + "\n")
+    print(f"wrote {len(rows)} rows to {table.relative_to(ROOT)}")
+
+
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            flags = Path("/proc/cpuinfo").read_text()
+            return line.split(":", 1)[1].strip() + (", avx512_bf16" if "avx512_bf16" in flags else "")
+    return "unknown CPU"
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 if __name__ == "__main__":

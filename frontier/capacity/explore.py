@@ -29,12 +29,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from frontier_runtime.ops.table import QUANTIZATIONS
+from frontier_runtime.ops.table import QUANTIZATIONS, UNQUANTIZED
 from frontier_settings import FieldProblem
 
 from frontier.capacity.devices import gpu_device
 from frontier.capacity.gpus import GPUS, INSTANCES, gpu_spec
 from frontier.capacity.plan import GroupPlan, Throughput, plan_with
+from frontier.capacity.quantization_speed import speed_of, why_not_recommended
 from frontier.capacity.replica import ReplicaModel
 from frontier.capacity.roofline import (
     GPU_EFFICIENCY,
@@ -42,6 +43,7 @@ from frontier.capacity.roofline import (
     Efficiency,
     OperatingPoint,
     Replica,
+    Shape,
     fit_slo,
 )
 from frontier.config.hardware import instance_store
@@ -287,13 +289,16 @@ def explore(
         ) == current_key
         s = variant(settings, c)
         problems = list(rules(s))
-        if problems:
-            reason = reason_of(problems[0])
+        device_kind = "cpu" if c.instance_type == group.instance_type and group.accelerator == "cpu" else "cuda"
+        slower = why_not_recommended(device_kind, settings.model.dtype, c.quantization)
+        if problems or slower:
+            reason = reason_of(problems[0]) if problems else slower
             dropped[reason] += 1
             if is_current:
                 current_dropped = reason
             continue
         device, eff = _device(c, group.instance_type, current_model, settings.model.dtype)
+        eff = measured_quantization(eff, s, device_kind)
         fit = fit_slo(
             device, eff, Replica.from_settings(s), slo, cap.avg_prompt_tokens, cap.avg_output_tokens
         )
@@ -333,6 +338,23 @@ def _device(
     if c.instance_type == current_instance:
         return current_model.device, current_model.efficiency
     return gpu_device(gpu_spec(c.gpu_type), dtype), GPU_EFFICIENCY
+
+
+def measured_quantization(eff: Efficiency, s: Settings, device_kind: str) -> Efficiency:
+    """A quantized candidate's efficiency held to its measured speed: the roofline would credit the
+    narrow weights with their whole byte saving, the table says what the engine turns it into."""
+    model = s.model
+    speed = speed_of(device_kind, model.dtype, model.quantization)
+    if speed is None or not QUANTIZATIONS[model.quantization].quantized:
+        return eff
+    unquantized = model.model_copy(update={"quantization": UNQUANTIZED})
+    bytes_ratio = Shape.from_model(model).dense_bytes / Shape.from_model(unquantized).dense_bytes
+    bandwidth = min(eff.bandwidth, eff.bandwidth * speed.factor * bytes_ratio)
+    return replace(
+        eff,
+        bandwidth=bandwidth,
+        source=f"{eff.source}; {model.quantization} weights held to their measured {speed.factor:.2f}x",
+    )
 
 
 def pareto_front(options: list[Option]) -> tuple[Option, ...]:

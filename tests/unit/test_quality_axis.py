@@ -94,11 +94,12 @@ def test_a_variant_is_on_the_front_when_no_cheaper_one_passes_as_much():
     assert not points[("fp8", "bfloat16")].on_front and points[("fp8", "bfloat16")].pass_rate is None
 
 
-def test_without_a_measurement_every_variant_is_listed_and_none_is_on_the_front():
+def test_without_a_quality_measurement_no_variant_is_on_the_front():
     prod = load_stack("prod")
     ex = explore(
         prod, model_stack(prod, None), ("auto", "bfloat16"), rules=stack_problems, quantizations=WEIGHTS
     )
     points = quality_points(ex, None)
-    assert {p.variant.quantization for p in points} == set(WEIGHTS)
+    # int8 and fp8 weights were measured slower than bf16 on a GPU: only unquantized options remain.
+    assert {p.variant.quantization for p in points} == {"none"}
     assert not any(p.on_front for p in points)
