@@ -101,3 +101,28 @@ def test_the_host_document_grants_the_public_key_and_verify_only(account):
         if s["Sid"] == "ReadTheReleaseKey"
     ]
     assert sorted(read["Action"]) == ["kms:GetPublicKey", "kms:Verify"]
+
+
+def test_a_cloud_hosts_bootstrap_writes_the_public_key_through_the_aws_cli_as_its_host_role(
+    account, tmp_path, monkeypatch
+):
+    """What ``frontier-bootstrap.py boot`` does before it stages anything (the real AWS CLI)."""
+    from frontier_hostside import node_boot
+    from frontier_hostside.aws_cli import Aws
+    from frontier_hostside.release_signature import RELEASE_KEY_NAME
+
+    from tests.aws_host import aws_cli
+
+    for key, value in {"AWS_ENDPOINT_URL": account.endpoint, **account.keys["host"].env()}.items():
+        monkeypatch.setenv(key, value)
+    config = node_boot.NodeConfig(
+        stack="local", node_group="g", region="us-east-1", history_bucket="b", history_prefix="p/",
+        root=str(tmp_path), launch_hook="", terminate_hook="", metrics_url="", namespace="",
+        queue_metric="", running_metric="", latency_metric="", waiting_series="", running_series="",
+        e2e_series="", readiness_timeout_s=1.0,
+    )  # fmt: skip
+    assert node_boot.install_release_key(Aws("us-east-1", aws_cli()), config)
+    assert (tmp_path / RELEASE_KEY_NAME).read_text().strip() == account.key.public_key
+    # A stack with no release key: nothing is written, and the host says so.
+    other = node_boot.NodeConfig(**{**config.__dict__, "stack": "no-key-stack", "root": str(tmp_path / "o")})
+    assert not node_boot.install_release_key(Aws("us-east-1", aws_cli()), other)
