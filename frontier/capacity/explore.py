@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from frontier_runtime.ops.table import QUANTIZATIONS, UNQUANTIZED
+from frontier_runtime.ops.table import QUANTIZATIONS
 from frontier_settings import FieldProblem
 
 from frontier.capacity.devices import gpu_device
@@ -263,7 +263,7 @@ def explore(
     accepted = accepted_kv_dtypes if accepted_kv_dtypes is not None else runtime_kv_cache_dtypes()
     kv_dtypes, kv_note = kv_dtypes_to_sweep(settings, accepted)
     cap, slo = settings.capacity, settings.slo
-    group = settings.serving_group
+    group, dtype = settings.serving_group, settings.model.dtype
     current_key = (
         group.instance_type,
         settings.runtime.tensor_parallel_size,
@@ -289,19 +289,20 @@ def explore(
         ) == current_key
         s = variant(settings, c)
         problems = list(rules(s))
-        device_kind = "cpu" if c.instance_type == group.instance_type and group.accelerator == "cpu" else "cuda"
-        slower = why_not_recommended(device_kind, settings.model.dtype, c.quantization)
+        device_kind = (
+            "cpu" if c.instance_type == group.instance_type and group.accelerator == "cpu" else "cuda"
+        )
+        slower = why_not_recommended(device_kind, dtype, c.quantization)
         if problems or slower:
             reason = reason_of(problems[0]) if problems else slower
             dropped[reason] += 1
             if is_current:
                 current_dropped = reason
             continue
-        device, eff = _device(c, group.instance_type, current_model, settings.model.dtype)
-        eff = measured_quantization(eff, s, device_kind)
-        fit = fit_slo(
-            device, eff, Replica.from_settings(s), slo, cap.avg_prompt_tokens, cap.avg_output_tokens
-        )
+        device, eff = _device(c, group.instance_type, current_model, dtype)
+        replica = Replica.from_settings(s)
+        eff = measured_quantization(eff, replica.shape, device_kind, dtype, c.quantization)
+        fit = fit_slo(device, eff, replica, slo, cap.avg_prompt_tokens, cap.avg_output_tokens)
         if fit.best is None:
             reason = _slo_reason(fit.broken_at_1)
             dropped[reason] += 1
@@ -340,20 +341,21 @@ def _device(
     return gpu_device(gpu_spec(c.gpu_type), dtype), GPU_EFFICIENCY
 
 
-def measured_quantization(eff: Efficiency, s: Settings, device_kind: str) -> Efficiency:
-    """A quantized candidate's efficiency held to its measured speed: the roofline would credit the
-    narrow weights with their whole byte saving, the table says what the engine turns it into."""
-    model = s.model
-    speed = speed_of(device_kind, model.dtype, model.quantization)
-    if speed is None or not QUANTIZATIONS[model.quantization].quantized:
+def measured_quantization(
+    eff: Efficiency, shape: Shape, device_kind: str, dtype: str, method: str
+) -> Efficiency:
+    """A quantized replica's efficiency (``shape``: its model as quantized) held to the method's
+    measured speed: the roofline would credit the narrow weights with their whole byte saving, the
+    table says what the engine turns it into."""
+    speed = speed_of(device_kind, dtype, method)
+    if speed is None or not QUANTIZATIONS[method].quantized:
         return eff
-    unquantized = model.model_copy(update={"quantization": UNQUANTIZED})
-    bytes_ratio = Shape.from_model(model).dense_bytes / Shape.from_model(unquantized).dense_bytes
+    bytes_ratio = shape.dense_bytes / replace(shape, projection_bytes=0.0).dense_bytes
     bandwidth = min(eff.bandwidth, eff.bandwidth * speed.factor * bytes_ratio)
     return replace(
         eff,
         bandwidth=bandwidth,
-        source=f"{eff.source}; {model.quantization} weights held to their measured {speed.factor:.2f}x",
+        source=f"{eff.source}; {method} weights held to their measured {speed.factor:.2f}x",
     )
 
 

@@ -50,8 +50,9 @@ def test_a_method_measured_faster_is_offered_at_its_measured_speed_not_its_bytes
     int8 = prod.with_pool(
         prod.only_pool.model_copy(update={"model": prod.model.model_copy(update={"quantization": "int8"})})
     )
-    held = measured_quantization(GPU_EFFICIENCY, int8, "cuda")
+    shape = Shape.from_model(int8.model)
+    held = measured_quantization(GPU_EFFICIENCY, shape, "cuda", "bfloat16", "int8")
     # The weights' bytes alone promise about 2x; streaming them at this bandwidth gives the 1.2x measured.
-    bytes_ratio = Shape.from_model(int8.model).dense_bytes / Shape.from_model(prod.model).dense_bytes
+    bytes_ratio = shape.dense_bytes / Shape.from_model(prod.model).dense_bytes
     assert held.bandwidth == pytest.approx(GPU_EFFICIENCY.bandwidth * 1.2 * bytes_ratio)
     assert "int8 weights held to their measured 1.20x" in held.source
