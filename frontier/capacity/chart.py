@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from frontier.capacity.explore import ExpertParallelRow, Exploration, Option
+from frontier.capacity.explore import ExpertParallelRow, Exploration, Option, why_no_option
 from frontier.capacity.quality import QualityPoint, QualityRun
 from frontier.config.schema import Settings, Slo
 
@@ -210,7 +210,7 @@ def quality_png(
     missing = [
         f"{p.variant.label}: "
         + (
-            "no option meets every SLO"
+            why_no_option(ex, p.variant.quantization)
             if p.option is None
             else (
                 p.quality.not_measured

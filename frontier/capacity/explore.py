@@ -359,6 +359,14 @@ def measured_quantization(
     )
 
 
+def why_no_option(ex: Exploration, quantization: str) -> str:
+    """Why a weights format has no option: not offered where it was measured slower (or never
+    measured), else none of its candidates met every SLO."""
+    prefix = f"quantization: {quantization} weights "
+    offered = next((reason for reason, _ in ex.dropped if reason.startswith(prefix)), "")
+    return f"not offered: {offered.removeprefix(prefix)}" if offered else "no option meets every SLO"
+
+
 def pareto_front(options: list[Option]) -> tuple[Option, ...]:
     """Options no other is both cheaper (per 1M output tokens) and faster (TPOT) than; cheapest first.
 

@@ -25,6 +25,7 @@ from frontier.capacity.explore import (
     expert_parallel_sweep,
     explore,
     parallel_layouts,
+    why_no_option,
 )
 from frontier.capacity.gpus import INSTANCES
 from frontier.capacity.plan import GroupPlan, Plan, plan_with
@@ -387,7 +388,7 @@ def exploration_report(
         variants = variants_to_measure(settings, kv_dtypes)
         run = measure(settings, variants, quality_workdir, on_progress=on_progress)
     points = quality_points(ex, run)
-    yield quality_table(settings, points, run)
+    yield quality_table(settings, points, run, ex)
     quality_out = chart.with_name(chart.stem.removesuffix("-pareto") + "-quality.png")
     yield f"chart: {quality_png(ex, points, run, settings.slo, quality_out)}"
     if moe:
@@ -397,7 +398,9 @@ def exploration_report(
         yield f"chart: {expert_parallel_png(sweep, settings, ep_out)}"
 
 
-def quality_table(settings: Settings, points: tuple[QualityPoint, ...], run: QualityRun | None) -> Table:
+def quality_table(
+    settings: Settings, points: tuple[QualityPoint, ...], run: QualityRun | None, ex: Exploration
+) -> Table:
     rows = []
     for p in points:
         o, q = p.option, p.quality
@@ -414,7 +417,7 @@ def quality_table(settings: Settings, points: tuple[QualityPoint, ...], run: Qua
                 _SHORT_DTYPES.get(p.variant.kv_cache_dtype, p.variant.kv_cache_dtype),
                 "-" if o is None else o.candidate.label,
                 "-" if o is None else f"{o.tpot_ms:,.1f}",
-                "no option meets every SLO" if o is None else _per_million(o.cost_per_million),
+                why_no_option(ex, p.variant.quantization) if o is None else _per_million(o.cost_per_million),
                 rate,
                 "" if q is None or not q.failed else ", ".join(q.failed),
             )

@@ -56,3 +56,11 @@ def test_a_method_measured_faster_is_offered_at_its_measured_speed_not_its_bytes
     bytes_ratio = shape.dense_bytes / Shape.from_model(prod.model).dense_bytes
     assert held.bandwidth == pytest.approx(GPU_EFFICIENCY.bandwidth * 1.2 * bytes_ratio)
     assert "int8 weights held to their measured 1.20x" in held.source
+
+
+def test_the_quality_table_says_why_a_weights_format_has_no_option():
+    from frontier.capacity.explore import why_no_option
+
+    ex = prod_exploration()
+    assert why_no_option(ex, "int8") == "not offered: measured slower than bfloat16 on cuda"
+    assert why_no_option(ex, "none") == "no option meets every SLO"
