@@ -26,7 +26,7 @@ cache):
 3. **The A/B**, ``--duration-s`` per policy and workload:
    - ``multi-turn``: conversations sharing one long system prompt; each turn appends a user message
      and the previous answer to its history; turns arrive as a Poisson process, each to a
-     conversation not in flight (none idle: counted shed);
+     conversation not in flight picked at random (none idle: counted shed);
    - ``no-reuse``: random prompts as long as an average multi-turn prompt, at the same rate.
 
 Per run: TTFT p50/p90/p99 (streamed, to the first content chunk), completed requests per second,
@@ -209,15 +209,15 @@ async def run_workload(
             busy[i] = False
 
         started = time.monotonic()
-        nxt = 0
         while time.monotonic() - started < duration_s:
             await asyncio.sleep(arrivals.expovariate(rate))
-            idle = [j for j in range(args.conversations) if not busy[(nxt + j) % args.conversations]]
+            idle = [j for j in range(args.conversations) if not busy[j]]
             if not idle:
                 results.append((0, float("nan")))  # the client side had no idle conversation: counted shed
                 continue
-            i = (nxt + idle[0]) % args.conversations
-            nxt = i + 1
+            # A conversation at random among the idle ones: taken in a fixed cycle, 16 conversations
+            # over 4 replicas would land each on the same replica every turn under round-robin.
+            i = arrivals.choice(idle)
             busy[i] = True
             tasks.append(asyncio.create_task(turn(i)))
         await asyncio.gather(*tasks)
