@@ -7,6 +7,14 @@ with the query; KEDA's ScaledObject carries the PromQL query itself, next to the
 drives the same HPA machinery underneath (behavior, stabilisation). Scale-down is one replica per
 period, slower than the runtime's drain, so load moves off a replica before it goes.
 
+**Not the queue alone.** At any steady load nothing waits, and an HPA on the queue alone asks for
+ceil(0 / target) replicas: the fleet would fall to its minimum and the queue come back. A second
+trigger holds the requests running at ``scale_in_utilisation`` of each replica's concurrency
+(``node_groups[].scale_in_utilisation`` x ``runtime.max_concurrency``); the HPA takes the larger of
+the two, so a replica goes only when the rest would carry what runs at that share — the rule the
+EC2 group (infra/scale_in.py) and the local autoscaler scale in by. Unlike theirs it also scales out
+above that share, as target tracking does.
+
 A pool whose replica spans several nodes is scaled the same way through its LeaderWorkerSet's
 scale subresource (``spec.replicas``: groups, one replica each; the HPA selector LWS publishes
 matches the leaders, which are the pods that serve and report the queue).
@@ -17,10 +25,10 @@ from __future__ import annotations
 import math
 
 from frontier_gateway.hold import POOL_LABEL, POOL_WAITING_METRIC
-from frontier_hostside.names import WAITING_METRIC
+from frontier_hostside.names import RUNNING_METRIC, WAITING_METRIC
 
 from frontier.config.schedule import cron_of
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of
 
@@ -30,8 +38,19 @@ def queue_depth_query(settings: Settings) -> str:
     return f'sum({WAITING_METRIC}{{namespace="{k.namespace}",service="{app_name(settings)}"}})'
 
 
-def scaled_object(settings: Settings) -> Manifest:
+def running_query(settings: Settings) -> str:
     k = kubernetes_of(settings)
+    return f'sum({RUNNING_METRIC}{{namespace="{k.namespace}",service="{app_name(settings)}"}})'
+
+
+def running_threshold(pool: PoolSettings) -> float:
+    """Requests one replica runs at its group's ``scale_in_utilisation`` of its concurrency."""
+    return pool.runtime.max_concurrency * pool.group.scale_in_utilisation
+
+
+def scaled_object(settings: Settings) -> Manifest:
+    """The ScaledObject of ``settings``, one pool's view of its stack."""
+    k, pool = kubernetes_of(settings), settings.only_pool
     auto = k.autoscaling
     body = {
         "spec": {
@@ -39,8 +58,8 @@ def scaled_object(settings: Settings) -> Manifest:
             "pollingInterval": auto.polling_interval_s,
             # KEDA's cooldownPeriod is how long every trigger must be inactive before it scales to
             # zero: the stack's idle_to_zero_s where the group may reach zero.
-            "cooldownPeriod": idle_to_zero_s(settings) or auto.cooldown_s,
-            "minReplicaCount": 0 if idle_to_zero_s(settings) else auto.min_replicas,
+            "cooldownPeriod": idle_to_zero_s(pool) or auto.cooldown_s,
+            "minReplicaCount": 0 if idle_to_zero_s(pool) else auto.min_replicas,
             "maxReplicaCount": auto.max_replicas,
             "advanced": {
                 "horizontalPodAutoscalerConfig": {
@@ -68,8 +87,18 @@ def scaled_object(settings: Settings) -> Manifest:
                         "threshold": str(auto.target_queue_depth),
                     },
                 },
-                *schedule_triggers(settings),
-                *demand_triggers(settings),
+                {
+                    "type": "prometheus",
+                    "name": "running",
+                    "metricType": "AverageValue",
+                    "metadata": {
+                        "serverAddress": auto.prometheus_url,
+                        "query": running_query(settings),
+                        "threshold": f"{running_threshold(pool):g}",
+                    },
+                },
+                *schedule_triggers(pool),
+                *demand_triggers(settings, pool),
             ],
         }
     }
@@ -85,12 +114,12 @@ def scale_target(settings: Settings) -> dict[str, str]:
     return {"apiVersion": "apps/v1", "kind": "Deployment", "name": app_name(settings)}
 
 
-def schedule_triggers(settings: Settings) -> list[dict[str, object]]:
+def schedule_triggers(pool: PoolSettings) -> list[dict[str, object]]:
     """The serving group's schedule as KEDA cron triggers: inside each window at least its min_size
     replicas (one replica per node of the group; where a replica spans N nodes, enough replicas to
     hold min_size nodes), the queue-depth trigger scaling above it. KEDA takes the largest of its
     triggers, so a window only ever raises the floor."""
-    schedule = settings.serving_group.schedule
+    schedule = pool.group.schedule
     if schedule is None:
         return []
     return [
@@ -101,32 +130,32 @@ def schedule_triggers(settings: Settings) -> list[dict[str, object]]:
                 "timezone": schedule.timezone,
                 "start": cron_of(window, window.start),
                 "end": cron_of(window, window.end),
-                "desiredReplicas": str(math.ceil(window.min_size / settings.runtime.nodes_per_replica)),
+                "desiredReplicas": str(math.ceil(window.min_size / pool.runtime.nodes_per_replica)),
             },
         }
         for window in schedule.windows
     ]
 
 
-def idle_to_zero_s(settings: Settings) -> int | None:
-    """Seconds idle before the runtime goes to zero replicas; None where it never does (the serving
+def idle_to_zero_s(pool: PoolSettings) -> int | None:
+    """Seconds idle before the pool's runtime goes to zero replicas; None where it never does (its
     node group's min_size above 0)."""
-    group = settings.serving_group
+    group = pool.group
     if group.min_size or group.idle_to_zero_s is None:
         return None
     return max(1, round(group.idle_to_zero_s))
 
 
-def pool_waiting_query(settings: Settings) -> str:
+def pool_waiting_query(settings: Settings, pool: PoolSettings) -> str:
     k = kubernetes_of(settings)
-    return f'sum({POOL_WAITING_METRIC}{{namespace="{k.namespace}",{POOL_LABEL}="{settings.model.name}"}})'
+    return f'sum({POOL_WAITING_METRIC}{{namespace="{k.namespace}",{POOL_LABEL}="{pool.model.name}"}})'
 
 
-def demand_triggers(settings: Settings) -> list[dict[str, object]]:
+def demand_triggers(settings: Settings, pool: PoolSettings) -> list[dict[str, object]]:
     """From zero: requests the gateway holds for the model (its hold queue) activate the
     ScaledObject — at zero the runtime's own queue does not exist to say so. Active above 0 held
     (``activationThreshold``), and counted like queued requests once replicas run."""
-    if idle_to_zero_s(settings) is None:
+    if idle_to_zero_s(pool) is None:
         return []
     auto = kubernetes_of(settings).autoscaling
     return [
@@ -136,7 +165,7 @@ def demand_triggers(settings: Settings) -> list[dict[str, object]]:
             "metricType": "AverageValue",
             "metadata": {
                 "serverAddress": auto.prometheus_url,
-                "query": pool_waiting_query(settings),
+                "query": pool_waiting_query(settings, pool),
                 "threshold": str(auto.target_queue_depth),
                 "activationThreshold": "0",
             },

@@ -1,0 +1,45 @@
+"""A Kubernetes pool keeps its replicas at a steady load: beside the queue (empty whenever nothing
+waits), the HPA holds the running requests at the group's scale_in_utilisation of each replica's
+concurrency, and takes the larger of the two."""
+
+from __future__ import annotations
+
+import math
+
+from frontier.targets import load_stack
+from frontier.targets.kubernetes.autoscaling import scaled_object
+
+
+def triggers(stack: str) -> dict[str, dict]:
+    return {t["name"]: t for t in scaled_object(load_stack(stack)).body["spec"]["triggers"]}
+
+
+def hpa_replicas(total: float, threshold: float) -> int:
+    """What an HPA asks of an AverageValue metric: the total over the per-replica target, rounded up."""
+    return math.ceil(total / threshold)
+
+
+def test_the_running_requests_trigger_holds_each_replica_at_its_scale_in_share_of_its_concurrency():
+    settings = load_stack("eks-prod")
+    running = triggers("eks-prod")["running"]
+    assert running["metricType"] == "AverageValue"
+    assert running["metadata"]["query"].startswith("sum(vllm:num_requests_running{")
+    share = settings.runtime.max_concurrency * settings.serving_group.scale_in_utilisation
+    assert float(running["metadata"]["threshold"]) == share
+
+
+def test_at_a_steady_load_with_an_empty_queue_the_replicas_stay():
+    settings = load_stack("eks-prod")
+    running = triggers("eks-prod")["running"]
+    threshold = float(running["metadata"]["threshold"])
+    # Four replicas, each running 60 % of its concurrency (over the 50 % share): nothing waits.
+    total = 4 * 0.6 * settings.runtime.max_concurrency
+    queue = hpa_replicas(0, float(triggers("eks-prod")["queue-depth"]["metadata"]["threshold"]))
+    assert max(queue, hpa_replicas(total, threshold)) >= 4
+
+
+def test_a_light_load_lets_a_replica_go():
+    settings = load_stack("eks-prod")
+    threshold = float(triggers("eks-prod")["running"]["metadata"]["threshold"])
+    total = 4 * 0.2 * settings.runtime.max_concurrency
+    assert hpa_replicas(total, threshold) < 4
