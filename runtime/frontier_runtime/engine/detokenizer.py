@@ -9,6 +9,7 @@ string that the final text then drops.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -26,21 +27,41 @@ class IncrementalDetokenizer:
         self.read_offset = 0  # ids before this are already part of `text`
         self.text = ""
         self.emitted = 0
+        # The tokenizers library's stream decoder where the tokenizer offers one: the same offsets
+        # and the same rule as ``_decode_window`` (it keeps the prefix's text, so a token costs one
+        # decode, in Rust). The offsets above are kept in step with it for ``flush``.
+        make_stream = getattr(tokenizer, "decode_stream", None)
+        self._stream: Callable[[int], str | None] | None = make_stream() if make_stream is not None else None
 
     def append(self, token_id: int) -> str | None:
         """Add one token; return the stop string that now ends the text, if any."""
         self.ids.append(token_id)
         if self.tokenizer is None:
             return None
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+        new: str | None
+        if self._stream is not None:
+            try:
+                new = self._stream(token_id)
+            except Exception:  # noqa: BLE001 - a decode that does not extend its prefix: the window rule
+                self._stream = None  # its state is now behind; the windows carry on from the offsets
+                new = self._decode_window()
+        else:
+            new = self._decode_window()
+        if not new:
             return None  # an incomplete character (or a special token that decodes to nothing)
-        new = full[len(prefix) :]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         before = len(self.text)
         self.text += new
-        return self._truncate_at_stop(before)
+        return self._truncate_at_stop(before) if self.stop else None
+
+    def _decode_window(self) -> str | None:
+        """The text the ids after ``read_offset`` add, once it ends in a complete character."""
+        assert self.tokenizer is not None
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return None
+        return full[len(prefix) :]
 
     def resume(self, token_ids: tuple[int, ...], emitted_chars: int) -> None:
         """Carry on a generation another replica began: read its tokens as if generated here (a stop
@@ -75,7 +96,11 @@ class IncrementalDetokenizer:
         self._truncate_at_stop(before)
 
     def take_delta(self, finished: bool) -> str:
-        end = len(self.text) if finished else max(self.emitted, len(self.text) - self.holdback)
+        end = len(self.text)
+        if not finished and self.holdback:
+            end = max(self.emitted, end - self.holdback)
+        if end == self.emitted:
+            return ""
         delta = self.text[self.emitted : end]
         self.emitted = end
         return delta

@@ -275,10 +275,14 @@ class LLMEngine:
             raise ReplicaError(f"the replica lost a rank: {self.workers.lost}")
         self.workers.send(step)
         launched = self.runner.launch(step)
+        caching, window, block_size = bm.enable_prefix_caching, bm.window, bm.block_size
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
-            self.block_manager.cache_computed_blocks(seq)
-            self.block_manager.release_behind_window(seq)
+            # Only a step that fills a block registers one: most decodes skip the call.
+            if caching and seq.num_computed_tokens // block_size > seq.num_hashed_blocks:
+                bm.cache_computed_blocks(seq)
+            if window:
+                bm.release_behind_window(seq)
             if seq.times.scheduled is None:
                 seq.times.scheduled = started
         self._in_flight.append(_InFlight(sched.scheduled, samplers, masks, launched))
@@ -305,6 +309,7 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq.token_ids.append(token)
+        n = len(seq.token_ids)
         reason: FinishReason | None = None
         stop_reason = None
         grammar = self.structured.accept(seq.request_id, token) if self.structured is not None else None
@@ -312,7 +317,7 @@ class LLMEngine:
             reason, stop_reason = "stop", token
         elif grammar is not None:  # the constraint is complete (or, never expected, broken)
             reason = grammar
-        elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
+        elif n - seq.num_prompt_tokens >= seq.params.max_tokens or n >= self.max_seq_len:
             reason = "length"
         leased = None
         if reason is not None:
@@ -362,15 +367,14 @@ class LLMEngine:
         """The outputs with their text (inline detokenization); a stop string ends its request now."""
         if not self.detokenize:
             return outputs
-        done = []
-        for out in outputs:
-            processed = self.outputs.process(out)
-            seq = self._seqs.get(out.request_id) if processed.stopped_by_text else None
-            if seq is not None:
-                seq.finish_reason = "stop"
-                self._finish(seq)
-            done.append(processed.output)
-        return done
+        process = self.outputs.process
+        for out in outputs:  # filled in place (``OutputProcessor.process``)
+            if process(out).stopped_by_text:
+                seq = self._seqs.get(out.request_id)
+                if seq is not None:
+                    seq.finish_reason = "stop"
+                    self._finish(seq)
+        return outputs
 
     def _release_structured(self, request_id: str) -> None:
         if self.structured is not None:

@@ -11,7 +11,7 @@ request in the engine, which may have computed a token or two more by then; thos
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from frontier_runtime.engine.detokenizer import IncrementalDetokenizer
 from frontier_runtime.requests import Continuation, RequestOutput
@@ -39,10 +39,22 @@ class OutputProcessor:
         self._detokenizers.pop(request_id, None)
 
     def process(self, out: RequestOutput) -> Processed:
-        """``out`` with its text; the request's state is dropped once it finishes."""
+        """``out`` with its text; the request's state is dropped once it finishes.
+
+        ``out`` is filled in place: the engine builds a fresh output per request and step and hands
+        it over only through here, so a copy per token (two, before) bought nothing."""
         detok = self._detokenizers.get(out.request_id)
         if detok is None:  # not ours (or already ended by a stop string): no text to add
             return Processed(out, False)
+        if not out.finished and len(out.new_token_ids) == 1:  # a decode step's usual output
+            stop_string = detok.append(out.new_token_ids[0])
+            if stop_string is None:
+                out.new_text = detok.take_delta(False)
+                return Processed(out, False)
+            out.finished, out.finish_reason, out.stop_reason = True, "stop", stop_string
+            out.new_text = detok.take_delta(True)
+            del self._detokenizers[out.request_id]
+            return Processed(out, True)
         stop_string = None
         # A stop token ends the request but is not part of the text.
         ended_by_token = out.finished and isinstance(out.stop_reason, int)
@@ -52,10 +64,10 @@ class OutputProcessor:
                 if stop_string is not None:
                     break
         if stop_string is not None:
-            out = replace(out, finished=True, finish_reason="stop", stop_reason=stop_string)
+            out.finished, out.finish_reason, out.stop_reason = True, "stop", stop_string
         elif out.finished and out.new_token_ids and not ended_by_token:
             detok.flush()  # length or grammar: release what is left, even a partial character
-        out = replace(out, new_text=detok.take_delta(out.finished))
+        out.new_text = detok.take_delta(out.finished)
         if out.finished:
             del self._detokenizers[out.request_id]
         return Processed(out, stop_string is not None)

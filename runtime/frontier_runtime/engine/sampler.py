@@ -39,14 +39,14 @@ class Sampler:
         if allowed is not None:  # structured output: disallowed tokens of constrained rows -> -inf
             allowed.apply(logits)
         rows, vocab = logits.shape
-        greedy = [p.greedy for p in params]
+        greedy = [p.temperature == 0.0 for p in params]  # SamplingParams.greedy, without a call per row
         if all(greedy):
             tokens = logits.argmax(dim=-1)
         else:
             tokens = self._sample(logits, params, generators, greedy)
-        want = [p.logprobs for p in params]
-        if all(w is None for w in want):
+        if all(p.logprobs is None for p in params):
             return SampleResult(tokens.tolist(), [None] * rows)
+        want = [p.logprobs for p in params]
         return self._with_logprobs(logits, tokens, want)
 
     def _sample(

@@ -51,6 +51,11 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._held = 0  # running sequences left out of this schedule (their step is in flight)
+        # Running sequences admitted with their prompt (or recomputation) not yet all computed. A
+        # running sequence only leaves this state (each step computes what the last appended), so
+        # the check for a pending interactive prefill looks at these, not at every running one.
+        self._prefilling: set[Sequence] = set()
+        self._busy: Collection[Sequence] = ()  # this schedule's in-flight sequences (see schedule)
 
     def add(self, seq: Sequence) -> None:
         if _is_batch(seq):
@@ -69,6 +74,7 @@ class Scheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Take a sequence out of the queues (finished or aborted) and free its blocks."""
+        self._prefilling.discard(seq)
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -79,12 +85,14 @@ class Scheduler:
         return self.blocks.blocks_for(num_tokens) > self.blocks.num_blocks
 
     def _finish_unfittable(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self._prefilling.discard(seq)
         self.blocks.release(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = "length"
         out.finished.append(seq)
 
     def _preempt(self, seq: Sequence) -> None:
+        self._prefilling.discard(seq)
         self.blocks.release(seq)
         seq.status = Status.WAITING
         if _is_batch(seq):
@@ -96,7 +104,13 @@ class Scheduler:
     def _interactive_prefill_pending(self) -> bool:
         if self.waiting and not _is_batch(self.waiting[0]):
             return True
-        return any(not _is_batch(s) and s.num_computed_tokens < s.num_tokens - 1 for s in self.running)
+        done = [
+            s
+            for s in self._prefilling
+            if s.status is not Status.RUNNING or s.num_computed_tokens >= s.num_tokens - 1
+        ]
+        self._prefilling.difference_update(done)
+        return any(not _is_batch(s) and s not in self._busy for s in self._prefilling)
 
     def _make_room_for_interactive(self, out: SchedulerOutput) -> None:
         """Preempt the newest batch sequences while interactive ones wait for slots or blocks."""
@@ -132,10 +146,12 @@ class Scheduler:
         hidden = [seq for seq in self.running if seq in busy]
         self.running = [seq for seq in self.running if seq not in busy]
         self._held = len(hidden)  # their slots count against max_batch_size: every step in flight together
+        self._busy = busy
         try:
             return self._schedule(max_seqs or self.max_batch_size)
         finally:
             self._held = 0
+            self._busy = ()
             # Back in arrival order (new sequences last), so the newest is still preempted first.
             self.running = sorted(
                 self.running + hidden, key=lambda seq: order.get(id(seq), len(order) + seq.arrival)
@@ -163,15 +179,25 @@ class Scheduler:
 
         # 1. Running sequences, oldest first; make room by preempting from the newest end.
         i = 0
-        while i < len(self.running) and budget > 0 and len(out.scheduled) < max_seqs:
+        block_size = self.blocks.block_size
+        scheduled = out.scheduled
+        while i < len(self.running) and budget > 0 and len(scheduled) < max_seqs:
             seq = self.running[i]
-            if pause_batch and _is_batch(seq):
+            is_batch = _is_batch(seq)
+            if pause_batch and is_batch:
                 break  # every later one is batch too (sorted above)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if _is_batch(seq):
+            if is_batch:
                 num_new = min(num_new, batch_budget)
                 if num_new <= 0:
                     break
+            if seq.num_computed_tokens + num_new <= len(seq.block_table) * block_size:
+                # The common decode: its slot is in a block it holds, so no block is taken.
+                scheduled.append((seq, num_new))
+                budget -= num_new
+                batch_budget -= num_new if is_batch else 0
+                i += 1
+                continue
             while not self.blocks.can_append(seq, num_new):
                 if self.running[-1] is seq and len(self.running) == 1 and self._never_fits(seq.num_tokens):
                     self.running.pop()
@@ -221,6 +247,7 @@ class Scheduler:
             self.blocks.admit(seq, cached, num_new)
             seq.status = Status.RUNNING
             self.running.append(seq)
+            self._prefilling.add(seq)  # pruned once its prompt is computed
             out.scheduled.append((seq, num_new))
             budget -= num_new
             batch_budget -= num_new if _is_batch(seq) else 0

@@ -212,17 +212,26 @@ def test_text_is_decoded_on_the_output_thread_not_the_engine_thread(
 ) -> None:
     decoding_threads: set[str] = set()
     tokenizer = aengine.tokenizer
-    decode = tokenizer.decode
+    decode, decode_stream = tokenizer.decode, tokenizer.decode_stream
 
     def recording_decode(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         decoding_threads.add(threading.current_thread().name)
         return decode(*args, **kwargs)
 
-    tokenizer.decode = recording_decode
+    def recording_stream(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        step = decode_stream(*args, **kwargs)
+
+        def recording_step(token_id: int) -> str | None:
+            decoding_threads.add(threading.current_thread().name)
+            return step(token_id)
+
+        return recording_step
+
+    tokenizer.decode, tokenizer.decode_stream = recording_decode, recording_stream
     try:
         results = asyncio.run(_consume_all(aengine, tied_ref.prompts[:4]))
     finally:
-        del tokenizer.decode
+        del tokenizer.decode, tokenizer.decode_stream
     assert [text for _, text, _ in results] == [decode(o) for o in tied_ref.outputs[:4]]
     assert decoding_threads == {"frontier-engine-outputs"}
 
