@@ -4,8 +4,9 @@
                                          [--rate 0 (calibrate)] [--duration-s 60] [--weights 2,8,32]
 
 Four runtime processes of the tiny model (one intra-op thread each, ``runtime.kv_events`` on, each
-with its own event ports, a KV cache of ``--kv-cache-mb``: 24 MiB holds ~6,000 tokens, about four
-conversations' histories, so a replica that sees every conversation cannot keep them all) sit
+with its own event ports, a KV cache of ``--kv-cache-mb``: 40 MiB holds ~10,000 tokens, about four
+conversations at their longest, so a replica that sees every conversation cannot keep them all;
+at 24 MiB four outgrow it and LRU evicts the one whose turn comes next) sit
 behind one gateway process per policy:
 
 - ``least-loaded``: affinity off: the replica with the fewest requests in flight, ties rotating (the
@@ -354,7 +355,7 @@ def main() -> int:
     parser.add_argument("--system-tokens", type=int, default=400)
     parser.add_argument("--user-tokens", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--kv-cache-mb", type=int, default=24, help="each replica's KV cache")
+    parser.add_argument("--kv-cache-mb", type=int, default=40, help="each replica's KV cache")
     parser.add_argument("--workloads", default="multi-turn,no-reuse")
     parser.add_argument("--weights", default="2,8,32", help="kv_routing.load_weight_blocks tried")
     parser.add_argument("--sweep-s", type=float, default=30.0)
