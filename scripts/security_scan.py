@@ -186,6 +186,9 @@ def cloudformation_of(
             props = {
                 "KeyPolicy": _document(i["policy"]),
                 "EnableKeyRotation": bool(i.get("enableKeyRotation")),
+                # What checkov reads to tell an asymmetric key (which KMS cannot rotate) from one it can.
+                "KeySpec": i.get("customerMasterKeySpec") or i.get("keySpec") or "SYMMETRIC_DEFAULT",
+                "KeyUsage": i.get("keyUsage") or "ENCRYPT_DECRYPT",
             }
             kind = "AWS::KMS::Key"
         elif r.type == "aws:s3/bucketPolicy:BucketPolicy":
