@@ -227,8 +227,9 @@ class ParallelConfig(Strict):
         "over them, node 0 (the leader) serving the API; 1: every rank on one node.",
     )
     # A collective waits this long for the slowest rank before the replica fails: long enough for the
-    # largest shard's load, which the ranks finish at different times (NCCL's own default is 10 min).
-    process_group_timeout_s: float = Field(default=1800, ge=30, le=86_400)
+    # largest shard's load, which the ranks finish at different times (120 s tripped; NCCL's own
+    # default is 10 min). Raise it where shards load slower.
+    process_group_timeout_s: float = Field(default=600, ge=30, le=86_400)
     min_bus_gbps: float = Field(
         default=0,
         ge=0,

@@ -91,7 +91,7 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
 
 
 def init_group(
-    rank: int, world_size: int, init_method: str, device: torch.device, timeout_s: float = 1800
+    rank: int, world_size: int, init_method: str, device: torch.device, timeout_s: float = 600
 ) -> TPGroup:
     """Join the process group (every rank must call it); ``SINGLE`` when there is one rank."""
     if world_size == 1:
@@ -227,7 +227,7 @@ SINGLE_PLACEMENT = Placement()
 
 
 def init_placement(
-    rank: int, layout: Layout, init_method: str, device: torch.device, timeout_s: float = 1800
+    rank: int, layout: Layout, init_method: str, device: torch.device, timeout_s: float = 600
 ) -> Placement:
     """Join the replica's process group and its sub-groups (every rank must call it, with the same layout)."""
     if layout.world_size == 1:

@@ -237,9 +237,15 @@ class ModelRunner:
             rank, layout, init_method, self.device, config.process_group_timeout_s
         )
         # Before the weights: a replica whose links are too slow is refused before it loads.
-        self.interconnect = (
-            interconnect.check(self.device, config.min_bus_gbps) if layout.world_size > 1 else None
-        )
+        try:
+            self.interconnect = (
+                interconnect.check(self.device, config.min_bus_gbps) if layout.world_size > 1 else None
+            )
+        except BaseException:
+            # A refused rank leaves the group: an engine made later in this process joins a new one
+            # rather than the one whose peers are gone.
+            self.placement.destroy()
+            raise
         if self.interconnect is not None and rank == 0:
             log.info("%s", self.interconnect)
         self.tp = self.placement.tp

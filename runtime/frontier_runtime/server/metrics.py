@@ -290,12 +290,11 @@ class _LiveCollector(Collector):
         if stats and stats.attention_backend:
             info.add_metric([self._model, stats.attention_backend, stats.kernels], 1.0)
         yield info
-        if stats and stats.interconnect_bus_gbps:
-            yield gauge(
-                names.INTERCONNECT_BUS_METRIC,
-                "All-reduce bus bandwidth the replica's ranks measured at start (GB/s, nccl-tests' busbw).",
-                stats.interconnect_bus_gbps,
-            )
+        yield gauge(
+            names.INTERCONNECT_BUS_METRIC,
+            "All-reduce bus bandwidth the replica's ranks measured at start (GB/s, nccl-tests' busbw; 0: one rank).",
+            stats.interconnect_bus_gbps if stats else 0.0,
+        )
 
 
 class _KeysCollector(Collector):
