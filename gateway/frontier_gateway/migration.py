@@ -26,6 +26,7 @@ first chunk), and migrations that failed by why.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -52,6 +53,8 @@ DONE = b"data: [DONE]\n\n"
 # Statuses of a continuation attempt that another replica may answer better; any other refusal
 # (a 400: the continuation itself is wrong) ends the stream with that error.
 RETRYABLE = frozenset({429, 502, 503, 504})
+# How long a finished generation's answer may take to end after its [DONE].
+FINISH_WAIT_S = 1.0
 
 
 @dataclass
@@ -197,6 +200,8 @@ class Migrator:
                         batch = await anext(hop.events, None)
                     if why is None and not progress.done:
                         why = "died"  # the answer ended without its end: the replica went away
+                    if why is None:
+                        await _finish(hop.events)
                 except UpstreamError as exc:
                     why = "interrupted" if hop.interrupted else "died"
                     log.warning(
@@ -427,6 +432,16 @@ def _limit_event(limit: int, attempts: int, why: str, reason: str) -> bytes:
         code = "upstream_failed"
     error = {"error": {"message": message, "type": "server_error", "code": code}}
     return f"data: {json.dumps(error)}\n\n".encode()
+
+
+async def _finish(events: AsyncIterator[list[bytes]]) -> None:
+    """Read a finished generation's answer to its end (what follows ``[DONE]``: the chunked body's
+    last chunk), so its connection goes back to the pool rather than closed; a replica that holds
+    the answer open after it is not waited for."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(FINISH_WAIT_S):
+            async for _ in events:
+                pass
 
 
 async def _events(upstream: Answer) -> AsyncIterator[list[bytes]]:

@@ -135,9 +135,10 @@ class _StandIn(BaseHTTPRequestHandler):
                 },
             )
             return
+        # As the runtime streams under uvicorn: chunked, the connection kept for the next request.
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Connection", "close")
+        self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         for i in range(completion):
             chunk = {
@@ -147,15 +148,15 @@ class _StandIn(BaseHTTPRequestHandler):
                 "choices": [{"index": 0, "text": f"t{i}"}],
                 "usage": None,
             }
-            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            self.wfile.flush()
+            self._chunk(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         if (body.get("stream_options") or {}).get("include_usage"):
-            self.wfile.write(
-                b"data: " + json.dumps({"id": "x", "choices": [], "usage": usage}).encode() + b"\n\n"
-            )
-        self.wfile.write(b"data: [DONE]\n\n")
+            self._chunk(b"data: " + json.dumps({"id": "x", "choices": [], "usage": usage}).encode() + b"\n\n")
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
-        self.close_connection = True
 
     def _json(self, status: int, obj: dict) -> None:
         payload = json.dumps(obj).encode()
