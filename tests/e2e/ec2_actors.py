@@ -368,6 +368,11 @@ def make_resources(prod: Prod) -> str:
     for log in shipped_logs(settings):
         with contextlib.suppress(ClientError):
             admin("logs").create_log_group(logGroupName=log.group)
+    # The runtimes' key set, as an operator puts it after `pulumi up`: a deploy reads it to verify
+    # its canary (rollout.verify_canary, on for prod).
+    admin("secretsmanager").create_secret(
+        Name=settings.pools[0].runtime.api_keys_secret, SecretString=json.dumps({"keys": ["actors-test-key"]})
+    )
     return target_group
 
 
