@@ -11,6 +11,7 @@ stage, in one line, before anything is switched, so A keeps serving and no reque
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -23,6 +24,9 @@ from frontier.targets.local import cluster as local
 from tests.e2e.test_rollout_under_load import report, running_releases, steady_load
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# A refusal comes before any host is touched, often within a second: the load runs on this long
+# after it, so the requests counted cover the old release serving on.
+AFTER_S = 2.0
 
 
 def changed_after_signing(release: Release) -> Release:
@@ -51,6 +55,7 @@ def test_a_rendered_file_changed_after_signing_is_refused_by_the_host_agent_and_
     load = steady_load(settings)
     try:
         result = backend.roll(tampered, "deploy", None)
+        time.sleep(AFTER_S)  # release A goes on serving after the refusal, under the same load
     finally:
         samples = load.stop()
     failed = [s for s in samples if not s.ok]
@@ -77,6 +82,7 @@ def test_a_release_signed_by_another_stacks_key_is_refused_and_a_keeps_serving(c
     load = steady_load(settings)
     try:
         result = backend.roll(foreign, "deploy", None)
+        time.sleep(AFTER_S)  # release A goes on serving after the refusal, under the same load
     finally:
         samples = load.stop()
     failed = [s for s in samples if not s.ok]
