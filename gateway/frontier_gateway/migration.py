@@ -306,7 +306,7 @@ class Migrator:
             if answer.status in RETRYABLE:
                 return None, None
             return None, b"data: " + content + b"\n\n"
-        events = _events(answer)
+        events = answer.events()
         held: list[bytes] = []
         try:
             async for batch in events:
@@ -442,18 +442,6 @@ async def _finish(events: AsyncIterator[list[bytes]]) -> None:
         async with asyncio.timeout(FINISH_WAIT_S):
             async for _ in events:
                 pass
-
-
-async def _events(upstream: Answer) -> AsyncIterator[list[bytes]]:
-    """Server-sent events in the batches that completed together (as ``proxy._events``)."""
-    buffer = b""
-    async for chunk in upstream.stream():
-        buffer += chunk.replace(b"\r\n", b"\n")
-        *complete, buffer = buffer.split(b"\n\n")
-        if complete:
-            yield [event + b"\n\n" for event in complete]
-    if buffer.strip():
-        yield [buffer]
 
 
 def assemble(chunks: list[dict[str, Any]], tail: bytes) -> tuple[int, dict[str, Any]]:

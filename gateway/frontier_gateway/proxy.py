@@ -196,7 +196,7 @@ class Proxy:
                 return None
             try:
                 if call.upstream_stream and upstream.status == 200 and _event_stream(upstream, call):
-                    events = _events(upstream)
+                    events = upstream.events()
                     held = await _until_first_data(events)
                     if held is None:
                         await upstream.aclose()
@@ -431,19 +431,6 @@ def _no_replica(call: Call, pool: Pool, tried: list[str]) -> GatewayError:
         type_="server_error",
         headers={"Retry-After": str(wait)},
     )
-
-
-async def _events(upstream: Answer) -> AsyncIterator[list[bytes]]:
-    """Server-sent events, each with its blank-line terminator, in the batches that completed
-    together (those one read of the replica's answer finished)."""
-    buffer = b""
-    async for chunk in upstream.stream():
-        buffer += chunk.replace(b"\r\n", b"\n")
-        *complete, buffer = buffer.split(b"\n\n")
-        if complete:
-            yield [event + b"\n\n" for event in complete]
-    if buffer.strip():
-        yield [buffer]
 
 
 async def _until_first_data(events: AsyncIterator[list[bytes]]) -> list[bytes] | None:

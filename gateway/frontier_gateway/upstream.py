@@ -293,6 +293,18 @@ class Answer:
         self._done = True
         self._release()
 
+    async def events(self) -> AsyncIterator[list[bytes]]:
+        """The body as server-sent events, each with its blank-line terminator, in the batches that
+        completed together (those one read of the replica's answer finished)."""
+        buffer = b""
+        async for chunk in self.stream():
+            buffer += chunk.replace(b"\r\n", b"\n")
+            *complete, buffer = buffer.split(b"\n\n")
+            if complete:
+                yield [event + b"\n\n" for event in complete]
+        if buffer.strip():
+            yield [buffer]
+
     async def aclose(self) -> None:
         self._release()
 
