@@ -22,24 +22,12 @@ import pulumi_aws as aws
 
 from frontier.release.signing import KEY_SPEC, KEY_USAGE, key_alias
 from infra.cloud import Cloud
+from infra.secret_store import account_administers_through_iam
 
 
 def release_key_policy(cloud: Cloud) -> str:
     """The account administers and uses the key through IAM: the stack's documents decide who signs."""
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Sid": "AccountAdministersThroughIam",
-                    "Effect": "Allow",
-                    "Principal": {"AWS": cloud.account_root},
-                    "Action": "kms:*",
-                    "Resource": "*",
-                }
-            ],
-        }
-    )
+    return json.dumps({"Version": "2012-10-17", "Statement": [account_administers_through_iam(cloud)]})
 
 
 @dataclass(frozen=True)

@@ -52,20 +52,24 @@ def autoscaling_role_exists() -> bool:
     return bool(found.arns)
 
 
+def account_administers_through_iam(cloud: Cloud) -> dict[str, object]:
+    """The key statement without which a key is unmanageable: IAM policies in the account decide who uses it."""
+    return {
+        "Sid": "AccountAdministersThroughIam",
+        "Effect": "Allow",
+        "Principal": {"AWS": cloud.account_root},
+        "Action": "kms:*",
+        "Resource": "*",
+    }
+
+
 def key_policy(cloud: Cloud) -> str:
     """Account administrators manage the key through IAM; CloudWatch Logs and alarms may use it."""
     return json.dumps(
         {
             "Version": "2012-10-17",
             "Statement": [
-                {
-                    # Without this the key is unmanageable: IAM policies in the account decide who uses it.
-                    "Sid": "AccountAdministersThroughIam",
-                    "Effect": "Allow",
-                    "Principal": {"AWS": cloud.account_root},
-                    "Action": "kms:*",
-                    "Resource": "*",
-                },
+                account_administers_through_iam(cloud),
                 {
                     "Sid": "CloudWatchLogsEncryptsThisAccountsGroups",
                     "Effect": "Allow",
