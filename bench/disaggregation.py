@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import random
@@ -37,7 +36,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gateway_overhead import KEY, MODEL, free_port, process, wait_http  # noqa: E402
+from gateway_overhead import KEY, MODEL, free_port, gateway_serving, process, wait_http  # noqa: E402
 
 BLOCK_SIZE = 16
 STREAM_PROMPT, STREAM_TOKENS, LONG_ANSWER = 64, 128, 4
@@ -66,32 +65,7 @@ def runtime_command(model_dir: Path, work: Path, port: int, threads: int, kv_tra
 
 
 def gateway_command(pool: dict[str, object], work: Path, name: str, port: int) -> list[str]:
-    config = work / f"gateway-{name}.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "host": "127.0.0.1",
-                "port": port,
-                "admin_port": free_port(),
-                "models": [pool],
-                "retries": 0,
-                "probe": {"interval_s": 1.0, "timeout_s": 1.0},
-                "tenants": [
-                    {
-                        "name": "bench",
-                        "key_sha256": [hashlib.sha256(KEY.encode()).hexdigest()],
-                        "models": [MODEL],
-                        "requests_per_minute": 10_000_000,
-                        "tokens_per_minute": 10_000_000_000,
-                        "max_concurrent_requests": 1024,
-                        "priority": "interactive",
-                    }
-                ],
-                "metering": {"uri": str(work / f"metering-{name}.jsonl")},
-            }
-        )
-    )
-    return [sys.executable, "-m", "frontier_gateway", "serve", "--config", str(config)]
+    return gateway_serving([pool], work, name, port, retries=0, probe={"interval_s": 1.0, "timeout_s": 1.0})
 
 
 class Tally:

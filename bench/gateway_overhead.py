@@ -188,6 +188,14 @@ def runtime_command(model_dir: Path, work: Path, port: int) -> list[str]:
 
 
 def gateway_command(upstream: str, work: Path, name: str, port: int) -> list[str]:
+    return gateway_serving([{"name": MODEL, "replicas": [upstream]}], work, name, port)
+
+
+def gateway_serving(
+    models: list[dict[str, object]], work: Path, name: str, port: int, **settings: object
+) -> list[str]:
+    """The gateway's command line over ``models`` (its pools as gateway.yaml writes them), with one
+    tenant the benches' requests never hit a limit of; ``settings`` are further gateway.yaml keys."""
     config = work / f"gateway-{name}.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -195,7 +203,8 @@ def gateway_command(upstream: str, work: Path, name: str, port: int) -> list[str
                 "host": "127.0.0.1",
                 "port": port,
                 "admin_port": free_port(),
-                "models": [{"name": MODEL, "replicas": [upstream]}],
+                "models": models,
+                **settings,
                 "tenants": [
                     {
                         "name": "bench",

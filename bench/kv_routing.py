@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import random
@@ -57,7 +56,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gateway_overhead import KEY, MODEL, free_port, process, wait_http  # noqa: E402
+from gateway_overhead import KEY, MODEL, free_port, gateway_serving, process, wait_http  # noqa: E402
 
 POLICIES = ("least-loaded", "prefix-hash", "kv-events")
 BLOCK_SIZE = 16
@@ -108,32 +107,7 @@ def gateway_command(
             "load_weight_blocks": weight,
             "share_cap": share_cap,
         }
-    config = work / f"gateway-{policy}-{port}.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "host": "127.0.0.1",
-                "port": port,
-                "admin_port": free_port(),
-                "models": [pool],
-                "affinity": affinity,
-                "retries": 0,
-                "tenants": [
-                    {
-                        "name": "bench",
-                        "key_sha256": [hashlib.sha256(KEY.encode()).hexdigest()],
-                        "models": [MODEL],
-                        "requests_per_minute": 10_000_000,
-                        "tokens_per_minute": 10_000_000_000,
-                        "max_concurrent_requests": 1024,
-                        "priority": "interactive",
-                    }
-                ],
-                "metering": {"uri": str(work / f"metering-{policy}.jsonl")},
-            }
-        )
-    )
-    return [sys.executable, "-m", "frontier_gateway", "serve", "--config", str(config)]
+    return gateway_serving([pool], work, f"{policy}-{port}", port, affinity=affinity, retries=0)
 
 
 def words(rng: random.Random, n: int) -> str:
