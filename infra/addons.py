@@ -374,53 +374,65 @@ class ClusterAddons(pulumi.ComponentResource):
             ),
         )
 
+    def _service_account_role(
+        self,
+        name: str,
+        args: ClusterAddonsArgs,
+        namespace: str,
+        service_account: str,
+        what: str,
+        policy: pulumi.Input[str],
+    ) -> tuple[dict[str, Any], list[pulumi.Resource]]:
+        """An add-on's role for its chart's service account (trusted through Pod Identity or IRSA)
+        with ``policy``; the service account's annotations, and what its pods need to exist when they
+        start (with Pod Identity, credentials come only if the association exists then)."""
+        k = args.settings.kubernetes
+        assert k is not None
+        child = pulumi.ResourceOptions(parent=self)
+        if k.identity == "irsa":
+            assert args.oidc_provider_arn is not None and args.oidc_issuer is not None
+            trust: pulumi.Input[str] = pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
+                lambda a: irsa_trust(a[0], a[1], namespace, service_account)
+            )
+        else:
+            trust = pod_identity_trust()
+        role = aws.iam.Role(
+            name,
+            description=f"Frontier {args.settings.stack}: {what}",
+            assume_role_policy=trust,
+            tags=dict(args.tags),
+            opts=child,
+        )
+        aws.iam.RolePolicy(name, role=role.id, policy=policy, opts=child)
+        if k.identity == "irsa":
+            return {IRSA_ROLE_ANNOTATION: role.arn}, [role]
+        association = aws.eks.PodIdentityAssociation(
+            name,
+            cluster_name=args.cluster_name,
+            namespace=namespace,
+            service_account=service_account,
+            role_arn=role.arn,
+            tags=dict(args.tags),
+            opts=child,
+        )
+        return {}, [role, association]
+
     def _termination_handler(
         self, name: str, args: ClusterAddonsArgs
     ) -> tuple[dict[str, Any], list[pulumi.Resource]]:
         """NTH's queue processor: its role (read and delete the stack's notices, find the instance's
         node) and the values that put it in queue mode on that queue."""
-        k = args.settings.kubernetes
-        assert k is not None and args.notice_queue_arn is not None
-        child = pulumi.ResourceOptions(parent=self)
-        namespace = CHARTS["node-termination-handler"].namespace
-        if k.identity == "irsa":
-            assert args.oidc_provider_arn is not None and args.oidc_issuer is not None
-            trust: pulumi.Input[str] = pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
-                lambda a: irsa_trust(a[0], a[1], namespace, NTH_SERVICE_ACCOUNT)
-            )
-        else:
-            trust = pod_identity_trust()
-        role = aws.iam.Role(
+        assert args.notice_queue_arn is not None
+        annotations, after = self._service_account_role(
             f"{name}-nth",
-            description=f"Frontier {args.settings.stack}: the AWS Node Termination Handler",
-            assume_role_policy=trust,
-            tags=dict(args.tags),
-            opts=child,
-        )
-        aws.iam.RolePolicy(
-            f"{name}-nth",
-            role=role.id,
-            policy=pulumi.Output.from_input(args.notice_queue_arn).apply(
+            args,
+            CHARTS["node-termination-handler"].namespace,
+            NTH_SERVICE_ACCOUNT,
+            "the AWS Node Termination Handler",
+            pulumi.Output.from_input(args.notice_queue_arn).apply(
                 lambda arn: json.dumps(termination_handler_policy(arn))
             ),
-            opts=child,
         )
-        annotations: dict[str, Any] = {}
-        after: list[pulumi.Resource] = [role]
-        if k.identity == "pod_identity":
-            after.append(
-                aws.eks.PodIdentityAssociation(
-                    f"{name}-nth",
-                    cluster_name=args.cluster_name,
-                    namespace=namespace,
-                    service_account=NTH_SERVICE_ACCOUNT,
-                    role_arn=role.arn,
-                    tags=dict(args.tags),
-                    opts=child,
-                )
-            )
-        else:
-            annotations[IRSA_ROLE_ANNOTATION] = role.arn
         values = {
             "enableSqsTerminationDraining": True,
             "queueURL": args.notice_queue_url,
@@ -437,48 +449,18 @@ class ClusterAddons(pulumi.ComponentResource):
     def _controller(self, name: str, args: ClusterAddonsArgs) -> tuple[dict[str, Any], list[pulumi.Resource]]:
         """The controller's role (Pod Identity or IRSA), the values that name its cluster, and what
         its pods need to exist when they start."""
-        k = args.settings.kubernetes
-        assert k is not None
-        child = pulumi.ResourceOptions(parent=self)
-        namespace = CHARTS["load-balancer-controller"].namespace
-        if k.identity == "irsa":
-            assert args.oidc_provider_arn is not None and args.oidc_issuer is not None
-            trust: pulumi.Input[str] = pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
-                lambda a: irsa_trust(a[0], a[1], namespace, LB_CONTROLLER_SERVICE_ACCOUNT)
-            )
-        else:
-            trust = pod_identity_trust()
-        role = aws.iam.Role(
+        annotations, after = self._service_account_role(
             f"{name}-lb-controller",
-            description=f"Frontier {args.settings.stack}: the AWS Load Balancer Controller",
-            assume_role_policy=trust,
-            tags=dict(args.tags),
-            opts=child,
-        )
-        aws.iam.RolePolicy(
-            f"{name}-lb-controller",
-            role=role.id,
-            policy=pulumi.Output.all(args.cluster_name, args.vpc_id).apply(
-                lambda a: json.dumps(load_balancer_controller_policy(args.cloud, a[0], a[1], waf=has_web_acl(args.settings)))
+            args,
+            CHARTS["load-balancer-controller"].namespace,
+            LB_CONTROLLER_SERVICE_ACCOUNT,
+            "the AWS Load Balancer Controller",
+            pulumi.Output.all(args.cluster_name, args.vpc_id).apply(
+                lambda a: json.dumps(
+                    load_balancer_controller_policy(args.cloud, a[0], a[1], waf=has_web_acl(args.settings))
+                )
             ),
-            opts=child,
         )
-        annotations: dict[str, Any] = {}
-        after: list[pulumi.Resource] = [role]
-        if k.identity == "pod_identity":
-            association = aws.eks.PodIdentityAssociation(
-                f"{name}-lb-controller",
-                cluster_name=args.cluster_name,
-                namespace=namespace,
-                service_account=LB_CONTROLLER_SERVICE_ACCOUNT,
-                role_arn=role.arn,
-                tags=dict(args.tags),
-                opts=child,
-            )
-            # The controller's pods get credentials only if the association exists when they start.
-            after.append(association)
-        else:
-            annotations[IRSA_ROLE_ANNOTATION] = role.arn
         values = {
             "clusterName": args.cluster_name,
             "region": args.cloud.region,
