@@ -75,7 +75,7 @@ def read_stack(
 
 # The two shapes of a stack file's pools: one model (``frontier:model`` + ``frontier:runtime``) or
 # a list (``frontier:models``, each entry a model, a runtime, its node group, replicas and hosts).
-_ONE_POOL = ("model", "runtime")
+_ONE_POOL = ("model", "runtime", "disaggregation")
 _COPIED = re.compile(r"^pools\[\d+\]\.(group|hosts\[\d+\])\.")
 _POOL_PATH = re.compile(r"\bpools\[(\d+)\](\.?)")
 

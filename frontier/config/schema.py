@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from frontier_gateway.config import GatewaySettings, TenantConfig
 from frontier_hostside.names import HOST_ROOT, RUNTIME_UID
-from frontier_runtime.config import HealthConfig, ModelConfig, RuntimeConfig, RuntimeSettings
+from frontier_runtime.config import HealthConfig, KvRole, ModelConfig, RuntimeConfig, RuntimeSettings
 from frontier_settings import FieldProblem, FieldProblems
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -555,7 +555,9 @@ class KubernetesCluster(_Settings):
     # create: IAM roles or users (a CI pipeline's) made cluster admins by access entries. With EKS's
     # API authentication only the cluster's creator is one otherwise: another principal's later
     # `pulumi up` could not reach the cluster to apply the workloads.
-    admins: tuple[Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[A-Za-z0-9+=,.@_/-]+$")], ...] = ()
+    admins: tuple[
+        Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[A-Za-z0-9+=,.@_/-]+$")], ...
+    ] = ()
 
     @field_validator("api_server_cidrs")
     @classmethod
@@ -677,6 +679,47 @@ class Kubernetes(_Settings):
     )
 
 
+class DisaggregatedRole(_Settings):
+    """One half of a disaggregated pool: the node group its replicas run on, and how many.
+
+    A stack file names the group (``node_group: h100-prefill``); :class:`Settings` puts the group
+    itself in its place, as it does for a pool's own group."""
+
+    group: NodeGroup
+    replicas: int = Field(ge=1, le=1000, description="Replicas of this role.")
+
+
+class Disaggregation(_Settings):
+    """A pool's prefill and decode replicas on groups of their own (runtime ``kv_transfer.role``
+    prefill and decode): the gateway sends each request's prompt to a prefill replica, which hands
+    its KV blocks to the decode replica that streams the answer (``gateway/frontier_gateway/
+    disaggregation.py``). Each group's hosts take their role from the group: a host runs one role,
+    so the two groups differ, and the pool's ``node_group`` is its decode group."""
+
+    prefill: DisaggregatedRole
+    decode: DisaggregatedRole
+
+    @model_validator(mode="after")
+    def _roles_apart(self) -> Disaggregation:
+        if self.prefill.group.name == self.decode.group.name:
+            raise FieldProblems(
+                FieldProblem(
+                    "prefill.node_group",
+                    self.prefill.group.name,
+                    "must differ from decode.node_group: a host runs one role, and its group says which",
+                )
+            )
+        return self
+
+    def role_of(self, group: NodeGroup) -> KvRole | None:
+        """The role ``group``'s hosts run, or None where the group is neither half."""
+        if group.name == self.prefill.group.name:
+            return "prefill"
+        if group.name == self.decode.group.name:
+            return "decode"
+        return None
+
+
 class PoolSettings(_Settings):
     """One model a stack serves, resolved: its model, runtime, node group, replicas and hosts.
 
@@ -698,10 +741,89 @@ class PoolSettings(_Settings):
     hosts: tuple[Host, ...] = Field(
         default=(), description="Static inventory: the inventory.hosts that run this pool."
     )
+    disaggregation: Disaggregation | None = None
+
+    @model_validator(mode="after")
+    def _disaggregated_on_its_decode_group(self) -> PoolSettings:
+        if self.disaggregation is None:
+            return self
+        problems = []
+        if self.group.name != self.disaggregation.decode.group.name:
+            problems.append(
+                FieldProblem(
+                    "node_group",
+                    self.group.name,
+                    f"a disaggregated pool's node_group is its decode group "
+                    f"({self.disaggregation.decode.group.name!r}); leave it out or name that group",
+                )
+            )
+        if self.replicas is not None:
+            problems.append(
+                FieldProblem("replicas", self.replicas, "a disaggregated pool counts replicas per role")
+            )
+        if not self.runtime.prefix_caching:
+            problems.append(
+                FieldProblem(
+                    "runtime.prefix_caching",
+                    False,
+                    "must be true in a disaggregated pool: decode replicas enter pulled blocks by their hashes",
+                )
+            )
+        if self.runtime.ranks > 1:
+            problems.append(
+                FieldProblem(
+                    "runtime",
+                    f"{self.runtime.ranks} ranks",
+                    "a disaggregated pool's replicas run on one rank each: KV transfer moves one rank's cache",
+                )
+            )
+        if self.runtime.kv_transfer.role != "both":
+            problems.append(
+                FieldProblem(
+                    "runtime.kv_transfer.role",
+                    self.runtime.kv_transfer.role,
+                    "must be left 'both' in a disaggregated pool: each group's hosts take their role from disaggregation",
+                )
+            )
+        if problems:
+            raise FieldProblems(*problems)
+        return self
 
     @property
     def name(self) -> str:
         return self.model.name
+
+    @property
+    def groups(self) -> tuple[NodeGroup, ...]:
+        """Every node group this pool's replicas run on: its own, and a disaggregated pool's prefill group."""
+        if self.disaggregation is None:
+            return (self.group,)
+        return (self.disaggregation.prefill.group, self.disaggregation.decode.group)
+
+    def runtime_on(self, group: NodeGroup) -> Runtime:
+        """The runtime section the hosts of ``group`` run: the pool's, with the KV transfer role of
+        a disaggregated pool's half that the group holds."""
+        role = self.disaggregation.role_of(group) if self.disaggregation is not None else None
+        if role is None:
+            return self.runtime
+        kv_transfer = self.runtime.kv_transfer.model_copy(update={"role": role})
+        return Runtime.model_validate(
+            {**self.runtime.model_dump(exclude={"kv_transfer"}), "kv_transfer": kv_transfer.model_dump()}
+        )
+
+    def on_groups(self, by_name: Mapping[str, NodeGroup]) -> PoolSettings:
+        """This pool with each of its groups replaced by the group of the same name in ``by_name``."""
+        update: dict[str, Any] = {"group": by_name.get(self.group.name, self.group)}
+        if self.disaggregation is not None:
+            halves = {
+                half: role.model_copy(update={"group": by_name.get(role.group.name, role.group)})
+                for half, role in (
+                    ("prefill", self.disaggregation.prefill),
+                    ("decode", self.disaggregation.decode),
+                )
+            }
+            update["disaggregation"] = self.disaggregation.model_copy(update=halves)
+        return self.model_copy(update=update)
 
 
 class Gateway(GatewaySettings):
@@ -800,6 +922,7 @@ class Settings(_Settings):
             for i, pool in enumerate(self.pools)
             if pool.group not in self.node_groups
         ]
+        problems.extend(self._disaggregation_problems())
         sizes = {g.name: g.max_size for g in self.node_groups}
         for g in self.node_groups:
             if g.capacity is not None and g.capacity.market == "capacity-block":
@@ -808,6 +931,49 @@ class Settings(_Settings):
             raise FieldProblems(*problems)
         # Each pool holds the very node group the stack declares (``pool.group is node_groups[i]``).
         return self.model_copy(update={"node_groups": self.node_groups})
+
+    def _disaggregation_problems(self) -> list[FieldProblem]:
+        problems = []
+        for i, pool in enumerate(self.pools):
+            if pool.disaggregation is None:
+                continue
+            where = f"pools[{i}].disaggregation"
+            if self.target == "local":
+                problems.append(
+                    FieldProblem(
+                        where,
+                        "prefill/decode",
+                        "the local stack runs colocated replicas (bench/disaggregation.py runs a prefill "
+                        "and a decode runtime side by side here); declare it on an ec2 or kubernetes stack",
+                    )
+                )
+            halves = {
+                pool.disaggregation.prefill.group.name: "prefill",
+                pool.disaggregation.decode.group.name: "decode",
+            }
+            for other in self.pools:
+                shared = sorted({g.name for g in other.groups} & set(halves)) if other is not pool else []
+                problems.extend(
+                    FieldProblem(
+                        f"{where}.{halves[name]}.node_group",
+                        name,
+                        f"also runs pool {other.name!r}: a disaggregated half has its group to itself",
+                    )
+                    for name in shared
+                )
+            problems.extend(
+                FieldProblem(
+                    f"{where}.{half}.node_group",
+                    role.group.name,
+                    "must be one of node_groups, as written there",
+                )
+                for half, role in (
+                    ("prefill", pool.disaggregation.prefill),
+                    ("decode", pool.disaggregation.decode),
+                )
+                if role.group not in self.node_groups
+            )
+        return problems
 
     @property
     def only_pool(self) -> PoolSettings:
@@ -900,7 +1066,9 @@ class Settings(_Settings):
         """The pools whose replicas run on ``group``: its own, and that of a Capacity Block group
         whose fallback it is (it takes the block's hosts when the block ends)."""
         return tuple(
-            pool for pool in self.pools if pool.group.name == group.name or falls_back_to(pool.group, group)
+            pool
+            for pool in self.pools
+            if any(own.name == group.name or falls_back_to(own, group) for own in pool.groups)
         )
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Settings:
@@ -911,10 +1079,7 @@ class Settings(_Settings):
         copy = super().model_copy(update=changes, deep=deep)
         if "node_groups" in changes:
             by_name = {group.name: group for group in copy.node_groups}
-            pools = tuple(
-                pool.model_copy(update={"group": by_name.get(pool.group.name, pool.group)})
-                for pool in copy.pools
-            )
+            pools = tuple(pool.on_groups(by_name) for pool in copy.pools)
             copy = super(Settings, copy).model_copy(update={"pools": pools})
         if of_pool:
             copy = copy.with_pool(copy.only_pool.model_copy(update=of_pool))
@@ -926,12 +1091,7 @@ class Settings(_Settings):
         old = self.pool(pool.name).group
         groups = tuple(pool.group if group.name == old.name else group for group in self.node_groups)
         by_name = {group.name: group for group in groups}
-        pools = tuple(
-            pool
-            if p.name == pool.name
-            else p.model_copy(update={"group": by_name.get(p.group.name, pool.group)})
-            for p in self.pools
-        )
+        pools = tuple(pool if p.name == pool.name else p.on_groups(by_name) for p in self.pools)
         return self.model_copy(update={"node_groups": groups, "pools": pools})
 
     def alert_route(self, severity: Severity) -> AlertRoute:
@@ -947,6 +1107,32 @@ def _resolved_pool(
     with its group and hosts in their place, and the names that match none."""
     pool = dict(pool)
     problems = []
+    halves = pool.get("disaggregation")
+    if isinstance(halves, dict):
+        # Each half names its group as the pool does; the pool's own group is its decode group.
+        halves = dict(halves)
+        for half in ("prefill", "decode"):
+            role = halves.get(half)
+            if isinstance(role, dict) and "group" not in role:
+                role = dict(role)
+                name = role.pop("node_group", None)
+                named = [g for g in groups if isinstance(g, dict) and g.get("name") == name]
+                if named:
+                    role["group"] = named[0]
+                else:
+                    known = ", ".join(str(g.get("name")) for g in groups if isinstance(g, dict))
+                    problems.append(
+                        FieldProblem(
+                            f"{where}.disaggregation.{half}.node_group",
+                            name,
+                            f"must name one of node_groups ({known})",
+                        )
+                    )
+                halves[half] = role
+        pool["disaggregation"] = halves
+        decode = halves.get("decode")
+        if "group" not in pool and not pool.get("node_group") and isinstance(decode, dict):
+            pool["group"] = decode.get("group")
     if "group" not in pool:
         name = pool.pop("node_group", "") or ""
         named = [g for g in groups if isinstance(g, dict) and g.get("name") == name]
