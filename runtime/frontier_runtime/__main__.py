@@ -5,7 +5,10 @@
 
 The working directory is the host's install root: relative paths in the config (weights cache,
 a local model directory) resolve against it. ``--host``/``--port`` override the config so one
-rendered runtime.yaml can serve several host slots on one machine.
+rendered runtime.yaml can serve several host slots on one machine. ``--kv-role``/``--kv-host``
+override ``kv_transfer.role``/``host`` so the two halves of a disaggregated pool run one release's
+config: a Kubernetes pod takes its role from its Deployment and its address from the downward API
+(a pod's name, which the prefill would otherwise answer as ``remote_host``, resolves nowhere).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from frontier_hostside import names
+
+# kv_transfer.role's values a command line may set: a colocated replica needs no flag.
+KV_ROLES = ("prefill", "decode")
 
 if TYPE_CHECKING:
     from frontier_runtime.config import RuntimeConfig
@@ -31,6 +37,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_port, help="listen port, 0 for any free one (default: server.port)")
     serve.add_argument(
         "--model-dir", type=Path, help="serve this local model directory instead of model.source"
+    )
+    serve.add_argument(
+        "--kv-role", choices=KV_ROLES, help="this replica's kv_transfer.role (default: the config's)"
+    )
+    serve.add_argument(
+        "--kv-host",
+        help="the address a prefill's transfer listener binds and answers as remote_host "
+        "(default: kv_transfer.host from the config)",
     )
     node = commands.add_parser(
         "node", help="run this node's ranks of a replica whose leader (node 0) runs serve elsewhere"
@@ -71,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = load_config(args.config)
+        if args.command == "serve" and (args.kv_role or args.kv_host):
+            config = _with_kv_transfer(config, args.kv_role, args.kv_host)
     except (ConfigError, OSError) as exc:
         print(f"frontier_runtime: {exc}", file=sys.stderr)
         return 2
@@ -83,6 +99,22 @@ def main(argv: list[str] | None = None) -> int:
     from frontier_runtime.server.serve import serve
 
     return serve(config, host=args.host, port=args.port, model_dir=args.model_dir)
+
+
+def _with_kv_transfer(config: RuntimeConfig, role: str | None, host: str | None) -> RuntimeConfig:
+    """``config`` with the command line's KV transfer role and address, validated as the file is
+    (a decode without prefix caching, or a role on a replica of several ranks, is refused)."""
+    from frontier_settings import ConfigError, problems_of
+    from pydantic import ValidationError
+
+    from frontier_runtime.config import RuntimeConfig
+
+    data = config.model_dump(mode="json")
+    data["kv_transfer"].update({k: v for k, v in (("role", role), ("host", host)) if v is not None})
+    try:
+        return RuntimeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(f"--kv-role/--kv-host: {p}" for p in problems_of(exc))) from None
 
 
 def _node(config: RuntimeConfig, args: argparse.Namespace) -> int:
