@@ -299,9 +299,7 @@ def explore(
             if is_current:
                 current_dropped = reason
             continue
-        device, eff = _device(c, group.instance_type, current_model, dtype)
-        replica = Replica.from_settings(s)
-        eff = measured_quantization(eff, replica.shape, device_kind, dtype, c.quantization)
+        device, eff, replica = option_device(settings, current_model, c)
         fit = fit_slo(device, eff, replica, slo, cap.avg_prompt_tokens, cap.avg_output_tokens)
         if fit.best is None:
             reason = _slo_reason(fit.broken_at_1)
@@ -333,12 +331,20 @@ def explore(
     )
 
 
-def _device(
-    c: Candidate, current_instance: str, current_model: ReplicaModel, dtype: str
-) -> tuple[Device, Efficiency]:
-    if c.instance_type == current_instance:
-        return current_model.device, current_model.efficiency
-    return gpu_device(gpu_spec(c.gpu_type), dtype), GPU_EFFICIENCY
+def option_device(
+    settings: Settings, current_model: ReplicaModel, c: Candidate
+) -> tuple[Device, Efficiency, Replica]:
+    """The device, efficiencies and replica a candidate is modelled with: the stack's own instance
+    type as ``current_model`` has it (measured or calibrated where it is), the others from their
+    datasheets and the default GPU efficiencies; quantized weights held to their measured speed."""
+    group, dtype = settings.serving_group, settings.model.dtype
+    if c.instance_type == group.instance_type:
+        device, eff = current_model.device, current_model.efficiency
+    else:
+        device, eff = gpu_device(gpu_spec(c.gpu_type), dtype), GPU_EFFICIENCY
+    device_kind = "cpu" if c.instance_type == group.instance_type and group.accelerator == "cpu" else "cuda"
+    replica = Replica.from_settings(variant(settings, c))
+    return device, measured_quantization(eff, replica.shape, device_kind, dtype, c.quantization), replica
 
 
 def measured_quantization(

@@ -16,6 +16,7 @@ from pathlib import Path
 from frontier_settings import FieldProblem
 
 from frontier.capacity.chart import expert_parallel_png, pareto_png, quality_png
+from frontier.capacity.disaggregation import Choice, Layout, choose
 from frontier.capacity.explore import (
     MAX_BATCH_SIZES,
     TENSOR_PARALLEL,
@@ -382,6 +383,7 @@ def exploration_report(
         "at full load; whole nodes and the rolling-upgrade spare round the fleet up)"
     )
     yield f"chart: {pareto_png(ex, settings.slo, chart)}"
+    yield from disaggregation_report(settings, choose(settings, model, ex))
     run = None
     if quality_workdir is not None:
         kv_dtypes = tuple(sorted({o.candidate.kv_cache_dtype for o in ex.options}))
@@ -396,6 +398,66 @@ def exploration_report(
         yield from expert_parallel_report(settings, sweep)
         ep_out = chart.with_name(chart.stem.removesuffix("-pareto") + "-expert-parallel.png")
         yield f"chart: {expert_parallel_png(sweep, settings, ep_out)}"
+
+
+def _layout_row(x: Layout, picked: Layout) -> tuple[object, ...]:
+    c = x.candidate
+    return (
+        "picked" if x is picked else "",
+        x.kind,
+        c.instance_type,
+        c.tensor_parallel,
+        c.max_batch_size,
+        f"{x.ttft_s * 1e3:,.0f}",
+        f"{x.itl.plain_s * 1e3:,.1f}",
+        f"{x.itl.p99_s * 1e3:,.1f}",
+        f"{x.transfer_s * 1e3:,.1f}" if x.kind == "P/D" else "-",
+        f"{x.output_tokens_per_s:,.0f}",
+        _per_million(x.cost_per_million),
+        f"{x.prefill_replicas}+{x.replicas}" if x.kind == "P/D" else x.replicas,
+        money(x.fleet_cost_per_hour),
+        "ok" if x.passes else "breaks " + ", ".join(b.split(" (")[0] for b in x.broken),
+    )
+
+
+def disaggregation_report(settings: Settings, choice: Choice) -> Iterator[Report]:
+    """Colocated and prefill/decode layouts for the pool's prompt and output lengths, and the pick."""
+    rate = next((x.rate for x in choice.layouts if x.rate is not None), None)
+    yield Table(
+        f"explore: colocated vs prefill/decode (P/D) for pool {settings.model.name}, {choice.prompt:,} prompt + "
+        f"{choice.output:,} output tokens (per instance type its cheapest of each; ITL p99 under prefill "
+        "interference held to slo.tpot_ms; modelled)",
+        (
+            "",
+            "layout",
+            "instance",
+            "TP",
+            "max batch",
+            "TTFT ms",
+            "ITL ms",
+            "ITL p99 ms",
+            "transfer ms",
+            "tok/s",
+            "$/1M out",
+            "replicas (P+D)",
+            "fleet $/h",
+            "SLO",
+        ),
+        [_layout_row(x, choice.picked) for x in choice.layouts],
+        numeric=(3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+    )
+    for why, n in choice.not_split:
+        yield f"not split into P/D: {n} option(s): {why}"
+    if rate is not None and not rate.measured:
+        yield "transfer: over the instance's network figure, unmeasured here (frontier/capacity/gpus.py)"
+    yield f"layout: {choice.reason}"
+    snippet = choice.disaggregation_yaml(settings.serving_group.name)
+    if snippet:
+        picked = choice.picked.candidate
+        yield (
+            f"as the pool's setting (node group {settings.serving_group.name}-prefill: {picked.instance_type}, "
+            f"like the decode group):\n{snippet}"
+        )
 
 
 def quality_table(
