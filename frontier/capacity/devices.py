@@ -70,24 +70,28 @@ def gpu_device(spec: GpuSpec, model_dtype: str) -> Device:
     )
 
 
+def cpu_device(threads: int, memory_bytes: float, *, refresh: bool = False) -> tuple[Device, Efficiency]:
+    """This machine's CPU at ``threads`` intra-op threads, as the micro-benchmark measured it."""
+    m, cached = measured_cpu(threads, refresh=refresh)
+    when = f"cached from {m.measured_at}" if cached else "just now"
+    device = Device(
+        name=f"CPU, {threads} thread(s)",
+        memory_bytes=memory_bytes,
+        bandwidth=m.bandwidth,
+        flops=m.flops,
+        # Tensor-parallel ranks on one CPU exchange activations through shared memory.
+        link_bandwidth=m.bandwidth,
+        source=f"measured on this machine ({m.machine}; {when}) through the engine's {m.kernel} GEMM: "
+        f"weights streamed at {m.bandwidth / 1e9:.1f} GB/s, {m.flops / 1e9:.1f} GFLOP/s at many rows, "
+        f"timed by {m.clock}",
+    )
+    return device, cpu_efficiency(m)
+
+
 def device_for(settings: Settings, index: int = 0, *, refresh_cpu: bool = False) -> tuple[Device, Efficiency]:
     """The device of ``node_groups[index]`` and the efficiencies to start from."""
     group: NodeGroup = settings.node_groups[index]
     if group.accelerator == "cpu":
-        threads = cpu_threads(settings)
-        m, cached = measured_cpu(threads, refresh=refresh_cpu)
-        when = f"cached from {m.measured_at}" if cached else "just now"
-        device = Device(
-            name=f"CPU, {threads} thread(s)",
-            memory_bytes=group.gpu_memory_gb * GB,
-            bandwidth=m.bandwidth,
-            flops=m.flops,
-            # Tensor-parallel ranks on one CPU exchange activations through shared memory.
-            link_bandwidth=m.bandwidth,
-            source=f"measured on this machine ({m.machine}; {when}) through the engine's {m.kernel} GEMM: "
-            f"weights streamed at {m.bandwidth / 1e9:.1f} GB/s, {m.flops / 1e9:.1f} GFLOP/s at many rows, "
-            f"timed by {m.clock}",
-        )
-        return device, cpu_efficiency(m)
+        return cpu_device(cpu_threads(settings), group.gpu_memory_gb * GB, refresh=refresh_cpu)
     spec = gpu_spec(group.gpu_type, f"node_groups[{index}].gpu_type")
     return gpu_device(spec, settings.model.dtype), GPU_EFFICIENCY

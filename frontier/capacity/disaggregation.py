@@ -486,26 +486,34 @@ def _reason(
     colocated: Sequence[Layout],
     why_not: dict[str, int],
 ) -> str:
-    prompt = settings.capacity.avg_prompt_tokens
+    prompt, tpot = settings.capacity.avg_prompt_tokens, settings.slo.tpot_ms
     if pd is None:
         why = "; ".join(why_not) or "no option to split"
-        return f"colocated: P/D is not offered ({why})"
-    # The interference P/D removes, on the colocated replica of the same instance type.
-    same = _best(x for x in colocated if x.candidate.instance_type == pd.candidate.instance_type) or col
-    raised = same.itl.p99_s - same.itl.plain_s
+        return f"colocated on {col.candidate.label}: P/D is not offered ({why})"
+    # P/D is weighed against colocated replicas on its own GPUs (the interference it removes) and
+    # against the cheapest colocated option of all (what it must beat).
+    on = (
+        picked
+        if picked is col
+        else _best(x for x in colocated if x.candidate.instance_type == pd.candidate.instance_type) or col
+    )
+    raised = on.itl.p99_s - on.itl.plain_s
+    verdict = "over" if on.itl.p99_s * 1e3 > tpot else "within"
     interference_text = (
-        f"prefill interference raises decode ITL p99 by {_ms(raised)} ({_ms(same.itl.plain_s)} -> "
-        f"{_ms(same.itl.p99_s)}) at {prompt:,} input tokens on {same.candidate.instance_type}"
+        f"prefill interference raises decode ITL p99 by {_ms(raised)} ({_ms(on.itl.plain_s)} -> "
+        f"{_ms(on.itl.p99_s)}, {verdict} slo.tpot_ms {tpot:g}) at {prompt:,} input tokens on colocated "
+        f"{on.candidate.label}"
     )
     transfer_text = (
         f"the KV transfer costs {_ms(pd.transfer_s)} a prompt ({pd.transfer_bytes / 1e6:,.1f} MB over "
         f"{pd.rate.over if pd.rate else '-'})"
     )
     costs = (
-        f"${pd.cost_per_million:.3g} vs ${col.cost_per_million:.3g} per 1M output tokens (P/D vs colocated)"
+        f"P/D on {pd.candidate.label} ${pd.cost_per_million:.3g} vs colocated on {col.candidate.label} "
+        f"${col.cost_per_million:.3g} per 1M output tokens"
     )
     if picked is pd:
-        why = "colocated breaks " + ", ".join(col.broken) if not col.passes else "P/D is cheaper"
+        why = "no colocated option meets every SLO" if not col.passes else "P/D is cheaper"
         return f"P/D: {interference_text}; {transfer_text}; {why}: {costs}"
     if not pd.passes and not col.passes:
         return f"colocated: neither layout meets every SLO (P/D breaks {', '.join(pd.broken)}); {interference_text}"

@@ -50,7 +50,11 @@ def test_short_prompts_are_served_colocated(changed_stack):
     _, choice = chosen(changed_stack, 200, 300, LLAMA_8B)
     assert choice.picked.kind == "colocated"
     assert any(x.kind == "P/D" and x.passes for x in choice.layouts)  # offered, and dearer
+    picked = choice.picked
     assert choice.reason.startswith("colocated: prefill interference raises decode ITL p99 by ")
+    assert (
+        f"within slo.tpot_ms 80) at 200 input tokens on colocated {picked.candidate.label};" in choice.reason
+    )
     assert "colocated is cheaper" in choice.reason
 
 
@@ -78,10 +82,13 @@ def test_the_reason_names_the_interference_and_the_transfer_in_figures(changed_s
         if x.kind == "colocated" and x.candidate.instance_type == picked.candidate.instance_type
     )
     raised = (same.itl.p99_s - same.itl.plain_s) * 1e3
-    assert choice.reason.startswith(f"P/D: prefill interference raises decode ITL p99 by {raised:,.1f} ms (")
-    assert "at 7,000 input tokens on " + picked.candidate.instance_type in choice.reason
+    assert choice.reason.startswith(
+        f"P/D: prefill interference raises decode ITL p99 by {raised:,.1f} ms ({same.itl.plain_s * 1e3:,.1f} ms -> "
+        f"{same.itl.p99_s * 1e3:,.1f} ms, over slo.tpot_ms 80) at 7,000 input tokens on colocated "
+        f"{same.candidate.label};"
+    )
     assert f"the KV transfer costs {picked.transfer_s * 1e3:,.1f} ms a prompt" in choice.reason
-    assert f"${picked.cost_per_million:.3g} vs $" in choice.reason
+    assert f"P/D on {picked.candidate.label} ${picked.cost_per_million:.3g} vs colocated on " in choice.reason
 
 
 def test_the_picked_split_prints_as_the_pools_disaggregation_setting(changed_stack):
@@ -105,7 +112,9 @@ def test_a_replica_of_several_ranks_is_not_split_and_the_count_says_why(changed_
     assert choice.picked.kind == "colocated"
     (why, n), *_ = choice.not_split
     assert why.startswith("P/D moves one rank's KV cache") and n > 0
-    assert choice.reason.startswith("colocated: P/D is not offered (P/D moves one rank's KV cache")
+    assert choice.reason.startswith(
+        f"colocated on {choice.picked.candidate.label}: P/D is not offered (P/D moves"
+    )
 
 
 def test_on_a_cpu_host_the_transfer_cost_comes_from_the_measured_table():
