@@ -95,6 +95,8 @@ def build_ec2(settings: Settings) -> Ec2Outputs[pulumi.Input[str]]:
     identity = Identity(
         f"{ground.stack}-iam", ground.foundation.identity(target_group_arn=edge.target_group_arn)
     )
+    # The release key's policy names its one signer, which exists only now.
+    ground.foundation.release_key.signed_by(identity.deploy_role_arn)
     # What a booting host fetches; uploaded before any group can launch one.
     tools = host_tools(ground)
     groups = [

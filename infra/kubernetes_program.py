@@ -213,6 +213,8 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
     )
     identity = foundation.identity()
     deploy = KubernetesDeployRole(f"{stack}-k8s", identity, cloud.arn("eks", f"cluster/{k.cluster.name}"))
+    # The release key's policy names its one signer, which exists only now.
+    foundation.release_key.signed_by(deploy.arn)
 
     if create:
         network = foundation.network

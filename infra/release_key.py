@@ -1,11 +1,19 @@
 """The stack's release key: an asymmetric KMS key (ECC_NIST_P256, SIGN_VERIFY) that signs releases.
 
-``fab deploy`` signs each release's statement with it (``kms:Sign``, the deploy role's alone among
-the stack's principals: :func:`frontier.identity.documents.deploy_policy`); a host reads its public
+``fab deploy`` signs each release's statement with it (``kms:Sign``, the deploy role's alone: its
+document grants it, :func:`frontier.identity.documents.deploy_policy`, and the key's policy refuses it
+to every other principal of the account, administrators included,
+:func:`frontier.identity.key_policies.release_key_policy`); a host reads its public
 key (``kms:GetPublicKey``) when it is provisioned and, from then on, stages and activates only
 releases it verifies (:mod:`frontier_hostside.release_signature`). The toolkit and the hosts find
 it by its alias, :func:`frontier.release.signing.key_alias`; the stack exports its ARN
 (``release_key_arn``).
+
+The key policy names the deploy role, which each target's program makes after the Foundation (the
+EC2 one after the load balancer whose targets it drains): the key is made with KMS's default policy
+(the account administers it through IAM, the same first statement) and its program hands it the role
+with :meth:`ReleaseKey.signed_by`, which puts the full policy on it (``aws.kms.KeyPolicy``) once the
+role exists, before any release can be built.
 
 Asymmetric keys cannot rotate automatically: a new key is a new alias target, and hosts read the
 new public key when they are provisioned again.
@@ -13,21 +21,15 @@ new public key when they are provisioned again.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
+from frontier.identity.key_policies import release_key_policy
 from frontier.release.signing import KEY_SPEC, KEY_USAGE, key_alias
 from infra.cloud import Cloud
-from infra.secret_store import account_administers_through_iam
-
-
-def release_key_policy(cloud: Cloud) -> str:
-    """The account administers and uses the key through IAM: the stack's documents decide who signs."""
-    return json.dumps({"Version": "2012-10-17", "Statement": [account_administers_through_iam(cloud)]})
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class ReleaseKey(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ReleaseKeyArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("frontier:release:ReleaseKey", name, None, opts)
+        self._name, self._cloud = name, args.cloud
         child = pulumi.ResourceOptions(parent=self)
         key = aws.kms.Key(
             f"{name}-key",
@@ -50,7 +53,7 @@ class ReleaseKey(pulumi.ComponentResource):
             key_usage=KEY_USAGE,
             customer_master_key_spec=KEY_SPEC,
             deletion_window_in_days=30,
-            policy=release_key_policy(args.cloud),
+            # No policy here: signed_by's KeyPolicy holds it (the two would undo each other's).
             tags=dict(args.tags),
             opts=child,
         )
@@ -58,3 +61,12 @@ class ReleaseKey(pulumi.ComponentResource):
         self.arn = key.arn
         self.key_id = key.key_id
         self.register_outputs({"arn": self.arn})
+
+    def signed_by(self, signer_arn: pulumi.Input[str]) -> aws.kms.KeyPolicy:
+        """The key's policy, once ``signer_arn`` (the stack's deploy role) exists: that role alone signs."""
+        return aws.kms.KeyPolicy(
+            f"{self._name}-policy",
+            key_id=self.key_id,
+            policy=pulumi.Output.from_input(signer_arn).apply(lambda arn: release_key_policy(self._cloud, arn)),
+            opts=pulumi.ResourceOptions(parent=self),
+        )

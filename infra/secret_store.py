@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from frontier.identity.key_policies import account_administers_through_iam
 from infra.cloud import Cloud
 from infra.tags import with_tags
 
@@ -29,6 +30,8 @@ class SecretsArgs:
     api_keys_secret_name: str
     production: bool
     tags: Mapping[str, str]
+    #: (region, KMS key ARN there): a replica of the secret in backup.region (infra/backup.py).
+    replica: tuple[str, pulumi.Input[str]] | None = None
 
 
 AUTOSCALING_SERVICE = "autoscaling.amazonaws.com"
@@ -50,17 +53,6 @@ def autoscaling_role_exists() -> bool:
     """
     found = aws.iam.get_roles(name_regex=f"^{AUTOSCALING_ROLE_NAME}$", path_prefix=AUTOSCALING_ROLE_PATH)
     return bool(found.arns)
-
-
-def account_administers_through_iam(cloud: Cloud) -> dict[str, object]:
-    """The key statement without which a key is unmanageable: IAM policies in the account decide who uses it."""
-    return {
-        "Sid": "AccountAdministersThroughIam",
-        "Effect": "Allow",
-        "Principal": {"AWS": cloud.account_root},
-        "Action": "kms:*",
-        "Resource": "*",
-    }
 
 
 def key_policy(cloud: Cloud) -> str:
@@ -171,6 +163,7 @@ class Secrets(pulumi.ComponentResource):
             kms_key_id=key.arn,
             # A deleted secret stays recoverable this long; production keeps the longest window AWS allows.
             recovery_window_in_days=30 if args.production else 7,
+            replicas=[{"region": args.replica[0], "kms_key_id": args.replica[1]}] if args.replica else None,
             tags=with_tags(tags, purpose="api-keys"),
             opts=child,
         )

@@ -142,6 +142,7 @@ def cloudformation_of(
     for r in resources:
         if r.type == "aws:iam/rolePolicyAttachment:RolePolicyAttachment":
             attached[r.inputs["role"]].append(r.inputs["policyArn"])
+    keys_by_id = {r.outputs.get("keyId"): r.inputs for r in resources if r.type == "aws:kms/key:Key"}
     template: dict[str, Any] = {}
     taken: set[str] = set()
     for r in resources:
@@ -189,6 +190,17 @@ def cloudformation_of(
                 # What checkov reads to tell an asymmetric key (which KMS cannot rotate) from one it can.
                 "KeySpec": i.get("customerMasterKeySpec") or i.get("keySpec") or "SYMMETRIC_DEFAULT",
                 "KeyUsage": i.get("keyUsage") or "ENCRYPT_DECRYPT",
+            }
+            kind = "AWS::KMS::Key"
+        elif r.type == "aws:kms/keyPolicy:KeyPolicy":
+            # A key whose policy is a resource of its own (the release key's names the deploy role,
+            # made after the key): CloudFormation has the policy on the key, with the key's spec.
+            key = keys_by_id.get(i["keyId"], {})
+            props = {
+                "KeyPolicy": _document(i["policy"]),
+                "EnableKeyRotation": bool(key.get("enableKeyRotation")),
+                "KeySpec": key.get("customerMasterKeySpec") or key.get("keySpec") or "SYMMETRIC_DEFAULT",
+                "KeyUsage": key.get("keyUsage") or "ENCRYPT_DECRYPT",
             }
             kind = "AWS::KMS::Key"
         elif r.type == "aws:s3/bucketPolicy:BucketPolicy":

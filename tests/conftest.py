@@ -93,6 +93,7 @@ PROC_FIXTURES: dict[str, str] = {
 }
 PROC_TESTS: dict[str, str] = {
     "tests/infra/test_pool_principals.py": "simulate(): node running tools/iam-simulate",
+    "tests/infra/test_release_key_policy.py": "simulate(): node running tools/iam-simulate",
     "tests/unit/test_local_alarms.py::test_a_process_that_is_gone_is_named": "a process",
     "tests/gateway/test_breaker.py::test_a_failing_replica_is_taken_out_and_no_request_fails_after_the_trip": "running_gateway(): the gateway under uvicorn",
     "tests/gateway/test_breaker.py::test_a_recovered_replica_comes_back_through_one_trial_and_the_breaker_closes": "running_gateway(): the gateway under uvicorn",

@@ -11,7 +11,14 @@ from typing import Any
 from pulumi_policy import ResourceValidationArgs
 
 from policy.rules.reading import as_list, get, policy_document, statements
-from policy.rules.storage import BUCKET, BUCKET_POLICY, ECR_REPOSITORY_POLICY, KMS_KEY, SECRET_POLICY
+from policy.rules.storage import (
+    BUCKET,
+    BUCKET_POLICY,
+    ECR_REPOSITORY_POLICY,
+    KMS_KEY,
+    KMS_KEY_POLICY,
+    SECRET_POLICY,
+)
 from policy.rules.validation import resource_policy
 
 # Services whose actions read or write data; a wildcard action on any of them is refused.
@@ -159,7 +166,7 @@ POLICIES = [
     resource_policy(
         "resource-policies-not-public",
         "Bucket, key, secret and repository policies grant Principal '*' only under a Condition.",
-        BUCKET_POLICY + BUCKET + KMS_KEY + SECRET_POLICY + ECR_REPOSITORY_POLICY,
+        BUCKET_POLICY + BUCKET + KMS_KEY + KMS_KEY_POLICY + SECRET_POLICY + ECR_REPOSITORY_POLICY,
         check_resource_policy_not_public,
     ),
 ]

@@ -32,6 +32,7 @@ BUCKET_PUBLIC_ACCESS_BLOCK = ("aws:s3/bucketPublicAccessBlock:BucketPublicAccess
 BUCKET_POLICY = ("aws:s3/bucketPolicy:BucketPolicy",)
 SECRET = ("aws:secretsmanager/secret:Secret",)
 KMS_KEY = ("aws:kms/key:Key",)
+KMS_KEY_POLICY = ("aws:kms/keyPolicy:KeyPolicy",)
 ECR_REPOSITORY = ("aws:ecr/repository:Repository",)
 LOG_GROUP = ("aws:cloudwatch/logGroup:LogGroup",)
 SECRET_POLICY = ("aws:secretsmanager/secretPolicy:SecretPolicy",)

@@ -61,7 +61,10 @@ class Call:
             "principal": self.principal,
             "action": self.action,
             "resource": self.resource,
-            "context": dict(self.context),
+            # AWS sets aws:PrincipalArn on every request (a role's ARN for its sessions, a user's
+            # for the user); the simulator takes it from the context only, and a key policy's
+            # ArnNotEquals on it (the release key's) would otherwise match every caller.
+            "context": {"aws:PrincipalArn": self.principal, **dict(self.context)},
         }
 
     def describe(self) -> str:
@@ -237,11 +240,12 @@ def evaluate(settings: Settings, log: Iterable[dict[str, Any]], account: Account
     from infra.secret_store import key_policy
 
     keys = {account.key_arn: json.loads(key_policy(iam._cloud(settings)))}
-    # The release key answers to its own key policy (infra/release_key.py), on a stack that has one.
-    from infra.release_key import release_key_policy
+    # The release key answers to its own key policy (infra/release_key.py), on a stack that has one:
+    # the deploy user alone signs.
+    from frontier.identity.key_policies import release_key_policy
 
     if release_key := iam.release_key_arn(settings):
-        keys[release_key] = json.loads(release_key_policy(iam._cloud(settings)))
+        keys[release_key] = json.loads(release_key_policy(iam._cloud(settings), principal_arn(settings, "deploy")))
     results = simulate(sets, calls, keys)
     baseline = results["all"]
     needed_by = {

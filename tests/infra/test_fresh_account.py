@@ -22,7 +22,7 @@ def run(stack: str, **mocks):
 
 
 def stack_key(graph):
-    return next(key for key in graph.of_type(KEY) if ROLE_ARN in key.inputs["policy"])
+    return next(key for key in graph.of_type(KEY) if ROLE_ARN in key.inputs.get("policy", ""))
 
 
 @pytest.mark.parametrize("stack", ["dev", "eks-prod"])

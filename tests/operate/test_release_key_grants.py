@@ -126,3 +126,31 @@ def test_a_cloud_hosts_bootstrap_writes_the_public_key_through_the_aws_cli_as_it
     # A stack with no release key: nothing is written, and the host says so.
     other = node_boot.NodeConfig(**{**config.__dict__, "stack": "no-key-stack", "root": str(tmp_path / "o")})
     assert not node_boot.install_release_key(Aws("us-east-1", aws_cli()), other)
+
+
+def test_the_local_release_key_holds_the_policy_that_lets_the_deploy_user_alone_sign(account):
+    """moto stores the key policy but evaluates none on kms:Sign (moto/kms/policy_validator.py checks
+    an unconditional Deny of DescribeKey only): on moto the admin, whose document allows kms:*,
+    would sign. So the policy moto holds is evaluated as AWS would, with each user's documents."""
+    from frontier.identity.key_policies import release_key_policy
+    from tests.e2e.iam_simulation import Call, principal_arn, simulate
+
+    settings = load_stack("local")
+    arn = account.kms("admin").describe_key(KeyId=key_alias("local"))["KeyMetadata"]["Arn"]
+    held = json.loads(account.kms("admin").get_key_policy(KeyId=arn, PolicyName="default")["Policy"])
+    assert held == json.loads(release_key_policy(iam._cloud(settings), principal_arn(settings, "deploy")))
+    documents = {
+        principal_arn(settings, actor): [
+            {"name": name, "policy": document} for name, document in policies.items()
+        ]
+        for actor, policies in account.documents.items()
+    }
+    actors = ("deploy", "admin", "host")
+    calls = [Call(principal_arn(settings, a), "kms:Sign", arn, (), "Sign") for a in actors]
+    found = simulate({"all": documents}, calls, {arn: held})["all"]
+    decided = [d["decision"] for d in found]
+    assert dict(zip(actors, decided, strict=True)) == {
+        "deploy": "Allowed",
+        "admin": "ExplicitlyDenied",
+        "host": "ExplicitlyDenied",
+    }

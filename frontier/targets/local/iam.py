@@ -55,6 +55,7 @@ from frontier.config.schema import Host, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.identity.cloud import Cloud
 from frontier.identity.documents import deploy_policy, lifecycle_policy, runtime_policy
+from frontier.identity.key_policies import release_key_policy
 from frontier.identity.pools import StackResources, pool_identity, principal_suffix, stack_identity
 from frontier.release.signing import create_release_key
 
@@ -238,6 +239,11 @@ def _resources(
     )
 
 
+def user_arn(settings: Settings, actor: str) -> str:
+    """The ARN of ``actor``'s user, as IAM names it (``aws:PrincipalArn`` of its calls)."""
+    return _cloud(settings).arn("iam", f"user/{user_name(settings, actor)}", regional=False)
+
+
 def release_key_arn(settings: Settings) -> str:
     """The local release key's ARN as :func:`provision` recorded it; "" before it made one. moto
     names a key by a random id, so the documents learn it here, after the key exists."""
@@ -335,6 +341,15 @@ def provision(
         if actor not in keys:
             made = iam.create_access_key(UserName=name)["AccessKey"]
             keys[actor] = AccessKey(made["AccessKeyId"], made["SecretAccessKey"])
+    # The release key's policy as the cloud program puts it once its deploy role exists: the deploy
+    # user alone signs. moto stores it but evaluates no key policy on kms:Sign (only an unconditional
+    # Deny of DescribeKey), so here the deploy user's document is what keeps the others from signing;
+    # tests/infra/test_release_key_policy.py evaluates this policy as AWS would.
+    kms.put_key_policy(
+        KeyId=release_key.arn,
+        PolicyName="default",
+        Policy=release_key_policy(_cloud(settings), user_arn(settings, "deploy")),
+    )
     _write_keys(state_dir, keys)
     users = ", ".join(a for a in actors(settings) if a in keys)
     return (
