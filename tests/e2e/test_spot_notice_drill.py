@@ -1,11 +1,13 @@
-"""A spot notice on the local stack: the host is out of service before its end, and no client sees it.
+"""A spot notice on the local stack: the slot leaves HAProxy's rotation within 5 s, the streams it
+served move to the other slot through the gateway, and no client sees it.
 
-Two host slots over real sshd, HAProxy with readiness checks, moto, the real runtime serving the
-tiny model (the e2e ``cluster``). An IMDSv2 stand-in listens on host-1's own loopback address, and
-host-1's agent — the files the deploy put under its ``bin/`` — runs its ``interruptions`` command
-against it, polling every second (a setting; 5 s on EC2). Under a steady load through HAProxy a
-spot notice is posted; the "instance" ends ``NOTICE_S`` later (120 s on EC2, shortened here): the
-test then SIGKILLs whatever of host-1's runtime is left, as EC2 would.
+The whole local stack as ``fab local.up`` brings it up: two host slots over real sshd, HAProxy with
+readiness checks, moto, the real runtime serving the tiny model, the gateway in front of the slots,
+and — per slot — the IMDSv2 stand-in and the host agent's ``interruptions`` watcher polling it (from
+the slot's ``bin/``, as a spot host's unit does on EC2). Long greedy streams run through the gateway
+and a steady load through HAProxy; ``fab spot.notice --host host-1`` posts the notice as an operator
+would. The "instance" ends ``NOTICE_S`` after the notice (120 s on EC2, shortened here): the test then
+SIGKILLs whatever of host-1's runtime is left, as EC2 would.
 """
 
 from __future__ import annotations
@@ -15,46 +17,212 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
+import yaml
+from frontier_hostside import names
 from frontier_hostside.interruption import read_record
-from frontier_hostside.names import AGENT_CONFIG_NAME, AGENT_FILE_NAME
 
 from frontier.loadtest.client import BackgroundLoad, Target
-from frontier.targets import backend_for
+from frontier.release import weights
+from frontier.release.artifact import build_wheel
+from frontier.rollout.deploy import deploy
+from frontier.targets import backend_for, load_stack
 from frontier.targets.local import cluster as local
-from frontier.targets.local.imds import ImdsServer, Instance
+from frontier.targets.local import gateway as local_gateway
+from tests.e2e.stackcopy import free_port, write_local_stack
+from tests.fab_program import fab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RATE = 1.5  # requests/s through the balancer
-POLL_S = 1.0  # the agent's IMDS poll interval here (frontier_hostside.interruption.POLL_INTERVAL_S on EC2)
 NOTICE_S = 20  # notice to the instance's end (EC2: 120 s)
+STREAMS = 16  # long greedy streams through the gateway: 8 a slot, all 16 fit on one (runtime.max_concurrency)
+MAX_TOKENS = 960  # long enough to be mid-stream when the notice arrives (a poll later)
 
 
-def post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=5) as reply:
-        return json.loads(reply.read())
+def _drill_stack(root: Path) -> Path:
+    """The local stack on two slots with the gateway in front of them."""
+    stacks = write_local_stack(root, hosts=2)
+    path = stacks / "Pulumi.local.yaml"
+    document = yaml.safe_load(path.read_text())
+    config = document["config"]
+    config["frontier:gateway"] = {
+        "port": free_port(),
+        "admin_port": free_port(),
+        "metering": {"uri": str(root / "metering.jsonl"), "flush_s": 1},
+        "probe": {"interval_s": 0.3, "timeout_s": 1},
+        # The streams spread over both slots (least outstanding first), whatever their prompts hash to.
+        "affinity": {"mode": "off"},
+    }
+    config["frontier:tenants"] = [
+        {
+            "name": "acme",
+            "api_key_secret": "frontier/local/tenants/acme",
+            "models": [config["frontier:model"]["name"]],
+            "requests_per_minute": 600,
+            "tokens_per_minute": 400_000,
+            "max_concurrent_requests": 32,
+            "priority": "interactive",
+        }
+    ]
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return stacks
 
 
-def test_a_spot_notice_takes_the_host_out_of_service_before_its_end_and_no_request_fails(cluster, capsys):
-    settings = cluster.settings
+@dataclass
+class Stream:
+    replica: str = ""
+    text: str = ""
+    arrivals: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    done: bool = False
+
+
+def _stream(url: str, key: str, body: dict, into: Stream) -> Stream:
+    try:
+        with httpx.stream(
+            "POST",
+            url + names.COMPLETIONS_PATH,
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=120,
+        ) as answer:
+            into.replica = answer.headers.get(names.REPLICA_HEADER, "")
+            if answer.status_code != 200:
+                into.errors.append(f"HTTP {answer.status_code}: {answer.read()[:200]!r}")
+                return into
+            for line in answer.iter_lines():
+                if line == "data: [DONE]":
+                    into.done = True
+                elif line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        into.errors.append(str(event["error"]))
+                    for choice in event.get("choices") or ():
+                        into.text += choice.get("text") or ""
+                        into.arrivals.append(time.monotonic())
+    except httpx.HTTPError as exc:
+        into.errors.append(repr(exc))
+    return into
+
+
+def _streams(url: str, key: str, bodies: list[dict]) -> tuple[list[Stream], list[threading.Thread]]:
+    results = [Stream() for _ in bodies]
+    threads = [
+        threading.Thread(target=_stream, args=(url, key, b, s)) for b, s in zip(bodies, results, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    return results, threads
+
+
+def _metric(admin: str, name: str) -> float:
+    text = httpx.get(admin + names.METRICS_PATH, timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((name + "{", name + " "))
+    )
+
+
+def _replica_urls(admin: str) -> dict[str, str]:
+    """The gateway's replicas: the id clients see (its header) -> the URL it reaches."""
+    text = httpx.get(admin + names.METRICS_PATH, timeout=10).text
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(names.GATEWAY_REPLICA_BREAKER_METRIC + "{"):
+            replica_id = line.split('replica_id="', 1)[1].split('"', 1)[0]
+            found[replica_id] = line.split('replica="', 1)[1].split('"', 1)[0]
+    return found
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """The drill's stack up, release A deployed on both slots, the gateway started."""
+    tmp_path = tmp_path_factory.mktemp("spot")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FRONTIER_STACKS_DIR", str(_drill_stack(tmp_path)))
+        mp.delenv(local.CONNECTION_ENV, raising=False)
+        yield from _up(tmp_path)
+
+
+def _up(tmp_path: Path):
+    settings = load_stack("local")
+    try:
+        model_dir = tmp_path / "model"
+        subprocess.run(
+            [sys.executable, "-m", "frontier_runtime.tiny", "--out", str(model_dir)],
+            check=True,
+            capture_output=True,
+        )
+        local.up(settings)
+        backend = backend_for(settings)
+        weights.push(
+            backend.aws_client("s3"),
+            model_dir,
+            settings.model.weights_uri,
+            settings.model.name,
+            settings.model.version,
+        )
+        artifact, wheel = build_wheel()
+        backend.history_store().put_artifact(artifact, wheel)
+        deploy(backend, artifact.digest)
+        local_gateway.start(settings)
+        yield settings
+    finally:
+        local_gateway.stop(settings)
+        local.down(settings)
+
+
+def test_local_up_runs_an_imds_stand_in_and_a_watcher_polling_it_for_every_slot(stack):
+    for host in stack.inventory.hosts:
+        imds = local.services.find(local.state_dir(stack), local.imds_service(host))
+        watcher = local.services.find(local.state_dir(stack), local.watcher_service(host))
+        assert imds is not None and imds.address == host.address
+        assert watcher is not None and watcher.command[watcher.command.index("--imds") + 1] == imds.endpoint
+        token = httpx.put(
+            imds.endpoint + "/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}
+        ).text
+        instance = httpx.get(
+            imds.endpoint + "/latest/meta-data/instance-id", headers={"X-aws-ec2-metadata-token": token}
+        )
+        assert instance.text == local.instance_id(stack, host)
+
+
+def test_a_spot_notice_takes_the_slot_out_of_rotation_within_5_s_and_its_streams_migrate_with_none_failed(
+    stack, capsys
+):
+    settings = stack
     backend = backend_for(settings)
     host = backend.hosts()[0]
     balancer = backend.balancer()
     assert all(balancer.state(h) == "UP" for h in backend.hosts())
-    imds = ImdsServer(host.address, 0, Instance(instance_id="i-0local000000host1")).start()
-    bin_dir = Path(host.root) / "bin"
-    watcher = subprocess.Popen(
-        [sys.executable, str(bin_dir / AGENT_FILE_NAME), "--config", str(bin_dir / AGENT_CONFIG_NAME),
-         "interruptions", "--imds", imds.url, "--interval", str(POLL_S)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    assert settings.gateway is not None
+    url = local_gateway.gateway_url(settings)
+    admin = f"http://{settings.gateway.admin_host}:{settings.gateway.admin_port}"
+    key = local_gateway.tenant_key(settings, "acme")
+    bodies = [
+        {
+            "model": settings.model.name,
+            "prompt": f"stream {i} of the spot drill: a long story",
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        for i in range(STREAMS)
+    ]
+    reference, threads = _streams(url, key, bodies)
+    for thread in threads:
+        thread.join(180)
+    assert all(r.done and not r.errors for r in reference), [r.errors for r in reference]
+
     target = Target(
         base_url=local.balancer_url(settings),
         model=settings.model.name,
@@ -64,15 +232,30 @@ def test_a_spot_notice_takes_the_host_out_of_service_before_its_end_and_no_reque
         timeout_s=60,
     )
     load = BackgroundLoad(target, RATE, seed=41).start()
-    try:
-        time.sleep(2 * POLL_S)  # traffic flows, and the watcher has found no notice
-        assert balancer.state(host) == "UP"
-        noticed = time.monotonic()
-        post(f"{imds.url}/control/spot", {"action": "terminate", "in_s": NOTICE_S})
+    left_rotation: list[float] = []
+
+    def watch_rotation() -> None:
         while balancer.state(host) == "UP":
-            assert time.monotonic() - noticed < NOTICE_S, "the host was still in service at its end"
             time.sleep(0.05)
-        out_s = time.monotonic() - noticed
+        left_rotation.append(time.monotonic())
+
+    try:
+        results, threads = _streams(url, key, bodies)
+        # Mid-stream: every stream has tokens, none has finished.
+        deadline = time.monotonic() + 60
+        while not all(len(s.arrivals) >= 8 for s in results):
+            assert time.monotonic() < deadline, "the streams sent no tokens within 60 s"
+            time.sleep(0.01)
+        watcher = threading.Thread(target=watch_rotation, daemon=True)
+        watcher.start()
+        noticed = time.monotonic()
+        code, out, err = fab(
+            capsys, "spot.notice", "--stack", "local", "--host", host.name, "--in-s", str(NOTICE_S)
+        )
+        assert code == 0, out + err
+        watcher.join(NOTICE_S)
+        for thread in threads:
+            thread.join(180)
         # The instance ends: what is left of host-1's runtime is killed, as EC2 would.
         time.sleep(max(0.0, NOTICE_S - (time.monotonic() - noticed)))
         pid_file = Path(host.root) / "run" / "runtime.pid"
@@ -82,19 +265,33 @@ def test_a_spot_notice_takes_the_host_out_of_service_before_its_end_and_no_reque
             os.kill(left, signal.SIGKILL)
         time.sleep(2)  # requests sent after the end go to host-2 alone
         samples = load.stop()
+        migrations = _metric(admin, names.GATEWAY_MIGRATIONS_METRIC + "_total")
+        urls = _replica_urls(admin)
     finally:
-        watcher.terminate()
-        watcher.communicate(timeout=30)
-        imds.stop()
-    failed = [s.error for s in samples if not s.ok]
+        load.stop()
+
     record = read_record(Path(host.root) / "run")
+    failed = [s.error for s in samples if not s.ok]
+    broken = [i for i, s in enumerate(results) if s.errors or not s.done]
+    out_s = left_rotation[0] - noticed if left_rotation else float("inf")
+    moved = record[0].get("gateways", [{}])[0].get("moved", 0) if record else 0
+    on_host = [s for s in results if urls.get(s.replica) == f"http://{host.address}:{settings.runtime.port}"]
+    stalls = []
+    for s in on_host:
+        gaps = [b - a for a, b in zip(s.arrivals, s.arrivals[1:], strict=False) if b > noticed]
+        stalls.append(max(gaps) if gaps else 0.0)
     with capsys.disabled():
         print(
-            f"\n  e2e: spot notice on {host.name}: out of HAProxy's rotation {out_s:.2f}s after the notice "
-            f"(poll {POLL_S:g}s), drained {record[0].get('drained_after_s')}s after it was seen; "
-            f"{len(samples)} requests, {len(failed)} failed"
+            f"\n  e2e: spot notice on {host.name} (fab spot.notice): out of HAProxy's rotation {out_s:.2f}s after "
+            f"it, drained {record[0].get('drained_after_s') if record else '?'}s after its agent saw it; "
+            f"{moved} of {STREAMS} streams moved by the gateway ({migrations:.0f} migrations), stall per "
+            f"moved stream (ms): {', '.join(f'{x * 1000:.0f}' for x in sorted(stalls))}; "
+            f"{len(samples)} requests through HAProxy, {len(failed)} failed"
         )
-    assert not alive, "the runtime still ran when the instance ended: the drain did not finish in time"
-    assert out_s < 5.0
     assert [(r["notice"]["kind"], r["out_of_service"]) for r in record] == [("spot", True)]
+    assert out_s < 5.0
+    assert not alive, "the runtime still ran when the instance ended: the drain did not finish in time"
+    assert broken == [], [results[i].errors for i in broken]
+    assert [s.text for s in results] == [r.text for r in reference]
+    assert moved >= 1 and migrations == moved == len(on_host), (record, migrations, len(on_host))
     assert samples and failed == []

@@ -20,6 +20,13 @@
 * **HAProxy** on ``local.balancer_port`` from the rendered ``haproxy.cfg``, with active health
   checks on the readiness path, its admin socket under the state dir, and a stats page on
   ``local.balancer_stats_port``.
+* **an IMDS stand-in and the agent's interruption watcher per slot**
+  (:mod:`frontier.targets.local.imds`): EC2's instance metadata service cannot run here, so each
+  slot gets an IMDSv2 endpoint on its own loopback address (a free port, in its service record),
+  and the host agent's ``interruptions`` command polls it from the slot's ``bin/`` — cloud-init's
+  copy of the agent, written here — as a spot host's ``frontier-interruptions.service`` polls
+  169.254.169.254. A notice posted to it (``fab spot.notice``, :mod:`frontier.targets.local.notices`)
+  takes the slot out of service as a spot notice does on EC2, and tells the stack's gateway first.
 * **a trace receiver** (:mod:`frontier.targets.local.traces`) on a free loopback port (in its
   service record), writing spans to ``<state_dir>/traces/spans.jsonl``; the slots' ``env`` and the
   gateway name it in ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, so runtimes and gateway send it their
@@ -34,6 +41,7 @@ host slots.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -44,8 +52,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import frontier_hostside
 from frontier_hostside.agent import terminate_then_kill
 from frontier_hostside.names import (
+    AGENT_CONFIG_NAME,
+    AGENT_FILE_NAME,
     HAPROXY_ADMIN_SOCKET,
     LOCAL_AWS_KEY_ID,
     LOCAL_AWS_SECRET,
@@ -57,13 +68,18 @@ from frontier import aws, project
 from frontier.config.schema import Host, Local, Settings
 from frontier.errors import FrontierError
 from frontier.release.signing import find_release_key
-from frontier.targets.local import iam, services, traces
+from frontier.render.host import render_agent_config
+from frontier.targets.local import iam, imds, services, traces
 from frontier.targets.local.balancer import balancer_backends, render_haproxy
 from frontier.targets.local.group import STATE_FILE as GROUP_STATE_FILE
 
 STATE_FILE = "local.json"
 API_KEY_FILE = "api-key"
 CONNECTION_ENV = "FRONTIER_LOCAL_CONNECTION"
+# How often a slot's agent asks its IMDS stand-in for notices. EC2's hosts ask every 5 s
+# (frontier_hostside.interruption.POLL_INTERVAL_S); a slot asks every second so that a notice's
+# drill shows the slot out of HAProxy's rotation within 5 s of it, health checks included.
+IMDS_POLL_S = 1.0
 
 
 class LocalStackError(FrontierError):
@@ -256,6 +272,7 @@ def up(settings: Settings) -> list[Component]:
         report.append(_prepare_host(settings, host))
         if key is not None:
             report.append(_up_sshd(settings, host, state, key))
+        report += _up_interruptions(settings, host, state)
     report.append(_up_haproxy(settings, state))
     report.append(_up_alarms(settings, state))
     _write_state(settings, state, connection)
@@ -383,8 +400,9 @@ def host_env(settings: Settings, host: Host) -> dict[str, str]:
 def _prepare_host(settings: Settings, host: Host) -> Component:
     root = host_root(host)
     created = not root.exists()
-    for sub in ("releases", "cache/weights", "logs", "run"):
+    for sub in ("releases", "cache/weights", "logs", "run", "bin"):
         (root / sub).mkdir(parents=True, exist_ok=True)
+    _install_agent(settings, host)
     env = "".join(f"{k}={v}\n" for k, v in sorted(host_env(settings, host).items()))
     env_file = root / "env"
     if not env_file.exists() or env_file.read_text() != env:
@@ -400,6 +418,89 @@ def _prepare_host(settings: Settings, host: Host) -> Component:
     if found is not None and (not key_file.is_file() or key_file.read_text().strip() != found.public_key):
         key_file.write_text(found.public_key + "\n")
     return Component(f"host {host.name}", "created" if created else "exists", f"root {root}")
+
+
+def _install_agent(settings: Settings, host: Host) -> None:
+    """The host agent, the files it imports and its configuration under the slot's ``bin/``, as
+    cloud-init puts them on an instance before anything runs there: the slot's interruption
+    watcher runs them from the start (a deploy later writes the same files there)."""
+    root = host_root(host)
+    config = render_agent_config(
+        settings,
+        iam.pool_of_host(settings, host),
+        host=host.name,
+        root=str(root),
+        python=sys.executable,
+        address=host.address,
+    )
+    files = {**frontier_hostside.agent_files(), AGENT_CONFIG_NAME: config.encode()}
+    for name, data in files.items():
+        path = root / "bin" / name
+        if path.is_file() and path.read_bytes() == data:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(data)
+        tmp.chmod(0o755 if name == AGENT_FILE_NAME else 0o644)
+        tmp.replace(path)
+
+
+def imds_service(host: Host) -> str:
+    """The name of ``host``'s IMDS stand-in among the stack's services."""
+    return f"imds-{host.name}"
+
+
+def watcher_service(host: Host) -> str:
+    """The name of ``host``'s interruption watcher (the agent's ``interruptions``) among the services."""
+    return f"interruptions-{host.name}"
+
+
+def instance_id(settings: Settings, host: Host) -> str:
+    """The EC2-shaped instance id ``host``'s IMDS gives (``i-`` and 17 hex digits), the same on every ``up``."""
+    return "i-" + hashlib.sha256(f"{settings.stack}/{host.name}".encode()).hexdigest()[:17]
+
+
+def _up_interruptions(settings: Settings, host: Host, state: Path) -> list[Component]:
+    """``host``'s IMDS stand-in, then the agent's watcher polling it (restarted when the stack file
+    changed what it is told: the gateway to tell)."""
+    report = []
+    stand_in = services.find(state, imds_service(host))
+    if stand_in is None:
+        port = services.free_port(host.address)
+        group = iam.pool_of_host(settings, host).group
+        command = [
+            # Run as a script: it is standard library only, so it starts without the toolkit's imports.
+            *(sys.executable, imds.__file__, "--address", host.address, "--port", str(port)),
+            *("--instance-id", instance_id(settings, host), "--instance-type", group.instance_type),
+            *("--availability-zone", f"{settings.region}a"),
+        ]
+        log = state / "imds" / f"{host.name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        stand_in = services.spawn(imds_service(host), command, state, log, host.address, port)
+        services.wait_for_port(host.address, port, 20, stand_in)
+        report.append(Component(imds_service(host), "started", f"{stand_in.endpoint} (pid {stand_in.pid})"))
+    else:
+        report.append(Component(imds_service(host), "running", f"{stand_in.endpoint} (pid {stand_in.pid})"))
+    bin_dir = host_root(host) / "bin"
+    command = [
+        *(sys.executable, str(bin_dir / AGENT_FILE_NAME), "--config", str(bin_dir / AGENT_CONFIG_NAME)),
+        *("interruptions", "--imds", stand_in.endpoint, "--interval", f"{IMDS_POLL_S:g}"),
+    ]
+    if settings.gateway is not None:
+        # The gateway's admin port is on this machine: it hears of a notice before the drain starts.
+        command += ["--gateway-admin", f"http://{settings.gateway.admin_host}:{settings.gateway.admin_port}"]
+    name = watcher_service(host)
+    watcher = services.find(state, name)
+    if watcher is not None and watcher.command == command:
+        report.append(Component(name, "running", f"polls {stand_in.endpoint} (pid {watcher.pid})"))
+        return report
+    if watcher is not None:
+        services.stop(watcher)
+    log = host_root(host) / "logs" / "interruptions.log"
+    watcher = services.spawn(name, command, state, log, host.address, 0)
+    every = f"every {IMDS_POLL_S:g} s"
+    report.append(Component(name, "started", f"polls {stand_in.endpoint} {every} (pid {watcher.pid})"))
+    return report
 
 
 def _up_sshd(settings: Settings, host: Host, state: Path, public_key: str) -> Component:
@@ -542,6 +643,8 @@ def down(settings: Settings) -> list[Component]:
     report = _stop_runtimes(settings.inventory.hosts)
     names = [
         *("alarms", "gateway", traces.SERVICE, "haproxy"),
+        *(watcher_service(h) for h in settings.inventory.hosts),
+        *(imds_service(h) for h in settings.inventory.hosts),
         *(f"sshd-{h.name}" for h in settings.inventory.hosts),
         "moto",
     ]
