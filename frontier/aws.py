@@ -26,10 +26,11 @@ from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 
 
-def client(settings: Settings, service: str, **kwargs: Any) -> Any:
-    """A boto3 client in the stack's region; ``kwargs`` (an endpoint, credentials) go to boto3."""
+def client(settings: Settings, service: str, *, region: str = "", **kwargs: Any) -> Any:
+    """A boto3 client in the stack's region (or ``region``: the backup copy's); ``kwargs`` (an
+    endpoint, credentials) go to boto3."""
     config = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60)
-    return boto3.client(service, region_name=settings.region, config=config, **kwargs)
+    return boto3.client(service, region_name=region or settings.region, config=config, **kwargs)
 
 
 def outputs_file(settings: Settings) -> Path:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pulumi
 
 from frontier.config.schema import Settings
+from infra.backup import Backup, BackupArgs, ReplicatedBucket
 from infra.cloud import Cloud
 from infra.identity import IdentityInputs
 from infra.network import Network, NetworkArgs
@@ -52,6 +53,7 @@ class FoundationArgs:
 
 
 class Foundation(pulumi.ComponentResource):
+    backup: Backup | None
     secrets: Secrets
     network: Network | None
     storage: Storage
@@ -68,6 +70,22 @@ class Foundation(pulumi.ComponentResource):
         # Weights, history and the key outlive a careless `pulumi destroy` in production.
         keep = pulumi.ResourceOptions.merge(moved, pulumi.ResourceOptions(protect=production))
         self.zones = cloud.availability_zones[: settings.network.availability_zones]
+        # The copy in backup.region (infra/backup.py): its key first, which the secret's replica uses.
+        self.backup = (
+            Backup(
+                f"{name}-backup",
+                BackupArgs(
+                    stack=stack,
+                    cloud=cloud,
+                    region=settings.backup.region,
+                    noncurrent_days=HISTORY_NONCURRENT_DAYS,
+                    tags=tags,
+                ),
+                opts=pulumi.ResourceOptions(parent=self, protect=production),
+            )
+            if settings.backup.region
+            else None
+        )
 
         self.secrets = Secrets(
             f"{name}-secrets",
@@ -77,6 +95,7 @@ class Foundation(pulumi.ComponentResource):
                 api_keys_secret_name=settings.api_keys_secret,
                 production=production,
                 tags=tags,
+                replica=(settings.backup.region, self.backup.key_arn) if self.backup else None,
             ),
             opts=keep,
         )
@@ -114,6 +133,13 @@ class Foundation(pulumi.ComponentResource):
             ),
             opts=keep,
         )
+        if self.backup is not None:
+            storage = self.storage
+            sources = [ReplicatedBucket("history", storage.history_bucket_name, storage.history)]
+            metering = stack_metering_bucket(settings, cloud)
+            if storage.metering is not None:
+                sources.append(ReplicatedBucket("metering", metering, storage.metering))
+            self.backup.replicate(sources, self.secrets.key_arn)
         self.registry = Registry(
             f"{name}-registry",
             RegistryArgs(

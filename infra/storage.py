@@ -46,7 +46,10 @@ def metering_problems(settings: Settings, cloud: Cloud) -> Iterator[str]:
     if gateway is None or not gateway.metering.uri.startswith("s3://"):
         return
     bucket, _ = split_s3_uri(gateway.metering.uri)
-    owned = (unique_bucket_name(settings.stack, "history", cloud), metering_bucket_name(settings.stack, cloud))
+    owned = (
+        unique_bucket_name(settings.stack, "history", cloud),
+        metering_bucket_name(settings.stack, cloud),
+    )
     if bucket not in owned:
         yield (
             f"gateway.metering.uri = {gateway.metering.uri!r}: bucket {bucket!r} is not one this stack creates; "
@@ -89,6 +92,8 @@ class StorageArgs:
 class PrivateBucket:
     name: pulumi.Output[str]
     arn: pulumi.Output[str]
+    #: Replication needs versioning on both sides first. None: not versioned.
+    versioning: aws.s3.BucketVersioning | None = None
 
 
 class Storage(pulumi.ComponentResource):
@@ -134,8 +139,9 @@ class Storage(pulumi.ComponentResource):
             lifecycle=[self._noncurrent_rule(args.history_noncurrent_days)],
             logs_bucket=logs.name,
         )
+        self.metering: PrivateBucket | None = None
         if args.metering_bucket:
-            self._bucket(
+            self.metering = self._bucket(
                 "metering",
                 args.metering_bucket,
                 purpose="metering",
@@ -145,6 +151,8 @@ class Storage(pulumi.ComponentResource):
                 logs_bucket=logs.name,
             )
         self.weights_bucket, self.weights_bucket_arn = weights.name, weights.arn
+        self.history = history
+        self.history_bucket_name = unique_bucket_name(args.stack, "history", cloud)
         self.history_bucket, self.history_bucket_arn = history.name, history.arn
         self.history_prefix = f"{HISTORY_PREFIX_ROOT}/{args.stack}/"
         # Read through the bucket policy resource, so the ALB waits until log delivery may write.
@@ -170,69 +178,17 @@ class Storage(pulumi.ComponentResource):
         statements: Sequence[dict[str, Any]] = (),
         logs_bucket: pulumi.Input[str] | None = None,
     ) -> PrivateBucket:
-        name, child = f"{self._name}-{key}", self._child
-        tags = with_tags(dict(self._args.tags), purpose=purpose)
-        bucket = aws.s3.Bucket(name, bucket=bucket_name, force_destroy=False, tags=tags, opts=child)
-        ownership = aws.s3.BucketOwnershipControls(
-            name, bucket=bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child
+        return private_bucket(
+            self,
+            f"{self._name}-{key}",
+            bucket_name,
+            tags=with_tags(dict(self._args.tags), purpose=purpose),
+            kms_key_arn=kms_key_arn,
+            versioned=versioned,
+            lifecycle=lifecycle,
+            statements=statements,
+            logs=(logs_bucket, f"{S3_LOG_PREFIX}/{key}/") if logs_bucket is not None else None,
         )
-        block = aws.s3.BucketPublicAccessBlock(
-            name,
-            bucket=bucket.id,
-            block_public_acls=True,
-            block_public_policy=True,
-            ignore_public_acls=True,
-            restrict_public_buckets=True,
-            opts=child,
-        )
-        if kms_key_arn is None:
-            default = {"sse_algorithm": "AES256"}
-        else:
-            default = {"sse_algorithm": "aws:kms", "kms_master_key_id": kms_key_arn}
-        aws.s3.BucketServerSideEncryptionConfiguration(
-            name,
-            bucket=bucket.id,
-            # Bucket keys cut KMS requests (and their cost) by orders of magnitude on multi-GB reads.
-            rules=[
-                {
-                    "apply_server_side_encryption_by_default": default,
-                    "bucket_key_enabled": kms_key_arn is not None,
-                }
-            ],
-            opts=child,
-        )
-        versioning = None
-        if versioned:
-            versioning = aws.s3.BucketVersioning(
-                name, bucket=bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
-            )
-        aws.s3.BucketLifecycleConfiguration(
-            name,
-            bucket=bucket.id,
-            rules=[*lifecycle, self._abort_uploads_rule()],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning] if versioning else []),
-        )
-        if logs_bucket is not None:
-            aws.s3.BucketLogging(
-                name,
-                bucket=bucket.id,
-                target_bucket=logs_bucket,
-                target_prefix=f"{S3_LOG_PREFIX}/{key}/",
-                opts=child,
-            )
-        policy = aws.s3.BucketPolicy(
-            name,
-            bucket=bucket.id,
-            policy=pulumi.Output.json_dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [self._deny_insecure_transport(bucket.arn), *statements],
-                }
-            ),
-            # S3 refuses a policy while the public access block is still being applied.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[block, ownership]),
-        )
-        return PrivateBucket(name=policy.bucket, arn=bucket.arn)
 
     @staticmethod
     def _deny_insecure_transport(bucket_arn: pulumi.Output[str]) -> dict[str, Any]:
@@ -302,3 +258,86 @@ class Storage(pulumi.ComponentResource):
             "filter": {"prefix": ""},
             "abort_incomplete_multipart_upload": {"days_after_initiation": 7},
         }
+
+
+def private_bucket(
+    parent: pulumi.Resource,
+    name: str,
+    bucket_name: str,
+    *,
+    tags: Mapping[str, str],
+    kms_key_arn: pulumi.Input[str] | None,
+    versioned: bool,
+    lifecycle: list[dict[str, Any]],
+    statements: Sequence[dict[str, Any]] = (),
+    logs: tuple[pulumi.Input[str], str] | None = None,
+    provider: pulumi.ProviderResource | None = None,
+) -> PrivateBucket:
+    """A bucket of the stack's kind, as a child of ``parent``: owner-enforced objects, public access
+    blocked, default encryption (``kms_key_arn``, else SSE-S3), versioning where asked, the lifecycle
+    rules given plus aborting stale uploads, server access logs to ``logs`` (bucket, prefix) where
+    given, and a policy that refuses requests without TLS. ``provider``: another region's."""
+    child = pulumi.ResourceOptions(parent=parent, provider=provider)
+    bucket = aws.s3.Bucket(name, bucket=bucket_name, force_destroy=False, tags=dict(tags), opts=child)
+    ownership = aws.s3.BucketOwnershipControls(
+        name, bucket=bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child
+    )
+    block = aws.s3.BucketPublicAccessBlock(
+        name,
+        bucket=bucket.id,
+        block_public_acls=True,
+        block_public_policy=True,
+        ignore_public_acls=True,
+        restrict_public_buckets=True,
+        opts=child,
+    )
+    if kms_key_arn is None:
+        default = {"sse_algorithm": "AES256"}
+    else:
+        default = {"sse_algorithm": "aws:kms", "kms_master_key_id": kms_key_arn}
+    aws.s3.BucketServerSideEncryptionConfiguration(
+        name,
+        bucket=bucket.id,
+        # Bucket keys cut KMS requests (and their cost) by orders of magnitude on multi-GB reads.
+        rules=[
+            {
+                "apply_server_side_encryption_by_default": default,
+                "bucket_key_enabled": kms_key_arn is not None,
+            }
+        ],
+        opts=child,
+    )
+    versioning = None
+    if versioned:
+        versioning = aws.s3.BucketVersioning(
+            name, bucket=bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
+        )
+    aws.s3.BucketLifecycleConfiguration(
+        name,
+        bucket=bucket.id,
+        rules=[*lifecycle, Storage._abort_uploads_rule()],
+        opts=pulumi.ResourceOptions.merge(
+            child, pulumi.ResourceOptions(depends_on=[versioning] if versioning else [])
+        ),
+    )
+    if logs is not None:
+        aws.s3.BucketLogging(
+            name,
+            bucket=bucket.id,
+            target_bucket=logs[0],
+            target_prefix=logs[1],
+            opts=child,
+        )
+    policy = aws.s3.BucketPolicy(
+        name,
+        bucket=bucket.id,
+        policy=pulumi.Output.json_dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [Storage._deny_insecure_transport(bucket.arn), *statements],
+            }
+        ),
+        # S3 refuses a policy while the public access block is still being applied.
+        opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[block, ownership])),
+    )
+    return PrivateBucket(name=policy.bucket, arn=bucket.arn, versioning=versioning)

@@ -5,8 +5,8 @@ Tasks are thin: they parse options, load the stack, call into the library and pr
 
 from invoke import Collection
 
-from frontier.cli import access, ami, config, keys, local, ops, provision, soak, spot, verify
+from frontier.cli import access, ami, config, keys, local, ops, provision, restore, soak, spot, verify
 
 namespace = Collection()
-for module in (config, provision, ops, ami, local, spot, access, verify, keys, soak):
+for module in (config, provision, ops, ami, local, spot, access, verify, keys, soak, restore):
     module.register(namespace)

@@ -316,6 +316,22 @@ class Releases(_Settings):
     )
 
 
+class Backup(_Settings):
+    """The stack's ``backup:`` section: where a second copy of its history and metering lives.
+
+    With ``region`` set, the stack's program replicates its history bucket (and its own metering
+    bucket) to a bucket in that region, and its API-keys secret to a replica there
+    (infra/backup.py); ``fab restore --from backup`` reads that copy. The policy pack refuses a
+    production stack without it.
+    """
+
+    region: str = Field(
+        default="",
+        pattern=r"^([a-z]{2}(-[a-z]+)+-[0-9])?$",
+        description="The AWS region of the backup copy; empty: no copy outside the bucket's own versions.",
+    )
+
+
 class Verify(_Settings):
     """The stack's ``verify:`` section: the verification set ``fab verify`` (and a canary) runs."""
 
@@ -868,6 +884,7 @@ class Settings(_Settings):
     monitoring: Monitoring
     verify: Verify = Verify()
     releases: Releases = Releases()
+    backup: Backup = Backup()
     local: Local | None = None
     kubernetes: Kubernetes | None = None
     gateway: Gateway | None = None
@@ -923,6 +940,12 @@ class Settings(_Settings):
             if pool.group not in self.node_groups
         ]
         problems.extend(self._disaggregation_problems())
+        if self.backup.region == self.region:
+            problems.append(
+                FieldProblem(
+                    "backup.region", self.backup.region, f"must differ from the stack's region {self.region!r}"
+                )
+            )
         sizes = {g.name: g.max_size for g in self.node_groups}
         for g in self.node_groups:
             if g.capacity is not None and g.capacity.market == "capacity-block":

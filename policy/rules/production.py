@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from frontier_hostside.names import RUNTIME_ROLE, STACK_TAG
+from frontier_hostside.names import PURPOSE_TAG, RUNTIME_ROLE, STACK_TAG
 from pulumi_policy import (
     EnforcementLevel,
     PolicyConfigSchema,
@@ -118,7 +118,9 @@ def check_production_ingress_allowlisted(
         annotations, WAF_ACL_ANNOTATION
     ):
         return
-    cidrs = {c.strip() for c in str(get(annotations, INBOUND_CIDRS_ANNOTATION, default="0.0.0.0/0")).split(",")}
+    cidrs = {
+        c.strip() for c in str(get(annotations, INBOUND_CIDRS_ANNOTATION, default="0.0.0.0/0")).split(",")
+    }
     if cidrs & {"0.0.0.0/0", "::/0"}:
         yield (
             f"Ingress of production stack {stack!r} makes an internet-facing ALB that admits 0.0.0.0/0 with "
@@ -200,6 +202,46 @@ def check_production_runtime_egress(
             )
 
 
+BUCKET_REPLICATION = ("aws:s3/bucketReplicationConfig:BucketReplicationConfig",)
+#: The buckets whose loss loses the stack's past: its deploy history and its gateway's metering.
+BACKED_UP_PURPOSES = ("history", "metering")
+
+
+def _replicates(rule: Mapping[str, Any]) -> bool:
+    """An enabled rule that copies into a bucket and leaves deletions behind (infra/backup.py)."""
+    return (
+        str(get(rule, "status", default="")) == "Enabled"
+        and bool(get(rule, "destination", "bucket"))
+        and str(get(rule, "deleteMarkerReplication", "status", default="Disabled")) == "Disabled"
+    )
+
+
+def check_production_backup_copy(
+    resources: Sequence[PolicyResource], production: Callable[[str], bool]
+) -> Iterator[tuple[PolicyResource, str]]:
+    """A production stack's history and metering buckets replicate to its backup region, and a
+    deletion there never reaches the copy (backup.region in the stack file: infra/backup.py)."""
+    replications = of_type(resources, BUCKET_REPLICATION)
+    for bucket in of_type(resources, BUCKET):
+        stack = stack_of(bucket.urn)
+        purpose = str(get(tags_of(bucket.props), PURPOSE_TAG, default=""))
+        if purpose not in BACKED_UP_PURPOSES or not production(stack):
+            continue
+        names = {str(v) for v in (get(bucket.props, "bucket"), get(bucket.props, "id")) if v}
+        rules = [
+            rule
+            for config in replications
+            if str(get(config.props, "bucket", default="")) in names
+            for rule in as_list(get(config.props, "rules"))
+        ]
+        if not any(_replicates(rule) for rule in rules):
+            yield (
+                bucket,
+                f"{purpose} bucket of production stack {stack!r} has no backup copy: set backup.region in "
+                "the stack file (an enabled replication rule that does not replicate deletions)",
+            )
+
+
 POLICIES = [
     resource_policy(
         "production-stateful-protected",
@@ -241,6 +283,11 @@ POLICIES = [
         "production-lb-allowlisted",
         "A production load balancer open to 0.0.0.0/0 is internal, allowlisted or behind a WAF.",
         check_production_lb_allowlisted,
+    ),
+    production_stack_policy(
+        "production-backup-copy",
+        "Production history and metering buckets replicate to the stack's backup region; deletions do not.",
+        check_production_backup_copy,
     ),
     production_stack_policy(
         "production-runtime-egress-to-endpoints",

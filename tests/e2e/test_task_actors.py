@@ -208,15 +208,62 @@ def test_keys_rotate_under_load_moves_every_replica_and_fails_no_request(stack, 
 
 def test_deploy_b_and_roll_back(stack):
     variant = stack_variant(stack.settings, "b", "runtime.batch", window_ms=10)
-    fab(
+    deployed = fab(
         stack,
         "deploy",
         "--digest",
         stack.outputs["digest"],
         env={"FRONTIER_STACKS_DIR": str(Path(variant.source).parent)},
     )
+    stack.outputs["release_b"] = _rolled(deployed, "deploy")
     rolled = fab(stack, "rollback")
     assert "succeeded" in rolled, rolled
+    stack.outputs["release_a"] = _rolled(rolled, "rollback")
+
+
+def _rolled(output: str, kind: str) -> str:
+    """The release a deploy or rollback's summary says it rolled, successfully."""
+    found = re.search(rf"{kind} (r-[0-9a-f]+): succeeded", output)
+    assert found, output
+    return found.group(1)
+
+
+def _keys(s3, bucket: str, prefix: str) -> list[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
+
+
+def test_restore_drill_history_deleted_restored_and_rolled_back(stack):
+    """The history prefix deleted (a delete marker per key, as `aws s3 rm --recursive` leaves in a
+    versioned bucket), `fab restore` brings it back from the object versions, and `fab rollback`
+    then rolls the release before the current one and the hosts serve it."""
+    admin = iam.read_keys(local.state_dir(stack.settings))["admin"]
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=local.moto_endpoint(stack.settings),
+        region_name=stack.settings.region,
+        **admin.boto3_kwargs(),
+    )
+    bucket, prefix = local.history_bucket(stack.settings), local.history_prefix(stack.settings)
+    keys = _keys(s3, bucket, prefix)
+    assert any("/records/" in k for k in keys) and any("/artifacts/" in k for k in keys), keys
+    for start in range(0, len(keys), 1000):
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[start : start + 1000]]})
+    assert "deploy" not in fab(stack, "history")
+
+    restored = fab(stack, "restore")
+    assert "0 newer" in restored and set(keys) <= set(_keys(s3, bucket, prefix)), restored
+    again = fab(stack, "restore")
+    assert "0 restored" in again and "nothing to do" in again, again
+    history = fab(stack, "history")
+    assert stack.outputs["release_a"] in history and stack.outputs["release_b"] in history, history
+
+    rolled = fab(stack, "rollback")
+    assert _rolled(rolled, "rollback") == stack.outputs["release_b"], rolled
+    status = fab(stack, "status")
+    for host in stack.settings.inventory.hosts:
+        row = next(line for line in status.splitlines() if host.name in line)
+        assert stack.outputs["release_b"] in row.split(host.address, 1)[1][:40], status
 
 
 def test_weights_gc_deletes_the_version_no_release_needs(stack):

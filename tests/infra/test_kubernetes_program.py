@@ -191,6 +191,8 @@ def test_the_deploy_role_reaches_history_and_only_its_namespace(eks):
     assert set(sids) == {
         "ReadWriteDeployHistoryAndLocks",
         "ListDeployHistory",
+        "ListDeployHistoryVersions",
+        "ReadDeployHistoryVersions",
         "PushModelWeights",
         "ListModelWeights",
         "CollectUnusedModelWeights",

@@ -217,6 +217,7 @@ CONTAINER = ("spec", "template", "spec", "containers", 0)
 _eks_graph: list[Graph] = []
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
 WAF_ASSOCIATION = "aws:wafv2/webAclAssociation:WebAclAssociation"
+REPLICATION = "aws:s3/bucketReplicationConfig:BucketReplicationConfig"
 LISTENER_RULE = "aws:lb/listenerRule:ListenerRule"
 K8S_INGRESS = "kubernetes:networking.k8s.io/v1:Ingress"
 RUNTIME_INGRESS = "runtime-ingress-frontier-llama-3-1-70b-instruct"
@@ -498,6 +499,18 @@ STACK_VIOLATIONS = {
     ],
     "production-runtime-egress-to-endpoints": [
         ("HTTPS to anywhere", "prod", _egress_changed("runtime-out-443-vpc", cidrIpv4="0.0.0.0/0"))
+    ],
+    "production-backup-copy": [
+        ("no backup region", "prod", lambda g: [r for r in g.resources if r.type != REPLICATION]),
+        (
+            "deletions replicated",
+            "prod",
+            _changed_config(
+                "ReplicationConfig",
+                "history",
+                setter(("rules", 0, "deleteMarkerReplication", "status"), "Enabled"),
+            ),
+        ),
     ],
 }
 

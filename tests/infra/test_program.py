@@ -46,17 +46,22 @@ def with_changes(settings, **sections):
 # --- composition ----------------------------------------------------------------------------------
 
 
+def components_of(graph) -> set[str]:
+    """The program's components: the common set, and the backup copy where backup.region is set."""
+    return COMPONENTS | ({"frontier:backup:Backup"} if graph.settings.backup.region else set())
+
+
 def test_one_component_per_concern_and_one_node_group_component_per_group(graph):
     components = [r.type for r in graph.resources if not r.custom]
-    assert set(components) == COMPONENTS
+    assert set(components) == components_of(graph)
     assert components.count("frontier:nodes:GpuNodeGroup") == len(graph.settings.node_groups)
-    assert all(components.count(t) == 1 for t in COMPONENTS - {"frontier:nodes:GpuNodeGroup"})
+    assert all(components.count(t) == 1 for t in components_of(graph) - {"frontier:nodes:GpuNodeGroup"})
 
 
 def test_every_cloud_resource_is_a_child_of_a_frontier_component(graph):
     for resource in graph.resources:
         if resource.custom:
-            assert resource.parent_types and resource.parent_types[0] in COMPONENTS, resource.urn
+            assert resource.parent_types and resource.parent_types[0] in components_of(graph), resource.urn
 
 
 def test_children_are_named_after_their_component(graph):

@@ -1,0 +1,52 @@
+"""``fab restore``: bring a stack's deploy history back from its bucket's object versions or from
+its backup copy in a second region (:mod:`frontier.release.restore`)."""
+
+from __future__ import annotations
+
+from invoke import Collection, task
+
+from frontier.cli import tables
+from frontier.cli.common import reports_errors, settings_for
+from frontier.figures import size
+from frontier.release.history import HistoryStore
+from frontier.release.restore import history_source, parse_at, restore
+from frontier.targets import backend_for
+
+STACK = "stack name (default $FRONTIER_STACK, else local)"
+
+
+@task(
+    name="restore",
+    help={
+        "stack": STACK,
+        "from_": "version: the history bucket's object versions (default); backup: the copy in backup.region",
+        "at": "restore each key as it was at this time (ISO 8601, UTC unless it names a zone); default: its newest",
+        "force": "also replace keys that exist now (a key written after --at included); default: keep them",
+    },
+)
+@reports_errors
+def restore_history(c, stack=None, from_="version", at=None, force=False):
+    """Restore the stack's history (releases, records, artifacts) from S3 versions or the backup copy."""
+    settings = settings_for(stack)
+    pool_store = backend_for(settings).history_store()
+    # The stack's whole prefix: every pool's releases and records, and the artifacts they share.
+    store = HistoryStore(pool_store.s3, pool_store.bucket, settings.stack, pool_store.artifacts_prefix)
+    source = history_source(settings, store, from_)
+    rows = restore(store, source, at=parse_at(at) if at else None, force=bool(force))
+    cells = [
+        (r.key, r.outcome, r.version_id[:16], r.modified.strftime("%Y-%m-%d %H:%M:%S"), size(r.size))
+        for r in rows
+    ]
+    title = f"restore of stack {settings.stack} from {source.describe()}"
+    columns = ("key", "outcome", "version", "written (UTC)", "size")
+    tables.console().print(tables.table(title, columns, cells, numeric=(4,)))
+    counts = {o: sum(r.outcome == o for r in rows) for o in ("restored", "replaced", "present", "newer")}
+    print(", ".join(f"{n} {o}" for o, n in counts.items()))
+    if counts["newer"]:
+        print("keys written after the restore point were kept: --force replaces them")
+    if not counts["restored"] and not counts["replaced"]:
+        print("nothing to do: every key the source holds is in the history")
+
+
+def register(namespace: Collection) -> None:
+    namespace.add_task(restore_history)
