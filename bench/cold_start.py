@@ -1,16 +1,23 @@
-"""Cold start to ready against the physical minimum of this machine, serial fetch vs parallel fetch.
+"""Cold start to ready against the physical minimum of this machine: from S3 and from a local directory.
 
     .venv/bin/python bench/cold_start.py [--gb 1.05] [--shards 16] [--concurrency 8] [--keep DIR]
 
 A Llama-shaped model of random float32 weights (``--gb``, several safetensors shards, written
 locally by ``frontier_runtime.tiny``) is pushed with ``fab weights.push``'s code to moto's S3
-server, run as its own process on loopback (a real HTTP round trip per GET, no cloud). Then, each
-from an empty cache, the runtime starts the way ``serve`` does (fetch + verify, tokenizer and
-engine load, warm-up forward) twice, then once more on the cache the second start left:
+server, run as its own process on loopback (a real HTTP round trip per GET, no cloud). Then the
+runtime starts the way ``serve`` does (fetch + verify, tokenizer and engine load, warm-up forward),
+each start from an empty host cache unless said otherwise:
 
-* before: ``concurrency=1``, the serial path (file after file: a download, then a hash pass);
-* after:  the parallel path (one pool of ranged GETs, each file hashed as its parts land);
-* restart on the warm host cache: every file verified before is reused (one ``stat`` each).
+* S3, serial: the checkpoint file after file (a download, then a hash pass), no prepared cache;
+* S3, first host: the parallel fetch (one pool of ranged GETs, each file hashed as its parts land),
+  the checkpoint loaded and packed; once ready, what the load computed (packed panels, fused
+  projections) is published to S3 as the prepared cache of its key (not timed: after readiness);
+* S3, next host: the prepared cache fetched instead of the checkpoint, verified the same way, and
+  mapped by the loader (no packing, no copy);
+* S3, restart on the warm host cache: every file verified before is reused (one ``stat`` each);
+* local directory, first start: ``model.weights_uri`` a local directory, loaded and packed; the
+  prepared directory is then kept on the host (``weights_cache_dir/local-prepared/<key>``);
+* local directory, next start: that prepared directory mapped.
 
 The physical minimum is measured on the same machine in the same run, each with nothing else
 running: ``BW_net`` (a plain parallel GET of the same objects, read and dropped, at the same
@@ -27,16 +34,18 @@ the weights are in place::
     T_min = max(B / BW_net, B / BW_sha, B / BW_disk, B / BW_copy) + T_fwd
 
 Per phase: fetch+verify ≥ max(B/BW_net, B/BW_sha, B/BW_disk), load ≥ B/BW_copy, warm-up ≥ T_fwd. The ratio
-is measured / minimum (goal ≤ 1.5 for start-to-ready). Start-to-ready here is what ``serve`` does
-between opening its socket and readiness; the interpreter and the torch import before it are not
-counted (nor in the minimum).
+is measured / minimum (goal ≤ 1.5 for start-to-ready). A start from a local directory (or a warm
+host cache) fetches nothing: its minimum is B/BW_copy + T_fwd, the model read from the page cache.
+Start-to-ready here is what ``serve`` does between opening its socket and readiness; the
+interpreter and the torch import before it are not counted (nor in the minimum).
 
 On this machine moto's server is a Python process sharing the same 2 cores as the runtime: every
 byte it serves costs CPU that the fetcher's hashing and copying also need, so BW_net is moto's
 serving rate, not a NIC's, and a parallel fetch contends with it for the cores. moto also reads
 and copies a whole object under a per-object lock for every ranged GET, so ranges of one object
 cost it that object's size each: the default 16 shards of ~65 MB are each one whole-object GET
-(the fetcher cuts files into ranges only when there are fewer files than connections). The disk
+(the fetcher cuts files into ranges only when there are fewer files than connections), and the
+prepared cache is written in shards of 64 MiB for the same reason. The disk
 is a shared virtual disk: BW_disk, like every figure here, moves with whatever else runs on the
 machine: rerun and compare runs side by side, never across machines.
 """
@@ -62,8 +71,10 @@ import boto3
 import yaml
 from botocore.config import Config
 from frontier_runtime.config import parse_config
+from frontier_runtime.server import warm_start
 from frontier_runtime.server.serve import build_engine
 from frontier_runtime.server.text import TextCodec
+from frontier_runtime.storage.prepared import ModelSource
 from frontier_runtime.storage.weights import STREAM_CHUNK, fetch_weights
 from frontier_runtime.tiny import make_tiny_checkpoint
 
@@ -87,6 +98,7 @@ class Start:
     warmup: float
     forward_again: float
     bytes_fetched: int
+    prepared: bool  # loaded from the prepared cache (no packing)
 
     @property
     def total(self) -> float:
@@ -170,28 +182,37 @@ def client(endpoint: str, concurrency: int):
 
 
 def start_to_ready(
-    label: str, endpoint: str, cache: Path, concurrency: int, config_yaml: str, *, cold: bool = True
+    label: str, config_yaml: str, cache: Path, *, cold: bool = True, serial: bool = False
 ) -> Start:
     """What ``serve`` does before readiness (serve.load_runtime + the warm-up), phase by phase;
-    from an empty cache when ``cold``, else on the cache the previous start left."""
+    from an empty host cache when ``cold``, else on the cache the previous start left. ``serial``:
+    the checkpoint fetched file after file, without the prepared cache (the oldest path). What a
+    start prepared is published after it is ready, as ``serve`` does, outside the timings."""
     if cold:
         shutil.rmtree(cache, ignore_errors=True)
-    report = fetch_weights(
-        SOURCE, VERSION, cache, s3_client=client(endpoint, concurrency), concurrency=concurrency
-    )
     config = parse_config(config_yaml)
     started = time.monotonic()
-    TextCodec.from_dir(report.model_dir)
-    engine = build_engine(config, report.model_dir)
+    if serial:
+        report = fetch_weights(SOURCE, VERSION, cache, concurrency=1)
+        source = ModelSource(report.model_dir, False, "", reports=(report,))
+    else:
+        source = warm_start.model_source(config, lambda phase, seconds: None)
+    fetch_verify = time.monotonic() - started
+    started = time.monotonic()
+    TextCodec.from_dir(source.model_dir)
+    engine, after_ready = warm_start.build(config, source, build_engine)
     load = time.monotonic() - started
     try:
         warmup = engine.warmup()
         forward_again = engine.warmup()
+        if after_ready is not None:
+            after_ready()
     finally:
         engine.shutdown()
     return Start(
-        label, concurrency, report.seconds, report.verify_seconds, load, warmup, forward_again,
-        report.bytes_downloaded,
+        label, 1 if serial else config.weights_fetch_concurrency, fetch_verify,
+        sum(r.verify_seconds for r in source.reports), load, warmup, forward_again,
+        sum(r.bytes_downloaded for r in source.reports), source.hit,
     )  # fmt: skip
 
 
@@ -263,7 +284,11 @@ def row(name: str, measured: float, minimum: float) -> str:
 def print_start(start: Start, limits: Limits) -> None:
     """A start's phases against their minimums; a start that fetched nothing (warm cache) has no
     transfer to bound, so its minimum is the load and the forward alone."""
-    print(f"\n{start.label} (concurrency {start.concurrency}, {start.bytes_fetched / GB:.2f} GB fetched)")
+    how = "prepared cache" if start.prepared else "checkpoint"
+    print(
+        f"\n{start.label} (concurrency {start.concurrency}, {start.bytes_fetched / GB:.2f} GB fetched, "
+        f"loaded from the {how})"
+    )
     print(f"  {'phase':<28} {'measured':>11} {'minimum':>11} {'ratio':>8}")
     if start.bytes_fetched:
         print(row("fetch + verify", start.fetch_verify, limits.fetch_verify))
@@ -311,16 +336,21 @@ def main() -> None:
                     "device": "cpu",
                 }
             )
+            local_yaml = config_yaml.replace(SOURCE, str(src))
             scratch = Path(tmp) / "scratch"
+            cache = Path(tmp) / "cache"
+            os.environ["AWS_ENDPOINT_URL"] = endpoint  # the runtime's client finds moto as it finds S3
             first = measure_limits(endpoint, s3, args.concurrency, shards, scratch)
-            before = start_to_ready("before: serial fetch", endpoint, Path(tmp) / "cache", 1, config_yaml)
-            after = start_to_ready(
-                "after: parallel fetch", endpoint, Path(tmp) / "cache", args.concurrency, config_yaml
-            )
-            warm = start_to_ready(
-                "restart on the warm host cache", endpoint, Path(tmp) / "cache", args.concurrency, config_yaml,
-                cold=False,
-            )  # fmt: skip
+            starts = [
+                start_to_ready("S3, serial fetch, no prepared cache", config_yaml, cache, serial=True),
+                start_to_ready("S3, first host: parallel fetch, packs, publishes", config_yaml, cache),
+                start_to_ready("S3, next host: prepared cache from S3", config_yaml, cache),
+                start_to_ready("S3, restart on the warm host cache", config_yaml, cache, cold=False),
+                start_to_ready("local directory, first start: packs, keeps it", local_yaml, cache),
+                start_to_ready(
+                    "local directory, next start: prepared on the host", local_yaml, cache, cold=False
+                ),
+            ]
             limits = first.best(measure_limits(endpoint, s3, args.concurrency, shards, scratch))
         finally:
             server.terminate()
@@ -335,12 +365,15 @@ def main() -> None:
         f"page-cache read {limits.copy_bps / GB:.2f} GB/s"
     )
     print("T_min = max(B/BW_net, B/BW_sha, B/BW_disk, B/BW_copy) + T_fwd")
-    for start in (before, after, warm):
+    for start in starts:
         print_start(start, limits)
+    s3_hit, local_hit = starts[2], starts[5]
     print(
-        f"\nstart-to-ready: before {before.total:.2f} s, after {after.total:.2f} s "
-        f"({before.total / after.total:.2f}x faster); fetch+verify {before.fetch_verify:.2f} s -> "
-        f"{after.fetch_verify:.2f} s"
+        f"\nstart-to-ready over the bound: S3 {s3_hit.total / (limits.transfer + s3_hit.forward_again):.2f}x "
+        f"({s3_hit.total:.2f} s, prepared cache hit on a cold host), local directory "
+        f"{local_hit.total / (limits.load + local_hit.forward_again):.2f}x ({local_hit.total:.2f} s); without the "
+        f"prepared cache: S3 {starts[1].total / (limits.transfer + starts[1].forward_again):.2f}x, local "
+        f"{starts[4].total / (limits.load + starts[4].forward_again):.2f}x"
     )
 
 

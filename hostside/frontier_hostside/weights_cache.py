@@ -43,7 +43,10 @@ def evict_weights(host_root: Path, releases_dir: Path) -> dict[str, Any]:
     for root in sorted(roots):
         for lock in sorted(root.rglob(WEIGHTS_LOCK_NAME)):
             version_dir = lock.parent
-            if version_dir in needed or not _lock_free(lock):
+            # A version's prepared directories (``<version>/prepared/<key>/``, the runtime's
+            # storage/prepared.py) hold their own lock and go with their version.
+            kept = version_dir in needed or any(parent in needed for parent in version_dir.parents)
+            if kept or not lock.exists() or not _lock_free(lock):
                 continue
             shutil.rmtree(version_dir, ignore_errors=True)
             evicted.append(str(version_dir.relative_to(root)))

@@ -252,6 +252,19 @@ def test_a_cached_version_being_fetched_is_not_evicted(s3, tmp_path):
     assert cached(tmp_path, "v1")
 
 
+def test_a_versions_prepared_weights_stay_while_it_is_needed_and_go_with_it(s3, tmp_path):
+    push_versions(s3, tmp_path, "v1", "v2", "v3")
+    agent = host_with_releases(tmp_path, s3, "v1", "v2", "v3")
+    for version in ("v1", "v3"):  # as the runtime's storage/prepared.py keeps them, each with its lock
+        prepared = cache_dir_for(URI, f"{version}/prepared/k0", tmp_path / "root" / "cache" / "weights")
+        prepared.mkdir(parents=True)
+        (prepared / ".lock").touch()
+        (prepared / "prepared.json").write_text("{}")
+    result = agent.prune(2)
+    assert result["weights_evicted"] == [f"{WEIGHTS}/tiny/v1"]
+    assert [cached(tmp_path, f"{v}/prepared/k0") for v in ("v1", "v3")] == [False, True]
+
+
 def test_a_release_whose_weights_cannot_be_read_stops_any_eviction(s3, tmp_path):
     push_versions(s3, tmp_path, "v1", "v2", "v3")
     agent = host_with_releases(tmp_path, s3, "v1", "v2", "v3")

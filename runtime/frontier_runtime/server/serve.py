@@ -57,6 +57,8 @@ class Loaded:
     engine: EngineClient
     codec: TextCodec
     api_keys: ApiKeys | None
+    #: Run once the engine is ready, off the request path: publishes the prepared weights it made.
+    after_ready: Callable[[], None] | None = None
 
 
 #: Told of each start phase as it ends: (phase, seconds); see metrics.START_PHASES.
@@ -122,14 +124,30 @@ def load_runtime(config: RuntimeConfig, model_dir: Path | None, phase: PhaseSink
         from frontier_runtime.storage.secrets import load_api_keys
 
         api_keys = ApiKeys(load_api_keys(config.api_keys_secret))
-    directory = resolve_model_dir(config, model_dir, phase)
+    if model_dir is not None or config.ranks > 1:
+        # An explicit directory is loaded as it is; ranks in other processes each load their own
+        # slice, so a replica of several has no single prepared file to map.
+        directory = resolve_model_dir(config, model_dir, phase)
+        _check_tokenizer(directory)
+        started = time.monotonic()
+        codec = TextCodec.from_dir(directory)
+        engine = build_engine(config, directory)
+        phase("load", time.monotonic() - started)
+        return Loaded(engine=engine, codec=codec, api_keys=api_keys)
+    from frontier_runtime.server import warm_start
+
+    source = warm_start.model_source(config, phase)
+    _check_tokenizer(source.model_dir)
+    started = time.monotonic()
+    codec = TextCodec.from_dir(source.model_dir)
+    engine, after_ready = warm_start.build(config, source, build_engine)
+    phase("load", time.monotonic() - started)
+    return Loaded(engine=engine, codec=codec, api_keys=api_keys, after_ready=after_ready)
+
+
+def _check_tokenizer(directory: Path) -> None:
     if not (directory / "tokenizer.json").is_file():
         raise FileNotFoundError(f"model directory {directory} has no tokenizer.json")
-    started = time.monotonic()
-    codec = TextCodec.from_dir(directory)
-    engine = build_engine(config, directory)
-    phase("load", time.monotonic() - started)
-    return Loaded(engine=engine, codec=codec, api_keys=api_keys)
 
 
 def build_engine(config: RuntimeConfig, model_dir: Path) -> EngineClient:
@@ -249,6 +267,8 @@ class RuntimeServer(uvicorn.Server):
             record = phase_recorder(self.state)
             record("warmup", time.monotonic() - started)
             record("ready", time.monotonic() - self.created)
+            if loaded.after_ready is not None:
+                self._spawn(asyncio.to_thread(loaded.after_ready))
             stats = loaded.engine.stats()
             log.info(
                 f"ready: attention backend {stats.attention_backend}, kernels {stats.kernels}"

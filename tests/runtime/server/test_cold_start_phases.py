@@ -188,14 +188,14 @@ def test_the_runtime_setting_bounds_the_gets_a_start_sends_at_once(
     sharded: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     counted: list[GetCounter] = []
-    real_client = weights_module._default_client
+    real_client = weights_module.default_client
 
     def counting_client(concurrency: int):
         client = real_client(concurrency)
         counted.append(GetCounter(client))
         return client
 
-    monkeypatch.setattr(weights_module, "_default_client", counting_client)
+    monkeypatch.setattr(weights_module, "default_client", counting_client)
     config = parse_config(
         yaml.safe_dump(
             {

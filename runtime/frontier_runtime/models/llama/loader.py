@@ -1,7 +1,8 @@
 """Build a ``LlamaForCausalLM`` and fill it from a safetensors checkpoint, sharded for its rank.
 
 Reads ``model.safetensors``, or the shards listed in ``model.safetensors.index.json``, or every
-``*.safetensors`` file of the directory.
+``*.safetensors`` file of the directory; a directory holding ``prepared.safetensors`` (the tensors of
+an earlier load, laid out for this engine: ``prepared``) is mapped instead, with no packing.
 
 The path is the same on CPU and CUDA, and its memory stays near the size of one rank's weights:
 
@@ -30,7 +31,7 @@ from safetensors import safe_open
 from torch import nn
 
 from frontier_runtime.distributed import SINGLE, Placement, TPGroup
-from frontier_runtime.models.llama import quant
+from frontier_runtime.models.llama import prepared, quant
 from frontier_runtime.models.llama.config import LlamaConfig
 from frontier_runtime.models.llama.layers import Linear, rope_tables
 from frontier_runtime.models.llama.model import LlamaForCausalLM
@@ -318,6 +319,9 @@ def load_model(
     cfg = LlamaConfig.from_dir(model_dir)
     placement = placement or Placement.of_tensor_parallel(tp)
     model = build_on_meta(cfg, placement=placement)
+    if (model_dir / prepared.PREPARED_NAME).is_file():  # laid out by an earlier load: no packing
+        spec = prepared.spec_for(device, dtype, quantization, placement)
+        return prepared.restore_prepared(model_dir, cfg, model, spec, device)
     ckpt = Checkpoint(model_dir)
     check_experts(cfg, ckpt)
     filler = _Filler(ckpt, placement.tp, dtype, device)
