@@ -26,11 +26,16 @@ from frontier.project import root
 
 
 def gateway_config(
-    settings: Settings, replicas: Mapping[str, list[str]] | None, *, metering_uri: str | None = None
+    settings: Settings,
+    replicas: Mapping[str, list[str]] | None,
+    *,
+    metering_uri: str | None = None,
+    disaggregated: Mapping[str, Mapping[str, list[str]]] | None = None,
 ) -> GatewayConfig:
     """The gateway's config for a stack: its gateway section as written, plus its pools, tenants,
     the runtimes' key and probe path. ``replicas``: base URLs of each model's runtimes, or None to
-    find them on EC2 by their tags (each pool's node group)."""
+    find them on EC2 by their tags (each pool's node group). ``disaggregated``: a disaggregated
+    pool's prefill and decode base URLs by model (``{"prefill": [...], "decode": [...]}``)."""
     gw = settings.gateway
     if gw is None:
         raise FrontierError(f"stack {settings.stack!r} has no 'frontier:gateway' section")
@@ -48,7 +53,8 @@ def gateway_config(
         urls = list(replicas.get(pool.name) or ())
         if not urls:
             raise FrontierError(f"model {pool.name!r} of stack {settings.stack!r} has no replica address")
-        models.append({"name": pool.name, "replicas": urls})
+        halves = (disaggregated or {}).get(pool.name)
+        models.append({"name": pool.name, "replicas": urls, **({"disaggregation": halves} if halves else {})})
     section = gw.model_dump(include=set(GatewaySettings.model_fields))
     if metering_uri:
         section["metering"] = {**section["metering"], "uri": metering_uri}

@@ -8,7 +8,8 @@ and the status reports them updated and available after ``settle_reads`` further
 serves ``/metrics`` through the pod proxy path, counting requests as a runtime would; what an image
 does is chosen per digest (``behaviour``): ``good`` answers 200s, ``errors`` answers 500s,
 ``slow`` answers 200s ten times slower (its latency histogram's requests all over a second),
-``stuck`` never becomes available and reports ``ProgressDeadlineExceeded``.
+``stuck`` never becomes available and reports ``ProgressDeadlineExceeded``; ``owner_behaviour``
+names a Deployment whose pods' metrics behave so whatever their image.
 
 ``pods/portforward`` speaks the API server's WebSocket port-forward protocol (v4.channel.k8s.io,
 as the client library's ``portforward`` does): each stream is joined to the TCP address ``forwards``
@@ -127,6 +128,9 @@ class FakeCluster:
     authorized: list[tuple[str, str, str, bool]] = field(default_factory=list)
     #: Where a port-forward to a pod of this image (and port) is joined: a real server's address.
     forwards: Callable[[str, int], tuple[str, int] | None] = lambda image, port: None
+    #: What the pods of a named Deployment do whatever their image (``errors``...): one half of a
+    #: pair failing on a release the other half serves.
+    owner_behaviour: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _pending: dict[str, int] = field(default_factory=dict)
 
@@ -271,7 +275,8 @@ class FakeCluster:
     def metrics(self, pod: str) -> str:
         count = self.scrapes.get(pod, 0) + 1
         self.scrapes[pod] = count
-        behaviour = self.behaviour(self.pods[pod]["image"])
+        owner, image = self.pods[pod]["owner"], self.pods[pod]["image"]
+        behaviour = self.owner_behaviour.get(owner) or self.behaviour(image)
         errors = behaviour == "errors"
         served = count * REQUESTS_PER_SCRAPE
         failed = served // 4 if errors else 0

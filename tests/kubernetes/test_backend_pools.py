@@ -25,6 +25,7 @@ from frontier.render.host import render_runtime_config
 from frontier.rollout.deploy import deploy
 from frontier.rollout.rolling import RolloutFailed
 from frontier.targets import backend_for
+from frontier.targets.kubernetes import disaggregation as pd
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes.backend import KubernetesBackend
 from frontier.targets.kubernetes.deploy_access import deploy_rules
@@ -41,14 +42,17 @@ def settings(eks_gateway: Settings, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def cluster(settings: Settings) -> Iterator[FakeApiServer]:
-    fake = FakeCluster(namespace=settings.kubernetes.namespace, behaviour=behaviour, rules=deploy_rules(settings))
+    fake = FakeCluster(
+        namespace=settings.kubernetes.namespace, behaviour=behaviour, rules=deploy_rules(settings)
+    )
     with FakeApiServer(fake) as server:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
-        # What `pulumi up` left: each pool's Deployment on the stack's first image.
-        for model in (BIG, SMALL):
-            view = settings.for_pool(model)
-            first = m.deployment(view, GOOD_A, render_runtime_config(view, view.only_pool), replicas=REPLICAS)
-            fake.put_deployment(first.to_dict())
+        # What `pulumi up` left: each pool's Deployment (the 8B pool's two, one per half) on the
+        # stack's first image.
+        for pool in settings.pools:
+            for half in pd.role_views(settings.for_pool(pool.name), pool):
+                config = render_runtime_config(half, pd.released_runtime(pool))
+                fake.put_deployment(m.deployment(half, GOOD_A, config, replicas=REPLICAS).to_dict())
         fake.requests.clear()
         yield server
 
@@ -73,16 +77,21 @@ def _pool(settings: Settings, model: str, clock: VirtualClock) -> KubernetesBack
     return backend
 
 
+def _deployments(settings: Settings, model: str) -> list[str]:
+    """A pool's Deployments: its own, or a disaggregated pool's prefill and decode."""
+    return [m.app_name(view) for view in pd.role_views(settings.for_pool(model), settings.pool(model))]
+
+
 def _snapshot(cluster: FakeApiServer, settings: Settings, model: str) -> tuple[str, list[str]]:
-    """A pool's Deployment (as JSON) and its ready pods."""
-    name = m.app_name(settings.for_pool(model))
-    deployment = json.dumps(cluster.cluster.deployments[name], sort_keys=True)
+    """A pool's Deployments (as JSON) and their ready pods."""
+    names = _deployments(settings, model)
+    deployments = json.dumps([cluster.cluster.deployments[name] for name in names], sort_keys=True)
     pods = sorted(
         pod
         for pod, v in cluster.cluster.pods.items()
-        if v["owner"] == name and v["status"]["conditions"][0]["status"] == "True"
+        if v["owner"] in names and v["status"]["conditions"][0]["status"] == "True"
     )
-    return deployment, pods
+    return deployments, pods
 
 
 def _touched(cluster: FakeApiServer) -> set[str]:
@@ -93,8 +102,9 @@ def test_rolling_one_pool_leaves_the_other_pools_deployment_untouched_and_servin
     before = _snapshot(cluster, settings, BIG)
     result = deploy(_pool(settings, SMALL, VirtualClock()), GOOD_B)
     assert result.outcome == "succeeded"
-    small = cluster.cluster.deployments[m.app_name(settings.for_pool(SMALL))]
-    assert small["spec"]["template"]["spec"]["containers"][0]["image"].endswith("@" + GOOD_B)
+    for name in _deployments(settings, SMALL):
+        small = cluster.cluster.deployments[name]
+        assert small["spec"]["template"]["spec"]["containers"][0]["image"].endswith("@" + GOOD_B)
     assert _snapshot(cluster, settings, BIG) == before
     assert len(before[1]) == REPLICAS  # still serving: every pod of the other pool ready throughout
     big_name = m.app_name(settings.for_pool(BIG))
@@ -104,10 +114,8 @@ def test_rolling_one_pool_leaves_the_other_pools_deployment_untouched_and_servin
 def test_each_pool_rolls_through_its_own_canary_and_gates_only_its_own_pods(settings, cluster, s3):
     events: list = []
     deploy(_pool(settings, SMALL, VirtualClock()), GOOD_B, reporter=events.append)
-    small = m.app_name(settings.for_pool(SMALL))
     assert [e.host for e in events if e.phase == "gate" and e.status == "ok"] == [
-        f"deployment/{small}-canary",
-        f"deployment/{small}",
+        f"deployment/{name}{track}" for name in _deployments(settings, SMALL) for track in ("-canary", "")
     ]
     big = m.app_name(settings.for_pool(BIG))
     assert not [pod for pod in cluster.cluster.scrapes if pod.startswith(big)]
@@ -119,9 +127,8 @@ def test_a_failed_pool_rollout_rolls_back_that_pool_and_leaves_the_other_alone(s
         deploy(_pool(settings, SMALL, VirtualClock()), ERRORS)
     assert err.value.result.outcome == "rolled_back"
     assert _snapshot(cluster, settings, BIG) == big_before
-    small_name = m.app_name(settings.for_pool(SMALL))
-    template = json.loads(small_before[0])["spec"]["template"]
-    assert cluster.cluster.deployments[small_name]["spec"]["template"] == template
+    for name, before in zip(_deployments(settings, SMALL), json.loads(small_before[0]), strict=True):
+        assert cluster.cluster.deployments[name]["spec"]["template"] == before["spec"]["template"]
 
 
 def test_each_pool_keeps_its_own_history(settings, cluster, s3):
@@ -131,13 +138,14 @@ def test_each_pool_keeps_its_own_history(settings, cluster, s3):
         view = settings.for_pool(model)
         (record,) = stack_history(view, s3, BUCKET, PREFIX).records()
         assert record["digest"] == GOOD_B
-        assert [h["name"] for h in record["hosts"]][-1] == f"deployment/{m.app_name(view)}"
+        assert [h["name"] for h in record["hosts"]][-1] == f"deployment/{_deployments(settings, model)[-1]}"
 
 
 def test_each_pools_backend_lists_only_its_own_pods(settings, cluster, s3):
     for model in (BIG, SMALL):
         backend = _pool(settings, model, VirtualClock())
         pods = backend.hosts()
-        name = m.app_name(settings.for_pool(model))
-        assert len(pods) == REPLICAS and all(p.name.startswith(name + "-") for p in pods)
-        assert backend.hosts(None)[0].group == settings.for_pool(model).serving_group.name
+        names = _deployments(settings, model)
+        assert len(pods) == REPLICAS * len(names)
+        assert all(any(p.name.startswith(name + "-") for name in names) for p in pods)
+        assert {p.group for p in backend.hosts(None)} == {g.name for g in settings.pool(model).groups}

@@ -26,6 +26,9 @@ DIGEST = "sha256:" + "ab" * 32
 BIG, SMALL = "llama-3.1-70b-instruct", "llama-3.1-8b-instruct"
 # Object names are DNS labels: the model's name with every run of other characters as one '-'.
 APP = {BIG: "frontier-llama-3-1-70b-instruct", SMALL: "frontier-llama-3-1-8b-instruct"}
+# The 8B pool is disaggregated: a Deployment per half (test_disaggregation_manifests).
+PREFILL, DECODE = f"{APP[SMALL]}-prefill", f"{APP[SMALL]}-decode"
+RUNTIMES = (APP[BIG], PREFILL, DECODE)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +52,11 @@ def test_every_object_of_the_gateway_stack_validates_strictly(eks_gateway, workl
 
 
 def test_each_pool_has_its_own_deployment_service_config_and_scaler(workload):
-    assert [pool.model for pool in workload.pools] == [BIG, SMALL]
+    assert [pool.model for pool in workload.pools] == [BIG, SMALL, SMALL]
     for kind in ("Deployment", "Service", "PodDisruptionBudget", "ScaledObject", "ServiceMonitor"):
-        assert {APP[BIG], APP[SMALL]} <= set(_by(workload.all(), kind)), kind
+        assert set(RUNTIMES) <= set(_by(workload.all(), kind)), kind
     configs = [pool.config_map.name for pool in workload.pools]
-    assert configs[0].startswith(f"{APP[BIG]}-config-") and configs[1].startswith(f"{APP[SMALL]}-config-")
+    assert [name.rsplit("-config-", 1)[0] for name in configs] == list(RUNTIMES)
 
 
 def test_the_stacks_slo_alerts_are_rendered_once_not_per_pool(workload):
@@ -64,11 +67,12 @@ def test_the_stacks_slo_alerts_are_rendered_once_not_per_pool(workload):
 
 def test_each_pool_runs_on_the_node_pool_of_its_node_group(eks_gateway, workload):
     pools = {p.node_group: p for p in eks_gateway.kubernetes.node_pools}
-    big, small = (pool.deployment.to_dict()["spec"]["template"]["spec"] for pool in workload.pools)
+    big, prefill, decode = (pool.deployment.to_dict()["spec"]["template"]["spec"] for pool in workload.pools)
     assert big["nodeSelector"] == pools["h100"].labels
-    assert small["nodeSelector"] == pools["l40s"].labels
-    container = small["containers"][0]
-    assert container["resources"]["limits"][names.GPU_RESOURCE] == "1"
+    assert prefill["nodeSelector"] == pools["l40s-prefill"].labels
+    assert decode["nodeSelector"] == pools["l40s"].labels
+    for small in (prefill, decode):
+        assert small["containers"][0]["resources"]["limits"][names.GPU_RESOURCE] == "1"
     assert big["containers"][0]["resources"]["limits"][names.GPU_RESOURCE] == "8"
 
 
@@ -78,7 +82,8 @@ def test_the_gateway_config_names_each_pools_service_and_the_gateway_accepts_it(
     namespace = eks_gateway.kubernetes.namespace
     assert {pool.name: pool.replicas for pool in config.models} == {
         BIG: (f"http://{APP[BIG]}.{namespace}.svc.cluster.local:8000",),
-        SMALL: (f"http://{APP[SMALL]}.{namespace}.svc.cluster.local:8000",),
+        # A disaggregated pool's colocated fallback: its decode replicas, which prefill themselves.
+        SMALL: (f"http://{DECODE}.{namespace}.svc.cluster.local:8000",),
     }
     assert config.admin_host == "0.0.0.0"
     assert [t.api_key_secret for t in config.tenants] == [t.api_key_secret for t in eks_gateway.tenants]
@@ -118,8 +123,8 @@ def test_runtimes_take_traffic_from_the_gateway_not_the_load_balancer(eks_gatewa
     policies = _by(workload.all(), "NetworkPolicy")
     alb = [{"ipBlock": {"cidr": cidr}} for cidr in ingress_source_cidrs(eks_gateway)]
     gateway_pods = {"podSelector": {"matchLabels": gw.gateway_selector()}}
-    for model in (BIG, SMALL):
-        sources = policies[f"{APP[model]}-ingress"]["spec"]["ingress"][0]["from"]
+    for runtime in RUNTIMES:
+        sources = policies[f"{runtime}-ingress"]["spec"]["ingress"][0]["from"]
         assert gateway_pods in sources
         assert not [peer for peer in alb if peer in sources]
     public, admin = policies["frontier-gateway-ingress"]["spec"]["ingress"]
@@ -132,17 +137,17 @@ def test_runtimes_take_traffic_from_the_gateway_not_the_load_balancer(eks_gatewa
     # Pods of this namespace: a peer with a podSelector and no namespaceSelector (DNS has both).
     to_pools = [rule for rule in egress if set(rule["to"][0]) == {"podSelector"}]
     assert [rule["to"][0]["podSelector"]["matchLabels"][names.K8S_INSTANCE_LABEL] for rule in to_pools] == [
-        APP[BIG],
-        APP[SMALL],
+        *RUNTIMES
     ]
 
 
 def test_a_pool_that_scales_to_zero_starts_on_the_gateways_held_requests(eks_gateway, workload):
-    big, small = (pool.scaled_object.to_dict()["spec"] for pool in workload.pools)
-    assert small["minReplicaCount"] == 0
-    held = next(t for t in small["triggers"] if t["name"] == "held-by-gateway")
-    query = held["metadata"]["query"]
-    assert POOL_WAITING_METRIC in query and f'{POOL_LABEL}="{SMALL}"' in query
+    big, *halves = (pool.scaled_object.to_dict()["spec"] for pool in workload.pools)
+    for small in halves:
+        assert small["idleReplicaCount"] == 0
+        held = next(t for t in small["triggers"] if t["name"] == "held-by-gateway")
+        query = held["metadata"]["query"]
+        assert POOL_WAITING_METRIC in query and f'{POOL_LABEL}="{SMALL}"' in query
     assert big["minReplicaCount"] == eks_gateway.kubernetes.autoscaling.min_replicas
     assert "held-by-gateway" not in [t["name"] for t in big["triggers"]]
     # The metric KEDA reads is scraped from the gateway's admin port.
@@ -154,10 +159,7 @@ def test_fab_render_writes_every_object_of_both_pools_and_the_gateway(eks_gatewa
     files = m.manifest_files(eks_gateway, DIGEST)
     kinds_names = {(d["kind"], d["metadata"]["name"]) for d in map(yaml.safe_load, files.values())}
     assert ("Deployment", gw.GATEWAY_NAME) in kinds_names
-    assert ("Deployment", APP[SMALL]) in kinds_names and (
-        "Deployment",
-        APP[BIG],
-    ) in kinds_names
+    assert {("Deployment", name) for name in RUNTIMES} <= kinds_names
 
 
 # --- what the gateway stack refuses -----------------------------------------------------------------
@@ -256,7 +258,7 @@ def test_two_pools_whose_objects_would_share_a_name_are_refused(gateway_stack):
 
 
 def test_a_pool_needing_more_gpus_than_its_nodes_have_is_refused(gateway_stack):
-    line = _refused(
-        gateway_stack({"models[1].runtime.tensor_parallel_size": 2}), "models[1].runtime.tensor_parallel_size"
-    )
+    # Colocated: a disaggregated pool's replicas run one rank each, whatever their nodes hold.
+    path = gateway_stack({"models[1].disaggregation": None, "models[1].runtime.tensor_parallel_size": 2})
+    line = _refused(path, "models[1].runtime.tensor_parallel_size")
     assert "= 2" in line and "has 1" in line

@@ -327,10 +327,12 @@ def test_the_policy_pack_sees_a_privileged_worker_template(group):
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """eks-gateway with its small model's replica over two one-GPU nodes (pipeline parallel 2), the
-    big one still on one node; four replicas at most, so two-node replicas fit the l40s group."""
+    big one still on one node; four replicas at most, so two-node replicas fit the l40s group (the
+    small model colocated: a disaggregated replica runs on one rank)."""
     path = tmp_path_factory.mktemp("mixed") / "Pulumi.eks-gateway.yaml"
     document = yaml.safe_load((project.stacks_dir() / path.name).read_text())
     for field, value in {
+        "models[1].disaggregation": None,
         "models[1].runtime.pipeline_parallel_size": 2,
         "models[1].runtime.nodes_per_replica": 2,
         "kubernetes.autoscaling.max_replicas": 4,

@@ -22,11 +22,17 @@ def document() -> dict:
 
 
 def _with(document: dict, tmp_path: Path, **pool_fields: object) -> Path:
-    """eks-gateway with a prefill group beside l40s and ``pool_fields`` on its 8B pool."""
+    """eks-gateway with a prefill group beside l40s (in place of the one it ships) and
+    ``pool_fields`` on its 8B pool, colocated unless they say otherwise."""
     doc = copy.deepcopy(document)
     config = doc["config"]
-    (l40s,) = [g for g in config["frontier:node_groups"] if g["name"] == "l40s"]
-    config["frontier:node_groups"].append({**l40s, "name": "l40s-prefill", "instance_type": "g6e.2xlarge"})
+    groups = [g for g in config["frontier:node_groups"] if g["name"] != "l40s-prefill"]
+    (l40s,) = [g for g in groups if g["name"] == "l40s"]
+    config["frontier:node_groups"] = [
+        *groups,
+        {**l40s, "name": "l40s-prefill", "instance_type": "g6e.2xlarge"},
+    ]
+    config["frontier:models"][SMALL_MODEL].pop("disaggregation", None)
     config["frontier:models"][SMALL_MODEL].update(pool_fields)
     path = tmp_path / "Pulumi.eks-gateway.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -15,6 +15,8 @@ the two, so a replica goes only when the rest would carry what runs at that shar
 EC2 group (infra/scale_in.py) and the local autoscaler scale in by. Unlike theirs it also scales out
 above that share, as target tracking does.
 
+A disaggregated pool's halves scale apart, each on its own signal (:func:`load_triggers`).
+
 A pool whose replica spans several nodes is scaled the same way through its LeaderWorkerSet's
 scale subresource (``spec.replicas``: groups, one replica each; the HPA selector LWS publishes
 matches the leaders, which are the pods that serve and report the queue).
@@ -30,7 +32,7 @@ from frontier_hostside.names import RUNNING_METRIC, WAITING_METRIC
 from frontier.config.schedule import cron_of
 from frontier.config.schema import PoolSettings, Settings
 from frontier.targets.kubernetes import leader_workers as lw
-from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of
+from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of, kv_role
 
 
 def queue_depth_query(settings: Settings) -> str:
@@ -49,7 +51,8 @@ def running_threshold(pool: PoolSettings) -> float:
 
 
 def scaled_object(settings: Settings) -> Manifest:
-    """The ScaledObject of ``settings``, one pool's view of its stack."""
+    """The ScaledObject of ``settings``, one pool's view of its stack (or one half's of a
+    disaggregated pool: see :func:`load_triggers` and :func:`replica_counts`)."""
     k, pool = kubernetes_of(settings), settings.only_pool
     auto = k.autoscaling
     body = {
@@ -59,7 +62,7 @@ def scaled_object(settings: Settings) -> Manifest:
             # KEDA's cooldownPeriod is how long every trigger must be inactive before it scales to
             # zero: the stack's idle_to_zero_s where the group may reach zero.
             "cooldownPeriod": idle_to_zero_s(pool) or auto.cooldown_s,
-            "minReplicaCount": 0 if idle_to_zero_s(pool) else auto.min_replicas,
+            **replica_counts(settings, pool),
             "maxReplicaCount": auto.max_replicas,
             "advanced": {
                 "horizontalPodAutoscalerConfig": {
@@ -76,27 +79,7 @@ def scaled_object(settings: Settings) -> Manifest:
                 }
             },
             "triggers": [
-                {
-                    "type": "prometheus",
-                    "name": "queue-depth",
-                    "metricType": "AverageValue",
-                    # KEDA reads trigger metadata as strings only.
-                    "metadata": {
-                        "serverAddress": auto.prometheus_url,
-                        "query": queue_depth_query(settings),
-                        "threshold": str(auto.target_queue_depth),
-                    },
-                },
-                {
-                    "type": "prometheus",
-                    "name": "running",
-                    "metricType": "AverageValue",
-                    "metadata": {
-                        "serverAddress": auto.prometheus_url,
-                        "query": running_query(settings),
-                        "threshold": f"{running_threshold(pool):g}",
-                    },
-                },
+                *load_triggers(settings, pool),
                 *schedule_triggers(pool),
                 *demand_triggers(settings, pool),
             ],
@@ -105,6 +88,54 @@ def scaled_object(settings: Settings) -> Manifest:
     return Manifest(
         "keda.sh/v1alpha1", "ScaledObject", app_name(settings), k.namespace, body, labels=app_labels(settings)
     )
+
+
+def load_triggers(settings: Settings, pool: PoolSettings) -> list[dict[str, object]]:
+    """The pool's load signals: prompts waiting and requests running. A disaggregated pool's
+    halves take one each: a prefill replica holds a request only for its prompt, so what it owes is
+    the prompts waiting for it; a decode replica holds each stream to its end, so its load is the
+    streams running (at ``scale_in_utilisation`` of its concurrency, which also keeps it from
+    falling to its floor whenever nothing waits)."""
+    auto = kubernetes_of(settings).autoscaling
+    queue = {
+        "type": "prometheus",
+        "name": "queue-depth",
+        "metricType": "AverageValue",
+        # KEDA reads trigger metadata as strings only.
+        "metadata": {
+            "serverAddress": auto.prometheus_url,
+            "query": queue_depth_query(settings),
+            "threshold": str(auto.target_queue_depth),
+        },
+    }
+    running = {
+        "type": "prometheus",
+        "name": "running",
+        "metricType": "AverageValue",
+        "metadata": {
+            "serverAddress": auto.prometheus_url,
+            "query": running_query(settings),
+            "threshold": f"{running_threshold(pool):g}",
+        },
+    }
+    role = kv_role(pool)
+    if role == "prefill":
+        return [queue]
+    if role == "decode":
+        return [running]
+    return [queue, running]
+
+
+def replica_counts(settings: Settings, pool: PoolSettings) -> dict[str, int]:
+    """The floor: the stack's ``autoscaling.min_replicas``, or a disaggregated half's own
+    ``replicas``; 0 where the node group goes to zero when idle. A half that goes to zero keeps its
+    floor while it serves (KEDA's ``idleReplicaCount``: 0 while every trigger is inactive)."""
+    auto = kubernetes_of(settings).autoscaling
+    idle = idle_to_zero_s(pool) is not None
+    if kv_role(pool) is None:
+        return {"minReplicaCount": 0 if idle else auto.min_replicas}
+    floor = pool.replicas or auto.min_replicas
+    return {"idleReplicaCount": 0, "minReplicaCount": floor} if idle else {"minReplicaCount": floor}
 
 
 def scale_target(settings: Settings) -> dict[str, str]:

@@ -11,6 +11,9 @@ The cluster is reached with the official ``kubernetes`` client from a kubeconfig
 created, ``$KUBECONFIG`` (else ``~/.kube/config``) with the context named like the cluster, as
 ``aws eks update-kubeconfig --name <cluster> --alias <cluster>`` writes it.
 
+A disaggregated pool runs as two Deployments, prefill and decode: ``fab deploy`` and ``fab
+rollback`` roll both, prefill first (:mod:`frontier.targets.kubernetes.pair_rollout`).
+
 A pool whose replica spans several nodes runs as a LeaderWorkerSet, not a Deployment: ``fab deploy``
 and ``fab rollback`` roll it through :mod:`frontier.targets.kubernetes.group_rollout` (both pod
 templates patched, the LWS controller rolling group by group, the same gate, no canary).
@@ -29,17 +32,19 @@ from kubernetes.client import ApiClient
 
 from frontier import aws
 from frontier.config.outputs import KubernetesOutputs
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
 from frontier.release.history import HistoryStore, stack_history
 from frontier.release.release import Release
 from frontier.rollout.canary import CanaryVerification, canary_verification
 from frontier.rollout.rolling import Reporter, RolloutResult
+from frontier.targets.kubernetes import disaggregation as pd
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes import rules
 from frontier.targets.kubernetes.group_rollout import LeaderWorkerSetRollout
+from frontier.targets.kubernetes.pair_rollout import PairRollout
 from frontier.targets.kubernetes.rollout import Clock, KubernetesRollout, list_pods
 from frontier.targets.kubernetes.status import PodSession, pod_facts
 
@@ -65,6 +70,11 @@ class KubernetesBackend:
         self.clock = clock or Clock()
         self._pods: dict[str, dict[str, Any]] = {}
 
+    @property
+    def pool(self) -> PoolSettings:
+        """The pool this backend acts for: ``fab`` builds it from the stack as one pool sees it."""
+        return self.settings.only_pool
+
     def api(self) -> ApiClient:
         if self._api is None:
             path, context = kubeconfig_for(self.settings)
@@ -85,20 +95,29 @@ class KubernetesBackend:
         A rollout does not visit them: the Deployment's controller chooses which pods to replace.
         """
         assert self.settings.kubernetes is not None
-        pods = list_pods(self.api(), self.settings.kubernetes.namespace, m.selector(self.settings))
-        self._pods = {pod["metadata"]["name"]: pod for pod in pods}
-        group_name = group or self.settings.serving_group.name
-        return [
-            HostSpec(
-                name=name,
-                address=str((pod.get("status") or {}).get("podIP") or "-"),
-                ssh_port=0,
-                root="",
-                group=group_name,
-                instance_id=str((pod.get("spec") or {}).get("nodeName") or ""),
-            )
-            for name, pod in sorted(self._pods.items())
+        namespace, pool = self.settings.kubernetes.namespace, self.pool
+        # A disaggregated pool: both halves' pods, each on its group (pool.groups in role order).
+        halves = zip(pd.role_views(self.settings, pool), pool.groups, strict=True)
+        listed = [
+            (group or on.name, pod)
+            for half, on in halves
+            for pod in list_pods(self.api(), namespace, m.selector(half))
         ]
+        self._pods = {pod["metadata"]["name"]: pod for _, pod in listed}
+        return sorted(
+            (
+                HostSpec(
+                    name=pod["metadata"]["name"],
+                    address=str((pod.get("status") or {}).get("podIP") or "-"),
+                    ssh_port=0,
+                    root="",
+                    group=group_name,
+                    instance_id=str((pod.get("spec") or {}).get("nodeName") or ""),
+                )
+                for group_name, pod in listed
+            ),
+            key=lambda host: host.name,
+        )
 
     def balancer(self) -> None:
         """None to drive: a terminating pod leaves its Service's endpoints by itself."""
@@ -142,8 +161,15 @@ class KubernetesBackend:
 
     def rollout(
         self, reporter: Reporter | None = None, verification: CanaryVerification | None = None
-    ) -> KubernetesRollout:
-        """The pool's Deployment's rollout, or its LeaderWorkerSet's where a replica spans nodes."""
+    ) -> KubernetesRollout | PairRollout:
+        """The pool's Deployment's rollout, its LeaderWorkerSet's where a replica spans nodes, or
+        a disaggregated pool's two Deployments' (prefill, then decode)."""
+        if self.pool.disaggregation is not None:
+            prefill, decode = (
+                KubernetesRollout(half, self.api(), reporter, self.clock, verification=verification)
+                for half in pd.role_views(self.settings, self.pool)
+            )
+            return PairRollout(prefill, decode)
         kind = LeaderWorkerSetRollout if lw.spans_nodes(self.settings) else KubernetesRollout
         return kind(self.settings, self.api(), reporter, self.clock, verification=verification)
 
@@ -159,8 +185,9 @@ class KubernetesBackend:
         return parse_keys(value, secret_id)[0]  # the runtime's own reading of the secret
 
     def rollout_size(self) -> int:
-        """The pods the Deployment may run at most (asked without the API: it may be unreachable)."""
-        return self.settings.serving_group.max_size
+        """The pods the Deployment may run at most, both halves' of a disaggregated pool (asked
+        without the API: it may be unreachable)."""
+        return sum(group.max_size for group in self.pool.groups)
 
     def roll(self, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
         # Read (and refused) before anything is touched; only a deploy proves itself on the canary.

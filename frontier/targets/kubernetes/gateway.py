@@ -45,8 +45,9 @@ from frontier_hostside.names import (
 )
 
 from frontier.access.gateway import render_gateway_config
-from frontier.config.schema import Gateway, Settings
+from frontier.config.schema import Gateway, PoolSettings, Settings
 from frontier.errors import FrontierError
+from frontier.targets.kubernetes import disaggregation as pd
 from frontier.targets.kubernetes.objects import (
     RESTRICTED_CONTAINER,
     TEMPLATE_HASH_ANNOTATION,
@@ -84,16 +85,41 @@ def gateway_selector() -> dict[str, str]:
 
 
 def pool_views(settings: Settings) -> list[Settings]:
-    """The stack as each of its model pools sees it (one runtime Deployment each)."""
+    """The stack as each of its model pools sees it."""
     return [settings.for_pool(pool.name) for pool in settings.pools]
 
 
+def workload_views(settings: Settings) -> list[Settings]:
+    """The views the runtime workloads are rendered from: one per pool (one runtime Deployment
+    each), a disaggregated pool's two halves in its place (:mod:`.disaggregation`)."""
+    return [
+        half
+        for view, pool in zip(pool_views(settings), settings.pools, strict=True)
+        for half in pd.role_views(view, pool)
+    ]
+
+
+def service_url(view: Settings, pool: PoolSettings) -> str:
+    """A pool's (or a half's) Service: its cluster DNS name at its runtime's port."""
+    namespace = kubernetes_of(view).namespace
+    return f"http://{app_name(view)}.{namespace}.svc.cluster.local:{pool.runtime.port}"
+
+
 def upstreams(settings: Settings) -> dict[str, list[str]]:
-    """Each pool's one upstream: its Service's cluster DNS name at its runtime's port."""
-    namespace = kubernetes_of(settings).namespace
+    """Each pool's one upstream: its Service; a disaggregated pool's decode Service, the colocated
+    fallback (a decode replica computes the prompt itself)."""
     return {
-        view.model.name: [f"http://{app_name(view)}.{namespace}.svc.cluster.local:{view.runtime.port}"]
-        for view in pool_views(settings)
+        pool.name: [service_url(pd.role_views(view, pool)[-1], pool)]
+        for view, pool in zip(pool_views(settings), settings.pools, strict=True)
+    }
+
+
+def disaggregated_upstreams(settings: Settings) -> dict[str, dict[str, list[str]]]:
+    """Each disaggregated pool's two hops: its prefill Service and its decode Service."""
+    return {
+        pool.name: {half: [service_url(pd.role_view(view, pool, half), pool)] for half in pd.HALVES}
+        for view, pool in zip(pool_views(settings), settings.pools, strict=True)
+        if pool.disaggregation is not None
     }
 
 
@@ -101,7 +127,7 @@ def gateway_yaml(settings: Settings) -> str:
     """``gateway.yaml`` as every target renders it, with the admin listener on every address."""
     gw = gateway_of(settings)
     here = settings.model_copy(update={"gateway": gw.model_copy(update={"admin_host": ALL_ADDRESSES})})
-    return render_gateway_config(here, upstreams(settings))
+    return render_gateway_config(here, upstreams(settings), disaggregated=disaggregated_upstreams(settings))
 
 
 def config_map_name(config_text: str) -> str:

@@ -19,11 +19,14 @@ from frontier_hostside.names import (
     K8S_MANAGED_BY_LABEL,
     K8S_TRACK_LABEL,
 )
+from frontier_runtime.config import KvRole
 
-from frontier.config.schema import Kubernetes, Settings
+from frontier.config.schema import Kubernetes, PoolSettings, Settings
 from frontier.errors import FrontierError
 
 CONFIG_FILE = "runtime.yaml"
+# On a disaggregated pool's objects and pods: the half they run (kubectl get pods -l ...=prefill).
+KV_ROLE_LABEL = "frontier.dev/kv-role"
 # On the pod template: a hash of the template itself, so a deploy of the release that runs still
 # rolls when the stack changed the pod's shape (probes, volumes, placement) but not the release.
 TEMPLATE_HASH_ANNOTATION = "frontier.dev/pod-template-hash"
@@ -74,10 +77,27 @@ def kubernetes_of(settings: Settings) -> Kubernetes:
 # --- names and labels -----------------------------------------------------------------------------
 
 
+def kv_role(pool: PoolSettings) -> KvRole | None:
+    """The half of a disaggregated pool whose view holds ``pool`` (``prefill``, ``decode``; see
+    :mod:`frontier.targets.kubernetes.disaggregation`), None for a colocated pool."""
+    role = pool.runtime.kv_transfer.role
+    return None if role == "both" else role
+
+
+def _instance(settings: Settings) -> tuple[str, KvRole | None]:
+    """The name of the workload this view renders, and its half where it is one."""
+    pool = settings.only_pool
+    slug = re.sub(r"[^a-z0-9]+", "-", pool.model.name.lower()).strip("-")
+    role = kv_role(pool)
+    if role is None:
+        return f"frontier-{slug}"[:48].rstrip("-"), None
+    return f"{f'frontier-{slug}'[: 47 - len(role)].rstrip('-')}-{role}", role
+
+
 def app_name(settings: Settings) -> str:
-    """``frontier-<model>``: a DNS-1035 label (Service names allow no dots), one per model."""
-    slug = re.sub(r"[^a-z0-9]+", "-", settings.model.name.lower()).strip("-")
-    return f"frontier-{slug}"[:48].rstrip("-")
+    """``frontier-<model>``: a DNS-1035 label (Service names allow no dots), one per model;
+    ``frontier-<model>-<role>`` for each half of a disaggregated pool."""
+    return _instance(settings)[0]
 
 
 def canary_name(settings: Settings) -> str:
@@ -93,12 +113,13 @@ def config_hash(runtime_yaml: str) -> str:
 
 
 def app_labels(settings: Settings) -> dict[str, str]:
-    """What every object of the stack carries and what the Service selects (both tracks)."""
-    return {
-        K8S_APP_LABEL: CONTAINER_NAME,
-        K8S_INSTANCE_LABEL: app_name(settings),
-        K8S_MANAGED_BY_LABEL: "frontier",
-    }
+    """What every object of the stack carries and what the Service selects (both tracks); a
+    disaggregated pool's half also says its role."""
+    name, role = _instance(settings)
+    labels = {K8S_APP_LABEL: CONTAINER_NAME, K8S_INSTANCE_LABEL: name, K8S_MANAGED_BY_LABEL: "frontier"}
+    if role is not None:
+        labels[KV_ROLE_LABEL] = role
+    return labels
 
 
 def stack_labels() -> dict[str, str]:

@@ -119,6 +119,9 @@ class KubernetesRollout:
         self.report: Reporter = self.reporter or (lambda event: None)
         health = self.settings.health
         self.excluded_routes = {health.readiness_path, health.liveness_path, "/metrics"}
+        #: The pod template the last run replaced and kept (its release through the gate), which
+        #: :meth:`undo` puts back; None while no run has.
+        self.replaced: dict[str, Any] | None = None
 
     # --- reading and writing Deployments --------------------------------------------------------
 
@@ -358,6 +361,7 @@ class KubernetesRollout:
             )
             steps.phase("gate", lambda: self.gate(self.pods("stable", release.id)))
             stable.outcome = "updated"
+            self.replaced = previous
             _Step(canary, self.report).phase("cleanup", self._delete_canary)
             if canary.outcome == "pending":
                 canary.outcome = "updated"  # it served the release through its gate, then made way
@@ -398,6 +402,14 @@ class KubernetesRollout:
         step.phase("gate", lambda: self.gate(pods, old[0] if old is not None else None))
         if self.verification is not None:
             step.phase("verify", lambda: self.verify(pods, self.verify_old(old)))
+
+    def undo(self, stable: HostResult) -> bool:
+        """Put back the template the last run replaced, once its release had passed (a later step
+        of a larger rollout failed): the same restore as a failed run's, recorded on ``stable``."""
+        if self.replaced is None:
+            return True
+        canary = HostResult(f"deployment/{self.canary}", to_release=stable.to_release)
+        return self._restore(canary, stable, self.replaced)
 
     def _restore(self, canary: HostResult, stable: HostResult, previous: dict[str, Any] | None) -> bool:
         """Delete the canary; put the previous pod template back if ours was applied. True when all is back."""

@@ -8,6 +8,9 @@ and the edge terminates TLS with an ACM certificate unless the cluster's own ing
 A pool whose replica spans ``runtime.nodes_per_replica`` N nodes runs N pods per replica, one per
 node, each with its share of the replica's GPUs (:mod:`frontier.targets.kubernetes.leader_workers`):
 that share must fit a node, and replicas count N nodes each against the node group's max_size.
+
+A disaggregated pool runs behind the gateway, each half on a node pool of its group, its floor of
+replicas within the autoscaler's range (:func:`disaggregation_problems`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from frontier_settings import FieldProblem
 
 from frontier.config.checks import certificate_problems
 from frontier.config.schema import DTYPE_BYTES, GB, GP3_MAX_MIBPS, MIB, Kubernetes, Settings
+from frontier.targets.kubernetes import disaggregation as pd
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.interruption import interruption_problems
 from frontier.targets.kubernetes.manifests import gpus_per_pod, pod_gpus_formula, startup_failure_threshold
@@ -107,6 +111,7 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
         )
     yield from gateway_problems(s, k)
     yield from pool_problems(s, k)
+    yield from disaggregation_problems(s, k)
     groups = {group.name: group for group in s.node_groups}
     names: list[str] = []
     for i, pool in enumerate(k.node_pools):
@@ -279,6 +284,49 @@ def pool_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
             )
 
 
+def disaggregation_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
+    """Each disaggregated pool: the gateway that sends its two hops, a node pool for its prefill
+    group (its decode group is its own, checked above), and halves that fit their groups."""
+    pooled = {pool.node_group for pool in k.node_pools}
+    auto, spare = k.autoscaling, s.rollout.max_surge + s.rollout.canary_hosts
+    for i, pool in enumerate(s.pools):
+        if pool.disaggregation is None:
+            continue
+        where = f"pools[{i}].disaggregation"
+        if s.gateway is None:
+            yield FieldProblem(
+                where,
+                "prefill/decode",
+                "runs behind the gateway on kubernetes (it sends each prompt to a prefill replica, then "
+                "the request to a decode replica): add a 'frontier:gateway' section",
+            )
+        for half in pd.HALVES:
+            role = getattr(pool.disaggregation, half)
+            group = role.group
+            if half == "prefill" and group.name not in pooled:
+                yield FieldProblem(
+                    f"{where}.prefill.node_group",
+                    group.name,
+                    f"no kubernetes.node_pools entry runs node group {group.name!r}; add one "
+                    f"(node pools run: {', '.join(sorted(pooled))})",
+                )
+            if not s.rollout.batch_size < role.replicas <= auto.max_replicas:
+                yield FieldProblem(
+                    f"{where}.{half}.replicas",
+                    role.replicas,
+                    f"must be > rollout.batch_size ({s.rollout.batch_size}: the disruption budget keeps a "
+                    f"replica serving) and <= kubernetes.autoscaling.max_replicas ({auto.max_replicas})",
+                )
+            if half == "prefill" and auto.max_replicas + spare > group.max_size:
+                yield FieldProblem(
+                    "kubernetes.autoscaling.max_replicas",
+                    auto.max_replicas,
+                    f"one prefill replica of model {pool.name!r} per node: at full scale a rollout also "
+                    f"places {spare} pod(s), so at most node group {group.name!r}'s max_size - {spare} "
+                    f"= {group.max_size - spare}",
+                )
+
+
 def _split_field(view: Settings) -> str:
     """The field that sizes a pod's GPUs: the tensor parallel size, or how many nodes share a replica."""
     return "runtime.nodes_per_replica" if lw.spans_nodes(view) else "runtime.tensor_parallel_size"
@@ -362,7 +410,7 @@ def cluster_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
     # model through it before the startup probe gives up is restarted, forever. Each model pool on
     # the node pools of its own node group.
     budget = startup_budget_s(s)
-    for view in (s.for_pool(pool.name) for pool in s.pools):
+    for view in (half for pool in s.pools for half in pd.role_views(s.for_pool(pool.name), pool)):
         weights_gb = view.model.num_parameters * DTYPE_BYTES[view.model.dtype] / GB
         for i, pool in enumerate(k.node_pools):
             if pool.node_group != view.serving_group.name:

@@ -1,0 +1,144 @@
+"""A disaggregated pool on Kubernetes: two Deployments, prefill and decode, and the rules that let
+only the pair talk on the transfer port.
+
+A pool with ``disaggregation: {prefill, decode}`` renders each half from a view of its own
+(:func:`role_views`): the pool on that half's node group, with that half's replicas and the
+runtime its group runs (``PoolSettings.runtime_on``), so every object of the half is named
+``frontier-<model>-<role>`` (:func:`frontier.targets.kubernetes.objects.app_name`) and selects
+that half's pods only: Deployment, Service, ConfigMap, disruption budget, ScaledObject,
+ServiceMonitor. Choices worth knowing:
+
+- **One config for the pair.** Both halves mount the release's ``runtime.yaml`` as ``fab
+  deploy`` builds it for the pool (``kv_transfer.role: both``); the pod's command adds its half's
+  ``--kv-role`` (the Deployment says which, as its node pool says where), so a release is one set
+  of bytes for the pair and a rollback brings both back to one layout. A prefill pod also adds
+  ``--kv-host $(POD_IP)``: its transfer listener binds the pod's address and answers it as
+  ``remote_host``; a pod's name, the default, resolves nowhere in the cluster.
+- **The gateway** lists the pool's prefill Service and decode Service as the two hops, and the
+  decode Service as its colocated fallback: a decode replica computes a prompt itself when no
+  prefill is ready (as after a failed prefill hop), and the gateway's hold for a pool at zero waits
+  on it. Each Service spreads over its ready pods; the prefill's answer names the very pod that
+  holds the blocks, by address.
+- **Network**: the prefill pods take the transfer port from the decode pods alone, and the decode
+  pods may reach the prefill pods on it and nothing else beyond a runtime's usual egress; both take
+  the serving port from the gateway (:func:`kv_transfer_policies`).
+- **Scaling**: each half its own ScaledObject, on its own signal
+  (:mod:`frontier.targets.kubernetes.autoscaling`): prompts waiting for a prefill, running streams
+  for a decode; each half's ``replicas`` is its floor while it serves.
+- **Rollout**: prefill first, then decode (:mod:`frontier.targets.kubernetes.pair_rollout`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from frontier.config.schema import PoolSettings, Settings
+from frontier.targets.kubernetes.objects import (
+    Manifest,
+    app_labels,
+    app_name,
+    kubernetes_of,
+    kv_role,
+    selector,
+)
+
+HALVES = ("prefill", "decode")
+# The prefill container's named port for the KV transfer listener.
+KV_PORT_NAME = "kv-transfer"
+POD_IP_ENV = "POD_IP"
+
+
+def role_view(view: Settings, pool: PoolSettings, half: str) -> Settings:
+    """The stack as one half of the disaggregated ``pool`` sees it (``view``: as the pool does)."""
+    assert pool.disaggregation is not None and half in HALVES
+    role = getattr(pool.disaggregation, half)
+    narrowed = pool.model_copy(
+        update={
+            "group": role.group,
+            "replicas": role.replicas,
+            "runtime": pool.runtime_on(role.group),
+            "disaggregation": None,
+        }
+    )
+    return view.model_copy(update={"pools": (narrowed,)})
+
+
+def role_views(view: Settings, pool: PoolSettings) -> list[Settings]:
+    """The views ``pool``'s runtime workloads are rendered from (``view``: the stack as the pool
+    sees it): that one, or its prefill's and its decode's, in rollout order."""
+    if pool.disaggregation is None:
+        return [view]
+    return [role_view(view, pool, half) for half in HALVES]
+
+
+def released_runtime(pool: PoolSettings) -> PoolSettings:
+    """``pool`` (or a half of it) with the runtime the pool's release renders
+    (``kv_transfer.role: both``): the ``runtime.yaml`` both halves mount."""
+    if kv_role(pool) is None:
+        return pool
+    kv_transfer = pool.runtime.kv_transfer.model_copy(update={"role": "both"})
+    return pool.model_copy(update={"runtime": pool.runtime.model_copy(update={"kv_transfer": kv_transfer})})
+
+
+def role_arguments(pool: PoolSettings) -> list[str]:
+    """What a half's runtime command adds: its role, and a prefill's address (see the module)."""
+    role = kv_role(pool)
+    if role is None:
+        return []
+    if role == "prefill":
+        # Kubernetes expands $(VAR) in a command from the container's env.
+        return ["--kv-role", role, "--kv-host", f"$({POD_IP_ENV})"]
+    return ["--kv-role", role]
+
+
+def role_env(pool: PoolSettings) -> list[dict[str, Any]]:
+    """A prefill pod's own address, from the downward API."""
+    if kv_role(pool) != "prefill":
+        return []
+    return [{"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+
+
+def role_ports(pool: PoolSettings) -> list[dict[str, Any]]:
+    """A prefill container's transfer listener."""
+    if kv_role(pool) != "prefill":
+        return []
+    return [{"name": KV_PORT_NAME, "containerPort": pool.runtime.kv_transfer.port, "protocol": "TCP"}]
+
+
+def kv_transfer_policies(view: Settings, pool: PoolSettings) -> list[Manifest]:
+    """The pair's transfer port: into the prefill pods from the decode pods only, and out of the
+    decode pods to the prefill pods only (a decode pulls; a prefill never connects back)."""
+    if pool.disaggregation is None:
+        return []
+    prefill, decode = (role_view(view, pool, half) for half in HALVES)
+    namespace = kubernetes_of(view).namespace
+    port = [{"protocol": "TCP", "port": pool.runtime.kv_transfer.port}]
+    pulls_in = Manifest(
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        f"{app_name(prefill)}-kv-transfer",
+        namespace,
+        {
+            "spec": {
+                "podSelector": {"matchLabels": selector(prefill)},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": selector(decode)}}], "ports": port}],
+            }
+        },
+        labels=app_labels(prefill),
+    )
+    pulls_out = Manifest(
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        f"{app_name(decode)}-kv-transfer",
+        namespace,
+        {
+            "spec": {
+                "podSelector": {"matchLabels": selector(decode)},
+                "policyTypes": ["Egress"],
+                "egress": [{"to": [{"podSelector": {"matchLabels": selector(prefill)}}], "ports": port}],
+            }
+        },
+        labels=app_labels(decode),
+    )
+    return [pulls_in, pulls_out]

@@ -1,0 +1,173 @@
+"""``fab deploy --model`` and ``fab rollback --model`` on a disaggregated pool (eks-gateway's 8B):
+both halves' Deployments roll, prefill first, each through its canary and gate; a decode that fails
+puts the prefill back too, so the pair never stays on two releases; every request the rollouts make
+is one the deploy Role grants.
+
+Real and mocked as in ``test_backend``: the ``kubernetes`` client over a real socket, the deploy
+path and its history on moto's S3; the API server and its Deployment controller are
+``fake_apiserver`` (mocked: no cluster runs here), authorizing as RBAC does; time a virtual clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from fake_apiserver import FakeApiServer, FakeCluster
+from moto import mock_aws
+from test_backend import GOOD_A, GOOD_B, REPLICAS, VirtualClock, behaviour, on_fake_cluster, unverified
+
+from frontier.config.schema import Settings
+from frontier.release.artifact import Artifact
+from frontier.release.history import HistoryStore
+from frontier.render.host import render_runtime_config
+from frontier.rollout.deploy import deploy, rollback
+from frontier.rollout.rolling import RolloutFailed
+from frontier.targets import backend_for
+from frontier.targets.kubernetes import disaggregation as pd
+from frontier.targets.kubernetes import manifests as m
+from frontier.targets.kubernetes.backend import KubernetesBackend
+from frontier.targets.kubernetes.deploy_access import deploy_rules
+
+BUCKET = "frontier-eks-gateway-history"
+PREFIX = "history/eks-gateway/"
+SMALL = "llama-3.1-8b-instruct"
+PREFILL, DECODE = "frontier-llama-3-1-8b-instruct-prefill", "frontier-llama-3-1-8b-instruct-decode"
+
+
+@pytest.fixture
+def settings(eks_gateway: Settings, tmp_path: Path) -> Settings:
+    return unverified(on_fake_cluster(eks_gateway, tmp_path))
+
+
+@pytest.fixture
+def fake(settings: Settings) -> Iterator[FakeCluster]:
+    cluster = FakeCluster(
+        namespace=settings.kubernetes.namespace, behaviour=behaviour, rules=deploy_rules(settings)
+    )
+    with FakeApiServer(cluster) as server:
+        Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
+        # What `pulumi up` left: each half's Deployment on the stack's first image.
+        pool = settings.pool(SMALL)
+        for half in pd.role_views(settings.for_pool(SMALL), pool):
+            config = render_runtime_config(half, pd.released_runtime(pool))
+            cluster.put_deployment(m.deployment(half, GOOD_A, config, replicas=REPLICAS).to_dict())
+        cluster.requests.clear()
+        yield cluster
+
+
+@pytest.fixture
+def backend(settings, fake, saved_outputs) -> Iterator[KubernetesBackend]:
+    saved_outputs.kubernetes(settings, history_bucket=BUCKET, history_prefix=PREFIX)
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        store = HistoryStore(client, BUCKET, "eks-gateway", PREFIX)
+        for digest in (GOOD_A, GOOD_B):
+            store.put_artifact(Artifact(digest=digest, kind="image", image=f"repo@{digest}"), None)
+        pool = backend_for(settings.for_pool(SMALL))  # what `fab deploy --model` holds
+        assert isinstance(pool, KubernetesBackend)
+        pool.clock = VirtualClock()
+        yield pool
+
+
+def _container(fake: FakeCluster, name: str) -> dict:
+    return fake.deployments[name]["spec"]["template"]["spec"]["containers"][0]
+
+
+def _template(fake: FakeCluster, name: str) -> str:
+    return json.dumps(fake.deployments[name]["spec"]["template"], sort_keys=True)
+
+
+def test_a_deploy_rolls_the_prefill_then_the_decode_each_through_its_canary_and_gate(backend, fake):
+    events: list = []
+    result = deploy(backend, GOOD_B, reporter=events.append)
+    assert result.outcome == "succeeded"
+    assert [e.host for e in events if e.phase == "gate" and e.status == "ok"] == [
+        f"deployment/{PREFILL}-canary",
+        f"deployment/{PREFILL}",
+        f"deployment/{DECODE}-canary",
+        f"deployment/{DECODE}",
+    ]
+    assert [h.name for h in result.hosts] == [
+        f"deployment/{PREFILL}-canary",
+        f"deployment/{PREFILL}",
+        f"deployment/{DECODE}-canary",
+        f"deployment/{DECODE}",
+    ]
+    for name, role in ((PREFILL, "prefill"), (DECODE, "decode")):
+        container = _container(fake, name)
+        assert container["image"].endswith("@" + GOOD_B)
+        assert container["command"][container["command"].index("--kv-role") + 1] == role
+
+
+def test_both_halves_run_the_releases_one_runtime_config(backend, fake):
+    deploy(backend, GOOD_B)
+    mounted = {
+        name: fake.deployments[name]["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
+        for name in (PREFILL, DECODE)
+    }
+    texts = {fake.config_maps[config]["data"]["runtime.yaml"] for config in mounted.values()}
+    assert len(texts) == 1 and "role: both" in texts.pop()
+
+
+def test_a_decode_failing_on_the_new_pair_puts_the_prefill_back_too(backend, fake):
+    before = {name: _template(fake, name) for name in (PREFILL, DECODE)}
+    fake.owner_behaviour[f"{DECODE}-canary"] = "errors"  # the new decode fails its gate
+    events: list = []
+    with pytest.raises(RolloutFailed) as err:
+        deploy(backend, GOOD_B, reporter=events.append)
+    result = err.value.result
+    assert result.outcome == "rolled_back"
+    assert "gate on pod" in result.reason
+    assert {name: _template(fake, name) for name in (PREFILL, DECODE)} == before
+    assert _container(fake, PREFILL)["image"].endswith("@" + GOOD_A)
+    restored = [e.host for e in events if e.phase == "restore" and e.status == "ok"]
+    assert f"deployment/{PREFILL}" in restored
+    assert [h.outcome for h in result.hosts if h.name == f"deployment/{PREFILL}"] == ["restored"]
+
+
+def test_a_prefill_that_fails_leaves_the_decode_untouched(backend, fake):
+    before = _template(fake, DECODE)
+    fake.owner_behaviour[f"{PREFILL}-canary"] = "errors"
+    with pytest.raises(RolloutFailed) as err:
+        deploy(backend, GOOD_B)
+    assert err.value.result.outcome == "rolled_back"
+    assert _template(fake, DECODE) == before
+    assert not [path for method, path in fake.requests if method != "GET" and DECODE in path]
+
+
+def test_a_rollback_rolls_both_halves_back_prefill_first(backend, fake):
+    deploy(backend, GOOD_A)  # the provisioned image's first release
+    deploy(backend, GOOD_B)
+    events: list = []
+    result = rollback(backend, reporter=events.append)
+    assert result.outcome == "succeeded"
+    rolled = [e.host for e in events if e.phase == "roll" and e.status == "ok"]
+    assert rolled == [f"deployment/{PREFILL}", f"deployment/{DECODE}"]
+    for name in (PREFILL, DECODE):
+        assert _container(fake, name)["image"].endswith("@" + GOOD_A)
+
+
+def test_every_request_of_the_pairs_rollouts_is_one_the_deploy_role_grants(backend, fake, settings):
+    deploy(backend, GOOD_A)
+    deploy(backend, GOOD_B)
+    fake.owner_behaviour[f"{DECODE}-canary"] = "errors"
+    with pytest.raises(RolloutFailed):
+        deploy(backend, GOOD_A)
+    fake.owner_behaviour.clear()
+    rollback(backend)
+    assert fake.authorized and all(allowed for *_, allowed in fake.authorized)
+    granted = {(v, r.api_group, r.resource) for r in deploy_rules(settings) for v in r.verbs}
+    assert {(verb, group, resource) for verb, group, resource, _ in fake.authorized} <= granted
+
+
+def test_the_pools_pods_are_both_halves_each_on_its_group(backend, fake):
+    pods = backend.hosts()
+    by_group = {group: sorted(p.name for p in pods if p.group == group) for group in ("l40s-prefill", "l40s")}
+    assert len(by_group["l40s-prefill"]) == len(by_group["l40s"]) == REPLICAS
+    assert all(name.startswith(PREFILL + "-") for name in by_group["l40s-prefill"])
+    assert all(name.startswith(DECODE + "-") for name in by_group["l40s"])
