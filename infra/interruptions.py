@@ -29,7 +29,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from frontier.config.purchase import CapacityBlock, SpotCapacity, notice_queue_name
+from frontier.config.purchase import CapacityBlock, SpotCapacity, has_notice_queue, notice_queue_name
 from frontier.config.schema import NodeGroup
 
 # EventBridge detail types of the notices (source aws.ec2). Sources: the EC2 user guide's "Spot
@@ -202,7 +202,7 @@ class InterruptionQueue(pulumi.ComponentResource):
 
 def notice_queue(stack: str, tags: Mapping[str, str], node_groups: tuple[NodeGroup, ...]) -> InterruptionQueue | None:
     """The stack's notice queue where a group buys spot or a Capacity Block; None where all buy on-demand."""
-    if all(g.capacity is None for g in node_groups):
+    if not has_notice_queue(node_groups):
         return None
     return InterruptionQueue(f"{stack}-interruptions", InterruptionQueueArgs(stack, tags))
 

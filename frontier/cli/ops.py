@@ -13,6 +13,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from frontier.cli import tables
 from frontier.cli.common import pool_settings, reports_errors, settings_for
+from frontier.config.purchase import has_notice_queue
+from frontier.config.schema import Settings
 from frontier.figures import size
 from frontier.hosts import drivers as nvidia
 from frontier.hosts.boots import boot_records
@@ -140,11 +142,14 @@ def status(c, stack=None):
         console.print(
             "  lapsed (its holder stopped renewing it, or ran past its horizon): the next deploy takes it over"
         )
-    _print_notices(console, backend, settings.stack)
+    _print_notices(console, backend, settings)
 
 
-def _print_notices(console: Any, backend: Any, stack: str) -> None:
+def _print_notices(console: Any, backend: Any, settings: Settings) -> None:
     """Spot, rebalance and Capacity Block notices waiting on the stack's queue (read, not consumed)."""
+    if not has_notice_queue(settings.node_groups):
+        return  # every group buys on-demand: no queue, and the deploy role may read none
+    stack = settings.stack
     try:
         notices = pending_notices(backend.aws_client("sqs"), stack)
     except Exception as exc:  # noqa: BLE001 - the host table above stands; say why this part is missing

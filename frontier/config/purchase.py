@@ -21,6 +21,7 @@ terminate lifecycle hook, whose ``watch`` drains it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Annotated, Literal, Protocol
 
@@ -62,6 +63,12 @@ def notice_queue_name(stack: str) -> str:
     """The stack's SQS queue of EC2 interruption notices (infra/interruptions.py creates it,
     ``fab status`` reads it): known by name, so nothing needs to export it."""
     return f"frontier-{stack}-interruptions"
+
+
+def has_notice_queue(node_groups: Iterable[_Named]) -> bool:
+    """Whether the stack keeps that queue: where a node group buys spot or a Capacity Block (an
+    on-demand host gets no notice). ``node_groups``: the stack's (each with its ``capacity``)."""
+    return any(group.capacity is not None for group in node_groups)
 
 
 class _Model(BaseModel):

@@ -9,10 +9,12 @@ through Session Manager (no bastion), it also runs the SSM agent.
 
 The deploy role is for operators and CI running ``fab``: deploy history and locks, weights push,
 image push, draining targets in its own target group, reading the state of its node groups and alarms,
-refreshing its gateway's hosts, reading its gateway's metering records (``fab usage``) and
-``fab keys.rotate`` of its runtimes' API-keys secret. Rotation is the deploy role's right, not a
-separate operator role's: whoever can deploy can already ship a release that reads that secret on
-every host, so a role of its own would add a credential to guard without taking any power away.
+refreshing its gateway's hosts, reading its gateway's metering records (``fab usage``), reading
+the notices on its interruption queue (``fab status``, where a node group buys spot or a Capacity
+Block) and ``fab keys.rotate`` of its runtimes' API-keys secret. Rotation is the deploy role's
+right, not a separate operator role's: whoever can deploy can already ship a release that reads
+that secret on every host, so a role of its own would add a credential to guard without taking
+any power away.
 Neither role has a wildcard action on a data service.
 
 Which principal runs which task. ``tests/e2e/test_task_actors.py`` runs the deploy role's tasks the
@@ -113,6 +115,8 @@ KUBERNETES_DEPLOY_STATEMENTS = frozenset(
         "ListItsUsage",
         # Releases are signed at deploy on every target.
         "SignReleases",
+        # `fab status` reads the spot notices there too (the Node Termination Handler's queue).
+        "ReadItsInterruptionNotices",
     }
 )
 
@@ -213,6 +217,9 @@ class IdentityArgs:
     # The release key (frontier.release.signing): the deploy role alone signs with it; hosts read its
     # public key when provisioned. "" where the stack has none.
     release_key_arn: str = ""
+    # The stack's queue of EC2 interruption notices (infra/interruptions.py): `fab status` reads it.
+    # "" where every node group buys on-demand (no queue).
+    interruption_queue_arn: str = ""
 
 
 def objects(bucket_arn: str, prefix: str) -> str:
@@ -476,6 +483,17 @@ def deploy_policy(args: IdentityArgs) -> PolicyDocument:
                 cloud.arn("ssm", "session/${aws:userid}-*"),
             ),
         ]
+    if args.interruption_queue_arn:
+        # `fab status` lists the notices waiting there (frontier/hosts/notices.py): it finds the queue
+        # by name and receives with a visibility timeout of 0, so each stays for whoever acts on it.
+        # No sqs:DeleteMessage or ChangeMessageVisibility: reading never takes a notice away.
+        statements.append(
+            allow(
+                "ReadItsInterruptionNotices",
+                ("sqs:GetQueueUrl", "sqs:ReceiveMessage"),
+                args.interruption_queue_arn,
+            )
+        )
     if args.release_key_arn:
         # Releases are signed at deploy, by this role alone among the stack's principals
         # (frontier.release.signing); hosts run only what it signed.

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from frontier.config.purchase import has_notice_queue, notice_queue_name
 from frontier.config.schema import PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.identity.cloud import Cloud
@@ -62,6 +63,12 @@ def stack_identity(
         ssh_user=settings.inventory.ssh_user,
         metering_uri=gateway.metering.uri if (gateway := settings.gateway) else "",
         weights_prefixes=tuple(dict.fromkeys(weights_prefix(pool) for pool in settings.pools)),
+        # Known by name before the queue exists, so the role need not wait for it in `pulumi up`.
+        interruption_queue_arn=(
+            cloud.arn("sqs", notice_queue_name(settings.stack))
+            if has_notice_queue(settings.node_groups)
+            else ""
+        ),
     )
 
 

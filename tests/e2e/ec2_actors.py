@@ -16,6 +16,8 @@ Who runs what (:func:`exercise`):
   the target group and retires the old hosts; EC2 Instance Connect's key push; ``fab ami.latest``;
   ``fab image.push`` (the container engine a stand-in that makes the registry's calls a
   ``docker push`` makes, as ECR authorises them); ``fab gateway.roll``; ``fab usage`` of metering in S3;
+  ``fab status``, which lists the spot notice waiting on the stack's interruption queue (prod's node
+  group buys spot above its on-demand base here, so the stack has that queue);
 - the runtime hosts' role, through the real AWS CLI as a host's bootstrap does: read the current
   release, record its boot, see its lifecycle state, complete its lifecycle action, publish its
   metrics, and the calls the CloudWatch agent (its logs) and ECR's credential helper (the image
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -65,6 +68,7 @@ from frontier import project
 from frontier.cli import access, ami, ops
 from frontier.config.hardware import ami_parameter
 from frontier.config.outputs import Ec2Outputs
+from frontier.config.purchase import notice_queue_name
 from frontier.config.schema import Settings
 from frontier.identity.documents import deploy_policy, lifecycle_policy, runtime_policy
 from frontier.identity.pools import StackResources, pool_identity, stack_identity
@@ -86,6 +90,14 @@ GATEWAY_ASG = "prod-gateway-asg-9f8e7d"
 KEY_ARN = f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0a1b2c3d"
 LAUNCH_HOOK = "frontier-launch"
 IMAGE_TAG = "src-0123456789ab"
+# What EventBridge puts on the interruption queue for a spot notice (the EC2 user guide's example).
+SPOT_WARNING_EVENT = {
+    "version": "0", "id": "12345678-1234-1234-1234-123456789012",
+    "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2",
+    "account": "123456789012", "time": "2026-12-06T09:41:12Z", "region": "us-east-1",
+    "resources": ["arn:aws:ec2:us-east-1:123456789012:instance/i-1234567890abcdef0"],
+    "detail": {"instance-id": "i-1234567890abcdef0", "instance-action": "terminate"},
+}  # fmt: skip
 # No retries: a call moto authorises but does not implement is answered once, with an error.
 ONCE = Config(retries={"max_attempts": 1, "mode": "standard"})
 
@@ -94,9 +106,11 @@ ONCE = Config(retries={"max_attempts": 1, "mode": "standard"})
 
 
 def write_prod_stack(stacks: Path) -> Settings:
-    """The prod stack with a gateway that meters to S3, in ``stacks`` (``$FRONTIER_STACKS_DIR``)."""
+    """The prod stack with a gateway that meters to S3 and its node group buying spot above an
+    on-demand base, in ``stacks`` (``$FRONTIER_STACKS_DIR``)."""
     document = yaml.safe_load((project.root() / "stacks" / "Pulumi.prod.yaml").read_text())
     config = document["config"]
+    config["frontier:node_groups"][0]["capacity"] = {"market": "spot", "on_demand_base": 2}
     region = config.get("aws:region", "us-east-1")
     config["frontier:gateway"] = {
         "port": 8090,
@@ -368,6 +382,10 @@ def make_resources(prod: Prod) -> str:
     for log in shipped_logs(settings):
         with contextlib.suppress(ClientError):
             admin("logs").create_log_group(logGroupName=log.group)
+    # The stack's interruption queue (infra/interruptions.py) with a spot warning EventBridge put there.
+    sqs = admin("sqs")
+    queue = sqs.create_queue(QueueName=notice_queue_name(settings.stack))["QueueUrl"]
+    sqs.send_message(QueueUrl=queue, MessageBody=json.dumps(SPOT_WARNING_EVENT))
     # The runtimes' key set, as an operator puts it after `pulumi up`: a deploy reads it to verify
     # its canary (rollout.verify_canary, on for prod).
     admin("secretsmanager").create_secret(
@@ -526,7 +544,18 @@ def deploy_paths(prod: Prod, mp: pytest.MonkeyPatch) -> dict[str, str]:
     mp.setattr(Ec2Backend, "aws_client", real)
     seen["gateway.roll"] = ", ".join(refreshes.unimplemented)
     access.usage(Context(), stack="prod")
+    # fab status: moto's instances have no sshd, so each host's row says it is unreachable (the
+    # sessions' calls are the local stack's tests'); the lock and the notices on the queue are read.
+    mp.setattr(Ec2Backend, "session", _unreachable)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        ops.status(Context(), stack="prod")
+    seen["status"] = printed.getvalue()
     return seen
+
+
+def _unreachable(backend: Ec2Backend, host: Any) -> Any:
+    raise ConnectionError(f"{host.name}: no sshd on moto's instances")
 
 
 # --- the runtime hosts' role, through the AWS CLI -----------------------------------------------

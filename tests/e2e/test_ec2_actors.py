@@ -1,7 +1,7 @@
 """The EC2 stack's paths, each run by its actor against moto's server enforcing the prod stack's
 documents (``tests/e2e/ec2_actors.py``), then evaluated as AWS would (``iam_simulation``): the
 deploy role's scale, rollout (surge, protection, AZRebalance, drain and enable), Instance Connect key
-push, ami.latest, image.push, gateway.roll and usage; the runtime hosts' role's boot, lifecycle
+push, ami.latest, image.push, gateway.roll, usage and status (its spot notices); the runtime hosts' role's boot, lifecycle
 action, metrics, logs and image pull through the AWS CLI. None is denied, and each statement of
 the EC2 paths is needed by one of them (``test_task_actors.py`` adds these calls to its report).
 """
@@ -27,6 +27,7 @@ EC2_STATEMENTS = {
     ("deploy", "PushItsSshKeyToItsInstances"),
     ("deploy", "ReadItsUsage"),
     ("deploy", "ListItsUsage"),
+    ("deploy", "ReadItsInterruptionNotices"),
     ("host", "PullTheRuntimeImage"),
     ("host", "LogInToTheRegistry"),
     ("host", "WriteItsLogs"),
@@ -71,7 +72,10 @@ def test_each_path_ran_as_its_actor(run):
         "SetDesiredCapacity", "SetInstanceProtection", "SuspendProcesses", "ResumeProcesses",
         "TerminateInstanceInAutoScalingGroup", "RegisterTargets", "DeregisterTargets",
         "SendSSHPublicKey", "GetParameter", "PutImage", "StartInstanceRefresh", "ListBucket",
+        "GetQueueUrl", "ReceiveMessage",
     } <= by_actor["deploy"]  # fmt: skip
+    assert "interruption notices waiting" in seen["status"], seen["status"]
+    assert "spot interruption" in seen["status"] and "i-1234567890abcdef0" in seen["status"]
     assert {
         "DescribeAutoScalingInstances", "CompleteLifecycleAction", "PutMetricData", "PutLogEvents",
         "GetAuthorizationToken", "BatchGetImage",
@@ -112,6 +116,12 @@ def _variant(evaluation, operation: str, within: str = "", **changes) -> iam_sim
     )
 
 
+def _other_action(evaluation, operation: str, action: str) -> iam_simulation.Call:
+    """A recorded call of ``operation`` as ``action`` on the same resource."""
+    call = next(c for c in evaluation.calls if c.operation == operation)
+    return iam_simulation.Call(call.principal, action, call.resource, call.context, action.split(":")[1])
+
+
 def test_the_conditions_are_evaluated_not_taken_as_met(run, evaluation):
     prod, _, _ = run
     calls = [
@@ -127,6 +137,21 @@ def test_the_conditions_are_evaluated_not_taken_as_met(run, evaluation):
             evaluation,
             "GetParameter",
             resource=f"arn:aws:ssm:{prod.region}:{ec2_actors.ACCOUNT}:parameter/frontier/prod/anything",
+        ),
+        # fab status reads its own stack's notice queue, and only reads it.
+        _variant(
+            evaluation,
+            "ReceiveMessage",
+            resource=f"arn:aws:sqs:{prod.region}:{ec2_actors.ACCOUNT}:frontier-staging-interruptions",
+        ),
+        *(
+            _other_action(evaluation, "ReceiveMessage", action)
+            for action in (
+                "sqs:DeleteMessage",
+                "sqs:ChangeMessageVisibility",
+                "sqs:SendMessage",
+                "sqs:PurgeQueue",
+            )
         ),
     ]
     account = ec2_actors.account(prod.settings, prod.saved)

@@ -156,3 +156,55 @@ def test_the_fallback_group_boots_the_blocks_pool_and_joins_its_target_group(blo
     assert asgs["prod-h100-od-asg"]["targetGroupArns"] == asgs["prod-h100-asg"]["targetGroupArns"] != []
     (pool,) = block.settings.pools_on(block.settings.node_groups[1])
     assert pool is block.settings.only_pool
+
+
+# -- who reads the queue ----------------------------------------------------------------------------
+
+DEPLOY_ROLE = "aws:iam/role:Role"
+DEPLOY_POLICY = "aws:iam/rolePolicy:RolePolicy"
+
+
+def _deploy_decisions(graph: Graph, calls: list[tuple[str, str]]) -> list[str]:
+    """What AWS decides for the deploy role's ``(action, resource)`` calls, conditions evaluated
+    (``@cloud-copilot/iam-simulate``)."""
+    from tests.e2e.iam_simulation import Call, simulate
+
+    role = graph.one(DEPLOY_ROLE, f"{graph.stack}-iam-deploy").outputs["arn"]
+    document = json.loads(graph.one(DEPLOY_POLICY, f"{graph.stack}-iam-deploy").inputs["policy"])
+    made = [Call(role, action, resource, (), action.split(":")[1]) for action, resource in calls]
+    return [
+        d["decision"]
+        for d in simulate({"all": {role: [{"name": "deploy", "policy": document}]}}, made)["all"]
+    ]
+
+
+def test_the_deploy_role_reads_the_notices_on_its_stacks_queue_as_fab_status_does(spot):
+    queue = spot.one(QUEUE).outputs["arn"]
+    assert (
+        _deploy_decisions(spot, [("sqs:GetQueueUrl", queue), ("sqs:ReceiveMessage", queue)])
+        == ["Allowed"] * 2
+    )
+
+
+def test_the_deploy_role_can_neither_take_send_nor_purge_notices_nor_read_another_stacks_queue(spot):
+    queue = spot.one(QUEUE).outputs["arn"]
+    other = queue.replace(queue_name("prod"), queue_name("staging"))
+    calls = [
+        ("sqs:DeleteMessage", queue),
+        ("sqs:ChangeMessageVisibility", queue),
+        ("sqs:SendMessage", queue),
+        ("sqs:PurgeQueue", queue),
+        ("sqs:ReceiveMessage", other),
+        ("sqs:GetQueueUrl", other),
+    ]
+    assert _deploy_decisions(spot, calls) == ["ImplicitlyDenied"] * len(calls)
+
+
+def test_an_on_demand_stacks_deploy_role_has_no_queue_to_read(prod):
+    document = json.loads(prod.one(DEPLOY_POLICY, "prod-iam-deploy").inputs["policy"])
+    actions = [
+        a
+        for s in document["Statement"]
+        for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    ]
+    assert not [a for a in actions if a.startswith("sqs:")]

@@ -12,8 +12,10 @@ from moto import mock_aws
 from rich.console import Console
 
 from frontier.cli.ops import _print_notices
-from frontier.config.purchase import notice_queue_name
+from frontier.config.purchase import SpotCapacity, notice_queue_name
+from frontier.config.schema import Settings
 from frontier.hosts.notices import pending_notices
+from frontier.targets import load_stack
 from infra.interruptions import CAPACITY_BLOCK_WARNING, REBALANCE_RECOMMENDATION, SPOT_WARNING, notice_pattern
 
 REGION = "us-east-1"
@@ -26,6 +28,13 @@ def aws(monkeypatch):
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     with mock_aws():
         yield boto3.client("sqs", region_name=REGION), boto3.client("events", region_name=REGION)
+
+
+def buying_spot(settings: Settings) -> Settings:
+    """``settings`` with its first node group buying spot above an on-demand host: a stack with a queue."""
+    first, *rest = settings.node_groups
+    spot = first.model_copy(update={"capacity": SpotCapacity(market="spot", on_demand_base=1)})
+    return settings.model_copy(update={"node_groups": (spot, *rest)})
 
 
 def wire(sqs, events, stack: str = "prod") -> str:
@@ -82,9 +91,13 @@ def test_a_stack_without_a_queue_has_no_notices_and_status_says_nothing_of_them(
 
     class Backend:
         def aws_client(self, service: str):
-            return boto3.client(service, region_name=REGION)
+            raise AssertionError(
+                f"a stack that buys on-demand only asked for {service}: it has no queue to read"
+            )
 
-    _print_notices(Console(file=out, width=160), Backend(), "dev")
+    dev = load_stack("dev")
+    assert all(group.capacity is None for group in dev.node_groups)
+    _print_notices(Console(file=out, width=160), Backend(), dev)
     assert out.getvalue() == ""
 
 
@@ -98,7 +111,7 @@ def test_status_prints_each_waiting_notice_as_a_row(aws):
         def aws_client(self, service: str):
             return boto3.client(service, region_name=REGION)
 
-    _print_notices(Console(file=out, width=160), Backend(), "prod")
+    _print_notices(Console(file=out, width=160), Backend(), buying_spot(load_stack("prod")))
     text = out.getvalue()
     assert "interruption notices waiting" in text and "spot interruption" in text
     assert "i-0aaa" in text and "terminate" in text

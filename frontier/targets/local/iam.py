@@ -69,6 +69,9 @@ ACCOUNT_ID = "123456789012"  # moto's default account: the one every local ARN n
 # The services whose calls moto checks against a resource ARN; any other call is checked as if its
 # resource were "*" (moto/core/responses.py: only these define the call's resource).
 RESOURCE_CHECKED = frozenset({"s3", "iam", "sts", "sqs"})
+# Actions moto checks against "*" although their service is resource-checked: sqs:GetQueueUrl names
+# its queue by QueueName, and moto finds the call's queue by its URL, which that call has not yet.
+MOTO_UNRESOLVED = frozenset({"sqs:GetQueueUrl"})
 # AWS authorises HeadBucket with s3:ListBucket; moto checks it as s3:HeadBucket.
 MOTO_ALIASES = {"s3:ListBucket": ("s3:HeadBucket",)}
 # moto names an action after the service's signing name, which is CloudWatch's API host
@@ -193,7 +196,8 @@ def for_moto(document: dict[str, Any]) -> dict[str, Any]:
     rendered = copy.deepcopy(document)
     for statement in rendered["Statement"]:
         actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-        if not {action.split(":", 1)[0] for action in actions} <= RESOURCE_CHECKED:
+        services = {action.split(":", 1)[0] for action in actions}
+        if not services <= RESOURCE_CHECKED or MOTO_UNRESOLVED & set(actions):
             statement["Resource"] = "*"
         extra = [alias for action in actions for alias in MOTO_ALIASES.get(action, ())]
         extra += [

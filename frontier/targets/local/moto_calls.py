@@ -221,6 +221,12 @@ def checks(service: str, response: Any, operation: str, resource: str) -> list[d
         name = response._get_param("repositoryName")
         arn = f"arn:aws:ecr:{region}:{account}:repository/{name}" if name else "*"
         return [{"action": f"ecr:{operation}", "resource": arn, "context": {}}]
+    if service == "sqs":
+        # moto found the queue by its URL (the call's resource); GetQueueUrl names it by QueueName.
+        name = response._get_param("QueueName")
+        if not resource.startswith("arn:") and name:
+            resource = f"arn:aws:sqs:{region}:{account}:{name}"
+        return [{"action": f"sqs:{operation}", "resource": resource, "context": {}}]
     if service == "kms" and response._get_param("KeyId"):
         return [{"action": f"kms:{operation}", "resource": _key_arn(response), "context": {}}]
     if service == "ec2-instance-connect" and operation == "SendSSHPublicKey":
