@@ -198,6 +198,14 @@ def test_a_disaggregated_pool_without_a_gateway_is_refused(gateway_stack):
     assert "frontier:gateway" in line
 
 
+def test_a_pool_named_like_a_disaggregated_pools_half_is_refused(gateway_stack):
+    # models[0] renders frontier-llama-3-1-8b-instruct-decode, the 8B pool's decode half's name.
+    line = _refused(
+        gateway_stack({"models[0].model.name": "llama-3.1-8b-instruct-decode"}), "models[1].model.name"
+    )
+    assert "'frontier-llama-3-1-8b-instruct-decode'" in line and "models[0]" in line
+
+
 @pytest.mark.parametrize("replicas", [1, 9])
 def test_a_half_whose_floor_is_outside_the_autoscalers_range_is_refused(gateway_stack, replicas):
     path = gateway_stack({"models[1].disaggregation.decode.replicas": replicas})

@@ -237,15 +237,16 @@ def pool_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
     for i, pool in enumerate(s.pools):
         view = s.for_pool(pool.name)
         where = f"pools[{i}]"
-        name = app_name(view)
-        if name in names:
-            yield FieldProblem(
-                f"{where}.model.name",
-                pool.name,
-                f"its Deployment would be named {name!r} like pools[{names[name]}]'s: "
-                "names must differ in letters or digits",
-            )
-        names.setdefault(name, i)
+        # A disaggregated pool's halves are named apart too (frontier-<model>-prefill, -decode).
+        for name in dict.fromkeys(app_name(v) for v in (view, *pd.role_views(view, pool))):
+            if names.get(name, i) != i:
+                yield FieldProblem(
+                    f"{where}.model.name",
+                    pool.name,
+                    f"its Deployment would be named {name!r} like pools[{names[name]}]'s: "
+                    "names must differ in letters or digits",
+                )
+            names.setdefault(name, i)
         group = pool.group
         if group.name not in pooled:
             yield FieldProblem(
