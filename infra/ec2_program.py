@@ -502,8 +502,20 @@ def monitoring_for(ground: Ground, edge: Edge, groups: list[GpuNodeGroup]) -> Mo
             asg_names=[g.asg_name for g in groups],
             tags=ground.tags,
             gateway=settings.gateway is not None,
+            settings=settings,
+            cloud=ground.cloud,
+            endpoint=public_endpoint(settings, edge),
+            probe_key_secret_arn=ground.foundation.secrets.api_keys_secret_arn,
         ),
     )
+
+
+def public_endpoint(settings: Settings, edge: Edge) -> pulumi.Input[str]:
+    """The API's base URL: the ALB answers HTTPS only; the certificate's name when the stack gives
+    one (TLS checks pass against it)."""
+    if settings.edge.domain:
+        return f"https://{settings.edge.domain}"
+    return pulumi.Output.concat("https://", edge.alb_dns_name)
 
 
 def outputs(
@@ -529,11 +541,7 @@ def outputs(
         ecr_repository_url=foundation.registry.repository_url,
         api_keys_secret_arn=secrets.api_keys_secret_arn,
         alb_dns_name=edge.alb_dns_name,
-        # The API's base URL: the ALB answers HTTPS only.
-        # The certificate's name when the stack gives one: TLS checks pass against it.
-        endpoint=f"https://{settings.edge.domain}"
-        if settings.edge.domain
-        else pulumi.Output.concat("https://", edge.alb_dns_name),
+        endpoint=public_endpoint(settings, edge),
         alb_zone_id=edge.alb_zone_id,
         kms_key_arn=secrets.key_arn,
         release_key_arn=foundation.release_key.arn,

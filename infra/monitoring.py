@@ -14,6 +14,11 @@ Alarms:
 - runtime queue depth above ``monitoring.queue_depth_alarm``;
 - per node group, from the CloudWatch agent (``templates/cloudwatch-agent.json.j2``): host memory and
   the weights cache's disk, and on GPU groups the fullest GPU's memory and the hottest GPU;
+- the named alarms of every target (:mod:`frontier.alarms`: ``ttft``, ``kv-cache-full``,
+  ``structured-output-failures``, ``runtime-down``, ``probe-failing``), each its declaration's
+  CloudWatch condition on the series the hosts (and the probe) publish;
+- the synthetic probe (:mod:`infra.probe`): a scheduled Lambda sending a fixed request through the
+  stack's public endpoint every minute;
 - with a gateway on its own hosts (infra/gateway.py): the gateway's own 5xx rate (its published
   ``Gateway5xx`` over ``GatewayRequests``) above ``slo.error_rate``, any gateway host unhealthy in
   the target group (a gateway roll launches each replacement before an old host goes, so none
@@ -22,8 +27,9 @@ Alarms:
   ``alerts.severities`` move them along).
 
 Each host's bootstrap (``frontier_hostside/bootstrap.py watch``) scrapes the runtime's /metrics and
-publishes ``QueueDepth``, ``RunningRequests`` and ``EndToEndLatency`` (values with counts) in the
-``Frontier/Runtime`` namespace under the dimensions ``Stack`` and ``NodeGroup`` (see
+publishes ``QueueDepth``, ``RunningRequests``, ``EndToEndLatency`` and ``TimeToFirstToken`` (values
+with counts), ``KVCacheUsage``, ``StructuredOutputs`` and ``StructuredOutputFailures``,
+``RuntimeReady`` and ``RuntimeRestarts`` in the ``Frontier/Runtime`` namespace under the dimensions ``Stack`` and ``NodeGroup`` (see
 :func:`runtime_dimensions`); the alarms, the dashboard and the scaling policy read exactly those.
 The log groups receive the CloudWatch agent's files (``templates/cloudwatch-agent.json.j2``).
 """
@@ -47,11 +53,14 @@ from frontier_hostside.names import (
 )
 from frontier_hostside.names import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 
-from frontier.config.schema import SEVERITIES, AlertRoute, Severity, Slo
+from frontier.alarms import NAMED_ALARMS
+from frontier.config.schema import SEVERITIES, AlertRoute, Settings, Severity, Slo
+from frontier.identity.cloud import Cloud
 from frontier.identity.documents import LOG_GROUP_ROOT
 from frontier.render import alerts as host
 from frontier.render.alerts import ResourceLimits
 from frontier.render.dashboards import RESOURCE_PANELS
+from infra.probe import SyntheticProbeArgs, synthetic_probe
 
 ALB_NAMESPACE = "AWS/ApplicationELB"
 PERIOD_S = 60
@@ -89,6 +98,12 @@ class MonitoringArgs:
     target_group_arn_suffix: pulumi.Input[str]
     asg_names: Sequence[pulumi.Input[str]]
     tags: Mapping[str, str]
+    # The named alarms' thresholds (frontier.alarms) are the stack's settings.
+    settings: Settings
+    # The synthetic probe: where clients reach the stack, and the key it presents.
+    cloud: Cloud
+    endpoint: pulumi.Input[str]
+    probe_key_secret_arn: pulumi.Input[str]
     # The ALB's targets are the gateway's hosts (infra/gateway.py): its log group and alarms.
     gateway: bool = False
 
@@ -211,6 +226,21 @@ class Monitoring(pulumi.ComponentResource):
             severity: self._topic(severity) for severity in SEVERITIES
         }
         self._alarms()
+        self._named_alarms()
+        synthetic_probe(
+            f"{name}-probe",
+            SyntheticProbeArgs(
+                stack=args.stack,
+                cloud=args.cloud,
+                endpoint=args.endpoint,
+                models=[pool.name for pool in args.settings.pools],
+                key_secret_arn=args.probe_key_secret_arn,
+                kms_key_arn=args.kms_key_arn,
+                log_retention_days=args.log_retention_days,
+                tags=tags,
+            ),
+            self,
+        )
         self._resource_alarms()
         if args.gateway:
             self._gateway_alarms()
@@ -252,23 +282,43 @@ class Monitoring(pulumi.ComponentResource):
         return topic.arn
 
     def _alarm(self, key: str, description: str, *, alarm: str | None = None, **kwargs: Any) -> None:
-        """CloudWatch alarm ``frontier-<stack>-<key>``; ``alarm`` (default ``key``) names its severity."""
+        """CloudWatch alarm ``frontier-<stack>-<key>``; ``alarm`` (default ``key``) names its severity;
+        ``kwargs`` give its condition (and may set its comparison, periods and missing data)."""
         args = self._args
         topic_arn = self.topic_arns[args.severities[alarm or key]]
+        condition: dict[str, Any] = {
+            "comparison_operator": "GreaterThanThreshold",
+            "evaluation_periods": EVALUATION_PERIODS,
+            "datapoints_to_alarm": DATAPOINTS_TO_ALARM,
+            "treat_missing_data": "notBreaching",
+            **kwargs,
+        }
         aws.cloudwatch.MetricAlarm(
             f"{self._name}-{key}",
             name=f"frontier-{args.stack}-{key}",
             alarm_description=description,
-            comparison_operator="GreaterThanThreshold",
-            evaluation_periods=EVALUATION_PERIODS,
-            datapoints_to_alarm=DATAPOINTS_TO_ALARM,
-            treat_missing_data="notBreaching",
             alarm_actions=[topic_arn],
             ok_actions=[topic_arn],
             tags=dict(args.tags),
             opts=self._child,
-            **kwargs,
+            **condition,
         )
+
+    def _named_alarms(self) -> None:
+        """The alarms every target raises under the same names, as their declaration reads on EC2."""
+        args = self._args
+        for alarm in NAMED_ALARMS.values():
+            condition = alarm.cloudwatch(args.settings)
+            dims = (
+                runtime_dimensions(args.stack, args.node_group)
+                if condition.per_node_group
+                else {CLOUDWATCH_DIMENSIONS[0]: args.stack}
+            )
+            self._alarm(
+                alarm.name,
+                f"{alarm.fires} (threshold {alarm.threshold(args.settings):g})".replace("`", ""),
+                **condition.alarm_inputs(dims),
+            )
 
     def _alarms(self) -> None:
         args, slo = self._args, self._args.slo

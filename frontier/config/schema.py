@@ -437,6 +437,8 @@ ALARM_SEVERITIES: dict[str, Severity] = {
     "unhealthy-hosts": "page",
     "queue-depth": "warn",
     "kv-cache-full": "warn",
+    "structured-output-failures": "warn",
+    "probe-failing": "page",  # the synthetic probe's fixed request through the public endpoint
     "runtime-restarts": "warn",
     "gpu-memory": "warn",
     "host-memory": "warn",

@@ -8,7 +8,8 @@
   weights cache's disk, the runtime process, and NVIDIA GPU metrics on GPU groups only.
 
 The same alarm names appear on every target: a CloudWatch alarm ``frontier-<stack>-<alarm>``, a
-PrometheusRule alert labelled ``alarm: <alarm>``, and the local stack's evaluator's messages.
+PrometheusRule alert labelled ``alarm: <alarm>``, and the local stack's evaluator's messages. The
+named alarms of :mod:`frontier.alarms` are rendered from their declaration (:func:`named_rules`).
 """
 
 from __future__ import annotations
@@ -18,17 +19,47 @@ from dataclasses import dataclass
 from frontier_hostside import names
 from frontier_hostside.names import CACHE_MOUNT, CLOUDWATCH_DIMENSIONS, CLOUDWATCH_NAMESPACE
 
+from frontier.alarms import NAMED_ALARMS
 from frontier.config.schema import ALARM_SEVERITIES, NodeGroup, Settings, Severity
 from frontier.render.templates import render_template
 
+
+@dataclass(frozen=True)
+class NamedRule:
+    """One named alarm as a Prometheus rule of this stack."""
+
+    alarm: str
+    severity: Severity
+    alert: str
+    expr: str
+    for_: str
+    summary: str
+    description: str
+
+
+def named_rules(settings: Settings) -> list[NamedRule]:
+    rules = []
+    for alarm in NAMED_ALARMS.values():
+        rule = alarm.prometheus(settings)
+        rules.append(
+            NamedRule(
+                alarm.name,
+                alarm.severity(settings),
+                rule.alert,
+                rule.expr,
+                rule.for_,
+                rule.summary,
+                rule.description,
+            )
+        )
+    return rules
+
+
 # Metric names the alert rules read, as the runtime exports them (histograms by their buckets).
 METRICS = {
-    "ttft_bucket": f"{names.TTFT_METRIC}_bucket",
     "e2e_bucket": f"{names.E2E_LATENCY_METRIC}_bucket",
     "http_requests_total": f"{names.HTTP_REQUESTS_METRIC}_total",
     "waiting": names.WAITING_METRIC,
-    "kv_usage": names.KV_USAGE_METRIC,
-    "ready": names.READY_METRIC,
 }
 
 # What the resource rules read on Kubernetes: NVIDIA's DCGM exporter (its default counters) and the
@@ -104,7 +135,7 @@ def render_alerts(settings: Settings) -> str:
         p99_s=slo.p99_latency_ms / 1000,
         error_rate=slo.error_rate,
         queue_depth=settings.monitoring.queue_depth_alarm,
-        kv_usage=settings.monitoring.kv_usage_alarm,
+        named=named_rules(settings),
     )
 
 

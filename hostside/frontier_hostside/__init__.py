@@ -17,6 +17,8 @@ Standard library only, Python 3.8 and later (tests/unit/test_hostside.py checks 
     aws_cli    AWS through its CLI, as the bootstrap reaches it
     rendezvous a replica's slots over several nodes (the bootstrap's replica-env)
     release_signature  a release's signature checked with the stack's public key (the agent's stage, activate)
+    probe      the synthetic probe: a fixed request through the public endpoint (a Lambda on EC2, a
+               CronJob in the runtime's image on Kubernetes, the local stack's alarm evaluator)
 
 A host runs the agent and the bootstrap as scripts from ``<root>/bin``. They import their names
 and the modules above from this package, so those travel with them, as ``bin/frontier_hostside/``:

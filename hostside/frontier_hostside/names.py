@@ -156,6 +156,10 @@ OTHER_ROUTE = "other"
 HTTP_REQUESTS_METRIC = "frontier_http_requests"  # counter {route, status}
 HTTP_DURATION_METRIC = "frontier_http_request_duration_seconds"  # histogram {route}
 REQUEST_FAILURES_METRIC = "frontier_request_failures"  # counter {reason}
+# Constrained outputs checked against their constraint (finished with "stop"): the denominator of the
+# structured-output failure rate, whose numerator is REQUEST_FAILURES_METRIC{reason=STRUCTURED_OUTPUT_INVALID}.
+STRUCTURED_OUTPUTS_METRIC = "frontier_structured_outputs_checked"  # counter (_total)
+STRUCTURED_OUTPUT_INVALID = "structured_output_invalid"
 
 # Requests (histograms and counters by model_name).
 PROMPT_TOKENS_METRIC = "vllm:prompt_tokens"
@@ -230,6 +234,7 @@ RUNTIME_METRIC_NAMES = (
     HTTP_REQUESTS_METRIC,
     HTTP_DURATION_METRIC,
     REQUEST_FAILURES_METRIC,
+    STRUCTURED_OUTPUTS_METRIC,
     PROMPT_TOKENS_METRIC,
     GENERATION_TOKENS_METRIC,
     REQUEST_SUCCESS_METRIC,
@@ -320,6 +325,19 @@ RUNNING_REQUESTS_METRIC = "RunningRequests"
 # computes true percentiles of whole requests (the ALB's TargetResponseTime is time to first byte).
 E2E_LATENCY_CW_METRIC = "EndToEndLatency"
 RESTARTS_CW_METRIC = "RuntimeRestarts"
+# The series the named alarms (frontier/alarms.py) read on EC2: time to first token in milliseconds
+# (values with counts, as EndToEndLatency), the fullest KV cache (a fraction), constrained outputs
+# checked and those that failed their constraint since the last publish, and whether the runtime
+# answers its readiness check (1) or not (0: a runtime that does not answer its /metrics either).
+TTFT_CW_METRIC = "TimeToFirstToken"
+KV_USAGE_CW_METRIC = "KVCacheUsage"
+STRUCTURED_OUTPUTS_CW_METRIC = "StructuredOutputs"
+STRUCTURED_FAILURES_CW_METRIC = "StructuredOutputFailures"
+RUNTIME_READY_CW_METRIC = "RuntimeReady"
+# The synthetic probe's (frontier_hostside/probe.py) outcome each minute, under the dimension Stack
+# only: 1 or 0, and the whole request's latency in milliseconds.
+PROBE_SUCCESS_CW_METRIC = "ProbeSuccess"
+PROBE_LATENCY_CW_METRIC = "ProbeLatency"
 # Every host of a node group publishes under the same dimensions: the group's Average is the
 # per-host figure the scaling policy tracks.
 CLOUDWATCH_DIMENSIONS = ("Stack", "NodeGroup")

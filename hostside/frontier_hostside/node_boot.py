@@ -28,13 +28,25 @@ from frontier_hostside.names import (
     CLOUDWATCH_DIMENSIONS,
     DEPLOYING_POINTER,
     HOST_TOOLS_PREFIX,
+    KV_USAGE_CW_METRIC,
+    KV_USAGE_METRIC,
     LEADER_ADDRESS_ENV,
     LEADER_PROXY_UNIT,
     NODES_PER_REPLICA_ENV,
     PLACEHOLDER_HOST,
+    READY_METRIC,
+    REASON_LABEL,
     RELEASE_ID_PATTERN,
     RELEASE_MANIFEST,
+    REQUEST_FAILURES_METRIC,
     RESTARTS_CW_METRIC,
+    RUNTIME_READY_CW_METRIC,
+    STRUCTURED_FAILURES_CW_METRIC,
+    STRUCTURED_OUTPUT_INVALID,
+    STRUCTURED_OUTPUTS_CW_METRIC,
+    STRUCTURED_OUTPUTS_METRIC,
+    TTFT_CW_METRIC,
+    TTFT_METRIC,
 )
 from frontier_hostside.release_signature import RELEASE_KEY_NAME, SIGNATURE_NAME, release_key_alias
 from frontier_hostside.rendezvous import Rendezvous, RendezvousError, write_env
@@ -484,55 +496,121 @@ def latency_values(before: dict[float, float], now: dict[float, float]) -> tuple
     return values, counts
 
 
-def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
-    with urllib.request.urlopen(config.metrics_url, timeout=5) as answer:
-        samples = parse_prometheus(answer.read().decode())
-    waiting = sum(v for name, _, v in samples if name == config.waiting_series)
-    running = sum(v for name, _, v in samples if name == config.running_series)
-    buckets = histogram_buckets(samples, config.e2e_series)
-    state_path = Path(config.root) / "run" / PUBLISHER_STATE
+def counter_total(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    """A counter's value summed over its label sets (those matching ``labels``)."""
+    return sum(
+        value
+        for sample, have, value in samples
+        if sample == f"{name}_total" and all(have.get(k) == v for k, v in labels.items())
+    )
+
+
+def _since(before: Any, now: float) -> float:
+    """A counter's increase since the last publish; a restarted runtime (lower now) counts from zero."""
     try:
-        before_state = json.loads(state_path.read_text())
-        before = {float(k): v for k, v in before_state.get("buckets", {}).items()}
-    except (OSError, ValueError, AttributeError):
-        before_state, before = {}, {}
-    values, counts = latency_values(before, buckets)
+        earlier = float(before)
+    except (TypeError, ValueError):
+        return 0.0  # the first publish: its counts are the runtime's life so far, not this minute's
+    return now - earlier if now >= earlier else now
+
+
+def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
+    """One scrape of the runtime, into CloudWatch: the queue, the requests running, the end-to-end
+    latency and the time to first token (values with counts of what finished since the last
+    publish), the fullest KV cache, the constrained outputs checked and failed since the last
+    publish, readiness and restarts. A runtime that does not answer is published as not ready
+    (what the runtime-down alarm reads) and nothing else."""
     stack_dimension, group_dimension = CLOUDWATCH_DIMENSIONS
     dimensions = [
         {"Name": stack_dimension, "Value": config.stack},
         {"Name": group_dimension, "Value": config.node_group},
     ]
+    try:
+        with urllib.request.urlopen(config.metrics_url, timeout=5) as answer:
+            samples = parse_prometheus(answer.read().decode())
+    except OSError as exc:
+        down = {"MetricName": RUNTIME_READY_CW_METRIC, "Dimensions": dimensions, "Value": 0, "Unit": "Count"}
+        aws.put_metrics(config.namespace, [down])
+        return {"ok": False, "ready": False, "error": f"the runtime's metrics do not answer: {exc}"}
+    waiting = sum(v for name, _, v in samples if name == config.waiting_series)
+    running = sum(v for name, _, v in samples if name == config.running_series)
+    buckets = histogram_buckets(samples, config.e2e_series)
+    ttft_buckets = histogram_buckets(samples, TTFT_METRIC)
+    state_path = Path(config.root) / "run" / PUBLISHER_STATE
+    try:
+        before_state = json.loads(state_path.read_text())
+        before = {float(k): v for k, v in before_state.get("buckets", {}).items()}
+        ttft_before = {float(k): v for k, v in before_state.get("ttft", {}).items()}
+    except (OSError, ValueError, AttributeError):
+        before_state, before, ttft_before = {}, {}, {}
+    values, counts = latency_values(before, buckets)
+    ttft_values, ttft_counts = latency_values(ttft_before, ttft_buckets)
+    ready = any(v >= 1 for name, _, v in samples if name == READY_METRIC)
+    kv_usage = [v for name, _, v in samples if name == KV_USAGE_METRIC]
+    checked = counter_total(samples, STRUCTURED_OUTPUTS_METRIC)
+    failed = counter_total(samples, REQUEST_FAILURES_METRIC, **{REASON_LABEL: STRUCTURED_OUTPUT_INVALID})
+
+    def count(metric: str, value: float) -> dict[str, Any]:
+        return {"MetricName": metric, "Dimensions": dimensions, "Value": value, "Unit": "Count"}
+
     data: list[dict[str, Any]] = [
-        {"MetricName": config.queue_metric, "Dimensions": dimensions, "Value": waiting, "Unit": "Count"},
-        {"MetricName": config.running_metric, "Dimensions": dimensions, "Value": running, "Unit": "Count"},
+        count(config.queue_metric, waiting),
+        count(config.running_metric, running),
+        count(RUNTIME_READY_CW_METRIC, 1 if ready else 0),
+        count(STRUCTURED_OUTPUTS_CW_METRIC, _since(before_state.get("structured_checked"), checked)),
+        count(STRUCTURED_FAILURES_CW_METRIC, _since(before_state.get("structured_failed"), failed)),
     ]
-    if values:
+    if kv_usage:
         data.append(
             {
-                "MetricName": config.latency_metric,
+                "MetricName": KV_USAGE_CW_METRIC,
                 "Dimensions": dimensions,
-                "Values": values,
-                "Counts": counts,
-                "Unit": "Milliseconds",
+                "Value": max(kv_usage),
+                "Unit": "None",
             }
         )
+    for metric, found, found_counts in (
+        (config.latency_metric, values, counts),
+        (TTFT_CW_METRIC, ttft_values, ttft_counts),
+    ):
+        if found:
+            data.append(
+                {
+                    "MetricName": metric,
+                    "Dimensions": dimensions,
+                    "Values": found,
+                    "Counts": found_counts,
+                    "Unit": "Milliseconds",
+                }
+            )
     # Restarts by the supervisor (or systemd's watchdog) since the last publish: a host that heals
     # itself all the time shows up here, not only in its own log.
     restarts = _restarts(config)
     restarted = max(0, restarts - int(before_state.get("restarts", restarts)))
-    data.append(
-        {"MetricName": RESTARTS_CW_METRIC, "Dimensions": dimensions, "Value": restarted, "Unit": "Count"}
-    )
+    data.append(count(RESTARTS_CW_METRIC, restarted))
     aws.put_metrics(config.namespace, data)
     state_path.parent.mkdir(parents=True, exist_ok=True)
     state_path.write_text(
-        json.dumps({"buckets": {str(k): v for k, v in buckets.items()}, "restarts": restarts})
+        json.dumps(
+            {
+                "buckets": {str(k): v for k, v in buckets.items()},
+                "ttft": {str(k): v for k, v in ttft_buckets.items()},
+                "restarts": restarts,
+                "structured_checked": checked,
+                "structured_failed": failed,
+            }
+        )
     )
     return {
         "ok": True,
+        "ready": ready,
         "queue_depth": waiting,
         "running": running,
         "latency_requests": sum(counts),
+        "ttft_requests": sum(ttft_counts),
+        "kv_usage": max(kv_usage) if kv_usage else None,
+        "structured_checked": _since(before_state.get("structured_checked"), checked),
+        "structured_failed": _since(before_state.get("structured_failed"), failed),
         "restarts": restarted,
     }
 

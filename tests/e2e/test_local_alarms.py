@@ -128,3 +128,33 @@ def test_each_runtimes_cpu_seconds_and_rss_reach_cloudwatch_under_the_agents_nam
         # A runtime holding a torch model: tens of MB resident, and it has used the CPU.
         assert figures["procstat_memory_rss"] > 50 * 2**20, (host.name, figures)
         assert figures["procstat_cpu_time_user"] > 0, (host.name, figures)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_probe_answers_through_the_balancer_and_publishes_its_success(cluster):
+    """Once release A serves, the evaluator's probe sends its fixed request through HAProxy with the
+    stack's key and puts ProbeSuccess 1 and its latency into moto's CloudWatch, as the EC2 Lambda does."""
+    settings = cluster.settings
+    cloudwatch = local.aws_client(settings, "cloudwatch", actor="admin")
+    now = datetime.now(UTC)
+
+    def figures(metric: str) -> list[float]:
+        return [
+            p["Maximum"]
+            for p in cloudwatch.get_metric_statistics(
+                Namespace="Frontier/Runtime",
+                MetricName=metric,
+                Dimensions=[{"Name": "Stack", "Value": settings.stack}],
+                StartTime=now - timedelta(minutes=10),
+                EndTime=now + timedelta(minutes=2),
+                Period=60,
+                Statistics=["Maximum"],
+            )["Datapoints"]
+        ]
+
+    deadline = time.monotonic() + 90  # the probe runs once a minute
+    while 1.0 not in figures("ProbeSuccess") and time.monotonic() < deadline:
+        time.sleep(1)
+    assert 1.0 in figures("ProbeSuccess")
+    assert all(0 < latency < 20_000 for latency in figures("ProbeLatency"))

@@ -14,9 +14,9 @@ is how the CLI hands it over. What the language host does, this does in the same
    there named like a standard-library or installed module shadows it for every importer.
 
 Only step 0 differs: the engine and AWS are :mod:`cloud_mocks`, loaded by file path so that the tests'
-folder never reaches ``sys.path``. OUT.json receives every resource declared (type and name) and the
-stack's exported outputs; a program that fails prints its traceback and exits non-zero, as ``pulumi up``
-would.
+folder never reaches ``sys.path``. OUT.json receives every resource declared (type and name), each
+resource's own ``name`` input where it has one (``named``: what AWS shows) and the stack's exported
+outputs; a program that fails prints its traceback and exits non-zero, as ``pulumi up`` would.
 """
 
 from __future__ import annotations
@@ -49,10 +49,14 @@ def main(program_dir: str, project: str, stack: str, out: str) -> None:
     region = config.get("aws:region", "us-east-1")
     mocks_module = _cloud_mocks()
     created: list[tuple[str, str]] = []
+    # Each resource's own name where it gives one (an alarm's, a function's): what AWS shows.
+    named: list[tuple[str, str, str]] = []
 
     class Recording(mocks_module.EksCloudMocks):  # type: ignore[misc, name-defined]
         def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
             created.append((args.typ, args.name))
+            if isinstance(args.inputs.get("name"), str):
+                named.append((args.typ, args.name, args.inputs["name"]))
             return super().new_resource(args)
 
     loop = asyncio.new_event_loop()
@@ -64,7 +68,7 @@ def main(program_dir: str, project: str, stack: str, out: str) -> None:
 
     root = pulumi.runtime.settings.get_root_resource()
     outputs = {name: _resolve(loop, value) for name, value in dict(root.outputs).items()}
-    Path(out).write_text(json.dumps({"resources": created, "outputs": outputs}, default=str))
+    Path(out).write_text(json.dumps({"resources": created, "named": named, "outputs": outputs}, default=str))
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, value: Any) -> Any:

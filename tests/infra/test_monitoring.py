@@ -168,7 +168,9 @@ def test_every_alarm_notifies_its_severitys_topic_when_it_fires_and_when_it_reco
         topic = arns[severity_of(graph, a)]
         # OK actions too: a recovered alarm says so on the same topic, and a page clears itself.
         assert a.inputs["alarmActions"] == [topic] and a.inputs["okActions"] == [topic]
-        assert a.inputs["treatMissingData"] == "notBreaching"
+        # A probe that publishes nothing does not run: that is its alarm's failure too.
+        missing = "breaching" if alarm_name(graph, a) == "probe-failing" else "notBreaching"
+        assert a.inputs["treatMissingData"] == missing
 
 
 def test_the_stack_output_alarm_topic_is_the_page_topic(graph):
@@ -231,8 +233,11 @@ def test_the_stack_moves_an_alarm_to_another_severitys_topic(routed):
 
 def test_log_groups_are_encrypted_with_retention_under_the_stacks_prefix(graph):
     expected_days = 90 if graph.stack == "prod" else 30
+    functions = {f.inputs["name"] for f in graph.of_type("aws:lambda/function:Function")}
     for group in graph.of_type("aws:cloudwatch/logGroup:LogGroup"):
-        assert group.inputs["name"].startswith(f"/frontier/{graph.stack}/")
+        # A Lambda function writes where Lambda puts it: /aws/lambda/<function>.
+        prefixes = (f"/frontier/{graph.stack}/", *(f"/aws/lambda/{f}" for f in functions))
+        assert group.inputs["name"].startswith(prefixes)
         assert group.inputs["kmsKeyId"] == graph.outputs["kms_key_arn"]
         assert group.inputs["retentionInDays"] == expected_days
 

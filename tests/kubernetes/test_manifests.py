@@ -107,6 +107,7 @@ def test_every_manifest_of_every_kubernetes_stack_validates_for_its_version(vari
             "ScaledObject",
             "ServiceMonitor",
             "PrometheusRule",
+            "CronJob",  # the synthetic probe (probe.py)
         }
         for manifest in objects:
             validate(manifest.to_dict(), settings.kubernetes.cluster.version)
@@ -448,10 +449,15 @@ def test_the_stacks_alert_rules_go_to_the_operator_and_match_the_scrapes_job(eks
     assert rule["spec"]["groups"] == yaml.safe_load(render_alerts(eks_prod))["groups"]
     job = monitoring.service_monitor(eks_prod).to_dict()["spec"]["jobLabel"]
     service_labels = m.service(eks_prod).labels
-    # Prometheus names the job after the Service's label jobLabel names: the rules' job.
+    # Prometheus names the job after the Service's label jobLabel names: the rules' job. The probe's
+    # rule reads kube-state-metrics' series of the probe's CronJob instead.
+    rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
     assert all(
-        f'job="{service_labels[job]}"' in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]
+        f'job="{service_labels[job]}"' in r["expr"] for r in rules if r["labels"]["alarm"] != "probe-failing"
     )
+    [probe] = [r for r in rules if r["labels"]["alarm"] == "probe-failing"]
+    [cron_job] = [o for o in m.render_workload(eks_prod, DIGEST).all() if o.kind == "CronJob"]
+    assert f'cronjob="{cron_job.name}"' in probe["expr"]
     broken = json.loads(json.dumps(rule))
     broken["spec"]["groups"][0]["rules"][0]["for"] = "ten minutes"
     with pytest.raises(jsonschema.ValidationError):

@@ -29,9 +29,21 @@ import frontier_hostside
 import pytest
 from frontier_hostside import bootstrap, node_boot
 from frontier_hostside.aws_cli import Aws
-from frontier_hostside.names import E2E_LATENCY_METRIC, RUNNING_METRIC, UNIT_NAME, WAITING_METRIC
+from frontier_hostside.names import (
+    E2E_LATENCY_METRIC,
+    KV_USAGE_METRIC,
+    READY_METRIC,
+    REQUEST_FAILURES_METRIC,
+    RUNNING_METRIC,
+    STRUCTURED_OUTPUT_INVALID,
+    STRUCTURED_OUTPUTS_METRIC,
+    TTFT_METRIC,
+    UNIT_NAME,
+    WAITING_METRIC,
+)
 from frontier_hostside.node_boot import NodeConfig
 
+from frontier.alarms import NAMED_ALARMS
 from frontier.hosts.boots import boot_records
 from frontier.release.artifact import Artifact
 from frontier.release.history import HistoryStore, iso, now
@@ -272,7 +284,15 @@ def test_queue_depth_running_requests_and_latency_reach_cloudwatch(cloud):
         for m in found
         if sorted(m["Dimensions"], key=lambda d: d["Name"]) == sorted(dims, key=lambda d: d["Name"])
     }
-    assert names == {"QueueDepth", "RunningRequests", "EndToEndLatency", "RuntimeRestarts"}
+    assert names == {
+        "QueueDepth",
+        "RunningRequests",
+        "EndToEndLatency",
+        "RuntimeRestarts",
+        "RuntimeReady",
+        "StructuredOutputs",
+        "StructuredOutputFailures",
+    }
     stats = cloudwatch.get_metric_statistics(
         Namespace="Frontier/Runtime",
         MetricName="QueueDepth",
@@ -283,6 +303,86 @@ def test_queue_depth_running_requests_and_latency_reach_cloudwatch(cloud):
         Statistics=["Maximum", "SampleCount"],
     )["Datapoints"]
     assert max(d["Maximum"] for d in stats) == 9 and sum(d["SampleCount"] for d in stats) == 2
+
+
+def named_alarm_exposition(kv: float, checked: float, failed: float, ttft: dict[str, float]) -> bytes:
+    """A runtime's /metrics with every series the named alarms read, as the runtime exports them."""
+    lines = [
+        f'{WAITING_METRIC}{{model_name="m"}} 0',
+        f'{RUNNING_METRIC}{{model_name="m"}} 1',
+        f"{READY_METRIC} 1",
+        f'{KV_USAGE_METRIC}{{model_name="m"}} {kv}',
+        f"{STRUCTURED_OUTPUTS_METRIC}_total {checked}",
+        f'{REQUEST_FAILURES_METRIC}_total{{reason="{STRUCTURED_OUTPUT_INVALID}"}} {failed}',
+        f'{REQUEST_FAILURES_METRIC}_total{{reason="queue_full"}} 40',
+        *(f'{TTFT_METRIC}_bucket{{le="{le}",model_name="m"}} {n}' for le, n in ttft.items()),
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def published_values(cloudwatch, metric: str, dims: list[dict[str, str]], stat: str) -> list[float]:
+    stats = cloudwatch.get_metric_statistics(
+        Namespace="Frontier/Runtime",
+        MetricName=metric,
+        Dimensions=dims,
+        StartTime=now().replace(year=2000),
+        EndTime=now().replace(year=2100),
+        Period=60,
+        Statistics=[stat],
+    )["Datapoints"]
+    return [d[stat] for d in stats]
+
+
+def test_every_series_the_named_alarms_read_on_ec2_is_published_by_the_host(cloud):
+    config, *_ = cloud
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = replace(config, metrics_url=f"http://127.0.0.1:{server.server_address[1]}/metrics")
+    aws = Aws(config.region, command=AWS_CLI or "aws")
+    try:
+        Metrics.body = named_alarm_exposition(0.5, 10, 1, {"0.1": 3, "1.0": 4, "+Inf": 4})
+        node_boot.publish(config, aws)
+        Metrics.body = named_alarm_exposition(0.97, 30, 5, {"0.1": 5, "1.0": 8, "+Inf": 9})
+        second = node_boot.publish(config, aws)
+    finally:
+        server.shutdown()
+    # What happened since the first publish: 20 outputs checked, 4 failed; 5 first tokens.
+    assert (second["structured_checked"], second["structured_failed"], second["ttft_requests"]) == (20, 4, 5)
+    assert second["ready"] is True and second["kv_usage"] == 0.97
+    cloudwatch = boto3.client("cloudwatch", region_name="us-east-1")
+    dims = [{"Name": "Stack", "Value": config.stack}, {"Name": "NodeGroup", "Value": config.node_group}]
+    published = {
+        m["MetricName"]
+        for m in cloudwatch.list_metrics(Namespace="Frontier/Runtime")["Metrics"]
+        if sorted(m["Dimensions"], key=lambda d: d["Name"]) == sorted(dims, key=lambda d: d["Name"])
+    }
+    read = {
+        metric
+        for alarm in NAMED_ALARMS.values()
+        if (condition := alarm.cloudwatch(load_stack("prod"))).per_node_group
+        for metric in condition.read()
+    }
+    assert read == {
+        "TimeToFirstToken",
+        "KVCacheUsage",
+        "StructuredOutputFailures",
+        "StructuredOutputs",
+        "RuntimeReady",
+    }
+    assert read <= published
+    assert published_values(cloudwatch, "KVCacheUsage", dims, "Maximum") == [0.97]
+    # The first publish has no earlier count to subtract: it puts 0, the second the 4 since.
+    assert published_values(cloudwatch, "StructuredOutputFailures", dims, "Sum") == [4]
+
+
+def test_a_runtime_that_does_not_answer_is_published_as_not_ready(cloud):
+    config, *_ = cloud
+    config = replace(config, metrics_url=f"http://127.0.0.1:{services.free_port()}/metrics")
+    answer = node_boot.publish(config, Aws(config.region, command=AWS_CLI or "aws"))
+    assert answer["ok"] is False and answer["ready"] is False
+    cloudwatch = boto3.client("cloudwatch", region_name="us-east-1")
+    dims = [{"Name": "Stack", "Value": config.stack}, {"Name": "NodeGroup", "Value": config.node_group}]
+    assert published_values(cloudwatch, "RuntimeReady", dims, "Maximum") == [0.0]
 
 
 def test_restarts_are_published_as_the_count_since_the_last_publish(cloud, monkeypatch):

@@ -398,6 +398,8 @@ def test_alerts_follow_the_slos(prod):
         "FrontierQueueDeep",
         "FrontierKVCacheFull",
         "FrontierHostNotReady",
+        "FrontierStructuredOutputFailing",
+        "FrontierProbeFailing",
     }
     assert rules["FrontierTTFTHigh"]["expr"].endswith("> 1.5")
     assert rules["FrontierLatencyHigh"]["expr"].endswith("> 30.0")

@@ -60,12 +60,12 @@ from frontier.config.schema import NodePool, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.release.artifact import is_placeholder
 from frontier.render.host import image_reference, render_runtime_config
-from frontier.targets.kubernetes import disaggregation as pd
 from frontier.targets.kubernetes import gateway as gw
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.autoscaling import scaled_object
 from frontier.targets.kubernetes.deploy_access import deploy_role
 from frontier.targets.kubernetes.monitoring import monitoring_objects, prometheus_rule, service_monitor
+from frontier.targets.kubernetes.probe import probe_cron_job, probe_network_policy
 from frontier.targets.kubernetes.network import ingress_access_annotations
 from frontier.targets.kubernetes.network_policies import network_policies
 from frontier.targets.kubernetes.objects import (
@@ -288,11 +288,9 @@ def pod_template(
             "serve",
             "--config",
             f"{CONTAINER_RELEASE_DIR}/{CONFIG_FILE}",
-            *pd.role_arguments(serving),
         ],
-        "ports": [{"name": "http", "containerPort": rt.port, "protocol": "TCP"}, *pd.role_ports(serving)],
+        "ports": [{"name": "http", "containerPort": rt.port, "protocol": "TCP"}],
         "env": [
-            *pd.role_env(serving),
             {"name": "AWS_REGION", "value": settings.region},
             {"name": "AWS_DEFAULT_REGION", "value": settings.region},
             {"name": "HOME", "value": HOME_DIR},
@@ -497,8 +495,7 @@ def disruption_budget(settings: Settings) -> Manifest:
 @dataclass(frozen=True)
 class PoolObjects:
     """One model pool's runtime: its release config, Deployment, Service, budget, scaler and
-    monitoring, all named ``frontier-<model>`` (the pool's view of the settings); a disaggregated
-    pool has two, ``frontier-<model>-prefill`` and ``-decode``, one per half."""
+    monitoring, all named ``frontier-<model>`` (the pool's view of the settings)."""
 
     model: str
     #: The pool's own identity: its pods assume its role alone.
@@ -524,11 +521,10 @@ def pool_objects(
     first: bool = True,
     role_arns: Mapping[str, Any] | None = None,
 ) -> PoolObjects:
-    """``view``: the stack as one pool sees it (``Settings.for_pool``), or one half of a
-    disaggregated pool (:func:`frontier.targets.kubernetes.disaggregation.role_views`);
-    ``role_arns``: each pool's pods' role by model name (IRSA)."""
+    """``view``: the stack as one pool sees it (``Settings.for_pool``); ``role_arns``: each pool's
+    pods' role by model name (IRSA)."""
     pool = view.only_pool
-    runtime_yaml = render_runtime_config(view, pd.released_runtime(pool))
+    runtime_yaml = render_runtime_config(view, pool)
     if lw.spans_nodes(view):
         pod = pod_template(view, digest, runtime_yaml, track="stable", release_id=release_id)
         workload = lw.leader_worker_set(view, pod)
@@ -580,6 +576,8 @@ class Workload:
     gateway: GatewayObjects | None = None
     # What fab may do in the namespace: a Role and its binding to the deploy role's group.
     deploy_access: tuple[Manifest, ...] = ()
+    # The synthetic probe: its NetworkPolicy and its CronJob.
+    probe: tuple[Manifest, ...] = ()
 
     # The first pool's objects: a one-model stack's only ones.
     @property
@@ -629,13 +627,13 @@ class Workload:
         return [
             self.namespace,
             *self.deploy_access,
-            # A disaggregated pool's halves run as the pool's one identity.
-            *{p.service_account.name: p.service_account for p in self.pools}.values(),
+            *(p.service_account for p in self.pools),
             *([g.service_account] if g else []),
             *self.network_policies,
             *(m for p in self.pools for m in (p.config_map, p.deployment, p.service, p.disruption_budget)),
             *([g.config_map, g.deployment, g.service, g.disruption_budget] if g else []),
             self.ingress,
+            *self.probe,
             *(m for p in self.pools for m in (p.scaled_object, p.service_monitor)),
             self.prometheus_rule,
             *([g.service_monitor] if g else []),
@@ -657,11 +655,27 @@ def render_workload(
         network_policies=tuple(network_policies(settings)),
         pools=tuple(
             pool_objects(view, digest, release_id, first=i == 0, role_arns=role_arns)
-            for i, view in enumerate(gw.workload_views(settings))
+            for i, view in enumerate(gw.pool_views(settings))
         ),
         ingress=ingress(settings),
         gateway=gateway_objects(settings, gateway_role_arn) if settings.gateway is not None else None,
         deploy_access=deploy_role(settings),
+        probe=probe_objects(settings, digest),
+    )
+
+
+def probe_objects(settings: Settings, digest: str) -> tuple[Manifest, ...]:
+    """The probe runs the runtime's image as the first pool's service account: every pool's role
+    may read the key set the pools share, which is the key it presents."""
+    first = settings.pools[0]
+    return (
+        probe_network_policy(settings),
+        probe_cron_job(
+            settings,
+            image_reference(first, digest),
+            pool_service_account(settings, first),
+            settings.api_keys_secret,
+        ),
     )
 
 

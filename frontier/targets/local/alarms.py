@@ -7,9 +7,15 @@ A service of the local stack (``local.up`` starts it, ``local.down`` stops it) t
   resident memory — and publishes them to moto's CloudWatch under the names the CloudWatch agent
   uses on EC2 (``procstat_cpu_time_user``, ``procstat_cpu_time_system``, ``procstat_memory_rss`` in
   the runtime's namespace, dimensions Stack, NodeGroup and Host);
-* evaluates ``runtime-down`` per slot: the slot serves a release, the balancer has not taken it out
-  for a rollout (maintenance or drain), and its runtime has not answered its readiness check for
-  ``alerts.runtime_down_for_s``; and recovers it once the runtime answers again;
+* evaluates the named alarms of every target (:mod:`frontier.alarms`), one watch each
+  (:data:`LOCAL_WATCHES`): ``runtime-down`` per slot (the slot serves a release, the balancer has not
+  taken it out for a rollout, maintenance or drain, and its runtime has not answered its readiness
+  check for ``alerts.runtime_down_for_s``; it recovers once the runtime answers again); ``ttft``,
+  ``kv-cache-full`` and ``structured-output-failures`` per slot, each its declaration's measure of
+  the runtime's /metrics since the last round against its threshold; ``probe-failing``: every
+  minute, once a slot serves a release, the synthetic probe (``frontier_hostside/probe.py``) sends
+  its fixed request through the stack's endpoint (the balancer, or the gateway), publishes ``ProbeSuccess`` and ``ProbeLatency``
+  to moto's CloudWatch as the EC2 probe does, and fires after the declared minutes of failures;
 * publishes each change of state (ALARM, OK) to the SNS topic of the alarm's severity in moto,
   as CloudWatch does: the stack's ``alerts.routes`` are that topic's subscriptions (an SQS queue in
   moto receives them; e-mail is subscribed but moto sends no mail).
@@ -26,14 +32,27 @@ import os
 import signal
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from frontier_hostside.names import CLOUDWATCH_DIMENSIONS, CURRENT_LINK
+from frontier_hostside import probe
+from frontier_hostside.names import CLOUDWATCH_DIMENSIONS, CURRENT_LINK, METRICS_PATH
+from frontier_hostside.node_boot import parse_prometheus
 
+from frontier.alarms import (
+    NAMED_ALARMS,
+    PROBE_FAILED_MINUTES,
+    PROBE_INTERVAL_S,
+    PROBE_TIMEOUT_S,
+    ProbeFailing,
+    RuntimeMetricAlarm,
+    Samples,
+)
+from frontier.alarms import RuntimeDown as RuntimeDownAlarm
 from frontier.config.load import read_stack
 from frontier.config.schema import SEVERITIES, Settings, Severity
 from frontier.errors import FrontierError
@@ -43,7 +62,10 @@ from frontier.targets.local import cluster
 from frontier.targets.local.backend import LocalBackend
 from frontier.targets.local.heal import ready, runtime_pid
 
-RUNTIME_DOWN = "runtime-down"
+RUNTIME_DOWN = RuntimeDownAlarm.name
+PROBE_FAILING = ProbeFailing.name
+# The probe's figures are the stack's, not a slot's.
+ENDPOINT = "endpoint"
 # The balancer's states in which a rollout (not a failure) holds a host out of rotation.
 TAKEN_OUT = ("MAINT", "DRAIN")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -146,6 +168,105 @@ class RuntimeDown:
         return None
 
 
+@dataclass
+class MetricWatch:
+    """A named alarm on the runtime's metrics, per host slot: its declaration's measure since the
+    slot's last scrape above the threshold -> ALARM; at or below -> OK; nothing to measure (no
+    request finished, no constrained output checked) leaves the state as it is."""
+
+    alarm: RuntimeMetricAlarm
+    severity: Severity
+    threshold: float
+    scrapes: dict[str, Samples] = field(default_factory=dict)
+    alarming: set[str] = field(default_factory=set)
+
+    def observe(self, host: str, samples: Samples, now: float) -> Transition | None:
+        value = self.alarm.measure(self.scrapes.get(host), samples)
+        self.scrapes[host] = samples
+        if value is None:
+            return None
+        name = self.alarm.name
+        if value > self.threshold and host not in self.alarming:
+            self.alarming.add(host)
+            reason = f"{value:g} is above the threshold {self.threshold:g}"
+            return Transition(name, self.severity, host, "OK", "ALARM", reason, now)
+        if value <= self.threshold and host in self.alarming:
+            self.alarming.discard(host)
+            reason = f"{value:g} is back at or below the threshold {self.threshold:g}"
+            return Transition(name, self.severity, host, "ALARM", "OK", reason, now)
+        return None
+
+    def forget(self, host: str) -> None:
+        """A slot that serves nothing (or is between runtimes) starts its next measure afresh."""
+        self.scrapes.pop(host, None)
+
+
+@dataclass
+class ProbeWatch:
+    """``probe-failing``: every ``interval_s`` one probe; ``failures`` in a row -> ALARM, a success -> OK."""
+
+    severity: Severity
+    failures: int = PROBE_FAILED_MINUTES
+    interval_s: float = PROBE_INTERVAL_S
+    last_run: float | None = None
+    failed_in_a_row: int = 0
+    alarming: bool = False
+
+    def due(self, now: float) -> bool:
+        return self.last_run is None or now - self.last_run >= self.interval_s
+
+    def observe(self, result: probe.ProbeResult, now: float) -> Transition | None:
+        self.last_run = now
+        if result.ok:
+            self.failed_in_a_row = 0
+            if self.alarming:
+                self.alarming = False
+                reason = f"the probe succeeded in {result.latency_ms:.0f} ms"
+                return Transition(PROBE_FAILING, self.severity, ENDPOINT, "ALARM", "OK", reason, now)
+            return None
+        self.failed_in_a_row += 1
+        if not self.alarming and self.failed_in_a_row >= self.failures:
+            self.alarming = True
+            reason = f"the probe failed {self.failed_in_a_row} times in a row: {result.model}: {result.error}"
+            return Transition(PROBE_FAILING, self.severity, ENDPOINT, "OK", "ALARM", reason, now)
+        return None
+
+
+@dataclass
+class Watches:
+    """One watch per named alarm: what the local stack evaluates, by the declaration's names."""
+
+    down: RuntimeDown
+    metrics: list[MetricWatch]
+    probe: ProbeWatch
+
+    def names(self) -> list[str]:
+        return [RUNTIME_DOWN, *(w.alarm.name for w in self.metrics), PROBE_FAILING]
+
+
+def local_watches(settings: Settings) -> Watches:
+    """The watches of this stack, thresholds and severities from its settings; every named alarm has one."""
+    watches = Watches(
+        down=RuntimeDown(settings.alerts.severity(RUNTIME_DOWN), settings.alerts.runtime_down_for_s),
+        metrics=[
+            MetricWatch(alarm, alarm.severity(settings), alarm.threshold(settings))
+            for alarm in NAMED_ALARMS.values()
+            if isinstance(alarm, RuntimeMetricAlarm)
+        ],
+        probe=ProbeWatch(settings.alerts.severity(PROBE_FAILING)),
+    )
+    unwatched = sorted(set(NAMED_ALARMS) - set(watches.names()))
+    if unwatched:
+        raise FrontierError(f"named alarms without a watch on the local stack: {', '.join(unwatched)}")
+    return watches
+
+
+def scrape(settings: Settings, host: HostSpec) -> Samples:
+    url = f"http://{host.address}:{settings.runtime.port}{METRICS_PATH}"
+    with urllib.request.urlopen(url, timeout=2) as reply:
+        return parse_prometheus(reply.read().decode())
+
+
 # --- the stack's side: topics, routes, metrics ----------------------------------------------------
 
 
@@ -190,6 +311,10 @@ class Notifier:
             Message=json.dumps(transition.message(s)),
         )
 
+    def put_probe(self, result: probe.ProbeResult) -> None:
+        """The probe's figures, as the EC2 probe's Lambda puts them."""
+        probe.publish(self.cloudwatch, self.settings.stack, result)
+
     def put_usage(self, host: HostSpec, usage: ProcessUsage) -> None:
         stack_dim, group_dim = CLOUDWATCH_DIMENSIONS
         dimensions = [
@@ -225,27 +350,56 @@ class Evaluator:
         self.backend = LocalBackend(settings)
         self.notifier = notifier
         self.log = log
-        self.down = RuntimeDown(settings.alerts.severity(RUNTIME_DOWN), settings.alerts.runtime_down_for_s)
+        self.watches = local_watches(settings)
+        self.down = self.watches.down
 
     def round(self, now: float | None = None) -> list[Transition]:
         balancer = self.backend.balancer()
-        changes = []
+        changes: list[Transition | None] = []
+        serving = False
         for host in self.backend.hosts():
             at = time.time() if now is None else now
             serves = (Path(host.root) / CURRENT_LINK).exists()
+            serving = serving or serves
             try:
                 taken_out = balancer.state(host).startswith(TAKEN_OUT)
             except (FrontierError, OSError, KeyError):
                 taken_out = False  # no balancer answer: judge the runtime alone
             is_ready = serves and ready(self.settings, host)
-            change = self.down.observe(host.name, serves and not taken_out, is_ready, at)
-            if change is not None:
-                self.notifier.publish(change)
-                self.log(f"{change.subject(self.settings)}: {change.reason}")
-                changes.append(change)
+            changes.append(self.down.observe(host.name, serves and not taken_out, is_ready, at))
+            if is_ready:
+                changes.extend(self._metrics(host, at))
+            else:
+                for watch in self.watches.metrics:
+                    watch.forget(host.name)
             if serves:
                 self._usage(host)
-        return changes
+        at = time.time() if now is None else now
+        # Before the first deploy the stack serves nothing, and there is nothing to probe yet.
+        if serving and self.watches.probe.due(at):
+            changes.append(self._probe(at))
+        fired = [change for change in changes if change is not None]
+        for change in fired:
+            self.notifier.publish(change)
+            self.log(f"{change.subject(self.settings)}: {change.reason}")
+        return fired
+
+    def _metrics(self, host: HostSpec, now: float) -> list[Transition | None]:
+        try:
+            samples = scrape(self.settings, host)
+        except OSError:
+            return []  # ready a moment ago, gone now: runtime-down judges that
+        return [watch.observe(host.name, samples, now) for watch in self.watches.metrics]
+
+    def _probe(self, now: float) -> Transition | None:
+        result = probe.probe(
+            self.backend.endpoint(),
+            [pool.name for pool in self.settings.pools],
+            self.backend.api_key(),
+            PROBE_TIMEOUT_S,
+        )
+        self.notifier.put_probe(result)
+        return self.watches.probe.observe(result, now)
 
     def _usage(self, host: HostSpec) -> None:
         try:

@@ -285,6 +285,7 @@ class Generation:
         output = self.params.structured
         if output is None or finish_reason != "stop":
             return
+        self.state.metrics.structured_outputs.inc()
         problem = output_problem(output, text)
         if problem is None:
             return

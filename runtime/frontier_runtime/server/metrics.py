@@ -116,6 +116,11 @@ class ServerMetrics:
             [names.REASON_LABEL],
             registry=reg,
         )
+        self.structured_outputs = Counter(
+            names.STRUCTURED_OUTPUTS_METRIC,
+            "Constrained outputs checked against their constraint (finished with stop).",
+            registry=reg,
+        )
         self.http_requests = Counter(
             names.HTTP_REQUESTS_METRIC,
             "HTTP requests answered, by route and status.",

@@ -1,0 +1,421 @@
+"""The named alarms every target raises under the same names, declared once.
+
+Each registered class is one alarm: its name (a key of
+:data:`~frontier.config.schema.ALARM_SEVERITIES`, so the stack's ``alerts.severities`` and
+``alerts.routes`` decide who hears of it), the series it reads, its threshold from the stack's
+settings, and its form on each target, read by:
+
+* EC2 (:mod:`infra.monitoring`): a CloudWatch alarm ``frontier-<stack>-<name>`` on the series each
+  host's bootstrap publishes (``frontier_hostside/node_boot.py``, ``publish``) or the synthetic
+  probe's Lambda publishes (``frontier_hostside/probe.py``);
+* Kubernetes, and every stack's rendered ``monitoring/alerts.yaml`` (:mod:`frontier.render.alerts`):
+  a Prometheus rule labelled ``alarm: <name>``;
+* the local stack (:mod:`frontier.targets.local.alarms`): its evaluator reads each runtime's
+  /metrics with :meth:`RuntimeMetricAlarm.measure`, watches readiness, runs the probe, and
+  publishes each change of state to the severity's topic.
+
+The alarm table of ``docs/operate.md`` is :func:`alarm_table_markdown`'s output.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, TypeVar
+
+from frontier_hostside import names
+from frontier_hostside.node_boot import histogram_buckets
+
+from frontier.config.schema import ALARM_SEVERITIES, Settings, Severity
+
+# The synthetic probe: a fixed request through the public endpoint every minute; it fails on any
+# answer but a completion within PROBE_TIMEOUT_S, and the alarm fires after PROBE_FAILED_MINUTES
+# failed minutes in a row (one lost request is the network's, two are ours).
+PROBE_INTERVAL_S = 60
+PROBE_TIMEOUT_S = 20
+PROBE_FAILED_MINUTES = 2
+# The rate window of the Prometheus rules, and the CloudWatch period: a minute, 3 of 5 breaching.
+WINDOW = "5m"
+PERIOD_S = 60
+EVALUATION_PERIODS = 5
+DATAPOINTS_TO_ALARM = 3
+RUNTIME_JOB = 'job="frontier-runtime"'
+# On the cloud targets a runtime that loads (a new replica, a rollout's host) is not ready and
+# nothing marks it as taken out, as the local stack's balancer does: runtime-down waits at least this.
+CLOUD_DOWN_FLOOR_S = 300
+
+# One scrape of a runtime's /metrics: (name, labels, value) per sample.
+Samples = Sequence[tuple[str, dict[str, str], float]]
+
+
+def probe_job_name(stack: str) -> str:
+    """The probe's CronJob on Kubernetes (and its Lambda on EC2)."""
+    return f"frontier-{stack}-probe"
+
+
+@dataclass(frozen=True)
+class CloudWatchCondition:
+    """A CloudWatch alarm's condition on the series of :data:`names.CLOUDWATCH_NAMESPACE`: one
+    metric with a statistic (``pNN`` is an extended statistic), or ``failed / checked`` sums."""
+
+    threshold: float
+    metric: str = ""
+    statistic: str = ""
+    ratio: tuple[str, str] | None = None
+    comparison: Literal["GreaterThanThreshold", "LessThanThreshold"] = "GreaterThanThreshold"
+    evaluation_periods: int = EVALUATION_PERIODS
+    datapoints_to_alarm: int = DATAPOINTS_TO_ALARM
+    # A probe that publishes nothing is a probe that does not run: that is a failure too.
+    treat_missing_data: Literal["notBreaching", "breaching"] = "notBreaching"
+    # The probe's series carry the stack only; the runtime's the stack and the node group.
+    per_node_group: bool = True
+
+    def read(self) -> list[str]:
+        """The metric names this condition reads."""
+        return list(self.ratio) if self.ratio else [self.metric]
+
+    def alarm_inputs(self, dimensions: dict[str, str]) -> dict[str, Any]:
+        """The MetricAlarm arguments of this condition (Pulumi's names)."""
+        shared: dict[str, Any] = {
+            "threshold": self.threshold,
+            "comparison_operator": self.comparison,
+            "evaluation_periods": self.evaluation_periods,
+            "datapoints_to_alarm": self.datapoints_to_alarm,
+            "treat_missing_data": self.treat_missing_data,
+        }
+        if self.ratio is not None:
+            failed, checked = self.ratio
+
+            def total(query_id: str, metric: str) -> dict[str, Any]:
+                return {
+                    "id": query_id,
+                    "return_data": False,
+                    "metric": {
+                        "namespace": names.CLOUDWATCH_NAMESPACE,
+                        "metric_name": metric,
+                        "dimensions": dict(dimensions),
+                        "period": PERIOD_S,
+                        "stat": "Sum",
+                    },
+                }
+
+            # A minute without any checked output is a rate of 0, not 0/0.
+            shared["metric_queries"] = [
+                total("failed", failed),
+                total("checked", checked),
+                {
+                    "id": "rate",
+                    "expression": "IF(checked > 0, FILL(failed, 0) / checked, 0)",
+                    "label": f"{failed} / {checked}",
+                    "return_data": True,
+                },
+            ]
+            return shared
+        statistic = (
+            {"extended_statistic": self.statistic}
+            if self.statistic.startswith("p")
+            else {"statistic": self.statistic}
+        )
+        return {
+            **shared,
+            "namespace": names.CLOUDWATCH_NAMESPACE,
+            "metric_name": self.metric,
+            "dimensions": dict(dimensions),
+            "period": PERIOD_S,
+            **statistic,
+        }
+
+
+@dataclass(frozen=True)
+class PrometheusCondition:
+    """A Prometheus alerting rule: its alert name, its expression (the comparison included), and
+    how long the expression must hold."""
+
+    alert: str
+    expr: str
+    for_s: int
+    summary: str
+    description: str = ""
+
+    @property
+    def for_(self) -> str:
+        return f"{self.for_s // 60}m" if self.for_s % 60 == 0 else f"{self.for_s}s"
+
+
+class NamedAlarm(ABC):
+    """One alarm of every target. ``series`` and ``fires`` say in words what it reads and when."""
+
+    name: ClassVar[str]
+    series: ClassVar[str]
+    fires: ClassVar[str]
+
+    def severity(self, settings: Settings) -> Severity:
+        return settings.alerts.severity(self.name)
+
+    @abstractmethod
+    def threshold(self, settings: Settings) -> float: ...
+
+    @abstractmethod
+    def prometheus(self, settings: Settings) -> PrometheusCondition: ...
+
+    @abstractmethod
+    def cloudwatch(self, settings: Settings) -> CloudWatchCondition: ...
+
+
+class RuntimeMetricAlarm(NamedAlarm):
+    """An alarm on the runtime's own metrics: the local evaluator measures it between two scrapes
+    of one runtime (``before`` is None at the first) and compares with :meth:`threshold`."""
+
+    @abstractmethod
+    def measure(self, before: Samples | None, now: Samples) -> float | None:
+        """The figure the threshold is compared with; None when there is nothing to judge."""
+
+
+NAMED_ALARMS: dict[str, NamedAlarm] = {}
+
+
+Registered = TypeVar("Registered", bound=type[NamedAlarm])
+
+
+def named(cls: Registered) -> Registered:
+    NAMED_ALARMS[cls.name] = cls()
+    return cls
+
+
+def _counter(samples: Samples, name: str, **labels: str) -> float:
+    return sum(
+        value
+        for sample, have, value in samples
+        if sample == name and all(have.get(k) == v for k, v in labels.items())
+    )
+
+
+@named
+class TtftP99(RuntimeMetricAlarm):
+    name = "ttft"
+    series = f"`{names.TTFT_METRIC}` histogram (EC2: `{names.TTFT_CW_METRIC}`, ms, values with counts)"
+    fires = "p99 time to first token above `slo.ttft_ms`"
+
+    def threshold(self, settings: Settings) -> float:
+        return settings.slo.ttft_ms
+
+    def prometheus(self, settings: Settings) -> PrometheusCondition:
+        seconds = self.threshold(settings) / 1000
+        return PrometheusCondition(
+            alert="FrontierTTFTHigh",
+            expr=(
+                f"histogram_quantile(0.99, sum by (le) (rate({names.TTFT_METRIC}_bucket{{{RUNTIME_JOB}}}"
+                f"[{WINDOW}]))) > {seconds}"
+            ),
+            for_s=600,
+            summary=f"p99 time to first token is above the SLO of {seconds} s",
+            description="Requests wait too long for their first token: queueing or prefill is saturated. "
+            "Check the queue depth and add replicas (fab plan).",
+        )
+
+    def cloudwatch(self, settings: Settings) -> CloudWatchCondition:
+        return CloudWatchCondition(self.threshold(settings), names.TTFT_CW_METRIC, "p99")
+
+    def measure(self, before: Samples | None, now: Samples) -> float | None:
+        """The p99 of the requests since ``before``, in ms: the upper bound of the bucket it falls
+        in (what CloudWatch computes from the values with counts the hosts publish)."""
+        buckets = histogram_buckets(list(now), names.TTFT_METRIC)
+        earlier = histogram_buckets(list(before), names.TTFT_METRIC) if before is not None else {}
+        if any(buckets.get(bound, 0.0) < count for bound, count in earlier.items()):
+            earlier = {}  # a restarted runtime counts from zero
+        delta = {bound: buckets[bound] - earlier.get(bound, 0.0) for bound in sorted(buckets)}
+        total = delta.get(math.inf, 0.0)
+        if total <= 0:
+            return None
+        finite = [b for b in delta if b != math.inf]
+        for bound, count in delta.items():
+            if count >= 0.99 * total:
+                return (bound if bound != math.inf else (finite[-1] if finite else 0.0)) * 1000
+        return None
+
+
+@named
+class KvCacheFull(RuntimeMetricAlarm):
+    name = "kv-cache-full"
+    series = f"`{names.KV_USAGE_METRIC}` gauge (EC2: `{names.KV_USAGE_CW_METRIC}`, the fullest host)"
+    fires = "a runtime's KV cache fuller than `monitoring.kv_usage_alarm`"
+
+    def threshold(self, settings: Settings) -> float:
+        return settings.monitoring.kv_usage_alarm
+
+    def prometheus(self, settings: Settings) -> PrometheusCondition:
+        limit = self.threshold(settings)
+        return PrometheusCondition(
+            alert="FrontierKVCacheFull",
+            expr=f"max by (instance) ({names.KV_USAGE_METRIC}{{{RUNTIME_JOB}}}) > {limit}",
+            for_s=600,
+            summary=f"{{{{ $labels.instance }}}} uses more than {round(limit * 100)}% of its KV cache",
+            description="Sequences are being preempted and recomputed; lower max_batch_size or add replicas.",
+        )
+
+    def cloudwatch(self, settings: Settings) -> CloudWatchCondition:
+        return CloudWatchCondition(self.threshold(settings), names.KV_USAGE_CW_METRIC, "Maximum")
+
+    def measure(self, before: Samples | None, now: Samples) -> float | None:
+        found = [value for sample, _, value in now if sample == names.KV_USAGE_METRIC]
+        return max(found) if found else None
+
+
+@named
+class StructuredOutputFailures(RuntimeMetricAlarm):
+    name = "structured-output-failures"
+    series = (
+        f'`{names.REQUEST_FAILURES_METRIC}{{reason="{names.STRUCTURED_OUTPUT_INVALID}"}}` over '
+        f"`{names.STRUCTURED_OUTPUTS_METRIC}` (EC2: `{names.STRUCTURED_FAILURES_CW_METRIC}` / "
+        f"`{names.STRUCTURED_OUTPUTS_CW_METRIC}`)"
+    )
+    fires = "constrained outputs failing their constraint at a rate above `slo.error_rate`"
+
+    def threshold(self, settings: Settings) -> float:
+        return settings.slo.error_rate
+
+    def prometheus(self, settings: Settings) -> PrometheusCondition:
+        failed = f'{names.REQUEST_FAILURES_METRIC}_total{{{RUNTIME_JOB},reason="{names.STRUCTURED_OUTPUT_INVALID}"}}'
+        checked = f"{names.STRUCTURED_OUTPUTS_METRIC}_total{{{RUNTIME_JOB}}}"
+        return PrometheusCondition(
+            alert="FrontierStructuredOutputFailing",
+            expr=(
+                f"sum(rate({failed}[{WINDOW}])) / clamp_min(sum(rate({checked}[{WINDOW}])), 1e-9) "
+                f"> {self.threshold(settings)}"
+            ),
+            for_s=300,
+            summary=f"more than {self.threshold(settings)} of constrained outputs fail their constraint",
+            description="The runtime logs each one with its raw output (structured_output_invalid): "
+            "a grammar backend or a model that no longer follows its constraint.",
+        )
+
+    def cloudwatch(self, settings: Settings) -> CloudWatchCondition:
+        return CloudWatchCondition(
+            self.threshold(settings),
+            ratio=(names.STRUCTURED_FAILURES_CW_METRIC, names.STRUCTURED_OUTPUTS_CW_METRIC),
+        )
+
+    def measure(self, before: Samples | None, now: Samples) -> float | None:
+        failed_name = f"{names.REQUEST_FAILURES_METRIC}_total"
+        checked_name = f"{names.STRUCTURED_OUTPUTS_METRIC}_total"
+        reason = {names.REASON_LABEL: names.STRUCTURED_OUTPUT_INVALID}
+        failed, checked = _counter(now, failed_name, **reason), _counter(now, checked_name)
+        if before is not None:
+            failed_before, checked_before = (
+                _counter(before, failed_name, **reason),
+                _counter(before, checked_name),
+            )
+            if checked >= checked_before:  # else a restarted runtime: count from zero
+                failed, checked = failed - failed_before, checked - checked_before
+        return failed / checked if checked > 0 else None
+
+
+@named
+class RuntimeDown(NamedAlarm):
+    name = "runtime-down"
+    series = f"`{names.READY_METRIC}` (EC2: `{names.RUNTIME_READY_CW_METRIC}`, the least ready host)"
+    fires = (
+        "a runtime not ready for `alerts.runtime_down_for_s` (on EC2 and Kubernetes at least "
+        f"{CLOUD_DOWN_FLOOR_S // 60} minutes: a loading replica is not ready either; locally a "
+        "rollout's own hosts are excepted)"
+    )
+
+    def threshold(self, settings: Settings) -> float:
+        return settings.alerts.runtime_down_for_s
+
+    def minutes(self, settings: Settings) -> int:
+        """On the cloud targets: whole minutes, at least :data:`CLOUD_DOWN_FLOOR_S`."""
+        return math.ceil(max(self.threshold(settings), CLOUD_DOWN_FLOOR_S) / PERIOD_S)
+
+    def prometheus(self, settings: Settings) -> PrometheusCondition:
+        return PrometheusCondition(
+            alert="FrontierHostNotReady",
+            expr=f"{names.READY_METRIC}{{{RUNTIME_JOB}}} == 0",
+            for_s=int(self.minutes(settings) * PERIOD_S),
+            summary=f"{{{{ $labels.instance }}}} has not been ready for {self.minutes(settings)} minute(s)",
+        )
+
+    def cloudwatch(self, settings: Settings) -> CloudWatchCondition:
+        # A host publishes 0 when its runtime does not answer; the group's Minimum is its worst host.
+        minutes = self.minutes(settings)
+        return CloudWatchCondition(
+            1,
+            names.RUNTIME_READY_CW_METRIC,
+            "Minimum",
+            comparison="LessThanThreshold",
+            evaluation_periods=minutes,
+            datapoints_to_alarm=minutes,
+        )
+
+
+@named
+class ProbeFailing(NamedAlarm):
+    name = "probe-failing"
+    series = (
+        f"the synthetic probe (EC2: `{names.PROBE_SUCCESS_CW_METRIC}`, `{names.PROBE_LATENCY_CW_METRIC}`; "
+        "Kubernetes: its CronJob's last success; local: the evaluator's probe)"
+    )
+    fires = f"the fixed request through the public endpoint failing {PROBE_FAILED_MINUTES} minutes in a row"
+
+    def threshold(self, settings: Settings) -> float:
+        return PROBE_FAILED_MINUTES
+
+    def prometheus(self, settings: Settings) -> PrometheusCondition:
+        # kube-state-metrics (of the Prometheus stack) publishes the CronJob's last successful run.
+        job = f'kube_cronjob_status_last_successful_time{{cronjob="{probe_job_name(settings.stack)}"}}'
+        stale_s = (PROBE_FAILED_MINUTES + 1) * PROBE_INTERVAL_S
+        return PrometheusCondition(
+            alert="FrontierProbeFailing",
+            expr=f"(time() - max({job}) > {stale_s}) or absent({job})",
+            for_s=PROBE_INTERVAL_S,
+            summary=f"the synthetic probe has not succeeded for {PROBE_FAILED_MINUTES} minutes",
+            description="A fixed request through the public endpoint fails: what clients see. "
+            "Its job's log says why (status, error, latency).",
+        )
+
+    def cloudwatch(self, settings: Settings) -> CloudWatchCondition:
+        return CloudWatchCondition(
+            1,
+            names.PROBE_SUCCESS_CW_METRIC,
+            "Minimum",
+            comparison="LessThanThreshold",
+            evaluation_periods=PROBE_FAILED_MINUTES,
+            datapoints_to_alarm=PROBE_FAILED_MINUTES,
+            treat_missing_data="breaching",
+            per_node_group=False,
+        )
+
+
+def runtime_metric_alarms() -> list[RuntimeMetricAlarm]:
+    return [a for a in NAMED_ALARMS.values() if isinstance(a, RuntimeMetricAlarm)]
+
+
+# --- the table of docs/operate.md -------------------------------------------------------------------
+
+TABLE_BEGIN = "<!-- named alarms: generated by `python -m frontier.alarms` -->"
+TABLE_END = "<!-- end of named alarms -->"
+
+
+LOCAL_READS = {RuntimeDown.name: "each slot's readiness", ProbeFailing.name: "its probe, every minute"}
+
+
+def alarm_table_markdown() -> str:
+    """The table of named alarms, each with what every target makes of it."""
+    rows = [
+        "| Alarm | Reads | Fires when | Default severity | EC2 | Kubernetes | Local stack |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for alarm in NAMED_ALARMS.values():
+        local = LOCAL_READS.get(alarm.name, "each runtime's /metrics")
+        rows.append(
+            f"| `{alarm.name}` | {alarm.series} | {alarm.fires} | {ALARM_SEVERITIES[alarm.name]} | "
+            f"CloudWatch alarm `frontier-<stack>-{alarm.name}` | PrometheusRule alert, label "
+            f"`alarm: {alarm.name}` | evaluator ({local}) |"
+        )
+    return "\n".join([TABLE_BEGIN, *rows, TABLE_END])
+
+
+if __name__ == "__main__":
+    print(alarm_table_markdown())

@@ -1,0 +1,29 @@
+"""The synthetic probe's Lambda handler (``infra/probe.py`` packages it with the host side's probe,
+``frontier_hostside/probe.py``): probe the public endpoint, publish the outcome, answer it.
+
+A failed probe is data, not an error of the function: the alarm reads ``ProbeSuccess``, and a
+function that did not run at all publishes nothing, which that alarm counts as failing too.
+boto3 is the Lambda runtime's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from typing import Any
+
+import boto3
+from frontier_hostside.probe import KEY_ENV, KEY_SECRET_ENV, key_from_secret, probe, publish, settings_from
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:  # noqa: ARG001 - Lambda's signature
+    endpoint, models, stack, timeout = settings_from(os.environ)
+    key = os.environ.get(KEY_ENV) or None
+    if not key and os.environ.get(KEY_SECRET_ENV):
+        secret = boto3.client("secretsmanager").get_secret_value(SecretId=os.environ[KEY_SECRET_ENV])
+        key = key_from_secret(secret["SecretString"])
+    result = probe(endpoint, models, key, timeout)
+    publish(boto3.client("cloudwatch"), stack, result)
+    print(json.dumps(asdict(result)))
+    return asdict(result)

@@ -1,0 +1,173 @@
+"""The synthetic probe on EC2: a Lambda function an EventBridge schedule runs every minute, sending
+the fixed request of ``frontier_hostside/probe.py`` through the stack's public endpoint and putting
+``ProbeSuccess`` and ``ProbeLatency`` into CloudWatch, where the ``probe-failing`` alarm reads them
+(:mod:`frontier.alarms`, made by :mod:`infra.monitoring`).
+
+A scheduled Lambda, not a CloudWatch Synthetics canary: the canary runs its own runtime's library
+(``aws_synthetics``, with a browser) that exists nowhere but in AWS, needs an artifacts bucket, and
+costs per run; the Lambda runs the very probe module the Kubernetes CronJob and the local stack run,
+which the tests run against a real HTTP server. It runs outside the VPC, as a client does, so it
+meets the endpoint's DNS, TLS and the load balancer's rules as clients meet them.
+
+Its role may put metrics in the runtime's namespace only, read the key secret it is given (and
+decrypt it with the stack's key), and write its own log group.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import frontier_hostside
+import pulumi
+import pulumi_aws as aws
+from frontier_hostside import probe
+from frontier_hostside.names import CLOUDWATCH_NAMESPACE
+
+from frontier.alarms import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, probe_job_name
+from frontier.identity.cloud import Cloud
+from frontier.identity.documents import trust
+from infra.functions import synthetic_probe
+
+FUNCTION_DIR = Path(synthetic_probe.__file__).parent
+# What travels in the function's archive: the handler and the host side's probe with its names.
+FUNCTION_FILES = {
+    "synthetic_probe.py": FUNCTION_DIR / "synthetic_probe.py",
+    **{
+        f"{frontier_hostside.PACKAGE}/{name}": frontier_hostside.PACKAGE_DIR / name
+        for name in ("__init__.py", "names.py", "probe.py")
+    },
+}
+RUNTIME = "python3.12"
+# The probe's own timeout per model, and room to publish.
+TIMEOUT_S = PROBE_TIMEOUT_S + 10
+SCHEDULE = f"rate({PROBE_INTERVAL_S // 60} minute)"
+
+
+@dataclass(frozen=True)
+class SyntheticProbeArgs:
+    stack: str
+    cloud: Cloud
+    endpoint: pulumi.Input[str]
+    models: Sequence[str]
+    # The secret holding the key the probe presents (the runtimes' key set: its first key).
+    key_secret_arn: pulumi.Input[str]
+    kms_key_arn: pulumi.Input[str]
+    log_retention_days: int
+    tags: Mapping[str, str]
+
+
+def probe_policy(key_secret_arn: str, kms_key_arn: str, log_group_arn: str) -> str:
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "PublishTheProbesFigures",
+                    "Effect": "Allow",
+                    "Action": "cloudwatch:PutMetricData",
+                    "Resource": "*",  # PutMetricData has no resource; the namespace is the scope
+                    "Condition": {"StringEquals": {"cloudwatch:namespace": CLOUDWATCH_NAMESPACE}},
+                },
+                {
+                    "Sid": "ReadTheProbesKey",
+                    "Effect": "Allow",
+                    "Action": "secretsmanager:GetSecretValue",
+                    "Resource": key_secret_arn,
+                },
+                {
+                    "Sid": "DecryptTheProbesKey",
+                    "Effect": "Allow",
+                    "Action": "kms:Decrypt",
+                    "Resource": kms_key_arn,
+                },
+                {
+                    "Sid": "WriteItsLogs",
+                    "Effect": "Allow",
+                    "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+                    "Resource": f"{log_group_arn}:*",
+                },
+            ],
+        }
+    )
+
+
+def synthetic_probe(name: str, args: SyntheticProbeArgs, parent: pulumi.Resource) -> aws.lambda_.Function:
+    """The probe's resources, children of ``parent`` (the stack's monitoring: one concern)."""
+    child = pulumi.ResourceOptions(parent=parent)
+    tags = dict(args.tags)
+    function_name = probe_job_name(args.stack)
+    logs = aws.cloudwatch.LogGroup(
+        f"{name}-logs",
+        name=f"/aws/lambda/{function_name}",
+        retention_in_days=args.log_retention_days,
+        kms_key_id=args.kms_key_arn,
+        tags=tags,
+        opts=child,
+    )
+    role = aws.iam.Role(
+        f"{name}-role",
+        description=f"Frontier {args.stack}: the synthetic probe publishes its figures",
+        assume_role_policy=trust({"Service": args.cloud.service_principal("lambda")}),
+        tags=tags,
+        opts=child,
+    )
+    access = aws.iam.RolePolicy(
+        f"{name}-role",
+        role=role.id,
+        policy=pulumi.Output.all(args.key_secret_arn, args.kms_key_arn, logs.arn).apply(
+            lambda a: probe_policy(a[0], a[1], a[2])
+        ),
+        opts=child,
+    )
+    function = aws.lambda_.Function(
+        f"{name}-function",
+        name=function_name,
+        description=f"Frontier {args.stack}: a fixed request through the public endpoint every minute",
+        runtime=RUNTIME,
+        handler="synthetic_probe.handler",
+        role=role.arn,
+        timeout=TIMEOUT_S,
+        memory_size=128,
+        code=pulumi.AssetArchive(
+            {path: pulumi.FileAsset(str(source)) for path, source in FUNCTION_FILES.items()}
+        ),
+        environment={
+            "variables": {
+                probe.ENDPOINT_ENV: args.endpoint,
+                probe.MODELS_ENV: ",".join(args.models),
+                probe.STACK_ENV: args.stack,
+                probe.KEY_SECRET_ENV: args.key_secret_arn,
+                probe.TIMEOUT_ENV: str(PROBE_TIMEOUT_S),
+            }
+        },
+        tags=tags,
+        # Its first run must find its permissions and its log group.
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=[access, logs]),
+    )
+    schedule = aws.cloudwatch.EventRule(
+        f"{name}-schedule",
+        name=function_name,
+        description=f"Frontier {args.stack}: run the synthetic probe every minute",
+        schedule_expression=SCHEDULE,
+        tags=tags,
+        opts=child,
+    )
+    # Only this schedule may invoke the function.
+    invoke = aws.lambda_.Permission(
+        f"{name}-schedule",
+        action="lambda:InvokeFunction",
+        function=function.name,
+        principal=args.cloud.service_principal("events"),
+        source_arn=schedule.arn,
+        opts=child,
+    )
+    aws.cloudwatch.EventTarget(
+        f"{name}-target",
+        rule=schedule.name,
+        arn=function.arn,
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=[invoke]),
+    )
+    return function
