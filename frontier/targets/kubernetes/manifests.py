@@ -60,6 +60,7 @@ from frontier.config.schema import NodePool, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.release.artifact import is_placeholder
 from frontier.render.host import image_reference, render_runtime_config
+from frontier.targets.kubernetes import disaggregation as pd
 from frontier.targets.kubernetes import gateway as gw
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.autoscaling import scaled_object
@@ -288,9 +289,11 @@ def pod_template(
             "serve",
             "--config",
             f"{CONTAINER_RELEASE_DIR}/{CONFIG_FILE}",
+            *pd.role_arguments(serving),
         ],
-        "ports": [{"name": "http", "containerPort": rt.port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": rt.port, "protocol": "TCP"}, *pd.role_ports(serving)],
         "env": [
+            *pd.role_env(serving),
             {"name": "AWS_REGION", "value": settings.region},
             {"name": "AWS_DEFAULT_REGION", "value": settings.region},
             {"name": "HOME", "value": HOME_DIR},
@@ -495,7 +498,8 @@ def disruption_budget(settings: Settings) -> Manifest:
 @dataclass(frozen=True)
 class PoolObjects:
     """One model pool's runtime: its release config, Deployment, Service, budget, scaler and
-    monitoring, all named ``frontier-<model>`` (the pool's view of the settings)."""
+    monitoring, all named ``frontier-<model>`` (the pool's view of the settings); a disaggregated
+    pool has two, ``frontier-<model>-prefill`` and ``-decode``, one per half."""
 
     model: str
     #: The pool's own identity: its pods assume its role alone.
@@ -521,10 +525,11 @@ def pool_objects(
     first: bool = True,
     role_arns: Mapping[str, Any] | None = None,
 ) -> PoolObjects:
-    """``view``: the stack as one pool sees it (``Settings.for_pool``); ``role_arns``: each pool's
-    pods' role by model name (IRSA)."""
+    """``view``: the stack as one pool sees it (``Settings.for_pool``), or one half of a
+    disaggregated pool (:func:`frontier.targets.kubernetes.disaggregation.role_views`);
+    ``role_arns``: each pool's pods' role by model name (IRSA)."""
     pool = view.only_pool
-    runtime_yaml = render_runtime_config(view, pool)
+    runtime_yaml = render_runtime_config(view, pd.released_runtime(pool))
     if lw.spans_nodes(view):
         pod = pod_template(view, digest, runtime_yaml, track="stable", release_id=release_id)
         workload = lw.leader_worker_set(view, pod)
@@ -627,7 +632,8 @@ class Workload:
         return [
             self.namespace,
             *self.deploy_access,
-            *(p.service_account for p in self.pools),
+            # A disaggregated pool's halves run as the pool's one identity.
+            *{p.service_account.name: p.service_account for p in self.pools}.values(),
             *([g.service_account] if g else []),
             *self.network_policies,
             *(m for p in self.pools for m in (p.config_map, p.deployment, p.service, p.disruption_budget)),
@@ -655,7 +661,7 @@ def render_workload(
         network_policies=tuple(network_policies(settings)),
         pools=tuple(
             pool_objects(view, digest, release_id, first=i == 0, role_arns=role_arns)
-            for i, view in enumerate(gw.pool_views(settings))
+            for i, view in enumerate(gw.workload_views(settings))
         ),
         ingress=ingress(settings),
         gateway=gateway_objects(settings, gateway_role_arn) if settings.gateway is not None else None,

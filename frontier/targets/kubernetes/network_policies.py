@@ -11,6 +11,9 @@ port (``/metrics``) admits Prometheus alone; out, the gateway reaches DNS, the p
 HTTPS (Secrets Manager, S3 metering, STS), the Pod Identity agent, a Redis quota store's port, and
 the trace collector's port where tracing is on.
 
+A disaggregated pool's halves each get the runtime's policies, and the pair the transfer port
+between them only (:func:`frontier.targets.kubernetes.disaggregation.kv_transfer_policies`).
+
 A pool whose replica spans several nodes also gets ``<app>-replica``: all TCP between its own pods,
 in and out (the leader's step and store ports, and the ephemeral ports gloo and NCCL open between
 every pair of ranks), and from nothing else.
@@ -25,6 +28,7 @@ from urllib.parse import urlparse
 from frontier_hostside.names import INSTANCE_METADATA_CIDR
 
 from frontier.config.schema import Settings
+from frontier.targets.kubernetes import disaggregation as pd
 from frontier.targets.kubernetes import gateway as gw
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.network import api_server_cidrs, ingress_source_cidrs
@@ -65,8 +69,15 @@ def network_policies(settings: Settings) -> list[Manifest]:
     if settings.gateway is None:
         return [deny, *runtime_policies(settings, front), *replicas]
     from_gateway = [{"podSelector": {"matchLabels": gw.gateway_selector()}}]
-    runtimes = [policy for view in gw.pool_views(settings) for policy in runtime_policies(view, from_gateway)]
-    return [deny, *runtimes, *replicas, *gateway_policies(settings, front)]
+    runtimes = [
+        policy for view in gw.workload_views(settings) for policy in runtime_policies(view, from_gateway)
+    ]
+    pairs = [
+        policy
+        for view, pool in zip(gw.pool_views(settings), settings.pools, strict=True)
+        for policy in pd.kv_transfer_policies(view, pool)
+    ]
+    return [deny, *runtimes, *replicas, *pairs, *gateway_policies(settings, front)]
 
 
 def replica_policy(view: Settings) -> Manifest:
@@ -197,7 +208,7 @@ def gateway_policies(settings: Settings, front: list[dict[str, Any]]) -> list[Ma
             "to": [{"podSelector": {"matchLabels": selector(view)}}],
             "ports": [{"protocol": "TCP", "port": view.runtime.port}],
         }
-        for view in gw.pool_views(settings)
+        for view in gw.workload_views(settings)
     ]
     egress = [*common_egress(settings), *to_runtimes]
     if section.quota.store == "redis":
