@@ -1,7 +1,8 @@
 """What splitting prefill from decode does to running streams while long prompts arrive.
 
     .venv/bin/python bench/disaggregation.py [--streams 4] [--long-tokens 900] [--long-every-s 0.5]
-                                             [--duration-s 30] [--cores 2]
+                                             [--duration-s 30] [--cores 2] [--refresh-cpu]
+                                             [--planner-cpu-threads N]
 
 The tiny model (hidden 256, 4 layers) behind one gateway process, on the same total cores, twice:
 
@@ -13,9 +14,13 @@ The load, the same in both: ``--streams`` clients each stream completions of a 6
 128 tokens one after another; meanwhile a ``--long-tokens`` prompt (4 tokens of answer) arrives
 every ``--long-every-s``. Printed per layout: the inter-token latency p50/p99/max of the streams
 (gaps between content chunks of one stream, after its first), their tokens per second, the long
-prompts' latency p50/p99 and requests refused. The planner does not model disaggregation yet, so
-its column says so instead of a prediction. On a shared machine the absolute figures move; the
-ratios between the two layouts are the result.
+prompts' latency p50/p99 and requests refused. Beside each measured figure, after the slash, the
+planner's prediction for the same load (``frontier.capacity.disaggregation``: roofline steps on
+this machine's CPU as its micro-benchmark measured it at the layout's threads (cached; one thread
+is timed on its CPU clock, several by the wall clock, which other jobs move), the share of a
+stream's gaps that carry a long prompt, the KV transfer at the rate ``bench/kv_transfer_rate.py``
+measured); the model leaves out HTTP, the gateway's hops and the streams' own short prompts. On a
+shared machine the absolute figures move; the ratios between the two layouts are the result.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -183,13 +189,91 @@ def run_layout(name: str, model_dir: Path, work: Path, args: argparse.Namespace)
         return asyncio.run(drive(f"http://127.0.0.1:{gw_port}", args))
 
 
-def row(name: str, tally: Tally, duration_s: float) -> str:
+@dataclass(frozen=True)
+class Predicted:
+    itl_p50_ms: float
+    itl_p99_ms: float
+    long_ms: float  # a long prompt's request, its answer included
+
+
+def predict(model_dir: Path, args: argparse.Namespace) -> dict[str, Predicted]:
+    """The planner's figures for both layouts under this load (means and the gap mix; no HTTP)."""
+    from frontier.capacity.devices import cpu_device
+    from frontier.capacity.disaggregation import (
+        colocated_chunk,
+        decode_interference,
+        interference,
+        measured_tcp,
+        prefill_only,
+        prompt_tail,
+    )
+    from frontier.capacity.roofline import Replica, Shape
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    shape = Shape(
+        layers=cfg["num_hidden_layers"],
+        hidden=cfg["hidden_size"],
+        intermediate=cfg["intermediate_size"],
+        heads=cfg["num_attention_heads"],
+        kv_heads=cfg["num_key_value_heads"],
+        vocab=cfg["vocab_size"],
+        dtype_bytes=4,  # float32, as the runtime loads the tiny model here
+    )
+    per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.dtype_bytes
+    # The runtime's defaults the bench runs with: 16 sequences, 1,024 tokens a step, chunked prefill.
+    replica = Replica(shape, 1, per_token, 16, 1024, 16, True)
+    context = STREAM_PROMPT + STREAM_TOKENS / 2
+    arrivals = 1 / args.long_every_s
+    long_tokens = args.long_tokens
+
+    threads = args.planner_cpu_threads or args.cores
+    device, eff = cpu_device(threads, 2 * 1024**3, refresh=args.refresh_cpu)
+    chunk = colocated_chunk(replica, long_tokens, args.streams + 1)
+    chunks = -(-long_tokens // chunk)
+    # The long prompt runs beside the streams (it is not one of them).
+    co = interference(
+        device, eff, replica, streams=args.streams, context=context, chunk=chunk, chunks_per_prompt=chunks,
+        attended=long_tokens / 2, prompts_per_s=arrivals, joining=False,
+    )  # fmt: skip
+    colocated = Predicted(
+        co.p50_s * 1e3, co.p99_s * 1e3, (chunks * co.mixed_s + (LONG_ANSWER - 1) * co.mean_s) * 1e3
+    )
+
+    half_threads = min(threads, max(1, args.cores // 2))
+    half, half_eff = cpu_device(half_threads, 2 * 1024**3, refresh=args.refresh_cpu)
+    de = decode_interference(
+        half, half_eff, replica, long_tokens, BLOCK_SIZE, args.streams, context, arrivals
+    )
+    moved = (long_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE * per_token
+    transfer = measured_tcp(BLOCK_SIZE * per_token).seconds(moved)
+    prefill = prefill_only(half, half_eff, replica, long_tokens).alone_s
+    tail = prompt_tail(long_tokens, BLOCK_SIZE)
+    assert tail <= BLOCK_SIZE
+    split = Predicted(
+        de.p50_s * 1e3,
+        de.p99_s * 1e3,
+        (prefill + transfer + de.mixed_s + (LONG_ANSWER - 1) * de.mean_s) * 1e3,
+    )
+    print(f"planner: colocated on {device.name}, each P/D half on {half.name}")
+    print(
+        f"planner: colocated: a step carrying the {long_tokens}-token prompt {co.mixed_s * 1e3:.1f} ms, a plain "
+        f"step {co.plain_s * 1e3:.1f} ms, stalled gaps {co.mixed_share:.2%} of a stream's (p99 is the stall "
+        f"from 1 %); 1P+1D: the tail step {de.mixed_s * 1e3:.1f} ms, prefill {prefill * 1e3:.1f} ms, "
+        f"transfer {transfer * 1e3:.1f} ms ({moved / 1e6:.1f} MB)"
+    )
+    for d in dict.fromkeys((device, half)):
+        print(f"planner: {d.name}: {d.source}")
+    return {"colocated": colocated, "1P+1D": split}
+
+
+def row(name: str, tally: Tally, duration_s: float, planned: Predicted) -> str:
     gaps = np.array(tally.gaps) * 1000 if tally.gaps else np.array([float("nan")])
     longs = np.array(tally.long_latency) * 1000 if tally.long_latency else np.array([float("nan")])
     return (
-        f"| {name} | {np.percentile(gaps, 50):.1f} | {np.percentile(gaps, 99):.1f} | {gaps.max():.1f} "
-        f"| {tally.tokens / duration_s:.0f} | {np.percentile(longs, 50):.0f} | {np.percentile(longs, 99):.0f} "
-        f"| {len(tally.long_latency)} | {tally.refused} | not modelled |"
+        f"| {name} | {np.percentile(gaps, 50):.1f} / {planned.itl_p50_ms:.1f} "
+        f"| {np.percentile(gaps, 99):.1f} / {planned.itl_p99_ms:.1f} | {gaps.max():.1f} "
+        f"| {tally.tokens / duration_s:.0f} | {np.percentile(longs, 50):.0f} / {planned.long_ms:.0f} "
+        f"| {np.percentile(longs, 99):.0f} | {len(tally.long_latency)} | {tally.refused} |"
     )
 
 
@@ -200,12 +284,30 @@ def main() -> int:
     parser.add_argument("--long-every-s", type=float, default=0.5)
     parser.add_argument("--duration-s", type=float, default=30.0)
     parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument(
+        "--refresh-cpu",
+        action="store_true",
+        help="measure the CPU again for the planner's figures instead of using the cached measurement",
+    )
+    parser.add_argument(
+        "--planner-cpu-threads",
+        type=int,
+        default=0,
+        help="model every runtime on the CPU measured at this many threads (default: each layout's own); "
+        "1 where other jobs share the machine: one thread is timed on its CPU clock, several by the wall clock",
+    )
     args = parser.parse_args()
+    if not 0 <= args.planner_cpu_threads <= args.cores:
+        parser.error(
+            f"--planner-cpu-threads {args.planner_cpu_threads}: must lie in 0 .. --cores ({args.cores})"
+        )
     from frontier_runtime.tiny import make_tiny_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="bench-pd-") as tmp:
         work = Path(tmp)
         model_dir = make_tiny_checkpoint(work / "model", seed=0)
+        # Before the runtimes start: the CPU micro-benchmark (cached) needs the cores to itself.
+        planned = predict(model_dir, args)
         results = {name: run_layout(name, model_dir, work, args) for name in ("colocated", "1P+1D")}
     print(
         f"\n{args.streams} streams of {STREAM_PROMPT}+{STREAM_TOKENS} tokens, a {args.long_tokens}-token prompt "
@@ -213,12 +315,12 @@ def main() -> int:
         f"(load average {os.getloadavg()[0]:.1f})\n"
     )
     print(
-        "| layout | ITL p50 ms | ITL p99 ms | ITL max ms | stream tok/s | long p50 ms | long p99 ms "
-        "| long done | refused | planner |"
+        "| layout | ITL p50 ms (measured / planner) | ITL p99 ms (measured / planner) | ITL max ms "
+        "| stream tok/s | long p50 ms (measured / planner) | long p99 ms | long done | refused |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, tally in results.items():
-        print(row(name, tally, args.duration_s))
+        print(row(name, tally, args.duration_s, planned[name]))
     return 0
 
 
