@@ -3,7 +3,8 @@
 A pool that may scale to zero (``min_size: 0``) has a hold queue (the stack's ``gateway.hold``):
 a request that finds no available replica waits in it instead of getting a 503 at once. The queue
 is bounded in length (``max_requests``: one more is refused at once) and in time (``timeout_s``:
-past it, a 503). Both 503s carry ``Retry-After``.
+past it, a 503). Both 503s carry ``Retry-After``. A generation whose replica died with no other
+ready waits here too, to continue where it stopped (``migration.py``).
 
 The queue is the pool's demand signal: its length is the gauge ``frontier_gateway_pool_waiting
 {pool}``, which the local autoscaler scrapes from the admin port, Prometheus (and KEDA's trigger)

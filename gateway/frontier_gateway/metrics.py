@@ -142,7 +142,8 @@ class Metrics:
         )
         self.migration_failures = Counter(
             names.GATEWAY_MIGRATION_FAILURES_METRIC,
-            "generations that could not be moved (limit, no_replica, refused): they end with an error event",
+            "generations that could not be moved (limit, no_replica, refused, hold_timeout, hold_queue_full): "
+            "they end with an error event",
             [names.GATEWAY_MODEL_LABEL, "why"],
             registry=r,
         )

@@ -15,7 +15,11 @@ follows; its chunks go on to the client under the first stream's id and creation
 client sees no error event and no repeated text; a greedy output equals the uninterrupted run.
 
 A request moves at most ``migration_limit`` times (each attempt at another replica counts);
-past that, or with no replica to take it, the stream ends with an error event naming why. A
+past that, or with no replica to take it, the stream ends with an error event naming why. Where
+no replica is ready at all (the pool's only one died while the next still starts) and the pool has
+a hold queue (``gateway.hold``, as for scale from zero), the continuation waits there like a new
+request, up to the hold's timeout, and goes on at the first replica the prober finds ready; past
+the timeout (or with the queue full) the stream ends with the hold's error event. A
 non-streamed request is forwarded as a stream (usage included) so that its progress is known,
 and the gateway assembles the one JSON answer the client asked for from the chunks; one that
 cannot stream upstream (``echo``) keeps the plain retry of a request nothing was sent for.
@@ -40,6 +44,7 @@ from frontier_hostside import names
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from frontier_gateway.errors import GatewayError
 from frontier_gateway.pools import Pool, Replica
 from frontier_gateway.upstream import Answer, Upstream, UpstreamError
 
@@ -55,6 +60,10 @@ DONE = b"data: [DONE]\n\n"
 RETRYABLE = frozenset({429, 502, 503, 504})
 # How long a finished generation's answer may take to end after its [DONE].
 FINISH_WAIT_S = 1.0
+# Error codes a non-streamed request is answered 503 for (no replica now: try again later), not 502.
+UNAVAILABLE = frozenset(
+    {"queue_timeout", "engine_unavailable", "draining", "hold_timeout", "hold_queue_full"}
+)
 
 
 @dataclass
@@ -226,13 +235,17 @@ class Migrator:
                 failed_at = failed_at or time.monotonic()
                 moved: tuple[_Hop, list[bytes]] | None = None
                 refusal: bytes | None = None
+                held_out = ""  # the hold queue's refusal code, when no replica came in time
                 while moved is None and refusal is None and attempts < self.limit:
                     attempts += 1
-                    moved, refusal = await self._move(call, pool, tried, progress, open_hop, close_hop)
+                    try:
+                        moved, refusal = await self._move(call, pool, tried, progress, open_hop, close_hop)
+                    except GatewayError as held:
+                        refusal, held_out = _error_event(held), held.code
                 if moved is None:
                     outcome.status = 502
                     outcome.replica = hop.replica.url
-                    reason = (
+                    reason = held_out or (
                         "refused"
                         if refusal is not None
                         else ("limit" if attempts >= self.limit else "no_replica")
@@ -278,8 +291,18 @@ class Migrator:
         if replica is None:
             # Every other replica was tried or none is ready: one already tried may take it again.
             replica = pool.choose(call.affinity_key, [], call.kv_keys)
-            if replica is None:
-                return None, None
+        if replica is None and pool.hold is not None:
+            # None is ready: wait in the pool's hold queue for one to start, as a new request would
+            # (the hold's GatewayError past its timeout). No disconnect watch of its own: a client
+            # that leaves cancels this stream, and the wait with it.
+            waited = await pool.hold.wait(call.priority, lambda: bool(pool.available()))
+            log.info(
+                "continuation held",
+                extra={"event": "migration_held", "request_id": call.request_id, "held_s": round(waited, 3)},
+            )
+            replica = pool.choose(call.affinity_key, [], call.kv_keys)
+        if replica is None:
+            return None, None
         tried.append(replica.url)
         body = self.continuation(call.upstream_body or call.body, progress)
         headers = {
@@ -420,6 +443,11 @@ async def interrupt_route(request: Request) -> Response:
     return JSONResponse({"replica": url, "moved": moved})
 
 
+def _error_event(error: GatewayError) -> bytes:
+    body = {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
 def _limit_event(limit: int, attempts: int, why: str, reason: str) -> bytes:
     if reason == "limit":
         message = (
@@ -462,7 +490,7 @@ def assemble(chunks: list[dict[str, Any]], tail: bytes) -> tuple[int, dict[str, 
     for data in chunks:
         if "error" in data:
             code = (data.get("error") or {}).get("code")
-            return (503 if code in ("queue_timeout", "engine_unavailable", "draining") else 502), data
+            return (503 if code in UNAVAILABLE else 502), data
         first = first or data
         if isinstance(data.get("usage"), dict):
             usage = data["usage"]

@@ -241,10 +241,15 @@ def runtime_yaml(model: str, model_dir: Path, max_seq_len: int = 512) -> dict[st
 
 
 def start_runtime(
-    model: str, model_dir: Path, workdir: Path, settings: dict[str, Any] | None = None
+    model: str,
+    model_dir: Path,
+    workdir: Path,
+    settings: dict[str, Any] | None = None,
+    port: int | None = None,
 ) -> RuntimeProcess:
-    """``settings``: runtime.yaml sections beside the harness's own (e.g. ``kv_transfer``)."""
-    port = free_port()
+    """``settings``: runtime.yaml sections beside the harness's own (e.g. ``kv_transfer``); ``port``:
+    where it listens (default: a free one), for a replica a gateway knows before it starts."""
+    port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / f"{model}-{port}.yaml"
     config.write_text(yaml.safe_dump({**runtime_yaml(model, model_dir), **(settings or {})}))

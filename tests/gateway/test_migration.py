@@ -2,7 +2,8 @@
 model: a replica killed (kill -9) under 30 streaming greedy clients fails none of them and every
 output equals the same request uninterrupted; a stream whose replica breaks off moves on with no
 error event and no repeated text, also before its first token and for a non-streamed request; a
-request out of migrations ends with an error event that says so.
+request out of migrations ends with an error event that says so; a stream whose pool has no replica
+left waits in the pool's hold queue while another starts, up to the hold's timeout.
 
 Where a replica must fail at a chosen point, a real TCP relay stands between the gateway and a real
 runtime (``Relay``): it forwards the runtime's bytes until a number of events, holds the rest, and
@@ -30,6 +31,7 @@ from frontier_hostside import names
 from tests.gateway.harness import (
     RunningGateway,
     RuntimeProcess,
+    free_port,
     gateway_config,
     running_gateway,
     start_runtime,
@@ -446,6 +448,80 @@ def test_a_stream_out_of_migrations_ends_with_an_error_event_naming_the_limit(
     assert "migration limit (1)" in errors[0]["message"]
     assert len(result.events) == 4 + 4 + 1  # what each replica sent, then the error
     assert failures == 1
+
+
+# -- no replica left: the continuation waits in the hold queue ------------------------------------------
+
+
+def test_a_stream_whose_only_replica_dies_waits_in_the_hold_queue_while_another_starts_and_ends_equal(
+    one_runtime: RuntimeProcess, tiny_models: dict[str, Path], relays: list[Relay], tmp_path: Path
+) -> None:
+    body = {
+        "model": MODEL,
+        "prompt": "a stream whose pool lost its only replica",
+        "max_tokens": 48,
+        "temperature": 0,
+    }
+    whole = _stream(one_runtime.url, names.COMPLETIONS_PATH, body, Streamed())
+    only = Relay(one_runtime.url, hold_after=10)
+    relays.append(only)
+    # The replica that starts once the only one is gone: the gateway knows its address already,
+    # as discovery would list a host that is still booting.
+    port = free_port()
+    hold = {MODEL: {"max_requests": 8, "timeout_s": 120}}
+    config = _config([only.url, f"http://127.0.0.1:{port}"], tmp_path / "m.jsonl", hold=hold)
+    started: list[RuntimeProcess] = []
+    try:
+        with running_gateway(config) as gw:
+            _until(lambda: _replica_ready(gw, only.url))
+            result = Streamed()
+            worker = threading.Thread(target=_stream, args=(gw.url, names.COMPLETIONS_PATH, body, result))
+            worker.start()
+            _until(lambda: only.events >= 10)
+            killed_at = time.monotonic()
+            only.cut()
+            started.append(start_runtime(MODEL, tiny_models[MODEL], tmp_path / "next", port=port))
+            worker.join(120)
+            migrations = _metric(gw, names.GATEWAY_MIGRATIONS_METRIC + "_total")
+            failures = _metric(gw, names.GATEWAY_MIGRATION_FAILURES_METRIC + "_total")
+    finally:
+        for runtime in started:
+            runtime.kill()
+    assert result.error is None and not [e for e in result.events if "error" in e], result.events[-3:]
+    assert result.text == whole.text
+    assert migrations == 1 and failures == 0
+    gaps = [b - a for a, b in zip(result.arrivals, result.arrivals[1:], strict=False) if b > killed_at]
+    print(
+        f"\nheld while the next replica started: the stream stalled {max(gaps):.2f}s (its start, then the continuation)"
+    )
+    assert max(gaps) > 0.5  # it waited for the start, not for a replica that was already there
+
+
+def test_a_stream_with_no_replica_within_the_hold_timeout_ends_with_the_holds_error(
+    one_runtime: RuntimeProcess, relays: list[Relay], tmp_path: Path
+) -> None:
+    body = {"model": MODEL, "prompt": "a stream no replica takes over", "max_tokens": 48, "temperature": 0}
+    only = Relay(one_runtime.url, hold_after=6)
+    relays.append(only)
+    hold = {MODEL: {"max_requests": 8, "timeout_s": 1}}
+    with running_gateway(_config([only.url], tmp_path / "m.jsonl", hold=hold)) as gw:
+        _until(lambda: _replica_ready(gw, only.url))
+        result = Streamed()
+        worker = threading.Thread(target=_stream, args=(gw.url, names.COMPLETIONS_PATH, body, result))
+        worker.start()
+        _until(lambda: only.events >= 6)
+        cut_at = time.monotonic()
+        only.cut()
+        worker.join(60)
+        ended_s = result.arrivals[-1] - cut_at
+        text = httpx.get(gw.admin_url + names.METRICS_PATH, timeout=10).text
+    errors = [e["error"] for e in result.events if "error" in e]
+    assert len(errors) == 1 and errors[0]["code"] == "hold_timeout", result.events[-2:]
+    assert "gateway.hold.tiny-a.timeout_s" in errors[0]["message"]
+    assert 1.0 <= ended_s < 10
+    assert (
+        f'{names.GATEWAY_MIGRATION_FAILURES_METRIC}_total{{model="{MODEL}",why="hold_timeout"}} 1.0' in text
+    )
 
 
 def test_the_migration_limit_out_of_range_is_refused_naming_the_field(tmp_path: Path) -> None:
