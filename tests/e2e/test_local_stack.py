@@ -45,6 +45,8 @@ def test_up_starts_moto_sshd_per_host_and_haproxy_and_a_second_up_starts_nothing
     settings, report = running
     first = {c.name: c.state for c in report}
     assert first["moto"] == first["haproxy"] == first["sshd-host-1"] == first["sshd-host-2"] == "started"
+    # Each slot's IMDS stand-in and the agent's watcher polling it (spot notices, as on EC2).
+    assert first["imds-host-1"] == first["interruptions-host-1"] == first["imds-host-2"] == "started"
     second = {c.name: c.state for c in local.up(settings)}
     assert set(second.values()) <= {"running", "exists"}
 
@@ -105,9 +107,10 @@ def test_a_second_up_says_when_the_running_balancer_no_longer_matches_the_stack(
 
 def test_down_stops_everything_and_a_second_down_finds_nothing(settings):
     local.up(settings)
-    pids = [services.find(local.state_dir(settings), n).pid for n in ("moto", "haproxy", "sshd-host-1")]
+    names = ("moto", "haproxy", "sshd-host-1", "imds-host-1", "interruptions-host-1")
+    pids = [services.find(local.state_dir(settings), n).pid for n in names]
     stopped = {c.name: c.state for c in local.down(settings)}
-    assert stopped["moto"] == stopped["haproxy"] == stopped["sshd-host-1"] == "stopped"
+    assert {stopped[n] for n in names} == {"stopped"}
     assert not any(services.pid_alive(pid) for pid in pids)
     again = local.down(settings)
     assert {c.state for c in again} == {"absent"}, [(c.name, c.state, c.detail) for c in again]
