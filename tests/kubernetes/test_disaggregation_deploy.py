@@ -165,9 +165,8 @@ def test_every_request_of_the_pairs_rollouts_is_one_the_deploy_role_grants(backe
     assert {(verb, group, resource) for verb, group, resource, _ in fake.authorized} <= granted
 
 
-def test_the_pools_pods_are_both_halves_each_on_its_group(backend, fake):
+def test_the_pools_pods_are_both_halves_each_on_its_group_in_the_order_they_roll(backend, fake):
     pods = backend.hosts()
-    by_group = {group: sorted(p.name for p in pods if p.group == group) for group in ("l40s-prefill", "l40s")}
-    assert len(by_group["l40s-prefill"]) == len(by_group["l40s"]) == REPLICAS
-    assert all(name.startswith(PREFILL + "-") for name in by_group["l40s-prefill"])
-    assert all(name.startswith(DECODE + "-") for name in by_group["l40s"])
+    assert [p.group for p in pods] == ["l40s-prefill"] * REPLICAS + ["l40s"] * REPLICAS
+    assert all(p.name.startswith(PREFILL + "-") for p in pods[:REPLICAS])
+    assert all(p.name.startswith(DECODE + "-") for p in pods[REPLICAS:])

@@ -96,28 +96,28 @@ class KubernetesBackend:
         """
         assert self.settings.kubernetes is not None
         namespace, pool = self.settings.kubernetes.namespace, self.pool
-        # A disaggregated pool: both halves' pods, each on its group (pool.groups in role order).
+        # A disaggregated pool: both halves' pods, each on its group, in the order they roll
+        # (role_views and pool.groups both list the prefill first).
         halves = zip(pd.role_views(self.settings, pool), pool.groups, strict=True)
         listed = [
             (group or on.name, pod)
             for half, on in halves
-            for pod in list_pods(self.api(), namespace, m.selector(half))
+            for pod in sorted(
+                list_pods(self.api(), namespace, m.selector(half)), key=lambda pod: pod["metadata"]["name"]
+            )
         ]
         self._pods = {pod["metadata"]["name"]: pod for _, pod in listed}
-        return sorted(
-            (
-                HostSpec(
-                    name=pod["metadata"]["name"],
-                    address=str((pod.get("status") or {}).get("podIP") or "-"),
-                    ssh_port=0,
-                    root="",
-                    group=group_name,
-                    instance_id=str((pod.get("spec") or {}).get("nodeName") or ""),
-                )
-                for group_name, pod in listed
-            ),
-            key=lambda host: host.name,
-        )
+        return [
+            HostSpec(
+                name=pod["metadata"]["name"],
+                address=str((pod.get("status") or {}).get("podIP") or "-"),
+                ssh_port=0,
+                root="",
+                group=group_name,
+                instance_id=str((pod.get("spec") or {}).get("nodeName") or ""),
+            )
+            for group_name, pod in listed
+        ]
 
     def balancer(self) -> None:
         """None to drive: a terminating pod leaves its Service's endpoints by itself."""
