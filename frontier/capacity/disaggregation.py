@@ -47,7 +47,7 @@ from frontier.capacity.plan import replicas_for_peak, rollout_spare
 from frontier.capacity.replica import ReplicaModel
 from frontier.capacity.roofline import Device, Efficiency, Replica, step
 from frontier.config.memory import kv_bytes_per_token
-from frontier.config.schema import DTYPE_BYTES, NodeGroup, Settings, Slo
+from frontier.config.schema import DTYPE_BYTES, NodeGroup, PoolSettings, Settings, Slo
 from frontier.errors import FrontierError
 
 TABLE = Path(__file__).with_name("kv_transfer_speed.json")
@@ -311,9 +311,9 @@ def judge(slo: Slo, ttft_s: float, itl: Interference, e2e_s: float) -> tuple[str
     return tuple(broken)
 
 
-def colocated_layout(settings: Settings, model: ReplicaModel, option: Option) -> Layout:
-    cap = settings.capacity
-    device, eff, replica = option_device(settings, model, option.candidate)
+def colocated_layout(settings: Settings, pool: PoolSettings, model: ReplicaModel, option: Option) -> Layout:
+    cap, c = settings.capacity, option.candidate
+    device, eff, replica = option_device(pool.group, pool.model.dtype, model, c, variant(settings, c))
     p = option.point
     itl = colocated_interference(
         device, eff, replica, cap.avg_prompt_tokens, p.batch,
@@ -338,19 +338,24 @@ def colocated_layout(settings: Settings, model: ReplicaModel, option: Option) ->
 
 
 def disaggregated_layout(
-    settings: Settings, model: ReplicaModel, c: Candidate, table: Sequence[MeasuredTransfer] | None = None
+    settings: Settings,
+    pool: PoolSettings,
+    model: ReplicaModel,
+    c: Candidate,
+    table: Sequence[MeasuredTransfer] | None = None,
 ) -> Layout | str:
-    """The candidate's replica split into prefill and decode halves, each of one rank; or why not."""
+    """The candidate's replica of ``pool`` split into prefill and decode halves, each of one rank; or why not."""
     if (c.tensor_parallel, c.pipeline_parallel, c.expert_parallel) != (1, 1, 1):
         return "P/D moves one rank's KV cache: a replica of TP x PP x EP > 1 is not split"
     cap, slo = settings.capacity, settings.slo
     s = variant(settings, c)
-    device, eff, replica = option_device(settings, model, c)
-    group, rt = s.serving_group, s.runtime
+    device, eff, replica = option_device(pool.group, pool.model.dtype, model, c, s)
+    half = s.pool(pool.name)  # the pool as the candidate has it: its group and runtime
+    group, rt = half.group, half.runtime
     prompt, output = cap.avg_prompt_tokens, cap.avg_output_tokens
     bs = rt.block_size
-    kv_dtype = s.model.dtype if c.kv_cache_dtype == "auto" else c.kv_cache_dtype
-    per_token = kv_bytes_per_token(s.model, DTYPE_BYTES[kv_dtype])
+    kv_dtype = half.model.dtype if c.kv_cache_dtype == "auto" else c.kv_cache_dtype
+    per_token = kv_bytes_per_token(half.model, DTYPE_BYTES[kv_dtype])
     rate = transfer_rate(group, bs * per_token, eff, table)
     if rate is None:
         return f"the network of {group.instance_type} is not in frontier/capacity/gpus.py NETWORK_GBPS"
@@ -429,11 +434,15 @@ def _best(layouts: Iterable[Layout]) -> Layout | None:
 
 
 def choose(
-    settings: Settings, model: ReplicaModel, ex: Exploration, table: Sequence[MeasuredTransfer] | None = None
+    settings: Settings,
+    pool: PoolSettings,
+    model: ReplicaModel,
+    ex: Exploration,
+    table: Sequence[MeasuredTransfer] | None = None,
 ) -> Choice:
     """Every option of the sweep as colocated, every one-rank option split into P/D, and the pick."""
     cap = settings.capacity
-    colocated = [colocated_layout(settings, model, o) for o in ex.options]
+    colocated = [colocated_layout(settings, pool, model, o) for o in ex.options]
     split: list[Layout] = []
     why_not: dict[str, int] = {}
     seen: set[tuple[str, str, str]] = set()
@@ -443,7 +452,7 @@ def choose(
         key = (c.instance_type, c.kv_cache_dtype, c.quantization)
         if c.tensor_parallel == 1 and c.pipeline_parallel == 1 and c.expert_parallel == 1 and key in seen:
             continue
-        got = disaggregated_layout(settings, model, c, table)
+        got = disaggregated_layout(settings, pool, model, c, table)
         if isinstance(got, str):
             why_not[got] = why_not.get(got, 0) + 1
             continue

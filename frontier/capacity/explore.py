@@ -47,7 +47,7 @@ from frontier.capacity.roofline import (
     fit_slo,
 )
 from frontier.config.hardware import instance_store
-from frontier.config.schema import GB, Settings
+from frontier.config.schema import GB, NodeGroup, Settings
 from frontier.errors import FrontierError
 
 TENSOR_PARALLEL = (1, 2, 4, 8)
@@ -299,7 +299,7 @@ def explore(
             if is_current:
                 current_dropped = reason
             continue
-        device, eff, replica = option_device(settings, current_model, c)
+        device, eff, replica = option_device(group, dtype, current_model, c, s)
         fit = fit_slo(device, eff, replica, slo, cap.avg_prompt_tokens, cap.avg_output_tokens)
         if fit.best is None:
             reason = _slo_reason(fit.broken_at_1)
@@ -332,18 +332,18 @@ def explore(
 
 
 def option_device(
-    settings: Settings, current_model: ReplicaModel, c: Candidate
+    group: NodeGroup, dtype: str, current_model: ReplicaModel, c: Candidate, candidate_stack: Settings
 ) -> tuple[Device, Efficiency, Replica]:
-    """The device, efficiencies and replica a candidate is modelled with: the stack's own instance
-    type as ``current_model`` has it (measured or calibrated where it is), the others from their
-    datasheets and the default GPU efficiencies; quantized weights held to their measured speed."""
-    group, dtype = settings.serving_group, settings.model.dtype
+    """The device, efficiencies and replica a candidate (``candidate_stack``: the pool's stack with
+    it, :func:`variant`) is modelled with: the pool's own instance type (``group``) as
+    ``current_model`` has it (measured or calibrated where it is), the others from their datasheets
+    and the default GPU efficiencies; quantized weights held to their measured speed."""
     if c.instance_type == group.instance_type:
         device, eff = current_model.device, current_model.efficiency
     else:
         device, eff = gpu_device(gpu_spec(c.gpu_type), dtype), GPU_EFFICIENCY
     device_kind = "cpu" if c.instance_type == group.instance_type and group.accelerator == "cpu" else "cuda"
-    replica = Replica.from_settings(variant(settings, c))
+    replica = Replica.from_settings(candidate_stack)
     return device, measured_quantization(eff, replica.shape, device_kind, dtype, c.quantization), replica
 
 

@@ -40,7 +40,7 @@ from frontier.capacity.quality import (
 )
 from frontier.capacity.replica import ReplicaModel
 from frontier.capacity.roofline import OperatingPoint, slo_violations
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.figures import count, money, size
 
 # The stack's own rules a swept candidate must pass (the caller's: capacity/ knows no target).
@@ -311,7 +311,8 @@ def exploration_report(
     cheapest choices, and their charts beside ``chart``; with ``quality_workdir``, each weights x KV
     cache variant's pass rate measured there first (``on_progress`` hears how the measuring goes)."""
     ex = explore(settings, model, rules=rules, quantizations=WEIGHTS)
-    moe = bool(settings.model.num_experts)
+    pool = settings.only_pool  # the sweep's: a stack of one model, or one pool's view
+    moe = bool(pool.model.num_experts)
     layouts = (
         " x (pipeline, expert) parallel "
         + ", ".join(f"{pp}/{ep}" for pp, ep in parallel_layouts(settings, 8))
@@ -383,7 +384,7 @@ def exploration_report(
         "at full load; whole nodes and the rolling-upgrade spare round the fleet up)"
     )
     yield f"chart: {pareto_png(ex, settings.slo, chart)}"
-    yield from disaggregation_report(settings, choose(settings, model, ex))
+    yield from disaggregation_report(pool, choose(settings, pool, model, ex))
     run = None
     if quality_workdir is not None:
         kv_dtypes = tuple(sorted({o.candidate.kv_cache_dtype for o in ex.options}))
@@ -420,11 +421,11 @@ def _layout_row(x: Layout, picked: Layout) -> tuple[object, ...]:
     )
 
 
-def disaggregation_report(settings: Settings, choice: Choice) -> Iterator[Report]:
-    """Colocated and prefill/decode layouts for the pool's prompt and output lengths, and the pick."""
+def disaggregation_report(pool: PoolSettings, choice: Choice) -> Iterator[Report]:
+    """Colocated and prefill/decode layouts for ``pool``'s prompt and output lengths, and the pick."""
     rate = next((x.rate for x in choice.layouts if x.rate is not None), None)
     yield Table(
-        f"explore: colocated vs prefill/decode (P/D) for pool {settings.model.name}, {choice.prompt:,} prompt + "
+        f"explore: colocated vs prefill/decode (P/D) for pool {pool.name}, {choice.prompt:,} prompt + "
         f"{choice.output:,} output tokens (per instance type its cheapest of each; ITL p99 under prefill "
         "interference held to slo.tpot_ms; modelled)",
         (
@@ -451,11 +452,11 @@ def disaggregation_report(settings: Settings, choice: Choice) -> Iterator[Report
     if rate is not None and not rate.measured:
         yield "transfer: over the instance's network figure, unmeasured here (frontier/capacity/gpus.py)"
     yield f"layout: {choice.reason}"
-    snippet = choice.disaggregation_yaml(settings.serving_group.name)
+    snippet = choice.disaggregation_yaml(pool.group.name)
     if snippet:
         picked = choice.picked.candidate
         yield (
-            f"as the pool's setting (node group {settings.serving_group.name}-prefill: {picked.instance_type}, "
+            f"as the pool's setting (node group {pool.group.name}-prefill: {picked.instance_type}, "
             f"like the decode group):\n{snippet}"
         )
 

@@ -43,7 +43,9 @@ def chosen(changed_stack, prompt: int, output: int, changes: dict[str, object] |
     )
     settings = load_stack("prod")
     model = model_stack(settings, None)
-    return settings, choose(settings, model, explore(settings, model, WITHOUT_FP8, rules=stack_problems))
+    return settings, choose(
+        settings, settings.only_pool, model, explore(settings, model, WITHOUT_FP8, rules=stack_problems)
+    )
 
 
 def test_short_prompts_are_served_colocated(changed_stack):
@@ -99,10 +101,10 @@ def test_the_picked_split_prints_as_the_pools_disaggregation_setting(changed_sta
         f"  prefill: {{node_group: h100-prefill, replicas: {p.prefill_replicas}}}\n"
         f"  decode: {{node_group: h100, replicas: {p.replicas}}}"
     )
-    lines = [r for r in disaggregation_report(settings, choice) if isinstance(r, str)]
+    lines = [r for r in disaggregation_report(settings.only_pool, choice) if isinstance(r, str)]
     assert f"layout: {choice.reason}" in lines
     assert any(line.endswith(choice.disaggregation_yaml(settings.serving_group.name)) for line in lines)
-    table = next(r for r in disaggregation_report(settings, choice) if isinstance(r, Table))
+    table = next(r for r in disaggregation_report(settings.only_pool, choice) if isinstance(r, Table))
     assert [row[0] for row in table.rows].count("picked") == 1
 
 

@@ -166,6 +166,12 @@ def test_fab_plan_explore_prints_the_front_and_writes_the_chart(capsys, tmp_path
     assert "x kv_cache_dtype x model.quantization none/int8/fp8;" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"chart: {png}" in out
+    # Colocated beside prefill/decode halves, and the pick with its reason: prod's 70B is not split.
+    assert "explore: colocated vs prefill/decode (P/D) for pool llama-3.1-70b-instruct" in out
+    assert (
+        "layout: colocated on p5.48xlarge TP8 mbs128: P/D is not offered (P/D moves one rank's KV cache"
+        in out
+    )
     # The quality axis: a row per weights x KV variant, unmeasured unless --quality asks.
     assert "explore: price vs pass rate by weights and KV cache dtype, stack prod" in out
     assert "not measured (--quality)" in out
