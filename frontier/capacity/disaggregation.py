@@ -49,6 +49,7 @@ from frontier.capacity.roofline import Device, Efficiency, Replica, step
 from frontier.config.memory import kv_bytes_per_token
 from frontier.config.schema import DTYPE_BYTES, NodeGroup, PoolSettings, Settings, Slo
 from frontier.errors import FrontierError
+from frontier.figures import size
 
 TABLE = Path(__file__).with_name("kv_transfer_speed.json")
 
@@ -514,7 +515,7 @@ def _reason(
         f"{on.candidate.label}"
     )
     transfer_text = (
-        f"the KV transfer costs {_ms(pd.transfer_s)} a prompt ({pd.transfer_bytes / 1e6:,.1f} MB over "
+        f"the KV transfer costs {_ms(pd.transfer_s)} a prompt ({size(pd.transfer_bytes)} over "
         f"{pd.rate.over if pd.rate else '-'})"
     )
     costs = (

@@ -423,7 +423,6 @@ def _layout_row(x: Layout, picked: Layout) -> tuple[object, ...]:
 
 def disaggregation_report(pool: PoolSettings, choice: Choice) -> Iterator[Report]:
     """Colocated and prefill/decode layouts for ``pool``'s prompt and output lengths, and the pick."""
-    rate = next((x.rate for x in choice.layouts if x.rate is not None), None)
     yield Table(
         f"explore: colocated vs prefill/decode (P/D) for pool {pool.name}, {choice.prompt:,} prompt + "
         f"{choice.output:,} output tokens (per instance type its cheapest of each; ITL p99 under prefill "
@@ -449,8 +448,13 @@ def disaggregation_report(pool: PoolSettings, choice: Choice) -> Iterator[Report
     )
     for why, n in choice.not_split:
         yield f"not split into P/D: {n} option(s): {why}"
-    if rate is not None and not rate.measured:
-        yield "transfer: over the instance's network figure, unmeasured here (frontier/capacity/gpus.py)"
+    split = [x for x in choice.layouts if x.rate is not None]
+    unmeasured = sum(1 for x in split if x.rate is not None and not x.rate.measured)
+    if unmeasured:
+        yield (
+            f"transfer: {unmeasured} of {len(split)} P/D row(s) over the instance's network figure, unmeasured "
+            "here (frontier/capacity/gpus.py); the others over TCP as bench/kv_transfer_rate.py measured it"
+        )
     yield f"layout: {choice.reason}"
     snippet = choice.disaggregation_yaml(pool.group.name)
     if snippet:
