@@ -111,6 +111,14 @@ class Linear(nn.Linear):
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT_ROWS)
 
+    def adopt_panels(self, panels: torch.Tensor) -> None:
+        """Take float32 ``panels`` ([out / 32, in, 32], filled by the loader straight from the
+        checkpoint) as the weight of a float32 model: what :meth:`adopt_packed` would pack."""
+        self.widen = self.bf16_panels = False
+        self.panels = True
+        self.packed = panels
+        self.weight = None
+
     def adopt_quantized(
         self, qweight: torch.Tensor, scale: torch.Tensor, method: type[quant.QuantizationMethod]
     ) -> None:
