@@ -41,7 +41,7 @@ import pulumi
 import pulumi_aws as aws
 
 from frontier.identity.key_policies import account_administers_through_iam
-from frontier.release.restore import backup_bucket_name
+from frontier.release.restore import backup_bucket_name, backup_key_alias
 from infra.cloud import Cloud
 from infra.storage import PrivateBucket, private_bucket
 from infra.tags import with_tags
@@ -98,7 +98,7 @@ class Backup(pulumi.ComponentResource):
             opts=there,
         )
         aws.kms.Alias(
-            f"{name}-key", name=f"alias/frontier-{args.stack}-backup", target_key_id=key.key_id, opts=there
+            f"{name}-key", name=backup_key_alias(args.stack), target_key_id=key.key_id, opts=there
         )
         self.key_arn = key.arn
         self.backup_buckets = {}

@@ -105,6 +105,9 @@ KUBERNETES_DEPLOY_STATEMENTS = frozenset(
         "ListDeployHistory",
         "ListDeployHistoryVersions",
         "ReadDeployHistoryVersions",
+        "ListTheBackupCopy",
+        "ReadTheBackupCopy",
+        "DecryptTheBackupCopy",
         "PushModelWeights",
         "ListModelWeights",
         "CollectUnusedModelWeights",
@@ -217,6 +220,11 @@ class IdentityArgs:
     # The release key (frontier.release.signing): the deploy role alone signs with it; hosts read its
     # public key when provisioned. "" where the stack has none.
     release_key_arn: str = ""
+    # The history's copy in backup.region (infra/backup.py): `fab restore --from backup` reads it and
+    # decrypts with the key of ``backup_key_alias`` there. "" where the stack keeps no copy.
+    backup_bucket_arn: str = ""
+    backup_region: str = ""
+    backup_key_alias: str = ""
     # The stack's queue of EC2 interruption notices (infra/interruptions.py): `fab status` reads it.
     # "" where every node group buys on-demand (no queue).
     interruption_queue_arn: str = ""
@@ -494,6 +502,32 @@ def deploy_policy(args: IdentityArgs) -> PolicyDocument:
                 args.interruption_queue_arn,
             )
         )
+    if args.backup_bucket_arn:
+        # `fab restore --from backup`: the history's prefix in the backup copy, read as from versions.
+        statements += [
+            allow(
+                "ListTheBackupCopy",
+                "s3:ListBucketVersions",
+                args.backup_bucket_arn,
+                list_prefix("", args.backup_bucket_arn, args.history_prefix).condition,
+            ),
+            allow(
+                "ReadTheBackupCopy",
+                "s3:GetObjectVersion",
+                objects(args.backup_bucket_arn, args.history_prefix),
+            ),
+            # The backup key's ARN is the backup component's; its alias is known by name, so the
+            # key is named by alias (KMS matches kms:ResourceAliases on Decrypt) and only via S3.
+            allow(
+                "DecryptTheBackupCopy",
+                "kms:Decrypt",
+                f"arn:{cloud.partition}:kms:{args.backup_region}:{cloud.account_id}:key/*",
+                {
+                    "ForAnyValue:StringEquals": {"kms:ResourceAliases": args.backup_key_alias},
+                    "StringEquals": {"kms:ViaService": f"s3.{args.backup_region}.{cloud.dns_suffix}"},
+                },
+            ),
+        ]
     if args.release_key_arn:
         # Releases are signed at deploy, by this role alone among the stack's principals
         # (frontier.release.signing); hosts run only what it signed.

@@ -17,6 +17,7 @@ from frontier.errors import FrontierError
 from frontier.identity.cloud import Cloud
 from frontier.identity.documents import IdentityArgs
 from frontier.release.history import pool_history_prefix
+from frontier.release.restore import backup_bucket_name, backup_key_alias
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ def stack_identity(
         ssh_user=settings.inventory.ssh_user,
         metering_uri=gateway.metering.uri if (gateway := settings.gateway) else "",
         weights_prefixes=tuple(dict.fromkeys(weights_prefix(pool) for pool in settings.pools)),
+        backup_bucket_arn=backup_bucket_arn(settings, cloud, found.history_bucket_arn),
+        backup_region=settings.backup.region,
+        backup_key_alias=backup_key_alias(settings.stack) if settings.backup.region else "",
         # Known by name before the queue exists, so the role need not wait for it in `pulumi up`.
         interruption_queue_arn=(
             cloud.arn("sqs", notice_queue_name(settings.stack))
@@ -70,6 +74,16 @@ def stack_identity(
             else ""
         ),
     )
+
+
+def backup_bucket_arn(settings: Settings, cloud: Cloud, history_bucket_arn: str) -> str:
+    """Where the deploy role reads the history's backup copy: the backup bucket, named after the
+    history bucket (frontier.release.restore); "" where the stack keeps no copy."""
+    region = settings.backup.region
+    if not region:
+        return ""
+    history_bucket = history_bucket_arn.rsplit(":", 1)[-1]
+    return f"arn:{cloud.partition}:s3:::{backup_bucket_name(history_bucket, cloud.region, region)}"
 
 
 def pool_identity(

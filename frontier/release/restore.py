@@ -103,6 +103,12 @@ def backup_bucket_name(history_bucket: str, region: str, backup_region: str) -> 
     return f"{account[0]}-backup-{account[1]}-{backup_region}"
 
 
+def backup_key_alias(stack: str) -> str:
+    """The alias of the backup region's key (infra/backup.py): the deploy role may decrypt with the
+    key of that alias there, and only through S3 (frontier.identity.documents)."""
+    return f"alias/frontier-{stack}-backup"
+
+
 def versions(source: HistorySource, at: dt.datetime | None = None) -> Iterator[Version]:
     """Every version (and delete marker) under the source's prefix written at or before ``at``."""
     pages = source.s3.get_paginator("list_object_versions").paginate(

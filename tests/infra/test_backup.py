@@ -103,3 +103,33 @@ def test_a_stack_without_backup_region_makes_no_copy(dev):
     assert dev.settings.backup.region == ""
     assert dev.of_type(REPLICATION) == []
     assert not [r for r in dev.of_type(PROVIDER) if r.name == "dev-backup-region"]
+
+
+def test_the_deploy_role_reads_the_backup_copy_of_its_history_alone_and_decrypts_only_via_s3(prod):
+    document = json.loads(prod.one("aws:iam/rolePolicy:RolePolicy", "prod-iam-deploy").inputs["policy"])
+    granted = {s["Sid"]: s for s in document["Statement"]}
+    backup = purpose_bucket(prod, "history-backup").outputs["arn"]
+    assert granted["ListTheBackupCopy"]["Action"] == "s3:ListBucketVersions"
+    assert granted["ListTheBackupCopy"]["Resource"] == backup
+    assert granted["ListTheBackupCopy"]["Condition"] == {
+        "StringLike": {"s3:prefix": ["history/prod", "history/prod/*"]}
+    }
+    assert granted["ReadTheBackupCopy"]["Action"] == "s3:GetObjectVersion"
+    assert granted["ReadTheBackupCopy"]["Resource"] == f"{backup}/history/prod/*"
+    decrypt = granted["DecryptTheBackupCopy"]
+    assert decrypt["Action"] == "kms:Decrypt"
+    assert decrypt["Resource"] == f"arn:aws:kms:us-west-2:{ACCOUNT_ID}:key/*"
+    alias = prod.one("aws:kms/alias:Alias", "prod-backup-key").inputs["name"]
+    assert decrypt["Condition"] == {
+        "ForAnyValue:StringEquals": {"kms:ResourceAliases": alias},
+        "StringEquals": {"kms:ViaService": "s3.us-west-2.amazonaws.com"},
+    }
+
+
+def test_a_stack_without_a_backup_copy_grants_no_reading_of_one(dev):
+    document = json.loads(dev.one("aws:iam/rolePolicy:RolePolicy", "dev-iam-deploy").inputs["policy"])
+    assert not {s["Sid"] for s in document["Statement"]} & {
+        "ListTheBackupCopy",
+        "ReadTheBackupCopy",
+        "DecryptTheBackupCopy",
+    }
