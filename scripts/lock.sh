@@ -5,8 +5,10 @@
 #                             host side; CPython 3.11 on linux x86_64, torch's CPU wheel
 #   requirements/runtime.txt  the runtime and the host side alone (a runtime-only venv)
 #   requirements/gateway.txt  the gateway and the host side alone
-#   requirements/image.txt    what runtime/Dockerfile installs besides torch and our two wheels,
-#                             for any Python the base may carry (universal: 3.11 to 3.12)
+#   requirements/image.txt    what runtime/Dockerfile installs besides our two wheels, CUDA torch
+#                             among them: CPython 3.12 on glibc 2.39 (the CUDA base's Ubuntu 24.04)
+#   requirements/image-cpu.txt the same for the image's CPU variant: CPython 3.11 on glibc 2.36
+#                             (the Debian bookworm base), torch's CPU wheel
 #
 # Our own distributions (frontier, frontier-runtime, frontier-gateway, frontier-hostside) are left
 # out: they are built from this tree and installed with --no-deps after the lock.
@@ -37,7 +39,7 @@ done
 ours=(--no-emit-package frontier --no-emit-package frontier-runtime
       --no-emit-package frontier-gateway --no-emit-package frontier-hostside)
 common=(--quiet --generate-hashes --no-header --index-strategy unsafe-best-match
-        --python-version 3.11 "${sources[@]}" "${ours[@]}")
+        "${sources[@]}" "${ours[@]}")
 
 mkdir -p requirements
 in=$(mktemp -d)
@@ -65,16 +67,17 @@ lock() {  # NAME PLATFORM-ARGS... -- REQUIREMENTS...
 }
 
 # glibc 2.36: Debian bookworm, the machines `make install` runs on and the CPU image's base.
-linux=(--python-platform x86_64-manylinux_2_36)
+linux=(--python-version 3.11 --python-platform x86_64-manylinux_2_36)
 lock toolkit "${linux[@]}" -- "-e ./hostside" "-e ./runtime" "-e ./gateway" "-e .[dev]"
 lock runtime "${linux[@]}" -- "-e ./hostside" "-e ./runtime"
 lock gateway "${linux[@]}" -- "-e ./hostside" "-e ./gateway"
-# The image installs CUDA torch from its own index first (runtime/Dockerfile's TORCH_INDEX), which
-# this machine cannot reach: torch is overridden out of the resolution, so neither it nor what only
-# it pulls (sympy, networkx, filelock, fsspec, and on CUDA the nvidia-* libraries) is in this lock.
-# The build stage's setuptools and wheel are.
-echo 'torch ; python_version < "0"' > "$in/no-torch.txt"
-lock image --universal --override "$in/no-torch.txt" -- "-e ./hostside" "-e ./runtime" "setuptools>=68" "wheel"
+# The image: both of its stages install every wheel from these with --require-hashes, then our two
+# wheels with --no-deps (runtime/Dockerfile's IMAGE_LOCK). The build stage's setuptools and wheel
+# are in them. PyPI's Linux torch wheels are CUDA builds whose CUDA libraries are nvidia-* wheels
+# (pinned here with the rest); the CPU variant takes torch's CPU wheel, as the toolkit does.
+image=("-e ./hostside" "-e ./runtime" "setuptools>=68" "wheel")
+lock image --python-version 3.12 --python-platform x86_64-manylinux_2_39 -- "${image[@]}"
+lock image-cpu "${linux[@]}" -- "${image[@]}"
 # What `fab release.build` runs for each release's SBOM and audit, in its own venv
 # (.frontier/release-tools-venv, frontier/release/sbom.py): CycloneDX's generator and pip-audit.
 lock release-tools "${linux[@]}" -- "cyclonedx-bom==7.5.0" "pip-audit==2.10.1"

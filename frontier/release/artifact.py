@@ -31,6 +31,10 @@ from frontier.errors import FrontierError
 
 RUNTIME_DIR = project.runtime_dir()
 HOSTSIDE_DIR = project.hostside_dir()
+# The lock files (`make lock`): the image's build context named requirements, whose IMAGE_LOCK
+# (runtime/Dockerfile; image.txt by default) both stages install with --require-hashes.
+LOCKS_DIR = project.root() / "requirements"
+IMAGE_LOCK = "image.txt"
 SETTINGS_DIR = HOSTSIDE_DIR / "frontier_settings"
 CACHE_DIR = project.state_dir() / "artifacts"
 # 1980-01-01, the earliest time a zip entry can carry: a constant, so the digest depends on content only.
@@ -77,7 +81,9 @@ class Artifact:
     @classmethod
     def from_json(cls, text: str) -> Artifact:
         data = json.loads(text)
-        return cls(**{k: data[k] for k in ("digest", "kind", "filename", "size", "image", "sbom") if k in data})
+        return cls(
+            **{k: data[k] for k in ("digest", "kind", "filename", "size", "image", "sbom") if k in data}
+        )
 
 
 def sha256_digest(path: Path) -> str:
@@ -217,9 +223,12 @@ def container_engine() -> str:
     )
 
 
-def source_tag(source_dir: Path = RUNTIME_DIR, hostside_dir: Path = HOSTSIDE_DIR) -> str:
+def source_tag(
+    source_dir: Path = RUNTIME_DIR, hostside_dir: Path = HOSTSIDE_DIR, lock: Path = LOCKS_DIR / IMAGE_LOCK
+) -> str:
     """An image tag derived from the image's sources (the runtime's and the host side's, which the
-    image installs beside it): the same sources always get the same tag.
+    image installs beside it, and the lock its other wheels come from): the same sources always get
+    the same tag.
 
     Tags only name a local build; releases still deploy by the digest the registry returns.
     """
@@ -230,24 +239,40 @@ def source_tag(source_dir: Path = RUNTIME_DIR, hostside_dir: Path = HOSTSIDE_DIR
             if any(part == "__pycache__" or part.endswith(".egg-info") for part in rel.parts):
                 continue  # install leftovers: not in the image
             digest.update(f"{label}/{rel}".encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(f"requirements/{lock.name}".encode() + b"\0" + lock.read_bytes() + b"\0")
     return f"src-{digest.hexdigest()[:12]}"
 
 
 def build_image(
-    repository: str, tag: str, context: Path = RUNTIME_DIR, hostside_dir: Path = HOSTSIDE_DIR
+    repository: str,
+    tag: str,
+    context: Path = RUNTIME_DIR,
+    hostside_dir: Path = HOSTSIDE_DIR,
+    locks_dir: Path = LOCKS_DIR,
 ) -> str:
     """``docker build`` the runtime image; returns the local image id.
 
     The host side's distribution is a second build context (``hostside``): the Dockerfile builds
-    its wheel beside the runtime's and installs both.
+    its wheel beside the runtime's and installs both. The lock files are a third
+    (``requirements``): every other wheel comes from its IMAGE_LOCK, each checked by its hash.
     """
     docker = container_engine()
     ref = f"{repository}:{tag}"
-    command = [docker, "build", "--pull", "--build-context", f"hostside={hostside_dir}", "-t", ref]
+    command = [
+        docker, "build", "--pull",
+        "--build-context", f"hostside={hostside_dir}",
+        "--build-context", f"requirements={locks_dir}",
+        "-t", ref,
+    ]  # fmt: skip
     if Path(docker).name == "podman":
         # podman writes OCI images by default, and the OCI format has no HEALTHCHECK: it would drop
         # the image's liveness probe with a warning. Docker's format keeps it (docker has no flag).
         command += PODMAN_BUILD_FORMAT
+        # Every file in the layers and the image's created time at SOURCE_DATE_EPOCH, not the build's
+        # clock: two builds of one checkout differ in no timestamp (scripts/reproducible_image.py
+        # shows the files themselves are equal). Docker's BuildKit reads the Dockerfile's
+        # SOURCE_DATE_EPOCH build argument for the created times only.
+        command += ["--timestamp", str(SOURCE_DATE_EPOCH)]
     result = subprocess.run([*command, str(context)], text=True)
     if result.returncode != 0:
         raise ArtifactError(f"{Path(docker).name} build of {ref} failed (exit {result.returncode})")

@@ -3,8 +3,9 @@
 The CPU variant is the production Dockerfile on another base: a root file system from Debian's
 packages with no compiler and no headers, as a CUDA runtime image has none, and a local apt
 repository of what the Dockerfile installs (scripts/build-debian-base.sh; no registry can be pulled
-from here), every wheel from a local wheelhouse that the host's pip fills (torch's CPU wheel lies on
-local disk), and the build runs with no network at all. The container runs with the flags and mounts
+from here), every wheel of the CPU variant's lock (requirements/image-cpu.txt, installed with
+--require-hashes) from a local wheelhouse that the host's pip fills from that lock (torch's CPU wheel
+lies on local disk), and the build runs with no network at all. The container runs with the flags and mounts
 of the unit that templates/frontier-runtime.service.j2 renders, read out of its ExecStart (see
 _unit_run for the little that changes): uid 10001, a read-only root, /tmp and the JIT cache on
 tmpfs, the release read-only, the weights cache bind-mounted writable; the runtime fetches the
@@ -28,8 +29,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import time
-import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -71,6 +72,9 @@ HOSTSIDE = project.hostside_dir()
 # What the Dockerfile copies from the hostside build context.
 HOSTSIDE_COPIED = ("pyproject.toml", "frontier_hostside", "frontier_settings")
 BASE_SCRIPT = REPO / "scripts" / "build-debian-base.sh"
+LOCKS = REPO / "requirements"
+# The CPU variant's lock (scripts/lock.sh): CPython 3.11 as on the Debian base, torch's CPU wheel.
+CPU_LOCK = "image-cpu.txt"
 IMAGE_REPOSITORY = "localhost/frontier-runtime"
 # podman's global flags in this sandbox: crun cannot run with cgroups in hybrid mode, runc can.
 PODMAN = ("podman", "--runtime", "runc", "--cgroup-manager=cgroupfs")
@@ -101,24 +105,12 @@ def _podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.
     return result
 
 
-def _requirements() -> list[str]:
-    """Every wheel the Dockerfile installs: the runtime's and the host side's dependencies (ours are
-    built in the image), and the build system the wheel stage installs."""
-    runtime = tomllib.loads((CONTEXT / "pyproject.toml").read_text())
-    hostside = tomllib.loads((HOSTSIDE / "pyproject.toml").read_text())
-    wanted = [
-        *runtime["project"]["dependencies"],
-        *hostside["project"]["dependencies"],
-        *runtime["build-system"]["requires"],
-    ]
-    return sorted({req for req in wanted if not req.startswith("frontier-")})
-
-
 def _wheelhouse() -> Path:
-    """The wheels, downloaded once per requirement set by the host's pip (its configuration knows
-    where torch's CPU wheel is); the image build mounts this folder and reaches nothing else."""
-    requirements = _requirements()
-    key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
+    """Every wheel of the CPU lock, downloaded once per lock by the host's pip (its configuration
+    knows where torch's CPU wheel is), each checked against the lock's hashes; the image build
+    mounts this folder and reaches nothing else, and checks each hash again as it installs."""
+    lock = LOCKS / CPU_LOCK
+    key = hashlib.sha256(lock.read_bytes()).hexdigest()[:12]
     house = project.state_dir() / "wheelhouse" / key
     if (house / ".complete").exists():
         return house
@@ -126,12 +118,12 @@ def _wheelhouse() -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     command = [
         sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", str(partial),
-        *requirements,
+        "--require-hashes", "--no-deps", "-r", str(lock),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         pytest.fail(f"pip download of the image's wheels failed:\n{result.stderr[-3000:]}")
-    (partial / ".complete").write_text("\n".join(requirements) + "\n")
+    (partial / ".complete").write_text(f"{CPU_LOCK} {key}\n")
     shutil.rmtree(house, ignore_errors=True)
     partial.rename(house)
     return house
@@ -177,10 +169,11 @@ def _ignored(rel: Path, patterns: list[str]) -> bool:
 
 def _context_digest() -> str:
     """sha256 of what the build reads: the Dockerfile and the runtime context as .dockerignore
-    leaves it, and the parts of the hostside context the Dockerfile copies (build leftovers out)."""
+    leaves it, the parts of the hostside context the Dockerfile copies (build leftovers out), and the
+    lock it installs from."""
     ignore = CONTEXT / ".dockerignore"
     patterns = [line.strip() for line in ignore.read_text().splitlines() if line.strip()[:1] not in ("", "#")]
-    files = [("Dockerfile", CONTEXT / "Dockerfile")]
+    files = [("Dockerfile", CONTEXT / "Dockerfile"), (f"requirements/{CPU_LOCK}", LOCKS / CPU_LOCK)]
     files += [
         (f"runtime/{path.relative_to(CONTEXT)}", path)
         for path in CONTEXT.rglob("*")
@@ -213,6 +206,7 @@ def image() -> Image:
     # No EFA userspace: the CPU variant has neither the devices nor a network to fetch it with.
     build_args = {
         "CUDA_IMAGE": base.image,
+        "IMAGE_LOCK": CPU_LOCK,
         "PIP_NO_INDEX": "1",
         "PIP_FIND_LINKS": "/wheelhouse",
         "EFA_INSTALLER_VERSION": "",
@@ -227,6 +221,7 @@ def image() -> Image:
         "build", *PODMAN_BUILD_FORMAT,  # docker's format keeps the HEALTHCHECK (OCI has none)
         "--network", "none",  # everything comes from the base and the wheelhouse
         "--build-context", f"hostside={HOSTSIDE}",
+        "--build-context", f"requirements={LOCKS}",
         *(arg for name, value in build_args.items() for arg in ("--build-arg", f"{name}={value}")),
         "--volume", f"{wheelhouse}:/wheelhouse:ro",
         "--volume", f"{base.repository}:/debs:ro",
@@ -821,3 +816,53 @@ def test_image_build_with_podman_keeps_the_healthcheck(tmp_path: Path) -> None:
         assert _healthcheck(f"{repository}:{tag}") == {"Test": ["CMD", "/probe"]}
     finally:
         _podman("rmi", f"{repository}:{tag}", check=False)
+
+
+def _saved_config(image_id: str, folder: Path) -> dict:
+    """The image's config as its bytes are stored (its sha256 is the image id), from podman save."""
+    archive = folder / f"{image_id[:12]}.tar"
+    _podman("save", "--format", "docker-archive", "--output", str(archive), image_id)
+    with tarfile.open(archive) as saved:
+        [manifest] = json.load(saved.extractfile("manifest.json"))  # type: ignore[arg-type]
+        return json.load(saved.extractfile(manifest["Config"]))  # type: ignore[arg-type]
+
+
+# What podman 4.3's docker-format config records of the build itself: the build container's id and
+# hostname, the intermediate image each step started from. The OCI format has none of these (two
+# builds give one image id there) but drops HEALTHCHECK.
+PODMAN_BUILD_FIELDS = ("container", "parent")
+PODMAN_BUILD_CONFIG_FIELDS = ("Hostname",)
+
+
+def _without_build_fields(config: dict) -> dict:
+    config = {k: v for k, v in config.items() if k not in PODMAN_BUILD_FIELDS}
+    for section in ("config", "container_config"):
+        config[section] = {k: v for k, v in config[section].items() if k not in PODMAN_BUILD_CONFIG_FIELDS}
+    config["history"] = [{k: v for k, v in h.items() if k != "comment"} for h in config["history"]]
+    return config
+
+
+def test_two_image_builds_of_one_context_by_fab_image_build_give_the_same_layers(tmp_path: Path) -> None:
+    """fab image.build's podman build stamps every layer file and the image's created time with
+    SOURCE_DATE_EPOCH: a layer written at another time (the first build removed, so nothing is
+    cached, and the file's mtime moved) has the same digest. The image ids still differ, by the
+    build container's id and hostname that podman's docker format records (the provider behaviour):
+    a rebuilt image is the same layers under another id, so a release names the digest it pushed."""
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text('FROM scratch\nCOPY served.txt /srv/served.txt\nCMD ["/probe"]\n')
+    (context / "served.txt").write_text("the same bytes\n")
+    repository = "localhost/frontier-reproducible-test"
+    configs = []
+    for build in (1, 2):
+        os.utime(context / "served.txt", (1_000_000 * build, 1_000_000 * build))  # a fresh checkout's mtime
+        image_id = build_image(
+            repository, f"fab-{os.getpid()}-{build}", context=context, hostside_dir=context
+        )
+        configs.append(_saved_config(image_id, tmp_path))
+        _podman("rmi", "--force", image_id)
+    first, second = configs
+    assert first["rootfs"] == second["rootfs"]
+    assert first["created"] == second["created"] == "1980-01-01T00:00:00Z"
+    assert first["container"] != second["container"]
+    assert _without_build_fields(first) == _without_build_fields(second)

@@ -13,6 +13,8 @@ import pytest
 
 from frontier.release.artifact import (
     HOSTSIDE_DIR,
+    IMAGE_LOCK,
+    LOCKS_DIR,
     RUNTIME_DIR,
     ArtifactError,
     build_wheel,
@@ -112,3 +114,13 @@ def test_the_default_image_tag_follows_the_hostside_sources_too(tmp_path):
     names = hostside / "frontier_hostside" / "names.py"
     names.write_text(names.read_text() + "\n# changed\n")
     assert source_tag(RUNTIME_DIR, hostside) != first
+
+
+def test_the_default_image_tag_follows_the_image_lock_too(tmp_path):
+    # Every third-party wheel of the image comes from it: a new lock is a new image.
+    lock = tmp_path / "image.txt"
+    shutil.copyfile(LOCKS_DIR / IMAGE_LOCK, lock)
+    first = source_tag(RUNTIME_DIR, HOSTSIDE_DIR, lock)
+    assert first == source_tag()
+    lock.write_text(lock.read_text().replace("torch==2.13.0 ", "torch==2.13.1 "))
+    assert source_tag(RUNTIME_DIR, HOSTSIDE_DIR, lock) != first

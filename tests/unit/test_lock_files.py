@@ -67,6 +67,7 @@ WHAT_EACH_LOCK_COVERS = {
     "runtime": (("runtime/pyproject.toml", ()), ("hostside/pyproject.toml", ())),
     "gateway": (("gateway/pyproject.toml", ()), ("hostside/pyproject.toml", ())),
     "image": (("runtime/pyproject.toml", ()), ("hostside/pyproject.toml", ())),
+    "image-cpu": (("runtime/pyproject.toml", ()), ("hostside/pyproject.toml", ())),
 }
 
 
@@ -84,8 +85,6 @@ def test_every_declared_dependency_is_in_the_lock_at_a_version_it_allows(lock):
     for pyproject, extras in WHAT_EACH_LOCK_COVERS[lock]:
         for requirement in declared(pyproject, *extras):
             name = canonicalize_name(requirement.name)
-            if lock == "image" and name == "torch":
-                continue  # the image's CUDA torch comes from its own index (scripts/lock.sh)
             if name not in found:
                 missing.append(f"{pyproject}: {requirement}")
                 continue
@@ -101,8 +100,19 @@ def test_none_of_our_own_distributions_is_locked():
         assert OURS.isdisjoint(entries(lock)), lock
 
 
-def test_the_toolkit_and_runtime_locks_take_torchs_cpu_wheel_and_the_image_lock_no_torch():
-    for lock in ("toolkit", "runtime"):
+def test_the_toolkit_runtime_and_cpu_image_locks_take_torchs_cpu_wheel():
+    for lock in ("toolkit", "runtime", "image-cpu"):
         assert entries(lock)["torch"].version == "2.13.0+cpu"
-    assert "torch" not in entries("image")
 
+
+def test_the_image_lock_takes_pypis_cuda_torch_with_its_cuda_libraries_pinned():
+    found = entries("image")
+    assert found["torch"].version == "2.13.0"
+    cuda = [name for name in found if name.startswith("nvidia-")]
+    assert "nvidia-cuda-runtime" in cuda and "nvidia-nccl-cu13" in cuda and "nvidia-cudnn-cu13" in cuda
+    assert all(found[name].hashes for name in cuda)
+
+
+def test_the_image_locks_hold_the_build_stages_setuptools_and_wheel():
+    for lock in ("image", "image-cpu"):
+        assert {"setuptools", "wheel"} <= set(entries(lock)), lock

@@ -77,7 +77,7 @@ def test_the_final_stage_installs_exactly_the_built_wheel() -> None:
     wheel = _expected_wheel()
     assert ("COPY", f"--from=wheel /dist/{wheel} /tmp/") in final
     runs = [rest for keyword, rest in final if keyword == "RUN"]
-    assert any(rest.startswith(f"pip install /tmp/{wheel}") for rest in runs)
+    assert any(rest.startswith(f"pip install --no-deps /tmp/{wheel}") for rest in runs)
 
 
 def test_the_hostside_wheel_is_built_from_its_build_context_and_installed_with_the_runtime() -> None:
@@ -92,17 +92,44 @@ def test_the_hostside_wheel_is_built_from_its_build_context_and_installed_with_t
     )
     assert ("COPY", f"--from=wheel /dist/{hostside} /tmp/") in final
     # One pip install: the runtime's dependency on frontier-hostside is met by this wheel, not an index.
-    installs = [rest for keyword, rest in final if keyword == "RUN" and rest.startswith("pip install /tmp/")]
+    installs = [
+        rest for keyword, rest in final if keyword == "RUN" and rest.startswith("pip install --no-deps /tmp/")
+    ]
     assert installs and f"/tmp/{hostside}" in installs[0].split(" && ")[0]
 
 
-def test_torch_is_the_version_the_runtime_pins() -> None:
+LOCK_INSTALL = "--require-hashes --no-deps -r /tmp/requirements.txt"
+
+
+def test_both_stages_install_every_third_party_wheel_from_the_lock_with_its_hashes() -> None:
+    assert _args()["IMAGE_LOCK"] == "image.txt" and (REPO / "requirements" / "image.txt").is_file()
+    for stage in _stages():
+        assert ("COPY", "--from=requirements ${IMAGE_LOCK} /tmp/requirements.txt") in stage
+        runs = [rest for keyword, rest in stage if keyword == "RUN"]
+        assert any(LOCK_INSTALL in rest for rest in runs)
+        # Nothing else is resolved: every other pip install names our own wheels with --no-deps.
+        for rest in runs:
+            for install in re.findall(r"pip install [^&]*", rest):
+                assert LOCK_INSTALL in install or install.startswith("pip install --no-deps /tmp/"), install
+
+
+def test_torch_is_the_version_the_runtime_pins_in_both_image_locks() -> None:
     pinned = next(dep for dep in _project()["dependencies"] if dep.startswith("torch=="))
-    assert f"torch=={_args()['TORCH_VERSION']}" == pinned
-    assert any(
-        'pip install "torch==${TORCH_VERSION}" --index-url ${TORCH_INDEX}' in rest
-        for _, rest in _instructions()
-    )
+    for lock, local in (("image.txt", ""), ("image-cpu.txt", "+cpu")):
+        text = (REPO / "requirements" / lock).read_text()
+        assert re.search(rf"^{re.escape(pinned)}{re.escape(local)} \\$", text, re.M), lock
+
+
+def test_the_final_stage_checks_the_installed_set_is_whole() -> None:
+    runs = " ".join(rest for keyword, rest in _stages()[-1] if keyword == "RUN")
+    assert "pip check" in runs
+
+
+def test_pips_bytecode_is_hash_based_in_both_stages() -> None:
+    # py_compile writes checked-hash .pyc under SOURCE_DATE_EPOCH (no source mtime inside).
+    assert _args()["SOURCE_DATE_EPOCH"].isdigit()
+    for stage in _stages():
+        assert ("ARG", "SOURCE_DATE_EPOCH") in stage
 
 
 def test_the_runtime_runs_as_an_unprivileged_user() -> None:
