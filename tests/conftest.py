@@ -52,6 +52,7 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/infra/test_quota_store.py::guarded_redis": "redis_server(): a process",
     "tests/kubernetes/test_backend.py::cluster": "FakeApiServer(): an HTTP server",
     "tests/kubernetes/test_backend_pools.py::cluster": "FakeApiServer(): an HTTP server",
+    "tests/kubernetes/test_disaggregation_deploy.py::fake": "FakeApiServer(): an HTTP server",
     "tests/kubernetes/test_canary_gates.py::answers": "openai_standin(): an HTTP server",
     "tests/kubernetes/test_canary_gates.py::cluster": "FakeApiServer(): an HTTP server",
     "tests/kubernetes/test_canary_gates.py::multinode": "FakeApiServer(): an HTTP server",
@@ -92,6 +93,8 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/verify/conftest.py::runtime": "start_runtime(): a process",
 }
 PROC_TESTS: dict[str, str] = {
+    "tests/gateway/test_disaggregation_pod_layout.py": "start_pod(): a process; running_gateway(): the gateway under uvicorn",
+    "tests/runtime/server/test_kv_transfer_flags.py::test_a_colocated_config_served_with_kv_role_prefill_leases_its_blocks_at_the_kv_host": "a process",
     "tests/infra/test_pool_principals.py": "simulate(): node running tools/iam-simulate",
     "tests/infra/test_release_key_policy.py": "simulate(): node running tools/iam-simulate",
     "tests/unit/test_local_alarms.py::test_a_process_that_is_gone_is_named": "a process",
