@@ -29,12 +29,15 @@ system-packages:
 lock:
 	bash scripts/lock.sh
 
-# CI: the lock files are what `make lock` writes from the pyprojects as they stand (nothing unlocked);
-# the hashes themselves are checked by every --require-hashes install.
+# CI: the lock files are what `make lock` writes from the pyprojects as they stand (nothing unlocked,
+# and no lock it writes left uncommitted: the image's among them); the hashes themselves are checked
+# by every --require-hashes install (make install, both stages of runtime/Dockerfile).
 .PHONY: lock-check
 lock-check:
 	bash scripts/lock.sh
 	git diff --exit-code -- requirements/
+	@untracked=$$(git ls-files --others --exclude-standard -- requirements/); \
+	test -z "$$untracked" || { echo "make lock wrote locks that are not committed: $$untracked"; exit 1; }
 
 # pip-audit over every lock (scripts/audit_locks.py): fails on a known vulnerability; where the
 # vulnerability service cannot be asked about every package it says "not run" and why.
