@@ -28,7 +28,10 @@ A layout passes when its mean TTFT and end-to-end latency meet ``slo.ttft_ms`` a
 ``slo.p99_latency_ms`` (as the sweep judges them) and its ITL **p99** meets ``slo.tpot_ms``: a
 stream stalled behind a prompt breaks the time per token its reader sees. The pick is the cheaper
 per 1M output tokens of those that pass (colocated when neither passes). The runtime moves one
-rank's cache (``kv_transfer`` needs a replica of one rank), so P/D is modelled for TP 1 only.
+rank's cache (``kv_transfer`` needs a replica of one rank), so P/D is modelled for TP 1 only, and
+a split is offered only where the stack loader would take it as the pool's ``disaggregation``
+setting (``split_refused``: the local stack, a pool without prefix caching, ... are refused, the
+rule quoted).
 """
 
 from __future__ import annotations
@@ -41,13 +44,23 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
+from pydantic import ValidationError
+
 from frontier.capacity.explore import Candidate, Exploration, Option, option_device, variant
 from frontier.capacity.gpus import INSTANCES, NETWORK_GBPS
 from frontier.capacity.plan import replicas_for_peak, rollout_spare
 from frontier.capacity.replica import ReplicaModel
 from frontier.capacity.roofline import Device, Efficiency, Replica, step
 from frontier.config.memory import kv_bytes_per_token
-from frontier.config.schema import DTYPE_BYTES, NodeGroup, PoolSettings, Settings, Slo
+from frontier.config.schema import (
+    DTYPE_BYTES,
+    DisaggregatedRole,
+    Disaggregation,
+    NodeGroup,
+    PoolSettings,
+    Settings,
+    Slo,
+)
 from frontier.errors import FrontierError
 from frontier.figures import size
 
@@ -386,6 +399,9 @@ def disaggregated_layout(
     prefills = replicas_for_peak(cap.peak_qps, cap.safety_factor, pre.prompts_per_s) + spare
     decodes = replicas_for_peak(cap.peak_qps, cap.safety_factor, decode_rps) + spare
     nodes = math.ceil(prefills / per_node) + math.ceil(decodes / per_node)
+    refused = split_refused(s, half, prefills, decodes)
+    if refused:
+        return f"the split is refused by the stack's own rules: {refused}"
     return Layout(
         kind="P/D",
         candidate=c,
@@ -404,6 +420,33 @@ def disaggregated_layout(
         rate=rate,
         decode_batch=b,
     )
+
+
+def prefill_group_name(group: NodeGroup) -> str:
+    """The node group a pool's prefill half is printed on: named after its decode group."""
+    return f"{group.name}-prefill"
+
+
+def split_refused(stack: Settings, pool: PoolSettings, prefills: int, decodes: int) -> str:
+    """Why the stack loader would refuse ``pool`` split into these halves ("" where it would not):
+    the pool and the stack validated as a stack file's would be, with the prefill group added."""
+    prefill_group = pool.group.model_copy(update={"name": prefill_group_name(pool.group)})
+    halves = Disaggregation(
+        prefill=DisaggregatedRole(group=prefill_group, replicas=prefills),
+        decode=DisaggregatedRole(group=pool.group, replicas=decodes),
+    )
+    try:
+        split = PoolSettings.model_validate({**dict(pool), "replicas": None, "disaggregation": halves})
+        Settings.model_validate(
+            {
+                **dict(stack),
+                "node_groups": (*stack.node_groups, prefill_group),
+                "pools": tuple(split if p.name == pool.name else p for p in stack.pools),
+            }
+        )
+    except ValidationError as err:
+        return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in err.errors())
+    return ""
 
 
 @dataclass(frozen=True)

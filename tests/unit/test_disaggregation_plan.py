@@ -149,3 +149,15 @@ def test_on_a_gpu_node_the_transfer_runs_at_the_network_figure_said_unmeasured()
     assert efa is not None and efa.over.startswith("EFA of p5.48xlarge")
     assert rate.over.startswith(f"network of p5.48xlarge, {NETWORK_GBPS['p5.48xlarge']:g} Gbit/s / 8 GPUs")
     assert rate.over.endswith("(datasheet, unmeasured here)")
+
+
+def test_a_split_the_stacks_rules_refuse_is_not_offered_and_the_rule_is_quoted(changed_stack):
+    _, choice = chosen(changed_stack, 7000, 500, {**LLAMA_8B, "runtime.prefix_caching": False})
+    assert all(x.kind == "colocated" for x in choice.layouts)
+    refused = dict(choice.not_split)
+    why = (
+        "the split is refused by the stack's own rules: runtime.prefix_caching = False: must be true in a "
+        "disaggregated pool: decode replicas enter pulled blocks by their hashes"
+    )
+    assert refused[why] > 0
+    assert why in choice.reason
