@@ -21,6 +21,10 @@ QUEUE_POLICY = "aws:sqs/queuePolicy:QueuePolicy"
 RULE = "aws:cloudwatch/eventRule:EventRule"
 TARGET = "aws:cloudwatch/eventTarget:EventTarget"
 SCHEDULE = "aws:autoscaling/schedule:Schedule"
+# The notices' rule and target, by name: the stack has other EventBridge rules (the synthetic
+# probe's schedule).
+NOTICE_RULE = "prod-interruptions-rule"
+NOTICE_TARGET = "prod-interruptions-target"
 
 SPOT = {
     "market": "spot",
@@ -95,11 +99,11 @@ def test_several_types_with_the_same_gpus_become_the_policys_overrides(tmp_path)
 def test_spot_and_rebalance_warnings_go_to_the_stacks_queue_through_one_rule(spot):
     queue = spot.one(QUEUE)
     assert queue.inputs["name"] == queue_name("prod") and queue.inputs["sqsManagedSseEnabled"] is True
-    rule = spot.one(RULE)
+    rule = spot.one(RULE, NOTICE_RULE)
     pattern = json.loads(rule.inputs["eventPattern"])
     assert pattern["source"] == ["aws.ec2"]
     assert set(pattern["detail-type"]) == {SPOT_WARNING, REBALANCE_RECOMMENDATION, CAPACITY_BLOCK_WARNING}
-    target = spot.one(TARGET)
+    target = spot.one(TARGET, NOTICE_TARGET)
     assert target.inputs["rule"] == rule.outputs["name"] and target.inputs["arn"] == queue.outputs["arn"]
 
 
@@ -109,9 +113,9 @@ def test_only_the_stacks_rule_may_send_to_the_queue_and_the_target_waits_for_tha
     assert statement["Principal"] == {"Service": "events.amazonaws.com"}
     assert statement["Action"] == "sqs:SendMessage"
     assert statement["Resource"] == spot.one(QUEUE).outputs["arn"]
-    assert statement["Condition"]["ArnEquals"]["aws:SourceArn"] == spot.one(RULE).outputs["arn"]
+    assert statement["Condition"]["ArnEquals"]["aws:SourceArn"] == spot.one(RULE, NOTICE_RULE).outputs["arn"]
     assert spot.one(QUEUE_POLICY).inputs["queueUrl"] == spot.one(QUEUE).outputs["url"]
-    assert spot.one(QUEUE_POLICY).urn in spot.one(TARGET).dependencies
+    assert spot.one(QUEUE_POLICY).urn in spot.one(TARGET, NOTICE_TARGET).dependencies
 
 
 def test_an_on_demand_stack_has_no_mixed_policy_and_no_notice_queue(prod):
