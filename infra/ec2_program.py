@@ -13,17 +13,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pulumi
+from frontier_hostside.names import HOST_TOOLS_PREFIX
 
 from frontier.config.checks import is_production
-from frontier.config.schema import SEVERITIES, NodeGroup, Settings
+from frontier.config.schema import SEVERITIES, NodeGroup, PoolSettings, Settings
 from frontier.release.history import pool_history_prefix
 from frontier.render.alerts import resource_limits, severities
 from frontier.render.boot import group_pool, render_cloud_init, render_gateway_cloud_init, replica_nodes
 from infra.cloud import Cloud, look_up
 from infra.edge import (
+    TARGET_PROXY_FILE,
     TARGET_TLS_PORT,
     Edge,
     EdgeArgs,
+    TargetProxyFile,
     TargetProxyFiles,
     render_target_proxy,
 )
@@ -43,6 +46,7 @@ from infra.nodes import (
     look_up_image,
     needs_efa,
     refresh_preferences,
+    scale_out_signal,
     terminate_timeout_s,
 )
 from infra.outputs import Ec2Outputs
@@ -51,7 +55,7 @@ from infra.preflight import certificate_problems, refuse_problems, registry_prob
 from infra.quota_store import QuotaStore, QuotaStoreArgs, provisions_store, store_problems
 from infra.replica_scaling import ReplicaTerminationArgs
 from infra.secret_store import autoscaling_service_role
-from infra.security_groups import SecurityGroups, SecurityGroupsArgs
+from infra.security_groups import KvTransferDoor, SecurityGroups, SecurityGroupsArgs
 from infra.storage import HISTORY_PREFIX_ROOT, metering_problems, unique_bucket_name
 from infra.tags import base_tags
 
@@ -178,14 +182,41 @@ def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
         yield f"health.interval_s = {health.interval_s}: an ALB target group checks every 5 to 300 s"
     if health.timeout_s < ALB_MIN_TIMEOUT_S:
         yield f"health.timeout_s = {health.timeout_s}: an ALB target group waits 2 to 120 s"
-    if s.runtime.port == TARGET_TLS_PORT:
-        yield (
-            f"runtime.port = {s.runtime.port}: the hosts' TLS proxy for the load balancer listens there; "
-            f"pick another port than {TARGET_TLS_PORT}"
-        )
+    for pool in s.pools:
+        if pool.runtime.port == TARGET_TLS_PORT:
+            yield (
+                f"runtime.port = {pool.runtime.port}: the hosts' TLS proxy for the load balancer listens "
+                f"there (model {pool.name}); pick another port than {TARGET_TLS_PORT}"
+            )
+        if pool.disaggregation is not None:
+            yield from _disaggregation_problems(s, pool)
     if 0 < s.edge.waf_rate_limit < WAF_MIN_RATE_LIMIT:
         yield f"edge.waf_rate_limit = {s.edge.waf_rate_limit}: WAF rate limits start at {WAF_MIN_RATE_LIMIT} (0 turns WAF off)"
     yield from store_problems(s.stack, s.gateway.quota if s.gateway else None)
+
+
+def _disaggregation_problems(s: Settings, pool: PoolSettings) -> Iterator[str]:
+    """A disaggregated pool's halves as EC2 runs them: behind the gateway, a replica per host within
+    each group's sizes, the transfer listener on a port of its own."""
+    assert pool.disaggregation is not None
+    if s.gateway is None:
+        yield (
+            f"disaggregation (model {pool.name}): a request goes to a prefill and then a decode "
+            "replica through the gateway; add a 'frontier:gateway' section"
+        )
+    for role, half in (("prefill", pool.disaggregation.prefill), ("decode", pool.disaggregation.decode)):
+        group = half.group
+        if not group.min_size <= half.replicas <= group.max_size:
+            yield (
+                f"disaggregation.{role}.replicas = {half.replicas} (model {pool.name}): node group "
+                f"{group.name} holds {group.min_size} to {group.max_size} hosts, one replica each"
+            )
+    port = pool.runtime.kv_transfer.port
+    if port in (pool.runtime.port, TARGET_TLS_PORT):
+        yield (
+            f"runtime.kv_transfer.port = {port} (model {pool.name}): the runtime's API or the hosts' TLS "
+            "proxy listens there; pick a port of its own"
+        )
 
 
 def _node_problems(
@@ -239,7 +270,7 @@ def security_groups(ground: Ground, efa: bool) -> SecurityGroups:
         f"{ground.stack}-sg",
         SecurityGroupsArgs(
             vpc_id=network.vpc_id,
-            runtime_port=settings.runtime.port,
+            runtime_ports=sorted({pool.runtime.port for pool in settings.pools}),
             bastion=bool(settings.inventory.ssh_gateway),
             efa=efa,
             tags=ground.tags,
@@ -250,6 +281,15 @@ def security_groups(ground: Ground, efa: bool) -> SecurityGroups:
             egress=settings.network.egress,
             vpc_cidr=settings.network.vpc_cidr,
             s3_prefix_list_id=network.s3_prefix_list_id,
+            kv_transfers=[
+                KvTransferDoor(
+                    prefill_group=pool.disaggregation.prefill.group.name,
+                    decode_group=pool.disaggregation.decode.group.name,
+                    port=pool.runtime.kv_transfer.port,
+                )
+                for pool in settings.pools
+                if pool.disaggregation is not None
+            ],
         ),
     )
 
@@ -276,10 +316,8 @@ def load_balancer(ground: Ground, security: SecurityGroups) -> Edge:
             target_proxy=None
             if settings.gateway
             else TargetProxyFiles(
-                content=render_target_proxy(settings),
+                files=target_proxy_files(settings, storage.history_prefix),
                 bucket=storage.history_bucket,
-                history_prefix=storage.history_prefix,
-                groups=[settings.serving_group.name],
                 kms_key_arn=secrets.key_arn,
             ),
             health=settings.health,
@@ -294,6 +332,25 @@ def load_balancer(ground: Ground, security: SecurityGroups) -> Edge:
             tags=ground.tags,
         ),
     )
+
+
+def target_proxy_files(settings: Settings, history_prefix: str) -> list[TargetProxyFile]:
+    """Each serving group's TLS proxy in front of its pool's runtime, beside the group's host tools
+    under that pool's history (where its hosts fetch them: ``frontier.render.boot.render_cloud_init``)."""
+    files = []
+    for group in settings.node_groups:
+        if not settings.pools_on(group):
+            continue
+        pool = group_pool(settings, group)
+        prefix = pool_history_prefix(settings, pool.name, history_prefix)
+        files.append(
+            TargetProxyFile(
+                group=group.name,
+                key=f"{prefix}{HOST_TOOLS_PREFIX}{group.name}/{TARGET_PROXY_FILE}",
+                content=render_target_proxy(settings, pool),
+            )
+        )
+    return files
 
 
 def host_tools(ground: Ground) -> HostTools:
@@ -327,8 +384,9 @@ def node_group(
     # Without a gateway the stack serves one pool: the groups that boot it join the target group
     # (its own, and a Capacity Block's fallback, which takes over the block's hosts).
     serving = settings.gateway is None and bool(settings.pools_on(group))
+    pool = group_pool(settings, group)
     # The group's hosts run as its pool's principal: that pool's weights, secret and history only.
-    hosts_role = identity.of(group_pool(settings, group))
+    hosts_role = identity.of(pool)
     return GpuNodeGroup(
         f"{ground.stack}-{group.name}",
         NodeGroupArgs(
@@ -337,7 +395,11 @@ def node_group(
             image=image,
             user_data=user_data,
             instance_profile_arn=hosts_role.instance_profile_arn,
-            security_group_ids=[security.runtime_id],
+            # A disaggregated half's hosts join its group too: the KV transfer's door (infra.security_groups).
+            security_group_ids=[
+                security.runtime_id,
+                *([security.role_ids[group.name]] if group.name in security.role_ids else []),
+            ],
             # Only the zones that offer the group's type (an EFA group takes the first of them).
             subnet_ids=[
                 subnet
@@ -349,7 +411,7 @@ def node_group(
             health_check_grace_s=settings.rollout.readiness_timeout_s,
             tags=ground.tags,
             launch_timeout_s=launch_timeout_s(settings.rollout.readiness_timeout_s),
-            terminate_timeout_s=terminate_timeout_s(settings),
+            terminate_timeout_s=terminate_timeout_s(settings, pool),
             refresh=refresh_preferences(settings, group),
             # A component stands for all its resources here; a component's own depends_on
             # would not reach the group inside it.
@@ -362,9 +424,20 @@ def node_group(
             ],
             nodes_per_replica=replica_nodes(settings, group),
             termination=replica_termination(ground, group),
-            max_concurrency=group_pool(settings, group).runtime.max_concurrency,
+            max_concurrency=pool.runtime_on(group).max_concurrency,
+            scale_on=scale_out_signal(pool, group),
+            desired_size=half_replicas(pool, group),
         ),
     )
+
+
+def half_replicas(pool: PoolSettings, group: NodeGroup) -> int | None:
+    """The replicas a disaggregated pool's half asks of ``group`` (one host each: a half's replica
+    runs on one rank); None for any other group, which starts at its desired_size."""
+    halves = pool.disaggregation
+    if halves is None:
+        return None
+    return halves.prefill.replicas if halves.role_of(group) == "prefill" else halves.decode.replicas
 
 
 def replica_termination(ground: Ground, group: NodeGroup) -> ReplicaTerminationArgs | None:
@@ -451,7 +524,7 @@ def gateway_nodes(
             runtime_security_group_id=security.runtime_id,
             target_group_arn=edge.target_group_arn,
             port=gw.port,
-            runtime_port=settings.runtime.port,
+            runtime_ports=sorted({pool.runtime.port for pool in settings.pools}),
             instance_type=gw.instance_type,
             ami_id=gw.ami_id,
             min_size=gw.min_size,
@@ -459,7 +532,7 @@ def gateway_nodes(
             max_size=gw.max_size,
             secret_names=[
                 *(t.api_key_secret for t in settings.tenants),
-                settings.runtime.api_keys_secret,
+                settings.api_keys_secret,
                 # The quota store's URL and AUTH token (infra.quota_store), read at start.
                 *([gw.quota.redis_auth_secret] if gw.quota.redis_auth_secret else []),
             ],
@@ -489,7 +562,7 @@ def monitoring_for(ground: Ground, edge: Edge, groups: list[GpuNodeGroup]) -> Mo
             region=ground.cloud.region,
             slo=settings.slo,
             queue_depth_alarm=settings.monitoring.queue_depth_alarm,
-            node_group=settings.serving_group.name,
+            serving_groups=[group.name for group in settings.node_groups if settings.pools_on(group)],
             unhealthy_allowance=max(settings.rollout.batch_size, settings.rollout.canary_hosts),
             routes={severity: settings.alert_route(severity) for severity in SEVERITIES},
             severities=severities(settings),

@@ -24,9 +24,9 @@ from typing import Literal
 
 import pulumi
 import pulumi_aws as aws
-from frontier_hostside.names import API_PATH_PREFIX, CLOUD_HAPROXY_STATE, HOST_TOOLS_PREFIX
+from frontier_hostside.names import API_PATH_PREFIX, CLOUD_HAPROXY_STATE
 
-from frontier.config.schema import Health, Settings
+from frontier.config.schema import Health, PoolSettings, Settings
 from frontier.render.templates import render_template
 from infra.storage import LB_LOG_PREFIX
 from infra.waf import WebAclArgs, web_acl
@@ -55,19 +55,20 @@ PROXY_CHECK_INTERVAL_MS = 1000
 
 def render_target_proxy(
     settings: Settings,
+    pool: PoolSettings,
     *,
     certificate: str = TARGET_TLS_CERTIFICATE,
     address: str = "0.0.0.0",
     port: int = TARGET_TLS_PORT,
     stats_socket: str = TARGET_PROXY_SOCKET,
 ) -> str:
-    """A runtime host's HAProxy: TLS on :data:`TARGET_TLS_PORT` in, the runtime on loopback out.
+    """A runtime host's HAProxy: TLS on :data:`TARGET_TLS_PORT` in, ``pool``'s runtime on loopback out.
 
     Its own check of the runtime's readiness path makes it answer 503 while the runtime is not
     ready, which is what the target group's HTTPS health check needs to see. Limits and timeouts
     are the local balancer's for one host (``frontier.targets.local.balancer.render_haproxy``).
     """
-    runtime, health = settings.runtime, settings.health
+    runtime, health = pool.runtime, settings.health
     per_host = runtime.max_concurrency + runtime.queue.max_length
     return render_template(
         "haproxy.cfg.j2",
@@ -93,20 +94,28 @@ def render_target_proxy(
 
 
 @dataclass(frozen=True)
-class TargetProxyFiles:
-    """Where :func:`render_target_proxy`'s file goes: beside each serving group's host tools, which
-    a booting host copies in one go (``templates/cloud-init.yaml.j2``)."""
+class TargetProxyFile:
+    """:func:`render_target_proxy`'s file for one serving group, and its key: beside the group's host
+    tools (under its pool's history), which a booting host copies in one go
+    (``templates/cloud-init.yaml.j2``)."""
 
+    group: str
+    key: str
     content: str
+
+
+@dataclass(frozen=True)
+class TargetProxyFiles:
+    """The serving groups' TLS proxy files, and where they are uploaded."""
+
+    files: Sequence[TargetProxyFile]
     bucket: pulumi.Input[str]
-    history_prefix: str
-    groups: Sequence[str]
     kms_key_arn: pulumi.Input[str]
 
     @property
     def keys(self) -> dict[str, str]:
         """Node group -> the object's key."""
-        return {g: f"{self.history_prefix}{HOST_TOOLS_PREFIX}{g}/{TARGET_PROXY_FILE}" for g in self.groups}
+        return {f.group: f.key for f in self.files}
 
 
 @dataclass(frozen=True)
@@ -255,16 +264,16 @@ class Edge(pulumi.ComponentResource):
             return []
         return [
             aws.s3.BucketObjectv2(
-                f"{name}-target-proxy-{group}",
+                f"{name}-target-proxy-{one.group}",
                 bucket=files.bucket,
-                key=key,
-                content=files.content,
+                key=one.key,
+                content=one.content,
                 server_side_encryption="aws:kms",
                 kms_key_id=files.kms_key_arn,
                 tags=tags,
                 opts=child,
             )
-            for group, key in files.keys.items()
+            for one in files.files
         ]
 
     @staticmethod

@@ -47,7 +47,8 @@ class GatewayNodesArgs:
     runtime_security_group_id: pulumi.Input[str]
     target_group_arn: pulumi.Input[str]
     port: int
-    runtime_port: int
+    # Every pool's runtime port: the gateway forwards to each.
+    runtime_ports: Sequence[int]
     instance_type: str
     ami_id: str
     min_size: int
@@ -132,16 +133,18 @@ class GatewayNodes(pulumi.ComponentResource):
             description="Forward to the gateway",
             opts=child,
         )
-        aws.vpc.SecurityGroupEgressRule(
-            f"{name}-to-runtime",
-            security_group_id=group.id,
-            referenced_security_group_id=args.runtime_security_group_id,
-            ip_protocol="tcp",
-            from_port=args.runtime_port,
-            to_port=args.runtime_port,
-            description="Forward to the runtimes",
-            opts=child,
-        )
+        for index, port in enumerate(sorted(set(args.runtime_ports))):
+            # The first port keeps the rule's original name, so a one-port stack's rule is not replaced.
+            aws.vpc.SecurityGroupEgressRule(
+                f"{name}-to-runtime" + (f"-{port}" if index else ""),
+                security_group_id=group.id,
+                referenced_security_group_id=args.runtime_security_group_id,
+                ip_protocol="tcp",
+                from_port=port,
+                to_port=port,
+                description="Forward to the runtimes",
+                opts=child,
+            )
         if args.egress == "internet":
             aws.vpc.SecurityGroupEgressRule(
                 f"{name}-to-aws-apis",
@@ -156,18 +159,19 @@ class GatewayNodes(pulumi.ComponentResource):
         return group
 
     def _admit_to_runtimes(self, group: aws.ec2.SecurityGroup) -> None:
-        """The runtime hosts take their port from the gateway's group."""
+        """The runtime hosts take their pools' ports from the gateway's group."""
         args = self._args
-        aws.vpc.SecurityGroupIngressRule(
-            f"{self._name}-runtime-from-gateway",
-            security_group_id=args.runtime_security_group_id,
-            referenced_security_group_id=group.id,
-            ip_protocol="tcp",
-            from_port=args.runtime_port,
-            to_port=args.runtime_port,
-            description="Requests from the gateway",
-            opts=self._child,
-        )
+        for index, port in enumerate(sorted(set(args.runtime_ports))):
+            aws.vpc.SecurityGroupIngressRule(
+                f"{self._name}-runtime-from-gateway" + (f"-{port}" if index else ""),
+                security_group_id=args.runtime_security_group_id,
+                referenced_security_group_id=group.id,
+                ip_protocol="tcp",
+                from_port=port,
+                to_port=port,
+                description="Requests from the gateway",
+                opts=self._child,
+            )
 
     def _role(self) -> tuple[aws.iam.Role, list[pulumi.Resource]]:
         """The hosts' role and the grants a host needs before it boots (its policy, SSM's)."""

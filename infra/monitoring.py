@@ -83,7 +83,9 @@ class MonitoringArgs:
     region: str
     slo: Slo
     queue_depth_alarm: int
-    node_group: str
+    # The node groups whose runtimes serve (each pool's, each half of a disaggregated one): their
+    # latency, queue and restart alarms, named by group where there are several.
+    serving_groups: Sequence[str]
     # Hosts a rollout takes out of service at once: more unhealthy hosts than this is an incident.
     unhealthy_allowance: int
     # Where each severity's messages go, and each alarm's severity (alarm name -> severity).
@@ -309,16 +311,18 @@ class Monitoring(pulumi.ComponentResource):
         args = self._args
         for alarm in NAMED_ALARMS.values():
             condition = alarm.cloudwatch(args.settings)
-            dims = (
-                runtime_dimensions(args.stack, args.node_group)
+            places = (
+                [(suffix, runtime_dimensions(args.stack, group)) for group, suffix in self._serving_groups()]
                 if condition.per_node_group
-                else {CLOUDWATCH_DIMENSIONS[0]: args.stack}
+                else [("", {CLOUDWATCH_DIMENSIONS[0]: args.stack})]
             )
-            self._alarm(
-                alarm.name,
-                f"{alarm.fires} (threshold {alarm.threshold(args.settings):g})".replace("`", ""),
-                **condition.alarm_inputs(dims),
-            )
+            for suffix, dims in places:
+                self._alarm(
+                    f"{alarm.name}{suffix}",
+                    f"{alarm.fires} (threshold {alarm.threshold(args.settings):g})".replace("`", ""),
+                    alarm=alarm.name,
+                    **condition.alarm_inputs(dims),
+                )
 
     def _alarms(self) -> None:
         args, slo = self._args, self._args.slo
@@ -328,17 +332,6 @@ class Monitoring(pulumi.ComponentResource):
             f"5xx responses above the SLO error rate ({slo.error_rate:.2%}) for 3 of 5 minutes",
             threshold=slo.error_rate,
             metric_queries=error_rate_queries(args.alb_arn_suffix),
-        )
-        runtime = runtime_dimensions(args.stack, args.node_group)
-        self._alarm(
-            "p99-latency",
-            f"p99 end-to-end request latency above the SLO ({slo.p99_latency_ms:.0f} ms) for 3 of 5 minutes",
-            namespace=METRIC_NAMESPACE,
-            metric_name=E2E_LATENCY_CW_METRIC,  # milliseconds, from the runtime's histogram
-            dimensions=runtime,
-            extended_statistic="p99",
-            period=PERIOD_S,
-            threshold=slo.p99_latency_ms,
         )
         self._alarm(
             "unhealthy-hosts",
@@ -350,9 +343,33 @@ class Monitoring(pulumi.ComponentResource):
             period=PERIOD_S,
             threshold=args.unhealthy_allowance,
         )
+        for group, suffix in self._serving_groups():
+            self._runtime_alarms(group, suffix)
+
+    def _serving_groups(self) -> list[tuple[str, str]]:
+        """Each serving group, and what its alarms' names end in: nothing where it is the only one."""
+        groups = self._args.serving_groups
+        return [(group, "" if len(groups) == 1 else f"-{group}") for group in groups]
+
+    def _runtime_alarms(self, group: str, suffix: str) -> None:
+        """What one serving group's runtimes publish: p99 latency, queue depth and restarts."""
+        args, slo = self._args, self._args.slo
+        runtime = runtime_dimensions(args.stack, group)
         self._alarm(
-            "queue-depth",
+            f"p99-latency{suffix}",
+            f"p99 end-to-end request latency above the SLO ({slo.p99_latency_ms:.0f} ms) for 3 of 5 minutes",
+            alarm="p99-latency",
+            namespace=METRIC_NAMESPACE,
+            metric_name=E2E_LATENCY_CW_METRIC,  # milliseconds, from the runtime's histogram
+            dimensions=runtime,
+            extended_statistic="p99",
+            period=PERIOD_S,
+            threshold=slo.p99_latency_ms,
+        )
+        self._alarm(
+            f"queue-depth{suffix}",
             f"Requests waiting in a runtime's queue above {args.queue_depth_alarm}",
+            alarm="queue-depth",
             namespace=METRIC_NAMESPACE,
             metric_name=QUEUE_DEPTH_METRIC,
             dimensions=runtime,
@@ -361,9 +378,10 @@ class Monitoring(pulumi.ComponentResource):
             threshold=args.queue_depth_alarm,
         )
         self._alarm(
-            "runtime-restarts",
+            f"runtime-restarts{suffix}",
             f"Runtimes restarted by their supervisor more than {RESTART_ALARM} times a minute "
             "(crash-looping or failing liveness)",
+            alarm="runtime-restarts",
             namespace=METRIC_NAMESPACE,
             metric_name=RESTARTS_CW_METRIC,
             dimensions=runtime,
@@ -444,7 +462,10 @@ class Monitoring(pulumi.ComponentResource):
     def _dashboard(self) -> aws.cloudwatch.Dashboard:
         args = self._args
         alb, tg = args.alb_arn_suffix, args.target_group_arn_suffix
-        dims = [part for pair in runtime_dimensions(args.stack, args.node_group).items() for part in pair]
+        dims_of = {
+            group: [part for pair in runtime_dimensions(args.stack, group).items() for part in pair]
+            for group in args.serving_groups
+        }
 
         def widget(title: str, metrics: list, y: int, x: int = 0, **props: Any) -> dict[str, Any]:
             return {
@@ -464,13 +485,14 @@ class Monitoring(pulumi.ComponentResource):
 
         def resource_widgets(y: int) -> list[dict[str, Any]]:
             """The resource panels of every target's dashboard (frontier.render.dashboards)."""
-            gpu = args.node_groups.get(args.node_group, False)
+            gpu = any(args.node_groups.get(group, False) for group in args.serving_groups)
             shown = [p for p in RESOURCE_PANELS if gpu or not p.title.startswith("GPU")]
             return [
                 widget(
                     panel.title,
                     [
                         [host.HOST_NAMESPACE, one.metric, *dims, {"stat": one.stat}]
+                        for dims in dims_of.values()
                         for one in panel.cloudwatch
                     ],
                     y + 6 * (i // 2),
@@ -549,6 +571,7 @@ class Monitoring(pulumi.ComponentResource):
                     "Runtime queue depth",
                     [
                         [METRIC_NAMESPACE, QUEUE_DEPTH_METRIC, *dims, {"stat": stat}]
+                        for dims in dims_of.values()
                         for stat in ("Maximum", "Average")
                     ],
                     12,

@@ -17,6 +17,7 @@ import base64
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import pulumi
 import pulumi_aws as aws
@@ -41,7 +42,7 @@ from frontier.config.hardware import (  # re-exported: the tests and `fab ami.la
     uses_efa,
 )
 from frontier.config.schedule import cron_of
-from frontier.config.schema import NodeGroup, Settings
+from frontier.config.schema import NodeGroup, PoolSettings, Settings
 from frontier.render.boot import host_tools
 from infra.errors import ProvisionError
 from infra.interruptions import capacity_block_template, capacity_rebalance, mixed_instances_policy
@@ -70,9 +71,9 @@ def launch_timeout_s(readiness_timeout_s: float) -> int:
     return min(MAX_HOOK_S, BOOT_ALLOWANCE_S + math.ceil(readiness_timeout_s))
 
 
-def terminate_timeout_s(settings: Settings) -> int:
-    """How long a scale-in waits for the host to drain (deregistration, then the runtime's drain)."""
-    drain = settings.rollout.deregistration_delay_s + math.ceil(settings.runtime.drain_timeout_s)
+def terminate_timeout_s(settings: Settings, pool: PoolSettings) -> int:
+    """How long a scale-in waits for a host of ``pool`` to drain (deregistration, then its runtime's drain)."""
+    drain = settings.rollout.deregistration_delay_s + math.ceil(pool.runtime.drain_timeout_s)
     return min(MAX_HOOK_S, max(30, drain + TERMINATE_MARGIN_S))
 
 
@@ -170,6 +171,18 @@ def image_problems(settings: Settings, index: int, group: NodeGroup, image: Mach
         )
 
 
+ScaleSignal = Literal["queue_depth", "running_requests"]
+
+
+def scale_out_signal(pool: PoolSettings, group: NodeGroup) -> ScaleSignal:
+    """What adds hosts to ``group``: running requests on a disaggregated pool's decode half (each
+    stream arrives with its prompt done, so nothing waits while the replicas fill), requests
+    waiting everywhere else (a prefill half's queue is its prompts)."""
+    if pool.disaggregation is not None and pool.disaggregation.role_of(group) == "decode":
+        return "running_requests"
+    return "queue_depth"
+
+
 @dataclass(frozen=True)
 class NodeGroupArgs:
     stack: str
@@ -196,6 +209,12 @@ class NodeGroupArgs:
     termination: ReplicaTerminationArgs | None = None
     # Requests one replica runs at once (its pool's runtime.max_concurrency): what scale-in fits into.
     max_concurrency: int = 1
+    # What adds hosts: requests waiting (a colocated or a prefill group: prompts queue there) or
+    # requests running (a decode group: its streams arrive prefilled, so its queue stays short
+    # while its concurrency fills). See :func:`scale_out_signal`.
+    scale_on: ScaleSignal = "queue_depth"
+    # Hosts launched at first; None: the group's desired_size (a disaggregated half: its replicas).
+    desired_size: int | None = None
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -283,7 +302,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         asg = aws.autoscaling.Group(
             f"{name}-asg",
             min_size=group.min_size,
-            desired_capacity=group.desired_size,
+            desired_capacity=group.desired_size if args.desired_size is None else args.desired_size,
             max_size=group.max_size,
             vpc_zone_identifiers=subnet_ids,
             launch_template=None if mixed else {"id": template.id, "version": version},
@@ -362,9 +381,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 (args.stack, group.name),
                 child,
             )
+        elif args.scale_on == "running_requests":
+            self._track_running_requests(name, asg.name, args, child)
         else:
             self._track_queue_depth(name, asg.name, args, child)
-        # Out on queue depth (above); in a replica at a time, only when a replica fewer would do.
+        # Out on its signal (above); in a replica at a time, only when a replica fewer would do.
         scale_in_by_load(
             f"{name}-load",
             asg.name,
@@ -408,6 +429,34 @@ class GpuNodeGroup(pulumi.ComponentResource):
                         for key, value in zip(CLOUDWATCH_DIMENSIONS, (args.stack, group.name), strict=True)
                     ],
                     # Every host publishes under the group's dimensions: the average is per host.
+                    "statistic": "Average",
+                },
+            },
+            opts=opts,
+        )
+
+    @staticmethod
+    def _track_running_requests(
+        name: str, asg_name: pulumi.Output[str], args: NodeGroupArgs, opts: pulumi.ResourceOptions
+    ) -> None:
+        """Scale-out holding each host at ``scale_in_utilisation`` of its concurrency, on the
+        RunningRequests its hosts publish: the scale-in rule removes a replica only when the rest
+        would stay at or under the same share, so the two never undo each other."""
+        group = args.group
+        aws.autoscaling.Policy(
+            f"{name}-running",
+            autoscaling_group_name=asg_name,
+            policy_type="TargetTrackingScaling",
+            target_tracking_configuration={
+                "disable_scale_in": True,
+                "target_value": args.max_concurrency * group.scale_in_utilisation,
+                "customized_metric_specification": {
+                    "namespace": CLOUDWATCH_NAMESPACE,
+                    "metric_name": RUNNING_REQUESTS_METRIC,
+                    "metric_dimensions": [
+                        {"name": key, "value": value}
+                        for key, value in zip(CLOUDWATCH_DIMENSIONS, (args.stack, group.name), strict=True)
+                    ],
                     "statistic": "Average",
                 },
             },

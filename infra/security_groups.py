@@ -10,7 +10,11 @@
   localhost). SSH comes only from the bastion's group when the stack names an
   ``inventory.ssh_gateway``; otherwise hosts take no SSH at all and are reached through Session
   Manager. Nodes of an EFA group also talk to each other on every port (EFA
-  requires it), and only to members of the same group.
+  requires it), and only to members of the same group. Every pool's runtime port is opened so.
+- A disaggregated pool's halves get a group each beside the runtime group: the prefill hosts take
+  the KV transfer port (``runtime.kv_transfer.port``) from the decode hosts' group only, which may
+  send there; a decode replica pulls the prompt's blocks from the prefill's listener, never the
+  other way round.
 - Runtime hosts send only HTTPS, and with ``network.egress: endpoints`` only to the VPC (its
   interface endpoints) and to S3 through the gateway endpoint's prefix list: no route to the internet
   is usable from them, whatever the route tables say. Gateway hosts get the same two rules
@@ -36,7 +40,8 @@ LISTENER_PORTS = (443, 80)  # HTTPS, and the port that only redirects to it
 @dataclass(frozen=True)
 class SecurityGroupsArgs:
     vpc_id: pulumi.Input[str]
-    runtime_port: int
+    # Every pool's runtime port (one stack may serve pools on different ports).
+    runtime_ports: Sequence[int]
     bastion: bool
     efa: bool
     tags: Mapping[str, str]
@@ -44,12 +49,24 @@ class SecurityGroupsArgs:
     alb_to_runtime: bool = True
     # Where the ALB admits clients from: the stack's ``edge.client_cidrs``.
     alb_sources: Sequence[str] = (ANYWHERE,)
-    # The port the ALB forwards to on the runtime hosts (their TLS port); None: runtime_port.
+    # The port the ALB forwards to on the runtime hosts (their TLS port); None: the runtime port.
     alb_target_port: int | None = None
     # network.egress: "endpoints" confines runtime hosts to the VPC and S3's prefix list.
     egress: Literal["endpoints", "internet"] = "internet"
     vpc_cidr: str = ""
     s3_prefix_list_id: pulumi.Input[str] | None = None
+    # Disaggregated pools: the door from each decode group to its prefill group.
+    kv_transfers: Sequence[KvTransferDoor] = ()
+
+
+@dataclass(frozen=True)
+class KvTransferDoor:
+    """A disaggregated pool's transfer port: its prefill group's hosts listen there, its decode
+    group's hosts pull from it."""
+
+    prefill_group: str
+    decode_group: str
+    port: int
 
 
 class SecurityGroups(pulumi.ComponentResource):
@@ -57,6 +74,8 @@ class SecurityGroups(pulumi.ComponentResource):
     runtime_id: pulumi.Output[str]
     monitoring_id: pulumi.Output[str]
     bastion_id: pulumi.Output[str] | None
+    # Node group -> the group of its half of a disaggregated pool, which its hosts join too.
+    role_ids: dict[str, pulumi.Output[str]]
 
     def __init__(
         self, name: str, args: SecurityGroupsArgs, opts: pulumi.ResourceOptions | None = None
@@ -64,7 +83,8 @@ class SecurityGroups(pulumi.ComponentResource):
         super().__init__("frontier:security:SecurityGroups", name, None, opts)
         self._name, self._child = name, pulumi.ResourceOptions(parent=self)
         self._args = args
-        tags, port = dict(args.tags), args.runtime_port
+        tags, ports = dict(args.tags), sorted(set(args.runtime_ports))
+        listed = ", ".join(str(p) for p in ports)
 
         alb = self._group(
             "alb",
@@ -74,7 +94,7 @@ class SecurityGroups(pulumi.ComponentResource):
         )
         runtime = self._group(
             "runtime",
-            f"Runtime hosts: port {port} from the load balancer only",
+            f"Runtime hosts: port {listed} from the load balancer only",
             args.vpc_id,
             with_tags(tags, role=RUNTIME_ROLE),
         )
@@ -90,7 +110,7 @@ class SecurityGroups(pulumi.ComponentResource):
                     description=f"Clients on {listener_port} (80 only redirects to HTTPS)",
                 )
         if args.alb_to_runtime:
-            target = args.alb_target_port or port
+            target = args.alb_target_port or ports[0]
             self._egress(
                 f"alb-to-runtime-{target}", alb, target, group=runtime, description="Forward to the hosts"
             )
@@ -100,20 +120,25 @@ class SecurityGroups(pulumi.ComponentResource):
 
         monitoring = self._group(
             "monitoring",
-            f"Monitoring: scrapes /metrics on port {port} of the runtime hosts",
+            f"Monitoring: scrapes /metrics on port {listed} of the runtime hosts",
             args.vpc_id,
             with_tags(tags, role="monitoring"),
         )
-        self._ingress(
-            f"runtime-{port}-from-monitoring",
-            runtime,
-            port,
-            group=monitoring,
-            description="Metrics scrapes from the monitoring side",
-        )
-        self._egress(
-            f"monitoring-to-runtime-{port}", monitoring, port, group=runtime, description="Scrape /metrics"
-        )
+        for port in ports:
+            self._ingress(
+                f"runtime-{port}-from-monitoring",
+                runtime,
+                port,
+                group=monitoring,
+                description="Metrics scrapes from the monitoring side",
+            )
+            self._egress(
+                f"monitoring-to-runtime-{port}",
+                monitoring,
+                port,
+                group=runtime,
+                description="Scrape /metrics",
+            )
         self.monitoring_id = monitoring.id
         self.bastion_id = None
         if args.bastion:
@@ -150,8 +175,42 @@ class SecurityGroups(pulumi.ComponentResource):
                 description="EFA: all traffic within the group",
             )
 
+        self.role_ids = self._kv_transfers(args)
         self.alb_id, self.runtime_id = alb.id, runtime.id
         self.register_outputs({"alb": alb.id, "runtime": runtime.id, "bastion": self.bastion_id})
+
+    def _kv_transfers(self, args: SecurityGroupsArgs) -> dict[str, pulumi.Output[str]]:
+        """A group per disaggregated half; the prefill's transfer port open to its decode's group only."""
+        ids: dict[str, pulumi.Output[str]] = {}
+        for door in args.kv_transfers:
+            prefill = self._group(
+                f"kv-{door.prefill_group}",
+                f"Prefill hosts of {door.prefill_group}: KV transfer port {door.port} from {door.decode_group} only",
+                args.vpc_id,
+                with_tags(dict(args.tags), role="kv-transfer"),
+            )
+            decode = self._group(
+                f"kv-{door.decode_group}",
+                f"Decode hosts of {door.decode_group}: pull KV blocks from {door.prefill_group}",
+                args.vpc_id,
+                with_tags(dict(args.tags), role="kv-transfer"),
+            )
+            self._ingress(
+                f"kv-{door.prefill_group}-{door.port}-from-{door.decode_group}",
+                prefill,
+                door.port,
+                group=decode,
+                description="KV blocks pulled by the decode replicas",
+            )
+            self._egress(
+                f"kv-{door.decode_group}-to-{door.prefill_group}-{door.port}",
+                decode,
+                door.port,
+                group=prefill,
+                description="Pull KV blocks from the prefill replicas",
+            )
+            ids[door.prefill_group], ids[door.decode_group] = prefill.id, decode.id
+        return ids
 
     def _runtime_egress(self, runtime: aws.ec2.SecurityGroup, args: SecurityGroupsArgs) -> None:
         if args.egress == "internet":

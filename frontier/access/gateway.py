@@ -20,7 +20,7 @@ from frontier_gateway.config import GatewayConfig, GatewaySettings
 from frontier_settings import problems_of, to_yaml
 from pydantic import ValidationError
 
-from frontier.config.schema import Settings
+from frontier.config.schema import NodeGroup, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.project import root
 
@@ -42,13 +42,7 @@ def gateway_config(
     models: list[dict[str, Any]] = []
     for pool in settings.pools:
         if replicas is None:
-            discovery = {
-                "stack": settings.stack,
-                "node_group": pool.group.name,
-                "port": pool.runtime.port,
-                "region": settings.region,
-            }
-            models.append({"name": pool.name, "discovery": discovery})
+            models.append(discovered_pool(settings, pool))
             continue
         urls = list(replicas.get(pool.name) or ())
         if not urls:
@@ -72,6 +66,27 @@ def gateway_config(
     except ValidationError as exc:
         lines = "\n".join(f"  {p}" for p in problems_of(exc))
         raise FrontierError(f"the gateway refuses the config of stack {settings.stack!r}:\n{lines}") from None
+
+
+def discovered_pool(settings: Settings, pool: PoolSettings) -> dict[str, Any]:
+    """``pool``'s entry where the gateway finds its runtimes on EC2 by their tags: its node group's
+    hosts, or a disaggregated pool's prefill group's and decode group's, each half on its own."""
+
+    def on(group: NodeGroup) -> dict[str, Any]:
+        return {
+            "stack": settings.stack,
+            "node_group": group.name,
+            "port": pool.runtime.port,
+            "region": settings.region,
+        }
+
+    if pool.disaggregation is None:
+        return {"name": pool.name, "discovery": on(pool.group)}
+    halves = {
+        "prefill_discovery": on(pool.disaggregation.prefill.group),
+        "decode_discovery": on(pool.disaggregation.decode.group),
+    }
+    return {"name": pool.name, "disaggregation": halves}
 
 
 def upstream_key_secret(settings: Settings) -> str:

@@ -85,7 +85,9 @@ def render(c, stack=None, out=None, digest=None):
             f"{digest[:15]}… and is NOT deployable; pass --digest sha256:<64 hex> for a real release"
         )
     else:
-        console.print(f"image: {image_reference(settings.only_pool, digest)}")
+        for pool in settings.pools:
+            named = "" if len(settings.pools) == 1 else f" (model {pool.name})"
+            console.print(f"image: {image_reference(pool, digest)}{named}")
 
 
 @task(

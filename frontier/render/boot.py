@@ -27,6 +27,9 @@ from frontier.release.history import pool_history_prefix
 from frontier.render.alerts import HOST_NAMESPACE, AgentMetrics, agent_metrics
 from frontier.render.templates import render_template
 
+# node.env's name for the KV transfer role of a disaggregated pool's host (prefill or decode).
+KV_ROLE_ENV = "FRONTIER_KV_ROLE"
+NODE_ENV_PATH = "/etc/frontier/node.env"
 # Where the Deep Learning AMI mounts the instance-store disks it stripes at boot.
 DLAMI_NVME_MOUNT = "/opt/dlami/nvme"
 
@@ -145,7 +148,10 @@ def node_env(
     slot (replica, node) before the runtime starts (frontier_hostside/rendezvous.py).
     """
     host_pool = pool if isinstance(pool, PoolSettings) else group_pool(settings, pool)
-    group = host_pool.group
+    halves = host_pool.disaggregation
+    role = halves.role_of(pool) if halves is not None and isinstance(pool, NodeGroup) else None
+    # A disaggregated pool's half is its own group (the pool's group is its decode half's).
+    group = pool if role is not None and isinstance(pool, NodeGroup) else host_pool.group
     nodes = host_pool.runtime.nodes_per_replica
     port = host_pool.runtime.port
     return [
@@ -169,6 +175,8 @@ def node_env(
         ("FRONTIER_RUNNING_SERIES", names.RUNNING_METRIC),
         ("FRONTIER_E2E_SERIES", names.E2E_LATENCY_METRIC),
         *([(names.NODES_PER_REPLICA_ENV, str(nodes))] if nodes > 1 else []),
+        # A disaggregated pool's half: the runtime unit passes it as --kv-role.
+        *([(KV_ROLE_ENV, role)] if role is not None else []),
     ]
 
 
@@ -426,7 +434,7 @@ def render_cloud_init(
     prefix = pool_history_prefix(settings, pool.name, stack_prefix)
     registry = pool.runtime.image_repository.split("/", 1)[0]
     tools_uri = f"s3://{history_bucket}/{prefix}{names.HOST_TOOLS_PREFIX}{node_group.name}/"
-    env = node_env(settings, pool, history_bucket=history_bucket, history_prefix=prefix)
+    env = node_env(settings, node_group, history_bucket=history_bucket, history_prefix=prefix)
     if prefix != stack_prefix:
         env.append(("FRONTIER_ARTIFACTS_PREFIX", stack_prefix))
     return render_template(

@@ -36,7 +36,7 @@ from frontier.config.memory import kv_bytes_per_token, kv_cache_dtype_bytes
 from frontier.config.schema import PoolSettings, Settings, runtime_config
 from frontier.errors import FrontierError
 from frontier.release.artifact import check_digest, is_placeholder
-from frontier.render.boot import replica_unit
+from frontier.render.boot import KV_ROLE_ENV, NODE_ENV_PATH, replica_unit
 from frontier.render.templates import render_template
 
 
@@ -104,6 +104,9 @@ def render_systemd_unit(settings: Settings, pool: PoolSettings, digest: str) -> 
         start_timeout_s=math.ceil(settings.rollout.readiness_timeout_s),
         # A replica over several nodes: serve or node, as the host's slot says (frontier.render.boot).
         **replica_unit(settings, pool),
+        # A disaggregated pool's halves run one runtime.yaml, each host in the role its node.env names.
+        node_env=NODE_ENV_PATH if pool.disaggregation is not None else None,
+        kv_role_env=KV_ROLE_ENV,
     )
 
 

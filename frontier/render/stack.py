@@ -18,8 +18,11 @@ def render_stack(settings: Settings, digest: str) -> dict[str, str]:
     ``Backend.rendered_files``.
     """
     files: dict[str, str] = {}
-    for name, text in render_release_files(settings, settings.only_pool, digest).items():
-        files[f"release/{name}"] = text
+    for pool in settings.pools:
+        # Each pool's release files: under its model's name where the stack serves several.
+        folder = "release/" if len(settings.pools) == 1 else f"release/{pool.name}/"
+        for name, text in render_release_files(settings, pool, digest).items():
+            files[f"{folder}{name}"] = text
     for group in settings.node_groups:
         files[f"cloud-init/{group.name}.yaml"] = render_cloud_init(settings, group)
         files[f"host/{group.name}/mount-cache.sh"] = render_mount_cache(settings, group)

@@ -75,10 +75,13 @@ class KvRoutingConfig(_Strict):
 class DisaggregationRouting(_Strict):
     """A pool's prefill and decode replicas (runtimes with ``kv_transfer.role`` prefill and decode):
     its requests go in two hops (``disaggregation.py``); its ``replicas`` are the colocated
-    fallback taken while no prefill or no decode replica is ready."""
+    fallback taken while no prefill or no decode replica is ready. Each role's replicas are fixed
+    base URLs or found on EC2 (``prefill_discovery``, ``decode_discovery``: each half's node group)."""
 
-    prefill: tuple[str, ...] = Field(min_length=1, description="Base URLs of the prefill replicas.")
-    decode: tuple[str, ...] = Field(min_length=1, description="Base URLs of the decode replicas.")
+    prefill: tuple[str, ...] = Field(default=(), description="Base URLs of the prefill replicas.")
+    decode: tuple[str, ...] = Field(default=(), description="Base URLs of the decode replicas.")
+    prefill_discovery: Ec2Discovery | None = None
+    decode_discovery: Ec2Discovery | None = None
 
     @field_validator("prefill", "decode")
     @classmethod
@@ -87,10 +90,33 @@ class DisaggregationRouting(_Strict):
 
     @model_validator(mode="after")
     def _roles_apart(self) -> DisaggregationRouting:
+        for role, urls, where in (
+            ("prefill", self.prefill, self.prefill_discovery),
+            ("decode", self.decode, self.decode_discovery),
+        ):
+            if bool(urls) == (where is not None):
+                raise ValueError(
+                    f"disaggregation.{role}: give its replicas either as base URLs or found on EC2 "
+                    f"({role}_discovery), one of the two"
+                )
         both = sorted(set(self.prefill) & set(self.decode))
         if both:
             raise ValueError(f"disaggregation: {both} listed as both prefill and decode replicas")
+        found = [d for d in (self.prefill_discovery, self.decode_discovery) if d is not None]
+        if len(found) == 2 and found[0].node_group == found[1].node_group:
+            raise ValueError(
+                f"disaggregation: prefill and decode are found on one node group ({found[0].node_group}); "
+                "a host runs one role, and its group says which"
+            )
         return self
+
+    def discoveries(self) -> dict[str, Ec2Discovery]:
+        """Role -> where its replicas are found, for the roles found on EC2."""
+        return {
+            role: found
+            for role, found in (("prefill", self.prefill_discovery), ("decode", self.decode_discovery))
+            if found is not None
+        }
 
 
 class PoolConfig(_Strict):

@@ -14,19 +14,19 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import httpx
 import uvicorn
 
 from frontier_gateway.app import Gateway, create_admin_app, create_app
-from frontier_gateway.config import Ec2Discovery, GatewayConfig
+from frontier_gateway.config import Ec2Discovery, GatewayConfig, PoolConfig
 from frontier_gateway.discovery import discover, follow
 from frontier_gateway.keys import KeyReloader
 from frontier_gateway.metering import flush_forever, open_sink
 from frontier_gateway.metrics import Metrics
-from frontier_gateway.pools import Pools
+from frontier_gateway.pools import Pool, Pools
 from frontier_gateway.quotas import open_quotas
 from frontier_gateway.tenants import load_tenants, upstream_key
 from frontier_gateway.tracing import GatewayTracing
@@ -65,6 +65,21 @@ def ec2_client(spec: Ec2Discovery) -> Any:
     return boto3.client("ec2", region_name=spec.region)
 
 
+def discovered(configs: Iterable[PoolConfig], pools: Pools) -> list[tuple[Pool, Ec2Discovery]]:
+    """Every set of replicas the gateway finds on EC2: a pool's own, and each role of a
+    disaggregated pool whose halves are found there (each half on its node group)."""
+    found = []
+    for pool_config in configs:
+        pool = pools.by_model[pool_config.name]
+        if pool_config.discovery is not None:
+            found.append((pool, pool_config.discovery))
+        if pool_config.disaggregation is not None and pool.disaggregated is not None:
+            halves = {"prefill": pool.disaggregated.prefill, "decode": pool.disaggregated.decode}
+            for role, spec in pool_config.disaggregation.discoveries().items():
+                found.append((halves[role], spec))
+    return found
+
+
 def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
     config = gateway.config
 
@@ -78,26 +93,15 @@ def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
             gateway.upstream_client() as upstream,
         ):
             gateway.start(upstream)
-            for pool_config in config.models:
-                if pool_config.discovery is not None:
-                    pool = gateway.pools.by_model[pool_config.name]
-                    pool.set_urls(
-                        await asyncio.to_thread(
-                            discover, ec2_client(pool_config.discovery), pool_config.discovery
-                        )
-                    )
+            found = discovered(config.models, gateway.pools)
+            for pool, spec in found:
+                pool.set_urls(await asyncio.to_thread(discover, ec2_client(spec), spec))
             # One probe round before taking traffic, so readiness is true from the start when it can be.
             await gateway.pools.probe_once(client, config.readiness_path, config.probe)
             kv_pools = [p.kv for p in gateway.pools.by_model.values() if p.kv is not None]
             for kv in kv_pools:  # subscribe to the KV events of every replica known so far
                 kv.subscriber.start()
-            tasks = [
-                asyncio.create_task(
-                    follow(gateway.pools.by_model[p.name], p.discovery, ec2_client(p.discovery))
-                )
-                for p in config.models
-                if p.discovery is not None
-            ]
+            tasks = [asyncio.create_task(follow(pool, spec, ec2_client(spec))) for pool, spec in found]
             reloader = KeyReloader(gateway, gateway.metrics.registry)
             if reloader.uses_secrets:
                 wake = asyncio.Event()

@@ -9,7 +9,8 @@ import boto3
 import pytest
 from frontier_gateway.config import Ec2Discovery, PoolConfig
 from frontier_gateway.discovery import discover
-from frontier_gateway.pools import Pool
+from frontier_gateway.pools import Pool, Pools
+from frontier_gateway.serve import discovered
 from frontier_hostside import names
 from moto.server import ThreadedMotoServer
 from pydantic import ValidationError
@@ -135,3 +136,50 @@ def test_gateway_publish_uploads_a_config_that_finds_replicas_by_tag_and_the_whe
         ["history/dev/gateway/gateway.yaml", *(f"history/dev/gateway/{w.name}" for w in wheels)]
     )
     assert uris[0] == "s3://history/history/dev/gateway/gateway.yaml"
+
+
+# --- a disaggregated pool: each half found on its own node group ------------------------------------
+
+
+def _halves(**roles: object) -> PoolConfig:
+    return PoolConfig.model_validate({"name": "m", "disaggregation": roles})
+
+
+def _on(group: str) -> dict[str, object]:
+    return {"stack": "prod", "node_group": group, "port": 8000, "region": "us-east-1"}
+
+
+def test_a_disaggregated_pools_halves_are_found_each_on_its_node_group(ec2) -> None:
+    prefill = _launch(ec2, "prod", "l40s-prefill")
+    decode = _launch(ec2, "prod", "l40s", count=2)
+    config = _halves(prefill_discovery=_on("l40s-prefill"), decode_discovery=_on("l40s"))
+    pools = Pools([config])
+    found = discovered([config], pools)
+    disaggregated = pools.by_model["m"].disaggregated
+    assert disaggregated is not None
+    assert [(pool.name, spec.node_group) for pool, spec in found] == [
+        ("m/prefill", "l40s-prefill"),
+        ("m/decode", "l40s"),
+    ]
+    for pool, spec in found:
+        pool.set_urls(discover(ec2, spec))
+
+    def urls(ids: list[str]) -> list[str]:
+        reply = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+        return sorted(f"http://{i['PrivateIpAddress']}:8000" for r in reply for i in r["Instances"])
+
+    assert [r.url for r in disaggregated.prefill.replicas] == urls(prefill)
+    assert [r.url for r in disaggregated.decode.replicas] == urls(decode)
+    assert pools.by_model["m"].replicas == []  # no colocated replica: nothing was found for one
+
+
+def test_a_half_is_given_by_addresses_or_found_not_both() -> None:
+    with pytest.raises(ValidationError, match="disaggregation.prefill: give its replicas either"):
+        _halves(prefill=["http://10.0.0.1:8000"], prefill_discovery=_on("p"), decode_discovery=_on("d"))
+    with pytest.raises(ValidationError, match="disaggregation.decode: give its replicas either"):
+        _halves(prefill_discovery=_on("p"))
+
+
+def test_both_halves_found_on_one_node_group_are_refused() -> None:
+    with pytest.raises(ValidationError, match="found on one node group"):
+        _halves(prefill_discovery=_on("l40s"), decode_discovery=_on("l40s"))

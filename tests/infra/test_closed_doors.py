@@ -203,10 +203,13 @@ def test_the_balancer_reaches_the_hosts_only_on_their_tls_port():
 
 def test_the_hosts_proxy_configuration_is_uploaded_beside_the_serving_groups_tools():
     prod = graph_for("prod")
-    group = prod.settings.serving_group.name
+    (pool,) = prod.settings.pools
     [uploaded] = [o for o in prod.of_type(OBJECT) if o.inputs["key"].endswith(TARGET_PROXY_FILE)]
-    assert uploaded.inputs["key"] == f"{prod.outputs['history_prefix']}host/{group}/{TARGET_PROXY_FILE}"
-    assert uploaded.inputs["content"] == render_target_proxy(prod.settings)
+    assert (
+        uploaded.inputs["key"]
+        == f"{prod.outputs['history_prefix']}host/{pool.group.name}/{TARGET_PROXY_FILE}"
+    )
+    assert uploaded.inputs["content"] == render_target_proxy(prod.settings, pool)
     assert uploaded.inputs["serverSideEncryption"] == "aws:kms"
 
 
@@ -242,7 +245,7 @@ def test_cloud_init_starts_the_proxy_from_the_uploaded_file_with_the_certificate
     script = _bootstrap(prod)
     assert f'"${{bin}}/{TARGET_PROXY_FILE}"' in script
     assert "tls=" + str(Path(TARGET_TLS_CERTIFICATE).parent) in script
-    assert f"ssl crt {TARGET_TLS_CERTIFICATE} " in render_target_proxy(prod)
+    assert f"ssl crt {TARGET_TLS_CERTIFICATE} " in render_target_proxy(prod, prod.pools[0])
     assert "systemctl restart frontier-tls.service" in script
 
 
@@ -304,6 +307,7 @@ def test_the_hosts_haproxy_answers_https_with_the_certificate_made_at_boot(tmp_p
     config.write_text(
         render_target_proxy(
             settings,
+            settings.pools[0],
             certificate=str(tls / "target.pem"),
             address="127.0.0.1",
             port=port,

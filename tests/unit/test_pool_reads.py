@@ -32,7 +32,6 @@ LEFT = {
     "frontier/capacity/quality.py": 8,
     "frontier/capacity/roofline.py": 5,
     "frontier/cli/common.py": 1,
-    "frontier/cli/config.py": 1,
     "frontier/cli/keys.py": 1,
     "frontier/cli/local.py": 2,
     "frontier/cli/ops.py": 9,
@@ -46,7 +45,6 @@ LEFT = {
     "frontier/hosts/session.py": 1,
     "frontier/release/history.py": 1,
     "frontier/render/release.py": 1,
-    "frontier/render/stack.py": 1,
     "frontier/rollout/canary.py": 2,
     "frontier/rollout/deploy.py": 2,
     "frontier/rollout/rolling.py": 1,
@@ -67,9 +65,6 @@ LEFT = {
     "frontier/targets/local/group.py": 4,
     "frontier/targets/local/heal.py": 1,
     "frontier/targets/local/iam.py": 1,
-    "infra/ec2_program.py": 8,
-    "infra/edge.py": 1,
-    "infra/nodes.py": 3,
 }
 
 
