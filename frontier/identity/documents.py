@@ -2,7 +2,9 @@
 role ``fab`` assumes, and the lifecycle grant of a host.
 
 The runtime principal can do exactly what a serving host needs: read the objects under its pool's
-prefix of the weights bucket (the manifest names every key: it never lists), read its API-keys
+prefix of the weights bucket (the manifest names every key: it never lists), write the prepared
+weights of those versions under ``<version>/prepared/`` (what its load computed, for the next host;
+encrypting with the stack's key via S3 only), read its API-keys
 secret, decrypt with the stack's key (only via S3 and Secrets Manager), pull the runtime image, write
 its own log groups, and put metrics in the ``Frontier/Runtime`` namespace. When hosts are reached
 through Session Manager (no bastion), it also runs the SSM agent.
@@ -95,7 +97,15 @@ DEPLOY_SESSION_S = 4 * 3600  # a canary, gates and a drain per batch can take ho
 # its API keys, the key behind both, its logs and its metrics (boot, image pulls and lifecycle are
 # the node's or the kubelet's business there).
 POD_STATEMENTS = frozenset(
-    {"ReadItsModelWeights", "ReadItsApiKeys", "DecryptWeightsAndSecret", "WriteItsLogs", "PutRuntimeMetrics"}
+    {
+        "ReadItsModelWeights",
+        "KeepItsPreparedWeights",
+        "ReadItsApiKeys",
+        "DecryptWeightsAndSecret",
+        "EncryptItsPreparedWeights",
+        "WriteItsLogs",
+        "PutRuntimeMetrics",
+    }
 )
 # Of the EC2 deploy statements, what `fab` does on Kubernetes too: history and locks, weights and
 # image pushes, `fab weights.gc`, `fab usage` where the gateway meters to S3.
@@ -318,6 +328,13 @@ def runtime_policy(args: IdentityArgs, *, hosts: bool = False) -> PolicyDocument
             ("s3:GetObject", "s3:GetObjectVersion"),
             objects(args.weights_bucket_arn, args.weights_prefix),
         ),
+        # What a load computes from the weights (the runtime's storage/prepared.py) is kept beside its
+        # weights version for the next host: written under <version>/prepared/ only, never a weight.
+        allow(
+            "KeepItsPreparedWeights",
+            ("s3:PutObject", "s3:AbortMultipartUpload"),
+            objects(args.weights_bucket_arn, f"{args.weights_prefix.strip('/')}/*/prepared".lstrip("/")),
+        ),
         allow(
             "ReadItsApiKeys",
             ("secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"),
@@ -335,6 +352,12 @@ def runtime_policy(args: IdentityArgs, *, hosts: bool = False) -> PolicyDocument
                     )
                 }
             },
+        ),
+        allow(
+            "EncryptItsPreparedWeights",
+            "kms:GenerateDataKey",
+            args.kms_key_arn,
+            {"StringEquals": {"kms:ViaService": f"s3.{cloud.region}.{cloud.dns_suffix}"}},
         ),
         allow("PullTheRuntimeImage", ECR_PULL, args.repository_arn),
         # Registry logins cannot be scoped to a repository; the token alone reads nothing.

@@ -197,9 +197,21 @@ def test_a_booting_host_reads_the_history_and_writes_only_its_boot_record(graph)
         "Action": "s3:PutObject",
         "Resource": f"{history}/boots/*",
     }
-    # Nothing lets a host write what the stack serves (records/) or a release.
+    # Nothing lets a host write what the stack serves (records/) or a release; beside its boot record
+    # it writes only the prepared weights of its weights versions (test below).
     writes = [s for s in statements.values() if "s3:PutObject" in s["Action"]]
-    assert [s["Sid"] for s in writes] == ["RecordItsBoot"]
+    assert [s["Sid"] for s in writes] == ["KeepItsPreparedWeights", "RecordItsBoot"]
+
+
+def test_the_runtime_writes_in_the_weights_bucket_only_the_prepared_weights_of_a_version(graph):
+    bucket, prefix = graph.outputs["weights_bucket"], graph.outputs["weights_prefix"]
+    statements = granted(policy(graph, "runtime"))
+    keep = statements["KeepItsPreparedWeights"]
+    assert keep["Action"] == ["s3:PutObject", "s3:AbortMultipartUpload"]
+    assert keep["Resource"] == f"arn:aws:s3:::{bucket}/{prefix}/*/prepared/*"
+    encrypt = statements["EncryptItsPreparedWeights"]
+    assert (encrypt["Action"], encrypt["Resource"]) == ("kms:GenerateDataKey", graph.outputs["kms_key_arn"])
+    assert encrypt["Condition"]["StringEquals"]["kms:ViaService"] == f"s3.{graph.settings.region}.amazonaws.com"
 
 
 def test_hosts_complete_lifecycle_actions_only_on_groups_tagged_with_their_stack(graph):

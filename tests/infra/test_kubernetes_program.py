@@ -167,8 +167,10 @@ def test_the_runtime_pods_assume_a_least_privilege_role_through_pod_identity(eks
     sids = {s["Sid"]: s for s in policy["Statement"]}
     assert set(sids) == {
         "ReadItsModelWeights",
+        "KeepItsPreparedWeights",
         "ReadItsApiKeys",
         "DecryptWeightsAndSecret",
+        "EncryptItsPreparedWeights",
         "WriteItsLogs",
         "PutRuntimeMetrics",
     }
