@@ -51,7 +51,8 @@ Samples = Sequence[tuple[str, dict[str, str], float]]
 
 
 def probe_job_name(stack: str) -> str:
-    """The probe's CronJob on Kubernetes (and its Lambda on EC2)."""
+    """The probe's Lambda on EC2, and its CronJob on Kubernetes (``<it>-<model>`` for each model of
+    a stack of several, each run as its pool's identity)."""
     return f"frontier-{stack}-probe"
 
 
@@ -363,12 +364,14 @@ class ProbeFailing(NamedAlarm):
         return PROBE_FAILED_MINUTES
 
     def prometheus(self, settings: Settings) -> PrometheusCondition:
-        # kube-state-metrics (of the Prometheus stack) publishes the CronJob's last successful run.
-        job = f'kube_cronjob_status_last_successful_time{{cronjob="{probe_job_name(settings.stack)}"}}'
+        # kube-state-metrics (of the Prometheus stack) publishes each CronJob's last successful run:
+        # the stalest of the stack's probes (one per model) is the one that fires.
+        name = probe_job_name(settings.stack)
+        job = f'kube_cronjob_status_last_successful_time{{cronjob=~"{name}(-.+)?"}}'
         stale_s = (PROBE_FAILED_MINUTES + 1) * PROBE_INTERVAL_S
         return PrometheusCondition(
             alert="FrontierProbeFailing",
-            expr=f"(time() - max({job}) > {stale_s}) or absent({job})",
+            expr=f"(time() - min(max by (cronjob) ({job})) > {stale_s}) or absent({job})",
             for_s=PROBE_INTERVAL_S,
             summary=f"the synthetic probe has not succeeded for {PROBE_FAILED_MINUTES} minutes",
             description="A fixed request through the public endpoint fails: what clients see. "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,26 @@ def test_every_target_raises_the_same_named_alarms(tmp_path):
     assert all(on_ec2 == f"frontier-{EC2_STACK}-{alarm}" for alarm, (on_ec2, _, _) in table.items()), table
     assert all(on_kubernetes for _, on_kubernetes, _ in table.values()), table
     assert sorted(local) == sorted(named)
+
+
+def test_each_model_has_its_probe_cron_job_run_as_its_pools_identity():
+    settings = load_stack("eks-gateway")
+    objects = render_workload(settings, DIGEST).all()
+    jobs = {o.name: o.to_dict() for o in objects if o.kind == "CronJob"}
+    assert len(settings.pools) > 1 and len(jobs) == len(settings.pools)
+    accounts = {o.name for o in objects if o.kind == "ServiceAccount"}
+    for pool in settings.pools:
+        [(name, job)] = [
+            (n, j)
+            for n, j in jobs.items()
+            if {"name": "FRONTIER_PROBE_MODELS", "value": pool.name}
+            in j["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]
+        ]
+        pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        assert name.startswith(f"frontier-{settings.stack}-probe-") and len(name) <= 52
+        assert pod["serviceAccountName"] in accounts
+        assert job["spec"]["schedule"] == "*/1 * * * *" and job["spec"]["concurrencyPolicy"] == "Forbid"
+        assert re.search(NAMED_ALARMS["probe-failing"].prometheus(settings).expr.split('"')[1], name)
 
 
 def test_each_target_compares_the_same_threshold_from_the_stacks_settings(prod):

@@ -457,7 +457,7 @@ def test_the_stacks_alert_rules_go_to_the_operator_and_match_the_scrapes_job(eks
     )
     [probe] = [r for r in rules if r["labels"]["alarm"] == "probe-failing"]
     [cron_job] = [o for o in m.render_workload(eks_prod, DIGEST).all() if o.kind == "CronJob"]
-    assert f'cronjob="{cron_job.name}"' in probe["expr"]
+    assert f'cronjob=~"{cron_job.name}(-.+)?"' in probe["expr"]
     broken = json.loads(json.dumps(rule))
     broken["spec"]["groups"][0]["rules"][0]["for"] = "ten minutes"
     with pytest.raises(jsonschema.ValidationError):

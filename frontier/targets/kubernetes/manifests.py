@@ -66,7 +66,6 @@ from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.autoscaling import scaled_object
 from frontier.targets.kubernetes.deploy_access import deploy_role
 from frontier.targets.kubernetes.monitoring import monitoring_objects, prometheus_rule, service_monitor
-from frontier.targets.kubernetes.probe import probe_cron_job, probe_network_policy
 from frontier.targets.kubernetes.network import ingress_access_annotations
 from frontier.targets.kubernetes.network_policies import network_policies
 from frontier.targets.kubernetes.objects import (
@@ -84,6 +83,7 @@ from frontier.targets.kubernetes.objects import (
     selector,
     stack_labels,
 )
+from frontier.targets.kubernetes.probe import probe_cron_job, probe_network_policy
 
 HOME_DIR = "/var/lib/frontier"
 IRSA_ROLE_ANNOTATION = "eks.amazonaws.com/role-arn"
@@ -581,7 +581,7 @@ class Workload:
     gateway: GatewayObjects | None = None
     # What fab may do in the namespace: a Role and its binding to the deploy role's group.
     deploy_access: tuple[Manifest, ...] = ()
-    # The synthetic probe: its NetworkPolicy and its CronJob.
+    # The synthetic probe: its NetworkPolicy and a CronJob per pool.
     probe: tuple[Manifest, ...] = ()
 
     # The first pool's objects: a one-model stack's only ones.
@@ -671,16 +671,19 @@ def render_workload(
 
 
 def probe_objects(settings: Settings, digest: str) -> tuple[Manifest, ...]:
-    """The probe runs the runtime's image as the first pool's service account: every pool's role
-    may read the key set the pools share, which is the key it presents."""
-    first = settings.pools[0]
+    """Each pool's probe runs the runtime's image as the pool's service account, whose role reads
+    the key set the pools share: the key it presents."""
     return (
         probe_network_policy(settings),
-        probe_cron_job(
-            settings,
-            image_reference(first, digest),
-            pool_service_account(settings, first),
-            settings.api_keys_secret,
+        *(
+            probe_cron_job(
+                settings,
+                pool,
+                image_reference(pool, digest),
+                pool_service_account(settings, pool),
+                settings.api_keys_secret,
+            )
+            for pool in settings.pools
         ),
     )
 

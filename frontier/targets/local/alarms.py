@@ -60,7 +60,7 @@ from frontier.hosts.inventory import HostSpec
 from frontier.render.alerts import HOST_DIMENSION, HOST_NAMESPACE, PROC_CPU_SYSTEM, PROC_CPU_USER, PROC_RSS
 from frontier.targets.local import cluster
 from frontier.targets.local.backend import LocalBackend
-from frontier.targets.local.heal import ready, runtime_pid
+from frontier.targets.local.heal import ready, runtime_pid, runtime_url
 
 RUNTIME_DOWN = RuntimeDownAlarm.name
 PROBE_FAILING = ProbeFailing.name
@@ -262,8 +262,7 @@ def local_watches(settings: Settings) -> Watches:
 
 
 def scrape(settings: Settings, host: HostSpec) -> Samples:
-    url = f"http://{host.address}:{settings.runtime.port}{METRICS_PATH}"
-    with urllib.request.urlopen(url, timeout=2) as reply:
+    with urllib.request.urlopen(runtime_url(settings, host, METRICS_PATH), timeout=2) as reply:
         return parse_prometheus(reply.read().decode())
 
 

@@ -40,8 +40,13 @@ def runtime_pid(host: HostSpec) -> int:
         raise FrontierError(f"{host.name}: no runtime pid in {path}: is a release running there?") from None
 
 
+def runtime_url(settings: Settings, host: HostSpec, path: str) -> str:
+    """``path`` on the runtime of the host slot ``host``."""
+    return f"http://{host.address}:{settings.runtime.port}{path}"
+
+
 def ready(settings: Settings, host: HostSpec) -> bool:
-    url = f"http://{host.address}:{settings.runtime.port}{settings.health.readiness_path}"
+    url = runtime_url(settings, host, settings.health.readiness_path)
     try:
         with urllib.request.urlopen(url, timeout=1) as reply:
             return reply.status == 200
