@@ -20,7 +20,9 @@ newer than it) or ``newer`` (written after the restore point). The deploy lock i
 restored lease would hold off every deploy until it lapsed; the restore itself runs under the lock.
 
 The result is one :class:`Restored` row per key; :func:`restore` refuses, naming the source, when
-the source holds nothing to restore at all.
+the source holds nothing to restore at all. :func:`restore_metering` does the same for the
+gateway's metering records in S3 (``gateway.metering.uri``), whose bucket is versioned and
+replicated as the history's is.
 """
 
 from __future__ import annotations
@@ -169,38 +171,53 @@ def restore(
     store: HistoryStore, source: HistorySource, *, at: dt.datetime | None = None, force: bool = False
 ) -> list[Restored]:
     """Bring the stack's history under ``store``'s prefix back from ``source`` (see the module's
-    docstring): one row per key the source holds, oldest key name first."""
+    docstring), under the stack's deploy lock: one row per key the source holds, by key name."""
+    target = HistorySource("version", store.s3, store.bucket, store.prefix)
+    points = _points_or_refuse(f"stack {store.stack!r}", source, at)
+    with store.locked("restore"):
+        return _put_back(target, source, points, force)
+
+
+def restore_metering(
+    target: HistorySource, source: HistorySource, *, at: dt.datetime | None = None, force: bool = False
+) -> list[Restored]:
+    """The gateway's metering records under ``target`` back from ``source``, as :func:`restore`
+    does the history's. No lock: the gateway only ever adds records, each under a key of its own."""
+    points = _points_or_refuse(f"the metering of s3://{target.bucket}/{target.prefix}", source, at)
+    return _put_back(target, source, points, force)
+
+
+def _points_or_refuse(what: str, source: HistorySource, at: dt.datetime | None) -> dict[str, Version]:
     points = restore_points(source, at)
     if not points:
         when = f" at {at.isoformat()}" if at is not None else ""
         raise RestoreError(
-            f"nothing to restore for stack {store.stack!r}{when}: {source.describe()} holds no object "
+            f"nothing to restore for {what}{when}: {source.describe()} holds no object "
             "(every key there is deleted, or none was written yet)"
         )
-    current = _current(store)
+    return points
+
+
+def _put_back(
+    target: HistorySource, source: HistorySource, points: dict[str, Version], force: bool
+) -> list[Restored]:
+    current = {key: v for key, v in latest(versions(target)).items() if not v.deleted}
     rows = []
-    with store.locked("restore"):
-        for key, point in points.items():
-            now = current.get(key)
-            if now is not None and not force:
-                # Replication keeps version ids, so the backup's copy of a key has the history's id.
-                same = now.version_id == point.version_id
-                outcome: Outcome = "newer" if now.modified > point.modified and not same else "present"
-                rows.append(Restored(key, outcome, point.version_id, point.modified, point.size))
-                continue
-            body = source.s3.get_object(
-                Bucket=source.bucket, Key=source.prefix + key, VersionId=point.version_id
-            )["Body"].read()
-            store.s3.put_object(Bucket=store.bucket, Key=store.prefix + key, Body=body)
-            outcome = "restored" if now is None else "replaced"
-            rows.append(Restored(key, outcome, point.version_id, point.modified, len(body)))
+    for key, point in points.items():
+        now = current.get(key)
+        if now is not None and not force:
+            # Replication keeps version ids, so the backup's copy of a key has the source's id.
+            same = now.version_id == point.version_id
+            outcome: Outcome = "newer" if now.modified > point.modified and not same else "present"
+            rows.append(Restored(key, outcome, point.version_id, point.modified, point.size))
+            continue
+        body = source.s3.get_object(
+            Bucket=source.bucket, Key=source.prefix + key, VersionId=point.version_id
+        )["Body"].read()
+        target.s3.put_object(Bucket=target.bucket, Key=target.prefix + key, Body=body)
+        outcome = "restored" if now is None else "replaced"
+        rows.append(Restored(key, outcome, point.version_id, point.modified, len(body)))
     return rows
-
-
-def _current(store: HistoryStore) -> dict[str, Version]:
-    """The history's current objects (latest versions that are not delete markers), by key."""
-    here = HistorySource("version", store.s3, store.bucket, store.prefix)
-    return {key: version for key, version in latest(versions(here)).items() if not version.deleted}
 
 
 def parse_at(text: str) -> dt.datetime:
@@ -216,15 +233,34 @@ def parse_at(text: str) -> dt.datetime:
 
 def history_source(settings: Settings, store: HistoryStore, kind: str) -> HistorySource:
     """The source ``--from`` names for the stack whose history is ``store``."""
+    return source_of(settings, HistorySource("version", store.s3, store.bucket, store.prefix), kind)
+
+
+def source_of(settings: Settings, target: HistorySource, kind: str) -> HistorySource:
+    """The source ``--from`` names for ``target`` (a prefix of one of the stack's versioned buckets):
+    its own versions, or the same prefix of its bucket's backup copy in ``backup.region``."""
     if kind not in SOURCES:
         raise RestoreError(f"--from = {kind!r}: must be one of {', '.join(SOURCES)}")
     if kind == "version":
-        return HistorySource("version", store.s3, store.bucket, store.prefix)
+        return target
     if not settings.backup.region:
         raise RestoreError(
             f"stack {settings.stack!r} keeps no backup copy (backup.region is unset): restore from the "
-            f"history bucket's object versions with --from version"
+            f"bucket's object versions with --from version"
         )
-    bucket = backup_bucket_name(store.bucket, settings.region, settings.backup.region)
+    bucket = backup_bucket_name(target.bucket, settings.region, settings.backup.region)
     s3 = aws.client(settings, "s3", region=settings.backup.region)
-    return HistorySource("backup", s3, bucket, store.prefix)
+    return HistorySource("backup", s3, bucket, target.prefix)
+
+
+def metering_target(settings: Settings, s3: Any) -> HistorySource:
+    """Where the stack's gateway keeps its metering records in S3 (``gateway.metering.uri``)."""
+    uri = settings.gateway.metering.uri if settings.gateway is not None else ""
+    if not uri.startswith("s3://"):
+        raise RestoreError(
+            f"stack {settings.stack!r}: gateway.metering.uri = {uri!r} is not in S3, so no copy of its "
+            "metering exists to restore (only an s3:// metering location is versioned and replicated)"
+        )
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/")
+    return HistorySource("version", s3, bucket, f"{prefix}/" if prefix else "")

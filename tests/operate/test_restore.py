@@ -21,8 +21,10 @@ from frontier.release.restore import (
     RestoreError,
     backup_bucket_name,
     history_source,
+    metering_target,
     parse_at,
     restore,
+    restore_metering,
 )
 from frontier.targets import load_stack
 
@@ -143,3 +145,20 @@ def test_an_unknown_source_and_a_bad_time_are_refused_naming_the_option(store):
     with pytest.raises(RestoreError, match=r"--at = 'yesterday': not a time"):
         parse_at("yesterday")
     assert parse_at("2026-12-07T02:00:00").tzinfo == dt.UTC
+
+
+def test_the_gateways_metering_records_come_back_from_their_versions(s3):
+    metering = HistorySource("version", s3, BUCKET, "metering/")
+    for n in range(3):
+        s3.put_object(Bucket=BUCKET, Key=f"metering/2026/12/07/record-{n}.jsonl", Body=b"{}\n")
+    delete_prefix(s3, BUCKET, "metering/")
+    rows = restore_metering(metering, metering)
+    assert [r.outcome for r in rows] == ["restored"] * 3
+    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="metering/")["Contents"]
+    assert len(listed) == 3
+
+
+def test_metering_kept_outside_s3_is_refused_naming_the_setting(s3):
+    settings = load_stack("local")
+    with pytest.raises(RestoreError, match=r"gateway.metering.uri = '.*' is not in S3"):
+        metering_target(settings, s3)
