@@ -15,16 +15,13 @@ import pytest
 from infra_mocks import Graph, run_program
 from k8s_mocks import run_kubernetes
 
-from frontier.config.schema import PoolSettings, Settings
+from frontier.config.schema import PoolSettings
 from frontier.identity.cloud import Cloud
 from frontier.identity.pools import principal_suffix, weights_prefix
 from frontier.release.history import pool_history_prefix
 from frontier.render.boot import render_cloud_init
 from frontier.targets import load_stack
 from frontier.targets.kubernetes.manifests import pool_service_account
-from infra.cloud import look_up
-from infra.foundation import Foundation, FoundationArgs
-from infra.identity import Identity
 from tests.e2e.iam_simulation import Call, simulate
 from tests.gateway.stacks import dev_gateway_document, write_stack
 
@@ -162,23 +159,10 @@ def two_model_ec2_document() -> dict:
     return document
 
 
-def identity_program(settings: Settings) -> None:
-    """What the EC2 program builds of a stack's identity: the Foundation (buckets, key, secret,
-    registry) and the Identity component's roles. (The whole EC2 program does not yet take a stack
-    of several models: its preflight still reads the one pool's runtime.)"""
-    cloud = look_up(settings.region)
-    foundation = Foundation(
-        settings.stack,
-        FoundationArgs(settings=settings, cloud=cloud, production=False, network=False, ssm_access=False),
-    )
-    target_group = cloud.arn("elasticloadbalancing", f"targetgroup/{settings.stack}/0123456789abcdef")
-    Identity(f"{settings.stack}-iam", foundation.identity(target_group_arn=target_group))
-
-
 @pytest.fixture(scope="module")
 def two_model_ec2(tmp_path_factory) -> Graph:
     path = write_stack(tmp_path_factory.mktemp("stacks"), two_model_ec2_document(), "dev")
-    return run_program(load_stack("dev", path=path), identity_program)
+    return run_program(load_stack("dev", path=path))  # the whole EC2 program
 
 
 @pytest.fixture(scope="module")
