@@ -31,6 +31,7 @@ from frontier.targets.kubernetes import disaggregation as pd
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes.backend import KubernetesBackend
 from frontier.targets.kubernetes.deploy_access import deploy_rules
+from tests.openai_standin import API_KEY, openai_standin
 
 BUCKET = "frontier-eks-gateway-history"
 PREFIX = "history/eks-gateway/"
@@ -170,3 +171,84 @@ def test_the_pools_pods_are_both_halves_each_on_its_group_in_the_order_they_roll
     assert [p.group for p in pods] == ["l40s-prefill"] * REPLICAS + ["l40s"] * REPLICAS
     assert all(p.name.startswith(PREFILL + "-") for p in pods[:REPLICAS])
     assert all(p.name.startswith(DECODE + "-") for p in pods[REPLICAS:])
+
+
+# --- with the canaries' verification (rollout.verify_canary on) ------------------------------------
+
+POD_SET = """
+cases:
+  - {name: answered, kind: normal, request: {messages: [{role: user, content: hi}], max_tokens: 4}, expect: {status: 200}}
+  - {name: greedy, kind: golden, route: completions, request: {prompt: once, max_tokens: 4}}
+"""
+WRONG = "sha256:" + "d" * 64
+
+
+@pytest.fixture
+def verified(
+    eks_gateway: Settings, tmp_path: Path, saved_outputs
+) -> Iterator[tuple[KubernetesBackend, FakeCluster]]:
+    """The pool with its canaries verified over port-forward against stand-in runtimes: release A's
+    answers, and one that says something else (``WRONG``)."""
+    verify_set = tmp_path / "pod-set.yaml"
+    verify_set.write_text(POD_SET)
+    stack = on_fake_cluster(eks_gateway, tmp_path)
+    settings = stack.model_copy(
+        update={
+            "verify": stack.verify.model_copy(update={"file": str(verify_set)}),
+            "rollout": stack.rollout.model_copy(update={"verify_canary": True}),
+        }
+    )
+    pool = settings.pool(SMALL)
+    with openai_standin("the sea is wide") as right, openai_standin("the sea is narrow") as wrong:
+
+        def forwards(image: str, port: int) -> tuple[str, int] | None:
+            if port != pool.runtime.port:
+                return None
+            return wrong if image.endswith("@" + WRONG) else right
+
+        cluster = FakeCluster(
+            namespace=settings.kubernetes.namespace,
+            behaviour=behaviour,
+            forwards=forwards,
+            rules=deploy_rules(settings),
+        )
+        with FakeApiServer(cluster) as server, mock_aws():
+            Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
+            for half in pd.role_views(settings.for_pool(SMALL), pool):
+                config = render_runtime_config(half, pd.released_runtime(pool))
+                cluster.put_deployment(m.deployment(half, GOOD_A, config, replicas=REPLICAS).to_dict())
+            saved_outputs.kubernetes(settings, history_bucket=BUCKET, history_prefix=PREFIX)
+            s3 = boto3.client("s3", region_name="us-east-1")
+            s3.create_bucket(Bucket=BUCKET)
+            boto3.client("secretsmanager", region_name="us-east-1").create_secret(
+                Name=pool.runtime.api_keys_secret, SecretString=json.dumps({"keys": [API_KEY]})
+            )
+            store = HistoryStore(s3, BUCKET, "eks-gateway", PREFIX)
+            for digest in (GOOD_A, GOOD_B, WRONG):
+                store.put_artifact(Artifact(digest=digest, kind="image", image=f"repo@{digest}"), None)
+            backend = backend_for(settings.for_pool(SMALL))
+            assert isinstance(backend, KubernetesBackend)
+            backend.clock = VirtualClock()
+            yield backend, cluster
+
+
+def test_both_canaries_are_verified_against_one_recording_of_the_old_release(verified):
+    backend, _ = verified
+    deploy(backend, GOOD_A)  # over the provisioned image: no release to record from
+    events: list = []
+    deploy(backend, GOOD_B, reporter=events.append)
+    recorded = [e.host for e in events if e.phase == "verify" and "golden outputs recorded" in e.detail]
+    assert len(recorded) == 1 and recorded[0].startswith(PREFILL + "-")
+    passed = [e.host for e in events if e.phase == "verify" and e.status == "ok"]
+    assert passed == [f"deployment/{PREFILL}-canary", f"deployment/{DECODE}-canary"]
+
+
+def test_a_release_that_answers_otherwise_fails_on_the_prefill_canary_and_touches_no_decode(verified):
+    backend, cluster = verified
+    deploy(backend, GOOD_A)
+    before = _template(cluster, DECODE)
+    with pytest.raises(RolloutFailed) as err:
+        deploy(backend, WRONG)
+    assert err.value.result.outcome == "rolled_back"
+    assert "verify on pod" in err.value.result.reason and PREFILL in err.value.result.reason
+    assert _template(cluster, DECODE) == before

@@ -17,6 +17,8 @@ this order:
   decode's rollout fails, the prefill is rolled back too, so the pool is never left on two
   releases.
 
+With ``rollout.verify_canary`` each canary runs the verification set; the golden outputs recorded
+from the old release for the prefill's canary hold the decode's too (one recording a release).
 The result lists both halves' Deployments (prefill's canary and stable, then decode's).
 """
 
@@ -38,6 +40,8 @@ class PairRollout:
         first = self.prefill.run(release, kind)
         if first.outcome != "succeeded":
             return first  # the prefill is back where it was, and no decode was touched
+        # The golden outputs the prefill's canary recorded from the old release hold the decode's.
+        self.decode.verification = self.prefill.verification
         second = self.decode.run(release, kind)
         result = RolloutResult(
             kind=kind,
