@@ -53,6 +53,7 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/kubernetes/test_backend.py::cluster": "FakeApiServer(): an HTTP server",
     "tests/kubernetes/test_backend_pools.py::cluster": "FakeApiServer(): an HTTP server",
     "tests/kubernetes/test_disaggregation_deploy.py::fake": "FakeApiServer(): an HTTP server",
+    "tests/kubernetes/test_disaggregation_deploy.py::verified": "FakeApiServer(), openai_standin(): HTTP servers",
     "tests/kubernetes/test_canary_gates.py::answers": "openai_standin(): an HTTP server",
     "tests/kubernetes/test_canary_gates.py::cluster": "FakeApiServer(): an HTTP server",
     "tests/kubernetes/test_canary_gates.py::multinode": "FakeApiServer(): an HTTP server",
