@@ -122,6 +122,22 @@ def test_fab_render_writes_each_pools_release_files(graph):
         assert f"cloud-init/{pool.group.name}.yaml" in files
 
 
+def test_fab_render_run_as_fab_writes_each_pools_files_and_names_each_image(
+    stack_file, capsys, monkeypatch, tmp_path
+):
+    from fab_program import fab
+
+    monkeypatch.setenv(STACKS_DIR_ENV, str(stack_file.parent))
+    code, out, err = fab(capsys, "render", "-s", "dev", "--out", str(tmp_path), "--digest", DIGEST)
+    assert code == 0, err
+    settings = load_stack("dev", path=stack_file)
+    for pool in settings.pools:
+        runtime = yaml.safe_load((tmp_path / "release" / pool.name / "runtime.yaml").read_text())
+        assert runtime["port"] == pool.runtime.port
+        assert f"@{DIGEST} (model {pool.name})" in out
+        assert (tmp_path / "cloud-init" / f"{pool.group.name}.yaml").is_file()
+
+
 @pytest.mark.slow
 def test_pulumi_up_declares_both_pools_in_a_fresh_interpreter(stack_file, tmp_path):
     """The program as the CLI's language host runs it (tests/infra/language_host.py), reading the
