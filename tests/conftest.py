@@ -98,6 +98,8 @@ PROC_TESTS: dict[str, str] = {
     "tests/runtime/server/test_kv_transfer_flags.py::test_a_colocated_config_served_with_kv_role_prefill_leases_its_blocks_at_the_kv_host": "a process",
     "tests/infra/test_pool_principals.py": "simulate(): node running tools/iam-simulate",
     "tests/infra/test_release_key_policy.py": "simulate(): node running tools/iam-simulate",
+    "tests/infra/test_spot_capacity.py::test_the_deploy_role_reads_the_notices_on_its_stacks_queue_as_fab_status_does": "simulate(): node running tools/iam-simulate",
+    "tests/infra/test_spot_capacity.py::test_the_deploy_role_can_neither_take_send_nor_purge_notices_nor_read_another_stacks_queue": "simulate(): node running tools/iam-simulate",
     "tests/unit/test_local_alarms.py::test_a_process_that_is_gone_is_named": "a process",
     "tests/gateway/test_breaker.py::test_a_failing_replica_is_taken_out_and_no_request_fails_after_the_trip": "running_gateway(): the gateway under uvicorn",
     "tests/gateway/test_breaker.py::test_a_recovered_replica_comes_back_through_one_trial_and_the_breaker_closes": "running_gateway(): the gateway under uvicorn",
