@@ -54,6 +54,9 @@ LOCAL_PREPARED_DIR = "local-prepared"
 #: What the prepared file replaces: the checkpoint's tensors (the rest of the directory is kept).
 CHECKPOINT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".pt")
 KEY_FORMAT = "frontier-prepared-key/1"
+#: In a prepared directory: what its key digests (the weights' digest and the engine's spec), so a
+#: host with S3 unreachable can find its own among the cached ones.
+KEY_NAME = "key.json"
 
 
 def weights_digest(manifest: Manifest) -> str:
@@ -122,13 +125,17 @@ def from_s3(
         manifest = remote_manifest(client, source, version)
     except WeightsError as exc:  # S3 unreachable: the verified host cache may still serve
         log.warning(f"prepared cache not consulted: {exc}", extra={"event": "prepared_skipped"})
+        cached = _cached_prepared(source, version, cache_root, spec_json, client)
+        if cached is not None:
+            return cached
         report = fetch_weights(source, version, cache_root, s3_client=client, concurrency=concurrency)
         return ModelSource(report.model_dir, False, "", reports=(report,))
     key = cache_key(weights_digest(manifest), spec_json)
     bucket, prefix = version_prefix(source, prepared_version(version, key))
     # Staged where the fetcher keeps this key's directory: a restart here hashes it once and reuses it.
     staging = cache_dir_for(source, prepared_version(version, key), cache_root)
-    publish = _s3_publisher(client, bucket, prefix, staging)
+    keyed = json.dumps({"weights": weights_digest(manifest), "spec": json.loads(spec_json)}, sort_keys=True)
+    publish = _s3_publisher(client, bucket, prefix, staging, keyed)
     try:
         report = fetch_weights(
             source, prepared_version(version, key), cache_root, s3_client=client, concurrency=concurrency
@@ -143,6 +150,29 @@ def from_s3(
         return ModelSource(model_dir, False, key, staging=staging, publish=publish, reports=tuple(fetched))
     log.info("prepared weights found", extra={"event": "prepared_hit", "key": key})
     return ModelSource(report.model_dir, True, key, checkpoint, staging, publish, (report,))
+
+
+def _cached_prepared(
+    source: str, version: str, cache_root: Path, spec_json: str, client: Any
+) -> ModelSource | None:
+    """With S3 unreachable: this engine's prepared directory, if the host cache holds it verified (a
+    host that started from it never fetched the checkpoint). Its ``key.json`` says what it was keyed
+    by; the fetcher serves it offline only while every file is exactly as verified."""
+    root = cache_dir_for(source, f"{version}/{PREPARED_DIR}", cache_root)
+    for directory in sorted(p for p in root.glob("*") if p.is_dir()):
+        try:
+            keyed = json.loads((directory / KEY_NAME).read_text())
+            if keyed.get("spec") != json.loads(spec_json) or directory.name != cache_key(
+                keyed["weights"], spec_json
+            ):
+                continue
+            report = fetch_weights(
+                source, prepared_version(version, directory.name), cache_root, s3_client=client
+            )
+        except (OSError, ValueError, KeyError, WeightsError):
+            continue
+        return ModelSource(report.model_dir, True, directory.name, reports=(report,))
+    return None
 
 
 def from_directory(model_dir: Path, cache_root: Path, spec_json: str) -> ModelSource:
@@ -164,12 +194,13 @@ def from_directory(model_dir: Path, cache_root: Path, spec_json: str) -> ModelSo
     return ModelSource(model_dir, False, key, staging=staging, publish=publish)
 
 
-def _s3_publisher(client: Any, bucket: str, prefix: str, staging: Path) -> Callable[[Path], None]:
+def _s3_publisher(client: Any, bucket: str, prefix: str, staging: Path, keyed: str) -> Callable[[Path], None]:
     """Uploads the staged prepared directory (its prepared file, plus the checkpoint's small files)
     under ``prefix``, manifest last; the staged files stay as this host's cache of the key."""
 
     def publish(checkpoint_dir: Path) -> None:
         _link_small_files(checkpoint_dir, staging)
+        (staging / KEY_NAME).write_text(keyed)
         manifest = build_manifest(staging, model=prefix, version=prefix.rsplit("/", 1)[-1])
         for entry in manifest.files:
             client.upload_file(str(staging / entry.path), bucket, f"{prefix}/{entry.path}")

@@ -169,3 +169,15 @@ def test_a_local_directory_is_prepared_on_the_first_start_and_mapped_on_the_next
     second, loaded = _start(config)
     assert second.hit and (loaded / layout.PREPARED_NAME).is_file()
     assert loaded == tmp_path / "cache" / cache.LOCAL_PREPARED_DIR / second.key
+
+
+def test_with_s3_unreachable_a_host_restarts_from_its_verified_prepared_directory(
+    pushed, tmp_path: Path
+) -> None:
+    _start(_config(SOURCE, tmp_path / "host-a"))
+    hit, _ = _start(_config(SOURCE, tmp_path / "host-b"))  # host-b never fetched the checkpoint
+    for listed in pushed.list_objects_v2(Bucket=BUCKET)["Contents"]:  # the bucket answers nothing now
+        pushed.delete_object(Bucket=BUCKET, Key=listed["Key"])
+    again, loaded = _start(_config(SOURCE, tmp_path / "host-b"))
+    assert again.hit and again.key == hit.key and loaded == hit.model_dir
+    assert again.reports[0].offline
