@@ -963,15 +963,6 @@ class Settings(_Settings):
             if pool.disaggregation is None:
                 continue
             where = f"pools[{i}].disaggregation"
-            if self.target == "local":
-                problems.append(
-                    FieldProblem(
-                        where,
-                        "prefill/decode",
-                        "the local stack runs colocated replicas (bench/disaggregation.py runs a prefill "
-                        "and a decode runtime side by side here); declare it on an ec2 or kubernetes stack",
-                    )
-                )
             halves = {
                 pool.disaggregation.prefill.group.name: "prefill",
                 pool.disaggregation.decode.group.name: "decode",

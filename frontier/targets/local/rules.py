@@ -20,6 +20,19 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
         return
     yield from _port_problems(s, local)
     yield from _slot_problems(s)
+    yield from _disaggregation_problems(s)
+
+
+def _disaggregation_problems(s: Settings) -> Iterator[FieldProblem]:
+    """Local slots run colocated replicas; the prefill/decode pair runs here in its bench."""
+    for i, pool in enumerate(s.pools):
+        if pool.disaggregation is not None:
+            yield FieldProblem(
+                f"pools[{i}].disaggregation",
+                "prefill/decode",
+                "the local stack runs colocated replicas (bench/disaggregation.py runs a prefill "
+                "and a decode runtime side by side here); declare it on an ec2 or kubernetes stack",
+            )
 
 
 def _port_problems(s: Settings, local: Local) -> Iterator[FieldProblem]:
