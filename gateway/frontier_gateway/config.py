@@ -14,6 +14,7 @@ from frontier_hostside.names import (
     KV_EVENTS_PORT,
     KV_EVENTS_REPLAY_PORT,
     PRIORITY_CLASSES,
+    PROBE_TENANT,
     READINESS_PATH,
     SESSION_HEADER,
 )
@@ -156,6 +157,13 @@ class TenantConfig(_Strict):
     tokens_per_minute: int = Field(ge=1, le=10_000_000_000)
     max_concurrent_requests: int = Field(ge=1, le=1_000_000)
     priority: Literal[PRIORITY_CLASSES]  # type: ignore[valid-type]
+
+    @field_validator("name")
+    @classmethod
+    def _not_the_probes(cls, value: str) -> str:
+        if value == PROBE_TENANT:
+            raise ValueError(f"{value!r} is the synthetic probe's tenant, which the gateway makes itself")
+        return value
 
     @field_validator("key_sha256")
     @classmethod

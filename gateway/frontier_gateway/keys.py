@@ -1,7 +1,7 @@
 """The gateway's keys, read again from Secrets Manager every ``keys_reload_s`` and on SIGHUP.
 
-Two things come from secrets: each tenant's key digests (who may call) and the runtimes' key (what
-the gateway presents upstream). A reload reads them all, builds a whole new :class:`Tenants`, and
+Two things come from secrets: each tenant's key digests (who may call) and the runtimes' keys (the
+first is what the gateway presents upstream; all of them are the synthetic probe's tenant's). A reload reads them all, builds a whole new :class:`Tenants`, and
 only then swaps it in with the upstream key, so a request is judged against one complete set. A
 reload that fails anywhere keeps everything in use and is counted: one unreadable tenant secret
 must not lock every tenant out.
@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from frontier_gateway.app import Gateway
-from frontier_gateway.tenants import load_tenants, upstream_key
+from frontier_gateway.tenants import read_keys
 
 log = logging.getLogger("frontier_gateway.keys")
 
@@ -57,13 +57,7 @@ class KeyReloader:
         """Read every key secret and swap; blocking (run it in a thread). False: kept what was in use."""
         config = self.gateway.config
         try:
-            client = self._secrets() if self.uses_secrets else None
-            tenants = load_tenants(config.tenants, client=client)
-            upstream = (
-                upstream_key(client, config.upstream_api_key_secret)
-                if config.upstream_api_key_secret
-                else None
-            )
+            tenants, upstream = read_keys(config, self._secrets() if self.uses_secrets else None)
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, the keys in use stay
             self.failures.inc()
             log.warning(f"key reload failed, keeping the keys in use: {exc}")

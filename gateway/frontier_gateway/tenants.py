@@ -3,19 +3,26 @@
 Only digests are ever held (in Secrets Manager as ``{"sha256": ["<hex>", ...]}`` and in memory).
 The lookup is by digest: the time it takes depends on the digest of the presented key, which an
 attacker cannot steer towards a stored one, so it reveals nothing about stored keys.
+
+Besides the stack's tenants, one the gateway makes itself: :data:`PROBE_TENANT`, whose keys are
+the runtimes' (every key of their secret, so a rotation never locks it out). The synthetic probe
+(``frontier_hostside/probe.py``) presents the runtimes' first key on every target, and holders of
+that key (the runtime hosts, the pools' service accounts) could already reach a runtime directly;
+through the public endpoint they get the probe's quota only, a few requests a minute per model.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from frontier_hostside.names import INTERACTIVE, PROBE_TENANT
 from frontier_settings.auth import bearer_token
 
-from frontier_gateway.config import SHA256_HEX, TenantConfig
+from frontier_gateway.config import SHA256_HEX, GatewayConfig, TenantConfig
 
 
 class TenantKeyError(RuntimeError):
@@ -75,8 +82,34 @@ class Tenants:
         return self._by_digest.get(key_digest(token))
 
 
-def load_tenants(configs: Iterable[TenantConfig], *, client: Any | None = None) -> Tenants:
-    """Each tenant with its digests: inline, or read once from its Secrets Manager secret."""
+# The probe sends one request per model a minute, from one place (EC2, local) or one CronJob per
+# model (Kubernetes); the headroom covers a late run overlapping the next and a person trying it.
+PROBE_REQUESTS_PER_MODEL_MINUTE = 6
+PROBE_TOKENS_PER_REQUEST = 256  # a fixed prompt of a dozen tokens and one token out
+
+
+def probe_tenant(models: Sequence[str]) -> Tenant:
+    """The synthetic probe's tenant: every model, a few one-token requests a minute each."""
+    return Tenant(
+        name=PROBE_TENANT,
+        models=frozenset(models),
+        requests_per_minute=PROBE_REQUESTS_PER_MODEL_MINUTE * len(models),
+        tokens_per_minute=PROBE_REQUESTS_PER_MODEL_MINUTE * PROBE_TOKENS_PER_REQUEST * len(models),
+        max_concurrent_requests=2 * len(models),
+        # Measured on the path interactive clients take, not behind batch work.
+        priority=INTERACTIVE,
+    )
+
+
+def load_tenants(
+    configs: Iterable[TenantConfig],
+    *,
+    client: Any | None = None,
+    probe_keys: Sequence[str] = (),
+    models: Sequence[str] = (),
+) -> Tenants:
+    """Each tenant with its digests: inline, or read once from its Secrets Manager secret; and,
+    where ``probe_keys`` are given (the runtimes' keys), the probe's tenant on ``models``."""
     entries = []
     for config in configs:
         digests = config.key_sha256
@@ -87,6 +120,8 @@ def load_tenants(configs: Iterable[TenantConfig], *, client: Any | None = None) 
                 client = boto3.client("secretsmanager")
             digests = read_digests(client, config.api_key_secret)
         entries.append((Tenant.from_config(config), digests))
+    if probe_keys:
+        entries.append((probe_tenant(models), tuple(key_digest(key) for key in probe_keys)))
     return Tenants(entries)
 
 
@@ -111,8 +146,9 @@ def read_digests(client: Any, secret_id: str) -> tuple[str, ...]:
     return tuple(digests)
 
 
-def upstream_key(client: Any | None, secret_id: str) -> str:
-    """The key the gateway presents to the runtimes: the first of their secret's keys."""
+def runtime_keys(client: Any | None, secret_id: str) -> tuple[str, ...]:
+    """Every key of the runtimes' secret, in its order: the first is the one the gateway presents
+    to the runtimes (``fab keys.rotate`` puts a new key first only once every runtime takes it)."""
     if client is None:
         import boto3
 
@@ -122,9 +158,23 @@ def upstream_key(client: Any | None, secret_id: str) -> str:
     except Exception as exc:
         code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
         raise TenantKeyError(f"cannot read the runtimes' API key from secret {secret_id!r}: {code}") from None
-    if text.startswith("{"):
-        keys = json.loads(text).get("keys") or []
-        text = keys[0] if keys else ""
-    if not text:
+    keys = [str(key) for key in json.loads(text).get("keys") or []] if text.startswith("{") else [text]
+    keys = [key for key in keys if key]
+    if not keys:
         raise TenantKeyError(f"secret {secret_id!r} holds no API key")
-    return text
+    return tuple(keys)
+
+
+def upstream_key(client: Any | None, secret_id: str) -> str:
+    """The key the gateway presents to the runtimes: the first of their secret's keys."""
+    return runtime_keys(client, secret_id)[0]
+
+
+def read_keys(config: GatewayConfig, client: Any | None) -> tuple[Tenants, str | None]:
+    """Who may call (the tenants, and the probe on the runtimes' keys) and the key presented to
+    the runtimes (None where they take none): what a gateway starts with and every reload reads."""
+    keys = runtime_keys(client, config.upstream_api_key_secret) if config.upstream_api_key_secret else ()
+    tenants = load_tenants(
+        config.tenants, client=client, probe_keys=keys, models=[pool.name for pool in config.models]
+    )
+    return tenants, (keys[0] if keys else None)

@@ -338,6 +338,9 @@ RUNTIME_READY_CW_METRIC = "RuntimeReady"
 # only: 1 or 0, and the whole request's latency in milliseconds.
 PROBE_SUCCESS_CW_METRIC = "ProbeSuccess"
 PROBE_LATENCY_CW_METRIC = "ProbeLatency"
+# The tenant a gateway knows the probe by: the runtimes' own keys, which the probe presents, with a
+# quota of a few requests a minute per model (frontier_gateway/tenants.py). No stack's tenant takes it.
+PROBE_TENANT = "frontier-probe"
 # Every host of a node group publishes under the same dimensions: the group's Average is the
 # per-host figure the scaling policy tracks.
 CLOUDWATCH_DIMENSIONS = ("Stack", "NodeGroup")

@@ -11,7 +11,9 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
+from frontier_gateway.tenants import PROBE_REQUESTS_PER_MODEL_MINUTE
 from frontier_hostside import names
+from frontier_hostside.probe import probe
 
 from tests.gateway.harness import StandIn, digest, gateway_config, running_gateway, tenant
 from tests.moto_server import moto_server, reset
@@ -94,4 +96,27 @@ def test_a_failed_reload_keeps_the_tenant_keys_in_use_and_is_counted(gateway, se
         "a failure counted",
     )
     assert _status(gateway.url, OLD) == 200
-    assert f"{names.GATEWAY_KEYS_LOADED_METRIC} 1.0" in httpx.get(gateway.admin_url + names.METRICS_PATH).text
+    # acme's one digest and the probe's, the runtimes' one key
+    assert f"{names.GATEWAY_KEYS_LOADED_METRIC} 2.0" in httpx.get(gateway.admin_url + names.METRICS_PATH).text
+
+
+def test_the_synthetic_probe_passes_the_gateway_with_the_runtimes_key(gateway) -> None:
+    result = probe(gateway.url, ["tiny-a"], RUNTIME_OLD, timeout_s=10)
+    assert result.ok, result
+
+
+def test_the_probe_is_its_own_tenant_with_a_few_requests_a_minute_per_model(gateway) -> None:
+    allowed = PROBE_REQUESTS_PER_MODEL_MINUTE  # one model served
+    statuses = [_status(gateway.url, RUNTIME_OLD) for _ in range(allowed + 1)]
+    assert statuses == [200] * allowed + [429]
+    assert _status(gateway.url, OLD) == 200  # acme's own quota is untouched
+
+
+def test_the_probe_passes_on_either_runtime_key_while_they_rotate(gateway, secrets) -> None:
+    secrets.put_secret_value(
+        SecretId=RUNTIME_SECRET, SecretString=json.dumps({"keys": [RUNTIME_NEW, RUNTIME_OLD]})
+    )
+    _until(lambda: _status(gateway.url, RUNTIME_NEW) == 200, WITHIN_S, "the new runtime key taken")
+    assert _status(gateway.url, RUNTIME_OLD) == 200
+    secrets.put_secret_value(SecretId=RUNTIME_SECRET, SecretString=json.dumps({"keys": [RUNTIME_NEW]}))
+    _until(lambda: _status(gateway.url, RUNTIME_OLD) == 401, WITHIN_S, "the retired runtime key refused")
