@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from pathlib import Path
 
 import boto3
 import pytest
+import yaml
 from moto import mock_aws
 
+from frontier.errors import StackError
 from frontier.release.history import HistoryStore, iso, now
 from frontier.release.restore import (
     HistorySource,
@@ -162,3 +165,12 @@ def test_metering_kept_outside_s3_is_refused_naming_the_setting(s3):
     settings = load_stack("local")
     with pytest.raises(RestoreError, match=r"gateway.metering.uri = '.*' is not in S3"):
         metering_target(settings, s3)
+
+
+def test_the_local_stack_refuses_a_backup_region_it_could_not_fill(tmp_path):
+    document = yaml.safe_load(Path(load_stack("local").source).read_text())
+    document["config"]["frontier:backup"] = {"region": "us-west-2"}
+    path = tmp_path / "Pulumi.local.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    with pytest.raises(StackError, match=r"backup.region = 'us-west-2': the local stack has no second region"):
+        load_stack("local", path=path)

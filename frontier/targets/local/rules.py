@@ -21,6 +21,13 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
     yield from _port_problems(s, local)
     yield from _slot_problems(s)
     yield from _disaggregation_problems(s)
+    if s.backup.region:
+        # moto keeps a replication configuration but copies nothing: a "backup" here would be empty.
+        yield FieldProblem(
+            "backup.region",
+            s.backup.region,
+            "the local stack has no second region; fab restore -s local restores from its bucket's versions",
+        )
 
 
 def _disaggregation_problems(s: Settings) -> Iterator[FieldProblem]:
