@@ -276,10 +276,12 @@ def test_a_spot_notice_takes_the_slot_out_of_rotation_within_5_s_and_its_streams
     out_s = left_rotation[0] - noticed if left_rotation else float("inf")
     moved = record[0].get("gateways", [{}])[0].get("moved", 0) if record else 0
     on_host = [s for s in results if urls.get(s.replica) == f"http://{host.address}:{settings.runtime.port}"]
+    # The streams host-1 still served after the notice (one may finish in the poll before it acts).
     stalls = []
     for s in on_host:
         gaps = [b - a for a, b in zip(s.arrivals, s.arrivals[1:], strict=False) if b > noticed]
-        stalls.append(max(gaps) if gaps else 0.0)
+        if gaps:
+            stalls.append(max(gaps))
     with capsys.disabled():
         print(
             f"\n  e2e: spot notice on {host.name} (fab spot.notice): out of HAProxy's rotation {out_s:.2f}s after "
@@ -293,5 +295,5 @@ def test_a_spot_notice_takes_the_slot_out_of_rotation_within_5_s_and_its_streams
     assert not alive, "the runtime still ran when the instance ended: the drain did not finish in time"
     assert broken == [], [results[i].errors for i in broken]
     assert [s.text for s in results] == [r.text for r in reference]
-    assert moved >= 1 and migrations == moved == len(on_host), (record, migrations, len(on_host))
+    assert 1 <= moved <= len(on_host) and migrations == moved, (record, migrations, len(on_host))
     assert samples and failed == []
