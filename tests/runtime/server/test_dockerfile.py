@@ -179,3 +179,10 @@ def test_the_probe_follows_the_running_server(
     assert httpx.get(f"{srv.url}/alive").status_code == 200
     srv.stop()
     assert main(["probe"]) == 1
+
+
+def test_the_runtime_stages_apt_steps_leave_nothing_that_holds_the_time_they_ran() -> None:
+    # Two builds of one commit differed in these alone (scripts/reproducible_image.py --image).
+    stamped = ("/var/cache/apt/*.bin", "/var/cache/ldconfig/aux-cache", "/var/log/apt", "/var/log/dpkg.log")
+    for rest in (rest for keyword, rest in _stages()[-1] if keyword == "RUN" and "apt-get install" in rest):
+        assert all(path in rest for path in stamped), rest
