@@ -10,7 +10,7 @@ import contextvars
 import runpy
 from typing import Any
 
-from infra_mocks import MAIN, Graph, _Recorder, _run
+from infra_mocks import MAIN, Graph, _ensure_event_loop, _Recorder, _run
 
 from frontier.config.schema import Settings
 from infra.program import build
@@ -25,6 +25,7 @@ def run_kubernetes(settings: Settings, *, entry_point: bool = False, **mock_opti
     """``build(settings)``, or with ``entry_point`` ``infra/__main__.py`` as ``pulumi up`` runs it."""
     mocks = EksMocks(settings.region, **mock_options)
     program = (lambda _: runpy.run_path(str(MAIN))) if entry_point else build
+    _ensure_event_loop()
     return contextvars.Context().run(_run, settings, program, mocks)
 
 
