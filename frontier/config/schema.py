@@ -958,7 +958,7 @@ class Settings(_Settings):
         return self.model_copy(update={"node_groups": self.node_groups})
 
     def _disaggregation_problems(self) -> list[FieldProblem]:
-        problems = []
+        problems: list[FieldProblem] = []
         for i, pool in enumerate(self.pools):
             if pool.disaggregation is None:
                 continue
