@@ -102,7 +102,7 @@ POD_STATEMENTS = frozenset(
         "KeepItsPreparedWeights",
         "ReadItsApiKeys",
         "DecryptWeightsAndSecret",
-        "EncryptItsPreparedWeights",
+        "EncryptWhatItWrites",
         "WriteItsLogs",
         "PutRuntimeMetrics",
     }
@@ -265,7 +265,6 @@ def boot_read_prefixes(args: IdentityArgs) -> list[str]:
 
 def host_boot_statements(args: IdentityArgs) -> list[Statement]:
     """What an EC2 host needs to bootstrap itself (pods get their release from Kubernetes)."""
-    cloud = args.cloud
     reads = boot_read_prefixes(args)
     pool = args.pool_history_prefix or args.history_prefix
     return [
@@ -288,12 +287,7 @@ def host_boot_statements(args: IdentityArgs) -> list[Statement]:
             "s3:PutObject",
             objects(args.history_bucket_arn, pool + BOOT_RECORDS_PREFIX.rstrip("/")),
         ),
-        allow(
-            "EncryptItsBootRecord",
-            "kms:GenerateDataKey",
-            args.kms_key_arn,
-            {"StringEquals": {"kms:ViaService": f"s3.{cloud.region}.{cloud.dns_suffix}"}},
-        ),
+        # Its boot record is encrypted under the stack's key by EncryptWhatItWrites (runtime_policy).
         # Which group and lifecycle state the host is in (describe calls cannot be scoped). The
         # replica rendezvous asks the same of the hosts holding slots: is each still in its group?
         allow("SeeItsLifecycleState", "autoscaling:DescribeAutoScalingInstances", "*"),
@@ -353,8 +347,9 @@ def runtime_policy(args: IdentityArgs, *, hosts: bool = False) -> PolicyDocument
                 }
             },
         ),
+        # What it writes to S3 under the stack's key: its prepared weights, and an EC2 host's boot record.
         allow(
-            "EncryptItsPreparedWeights",
+            "EncryptWhatItWrites",
             "kms:GenerateDataKey",
             args.kms_key_arn,
             {"StringEquals": {"kms:ViaService": f"s3.{cloud.region}.{cloud.dns_suffix}"}},

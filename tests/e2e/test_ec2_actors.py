@@ -35,7 +35,7 @@ EC2_STATEMENTS = {
     ("host", "ReadTheCurrentRelease"),
     ("host", "ListTheCurrentRelease"),
     ("host", "RecordItsBoot"),
-    ("host", "EncryptItsBootRecord"),
+    ("host", "EncryptWhatItWrites"),
     ("host", "SeeItsLifecycleState"),
     ("host", "CompleteItsLifecycleActions"),
 }

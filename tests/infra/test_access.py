@@ -209,7 +209,7 @@ def test_the_runtime_writes_in_the_weights_bucket_only_the_prepared_weights_of_a
     keep = statements["KeepItsPreparedWeights"]
     assert keep["Action"] == ["s3:PutObject", "s3:AbortMultipartUpload"]
     assert keep["Resource"] == f"arn:aws:s3:::{bucket}/{prefix}/*/prepared/*"
-    encrypt = statements["EncryptItsPreparedWeights"]
+    encrypt = statements["EncryptWhatItWrites"]
     assert (encrypt["Action"], encrypt["Resource"]) == ("kms:GenerateDataKey", graph.outputs["kms_key_arn"])
     assert encrypt["Condition"]["StringEquals"]["kms:ViaService"] == f"s3.{graph.settings.region}.amazonaws.com"
 

@@ -170,7 +170,7 @@ def test_the_runtime_pods_assume_a_least_privilege_role_through_pod_identity(eks
         "KeepItsPreparedWeights",
         "ReadItsApiKeys",
         "DecryptWeightsAndSecret",
-        "EncryptItsPreparedWeights",
+        "EncryptWhatItWrites",
         "WriteItsLogs",
         "PutRuntimeMetrics",
     }
