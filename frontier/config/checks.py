@@ -16,6 +16,7 @@ from frontier_runtime.ops.table import (
 from frontier_settings import FieldProblem, problems_of
 from pydantic import ValidationError
 
+from frontier.config.image_cuda import driver_problems
 from frontier.config.memory import memory_fit
 from frontier.config.production import production_problems
 from frontier.config.schema import PoolSettings, Settings, runtime_config
@@ -97,6 +98,7 @@ def cross_check(s: Settings) -> Iterator[FieldProblem]:
     yield from scale_to_zero_problems(s)
     yield from alert_problems(s)
     yield from production_problems(s)
+    yield from driver_problems(s)
     if s.slo.p99_latency_ms < s.slo.ttft_ms:
         yield FieldProblem(
             "slo.p99_latency_ms", s.slo.p99_latency_ms, f"must be >= slo.ttft_ms ({s.slo.ttft_ms})"

@@ -21,6 +21,7 @@ from frontier_hostside.names import (
 from frontier.access.gateway import render_gateway_config
 from frontier.config import host_image as image
 from frontier.config.hardware import has_nvswitch, instance_store
+from frontier.config.image_cuda import image_cuda
 from frontier.config.schema import NodeGroup, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.release.history import pool_history_prefix
@@ -55,6 +56,7 @@ def render_driver_script(settings: Settings, group: NodeGroup | str) -> str:
         nvswitch=has_nvswitch(node_group.instance_type),
         expected_gpus=node_group.gpus_per_node,
         driver_branch=settings.drivers.driver_branch,
+        image_cuda=image_cuda(),
         toolkit_version=settings.drivers.container_toolkit_version,
     )
 

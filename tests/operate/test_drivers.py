@@ -68,8 +68,8 @@ def test_the_first_run_installs_and_reports_the_reboot_it_does_not_do(gpu_host):
     [result] = run(settings)
 
     assert result.ok and result.changed and result.reboot_required
-    assert (result.gpus, result.driver, result.toolkit) == (1, "550.127.05", "1.17.3")
-    assert (state / "pkgs" / "nvidia-headless-550-server").exists()
+    assert (result.gpus, result.driver, result.toolkit) == (1, "580.95.05", "1.17.3")
+    assert (state / "pkgs" / "nvidia-headless-580-server").exists()
     assert '"nvidia"' in (root / "etc" / "docker" / "daemon.json").read_text()
     assert not (state / "REBOOTED").exists()
 

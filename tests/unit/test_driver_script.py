@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from frontier.config.image_cuda import image_cuda
 from frontier.render.boot import render_driver_script
 from frontier.targets import load_stack
 
@@ -26,8 +27,8 @@ def _grouped(settings):
     return settings, group
 
 
-DRIVER_VERSION = "550.127.05"
-AMI_DRIVER = "570.172.08"
+DRIVER_VERSION = "580.95.05"
+AMI_DRIVER = "580.105.08"
 
 SHIMS = {
     "lspci": """
@@ -198,13 +199,13 @@ def test_plain_ubuntu_gets_driver_fabric_manager_and_toolkit_and_asks_for_a_rebo
     assert status(result) == "frontier-drivers: changed=1 reboot_required=1 gpus=0 driver=none toolkit=1.17.3"
     log = host.log()
     assert (
-        "apt-get install -y -qq --no-install-recommends nvidia-headless-550-server nvidia-utils-550-server "
-        "nvidia-fabricmanager-550" in log
+        "apt-get install -y -qq --no-install-recommends nvidia-headless-580-server nvidia-utils-580-server "
+        "nvidia-fabricmanager-580" in log
     )
     assert any(
         line.startswith("apt-get install") and "nvidia-container-toolkit=1.17.3-1" in line for line in log
     )
-    assert "apt-mark hold nvidia-fabricmanager-550" in log
+    assert "apt-mark hold nvidia-fabricmanager-580" in log
     assert "systemctl restart docker" in log
     assert not any(
         "docker.io" in line or "containerd" in line.split()[2:3] for line in log if line.startswith("apt-get")
@@ -254,7 +255,7 @@ def test_a_driver_of_another_branch_still_loaded_fails_verification(host):
     host.reboot(loaded_version="535.183.01")
     result = host.run()
     assert result.returncode == 1
-    assert "nvidia-smi sees driver 535.183.01 and 8 GPU(s); expected driver 550.x" in result.stderr
+    assert "nvidia-smi sees driver 535.183.01 and 8 GPU(s); expected driver 580.x" in result.stderr
 
 
 def test_loaded_nouveau_asks_for_a_reboot(host):
@@ -300,11 +301,27 @@ def test_a_stopped_fabric_manager_is_started_on_nvswitch_hosts(tmp_path):
     assert "systemctl enable --now nvidia-fabricmanager" in host.log()
 
 
+def test_an_amis_driver_older_than_the_images_cuda_needs_fails(tmp_path):
+    host = FakeHost(tmp_path, render_driver_script(*_grouped(load_stack("prod"))))
+    for tool in ("nvidia-smi", "nvidia-ctk", "nv-fabricmanager"):
+        host.provide(tool)
+    host.reboot("570.172.08")
+    (host.shim / "fabricmanager").write_text("570.172.08")
+    (host.shim / "active-nvidia-fabricmanager").touch()
+    result = host.run()
+    assert result.returncode == 1
+    needed = image_cuda()
+    assert (
+        f"driver 570.172.08 is older than branch {needed.min_driver_branch}, "
+        f"which the runtime image's CUDA {needed} needs" in result.stderr
+    )
+
+
 def test_a_fabric_manager_of_another_version_than_the_driver_fails(ami_host):
-    (ami_host.shim / "fabricmanager").write_text("550.127.05")
+    (ami_host.shim / "fabricmanager").write_text("580.95.05")
     result = ami_host.run()
     assert result.returncode == 1
-    assert f"fabric manager 550.127.05 does not match driver {AMI_DRIVER}: CUDA cannot start" in result.stderr
+    assert f"fabric manager 580.95.05 does not match driver {AMI_DRIVER}: CUDA cannot start" in result.stderr
 
 
 def test_an_nvswitch_host_without_fabric_manager_fails(ami_host):

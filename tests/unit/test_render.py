@@ -277,7 +277,7 @@ def test_driver_script_is_valid_bash(prod, tmp_path):
 
 def test_driver_script_pins_branch_and_toolkit(prod):
     script = render_driver_script(prod, prod.serving_group)
-    assert 'BRANCH="550"' in script
+    assert 'BRANCH="580"' in script
     assert 'TOOLKIT_VERSION="1.17.3"' in script
     assert "nvidia-headless-${BRANCH}-server" in script
     assert 'EXPECTED_GPUS="${FRONTIER_EXPECTED_GPUS:-8}"' in script
