@@ -186,6 +186,7 @@ PROC_TESTS: dict[str, str] = {
     "tests/unit/test_driver_script.py::test_a_host_without_nvswitch_needs_no_fabric_manager": "FakeHost(): a process",
     "tests/unit/test_driver_script.py::test_a_missing_gpu_fails_verification": "a process",
     "tests/unit/test_driver_script.py::test_a_stopped_fabric_manager_is_started_on_nvswitch_hosts": "FakeHost(): a process",
+    "tests/unit/test_driver_script.py::test_an_amis_driver_older_than_the_images_cuda_needs_fails": "FakeHost(): a process",
     "tests/unit/test_driver_script.py::test_an_ami_driver_installed_but_not_loaded_is_an_error_not_a_second_install": "FakeHost(): a process",
     "tests/unit/test_haproxy_live.py": "a process",
     "tests/unit/test_hostside.py::test_the_bootstrap_runs_from_the_files_that_travel_with_it_alone": "a process",
