@@ -28,7 +28,7 @@ from frontier.render.boot import (
 from frontier.targets import load_stack
 
 BUCKET = "frontier-prod-history-123456789012-us-east-1"
-DRIVER = "570.172.08"
+DRIVER = "580.105.08"
 
 SHIMS = {
     # `aws s3 cp --quiet --recursive s3://BUCKET/PREFIX DEST`: a folder stands in for the bucket.
