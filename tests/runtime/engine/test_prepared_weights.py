@@ -10,13 +10,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_fixtures import Reference
+from engine_fixtures import Reference, needs_native_kernels
 from frontier_runtime.distributed import Placement
 from frontier_runtime.engine.llm_engine import LLMEngine
 from frontier_runtime.models.llama import prepared
 from frontier_runtime.models.llama.layers import Linear
 from frontier_runtime.models.llama.loader import load_model
 from frontier_runtime.requests import SamplingParams
+
+# The prepared file holds the native kernels' panels; on torch ops alone a CPU load packs weights in
+# oneDNN's opaque layout, which is refused (the last test) rather than written.
+pytestmark = needs_native_kernels
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 CPU = torch.device("cpu")
@@ -89,3 +93,15 @@ def test_the_device_kind_names_the_kernel_choices_the_layout_depends_on() -> Non
     assert kind.startswith("cpu:")
     machine, variant, gemms = kind.split(":")[1:]
     assert machine and variant and gemms
+
+
+def test_weights_in_onednns_opaque_layout_are_refused_naming_the_tensor(
+    gqa_dir: Path, tmp_path: Path
+) -> None:
+    model = load_model(gqa_dir)
+    linear = next(m for m in model.modules() if isinstance(m, Linear))
+    linear.register_buffer("onednn", torch.randn(8, 8).to_mkldnn())
+    spec = prepared.spec_for(CPU, torch.float32, "none", Placement())
+    with pytest.raises(prepared.PreparedUnsupported, match=r"onednn is held in oneDNN's opaque layout"):
+        prepared.save_prepared(model, tmp_path / "prepared", spec)
+    assert not (tmp_path / "prepared" / prepared.PREPARED_NAME).exists()

@@ -145,6 +145,10 @@ def spec_for(
     return PreparedSpec(runtime_identity(), device_kind(device), str(dtype), quantization, where)
 
 
+class PreparedUnsupported(ValueError):
+    """A loaded model that cannot be written as a prepared file."""
+
+
 def save_prepared(
     model: LlamaForCausalLM, directory: Path, spec: PreparedSpec, shard_bytes: int = SHARD_BYTES
 ) -> None:
@@ -168,6 +172,13 @@ def save_prepared(
             entry["quantized"] = module.quantization is not quant.Unquantized
             entry["tensors"] = held
         modules[name] = entry
+    opaque = sorted(name for name, tensor in tensors.items() if tensor.is_mkldnn)
+    if opaque:
+        # oneDNN's packed weights (the CPU engine on torch ops alone) have no bytes to write.
+        raise PreparedUnsupported(
+            f"{opaque[0]} is held in oneDNN's opaque layout ({len(opaque)} tensors so held): "
+            "this engine's load has no prepared file; each start prepares it again"
+        )
     groups: list[list[str]] = [[]]
     size = 0
     for name in sorted(tensors):
