@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,12 @@ def test_a_prefill_replica_that_died_unnoticed_leaves_the_decode_computing_the_p
 ) -> None:
     with running_gateway(config(roles, tmp_path / "m.jsonl", probe_interval_s=60)) as gw:
         pd = gw.gateway.pools.get("tiny-a").disaggregated
+        # Both halves seen ready first: a kill before the first probe would leave no ready prefill,
+        # and the colocated fallback (not the decode) would answer.
+        deadline = time.monotonic() + 30
+        while not (pd.prefill.ready_count and pd.decode.ready_count) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pd.prefill.ready_count and pd.decode.ready_count
         roles["prefill"].kill()  # the gateway's probe will not look again for a minute
         text, headers = streamed_text(gw.url)
         assert text == colocated_text(roles)
