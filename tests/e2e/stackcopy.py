@@ -8,6 +8,7 @@ is touched. Host slots sit on 127.0.2.2-127.0.2.4, apart from other suites' addr
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -23,10 +24,16 @@ def free_port(address: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def free_port_on_all(addresses: tuple[str, ...]) -> int:
-    """A port free on every address (so each host slot can listen on the same number)."""
+def free_port_on_all(addresses: tuple[str, ...], *, besides: frozenset[int] | set[int] = frozenset()) -> int:
+    """A port free on every address (so each host slot can listen on the same number).
+
+    ``besides`` holds ports already handed out for the same stack: the kernel may hand a
+    just-released ephemeral port out again, and two services of one stack cannot share it.
+    """
     for _ in range(50):
         port = free_port(addresses[0])
+        if port in besides:
+            continue
         try:
             for address in addresses[1:]:
                 with socket.socket() as sock:
@@ -42,13 +49,21 @@ def write_local_stack(root: Path, *, hosts: int = 3, edit: dict | None = None) -
     document = yaml.safe_load(((project.root() / "stacks") / "Pulumi.local.yaml").read_text())
     config = document["config"]
     state = root / "state"
-    ssh_port = free_port_on_all(ADDRESSES[:hosts])
-    runtime_port = free_port_on_all(ADDRESSES[:hosts])
+    taken: set[int] = set()
+
+    def distinct(port_on: Callable[[], int]) -> int:
+        while (port := port_on()) in taken:
+            pass
+        taken.add(port)
+        return port
+
+    ssh_port = distinct(lambda: free_port_on_all(ADDRESSES[:hosts], besides=taken))
+    runtime_port = distinct(lambda: free_port_on_all(ADDRESSES[:hosts], besides=taken))
     config["frontier:local"] = {
         "state_dir": str(state),
-        "moto_port": free_port(),
-        "balancer_port": free_port(),
-        "balancer_stats_port": free_port(),
+        "moto_port": distinct(free_port),
+        "balancer_port": distinct(free_port),
+        "balancer_stats_port": distinct(free_port),
     }
     config["frontier:inventory"]["ssh_key_file"] = str(state / "ssh" / "id_ed25519")
     config["frontier:inventory"]["hosts"] = [
