@@ -43,6 +43,11 @@ SECRET_ID_PATTERN = r"^[A-Za-z0-9/_+=.@:-]+$"
 #: about concurrency x the largest part (a part waits in memory only until its file's hash reaches it).
 WEIGHTS_FETCH_CONCURRENCY = 8
 WEIGHTS_FETCH_MAX_CONCURRENCY = 64
+#: The host's prepared-weights entries together (storage/prepared_eviction.py): a new runtime build
+#: or engine setting prepares a new entry, one model's worth each. 100 GiB keeps the entry in use and
+#: the one before it (what a rollback maps) for models up to about 25B parameters in bfloat16; with a
+#: larger model only the entry in use stays, and a rollback fetches its entry from S3 again.
+PREPARED_CACHE_MAX_BYTES = 100 * 1024**3
 # The prefill replica's KV transfer listener (vLLM's NIXL side channel listens on 5600).
 KV_TRANSFER_PORT = 5600
 
@@ -308,6 +313,13 @@ class RuntimeSettings(CacheConfig, ParallelConfig, CpuConfig):
         le=WEIGHTS_FETCH_MAX_CONCURRENCY,
         description="GETs in flight while a cold start fetches its weights (1: one file after another); "
         "more reach a wide NIC's rate, each holding up to one part (16-64 MiB) in memory.",
+    )
+    prepared_cache_max_bytes: int = Field(
+        default=PREPARED_CACHE_MAX_BYTES,
+        ge=0,
+        le=2**50,
+        description="Bytes the host's prepared-weights entries may hold together; a start evicts the "
+        "least recently used beyond it, never one in use (0: only the entries in use stay).",
     )
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600, description="In-flight work's grace on stop.")
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)

@@ -315,6 +315,9 @@ class RuntimeServer(uvicorn.Server):
                 engine.shutdown()
             except Exception:
                 log.exception("engine shutdown failed")
+            from frontier_runtime.server import warm_start
+
+            warm_start.let_go()  # the prepared entry it mapped is another start's to evict now
 
 
 def uvicorn_config(app: ASGIApp, host: str, port: int) -> uvicorn.Config:

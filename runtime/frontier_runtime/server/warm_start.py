@@ -17,6 +17,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -26,11 +27,16 @@ from frontier_runtime.engine.loop import AsyncEngine
 from frontier_runtime.models.llama import prepared
 from frontier_runtime.ops import cpu_kernel
 from frontier_runtime.storage import prepared as cache
+from frontier_runtime.storage import prepared_eviction
 from frontier_runtime.storage.weights import is_s3_uri
 
 log = logging.getLogger("frontier_runtime.warm_start")
 
 PhaseSink = Callable[[str, float], None]
+
+#: The prepared entries this process loads from, held (a shared lock) for its whole life so that no
+#: other start's eviction removes them.
+_HELD: list[IO[str]] = []
 
 
 def engine_spec(config: RuntimeConfig) -> str:
@@ -88,14 +94,29 @@ def build(
         )
         checkpoint_dir = source.checkpoint()
         engine = build_engine(config, checkpoint_dir)
-        return engine, _publisher(engine, source, checkpoint_dir)
+        return engine, _publisher(engine, source, checkpoint_dir, config)
     if source.hit:
+        use_entry(config, source.model_dir)
         return engine, None
-    return engine, _publisher(engine, source, checkpoint_dir)
+    return engine, _publisher(engine, source, checkpoint_dir, config)
+
+
+def use_entry(config: RuntimeConfig, entry: Path) -> prepared_eviction.Eviction:
+    """Hold ``entry`` for this process and evict others beyond ``prepared_cache_max_bytes``."""
+    _HELD.append(prepared_eviction.hold(entry))
+    return prepared_eviction.evict(
+        Path(config.weights_cache_dir), config.prepared_cache_max_bytes, keep=entry
+    )
+
+
+def let_go() -> None:
+    """Release the entries this process holds (its engine is shut down; the process's end does the same)."""
+    while _HELD:
+        _HELD.pop().close()
 
 
 def _publisher(
-    engine: EngineClient, source: cache.ModelSource, checkpoint_dir: Path
+    engine: EngineClient, source: cache.ModelSource, checkpoint_dir: Path, config: RuntimeConfig
 ) -> Callable[[], None] | None:
     staging, publish = source.staging, source.publish
     if staging is None or publish is None or not isinstance(engine, AsyncEngine):
@@ -110,13 +131,14 @@ def _publisher(
                 runner.device, runner.dtype, runner.config.quantization, runner.placement
             )
             prepared.save_prepared(runner.model, staging, spec)
-            publish(checkpoint_dir)
+            entry = publish(checkpoint_dir)
         except Exception as exc:  # the replica serves either way; the next host prepares it again
             log.warning(
                 f"prepared weights not published: {exc}",
                 extra={"event": "prepared_publish_failed", "key": source.key, "error": str(exc)},
             )
             return
+        use_entry(config, entry)
         log.info(
             "prepared weights kept",
             extra={

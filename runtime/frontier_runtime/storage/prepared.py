@@ -98,8 +98,9 @@ class ModelSource:
     checkpoint: Callable[[], Path] | None = None
     #: Where the caller writes the prepared file of this key (then calls ``publish``).
     staging: Path | None = None
-    #: Publishes ``staging`` with the small files of the checkpoint directory it was made from.
-    publish: Callable[[Path], None] | None = None
+    #: Publishes ``staging`` with the small files of the checkpoint directory it was made from; the
+    #: host's entry it leaves.
+    publish: Callable[[Path], Path] | None = None
     reports: tuple[FetchReport, ...] = ()
 
 
@@ -183,22 +184,23 @@ def from_directory(model_dir: Path, cache_root: Path, spec_json: str) -> ModelSo
         return ModelSource(target, True, key, checkpoint=lambda: model_dir)
     staging = target.with_name(f"{key}.staging-{os.getpid()}")
 
-    def publish(checkpoint_dir: Path) -> None:
+    def publish(checkpoint_dir: Path) -> Path:
         _link_small_files(checkpoint_dir, staging)
         (staging / MANIFEST_NAME).write_text(
             build_manifest(staging, model=model_dir.name, version=key).to_json()
         )
         shutil.rmtree(target, ignore_errors=True)
         os.replace(staging, target)
+        return target
 
     return ModelSource(model_dir, False, key, staging=staging, publish=publish)
 
 
-def _s3_publisher(client: Any, bucket: str, prefix: str, staging: Path, keyed: str) -> Callable[[Path], None]:
+def _s3_publisher(client: Any, bucket: str, prefix: str, staging: Path, keyed: str) -> Callable[[Path], Path]:
     """Uploads the staged prepared directory (its prepared file, plus the checkpoint's small files)
     under ``prefix``, manifest last; the staged files stay as this host's cache of the key."""
 
-    def publish(checkpoint_dir: Path) -> None:
+    def publish(checkpoint_dir: Path) -> Path:
         _link_small_files(checkpoint_dir, staging)
         (staging / KEY_NAME).write_text(keyed)
         manifest = build_manifest(staging, model=prefix, version=prefix.rsplit("/", 1)[-1])
@@ -213,6 +215,7 @@ def _s3_publisher(client: Any, bucket: str, prefix: str, staging: Path, keyed: s
                 "files": len(manifest.files),
             },
         )
+        return staging
 
     return publish
 
