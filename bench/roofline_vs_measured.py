@@ -57,6 +57,7 @@ from frontier.capacity.baseline import load_baseline
 from frontier.capacity.cpu import clock
 from frontier.capacity.devices import cpu_efficiency, cpu_threads
 from frontier.capacity.roofline import Device, Efficiency, Replica, decode_tokens_per_s, fit_slo, step
+from frontier.config.load import chosen_pool
 from frontier.targets import load_stack
 
 CONCURRENCY = (1, 8, 32)
@@ -288,17 +289,16 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     local = load_stack("local")
+    pool = chosen_pool(local)
     baseline = load_baseline("local")
     if baseline is not None:
         # The stack's runtime uses runtime.cpu_threads (1): the model of its replica, uncalibrated.
-        local_cpu = (
-            best_device(seen) if args.threads == cpu_threads(local) else cpu_device(cpu_threads(local))
-        )
+        local_cpu = best_device(seen) if args.threads == cpu_threads(pool) else cpu_device(cpu_threads(pool))
         cap = local.capacity
         knee = fit_slo(
             local_cpu,
             eff,
-            Replica.from_settings(local),
+            Replica.from_pool(pool),
             local.slo,
             cap.avg_prompt_tokens,
             cap.avg_output_tokens,

@@ -51,9 +51,8 @@ def output_token_prices(settings: Settings) -> dict[str, float]:
     baseline = load_baseline(settings.stack)
     prices = {}
     for i, pool in enumerate(settings.pools):
-        view = settings.for_pool(pool.name)
         # The stack's measured baseline is the first pool's (its load test ran against it).
-        plan = plan_stack(view, baseline if i == 0 else None)
+        plan = plan_stack(settings, pool, baseline if i == 0 else None)
         prices[pool.name] = plan.groups[0].cost_per_million_output_tokens / 1e6
     return prices
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from frontier.capacity.explore import ExpertParallelRow, Exploration, Option, why_no_option
 from frontier.capacity.quality import QualityPoint, QualityRun
-from frontier.config.schema import Settings, Slo
+from frontier.config.schema import PoolSettings, Settings, Slo
 
 
 def _scatter_by(
@@ -101,7 +101,9 @@ def pareto_png(ex: Exploration, slo: Slo, out: Path) -> Path:
     return out
 
 
-def expert_parallel_png(rows: tuple[ExpertParallelRow, ...], settings: Settings, out: Path) -> Path:
+def expert_parallel_png(
+    rows: tuple[ExpertParallelRow, ...], settings: Settings, pool: PoolSettings, out: Path
+) -> Path:
     """Cost per 1M output tokens and TPOT against expert parallel, inside and across the NVLink domain."""
     import matplotlib
 
@@ -125,7 +127,7 @@ def expert_parallel_png(rows: tuple[ExpertParallelRow, ...], settings: Settings,
     ax.set_xscale("log", base=2)
     ax.set_xlabel("expert parallel (GPUs the experts are spread over)")
     ax.set_ylabel("cost per 1M output tokens ($, modelled)")
-    ax.axvline(settings.serving_group.nvlink_domain_gpus, color="grey", linestyle=":", label="NVLink domain")
+    ax.axvline(pool.group.nvlink_domain_gpus, color="grey", linestyle=":", label="NVLink domain")
     twin = ax.twinx()
     twin.plot(
         [r.expert_parallel for r in ok],

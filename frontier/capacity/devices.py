@@ -9,7 +9,7 @@ from dataclasses import replace
 from frontier.capacity.cpu import CpuMeasurement, measured_cpu
 from frontier.capacity.gpus import GpuSpec, gpu_spec
 from frontier.capacity.roofline import GPU_EFFICIENCY, Device, Efficiency
-from frontier.config.schema import DTYPE_BYTES, GB, NodeGroup, Settings
+from frontier.config.schema import DTYPE_BYTES, GB, NodeGroup, PoolSettings, Settings
 
 # The CPU's bandwidth and FLOP/s are measured through the engine's own linear layer (see
 # ``frontier.capacity.cpu``), so their efficiencies are 1, and the weights cross memory once per step
@@ -54,9 +54,9 @@ def cpu_efficiency(m: CpuMeasurement) -> Efficiency:
     )
 
 
-def cpu_threads(settings: Settings) -> int:
-    """The intra-op threads one runtime of the stack uses (``runtime.cpu_threads``; 0 = all cores)."""
-    return settings.runtime.cpu_threads or os.cpu_count() or 1
+def cpu_threads(pool: PoolSettings) -> int:
+    """The intra-op threads one runtime of ``pool`` uses (``runtime.cpu_threads``; 0 = all cores)."""
+    return pool.runtime.cpu_threads or os.cpu_count() or 1
 
 
 def gpu_device(spec: GpuSpec, model_dtype: str) -> Device:
@@ -88,10 +88,13 @@ def cpu_device(threads: int, memory_bytes: float, *, refresh: bool = False) -> t
     return device, cpu_efficiency(m)
 
 
-def device_for(settings: Settings, index: int = 0, *, refresh_cpu: bool = False) -> tuple[Device, Efficiency]:
-    """The device of ``node_groups[index]`` and the efficiencies to start from."""
-    group: NodeGroup = settings.node_groups[index]
+def device_for(
+    settings: Settings, pool: PoolSettings, *, refresh_cpu: bool = False
+) -> tuple[Device, Efficiency]:
+    """The device of ``pool``'s node group and the efficiencies to start from."""
+    group: NodeGroup = pool.group
     if group.accelerator == "cpu":
-        return cpu_device(cpu_threads(settings), group.gpu_memory_gb * GB, refresh=refresh_cpu)
+        return cpu_device(cpu_threads(pool), group.gpu_memory_gb * GB, refresh=refresh_cpu)
+    index = next(i for i, declared in enumerate(settings.node_groups) if declared.name == group.name)
     spec = gpu_spec(group.gpu_type, f"node_groups[{index}].gpu_type")
-    return gpu_device(spec, settings.model.dtype), GPU_EFFICIENCY
+    return gpu_device(spec, pool.model.dtype), GPU_EFFICIENCY

@@ -327,7 +327,8 @@ def judge(slo: Slo, ttft_s: float, itl: Interference, e2e_s: float) -> tuple[str
 
 def colocated_layout(settings: Settings, pool: PoolSettings, model: ReplicaModel, option: Option) -> Layout:
     cap, c = settings.capacity, option.candidate
-    device, eff, replica = option_device(pool.group, pool.model.dtype, model, c, variant(settings, c))
+    candidate = variant(settings, pool, c).pool(pool.name)
+    device, eff, replica = option_device(pool.group, pool.model.dtype, model, c, candidate)
     p = option.point
     itl = colocated_interference(
         device, eff, replica, cap.avg_prompt_tokens, p.batch,
@@ -362,9 +363,9 @@ def disaggregated_layout(
     if (c.tensor_parallel, c.pipeline_parallel, c.expert_parallel) != (1, 1, 1):
         return "P/D moves one rank's KV cache: a replica of TP x PP x EP > 1 is not split"
     cap, slo = settings.capacity, settings.slo
-    s = variant(settings, c)
-    device, eff, replica = option_device(pool.group, pool.model.dtype, model, c, s)
+    s = variant(settings, pool, c)
     half = s.pool(pool.name)  # the pool as the candidate has it: its group and runtime
+    device, eff, replica = option_device(pool.group, pool.model.dtype, model, c, half)
     group, rt = half.group, half.runtime
     prompt, output = cap.avg_prompt_tokens, cap.avg_output_tokens
     bs = rt.block_size

@@ -47,7 +47,7 @@ from frontier.capacity.roofline import (
     fit_slo,
 )
 from frontier.config.hardware import instance_store
-from frontier.config.schema import GB, NodeGroup, Settings
+from frontier.config.schema import GB, NodeGroup, PoolSettings, Settings
 from frontier.errors import FrontierError
 
 TENSOR_PARALLEL = (1, 2, 4, 8)
@@ -65,9 +65,9 @@ def runtime_kv_cache_dtypes() -> tuple[str, ...]:
     return tuple(getattr(engine, "KV_CACHE_DTYPES", ("auto", *engine.DTYPE_NAMES)))
 
 
-def kv_dtypes_to_sweep(settings: Settings, accepted: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
-    """The stack's KV cache dtype, plus fp8 where the engine accepts it; and a note saying which."""
-    own = settings.runtime.kv_cache_dtype
+def kv_dtypes_to_sweep(pool: PoolSettings, accepted: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """The pool's KV cache dtype, plus fp8 where the engine accepts it; and a note saying which."""
+    own = pool.runtime.kv_cache_dtype
     if own == "fp8":
         return (own,), "kv_cache_dtype is the stack's own, fp8, the narrowest there is"
     if "fp8" in accepted:
@@ -136,10 +136,10 @@ class Exploration:
         return self.front[0]
 
 
-def parallel_layouts(settings: Settings, tp: int) -> list[tuple[int, int]]:
-    """(PP, EP) pairs swept at tensor parallel ``tp``: the stack's own, plus, for a MoE model, PP that
+def parallel_layouts(pool: PoolSettings, tp: int) -> list[tuple[int, int]]:
+    """(PP, EP) pairs swept at tensor parallel ``tp``: the pool's own, plus, for a MoE model, PP that
     divides the layers and EP that divides the experts and fits the tensor-parallel group."""
-    model, rt = settings.model, settings.runtime
+    model, rt = pool.model, pool.runtime
     own = (rt.pipeline_parallel_size, rt.expert_parallel_size)
     if not model.num_experts:
         return [own]
@@ -152,13 +152,13 @@ def parallel_layouts(settings: Settings, tp: int) -> list[tuple[int, int]]:
 
 
 def candidates(
-    settings: Settings,
+    pool: PoolSettings,
     kv_dtypes: tuple[str, ...] | None = None,
     quantizations: tuple[str, ...] | None = None,
 ) -> list[Candidate]:
-    """Every instance type of the table (and the stack's own) x TP x max_batch_size x KV dtype
+    """Every instance type of the table (and the pool's own) x TP x max_batch_size x KV dtype
     x weight quantization (x PP x EP for a MoE model)."""
-    group, rt = settings.serving_group, settings.runtime
+    group, rt = pool.group, pool.runtime
     instances = {name: (i.gpu, i.gpus_per_node) for name, i in INSTANCES.items()}
     instances[group.instance_type] = (group.gpu_type, group.gpus_per_node)
     batch_sizes = sorted({*MAX_BATCH_SIZES, rt.batch.max_batch_size})
@@ -166,20 +166,21 @@ def candidates(
         Candidate(name, gpu, tp, mbs, kv, pp, ep, q)
         for name, (gpu, gpus) in sorted(instances.items())
         for tp in sorted({*TENSOR_PARALLEL, rt.tensor_parallel_size})
-        for pp, ep in parallel_layouts(settings, tp)
+        for pp, ep in parallel_layouts(pool, tp)
         for mbs in batch_sizes
         for kv in kv_dtypes or (rt.kv_cache_dtype,)
-        for q in quantizations or (_quantization(settings),)
+        for q in quantizations or (_quantization(pool),)
     ]
 
 
-def _quantization(settings: Settings) -> str:
-    return str(getattr(settings.model, "quantization", "none"))
+def _quantization(pool: PoolSettings) -> str:
+    return str(getattr(pool.model, "quantization", "none"))
 
 
-def variant(settings: Settings, c: Candidate) -> Settings:
-    """The stack with the candidate's instance, TP and max_batch_size (queue and concurrency widened to hold it)."""
-    group, rt = settings.serving_group, settings.runtime
+def variant(settings: Settings, pool: PoolSettings, c: Candidate) -> Settings:
+    """The stack with ``pool`` on the candidate's instance, TP and max_batch_size (queue and
+    concurrency widened to hold it); ``.pool(pool.name)`` of it is the pool as the candidate has it."""
+    group, rt = pool.group, pool.runtime
     if c.instance_type == group.instance_type:
         new_group = group  # the stack's own price and sizes win over the table
     else:
@@ -211,9 +212,9 @@ def variant(settings: Settings, c: Candidate) -> Settings:
         }
     )
     update: dict[str, object] = {"group": new_group, "runtime": new_rt}
-    if c.quantization != _quantization(settings):
-        update["model"] = settings.model.model_copy(update={"quantization": c.quantization})
-    return settings.with_pool(settings.only_pool.model_copy(update=update))
+    if c.quantization != _quantization(pool):
+        update["model"] = pool.model.model_copy(update={"quantization": c.quantization})
+    return settings.with_pool(pool.model_copy(update=update))
 
 
 def reason_of(problem: FieldProblem) -> str:
@@ -245,15 +246,17 @@ def _slo_reason(broken: tuple[str, ...]) -> str:
 
 def explore(
     settings: Settings,
+    pool: PoolSettings,
     current_model: ReplicaModel,
     accepted_kv_dtypes: tuple[str, ...] | None = None,
     *,
     rules: Callable[[Settings], Iterable[FieldProblem]],
     quantizations: tuple[str, ...] | None = None,
 ) -> Exploration:
-    """Sweep, drop what does not fit or meet the SLOs, and return the options and their front.
+    """Sweep ``pool``'s serving settings, drop what does not fit or meet the SLOs, and return the
+    options and their front.
 
-    ``current_model`` is the stack's own replica (its device and, where a baseline exists,
+    ``current_model`` is the pool's own replica (its device and, where a baseline exists,
     calibrated efficiencies): the stack's own instance type is modelled with those, the others with
     their datasheets and the default GPU efficiencies. ``accepted_kv_dtypes`` defaults to what the
     runtime's engine accepts. ``rules`` are the stack file's (``frontier.targets.stack_problems``):
@@ -261,22 +264,22 @@ def explore(
     (model.quantization values) adds the weights' format as an axis; by default the stack's own.
     """
     accepted = accepted_kv_dtypes if accepted_kv_dtypes is not None else runtime_kv_cache_dtypes()
-    kv_dtypes, kv_note = kv_dtypes_to_sweep(settings, accepted)
+    kv_dtypes, kv_note = kv_dtypes_to_sweep(pool, accepted)
     cap, slo = settings.capacity, settings.slo
-    group, dtype = settings.serving_group, settings.model.dtype
+    group, dtype, rt = pool.group, pool.model.dtype, pool.runtime
     current_key = (
         group.instance_type,
-        settings.runtime.tensor_parallel_size,
-        settings.runtime.batch.max_batch_size,
-        settings.runtime.kv_cache_dtype,
-        settings.runtime.pipeline_parallel_size,
-        settings.runtime.expert_parallel_size,
-        _quantization(settings),
+        rt.tensor_parallel_size,
+        rt.batch.max_batch_size,
+        rt.kv_cache_dtype,
+        rt.pipeline_parallel_size,
+        rt.expert_parallel_size,
+        _quantization(pool),
     )
     dropped: Counter[str] = Counter()
     options: list[Option] = []
     current_dropped = None
-    all_candidates = candidates(settings, kv_dtypes, quantizations)
+    all_candidates = candidates(pool, kv_dtypes, quantizations)
     for c in all_candidates:
         is_current = (
             c.instance_type,
@@ -287,7 +290,7 @@ def explore(
             c.expert_parallel,
             c.quantization,
         ) == current_key
-        s = variant(settings, c)
+        s = variant(settings, pool, c)
         problems = list(rules(s))
         device_kind = (
             "cpu" if c.instance_type == group.instance_type and group.accelerator == "cpu" else "cuda"
@@ -299,7 +302,7 @@ def explore(
             if is_current:
                 current_dropped = reason
             continue
-        device, eff, replica = option_device(group, dtype, current_model, c, s)
+        device, eff, replica = option_device(group, dtype, current_model, c, s.pool(pool.name))
         fit = fit_slo(device, eff, replica, slo, cap.avg_prompt_tokens, cap.avg_output_tokens)
         if fit.best is None:
             reason = _slo_reason(fit.broken_at_1)
@@ -309,7 +312,7 @@ def explore(
             continue
         best = fit.best
         throughput = Throughput(best.requests_per_s, best.output_tokens_per_s, "roofline", None, c.label)
-        options.append(Option(c, best, plan_with(s, throughput).groups[0], is_current))
+        options.append(Option(c, best, plan_with(s, s.pool(pool.name), throughput).groups[0], is_current))
     reasons = tuple(sorted(dropped.items(), key=lambda kv: (-kv[1], kv[0])))
     if not options:
         counts = "; ".join(f"{n} x {reason}" for reason, n in reasons)
@@ -332,10 +335,10 @@ def explore(
 
 
 def option_device(
-    group: NodeGroup, dtype: str, current_model: ReplicaModel, c: Candidate, candidate_stack: Settings
+    group: NodeGroup, dtype: str, current_model: ReplicaModel, c: Candidate, candidate_pool: PoolSettings
 ) -> tuple[Device, Efficiency, Replica]:
-    """The device, efficiencies and replica a candidate (``candidate_stack``: the pool's stack with
-    it, :func:`variant`) is modelled with: the pool's own instance type (``group``) as
+    """The device, efficiencies and replica a candidate (``candidate_pool``: the pool as the
+    candidate has it, of :func:`variant`) is modelled with: the pool's own instance type (``group``) as
     ``current_model`` has it (measured or calibrated where it is), the others from their datasheets
     and the default GPU efficiencies; quantized weights held to their measured speed."""
     if c.instance_type == group.instance_type:
@@ -343,7 +346,7 @@ def option_device(
     else:
         device, eff = gpu_device(gpu_spec(c.gpu_type), dtype), GPU_EFFICIENCY
     device_kind = "cpu" if c.instance_type == group.instance_type and group.accelerator == "cpu" else "cuda"
-    replica = Replica.from_settings(candidate_stack)
+    replica = Replica.from_pool(candidate_pool)
     return device, measured_quantization(eff, replica.shape, device_kind, dtype, c.quantization), replica
 
 
@@ -414,11 +417,12 @@ class ExpertParallelRow:
 
 def expert_parallel_sweep(
     settings: Settings,
+    pool: PoolSettings,
     current_model: ReplicaModel,
     *,
     rules: Callable[[Settings], Iterable[FieldProblem]],
 ) -> tuple[ExpertParallelRow, ...]:
-    """The stack's replica at each EP dividing the experts, up to ``EP_DOMAINS`` NVLink domains.
+    """``pool``'s replica at each EP dividing the experts, up to ``EP_DOMAINS`` NVLink domains.
 
     Past the tensor-parallel group the stage grows to EP GPUs and attention runs data-parallel over
     them, so each EP / TP attention group brings its own batch (max_batch_size, the token budget and
@@ -426,7 +430,7 @@ def expert_parallel_sweep(
     load, inside the domain and across the network. Weights per GPU here count the experts over
     EP (the stack rules' memory fit divides every weight by TP x PP only).
     """
-    model, rt, group = settings.model, settings.runtime, settings.serving_group
+    model, rt, group = pool.model, pool.runtime, pool.group
     if not model.num_experts:
         return ()
     base = current_model.replica
@@ -445,7 +449,7 @@ def expert_parallel_sweep(
             max_concurrency=base.max_concurrency * groups,
         )
         s = settings.with_pool(
-            settings.only_pool.model_copy(
+            pool.model_copy(
                 update={
                     "runtime": rt.model_copy(
                         update={
@@ -475,7 +479,7 @@ def expert_parallel_sweep(
         rule = (
             "ok" if first is None else f"{first.path} = {first.value}: {first.text}".replace("pools[0].", "")
         )
-        weights, budget, kv = _ep_memory(settings, replica)
+        weights, budget, kv = _ep_memory(pool, replica)
         nodes = -(-replica.gpus // group.gpus_per_node)
         row = ExpertParallelRow(
             expert_parallel=ep,
@@ -509,7 +513,7 @@ def expert_parallel_sweep(
             continue
         best = fit.best
         throughput = Throughput(best.requests_per_s, best.output_tokens_per_s, "roofline", None, f"EP {ep}")
-        plan = plan_with(s, throughput).groups[0]
+        plan = plan_with(s, s.pool(pool.name), throughput).groups[0]
         rows.append(
             replace(
                 row,
@@ -521,14 +525,14 @@ def expert_parallel_sweep(
     return tuple(rows)
 
 
-def _ep_memory(settings: Settings, replica: Replica) -> tuple[float, float, float]:
+def _ep_memory(pool: PoolSettings, replica: Replica) -> tuple[float, float, float]:
     """Weights per GPU (dense over TP x PP, experts over the stage's G GPUs and PP), the GPU's budget,
     and the KV its attention group's max_batch_size x max_seq_len need."""
-    sh, group, rt = replica.shape, settings.serving_group, settings.runtime
+    sh, group, rt = replica.shape, pool.group, pool.runtime
     pp, g = replica.pipeline_parallel, replica.stage_gpus
     dense = sh.dense_bytes / (replica.tensor_parallel * pp)
     experts = sh.layers * sh.experts * sh.expert_parameters * sh.weight_bytes / (pp * g)
     budget = group.gpu_memory_gb * GB * rt.gpu_memory_utilization - rt.reserved_memory_gb * GB
     per_group = replica.max_batch_size / replica.attention_groups
-    kv = per_group * settings.model.max_seq_len * replica.kv_bytes_per_token_per_gpu
+    kv = per_group * pool.model.max_seq_len * replica.kv_bytes_per_token_per_gpu
     return dense + experts, budget, kv

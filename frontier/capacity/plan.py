@@ -23,7 +23,7 @@ from typing import Literal
 
 from frontier.capacity.baseline import Baseline
 from frontier.config.memory import MemoryFit, memory_fit
-from frontier.config.schema import NodeGroup, Settings
+from frontier.config.schema import NodeGroup, PoolSettings, Settings
 
 
 @dataclass(frozen=True)
@@ -117,11 +117,12 @@ def rollout_spare(settings: Settings, replicas_per_node: int, nodes_per_replica:
     return Spare(hosts=hosts, replicas=replicas, reason=reason)
 
 
-def plan_group(settings: Settings, group: NodeGroup, throughput: Throughput) -> GroupPlan:
-    rt, capacity = settings.runtime, settings.capacity
+def plan_group(settings: Settings, pool: PoolSettings, group: NodeGroup, throughput: Throughput) -> GroupPlan:
+    """``pool``'s fleet for the stack's peak, were it served on ``group``."""
+    rt, capacity = pool.runtime, settings.capacity
     gpus_per_replica = rt.ranks
     nodes_per_replica = math.ceil(gpus_per_replica / group.gpus_per_node)
-    if group.name == settings.serving_group.name:  # the stack may spread a replica wider than it must
+    if group.name == pool.group.name:  # the stack may spread a replica wider than it must
         nodes_per_replica = max(nodes_per_replica, rt.nodes_per_replica)
     # A replica over several nodes is one unit of a rollout: the spare is counted in replicas then.
     replicas_per_node = group.gpus_per_node // gpus_per_replica if nodes_per_replica == 1 else 1
@@ -138,7 +139,7 @@ def plan_group(settings: Settings, group: NodeGroup, throughput: Throughput) -> 
     fleet_per_million = cost_per_hour / peak_tokens_per_hour * 1e6
     return GroupPlan(
         group=group,
-        memory=memory_fit(settings.only_pool, group),
+        memory=memory_fit(pool, group),
         gpus_per_replica=gpus_per_replica,
         replicas_per_node=replicas_per_node,
         idle_gpus_per_node=(
@@ -174,11 +175,12 @@ def _warnings(group: NodeGroup, nodes: int) -> list[str]:
     return found
 
 
-def plan_stack(settings: Settings, baseline: Baseline | None) -> Plan:
-    return plan_with(settings, replica_throughput(settings, baseline))
+def plan_stack(settings: Settings, pool: PoolSettings, baseline: Baseline | None) -> Plan:
+    """``pool``'s plan from its measured ``baseline``, else the stated assumption."""
+    return plan_with(settings, pool, replica_throughput(settings, baseline))
 
 
-def plan_with(settings: Settings, throughput: Throughput) -> Plan:
-    """The plan for a given per-replica throughput (measured, assumed or modelled)."""
-    groups = tuple(plan_group(settings, group, throughput) for group in settings.node_groups)
+def plan_with(settings: Settings, pool: PoolSettings, throughput: Throughput) -> Plan:
+    """``pool``'s plan for a given per-replica throughput (measured, assumed or modelled)."""
+    groups = tuple(plan_group(settings, pool, group, throughput) for group in settings.node_groups)
     return Plan(stack=settings.stack, throughput=throughput, groups=groups)

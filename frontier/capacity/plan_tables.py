@@ -60,10 +60,10 @@ class Table:
 Report = Table | str
 
 
-def fleet_report(settings: Settings, result: Plan) -> Iterator[Report]:
-    """GPU memory fit, replicas, nodes and cost per node group, sized from the measured baseline
-    (else the stated assumption)."""
-    model, rt = settings.model, settings.runtime
+def fleet_report(settings: Settings, pool: PoolSettings, result: Plan) -> Iterator[Report]:
+    """``pool``'s GPU memory fit, replicas, nodes and cost per node group, sized from the measured
+    baseline (else the stated assumption)."""
+    model, rt = pool.model, pool.runtime
     yield (
         f"stack {settings.stack}: {model.name} ({count(model.num_parameters)} parameters, {model.dtype}), "
         f"TP {rt.tensor_parallel_size} x PP {rt.pipeline_parallel_size} x EP {rt.expert_parallel_size}, "
@@ -192,8 +192,8 @@ def _point_row(p: OperatingPoint, settings: Settings, mark: str = "") -> tuple[o
     )
 
 
-def roofline_report(settings: Settings, model: ReplicaModel) -> Iterator[Report]:
-    """One replica's roofline: the model's figures, the operating points, and the fleet sized from it."""
+def roofline_report(settings: Settings, pool: PoolSettings, model: ReplicaModel) -> Iterator[Report]:
+    """One replica of ``pool``: its roofline, the model's figures, the operating points, and the fleet sized from it."""
     d, e, r = model.device, model.efficiency, model.replica
     yield (
         f"roofline of one replica: {r.gpus} x {d.name}, {size(d.bandwidth)}/s, "
@@ -254,7 +254,7 @@ def roofline_report(settings: Settings, model: ReplicaModel) -> Iterator[Report]
         )
         return
     yield f"per-replica throughput from the roofline: {throughput.explanation}"
-    modelled = plan_with(settings, throughput)
+    modelled = plan_with(settings, pool, throughput)
     yield capacity_table(modelled, modelled.groups[0], settings, " (from the roofline)")
 
 
@@ -301,29 +301,29 @@ def _option_row(o: Option, ex: Exploration, mark: str | None = None, moe: bool =
 
 def exploration_report(
     settings: Settings,
+    pool: PoolSettings,
     model: ReplicaModel,
     rules: Rules,
     chart: Path,
     quality_workdir: Path | None = None,
     on_progress: Callable[[str], object] = print,
 ) -> Iterator[Report]:
-    """The sweep of serving settings: what was dropped, the Pareto front of price vs TPOT, the
+    """The sweep of ``pool``'s serving settings: what was dropped, the Pareto front of price vs TPOT, the
     cheapest choices, and their charts beside ``chart``; with ``quality_workdir``, each weights x KV
     cache variant's pass rate measured there first (``on_progress`` hears how the measuring goes)."""
-    ex = explore(settings, model, rules=rules, quantizations=WEIGHTS)
-    pool = settings.only_pool  # the sweep's: a stack of one model, or one pool's view
-    moe = bool(pool.model.num_experts)
+    ex = explore(settings, pool, model, rules=rules, quantizations=WEIGHTS)
+    moe, rt = bool(pool.model.num_experts), pool.runtime
     layouts = (
         " x (pipeline, expert) parallel "
-        + ", ".join(f"{pp}/{ep}" for pp, ep in parallel_layouts(settings, 8))
+        + ", ".join(f"{pp}/{ep}" for pp, ep in parallel_layouts(pool, 8))
         + " (EP <= TP)"
         if moe
         else ""
     )
     yield (
         f"explore: {ex.considered} candidates = instance types x tensor_parallel_size "
-        f"{sorted({*TENSOR_PARALLEL, settings.runtime.tensor_parallel_size})}{layouts} x max_batch_size "
-        f"{sorted({*MAX_BATCH_SIZES, settings.runtime.batch.max_batch_size})} x kv_cache_dtype x model.quantization "
+        f"{sorted({*TENSOR_PARALLEL, rt.tensor_parallel_size})}{layouts} x max_batch_size "
+        f"{sorted({*MAX_BATCH_SIZES, rt.batch.max_batch_size})} x kv_cache_dtype x model.quantization "
         f"{'/'.join(WEIGHTS)}; "
         f"{len(ex.options)} fit and meet every "
         f"SLO; {ex.kv_note}"
@@ -388,17 +388,17 @@ def exploration_report(
     run = None
     if quality_workdir is not None:
         kv_dtypes = tuple(sorted({o.candidate.kv_cache_dtype for o in ex.options}))
-        variants = variants_to_measure(settings, kv_dtypes)
-        run = measure(settings, variants, quality_workdir, on_progress=on_progress)
+        variants = variants_to_measure(pool, kv_dtypes)
+        run = measure(settings, pool, variants, quality_workdir, on_progress=on_progress)
     points = quality_points(ex, run)
-    yield quality_table(settings, points, run, ex)
+    yield quality_table(settings, pool, points, run, ex)
     quality_out = chart.with_name(chart.stem.removesuffix("-pareto") + "-quality.png")
     yield f"chart: {quality_png(ex, points, run, settings.slo, quality_out)}"
     if moe:
-        sweep = expert_parallel_sweep(settings, model, rules=rules)
-        yield from expert_parallel_report(settings, sweep)
+        sweep = expert_parallel_sweep(settings, pool, model, rules=rules)
+        yield from expert_parallel_report(settings, pool, sweep)
         ep_out = chart.with_name(chart.stem.removesuffix("-pareto") + "-expert-parallel.png")
-        yield f"chart: {expert_parallel_png(sweep, settings, ep_out)}"
+        yield f"chart: {expert_parallel_png(sweep, settings, pool, ep_out)}"
 
 
 def _layout_row(x: Layout, picked: Layout) -> tuple[object, ...]:
@@ -466,7 +466,11 @@ def disaggregation_report(pool: PoolSettings, choice: Choice) -> Iterator[Report
 
 
 def quality_table(
-    settings: Settings, points: tuple[QualityPoint, ...], run: QualityRun | None, ex: Exploration
+    settings: Settings,
+    pool: PoolSettings,
+    points: tuple[QualityPoint, ...],
+    run: QualityRun | None,
+    ex: Exploration,
 ) -> Table:
     rows = []
     for p in points:
@@ -490,7 +494,7 @@ def quality_table(
             )
         )
     where = (
-        f"measured on {run.weights} weights of {settings.model.name}'s architecture scaled to "
+        f"measured on {run.weights} weights of {pool.model.name}'s architecture scaled to "
         f"{run.shape['num_layers']} layers x {run.shape['hidden_size']} hidden, set {run.verify_set}"
         if run
         else "pass rates not measured: fab plan --explore --quality measures them"
@@ -504,8 +508,10 @@ def quality_table(
     )
 
 
-def expert_parallel_report(settings: Settings, sweep: tuple[ExpertParallelRow, ...]) -> Iterator[Report]:
-    rt, group = settings.runtime, settings.serving_group
+def expert_parallel_report(
+    settings: Settings, pool: PoolSettings, sweep: tuple[ExpertParallelRow, ...]
+) -> Iterator[Report]:
+    rt, group = pool.runtime, pool.group
     rows = []
     for r in sweep:
         p = r.point

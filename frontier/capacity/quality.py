@@ -28,7 +28,7 @@ from frontier_runtime.ops.table import CPU, QUANTIZATIONS
 
 from frontier.capacity.explore import Exploration, Option
 from frontier.capacity.runtime_process import serve_locally
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.verify import load_set, record_golden, run_set, set_file, write_golden
 
 # The scaled model: heads kept at a multiple of the grouped-query ratio, two layers, a context long
@@ -81,9 +81,9 @@ class QualityRun:
         return None
 
 
-def variants_to_measure(settings: Settings, kv_dtypes: tuple[str, ...]) -> tuple[Variant, ...]:
+def variants_to_measure(pool: PoolSettings, kv_dtypes: tuple[str, ...]) -> tuple[Variant, ...]:
     """Every weight quantization x every KV cache dtype the exploration sweeps; the reference first."""
-    own_kv = settings.runtime.kv_cache_dtype
+    own_kv = pool.runtime.kv_cache_dtype
     ordered_kv = (own_kv, *(kv for kv in kv_dtypes if kv != own_kv))
     return tuple(Variant(q, kv) for q in WEIGHTS for kv in ordered_kv)
 
@@ -94,10 +94,10 @@ def why_not_here(variant: Variant) -> str:
     return f"model.quantization {variant.quantization} {problem}; this machine has none" if problem else ""
 
 
-def scaled_shape(settings: Settings) -> dict[str, object]:
-    """The stack's model architecture at a size this machine runs: head_dim, the query:KV head ratio,
+def scaled_shape(pool: PoolSettings) -> dict[str, object]:
+    """``pool``'s model architecture at a size this machine runs: head_dim, the query:KV head ratio,
     the MLP ratio, tied embeddings and dtype kept; heads, layers and vocabulary scaled down."""
-    model = settings.model
+    model = pool.model
     head_dim = model.hidden_size // model.num_attention_heads
     group = model.num_attention_heads // model.num_kv_heads
     heads = max(SCALED_MIN_HEADS, min(SCALED_MAX_HEADS, model.num_attention_heads))
@@ -119,25 +119,26 @@ def scaled_shape(settings: Settings) -> dict[str, object]:
 
 def measure(
     settings: Settings,
+    pool: PoolSettings,
     variants: tuple[Variant, ...],
     workdir: Path,
     *,
     model_dir: Path | None = None,
     on_progress: Callable[[str], object] = print,
 ) -> QualityRun:
-    """The pass rate of the stack's verification set for each of ``variants`` (the first is the
+    """The pass rate of the stack's verification set on ``pool``'s model for each of ``variants`` (the first is the
     reference whose greedy outputs become the golden ones), each on its own runtime process."""
     from frontier_runtime.tiny import make_tiny_checkpoint  # torch: only a measured sweep pays for it
 
     workdir.mkdir(parents=True, exist_ok=True)
-    shape = scaled_shape(settings)
+    shape = scaled_shape(pool)
     if model_dir is None:
-        on_progress(f"quality: a random checkpoint of {settings.model.name}'s architecture, scaled: {shape}")
+        on_progress(f"quality: a random checkpoint of {pool.model.name}'s architecture, scaled: {shape}")
         model_dir = make_tiny_checkpoint(workdir / "model", seed=0, **shape)  # type: ignore[arg-type]
         weights = "random"
     else:
         weights = str(model_dir)
-    name = settings.model.name
+    name = pool.model.name
     source = set_file(settings.verify.file)
     set_copy = workdir / "sets" / source.name
     set_copy.parent.mkdir(parents=True, exist_ok=True)
@@ -154,9 +155,7 @@ def measure(
             continue
         started = time.monotonic()
         tag = f"runtime-{variant.quantization}-{variant.kv_cache_dtype}"
-        with serve_locally(
-            runtime_yaml(settings, variant, model_dir), model_dir, workdir, name=tag
-        ) as served:
+        with serve_locally(runtime_yaml(pool, variant, model_dir), model_dir, workdir, name=tag) as served:
             url = served.url
             if variant == reference:
                 outputs = record_golden(url, None, recording, model=name)
@@ -173,20 +172,20 @@ def measure(
     return QualityRun(shape, weights, str(source), tuple(results))
 
 
-def runtime_yaml(settings: Settings, variant: Variant, model_dir: Path) -> dict[str, object]:
-    """The runtime's config for one variant on this machine's CPU: the stack's model and cache
+def runtime_yaml(pool: PoolSettings, variant: Variant, model_dir: Path) -> dict[str, object]:
+    """The runtime's config for one variant on this machine's CPU: ``pool``'s model and cache
     settings where they apply to the scaled model, small batches, one thread."""
     return {
         "model": {
-            "name": settings.model.name,
+            "name": pool.model.name,
             "weights_uri": str(model_dir),
-            "dtype": settings.model.dtype,
+            "dtype": pool.model.dtype,
             "max_seq_len": SCALED_CONTEXT,
             "quantization": variant.quantization,
         },
         "kv_cache_dtype": variant.kv_cache_dtype,
-        "block_size": settings.runtime.block_size,
-        "prefix_caching": settings.runtime.prefix_caching,
+        "block_size": pool.runtime.block_size,
+        "prefix_caching": pool.runtime.prefix_caching,
         "max_concurrency": 4,
         "queue": {"max_length": 16, "timeout_ms": 120_000},
         "batch": {"window_ms": 0, "max_batch_size": 4, "max_num_batched_tokens": SCALED_CONTEXT},

@@ -11,7 +11,7 @@ from frontier.capacity.calibrate import Calibration, calibrate
 from frontier.capacity.devices import device_for
 from frontier.capacity.plan import Throughput
 from frontier.capacity.roofline import Device, Efficiency, Replica, SloFit, fit_slo
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,12 @@ class ReplicaModel:
         )
 
 
-def model_stack(settings: Settings, baseline: Baseline | None, *, refresh_cpu: bool = False) -> ReplicaModel:
-    """The serving group's (``node_groups[0]``) replica, calibrated to ``baseline`` when given."""
-    device, eff = device_for(settings, 0, refresh_cpu=refresh_cpu)
-    replica = Replica.from_settings(settings)
+def model_stack(
+    settings: Settings, pool: PoolSettings, baseline: Baseline | None, *, refresh_cpu: bool = False
+) -> ReplicaModel:
+    """A replica of ``pool`` on its node group, calibrated to ``baseline`` when given."""
+    device, eff = device_for(settings, pool, refresh_cpu=refresh_cpu)
+    replica = Replica.from_pool(pool)
     cap, slo = settings.capacity, settings.slo
     calibration = None
     if baseline is not None:

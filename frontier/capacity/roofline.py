@@ -65,7 +65,7 @@ from typing import Literal
 
 from frontier.capacity.gpus import INSTANCES
 from frontier.config.memory import kv_bytes_per_token, projection_bytes_per_parameter
-from frontier.config.schema import DTYPE_BYTES, Model, Settings, Slo
+from frontier.config.schema import DTYPE_BYTES, Model, PoolSettings, Slo
 from frontier.errors import FrontierError
 
 
@@ -327,15 +327,16 @@ class Replica:
         return self.pipeline_parallel * self.stage_gpus
 
     @classmethod
-    def from_settings(cls, s: Settings) -> Replica:
-        rt, group = s.runtime, s.serving_group
-        kv_dtype = s.model.dtype if rt.kv_cache_dtype == "auto" else rt.kv_cache_dtype
+    def from_pool(cls, pool: PoolSettings) -> Replica:
+        """A replica of ``pool``: its model, its runtime's layout and batching, on its node group."""
+        model, rt, group = pool.model, pool.runtime, pool.group
+        kv_dtype = model.dtype if rt.kv_cache_dtype == "auto" else rt.kv_cache_dtype
         tp, pp = rt.tensor_parallel_size, rt.pipeline_parallel_size
         instance = INSTANCES.get(group.instance_type)
         return cls(
-            shape=Shape.from_model(s.model),
+            shape=Shape.from_model(model),
             tensor_parallel=tp,
-            kv_bytes_per_token_per_gpu=kv_bytes_per_token(s.model, DTYPE_BYTES[kv_dtype], tp, pp),
+            kv_bytes_per_token_per_gpu=kv_bytes_per_token(model, DTYPE_BYTES[kv_dtype], tp, pp),
             max_batch_size=rt.batch.max_batch_size,
             max_num_batched_tokens=rt.batch.max_num_batched_tokens,
             max_concurrency=rt.max_concurrency,

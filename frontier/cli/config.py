@@ -31,6 +31,7 @@ from frontier.capacity.replica import model_stack
 from frontier.capacity.roofline import NotModelled
 from frontier.cli import tables
 from frontier.cli.common import reports_errors, settings_for
+from frontier.config.load import chosen_pool
 from frontier.release.artifact import is_placeholder
 from frontier.render.host import image_reference
 from frontier.render.stack import render_stack, write_files
@@ -93,6 +94,7 @@ def render(c, stack=None, out=None, digest=None):
 @task(
     help={
         "stack": "stack to plan (default: $FRONTIER_STACK, else local)",
+        "model": "the model pool to plan (needed where the stack serves several)",
         "explore": "sweep instance type x tensor parallel x max_batch_size (x pipeline x expert parallel for a MoE "
         "model); print the price-latency Pareto front",
         "png": "where --explore writes its chart (default: .frontier/plan/<stack>-pareto.png)",
@@ -102,7 +104,7 @@ def render(c, stack=None, out=None, digest=None):
     }
 )
 @reports_errors
-def plan(c, stack=None, explore=False, png=None, refresh_cpu=False, quality=False):
+def plan(c, stack=None, explore=False, png=None, refresh_cpu=False, quality=False, model=None):
     """GPU memory fit, replicas, nodes and cost per node group of a stack, and its replica's roofline.
 
     The first tables size the fleet from the measured baseline (else the stated assumption); the
@@ -111,24 +113,28 @@ def plan(c, stack=None, explore=False, png=None, refresh_cpu=False, quality=Fals
     the serving settings and prints the Pareto front of cost per 1M output tokens vs TPOT.
     """
     settings = settings_for(stack)
+    pool = chosen_pool(settings, model)
     baseline = load_baseline(settings.stack)
     console = tables.console()
-    _show(console, fleet_report(settings, plan_stack(settings, baseline)))
+    _show(console, fleet_report(settings, pool, plan_stack(settings, pool, baseline)))
     try:
-        model = model_stack(settings, baseline, refresh_cpu=refresh_cpu)
+        replica = model_stack(settings, pool, baseline, refresh_cpu=refresh_cpu)
     except NotModelled as exc:
         if explore:
             raise
         console.print(f"roofline: not modelled: {exc}")
         return
-    _show(console, roofline_report(settings, model))
+    _show(console, roofline_report(settings, pool, replica))
     if explore:
         plans = project.state_dir() / "plan"
         chart = Path(png) if png else plans / f"{settings.stack}-pareto.png"
         workdir = plans / f"{settings.stack}-quality" if quality else None
-        _show(console, exploration_report(settings, model, stack_problems, chart, workdir, console.print))
+        _show(
+            console,
+            exploration_report(settings, pool, replica, stack_problems, chart, workdir, console.print),
+        )
         # The same fleet bought on-demand, as spot and in a Capacity Block, where the stack prices them.
-        _show(console, market_report(settings, plan_stack(settings, baseline)))
+        _show(console, market_report(settings, plan_stack(settings, pool, baseline)))
 
 
 def _show(console, report: Iterable[Report]) -> None:

@@ -16,7 +16,7 @@ import yaml
 from frontier_settings import FieldProblem, problems_of
 from pydantic import ValidationError
 
-from frontier.config.schema import PROJECT, Settings
+from frontier.config.schema import PROJECT, PoolSettings, Settings
 from frontier.errors import StackError
 from frontier.project import stacks_dir
 
@@ -31,6 +31,24 @@ def available_stacks() -> list[str]:
 
 def default_stack() -> str:
     return os.environ.get("FRONTIER_STACK") or "local"
+
+
+def chosen_pool(settings: Settings, model: str | None = None) -> PoolSettings:
+    """The pool an entry point (a task, the demo) acts for, chosen once as the stack is loaded: the
+    one serving ``model`` (an operator's ``--model``), or, with none named, a one-model stack's only
+    pool. A stack of several models refuses naming them rather than answering with its first; what
+    the entry calls is handed the pool it chose."""
+    if model is not None:
+        try:
+            return settings.pool(model)
+        except KeyError as exc:
+            raise StackError(f"--model: {exc.args[0]}") from None
+    if len(settings.pools) != 1:
+        raise StackError(
+            f"stack {settings.stack!r} serves {len(settings.pools)} models ({settings.model_names()}): "
+            "name the pool to act for with --model"
+        )
+    return settings.pools[0]
 
 
 def read_stack(

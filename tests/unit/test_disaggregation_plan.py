@@ -42,9 +42,12 @@ def chosen(changed_stack, prompt: int, output: int, changes: dict[str, object] |
         {**(changes or {}), "capacity.avg_prompt_tokens": prompt, "capacity.avg_output_tokens": output},
     )
     settings = load_stack("prod")
-    model = model_stack(settings, None)
+    model = model_stack(settings, settings.only_pool, None)
     return settings, choose(
-        settings, settings.only_pool, model, explore(settings, model, WITHOUT_FP8, rules=stack_problems)
+        settings,
+        settings.only_pool,
+        model,
+        explore(settings, settings.only_pool, model, WITHOUT_FP8, rules=stack_problems),
     )
 
 

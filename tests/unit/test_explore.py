@@ -40,12 +40,14 @@ WITH_FP8 = (*WITHOUT_FP8, "fp8")
 
 @pytest.fixture
 def prod_explored(prod):
-    return explore(prod, model_stack(prod, None), WITHOUT_FP8, rules=stack_problems)
+    return explore(
+        prod, prod.only_pool, model_stack(prod, prod.only_pool, None), WITHOUT_FP8, rules=stack_problems
+    )
 
 
 def test_every_candidate_is_an_option_or_dropped_for_a_counted_reason(prod_explored):
     ex = prod_explored
-    assert ex.considered == len(candidates(load_stack("prod")))
+    assert ex.considered == len(candidates(load_stack("prod").only_pool))
     assert len(ex.options) + sum(n for _, n in ex.dropped) == ex.considered
     reasons = dict(ex.dropped)
     assert reasons["memory: weights + KV cache for max_batch_size x max_seq_len exceed the GPU's budget"] > 0
@@ -55,11 +57,13 @@ def test_every_candidate_is_an_option_or_dropped_for_a_counted_reason(prod_explo
 
 
 def test_a_dropped_candidate_breaks_the_stack_checks_and_an_option_passes_them(prod, prod_explored):
-    by_label = {c.label: c for c in candidates(prod)}
-    too_big = variant(prod, by_label["g5.xlarge TP1 mbs8"])  # 141 GB of weights on a 24 GB GPU
+    by_label = {c.label: c for c in candidates(prod.only_pool)}
+    too_big = variant(
+        prod, prod.only_pool, by_label["g5.xlarge TP1 mbs8"]
+    )  # 141 GB of weights on a 24 GB GPU
     assert [p.path for p in cross_check(too_big)] == ["node_groups[0].gpu_memory_gb"]
     option = prod_explored.options[0]
-    assert list(cross_check(variant(prod, option.candidate))) == []
+    assert list(cross_check(variant(prod, prod.only_pool, option.candidate))) == []
 
 
 def test_the_front_is_cheapest_first_and_nothing_beats_it_on_both_axes(prod_explored):
@@ -83,7 +87,7 @@ def test_the_current_choice_is_marked_and_sized_like_the_roofline_plan(prod, pro
     current = prod_explored.current
     assert current is not None and current.current
     assert current.candidate.label == "p5.48xlarge TP8 mbs128"
-    model = model_stack(prod, None)
+    model = model_stack(prod, prod.only_pool, None)
     assert current.point == model.fit.best
     assert current.plan.group.price_per_hour == 98.32  # the stack's own price
 
@@ -97,7 +101,13 @@ def test_pareto_front_keeps_the_lower_tpot_on_a_cost_tie(prod_explored):
 def test_a_sweep_with_nothing_feasible_counts_each_reason(prod):
     impossible = prod.model_copy(update={"slo": prod.slo.model_copy(update={"tpot_ms": 1})})
     with pytest.raises(FrontierError) as err:
-        explore(impossible, model_stack(prod, None), WITHOUT_FP8, rules=stack_problems)
+        explore(
+            impossible,
+            impossible.only_pool,
+            model_stack(prod, prod.only_pool, None),
+            WITHOUT_FP8,
+            rules=stack_problems,
+        )
     message = str(err.value)
     assert "none of the 312 candidates" in message
     assert "x memory: weights + KV cache" in message
@@ -123,13 +133,13 @@ def test_the_sweep_asks_the_engine_whether_it_takes_an_fp8_kv_cache(prod, tmp_pa
     except ValueError:
         engine_takes_fp8 = False
     assert ("fp8" in accepted) == engine_takes_fp8
-    swept, note = kv_dtypes_to_sweep(prod, accepted)
+    swept, note = kv_dtypes_to_sweep(prod.only_pool, accepted)
     assert swept == (("bfloat16", "fp8") if engine_takes_fp8 else ("bfloat16",))
     assert note.startswith("kv_cache_dtype swept" if engine_takes_fp8 else "kv_cache_dtype is not swept")
 
 
 def test_without_fp8_the_note_says_why_the_kv_dtype_is_not_swept(prod):
-    swept, note = kv_dtypes_to_sweep(prod, WITHOUT_FP8)
+    swept, note = kv_dtypes_to_sweep(prod.only_pool, WITHOUT_FP8)
     assert swept == ("bfloat16",)
     assert note == (
         "kv_cache_dtype is not swept: the runtime refuses fp8 (it accepts auto, bfloat16, float16, float32) "
@@ -138,15 +148,17 @@ def test_without_fp8_the_note_says_why_the_kv_dtype_is_not_swept(prod):
 
 
 def test_an_fp8_kv_cache_halves_the_kv_bytes_so_larger_batches_fit(prod):
-    ex = explore(prod, model_stack(prod, None), WITH_FP8, rules=stack_problems)
+    ex = explore(
+        prod, prod.only_pool, model_stack(prod, prod.only_pool, None), WITH_FP8, rules=stack_problems
+    )
     assert ex.considered == 2 * 312
-    by_label = {c.label: c for c in candidates(prod, ("bfloat16", "fp8"))}
+    by_label = {c.label: c for c in candidates(prod.only_pool, ("bfloat16", "fp8"))}
     # p5.48xlarge TP8 at 256 sequences x 8192 tokens: 85.9 GB of bf16 KV per GPU does not fit 72 GB;
     # in fp8 it is 42.9 GB, which does.
-    assert [p.path for p in cross_check(variant(prod, by_label["p5.48xlarge TP8 mbs256"]))] == [
-        "node_groups[0].gpu_memory_gb"
-    ]
-    assert list(cross_check(variant(prod, by_label["p5.48xlarge TP8 mbs256 kv-fp8"]))) == []
+    assert [
+        p.path for p in cross_check(variant(prod, prod.only_pool, by_label["p5.48xlarge TP8 mbs256"]))
+    ] == ["node_groups[0].gpu_memory_gb"]
+    assert list(cross_check(variant(prod, prod.only_pool, by_label["p5.48xlarge TP8 mbs256 kv-fp8"]))) == []
     fp8 = {o.candidate.label: o for o in ex.options}["p5.48xlarge TP8 mbs128 kv-fp8"]
     assert fp8.point.mean_step.kv_bytes < ex.current.point.mean_step.kv_bytes
     assert ex.current.candidate.kv_cache_dtype == "bfloat16"  # the stack's own stays marked

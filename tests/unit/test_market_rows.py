@@ -19,12 +19,12 @@ SPOT = {
 
 
 def _rows(settings):
-    return {r.market: r for r in market_rows(settings, plan_stack(settings, None))}
+    return {r.market: r for r in market_rows(settings, plan_stack(settings, settings.only_pool, None))}
 
 
 def test_an_on_demand_group_has_one_row_at_its_own_price():
     settings = load_stack("prod")
-    plan = plan_stack(settings, None).groups[0]
+    plan = plan_stack(settings, settings.only_pool, None).groups[0]
     rows = _rows(settings)
     assert list(rows) == ["on-demand"]
     assert rows["on-demand"].cost_per_hour == pytest.approx(plan.nodes * 98.32)
@@ -33,7 +33,7 @@ def test_an_on_demand_group_has_one_row_at_its_own_price():
 
 def test_spot_pays_the_base_on_demand_the_rest_at_the_spot_price_and_its_interruptions(changed_stack):
     settings = load_stack("prod", path=changed_stack("prod", {"node_groups[0].capacity": SPOT}))
-    nodes = plan_stack(settings, None).groups[0].nodes
+    nodes = plan_stack(settings, settings.only_pool, None).groups[0].nodes
     rows = _rows(settings)
     lost = 0.075 / HOURS_PER_MONTH * settings.rollout.readiness_timeout_s / 3600
     want = 2 * 98.32 + (nodes - 2) * 40.0 * (1 + lost)
@@ -72,13 +72,17 @@ def test_a_capacity_block_is_priced_per_instance_hour(changed_stack):
     }
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     settings = load_stack("prod", path=path)
-    nodes = plan_stack(settings, None).groups[0].nodes
-    row = next(r for r in market_rows(settings, plan_stack(settings, None)) if r.market == "capacity block")
+    nodes = plan_stack(settings, settings.only_pool, None).groups[0].nodes
+    row = next(
+        r
+        for r in market_rows(settings, plan_stack(settings, settings.only_pool, None))
+        if r.market == "capacity block"
+    )
     assert row.group == "h100" and row.cost_per_hour == pytest.approx(nodes * 31.46)
     assert "cr-0123456789abcdef0" in row.note and "2027-01-15 11:30Z" in row.note
 
 
 def test_the_report_is_one_table_with_a_row_per_market(changed_stack):
     settings = load_stack("prod", path=changed_stack("prod", {"node_groups[0].capacity": SPOT}))
-    (table,) = market_report(settings, plan_stack(settings, None))
+    (table,) = market_report(settings, plan_stack(settings, settings.only_pool, None))
     assert isinstance(table, Table) and [row[1] for row in table.rows] == ["on-demand", "spot"]

@@ -42,7 +42,7 @@ def test_parameters_of_a_70b_llama(prod):
 
 
 def test_70b_bf16_weights_are_141_gb_and_17_6_gb_per_gpu_at_tp8(prod):
-    memory = plan_stack(prod, None).groups[0].memory
+    memory = plan_stack(prod, prod.only_pool, None).groups[0].memory
     assert memory.weights_bytes == LLAMA_70B_PARAMETERS * 2 == 141_107_412_992  # ~141.1 GB
     assert memory.weights_per_gpu_bytes == 141_107_412_992 / 8 == 17_638_426_624  # ~17.6 GB
 
@@ -66,7 +66,7 @@ def test_kv_bytes_per_token_per_gpu_splits_layers_over_pipeline_stages(prod):
 
 
 def test_prod_memory_breakdown(prod):
-    m = plan_stack(prod, None).groups[0].memory
+    m = plan_stack(prod, prod.only_pool, None).groups[0].memory
     assert m.budget_bytes == pytest.approx(0.9 * 80e9)  # 72 GB
     assert m.kv_tokens_required == 128 * 8192 == 1_048_576
     assert m.kv_required_bytes == 1_048_576 * 40_960  # 42.95 GB
@@ -84,7 +84,7 @@ def test_replicas_are_the_peak_with_safety_factor_over_per_replica_qps():
 
 
 def test_prod_replicas_nodes_and_cost_from_the_assumption(prod):
-    plan = plan_stack(prod, None)
+    plan = plan_stack(prod, prod.only_pool, None)
     assert plan.throughput.source == "assumption"
     assert "ASSUMPTION" in plan.throughput.explanation
     g = plan.groups[0]
@@ -104,7 +104,7 @@ def test_prod_replicas_nodes_and_cost_from_the_assumption(prod):
 
 
 def test_measured_baseline_replaces_the_assumption(prod):
-    plan = plan_stack(prod, _baseline("prod", qps=20, tokens_per_s=7000))
+    plan = plan_stack(prod, prod.only_pool, _baseline("prod", qps=20, tokens_per_s=7000))
     assert plan.throughput.source == "baseline"
     assert "r-abc123" in plan.throughput.explanation
     g = plan.groups[0]
@@ -115,14 +115,14 @@ def test_measured_baseline_replaces_the_assumption(prod):
 
 def test_spare_is_the_rollout_batch_when_it_exceeds_the_surge():
     local = load_stack("local")  # batch_size 1, max_surge 0
-    g = plan_stack(local, None).groups[0]
+    g = plan_stack(local, local.only_pool, None).groups[0]
     assert g.spare.hosts == 1
     assert g.spare.reason == "rollout.batch_size = 1 (> rollout.max_surge = 0)"
 
 
 def test_several_replicas_per_node_share_the_node_and_its_spare():
     staging = load_stack("staging")  # 4 x L40S per node, TP 2
-    g = plan_stack(staging, None).groups[0]
+    g = plan_stack(staging, staging.only_pool, None).groups[0]
     assert g.replicas_per_node == 2
     assert g.replicas_for_peak == 2  # ceil(8 x 1.3 / 6) = ceil(1.73)
     assert g.spare.replicas == 2  # one host out = two replicas
@@ -138,20 +138,22 @@ def test_idle_gpus_are_paid_for_by_the_replicas():
             update={"runtime": prod.runtime.model_copy(update={"tensor_parallel_size": 3})}
         )
     )
-    g = plan_stack(three_gpus, None).groups[0]
+    g = plan_stack(three_gpus, three_gpus.only_pool, None).groups[0]
     assert g.replicas_per_node == 2 and g.idle_gpus_per_node == 2
     assert g.replica_cost_per_hour == pytest.approx(98.32 / 2)
 
 
 def test_a_plan_beyond_the_group_size_warns():
     dev = load_stack("dev")  # one node, but a rollout needs a second to keep serving
-    g = plan_stack(dev, None).groups[0]
+    g = plan_stack(dev, dev.only_pool, None).groups[0]
     assert g.nodes == 2
     assert g.warnings == ("the plan needs 2 nodes but node group 'a10g' has desired_size = 1",)
     big = dev.model_copy(update={"capacity": dev.capacity.model_copy(update={"peak_qps": 100})})
-    assert "has max_size = 2" in plan_stack(big, None).groups[0].warnings[0]
+    assert "has max_size = 2" in plan_stack(big, big.only_pool, None).groups[0].warnings[0]
 
 
 def test_plan_is_pure(prod):
     baseline = _baseline("prod", 20, 7000)
-    assert plan_stack(prod, baseline) == plan_stack(prod, dataclasses.replace(baseline))
+    assert plan_stack(prod, prod.only_pool, baseline) == plan_stack(
+        prod, prod.only_pool, dataclasses.replace(baseline)
+    )

@@ -30,7 +30,7 @@ def _in_repo(monkeypatch, stacks_copy):
 
 def test_the_scaled_model_keeps_head_dim_the_query_to_kv_ratio_and_the_mlp_ratio():
     prod = load_stack("prod")  # llama-3.1-70b: 64 heads of 128, 8 KV heads, MLP 28672 / 8192 = 3.5
-    shape = scaled_shape(prod)
+    shape = scaled_shape(prod.only_pool)
     assert shape["num_heads"] == 8 and shape["num_kv_heads"] == 1  # 8:1 as in the model
     assert shape["hidden_size"] == 8 * 128  # head_dim 128 kept
     assert shape["intermediate_size"] == 3584  # 1024 x 3.5
@@ -39,7 +39,7 @@ def test_the_scaled_model_keeps_head_dim_the_query_to_kv_ratio_and_the_mlp_ratio
 
 def test_the_reference_is_the_unquantized_weights_with_the_stacks_own_kv_dtype():
     prod = load_stack("prod")
-    variants = variants_to_measure(prod, ("fp8", "bfloat16"))
+    variants = variants_to_measure(prod.only_pool, ("fp8", "bfloat16"))
     assert variants[0] == Variant("none", "bfloat16")
     assert len(variants) == len(WEIGHTS) * 2
 
@@ -62,7 +62,8 @@ def test_a_variant_is_on_the_front_when_no_cheaper_one_passes_as_much():
     prod = load_stack("prod")
     ex = explore(
         prod,
-        model_stack(prod, None),
+        prod.only_pool,
+        model_stack(prod, prod.only_pool, None),
         ("auto", "bfloat16", "fp8"),
         rules=stack_problems,
         quantizations=WEIGHTS,
@@ -97,7 +98,12 @@ def test_a_variant_is_on_the_front_when_no_cheaper_one_passes_as_much():
 def test_without_a_quality_measurement_no_variant_is_on_the_front():
     prod = load_stack("prod")
     ex = explore(
-        prod, model_stack(prod, None), ("auto", "bfloat16"), rules=stack_problems, quantizations=WEIGHTS
+        prod,
+        prod.only_pool,
+        model_stack(prod, prod.only_pool, None),
+        ("auto", "bfloat16"),
+        rules=stack_problems,
+        quantizations=WEIGHTS,
     )
     points = quality_points(ex, None)
     # int8 and fp8 weights were measured slower than bf16 on a GPU: only unquantized options remain.

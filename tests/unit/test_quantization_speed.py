@@ -15,7 +15,14 @@ from frontier.targets import load_stack, stack_problems
 
 def prod_exploration():
     prod = load_stack("prod")
-    return explore(prod, model_stack(prod, None), ("auto",), rules=stack_problems, quantizations=WEIGHTS)
+    return explore(
+        prod,
+        prod.only_pool,
+        model_stack(prod, prod.only_pool, None),
+        ("auto",),
+        rules=stack_problems,
+        quantizations=WEIGHTS,
+    )
 
 
 def test_the_committed_table_holds_what_the_gpu_check_measured():

@@ -52,7 +52,7 @@ def h100():
 
 @pytest.fixture(scope="module")
 def llama70b_tp8(prod):
-    return Replica.from_settings(prod)
+    return Replica.from_pool(prod.only_pool)
 
 
 # Llama-3.1-70B: 80 layers, hidden 8192, 64 heads of 128, 8 KV heads, MLP 28672, vocab 128256.
@@ -119,7 +119,7 @@ def test_a_long_prefill_is_bound_by_flops(h100, llama70b_tp8):
 
 
 def test_one_gpu_has_no_all_reduce(prod, h100):
-    single = dataclasses.replace(Replica.from_settings(prod), tensor_parallel=1)
+    single = dataclasses.replace(Replica.from_pool(prod.only_pool), tensor_parallel=1)
     s = step(h100, EFF, single, decode_seqs=1, context=0)
     assert s.comm_s == 0
     assert s.weight_bytes == LLAMA_70B_MATMUL * 2  # the whole model on one GPU
@@ -202,7 +202,7 @@ def test_an_unknown_gpu_type_names_the_field_and_the_known_types(prod):
     group = prod.serving_group.model_copy(update={"gpu_type": "B200-192GB"})
     odd = prod.model_copy(update={"node_groups": (group,)})
     with pytest.raises(FrontierError) as err:
-        device_for(odd)
+        device_for(odd, odd.only_pool)
     message = str(err.value)
     assert "node_groups[0].gpu_type = 'B200-192GB': unknown GPU type" in message
     assert (
@@ -261,7 +261,7 @@ CPU = Device("CPU", 2e9, bandwidth=10e9, flops=50e9, link_bandwidth=10e9, source
 
 
 def test_tiny_model_on_a_cpu_without_overlap_and_with_packed_gemm_weights():
-    tiny = Replica.from_settings(load_stack("local"))
+    tiny = Replica.from_pool(load_stack("local").only_pool)
     # 4 layers x (2 x 256^2 + 2 x 256 x 128 + 3 x 256 x 688 = 724,992) + LM head 4096 x 256 = 3,948,544
     assert tiny.shape.matmul_parameters == 3_948_544
     assert tiny.kv_bytes_per_token_per_gpu == 2 * 4 * 4 * 32 * 4 == 4096  # float32 KV

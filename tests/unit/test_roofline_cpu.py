@@ -42,7 +42,7 @@ def test_the_cpu_is_measured_through_the_engines_own_gemm_with_the_overhead_fitt
     assert m.kernel in ("panel", "onednn", "torch")
     # The engine's own time: Python dispatching each layer's ops, scheduling and sampling each sequence.
     assert 0 < m.layer_overhead_s < 0.05 and 0 < m.seq_overhead_s < 0.05
-    device, eff = device_for(load_stack("local"))
+    device, eff = device_for(local := load_stack("local"), local.only_pool)
     assert f"through the engine's {m.kernel} GEMM" in device.source
     assert (eff.layer_overhead_s, eff.seq_overhead_s) == (m.layer_overhead_s, m.seq_overhead_s)
     assert eff.gemm_weight_passes == 1.0  # packed once at load: one weight pass per step
@@ -54,7 +54,7 @@ def test_the_sparse_layer_overhead_is_fitted_on_the_engine_and_reaches_the_cpu_e
     # Routing a sparse layer and dispatching an expert's GEMM: microseconds to milliseconds, not seconds.
     assert 0 <= m.moe_layer_overhead_s < 0.05 and 0 <= m.expert_overhead_s < 0.05
     assert m.moe_layer_overhead_s + m.expert_overhead_s > 0
-    _, eff = device_for(load_stack("local"))
+    _, eff = device_for(local := load_stack("local"), local.only_pool)
     assert (eff.gemm_row_tile, eff.moe_layer_overhead_s, eff.expert_overhead_s) == (
         m.gemm_row_tile,
         m.moe_layer_overhead_s,
@@ -112,11 +112,11 @@ def _measured_again(previous: cpu.CpuMeasurement):
 
 def test_the_local_stack_is_modelled_on_its_measured_cpu_and_calibrated_to_its_knee():
     local = load_stack("local")
-    device, _ = device_for(local)
+    device, _ = device_for(local, local.only_pool)
     assert device.name == "CPU, 1 thread(s)"  # runtime.cpu_threads = 1
     assert device.source.startswith("measured on this machine")
     baseline = load_baseline("local")
-    model = model_stack(local, baseline)
+    model = model_stack(local, local.only_pool, baseline)
     assert model.calibration is not None and model.calibration.fitted
     assert model.fit.best is not None
     assert model.fit.best.requests_per_s == pytest.approx(baseline.replica_qps, rel=0.01)

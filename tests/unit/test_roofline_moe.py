@@ -245,11 +245,13 @@ def test_a_moe_stack_with_a_bad_layout_is_refused_at_load(changed_stack, changes
 
 def test_the_explore_sweep_crosses_ep_and_pp_for_a_moe_model():
     settings = load_stack("moe-prod")
-    layouts = {(c.tensor_parallel, c.pipeline_parallel, c.expert_parallel) for c in candidates(settings)}
+    layouts = {
+        (c.tensor_parallel, c.pipeline_parallel, c.expert_parallel) for c in candidates(settings.only_pool)
+    }
     assert {(8, 1, 1), (8, 1, 8), (4, 2, 4), (2, 2, 2)} <= layouts
     assert all(ep <= tp for tp, _, ep in layouts)
     dense = load_stack("prod")
-    assert {(c.pipeline_parallel, c.expert_parallel) for c in candidates(dense)} == {(1, 1)}
+    assert {(c.pipeline_parallel, c.expert_parallel) for c in candidates(dense.only_pool)} == {(1, 1)}
 
 
 def test_cost_rises_when_expert_parallel_leaves_the_nvlink_domain():
@@ -259,7 +261,12 @@ def test_cost_rises_when_expert_parallel_leaves_the_nvlink_domain():
     settings = load_stack("moe-prod")
     rows = {
         r.expert_parallel: r
-        for r in expert_parallel_sweep(settings, model_stack(settings, None), rules=stack_problems)
+        for r in expert_parallel_sweep(
+            settings,
+            settings.only_pool,
+            model_stack(settings, settings.only_pool, None),
+            rules=stack_problems,
+        )
     }
     inside, across, wider = rows[8], rows[16], rows[32]
     assert inside.inside_nvlink and inside.rules == "ok"
@@ -282,7 +289,7 @@ def test_a_replica_over_two_nodes_pays_for_both():
             update={"runtime": settings.runtime.model_copy(update={"expert_parallel_size": 16})}
         )
     )
-    group = plan_with(wide, Throughput(7.0, 2000.0, "roofline", None)).groups[0]
+    group = plan_with(wide, wide.only_pool, Throughput(7.0, 2000.0, "roofline", None)).groups[0]
     assert (group.gpus_per_replica, group.nodes_per_replica) == (16, 2)
     assert (group.replicas, group.nodes) == (5, 10)
     assert group.cost_per_million_output_tokens == pytest.approx(226 / (2000 * 3600) * 1e6)
@@ -292,19 +299,17 @@ def test_a_replica_spread_wider_than_it_must_pays_for_every_node_it_spans():
     """The same 16 GPUs over 4 nodes (4 GPUs on each, 4 idle): 5 replicas = 20 nodes, $452/h a replica."""
     settings = load_stack("moe-prod")
     rt = settings.runtime.model_copy(update={"expert_parallel_size": 16, "nodes_per_replica": 4})
-    group = plan_with(
-        settings.with_pool(settings.only_pool.model_copy(update={"runtime": rt})),
-        Throughput(7.0, 2000.0, "roofline", None),
-    ).groups[0]
+    wide = settings.only_pool.model_copy(update={"runtime": rt})
+    group = plan_with(settings.with_pool(wide), wide, Throughput(7.0, 2000.0, "roofline", None)).groups[0]
     assert (group.nodes_per_replica, group.nodes, group.idle_gpus_per_node) == (4, 20, 4)
     assert group.cost_per_million_output_tokens == pytest.approx(4 * 113 / (2000 * 3600) * 1e6, rel=0.01)
 
 
 def test_the_stack_s_own_layout_is_a_candidate_of_its_sweep():
     settings = load_stack("moe-prod")
-    own = [c for c in candidates(settings) if c.label == "p5e.48xlarge TP8 EP8 mbs64"]
+    own = [c for c in candidates(settings.only_pool) if c.label == "p5e.48xlarge TP8 EP8 mbs64"]
     assert len(own) == 1
-    assert variant(settings, own[0]).runtime.expert_parallel_size == 8
+    assert variant(settings, settings.only_pool, own[0]).runtime.expert_parallel_size == 8
 
 
 # The CPU engine's sparse layer: one GEMM per expert in use, one after another, in 8-row tiles.
