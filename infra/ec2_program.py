@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pulumi
 from frontier_hostside.names import HOST_TOOLS_PREFIX
 
+from frontier.capacity.startup import instance_warmup
 from frontier.config.checks import is_production
 from frontier.config.schema import SEVERITIES, NodeGroup, PoolSettings, Settings
 from frontier.release.history import pool_history_prefix
@@ -410,6 +411,7 @@ def node_group(
             efa=group.name in efa_groups,
             health_check_grace_s=settings.rollout.readiness_timeout_s,
             tags=ground.tags,
+            instance_warmup_s=instance_warmup(settings, group).seconds,
             launch_timeout_s=launch_timeout_s(settings.rollout.readiness_timeout_s),
             terminate_timeout_s=terminate_timeout_s(settings, pool),
             refresh=refresh_preferences(settings, group),

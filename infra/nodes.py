@@ -196,6 +196,9 @@ class NodeGroupArgs:
     efa: bool
     health_check_grace_s: float
     tags: Mapping[str, str]
+    # Seconds from a launch to serving (frontier/capacity/startup.py): the scale-out policies do not
+    # count a new host's metrics before then, so replicas still loading do not launch more.
+    instance_warmup_s: int
     # Launch hook, terminate hook and instance refresh, from the stack (see the functions above).
     launch_timeout_s: int = BOOT_ALLOWANCE_S
     terminate_timeout_s: int = 300
@@ -380,6 +383,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 args.nodes_per_replica,
                 (args.stack, group.name),
                 child,
+                warmup_s=args.instance_warmup_s,
             )
         elif args.scale_on == "running_requests":
             self._track_running_requests(name, asg.name, args, child)
@@ -416,6 +420,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             f"{name}-queue-depth",
             autoscaling_group_name=asg_name,
             policy_type="TargetTrackingScaling",
+            estimated_instance_warmup=args.instance_warmup_s,
             target_tracking_configuration={
                 # Scale-out only: tracking a queue that is empty at any steady load would take the
                 # group to min_size; infra/scale_in.py decides when hosts go.
@@ -447,6 +452,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             f"{name}-running",
             autoscaling_group_name=asg_name,
             policy_type="TargetTrackingScaling",
+            estimated_instance_warmup=args.instance_warmup_s,
             target_tracking_configuration={
                 "disable_scale_in": True,
                 "target_value": args.max_concurrency * group.scale_in_utilisation,
@@ -483,6 +489,8 @@ def whole_replicas(
     nodes: int,
     dimensions: tuple[str, str],
     opts: pulumi.ResourceOptions,
+    *,
+    warmup_s: int,
 ) -> None:
     """Queue-depth scale-out of a group whose replica spans ``nodes`` hosts, a whole replica at a time.
 
@@ -499,6 +507,7 @@ def whole_replicas(
         policy_type="StepScaling",
         adjustment_type="ChangeInCapacity",
         step_adjustments=[{"scaling_adjustment": nodes, "metric_interval_lower_bound": "0"}],
+        estimated_instance_warmup=warmup_s,
         opts=opts,
     )
     aws.cloudwatch.MetricAlarm(

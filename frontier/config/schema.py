@@ -93,6 +93,10 @@ class NodeGroup(_Settings):
     # How the hosts are bought: unset on-demand; spot above an on-demand base, or a Capacity Block
     # (frontier/config/purchase.py).
     capacity: GroupCapacity | None = None
+    # Seconds from a host's launch to its runtime serving: the scaling policies' instance warm-up,
+    # during which a new host's metrics do not count yet. Unset: estimated from the weights of the
+    # pools on the group (frontier/capacity/startup.py); set it from the StartupSeconds hosts publish.
+    instance_warmup_s: int | None = Field(default=None, ge=0, le=3600)
 
     @model_validator(mode="after")
     def _capacity_fits_the_group(self) -> NodeGroup:

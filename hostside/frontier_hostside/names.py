@@ -334,6 +334,11 @@ KV_USAGE_CW_METRIC = "KVCacheUsage"
 STRUCTURED_OUTPUTS_CW_METRIC = "StructuredOutputs"
 STRUCTURED_FAILURES_CW_METRIC = "StructuredOutputFailures"
 RUNTIME_READY_CW_METRIC = "RuntimeReady"
+# Seconds one start of the runtime spent in each phase (START_PHASE_METRIC's: fetch, verify, load,
+# warmup, and ready, the whole start), under the group's dimensions plus Phase, once per start: what
+# a group's instance warm-up (NodeGroup.instance_warmup_s) is set from, beside the host's boot.
+STARTUP_CW_METRIC = "StartupSeconds"
+STARTUP_PHASE_DIMENSION = "Phase"
 # The synthetic probe's (frontier_hostside/probe.py) outcome each minute, under the dimension Stack
 # only: 1 or 0, and the whole request's latency in milliseconds.
 PROBE_SUCCESS_CW_METRIC = "ProbeSuccess"

@@ -34,6 +34,7 @@ from frontier_hostside.names import (
     LEADER_PROXY_UNIT,
     NODES_PER_REPLICA_ENV,
     PLACEHOLDER_HOST,
+    PROCESS_START_METRIC,
     READY_METRIC,
     REASON_LABEL,
     RELEASE_ID_PATTERN,
@@ -41,6 +42,10 @@ from frontier_hostside.names import (
     REQUEST_FAILURES_METRIC,
     RESTARTS_CW_METRIC,
     RUNTIME_READY_CW_METRIC,
+    START_PHASE_LABEL,
+    START_PHASE_METRIC,
+    STARTUP_CW_METRIC,
+    STARTUP_PHASE_DIMENSION,
     STRUCTURED_FAILURES_CW_METRIC,
     STRUCTURED_OUTPUT_INVALID,
     STRUCTURED_OUTPUTS_CW_METRIC,
@@ -518,8 +523,9 @@ def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
     """One scrape of the runtime, into CloudWatch: the queue, the requests running, the end-to-end
     latency and the time to first token (values with counts of what finished since the last
     publish), the fullest KV cache, the constrained outputs checked and failed since the last
-    publish, readiness and restarts. A runtime that does not answer is published as not ready
-    (what the runtime-down alarm reads) and nothing else."""
+    publish, readiness and restarts, and once per runtime start its phases (StartupSeconds). A
+    runtime that does not answer is published as not ready (what the runtime-down alarm reads) and
+    nothing else."""
     stack_dimension, group_dimension = CLOUDWATCH_DIMENSIONS
     dimensions = [
         {"Name": stack_dimension, "Value": config.stack},
@@ -583,6 +589,22 @@ def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
                     "Unit": "Milliseconds",
                 }
             )
+    # Each start's phases once, when the host first sees that process ready: one datapoint a start,
+    # so a week's Maximum is the slowest start, whatever the hosts' uptimes.
+    started_at = next((v for name, _, v in samples if name == PROCESS_START_METRIC), None)
+    phases = start_phases(samples) if ready else {}
+    new_start = bool(phases) and started_at is not None and before_state.get("startup_of") != started_at
+    if new_start:
+        for phase, seconds in sorted(phases.items()):
+            phase_dimensions = [*dimensions, {"Name": STARTUP_PHASE_DIMENSION, "Value": phase}]
+            data.append(
+                {
+                    "MetricName": STARTUP_CW_METRIC,
+                    "Dimensions": phase_dimensions,
+                    "Value": seconds,
+                    "Unit": "Seconds",
+                }
+            )
     # Restarts by the supervisor (or systemd's watchdog) since the last publish: a host that heals
     # itself all the time shows up here, not only in its own log.
     restarts = _restarts(config)
@@ -598,6 +620,7 @@ def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
                 "restarts": restarts,
                 "structured_checked": checked,
                 "structured_failed": failed,
+                "startup_of": started_at if new_start else before_state.get("startup_of"),
             }
         )
     )
@@ -612,6 +635,16 @@ def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
         "structured_checked": _since(before_state.get("structured_checked"), checked),
         "structured_failed": _since(before_state.get("structured_failed"), failed),
         "restarts": restarted,
+        "startup": phases if new_start else {},
+    }
+
+
+def start_phases(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, float]:
+    """The runtime's start, phase by phase (seconds), from its ``frontier_start_phase_seconds``."""
+    return {
+        labels[START_PHASE_LABEL]: value
+        for name, labels, value in samples
+        if name == START_PHASE_METRIC and START_PHASE_LABEL in labels
     }
 
 

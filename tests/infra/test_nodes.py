@@ -9,6 +9,7 @@ import pytest
 from frontier_hostside.names import CACHE_DEVICE_NAME
 from infra_mocks import ROOT_DEVICE, run_program
 
+from frontier.capacity.startup import instance_warmup
 from frontier.render.boot import render_cloud_init, render_mount_cache
 from frontier.targets import load_stack
 from infra.nodes import architecture, launch_timeout_s, needs_efa
@@ -346,3 +347,20 @@ def test_what_a_booting_host_reads_exists_before_any_group_launches_one(graph):
     for group in graph.of_type(ASG):
         missing = [r.name for r in booting if r.urn not in needs(graph, group)]
         assert not missing, f"{group.name} may launch hosts before {missing}"
+
+
+def test_the_scale_out_policy_waits_the_groups_estimated_start_before_counting_a_new_host(graph):
+    group = graph.settings.serving_group
+    policy = graph.one("aws:autoscaling/policy:Policy", f"{graph.stack}-{group.name}-queue-depth").inputs
+    estimate = instance_warmup(graph.settings, group)
+    assert (estimate.source, policy["estimatedInstanceWarmup"]) == ("estimate", estimate.seconds)
+    # prod's model takes minutes to fetch at S3's rate per connection, not AWS's default 300 s.
+    assert estimate.runtime_s > 0 and estimate.seconds != 300
+
+
+def test_a_groups_instance_warmup_setting_is_what_its_scale_out_policy_waits():
+    settings = load_stack("staging")
+    group = settings.serving_group.model_copy(update={"instance_warmup_s": 777})
+    graph = run_program(settings.model_copy(update={"node_groups": (group,)}))
+    policy = graph.one("aws:autoscaling/policy:Policy", f"staging-{group.name}-queue-depth").inputs
+    assert policy["estimatedInstanceWarmup"] == 777

@@ -375,6 +375,43 @@ def test_every_series_the_named_alarms_read_on_ec2_is_published_by_the_host(clou
     assert published_values(cloudwatch, "StructuredOutputFailures", dims, "Sum") == [4]
 
 
+def started_exposition(process_start: float, phases: dict[str, float]) -> bytes:
+    """A ready runtime's /metrics with its start's phases, as the runtime exports them."""
+    lines = [
+        f"{READY_METRIC} 1",
+        f"process_start_time_seconds {process_start}",
+        *(f'frontier_start_phase_seconds{{phase="{p}"}} {s}' for p, s in phases.items()),
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_each_start_of_the_runtime_is_published_once_phase_by_phase(cloud):
+    config, *_ = cloud
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = replace(config, metrics_url=f"http://127.0.0.1:{server.server_address[1]}/metrics")
+    aws = Aws(config.region, command=AWS_CLI or "aws")
+    first = {"fetch": 41.5, "verify": 39.0, "load": 12.25, "warmup": 3.5, "ready": 58.0}
+    second = {"fetch": 0.5, "verify": 0.0, "load": 9.0, "warmup": 3.0, "ready": 13.0}
+    try:
+        Metrics.body = started_exposition(1_700_000_000.0, first)
+        published = [node_boot.publish(config, aws)["startup"], node_boot.publish(config, aws)["startup"]]
+        Metrics.body = started_exposition(1_700_000_900.0, second)  # restarted: a new process
+        published.append(node_boot.publish(config, aws)["startup"])
+    finally:
+        server.shutdown()
+    assert published == [first, {}, second]  # the same start is not published twice
+    cloudwatch = boto3.client("cloudwatch", region_name="us-east-1")
+    for phase in first:
+        dims = [
+            {"Name": "Stack", "Value": config.stack},
+            {"Name": "NodeGroup", "Value": config.node_group},
+            {"Name": "Phase", "Value": phase},
+        ]
+        values = published_values(cloudwatch, "StartupSeconds", dims, "Maximum")
+        assert values == [max(first[phase], second[phase])], phase
+
+
 def test_a_runtime_that_does_not_answer_is_published_as_not_ready(cloud):
     config, *_ = cloud
     config = replace(config, metrics_url=f"http://127.0.0.1:{services.free_port()}/metrics")
