@@ -33,6 +33,7 @@ import pulumi_aws as aws
 from frontier_hostside.names import CLOUDWATCH_NAMESPACE, ROLE_TAG
 
 from frontier.targets.ec2.gateway import GATEWAY_REFRESH, GATEWAY_ROLE
+from infra.doors import Rule, open_door
 from infra.tags import with_tags
 
 
@@ -88,7 +89,6 @@ class GatewayNodes(pulumi.ComponentResource):
         group = self._security_group()
         # Made from the group, so only once it exists (the quota store admits it).
         boot_after = list(args.boot_dependencies(group.id)) if args.boot_dependencies else []
-        self._admit_to_runtimes(group)
         role, grants = self._role()
         profile = aws.iam.InstanceProfile(
             f"{name}-profile", role=role.name, tags=self._tags, opts=self._child
@@ -103,8 +103,8 @@ class GatewayNodes(pulumi.ComponentResource):
         self.register_outputs({"security_group_id": group.id, "asg_name": asg.name})
 
     def _security_group(self) -> aws.ec2.SecurityGroup:
-        """The gateway's group: its port from the ALB in; the runtimes' port (and, with internet
-        egress, AWS's APIs) out."""
+        """The gateway's group: its port from the ALB in; every pool's runtime port out, which the
+        runtime hosts take from this group only (and, with internet egress, AWS's APIs out)."""
         name, args, child = self._name, self._args, self._child
         group = aws.ec2.SecurityGroup(
             f"{name}-sg",
@@ -113,36 +113,23 @@ class GatewayNodes(pulumi.ComponentResource):
             tags=self._tags,
             opts=child,
         )
-        aws.vpc.SecurityGroupIngressRule(
-            f"{name}-from-alb",
-            security_group_id=group.id,
-            referenced_security_group_id=args.alb_security_group_id,
-            ip_protocol="tcp",
-            from_port=args.port,
-            to_port=args.port,
-            description="Requests from the ALB",
-            opts=child,
-        )
-        aws.vpc.SecurityGroupEgressRule(
-            f"{name}-alb-to-gateway",
-            security_group_id=args.alb_security_group_id,
-            referenced_security_group_id=group.id,
-            ip_protocol="tcp",
-            from_port=args.port,
-            to_port=args.port,
-            description="Forward to the gateway",
+        open_door(
+            args.port,
+            source=args.alb_security_group_id,
+            target=group.id,
+            ingress=Rule(f"{name}-from-alb", "Requests from the ALB"),
+            egress=Rule(f"{name}-alb-to-gateway", "Forward to the gateway"),
             opts=child,
         )
         for index, port in enumerate(sorted(set(args.runtime_ports))):
-            # The first port keeps the rule's original name, so a one-port stack's rule is not replaced.
-            aws.vpc.SecurityGroupEgressRule(
-                f"{name}-to-runtime" + (f"-{port}" if index else ""),
-                security_group_id=group.id,
-                referenced_security_group_id=args.runtime_security_group_id,
-                ip_protocol="tcp",
-                from_port=port,
-                to_port=port,
-                description="Forward to the runtimes",
+            # The first port keeps its rules' original names, so a one-port stack's rules are not replaced.
+            suffix = f"-{port}" if index else ""
+            open_door(
+                port,
+                source=group.id,
+                target=args.runtime_security_group_id,
+                ingress=Rule(f"{name}-runtime-from-gateway{suffix}", "Requests from the gateway"),
+                egress=Rule(f"{name}-to-runtime{suffix}", "Forward to the runtimes"),
                 opts=child,
             )
         if args.egress == "internet":
@@ -157,21 +144,6 @@ class GatewayNodes(pulumi.ComponentResource):
                 opts=child,
             )
         return group
-
-    def _admit_to_runtimes(self, group: aws.ec2.SecurityGroup) -> None:
-        """The runtime hosts take their pools' ports from the gateway's group."""
-        args = self._args
-        for index, port in enumerate(sorted(set(args.runtime_ports))):
-            aws.vpc.SecurityGroupIngressRule(
-                f"{self._name}-runtime-from-gateway" + (f"-{port}" if index else ""),
-                security_group_id=args.runtime_security_group_id,
-                referenced_security_group_id=group.id,
-                ip_protocol="tcp",
-                from_port=port,
-                to_port=port,
-                description="Requests from the gateway",
-                opts=self._child,
-            )
 
     def _role(self) -> tuple[aws.iam.Role, list[pulumi.Resource]]:
         """The hosts' role and the grants a host needs before it boots (its policy, SSM's)."""

@@ -29,6 +29,7 @@ import pulumi_aws as aws
 import pulumi_random as random
 from frontier_gateway.config import QuotaConfig
 
+from infra.doors import Rule, open_door
 from infra.tags import with_tags
 
 REDIS_PORT = 6379
@@ -108,24 +109,12 @@ class QuotaStore(pulumi.ComponentResource):
             tags=tags | {"Name": f"{name}-sg"},
             opts=child,
         )
-        aws.vpc.SecurityGroupIngressRule(
-            f"{name}-from-gateway",
-            security_group_id=group.id,
-            referenced_security_group_id=args.gateway_security_group_id,
-            ip_protocol="tcp",
-            from_port=REDIS_PORT,
-            to_port=REDIS_PORT,
-            description="Quota counters from the gateway hosts",
-            opts=child,
-        )
-        aws.vpc.SecurityGroupEgressRule(
-            f"{name}-gateway-to-store",
-            security_group_id=args.gateway_security_group_id,
-            referenced_security_group_id=group.id,
-            ip_protocol="tcp",
-            from_port=REDIS_PORT,
-            to_port=REDIS_PORT,
-            description="The gateway's quota counters",
+        open_door(
+            REDIS_PORT,
+            source=args.gateway_security_group_id,
+            target=group.id,
+            ingress=Rule(f"{name}-from-gateway", "Quota counters from the gateway hosts"),
+            egress=Rule(f"{name}-gateway-to-store", "The gateway's quota counters"),
             opts=child,
         )
         subnets = aws.elasticache.SubnetGroup(
