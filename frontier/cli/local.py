@@ -15,6 +15,7 @@ from rich.table import Table
 
 from frontier import project
 from frontier.cli.common import reports_errors, settings_for
+from frontier.config.load import chosen_pool
 from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.loadtest.client import LoadTestError, Target
@@ -83,12 +84,13 @@ def local_autoscale(c, stack=None, seconds=None):
 
     settings = settings_for(stack)
     policy = Policy.of(settings).timing  # refuses a stack that is not local, before anything runs
+    group = chosen_pool(settings).group  # the local stack's one serving group
     fleet = backend_for(settings).fleet()
     console = Console()
     size = fleet.size()
     console.print(
         f"{fleet.name}: {size.desired} in service (min {size.min_size}, max {size.max_size}); target "
-        f"{settings.serving_group.target_queue_depth:g} waiting per host; out after "
+        f"{group.target_queue_depth:g} waiting per host; out after "
         f"{policy.scale_out_after_s:g}s, in after {policy.scale_in_after_s:g}s"
     )
     fleet.say = lambda line: console.print(f"  {line}")
@@ -206,7 +208,7 @@ def loadtest(
     mix = _parse_lengths(prompt_tokens) if prompt_tokens is not None else ()
     target = Target(
         base_url=url or default_target_url(settings),
-        model=settings.model.name,
+        model=chosen_pool(settings).name,
         api_key=default_api_key(settings),
         endpoint=endpoint,
         prompt_tokens=mix[0] if mix else settings.capacity.avg_prompt_tokens,

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from frontier.cli import tables
 from frontier.cli.common import pool_settings, reports_errors, settings_for
+from frontier.config.load import chosen_pool
 from frontier.config.purchase import has_notice_queue
 from frontier.config.schema import Settings
 from frontier.figures import size
@@ -236,27 +237,28 @@ def drivers(c, stack=None):
         "stack": STACK,
         "src": "model directory to upload",
         "version": "weights version (default: model.version)",
+        "model": "the model pool whose weights these are (a stack of several models needs it)",
     },
 )
 @reports_errors
-def weights_push(c, stack=None, src=None, version=None):
-    """Upload a model directory to the stack's weights bucket with a sha256 manifest (written last)."""
+def weights_push(c, stack=None, src=None, version=None, model=None):
+    """Upload a model directory to the pool's weights location with a sha256 manifest (written last)."""
     if not src:
         raise Exit("error: --src DIR is required (the model directory to upload)", code=2)
     settings = settings_for(stack)
     backend = backend_for(settings)
-    model = settings.model
-    version = version or model.version
+    served = chosen_pool(settings, model).model
+    version = version or served.version
     if Path(src).is_dir():
         # Before any byte is sent: the plan and the memory fit were made for the stack's shape.
-        check_checkpoint(model, Path(src))
+        check_checkpoint(served, Path(src))
     files = [p for p in Path(src).rglob("*") if p.is_file()] if Path(src).is_dir() else []
     total = sum(p.stat().st_size for p in files)
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
     with Progress(*columns, console=tables.console(), transient=True) as bar:
-        job = bar.add_task(f"weights {model.name}@{version}", total=total)
+        job = bar.add_task(f"weights {served.name}@{version}", total=total)
         report = model_weights.push(
-            backend.aws_client("s3"), Path(src), model.weights_uri, model.name, version,
+            backend.aws_client("s3"), Path(src), served.weights_uri, served.name, version,
             progress=lambda _path, sent: bar.advance(job, sent), create_bucket=backend.creates_buckets,
         )  # fmt: skip
     print(
@@ -280,19 +282,20 @@ def weights_push(c, stack=None, src=None, version=None):
 @reports_errors
 def weights_gc(c, stack=None, model=None, keep_last=None, dry_run=False, version=None):
     """Delete the weights versions no kept release needs, beyond the last N pushed; --dry-run shows the table."""
-    settings = pool_settings(stack, model)
-    backend = backend_for(settings)
+    view = pool_settings(stack, model)  # the pool's history: the releases it keeps
+    weights_uri = chosen_pool(view, model).model.weights_uri
+    backend = backend_for(view)
     s3 = backend.aws_client("s3")
-    kept = model_weights.kept_releases(backend.history_store(), settings.rollout.keep_releases)
-    last = settings.rollout.keep_weight_versions if keep_last is None else int(keep_last)
-    plan = model_weights.plan_gc(s3, settings.model.weights_uri, kept, last, version or ())
+    kept = model_weights.kept_releases(backend.history_store(), view.rollout.keep_releases)
+    last = view.rollout.keep_weight_versions if keep_last is None else int(keep_last)
+    plan = model_weights.plan_gc(s3, weights_uri, kept, last, version or ())
     verb = "would delete" if dry_run else "delete"
     rows = [
         (v.version, "keep" if v.keep else verb, v.stored.pushed_at or "-", len(v.stored.keys),
          size(v.stored.bytes), v.why)
         for v in plan.verdicts
     ]  # fmt: skip
-    title = f"weights gc: {settings.model.weights_uri} (kept releases: {', '.join(r.release_id for r in kept) or 'none'})"
+    title = f"weights gc: {weights_uri} (kept releases: {', '.join(r.release_id for r in kept) or 'none'})"
     console = tables.console()
     console.print(
         tables.table(title, ("version", "action", "pushed", "objects", "bytes", "why"), rows, numeric=(3, 4))
@@ -333,8 +336,8 @@ def image_build(c, stack=None, tag=None):
     """docker build the runtime image (needs a container engine)."""
     settings = settings_for(stack)
     tag = tag or artifacts.source_tag()
-    image_id = artifacts.build_image(settings.runtime.image_repository, tag)
-    print(f"built {settings.runtime.image_repository}:{tag} ({image_id}); push it with fab image.push")
+    image_id = artifacts.build_image(settings.image_repository, tag)
+    print(f"built {settings.image_repository}:{tag} ({image_id}); push it with fab image.push")
 
 
 @task(name="push", help={"stack": STACK, "tag": "tag to push (default: src-<hash of the runtime sources>)"})
@@ -345,7 +348,7 @@ def image_push(c, stack=None, tag=None):
     artifacts.container_engine()
     tag = tag or artifacts.source_tag()
     backend = backend_for(settings)
-    built = artifacts.push_image(settings.runtime.image_repository, tag, backend.aws_client("ecr"))
+    built = artifacts.push_image(settings.image_repository, tag, backend.aws_client("ecr"))
     backend.history_store().put_artifact(built, None)
     print(f"pushed {built.image}\ndeploy it with: fab deploy -s {settings.stack} --digest {built.digest}")
 

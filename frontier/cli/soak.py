@@ -12,6 +12,7 @@ from rich.table import Table
 from frontier.capacity.baseline import load_baseline
 from frontier.cli.common import reports_errors, settings_for
 from frontier.cli.local import STACK_HELP, default_api_key, default_target_url
+from frontier.config.load import chosen_pool
 from frontier.config.schema import Settings
 from frontier.hosts.session import HostSession
 from frontier.loadtest.client import Target
@@ -62,7 +63,7 @@ def soak(
     load_rate = float(rate) if rate is not None else _knee_fraction(settings, float(fraction), len(hosts))
     target = Target(
         base_url=url or default_target_url(settings),
-        model=settings.model.name,
+        model=chosen_pool(settings).name,
         api_key=default_api_key(settings),
         prompt_tokens=settings.capacity.avg_prompt_tokens,
         max_tokens=settings.capacity.avg_output_tokens,

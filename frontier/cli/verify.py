@@ -11,6 +11,7 @@ from invoke.exceptions import Exit
 
 from frontier.cli import tables
 from frontier.cli.common import pool_settings, reports_errors, settings_for
+from frontier.config.load import chosen_pool
 from frontier.errors import FrontierError
 from frontier.release.history import HistoryStore
 from frontier.rollout.recordings import load_for_stack, store_recording
@@ -40,7 +41,7 @@ def verify(c, stack=None, url=None, key=None, record=False, release=None, model=
     settings = settings_for(stack)
     # The pool verified (the stack's one, or --model's): its model, and its history's recordings.
     view = pool_settings(stack, model)
-    served = view.model
+    served = chosen_pool(settings, model).model
     set_path = set_file(settings.verify.file)
     # The whole set is checked before anything is sent or read from the history.
     read_set(set_path, model=served.name, golden=None)

@@ -46,7 +46,7 @@ def chosen_pool(settings: Settings, model: str | None = None) -> PoolSettings:
     if len(settings.pools) != 1:
         raise StackError(
             f"stack {settings.stack!r} serves {len(settings.pools)} models ({settings.model_names()}): "
-            "name the pool to act for with --model"
+            "name the pool to act for"
         )
     return settings.pools[0]
 

@@ -31,10 +31,7 @@ def test_the_model_named_chooses_its_pool():
 def test_a_stack_of_several_models_refuses_to_choose_naming_them():
     with pytest.raises(StackError) as err:
         chosen_pool(two_models())
-    assert (
-        "serves 2 models (llama-3.1-70b-instruct, other-model): name the pool to act for with --model"
-        in str(err.value)
-    )
+    assert "serves 2 models (llama-3.1-70b-instruct, other-model): name the pool to act for" in str(err.value)
 
 
 def test_a_model_the_stack_does_not_serve_is_refused_naming_those_it_does():

@@ -25,10 +25,6 @@ SETTINGS_NAME = re.compile(r"(^|_)settings$|^s$|^view$|^multi$")
 LEFT = {
     "frontier/cli/common.py": 1,
     "frontier/cli/keys.py": 1,
-    "frontier/cli/local.py": 2,
-    "frontier/cli/ops.py": 9,
-    "frontier/cli/soak.py": 1,
-    "frontier/cli/verify.py": 1,
     "frontier/config/checks.py": 1,
     "frontier/demo/canary.py": 1,
     "frontier/demo/models.py": 2,
