@@ -174,6 +174,42 @@ class RuntimeMetricAlarm(NamedAlarm):
         """The figure the threshold is compared with; None when there is nothing to judge."""
 
 
+class SeriesAboveAlarm(RuntimeMetricAlarm):
+    """A runtime series above the stack's threshold: on CloudWatch one metric of the hosts' series
+    with one statistic (``pNN`` an extended statistic)."""
+
+    cloudwatch_metric: ClassVar[str]
+    statistic: ClassVar[str]
+
+    def cloudwatch(self, settings: Settings) -> CloudWatchCondition:
+        return CloudWatchCondition(self.threshold(settings), self.cloudwatch_metric, self.statistic)
+
+
+class FailingMinutesAlarm(NamedAlarm):
+    """A series that is 1 while all is well: on CloudWatch its Minimum below 1 for
+    :meth:`minutes` periods in a row fires."""
+
+    cloudwatch_metric: ClassVar[str]
+    missing_data: ClassVar[Literal["notBreaching", "breaching"]] = "notBreaching"
+    per_node_group: ClassVar[bool] = True
+
+    @abstractmethod
+    def minutes(self, settings: Settings) -> int: ...
+
+    def cloudwatch(self, settings: Settings) -> CloudWatchCondition:
+        minutes = self.minutes(settings)
+        return CloudWatchCondition(
+            1,
+            self.cloudwatch_metric,
+            "Minimum",
+            comparison="LessThanThreshold",
+            evaluation_periods=minutes,
+            datapoints_to_alarm=minutes,
+            treat_missing_data=self.missing_data,
+            per_node_group=self.per_node_group,
+        )
+
+
 NAMED_ALARMS: dict[str, NamedAlarm] = {}
 
 
@@ -194,10 +230,12 @@ def _counter(samples: Samples, name: str, **labels: str) -> float:
 
 
 @named
-class TtftP99(RuntimeMetricAlarm):
+class TtftP99(SeriesAboveAlarm):
     name = "ttft"
     series = f"`{names.TTFT_METRIC}` histogram (EC2: `{names.TTFT_CW_METRIC}`, ms, values with counts)"
     fires = "p99 time to first token above `slo.ttft_ms`"
+    cloudwatch_metric = names.TTFT_CW_METRIC
+    statistic = "p99"
 
     def threshold(self, settings: Settings) -> float:
         return settings.slo.ttft_ms
@@ -215,9 +253,6 @@ class TtftP99(RuntimeMetricAlarm):
             description="Requests wait too long for their first token: queueing or prefill is saturated. "
             "Check the queue depth and add replicas (fab plan).",
         )
-
-    def cloudwatch(self, settings: Settings) -> CloudWatchCondition:
-        return CloudWatchCondition(self.threshold(settings), names.TTFT_CW_METRIC, "p99")
 
     def measure(self, before: Samples | None, now: Samples) -> float | None:
         """The p99 of the requests since ``before``, in ms: the upper bound of the bucket it falls
@@ -238,10 +273,12 @@ class TtftP99(RuntimeMetricAlarm):
 
 
 @named
-class KvCacheFull(RuntimeMetricAlarm):
+class KvCacheFull(SeriesAboveAlarm):
     name = "kv-cache-full"
     series = f"`{names.KV_USAGE_METRIC}` gauge (EC2: `{names.KV_USAGE_CW_METRIC}`, the fullest host)"
     fires = "a runtime's KV cache fuller than `monitoring.kv_usage_alarm`"
+    cloudwatch_metric = names.KV_USAGE_CW_METRIC
+    statistic = "Maximum"
 
     def threshold(self, settings: Settings) -> float:
         return settings.monitoring.kv_usage_alarm
@@ -255,9 +292,6 @@ class KvCacheFull(RuntimeMetricAlarm):
             summary=f"{{{{ $labels.instance }}}} uses more than {round(limit * 100)}% of its KV cache",
             description="Sequences are being preempted and recomputed; lower max_batch_size or add replicas.",
         )
-
-    def cloudwatch(self, settings: Settings) -> CloudWatchCondition:
-        return CloudWatchCondition(self.threshold(settings), names.KV_USAGE_CW_METRIC, "Maximum")
 
     def measure(self, before: Samples | None, now: Samples) -> float | None:
         found = [value for sample, _, value in now if sample == names.KV_USAGE_METRIC]
@@ -314,7 +348,7 @@ class StructuredOutputFailures(RuntimeMetricAlarm):
 
 
 @named
-class RuntimeDown(NamedAlarm):
+class RuntimeDown(FailingMinutesAlarm):
     name = "runtime-down"
     series = f"`{names.READY_METRIC}` (EC2: `{names.RUNTIME_READY_CW_METRIC}`, the least ready host)"
     fires = (
@@ -322,6 +356,9 @@ class RuntimeDown(NamedAlarm):
         f"{CLOUD_DOWN_FLOOR_S // 60} minutes: a loading replica is not ready either; locally a "
         "rollout's own hosts are excepted)"
     )
+
+    # A host publishes 0 when its runtime does not answer; the group's Minimum is its worst host.
+    cloudwatch_metric = names.RUNTIME_READY_CW_METRIC
 
     def threshold(self, settings: Settings) -> float:
         return settings.alerts.runtime_down_for_s
@@ -338,29 +375,24 @@ class RuntimeDown(NamedAlarm):
             summary=f"{{{{ $labels.instance }}}} has not been ready for {self.minutes(settings)} minute(s)",
         )
 
-    def cloudwatch(self, settings: Settings) -> CloudWatchCondition:
-        # A host publishes 0 when its runtime does not answer; the group's Minimum is its worst host.
-        minutes = self.minutes(settings)
-        return CloudWatchCondition(
-            1,
-            names.RUNTIME_READY_CW_METRIC,
-            "Minimum",
-            comparison="LessThanThreshold",
-            evaluation_periods=minutes,
-            datapoints_to_alarm=minutes,
-        )
-
 
 @named
-class ProbeFailing(NamedAlarm):
+class ProbeFailing(FailingMinutesAlarm):
     name = "probe-failing"
     series = (
         f"the synthetic probe (EC2: `{names.PROBE_SUCCESS_CW_METRIC}`, `{names.PROBE_LATENCY_CW_METRIC}`; "
         "Kubernetes: its CronJob's last success; local: the evaluator's probe)"
     )
     fires = f"the fixed request through the public endpoint failing {PROBE_FAILED_MINUTES} minutes in a row"
+    cloudwatch_metric = names.PROBE_SUCCESS_CW_METRIC
+    # Its series carry the stack only; a minute without one is a minute the probe did not run.
+    missing_data = "breaching"
+    per_node_group = False
 
     def threshold(self, settings: Settings) -> float:
+        return PROBE_FAILED_MINUTES
+
+    def minutes(self, settings: Settings) -> int:
         return PROBE_FAILED_MINUTES
 
     def prometheus(self, settings: Settings) -> PrometheusCondition:
@@ -376,18 +408,6 @@ class ProbeFailing(NamedAlarm):
             summary=f"the synthetic probe has not succeeded for {PROBE_FAILED_MINUTES} minutes",
             description="A fixed request through the public endpoint fails: what clients see. "
             "Its job's log says why (status, error, latency).",
-        )
-
-    def cloudwatch(self, settings: Settings) -> CloudWatchCondition:
-        return CloudWatchCondition(
-            1,
-            names.PROBE_SUCCESS_CW_METRIC,
-            "Minimum",
-            comparison="LessThanThreshold",
-            evaluation_periods=PROBE_FAILED_MINUTES,
-            datapoints_to_alarm=PROBE_FAILED_MINUTES,
-            treat_missing_data="breaching",
-            per_node_group=False,
         )
 
 
