@@ -6,7 +6,6 @@ colocated replica answers; with no prefill or no decode replica ready the coloca
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Iterator
@@ -18,20 +17,11 @@ import pytest
 from frontier_hostside import names
 from frontier_hostside.names import PREFIX_CACHE_HITS_METRIC
 
-from tests.gateway.harness import (
-    RuntimeProcess,
-    free_port,
-    gateway_config,
-    running_gateway,
-    start_runtime,
-    tenant,
-    wait_ready,
-)
+from tests.gateway.disaggregated import AUTH, answered, disaggregated_config, request, streamed
+from tests.gateway.harness import RuntimeProcess, free_port, running_gateway, start_runtime, wait_ready
 
 pytestmark = pytest.mark.slow
 
-KEY = "sk-acme-0123456789"
-AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = [random.Random(9).randrange(1, 500) for _ in range(120)]  # 7 full blocks of 16 to hand over
 
 
@@ -60,42 +50,21 @@ def roles(
 
 
 def config(roles: dict[str, RuntimeProcess], metering: Path, probe_interval_s: float = 0.2) -> Any:
-    cfg = gateway_config(
-        {"tiny-a": [roles["colocated"].url]},
-        [tenant("acme", KEY, ["tiny-a"])],
+    return disaggregated_config(
+        [roles["colocated"].url],
+        [roles["prefill"].url],
+        [roles["decode"].url],
         metering,
         probe={"interval_s": probe_interval_s, "timeout_s": 0.5},
     )
-    data = cfg.model_dump()
-    data["models"][0]["disaggregation"] = {"prefill": [roles["prefill"].url], "decode": [roles["decode"].url]}
-    return type(cfg).model_validate(data)
-
-
-def body(stream: bool) -> dict[str, Any]:
-    return {
-        "model": "tiny-a",
-        "prompt": PROMPT,
-        "max_tokens": 12,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": stream,
-    }
 
 
 def streamed_text(url: str) -> tuple[str, httpx.Headers]:
-    text = []
-    with httpx.stream("POST", f"{url}/v1/completions", json=body(True), headers=AUTH, timeout=60) as answer:
-        assert answer.status_code == 200
-        for line in answer.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunk = json.loads(line[6:])
-                text += [c["text"] for c in chunk.get("choices", [])]
-        return "".join(text), answer.headers
+    return streamed(url, PROMPT)
 
 
 def colocated_text(roles: dict[str, RuntimeProcess]) -> str:
-    answer = httpx.post(f"{roles['colocated'].url}/v1/completions", json=body(False), timeout=60)
-    return str(answer.json()["choices"][0]["text"])
+    return answered(roles["colocated"].url, PROMPT)
 
 
 def test_a_request_goes_to_the_prefill_then_streams_from_the_decode_as_a_colocated_replica_answers(
@@ -108,7 +77,7 @@ def test_a_request_goes_to_the_prefill_then_streams_from_the_decode_as_a_colocat
         assert text == colocated_text(roles)
         assert headers[names.REPLICA_HEADER] == pd.decode.replicas[0].id
         assert (pd.handed_over, pd.prefill_failed) == (1, 0)
-        unary = httpx.post(f"{gw.url}/v1/completions", json=body(False), headers=AUTH, timeout=60)
+        unary = httpx.post(f"{gw.url}/v1/completions", json=request(PROMPT), headers=AUTH, timeout=60)
         assert unary.json()["choices"][0]["text"] == text
         assert "kv_transfer_params" not in unary.json()
     # The decode side computed only the prompt's tail: the 7 pulled blocks were prefix-cache hits.

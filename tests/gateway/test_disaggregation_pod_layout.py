@@ -9,7 +9,6 @@ cluster (each Service is the one process behind it; a pod's address is 127.0.0.1
 
 from __future__ import annotations
 
-import json
 import random
 import subprocess
 import sys
@@ -17,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from frontier_gateway.config import parse_config
@@ -27,20 +25,11 @@ from frontier_hostside.names import PREFIX_CACHE_HITS_METRIC
 from frontier.targets import load_stack
 from frontier.targets.kubernetes import gateway as gw
 from frontier.targets.kubernetes import manifests as m
-from tests.gateway.harness import (
-    RuntimeProcess,
-    free_port,
-    gateway_config,
-    running_gateway,
-    runtime_yaml,
-    tenant,
-    wait_ready,
-)
+from tests.gateway.disaggregated import answered, disaggregated_config, streamed
+from tests.gateway.harness import RuntimeProcess, free_port, running_gateway, runtime_yaml, wait_ready
 
 pytestmark = pytest.mark.slow
 
-KEY = "sk-acme-0123456789"
-AUTH = {"Authorization": f"Bearer {KEY}"}
 SMALL = "llama-3.1-8b-instruct"
 PROMPT = [random.Random(11).randrange(1, 500) for _ in range(120)]  # 7 full blocks of 16 to hand over
 DIGEST = "sha256:" + "ab" * 32
@@ -105,48 +94,18 @@ def pool_config(rendered, pods: dict[str, RuntimeProcess], metering: Path) -> An
     services = {
         url: pods[half].url for half in ("prefill", "decode") for url in entry["disaggregation"][half]
     }
-    cfg = gateway_config({"tiny-a": [pods["decode"].url]}, [tenant("acme", KEY, ["tiny-a"])], metering)
-    data = cfg.model_dump()
-    data["models"] = [
-        {
-            **entry,
-            "name": "tiny-a",
-            "replicas": [services[url] for url in entry["replicas"]],
-            "disaggregation": {
-                half: [services[url] for url in entry["disaggregation"][half]]
-                for half in ("prefill", "decode")
-            },
-        }
-    ]
-    return type(cfg).model_validate(data)
 
+    def behind(urls: list[str]) -> list[str]:
+        return [services[url] for url in urls]
 
-def body(**fields: Any) -> dict[str, Any]:
-    return {
-        "model": "tiny-a",
-        "prompt": PROMPT,
-        "max_tokens": 12,
-        "temperature": 0,
-        "ignore_eos": True,
-        **fields,
-    }
-
-
-def streamed(url: str) -> tuple[str, httpx.Headers]:
-    text = []
-    with httpx.stream(
-        "POST", f"{url}/v1/completions", json=body(stream=True), headers=AUTH, timeout=60
-    ) as answer:
-        assert answer.status_code == 200
-        for line in answer.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                text += [c["text"] for c in json.loads(line[6:]).get("choices", [])]
-        return "".join(text), answer.headers
+    hops = entry["disaggregation"]
+    return disaggregated_config(
+        behind(entry["replicas"]), behind(hops["prefill"]), behind(hops["decode"]), metering, entry=entry
+    )
 
 
 def computed_by_the_decode(pods: dict[str, RuntimeProcess]) -> str:
-    answer = httpx.post(f"{pods['decode'].url}/v1/completions", json=body(), timeout=60)
-    return str(answer.json()["choices"][0]["text"])
+    return answered(pods["decode"].url, PROMPT)
 
 
 def test_the_rendered_entry_sends_the_decode_service_both_hops_fallback(rendered):
@@ -159,7 +118,7 @@ def test_a_prompt_goes_to_the_prefill_pod_and_its_blocks_to_the_decode_pod(pods,
     hits_before = pods["decode"].metric(PREFIX_CACHE_HITS_METRIC + "_total")
     with running_gateway(pool_config(rendered, pods, tmp_path / "m.jsonl")) as gateway:
         pool = gateway.gateway.pools.get("tiny-a")
-        text, headers = streamed(gateway.url)
+        text, headers = streamed(gateway.url, PROMPT)
         assert (pool.disaggregated.handed_over, pool.disaggregated.prefill_failed) == (1, 0)
         assert headers[names.REPLICA_HEADER] == pool.disaggregated.decode.replicas[0].id
     # The pulled blocks came from the prefill's listener at the address its command line gave it.
@@ -172,7 +131,7 @@ def test_with_the_prefill_down_the_decode_service_serves_as_the_fallback(pods, r
     pods["prefill"].kill()
     with running_gateway(pool_config(rendered, pods, tmp_path / "m.jsonl")) as gateway:
         pool = gateway.gateway.pools.get("tiny-a")
-        text, headers = streamed(gateway.url)
+        text, headers = streamed(gateway.url, PROMPT)
         assert headers[names.REPLICA_HEADER] == pool.replicas[0].id
         assert pool.disaggregated.handed_over == 0
     assert text == expected
