@@ -129,6 +129,17 @@ def _lift_exceptions(
     return {**document, "Statement": kept}, lifted
 
 
+def _kms_key(policy: Any, key: dict[str, Any]) -> dict[str, Any]:
+    """A KMS key's CloudFormation properties: ``policy``, with rotation and spec from the key's inputs."""
+    return {
+        "KeyPolicy": _document(policy),
+        "EnableKeyRotation": bool(key.get("enableKeyRotation")),
+        # What checkov reads to tell an asymmetric key (which KMS cannot rotate) from one it can.
+        "KeySpec": key.get("customerMasterKeySpec") or key.get("keySpec") or "SYMMETRIC_DEFAULT",
+        "KeyUsage": key.get("keyUsage") or "ENCRYPT_DECRYPT",
+    }
+
+
 def cloudformation_of(
     resources: Iterable[Any], exceptions: dict[str, dict[str, str]] | None = None
 ) -> dict[str, Any]:
@@ -184,25 +195,11 @@ def cloudformation_of(
             props = {"ManagedPolicyName": i.get("name") or r.name, "PolicyDocument": _document(i["policy"])}
             kind = "AWS::IAM::ManagedPolicy"
         elif r.type == "aws:kms/key:Key" and i.get("policy"):
-            props = {
-                "KeyPolicy": _document(i["policy"]),
-                "EnableKeyRotation": bool(i.get("enableKeyRotation")),
-                # What checkov reads to tell an asymmetric key (which KMS cannot rotate) from one it can.
-                "KeySpec": i.get("customerMasterKeySpec") or i.get("keySpec") or "SYMMETRIC_DEFAULT",
-                "KeyUsage": i.get("keyUsage") or "ENCRYPT_DECRYPT",
-            }
-            kind = "AWS::KMS::Key"
+            props, kind = _kms_key(i["policy"], i), "AWS::KMS::Key"
         elif r.type == "aws:kms/keyPolicy:KeyPolicy":
             # A key whose policy is a resource of its own (the release key's names the deploy role,
             # made after the key): CloudFormation has the policy on the key, with the key's spec.
-            key = keys_by_id.get(i["keyId"], {})
-            props = {
-                "KeyPolicy": _document(i["policy"]),
-                "EnableKeyRotation": bool(key.get("enableKeyRotation")),
-                "KeySpec": key.get("customerMasterKeySpec") or key.get("keySpec") or "SYMMETRIC_DEFAULT",
-                "KeyUsage": key.get("keyUsage") or "ENCRYPT_DECRYPT",
-            }
-            kind = "AWS::KMS::Key"
+            props, kind = _kms_key(i["policy"], keys_by_id.get(i["keyId"], {})), "AWS::KMS::Key"
         elif r.type == "aws:s3/bucketPolicy:BucketPolicy":
             props = {"Bucket": i["bucket"], "PolicyDocument": _document(i["policy"])}
             kind = "AWS::S3::BucketPolicy"
