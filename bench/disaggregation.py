@@ -39,35 +39,28 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_overhead import KEY, MODEL, free_port, gateway_serving, process, wait_http  # noqa: E402
+from gateway_overhead import runtime_command as serving  # noqa: E402
 
 BLOCK_SIZE = 16
 STREAM_PROMPT, STREAM_TOKENS, LONG_ANSWER = 64, 128, 4
 
 
 def runtime_command(model_dir: Path, work: Path, port: int, threads: int, kv_transfer: dict) -> list[str]:
-    config = work / f"runtime-{port}.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"name": MODEL, "weights_uri": str(model_dir), "max_seq_len": 1024},
-                "max_concurrency": 16,
-                "queue": {"max_length": 256, "timeout_ms": 120_000},
-                "cpu_kv_cache_bytes": 64 * 1024 * 1024,
-                "block_size": BLOCK_SIZE,
-                "log_level": "warning",
-                "device": "cpu",
-                "cpu_threads": threads,
-                "kv_transfer": kv_transfer,
-            }
-        )
+    """A replica on ``threads`` cores in ``kv_transfer``'s role (``{}``: colocated)."""
+    return serving(
+        model_dir,
+        work,
+        port,
+        max_seq_len=1024,
+        max_concurrency=16,
+        queue={"max_length": 256, "timeout_ms": 120_000},
+        block_size=BLOCK_SIZE,
+        cpu_threads=threads,
+        kv_transfer=kv_transfer,
     )
-    return [sys.executable, "-m", "frontier_runtime", "serve", "--config", str(config)] + [
-        "--host", "127.0.0.1", "--port", str(port), "--model-dir", str(model_dir),
-    ]  # fmt: skip
 
 
 def gateway_command(pool: dict[str, object], work: Path, name: str, port: int) -> list[str]:

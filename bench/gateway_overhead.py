@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -167,21 +168,26 @@ def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 18
     raise SystemExit(f"{url} did not answer 200 within {timeout_s:g} s; see {log}")
 
 
-def runtime_command(model_dir: Path, work: Path, port: int) -> list[str]:
-    config = work / "runtime.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"name": MODEL, "weights_uri": str(model_dir), "max_seq_len": 512},
-                "max_concurrency": 64,
-                "queue": {"max_length": 1024, "timeout_ms": 60_000},
-                "cpu_kv_cache_bytes": 64 * 1024 * 1024,
-                "log_level": "warning",
-                "device": "cpu",
-                "cpu_threads": 1,
-            }
-        )
-    )
+# The runtime the gateway benches serve: the tiny model on one CPU thread. A bench sets over these
+# what it measures (its KV cache, block size, events, transfer role, threads).
+RUNTIME_SETTINGS: dict[str, Any] = {
+    "max_concurrency": 64,
+    "queue": {"max_length": 1024, "timeout_ms": 60_000},
+    "cpu_kv_cache_bytes": 64 * 1024 * 1024,
+    "log_level": "warning",
+    "device": "cpu",
+    "cpu_threads": 1,
+}
+
+
+def runtime_command(
+    model_dir: Path, work: Path, port: int, *, max_seq_len: int = 512, **settings: Any
+) -> list[str]:
+    """The runtime serving ``model_dir`` on ``port``: :data:`RUNTIME_SETTINGS` with ``settings`` over
+    them, written to ``work/runtime-<port>.yaml``."""
+    config = work / f"runtime-{port}.yaml"
+    model = {"name": MODEL, "weights_uri": str(model_dir), "max_seq_len": max_seq_len}
+    config.write_text(yaml.safe_dump({"model": model, **RUNTIME_SETTINGS, **settings}))
     return [sys.executable, "-m", "frontier_runtime", "serve", "--config", str(config)] + [
         "--host", "127.0.0.1", "--port", str(port), "--model-dir", str(model_dir),
     ]  # fmt: skip

@@ -53,10 +53,10 @@ from typing import Any
 
 import httpx
 import numpy as np
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_overhead import KEY, MODEL, free_port, gateway_serving, process, wait_http  # noqa: E402
+from gateway_overhead import runtime_command as serving  # noqa: E402
 
 POLICIES = ("least-loaded", "prefix-hash", "kv-events")
 BLOCK_SIZE = 16
@@ -66,25 +66,18 @@ TOKENS_PER_WORD = 2.8  # the tiny tokenizer on VOCAB, measured
 def runtime_command(
     model_dir: Path, work: Path, port: int, events: tuple[int, int], kv_bytes: int
 ) -> list[str]:
-    config = work / f"runtime-{port}.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"name": MODEL, "weights_uri": str(model_dir), "max_seq_len": 2048},
-                "max_concurrency": 16,
-                "queue": {"max_length": 256, "timeout_ms": 60_000},
-                "cpu_kv_cache_bytes": kv_bytes,
-                "block_size": BLOCK_SIZE,
-                "kv_events": {"enabled": True, "port": events[0], "replay_port": events[1]},
-                "log_level": "warning",
-                "device": "cpu",
-                "cpu_threads": 1,
-            }
-        )
+    """A replica publishing its KV events on ``events`` (publish, replay), with ``kv_bytes`` of cache."""
+    return serving(
+        model_dir,
+        work,
+        port,
+        max_seq_len=2048,
+        max_concurrency=16,
+        queue={"max_length": 256, "timeout_ms": 60_000},
+        cpu_kv_cache_bytes=kv_bytes,
+        block_size=BLOCK_SIZE,
+        kv_events={"enabled": True, "port": events[0], "replay_port": events[1]},
     )
-    return [sys.executable, "-m", "frontier_runtime", "serve", "--config", str(config)] + [
-        "--host", "127.0.0.1", "--port", str(port), "--model-dir", str(model_dir),
-    ]  # fmt: skip
 
 
 def gateway_command(
