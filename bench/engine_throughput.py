@@ -25,28 +25,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+# The workload is engine_vs_vllm.py's (beside this script, which Python puts first on sys.path).
+from engine_vs_vllm import make_requests
 from frontier_runtime.engine.llm_engine import LLMEngine
 from frontier_runtime.requests import SamplingParams
 from frontier_runtime.tiny import make_tiny_checkpoint
 
 STATIC_BATCH = 16
-
-
-def make_requests(n: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        prompt_len = rng.choice([rng.randint(8, 48), rng.randint(48, 256)])
-        out_len = rng.choice([rng.randint(16, 64), rng.randint(64, 256)])
-        out.append(([rng.randrange(8, vocab) for _ in range(prompt_len)], out_len))
-    return out
 
 
 def run_engine(model_dir: Path, requests: list[tuple[list[int], int]]) -> tuple[float, list[list[int]]]:

@@ -66,7 +66,7 @@ SHAPES: dict[str, dict[str, object]] = {
 
 
 def make_requests(n: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
-    """The same mix as bench/engine_throughput.py."""
+    """Mixed prompts (8-256 tokens) and outputs (16-256): this bench's workload and engine_throughput.py's."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
