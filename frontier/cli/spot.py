@@ -49,6 +49,16 @@ def notice(c, host, stack=None, rebalance=False, action="terminate", in_s=None, 
         )
     if not entry.get("out_of_service"):
         console.print(f"{posted.host}: recorded; it keeps serving (the group replaces it before it goes)")
+        # EC2's group answers the recommendation itself; here the local group does, with a warm spare.
+        warmed = notices.warm_replacement(settings, console.print)
+        if warmed is None:
+            console.print("no spare slot to warm: the group launches its replacement cold")
+        else:
+            what = "prepared weights" if warmed.prepared else "weights"
+            console.print(
+                f"{warmed.host.name}: warmed for {warmed.release} in {warmed.seconds:.1f} s "
+                f"({warmed.bytes_fetched} bytes of {what} fetched); its launch fetches no weights"
+            )
         return
     told = ", ".join(
         f"{g.get('gateway')} moved {g.get('moved', 0)} stream(s)" if g.get("status") == 200 else f"{g.get('gateway')}: {g.get('error')}"

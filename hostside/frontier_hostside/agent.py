@@ -17,6 +17,7 @@ during start-up, 4: not ready in time)::
     wait-ready SECONDS       poll the readiness path; fail early when the runtime exits
     metrics | status         the runtime's /metrics; facts plus readiness, liveness, digest and restarts
     prune KEEP               keep the KEEP most recent releases (never current or previous)
+    prefetch [--release ID]  warm the weights cache with what the release's start reads (default: current); start nothing
     supervise                (run by ``start``) keep the current release's runtime up (see below)
     interruptions [--imds URL] [--interval S]  poll IMDS for spot notices; on one, stop (drain) the runtime
 
@@ -435,6 +436,52 @@ class Agent:
                 path.unlink()
         return {"stopped": True, "pid": pid, "outcome": outcome}
 
+    def prefetch(self, release_id: str = "") -> dict[str, Any]:
+        """Warm the host's weights cache for a staged release (default: the current one) without
+        starting it: the release's runtime fetches and verifies what its start will read (the
+        prepared weights of its key where S3 holds them, else the checkpoint) and exits, so that
+        start reads the cache only. The runtime's log lines go to the runtime log."""
+        if release_id:
+            self.check_id(release_id, "prefetch")
+            release = self.releases_dir / release_id
+            if not (release / self.config.manifest).is_file():
+                raise AgentError(f"prefetch: release {release_id} is not staged")
+        else:
+            release = self.current_release("prefetch")
+        self.check_signature("prefetch", release.name, release)
+        self.check_files("prefetch", release)
+        if not (release / "site").is_dir():
+            # An image release's runtime is in its image, which this agent does not run.
+            raise AgentError(
+                f"prefetch: release {release.name} has no runtime installed beside it ({release / 'site'}); "
+                "a release of an image prefetches nothing here"
+            )
+        env = dict(self.environ)
+        env.update(_read_env_file(self.root / "env"))
+        env["PYTHONPATH"] = str(release / "site")
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            log.write(f"=== {now()} prefetch {release.name}\n".encode())
+            log.flush()
+            done = subprocess.run(
+                [self.config.python, "-m", RUNTIME_MODULE, "prefetch", "--config", str(release / "runtime.yaml")],
+                cwd=str(self.root),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )  # fmt: skip
+        lines = [line for line in done.stdout.decode(errors="replace").splitlines() if line.startswith("{")]
+        try:
+            answer: dict[str, Any] = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            answer = {}
+        if done.returncode != 0 or not answer.get("ok"):
+            why = answer.get("error") or f"the runtime's prefetch exited {done.returncode}"
+            raise AgentError(f"prefetch: {why}", log_tail=self.log_tail())
+        answer.pop("ok", None)
+        return {"prefetched": release.name, **answer}
+
     def supervise(self) -> dict[str, Any]:
         if self.systemd():
             return Watchdog(self).run()
@@ -725,6 +772,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prune")
     p.add_argument("keep", type=int)
     sub.add_parser(SUPERVISE_COMMAND)
+    p = sub.add_parser("prefetch")
+    p.add_argument("--release", default="")
     # Spot notices from IMDS take the host out of service (frontier_hostside.interruption).
     p = sub.add_parser("interruptions")
     p.add_argument("--imds", default=os.environ.get(IMDS_URL_ENV, IMDS_URL))
@@ -759,6 +808,8 @@ def run(agent: Agent, args: argparse.Namespace) -> dict[str, Any]:
         return agent.prune(args.keep)
     if command == SUPERVISE_COMMAND:
         return agent.supervise()
+    if command == "prefetch":
+        return agent.prefetch(args.release)
     if command == "interruptions":
         try:
             watcher = InterruptionWatcher(

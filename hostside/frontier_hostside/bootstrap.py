@@ -14,6 +14,9 @@ what hosts run (Pulumi uploads it beside the agent, under the history prefix's `
                ready, then complete the ASG launch lifecycle hook with CONTINUE, so the host joins the
                target group ready. Any failure: ABANDON, with the reason in the log and in a boot
                record under ``boots/`` of the history prefix.
+    prefetch   what ``boot`` does up to the start, and the weights cache filled with what the
+               release's start will read (the agent's ``prefetch``); nothing starts and no hook is
+               completed. A replacement warmed this way, booted later, fetches no weights.
     abandon    ABANDON the launch hook with a reason (cloud-init's steps before ``boot`` use it).
     publish    scrape the runtime's /metrics once and put QueueDepth, RunningRequests, the
                end-to-end latency (values with counts from the histogram, so CloudWatch computes true
@@ -53,7 +56,7 @@ from pathlib import Path
 from frontier_hostside.aws_cli import Aws, BootError
 from frontier_hostside.gateway_boot import GatewayNodeConfig, publish_gateway
 from frontier_hostside.names import LEADER_ENV_FILE, REPLICA_ENV_FILE
-from frontier_hostside.node_boot import NodeConfig, abandon, boot, publish, replica_env, watch
+from frontier_hostside.node_boot import NodeConfig, abandon, boot, prefetch, publish, replica_env, watch
 
 DEFAULT_ENV = "/etc/frontier/node.env"
 
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default=os.environ.get("FRONTIER_NODE_ENV", DEFAULT_ENV))
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("boot")
+    commands.add_parser("prefetch")
     commands.add_parser("publish")
     commands.add_parser("publish-gateway")
     abandon_parser = commands.add_parser("abandon")
@@ -85,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         aws = Aws(config.region, bucket=config.history_bucket)
         if args.command == "boot":
             answer = boot(config, aws)
+        elif args.command == "prefetch":
+            answer = prefetch(config, aws)
         elif args.command == "abandon":
             answer = abandon(config, aws, args.reason)
         elif args.command == "publish":

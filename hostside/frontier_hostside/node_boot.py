@@ -406,6 +406,29 @@ def boot(config: NodeConfig, aws: Aws) -> dict[str, Any]:
     return {"ok": True, "outcome": outcome, "release": release, "reason": reason, "group": group}
 
 
+def prefetch(config: NodeConfig, aws: Aws) -> dict[str, Any]:
+    """Warm this host for the release a boot would serve, and start nothing: the host tools, the
+    release fetched, verified and staged, and the weights cache filled with what that release's
+    start reads (the agent's ``prefetch``). A ``boot`` afterwards stages the release again (a few
+    small files) and its runtime's start finds every weights file verified: no weights GET.
+    A host that is told to replace one at risk runs this first, so the fetch is done before it
+    is needed. No lifecycle hook is completed: the host is not in service until ``boot``."""
+    instance_id, address = identity(config)
+    install_agent(aws, config, instance_id, address)
+    install_release_key(aws, config)
+    record = release_to_boot(aws, config)
+    if record is None:
+        return {"ok": False, "outcome": "empty", "reason": "no successful deploy in the history yet"}
+    release = record["release"]
+    incoming = Path(config.root) / "incoming" / release
+    manifest = fetch_release(aws, config, release, incoming)
+    wheel = fetch_wheel(aws, config, manifest.get("artifact", {}), Path(config.root) / "artifacts")
+    agent(config, "stage", release, str(incoming), *(["--wheel", wheel] if wheel else []))
+    warmed = agent(config, "prefetch", "--release", release, timeout=config.readiness_timeout_s + 60)
+    log(f"warmed for {release}: {warmed.get('bytes_downloaded', 0)} bytes fetched")
+    return {"ok": True, "outcome": "warmed", "release": release, "prefetch": warmed}
+
+
 # --- a replica over several nodes: which node this host is ------------------------------------------
 
 

@@ -1,7 +1,9 @@
 """``python -m frontier_runtime serve --config runtime.yaml [--host H] [--port P] [--model-dir DIR]``,
 ``python -m frontier_runtime node --config runtime.yaml [--leader ADDR] [--node-rank K] [--model-dir DIR]``
 (a node other than the leader of a replica over several nodes: see ``engine.nodes``) and
-``python -m frontier_runtime probe [--ready]`` (the container's health check).
+``python -m frontier_runtime probe [--ready]`` (the container's health check) and
+``python -m frontier_runtime prefetch --config runtime.yaml`` (the host cache warmed with what a
+start of that config reads, nothing loaded: what a replacement host runs before it joins).
 
 The working directory is the host's install root: relative paths in the config (weights cache,
 a local model directory) resolve against it. ``--host``/``--port`` override the config so one
@@ -55,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
         "--node-rank", type=int, help=f"this node's index, 1.. (default: ${names.NODE_RANK_ENV})"
     )
     node.add_argument("--model-dir", type=Path, help="this local model directory instead of model.source")
+    prefetch = commands.add_parser(
+        "prefetch",
+        help="fetch and verify into the host cache what a start of this config reads, then exit "
+        "(one JSON line on stdout)",
+    )
+    prefetch.add_argument("--config", required=True, type=Path, help="the rendered runtime.yaml")
     probe = commands.add_parser(
         "probe", help="exit 0 when the running server is live (the container's health check)"
     )
@@ -91,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"frontier_runtime: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log_level, config.json_logs)
+    if args.command == "prefetch":
+        return _prefetch(config)
     if args.model_dir is not None and not args.model_dir.is_dir():
         print(f"frontier_runtime: --model-dir {args.model_dir} is not a directory", file=sys.stderr)
         return 2
@@ -115,6 +125,22 @@ def _with_kv_transfer(config: RuntimeConfig, role: str | None, host: str | None)
         return RuntimeConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError("\n".join(f"--kv-role/--kv-host: {p}" for p in problems_of(exc))) from None
+
+
+def _prefetch(config: RuntimeConfig) -> int:
+    """The host cache warmed for a start of ``config`` (``server.warm_start.prefetch``)."""
+    import json
+
+    from frontier_runtime.server.warm_start import prefetch
+    from frontier_runtime.storage.weights import WeightsError
+
+    try:
+        answer = {"ok": True, **prefetch(config)}
+    except (WeightsError, OSError) as exc:
+        print(json.dumps({"ok": False, "error": str(exc)}))
+        return 2
+    print(json.dumps(answer, sort_keys=True))
+    return 0
 
 
 def _node(config: RuntimeConfig, args: argparse.Namespace) -> int:

@@ -537,3 +537,45 @@ def test_terminate_then_kill_leaves_dead_zombie_and_recycled_pids_alone():
     finally:
         other.kill()
         other.wait()
+
+
+# --- prefetch ----------------------------------------------------------------------------------------
+
+
+def _runtime_release(n: int, runtime_yaml: str) -> Release:
+    """A release of the real runtime: its site/ is left empty, so ``python -m frontier_runtime``
+    imports the runtime installed beside this interpreter, as a wheel installed there would."""
+    return Release(
+        Artifact("sha256:" + f"{n:x}" * 64, "image"), {"runtime.yaml": runtime_yaml, UNIT_NAME: "[Unit]\n"}
+    )
+
+
+def _stage_runtime(a: Agent, r: Release) -> Release:
+    incoming = upload(a, r, standin=False)
+    (incoming / "site").mkdir()
+    a.stage(r.id, str(incoming))
+    return r
+
+
+def test_prefetch_runs_the_releases_runtime_on_its_config_and_starts_nothing(tmp_path, host, config):
+    model = {"name": "tiny", "weights_uri": str(tmp_path / "weights"), "version": "v1", "max_seq_len": 128}
+    r = _stage_runtime(host, _runtime_release(7, json.dumps({"model": model, "device": "cpu"})))
+    code, answer = cli(write_config(config, tmp_path / "agent.json"), "prefetch", "--release", r.id)
+    assert code == 0, answer
+    assert (answer["prefetched"], answer["fetched"]) == (r.id, False)  # a local directory: nothing to fetch
+    assert not host.is_running() and host.facts().current == ""
+    assert f"prefetch {r.id}" in (host.root / "logs" / "runtime.log").read_text()
+
+
+def test_prefetch_of_a_release_without_its_runtime_beside_it_is_refused_naming_the_path(host, config):
+    r = release(config, 8)
+    host.stage(r.id, str(upload(host, r, standin=False)))
+    with pytest.raises(agent.AgentError, match=f"{r.id}/site"):
+        host.prefetch(r.id)
+
+
+def test_a_prefetch_the_runtime_refuses_fails_with_its_reason_in_the_log_tail(host, config):
+    r = _stage_runtime(host, _runtime_release(9, "model: {}\n"))
+    with pytest.raises(agent.AgentError, match="prefetch exited 2") as refused:
+        host.prefetch(r.id)
+    assert "model.name" in refused.value.extra["log_tail"]

@@ -70,9 +70,9 @@ class Activity:
     """One launch or retire, as the group's activity history shows it."""
 
     at: str
-    action: str  # launch | retire
+    action: str  # launch | retire | warm
     host: str
-    outcome: str  # in_service | failed | retired
+    outcome: str  # in_service | failed | retired | warmed
     seconds: float
     detail: str
 
@@ -82,6 +82,9 @@ class GroupState:
     in_service: list[str]
     protected: list[str] = field(default_factory=list)
     activities: list[dict] = field(default_factory=list)
+    # Spare slots whose weights cache holds what the current release's start reads (``warm``): a
+    # launch takes these first.
+    warm: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,18 @@ class Launched:
     release: str
     boot_s: float  # the bootstrap on the slot: fetch, verify, start, readiness
     in_rotation_s: float  # from the launch to HAProxy's health check passing
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """A spare slot warmed for a release: staged, its weights cache filled, not in service."""
+
+    host: HostSpec
+    release: str
+    seconds: float
+    bytes_fetched: int
+    #: What was fetched was the prepared weights of the release's key (else the checkpoint).
+    prepared: bool
 
 
 # --- the in-service set ---------------------------------------------------------------------------
@@ -168,8 +183,11 @@ class LocalFleet:
         return [h for h in self.slots() if h.name in names]
 
     def spares(self) -> list[HostSpec]:
+        """The slots out of service, the warm ones (``warm``) first."""
         names = self.in_service()
-        return [h for h in self.slots() if h.name not in names]
+        warm = set(self._read().warm)
+        spare = [h for h in self.slots() if h.name not in names]
+        return [h for h in spare if h.name in warm] + [h for h in spare if h.name not in warm]
 
     def size(self) -> GroupSize:
         return GroupSize(self.group.min_size, len(self.in_service()), self.group.max_size)
@@ -243,7 +261,7 @@ class LocalFleet:
             raise GroupError(f"{self.name}: {host.name} is already in service")
         self.say(f"launch {host.name}: fetching the host tools, then `bootstrap boot` on the slot")
         try:
-            answer = self._boot(host, timeout_s)
+            answer = self._bootstrap(host, timeout_s, "boot")
             if not answer.get("ok"):
                 raise GroupError(
                     f"{host.name} abandoned its launch: {answer.get('reason') or answer.get('error')}"
@@ -254,6 +272,7 @@ class LocalFleet:
             with self._locked() as state:
                 # Other pools' slots (not in this fleet's slots) stay in service as they were.
                 state.in_service = [n for n in state.in_service if n != host.name] + [host.name]
+                state.warm = [n for n in state.warm if n != host.name]
             # A slot retired earlier is in maintenance in HAProxy: back to ready; the health check
             # (already passing) puts it in rotation.
             self.balancer.enable(host, timeout=max(10.0, self.settings.health.interval_s * 10))
@@ -271,6 +290,39 @@ class LocalFleet:
                 ),
             )
         return launched
+
+    def warm(self, timeout_s: float) -> Warmed | None:
+        """Warm the first spare slot for the current release and leave it out of service: what a
+        replacement does on a rebalance recommendation, before the host at risk goes (``bootstrap
+        prefetch``: release staged, weights cache filled with what its start reads). None when no
+        spare slot is left; a spare already warm is warmed again (the release may have changed)."""
+        spares = self.spares()
+        if not spares:
+            return None
+        host = spares[0]
+        started = time.perf_counter()
+        self.say(f"warm {host.name}: fetching the host tools, then `bootstrap prefetch` on the slot")
+        answer = self._bootstrap(host, timeout_s, "prefetch")
+        warmed = bool(answer.get("ok"))
+        fetched = answer.get("prefetch", {})
+        what = "prepared weights" if fetched.get("prepared") else "weights"
+        detail = (
+            f"{fetched.get('bytes_downloaded', 0)} bytes of {what} fetched for {answer.get('release')}"
+            if warmed
+            else str(answer.get("reason") or answer.get("error"))
+        )
+        with self._locked() as state:
+            state.warm = [n for n in state.warm if n != host.name] + ([host.name] if warmed else [])
+            self._note(state, _activity("warm", host.name, "warmed" if warmed else "failed", started, detail))
+        if not warmed:
+            raise GroupError(f"{host.name} could not be warmed: {detail}")
+        return Warmed(
+            host,
+            str(answer["release"]),
+            time.perf_counter() - started,
+            int(fetched.get("bytes_downloaded", 0)),
+            bool(fetched.get("prepared")),
+        )
 
     def retire(self, hosts: list[HostSpec]) -> None:
         """Take each host out of the group, drain it in the balancer, then stop its runtime."""
@@ -292,8 +344,9 @@ class LocalFleet:
             with self._locked() as state:
                 self._note(state, _activity("retire", host.name, "retired", started, detail))
 
-    def _boot(self, host: HostSpec, timeout_s: float) -> dict:
-        """cloud-init's part on the slot: host tools from the bucket, node.env, then ``boot``."""
+    def _bootstrap(self, host: HostSpec, timeout_s: float, command: str) -> dict:
+        """cloud-init's part on the slot: host tools from the bucket, node.env, then the bootstrap's
+        ``command`` (``boot``, or ``prefetch`` for a warm spare)."""
         root = Path(host.root)
         for sub in ("bin", "logs", "run", "releases"):
             (root / sub).mkdir(parents=True, exist_ok=True)
@@ -321,7 +374,7 @@ class LocalFleet:
         # The slot's env file points the AWS CLI at the stack's moto, as the instance profile would.
         command = (
             f"cd {shlex.quote(str(root))} && set -a && . ./env && set +a && "
-            f"exec {shlex.quote(host.python)} bin/{BOOTSTRAP_FILE_NAME} --env {NODE_ENV} boot"
+            f"exec {shlex.quote(host.python)} bin/{BOOTSTRAP_FILE_NAME} --env {NODE_ENV} {command}"
         )
         conn = self.connect(host)
         try:

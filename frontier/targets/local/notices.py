@@ -5,7 +5,7 @@ a notice on its control endpoint, as AWS would raise one in the instance's metad
 interruption watcher finds it at its next poll and acts as on EC2 (a spot notice: the gateway is
 told, the runtime drains and stops; a rebalance recommendation: recorded only). :func:`post`
 raises the notice, :func:`wait_handled` reads the slot's ``run/interruption.json`` until the watcher
-has handled it.
+has handled it, and :func:`warm_replacement` is the group's answer to a rebalance recommendation.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,8 @@ from frontier_hostside.interruption import read_record
 
 from frontier.config.schema import Host, Settings
 from frontier.targets.local import cluster, services
+from frontier.targets.local.backend import LocalBackend
+from frontier.targets.local.group import Warmed
 from frontier.targets.local.imds import MAX_NOTICE_IN_S, SPOT_ACTIONS, SPOT_NOTICE_S
 
 KINDS = ("spot", "rebalance")
@@ -88,6 +91,16 @@ def wait_handled(settings: Settings, posted: Posted, timeout_s: float) -> dict[s
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.1)
+
+
+def warm_replacement(settings: Settings, say: Callable[[str], None]) -> Warmed | None:
+    """The group's answer to a rebalance recommendation, as the local stack stands in for it: a
+    spare slot warmed for the current release (staged, its weights cache filled with what its start
+    reads) and left out of service, so the replacement that takes over from the host at risk
+    fetches no weights when it launches. None where the stack has no spare slot."""
+    fleet = LocalBackend(settings).fleet()
+    fleet.say = say
+    return fleet.warm(settings.rollout.readiness_timeout_s + 60)
 
 
 def _post_json(url: str, body: dict[str, Any]) -> dict[str, str]:

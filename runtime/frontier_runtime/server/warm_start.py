@@ -28,7 +28,7 @@ from frontier_runtime.models.llama import prepared
 from frontier_runtime.ops import cpu_kernel
 from frontier_runtime.storage import prepared as cache
 from frontier_runtime.storage import prepared_eviction
-from frontier_runtime.storage.weights import is_s3_uri
+from frontier_runtime.storage.weights import FetchReport, fetch_weights, is_s3_uri
 
 log = logging.getLogger("frontier_runtime.warm_start")
 
@@ -74,6 +74,42 @@ def model_source(config: RuntimeConfig, phase: PhaseSink) -> cache.ModelSource:
     phase("fetch", sum(r.fetch_seconds for r in source.reports))
     phase("verify", sum(r.verify_seconds for r in source.reports))
     return source
+
+
+def prefetch(config: RuntimeConfig) -> dict[str, object]:
+    """Warm this host's weights cache with exactly what a start of ``config`` will read, and return
+    what it fetched: the prepared directory of the start's key where S3 holds it, else the
+    checkpoint (a replica of several ranks: the checkpoint), every file verified as a start
+    verifies it. Nothing is loaded. The fetcher's lock makes a start that comes meanwhile wait,
+    then find every file verified (one ``stat`` each). A local weights directory has nothing to fetch."""
+    started = time.monotonic()
+    uri = config.model.weights_uri
+    if not is_s3_uri(uri):
+        return {"weights": uri, "fetched": False, "reason": "a local weights directory: nothing to fetch"}
+    if config.ranks > 1:
+        report = fetch_weights(
+            uri,
+            config.model.version,
+            Path(config.weights_cache_dir),
+            concurrency=config.weights_fetch_concurrency,
+        )
+        reports: tuple[FetchReport, ...] = (report,)
+        key, hit = "", False
+    else:
+        source = model_source(config, lambda phase, seconds: None)
+        reports, key, hit = source.reports, source.key, source.hit
+    return {
+        "weights": uri,
+        "version": config.model.version,
+        "fetched": True,
+        "key": key,
+        "prepared": hit,
+        "model_dir": str(reports[-1].model_dir) if reports else "",
+        "files_downloaded": sum(len(r.files_downloaded) for r in reports),
+        "files_reused": sum(len(r.files_reused) for r in reports),
+        "bytes_downloaded": sum(r.bytes_downloaded for r in reports),
+        "seconds": round(time.monotonic() - started, 3),
+    }
 
 
 def build(
