@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from frontier_hostside import names
@@ -29,7 +30,10 @@ NOTICE_AFTER = 24  # tokens the client has when the replica gets its notice
 
 
 @dataclass
-class _Stream:
+class Stream:
+    """One streamed completion as its client saw it: the replica that answered (its header), the
+    text, when each token arrived, and what went wrong."""
+
     sent_at: float = 0.0
     replica: str = ""
     text: str = ""
@@ -57,15 +61,21 @@ class MigrationRun:
     stall_s: float
 
 
-def _stream(url: str, key: str, model: str, prompt: str, into: _Stream) -> None:
-    body = {
+def greedy(model: str, prompt: str, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
+    """A streamed greedy completion of ``max_tokens``: the same text wherever it is computed."""
+    return {
         "model": model,
         "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
     }
+
+
+def stream(url: str, key: str, body: dict[str, Any], into: Stream, timeout_s: float = 60) -> Stream:
+    """Send ``body`` to the completions endpoint at ``url`` and record each token into ``into`` as it
+    arrives (a thread's target: the caller reads ``into`` while it fills)."""
     into.sent_at = time.monotonic()
     try:
         with httpx.stream(
@@ -73,12 +83,12 @@ def _stream(url: str, key: str, model: str, prompt: str, into: _Stream) -> None:
             url + names.COMPLETIONS_PATH,
             json=body,
             headers={"Authorization": f"Bearer {key}"},
-            timeout=60,
+            timeout=timeout_s,
         ) as answer:
             into.replica = answer.headers.get(names.REPLICA_HEADER, "")
             if answer.status_code != 200:
-                into.errors.append(f"HTTP {answer.status_code}")
-                return
+                into.errors.append(f"HTTP {answer.status_code}: {answer.read()[:200]!r}")
+                return into
             for line in answer.iter_lines():
                 if line == "data: [DONE]":
                     into.done = True
@@ -91,27 +101,29 @@ def _stream(url: str, key: str, model: str, prompt: str, into: _Stream) -> None:
                         into.arrivals.append(time.monotonic())
     except httpx.HTTPError as exc:
         into.errors.append(repr(exc))
+    return into
 
 
-def _metric(admin: str, name: str, label: str = "") -> float:
+def metric(admin: str, name: str) -> float:
+    """The sum of the gateway's series ``name`` on its admin port."""
     text = httpx.get(admin + names.METRICS_PATH, timeout=10).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line
+        if line.startswith((name + "{", name + " "))
     )
 
 
-def _replica_url(admin: str, replica_id: str) -> str:
-    """The base URL of the replica clients know as ``replica_id`` (the breaker gauge maps them)."""
+def replica_urls(admin: str) -> dict[str, str]:
+    """The gateway's replicas: the id clients see (its header) -> the base URL it reaches (the
+    breaker gauge maps them)."""
     text = httpx.get(admin + names.METRICS_PATH, timeout=10).text
+    found = {}
     for line in text.splitlines():
-        if (
-            line.startswith(names.GATEWAY_REPLICA_BREAKER_METRIC + "{")
-            and f'replica_id="{replica_id}"' in line
-        ):
-            return line.split('replica="', 1)[1].split('"', 1)[0]
-    raise FrontierError(f"the gateway's metrics name no replica with id {replica_id!r}")
+        if line.startswith(names.GATEWAY_REPLICA_BREAKER_METRIC + "{"):
+            replica_id = line.split('replica_id="', 1)[1].split('"', 1)[0]
+            found[replica_id] = line.split('replica="', 1)[1].split('"', 1)[0]
+    return found
 
 
 def demo_part(multi: Settings, model: str, key: str, say: Callable[[str], None]) -> MigrationRun:
@@ -120,13 +132,13 @@ def demo_part(multi: Settings, model: str, key: str, say: Callable[[str], None])
     url = gateway_url(multi)
     admin = f"http://{multi.gateway.admin_host}:{multi.gateway.admin_port}"
     prompt = "The migration demo: a long story told one token at a time"
-    reference = _Stream()
-    _stream(url, key, model, prompt, reference)
+    body = greedy(model, prompt)
+    reference = stream(url, key, body, Stream())
     if not reference.done or reference.errors:
         raise FrontierError(f"the uninterrupted stream failed: {reference.errors}")
-    before = _metric(admin, names.GATEWAY_MIGRATIONS_METRIC + "_total")
-    moved = _Stream()
-    worker = threading.Thread(target=_stream, args=(url, key, model, prompt, moved), daemon=True)
+    before = metric(admin, names.GATEWAY_MIGRATIONS_METRIC + "_total")
+    moved = Stream()
+    worker = threading.Thread(target=stream, args=(url, key, body, moved), daemon=True)
     worker.start()
     deadline = time.monotonic() + 60
     while len(moved.arrivals) < NOTICE_AFTER and worker.is_alive():
@@ -135,11 +147,13 @@ def demo_part(multi: Settings, model: str, key: str, say: Callable[[str], None])
         time.sleep(0.005)
     at_notice = len(moved.arrivals)
     noticed_at = time.monotonic()
-    replica = _replica_url(admin, moved.replica)
+    replica = replica_urls(admin).get(moved.replica)
+    if replica is None:
+        raise FrontierError(f"the gateway's metrics name no replica with id {moved.replica!r}")
     answer = httpx.post(admin + names.GATEWAY_INTERRUPT_PATH, json={"replica": replica}, timeout=10)
     answer.raise_for_status()
     worker.join(120)
-    migrations = _metric(admin, names.GATEWAY_MIGRATIONS_METRIC + "_total") - before
+    migrations = metric(admin, names.GATEWAY_MIGRATIONS_METRIC + "_total") - before
     gaps = [b - a for a, b in zip(moved.arrivals, moved.arrivals[1:], strict=False) if b > noticed_at]
     stall = max(gaps) if gaps else 0.0
     same = moved.text == reference.text

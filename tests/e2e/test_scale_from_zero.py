@@ -8,20 +8,16 @@ for the model, and the autoscaler scraping every 0.3 s.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from frontier.demo import zero
-from frontier.release import weights
-from frontier.release.artifact import build_wheel
-from frontier.rollout.deploy import deploy
-from frontier.targets import backend_for, load_stack
+from frontier.targets import load_stack
 from frontier.targets.local import cluster as local
 from frontier.targets.local import gateway as local_gateway
+from tests.e2e.deployed import up_with_first_release
 from tests.e2e.stackcopy import free_port, write_local_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -68,24 +64,7 @@ def test_a_pool_at_zero_answers_every_held_request_then_goes_back_to_zero(tmp_pa
     monkeypatch.delenv(local.CONNECTION_ENV, raising=False)
     settings = load_stack("local")
     try:
-        model_dir = tmp_path / "model"
-        subprocess.run(
-            [sys.executable, "-m", "frontier_runtime.tiny", "--out", str(model_dir)],
-            check=True,
-            capture_output=True,
-        )
-        local.up(settings)
-        backend = backend_for(settings)
-        weights.push(
-            backend.aws_client("s3"),
-            model_dir,
-            settings.model.weights_uri,
-            settings.model.name,
-            settings.model.version,
-        )
-        artifact, wheel = build_wheel()
-        backend.history_store().put_artifact(artifact, wheel)
-        deploy(backend, artifact.digest)
+        up_with_first_release(settings, tmp_path)
         local_gateway.start(settings)
 
         run = zero.scale_from_zero(

@@ -12,14 +12,10 @@ SIGKILLs whatever of host-1's runtime is left, as EC2 would.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -28,13 +24,12 @@ import yaml
 from frontier_hostside import names
 from frontier_hostside.interruption import read_record
 
+from frontier.demo.migration import Stream, greedy, metric, replica_urls, stream
 from frontier.loadtest.client import BackgroundLoad, Target
-from frontier.release import weights
-from frontier.release.artifact import build_wheel
-from frontier.rollout.deploy import deploy
 from frontier.targets import backend_for, load_stack
 from frontier.targets.local import cluster as local
 from frontier.targets.local import gateway as local_gateway
+from tests.e2e.deployed import up_with_first_release
 from tests.e2e.stackcopy import free_port, write_local_stack
 from tests.fab_program import fab
 
@@ -75,71 +70,15 @@ def _drill_stack(root: Path) -> Path:
     return stacks
 
 
-@dataclass
-class Stream:
-    replica: str = ""
-    text: str = ""
-    arrivals: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    done: bool = False
-
-
-def _stream(url: str, key: str, body: dict, into: Stream) -> Stream:
-    try:
-        with httpx.stream(
-            "POST",
-            url + names.COMPLETIONS_PATH,
-            json=body,
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=120,
-        ) as answer:
-            into.replica = answer.headers.get(names.REPLICA_HEADER, "")
-            if answer.status_code != 200:
-                into.errors.append(f"HTTP {answer.status_code}: {answer.read()[:200]!r}")
-                return into
-            for line in answer.iter_lines():
-                if line == "data: [DONE]":
-                    into.done = True
-                elif line.startswith("data: "):
-                    event = json.loads(line[6:])
-                    if "error" in event:
-                        into.errors.append(str(event["error"]))
-                    for choice in event.get("choices") or ():
-                        into.text += choice.get("text") or ""
-                        into.arrivals.append(time.monotonic())
-    except httpx.HTTPError as exc:
-        into.errors.append(repr(exc))
-    return into
-
-
 def _streams(url: str, key: str, bodies: list[dict]) -> tuple[list[Stream], list[threading.Thread]]:
     results = [Stream() for _ in bodies]
     threads = [
-        threading.Thread(target=_stream, args=(url, key, b, s)) for b, s in zip(bodies, results, strict=True)
+        threading.Thread(target=stream, args=(url, key, b, s), kwargs={"timeout_s": 120})
+        for b, s in zip(bodies, results, strict=True)
     ]
     for thread in threads:
         thread.start()
     return results, threads
-
-
-def _metric(admin: str, name: str) -> float:
-    text = httpx.get(admin + names.METRICS_PATH, timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith((name + "{", name + " "))
-    )
-
-
-def _replica_urls(admin: str) -> dict[str, str]:
-    """The gateway's replicas: the id clients see (its header) -> the URL it reaches."""
-    text = httpx.get(admin + names.METRICS_PATH, timeout=10).text
-    found = {}
-    for line in text.splitlines():
-        if line.startswith(names.GATEWAY_REPLICA_BREAKER_METRIC + "{"):
-            replica_id = line.split('replica_id="', 1)[1].split('"', 1)[0]
-            found[replica_id] = line.split('replica="', 1)[1].split('"', 1)[0]
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -155,24 +94,7 @@ def stack(tmp_path_factory):
 def _up(tmp_path: Path):
     settings = load_stack("local")
     try:
-        model_dir = tmp_path / "model"
-        subprocess.run(
-            [sys.executable, "-m", "frontier_runtime.tiny", "--out", str(model_dir)],
-            check=True,
-            capture_output=True,
-        )
-        local.up(settings)
-        backend = backend_for(settings)
-        weights.push(
-            backend.aws_client("s3"),
-            model_dir,
-            settings.model.weights_uri,
-            settings.model.name,
-            settings.model.version,
-        )
-        artifact, wheel = build_wheel()
-        backend.history_store().put_artifact(artifact, wheel)
-        deploy(backend, artifact.digest)
+        up_with_first_release(settings, tmp_path)
         local_gateway.start(settings)
         yield settings
     finally:
@@ -208,14 +130,7 @@ def test_a_spot_notice_takes_the_slot_out_of_rotation_within_5_s_and_its_streams
     admin = f"http://{settings.gateway.admin_host}:{settings.gateway.admin_port}"
     key = local_gateway.tenant_key(settings, "acme")
     bodies = [
-        {
-            "model": settings.model.name,
-            "prompt": f"stream {i} of the spot drill: a long story",
-            "max_tokens": MAX_TOKENS,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-        }
+        greedy(settings.model.name, f"stream {i} of the spot drill: a long story", MAX_TOKENS)
         for i in range(STREAMS)
     ]
     reference, threads = _streams(url, key, bodies)
@@ -265,8 +180,8 @@ def test_a_spot_notice_takes_the_slot_out_of_rotation_within_5_s_and_its_streams
             os.kill(left, signal.SIGKILL)
         time.sleep(2)  # requests sent after the end go to host-2 alone
         samples = load.stop()
-        migrations = _metric(admin, names.GATEWAY_MIGRATIONS_METRIC + "_total")
-        urls = _replica_urls(admin)
+        migrations = metric(admin, names.GATEWAY_MIGRATIONS_METRIC + "_total")
+        urls = replica_urls(admin)
     finally:
         load.stop()
 
