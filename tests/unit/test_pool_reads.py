@@ -45,7 +45,7 @@ LEFT = {
     "frontier/targets/kubernetes/network_policies.py": 2,
     "frontier/targets/kubernetes/objects.py": 1,
     "frontier/targets/kubernetes/rollout.py": 1,
-    "frontier/targets/kubernetes/rules.py": 18,
+    "frontier/targets/kubernetes/rules.py": 2,
     "frontier/targets/local/autoscaler.py": 4,
     "frontier/targets/local/backend.py": 1,
     "frontier/targets/local/balancer.py": 6,

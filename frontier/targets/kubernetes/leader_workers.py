@@ -47,7 +47,7 @@ from frontier_hostside.names import (
     REPLICA_STORE_PORT,
 )
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.targets.kubernetes.objects import (
     TEMPLATE_HASH_ANNOTATION,
     Manifest,
@@ -55,6 +55,7 @@ from frontier.targets.kubernetes.objects import (
     app_name,
     kubernetes_of,
     selector,
+    workload_name,
 )
 
 API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -74,11 +75,21 @@ NAME_SUFFIX = "-group"
 
 def spans_nodes(settings: Settings) -> bool:
     """Whether a replica of this pool (``Settings.for_pool``) spans several nodes."""
-    return settings.runtime.nodes_per_replica > 1
+    return replica_spans_nodes(settings.only_pool)
+
+
+def replica_spans_nodes(pool: PoolSettings) -> bool:
+    """Whether a replica of ``pool`` spans several nodes (a LeaderWorkerSet runs it)."""
+    return pool.runtime.nodes_per_replica > 1
 
 
 def set_name(settings: Settings) -> str:
     return f"{app_name(settings)}{NAME_SUFFIX}"
+
+
+def pool_set_name(pool: PoolSettings) -> str:
+    """The name of ``pool``'s LeaderWorkerSet."""
+    return f"{workload_name(pool)}{NAME_SUFFIX}"
 
 
 def replica_key_secret(settings: Settings) -> str:

@@ -84,14 +84,22 @@ def kv_role(pool: PoolSettings) -> KvRole | None:
     return None if role == "both" else role
 
 
-def _instance(settings: Settings) -> tuple[str, KvRole | None]:
+def _instance(settings: Settings) -> tuple[str, str | None]:
     """The name of the workload this view renders, and its half where it is one."""
     pool = settings.only_pool
+    return _instance_of(pool, kv_role(pool))
+
+
+def _instance_of(pool: PoolSettings, role: str | None) -> tuple[str, str | None]:
     slug = re.sub(r"[^a-z0-9]+", "-", pool.model.name.lower()).strip("-")
-    role = kv_role(pool)
     if role is None:
         return f"frontier-{slug}"[:48].rstrip("-"), None
     return f"{f'frontier-{slug}'[: 47 - len(role)].rstrip('-')}-{role}", role
+
+
+def workload_name(pool: PoolSettings, half: str | None = None) -> str:
+    """:func:`app_name` of ``pool``'s workload, or of its ``half`` where it is disaggregated."""
+    return _instance_of(pool, half or kv_role(pool))[0]
 
 
 def app_name(settings: Settings) -> str:

@@ -23,12 +23,21 @@ from frontier_hostside.names import DIGEST_PATTERN
 from frontier_settings import FieldProblem
 
 from frontier.config.checks import certificate_problems
-from frontier.config.schema import DTYPE_BYTES, GB, GP3_MAX_MIBPS, MIB, Kubernetes, Settings
+from frontier.config.schema import (
+    DTYPE_BYTES,
+    GB,
+    GP3_MAX_MIBPS,
+    MIB,
+    Kubernetes,
+    Model,
+    PoolSettings,
+    Settings,
+)
 from frontier.targets.kubernetes import disaggregation as pd
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.interruption import interruption_problems
 from frontier.targets.kubernetes.manifests import gpus_per_pod, pod_gpus_formula, startup_failure_threshold
-from frontier.targets.kubernetes.objects import app_name
+from frontier.targets.kubernetes.objects import workload_name
 
 # RFC 1123 label: what Kubernetes accepts as a namespace name.
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -137,13 +146,14 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
                 continue
             per_node = group.gpus_per_node if known is None else known
             # A type the node pool adds beside its group's own: every model pool on the group fits it.
-            for view in (s.for_pool(served.name) for served in s.pools_on(group)):
+            for served in s.pools_on(group):
+                view = s.for_pool(served.name)  # what the pod's manifest is rendered from
                 gpus = gpus_per_pod(view)
                 if gpus > per_node and pool.instance_types:
                     yield FieldProblem(
                         f"{where}.instance_types[{j}]",
                         instance_type,
-                        f"a runtime pod of model {view.model.name!r} requests {gpus} nvidia.com/gpu "
+                        f"a runtime pod of model {served.name!r} requests {gpus} nvidia.com/gpu "
                         f"({pod_gpus_formula(view)}) but a {instance_type} node of pool {pool.name!r} has "
                         f"{per_node}; allowed: at most {per_node}",
                     )
@@ -235,10 +245,10 @@ def pool_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
     names: dict[str, int] = {}
     pooled = {pool.node_group for pool in k.node_pools}
     for i, pool in enumerate(s.pools):
-        view = s.for_pool(pool.name)
         where = f"pools[{i}]"
         # A disaggregated pool's halves are named apart too (frontier-<model>-prefill, -decode).
-        for name in dict.fromkeys(app_name(v) for v in (view, *pd.role_views(view, pool))):
+        halves = pd.HALVES if pool.disaggregation is not None else ()
+        for name in dict.fromkeys(workload_name(pool, half) for half in (None, *halves)):
             if names.get(name, i) != i:
                 yield FieldProblem(
                     f"{where}.model.name",
@@ -256,16 +266,17 @@ def pool_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
                 f"(node pools run: {', '.join(sorted(pooled))})",
             )
             continue
+        view = s.for_pool(pool.name)  # what the pod's manifest is rendered from
         gpus = gpus_per_pod(view)
         if gpus > group.gpus_per_node:
             yield FieldProblem(
-                f"{where}.{_split_field(view)}",
-                _split_value(view),
+                f"{where}.{_split_field(pool)}",
+                _split_value(pool),
                 f"a runtime pod requests {gpus} nvidia.com/gpu ({pod_gpus_formula(view)}) but a "
                 f"{group.instance_type} node of node group {group.name!r} has {group.gpus_per_node}; "
                 f"allowed: at most {group.gpus_per_node}",
             )
-        if lw.spans_nodes(view):
+        if lw.replica_spans_nodes(pool):
             continue  # replica_group_problems sizes replicas in nodes
         where_group = f"node_groups[{s.node_groups.index(group)}]"
         if k.autoscaling.max_replicas > group.max_size:
@@ -328,14 +339,14 @@ def disaggregation_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem
                 )
 
 
-def _split_field(view: Settings) -> str:
+def _split_field(pool: PoolSettings) -> str:
     """The field that sizes a pod's GPUs: the tensor parallel size, or how many nodes share a replica."""
-    return "runtime.nodes_per_replica" if lw.spans_nodes(view) else "runtime.tensor_parallel_size"
+    return "runtime.nodes_per_replica" if lw.replica_spans_nodes(pool) else "runtime.tensor_parallel_size"
 
 
-def _split_value(view: Settings) -> int:
-    rt = view.runtime
-    return rt.nodes_per_replica if lw.spans_nodes(view) else rt.tensor_parallel_size
+def _split_value(pool: PoolSettings) -> int:
+    rt = pool.runtime
+    return rt.nodes_per_replica if lw.replica_spans_nodes(pool) else rt.tensor_parallel_size
 
 
 # The StatefulSet controller labels each pod with ``<statefulset>-<10-character hash>`` (at most 63
@@ -348,11 +359,11 @@ def replica_group_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]
     """Each pool whose replica spans nodes: its replicas in nodes fit its node group, its groups'
     names fit what the StatefulSets under its LeaderWorkerSet may be named."""
     auto = k.autoscaling
-    for i, view in enumerate(s.for_pool(pool.name) for pool in s.pools):
-        if not lw.spans_nodes(view):
+    for i, pool in enumerate(s.pools):
+        if not lw.replica_spans_nodes(pool):
             continue
         where = f"pools[{i}].runtime"
-        nodes, group = view.runtime.nodes_per_replica, view.serving_group
+        nodes, group = pool.runtime.nodes_per_replica, pool.group
         ratio = s.rollout.gate.max_p99_ratio
         if ratio is not None:
             # The ratio compares a canary with the old release over the same window; a LeaderWorkerSet
@@ -370,17 +381,17 @@ def replica_group_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]
             yield FieldProblem(
                 "kubernetes.autoscaling.max_replicas",
                 auto.max_replicas,
-                f"a replica of model {view.model.name!r} spans {where}.nodes_per_replica = {nodes} nodes: "
+                f"a replica of model {pool.name!r} spans {where}.nodes_per_replica = {nodes} nodes: "
                 f"{auto.max_replicas} replicas x {nodes} nodes + rollout.max_surge {s.rollout.max_surge} "
                 f"replica(s) x {nodes} nodes = {auto.max_replicas * nodes + surge} nodes, but node group "
                 f"{group.name!r} has max_size {group.max_size}; allowed: at most "
                 f"{max(0, (group.max_size - surge) // nodes)}",
             )
-        longest = f"{lw.set_name(view)}-{max(0, auto.max_replicas + s.rollout.max_surge - 1)}"
+        longest = f"{lw.pool_set_name(pool)}-{max(0, auto.max_replicas + s.rollout.max_surge - 1)}"
         if len(longest) > STATEFULSET_NAME_MAX:
             yield FieldProblem(
                 f"pools[{i}].model.name",
-                view.model.name,
+                pool.name,
                 f"its replicas' StatefulSets would be named like {longest!r} ({len(longest)} characters); "
                 f"allowed: at most {STATEFULSET_NAME_MAX}: shorten the model's name",
             )
@@ -391,9 +402,9 @@ def startup_budget_s(s: Settings) -> int:
     return startup_failure_threshold(s) * s.health.interval_s
 
 
-def weights_read_s(s: Settings, throughput_mibps: int) -> float:
-    """Seconds to read the model's weights once from a volume at ``throughput_mibps``."""
-    return s.model.num_parameters * DTYPE_BYTES[s.model.dtype] / (throughput_mibps * MIB)
+def weights_read_s(model: Model, throughput_mibps: int) -> float:
+    """Seconds to read ``model``'s weights once from a volume at ``throughput_mibps``."""
+    return model.num_parameters * DTYPE_BYTES[model.dtype] / (throughput_mibps * MIB)
 
 
 def cluster_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
@@ -411,21 +422,22 @@ def cluster_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
     # model through it before the startup probe gives up is restarted, forever. Each model pool on
     # the node pools of its own node group.
     budget = startup_budget_s(s)
-    for view in (half for pool in s.pools for half in pd.role_views(s.for_pool(pool.name), pool)):
-        weights_gb = view.model.num_parameters * DTYPE_BYTES[view.model.dtype] / GB
+    # Each group a pool runs on: its own, or each of a disaggregated pool's halves'.
+    for model, group in ((pool.model, group) for pool in s.pools for group in pool.groups):
+        weights_gb = model.num_parameters * DTYPE_BYTES[model.dtype] / GB
         for i, pool in enumerate(k.node_pools):
-            if pool.node_group != view.serving_group.name:
+            if pool.node_group != group.name:
                 continue
-            needed = weights_read_s(view, pool.root_volume_throughput_mibps)
+            needed = weights_read_s(model, pool.root_volume_throughput_mibps)
             if needed > budget:
                 yield FieldProblem(
                     f"kubernetes.node_pools[{i}].root_volume_throughput_mibps",
                     pool.root_volume_throughput_mibps,
-                    f"reading model {view.model.name!r}'s {weights_gb:.0f} GB of weights at "
+                    f"reading model {model.name!r}'s {weights_gb:.0f} GB of weights at "
                     f"{pool.root_volume_throughput_mibps} MiB/s "
                     f"takes {needed:.0f} s, but the startup probe allows {budget} s (rollout.readiness_timeout_s "
                     f"= {s.rollout.readiness_timeout_s:g} in probes of health.interval_s = {s.health.interval_s}); "
-                    f"raise it to at least {_mibps_for(view, budget)} MiB/s (gp3 allows {GP3_MAX_MIBPS}) or "
+                    f"raise it to at least {_mibps_for(model, budget)} MiB/s (gp3 allows {GP3_MAX_MIBPS}) or "
                     f"rollout.readiness_timeout_s to "
                     f"{needed:.0f} s",
                 )
@@ -453,5 +465,5 @@ def cluster_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
         )
 
 
-def _mibps_for(s: Settings, budget_s: int) -> int:
-    return math.ceil(s.model.num_parameters * DTYPE_BYTES[s.model.dtype] / (budget_s * MIB))
+def _mibps_for(model: Model, budget_s: int) -> int:
+    return math.ceil(model.num_parameters * DTYPE_BYTES[model.dtype] / (budget_s * MIB))
