@@ -167,10 +167,13 @@ def outputs(settings: Settings, target_group_arn: str) -> Ec2Outputs[str]:
     )
 
 
-def documents(settings: Settings, saved: Ec2Outputs[str]) -> dict[str, dict[str, dict[str, Any]]]:
+def documents(
+    settings: Settings, saved: Ec2Outputs[str], release_key_arn: str = ""
+) -> dict[str, dict[str, dict[str, Any]]]:
     """Each actor's documents as ``pulumi up`` of ``settings`` grants them (:mod:`frontier.identity`,
-    with the saved outputs' ARNs), named as the local stack names its own: each pool's host actor
-    with its runtime and lifecycle documents, and the deploy role's."""
+    with the saved outputs' ARNs and the stack's release key, if it has one), named as the local
+    stack names its own: each pool's host actor with its runtime and lifecycle documents, and the
+    deploy role's."""
     cloud = iam._cloud(settings)
     repository = saved.ecr_repository_url.split("/", 1)[1]
     weights_bucket, _, weights_prefix = settings.weights_root.removeprefix("s3://").partition("/")
@@ -183,6 +186,7 @@ def documents(settings: Settings, saved: Ec2Outputs[str]) -> dict[str, dict[str,
         api_keys_secret_arns={settings.api_keys_secret: f"{saved.api_keys_secret_arn}-*"},
         repository_arn=cloud.arn("ecr", f"repository/{repository}"),
         target_group_arn=saved.target_group_arn,
+        release_key_arn=release_key_arn,
     )
     stack = stack_identity(settings, cloud, found, ssm_access=saved.host_access == "ssm")
     found_documents: dict[str, dict[str, dict[str, Any]]] = {}
@@ -276,6 +280,8 @@ class Prod:
     root: Path
     region: str
     notes: list[str] = field(default_factory=list)
+    #: The stack's release key (frontier.release.signing), where the account has one.
+    release_key_arn: str = ""
 
     def client(self, actor: str, service: str, config: Config | None = None) -> Any:
         return boto3.client(
@@ -305,7 +311,7 @@ def admin_key(settings: Settings, endpoint: str, region: str) -> dict[str, iam.A
 def add_users(prod: Prod) -> None:
     """Each actor's user with its documents as moto can check them, and its key, by the admin."""
     client = prod.client("admin", "iam")
-    for actor, policies in documents(prod.settings, prod.saved).items():
+    for actor, policies in documents(prod.settings, prod.saved, prod.release_key_arn).items():
         name = iam.user_name(prod.settings, actor)
         client.create_user(UserName=name)
         for policy_name, document in policies.items():

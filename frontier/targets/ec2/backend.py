@@ -11,6 +11,7 @@ its tags): a rollout surges where its ``max_size`` leaves room and holds the gro
 A group whose replica spans several nodes rolls in place, its hosts in replica order, a wave of
 whole replicas at a time (:mod:`frontier.targets.ec2.replicas`).
 A stack that lists its hosts (``inventory.source: static``) is a fixed fleet: no group, in place.
+A disaggregated pool's two groups roll as a pair, prefill first (:mod:`frontier.targets.ec2.pair_roll`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from frontier.release.history import (
 )
 from frontier.release.release import Release
 from frontier.render.boot import replica_nodes
-from frontier.rollout.canary import canary_verification
+from frontier.rollout.canary import CanaryVerification, canary_verification
 from frontier.rollout.rolling import Event, Reporter, RolloutResult
 from frontier.rollout.strategy import roll_hosts
 from frontier.targets.ec2 import gateway as gateway_rolls
@@ -52,6 +53,7 @@ from frontier.targets.ec2.access import InstanceConnectKey, host_connection
 from frontier.targets.ec2.balancer import AlbBalancer
 from frontier.targets.ec2.discovery import HOST_PYTHON, discover
 from frontier.targets.ec2.group import AsgFleet
+from frontier.targets.ec2.pair_roll import PairRoll
 from frontier.targets.ec2.replicas import claimed_slots, in_replica_order
 
 # A surge host boots (drivers, image, weights) before its readiness timeout starts to count.
@@ -67,6 +69,11 @@ class Ec2Backend:
         self._key: InstanceConnectKey | None = None
 
     def hosts(self, group: str | None = None) -> list[HostSpec]:
+        """The hosts of ``group``; by default the pool's, a disaggregated pool's both halves in the
+        order they roll (prefill, then decode)."""
+        halves = self.settings.only_pool.disaggregation
+        if group is None and halves is not None:
+            return [host for half in (halves.prefill, halves.decode) for host in self.hosts(half.group.name)]
         group_name = group or self.settings.serving_group.name
         if self.settings.inventory.source == "static":
             return static_hosts(self.settings, group_name, python=HOST_PYTHON, resolve_root=str)
@@ -87,11 +94,12 @@ class Ec2Backend:
         name = group or self.settings.serving_group.name
         return replica_nodes(self.settings, next(g for g in self.settings.node_groups if g.name == name))
 
-    def in_place_reason(self) -> str:
-        """Why a rollout may not launch new hosts first; "" where it may. Not where a replica spans
-        several nodes: hosts launched mid-rollout would claim slots in replicas the rollout is
-        taking apart; those groups roll in place, a wave of whole replicas at a time."""
-        nodes = self.replica_nodes()
+    def in_place_reason(self, group: str | None = None) -> str:
+        """Why a rollout of ``group`` (the serving group by default) may not launch new hosts first;
+        "" where it may. Not where a replica spans several nodes: hosts launched mid-rollout would
+        claim slots in replicas the rollout is taking apart; those groups roll in place, a wave of
+        whole replicas at a time."""
+        nodes = self.replica_nodes(group)
         if nodes == 1:
             return ""
         return f"a replica spans {nodes} nodes (runtime.nodes_per_replica): whole replicas roll in place"
@@ -122,7 +130,7 @@ class Ec2Backend:
         )
 
     def rollout_size(self) -> int:
-        return len(self.hosts())
+        return len(self.hosts())  # both halves of a disaggregated pool
 
     def roll(self, release: Release, kind: str, reporter: Reporter | None) -> RolloutResult:
         """Surge where the group can grow, else one batch at a time; the group held while it runs.
@@ -137,31 +145,33 @@ class Ec2Backend:
         the rollout starts (``deploy`` takes it first) is remembered, and a rollout that no longer
         holds it when it ends leaves the pointer, the hosts and the group to whoever does
         (:meth:`conclude`).
+
+        A disaggregated pool rolls its prefill group, then its decode group, under one pointer
+        (:mod:`frontier.targets.ec2.pair_roll`); each group's joined hosts then have their final pass.
         """
         store = self.history_store()
         held = store.read_lock()
+        halves = self.settings.only_pool.disaggregation
+        if halves is not None:
+            return self._roll_pair(
+                store, held, release, kind, reporter, halves.prefill.group.name, halves.decode.group.name
+            )
         fleet = self.fleet()
         hosts = self.hosts()
         launch_timeout_s = self.settings.rollout.readiness_timeout_s + LAUNCH_ALLOWANCE_S
-        # Read (and refused) before any host is touched; only a deploy proves itself on the canary.
-        verify = kind == "deploy" and self.settings.rollout.verify_canary
-        verification = canary_verification(self.settings, self.runtime_key(), store) if verify else None
+        verification = self.canary_check(store, kind)
         name_the_release_being_rolled(store, release, kind, held)
         try:
-            result = roll_hosts(
-                self.settings,
-                store,
+            result = self.roll_group(
+                fleet.group if fleet is not None else None,
+                fleet,
                 hosts,
-                self.balancer(),
-                self.connect,
+                store,
                 release,
                 kind,
                 reporter,
-                group=fleet,
-                surge=not self.in_place_reason(),
-                in_place_reason=self.in_place_reason(),
-                launch_timeout_s=launch_timeout_s,
-                verification=verification,
+                launch_timeout_s,
+                verification,
             )
         except BaseException:
             # A rollout that broke off (an AWS error, Ctrl-C) proved nothing: later hosts boot the
@@ -171,6 +181,79 @@ class Ec2Backend:
             raise
         self.conclude(fleet, store, hosts, release, result, reporter, launch_timeout_s, held=held)
         return result
+
+    def _roll_pair(
+        self,
+        store: HistoryStore,
+        held: LockInfo | None,
+        release: Release,
+        kind: str,
+        reporter: Reporter | None,
+        prefill: str,
+        decode: str,
+    ) -> RolloutResult:
+        """:meth:`roll` of a disaggregated pool: its prefill group, then its decode group
+        (:class:`PairRoll`), under one pointer; then each group's hosts that joined meanwhile."""
+        launch_timeout_s = self.settings.rollout.readiness_timeout_s + LAUNCH_ALLOWANCE_S
+        verification = self.canary_check(store, kind)
+        pair = PairRoll(
+            self,
+            store,
+            launch_timeout_s,
+            reporter,
+            withdraw=lambda: withdraw_the_release_being_rolled(store, held),
+        )
+        name_the_release_being_rolled(store, release, kind, held)
+        try:
+            result = pair.run(release, kind, verification, prefill, decode)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                withdraw_the_release_being_rolled(store, held)
+            raise
+        if not self.still_holds(store, held, result, reporter):
+            return result
+        if result.outcome != "succeeded":
+            withdraw_the_release_being_rolled(store, held)
+        for fleet, rolled in pair.rolled:
+            if fleet is not None:
+                self.catch_up(fleet, store, rolled, release, result, reporter, launch_timeout_s)
+        return result
+
+    def canary_check(self, store: HistoryStore, kind: str) -> CanaryVerification | None:
+        """What a rollout's canaries are verified with. Read (and refused) before any host is
+        touched; only a deploy proves itself on the canary."""
+        verify = kind == "deploy" and self.settings.rollout.verify_canary
+        return canary_verification(self.settings, self.runtime_key(), store) if verify else None
+
+    def roll_group(
+        self,
+        group: str | None,
+        fleet: AsgFleet | None,
+        hosts: list[HostSpec],
+        store: HistoryStore,
+        release: Release,
+        kind: str,
+        reporter: Reporter | None,
+        launch_timeout_s: float,
+        verification: CanaryVerification | None,
+    ) -> RolloutResult:
+        """Roll ``release`` over ``hosts``, the hosts of node group ``group`` (its auto scaling group
+        ``fleet``): canary, gates and surge as every rollout of the stack takes them."""
+        return roll_hosts(
+            self.settings,
+            store,
+            hosts,
+            self.balancer(),
+            self.connect,
+            release,
+            kind,
+            reporter,
+            group=fleet,
+            surge=not self.in_place_reason(group),
+            in_place_reason=self.in_place_reason(group),
+            launch_timeout_s=launch_timeout_s,
+            verification=verification,
+        )
 
     def conclude(
         self,
@@ -194,17 +277,40 @@ class Ec2Backend:
         makes this release the stack's current one behind the new holder's back). Without
         ``held`` (a roll outside any lock) nothing is checked.
         """
-        lost = lock_lost(store, held) if held is not None else None
-        if lost is not None:
-            (reporter or (lambda event: None))(Event("-", "conclude", "fail", lost))
-            if result.outcome == "succeeded":
-                result.outcome = "failed"
-            result.reason = "; ".join(part for part in (result.reason, lost) if part)
+        if not self.still_holds(store, held, result, reporter):
             return
         if result.outcome != "succeeded":
             withdraw_the_release_being_rolled(store, held)
         if fleet is None:
             return
+        self.catch_up(fleet, store, rolled, release, result, reporter, launch_timeout_s)
+
+    def still_holds(
+        self, store: HistoryStore, held: LockInfo | None, result: RolloutResult, reporter: Reporter | None
+    ) -> bool:
+        """Whether the rollout that ran under ``held`` still holds the stack's deploy lock; where
+        not, ``result`` fails saying why (see :meth:`conclude`)."""
+        lost = lock_lost(store, held) if held is not None else None
+        if lost is None:
+            return True
+        (reporter or (lambda event: None))(Event("-", "conclude", "fail", lost))
+        if result.outcome == "succeeded":
+            result.outcome = "failed"
+        result.reason = "; ".join(part for part in (result.reason, lost) if part)
+        return False
+
+    def catch_up(
+        self,
+        fleet: AsgFleet,
+        store: HistoryStore,
+        rolled: list[HostSpec],
+        release: Release,
+        result: RolloutResult,
+        reporter: Reporter | None,
+        launch_timeout_s: float,
+    ) -> None:
+        """The hosts of ``fleet`` that joined while ``result`` ran brought to the release the stack
+        ends on; once a release succeeded, the group's replacement of unhealthy hosts on."""
         self._final_pass(fleet, store, rolled, release, result, reporter, launch_timeout_s)
         if result.outcome == "succeeded" and not fleet.replaces_unhealthy():
             fleet.replace_unhealthy()
@@ -225,7 +331,7 @@ class Ec2Backend:
         if still_launching:
             report(Event("-", "final pass", "info", f"still launching: {', '.join(sorted(still_launching))}"))
         try:
-            found = self.hosts()
+            found = self.hosts(fleet.group)
         except InventoryError:  # every host gone (scaled to zero): nobody joined
             found = []
         joined = joined_hosts(rolled, result, found, fleet.in_service())
