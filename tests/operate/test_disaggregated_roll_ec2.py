@@ -53,14 +53,16 @@ DIGEST_A, DIGEST_B, BAD = ("sha256:" + c * 64 for c in "abe")
 ROUTE = "/v1/chat/completions"
 
 
-def stack_document(*, disaggregated: bool = True, verify_file: str = "") -> dict:
+def stack_document(*, disaggregated: bool = True, verify_file: str = "", surge: bool = False) -> dict:
     """dev behind its gateway, its model's prefill half on a group of its own when ``disaggregated``;
-    a gate window short enough for a test (the gate's sleep is real time)."""
+    a gate window short enough for a test (the gate's sleep is real time); with ``surge``, room in
+    each group for one host above its desired size, and a rollout that takes it."""
     doc = dev_gateway_document()
     config = doc["config"]
     (group,) = config["frontier:node_groups"]
-    group.update(min_size=1, desired_size=HOSTS, max_size=HOSTS)
+    group.update(min_size=1, desired_size=HOSTS, max_size=HOSTS + int(surge))
     rollout = config["frontier:rollout"]
+    rollout["max_surge"] = int(surge)
     rollout["gate"]["window_s"] = 0.2
     rollout["verify_canary"] = bool(verify_file)
     if verify_file:
@@ -91,8 +93,9 @@ class Switches:
 
 
 class PairHost(SimulatedHost):
-    """A simulated host that logs each switch, and that serves only 500s where its group and the
-    digest it runs are one of ``failing`` (a half that cannot take the release)."""
+    """A simulated host that logs each switch, serves only 500s where its group and the digest it
+    runs are one of ``failing`` (a half that cannot take the release), and whose SSH connection
+    reaches its half's runtime stand-in."""
 
     switches: Switches
     failing: set[tuple[str, str]]
@@ -190,7 +193,7 @@ class Account:
         return {self.store.get_release(self.world.runs[h.name]).digest for h in self.backend.hosts(group)}
 
 
-def make_groups(prod: ec2_actors.Prod, groups: list[str]) -> str:
+def make_groups(prod: ec2_actors.Prod) -> str:
     """What ``pulumi up`` makes that a rollout touches, as the administrator: each node group's
     auto scaling group tagged for discovery, the ALB's target group, the history bucket, the
     runtimes' key; the target group's ARN."""
@@ -200,19 +203,23 @@ def make_groups(prod: ec2_actors.Prod, groups: list[str]) -> str:
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24", AvailabilityZone=f"{prod.region}a")[
         "Subnet"
     ]["SubnetId"]
-    for name in groups:
-        tags = {STACK_TAG: settings.stack, NODE_GROUP_TAG: name, ROLE_TAG: "runtime", "Name": f"dev-{name}"}
-        ec2_actors.tagged_group(ec2, autoscaling, f"dev-{name}-asg", subnet, (1, HOSTS, HOSTS), tags)
     port = settings.pools[0].runtime.port
     target_group = admin("elbv2").create_target_group(
         Name="dev-tg", Protocol="HTTP", Port=port, VpcId=vpc, TargetType="instance"
     )["TargetGroups"][0]["TargetGroupArn"]
-    # Each host in the target group, as make_resources() registers prod's: the rollout drains and
-    # enables it there.
-    instances = autoscaling.describe_auto_scaling_instances()["AutoScalingInstances"]
-    admin("elbv2").register_targets(
-        TargetGroupArn=target_group, Targets=[{"Id": i["InstanceId"], "Port": port} for i in instances]
-    )
+    for group in settings.node_groups:
+        tags = {
+            STACK_TAG: settings.stack,
+            NODE_GROUP_TAG: group.name,
+            ROLE_TAG: "runtime",
+            "Name": f"dev-{group.name}",
+        }
+        sizes = (group.min_size, group.desired_size, group.max_size)
+        ec2_actors.tagged_group(ec2, autoscaling, f"dev-{group.name}-asg", subnet, sizes, tags)
+        # Its hosts in the target group, those it launches too: the rollout drains and enables them there.
+        autoscaling.attach_load_balancer_target_groups(
+            AutoScalingGroupName=f"dev-{group.name}-asg", TargetGroupARNs=[target_group]
+        )
     admin("s3").create_bucket(
         Bucket=ec2_actors.outputs(settings, target_group).history_bucket,
         CreateBucketConfiguration={"LocationConstraint": prod.region},
@@ -225,7 +232,7 @@ def make_groups(prod: ec2_actors.Prod, groups: list[str]) -> str:
 
 @pytest.fixture
 def account_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
-    """``account_of(disaggregated=..., verify=...)``: dev's account with its groups and the deploy
+    """``account_of(disaggregated=..., verify=..., surge=...)``: dev's account with its groups and the deploy
     role's user, the environment the deploy role's ``fab`` runs in, and hosts that run nothing yet."""
     handed: list[dict | None] = []
     with (
@@ -237,7 +244,7 @@ def account_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
         ec2_actors.enforcing_moto(tmp_path, "us-west-2", {}) as server,
     ):
 
-        def make(*, disaggregated: bool = True, verify: bool = False) -> Account:
+        def make(*, disaggregated: bool = True, verify: bool = False, surge: bool = False) -> Account:
             verify_file = ""
             if verify:
                 verify_set = tmp_path / "host-set.yaml"
@@ -245,7 +252,7 @@ def account_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
                 verify_file = str(verify_set)
             path = tmp_path / "stacks" / "Pulumi.dev.yaml"
             path.parent.mkdir(exist_ok=True)
-            document = stack_document(disaggregated=disaggregated, verify_file=verify_file)
+            document = stack_document(disaggregated=disaggregated, verify_file=verify_file, surge=surge)
             path.write_text(yaml.safe_dump(document, sort_keys=False))
             settings = load_stack("dev", path=path)
             region = settings.region
@@ -253,9 +260,7 @@ def account_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
             prod = ec2_actors.Prod(
                 settings, server.endpoint, keys, ec2_actors.outputs(settings, ""), tmp_path, region
             )
-            prod.saved = ec2_actors.outputs(
-                settings, make_groups(prod, [g.name for g in settings.only_pool.groups])
-            )
+            prod.saved = ec2_actors.outputs(settings, make_groups(prod))
             # The stack's release key (the Foundation's): the deploy role signs each release with it.
             prod.release_key_arn = create_release_key(prod.client("admin", "kms"), settings.stack).arn
             saved_file = tmp_path / "outputs.json"
@@ -348,6 +353,26 @@ def test_a_prefill_canary_that_fails_leaves_the_decode_group_untouched(account_o
     assert result.reason.endswith("; the decode group was not touched")
     assert [group for group, _ in account.switches.made[before:]] == [PREFILL, PREFILL]  # there and back
     assert account.runs(PREFILL) == account.runs(DECODE) == {DIGEST_A}
+
+
+def test_under_surge_a_failing_decode_retires_its_new_host_and_the_prefill_surges_back(account_of):
+    account = account_of(surge=True)
+    deploy(account.backend, DIGEST_A)
+    account.failing.add((DECODE, BAD))
+    with pytest.raises(RolloutFailed) as failed:
+        deploy(account.backend, BAD)
+    result = failed.value.result
+    assert result.strategy.startswith(f"prefill {PREFILL}: surge: +1 host(s) first")
+    assert f"; decode {DECODE}: surge: +1 host(s) first" in result.strategy
+    assert result.reason.endswith(
+        f"the prefill group '{PREFILL}' was put back to {account.store.last_good()['release']}"
+    )
+    # Every host each group serves with runs the old digest, and each group is back at its size.
+    assert account.runs(PREFILL) == account.runs(DECODE) == {DIGEST_A}
+    for group in (PREFILL, DECODE):
+        fleet = account.backend.fleet(group)
+        assert fleet is not None and fleet.size().desired == HOSTS
+        assert len(account.backend.hosts(group)) == HOSTS
 
 
 def test_a_rollback_returns_both_halves_to_the_previous_release_prefill_first(account_of):
