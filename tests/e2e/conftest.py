@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from frontier.config.schema import Settings
-from frontier.release import weights
-from frontier.release.artifact import build_wheel
-from frontier.rollout.deploy import deploy
-from frontier.targets import backend_for, load_stack
+from frontier.targets import load_stack
 from frontier.targets.local import cluster as local
+from tests.e2e.deployed import up_with_first_release
 from tests.e2e.stackcopy import write_local_stack
 
 
@@ -39,24 +35,8 @@ def cluster(tmp_path_factory) -> Cluster:
         mp.delenv(local.CONNECTION_ENV, raising=False)
         settings = load_stack("local")
         try:
-            model = root / "model"
-            subprocess.run(
-                [sys.executable, "-m", "frontier_runtime.tiny", "--out", str(model)],
-                check=True,
-                capture_output=True,
-            )
-            local.up(settings)
-            weights.push(
-                backend_for(settings).aws_client("s3"),
-                model,
-                settings.model.weights_uri,
-                settings.model.name,
-                settings.model.version,
-            )
-            artifact, wheel = build_wheel()
-            backend_for(settings).history_store().put_artifact(artifact, wheel)
-            result = deploy(backend_for(settings), artifact.digest)
-            yield Cluster(settings, artifact.digest, result.release, result.duration_s)
+            first = up_with_first_release(settings, root)
+            yield Cluster(settings, first.digest, first.result.release, first.result.duration_s)
         finally:
             local.down(settings)
 

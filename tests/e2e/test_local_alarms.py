@@ -9,8 +9,6 @@ it to seconds.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,13 +17,11 @@ import pytest
 
 from frontier.config.schema import Settings
 from frontier.demo.alerts import page_queue_url, print_page_messages, receive
-from frontier.release import weights
-from frontier.release.artifact import build_wheel
-from frontier.rollout.deploy import deploy
 from frontier.targets import backend_for, load_stack
 from frontier.targets.local import cluster as local
 from frontier.targets.local import services
 from frontier.targets.local.heal import kill_and_recover
+from tests.e2e.deployed import up_with_first_release
 from tests.e2e.stackcopy import write_local_stack
 
 
@@ -38,20 +34,7 @@ def cluster(tmp_path_factory):
         mp.delenv(local.CONNECTION_ENV, raising=False)
         settings = load_stack("local")
         try:
-            local.up(settings)
-            model = root / "model"
-            subprocess.run([sys.executable, "-m", "frontier_runtime.tiny", "--out", str(model)], check=True)
-            backend = backend_for(settings)
-            weights.push(
-                backend.aws_client("s3"),
-                model,
-                settings.model.weights_uri,
-                settings.model.name,
-                settings.model.version,
-            )
-            artifact, wheel = build_wheel()
-            backend.history_store().put_artifact(artifact, wheel)
-            deploy(backend, artifact.digest)
+            up_with_first_release(settings, root)
             yield Deployed(settings)
         finally:
             local.down(settings)
