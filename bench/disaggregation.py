@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -191,6 +192,7 @@ class Predicted:
 
 def predict(model_dir: Path, args: argparse.Namespace) -> dict[str, Predicted]:
     """The planner's figures for both layouts under this load (means and the gap mix; no HTTP)."""
+    from frontier.capacity.cpu import replica_of_config
     from frontier.capacity.devices import cpu_device
     from frontier.capacity.disaggregation import (
         colocated_chunk,
@@ -200,21 +202,12 @@ def predict(model_dir: Path, args: argparse.Namespace) -> dict[str, Predicted]:
         prefill_only,
         prompt_tail,
     )
-    from frontier.capacity.roofline import Replica, Shape
 
+    # The tiny model in float32, as the runtime loads it here, with the runtime's defaults the bench
+    # runs with: 16 sequences, 1,024 tokens a step, chunked prefill.
     cfg = json.loads((model_dir / "config.json").read_text())
-    shape = Shape(
-        layers=cfg["num_hidden_layers"],
-        hidden=cfg["hidden_size"],
-        intermediate=cfg["intermediate_size"],
-        heads=cfg["num_attention_heads"],
-        kv_heads=cfg["num_key_value_heads"],
-        vocab=cfg["vocab_size"],
-        dtype_bytes=4,  # float32, as the runtime loads the tiny model here
-    )
-    per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.dtype_bytes
-    # The runtime's defaults the bench runs with: 16 sequences, 1,024 tokens a step, chunked prefill.
-    replica = Replica(shape, 1, per_token, 16, 1024, 16, True)
+    replica = dataclasses.replace(replica_of_config(cfg, max_batch=16), max_num_batched_tokens=1024)
+    per_token = replica.kv_bytes_per_token_per_gpu
     context = STREAM_PROMPT + STREAM_TOKENS / 2
     arrivals = 1 / args.long_every_s
     long_tokens = args.long_tokens
