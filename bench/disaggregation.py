@@ -76,17 +76,22 @@ class Tally:
         self.refused = 0
 
 
+def greedy(rng: random.Random, prompt_tokens: int, max_tokens: int, **fields: object) -> dict[str, object]:
+    """A greedy completion of a random prompt that answers exactly ``max_tokens`` tokens."""
+    return {
+        "model": MODEL,
+        "prompt": [rng.randrange(1, 4000) for _ in range(prompt_tokens)],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **fields,
+    }
+
+
 async def stream_loop(client: httpx.AsyncClient, url: str, seed: int, until: float, tally: Tally) -> None:
     rng = random.Random(seed)
     while time.monotonic() < until:
-        body = {
-            "model": MODEL,
-            "prompt": [rng.randrange(1, 4000) for _ in range(STREAM_PROMPT)],
-            "max_tokens": STREAM_TOKENS,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-        }
+        body = greedy(rng, STREAM_PROMPT, STREAM_TOKENS, stream=True)
         last = None
         async with client.stream("POST", url + "/v1/completions", json=body) as answer:
             if answer.status_code != 200:
@@ -112,13 +117,7 @@ async def long_prompts(
     pending = []
 
     async def one() -> None:
-        body = {
-            "model": MODEL,
-            "prompt": [rng.randrange(1, 4000) for _ in range(tokens)],
-            "max_tokens": LONG_ANSWER,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
+        body = greedy(rng, tokens, LONG_ANSWER)
         start = time.monotonic()
         answer = await client.post(url + "/v1/completions", json=body)
         if answer.status_code == 200:
