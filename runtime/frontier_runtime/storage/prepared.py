@@ -42,6 +42,7 @@ from frontier_runtime.storage.weights import (
     WeightsError,
     cache_dir_for,
     fetch_weights,
+    record_verified,
     remote_manifest,
 )
 
@@ -207,6 +208,8 @@ def _s3_publisher(client: Any, bucket: str, prefix: str, staging: Path, keyed: s
         for entry in manifest.files:
             client.upload_file(str(staging / entry.path), bucket, f"{prefix}/{entry.path}")
         client.put_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST_NAME}", Body=manifest.to_json().encode())
+        # This host's copy is a verified cache entry like a fetched one: a restart maps it unhashed.
+        record_verified(staging, manifest)
         log.info(
             "prepared weights published",
             extra={

@@ -166,6 +166,17 @@ def fetch_weights(
     return report
 
 
+def record_verified(target: Path, manifest: Manifest) -> None:
+    """Record ``target``'s files as verified against ``manifest``, whose hashes were just computed
+    from these very files (a host that made a version's files itself, as the prepared-weights
+    publisher does): the next fetch of that version into ``target`` reuses them with one ``stat``
+    each, as it reuses files it downloaded, instead of hashing them all again."""
+    with _exclusive(target / LOCK_NAME):
+        marker = {entry.path: _stamp(target / entry.path, entry.sha256) for entry in manifest.files}
+        _write_marker(target, marker)
+        _write_atomically(target / MANIFEST_NAME, manifest.to_json().encode())
+
+
 def default_client(concurrency: int) -> Any:
     import boto3  # imported here so a runtime serving a local directory never needs AWS settings
     from botocore.config import Config

@@ -18,6 +18,7 @@ from frontier_runtime.models.llama.loader import load_model
 from frontier_runtime.server import warm_start
 from frontier_runtime.server.serve import build_engine
 from frontier_runtime.storage import prepared as cache
+from frontier_runtime.storage import prepared_eviction as eviction
 from frontier_runtime.storage.manifest import MANIFEST_NAME, Manifest, ManifestEntry, build_manifest
 from moto import mock_aws
 from server_harness import MODEL
@@ -181,3 +182,22 @@ def test_with_s3_unreachable_a_host_restarts_from_its_verified_prepared_director
     again, loaded = _start(_config(SOURCE, tmp_path / "host-b"))
     assert again.hit and again.key == hit.key and loaded == hit.model_dir
     assert again.reports[0].offline
+
+
+def test_the_host_that_published_restarts_from_its_copy_without_hashing_it_again(
+    pushed, tmp_path: Path
+) -> None:
+    config = _config(SOURCE, tmp_path / "host-a")
+    _start(config)  # a miss: prepares, publishes, keeps its copy
+    again, loaded = _start(config)
+    assert again.hit and loaded == again.model_dir
+    (report,) = again.reports
+    assert report.files_rehashed == [] and report.bytes_downloaded == 0
+    assert set(report.files_reused) == set(_prepared_keys(pushed)) - {MANIFEST_NAME}
+
+
+def test_the_published_copy_is_one_of_the_hosts_prepared_entries_the_budget_counts(
+    pushed, tmp_path: Path
+) -> None:
+    source, _ = _start(_config(SOURCE, tmp_path / "host-a"))
+    assert [e.path for e in eviction.entries(tmp_path / "host-a")] == [source.staging]
