@@ -36,7 +36,7 @@ LEFT = {
     "frontier/rollout/canary.py": 2,
     "frontier/rollout/deploy.py": 2,
     "frontier/rollout/rolling.py": 1,
-    "frontier/targets/ec2/backend.py": 5,
+    "frontier/targets/ec2/backend.py": 3,
     "frontier/targets/kubernetes/autoscaling.py": 4,
     "frontier/targets/kubernetes/backend.py": 2,
     "frontier/targets/kubernetes/gateway.py": 3,

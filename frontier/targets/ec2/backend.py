@@ -29,7 +29,7 @@ from frontier_settings import FieldProblem
 
 from frontier import aws
 from frontier.config.outputs import Ec2Outputs
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.hosts.inventory import HostSpec, InventoryError, static_hosts
 from frontier.hosts.session import HostSession
 from frontier.release.history import (
@@ -68,13 +68,18 @@ class Ec2Backend:
         self.settings = settings
         self._key: InstanceConnectKey | None = None
 
+    @property
+    def pool(self) -> PoolSettings:
+        """The pool this backend acts for: ``fab`` builds it from the stack as one pool sees it."""
+        return self.settings.only_pool
+
     def hosts(self, group: str | None = None) -> list[HostSpec]:
         """The hosts of ``group``; by default the pool's, a disaggregated pool's both halves in the
         order they roll (prefill, then decode)."""
-        halves = self.settings.only_pool.disaggregation
+        halves = self.pool.disaggregation
         if group is None and halves is not None:
             return [host for half in (halves.prefill, halves.decode) for host in self.hosts(half.group.name)]
-        group_name = group or self.settings.serving_group.name
+        group_name = group or self.pool.group.name
         if self.settings.inventory.source == "static":
             return static_hosts(self.settings, group_name, python=HOST_PYTHON, resolve_root=str)
         found = discover(
@@ -91,7 +96,7 @@ class Ec2Backend:
 
     def replica_nodes(self, group: str | None = None) -> int:
         """Nodes one replica of ``group`` (the serving group by default) spans."""
-        name = group or self.settings.serving_group.name
+        name = group or self.pool.group.name
         return replica_nodes(self.settings, next(g for g in self.settings.node_groups if g.name == name))
 
     def in_place_reason(self, group: str | None = None) -> str:
@@ -126,7 +131,7 @@ class Ec2Backend:
             self.settings,
             self.aws_client("autoscaling"),
             self.aws_client("ec2"),
-            group or self.settings.serving_group.name,
+            group or self.pool.group.name,
         )
 
     def rollout_size(self) -> int:
@@ -151,7 +156,7 @@ class Ec2Backend:
         """
         store = self.history_store()
         held = store.read_lock()
-        halves = self.settings.only_pool.disaggregation
+        halves = self.pool.disaggregation
         if halves is not None:
             return self._roll_pair(
                 store, held, release, kind, reporter, halves.prefill.group.name, halves.decode.group.name
