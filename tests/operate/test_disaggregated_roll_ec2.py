@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -41,6 +42,7 @@ from frontier.rollout.deploy import deploy, rollback
 from frontier.rollout.rolling import Event, Rollout, RolloutFailed
 from frontier.targets import load_stack
 from frontier.targets.ec2.backend import Ec2Backend
+from frontier.targets.ec2.group import FleetError
 from tests.e2e import ec2_actors
 from tests.gateway.stacks import dev_gateway_document
 from tests.openai_standin import API_KEY, openai_standin
@@ -187,6 +189,8 @@ class Account:
     mute: set[str]
     #: The kv_transfer_params each request to a decode runtime brought (None: none).
     handed: list[dict | None]
+    #: A client of moto's server as the administrator (standing in for `pulumi up` and the console).
+    admin: Callable[[str], Any]
 
     def runs(self, group: str) -> set[str]:
         """The digests the hosts of ``group`` run now."""
@@ -294,7 +298,17 @@ def account_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
                 store.put_artifact(
                     Artifact(digest, "image", image=f"{settings.image_repository}@{digest}"), None
                 )
-            return Account(settings, backend, store, world, switches, failing, mute, handed)
+            return Account(
+                settings,
+                backend,
+                store,
+                world,
+                switches,
+                failing,
+                mute,
+                handed,
+                lambda service: prod.client("admin", service),
+            )
 
         yield make
 
@@ -352,6 +366,22 @@ def test_a_prefill_canary_that_fails_leaves_the_decode_group_untouched(account_o
     assert ": gate failed: error rate 100.00% > rollout.gate.max_error_rate" in result.reason
     assert result.reason.endswith("; the decode group was not touched")
     assert [group for group, _ in account.switches.made[before:]] == [PREFILL, PREFILL]  # there and back
+    assert account.runs(PREFILL) == account.runs(DECODE) == {DIGEST_A}
+
+
+def test_a_pool_whose_decode_group_cannot_be_found_rolls_neither_half(account_of):
+    account = account_of()
+    deploy(account.backend, DIGEST_A)
+    before = len(account.switches.made)
+    # The decode group's auto scaling group no longer carries the tag fab finds it by.
+    account.admin("autoscaling").delete_tags(
+        Tags=[
+            {"ResourceId": f"dev-{DECODE}-asg", "ResourceType": "auto-scaling-group", "Key": NODE_GROUP_TAG}
+        ]
+    )
+    with pytest.raises(FleetError, match=f"no auto scaling group tagged .*{NODE_GROUP_TAG}={DECODE}"):
+        deploy(account.backend, DIGEST_B)
+    assert account.switches.made[before:] == []
     assert account.runs(PREFILL) == account.runs(DECODE) == {DIGEST_A}
 
 

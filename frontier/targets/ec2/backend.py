@@ -219,7 +219,7 @@ class Ec2Backend:
             return result
         if result.outcome != "succeeded":
             withdraw_the_release_being_rolled(store, held)
-        for fleet, rolled in pair.rolled:
+        for fleet, rolled in pair.rolled.values():
             if fleet is not None:
                 self.catch_up(fleet, store, rolled, release, result, reporter, launch_timeout_s)
         return result

@@ -77,19 +77,26 @@ class PairRoll:
     reporter: Reporter | None
     #: Hosts that boot from now on serve the last good release again (the deploy pointer withdrawn).
     withdraw: Callable[[], None]
-    #: Each group rolled, with the hosts it had as its rollout started (for the caller's final pass).
-    rolled: list[tuple[AsgFleet | None, list[HostSpec]]] = field(default_factory=list)
+    #: Each group, by name, with the hosts it had as the pair's rollout started (for the caller's
+    #: final pass over the hosts that joined it meanwhile).
+    rolled: dict[str, tuple[AsgFleet | None, list[HostSpec]]] = field(default_factory=dict)
 
     def report(self, event: Event) -> None:
         if self.reporter is not None:
             self.reporter(event)
 
     def _roll(
-        self, group: str, release: Release, kind: str, verification: CanaryVerification | None
+        self,
+        group: str,
+        release: Release,
+        kind: str,
+        verification: CanaryVerification | None,
+        *,
+        again: bool = False,
     ) -> RolloutResult:
-        fleet = self.groups.fleet(group)
-        hosts = self.groups.hosts(group)
-        self.rolled.append((fleet, hosts))
+        fleet, hosts = self.rolled[group]
+        if again:  # its hosts now: it may have scaled, or a surge replaced them, since the start
+            hosts = self.groups.hosts(group)
         self.report(Event("-", group, "info", f"rolling {release.id} over node group {group!r}"))
         return self.groups.roll_group(
             group, fleet, hosts, self.store, release, kind, self.reporter, self.launch_timeout_s, verification
@@ -103,15 +110,24 @@ class PairRoll:
         prefill: str,
         decode: str,
     ) -> RolloutResult:
-        # Read before anything changes: the release the pair runs now, for the way back.
+        # Read before anything changes: the release the pair runs now, for the way back, and both
+        # groups (a pool whose decode group cannot be found rolls neither half).
         before = self.store.last_good()
+        for group in (prefill, decode):
+            self.rolled[group] = (self.groups.fleet(group), self.groups.hosts(group))
         first = self._roll(prefill, release, kind, verification)
         first.strategy = f"prefill {prefill}: {first.strategy}"
         if first.outcome != "succeeded":
             first.reason = f"prefill group {prefill!r}: {first.reason}; the decode group was not touched"
             return first  # the prefill hosts are back where they were, and no decode host changed
-        with self._through_prefill(verification, prefill, release) as paired:
-            second = self._roll(decode, release, kind, paired)
+        try:
+            with self._through_prefill(verification, prefill, release) as paired:
+                second = self._roll(decode, release, kind, paired, again=True)
+        except Exception as exc:  # noqa: BLE001 - the prefill must not stay on the release alone
+            # An error around the decode's host rollout (reaching the prefill host, holding the
+            # group, an AWS call between surge waves): that rollout restores every host it switched,
+            # and a surge host it left on the release is one the caller's final pass brings back.
+            second = RolloutResult(kind, release.id, outcome="failed", reason=f"{type(exc).__name__}: {exc}")
         result = RolloutResult(
             kind=kind,
             release=release.id,
@@ -171,7 +187,7 @@ class PairRoll:
         self.report(
             Event("-", "restore", "info", f"the decode failed: prefill group {prefill!r} back to {back.id}")
         )
-        undo = self._roll(prefill, back, kind, None)
+        undo = self._roll(prefill, back, kind, None, again=True)
         for host in undo.hosts:
             if host.outcome == "updated":
                 host.outcome = "restored"  # back on the release it ran before this rollout
