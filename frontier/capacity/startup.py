@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from frontier.config.memory import weights_bytes
 from frontier.config.schema import NodeGroup, Settings
 
-#: bench/cold_start.py: start-to-ready over the machine's bound, from S3 with prepared weights
-#: (median of four runs on a shared machine, docs/operate.md).
+#: bench/cold_start.py: start-to-ready over the machine's bound, from S3 with prepared weights: the
+#: median of four runs at load 8-14 (0.95 at load 3.4-6.4; docs/operate.md). The slower figure: a
+#: warm-up too short launches hosts for a queue that the replicas still loading will serve.
 COLD_START_RATIO = 1.97
 #: What S3 gives one connection (runtime/frontier_runtime/config.py, WEIGHTS_FETCH_CONCURRENCY).
 S3_CONNECTION_BYTES_PER_S = 100e6
