@@ -534,7 +534,8 @@ def gateway_nodes(
             max_size=gw.max_size,
             secret_names=[
                 *(t.api_key_secret for t in settings.tenants),
-                settings.api_keys_secret,
+                # It calls every pool, each with the key of that pool's own secret.
+                *settings.api_keys_secrets.values(),
                 # The quota store's URL and AUTH token (infra.quota_store), read at start.
                 *([gw.quota.redis_auth_secret] if gw.quota.redis_auth_secret else []),
             ],
@@ -580,7 +581,7 @@ def monitoring_for(ground: Ground, edge: Edge, groups: list[GpuNodeGroup]) -> Mo
             settings=settings,
             cloud=ground.cloud,
             endpoint=public_endpoint(settings, edge),
-            probe_key_secret_arn=ground.foundation.secrets.api_keys_secret_arn,
+            probe_key_secret_arns=ground.foundation.secrets.api_keys_secret_arns,
         ),
     )
 
@@ -614,7 +615,8 @@ def outputs(
         target_group_arn=edge.target_group_arn,
         asg_names=[g.asg_name for g in groups],
         ecr_repository_url=foundation.registry.repository_url,
-        api_keys_secret_arn=secrets.api_keys_secret_arn,
+        api_keys_secret_arn=arns[0] if len(arns := list(secrets.api_keys_secret_arns.values())) == 1 else "",
+        api_keys_secret_arns=secrets.api_keys_secret_arns,
         alb_dns_name=edge.alb_dns_name,
         endpoint=public_endpoint(settings, edge),
         alb_zone_id=edge.alb_zone_id,

@@ -1,6 +1,6 @@
 """Foundation: what every cloud stack stands on, whichever its target.
 
-The stack's key and API-keys secret, its VPC (unless an existing cluster brings its own), its
+The stack's key and each pool's API-keys secret, its VPC (unless an existing cluster brings its own), its
 weights, history and log buckets, its image registry, and what the stack's roles are granted on all
 of these. The EC2 program (:mod:`infra.ec2_program`) and the EKS program
 (:mod:`infra.kubernetes_program`) each build one and then only what their target adds.
@@ -21,13 +21,14 @@ from dataclasses import dataclass
 import pulumi
 
 from frontier.config.schema import Settings
+from frontier.identity.pools import principal_suffix
 from infra.backup import Backup, BackupArgs, ReplicatedBucket
 from infra.cloud import Cloud
 from infra.identity import IdentityInputs
 from infra.network import Network, NetworkArgs
 from infra.registry import Registry, RegistryArgs
 from infra.release_key import ReleaseKey, ReleaseKeyArgs
-from infra.secret_store import Secrets, SecretsArgs
+from infra.secret_store import PoolSecret, Secrets, SecretsArgs
 from infra.storage import Storage, StorageArgs, stack_metering_bucket
 from infra.tags import base_tags
 
@@ -92,7 +93,12 @@ class Foundation(pulumi.ComponentResource):
             SecretsArgs(
                 stack=stack,
                 cloud=cloud,
-                api_keys_secret_name=settings.api_keys_secret,
+                api_keys_secrets=[
+                    PoolSecret(
+                        pool.name, pool.runtime.api_keys_secret or "", principal_suffix(settings, pool)
+                    )
+                    for pool in settings.pools
+                ],
                 production=production,
                 tags=tags,
                 replica=(settings.backup.region, self.backup.key_arn) if self.backup else None,
@@ -170,7 +176,7 @@ class Foundation(pulumi.ComponentResource):
     def identity(self, target_group_arn: pulumi.Input[str] = "") -> IdentityInputs:
         """What the stack's roles are granted: each pool's runtime principal its pool's weights
         prefix, secret and history path; the deploy role the stack's weights root and history, the key,
-        the API-keys secret and the repository, and on EC2 draining ``target_group_arn`` (none on
+        every pool's API-keys secret and the repository, and on EC2 draining ``target_group_arn`` (none on
         Kubernetes: the ALB is the load balancer controller's)."""
         storage = self.storage
         return IdentityInputs(
@@ -182,7 +188,7 @@ class Foundation(pulumi.ComponentResource):
             history_prefix=storage.history_prefix,
             kms_key_arn=self.secrets.key_arn,
             release_key_arn=self.release_key.arn,
-            api_keys_secret_arn=self.secrets.api_keys_secret_arn,
+            api_keys_secret_arns=self.secrets.api_keys_secret_arns,
             repository_arn=self.registry.repository_arn,
             target_group_arn=target_group_arn,
             ssm_access=self._args.ssm_access,

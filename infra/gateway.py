@@ -55,7 +55,7 @@ class GatewayNodesArgs:
     min_size: int
     desired_size: int
     max_size: int
-    secret_names: Sequence[str]  # tenants' digests and the runtimes' key
+    secret_names: Sequence[str]  # tenants' digests and every pool's runtime keys
     kms_key_arn: pulumi.Input[str]
     metering_bucket: str
     metering_prefix: str

@@ -41,7 +41,8 @@ class IdentityInputs:
     history_bucket_arn: pulumi.Input[str]
     history_prefix: str
     kms_key_arn: pulumi.Input[str]
-    api_keys_secret_arn: pulumi.Input[str]
+    #: Each pool's API-keys secret, by model name.
+    api_keys_secret_arns: Mapping[str, pulumi.Input[str]]
     repository_arn: pulumi.Input[str]
     target_group_arn: pulumi.Input[str]
     ssm_access: bool
@@ -54,8 +55,10 @@ class IdentityInputs:
         return self.settings.stack
 
     def _resolved(self, make: Callable[[StackResources], IdentityArgs]) -> pulumi.Output[IdentityArgs]:
+        models = list(self.api_keys_secret_arns)
+
         def resources(arns: list[str]) -> IdentityArgs:
-            weights, history, key, secret, repository, target_group, release_key = arns
+            weights, history, key, repository, target_group, release_key, *secrets = arns
             return make(
                 StackResources(
                     weights_bucket_arn=weights,
@@ -63,7 +66,10 @@ class IdentityInputs:
                     history_bucket_arn=history,
                     history_prefix=self.history_prefix,
                     kms_key_arn=key,
-                    api_keys_secret_arns={self.settings.api_keys_secret: secret},
+                    api_keys_secret_arns={
+                        self.settings.api_keys_secrets[model]: secret
+                        for model, secret in zip(models, secrets, strict=True)
+                    },
                     repository_arn=repository,
                     target_group_arn=target_group or "",
                     release_key_arn=release_key or "",
@@ -74,10 +80,10 @@ class IdentityInputs:
             self.weights_bucket_arn,
             self.history_bucket_arn,
             self.kms_key_arn,
-            self.api_keys_secret_arn,
             self.repository_arn,
             self.target_group_arn,
             self.release_key_arn,
+            *self.api_keys_secret_arns.values(),
         ).apply(resources)
 
     def for_stack(self) -> pulumi.Output[IdentityArgs]:

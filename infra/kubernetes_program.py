@@ -64,7 +64,7 @@ def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:
 
 def gateway_pod_policy(settings: Settings, cloud: Cloud, kms_key_arn: str) -> dict[str, Any]:
     """What the gateway does with AWS, as on EC2 but without discovery (Services route here): read
-    its tenants' key digests, the runtimes' key and a Redis quota store's secret, decrypt them,
+    its tenants' key digests, every pool's runtime keys and a Redis quota store's secret, decrypt them,
     write metering under its prefix."""
     assert settings.gateway is not None
     quota_auth = settings.gateway.quota.redis_auth_secret  # a Redis quota store's AUTH token (and URL)
@@ -329,7 +329,8 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
         history_bucket=storage.history_bucket,
         history_prefix=storage.history_prefix,
         ecr_repository_url=registry.repository_url,
-        api_keys_secret_arn=secrets.api_keys_secret_arn,
+        api_keys_secret_arn=arns[0] if len(arns := list(secrets.api_keys_secret_arns.values())) == 1 else "",
+        api_keys_secret_arns=secrets.api_keys_secret_arns,
         kms_key_arn=secrets.key_arn,
         release_key_arn=foundation.release_key.arn,
         deploy_role_arn=deploy.arn,

@@ -102,10 +102,11 @@ class MonitoringArgs:
     tags: Mapping[str, str]
     # The named alarms' thresholds (frontier.alarms) are the stack's settings.
     settings: Settings
-    # The synthetic probe: where clients reach the stack, and the key it presents.
+    # The synthetic probe: where clients reach the stack, and the secret of the key it presents to
+    # each model (its pool's), by model name.
     cloud: Cloud
     endpoint: pulumi.Input[str]
-    probe_key_secret_arn: pulumi.Input[str]
+    probe_key_secret_arns: Mapping[str, pulumi.Input[str]]
     # The ALB's targets are the gateway's hosts (infra/gateway.py): its log group and alarms.
     gateway: bool = False
 
@@ -236,7 +237,7 @@ class Monitoring(pulumi.ComponentResource):
                 cloud=args.cloud,
                 endpoint=args.endpoint,
                 models=[pool.name for pool in args.settings.pools],
-                key_secret_arn=args.probe_key_secret_arn,
+                key_secret_arns=[args.probe_key_secret_arns[pool.name] for pool in args.settings.pools],
                 kms_key_arn=args.kms_key_arn,
                 log_retention_days=args.log_retention_days,
                 tags=tags,

@@ -9,8 +9,9 @@ costs per run; the Lambda runs the very probe module the Kubernetes CronJob and 
 which the tests run against a real HTTP server. It runs outside the VPC, as a client does, so it
 meets the endpoint's DNS, TLS and the load balancer's rules as clients meet them.
 
-Its role may put metrics in the runtime's namespace only, read the key secret it is given (and
-decrypt it with the stack's key), and write its own log group.
+It asks each model with the key of that model's pool (the first of the pool's own secret), which
+the gateway's probe tenant knows. Its role may put metrics in the runtime's namespace only, read the
+pools' key secrets (and decrypt them with the stack's key), and write its own log group.
 """
 
 from __future__ import annotations
@@ -52,14 +53,15 @@ class SyntheticProbeArgs:
     cloud: Cloud
     endpoint: pulumi.Input[str]
     models: Sequence[str]
-    # The secret holding the key the probe presents (the runtimes' key set: its first key).
-    key_secret_arn: pulumi.Input[str]
+    # The secret holding the key the probe presents to each model (its pool's key set: its first
+    # key), in the order of ``models``.
+    key_secret_arns: Sequence[pulumi.Input[str]]
     kms_key_arn: pulumi.Input[str]
     log_retention_days: int
     tags: Mapping[str, str]
 
 
-def probe_policy(key_secret_arn: str, kms_key_arn: str, log_group_arn: str) -> str:
+def probe_policy(key_secret_arns: Sequence[str], kms_key_arn: str, log_group_arn: str) -> str:
     return json.dumps(
         {
             "Version": "2012-10-17",
@@ -75,7 +77,7 @@ def probe_policy(key_secret_arn: str, kms_key_arn: str, log_group_arn: str) -> s
                     "Sid": "ReadTheProbesKey",
                     "Effect": "Allow",
                     "Action": "secretsmanager:GetSecretValue",
-                    "Resource": key_secret_arn,
+                    "Resource": key_secret_arns[0] if len(key_secret_arns) == 1 else list(key_secret_arns),
                 },
                 {
                     "Sid": "DecryptTheProbesKey",
@@ -117,8 +119,8 @@ def synthetic_probe(name: str, args: SyntheticProbeArgs, parent: pulumi.Resource
     access = aws.iam.RolePolicy(
         f"{name}-role",
         role=role.id,
-        policy=pulumi.Output.all(args.key_secret_arn, args.kms_key_arn, logs.arn).apply(
-            lambda a: probe_policy(a[0], a[1], a[2])
+        policy=pulumi.Output.all(args.kms_key_arn, logs.arn, *args.key_secret_arns).apply(
+            lambda a: probe_policy(list(dict.fromkeys(a[2:])), a[0], a[1])
         ),
         opts=child,
     )
@@ -139,7 +141,7 @@ def synthetic_probe(name: str, args: SyntheticProbeArgs, parent: pulumi.Resource
                 probe.ENDPOINT_ENV: args.endpoint,
                 probe.MODELS_ENV: ",".join(args.models),
                 probe.STACK_ENV: args.stack,
-                probe.KEY_SECRET_ENV: args.key_secret_arn,
+                probe.KEY_SECRET_ENV: pulumi.Output.all(*args.key_secret_arns).apply(",".join),
                 probe.TIMEOUT_ENV: str(PROBE_TIMEOUT_S),
             }
         },

@@ -1,18 +1,25 @@
-"""Secrets: the stack's KMS key and the Secrets Manager secret that holds the runtime's API keys.
+"""Secrets: the stack's KMS key and, for each pool, the Secrets Manager secret that holds the API
+keys its runtimes accept.
 
-The secret is created empty. Its value never passes through Pulumi (so never through a stack file
+Each pool has a secret of its own (``runtime.api_keys_secret``; the stack check refuses two pools
+naming one), which only that pool's principal reads, besides the gateway, the synthetic probe and
+the deploy role: one pool's hosts never hold the key that reaches another pool's runtimes. A
+one-model stack's secret keeps the resource name it always had; a stack that lists its models names
+each pool's after its model, as its principal is named (:func:`frontier.identity.pools.principal_suffix`).
+
+A secret is created empty. Its value never passes through Pulumi (so never through a stack file
 or the state, not even encrypted); an operator sets it out of band after the first ``pulumi up``::
 
     aws secretsmanager put-secret-value --region <region> \\
         --secret-id <runtime.api_keys_secret> --secret-string file://api-keys.json
 
-and rotates it the same way. The runtime reads it by name at start (DESIGN rule 7).
+and rotates it with ``fab keys.rotate``. The runtime reads it by name at start (DESIGN rule 7).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -24,10 +31,20 @@ from infra.tags import with_tags
 
 
 @dataclass(frozen=True)
+class PoolSecret:
+    """One pool's API-keys secret: its model, its name (``runtime.api_keys_secret``) and what its
+    resource name adds to the stack's (its principal's suffix: "" on a one-model stack)."""
+
+    model: str
+    name: str
+    suffix: str
+
+
+@dataclass(frozen=True)
 class SecretsArgs:
     stack: str
     cloud: Cloud
-    api_keys_secret_name: str
+    api_keys_secrets: Sequence[PoolSecret]
     production: bool
     tags: Mapping[str, str]
     #: (region, KMS key ARN there): a replica of the secret in backup.region (infra/backup.py).
@@ -120,7 +137,8 @@ def key_policy(cloud: Cloud) -> str:
 class Secrets(pulumi.ComponentResource):
     key_arn: pulumi.Output[str]
     key_id: pulumi.Output[str]
-    api_keys_secret_arn: pulumi.Output[str]
+    #: Each pool's API-keys secret's ARN, by model name.
+    api_keys_secret_arns: dict[str, pulumi.Output[str]]
 
     def __init__(self, name: str, args: SecretsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("frontier:secrets:Secrets", name, None, opts)
@@ -156,17 +174,32 @@ class Secrets(pulumi.ComponentResource):
             f"{name}-key", name=f"alias/frontier-{args.stack}", target_key_id=key.key_id, opts=child
         )
 
-        secret = aws.secretsmanager.Secret(
-            f"{name}-api-keys",
-            name=args.api_keys_secret_name,
-            description=f"Frontier {args.stack}: API keys the runtime accepts. Value set out of band, never by Pulumi.",
-            kms_key_id=key.arn,
-            # A deleted secret stays recoverable this long; production keeps the longest window AWS allows.
-            recovery_window_in_days=30 if args.production else 7,
-            replicas=[{"region": args.replica[0], "kms_key_id": args.replica[1]}] if args.replica else None,
-            tags=with_tags(tags, purpose="api-keys"),
-            opts=child,
-        )
+        self.api_keys_secret_arns = {}
+        for pool in args.api_keys_secrets:
+            keys = (
+                f"API keys model {pool.model}'s runtimes accept"
+                if pool.suffix
+                else "API keys the runtime accepts"
+            )
+            secret = aws.secretsmanager.Secret(
+                f"{name}-api-keys{pool.suffix}",
+                name=pool.name,
+                description=f"Frontier {args.stack}: {keys}. Value set out of band, never by Pulumi.",
+                kms_key_id=key.arn,
+                # A deleted secret stays recoverable this long; production keeps the longest window AWS allows.
+                recovery_window_in_days=30 if args.production else 7,
+                replicas=[{"region": args.replica[0], "kms_key_id": args.replica[1]}]
+                if args.replica
+                else None,
+                tags=with_tags(tags, purpose="api-keys", **({"model": pool.model} if pool.suffix else {})),
+                opts=child,
+            )
+            self.api_keys_secret_arns[pool.model] = secret.arn
 
-        self.key_arn, self.key_id, self.api_keys_secret_arn = key.arn, key.key_id, secret.arn
-        self.register_outputs({"key_arn": key.arn, "api_keys_secret_arn": secret.arn})
+        self.key_arn, self.key_id = key.arn, key.key_id
+        arns = list(self.api_keys_secret_arns.values())
+        self.register_outputs(
+            {"key_arn": key.arn, "api_keys_secret_arn": arns[0]}
+            if len(arns) == 1
+            else {"key_arn": key.arn, "api_keys_secret_arns": self.api_keys_secret_arns}
+        )

@@ -47,6 +47,7 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/gateway/test_discovery.py::ec2": "moto's server",
     "tests/gateway/test_key_reload.py::gateway": "running_gateway(): the gateway under uvicorn",
     "tests/gateway/test_key_reload.py::secrets": "moto's server",
+    "tests/gateway/test_key_reload.py::two_pools": "running_gateway(): the gateway under uvicorn",
     "tests/gateway/test_traces.py::one_trace": "traced_gateway(): the gateway under uvicorn",
     "tests/gateway/test_traces.py::runtime": "start_runtime(): a process",
     "tests/infra/test_closed_doors.py::runtime": "an HTTP server",
@@ -272,7 +273,15 @@ class SavedOutputs:
             "history_bucket": f"frontier-{stack}-history-{ACCOUNT_ID}-{region}",
             "history_prefix": f"history/{stack}/",
             "ecr_repository_url": settings.image_repository,
-            "api_keys_secret_arn": f"arn:aws:secretsmanager:{arn}:secret:{settings.api_keys_secret}",
+            "api_keys_secret_arn": (
+                f"arn:aws:secretsmanager:{arn}:secret:{settings.only_pool.runtime.api_keys_secret}"
+                if len(settings.pools) == 1
+                else ""
+            ),
+            "api_keys_secret_arns": {
+                model: f"arn:aws:secretsmanager:{arn}:secret:{name}"
+                for model, name in settings.api_keys_secrets.items()
+            },
             "kms_key_arn": f"arn:aws:kms:{arn}:key/0a1b2c3d",
             "deploy_role_arn": f"arn:aws:iam::{ACCOUNT_ID}:role/{stack}-iam-deploy",
             "runtime_role_arn": f"arn:aws:iam::{ACCOUNT_ID}:role/{stack}-iam-runtime",

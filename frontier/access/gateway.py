@@ -32,23 +32,27 @@ def gateway_config(
     metering_uri: str | None = None,
     disaggregated: Mapping[str, Mapping[str, list[str]]] | None = None,
 ) -> GatewayConfig:
-    """The gateway's config for a stack: its gateway section as written, plus its pools, tenants,
-    the runtimes' key and probe path. ``replicas``: base URLs of each model's runtimes, or None to
-    find them on EC2 by their tags (each pool's node group). ``disaggregated``: a disaggregated
+    """The gateway's config for a stack: its gateway section as written, plus its pools (each with
+    its runtimes' key secret), tenants and probe path. ``replicas``: base URLs of each model's
+    runtimes, or None to find them on EC2 by their tags (each pool's node group). ``disaggregated``: a disaggregated
     pool's prefill and decode base URLs by model (``{"prefill": [...], "decode": [...]}``)."""
     gw = settings.gateway
     if gw is None:
         raise FrontierError(f"stack {settings.stack!r} has no 'frontier:gateway' section")
     models: list[dict[str, Any]] = []
     for pool in settings.pools:
+        # The gateway calls each pool's runtimes with the key of that pool's own secret.
+        secret = {"api_keys_secret": pool.runtime.api_keys_secret or ""}
         if replicas is None:
-            models.append(discovered_pool(settings, pool))
+            models.append({**discovered_pool(settings, pool), **secret})
             continue
         urls = list(replicas.get(pool.name) or ())
         if not urls:
             raise FrontierError(f"model {pool.name!r} of stack {settings.stack!r} has no replica address")
         halves = (disaggregated or {}).get(pool.name)
-        models.append({"name": pool.name, "replicas": urls, **({"disaggregation": halves} if halves else {})})
+        models.append(
+            {"name": pool.name, "replicas": urls, **({"disaggregation": halves} if halves else {}), **secret}
+        )
     section = gw.model_dump(include=set(GatewaySettings.model_fields))
     if metering_uri:
         section["metering"] = {**section["metering"], "uri": metering_uri}
@@ -58,8 +62,6 @@ def gateway_config(
                 **section,
                 "models": models,
                 "tenants": [tenant.model_dump() for tenant in settings.tenants],
-                # Every pool's runtimes share the stack's key secret: the gateway is their one client.
-                "upstream_api_key_secret": upstream_key_secret(settings),
                 "readiness_path": settings.health.readiness_path,
             }
         )
@@ -87,17 +89,6 @@ def discovered_pool(settings: Settings, pool: PoolSettings) -> dict[str, Any]:
         "decode_discovery": on(pool.disaggregation.decode.group),
     }
     return {"name": pool.name, "disaggregation": halves}
-
-
-def upstream_key_secret(settings: Settings) -> str:
-    """The runtimes' key secret, which every pool shares (the stack check holds them to it)."""
-    secrets = sorted({pool.runtime.api_keys_secret or "" for pool in settings.pools})
-    if len(secrets) != 1:
-        raise FrontierError(
-            f"stack {settings.stack!r}: the gateway calls every pool with one key, but the pools' "
-            f"runtime.api_keys_secret differ ({', '.join(secrets)})"
-        )
-    return secrets[0]
 
 
 def render_gateway_config(settings: Settings, replicas: Mapping[str, list[str]] | None, **kwargs: Any) -> str:

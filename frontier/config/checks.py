@@ -377,6 +377,7 @@ def pool_problems(s: Settings) -> Iterator[FieldProblem]:
     """The pools: a unique name each, and a host runs one pool."""
     seen: dict[str, int] = {}
     host_owner: dict[str, str] = {}
+    secret_owner: dict[str, int] = {}
     listed = len(s.pools) > 1
     for i, pool in enumerate(s.pools):
         where = f"pools[{i}]"
@@ -385,6 +386,17 @@ def pool_problems(s: Settings) -> Iterator[FieldProblem]:
                 f"{where}.model.name", pool.name, f"must be unique among models (pools[{seen[pool.name]}])"
             )
         seen.setdefault(pool.name, i)
+        # Each pool's principal reads its own pool's key secret and no other's: a secret two pools
+        # shared would let one pool's hosts hold the key that reaches the other's runtimes.
+        secret = pool.runtime.api_keys_secret or ""
+        if secret in secret_owner:
+            yield FieldProblem(
+                f"{where}.runtime.api_keys_secret",
+                secret,
+                f"already the secret of pools[{secret_owner[secret]}] "
+                f"({s.pools[secret_owner[secret]].name!r}): each pool's runtimes read a secret of their own",
+            )
+        secret_owner.setdefault(secret, i)
         for j, host in enumerate(pool.hosts):
             if listed and host.name in host_owner:
                 yield FieldProblem(
@@ -401,12 +413,11 @@ def pool_problems(s: Settings) -> Iterator[FieldProblem]:
 
 
 def _shared_problems(s: Settings) -> Iterator[FieldProblem]:
-    """What the stack builds once for all its pools (one key secret the gateway calls them with,
-    one image repository, one weights bucket): every pool names the same as the one listed first."""
+    """What the stack builds once for all its pools (one image repository, one weights bucket):
+    every pool names the same as the one listed first."""
 
     def shared(pool: PoolSettings) -> dict[str, str | None]:
         return {
-            "runtime.api_keys_secret": pool.runtime.api_keys_secret,
             "runtime.image_repository": pool.runtime.image_repository,
             "model.weights_uri": pool.model.weights_uri.removeprefix("s3://").split("/", 1)[0],
         }

@@ -34,7 +34,11 @@ class StackOutputs(BaseModel, Generic[Value]):
     history_bucket: Value
     history_prefix: str
     ecr_repository_url: Value
+    #: A one-model stack's API-keys secret; "" where the stack serves several (see api_keys_secret_arns).
     api_keys_secret_arn: Value
+    #: Each pool's API-keys secret by model name: its runtimes accept the keys there, and only its
+    #: principal (and the gateway, the probe and the deploy role) reads it.
+    api_keys_secret_arns: dict[str, Value] = {}
     kms_key_arn: Value
     #: The release key (infra/release_key.py): releases are signed with it and hosts run only what
     #: it signed. None in a file saved by a program from before release keys.

@@ -1024,15 +1024,14 @@ class Settings(_Settings):
         """:attr:`only_pool`'s node group."""
         return self.only_pool.group
 
-    # What the stack builds once for every pool: one key secret, one image repository, one weights
-    # location. Each pool's section names it; the stack check holds the pools to the same one.
-
     @property
-    def api_keys_secret(self) -> str:
-        """The Secrets Manager id of the runtimes' API keys, which every pool shares."""
-        return self._shared(
-            "runtime.api_keys_secret", {pool.runtime.api_keys_secret or "" for pool in self.pools}
-        )
+    def api_keys_secrets(self) -> dict[str, str]:
+        """Each pool's API-keys secret (its Secrets Manager id) by model name: a pool's runtimes read
+        their own, no other pool's (the stack check holds the pools to different ones)."""
+        return {pool.name: pool.runtime.api_keys_secret or "" for pool in self.pools}
+
+    # What the stack builds once for every pool: one image repository, one weights location. Each
+    # pool's section names it; the stack check holds the pools to the same one.
 
     @property
     def image_repository(self) -> str:

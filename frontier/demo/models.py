@@ -71,7 +71,15 @@ def two_model_settings(settings: Settings) -> Settings:
     }
     config["frontier:models"] = [
         {"model": model, "runtime": runtime, "hosts": hosts[:-1]},
-        {"model": small, "runtime": copy.deepcopy(runtime), "hosts": hosts[-1:]},
+        {
+            "model": small,
+            # Each pool's runtimes read a key secret of their own.
+            "runtime": {
+                **copy.deepcopy(runtime),
+                "api_keys_secret": f"frontier/{settings.stack}/{SMALL_MODEL}/api-keys",
+            },
+            "hosts": hosts[-1:],
+        },
     ]
     state = cluster.require_local(settings, "the demo's two models run on the local stack").state_dir
     config["frontier:gateway"] = {

@@ -503,6 +503,10 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
     # role the second model's weights.
     identities = local.identities(multi)
     console.print(f"  {identities.name:<16} {identities.state:<8} {identities.detail}")
+    # The second model's runtimes read a key secret of their own, which its principal alone reads.
+    for secret in local.api_key_secrets(multi):
+        if secret.state == "created":
+            console.print(f"  {secret.name:<16} {secret.state:<8} {secret.detail}")
     # Each pool's slots now sign as that pool's principal (its weights, secret and history only).
     for slot in local.host_slots(multi):
         if slot.state not in ("exists", "running"):

@@ -4,8 +4,8 @@ role ``fab`` assumes, and the lifecycle grant of a host.
 The runtime principal can do exactly what a serving host needs: read the objects under its pool's
 prefix of the weights bucket (the manifest names every key: it never lists), write the prepared
 weights of those versions under ``<version>/prepared/`` (what its load computed, for the next host;
-encrypting with the stack's key via S3 only), read its API-keys
-secret, decrypt with the stack's key (only via S3 and Secrets Manager), pull the runtime image, write
+encrypting with the stack's key via S3 only), read its pool's
+API-keys secret (no other pool's), decrypt with the stack's key (only via S3 and Secrets Manager), pull the runtime image, write
 its own log groups, and put metrics in the ``Frontier/Runtime`` namespace. When hosts are reached
 through Session Manager (no bastion), it also runs the SSM agent.
 
@@ -13,7 +13,7 @@ The deploy role is for operators and CI running ``fab``: deploy history and lock
 image push, draining targets in its own target group, reading the state of its node groups and alarms,
 refreshing its gateway's hosts, reading its gateway's metering records (``fab usage``), reading
 the notices on its interruption queue (``fab status``, where a node group buys spot or a Capacity
-Block) and ``fab keys.rotate`` of its runtimes' API-keys secret. Rotation is the deploy role's
+Block) and ``fab keys.rotate`` of every pool's API-keys secret. Rotation is the deploy role's
 right, not a separate operator role's: whoever can deploy can already ship a release that reads
 that secret on every host, so a role of its own would add a credential to guard without taking
 any power away.
@@ -130,6 +130,8 @@ KUBERNETES_DEPLOY_STATEMENTS = frozenset(
         "SignReleases",
         # `fab status` reads the spot notices there too (the Node Termination Handler's queue).
         "ReadItsInterruptionNotices",
+        # `fab keys.rotate` of every pool's secret, and the canary's check of a pod with its pool's key.
+        "RotateItsApiKeys",
     }
 )
 
@@ -209,7 +211,9 @@ class IdentityArgs:
     history_bucket_arn: str
     history_prefix: str
     kms_key_arn: str
-    api_keys_secret_arn: str
+    # The API-keys secrets it reads: its pool's alone (a runtime principal), every pool's (the
+    # deploy role, which rotates them).
+    api_keys_secret_arns: tuple[str, ...]
     repository_arn: str
     target_group_arn: str
     ssm_access: bool
@@ -332,7 +336,7 @@ def runtime_policy(args: IdentityArgs, *, hosts: bool = False) -> PolicyDocument
         allow(
             "ReadItsApiKeys",
             ("secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"),
-            args.api_keys_secret_arn,
+            args.api_keys_secret_arns,
         ),
         allow(
             "DecryptWeightsAndSecret",
@@ -427,7 +431,7 @@ def deploy_policy(args: IdentityArgs) -> PolicyDocument:
                 "secretsmanager:PutSecretValue",
                 "secretsmanager:DescribeSecret",
             ),
-            args.api_keys_secret_arn,
+            args.api_keys_secret_arns,
         ),
         allow("PushRuntimeImages", ECR_PUSH, args.repository_arn),
         allow("LogInToTheRegistry", "ecr:GetAuthorizationToken", "*"),
@@ -549,9 +553,7 @@ def deploy_policy(args: IdentityArgs) -> PolicyDocument:
     if args.release_key_arn:
         # Releases are signed at deploy, by this role alone among the stack's principals
         # (frontier.release.signing); hosts run only what it signed.
-        statements.append(
-            allow("SignReleases", ("kms:Sign", "kms:GetPublicKey"), args.release_key_arn)
-        )
+        statements.append(allow("SignReleases", ("kms:Sign", "kms:GetPublicKey"), args.release_key_arn))
     return PolicyDocument(tuple(statements))
 
 

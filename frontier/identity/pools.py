@@ -47,7 +47,7 @@ def weights_prefix(pool: PoolSettings) -> str:
 def stack_identity(
     settings: Settings, cloud: Cloud, found: StackResources, *, ssm_access: bool
 ) -> IdentityArgs:
-    """The deploy role's scope: the stack's weights root, its history, its secret."""
+    """The deploy role's scope: the stack's weights root, its history, every pool's secret."""
     return IdentityArgs(
         stack=settings.stack,
         cloud=cloud,
@@ -56,7 +56,7 @@ def stack_identity(
         history_bucket_arn=found.history_bucket_arn,
         history_prefix=found.history_prefix,
         kms_key_arn=found.kms_key_arn,
-        api_keys_secret_arn=_secret_arn(found, settings.api_keys_secret),
+        api_keys_secret_arns=tuple(_secret_arn(found, name) for name in settings.api_keys_secrets.values()),
         repository_arn=found.repository_arn,
         target_group_arn=found.target_group_arn,
         release_key_arn=found.release_key_arn,
@@ -94,7 +94,7 @@ def pool_identity(
     return replace(
         stack,
         weights_prefix=weights_prefix(pool),
-        api_keys_secret_arn=_secret_arn(found, pool.runtime.api_keys_secret or ""),
+        api_keys_secret_arns=(_secret_arn(found, pool.runtime.api_keys_secret or ""),),
         pool_history_prefix="" if pool_prefix == stack.history_prefix else pool_prefix,
         replica_slots=pool.runtime.nodes_per_replica > 1,
         weights_prefixes=(),

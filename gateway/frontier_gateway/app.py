@@ -21,7 +21,7 @@ import json
 import re
 import uuid
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from frontier_hostside import names
@@ -38,7 +38,7 @@ from frontier_gateway.migration import interrupt_route
 from frontier_gateway.pools import Pools
 from frontier_gateway.proxy import Call, Proxy
 from frontier_gateway.quotas import Quotas, QuotaStoreError, Refusal, estimate_tokens
-from frontier_gateway.tenants import Tenant, Tenants
+from frontier_gateway.tenants import Tenant, Tenants, UpstreamKeys
 from frontier_gateway.tracing import CallTrace, GatewayTracing
 from frontier_gateway.upstream import Upstream
 
@@ -56,7 +56,7 @@ class Gateway:
     pools: Pools
     metrics: Metrics
     sink: Sink
-    upstream_auth: str | None = None
+    upstream_auth: UpstreamKeys = field(default_factory=dict)  # each pool's runtimes' key, by model
     proxy: Proxy | None = None  # set at start-up, once the HTTP client exists
     tracing: GatewayTracing | None = None  # None: no collector named, no spans made
 

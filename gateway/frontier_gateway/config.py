@@ -128,6 +128,10 @@ class PoolConfig(_Strict):
     discovery: Ec2Discovery | None = None
     kv_routing: KvRoutingConfig | None = None
     disaggregation: DisaggregationRouting | None = None
+    # The secret of the keys this pool's runtimes accept (their runtime.api_keys_secret): the gateway
+    # presents its first key to them, and the probe's tenant is known by every key of it. Each pool
+    # has its own; empty: the pool's runtimes take no key.
+    api_keys_secret: str = ""
 
     @model_validator(mode="after")
     def _one_source(self) -> PoolConfig:
@@ -311,14 +315,12 @@ class GatewaySettings(_Strict):
 
 
 class GatewayConfig(GatewaySettings):
-    """``gateway.yaml``: the stack's gateway section, plus its pools, tenants and the runtimes' key
-    and probe path (from the stack's models, tenants, runtime and health sections)."""
+    """``gateway.yaml``: the stack's gateway section, plus its pools (each with its runtimes' key
+    secret), tenants and probe path (from the stack's models, tenants, runtime and health sections)."""
 
     host: str = "0.0.0.0"
     models: tuple[PoolConfig, ...] = Field(min_length=1)
     tenants: tuple[TenantConfig, ...] = Field(min_length=1)
-    # The key the gateway presents to the runtimes (their runtime.api_keys_secret); empty: none.
-    upstream_api_key_secret: str = ""
     readiness_path: str = Field(default=READINESS_PATH, pattern=r"^/[A-Za-z0-9_./-]*$")
 
     @model_validator(mode="after")

@@ -1,13 +1,14 @@
 """The gateway's keys, read again from Secrets Manager every ``keys_reload_s`` and on SIGHUP.
 
-Two things come from secrets: each tenant's key digests (who may call) and the runtimes' keys (the
-first is what the gateway presents upstream; all of them are the synthetic probe's tenant's). A reload reads them all, builds a whole new :class:`Tenants`, and
-only then swaps it in with the upstream key, so a request is judged against one complete set. A
+Two things come from secrets: each tenant's key digests (who may call) and each pool's runtime keys
+(the first of a pool's secret is what the gateway presents to that pool's runtimes; all of them are
+the synthetic probe's tenant's). A reload reads them all, builds a whole new :class:`Tenants`, and
+only then swaps it in with the upstream keys, so a request is judged against one complete set. A
 reload that fails anywhere keeps everything in use and is counted: one unreadable tenant secret
 must not lock every tenant out.
 
-The upstream key is the first of the runtimes' secret; ``fab keys.rotate`` puts the new key first
-only once every runtime accepts it, and retires the old one no sooner than one interval later.
+A pool's upstream key is the first of its runtimes' secret; ``fab keys.rotate`` puts the new key
+first only once every runtime of the pool accepts it, and retires the old one no sooner than one interval later.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class KeyReloader:
     def uses_secrets(self) -> bool:
         """False where every key is inline in the config: nothing to reload."""
         config = self.gateway.config
-        return bool(config.upstream_api_key_secret) or any(t.api_key_secret for t in config.tenants)
+        return any(p.api_keys_secret for p in config.models) or any(t.api_key_secret for t in config.tenants)
 
     def _secrets(self) -> Any:
         if self._client is None:
@@ -67,6 +68,7 @@ class KeyReloader:
         gw.upstream_auth = upstream
         if gw.proxy is not None:
             gw.proxy.upstream_auth = upstream
+            gw.proxy.migrator.upstream_auth = upstream
         self.loaded_at = time.time()
         log.debug(f"keys reloaded ({why})")
         return True

@@ -46,6 +46,7 @@ from starlette.responses import JSONResponse, Response
 
 from frontier_gateway.errors import GatewayError
 from frontier_gateway.pools import Pool, Replica
+from frontier_gateway.tenants import UpstreamKeys
 from frontier_gateway.upstream import Answer, Upstream, UpstreamError
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class Outcome:
 
 
 class Migrator:
-    def __init__(self, upstream: Upstream, metrics: Metrics, limit: int, upstream_auth: str | None) -> None:
+    def __init__(self, upstream: Upstream, metrics: Metrics, limit: int, upstream_auth: UpstreamKeys) -> None:
         self.upstream = upstream
         self.upstream_auth = upstream_auth
         self.metrics = metrics
@@ -311,8 +312,9 @@ class Migrator:
             names.REQUEST_ID_HEADER: call.request_id,
             names.TOKEN_IDS_HEADER: "1",
         }
-        if self.upstream_auth:
-            headers["authorization"] = f"Bearer {self.upstream_auth}"
+        key = self.upstream_auth.get(call.model)
+        if key:
+            headers["authorization"] = f"Bearer {key}"
         open_hop(replica, headers)
         try:
             answer = await self.upstream.post(replica.url + call.path, headers, body)

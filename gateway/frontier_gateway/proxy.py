@@ -39,7 +39,7 @@ from frontier_gateway.metrics import Metrics
 from frontier_gateway.migration import Migrator, Outcome, assemble
 from frontier_gateway.pools import Pool, Replica
 from frontier_gateway.quotas import Grant
-from frontier_gateway.tenants import Tenant
+from frontier_gateway.tenants import Tenant, UpstreamKeys
 from frontier_gateway.tracing import CallTrace
 from frontier_gateway.upstream import Answer, Upstream, UpstreamError
 
@@ -92,7 +92,7 @@ class Proxy:
         metrics: Metrics,
         sink: Sink,
         retries: int,
-        upstream_auth: str | None,
+        upstream_auth: UpstreamKeys,
         migration_limit: int = 0,
     ) -> None:
         self.upstream = upstream
@@ -104,7 +104,9 @@ class Proxy:
 
     async def forward(self, call: Call, pool: Pool) -> Response:
         if pool.disaggregated is not None:  # prefill, then decode (disaggregation.py)
-            handed = await pool.disaggregated.forward(call, self.upstream, self.upstream_auth, self.forward)
+            handed = await pool.disaggregated.forward(
+                call, self.upstream, self.upstream_auth.get(call.model), self.forward
+            )
             if handed is not None:
                 return handed
         tried: list[str] = []
@@ -171,8 +173,9 @@ class Proxy:
             "content-type": "application/json",
             names.REQUEST_ID_HEADER: call.request_id,
         }
-        if self.upstream_auth:
-            headers["authorization"] = f"Bearer {self.upstream_auth}"
+        key = self.upstream_auth.get(call.model)  # the key of this model's pool's runtimes
+        if key:
+            headers["authorization"] = f"Bearer {key}"
         migrating = self.migrator.enabled and call.upstream_stream
         if migrating:
             headers[names.TOKEN_IDS_HEADER] = "1"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import signal
 import socket
@@ -28,7 +27,7 @@ from frontier_gateway.metering import flush_forever, open_sink
 from frontier_gateway.metrics import Metrics
 from frontier_gateway.pools import Pool, Pools
 from frontier_gateway.quotas import open_quotas
-from frontier_gateway.tenants import read_keys
+from frontier_gateway.tenants import read_keys, replica_id_key
 from frontier_gateway.tracing import GatewayTracing
 
 log = logging.getLogger("frontier_gateway")
@@ -37,10 +36,7 @@ log = logging.getLogger("frontier_gateway")
 def build_gateway(config: GatewayConfig, *, secrets_client: Any | None = None) -> Gateway:
     """Everything but the HTTP client (made on the server's event loop at start)."""
     tenants, auth = read_keys(config, secrets_client)
-    # The runtimes' key is the one secret every gateway of the stack holds: derived from it, a
-    # replica's public id is the same on all of them (and a process's own key where there is none).
-    id_key = hashlib.blake2b(auth.encode(), person=b"frontier-repid").digest() if auth else None
-    pools = Pools(config.models, config.affinity.max_imbalance, config.breaker, id_key)
+    pools = Pools(config.models, config.affinity.max_imbalance, config.breaker, replica_id_key(auth))
     return Gateway(
         config=config,
         tenants=tenants,

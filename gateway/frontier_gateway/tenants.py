@@ -5,17 +5,18 @@ The lookup is by digest: the time it takes depends on the digest of the presente
 attacker cannot steer towards a stored one, so it reveals nothing about stored keys.
 
 Besides the stack's tenants, one the gateway makes itself: :data:`PROBE_TENANT`, whose keys are
-the runtimes' (every key of their secret, so a rotation never locks it out). The synthetic probe
-(``frontier_hostside/probe.py``) presents the runtimes' first key on every target, and holders of
-that key (the runtime hosts, the pools' service accounts) could already reach a runtime directly;
-through the public endpoint they get the probe's quota only, a few requests a minute per model.
+the runtimes' (every key of every pool's secret, so a rotation never locks it out). The synthetic
+probe (``frontier_hostside/probe.py``) presents a model's pool's first key on every target, and
+holders of that key (the pool's runtime hosts, its service account) could already reach its
+runtimes directly; through the public endpoint they get the probe's quota only, a few requests a
+minute per model.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,10 @@ from frontier_hostside.names import INTERACTIVE, PROBE_TENANT
 from frontier_settings.auth import bearer_token
 
 from frontier_gateway.config import SHA256_HEX, GatewayConfig, TenantConfig
+
+#: The key the gateway presents to each pool's runtimes, by model name; a pool whose runtimes take
+#: no key has none.
+UpstreamKeys = Mapping[str, str]
 
 
 class TenantKeyError(RuntimeError):
@@ -166,15 +171,37 @@ def runtime_keys(client: Any | None, secret_id: str) -> tuple[str, ...]:
 
 
 def upstream_key(client: Any | None, secret_id: str) -> str:
-    """The key the gateway presents to the runtimes: the first of their secret's keys."""
+    """The key the gateway presents to a pool's runtimes: the first of their secret's keys."""
     return runtime_keys(client, secret_id)[0]
 
 
-def read_keys(config: GatewayConfig, client: Any | None) -> tuple[Tenants, str | None]:
-    """Who may call (the tenants, and the probe on the runtimes' keys) and the key presented to
-    the runtimes (None where they take none): what a gateway starts with and every reload reads."""
-    keys = runtime_keys(client, config.upstream_api_key_secret) if config.upstream_api_key_secret else ()
+def read_keys(config: GatewayConfig, client: Any | None) -> tuple[Tenants, dict[str, str]]:
+    """Who may call (the tenants, and the probe on every pool's runtime keys) and the key presented
+    to each pool's runtimes, by model (none for a pool whose runtimes take none): what a gateway
+    starts with and every reload reads. Each pool's secret is read once."""
+    by_secret: dict[str, tuple[str, ...]] = {}
+    for pool in config.models:
+        if pool.api_keys_secret and pool.api_keys_secret not in by_secret:
+            if client is None:
+                import boto3
+
+                client = boto3.client("secretsmanager")
+            by_secret[pool.api_keys_secret] = runtime_keys(client, pool.api_keys_secret)
+    upstream = {
+        pool.name: by_secret[pool.api_keys_secret][0] for pool in config.models if pool.api_keys_secret
+    }
+    probe_keys = tuple(dict.fromkeys(key for keys in by_secret.values() for key in keys))
     tenants = load_tenants(
-        config.tenants, client=client, probe_keys=keys, models=[pool.name for pool in config.models]
+        config.tenants, client=client, probe_keys=probe_keys, models=[pool.name for pool in config.models]
     )
-    return tenants, (keys[0] if keys else None)
+    return tenants, upstream
+
+
+def replica_id_key(upstream: UpstreamKeys) -> bytes | None:
+    """What a replica's public id is derived from: the runtimes' keys, which every gateway of the
+    stack holds, so the id is the same on all of them (None: a process's own key, where there is none)."""
+    if not upstream:
+        return None
+    return hashlib.blake2b(
+        "\n".join(sorted(set(upstream.values()))).encode(), person=b"frontier-repid"
+    ).digest()

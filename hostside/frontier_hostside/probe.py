@@ -39,8 +39,10 @@ STACK_DIMENSION = "Stack"
 ENDPOINT_ENV = "FRONTIER_PROBE_ENDPOINT"
 MODELS_ENV = "FRONTIER_PROBE_MODELS"  # comma-separated
 STACK_ENV = "FRONTIER_PROBE_STACK"
-KEY_ENV = "FRONTIER_PROBE_KEY"  # the key itself (Kubernetes: from a Secret; the local stack)
-KEY_SECRET_ENV = "FRONTIER_PROBE_KEY_SECRET"  # or the Secrets Manager secret holding it (EC2)
+KEY_ENV = "FRONTIER_PROBE_KEY"  # the key itself (the local stack)
+# Or the Secrets Manager secret holding it: one for every model, or one per model of MODELS_ENV in
+# its order, comma-separated (EC2: each model's pool's own secret; Kubernetes: the CronJob's pool's).
+KEY_SECRET_ENV = "FRONTIER_PROBE_KEY_SECRET"
 TIMEOUT_ENV = "FRONTIER_PROBE_TIMEOUT_S"
 
 
@@ -93,14 +95,16 @@ def _one(
 def probe(
     endpoint: str,
     models: Sequence[str],
-    key: str | None,
+    key: str | Mapping[str, str] | None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     context: ssl.SSLContext | None = None,
 ) -> ProbeResult:
-    """The fixed request to each model in turn; the first failure, else the slowest success."""
+    """The fixed request to each model in turn, with ``key`` (one for every model, or each model's
+    own by name); the first failure, else the slowest success."""
     if not models:
         raise ValueError("the probe needs at least one model name")
-    results = [_one(endpoint, model, key, timeout_s, context) for model in models]
+    keys = key if isinstance(key, Mapping) else dict.fromkeys(models, key)
+    results = [_one(endpoint, model, keys.get(model), timeout_s, context) for model in models]
     failed = [r for r in results if not r.ok]
     return failed[0] if failed else max(results, key=lambda r: r.latency_ms)
 
@@ -139,6 +143,21 @@ def key_from_secret(value: str) -> str:
     if isinstance(parsed, dict) and isinstance(parsed.get("keys"), list) and parsed["keys"]:
         return str(parsed["keys"][0])
     raise ValueError('the probe key secret holds neither {"keys": [...]} nor a plain key')
+
+
+def key_secrets(env: Mapping[str, str], models: Sequence[str]) -> dict[str, str]:
+    """Each model's key secret from :data:`KEY_SECRET_ENV`: one secret for every model, or one per
+    model in the order of :data:`MODELS_ENV`; none where it is not set."""
+    secrets = [s for s in env.get(KEY_SECRET_ENV, "").split(",") if s]
+    if not secrets:
+        return {}
+    if len(secrets) == 1:
+        return dict.fromkeys(models, secrets[0])
+    if len(secrets) != len(models):
+        raise ValueError(
+            f"{KEY_SECRET_ENV} names {len(secrets)} secrets for {len(models)} models: one, or one per model"
+        )
+    return dict(zip(models, secrets, strict=True))
 
 
 def settings_from(env: Mapping[str, str]) -> tuple[str, list[str], str, float]:

@@ -14,15 +14,21 @@ from dataclasses import asdict
 from typing import Any
 
 import boto3
-from frontier_hostside.probe import KEY_ENV, KEY_SECRET_ENV, key_from_secret, probe, publish, settings_from
+from frontier_hostside.probe import KEY_ENV, key_from_secret, key_secrets, probe, publish, settings_from
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:  # noqa: ARG001 - Lambda's signature
     endpoint, models, stack, timeout = settings_from(os.environ)
-    key = os.environ.get(KEY_ENV) or None
-    if not key and os.environ.get(KEY_SECRET_ENV):
-        secret = boto3.client("secretsmanager").get_secret_value(SecretId=os.environ[KEY_SECRET_ENV])
-        key = key_from_secret(secret["SecretString"])
+    key: str | dict[str, str] | None = os.environ.get(KEY_ENV) or None
+    secrets = key_secrets(os.environ, models)
+    if not key and secrets:
+        # Each model is asked with its own pool's key; a secret several models name is read once.
+        client = boto3.client("secretsmanager")
+        read = {
+            secret: key_from_secret(client.get_secret_value(SecretId=secret)["SecretString"])
+            for secret in dict.fromkeys(secrets.values())
+        }
+        key = {model: read[secret] for model, secret in secrets.items()}
     result = probe(endpoint, models, key, timeout)
     publish(boto3.client("cloudwatch"), stack, result)
     print(json.dumps(asdict(result)))

@@ -183,7 +183,9 @@ def documents(
         history_bucket_arn=f"arn:aws:s3:::{saved.history_bucket}",
         history_prefix=saved.history_prefix,
         kms_key_arn=saved.kms_key_arn,
-        api_keys_secret_arns={settings.api_keys_secret: f"{saved.api_keys_secret_arn}-*"},
+        api_keys_secret_arns={
+            settings.only_pool.runtime.api_keys_secret or "": f"{saved.api_keys_secret_arn}-*"
+        },
         repository_arn=cloud.arn("ecr", f"repository/{repository}"),
         target_group_arn=saved.target_group_arn,
         release_key_arn=release_key_arn,

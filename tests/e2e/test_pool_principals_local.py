@@ -1,15 +1,19 @@
 """Two pools on the local stack under IAM enforcement: each pool's host slot signs as its own pool's
-principal, both pools serve, and one pool's host cannot read the other pool's weights.
+principal, both pools serve, each with the key of its own secret, and one pool's host cannot read the
+other pool's weights or API-keys secret.
 
 moto's server enforces the documents (``frontier/identity``) the cloud programs render: pool B's
 host role holds ``s3:GetObject`` on ``<weights bucket>/<B's prefix>/*`` only, so a GET of pool A's
-weights with B's host key is AccessDenied while B reads its own.
+weights with B's host key is AccessDenied while B reads its own; and ``secretsmanager:GetSecretValue``
+on B's secret only, which the local stack's moto server checks against the secret's ARN
+(``frontier/targets/local/moto_calls.py``), so B's host is refused A's secret.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,8 +65,11 @@ class Serving:
         return iam.AccessKey(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
 
     def s3_as(self, host: Host):  # noqa: ANN201 - a boto3 client
+        return self.client_as(host, "s3")
+
+    def client_as(self, host: Host, service: str):  # noqa: ANN201 - a boto3 client
         return boto3.client(
-            "s3",
+            service,
             endpoint_url=local.moto_endpoint(self.settings),
             region_name=self.settings.region,
             **self.host_key(host).boto3_kwargs(),
@@ -80,7 +87,11 @@ def as_two_pools(stacks: Path, root: Path) -> None:
         "runtime": config.pop("frontier:runtime"),
         "hosts": ["host-1"],
     }
-    second = {"model": dict(SECOND_MODEL), "runtime": copy.deepcopy(first["runtime"]), "hosts": ["host-2"]}
+    runtime = {
+        **copy.deepcopy(first["runtime"]),
+        "api_keys_secret": f"frontier/local/{SECOND_MODEL['name']}/api-keys",
+    }
+    second = {"model": dict(SECOND_MODEL), "runtime": runtime, "hosts": ["host-2"]}
     config["frontier:models"] = [first, second]
     # Two models route by model through a gateway (not started here: each pool is asked directly).
     config["frontier:gateway"] = {"port": free_port(), "metering": {"uri": str(root / "metering.jsonl")}}
@@ -119,6 +130,7 @@ def serving(tmp_path_factory) -> Serving:
             as_two_pools(stacks, root)
             settings = load_stack("local")
             local.identities(settings)
+            local.api_key_secrets(settings)  # the second pool's own secret, as `pulumi up` adds it
             local.host_slots(settings)
             big, small = settings.pools
             dirs = {big.name: root / "model-a", small.name: root / "model-b"}
@@ -158,14 +170,55 @@ def test_each_pools_slot_signs_as_its_own_pools_principal(serving):
         assert sts.get_caller_identity()["Arn"].endswith(f":user/{iam.user_name(serving.settings, actor)}")
 
 
-def test_both_pools_serve(serving):
+def _models(pool: PoolSettings, key: str) -> list[str]:
+    (host,) = pool.hosts
+    url = f"http://{host.address}:{pool.runtime.port}/v1/models"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return [m["id"] for m in json.load(answer)["data"]]
+
+
+def test_both_pools_serve_each_with_the_key_of_its_own_secret(serving):
     for pool in serving.settings.pools:
-        (host,) = pool.hosts
-        url = f"http://{host.address}:{pool.runtime.port}/v1/models"
-        key = local.api_key(serving.settings)
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            assert [m["id"] for m in json.load(answer)["data"]] == [pool.name]
+        assert _models(pool, local.api_key(serving.settings, pool)) == [pool.name]
+
+
+def test_each_pools_runtimes_refuse_the_other_pools_key(serving):
+    a, b = serving.settings.pools
+    assert local.api_key(serving.settings, a) != local.api_key(serving.settings, b)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _models(b, local.api_key(serving.settings, a))
+    assert refused.value.code == 401
+
+
+def _denied_secret_read(exc: ClientError, reader: PoolSettings) -> bool:
+    """Whether ``exc`` is IAM refusing ``reader``'s host user the read (moto's words, which name the
+    user and the action)."""
+    line = iam.refusal(exc)
+    return (
+        line.startswith("AccessDenied")
+        and f"host-{reader.name}" in line
+        and line.endswith("is not authorized to perform: secretsmanager:GetSecretValue")
+    )
+
+
+def test_pool_bs_host_reads_its_own_secret_and_is_denied_pool_as(serving):
+    a, b = serving.settings.pools
+    (b_host,) = b.hosts
+    sm = serving.client_as(b_host, "secretsmanager")
+    own = json.loads(sm.get_secret_value(SecretId=b.runtime.api_keys_secret)["SecretString"])
+    assert own["keys"] == [local.api_key(serving.settings, b)]
+    with pytest.raises(ClientError) as refused:
+        sm.get_secret_value(SecretId=a.runtime.api_keys_secret)
+    assert _denied_secret_read(refused.value, b)
+
+
+def test_pool_as_host_is_denied_pool_bs_secret(serving):
+    a, b = serving.settings.pools
+    (a_host,) = a.hosts
+    with pytest.raises(ClientError) as refused:
+        serving.client_as(a_host, "secretsmanager").get_secret_value(SecretId=b.runtime.api_keys_secret)
+    assert _denied_secret_read(refused.value, a)
 
 
 def test_pool_bs_host_reads_its_own_weights_and_is_denied_pool_as(serving):

@@ -43,12 +43,22 @@ def tenant(name: str, key: str, models: list[str], **quota: Any) -> dict[str, An
 
 
 def gateway_config(
-    models: dict[str, list[str]], tenants: list[dict], metering: Path, **extra: Any
+    models: dict[str, list[str]],
+    tenants: list[dict],
+    metering: Path,
+    *,
+    key_secrets: dict[str, str] | None = None,
+    **extra: Any,
 ) -> GatewayConfig:
+    """``key_secrets``: each model's runtimes' key secret, by model (none: they take no key)."""
+    secrets = key_secrets or {}
     data = {
         "host": "127.0.0.1",
         "port": 0,
-        "models": [{"name": name, "replicas": urls} for name, urls in models.items()],
+        "models": [
+            {"name": name, "replicas": urls, "api_keys_secret": secrets.get(name, "")}
+            for name, urls in models.items()
+        ],
         "tenants": tenants,
         "metering": {"uri": str(metering), "flush_s": 0.2},
         "probe": {"interval_s": 0.2, "timeout_s": 0.5},

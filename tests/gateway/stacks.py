@@ -37,7 +37,10 @@ def two_model_config(stack: str = "local") -> dict:
     }
     second = {
         "model": dict(SECOND_MODEL),
-        "runtime": {**copy.deepcopy(first["runtime"]), "api_keys_secret": "frontier/local/api-keys"},
+        "runtime": {
+            **copy.deepcopy(first["runtime"]),
+            "api_keys_secret": "frontier/local/tiny-llama-small/api-keys",
+        },
         "hosts": ["host-3"],
     }
     config["frontier:models"] = [first, second]

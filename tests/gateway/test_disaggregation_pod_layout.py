@@ -5,7 +5,8 @@ it), and the gateway runs with the model entry the Kubernetes renderer writes: t
 and the decode Service as the two hops, the decode Service as the colocated fallback.
 
 Real: the runtime processes of one tiny model and the gateway on loopback sockets. Mocked: the
-cluster (each Service is the one process behind it; a pod's address is 127.0.0.1)."""
+cluster (each Service is the one process behind it; a pod's address is 127.0.0.1) and the pool's key
+secret (the runtimes take no key)."""
 
 from __future__ import annotations
 
@@ -99,8 +100,10 @@ def pool_config(rendered, pods: dict[str, RuntimeProcess], metering: Path) -> An
         return [services[url] for url in urls]
 
     hops = entry["disaggregation"]
+    # The pods here take no key: no Secrets Manager holds the pool's, so the gateway presents none.
+    keyless = {**entry, "api_keys_secret": ""}
     return disaggregated_config(
-        behind(entry["replicas"]), behind(hops["prefill"]), behind(hops["decode"]), metering, entry=entry
+        behind(entry["replicas"]), behind(hops["prefill"]), behind(hops["decode"]), metering, entry=keyless
     )
 
 

@@ -45,7 +45,7 @@ def gateway(secrets, standins: dict[str, StandIn], tmp_path: Path):  # type: ign
         [acme],
         tmp_path / "metering",
         keys_reload_s=RELOAD_S,
-        upstream_api_key_secret=RUNTIME_SECRET,
+        key_secrets={"tiny-a": RUNTIME_SECRET},
     )
     with running_gateway(config) as running:
         yield running
@@ -120,3 +120,43 @@ def test_the_probe_passes_on_either_runtime_key_while_they_rotate(gateway, secre
     assert _status(gateway.url, RUNTIME_OLD) == 200
     secrets.put_secret_value(SecretId=RUNTIME_SECRET, SecretString=json.dumps({"keys": [RUNTIME_NEW]}))
     _until(lambda: _status(gateway.url, RUNTIME_OLD) == 401, WITHIN_S, "the retired runtime key refused")
+
+
+SECOND_SECRET = "frontier/test/tiny-b/runtime-keys"
+SECOND_KEY = "sk-runtime-b-222222"
+
+
+@pytest.fixture
+def two_pools(secrets, standins: dict[str, StandIn], tmp_path: Path):  # type: ignore[no-untyped-def]
+    """tiny-a on a1 and tiny-b on b1, each pool's runtimes with a key secret of their own."""
+    secrets.create_secret(Name=SECOND_SECRET, SecretString=json.dumps({"keys": [SECOND_KEY]}))
+    config = gateway_config(
+        {"tiny-a": [standins["a1"].url], "tiny-b": [standins["b1"].url]},
+        [tenant("acme", OLD, ["tiny-a", "tiny-b"])],
+        tmp_path / "metering",
+        keys_reload_s=RELOAD_S,
+        key_secrets={"tiny-a": RUNTIME_SECRET, "tiny-b": SECOND_SECRET},
+    )
+    with running_gateway(config) as running:
+        yield running
+
+
+def test_the_gateway_presents_each_pool_the_first_key_of_its_own_secret(two_pools, standins) -> None:
+    for model, standin, key in (("tiny-a", "a1", RUNTIME_OLD), ("tiny-b", "b1", SECOND_KEY)):
+        body = {"model": model, "prompt": "hi", "max_tokens": 2}
+        answer = httpx.post(
+            two_pools.url + names.COMPLETIONS_PATH,
+            json=body,
+            headers={"Authorization": f"Bearer {OLD}"},
+            timeout=10,
+        )
+        assert answer.status_code == 200
+        headers = {k.lower(): v for k, v in standins[standin].requests[-1][2].items()}
+        assert headers["authorization"] == f"Bearer {key}"
+
+
+def test_the_probe_passes_every_model_with_each_pools_own_key(two_pools) -> None:
+    result = probe(
+        two_pools.url, ["tiny-a", "tiny-b"], {"tiny-a": RUNTIME_OLD, "tiny-b": SECOND_KEY}, timeout_s=10
+    )
+    assert result.ok, result

@@ -83,7 +83,10 @@ def test_the_gateway_config_of_a_stack_is_what_the_gateway_accepts(two_models: P
         ("acme", "frontier/local/tenants/acme", "interactive"),
         ("nightly", "frontier/local/tenants/nightly", "batch"),
     ]
-    assert config.upstream_api_key_secret == "frontier/local/api-keys"
+    assert {m.name: m.api_keys_secret for m in config.models} == {
+        "tiny-llama": "frontier/local/api-keys",
+        "tiny-llama-small": "frontier/local/tiny-llama-small/api-keys",
+    }
     assert not any(
         "sk-" in line for line in render_gateway_config(settings, static_replicas(settings)).splitlines()
     )

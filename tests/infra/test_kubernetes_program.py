@@ -206,8 +206,12 @@ def test_the_deploy_role_reaches_history_and_only_its_namespace(eks):
         "LogInToTheRegistry",
         "SeeItsCluster",
         "SignReleases",
+        "RotateItsApiKeys",
     }
     assert sids["SeeItsCluster"]["Resource"] == "arn:aws:eks:us-east-1:123456789012:cluster/frontier-eks-prod"
+    # `fab keys.rotate` and the canary's key: the pool's own secret, no other.
+    (secret,) = eks.of_type("aws:secretsmanager/secret:Secret")
+    assert sids["RotateItsApiKeys"]["Resource"] == secret.outputs["arn"]
     assert sids["ReadWriteDeployHistoryAndLocks"]["Resource"].endswith("/history/eks-prod/*")
     deploy = eks.one("aws:iam/role:Role", "eks-prod-k8s-deploy")
     # In the cluster it is a member of the group the stack's Role binds (deploy_access.py), no more.

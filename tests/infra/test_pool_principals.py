@@ -1,8 +1,9 @@
-"""Each pool's principal reads its own pool's weights, secret and history, and not another pool's:
-the eks-gateway stack (two pools on EKS, a service account and role per pool) and a two-model EC2
-stack (an instance role and profile per pool), each program run under Pulumi's mocks, its rendered
-role documents evaluated as AWS would, conditions included, by ``@cloud-copilot/iam-simulate``
-(``tools/iam-simulate``, through ``tests/e2e/iam_simulation.py``)."""
+"""Each pool's principal reads its own pool's weights, API-keys secret and history, and not another
+pool's; the gateway, which calls every pool, reads every pool's secret: the eks-gateway stack (two
+pools on EKS, a service account and role per pool) and a two-model EC2 stack (an instance role and
+profile per pool), each program run under Pulumi's mocks, its rendered role documents evaluated as
+AWS would, conditions included, by ``@cloud-copilot/iam-simulate`` (``tools/iam-simulate``, through
+``tests/e2e/iam_simulation.py``)."""
 
 from __future__ import annotations
 
@@ -64,13 +65,27 @@ def weights_read(graph: Graph, principal: Principal, pool: PoolSettings) -> Call
     return Call(principal.arn, "s3:GetObject", key, (), "GetObject")
 
 
-def secret_read(graph: Graph, principal: Principal, pool: PoolSettings) -> Call:
+def secret_arn(graph: Graph, pool: PoolSettings) -> str:
+    """The ARN of ``pool``'s API-keys secret, the one secret the stack made under its name."""
     (secret,) = [
         s.outputs["arn"]
         for s in graph.of_type(SECRET)
         if s.outputs["arn"].split(":secret:")[1].rsplit("-", 1)[0] == pool.runtime.api_keys_secret
     ]
-    return Call(principal.arn, "secretsmanager:GetSecretValue", secret, (), "GetSecretValue")
+    return str(secret)
+
+
+def secret_read(graph: Graph, principal: Principal, pool: PoolSettings) -> Call:
+    return Call(principal.arn, "secretsmanager:GetSecretValue", secret_arn(graph, pool), (), "GetSecretValue")
+
+
+def every_secret_read_by(graph: Graph, role: str, policy: str, action: str) -> list[str]:
+    """The decisions on ``action`` of each pool's secret by the role and inline policy named."""
+    arn = graph.one(ROLE, role).outputs["arn"]
+    document = json.loads(graph.one(ROLE_POLICY, policy).inputs["policy"])
+    calls = [Call(arn, action, secret_arn(graph, pool), (), action) for pool in graph.settings.pools]
+    found = simulate({"all": {arn: [{"name": policy, "policy": document}]}}, calls)["all"]
+    return [d["decision"] for d in found]
 
 
 def history_read(graph: Graph, principal: Principal, pool: PoolSettings) -> Call:
@@ -133,9 +148,36 @@ def test_each_eks_pool_reads_its_own_weights_and_not_the_other_pools(eks_gateway
     assert allowed_exactly_on_the_diagonal(results), results
 
 
-def test_each_eks_pool_reads_its_own_secret(eks_gateway, eks_principals):
-    calls = [secret_read(eks_gateway, p, p.pool) for p in eks_principals.values()]
-    assert decisions(eks_gateway, eks_principals, calls) == ["Allowed"] * len(calls)
+def test_eks_gateway_makes_a_secret_per_pool_each_under_its_own_name(eks_gateway):
+    names = sorted(s.inputs["name"] for s in eks_gateway.of_type(SECRET))
+    assert names == sorted(eks_gateway.settings.api_keys_secrets.values())
+    assert len(names) == 2
+
+
+def test_each_eks_pool_reads_its_own_secret_and_not_the_other_pools(eks_gateway, eks_principals):
+    results = own_and_others(eks_gateway, eks_principals, secret_read)
+    assert allowed_exactly_on_the_diagonal(results), results
+
+
+def test_the_eks_gateways_pods_read_every_pools_secret(eks_gateway):
+    name = f"{eks_gateway.stack}-gw-gateway"
+    assert every_secret_read_by(eks_gateway, name, name, "secretsmanager:GetSecretValue") == ["Allowed"] * 2
+
+
+def test_the_eks_deploy_role_rotates_every_pools_secret(eks_gateway):
+    name = f"{eks_gateway.stack}-k8s-deploy"
+    assert every_secret_read_by(eks_gateway, name, name, "secretsmanager:PutSecretValue") == ["Allowed"] * 2
+
+
+def test_each_eks_pools_probe_presents_its_own_pools_key(eks_gateway):
+    from frontier_hostside import probe
+
+    for job in eks_gateway.of_type("kubernetes:batch/v1:CronJob"):
+        pod = job.inputs["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        pool = eks_gateway.settings.pool(env[probe.MODELS_ENV])
+        assert env[probe.KEY_SECRET_ENV] == pool.runtime.api_keys_secret
+        assert pod["serviceAccountName"] == pool_service_account(eks_gateway.settings, pool)
 
 
 # --- a two-model EC2 stack: an instance role and profile per pool ---------------------------------
@@ -153,7 +195,11 @@ def two_model_ec2_document() -> dict:
     small = {**copy.deepcopy(model), "name": SMALL, "weights_uri": f"s3://{bucket}/{SMALL}"}
     config["frontier:models"] = [
         {"model": model, "runtime": runtime, "node_group": group["name"]},
-        {"model": small, "runtime": copy.deepcopy(runtime), "node_group": "small"},
+        {
+            "model": small,
+            "runtime": {**copy.deepcopy(runtime), "api_keys_secret": f"frontier/dev/{SMALL}/api-keys"},
+            "node_group": "small",
+        },
     ]
     config["frontier:tenants"][0]["models"] = [model["name"], SMALL]
     return document
@@ -195,9 +241,54 @@ def test_each_ec2_pools_hosts_boot_from_its_own_history_and_not_the_other_pools(
     assert allowed_exactly_on_the_diagonal(results), results
 
 
-def test_each_ec2_pool_reads_its_own_secret(two_model_ec2, ec2_principals):
-    calls = [secret_read(two_model_ec2, p, p.pool) for p in ec2_principals.values()]
-    assert decisions(two_model_ec2, ec2_principals, calls) == ["Allowed"] * len(calls)
+def test_a_two_model_ec2_stack_makes_a_secret_per_pool_named_after_its_model(two_model_ec2):
+    found = {s.name: s.inputs["name"] for s in two_model_ec2.of_type(SECRET)}
+    settings = two_model_ec2.settings
+    assert found == {
+        f"dev-secrets-api-keys{principal_suffix(settings, pool)}": pool.runtime.api_keys_secret
+        for pool in settings.pools
+    }
+    assert two_model_ec2.outputs["api_keys_secret_arns"] == {
+        pool.name: secret_arn(two_model_ec2, pool) for pool in settings.pools
+    }
+
+
+def test_each_ec2_pool_reads_its_own_secret_and_not_the_other_pools(two_model_ec2, ec2_principals):
+    results = own_and_others(two_model_ec2, ec2_principals, secret_read)
+    assert allowed_exactly_on_the_diagonal(results), results
+
+
+def test_the_ec2_gateways_hosts_read_every_pools_secret(two_model_ec2):
+    decided = every_secret_read_by(
+        two_model_ec2, "dev-gateway-role", "dev-gateway-policy", "secretsmanager:GetSecretValue"
+    )
+    assert decided == ["Allowed"] * 2
+
+
+def test_the_ec2_deploy_role_rotates_every_pools_secret(two_model_ec2):
+    decided = every_secret_read_by(
+        two_model_ec2, "dev-iam-deploy", "dev-iam-deploy", "secretsmanager:PutSecretValue"
+    )
+    assert decided == ["Allowed"] * 2
+
+
+def test_the_ec2_probe_reads_every_pools_secret_and_asks_each_model_with_its_own(two_model_ec2):
+    from frontier_hostside import probe
+
+    settings = two_model_ec2.settings
+    env = two_model_ec2.one("aws:lambda/function:Function").inputs["environment"]["variables"]
+    assert probe.key_secrets(env, env[probe.MODELS_ENV].split(",")) == {
+        pool.name: secret_arn(two_model_ec2, pool) for pool in settings.pools
+    }
+    assert (
+        every_secret_read_by(
+            two_model_ec2,
+            "dev-monitoring-probe-role",
+            "dev-monitoring-probe-role",
+            "secretsmanager:GetSecretValue",
+        )
+        == ["Allowed"] * 2
+    )
 
 
 def test_each_ec2_groups_node_env_names_its_pools_history(two_model_ec2):
@@ -236,6 +327,13 @@ def test_eks_gateway_run_as_pulumi_up_runs_it_declares_a_role_and_association_pe
         assert ("aws:eks/podIdentityAssociation:PodIdentityAssociation", name) in run.resources
     assert set(run.outputs["runtime_role_arns"]) == {pool.name for pool in settings.pools}
     assert run.outputs["runtime_role_arn"] == ""  # a stack of several models has no one runtime role
+    for pool in settings.pools:
+        assert (
+            SECRET,
+            f"{settings.stack}-secrets-api-keys{principal_suffix(settings, pool)}",
+        ) in run.resources
+    assert set(run.outputs["api_keys_secret_arns"]) == {pool.name for pool in settings.pools}
+    assert run.outputs["api_keys_secret_arn"] == ""  # nor one secret
 
 
 def test_the_ec2_gateway_writes_metering_into_the_bucket_the_stack_makes_with_its_data_key(tmp_path):

@@ -165,3 +165,13 @@ def test_pulumi_up_declares_both_pools_in_a_fresh_interpreter(stack_file, tmp_pa
         assert (LAUNCH_TEMPLATE, f"dev-{pool.group.name}-lt") in resources
         assert (ASG, f"dev-{pool.group.name}-asg") in resources
     assert set(declared["outputs"]["runtime_role_arns"]) == {pool.name for pool in settings.pools}
+    # Each pool's own API-keys secret, under its own name; no secret the pools share.
+    named = {(typ, name): value for typ, name, value in declared["named"]}
+    for pool in settings.pools:
+        secret = (
+            "aws:secretsmanager/secret:Secret",
+            f"dev-secrets-api-keys{principal_suffix(settings, pool)}",
+        )
+        assert named[secret] == pool.runtime.api_keys_secret
+    assert set(declared["outputs"]["api_keys_secret_arns"]) == {pool.name for pool in settings.pools}
+    assert declared["outputs"]["api_keys_secret_arn"] == ""

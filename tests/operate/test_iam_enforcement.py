@@ -228,7 +228,7 @@ def test_a_refusal_reads_as_one_line_naming_the_action(account):
     )
 
 
-def test_moto_checks_resources_of_s3_calls_only_so_other_statements_are_widened():
+def test_moto_checks_resources_of_s3_and_secrets_manager_calls_so_other_statements_are_widened():
     document = {
         "Statement": [
             {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::b"},
@@ -238,16 +238,22 @@ def test_moto_checks_resources_of_s3_calls_only_so_other_statements_are_widened(
                 "Action": "secretsmanager:GetSecretValue",
                 "Resource": "arn:aws:secretsmanager:x",
             },
+            {"Effect": "Allow", "Action": "logs:PutLogEvents", "Resource": "arn:aws:logs:x"},
         ]
     }
-    listing, reading, secret = iam.for_moto(document)["Statement"]
+    listing, reading, secret, logs = iam.for_moto(document)["Statement"]
     assert listing == {
         "Effect": "Allow",
         "Action": ["s3:ListBucket", "s3:HeadBucket"],
         "Resource": "arn:aws:s3:::b",
     }
     assert reading["Resource"] == ["arn:aws:s3:::b/p/*"]
-    assert (secret["Action"], secret["Resource"]) == ("secretsmanager:GetSecretValue", "*")
+    # The local stack's moto server authorises a Secrets Manager call on its secret's ARN.
+    assert (secret["Action"], secret["Resource"]) == (
+        "secretsmanager:GetSecretValue",
+        "arn:aws:secretsmanager:x",
+    )
+    assert (logs["Action"], logs["Resource"]) == ("logs:PutLogEvents", "*")
 
 
 def test_the_local_gateway_is_granted_what_the_cloud_gateway_role_is():

@@ -234,3 +234,55 @@ def test_fab_keys_rotate_refuses_an_overlap_shorter_than_the_stack_reload_interv
     )
     assert done.returncode == 2
     assert "--overlap-s 3: must be >= runtime.api_keys_reload_s (60)" in done.stderr
+
+
+# --- fab keys.rotate on a stack of several pools: each pool's own secret ----------------------------
+
+
+@pytest.fixture
+def two_pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The local stack as two pools (tests/gateway/stacks.py), the small one's runtimes reading their
+    secret every 30 s, the first's every 60 s, the gateway every 20 s."""
+    from frontier.project import STACKS_DIR_ENV
+    from tests.gateway.stacks import two_model_config, write_stack
+
+    document = two_model_config()
+    document["config"]["frontier:models"][1]["runtime"]["api_keys_reload_s"] = 30
+    document["config"]["frontier:gateway"]["keys_reload_s"] = 20
+    path = write_stack(tmp_path, document)
+    monkeypatch.setenv(STACKS_DIR_ENV, str(tmp_path))
+    return path
+
+
+def test_a_rotation_of_two_pools_rotates_each_pools_own_secret_or_the_named_ones_alone(two_pools) -> None:
+    from frontier.cli.keys import _plans
+    from frontier.targets import load_stack
+
+    settings = load_stack("local", path=two_pools)
+    every = _plans(settings, None, None, None)
+    assert [(p.pool.name, p.secret_id) for p in every] == list(settings.api_keys_secrets.items())
+    assert len({p.secret_id for p in every}) == 2
+    (small,) = _plans(settings, "tiny-llama-small", None, None)
+    assert (small.secret_id, small.overlap_s) == ("frontier/local/tiny-llama-small/api-keys", 60)
+
+
+def test_fab_keys_rotate_refuses_an_unknown_model_naming_the_models_served(two_pools, capsys) -> None:
+    from fab_program import fab
+
+    code, _, err = fab(capsys, "keys.rotate", "-s", "local", "--model", "nope")
+    assert code == 2
+    assert (
+        "--model: model 'nope' is not served by stack 'local': it serves tiny-llama, tiny-llama-small" in err
+    )
+
+
+def test_fab_keys_rotate_refuses_the_whole_rotation_when_one_pools_overlap_is_too_short(
+    two_pools, capsys
+) -> None:
+    from fab_program import fab
+
+    # 45 s is past the small pool's reload interval (30 s), short of the first pool's (60 s): nothing is rotated.
+    code, _, err = fab(capsys, "keys.rotate", "-s", "local", "--overlap-s", "45")
+    assert code == 2
+    assert "model tiny-llama: --overlap-s 45: must be >= runtime.api_keys_reload_s (60)" in err
+    assert "tiny-llama-small:" not in err

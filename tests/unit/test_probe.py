@@ -34,6 +34,7 @@ class Endpoint(BaseHTTPRequestHandler):
 
     mode = "ok"
     seen: list[dict] = []
+    keys: frozenset[str] = frozenset({KEY})  # the keys it accepts
 
     def log_message(self, *_args: object) -> None:
         pass
@@ -41,7 +42,7 @@ class Endpoint(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - the http.server API
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Endpoint.seen.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
-        if self.headers.get("Authorization") != f"Bearer {KEY}":
+        if self.headers.get("Authorization") not in {f"Bearer {key}" for key in Endpoint.keys}:
             self._answer(401, {"error": {"message": "invalid API key"}})
         elif self.mode == "slow":
             time.sleep(1.0)
@@ -64,7 +65,7 @@ class Endpoint(BaseHTTPRequestHandler):
 
 @contextmanager
 def endpoint(mode: str = "ok") -> Iterator[str]:
-    Endpoint.mode, Endpoint.seen = mode, []
+    Endpoint.mode, Endpoint.seen, Endpoint.keys = mode, [], frozenset({KEY})
     server = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -140,6 +141,40 @@ def test_the_lambda_reads_its_key_probes_and_publishes_success_and_latency(monke
         ("ProbeSuccess", (("Stack", "dev"),)),
         ("ProbeLatency", (("Stack", "dev"),)),
     }
+
+
+def test_the_lambda_asks_each_model_with_the_first_key_of_its_own_pools_secret(monkeypatch):
+    with mock_aws(), endpoint() as url:
+        Endpoint.keys = frozenset({KEY, "sk-small"})
+        client = boto3.client("secretsmanager", region_name="us-east-1")
+        client.create_secret(Name="frontier/dev/llama/api-keys", SecretString=json.dumps({"keys": [KEY]}))
+        client.create_secret(
+            Name="frontier/dev/small/api-keys", SecretString=json.dumps({"keys": ["sk-small"]})
+        )
+        for name, value in {
+            probe.ENDPOINT_ENV: url,
+            probe.MODELS_ENV: "llama,small",
+            probe.STACK_ENV: "dev",
+            probe.KEY_SECRET_ENV: "frontier/dev/llama/api-keys,frontier/dev/small/api-keys",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.delenv(probe.KEY_ENV, raising=False)
+        answer = synthetic_probe.handler({"source": "aws.events"}, None)
+    assert answer["ok"] is True
+    assert {seen["body"]["model"]: seen["auth"] for seen in Endpoint.seen} == {
+        "llama": f"Bearer {KEY}",
+        "small": "Bearer sk-small",
+    }
+
+
+def test_key_secrets_name_one_secret_for_every_model_or_one_per_model():
+    models = ["a", "b"]
+    assert probe.key_secrets({probe.KEY_SECRET_ENV: "s"}, models) == {"a": "s", "b": "s"}
+    assert probe.key_secrets({probe.KEY_SECRET_ENV: "s1,s2"}, models) == {"a": "s1", "b": "s2"}
+    assert probe.key_secrets({}, models) == {}
+    with pytest.raises(ValueError, match="names 3 secrets for 2 models"):
+        probe.key_secrets({probe.KEY_SECRET_ENV: "s1,s2,s3"}, models)
 
 
 def test_a_failed_probe_is_published_as_zero_not_raised(monkeypatch):

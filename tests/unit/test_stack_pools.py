@@ -52,3 +52,22 @@ def test_a_file_with_models_and_a_top_level_model_is_refused_naming_both(tmp_pat
     with pytest.raises(StackError) as refused:
         load_stack("eks-gateway", path=path)
     assert "frontier:models and frontier:model:" in str(refused.value)
+
+
+def test_two_pools_naming_one_key_secret_are_refused_naming_the_field_and_the_other_pool(tmp_path):
+    document = yaml.safe_load(Path(load_stack("eks-gateway").source).read_text())
+    first, second = document["config"]["frontier:models"]
+    second["runtime"]["api_keys_secret"] = first["runtime"]["api_keys_secret"]
+    path = tmp_path / "Pulumi.eks-gateway.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    with pytest.raises(StackError) as refused:
+        load_stack("eks-gateway", path=path)
+    message = str(refused.value)
+    assert "models[1].runtime.api_keys_secret" in message
+    assert first["runtime"]["api_keys_secret"] in message
+    assert f"models[0] ('{first['model']['name']}')" in message
+
+
+def test_each_pool_of_a_stack_names_its_own_key_secret():
+    secrets = load_stack("eks-gateway").api_keys_secrets
+    assert len(set(secrets.values())) == len(secrets) == 2

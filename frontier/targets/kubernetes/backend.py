@@ -174,11 +174,9 @@ class KubernetesBackend:
         return kind(self.settings, self.api(), reporter, self.clock, verification=verification)
 
     def runtime_key(self) -> str | None:
-        """The runtimes' API key (the first of the stack's secret), for the canary's verification,
-        which reaches one pod directly over a port-forward stream. The stack's pools share it."""
-        secret_id = next(
-            (p.runtime.api_keys_secret for p in self.settings.pools if p.runtime.api_keys_secret), ""
-        )
+        """The pool's runtimes' API key (the first of its own secret), for the canary's verification,
+        which reaches one pod directly over a port-forward stream."""
+        secret_id = self.pool.runtime.api_keys_secret
         if not secret_id:
             return None
         value = self.aws_client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]

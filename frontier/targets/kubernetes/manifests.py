@@ -672,7 +672,7 @@ def render_workload(
 
 def probe_objects(settings: Settings, digest: str) -> tuple[Manifest, ...]:
     """Each pool's probe runs the runtime's image as the pool's service account, whose role reads
-    the key set the pools share: the key it presents."""
+    that pool's own key set: the key it presents."""
     return (
         probe_network_policy(settings),
         *(
@@ -681,7 +681,7 @@ def probe_objects(settings: Settings, digest: str) -> tuple[Manifest, ...]:
                 pool,
                 image_reference(pool, digest),
                 pool_service_account(settings, pool),
-                settings.api_keys_secret,
+                pool.runtime.api_keys_secret or "",
             )
             for pool in settings.pools
         ),

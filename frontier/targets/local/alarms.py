@@ -27,6 +27,7 @@ Messages carry CloudWatch's alarm fields (``AlarmName``, ``NewStateValue``, ``Ol
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -394,11 +395,20 @@ class Evaluator:
         result = probe.probe(
             self.backend.endpoint(),
             [pool.name for pool in self.settings.pools],
-            self.backend.api_key(),
+            self._probe_keys(),
             PROBE_TIMEOUT_S,
         )
         self.notifier.put_probe(result)
         return self.watches.probe.observe(result, now)
+
+    def _probe_keys(self) -> dict[str, str]:
+        """Each model's key: the first of its own pool's secret (behind a gateway its probe tenant
+        knows every pool's keys). A pool whose secret ``up`` has not made yet is asked without one."""
+        keys = {}
+        for pool in self.settings.pools:
+            with contextlib.suppress(cluster.LocalStackError):
+                keys[pool.name] = cluster.api_key(self.settings, pool)
+        return keys
 
     def _usage(self, host: HostSpec) -> None:
         try:

@@ -3,9 +3,10 @@
 ``up`` brings up, from the stack file's ``local:`` and ``inventory:`` sections:
 
 * **moto's server** on ``local.moto_port`` standing in for S3, Secrets Manager and CloudWatch, with
-  the weights and history buckets and the API-key secret ``runtime.api_keys_secret``. The key is
-  generated here and kept only in moto and in a 0600 file under the state dir (``api-key``) for
-  local clients such as the demo and ``fab loadtest``. moto enforces IAM: each actor signs with the
+  the weights and history buckets and each pool's API-key secret ``runtime.api_keys_secret``. A key
+  is generated here and kept only in moto and in a 0600 file under the state dir (``api-key``, or
+  ``api-key-<model>`` where the stack file lists its models) for local clients such as the demo and
+  ``fab loadtest``. moto enforces IAM: each actor signs with the
   key of its own user, whose policies are the cloud roles' documents
   (:mod:`frontier.targets.local.iam`); ``fab`` is the deploy role, the host slots the runtime role.
 * **host slots** from ``inventory.hosts``: each gets its own root (``releases/``, ``current``, a
@@ -65,8 +66,9 @@ from frontier_hostside.names import (
 from frontier_hostside.release_signature import RELEASE_KEY_NAME
 
 from frontier import aws, project
-from frontier.config.schema import Host, Local, Settings
+from frontier.config.schema import Host, Local, PoolSettings, Settings
 from frontier.errors import FrontierError
+from frontier.identity.pools import principal_suffix
 from frontier.release.signing import find_release_key
 from frontier.render.host import render_agent_config
 from frontier.targets.local import iam, imds, services, traces
@@ -220,20 +222,28 @@ def _choose_connection() -> str:
     return "ssh" if os.access(services.SSHD, os.X_OK) else "local"
 
 
-def api_key(settings: Settings) -> str:
-    """The local stack's API key, from its 0600 file (written by ``up``)."""
-    path = state_dir(settings) / API_KEY_FILE
+def api_key_file(settings: Settings, pool: PoolSettings) -> Path:
+    """The 0600 client copy of ``pool``'s runtimes' first key: one file per pool, named as its
+    principal is (a one-model stack's keeps the name it always had)."""
+    return state_dir(settings) / f"{API_KEY_FILE}{principal_suffix(settings, pool)}"
+
+
+def api_key(settings: Settings, pool: PoolSettings | None = None) -> str:
+    """The API key of ``pool``'s runtimes (of the only pool, where none is named), from its 0600
+    file (written by ``up``)."""
+    path = api_key_file(settings, pool or settings.only_pool)
     if not path.exists():
         raise LocalStackError(f"{path}: no API key yet — run `fab local.up --stack {settings.stack}` first")
     return path.read_text().strip()
 
 
 def refresh_api_key(settings: Settings, secret_id: str, secretsmanager: Any) -> str | None:
-    """Write the secret's first key (the one clients use) to the client copy, if ``secret_id`` is
-    the one ``up`` copied from; what was done, or None when this stack keeps no copy of it."""
-    if secret_id not in {pool.runtime.api_keys_secret for pool in settings.pools}:
+    """Write the secret's first key (the one clients use) to its pool's client copy, if ``secret_id``
+    is a pool's secret; what was done, or None when this stack keeps no copy of it."""
+    owners = [pool for pool in settings.pools if pool.runtime.api_keys_secret == secret_id]
+    if not owners:
         return None
-    path = state_dir(settings) / API_KEY_FILE
+    path = api_key_file(settings, owners[0])  # the stack check gives each pool a secret of its own
     value = secretsmanager.get_secret_value(SecretId=secret_id)["SecretString"]
     _write_private(path, json.loads(value)["keys"][0] + "\n")
     return f"client copy of the new key: {path} (mode 0600)"
@@ -329,8 +339,6 @@ def history_prefix(settings: Settings) -> str:
 
 
 def _up_aws_resources(settings: Settings, state: Path) -> list[Component]:
-    from botocore.exceptions import ClientError
-
     # What Pulumi creates on a cloud stack is the admin's to create here.
     s3 = aws_client(settings, "s3", actor="admin")
     report = []
@@ -343,23 +351,37 @@ def _up_aws_resources(settings: Settings, state: Path) -> list[Component]:
         s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
         report.append(Component(f"bucket {role}", "created", f"s3://{bucket} (versioned)"))
 
+    return [*report, *api_key_secrets(settings)]
+
+
+def api_key_secrets(settings: Settings) -> list[Component]:
+    """Each pool's API-key secret, with a generated key where it has none yet, and its client copy:
+    run again when the stack file lists more models, as ``pulumi up`` would add their secrets."""
+    from botocore.exceptions import ClientError
+
     sm = aws_client(settings, "secretsmanager", actor="admin")
-    secret_id = settings.runtime.api_keys_secret
-    key_file = state / API_KEY_FILE
-    try:
-        value = sm.get_secret_value(SecretId=secret_id)["SecretString"]
-        key = json.loads(value)["keys"][0]
-        state_word = "exists"
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
-            raise
-        key = "fk-" + secrets.token_urlsafe(24)
-        sm.create_secret(Name=secret_id, SecretString=json.dumps({"keys": [key]}))
-        state_word = "created"
-    _write_private(key_file, key + "\n")
-    report.append(
-        Component("api key secret", state_word, f"{secret_id} (client copy: {key_file}, mode 0600)")
-    )
+    report = []
+    for pool in settings.pools:
+        secret_id = pool.runtime.api_keys_secret or ""
+        key_file = api_key_file(settings, pool)
+        try:
+            value = sm.get_secret_value(SecretId=secret_id)["SecretString"]
+            key = json.loads(value)["keys"][0]
+            state_word = "exists"
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+                raise
+            key = "fk-" + secrets.token_urlsafe(24)
+            sm.create_secret(Name=secret_id, SecretString=json.dumps({"keys": [key]}))
+            state_word = "created"
+        _write_private(key_file, key + "\n")
+        report.append(
+            Component(
+                f"api key secret{principal_suffix(settings, pool)}",
+                state_word,
+                f"{secret_id} (client copy: {key_file}, mode 0600)",
+            )
+        )
     return report
 
 

@@ -75,8 +75,8 @@ def start(settings: Settings, timeout: float = 30.0) -> list[cluster.Component]:
     """Start the gateway in front of the slots' runtimes (a running one is stopped first: its
     config may be another stack file's)."""
     assert settings.gateway is not None and settings.local is not None
-    # The gateway's user reads the tenants' secrets of this stack file.
-    report = [cluster.identities(settings), *ensure_tenant_keys(settings)]
+    # The gateway's user reads the tenants' secrets of this stack file, and every pool's key secret.
+    report = [cluster.identities(settings), *cluster.api_key_secrets(settings), *ensure_tenant_keys(settings)]
     state = cluster.state_dir(settings)
     running = services.find(state, SERVICE)
     if running is not None:

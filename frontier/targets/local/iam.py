@@ -26,10 +26,12 @@ ARNs (its buckets, its history prefix, its secrets), then made readable to moto 
 What moto evaluates, and what it does not (see ``moto/iam/access_control.py``):
 
 * the **action** of every call, against the Action of each statement;
-* the **resource** of S3 calls (``arn:aws:s3:::bucket`` and ``arn:aws:s3:::bucket/key``). Calls to
-  other services are checked as if their resource were ``*``, so a statement scoped to a secret's or
-  a log group's ARN would never match one: :func:`for_moto` widens those statements' resources to
-  ``*`` and keeps their actions as they are;
+* the **resource** of S3 calls (``arn:aws:s3:::bucket`` and ``arn:aws:s3:::bucket/key``), of IAM,
+  STS and SQS calls, and of Secrets Manager calls (the secret's ARN: the local stack's moto server
+  adds that, :mod:`frontier.targets.local.moto_calls`, so one pool's host cannot read another pool's
+  key secret). Calls to other services are checked as if their resource were ``*``, so a statement
+  scoped to a log group's ARN would never match one: :func:`for_moto` widens those statements'
+  resources to ``*`` and keeps their actions as they are;
 * actions by moto's names where they differ from IAM's: ``s3:HeadBucket`` for the HeadBucket call
   (AWS checks ``s3:ListBucket``), ``monitoring:*`` for CloudWatch's (``cloudwatch:*``), added beside
   the document's own;
@@ -67,8 +69,9 @@ CREDENTIALS_FILE = "iam.json"
 RELEASE_KEY_FILE = "release-key.json"
 ACCOUNT_ID = "123456789012"  # moto's default account: the one every local ARN names
 # The services whose calls moto checks against a resource ARN; any other call is checked as if its
-# resource were "*" (moto/core/responses.py: only these define the call's resource).
-RESOURCE_CHECKED = frozenset({"s3", "iam", "sts", "sqs"})
+# resource were "*" (moto/core/responses.py: only these define the call's resource; Secrets
+# Manager's is defined by the local stack's server, frontier.targets.local.moto_calls).
+RESOURCE_CHECKED = frozenset({"s3", "iam", "sts", "sqs", "secretsmanager"})
 # Actions moto checks against "*" although their service is resource-checked: sqs:GetQueueUrl names
 # its queue by QueueName, and moto finds the call's queue by its URL, which that call has not yet.
 MOTO_UNRESOLVED = frozenset({"sqs:GetQueueUrl"})
@@ -164,7 +167,7 @@ def gateway_policy(settings: Settings) -> dict[str, Any]:
     that is a bucket.
     """
     cloud = _cloud(settings)
-    secrets = [*(t.api_key_secret for t in settings.tenants), settings.api_keys_secret]
+    secrets = [*(t.api_key_secret for t in settings.tenants), *settings.api_keys_secrets.values()]
     statements: list[dict[str, Any]] = [
         _allow(
             "ReadKeyDigests",
@@ -235,7 +238,7 @@ def _resources(
         kms_key_arn=_key_arn(settings),
         api_keys_secret_arns={
             name: cloud.arn("secretsmanager", f"secret:{name}-*")
-            for name in {pool.runtime.api_keys_secret or "" for pool in settings.pools}
+            for name in settings.api_keys_secrets.values()
         },
         repository_arn=cloud.arn("ecr", f"repository/frontier-{settings.stack}-runtime"),
         target_group_arn=cloud.arn("elasticloadbalancing", f"targetgroup/frontier-{settings.stack}/local"),

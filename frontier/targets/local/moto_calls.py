@@ -1,8 +1,10 @@
 """moto's server, recording every call its IAM enforcement lets through: the local stack's call log.
 
 ``python -m frontier.targets.local.moto_calls --log FILE <moto.server's arguments>`` runs moto's
-server as ``python -m moto.server`` would, with one addition: each signed call that moto's access
-control allows appends one JSON line to ``FILE`` (``<state_dir>/moto-calls.jsonl`` for the local
+server as ``python -m moto.server`` would, with two additions: a Secrets Manager call is authorised
+on the secret it names, as AWS authorises it (moto checks it as if its resource were ``*``, so one
+pool's host could read every pool's secret), and each signed call that moto's access control allows
+appends one JSON line to ``FILE`` (``<state_dir>/moto-calls.jsonl`` for the local
 stack, see :func:`frontier.targets.local.services.start_moto`)::
 
     {"principal": "arn:aws:iam::123456789012:user/frontier-local-deploy", "operation": "ListObjectsV2",
@@ -145,6 +147,18 @@ def _secret_arn(response: Any) -> str:
     return f"arn:aws:secretsmanager:{response.region}:{response.current_account}:secret:{secret_id}"
 
 
+# Secrets Manager's calls that name no secret: IAM authorises them on "*".
+UNNAMED_SECRET_CALLS = frozenset({"ListSecrets", "GetRandomPassword", "BatchGetSecretValue"})
+
+
+def _secret_resource(response: Any) -> str:
+    """The secret a Secrets Manager call acts on, by its ARN: what moto's access control then checks
+    the caller's statements against, as AWS does."""
+    if response._get_action() in UNNAMED_SECRET_CALLS:
+        return "*"
+    return _secret_arn(response)
+
+
 def _key_arn(response: Any) -> str:
     """A KMS call's key as IAM sees it: the key's ARN, whether the call named it by id, ARN or alias."""
     from moto.kms.models import kms_backends
@@ -199,9 +213,9 @@ def checks(service: str, response: Any, operation: str, resource: str) -> list[d
         context = {"cloudwatch:namespace": namespace} if operation == "PutMetricData" and namespace else {}
         return [{"action": action, "resource": "*", "context": context}]
     if service == "secretsmanager":
-        if operation in ("ListSecrets", "GetRandomPassword"):
-            return [{"action": f"secretsmanager:{operation}", "resource": "*", "context": {}}]
-        return [{"action": f"secretsmanager:{operation}", "resource": _secret_arn(response), "context": {}}]
+        return [
+            {"action": f"secretsmanager:{operation}", "resource": _secret_resource(response), "context": {}}
+        ]
     if service == "autoscaling" and operation in GROUP_ACTIONS:
         return [_group_check(response, f"autoscaling:{operation}")]
     if service == "elasticloadbalancing" and operation in ("RegisterTargets", "DeregisterTargets"):
@@ -249,9 +263,14 @@ def checks(service: str, response: Any, operation: str, resource: str) -> list[d
 
 
 def install(log: Path) -> None:
-    """Make moto's access control append each call it allows to ``log``."""
+    """Make moto's access control check a Secrets Manager call on its secret and append each call it
+    allows to ``log``."""
     from moto.core.authorization import ActionAuthenticatorMixin
     from moto.iam.access_control import IAMRequestBase
+    from moto.secretsmanager.responses import SecretsManagerResponse
+
+    # moto's responses that define this are authorised on what it returns (moto/core/responses.py).
+    SecretsManagerResponse._determine_resource = _secret_resource  # type: ignore[attr-defined]
 
     allow = IAMRequestBase.check_action_permitted
     authorize = ActionAuthenticatorMixin._authenticate_and_authorize_action
