@@ -290,6 +290,29 @@ class Rollout(_Settings):
             "old release before the rollout goes on; a failure rolls back, naming the failing cases."
         ),
     )
+    traffic_steps: tuple[int, ...] = Field(
+        default=(),
+        max_length=20,
+        description=(
+            "A traffic-weighted rollout: the percent of the pool's traffic the new release takes at each "
+            "step, on the canary hosts, each step held for rollout.gate.window_s and gated against the "
+            "old release; increasing, each 1..100, the last 100 (empty: the host rollout by batch)."
+        ),
+    )
+
+    @field_validator("traffic_steps")
+    @classmethod
+    def _steps_climb_to_all_traffic(cls, steps: tuple[int, ...]) -> tuple[int, ...]:
+        if not steps:
+            return steps
+        outside = [step for step in steps if not 1 <= step <= 100]
+        if outside:
+            raise ValueError(f"{list(steps)}: every step must be a percent in 1..100, not {outside[0]}")
+        if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+            raise ValueError(f"{list(steps)}: the steps must increase strictly")
+        if steps[-1] != 100:
+            raise ValueError(f"{list(steps)}: the last step must be 100 (all traffic on the new release)")
+        return steps
 
 
 class Slo(_Settings):

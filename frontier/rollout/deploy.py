@@ -223,4 +223,6 @@ def _record(
         # surge or one-unavailable, and why (frontier.rollout.strategy)
         "strategy": result.strategy,
         "hosts": [h.to_record() for h in result.hosts],
+        # A traffic-weighted rollout's steps: the share, both releases' series, the verdict.
+        **({"steps": [step.to_record() for step in result.steps]} if result.steps else {}),
     }

@@ -7,6 +7,7 @@ latency histogram of that window alone; health and metrics routes are left out.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from frontier_hostside import names
@@ -71,12 +72,26 @@ def quantile(q: float, buckets: dict[float, float]) -> float | None:
 
 def read_gate(before: str, after: str, excluded_routes: set[str]) -> GateReading:
     """Requests, server errors (5xx) and p99 latency served between two scrapes of /metrics."""
-    req0, b0 = _samples(before, excluded_routes)
-    req1, b1 = _samples(after, excluded_routes)
-    deltas = {key: max(0.0, value - req0.get(key, 0.0)) for key, value in req1.items()}
-    total = sum(deltas.values())
-    errors = sum(v for (_, status), v in deltas.items() if status[:1] == "5")
-    window = {le: max(0.0, count - b0.get(le, 0.0)) for le, count in b1.items()}
+    return read_series({"": before}, {"": after}, excluded_routes)
+
+
+def read_series(
+    before: Mapping[str, str], after: Mapping[str, str], excluded_routes: set[str]
+) -> GateReading:
+    """One release's series over several hosts: their requests, errors and latency histograms summed
+    between two scrapes of each (``before`` and ``after`` by host name), so the p99 is the release's,
+    not an average of its hosts'."""
+    requests: dict[tuple[str, str], float] = {}
+    window: dict[float, float] = {}
+    for host, text in after.items():
+        req0, b0 = _samples(before[host], excluded_routes)
+        req1, b1 = _samples(text, excluded_routes)
+        for key, value in req1.items():
+            requests[key] = requests.get(key, 0.0) + max(0.0, value - req0.get(key, 0.0))
+        for le, count in b1.items():
+            window[le] = window.get(le, 0.0) + max(0.0, count - b0.get(le, 0.0))
+    total = sum(requests.values())
+    errors = sum(v for (_, status), v in requests.items() if status[:1] == "5")
     return GateReading(total, errors, quantile(0.99, window))
 
 

@@ -87,6 +87,31 @@ class RolloutResult:
     duration_s: float = 0.0
     #: How capacity was kept: surge or one-unavailable, and why (see frontier.rollout.strategy).
     strategy: str = ""
+    #: A traffic-weighted rollout's steps, as far as it went (frontier.rollout.weighted).
+    steps: list[TrafficStep] = field(default_factory=list)
+
+
+@dataclass
+class TrafficStep:
+    """One step of a traffic-weighted rollout: the new release's share, what each release served
+    while it held, how many replicas the balancer could route to, and its verdict."""
+
+    percent: int
+    outcome: str = "pending"  # pending | passed | failed
+    new: str = ""
+    old: str = ""
+    routable: int = 0
+    reason: str = ""
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "percent": self.percent,
+            "outcome": self.outcome,
+            "new": self.new,
+            "old": self.old,
+            "routable": self.routable,
+            "reason": self.reason,
+        }
 
 
 # --- the rollout ----------------------------------------------------------------------------------

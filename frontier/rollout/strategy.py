@@ -32,6 +32,7 @@ from frontier.release.history import HistoryStore
 from frontier.release.release import Release
 from frontier.rollout.canary import CanaryVerification
 from frontier.rollout.rolling import HostResult, Reporter, Rollout, RolloutResult
+from frontier.rollout.weighted import WeightedBalancer, WeightedRollout
 
 SURGE: Final = "surge"
 IN_PLACE: Final = "one-unavailable"
@@ -168,8 +169,14 @@ def roll_hosts(
     hosts go out of service at a time, in place. The result says which and why. ``verification``
     (from :func:`frontier.rollout.canary.canary_verification`) runs the stack's verification set on
     the canary before the rollout goes on. ``in_place_reason`` is why a caller that holds a group
-    does not let it surge (its replicas span several nodes): the strategy then says so.
+    does not let it surge (its replicas span several nodes): the strategy then says so. A stack
+    with ``rollout.traffic_steps`` rolls by traffic share instead (frontier.rollout.weighted), in
+    place, through the balancer's weights.
     """
+    if settings.rollout.traffic_steps:
+        return _weighted(
+            settings, store, hosts, balancer, connect, release, kind, reporter, group, verification
+        )
     strategy = choose(settings.rollout, group.size() if group is not None and surge else None)
     if group is not None and not surge and in_place_reason:  # the caller's own reason not to surge
         strategy = Strategy(IN_PLACE, settings.rollout.batch_size, in_place_reason)
@@ -195,3 +202,28 @@ def roll_hosts(
         result = roll(hosts)
     result.strategy = strategy.describe()
     return result
+
+
+def _weighted(
+    settings: Settings,
+    store: HistoryStore,
+    hosts: list[HostSpec],
+    balancer: Balancer,
+    connect: Callable[[HostSpec], Any],
+    release: Release,
+    kind: str,
+    reporter: Reporter | None,
+    group: Fleet | None,
+    verification: CanaryVerification | None,
+) -> RolloutResult:
+    """``rollout.traffic_steps``: the rollout by traffic share, in place (no surge), the group held."""
+    if not isinstance(balancer, WeightedBalancer):
+        # Each target refuses the setting at load where its balancer has no weights; never ignored.
+        raise FrontierError(
+            f"rollout.traffic_steps {list(settings.rollout.traffic_steps)}: this target's balancer "
+            f"({type(balancer).__name__}) cannot split traffic by weight"
+        )
+    wheel = store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
+    with group.hold(hosts) if group is not None else contextlib.nullcontext():
+        rollout = WeightedRollout(settings, hosts, balancer, connect, reporter, verification)
+        return rollout.run(release, wheel, kind)

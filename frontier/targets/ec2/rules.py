@@ -28,6 +28,13 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
     yield from _pool_problems(s)
     yield from _gateway_problems(s)
     yield from _replica_problems(s)
+    if s.rollout.traffic_steps:
+        yield FieldProblem(
+            "rollout.traffic_steps",
+            list(s.rollout.traffic_steps),
+            "an EC2 stack rolls host by host behind one ALB target group per pool, which splits no "
+            "traffic by release; leave it empty here (the local stack rolls by traffic share)",
+        )
 
 
 def _node_group_problems(s: Settings) -> Iterator[FieldProblem]:

@@ -76,6 +76,13 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
     yield from interruption_problems(s)
     if k.ingress.kind != "class":
         yield from certificate_problems(s)
+    if s.rollout.traffic_steps:
+        yield FieldProblem(
+            "rollout.traffic_steps",
+            list(s.rollout.traffic_steps),
+            "a Kubernetes stack rolls a pool's pods behind one Service, which splits no traffic by "
+            "release; leave it empty here (the local stack rolls by traffic share)",
+        )
 
 
 def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:

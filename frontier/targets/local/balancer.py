@@ -3,6 +3,12 @@
 HAProxy lists every host slot with active health checks on the readiness path and retries away
 from a draining host; a rollout drains and enables slots through its admin socket
 (``stats socket ... level admin``).
+
+A rollout by traffic share (``rollout.traffic_steps``, frontier.rollout.weighted) sets the slots'
+server weights through the same socket: the balancer every request already passes, changed at
+runtime with no reload, each slot's weight and health read back from ``show stat`` for the
+rollout's routable-replica check. Such a stack balances by weighted round robin, since leastconn
+picks among idle servers in turn whatever their weights.
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ def render_haproxy(
         # the directory HAProxy starts in.
         stats_socket=stats_socket if stats_socket.startswith(("/", "unix@")) else f"unix@{stats_socket}",
         stats_port=stats_port,
+        # A weighted rollout splits traffic by server weight; leastconn weighs only servers that are busy.
+        balance="roundrobin" if settings.rollout.traffic_steps else "leastconn",
         readiness_path=health.readiness_path,
         inter_ms=health.interval_s * 1000,
         check_timeout_ms=health.timeout_s * 1000,
@@ -69,6 +77,30 @@ def render_haproxy(
         ),
         server_maxconn=settings.runtime.max_concurrency + settings.runtime.queue.max_length,
     )
+
+
+#: HAProxy's largest server weight.
+MAX_WEIGHT = 256
+
+
+def split_weights(new_hosts: int, old_hosts: int, percent: int) -> tuple[int, int]:
+    """Per-host weights (new, old) that give ``new_hosts`` together ``percent`` % of the requests and
+    ``old_hosts`` the rest, in HAProxy's 0..256: each side's share divided among its hosts, reduced
+    to the smallest integers, scaled down where one would pass 256 (the share then within a percent)."""
+    if new_hosts < 1 or old_hosts < 1 or not 0 <= percent <= 100:
+        raise FrontierError(
+            f"a split needs hosts on both sides and a percent in 0..100, got {new_hosts} new, "
+            f"{old_hosts} old, {percent} %"
+        )
+    new_weight, old_weight = percent * old_hosts, (100 - percent) * new_hosts
+    common = math.gcd(new_weight, old_weight)
+    new_weight, old_weight = new_weight // common, old_weight // common
+    top = max(new_weight, old_weight)
+    if top > MAX_WEIGHT:
+        # A share above zero stays above zero: rounding must not take a side out of rotation.
+        new_weight = max(1 if new_weight else 0, round(new_weight * MAX_WEIGHT / top))
+        old_weight = max(1 if old_weight else 0, round(old_weight * MAX_WEIGHT / top))
+    return new_weight, old_weight
 
 
 @dataclass
@@ -122,6 +154,52 @@ class HAProxyBalancer:
             current = int(self.stats(host).get("scur") or 0)
         self._set(host, "maint")
         return current
+
+    def split(self, new: list[HostSpec], old: list[HostSpec], percent: int) -> None:
+        """``percent`` % of the backend's traffic to ``new``, the rest to ``old``, by server weight
+        (``set weight``); rising weights are set before falling ones, so the hosts that serve now
+        keep serving until the others can."""
+        new_weight, old_weight = split_weights(len(new), len(old), percent)
+        wanted = {h.name: new_weight for h in new} | {h.name: old_weight for h in old}
+        self._weigh(wanted)
+
+    def even(self, hosts: list[HostSpec]) -> None:
+        """Every host back to the weight haproxy.cfg gave it (``set weight`` ``100%`` of it)."""
+        initial = self._initial_weights()
+        self._weigh({h.name: initial[h.name] for h in hosts if h.name in initial})
+
+    def routable(self, hosts: list[HostSpec]) -> list[str]:
+        """Hosts HAProxy sends requests to: status UP (a failed check or two still counts: "UP 1/2"
+        serves until the fall count is reached), weight above zero."""
+        names = {h.name for h in hosts}
+        return [
+            row["svname"]
+            for row in self._rows()
+            if row["svname"] in names and row["status"].startswith("UP") and int(row["weight"] or 0) > 0
+        ]
+
+    def _rows(self) -> list[dict[str, str]]:
+        text = self.command("show stat").lstrip("# ")
+        return [row for row in csv.DictReader(io.StringIO(text)) if row.get("pxname") == self.backend]
+
+    def _initial_weights(self) -> dict[str, int]:
+        """Each server's weight as haproxy.cfg set it (``show servers state``: srv_iweight)."""
+        lines = self.command(f"show servers state {self.backend}").splitlines()
+        header = next((line.lstrip("# ").split() for line in lines if line.startswith("#")), [])
+        rows = [
+            dict(zip(header, line.split(), strict=False)) for line in lines[1:] if not line.startswith("#")
+        ]
+        return {row["srv_name"]: int(row["srv_iweight"]) for row in rows if "srv_iweight" in row}
+
+    def _weigh(self, wanted: dict[str, int]) -> None:
+        current = {row["svname"]: int(row["weight"] or 0) for row in self._rows()}
+        # Rises first: were a fall set first, a moment could leave every serving host at weight 0.
+        for name, weight in sorted(wanted.items(), key=lambda item: item[1] <= current.get(item[0], 0)):
+            if current.get(name) == weight:
+                continue
+            reply = self.command(f"set weight {self.backend}/{name} {weight}").strip()
+            if reply:
+                raise BalancerError(f"HAProxy refused 'set weight {self.backend}/{name} {weight}': {reply}")
 
     def enable(self, host: HostSpec, timeout: float) -> None:
         """Back in rotation; returns once HAProxy's own health check has passed (status exactly "UP":
