@@ -59,6 +59,25 @@ def _summary(console, result: RolloutResult) -> None:
     console.print(tables.table(title, ("host", "from", "to", "outcome", "out of service", "error"), rows))
     if result.strategy:
         console.print(f"capacity: {result.strategy}")
+    if result.steps:
+        console.print(_steps_table(f"{result.kind} {result.release}", [s.to_record() for s in result.steps]))
+
+
+def _steps_table(title: str, steps: list[dict[str, Any]]):
+    """A rollout by traffic share, step by step: the share, the verdict, both releases' series."""
+    rows = [
+        (
+            f"{s['percent']} %",
+            s["outcome"],
+            str(s["routable"]),
+            s["new"][:60],
+            s["old"][:60],
+            s["reason"][:80],
+        )
+        for s in steps
+    ]
+    columns = ("traffic", "outcome", "routable", "new release", "old release", "reason")
+    return tables.table(f"traffic steps of {title}", columns, rows)
 
 
 def _roll(fn, console) -> None:
@@ -186,6 +205,8 @@ def history(c, stack=None, limit=20):
     console.print(tables.table(f"history of stack {settings.stack}", columns, rows))
     if records and records[-1].get("strategy"):
         console.print(f"last {records[-1]['kind']} kept capacity by {records[-1]['strategy']}")
+    if records and records[-1].get("steps"):
+        console.print(_steps_table(f"the last {records[-1]['kind']}", records[-1]["steps"]))
     boots = boot_records(store, int(limit))
     if boots:
         boot_rows = [(b.at, b.host, b.node_group, b.release or "-", b.outcome, b.reason[:70]) for b in boots]

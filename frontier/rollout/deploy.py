@@ -23,6 +23,7 @@ from frontier.release.signing import SigningError, check_release, find_release_k
 from frontier.render.release import build_release
 from frontier.rollout.rolling import Event, Reporter, RolloutFailed, RolloutResult, waves
 from frontier.rollout.target import Target
+from frontier.rollout.weighted import MAX_WINDOWS
 
 
 def lock_ttl_s(settings: Settings, host_count: int) -> float:
@@ -43,7 +44,9 @@ def lock_ttl_s(settings: Settings, host_count: int) -> float:
         + settings.runtime.drain_timeout_s
         + 120
     )
-    return max(3600.0, 2 * per_host * max(1, host_count))
+    # A rollout by traffic share also holds each step, for up to MAX_WINDOWS gate windows.
+    steps = len(r.traffic_steps) * MAX_WINDOWS * r.gate.window_s
+    return max(3600.0, 2 * (per_host * max(1, host_count) + steps))
 
 
 def deploy(target: Target, digest: str, *, reporter: Reporter | None = None) -> RolloutResult:

@@ -11,6 +11,7 @@ failed request, and no sample, nor any step's own check, finds fewer than one ro
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -194,8 +195,15 @@ def test_a_release_failing_a_traffic_step_reverts_mid_rollout_losing_no_request(
         "the revert's weights even again",
     ]
     assert running_releases(cluster.settings) == before == dict.fromkeys(before, cluster.release_a)
-    # The history holds the step and its reason.
+    # The history holds the step and its reason, and `fab history` shows them.
     record = backend_for(cluster.settings).history_store().records()[-1]
     assert record["outcome"] == "rolled_back"
     assert record["steps"][-1]["percent"] == failed_step.percent
     assert record["steps"][-1]["reason"] == failed_step.reason
+    env = {**os.environ, "FRONTIER_STACKS_DIR": str(Path(cluster.settings.source).parent)}
+    shown = subprocess.run(
+        [sys.executable, "-m", "fabric", "history", "-s", "local"], env=env, capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    steps = shown.stdout.partition("traffic steps of the last deploy")[2]
+    assert f"{failed_step.percent} %" in steps and "failed" in steps

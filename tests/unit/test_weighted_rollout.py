@@ -234,3 +234,33 @@ def test_the_canaries_leave_the_last_host_of_the_old_release_to_carry_the_rest()
     assert rollout._canaries(hosts(3), hosts(3)) == hosts(3)[:2]
     # host-1 already runs the release; of the two left, host-3 is the last to serve the old one.
     assert rollout._canaries(hosts(3)[1:], hosts(3)[1:]) == [hosts(3)[1]]
+
+
+def test_a_deploys_summary_shows_each_traffic_step_with_its_verdict():
+    from rich.console import Console
+
+    from frontier.cli.ops import _summary
+
+    result, _ = roll(2, failing_at=50)
+    console = Console(record=True, width=200)
+    _summary(console, result)
+    shown = console.export_text()
+    assert "traffic steps of deploy r-new" in shown
+    steps = shown.partition("traffic steps of deploy r-new")[2]
+    rows = [line.replace("│", " ").split()[:3] for line in steps.splitlines() if line.startswith("│")]
+    assert rows == [["5", "%", "passed"], ["50", "%", "failed"]]
+    assert "p99 too slow" in steps
+
+
+def test_the_deploy_locks_horizon_covers_every_step_held_for_its_longest():
+    from frontier.rollout.deploy import lock_ttl_s
+    from frontier.rollout.weighted import MAX_WINDOWS
+
+    settings = load_stack("local")
+    slow = settings.rollout.model_copy(
+        update={"gate": settings.rollout.gate.model_copy(update={"window_s": 600}), "traffic_steps": ()}
+    )
+    stepped = slow.model_copy(update={"traffic_steps": (5, 25, 50, 100)})
+    by_host = lock_ttl_s(settings.model_copy(update={"rollout": slow}), 2)
+    by_share = lock_ttl_s(settings.model_copy(update={"rollout": stepped}), 2)
+    assert by_share >= 2 * 4 * MAX_WINDOWS * 600 > by_host
