@@ -283,7 +283,10 @@ def test_the_workloads_carry_every_runtime_property(eks):
     container = pod["spec"]["containers"][0]
     assert container["image"].endswith("@" + release_digest(settings))
     assert container["resources"]["requests"] == container["resources"]["limits"]
-    assert container["resources"]["requests"] == {"nvidia.com/gpu": "8", **m.cpu_and_memory(settings)}
+    assert container["resources"]["requests"] == {
+        "nvidia.com/gpu": "8",
+        **m.cpu_and_memory(settings, settings.only_pool),
+    }
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     sleep = int(container["lifecycle"]["preStop"]["exec"]["command"][1])

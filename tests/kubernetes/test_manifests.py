@@ -164,7 +164,7 @@ def test_the_runtime_is_guaranteed_its_share_of_the_nodes_cpu_and_memory(eks_pro
     resources = _pod(eks_prod)["spec"]["containers"][0]["resources"]
     assert resources["requests"] == resources["limits"]
     node = INSTANCES["p5.48xlarge"]
-    share = m.gpus_per_pod(eks_prod) / node.gpus_per_node
+    share = m.gpus_per_pod(eks_prod.only_pool) / node.gpus_per_node
     cpu, memory = _quantity(resources["requests"]["cpu"]), _quantity(resources["requests"]["memory"])
     assert 0.5 * share * node.vcpus <= cpu < share * node.vcpus
     assert 0.5 * share * node.memory_gib * 2**30 <= memory < share * node.memory_gib * 2**30

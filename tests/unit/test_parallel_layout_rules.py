@@ -47,7 +47,7 @@ def test_a_kubernetes_pod_requests_pipeline_times_expert_parallel_gpus_when_ep_e
         {**MOE, "runtime.tensor_parallel_size": 4, "runtime.expert_parallel_size": 8},
     )
     settings = load_stack("eks-prod", path=path)
-    assert gpus_per_pod(settings) == 8
+    assert gpus_per_pod(settings.only_pool) == 8
 
 
 def test_a_kubernetes_pod_larger_than_a_node_when_ep_exceeds_tp_is_refused_naming_the_numbers(changed_stack):

@@ -95,22 +95,23 @@ TRACKS = ("stable", "canary")
 # --- placement ------------------------------------------------------------------------------------
 
 
-def serving_pool(settings: Settings) -> NodePool:
+def serving_pool(settings: Settings, pool: PoolSettings) -> NodePool:
+    """The node pool ``pool``'s pods run on: the one of its node group."""
     k = kubernetes_of(settings)
-    return next(p for p in k.node_pools if p.node_group == settings.serving_group.name)
+    return next(p for p in k.node_pools if p.node_group == pool.group.name)
 
 
-def gpus_per_pod(settings: Settings) -> int:
+def gpus_per_pod(pool: PoolSettings) -> int:
     """One pod's GPUs, all on one node: a replica's pipeline stages of max(tensor, expert) parallel
     GPUs each (a stage spans EP GPUs when EP > TP, as the runtime lays it out and the planner
     counts), split evenly over its ``runtime.nodes_per_replica`` pods (the runtime's config refuses a
     split that is not even): the runtime's own ``ranks_per_node``."""
-    return settings.runtime.ranks_per_node
+    return pool.runtime.ranks_per_node
 
 
-def pod_gpus_formula(settings: Settings) -> str:
-    """How :func:`gpus_per_pod` counts, with the stack's numbers (for errors)."""
-    rt = settings.runtime
+def pod_gpus_formula(pool: PoolSettings) -> str:
+    """How :func:`gpus_per_pod` counts, with the pool's numbers (for errors)."""
+    rt = pool.runtime
     formula = (
         f"pipeline {rt.pipeline_parallel_size} x max(tensor {rt.tensor_parallel_size}, "
         f"expert {rt.expert_parallel_size}) parallel"
@@ -126,33 +127,29 @@ def pod_gpus_formula(settings: Settings) -> str:
 POD_SHARE_OF_NODE = 0.8
 
 
-def _node_types(settings: Settings) -> list[tuple[str, str]]:
-    """The pool's instance types, each with the stack field that names it."""
-    k, group = kubernetes_of(settings), settings.serving_group
+def _node_types(settings: Settings, pool: PoolSettings) -> list[tuple[str, str]]:
+    """The instance types ``pool``'s pods may run on, each with the stack field that names it."""
+    k, group = kubernetes_of(settings), pool.group
     index = next(i for i, p in enumerate(k.node_pools) if p.node_group == group.name)
-    pool = k.node_pools[index]
-    if pool.instance_types:
+    node_pool = k.node_pools[index]
+    if node_pool.instance_types:
         return [
             (t, f"kubernetes.node_pools[{index}].instance_types[{i}]")
-            for i, t in enumerate(pool.instance_types)
+            for i, t in enumerate(node_pool.instance_types)
         ]
     index = next(i for i, g in enumerate(settings.node_groups) if g.name == group.name)
     return [(group.instance_type, f"node_groups[{index}].instance_type")]
 
 
-def cpu_and_memory(settings: Settings) -> dict[str, str]:
+def cpu_and_memory(settings: Settings, pool: PoolSettings) -> dict[str, str]:
     """A replica's CPU and memory: its share of the node's GPUs, of the smallest type the pool may use."""
     cpu_m, memory_mi = [], []
-    for name, field in _node_types(settings):
+    for name, field in _node_types(settings, pool):
         node = instance_type(name, field)
-        share = POD_SHARE_OF_NODE * min(1.0, gpus_per_pod(settings) / node.gpus_per_node)
+        share = POD_SHARE_OF_NODE * min(1.0, gpus_per_pod(pool) / node.gpus_per_node)
         cpu_m.append(math.floor(node.vcpus * 1000 * share))
         memory_mi.append(math.floor(node.memory_gib * 1024 * share))
     return {"cpu": f"{min(cpu_m)}m", "memory": f"{min(memory_mi)}Mi"}
-
-
-def image(settings: Settings, digest: str) -> str:
-    return image_reference(settings.only_pool, digest)  # the digest is checked there: tags are refused
 
 
 # --- timing ---------------------------------------------------------------------------------------
@@ -163,8 +160,8 @@ def pre_stop_s(settings: Settings) -> int:
     return settings.rollout.deregistration_delay_s
 
 
-def grace_period_s(settings: Settings) -> int:
-    return pre_stop_s(settings) + math.ceil(settings.runtime.drain_timeout_s) + GRACE_MARGIN_S
+def grace_period_s(settings: Settings, pool: PoolSettings) -> int:
+    return pre_stop_s(settings) + math.ceil(pool.runtime.drain_timeout_s) + GRACE_MARGIN_S
 
 
 def startup_failure_threshold(settings: Settings) -> int:
@@ -264,13 +261,13 @@ def pod_template(
 ) -> dict[str, Any]:
     k, serving, health = kubernetes_of(settings), settings.only_pool, settings.health
     rt = serving.runtime
-    pool = serving_pool(settings)
+    pool = serving_pool(settings, serving)
     gpu = serving.group.accelerator == "gpu"
     # Requests equal to limits: the pod is Guaranteed, never the first evicted under node pressure.
     # (Extended resources such as GPUs cannot be overcommitted anyway: their requests must equal limits.)
-    amounts = cpu_and_memory(settings)
+    amounts = cpu_and_memory(settings, serving)
     if gpu:
-        amounts[GPU_RESOURCE] = str(gpus_per_pod(settings))
+        amounts[GPU_RESOURCE] = str(gpus_per_pod(serving))
     resources: dict[str, Any] = {"requests": dict(amounts), "limits": dict(amounts)}
     annotations = {
         K8S_CONFIG_HASH_ANNOTATION: f"sha256:{config_hash(runtime_yaml)}",
@@ -280,7 +277,7 @@ def pod_template(
         annotations[K8S_RELEASE_ANNOTATION] = release_id
     container = {
         "name": CONTAINER_NAME,
-        "image": image(settings, digest),
+        "image": image_reference(serving, digest),  # the digest is checked there: tags are refused
         "imagePullPolicy": "IfNotPresent",
         "command": [
             "python",
@@ -321,7 +318,7 @@ def pod_template(
         "serviceAccountName": pool_service_account(settings, serving),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": grace_period_s(settings),
+        "terminationGracePeriodSeconds": grace_period_s(settings, serving),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": k.run_as_user,

@@ -154,14 +154,13 @@ def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
             per_node = group.gpus_per_node if known is None else known
             # A type the node pool adds beside its group's own: every model pool on the group fits it.
             for served in s.pools_on(group):
-                view = s.for_pool(served.name)  # what the pod's manifest is rendered from
-                gpus = gpus_per_pod(view)
+                gpus = gpus_per_pod(served)
                 if gpus > per_node and pool.instance_types:
                     yield FieldProblem(
                         f"{where}.instance_types[{j}]",
                         instance_type,
                         f"a runtime pod of model {served.name!r} requests {gpus} nvidia.com/gpu "
-                        f"({pod_gpus_formula(view)}) but a {instance_type} node of pool {pool.name!r} has "
+                        f"({pod_gpus_formula(served)}) but a {instance_type} node of pool {pool.name!r} has "
                         f"{per_node}; allowed: at most {per_node}",
                     )
             if known is not None and known != group.gpus_per_node:
@@ -273,13 +272,12 @@ def pool_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
                 f"(node pools run: {', '.join(sorted(pooled))})",
             )
             continue
-        view = s.for_pool(pool.name)  # what the pod's manifest is rendered from
-        gpus = gpus_per_pod(view)
+        gpus = gpus_per_pod(pool)
         if gpus > group.gpus_per_node:
             yield FieldProblem(
                 f"{where}.{_split_field(pool)}",
                 _split_value(pool),
-                f"a runtime pod requests {gpus} nvidia.com/gpu ({pod_gpus_formula(view)}) but a "
+                f"a runtime pod requests {gpus} nvidia.com/gpu ({pod_gpus_formula(pool)}) but a "
                 f"{group.instance_type} node of node group {group.name!r} has {group.gpus_per_node}; "
                 f"allowed: at most {group.gpus_per_node}",
             )
