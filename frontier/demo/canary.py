@@ -27,11 +27,10 @@ from frontier.verify import read_set, record_golden
 CANARY_SET = "stacks/verify/canary.yaml"
 
 
-def record_release_a(settings: Settings, release_a: str) -> Path:
-    """Release A's greedy outputs of the canary set, kept in the stack's history beside release A
-    (what ``fab verify --record`` does); returns the set's path."""
+def record_release_a(settings: Settings, model: str, release_a: str) -> Path:
+    """Release A's greedy outputs of the canary set for ``model``, kept in the stack's history beside
+    release A (what ``fab verify --record`` does); returns the set's path."""
     path = project.root() / CANARY_SET
-    model = settings.model.name
     outputs = record_golden(
         local.balancer_url(settings),
         local.api_key(settings),
@@ -65,7 +64,7 @@ def wrong_answers_rolled_back(
 ) -> tuple[RolloutResult, list[RequestSample], str]:
     """Deploy release C under load; its canary fails verification and is restored. Returns the
     rollout's result, the client samples and the history record's reason."""
-    set_path = record_release_a(settings, release_a)
+    set_path = record_release_a(settings, target.model, release_a)
     settings_c = variant_c(settings, set_path)
     load = BackgroundLoad(target, rate, seed=3).start()
     time.sleep(1.5)  # the load is flowing before the canary drains

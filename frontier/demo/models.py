@@ -20,7 +20,7 @@ import yaml
 
 from frontier.access import batch as batches
 from frontier.access.usage import output_token_prices, read_records, sum_usage
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import static_hosts
 from frontier.loadtest.client import Target
@@ -124,10 +124,11 @@ def small_model_dir(settings: Settings) -> Path:
     return out
 
 
-def keep_out_of_balancer(settings: Settings, multi: Settings, balancer) -> None:  # noqa: ANN001
-    """The small model's slot leaves HAProxy, which fronts the first model only; the gateway routes by model."""
-    group = settings.serving_group.name
-    small_hosts = {h.name for h in multi.for_pool(SMALL_MODEL).inventory.hosts}
+def keep_out_of_balancer(settings: Settings, pool: PoolSettings, multi: Settings, balancer) -> None:  # noqa: ANN001
+    """The small model's slot leaves HAProxy, which fronts the first model (``pool``, the stack's
+    own) only; the gateway routes by model."""
+    group = pool.group.name
+    small_hosts = {h.name for h in multi.pool(SMALL_MODEL).hosts}
     for host in static_hosts(settings, group, python="python3", resolve_root=str):
         if host.name in small_hosts:
             balancer.drain(host, timeout=5)

@@ -65,8 +65,8 @@ import yaml
 from botocore.exceptions import ClientError
 from rich.table import Table
 
-from frontier.config.load import stack_path
-from frontier.config.schema import Settings
+from frontier.config.load import chosen_pool, stack_path
+from frontier.config.schema import Model, PoolSettings, Settings
 from frontier.demo.canary import wrong_answers_rolled_back
 from frontier.errors import FrontierError
 from frontier.loadtest.client import BackgroundLoad, Target, run_steps
@@ -117,8 +117,8 @@ def step(title: str) -> None:
 # --- the model, the stack, the artifact -----------------------------------------------------------
 
 
-def tiny_model(settings: Settings) -> Path:
-    out = local.state_dir(settings) / "model" / settings.model.name
+def tiny_model(settings: Settings, model: Model) -> Path:
+    out = local.state_dir(settings) / "model" / model.name
     if (out / "config.json").exists():
         console.print(f"tiny model already generated: {out}")
         return out
@@ -138,15 +138,15 @@ def bring_up(settings: Settings) -> None:
         console.print(f"  {component.name:<16} {component.state:<8} {component.detail}")
 
 
-def push_weights(settings: Settings, model_dir: Path) -> None:
+def push_weights(settings: Settings, model: Model, model_dir: Path) -> None:
     from frontier.release import weights
 
     report = weights.push(
         local.aws_client(settings, "s3"),
         model_dir,
-        settings.model.weights_uri,
-        settings.model.name,
-        settings.model.version,
+        model.weights_uri,
+        model.name,
+        model.version,
     )
     console.print(
         f"weights: {report.uri} — {len(report.uploaded)} uploaded ({report.bytes_uploaded / 1e6:.1f} MB), "
@@ -212,12 +212,11 @@ def roll(kind: str, settings: Settings, digest: str | None = None) -> tuple[floa
 # --- clients --------------------------------------------------------------------------------------
 
 
-def openai_requests(settings: Settings, base_url: str, key: str) -> list[RequestSample]:
-    """A completion, a chat and a streamed completion through HAProxy with the official client."""
+def openai_requests(model: str, base_url: str, key: str) -> list[RequestSample]:
+    """A completion, a chat and a streamed completion of ``model`` through HAProxy with the official client."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=30)
-    model = settings.model.name
     samples = []
     first_chunk: list[float] = []  # when the streamed call saw its first text (TTFT is a streaming figure)
 
@@ -332,14 +331,15 @@ def _between(samples: list[RequestSample], start: float, end: float) -> list[Req
     return [s for s in samples if start <= s.sent_at < end]
 
 
-def run(settings: Settings, rate: float, load_s: float, tally: Tally) -> int:
+def run(settings: Settings, pool: PoolSettings, rate: float, load_s: float, tally: Tally) -> int:
+    """The demo on the local stack, which serves one model (``pool``) until its two-model part."""
     phases: list[Phase] = []
     step("1. the tiny model")
-    model_dir = tiny_model(settings)
+    model_dir = tiny_model(settings, pool.model)
     step("2. local.up")
     bring_up(settings)
     step("3. weights.push")
-    push_weights(settings, model_dir)
+    push_weights(settings, pool.model, model_dir)
     step("4. release.build")
     digest = build_artifact(settings)
     step("5. deploy release A")
@@ -348,12 +348,12 @@ def run(settings: Settings, rate: float, load_s: float, tally: Tally) -> int:
     base_url = local.balancer_url(settings)
     key = local.api_key(settings)
     step(f"6. requests through HAProxy ({base_url}) with the openai client")
-    phases.append(Phase("openai client", openai_requests(settings, base_url, key)))
+    phases.append(Phase("openai client", openai_requests(pool.name, base_url, key)))
     tally.add(phases[-1].samples)
 
     target = Target(
         base_url=base_url,
-        model=settings.model.name,
+        model=pool.name,
         api_key=key,
         prompt_tokens=settings.capacity.avg_prompt_tokens,
         max_tokens=settings.capacity.avg_output_tokens,
@@ -364,7 +364,7 @@ def run(settings: Settings, rate: float, load_s: float, tally: Tally) -> int:
     tally.add(phases[-1].samples)
 
     settings_b = variant_b(settings)
-    b = settings_b.runtime.batch
+    b = settings_b.pool(pool.name).runtime.batch
     step(
         f"8. deploy release B (max_batch_size {b.max_batch_size}, window_ms {b.window_ms:g}) under {rate:g} req/s"
     )
@@ -403,7 +403,7 @@ def run(settings: Settings, rate: float, load_s: float, tally: Tally) -> int:
     phases += fleet_part(settings, target, rate, tally)
 
     step("13. two models, two tenants behind the gateway")
-    model_phases, usage = models_part(settings, digest, tally)
+    model_phases, usage = models_part(settings, pool, digest, tally)
     phases += model_phases
 
     step("14. summary")
@@ -490,8 +490,11 @@ def fleet_part(settings: Settings, target: Target, rate: float, tally: Tally) ->
     ]
 
 
-def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Phase], Table]:
-    """Two pools rolled one at a time, the gateway in front, two tenants' traffic, their usage."""
+def models_part(
+    settings: Settings, pool: PoolSettings, digest: str, tally: Tally
+) -> tuple[list[Phase], Table]:
+    """A second pool beside ``pool`` (the stack's own), the two rolled one at a time, the gateway in
+    front, two tenants' traffic, their usage."""
     from frontier.access.report import usage_table
     from frontier.demo import models as dm
     from frontier.demo.trace import print_request_trace
@@ -511,22 +514,20 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
     for slot in local.host_slots(multi):
         if slot.state not in ("exists", "running"):
             console.print(f"  {slot.name:<16} {slot.state:<8} {slot.detail}")
-    small = multi.for_pool(dm.SMALL_MODEL)
-    push_weights(small, dm.small_model_dir(settings))
-    for pool in multi.pools:
-        console.print(
-            f"  deploy --model {pool.name} ({len(multi.for_pool(pool.name).inventory.hosts)} host slot(s))"
-        )
-        roll("deploy", multi.for_pool(pool.name), digest)
-    dm.keep_out_of_balancer(settings, multi, backend_for(settings).balancer())
+    push_weights(multi, multi.pool(dm.SMALL_MODEL).model, dm.small_model_dir(settings))
+    for served in multi.pools:
+        console.print(f"  deploy --model {served.name} ({len(served.hosts)} host slot(s))")
+        # What fab deploy --model rolls: the stack as that pool sees it (its hosts, its history).
+        roll("deploy", multi.for_pool(served.name), digest)
+    dm.keep_out_of_balancer(settings, pool, multi, backend_for(settings).balancer())
     for component in dm.start_gateway(multi):
         console.print(f"  {component.name:<16} {component.state:<8} {component.detail}")
     url = local_gateway.gateway_url(multi)
     acme, nightly = local_gateway.tenant_key(multi, "acme"), local_gateway.tenant_key(multi, "nightly")
     # One request's trace, gateway to runtime, as the local stack's OTLP receiver got it.
-    print_request_trace(url, acme, settings.model.name, local.state_dir(multi) / SPANS_FILE, console)
+    print_request_trace(url, acme, pool.name, local.state_dir(multi) / SPANS_FILE, console)
     phases = []
-    for model in (settings.model.name, dm.SMALL_MODEL):
+    for model in (pool.name, dm.SMALL_MODEL):
         phases.append(Phase(f"gateway: acme on {model}", dm.gateway_requests(url, acme, model, 8)))
         tally.add(phases[-1].samples)
     # nightly's class is batch (served on capacity interactive work leaves free); 4 at once is
@@ -538,10 +539,10 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
         )
     )
     tally.add(phases[-1].samples)
-    status = dm.refused(url, nightly, settings.model.name)
-    console.print(f"  nightly asking for {settings.model.name} (not its model): HTTP {status}")
+    status = dm.refused(url, nightly, pool.name)
+    console.print(f"  nightly asking for {pool.name} (not its model): HTTP {status}")
     if status != 404:
-        raise FrontierError(f"tenant nightly reached {settings.model.name}: HTTP {status}, expected 404")
+        raise FrontierError(f"tenant nightly reached {pool.name}: HTTP {status}, expected 404")
     summary, took = dm.batch_job(settings, url, nightly, 16)
     console.print(
         f"  nightly batch job at batch priority: {summary.succeeded} ok, {summary.failed} failed, "
@@ -552,7 +553,7 @@ def models_part(settings: Settings, digest: str, tally: Tally) -> tuple[list[Pha
             f"the batch job had {summary.failed} failed and {summary.malformed} malformed lines"
         )
     # The first model's pool: two replicas, so a stream has one to move to.
-    first = next(pool.name for pool in multi.pools if pool.name != dm.SMALL_MODEL)
+    first = next(served.name for served in multi.pools if served.name != dm.SMALL_MODEL)
     phases.append(migration_part(multi, first, acme, tally))
     rows, prices, uri = dm.usage_rows(multi)
     usage = usage_table(multi.stack, uri, rows, prices)
@@ -605,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = loaded
         # Every AWS call of the demo goes to the stack's moto, whatever the shell's AWS settings are.
         with local.aws_environment(settings):
-            code = run(settings, args.rate, args.load_seconds, tally)
+            code = run(settings, chosen_pool(settings), args.rate, args.load_seconds, tally)
     except FrontierError as exc:
         console.print(f"[red]demo failed: {exc}[/]")
         code = 2
