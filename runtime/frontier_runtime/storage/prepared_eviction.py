@@ -79,7 +79,8 @@ def entries(cache_root: Path) -> list[Entry]:
         directory = manifest.parent
         parent = directory.parent
         from_s3 = parent.name == PREPARED_DIR
-        local = parent == cache_root / LOCAL_PREPARED_DIR
+        # A local entry being published is staged beside its final name (``<key>.staging-<pid>``).
+        local = parent == cache_root / LOCAL_PREPARED_DIR and ".staging-" not in directory.name
         if from_s3 or local:
             found.add(directory)
     listed = [Entry(d, _size(d), _last_used(d)) for d in found]

@@ -98,6 +98,11 @@ def test_the_checkpoint_versions_are_not_entries(tmp_path: Path) -> None:
     assert (checkpoint / "model.safetensors").is_file()
 
 
+def test_a_local_entry_still_being_published_is_not_an_entry(tmp_path: Path) -> None:
+    _entry(tmp_path, f"{cache.LOCAL_PREPARED_DIR}/k.staging-4242", MB, 1000)
+    assert eviction.entries(tmp_path) == []
+
+
 def test_a_negative_budget_is_refused_naming_the_setting(tiny_model: Path, tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match="prepared_cache_max_bytes = -1: Input should be greater than or equal to 0"
