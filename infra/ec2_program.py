@@ -527,6 +527,14 @@ def gateway_nodes(
             target_group_arn=edge.target_group_arn,
             port=gw.port,
             runtime_ports=sorted({pool.runtime.port for pool in settings.pools}),
+            kv_event_ports=sorted(
+                {
+                    port
+                    for pool in settings.pools
+                    if pool.runtime.kv_events.enabled
+                    for port in (pool.runtime.kv_events.port, pool.runtime.kv_events.replay_port)
+                }
+            ),
             instance_type=gw.instance_type,
             ami_id=gw.ami_id,
             min_size=gw.min_size,

@@ -12,7 +12,8 @@
   host. ``fab gateway.roll`` starts the same refresh after ``fab gateway.publish`` and waits.
   (An instance refresh rather than the runtimes' host-by-host roll: gateway hosts hold no release
   state to verify, so AWS's own replacement is the whole job.)
-- Runtime hosts take their port from the gateway's security group only.
+- Runtime hosts take their port from the gateway's security group only, and so do the KV-event
+  ports (publish and replay) of a pool with ``runtime.kv_events`` on: the gateway alone subscribes.
 - The gateway's role reads its tenants' key digests and the runtimes' key (Secrets Manager, KMS),
   lists instances (it finds each pool's runtimes by their tags), reads what it boots from under the
   history prefix's ``gateway/``, writes metering records under its S3 prefix, ships its logs to its
@@ -69,6 +70,9 @@ class GatewayNodesArgs:
     # network.egress: "endpoints" keeps HTTPS inside the VPC (its endpoints and S3's prefix list,
     # infra.security_groups); only "internet" opens 443 to anywhere, through the NAT.
     egress: str = "endpoints"
+    # The KV-event ports (publish and replay) of the pools whose runtimes publish their prefix
+    # cache's changes (``runtime.kv_events``): the gateway subscribes to each runtime there.
+    kv_event_ports: Sequence[int] = ()
     # What must exist before a host boots, made from the gateway's security group once it exists
     # (the quota store admits that group, and hosts read its URL at start): no host boots into a
     # restart loop waiting for it on a first ``pulumi up``.
@@ -104,7 +108,8 @@ class GatewayNodes(pulumi.ComponentResource):
 
     def _security_group(self) -> aws.ec2.SecurityGroup:
         """The gateway's group: its port from the ALB in; every pool's runtime port out, which the
-        runtime hosts take from this group only (and, with internet egress, AWS's APIs out)."""
+        runtime hosts take from this group only, and likewise the KV-event ports of the pools that
+        publish them (and, with internet egress, AWS's APIs out)."""
         name, args, child = self._name, self._args, self._child
         group = aws.ec2.SecurityGroup(
             f"{name}-sg",
@@ -130,6 +135,16 @@ class GatewayNodes(pulumi.ComponentResource):
                 target=args.runtime_security_group_id,
                 ingress=Rule(f"{name}-runtime-from-gateway{suffix}", "Requests from the gateway"),
                 egress=Rule(f"{name}-to-runtime{suffix}", "Forward to the runtimes"),
+                opts=child,
+            )
+        for port in sorted(set(args.kv_event_ports)):
+            # Only the gateway subscribes to the runtimes' KV events and asks for their replays.
+            open_door(
+                port,
+                source=group.id,
+                target=args.runtime_security_group_id,
+                ingress=Rule(f"{name}-runtime-kv-events-{port}-from-gateway", "KV events to the gateway"),
+                egress=Rule(f"{name}-to-runtime-kv-events-{port}", "Subscribe to the runtimes' KV events"),
                 opts=child,
             )
         if args.egress == "internet":

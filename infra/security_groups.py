@@ -15,6 +15,9 @@
   the KV transfer port (``runtime.kv_transfer.port``) from the decode hosts' group only, which may
   send there; a decode replica pulls the prompt's blocks from the prefill's listener, never the
   other way round.
+- Behind a gateway, a pool with ``runtime.kv_events`` on opens its KV-event ports (publish and
+  replay) on the runtime group to the gateway's group only, which alone subscribes
+  (:mod:`infra.gateway`); without ``kv_events`` they stay closed.
 - Runtime hosts send only HTTPS, and with ``network.egress: endpoints`` only to the VPC (its
   interface endpoints) and to S3 through the gateway endpoint's prefix list: no route to the internet
   is usable from them, whatever the route tables say. Gateway hosts get the same two rules

@@ -15,7 +15,8 @@ is how the CLI hands it over. What the language host does, this does in the same
 
 Only step 0 differs: the engine and AWS are :mod:`cloud_mocks`, loaded by file path so that the tests'
 folder never reaches ``sys.path``. OUT.json receives every resource declared (type and name), each
-resource's own ``name`` input where it has one (``named``: what AWS shows) and the stack's exported
+resource's own ``name`` input where it has one (``named``: what AWS shows), each security group's id
+and each security-group rule's inputs (``rules``: who may reach whom) and the stack's exported
 outputs; a program that fails prints its traceback and exits non-zero, as ``pulumi up`` would.
 """
 
@@ -32,6 +33,12 @@ from typing import Any
 
 import pulumi
 from pulumi.runtime.stack import run_pulumi_func
+
+SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
+SECURITY_GROUP_RULES = (
+    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+    "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule",
+)
 
 
 def _cloud_mocks() -> Any:
@@ -51,13 +58,20 @@ def main(program_dir: str, project: str, stack: str, out: str) -> None:
     created: list[tuple[str, str]] = []
     # Each resource's own name where it gives one (an alarm's, a function's): what AWS shows.
     named: list[tuple[str, str, str]] = []
+    groups: dict[str, str] = {}
+    rules: list[dict[str, Any]] = []
 
     class Recording(mocks_module.EksCloudMocks):  # type: ignore[misc, name-defined]
         def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
             created.append((args.typ, args.name))
             if isinstance(args.inputs.get("name"), str):
                 named.append((args.typ, args.name, args.inputs["name"]))
-            return super().new_resource(args)
+            resource_id, outputs = super().new_resource(args)
+            if args.typ == SECURITY_GROUP:
+                groups[args.name] = resource_id
+            if args.typ in SECURITY_GROUP_RULES:
+                rules.append({"type": args.typ, "name": args.name, **dict(args.inputs)})
+            return resource_id, outputs
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -68,7 +82,14 @@ def main(program_dir: str, project: str, stack: str, out: str) -> None:
 
     root = pulumi.runtime.settings.get_root_resource()
     outputs = {name: _resolve(loop, value) for name, value in dict(root.outputs).items()}
-    Path(out).write_text(json.dumps({"resources": created, "named": named, "outputs": outputs}, default=str))
+    produced = {
+        "resources": created,
+        "named": named,
+        "groups": groups,
+        "rules": rules,
+        "outputs": outputs,
+    }
+    Path(out).write_text(json.dumps(produced, default=str))
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, value: Any) -> Any:

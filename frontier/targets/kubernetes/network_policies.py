@@ -11,6 +11,10 @@ port (``/metrics``) admits Prometheus alone; out, the gateway reaches DNS, the p
 HTTPS (Secrets Manager, S3 metering, STS), the Pod Identity agent, a Redis quota store's port, and
 the trace collector's port where tracing is on.
 
+A pool whose runtimes publish their prefix cache's changes (``runtime.kv_events``) behind a gateway
+also gets ``<app>-kv-events``: the event and replay ports from the gateway's pods only, which may
+send there; without a gateway, or with the events off, the ports stay closed.
+
 A disaggregated pool's halves each get the runtime's policies, and the pair the transfer port
 between them only (:func:`frontier.targets.kubernetes.disaggregation.kv_transfer_policies`).
 
@@ -72,12 +76,45 @@ def network_policies(settings: Settings) -> list[Manifest]:
     runtimes = [
         policy for view in gw.workload_views(settings) for policy in runtime_policies(view, from_gateway)
     ]
+    kv_events = [
+        kv_events_policy(view, from_gateway) for view in gw.workload_views(settings) if kv_event_ports(view)
+    ]
     pairs = [
         policy
         for view, pool in zip(gw.pool_views(settings), settings.pools, strict=True)
         for policy in pd.kv_transfer_policies(view, pool)
     ]
-    return [deny, *runtimes, *replicas, *pairs, *gateway_policies(settings, front)]
+    return [deny, *runtimes, *kv_events, *replicas, *pairs, *gateway_policies(settings, front)]
+
+
+def kv_event_ports(view: Settings) -> list[int]:
+    """The ports a pool's runtimes publish KV events and answer replays on; none while off."""
+    events = view.runtime.kv_events
+    return [events.port, events.replay_port] if events.enabled else []
+
+
+def kv_events_policy(view: Settings, subscribers: list[dict[str, Any]]) -> Manifest:
+    """One pool's KV-event ports (publish and replay), from ``subscribers`` only: the gateway."""
+    k = kubernetes_of(view)
+    return Manifest(
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        f"{app_name(view)}-kv-events",
+        k.namespace,
+        {
+            "spec": {
+                "podSelector": {"matchLabels": selector(view)},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {
+                        "from": subscribers,
+                        "ports": [{"protocol": "TCP", "port": port} for port in kv_event_ports(view)],
+                    }
+                ],
+            }
+        },
+        labels=app_labels(view),
+    )
 
 
 def replica_policy(view: Settings) -> Manifest:
@@ -206,7 +243,10 @@ def gateway_policies(settings: Settings, front: list[dict[str, Any]]) -> list[Ma
     to_runtimes = [
         {
             "to": [{"podSelector": {"matchLabels": selector(view)}}],
-            "ports": [{"protocol": "TCP", "port": view.runtime.port}],
+            # Requests on the runtime's port; KV-event subscriptions and replays where it publishes.
+            "ports": [
+                {"protocol": "TCP", "port": port} for port in (view.runtime.port, *kv_event_ports(view))
+            ],
         }
         for view in gw.workload_views(settings)
     ]
