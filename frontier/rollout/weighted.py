@@ -158,17 +158,12 @@ class WeightedRollout(Rollout):
         return result
 
     def _refuse_what_cannot_split(self) -> None:
-        """Before any host is touched: a split needs two hosts, and whole replicas on each side."""
+        """Before any host is touched: a split needs two hosts (a replica over several nodes is
+        refused when the stack loads: its nodes cannot take different shares)."""
         if len(self.hosts) < 2:
             raise FrontierError(
                 f"rollout.traffic_steps splits a pool's traffic between two releases on separate hosts; "
                 f"this pool has {len(self.hosts)} serving host(s), it needs at least 2"
-            )
-        nodes = self.settings.runtime.nodes_per_replica
-        if nodes > 1:
-            raise FrontierError(
-                f"rollout.traffic_steps weighs hosts, and a replica of this pool spans {nodes} nodes "
-                "(runtime.nodes_per_replica): its nodes cannot take different shares"
             )
 
     def _check_and_stage(

@@ -264,3 +264,14 @@ def test_the_deploy_locks_horizon_covers_every_step_held_for_its_longest():
     by_host = lock_ttl_s(settings.model_copy(update={"rollout": slow}), 2)
     by_share = lock_ttl_s(settings.model_copy(update={"rollout": stepped}), 2)
     assert by_share >= 2 * 4 * MAX_WINDOWS * 600 > by_host
+
+
+def test_a_local_pool_whose_replica_spans_nodes_refuses_traffic_steps_at_load(changed_stack):
+    replica = {"runtime.nodes_per_replica": 2, "runtime.pipeline_parallel_size": 2}
+    path = changed_stack("local", {"rollout.traffic_steps": [50, 100], **replica})
+    with pytest.raises(StackError) as err:
+        load_stack("local", path=path)
+    assert "rollout.traffic_steps = [50, 100]" in str(err.value)
+    assert "spans 2 nodes (runtime.nodes_per_replica): its nodes cannot take different shares" in str(
+        err.value
+    )

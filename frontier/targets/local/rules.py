@@ -21,6 +21,7 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
     yield from _port_problems(s, local)
     yield from _slot_problems(s)
     yield from _disaggregation_problems(s)
+    yield from _traffic_split_problems(s)
     if s.backup.region:
         # moto keeps a replication configuration but copies nothing: a "backup" here would be empty.
         yield FieldProblem(
@@ -39,6 +40,21 @@ def _disaggregation_problems(s: Settings) -> Iterator[FieldProblem]:
                 "prefill/decode",
                 "the local stack runs colocated replicas (bench/disaggregation.py runs a prefill "
                 "and a decode runtime side by side here); declare it on an ec2 or kubernetes stack",
+            )
+
+
+def _traffic_split_problems(s: Settings) -> Iterator[FieldProblem]:
+    """HAProxy weighs each host; the nodes of one replica cannot take different shares."""
+    if not s.rollout.traffic_steps:
+        return
+    for i, pool in enumerate(s.pools):
+        if pool.runtime.nodes_per_replica > 1:
+            yield FieldProblem(
+                "rollout.traffic_steps",
+                list(s.rollout.traffic_steps),
+                f"the balancer weighs hosts, and a replica of pools[{i}] spans "
+                f"{pool.runtime.nodes_per_replica} nodes (runtime.nodes_per_replica): its nodes "
+                "cannot take different shares of the traffic",
             )
 
 
