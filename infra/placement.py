@@ -7,10 +7,16 @@ launches at all; and a new account's quotas for P and G instances start at 0 vCP
 launch fails with ``VcpuLimitExceeded`` after the network, the balancer and the IAM are built. The
 program asks first (``DescribeInstanceTypeOfferings``, Service Quotas' ``GetServiceQuota``), places
 each group in the zones that offer its type, and refuses the stack naming the zone or the quota.
+
+Spot hosts count against quotas of their own ("All G and VT Spot Instance Requests", "All P Spot
+Instance Requests"), also 0 in a new account and granted apart from the on-demand ones: a group
+that buys spot is checked against both, each for its share of the group at ``max_size`` (the
+on-demand base and percentage above it on the on-demand quota, the rest on the spot quota).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -18,6 +24,7 @@ from dataclasses import dataclass
 import pulumi_aws as aws
 
 from frontier.capacity.gpus import INSTANCES
+from frontier.config.purchase import SpotCapacity
 from frontier.config.schema import NodeGroup, Settings
 
 
@@ -33,14 +40,76 @@ ON_DEMAND_VCPU_QUOTAS = {
     "p": Quota("L-417A185B", "Running On-Demand P instances"),
     "g": Quota("L-DB2E81BA", "Running On-Demand G and VT instances"),
 }
+# Spot instances, running or requested, in vCPUs per family: quotas apart from the on-demand ones.
+SPOT_VCPU_QUOTAS = {
+    "p": Quota("L-7212CCBC", "All P Spot Instance Requests"),
+    "g": Quota("L-3819A6DF", "All G and VT Spot Instance Requests"),
+}
 
 
-def quota_of(instance_type: str) -> Quota | None:
-    """The on-demand vCPU quota an instance type counts against (None: not a GPU family's)."""
+def quota_of(instance_type: str, *, spot: bool = False) -> Quota | None:
+    """The vCPU quota an instance type counts against, on-demand or ``spot`` (None: not a GPU family's)."""
+    quotas = SPOT_VCPU_QUOTAS if spot else ON_DEMAND_VCPU_QUOTAS
     family = instance_type.split(".", 1)[0]
     if family.startswith("vt"):
-        return ON_DEMAND_VCPU_QUOTAS["g"]
-    return ON_DEMAND_VCPU_QUOTAS.get(family[:1]) if family[:1] in "pg" else None
+        return quotas["g"]
+    return quotas.get(family[:1]) if family[:1] in "pg" else None
+
+
+def market_shares(group: NodeGroup) -> tuple[int, int]:
+    """How many of ``group``'s hosts at ``max_size`` are on-demand and how many spot.
+
+    Auto Scaling turns the percentage above the base into hosts rounding up, in favour of
+    on-demand; a group that does not buy spot is on-demand throughout (a Capacity Block's hosts
+    included, as the on-demand quota has always counted them here).
+    """
+    spot = group.capacity
+    if not isinstance(spot, SpotCapacity):
+        return group.max_size, 0
+    base = min(spot.on_demand_base, group.max_size)
+    above = group.max_size - base
+    on_demand_above = math.ceil(above * spot.on_demand_above_base_percent / 100)
+    return base + on_demand_above, above - on_demand_above
+
+
+@dataclass(frozen=True)
+class QuotaDemand:
+    """What the node groups need of one quota at ``max_size``, and which hosts ask for it."""
+
+    quota: Quota
+    vcpus: int
+    hosts: tuple[str, ...]  # "h100: 3 spot of 4 x p5.48xlarge", one per group
+
+
+def quota_demands(settings: Settings) -> list[QuotaDemand]:
+    """Every GPU quota the node groups count against, with the vCPUs they need of it at max_size."""
+    vcpus: dict[Quota, int] = defaultdict(int)
+    hosts: dict[Quota, list[str]] = defaultdict(list)
+    for group in gpu_groups(settings):
+        instance = INSTANCES.get(group.instance_type)
+        if instance is None:
+            continue  # the stack check names an unknown type
+        on_demand, spot = market_shares(group)
+        for count, is_spot in ((on_demand, False), (spot, True)):
+            quota = quota_of(group.instance_type, spot=is_spot)
+            if quota is None or count == 0:
+                continue  # other families have no GPU quota
+            vcpus[quota] += count * _largest_vcpus(group)
+            market = "spot" if is_spot else "on-demand"
+            mixed = isinstance(group.capacity, SpotCapacity)
+            what = f"{count} {market} of {group.max_size}" if mixed else f"{count}"
+            hosts[quota].append(f"{group.name}: {what} x {group.instance_type}")
+    return [QuotaDemand(quota, vcpus[quota], tuple(hosts[quota])) for quota in vcpus]
+
+
+def _largest_vcpus(group: NodeGroup) -> int:
+    """vCPUs of a host of ``group``: a spot group's largest type, as the market may give it any of its
+    types (they carry the same GPUs, not always the same vCPUs)."""
+    types = (
+        group.instance_type,
+        *(group.capacity.instance_types if isinstance(group.capacity, SpotCapacity) else ()),
+    )
+    return max(INSTANCES[t].vcpus for t in types if t in INSTANCES)
 
 
 @dataclass(frozen=True)
@@ -75,7 +144,10 @@ def look_up_placement(settings: Settings, types: Iterable[str] = ()) -> GpuPlace
         )
         for instance_type, zone in zip(offerings.instance_types, offerings.locations, strict=True):
             offered[instance_type].append(zone)
-    codes = sorted({quota.code for t in types if (quota := quota_of(t)) is not None})
+    codes = sorted(
+        {quota.code for t in types if (quota := quota_of(t)) is not None}
+        | {demand.quota.code for demand in quota_demands(settings)}
+    )
     quotas = {
         code: float(aws.servicequotas.get_service_quota(service_code="ec2", quota_code=code).value)
         for code in codes
@@ -103,20 +175,13 @@ def placement_problems(settings: Settings, zones: tuple[str, ...], placement: Gp
 
 def _quota_problems(settings: Settings, placement: GpuPlacement) -> Iterator[str]:
     # Every group may grow to max_size: a quota that stops it there fails scale-out at peak.
-    needed: dict[Quota, int] = defaultdict(int)
-    groups: dict[Quota, list[str]] = defaultdict(list)
-    for group in gpu_groups(settings):
-        quota, instance = quota_of(group.instance_type), INSTANCES.get(group.instance_type)
-        if quota is None or instance is None:
-            continue  # the stack check names an unknown type; other families have no GPU quota
-        needed[quota] += group.max_size * instance.vcpus
-        groups[quota].append(f"{group.name}: {group.max_size} x {group.instance_type}")
-    for quota, vcpus in needed.items():
+    for demand in quota_demands(settings):
+        quota, vcpus = demand.quota, demand.vcpus
         have = placement.vcpu_quotas.get(quota.code, 0.0)
         if vcpus > have:
             yield (
                 f"EC2 quota {quota.code} ({quota.name}) in {settings.region} is {have:g} vCPUs; the node groups "
-                f"need {vcpus} at max_size ({'; '.join(groups[quota])}): request an increase "
+                f"need {vcpus} at max_size ({'; '.join(demand.hosts)}): request an increase "
                 f"(aws service-quotas request-service-quota-increase --service-code ec2 --quota-code "
                 f"{quota.code} --desired-value {vcpus})"
             )

@@ -7,10 +7,11 @@ import pytest
 from infra_mocks import run_program
 from k8s_mocks import run_kubernetes
 
+from frontier.config.purchase import SpotCapacity
 from frontier.config.schema import Settings
 from frontier.targets import load_stack
 from infra.errors import ProvisionError
-from infra.placement import ON_DEMAND_VCPU_QUOTAS, quota_of
+from infra.placement import ON_DEMAND_VCPU_QUOTAS, SPOT_VCPU_QUOTAS, market_shares, quota_of
 
 ASG = "aws:autoscaling/group:Group"
 OFFERINGS = "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings"
@@ -114,3 +115,65 @@ def test_an_eks_node_pool_no_zone_can_launch_is_refused_naming_the_pool():
         run_kubernetes(settings, unoffered={pool.instance_types[0]: zones})
     [line] = [line for line in str(refused.value).splitlines() if "node_pools" in line]
     assert f"kubernetes.node_pools[0] ({pool.name}): no availability zone of the stack" in line
+
+
+def with_spot(settings: Settings, *, max_size: int, base: int, percent: int) -> Settings:
+    """The serving group buying spot above an on-demand base, and ``percent`` on-demand above it."""
+    spot = SpotCapacity(market="spot", on_demand_base=base, on_demand_above_base_percent=percent)
+    group = settings.serving_group.model_copy(update={"capacity": spot, "max_size": max_size})
+    return settings.model_copy(update={"node_groups": (group,)})
+
+
+def test_spot_hosts_count_against_their_familys_spot_vcpu_quota():
+    assert quota_of("g6e.12xlarge", spot=True) == SPOT_VCPU_QUOTAS["g"]
+    assert quota_of("g5.xlarge", spot=True).code == "L-3819A6DF"
+    assert quota_of("vt1.3xlarge", spot=True).code == "L-3819A6DF"
+    assert quota_of("p5.48xlarge", spot=True).code == "L-7212CCBC"
+    assert quota_of("c7i.4xlarge", spot=True) is None
+
+
+def test_a_groups_on_demand_share_is_its_base_and_its_percentage_above_rounded_up_the_rest_spot():
+    group = with_spot(load_stack("dev"), max_size=5, base=1, percent=25).serving_group
+    assert market_shares(group) == (2, 3)  # 1 + ceil(4 x 25 %) on-demand
+    all_spot = with_spot(load_stack("dev"), max_size=4, base=0, percent=0).serving_group
+    assert market_shares(all_spot) == (0, 4)
+    assert market_shares(load_stack("dev").serving_group) == (2, 0)  # no capacity section: on-demand
+
+
+def test_the_program_asks_for_the_spot_quota_of_a_group_that_buys_spot():
+    graph = run_program(with_spot(load_stack("dev"), max_size=5, base=1, percent=25))
+    assert sorted(args["quotaCode"] for token, args in graph.invokes if token == QUOTA) == [
+        "L-3819A6DF",
+        "L-DB2E81BA",
+    ]
+
+
+def test_a_zero_spot_quota_is_refused_in_one_line_naming_it_and_the_groups_spot_share():
+    settings = with_spot(load_stack("dev"), max_size=5, base=1, percent=25)
+    group = settings.serving_group
+    # The on-demand share (2 x 4 vCPUs) fits its quota: only the spot quota is short.
+    with pytest.raises(ProvisionError) as refused:
+        run_program(settings, vcpu_quotas={"L-DB2E81BA": 8, "L-3819A6DF": 0})
+    problems = [line.strip() for line in str(refused.value).splitlines()[1:]]
+    assert problems == [
+        f"EC2 quota L-3819A6DF (All G and VT Spot Instance Requests) in {settings.region} is 0 vCPUs; the node "
+        f"groups need 12 at max_size ({group.name}: 3 spot of 5 x g5.xlarge): request an increase (aws "
+        "service-quotas request-service-quota-increase --service-code ec2 --quota-code L-3819A6DF "
+        "--desired-value 12)"
+    ]
+
+
+def test_a_spot_group_short_of_both_quotas_gets_one_line_for_each():
+    settings = with_spot(load_stack("dev"), max_size=5, base=1, percent=25)
+    with pytest.raises(ProvisionError) as refused:
+        run_program(settings, vcpu_quotas={"L-DB2E81BA": 4, "L-3819A6DF": 8})
+    on_demand, spot = (line.strip() for line in str(refused.value).splitlines()[1:])
+    assert on_demand.startswith("EC2 quota L-DB2E81BA (Running On-Demand G and VT instances)")
+    assert "is 4 vCPUs; the node groups need 8 at max_size (a10g: 2 on-demand of 5 x g5.xlarge)" in on_demand
+    assert spot.startswith("EC2 quota L-3819A6DF (All G and VT Spot Instance Requests)")
+    assert "is 8 vCPUs; the node groups need 12 at max_size (a10g: 3 spot of 5 x g5.xlarge)" in spot
+
+
+def test_a_group_all_on_spot_needs_no_on_demand_quota():
+    settings = with_spot(load_stack("dev"), max_size=4, base=0, percent=0)
+    run_program(settings, vcpu_quotas={"L-DB2E81BA": 0, "L-3819A6DF": 16})
