@@ -287,10 +287,10 @@ def test_a_config_change_changes_the_config_map_and_the_pod_template(eks_prod):
     changed = eks_prod.model_copy(
         update={"runtime": eks_prod.runtime.model_copy(update={"drain_timeout_s": 45})}
     )
-    a, b = m.render_workload(eks_prod, DIGEST), m.render_workload(changed, DIGEST)
+    (a,), (b,) = m.render_workload(eks_prod, DIGEST).pools, m.render_workload(changed, DIGEST).pools
     assert a.config_map.name != b.config_map.name
     annotation = names.K8S_CONFIG_HASH_ANNOTATION
-    pod_a, pod_b = (w.deployment.to_dict()["spec"]["template"] for w in (a, b))
+    pod_a, pod_b = (p.deployment.to_dict()["spec"]["template"] for p in (a, b))
     assert pod_a["metadata"]["annotations"][annotation] != pod_b["metadata"]["annotations"][annotation]
     assert pod_b["spec"]["volumes"][0]["configMap"]["name"] == b.config_map.name
     assert b.config_map.body["data"]["runtime.yaml"] == render_runtime_config(changed, changed.only_pool)

@@ -47,6 +47,13 @@ def workload(multinode: Settings) -> m.Workload:
 
 
 @pytest.fixture(scope="module")
+def objects(workload: m.Workload) -> m.PoolObjects:
+    """The stack's one pool's objects."""
+    (pool,) = workload.pools
+    return pool
+
+
+@pytest.fixture(scope="module")
 def group(workload: m.Workload) -> dict[str, Any]:
     return workload.deployment.to_dict()
 
@@ -113,14 +120,14 @@ def test_workers_start_once_the_leader_pod_exists_not_once_it_is_ready(group):
     assert group["spec"]["startupPolicy"] == "LeaderCreated"
 
 
-def test_the_lws_is_not_named_like_the_pools_service(workload):
+def test_the_lws_is_not_named_like_the_pools_service(objects):
     # The LWS controller makes a headless Service named after the LWS.
-    assert workload.deployment.name != workload.service.name
-    assert workload.deployment.name == f"{workload.service.name}{lw.NAME_SUFFIX}"
+    assert objects.deployment.name != objects.service.name
+    assert objects.deployment.name == f"{objects.service.name}{lw.NAME_SUFFIX}"
 
 
-def test_the_service_selects_leaders_only(multinode, workload):
-    chosen = workload.service.to_dict()["spec"]["selector"]
+def test_the_service_selects_leaders_only(multinode, objects):
+    chosen = objects.service.to_dict()["spec"]["selector"]
     assert chosen == {**selector(multinode), "leaderworkerset.sigs.k8s.io/worker-index": "0"}
 
 
@@ -266,25 +273,25 @@ def test_nothing_else_is_admitted_anew(multinode, eks_prod, workload):
             assert ports == [r.get("ports") for r in twin.get(rules, [])], (name, rules)
 
 
-def test_keda_scales_the_leader_worker_set_through_its_scale_subresource(workload):
-    target = workload.scaled_object.to_dict()["spec"]["scaleTargetRef"]
+def test_keda_scales_the_leader_worker_set_through_its_scale_subresource(objects):
+    target = objects.scaled_object.to_dict()["spec"]["scaleTargetRef"]
     assert target == {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
-        "name": workload.deployment.name,
+        "name": objects.deployment.name,
     }
 
 
-def test_a_schedule_windows_node_floor_becomes_replicas_of_nodes_per_replica_nodes(multinode, workload):
+def test_a_schedule_windows_node_floor_becomes_replicas_of_nodes_per_replica_nodes(multinode, objects):
     window = multinode.serving_group.schedule.windows[0]
-    cron = next(t for t in workload.scaled_object.to_dict()["spec"]["triggers"] if t["type"] == "cron")
+    cron = next(t for t in objects.scaled_object.to_dict()["spec"]["triggers"] if t["type"] == "cron")
     assert (window.min_size, cron["metadata"]["desiredReplicas"]) == (8, "4")
 
 
-def test_the_disruption_budget_counts_every_pod_of_the_pool(multinode, workload):
-    budget = workload.disruption_budget.to_dict()["spec"]
-    leader_labels = _template(workload.deployment.to_dict(), "leaderTemplate")["metadata"]["labels"]
-    worker_labels = _template(workload.deployment.to_dict(), "workerTemplate")["metadata"]["labels"]
+def test_the_disruption_budget_counts_every_pod_of_the_pool(multinode, objects):
+    budget = objects.disruption_budget.to_dict()["spec"]
+    leader_labels = _template(objects.deployment.to_dict(), "leaderTemplate")["metadata"]["labels"]
+    worker_labels = _template(objects.deployment.to_dict(), "workerTemplate")["metadata"]["labels"]
     for labels in (leader_labels, worker_labels):
         assert budget["selector"]["matchLabels"].items() <= labels.items()
 
@@ -293,8 +300,9 @@ def test_a_single_node_pool_still_gets_its_deployment(eks_prod):
     workload = m.render_workload(eks_prod, DIGEST)
     assert [o.kind for o in workload.all()].count("Deployment") == 1
     assert "LeaderWorkerSet" not in {o.kind for o in workload.all()}
-    assert workload.service.to_dict()["spec"]["selector"] == selector(eks_prod)
-    assert workload.scaled_object.to_dict()["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+    (objects,) = workload.pools
+    assert objects.service.to_dict()["spec"]["selector"] == selector(eks_prod)
+    assert objects.scaled_object.to_dict()["spec"]["scaleTargetRef"]["kind"] == "Deployment"
     assert not any(p.name.endswith("-replica") for p in workload.network_policies)
     env = {e["name"] for e in _container(workload.deployment.to_dict()["spec"]["template"])["env"]}
     assert not env & {names.NODE_RANK_ENV, names.REPLICA_KEY_ENV, names.LEADER_ADDRESS_ENV}

@@ -581,36 +581,10 @@ class Workload:
     # The synthetic probe: its NetworkPolicy and a CronJob per pool.
     probe: tuple[Manifest, ...] = ()
 
-    # The first pool's objects: a one-model stack's only ones.
-    @property
-    def config_map(self) -> Manifest:
-        return self.pools[0].config_map
-
     @property
     def deployment(self) -> Manifest:
+        """The first pool's workload, whose name the Pulumi program's workloads component exports."""
         return self.pools[0].deployment
-
-    @property
-    def service(self) -> Manifest:
-        return self.pools[0].service
-
-    @property
-    def disruption_budget(self) -> Manifest:
-        return self.pools[0].disruption_budget
-
-    @property
-    def scaled_object(self) -> Manifest:
-        return self.pools[0].scaled_object
-
-    @property
-    def service_monitor(self) -> Manifest:
-        return self.pools[0].service_monitor
-
-    @property
-    def prometheus_rule(self) -> Manifest:
-        rule = self.pools[0].prometheus_rule
-        assert rule is not None  # the first pool always carries the stack's rules
-        return rule
 
     @property
     def runtime_deployments(self) -> list[Manifest]:
@@ -638,7 +612,8 @@ class Workload:
             self.ingress,
             *self.probe,
             *(m for p in self.pools for m in (p.scaled_object, p.service_monitor)),
-            self.prometheus_rule,
+            # The stack's SLO alerts, which one pool carries.
+            *(p.prometheus_rule for p in self.pools if p.prometheus_rule is not None),
             *([g.service_monitor] if g else []),
         ]
 
