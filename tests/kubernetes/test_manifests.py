@@ -448,7 +448,7 @@ def test_the_stacks_alert_rules_go_to_the_operator_and_match_the_scrapes_job(eks
     rule = monitoring.prometheus_rule(eks_prod).to_dict()
     assert rule["spec"]["groups"] == yaml.safe_load(render_alerts(eks_prod))["groups"]
     job = monitoring.service_monitor(eks_prod).to_dict()["spec"]["jobLabel"]
-    service_labels = m.service(eks_prod).labels
+    service_labels = m.service(eks_prod, eks_prod.only_pool).labels
     # Prometheus names the job after the Service's label jobLabel names: the rules' job. The probe's
     # rule reads kube-state-metrics' series of the probe's CronJob instead.
     rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]

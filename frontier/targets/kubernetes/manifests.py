@@ -403,14 +403,15 @@ def deployment(
     )
 
 
-def service(settings: Settings) -> Manifest:
-    """The pool's ClusterIP Service; where a replica spans nodes, in front of its leaders only."""
+def service(settings: Settings, pool: PoolSettings) -> Manifest:
+    """``pool``'s ClusterIP Service (``settings``: the stack as the pool sees it); where a replica
+    spans nodes, in front of its leaders only."""
     k = kubernetes_of(settings)
-    port = settings.runtime.port
+    port = pool.runtime.port
     body = {
         "spec": {
             "type": "ClusterIP",
-            "selector": lw.leader_selector(settings) if lw.spans_nodes(settings) else selector(settings),
+            "selector": lw.leader_selector(settings) if lw.replica_spans_nodes(pool) else selector(settings),
             "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
         }
     }
@@ -537,7 +538,7 @@ def pool_objects(
         service_account=service_account(view, pool, (role_arns or {}).get(pool.name)),
         config_map=config_map(view, runtime_yaml),
         deployment=workload,
-        service=service(view),
+        service=service(view, pool),
         disruption_budget=disruption_budget(view),
         scaled_object=scaled_object(view),
         service_monitor=service_monitor(view),
