@@ -215,6 +215,8 @@ class IdentityArgs:
     # deploy role, which rotates them).
     api_keys_secret_arns: tuple[str, ...]
     repository_arn: str
+    # The ALB target group a rollout drains runtime hosts from; "" where none does (a stack behind
+    # its gateway, Kubernetes).
     target_group_arn: str
     ssm_access: bool
     # The user `fab` logs in as (inventory.ssh_user): the only one its pushed keys are for, when set.
@@ -385,6 +387,21 @@ def runtime_pod_policy(args: IdentityArgs) -> PolicyDocument:
     return runtime_policy(args).only(POD_STATEMENTS)
 
 
+def drain_statements(args: IdentityArgs) -> list[Statement]:
+    """A rollout's drain and enable of runtime hosts in the ALB's target group, where the ALB fronts
+    them; none where it fronts a gateway (no target group to drain: the runtimes drain themselves,
+    frontier/hosts/gateway_fronted.py) or where the load balancer controller owns it (Kubernetes)."""
+    if not args.target_group_arn:
+        return []
+    return [
+        allow(
+            "DrainAndEnableTargets",
+            ("elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"),
+            args.target_group_arn,
+        )
+    ]
+
+
 def deploy_policy(args: IdentityArgs) -> PolicyDocument:
     cloud = args.cloud
     own_stack = {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": args.stack}}
@@ -435,11 +452,7 @@ def deploy_policy(args: IdentityArgs) -> PolicyDocument:
         ),
         allow("PushRuntimeImages", ECR_PUSH, args.repository_arn),
         allow("LogInToTheRegistry", "ecr:GetAuthorizationToken", "*"),
-        allow(
-            "DrainAndEnableTargets",
-            ("elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"),
-            args.target_group_arn,
-        ),
+        *drain_statements(args),
         # Describe calls cannot be scoped to a resource in IAM.
         allow(
             "SeeTheCluster",

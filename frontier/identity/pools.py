@@ -58,7 +58,9 @@ def stack_identity(
         kms_key_arn=found.kms_key_arn,
         api_keys_secret_arns=tuple(_secret_arn(found, name) for name in settings.api_keys_secrets.values()),
         repository_arn=found.repository_arn,
-        target_group_arn=found.target_group_arn,
+        # Behind a gateway the ALB's targets are the gateway's hosts, which their group registers:
+        # the deploy role never registers or deregisters one.
+        target_group_arn=found.target_group_arn if settings.gateway is None else "",
         release_key_arn=found.release_key_arn,
         ssm_access=ssm_access,
         ssh_user=settings.inventory.ssh_user,

@@ -12,8 +12,9 @@ makes the resources those names point at.
 Who runs what (:func:`exercise`):
 
 - the deploy role, as ``fab`` does in process (boto3 from the environment): ``fab scale``; a rollout
-  that surges the node group, protects its hosts, suspends AZRebalance, drains and enables each host in
-  the target group and retires the old hosts; EC2 Instance Connect's key push; ``fab ami.latest``;
+  that surges the node group, protects its hosts, suspends AZRebalance and retires the old hosts
+  (behind the gateway it drains no target: the ALB's target group holds the gateway's hosts); EC2
+  Instance Connect's key push; ``fab ami.latest``;
   ``fab image.push`` (the container engine a stand-in that makes the registry's calls a
   ``docker push`` makes, as ECR authorises them); ``fab gateway.roll``; ``fab usage`` of metering in S3;
   ``fab status``, which lists the spot notice waiting on the stack's interruption queue (prod's node
@@ -70,6 +71,7 @@ from frontier.config.hardware import ami_parameter
 from frontier.config.outputs import Ec2Outputs
 from frontier.config.purchase import notice_queue_name
 from frontier.config.schema import Settings
+from frontier.hosts.gateway_fronted import GatewayFronted
 from frontier.identity.documents import deploy_policy, lifecycle_policy, runtime_policy
 from frontier.identity.pools import StackResources, pool_identity, stack_identity
 from frontier.release.artifact import Artifact
@@ -361,15 +363,16 @@ def make_resources(prod: Prod) -> str:
         ec2, autoscaling, GATEWAY_ASG, subnet, (1, 1, 2), {STACK_TAG: settings.stack, ROLE_TAG: "gateway"}
     )
     target_group = admin("elbv2").create_target_group(
-        Name=f"{settings.stack}-tg", Protocol="HTTP", Port=settings.pools[0].runtime.port, VpcId=vpc,
+        Name=f"{settings.stack}-tg", Protocol="HTTP", Port=settings.gateway.port, VpcId=vpc,
         TargetType="instance",
     )["TargetGroups"][0]["TargetGroupArn"]  # fmt: skip
-    instances = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[NODE_GROUP_ASG])[
+    # The ALB fronts the gateway: its group's hosts are the target group's, the runtimes never are.
+    instances = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[GATEWAY_ASG])[
         "AutoScalingGroups"
     ][0]["Instances"]
     admin("elbv2").register_targets(
         TargetGroupArn=target_group,
-        Targets=[{"Id": i["InstanceId"], "Port": settings.pools[0].runtime.port} for i in instances],
+        Targets=[{"Id": i["InstanceId"], "Port": settings.gateway.port} for i in instances],
     )
     repository = settings.pools[0].runtime.image_repository.split("/", 1)[1]
     admin("ecr").create_repository(repositoryName=repository)
@@ -407,20 +410,16 @@ def make_resources(prod: Prod) -> str:
 
 class DrainingRollout:
     """Stands in for the per-host rollout (:class:`frontier.rollout.rolling.Rollout`): moto's
-    instances have no sshd, so each host is drained and enabled through the rollout's own balancer
-    (the ALB target group, as the deploy role) and reported updated; the SSH part is tested against
-    real sshd hosts elsewhere."""
+    instances have no sshd, so each host is reported updated. prod runs behind its gateway, so the
+    rollout's balancer drains a runtime through its host's agent (:class:`GatewayFronted`) and makes
+    no AWS call: the ALB's target group holds the gateway's hosts and no rollout touches it
+    (tests/operate/test_disaggregated_roll_ec2.py rolls through that balancer)."""
 
     def __init__(self, settings, hosts, balancer, connect, reporter, verification=None) -> None:  # noqa: ANN001
-        self.hosts, self.balancer = hosts, balancer
+        assert isinstance(balancer, GatewayFronted), type(balancer).__name__
+        self.hosts = hosts
 
     def run(self, release: Release, wheel: Any, kind: str) -> RolloutResult:
-        for host in self.hosts:
-            # A surge host is launched into the target group by its auto scaling group on AWS; moto's
-            # group registers nothing, so it is registered first.
-            self.balancer.enable(host, timeout=5)
-            assert self.balancer.drain(host, timeout=5) == 0
-            self.balancer.enable(host, timeout=5)
         return RolloutResult(
             kind,
             release.id,

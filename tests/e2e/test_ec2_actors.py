@@ -1,6 +1,7 @@
 """The EC2 stack's paths, each run by its actor against moto's server enforcing the prod stack's
 documents (``tests/e2e/ec2_actors.py``), then evaluated as AWS would (``iam_simulation``): the
-deploy role's scale, rollout (surge, protection, AZRebalance, drain and enable), Instance Connect key
+deploy role's scale, rollout (surge, protection, AZRebalance; behind the gateway no target group
+drain), Instance Connect key
 push, ami.latest, image.push, gateway.roll, usage and status (its spot notices); the runtime hosts' role's boot, lifecycle
 action, metrics, logs and image pull through the AWS CLI. None is denied, and each statement of
 the EC2 paths is needed by one of them (``test_task_actors.py`` adds these calls to its report).
@@ -19,7 +20,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EC2_STATEMENTS = {
     ("deploy", "PushRuntimeImages"),
     ("deploy", "LogInToTheRegistry"),
-    ("deploy", "DrainAndEnableTargets"),
     ("deploy", "SeeTheCluster"),
     ("deploy", "SurgeItsNodeGroups"),
     ("deploy", "RefreshItsGatewayHosts"),
@@ -70,8 +70,7 @@ def test_each_path_ran_as_its_actor(run):
     }
     assert {
         "SetDesiredCapacity", "SetInstanceProtection", "SuspendProcesses", "ResumeProcesses",
-        "TerminateInstanceInAutoScalingGroup", "RegisterTargets", "DeregisterTargets",
-        "SendSSHPublicKey", "GetParameter", "PutImage", "StartInstanceRefresh", "ListBucket",
+        "TerminateInstanceInAutoScalingGroup", "SendSSHPublicKey", "GetParameter", "PutImage", "StartInstanceRefresh", "ListBucket",
         "GetQueueUrl", "ReceiveMessage",
     } <= by_actor["deploy"]  # fmt: skip
     assert "interruption notices waiting" in seen["status"], seen["status"]
@@ -80,6 +79,19 @@ def test_each_path_ran_as_its_actor(run):
         "DescribeAutoScalingInstances", "CompleteLifecycleAction", "PutMetricData", "PutLogEvents",
         "GetAuthorizationToken", "BatchGetImage",
     } <= by_actor["host"]  # fmt: skip
+
+
+def test_behind_the_gateway_the_deploy_role_neither_may_nor_does_register_a_target(run):
+    prod, log, _ = run
+    calls = {line["operation"] for line in log if line["principal"].endswith("-deploy")}
+    assert not {"RegisterTargets", "DeregisterTargets"} & calls
+    deploy = ec2_actors.documents(prod.settings, prod.saved, prod.release_key_arn)["deploy"]["deploy"]
+    granted = {
+        a
+        for s in deploy["Statement"]
+        for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    }
+    assert not {"elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"} & granted
 
 
 def test_moto_checks_the_calls_it_does_not_implement_before_refusing_them(run):

@@ -251,3 +251,14 @@ def test_a_production_stack_behind_a_gateway_passes_the_targets_https_policy(gat
         )
         == []
     )
+
+
+def test_behind_a_gateway_the_deploy_role_may_neither_register_nor_deregister_a_target(gated) -> None:
+    deploy = json.loads(gated.one("aws:iam/rolePolicy:RolePolicy", "dev-iam-deploy").inputs["policy"])
+    actions = {
+        action
+        for statement in deploy["Statement"]
+        for action in ([statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"])
+    }
+    assert "DrainAndEnableTargets" not in {s["Sid"] for s in deploy["Statement"]}
+    assert not {"elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"} & actions

@@ -7,10 +7,12 @@ own (``prefill``), the decode half on dev's ``a10g``, two hosts each. Everything
 role (its documents as ``pulumi up`` grants them) against moto's server enforcing IAM
 (``tests/e2e/ec2_actors.py``): ``deploy``/``rollback`` as ``fab`` runs them, the history, the lock
 and the deploy pointer in S3, both auto scaling groups (discovered by their tags, held while they
-roll), the ALB target group each host is drained from and enabled in. Simulated: each host's side
+roll), and the ALB's target group, which fronts the gateway's own group: no runtime host is ever
+drained from it or enabled in it, each is drained by its runtime's own drain through its host's
+agent (:class:`~frontier.hosts.gateway_fronted.GatewayFronted`). Simulated: each host's side
 (moto's instances have no sshd and no runtime), by ``test_canary_gates_ec2``'s :class:`SimulatedHost`
-with a log of every switch it makes, and the SSH connections the canaries' verification tunnels
-through; the runtimes' answers are stand-ins on real sockets (tests/openai_standin.py), a prefill's
+with a log of every switch and every stop it makes, and the SSH connections the canaries'
+verification tunnels through; the runtimes' answers are stand-ins on real sockets (tests/openai_standin.py), a prefill's
 naming the blocks it leased in ``kv_transfer_params``, a decode's noting what it was handed.
 """
 
@@ -30,6 +32,7 @@ import httpx
 import pytest
 import yaml
 from frontier_hostside import names
+from frontier_hostside.agent import Facts
 from frontier_hostside.names import NODE_GROUP_TAG, ROLE_TAG, STACK_TAG
 from test_canary_gates_ec2 import SET, Relay, SimulatedHost, World
 
@@ -57,9 +60,10 @@ ROUTE = "/v1/chat/completions"
 
 def stack_document(*, disaggregated: bool = True, verify_file: str = "", surge: bool = False) -> dict:
     """dev behind its gateway, its model's prefill half on a group of its own when ``disaggregated``;
-    a gate window short enough for a test (the gate's sleep is real time); with ``surge``, room in
-    each group for one host above its desired size, and a rollout that takes it."""
-    doc = dev_gateway_document()
+    a gate window short enough for a test (the gate's sleep is real time), and so the gateway's probe
+    round an enable waits out; with ``surge``, room in each group for one host above its desired
+    size, and a rollout that takes it."""
+    doc = dev_gateway_document(probe={"interval_s": 0.05, "timeout_s": 0.05})
     config = doc["config"]
     (group,) = config["frontier:node_groups"]
     group.update(min_size=1, desired_size=HOSTS, max_size=HOSTS + int(surge))
@@ -84,6 +88,8 @@ class Switches:
     """Every switch of a host's runtime, in order: (its node group, the release it started)."""
 
     made: list[tuple[str, str]] = field(default_factory=list)
+    #: Every stop of a host's runtime, by host name, in order.
+    stops: list[str] = field(default_factory=list)
 
     def groups_to(self, release: str) -> list[str]:
         """The groups whose hosts switched to ``release``, in the order they did, one entry a run."""
@@ -117,6 +123,15 @@ class PairHost(SimulatedHost):
     def activate_and_start(self, release_id: str) -> str:
         self.switches.made.append((self.host.group, release_id))
         return super().activate_and_start(release_id)
+
+    def stop(self) -> str:
+        self.switches.stops.append(self.host.name)
+        return "terminated"
+
+    def status(self) -> Facts:
+        """What the agent's ``status`` reads: a host that runs a release answers ready."""
+        running = bool(self.current)
+        return Facts(current=self.current, running=running, running_release=self.current, ready=running)
 
     def metrics(self) -> str:
         if (self.host.group, self.digest_of(self.current)) not in self.failing:
@@ -197,20 +212,29 @@ class Account:
         return {self.store.get_release(self.world.runs[h.name]).digest for h in self.backend.hosts(group)}
 
 
+GATEWAY_GROUP = "dev-gateway-asg"
+
+
 def make_groups(prod: ec2_actors.Prod) -> str:
     """What ``pulumi up`` makes that a rollout touches, as the administrator: each node group's
-    auto scaling group tagged for discovery, the ALB's target group, the history bucket, the
-    runtimes' key; the target group's ARN."""
+    auto scaling group tagged for discovery, the gateway's group and the ALB's target group it is
+    attached to (infra/ec2_program.py attaches no runtime group where a gateway fronts the pools),
+    the history bucket, the runtimes' key; the target group's ARN."""
     settings, admin = prod.settings, (lambda service: prod.client("admin", service))
     ec2, autoscaling = admin("ec2"), admin("autoscaling")
     vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24", AvailabilityZone=f"{prod.region}a")[
         "Subnet"
     ]["SubnetId"]
-    port = settings.pools[0].runtime.port
+    assert settings.gateway is not None
     target_group = admin("elbv2").create_target_group(
-        Name="dev-tg", Protocol="HTTP", Port=port, VpcId=vpc, TargetType="instance"
+        Name="dev-tg", Protocol="HTTP", Port=settings.gateway.port, VpcId=vpc, TargetType="instance"
     )["TargetGroups"][0]["TargetGroupArn"]
+    gateway_tags = {STACK_TAG: settings.stack, ROLE_TAG: "gateway", "Name": "dev-gateway"}
+    ec2_actors.tagged_group(ec2, autoscaling, GATEWAY_GROUP, subnet, (1, 1, 1), gateway_tags)
+    autoscaling.attach_load_balancer_target_groups(
+        AutoScalingGroupName=GATEWAY_GROUP, TargetGroupARNs=[target_group]
+    )
     for group in settings.node_groups:
         tags = {
             STACK_TAG: settings.stack,
@@ -220,10 +244,6 @@ def make_groups(prod: ec2_actors.Prod) -> str:
         }
         sizes = (group.min_size, group.desired_size, group.max_size)
         ec2_actors.tagged_group(ec2, autoscaling, f"dev-{group.name}-asg", subnet, sizes, tags)
-        # Its hosts in the target group, those it launches too: the rollout drains and enables them there.
-        autoscaling.attach_load_balancer_target_groups(
-            AutoScalingGroupName=f"dev-{group.name}-asg", TargetGroupARNs=[target_group]
-        )
     admin("s3").create_bucket(
         Bucket=ec2_actors.outputs(settings, target_group).history_bucket,
         CreateBucketConfiguration={"LocationConstraint": prod.region},
@@ -284,11 +304,13 @@ def account_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
             Host.switches, Host.failing, Host.mute = switches, failing, mute
             Host.pair = {"prefill": prefill, "mute prefill": mute_prefill, "decode": decode}
             Host.digest_of = staticmethod(lambda rid: store.get_release(rid).digest if rid else "")
-            # The SSH connection a verification tunnels through to a host's runtime port.
+            # The SSH connection a verification tunnels through to a host's runtime port, and the
+            # host's agent the balancer drains and enables a runtime through.
             monkeypatch.setattr(Ec2Backend, "connect", lambda self, host: Host(world, host).conn)
+            monkeypatch.setattr(Ec2Backend, "session", lambda self, host: Host(world, host))
 
             class SimulatedHostsRollout(Rollout):
-                """The rollout with its real balancer (the ALB target group, as the deploy role)."""
+                """The rollout with its real balancer (the gateway-fronted one the backend gives)."""
 
                 def session(self, host: HostSpec) -> SimulatedHost:  # type: ignore[override]
                     return Host(world, host)
@@ -460,3 +482,37 @@ def test_a_pool_without_disaggregation_rolls_its_one_group_as_before(account_of)
     assert result.strategy == "one-unavailable: 1 host(s) out of service at a time (rollout.max_surge is 0)"
     assert {group for group, _ in account.switches.made} == {DECODE}
     assert account.runs(DECODE) == {DIGEST_A}
+
+
+def test_a_deploy_behind_the_gateway_never_registers_a_runtime_host_in_the_target_group(account_of):
+    account = account_of(surge=True)
+    deploy(account.backend, DIGEST_A)
+    result = deploy(account.backend, DIGEST_B)
+    assert result.outcome == "succeeded", result.reason
+    assert result.strategy.startswith(f"prefill {PREFILL}: surge: +1 host(s) first")
+    elbv2, autoscaling = account.admin("elbv2"), account.admin("autoscaling")
+    health = elbv2.describe_target_health(TargetGroupArn=account.backend.outputs().target_group_arn)
+    targets = {d["Target"]["Id"] for d in health["TargetHealthDescriptions"]}
+    (gateway,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[GATEWAY_GROUP])[
+        "AutoScalingGroups"
+    ]
+    assert targets == {i["InstanceId"] for i in gateway["Instances"]} != set()
+    assert not targets & {h.instance_id for h in account.backend.hosts()}
+
+
+def test_each_runtime_is_drained_by_its_own_drain_through_its_agent_and_no_session_is_left_open(
+    account_of,
+):
+    account = account_of(disaggregated=False)
+    deploy(account.backend, DIGEST_A)
+    account.switches.stops.clear()
+    events: list[Event] = []
+    result = deploy(account.backend, DIGEST_B, reporter=events.append)
+    assert result.outcome == "succeeded", result.reason
+    hosts = [h.name for h in account.backend.hosts()]
+    # The balancer's drain stops each runtime, then the rollout's stop phase finds it stopped.
+    assert sorted(set(account.switches.stops)) == sorted(hosts)
+    drains = [e for e in events if e.phase == "drain"]
+    assert [e.host for e in drains if e.status == "ok"] == hosts
+    assert [e for e in drains if e.status == "info"] == []  # no "session(s) still open"
+    assert account.runs(DECODE) == {DIGEST_B}

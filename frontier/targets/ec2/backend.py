@@ -1,4 +1,5 @@
-"""EC2: hosts found by their tags, reached over SSH, drained through the ALB target group.
+"""EC2: hosts found by their tags, reached over SSH, drained through the ALB target group (behind a
+gateway: by the runtime's own drain, :mod:`frontier.hosts.gateway_fronted`).
 
 SSH reaches a host through Session Manager, or the stack's bastion, with a key of this run that EC2
 Instance Connect delivers to the host right before each connection (:mod:`frontier.targets.ec2.access`).
@@ -30,6 +31,8 @@ from frontier_settings import FieldProblem
 from frontier import aws
 from frontier.config.outputs import Ec2Outputs
 from frontier.config.schema import PoolSettings, Settings
+from frontier.hosts.balancer import Balancer
+from frontier.hosts.gateway_fronted import GatewayFronted
 from frontier.hosts.inventory import HostSpec, InventoryError, static_hosts
 from frontier.hosts.session import HostSession
 from frontier.release.history import (
@@ -113,7 +116,17 @@ class Ec2Backend:
         """What ``pulumi up`` of the stack exported, as saved for ``fab``."""
         return aws.stack_outputs(self.settings, Ec2Outputs[str])
 
-    def balancer(self) -> AlbBalancer:
+    def balancer(self) -> Balancer:
+        """The ALB's target group, where the ALB fronts the runtimes. Behind a gateway the ALB fronts
+        the gateway hosts alone: a runtime is drained by its own drain, read through its agent, and
+        never put in the target group (:mod:`frontier.hosts.gateway_fronted`)."""
+        gateway = self.settings.gateway
+        if gateway is not None:
+            return GatewayFronted(
+                self.session,
+                runtime_drain_s=self.pool.runtime.drain_timeout_s,
+                probe_round_s=gateway.probe.interval_s + gateway.probe.timeout_s,
+            )
         target_group = self.outputs().target_group_arn
         return AlbBalancer(self.aws_client("elbv2"), target_group, self.settings.runtime.port)
 
