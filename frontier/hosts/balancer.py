@@ -5,7 +5,9 @@ for its in-flight requests to finish (up to the deregistration delay), and only 
 runtime be stopped. Enabling waits until the balancer's own health check sees the host healthy.
 Each host target brings its own: HAProxy's runtime API on the local stack
 (:mod:`frontier.targets.local.balancer`), an ALB target group on EC2
-(:mod:`frontier.targets.ec2.balancer`).
+(:mod:`frontier.targets.ec2.balancer`). Runtimes that only a gateway routes to have no balancer
+entry to take out: the runtime's own drain does it, through the host's agent
+(:mod:`frontier.hosts.gateway_fronted`, what EC2 uses behind a gateway).
 """
 
 from __future__ import annotations
