@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from frontier_hostside import names
 from test_language_host import HOST, PROGRAM_DIR, PROJECT
 
 from frontier import project
@@ -109,6 +110,6 @@ def test_the_gateways_group_sends_to_the_runtime_group_on_those_ports_and_nobody
 
 
 def test_without_kv_events_no_rule_opens_the_event_ports(events_off) -> None:
-    default_ports = {5557, 5558}  # runtime.kv_events' defaults, closed while it is off
+    default_ports = {names.KV_EVENTS_PORT, names.KV_EVENTS_REPLAY_PORT}  # closed while the events are off
     assert not [r for r in events_off["rules"] if r.get("fromPort") in default_ports]
     assert not [name for _, name in events_off["resources"] if "kv-events" in name]
