@@ -14,7 +14,8 @@ from invoke.exceptions import Exit
 
 from frontier.cli import tables
 from frontier.cli.common import reports_errors, settings_for
-from frontier.config.schema import NodeGroup, Settings
+from frontier.errors import FrontierError
+from frontier.render.boot import image_role
 from frontier.targets import backend_for
 from frontier.targets.ec2.ami import latest_amis
 from frontier.targets.ec2.bake import BakeError, BakeRequest, bake
@@ -53,7 +54,8 @@ def ami_latest(c, stack=None):
     name="bake",
     help={
         "stack": STACK,
-        "group": "the node group whose hosts the image is for (default: the stack's only one)",
+        "group": "the node group whose hosts the image is for, or 'gateway' for the gateway's hosts "
+        "(default: the stack's only node group, where it has no gateway)",
         "subnet": "a subnet that reaches the internet, where the builder instance runs (required)",
         "source": "the stock image to start from (default: the newest `fab ami.latest` reads)",
         "instance_type": "the builder's instance type (default: c7i.2xlarge, c7g.2xlarge on Graviton)",
@@ -64,7 +66,11 @@ def ami_latest(c, stack=None):
 def ami_bake(c, stack=None, group=None, subnet=None, source=None, instance_type=None, timeout_s=None):
     """Bake an image carrying what the group's hosts run, and print the stack-file line that pins it."""
     settings = settings_for(stack)
-    node_group = _node_group(settings, group)
+    try:
+        role = image_role(settings, group)
+    except FrontierError as exc:
+        asked = "no --group" if group is None else f"--group {group!r}"
+        raise Exit(f"error: {asked}: {exc}", code=2) from None
     if not subnet:
         raise Exit(
             "error: --subnet: a subnet whose instances reach the internet (the bake installs packages "
@@ -74,7 +80,7 @@ def ami_bake(c, stack=None, group=None, subnet=None, source=None, instance_type=
     timeout = _positive("--timeout-s", timeout_s, 3600)
     backend = backend_for(settings)
     console = tables.console()
-    request = BakeRequest(settings, node_group, subnet, source or "", instance_type or "", timeout)
+    request = BakeRequest(settings, role, subnet, source or "", instance_type or "", timeout)
     try:
         baked = bake(backend.aws_client("ec2"), backend.aws_client("ssm"), request, say=console.print)
     except BakeError as exc:
@@ -82,20 +88,7 @@ def ami_bake(c, stack=None, group=None, subnet=None, source=None, instance_type=
     console.print(
         f"baked {baked.image_id} from {baked.source_image} in {baked.seconds / 60:.0f} min: {baked.contents}"
     )
-    console.print(
-        f"edit {settings.source}:\n  {baked.field}: {node_group.ami_id or '(empty)'} -> {baked.image_id}"
-    )
-
-
-def _node_group(settings: Settings, name: str | None) -> NodeGroup:
-    names = [g.name for g in settings.node_groups]
-    if name is None and len(names) == 1:
-        return settings.node_groups[0]
-    for candidate in settings.node_groups:
-        if candidate.name == name:
-            return candidate
-    asked = "no --group" if name is None else f"--group {name!r}"
-    raise Exit(f"error: {asked}: stack {settings.stack!r} has node groups {', '.join(names)}", code=2)
+    console.print(f"edit {settings.source}:\n  {baked.field}: {role.pinned or '(empty)'} -> {baked.image_id}")
 
 
 def _positive(option: str, value: str | None, default: float) -> float:

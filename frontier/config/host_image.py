@@ -16,10 +16,23 @@ The list is declared once here and read three ways:
 * the Pulumi program refuses, before any instance launches, a node group whose pinned AMI does not
   carry (by its tag) what the group needs when the stack's egress reaches no mirror;
 * ``fab ami.bake`` installs exactly these, and runs the same preflight on the result before it images.
+
+The gateway's hosts (``gateway:`` on EC2) follow the same rule with a list of their own
+(:func:`gateway_needs`): the AWS CLI, the CloudWatch agent, openssl and a Python virtual
+environment holding exactly the gateway's locked dependencies (``requirements/gateway.txt``),
+stamped with the lock's digest. They are baked by the same ``fab ami.bake`` as a role of its own
+(``--group gateway``, pinned in ``gateway.ami_id``), not into the runtime hosts' image: a gateway
+host runs no docker, driver or HAProxy, and a runtime host no gateway. What a gateway host still
+fetches at boot is the stack's own: the two wheels and ``gateway.yaml`` that ``fab gateway.publish``
+puts in the history bucket (S3, reached through the VPC's endpoint), installed from those files
+with no index and no dependencies, so a publish still reaches new hosts without a bake, while a
+change of the locked set needs one (the stamp no longer matches, and the preflight says so).
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from enum import Enum
 
@@ -37,6 +50,7 @@ class Needed(Enum):
     EVERY_HOST = "every host"
     GPU = "GPU hosts"
     EFA = "hosts with EFA"
+    GATEWAY = "gateway hosts"
 
 
 @dataclass(frozen=True)
@@ -153,3 +167,63 @@ def missing_from(tag_value: str | None, tools: tuple[HostTool, ...]) -> list[str
 
 def bake_command(stack: str, group: str) -> str:
     return f"fab ami.bake -s {stack} --group {group}"
+
+
+# --- the gateway's hosts ---------------------------------------------------------------------------
+
+#: ``fab ami.bake --group gateway``: the gateway's hosts, where no node group is named so.
+GATEWAY_IMAGE = "gateway"
+#: In the gateway's virtual environment: the digest of the locked set it was made from.
+LOCK_STAMP = "frontier-lock.sha256"
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*(?:\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!_-]+)")
+
+
+@dataclass(frozen=True)
+class LockedSet:
+    """The distributions a lock file pins (``name==version``, in its order) and their digest."""
+
+    pins: tuple[str, ...]
+    digest: str
+
+
+def locked_set(lock_text: str) -> LockedSet:
+    """The pins of a pip-compile lock (its hashes and comments left out: a bake's user data holds
+    16 KiB, the hashes alone more than that)."""
+    pins = tuple(m.group(1) for line in lock_text.splitlines() if (m := _PIN.match(line)))
+    if not pins:
+        raise ValueError("the lock pins no distribution (no 'name==version' line)")
+    digest = "sha256:" + hashlib.sha256("\n".join(pins).encode()).hexdigest()
+    return LockedSet(pins, digest)
+
+
+def gateway_needs(venv: str, lock: LockedSet) -> tuple[HostTool, ...]:
+    """What a gateway host runs, in the order its boot first uses it: the virtual environment at
+    ``venv`` made from ``lock`` (its stamp matching, its requirements consistent), openssl, the AWS
+    CLI and the CloudWatch agent."""
+    lock_file = "/tmp/frontier-gateway-lock.txt"
+    shared = {tool.name: tool for tool in TOOLS}
+    return (
+        HostTool(
+            "gateway-venv",
+            f'[ "$(cat {venv}/{LOCK_STAMP} 2>/dev/null)" = {lock.digest} ] '
+            f"&& {venv}/bin/python -m pip check >/dev/null 2>&1",
+            Needed.GATEWAY,
+            "the gateway's Python and its locked dependencies (requirements/gateway.txt)",
+            (
+                "apt-get install -y -qq python3-venv",
+                f"python3 -m venv --clear {venv}",
+                f"printf '%s\\n' {' '.join(lock.pins)} > {lock_file}",
+                f"{venv}/bin/pip install --quiet --no-deps --no-cache-dir -r {lock_file}",
+                f"echo {lock.digest} > {venv}/{LOCK_STAMP}",
+            ),
+        ),
+        HostTool(
+            "openssl",
+            "command -v openssl >/dev/null",
+            Needed.GATEWAY,
+            "the gateway's TLS certificate is made at first boot",
+            ("apt-get install -y -qq openssl",),
+        ),
+        shared["aws-cli-v2"],
+        shared["amazon-cloudwatch-agent"],
+    )

@@ -18,9 +18,16 @@ from frontier_hostside.names import (
     RUNTIME_UID,
 )
 
+from frontier import project
 from frontier.access.gateway import render_gateway_config
 from frontier.config import host_image as image
-from frontier.config.hardware import has_nvswitch, instance_store
+from frontier.config.hardware import (
+    CPU_AMI_PARAMETER,
+    ami_parameter,
+    architecture,
+    has_nvswitch,
+    instance_store,
+)
 from frontier.config.image_cuda import image_cuda
 from frontier.config.schema import NodeGroup, PoolSettings, Settings
 from frontier.errors import FrontierError
@@ -267,6 +274,8 @@ PUBLISH_INTERVAL_S = 60
 # --- the gateway's hosts (EC2) ---------------------------------------------------------------------
 
 GATEWAY_HOME = "/opt/frontier-gateway"
+# Baked (`fab ami.bake --group gateway`): Python and the gateway's locked dependencies.
+GATEWAY_VENV = f"{GATEWAY_HOME}/venv"
 GATEWAY_ENV = "/etc/frontier/gateway.env"
 # The gateway's own TLS certificate and key, made once at first boot (the ALB does not validate
 # its targets' certificates: see infra/edge.py), readable by the gateway's user only.
@@ -335,9 +344,49 @@ def render_gateway_cloudwatch_agent(settings: Settings) -> str:
     return text
 
 
+def gateway_lock() -> image.LockedSet:
+    """The gateway's locked dependencies (``requirements/gateway.txt``, written by ``make lock``)."""
+    path = project.root() / "requirements" / "gateway.txt"
+    try:
+        return image.locked_set(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise FrontierError(f"{path}: cannot read the gateway's locked dependencies: {exc}") from None
+
+
+def gateway_tools() -> tuple[image.HostTool, ...]:
+    """What a gateway host runs and its image must therefore carry."""
+    return image.gateway_needs(GATEWAY_VENV, gateway_lock())
+
+
+def gateway_bake_command(settings: Settings) -> str:
+    return image.bake_command(settings.stack, image.GATEWAY_IMAGE)
+
+
+def render_gateway_preflight(settings: Settings, *, strict: bool = False) -> str:
+    """The gateway boot's first step: everything it runs is on the image, or one line says what is
+    missing and how to bake it. Closed whatever ``network.egress`` says: a gateway host installs
+    nothing at boot, so no boot depends on a mirror being up."""
+    return render_template(
+        "host-preflight.sh.j2",
+        tools=gateway_tools(),
+        aws_cli_min=image.AWS_CLI_MIN,
+        closed=True,
+        advice=(
+            "installed, yet not usable"
+            if strict
+            else "gateway hosts install nothing at boot: bake an image with "
+            f"'{gateway_bake_command(settings)}' and pin it in gateway.ami_id"
+        ),
+        tools_uri="",
+        stop='fail "preflight"' if strict else "exit 1",
+        define_checks=not strict,
+    )
+
+
 def render_gateway_cloud_init(settings: Settings, *, history_bucket: str, history_prefix: str) -> str:
-    """Cloud-init of the gateway's CPU hosts: its wheel and gateway.yaml from the history bucket, its
-    TLS certificate made at first boot, the CloudWatch agent and the metrics publisher's timer."""
+    """Cloud-init of the gateway's CPU hosts: a preflight of what the image carries, then the stack's
+    wheels and gateway.yaml from the history bucket (installed from those files alone), its TLS
+    certificate made at first boot, the CloudWatch agent's configuration and the units started."""
     gw = settings.gateway
     assert gw is not None
     return render_template(
@@ -348,12 +397,14 @@ def render_gateway_cloud_init(settings: Settings, *, history_bucket: str, histor
         history_prefix=history_prefix,
         release=gateway_release(settings),
         home=GATEWAY_HOME,
+        venv=GATEWAY_VENV,
         env_path=GATEWAY_ENV,
         env=gateway_env(settings),
         tls_dir=GATEWAY_TLS_DIR,
         log_path=GATEWAY_LOG,
         cloudwatch_agent=render_gateway_cloudwatch_agent(settings),
         publish_interval_s=PUBLISH_INTERVAL_S,
+        preflight=render_gateway_preflight(settings),
     )
 
 
@@ -395,23 +446,80 @@ def render_preflight(
     )
 
 
-def render_bake_script(settings: Settings, group: NodeGroup, source_image: str) -> str:
+@dataclass(frozen=True)
+class ImageRole:
+    """What one baked image is for: the runtime hosts of a node group, or the gateway's hosts."""
+
+    name: str  # the node group's name, or image.GATEWAY_IMAGE
+    field: str  # the stack-file key that pins it
+    pinned: str
+    instance_type: str
+    root_volume_gb: int
+    gpu: bool
+    # The public SSM parameter of the newest stock image it is baked from.
+    stock_parameter: str
+    tools: tuple[image.HostTool, ...]
+    # The bake checks its result with this: the hosts' own preflight, stopping on anything missing.
+    preflight: str
+
+
+# The gateway's builder disk: the stock image's 8 GB is tight for the locked set beside the OS.
+GATEWAY_ROOT_VOLUME_GB = 16
+
+
+def image_role(settings: Settings, name: str | None) -> ImageRole:
+    """The role ``name`` names: a node group of the stack, else the gateway's hosts (``gateway``);
+    ``None``: the stack's only node group."""
+    groups = {group.name: (index, group) for index, group in enumerate(settings.node_groups)}
+    if name is None and len(groups) == 1:
+        name = settings.node_groups[0].name
+    if name in groups:
+        index, group = groups[name]
+        preflight = render_preflight(
+            settings, group, strict=True, advice="installed, yet not usable", stop='fail "preflight"'
+        )
+        return ImageRole(
+            group.name,
+            f"node_groups[{index}].ami_id",
+            group.ami_id,
+            group.instance_type,
+            group.root_volume_gb,
+            group.accelerator == "gpu",
+            ami_parameter(group),
+            host_tools(settings, group),
+            preflight,
+        )
+    if name == image.GATEWAY_IMAGE and settings.gateway is not None:
+        gw = settings.gateway
+        return ImageRole(
+            image.GATEWAY_IMAGE,
+            "gateway.ami_id",
+            gw.ami_id,
+            gw.instance_type,
+            GATEWAY_ROOT_VOLUME_GB,
+            False,
+            CPU_AMI_PARAMETER.format(arch="arm64" if architecture(gw.instance_type) == "arm64" else "amd64"),
+            gateway_tools(),
+            render_gateway_preflight(settings, strict=True),
+        )
+    gateway = f" and a gateway ('{image.GATEWAY_IMAGE}')" if settings.gateway is not None else ""
+    raise FrontierError(f"stack {settings.stack!r} has node groups {', '.join(groups)}{gateway}")
+
+
+def render_bake_script(settings: Settings, role: ImageRole, source_image: str) -> str:
     """The builder instance's user data for ``fab ami.bake``: install, check as a host would, power off."""
-    tools = host_tools(settings, group)
     return render_template(
         "bake-host-image.sh.j2",
         stack=settings.stack,
-        group=group,
+        role=role,
         source_image=source_image,
-        tools=tools,
-        contents=image.contents_value(tools),
+        tools=role.tools,
+        contents=image.contents_value(role.tools),
         aws_cli_min=image.AWS_CLI_MIN,
         driver_branch=settings.drivers.driver_branch,
         toolkit_version=settings.drivers.container_toolkit_version,
-        needs_nvidia_repositories=group.accelerator == "gpu",
-        preflight=render_preflight(
-            settings, group, strict=True, advice="installed, yet not usable", stop='fail "preflight"'
-        ),
+        needs_nvidia_repositories=role.gpu,
+        preflight=role.preflight,
     )
 
 

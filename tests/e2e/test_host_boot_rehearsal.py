@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from frontier.config import host_image as image
-from frontier.render.boot import host_tools, render_cloud_init
+from frontier.render.boot import host_tools, image_role, render_cloud_init
 from frontier.targets import load_stack
 from frontier.targets.ec2.bake import BakeError, BakeRequest, bake
 
@@ -208,7 +208,7 @@ def test_the_bake_makes_an_image_that_boots_past_its_preflight(base, record, acc
     settings = load_stack("prod")
     group = settings.node_groups[0]
     builder = Builder(ec2, base, record)
-    request = BakeRequest(settings, group, subnet, source_image=source, poll_s=0)
+    request = BakeRequest(settings, image_role(settings, group.name), subnet, source_image=source, poll_s=0)
     baked = bake(ec2, boto3.client("ssm", region_name="us-east-1"), request, builder.say, builder.console)
 
     contents = image.contents_value(host_tools(settings, group))
@@ -237,7 +237,7 @@ def test_a_failed_install_ends_the_bake_with_its_step_and_leaves_no_builder_and_
     ec2, subnet, source = account
     settings = load_stack("prod")
     builder = Builder(ec2, base, record, FAIL_PACKAGE="haproxy")
-    request = BakeRequest(settings, settings.node_groups[0], subnet, source_image=source, poll_s=0)
+    request = BakeRequest(settings, image_role(settings, None), subnet, source_image=source, poll_s=0)
     with pytest.raises(BakeError, match=r"did not finish the bake: failed: haproxy: step 1 of its install"):
         bake(ec2, boto3.client("ssm", region_name="us-east-1"), request, builder.say, builder.console)
     assert [i["ImageId"] for i in ec2.describe_images(Owners=["self"])["Images"]] == [source]  # none baked

@@ -159,7 +159,7 @@ def test_gateway_hosts_make_their_certificate_at_first_boot_and_serve_tls_with_i
         "--tls-key /etc/frontier/gateway-tls/gateway.key" in unit
     )
     assert "openssl req -x509" in files["/usr/local/sbin/frontier-gateway-tls"]
-    commands = yaml.safe_load(_user_data(gated))["runcmd"]
+    commands = files["/usr/local/sbin/frontier-gateway-boot"].splitlines()
     made = commands.index("/usr/local/sbin/frontier-gateway-tls /etc/frontier/gateway-tls frontier")
     assert made < commands.index("systemctl enable --now frontier-gateway.service")
 

@@ -1,10 +1,10 @@
-"""``ami.bake``: a runtime host image that carries everything its hosts run, made from a stock one.
+"""``ami.bake``: a host image that carries everything its hosts run, made from a stock one.
 
 Hosts boot on a network that reaches no package mirror (``network.egress: endpoints``), so what
 they run must be on the image (:mod:`frontier.config.host_image`). The bake is plain EC2, driven from the
 operator's machine, with no service of its own to provision:
 
-1. a builder instance starts from the group's stock image (the newest the SSM parameter of
+1. a builder instance starts from the role's stock image (the newest the SSM parameter of
    ``fab ami.latest`` publishes, or ``--source``) in a subnet that reaches the internet, with the
    rendered ``templates/bake-host-image.sh.j2`` as its user data;
 2. the script installs each missing tool, runs the hosts' own preflight over the result, writes
@@ -12,6 +12,12 @@ operator's machine, with no service of its own to provision:
 3. once stopped, its console says how it went; on success the builder is imaged, the image tagged
    with what it carries (``frontier:host-tools``, which ``pulumi up`` checks) and its source;
 4. the builder is terminated whatever happened, and the stack-file line to change is printed.
+
+One sequence for every role an image is baked for (:class:`frontier.render.boot.ImageRole`): a node
+group's runtime hosts (``--group <name>``, pinned in ``node_groups[i].ami_id``) and the gateway's
+hosts (``--group gateway``, pinned in ``gateway.ami_id``): a gateway image of its own, from the
+stock Ubuntu image, rather than a role inside the runtime's image, as the two share no more than
+the AWS CLI and the CloudWatch agent, and a runtime image is a GPU image (the Deep Learning AMI).
 
 Why not EC2 Image Builder: a pipeline, recipe, component and infrastructure configuration per
 group to provision and keep in step with the stack, for what one instance and one image call do;
@@ -29,10 +35,10 @@ from botocore.exceptions import ClientError
 from frontier_hostside.names import STACK_TAG
 
 from frontier.config import host_image as image
-from frontier.config.hardware import ami_parameter, architecture
-from frontier.config.schema import NodeGroup, Settings
+from frontier.config.hardware import architecture
+from frontier.config.schema import Settings
 from frontier.errors import FrontierError
-from frontier.render.boot import host_tools, render_bake_script
+from frontier.render.boot import ImageRole, render_bake_script
 
 BAKE_MARKER = "frontier-bake: "
 # Builders sized for the driver's DKMS build, not for serving: no GPU is needed to install a driver.
@@ -47,10 +53,10 @@ class BakeError(FrontierError):
 @dataclass(frozen=True)
 class BakeRequest:
     settings: Settings
-    group: NodeGroup
+    role: ImageRole
     subnet_id: str
-    source_image: str = ""  # empty: the group's published stock image
-    instance_type: str = ""  # empty: BUILDER_TYPES by the group's architecture
+    source_image: str = ""  # empty: the role's published stock image
+    instance_type: str = ""  # empty: BUILDER_TYPES by the role's architecture
     timeout_s: float = 3600
     poll_s: float = 15
 
@@ -78,10 +84,10 @@ def bake(
     """Make the image (the module docstring's four steps); ``console`` reads a builder's console."""
     read_console = console or _console
     started = time.monotonic()
-    settings, group = request.settings, request.group
-    source = request.source_image or _published_image(ssm, group)
-    script = render_bake_script(settings, group, source)
-    contents = image.contents_value(host_tools(settings, group))
+    settings, role = request.settings, request.role
+    source = request.source_image or _published_image(ssm, role)
+    script = render_bake_script(settings, role, source)
+    contents = image.contents_value(role.tools)
     builder = _launch_builder(ec2, request, source, script)
     say(f"builder {builder} started from {source} in {request.subnet_id}: installing {contents}")
     try:
@@ -98,10 +104,7 @@ def bake(
     finally:
         ec2.terminate_instances(InstanceIds=[builder])
         say(f"builder {builder} terminated")
-    index = settings.node_groups.index(group)
-    return Baked(
-        image_id, source, contents, f"node_groups[{index}].ami_id", builder, time.monotonic() - started
-    )
+    return Baked(image_id, source, contents, role.field, builder, time.monotonic() - started)
 
 
 def bake_verdict(console: str) -> str:
@@ -113,25 +116,25 @@ def bake_verdict(console: str) -> str:
     return "its console holds no verdict" + (f" (last: {said[-1]})" if said else "")
 
 
-def _published_image(ssm: Any, group: NodeGroup) -> str:
-    parameter = ami_parameter(group)
+def _published_image(ssm: Any, role: ImageRole) -> str:
+    parameter = role.stock_parameter
     try:
         return str(ssm.get_parameter(Name=parameter)["Parameter"]["Value"])
     except ClientError as exc:
-        raise BakeError(f"cannot read the stock image of {group.name} from {parameter}: {exc}") from None
+        raise BakeError(f"cannot read the stock image of {role.name} from {parameter}: {exc}") from None
 
 
 def _launch_builder(ec2: Any, request: BakeRequest, source: str, script: str) -> str:
-    group, stack = request.group, request.settings.stack
+    role, stack = request.role, request.settings.stack
     tags = [
-        {"Key": "Name", "Value": f"frontier-{stack}-{group.name}-bake"},
+        {"Key": "Name", "Value": f"frontier-{stack}-{role.name}-bake"},
         {"Key": STACK_TAG, "Value": stack},
         {"Key": SOURCE_TAG, "Value": source},
     ]
     try:
         reply = ec2.run_instances(
             ImageId=source,
-            InstanceType=request.instance_type or BUILDER_TYPES[architecture(group.instance_type)],
+            InstanceType=request.instance_type or BUILDER_TYPES[architecture(role.instance_type)],
             MinCount=1,
             MaxCount=1,
             UserData=script,
@@ -144,7 +147,7 @@ def _launch_builder(ec2: Any, request: BakeRequest, source: str, script: str) ->
             BlockDeviceMappings=[
                 {
                     "DeviceName": _root_device(ec2, source),
-                    "Ebs": {"VolumeSize": group.root_volume_gb, "VolumeType": "gp3", "Encrypted": True},
+                    "Ebs": {"VolumeSize": role.root_volume_gb, "VolumeType": "gp3", "Encrypted": True},
                 }
             ],
             TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
@@ -185,12 +188,12 @@ def _console(ec2: Any, builder: str) -> str:
 
 
 def _image(ec2: Any, request: BakeRequest, builder: str, source: str, contents: str) -> str:
-    stack, group = request.settings.stack, request.group
+    stack, role = request.settings.stack, request.role
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     reply = ec2.create_image(
         InstanceId=builder,
-        Name=f"frontier-{stack}-{group.name}-{stamp}",
-        Description=f"Frontier {stack} {group.name}: {contents} on {source}",
+        Name=f"frontier-{stack}-{role.name}-{stamp}",
+        Description=f"Frontier {stack} {role.name}: {contents} on {source}",
         TagSpecifications=[
             {
                 "ResourceType": "image",
