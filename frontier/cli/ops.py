@@ -67,7 +67,7 @@ def _steps_table(title: str, steps: list[dict[str, Any]]):
     """A rollout by traffic share, step by step: the share, the verdict, both releases' series."""
     rows = [
         (
-            f"{s['percent']} %",
+            _share(s),
             s["outcome"],
             str(s["routable"]),
             s["new"][:60],
@@ -78,6 +78,14 @@ def _steps_table(title: str, steps: list[dict[str, Any]]):
     ]
     columns = ("traffic", "outcome", "routable", "new release", "old release", "reason")
     return tables.table(f"traffic steps of {title}", columns, rows)
+
+
+def _share(step: dict[str, Any]) -> str:
+    """The share a step asked, and beside it the one realised where the target rounds it to replicas."""
+    realised = step.get("realised")
+    if realised is None or round(realised) == step["percent"]:
+        return f"{step['percent']} %"
+    return f"{step['percent']} % ({realised:.0f} % realised)"
 
 
 def _roll(fn, console) -> None:

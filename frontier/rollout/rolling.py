@@ -102,10 +102,13 @@ class TrafficStep:
     old: str = ""
     routable: int = 0
     reason: str = ""
+    #: The share the new release took where the target carries it in whole replicas (asked: ``percent``).
+    realised: float | None = None
 
     def to_record(self) -> dict[str, Any]:
         return {
             "percent": self.percent,
+            "realised": self.realised,
             "outcome": self.outcome,
             "new": self.new,
             "old": self.old,

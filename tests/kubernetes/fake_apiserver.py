@@ -21,7 +21,15 @@ DELETE ``/api/v1/namespaces/{ns}/configmaps/{name}``,
 GET ``/api/v1/namespaces/{ns}/pods?labelSelector=``, GET
 ``/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics``, GET (WebSocket)
 ``/api/v1/namespaces/{ns}/pods/{pod}/portforward?ports=``, GET/PATCH(json-patch)
-``/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets/{name}``. Anything else answers 404.
+``/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets/{name}``, GET
+``/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=kubernetes.io/service-name=``
+(one slice per Service in ``services``, its endpoints the selected pods, ready as they are), PATCH
+(merge patch) ``/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects/{name}``. Anything else
+answers 404.
+
+A Deployment whose replicas change and whose template does not keeps its pods, adds or removes the
+difference (the newest first), as a ReplicaSet scales; ``timeline`` holds every Deployment's
+replicas, each Service's ready endpoints and whether each ScaledObject is paused, after each write.
 
 With ``rules`` (the deploy Role's, ``frontier.targets.kubernetes.deploy_access``) the server
 authorizes as RBAC does: each request resolved to a verb on an API group's resource (subresource
@@ -60,6 +68,10 @@ PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+):(\d+)/proxy/metrics$")
 PORT_FORWARD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+)/portforward$")
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+ENDPOINT_SLICES = re.compile(r"^/apis/discovery.k8s.io/v1/namespaces/([^/]+)/endpointslices$")
+SCALED_OBJECTS = re.compile(r"^/apis/keda.sh/v1alpha1/namespaces/([^/]+)/scaledobjects/([^/]+)$")
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+KEDA_PAUSED = "autoscaling.keda.sh/paused"
 GROUPS = re.compile(r"^/apis/leaderworkerset.x-k8s.io/v1/namespaces/([^/]+)/leaderworkersets/([^/]+)$")
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 ROUTE = "/v1/chat/completions"
@@ -131,6 +143,13 @@ class FakeCluster:
     #: What the pods of a named Deployment do whatever their image (``errors``...): one half of a
     #: pair failing on a release the other half serves.
     owner_behaviour: dict[str, str] = field(default_factory=dict)
+    #: Each Service's pod selector, by name: its EndpointSlice lists the pods it selects.
+    services: dict[str, dict[str, str]] = field(default_factory=dict)
+    scaled_objects: dict[str, dict] = field(default_factory=dict)
+    #: After each write to a Deployment or ScaledObject: every Deployment's replicas
+    #: (``<name>``), each Service's ready endpoints (``service/<name>``) and whether each
+    #: ScaledObject is paused (``paused/<name>``: 1 or 0).
+    timeline: list[dict[str, int]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _pending: dict[str, int] = field(default_factory=dict)
 
@@ -161,12 +180,48 @@ class FakeCluster:
 
     def _replace_pods(self, deployment: dict) -> None:
         name = deployment["metadata"]["name"]
-        for pod in [p for p, v in self.pods.items() if v["owner"] == name]:
-            del self.pods[pod]
         template = deployment["spec"]["template"]
         template_hash = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
-        for i in range(deployment["spec"]["replicas"]):
-            self._add_pod(f"{name}-{template_hash}-{i}", name, template, {})
+        prefix = f"{name}-{template_hash}-"
+        owned = [p for p, v in self.pods.items() if v["owner"] == name]
+        if any(not p.startswith(prefix) for p in owned):  # a new template: every pod replaced
+            for pod in owned:
+                del self.pods[pod]
+            owned = []
+        want = deployment["spec"]["replicas"]
+        for pod in sorted(owned, key=lambda p: int(p.rsplit("-", 1)[1]))[want:]:
+            del self.pods[pod]  # scaled in: the newest pods go
+        taken = {int(p.rsplit("-", 1)[1]) for p in owned}
+        free = (i for i in range(want + len(taken)) if i not in taken)
+        for _ in range(max(0, want - len(owned))):
+            self._add_pod(f"{prefix}{next(free)}", name, template, {})
+        self._record()
+
+    def _record(self) -> None:
+        moment = {name: d["spec"]["replicas"] for name, d in self.deployments.items()}
+        moment.update({f"service/{name}": len(self.ready_endpoints(name)) for name in self.services})
+        # KEDA leaves a paused ScaledObject's target alone (autoscaling.keda.sh/paused).
+        moment.update(
+            {
+                f"paused/{name}": int((o["metadata"].get("annotations") or {}).get(KEDA_PAUSED) == "true")
+                for name, o in self.scaled_objects.items()
+            }
+        )
+        self.timeline.append(moment)
+
+    def ready_endpoints(self, service: str) -> list[dict]:
+        """The Service's endpoints as the EndpointSlice controller lists them: one per selected pod."""
+        wanted = self.services[service]
+        return [
+            {
+                "addresses": [pod["status"]["podIP"]],
+                "conditions": {"ready": pod["status"]["conditions"][0]["status"] == "True"},
+                "targetRef": {"kind": "Pod", "name": name, "namespace": self.namespace},
+            }
+            for name, pod in sorted(self.pods.items())
+            if all(pod["metadata"]["labels"].get(k) == v for k, v in wanted.items())
+            and pod["status"]["conditions"][0]["status"] == "True"
+        ]
 
     def read_deployment(self, name: str) -> dict | None:
         live = self.deployments.get(name)
@@ -337,6 +392,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._deployment(method, match.group(2))
             if match := GROUPS.match(url.path):
                 return self._group(method, match.group(2))
+            if ENDPOINT_SLICES.match(url.path) and method == "GET":
+                return self._endpoint_slices(url.query)
+            if match := SCALED_OBJECTS.match(url.path):
+                return self._scaled_object(method, match.group(2))
             if match := CONFIG_MAPS.match(url.path):
                 return self._config_map(method, match.group(2), url.query)
             if PODS.match(url.path) and method == "GET":
@@ -402,6 +461,39 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
         return self._send(404, _status(404, "NotFound", f'configmaps "{name}" not found'))
 
+    def _endpoint_slices(self, query: str) -> None:
+        wanted = dict(p.split("=", 1) for p in parse_qs(query).get("labelSelector", [""])[0].split(",") if p)
+        service = wanted.get(SERVICE_NAME_LABEL)
+        items = []
+        if service in self.cluster.services:
+            items.append(
+                {
+                    "metadata": {"name": f"{service}-abcde", "labels": {SERVICE_NAME_LABEL: service}},
+                    "addressType": "IPv4",
+                    "endpoints": self.cluster.ready_endpoints(service),
+                }
+            )
+        return self._send(
+            200, {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1", "items": items}
+        )
+
+    def _scaled_object(self, method: str, name: str) -> None:
+        live = self.cluster.scaled_objects.get(name)
+        if live is None:
+            return self._send(404, _status(404, "NotFound", f'scaledobjects.keda.sh "{name}" not found'))
+        if method != "PATCH":
+            return self._send(405, _status(405, "MethodNotAllowed", method))
+        if self.headers.get("Content-Type") != "application/merge-patch+json":
+            return self._send(415, _status(415, "UnsupportedMediaType", self.headers.get("Content-Type", "")))
+        annotations = live["metadata"].setdefault("annotations", {})
+        for key, value in (self._body().get("metadata", {}).get("annotations") or {}).items():
+            if value is None:
+                annotations.pop(key, None)
+            else:
+                annotations[key] = value
+        self.cluster._record()
+        return self._send(200, live)
+
     def _deployment(self, method: str, name: str | None) -> None:
         cluster = self.cluster
         if method == "POST" and name is None:
@@ -418,6 +510,7 @@ class _Handler(BaseHTTPRequestHandler):
             del cluster.deployments[name]
             for pod in [p for p, v in cluster.pods.items() if v["owner"] == name]:
                 del cluster.pods[pod]
+            cluster._record()
             return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
         if method == "PATCH":
             updated = self._patched(live)

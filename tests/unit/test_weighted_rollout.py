@@ -38,9 +38,8 @@ def test_traffic_steps_out_of_range_are_refused_at_load_naming_field_value_and_r
     assert "rollout.traffic_steps" in str(err.value) and allowed in str(err.value)
 
 
-@pytest.mark.parametrize(
-    ("stack", "balancer"), [("prod", "one ALB target group"), ("eks-prod", "one Service")]
-)
+# A Kubernetes pool splits by replica ratio: tests/kubernetes/test_traffic_share_deploy.py.
+@pytest.mark.parametrize(("stack", "balancer"), [("prod", "one ALB target group")])
 def test_a_target_whose_balancer_splits_no_traffic_refuses_traffic_steps_at_load(
     changed_stack, stack, balancer
 ):

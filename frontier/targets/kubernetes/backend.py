@@ -14,6 +14,9 @@ created, ``$KUBECONFIG`` (else ``~/.kube/config``) with the context named like t
 A disaggregated pool runs as two Deployments, prefill and decode: ``fab deploy`` and ``fab
 rollback`` roll both, prefill first (:mod:`frontier.targets.kubernetes.pair_rollout`).
 
+A stack with ``rollout.traffic_steps`` rolls a pool's Deployment by traffic share, its canary
+Deployment growing as the stable one shrinks (:mod:`frontier.targets.kubernetes.weighted`).
+
 A pool whose replica spans several nodes runs as a LeaderWorkerSet, not a Deployment: ``fab deploy``
 and ``fab rollback`` roll it through :mod:`frontier.targets.kubernetes.group_rollout` (both pod
 templates patched, the LWS controller rolling group by group, the same gate, no canary).
@@ -47,6 +50,7 @@ from frontier.targets.kubernetes.group_rollout import LeaderWorkerSetRollout
 from frontier.targets.kubernetes.pair_rollout import PairRollout
 from frontier.targets.kubernetes.rollout import Clock, KubernetesRollout, list_pods
 from frontier.targets.kubernetes.status import PodSession, pod_facts
+from frontier.targets.kubernetes.weighted import WeightedKubernetesRollout
 
 
 def kubeconfig_for(settings: Settings) -> tuple[str, str]:
@@ -170,8 +174,15 @@ class KubernetesBackend:
                 for half in pd.role_views(self.settings, self.pool)
             )
             return PairRollout(prefill, decode)
-        kind = LeaderWorkerSetRollout if lw.spans_nodes(self.settings) else KubernetesRollout
-        return kind(self.settings, self.api(), reporter, self.clock, verification=verification)
+        if lw.spans_nodes(self.settings):
+            return LeaderWorkerSetRollout(
+                self.settings, self.api(), reporter, self.clock, verification=verification
+            )
+        if self.settings.rollout.traffic_steps:
+            return WeightedKubernetesRollout(
+                self.settings, self.api(), reporter, self.clock, verification=verification, pool=self.pool
+            )
+        return KubernetesRollout(self.settings, self.api(), reporter, self.clock, verification=verification)
 
     def runtime_key(self) -> str | None:
         """The pool's runtimes' API key (the first of its own secret), for the canary's verification,

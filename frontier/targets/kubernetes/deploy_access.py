@@ -6,7 +6,8 @@ LeaderWorkerSet's patch is refused (403) under them; and they grant far more tha
 (Secrets, Services, every workload kind). The rules below are read off what the tasks call —
 ``deploy``/``rollback`` (the Deployment's or LeaderWorkerSet's rollout, its canary Deployment and the
 ConfigMap of each release), ``status`` (pods), the canary gates (pod metrics through the API
-server's proxy, verification over port-forward) and ``scale`` (a workload's replicas) — and
+server's proxy, verification over port-forward), ``scale`` (a workload's replicas) and a rollout
+by traffic share (its ScaledObject paused, its Service's EndpointSlices read) — and
 ``tests/kubernetes/test_deploy_access.py`` drives those tasks against the API and holds every
 request to them, and every rule to some request.
 """
@@ -54,6 +55,11 @@ def deploy_rules(settings: Settings) -> tuple[Rule, ...]:
         # from 1.31 authorize as create as well (AuthorizePodWebsocketUpgradeCreatePermission).
         Rule("", "pods/portforward", ("get", "create")),
     ]
+    if settings.rollout.traffic_steps:
+        # A rollout by traffic share holds the replica counts itself: it pauses the pool's
+        # ScaledObject, and counts the Service's ready endpoints after every step.
+        rules.append(Rule("keda.sh", "scaledobjects", ("patch",)))
+        rules.append(Rule("discovery.k8s.io", "endpointslices", ("list",)))
     if any(lw.spans_nodes(view) for view in pool_views(settings)):
         rules.append(Rule(lw.API_VERSION.partition("/")[0], lw.PLURAL, ("get", "patch")))
     return tuple(rules)

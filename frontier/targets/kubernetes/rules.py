@@ -9,6 +9,9 @@ A pool whose replica spans ``runtime.nodes_per_replica`` N nodes runs N pods per
 node, each with its share of the replica's GPUs (:mod:`frontier.targets.kubernetes.leader_workers`):
 that share must fit a node, and replicas count N nodes each against the node group's max_size.
 
+With ``rollout.traffic_steps`` each step must be a share the pool's replicas can carry
+(:func:`traffic_step_problems`).
+
 A disaggregated pool runs behind the gateway, each half on a node pool of its group, its floor of
 replicas within the autoscaler's range (:func:`disaggregation_problems`).
 """
@@ -35,6 +38,7 @@ from frontier.config.schema import (
 )
 from frontier.targets.kubernetes import disaggregation as pd
 from frontier.targets.kubernetes import leader_workers as lw
+from frontier.targets.kubernetes import shares
 from frontier.targets.kubernetes.interruption import interruption_problems
 from frontier.targets.kubernetes.manifests import gpus_per_pod, pod_gpus_formula, startup_failure_threshold
 from frontier.targets.kubernetes.objects import workload_name
@@ -76,13 +80,41 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
     yield from interruption_problems(s)
     if k.ingress.kind != "class":
         yield from certificate_problems(s)
-    if s.rollout.traffic_steps:
+    yield from traffic_step_problems(s)
+
+
+def traffic_step_problems(s: Settings) -> Iterator[FieldProblem]:
+    """``rollout.traffic_steps``: each pool's Service splits by replica ratio (:mod:`.shares`), so
+    every step must be a distinct share of the pool's replicas; only a pool of one Deployment has a
+    canary Deployment beside it to take the share; and a step raises pods before it lowers any."""
+    steps = s.rollout.traffic_steps
+    if not steps:
+        return
+    if s.rollout.max_surge + s.rollout.canary_hosts < 1:
         yield FieldProblem(
             "rollout.traffic_steps",
-            list(s.rollout.traffic_steps),
-            "a Kubernetes stack rolls a pool's pods behind one Service, which splits no traffic by "
-            "release; leave it empty here (the local stack rolls by traffic share)",
+            list(steps),
+            "a step raises the new release's pods before it lowers the old release's, so it needs room "
+            "for one pod: rollout.max_surge + rollout.canary_hosts must be at least 1",
         )
+    for i, pool in enumerate(s.pools):
+        if pool.disaggregation is not None or lw.replica_spans_nodes(pool):
+            kind = "two Deployments (prefill, decode)" if pool.disaggregation else "a LeaderWorkerSet"
+            yield FieldProblem(
+                "rollout.traffic_steps",
+                list(steps),
+                f"pools[{i}] ({pool.name!r}) runs as {kind}, with no canary Deployment beside it to "
+                "carry a share of its traffic; leave it empty for this stack",
+            )
+            continue
+        total = shares.rollout_replicas(pool)
+        for problem in shares.unrealisable(steps, total):
+            yield FieldProblem(
+                "rollout.traffic_steps",
+                list(steps),
+                f"pools[{i}] ({pool.name!r}) runs {total} replicas (its replicas, else node group "
+                f"{pool.group.name!r}'s desired_size) and its Service splits by replica: {problem.describe()}",
+            )
 
 
 def kubernetes_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:

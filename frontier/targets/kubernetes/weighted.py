@@ -1,0 +1,381 @@
+"""Roll a release on Kubernetes by traffic share: the canary Deployment grows as the stable one shrinks.
+
+With ``rollout.traffic_steps`` (e.g. ``[25, 50, 100]``) a pool's Deployment rolls in steps of its
+traffic. Both Deployments carry the pool's labels, so the pool's Service selects the pods of both
+and spreads requests over the ready ones: a step's share is carried by the replica ratio, the
+canary's replicas over the pool's (:mod:`.shares`), and each step's realised share is reported
+beside the asked one. The gateway, where one fronts the pool, reaches it by that same Service name
+(:mod:`.gateway`), so it splits by the same ratio: it holds no per-replica list to weigh.
+
+1. The release's ConfigMap, as for any rollout. The pool's ScaledObject is paused
+   (``autoscaling.keda.sh/paused``: KEDA leaves the Deployment's replicas alone until it is
+   removed), so the counts below are the rollout's alone, and the stable Deployment is raised to the
+   pool's count (``replicas``, else its node group's desired_size, or what it runs if more).
+2. **Steps**: for each share, the canary (``<app>-canary``, the new pod template) is raised to the
+   step's count and, once its pods are available, the stable Deployment lowered by as many, at most
+   ``rollout.max_surge + rollout.canary_hosts`` pods at a time (the room the node pool keeps for a
+   rollout, :mod:`.rules`): weights go up before any go down. After each step the Service's ready
+   endpoints (its EndpointSlices) are counted: fewer than one stops the rollout. The step holds
+   ``rollout.gate.window_s`` (window after window until the new release served ``gate.min_requests``)
+   and is gated on each release's own series, its pods' ``/metrics`` summed: the new release's
+   errors and p99 against the stack's limits and, with ``gate.max_p99_ratio``, against the old
+   release's over the same window. With ``rollout.verify_canary`` the verification set runs on the
+   canary's pods at the first step.
+3. At 100 % the stable Deployment, at 0 replicas, takes the new template and the pods move back to
+   it the same way (stable up, canary down); the canary is deleted and the ScaledObject resumed.
+
+Any failure reverts, weights up before any go down: the stable Deployment (its previous template
+put back where it had been replaced) is raised to the pool's count, the canary lowered as the
+stable rises and then deleted, and the ScaledObject resumed. The stable Deployment never has fewer
+pods during a revert than when it began.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Final
+
+from kubernetes.client import CustomObjectsApi, DiscoveryV1Api
+from kubernetes.client.exceptions import ApiException
+
+from frontier.config.schema import PoolSettings
+from frontier.errors import FrontierError
+from frontier.release.release import Release
+from frontier.rollout.gate import GateReading, judge, judge_relative, read_series
+from frontier.rollout.rolling import Event, HostResult, RolloutResult, TrafficStep
+from frontier.rollout.weighted import MAX_WINDOWS, ROUTABLE_FLOOR, RoutableLost
+from frontier.targets.kubernetes import manifests as m
+from frontier.targets.kubernetes import shares
+from frontier.targets.kubernetes.rollout import (
+    CALL,
+    CONFIG_FILE,
+    KubernetesRollout,
+    KubernetesRolloutError,
+    _json,
+    _Step,
+    list_pods,
+)
+
+#: KEDA (2.13 and later) stops scaling a ScaledObject's target while this annotation is "true".
+KEDA_PAUSED: Final = "autoscaling.keda.sh/paused"
+KEDA_GROUP, KEDA_VERSION, KEDA_PLURAL = "keda.sh", "v1alpha1", "scaledobjects"
+#: The label the EndpointSlice controller puts on a Service's slices.
+SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"
+
+
+def describe(steps: tuple[int, ...], total: int) -> str:
+    realised = " -> ".join(
+        f"{p} % ({shares.share(shares.canary_replicas(p, total), total):.0f} % realised)" for p in steps
+    )
+    return f"weighted by replicas: {realised} of {total} replicas (rollout.traffic_steps)"
+
+
+@dataclass
+class _Split:
+    """Where the pods are: the stable Deployment's and the canary's replicas, and what was changed."""
+
+    total: int
+    stable: int
+    canary: int = 0
+    #: The stable Deployment's pod template before this rollout replaced it (None: not replaced).
+    previous: dict[str, Any] | None = None
+    paused: bool = False
+    canary_made: bool = False
+
+
+@dataclass
+class WeightedKubernetesRollout(KubernetesRollout):
+    """A pool's Deployment rolled by traffic share; ``pool`` is the pool it acts for."""
+
+    pool: PoolSettings | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pool is None:
+            raise FrontierError("a rollout by traffic share is handed the pool it rolls")
+        self.custom = CustomObjectsApi(self.api)
+        self.discovery = DiscoveryV1Api(self.api)
+        rollout = self.settings.rollout
+        #: Pods one move may add before it removes as many: the room the node pool keeps for a rollout.
+        self.room = max(1, rollout.max_surge + rollout.canary_hosts)
+
+    # --- the rollout ------------------------------------------------------------------------------
+
+    def run(self, release: Release, kind: str = "deploy") -> RolloutResult:
+        assert self.pool is not None
+        started = self.clock.now()
+        result = RolloutResult(kind=kind, release=release.id)
+        canary = HostResult(f"deployment/{self.canary}", to_release=release.id)
+        stable = HostResult(f"deployment/{self.name}", to_release=release.id)
+        result.hosts = [canary, stable]
+        split: _Split | None = None
+        try:
+            live = self.deployment(self.name)
+            if live is None:
+                self.current_release()  # raises, naming what to do
+            assert live is not None
+            stable.from_release = canary.from_release = self.current_release()
+            if stable.from_release == release.id and self._same_shape(live, release):
+                self.wait_available(self.name, self.settings.rollout.readiness_timeout_s)
+                stable.outcome = canary.outcome = "skipped"
+                self.report(Event(stable.name, "check", "info", f"already runs {release.id}"))
+                return result
+            running = int(live["spec"].get("replicas", 1))
+            split = _Split(total=max(running, shares.rollout_replicas(self.pool)), stable=running)
+            self._refuse_what_cannot_split(split.total)
+            result.strategy = describe(self.settings.rollout.traffic_steps, split.total)
+            phase = _Step(stable, self.report).phase
+            phase("config", lambda: self._ensure_config(release))
+            phase("pause", lambda: self._pause(split))
+            phase("scale", lambda: self._scale(self.name, split, split.total))
+            _Step(canary, self.report).phase("canary", lambda: self._create_canary(release, split))
+            self._steps(release, result, split, canary)
+            self._finish(release, split, stable, canary)
+            stable.outcome = canary.outcome = "updated"
+            with contextlib.suppress(Exception):  # an old ConfigMap left behind fails no good rollout
+                in_use = m.config_map_name(self.settings, release.files[CONFIG_FILE])
+                phase("prune", lambda: self.prune_configs(in_use))
+        except (Exception, KeyboardInterrupt) as exc:
+            result.reason = self._reason(exc)
+            failing = next((r for r in (canary, stable) if r.outcome == "pending" and r.phases), stable)
+            failing.error = result.reason
+            result.outcome = "rolled_back" if self._revert(split, stable, canary) else "failed"
+        finally:
+            result.duration_s = round(self.clock.now() - started, 3)
+        return result
+
+    def _refuse_what_cannot_split(self, total: int) -> None:
+        """Before anything changes: every step a distinct share of ``total`` replicas (the stack's
+        count was checked at load; a pool the autoscaler raised above it is checked here)."""
+        problems = shares.unrealisable(self.settings.rollout.traffic_steps, total)
+        if problems:
+            raise KubernetesRolloutError(
+                f"rollout.traffic_steps on {total} replicas: " + "; ".join(p.describe() for p in problems)
+            )
+
+    def _create_canary(self, release: Release, split: _Split) -> str:
+        manifest = m.deployment(
+            self.settings,
+            release.digest,
+            release.files[CONFIG_FILE],
+            track="canary",
+            replicas=0,
+            release_id=release.id,
+        )
+        self._delete_canary()  # a canary left by an interrupted rollout is not this release's
+        self.apps.create_namespaced_deployment(self.namespace, manifest.to_dict(), **CALL)
+        split.canary_made = True
+        return f"{manifest.name}: 0 replicas, no traffic yet"
+
+    def _steps(self, release: Release, result: RolloutResult, split: _Split, canary: HostResult) -> None:
+        verified = self.verification is None
+        for percent in self.settings.rollout.traffic_steps:
+            count = shares.canary_replicas(percent, split.total)
+            step = TrafficStep(percent, realised=shares.share(count, split.total))
+            result.steps.append(step)
+            label = f"{percent}%"
+            self.report(
+                Event(
+                    label,
+                    "step",
+                    "start",
+                    f"{percent} % asked: {count} of {split.total} replicas on the new release "
+                    f"({step.realised:.0f} % realised)",
+                )
+            )
+            self._shift(split, count)
+            step.routable = self._invariant(f"{percent} % of traffic on the new release")
+            if not verified:
+                _Step(canary, self.report).phase("verify", partial(self._verify_canary, release))
+                verified = True
+            self._hold_and_gate(step, release)
+
+    def _verify_canary(self, release: Release) -> str:
+        """The verification set on the canary's pods, against a pod still on the old release."""
+        return self.verify(self.pods("canary", release.id), self.verify_old(self.old_pod(release.id)))
+
+    def _finish(self, release: Release, split: _Split, stable: HostResult, canary: HostResult) -> None:
+        """Every pod on the canary: the stable Deployment takes the new template at 0 replicas and
+        the pods move back to it, then the canary goes and the autoscaler resumes."""
+        live = self.deployment(self.name)
+        assert live is not None
+        split.previous = live["spec"]["template"]
+        _Step(stable, self.report).phase(
+            "roll", lambda: self._replace_template(self._template(release, "stable")) or "patched"
+        )
+        _Step(stable, self.report).phase("scale", lambda: self._shift(split, 0) or "every pod on the stable")
+        self.replaced = split.previous
+        _Step(canary, self.report).phase("cleanup", lambda: self._remove_canary(split))
+        _Step(stable, self.report).phase("resume", lambda: self._resume(split))
+
+    # --- moving pods between the two Deployments --------------------------------------------------
+
+    def _scale(self, name: str, split: _Split, replicas: int) -> str:
+        """``name`` to ``replicas``; a Deployment that rises is waited for until its pods are
+        available, one that falls is not (its pods leave the Service's endpoints as they terminate)."""
+        current = split.stable if name == self.name else split.canary
+        if replicas == current:
+            return f"{replicas} replicas"
+        patch = [{"op": "replace", "path": "/spec/replicas", "value": replicas}]
+        self.apps.patch_namespaced_deployment(name, self.namespace, patch, **CALL)
+        if name == self.name:
+            split.stable = replicas
+        else:
+            split.canary = replicas
+        self.report(Event(f"deployment/{name}", "scale", "info", f"{current} -> {replicas} replicas"))
+        if replicas < current:
+            return f"{replicas} replicas"
+        return self.wait_available(name, self.settings.rollout.readiness_timeout_s)
+
+    def _shift(self, split: _Split, canary: int) -> None:
+        """The canary to ``canary`` replicas and the stable to the rest of the pool's, ``room`` pods
+        at a time, the rising Deployment's new pods available before the other loses as many."""
+        stable = split.total - canary
+        while (split.canary, split.stable) != (canary, stable):
+            if split.canary < canary:
+                self._scale(self.canary, split, split.canary + min(self.room, canary - split.canary))
+                self._scale(self.name, split, max(stable, split.total - split.canary))
+            else:
+                if split.stable < stable:
+                    self._scale(self.name, split, split.stable + min(self.room, stable - split.stable))
+                self._scale(self.canary, split, max(canary, split.total - split.stable))
+
+    def _remove_canary(self, split: _Split) -> str:
+        if split.canary:
+            raise KubernetesRolloutError(f"canary still runs {split.canary} replica(s): not removed")
+        done = self._delete_canary()
+        split.canary_made = False
+        return done
+
+    def _pause(self, split: _Split) -> str:
+        self._annotate_scaler({KEDA_PAUSED: "true"})
+        split.paused = True
+        return f"scaledobject {self.name} paused"
+
+    def _resume(self, split: _Split) -> str:
+        self._annotate_scaler({KEDA_PAUSED: None})
+        split.paused = False
+        return f"scaledobject {self.name} resumed"
+
+    def _annotate_scaler(self, annotations: dict[str, str | None]) -> None:
+        # A merge patch: null removes the annotation, leaving the ScaledObject's others alone.
+        self.custom.patch_namespaced_custom_object(
+            KEDA_GROUP,
+            KEDA_VERSION,
+            self.namespace,
+            KEDA_PLURAL,
+            self.name,
+            {"metadata": {"annotations": annotations}},
+            **CALL,
+        )
+
+    # --- the invariant and the gate ---------------------------------------------------------------
+
+    def ready_endpoints(self) -> list[str]:
+        """The pods the pool's Service sends requests to now: its EndpointSlices' ready endpoints."""
+        listed = _json(
+            self.discovery.list_namespaced_endpoint_slice(
+                self.namespace, label_selector=f"{SERVICE_NAME_LABEL}={self.name}", **CALL
+            )
+        )
+        ready = set()
+        for slice_ in listed.get("items", []):
+            for endpoint in slice_.get("endpoints") or []:
+                if (endpoint.get("conditions") or {}).get("ready") is False:
+                    continue
+                ref = endpoint.get("targetRef") or {}
+                ready.add(str(ref.get("name") or ",".join(endpoint.get("addresses") or [])))
+        return sorted(ready)
+
+    def _invariant(self, after: str) -> int:
+        names = self.ready_endpoints()
+        detail = f"{len(names)} ready endpoint(s) of service {self.name} after {after}"
+        self.report(Event("-", "routable", "ok" if len(names) >= ROUTABLE_FLOOR else "fail", detail))
+        if len(names) < ROUTABLE_FLOOR:
+            raise RoutableLost(f"{detail}: a rollout keeps at least {ROUTABLE_FLOOR} replica routable")
+        return len(names)
+
+    def _old_pods(self) -> list[str]:
+        """The stable Deployment's live pods: the old release's, while the steps run."""
+        listed = list_pods(self.api, self.namespace, m.selector(self.settings, "stable"))
+        return sorted(p["metadata"]["name"] for p in listed if not p["metadata"].get("deletionTimestamp"))
+
+    def _scrape(self, pods: list[str]) -> dict[str, str]:
+        return {pod: self.metrics(pod) for pod in pods}
+
+    def _hold_and_gate(self, step: TrafficStep, release: Release) -> None:
+        gate = self.settings.rollout.gate
+        label = f"{step.percent}%"
+        if gate.window_s <= 0:
+            step.outcome, step.reason = "passed", "not gated: rollout.gate.window_s is 0"
+            self.report(Event(label, "step", "info", step.reason))
+            return
+        new, old = self.pods("canary", release.id), self._old_pods()
+        before_new, before_old = self._scrape(new), self._scrape(old)
+        reading = old_reading = GateReading(0, 0, None)
+        started = time.monotonic()
+        for _ in range(MAX_WINDOWS):
+            self.clock.sleep(gate.window_s)
+            reading = read_series(before_new, self._scrape(new), self.excluded_routes)
+            old_reading = read_series(before_old, self._scrape(old), self.excluded_routes)
+            if reading.requests >= gate.min_requests:
+                break
+        step.new, step.old = reading.describe(), old_reading.describe()
+        verdict = judge(reading, gate) or judge_relative(reading, old_reading, gate)
+        elapsed = time.monotonic() - started
+        if verdict:
+            step.outcome, step.reason = "failed", verdict
+            self.report(Event(label, "step", "fail", verdict, elapsed))
+            raise KubernetesRolloutError(f"traffic step {step.percent} %: {verdict}")
+        step.outcome = "passed"
+        self.report(Event(label, "step", "ok", f"new release: {step.new}; old release: {step.old}", elapsed))
+
+    # --- the revert -------------------------------------------------------------------------------
+
+    def _revert(self, split: _Split | None, stable: HostResult, canary: HostResult) -> bool:
+        """The stable Deployment back on its template and raised to the pool's count before the
+        canary loses a pod, then the canary deleted and the autoscaler resumed; True when all is back."""
+        if split is None or not (split.paused or split.canary_made or split.previous):
+            stable.outcome = canary.outcome = "untouched"
+            return True
+        back = True
+        try:
+            if split.previous is not None:
+                previous = split.previous
+                _Step(stable, self.report).phase(
+                    "restore", lambda: self._replace_template(previous) or "previous template"
+                )
+                _Step(stable, self.report).phase(
+                    "rollout",
+                    lambda: self.wait_available(self.name, self.settings.rollout.readiness_timeout_s),
+                )
+            _Step(stable, self.report).phase(
+                "restore", lambda: self._shift(split, 0) or f"{split.total} replicas"
+            )
+            self._reverted("the stable deployment restored")
+            stable.outcome = "restored"
+        except Exception as exc:  # noqa: BLE001 - the canary keeps serving what the stable cannot
+            stable.outcome, stable.error, back = "failed", stable.error or str(exc), False
+        if back and split.canary_made:
+            try:
+                _Step(canary, self.report).phase("restore", lambda: self._remove_canary(split))
+                self._reverted("the canary removed")
+                canary.outcome = "restored"
+            except Exception as exc:  # noqa: BLE001
+                canary.outcome, canary.error, back = "failed", canary.error or str(exc), False
+        elif back:
+            canary.outcome = "untouched"
+        if split.paused:
+            try:
+                _Step(stable, self.report).phase("resume", lambda: self._resume(split))
+            except Exception as exc:  # noqa: BLE001
+                stable.error, back = stable.error or str(exc), False
+        return back
+
+    def _reverted(self, after: str) -> None:
+        """The invariant during a revert is reported; a revert goes on whatever it finds."""
+        with contextlib.suppress(RoutableLost, ApiException, FrontierError):
+            self._invariant(after)
