@@ -199,6 +199,19 @@ def test_every_step_reports_its_realised_share_beside_the_asked_one_and_its_rout
     assert result.steps[0].new.startswith("200 requests") and result.steps[0].old.startswith("400 requests")
 
 
+def test_a_deploys_summary_shows_the_realised_share_beside_the_asked_one(backend):
+    from rich.console import Console
+
+    from frontier.cli.ops import _summary
+
+    console = Console(record=True, width=200)
+    _summary(console, deploy(backend, GOOD_A))
+    steps = console.export_text().partition("traffic steps of deploy")[2]
+    rows = [line.replace("│", " ").split()[:6] for line in steps.splitlines() if line.startswith("│")]
+    assert rows[0] == ["25", "%", "(33", "%", "realised)", "passed"]
+    assert rows[1][:3] == ["50", "%", "passed"]  # realised as asked: shown once
+
+
 def test_the_service_keeps_a_ready_endpoint_after_every_write_of_a_rollout(backend, fake, settings):
     deploy(backend, GOOD_A)
     deploy(backend, GOOD_B)
