@@ -40,7 +40,7 @@ LEFT = {
     "frontier/targets/kubernetes/gateway.py": 3,
     "frontier/targets/kubernetes/leader_workers.py": 4,
     "frontier/targets/kubernetes/manifests.py": 4,
-    "frontier/targets/kubernetes/network_policies.py": 2,
+    "frontier/targets/kubernetes/network_policies.py": 1,
     "frontier/targets/kubernetes/objects.py": 1,
     "frontier/targets/kubernetes/rollout.py": 1,
     "frontier/targets/local/autoscaler.py": 4,

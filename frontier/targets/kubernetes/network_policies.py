@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 from frontier_hostside.names import INSTANCE_METADATA_CIDR
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.targets.kubernetes import disaggregation as pd
 from frontier.targets.kubernetes import gateway as gw
 from frontier.targets.kubernetes import leader_workers as lw
@@ -77,7 +77,10 @@ def network_policies(settings: Settings) -> list[Manifest]:
         policy for view in gw.workload_views(settings) for policy in runtime_policies(view, from_gateway)
     ]
     kv_events = [
-        kv_events_policy(view, from_gateway) for view in gw.workload_views(settings) if kv_event_ports(view)
+        kv_events_policy(half, pool, from_gateway)
+        for view, pool in zip(gw.pool_views(settings), settings.pools, strict=True)
+        if kv_event_ports(pool)
+        for half in pd.role_views(view, pool)
     ]
     pairs = [
         policy
@@ -87,14 +90,15 @@ def network_policies(settings: Settings) -> list[Manifest]:
     return [deny, *runtimes, *kv_events, *replicas, *pairs, *gateway_policies(settings, front)]
 
 
-def kv_event_ports(view: Settings) -> list[int]:
+def kv_event_ports(pool: PoolSettings) -> list[int]:
     """The ports a pool's runtimes publish KV events and answer replays on; none while off."""
-    events = view.runtime.kv_events
+    events = pool.runtime.kv_events
     return [events.port, events.replay_port] if events.enabled else []
 
 
-def kv_events_policy(view: Settings, subscribers: list[dict[str, Any]]) -> Manifest:
-    """One pool's KV-event ports (publish and replay), from ``subscribers`` only: the gateway."""
+def kv_events_policy(view: Settings, pool: PoolSettings, subscribers: list[dict[str, Any]]) -> Manifest:
+    """One pool's (or half's) KV-event ports (publish and replay), from ``subscribers`` only: the
+    gateway."""
     k = kubernetes_of(view)
     return Manifest(
         "networking.k8s.io/v1",
@@ -108,7 +112,7 @@ def kv_events_policy(view: Settings, subscribers: list[dict[str, Any]]) -> Manif
                 "ingress": [
                     {
                         "from": subscribers,
-                        "ports": [{"protocol": "TCP", "port": port} for port in kv_event_ports(view)],
+                        "ports": [{"protocol": "TCP", "port": port} for port in kv_event_ports(pool)],
                     }
                 ],
             }
@@ -242,13 +246,14 @@ def gateway_policies(settings: Settings, front: list[dict[str, Any]]) -> list[Ma
     )
     to_runtimes = [
         {
-            "to": [{"podSelector": {"matchLabels": selector(view)}}],
+            "to": [{"podSelector": {"matchLabels": selector(half)}}],
             # Requests on the runtime's port; KV-event subscriptions and replays where it publishes.
             "ports": [
-                {"protocol": "TCP", "port": port} for port in (view.runtime.port, *kv_event_ports(view))
+                {"protocol": "TCP", "port": port} for port in (pool.runtime.port, *kv_event_ports(pool))
             ],
         }
-        for view in gw.workload_views(settings)
+        for view, pool in zip(gw.pool_views(settings), settings.pools, strict=True)
+        for half in pd.role_views(view, pool)
     ]
     egress = [*common_egress(settings), *to_runtimes]
     if section.quota.store == "redis":
