@@ -32,7 +32,7 @@ from infra.edge import (
     render_target_proxy,
 )
 from infra.foundation import Foundation, FoundationArgs, retention_days
-from infra.gateway import GatewayNodes, GatewayNodesArgs
+from infra.gateway import GatewayNodes, GatewayNodesArgs, gateway_image_problems, look_up_gateway_image
 from infra.host_tools import HostTools, HostToolsArgs
 from infra.identity import Identity
 from infra.interruptions import wire_interruptions
@@ -91,7 +91,8 @@ def build_ec2(settings: Settings) -> Ec2Outputs[pulumi.Input[str]]:
     images = {group.name: look_up_image(group) for group in settings.node_groups}
     user_data = {group.name: node_user_data(settings, group, cloud) for group in settings.node_groups}
     placement = look_up_placement(settings)
-    preflight(settings, cloud, images, user_data, placement)
+    gateway_image = look_up_gateway_image(settings)
+    preflight(settings, cloud, images, user_data, placement, gateway_image)
 
     ground = lay_ground(settings, cloud)
     efa_groups = {group.name for group in settings.node_groups if needs_efa(settings, group)}
@@ -146,6 +147,7 @@ def preflight(
     images: dict[str, MachineImage],
     user_data: dict[str, str],
     placement: GpuPlacement,
+    gateway_image: MachineImage | None,
 ) -> None:
     """Problems AWS would report halfway through an update, reported before anything is created."""
     zones = cloud.availability_zones[: settings.network.availability_zones]
@@ -155,6 +157,7 @@ def preflight(
             *_problems(settings, cloud),
             *_node_problems(settings, images, user_data),
             *placement_problems(settings, zones, placement),
+            *gateway_image_problems(settings, gateway_image),
         ],
     )
 

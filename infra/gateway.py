@@ -14,6 +14,10 @@
   state to verify, so AWS's own replacement is the whole job.)
 - Runtime hosts take their port from the gateway's security group only, and so do the KV-event
   ports (publish and replay) of a pool with ``runtime.kv_events`` on: the gateway alone subscribes.
+- Its hosts install nothing at boot, whatever ``network.egress`` says: ``gateway.ami_id`` must pin an
+  image baked for them (``fab ami.bake --group gateway``), whose ``frontier:host-tools`` tag names
+  what they run (:func:`frontier.render.boot.gateway_tools`); another image is refused before
+  anything is created (:func:`gateway_image_problems`), as a host on it would stop at its preflight.
 - The gateway's role reads its tenants' key digests and the runtimes' key (Secrets Manager, KMS),
   lists instances (it finds each pool's runtimes by their tags), reads what it boots from under the
   history prefix's ``gateway/``, writes metering records under its S3 prefix, ships its logs to its
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +37,40 @@ import pulumi
 import pulumi_aws as aws
 from frontier_hostside.names import CLOUDWATCH_NAMESPACE, ROLE_TAG
 
+from frontier.config import host_image
+from frontier.config.schema import Settings
+from frontier.render.boot import gateway_bake_command, gateway_tools
 from frontier.targets.ec2.gateway import GATEWAY_REFRESH, GATEWAY_ROLE
 from infra.doors import Rule, open_door
+from infra.nodes import CANONICAL, MachineImage, look_up_ami
 from infra.tags import with_tags
+
+
+def look_up_gateway_image(settings: Settings) -> MachineImage | None:
+    """The image ``gateway.ami_id`` pins (None: no gateway, or none pinned, which the preflight names)."""
+    gw = settings.gateway
+    if gw is None or not gw.ami_id:
+        return None
+    bake = f"bake one with `{gateway_bake_command(settings)}`"
+    # The account's own (what the bake makes) and Canonical's: a gateway host never boots a GPU image.
+    return look_up_ami(gw.ami_id, "gateway", gw.instance_type, bake, owners=("self", CANONICAL))
+
+
+def gateway_image_problems(settings: Settings, image: MachineImage | None) -> Iterator[str]:
+    """A gateway image that does not carry (by its tag) what its hosts run, or none pinned."""
+    if settings.gateway is None:
+        return
+    bake = f"bake one with `{gateway_bake_command(settings)}` and pin it here"
+    if image is None:
+        yield f"gateway.ami_id is empty: gateway hosts install nothing at boot: {bake}"
+        return
+    missing = host_image.missing_from(image.host_tools, gateway_tools())
+    if missing:
+        carried = "a stock image (no frontier:host-tools tag)" if image.host_tools is None else "an image"
+        yield (
+            f"gateway.ami_id = {image.image_id!r}: {carried} without {', '.join(missing)}; gateway hosts "
+            f"install nothing at boot: {bake}"
+        )
 
 
 @dataclass(frozen=True)

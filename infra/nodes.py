@@ -111,6 +111,10 @@ def needs_efa(settings: Settings, group: NodeGroup) -> bool:
     return uses_efa(group, [pool.runtime for pool in settings.pools_on(group)])
 
 
+# Canonical's account, which publishes Ubuntu's images.
+CANONICAL = "099720109477"
+
+
 @dataclass(frozen=True)
 class MachineImage:
     image_id: str
@@ -127,21 +131,34 @@ def look_up_image(group: NodeGroup) -> MachineImage:
     AMI is a reviewed change of the stack file (``fab ami.latest`` proposes it) and rolls out as an
     instance refresh through the same readiness gate as a launch.
     """
-    arch = architecture(group.instance_type)
     if not group.ami_id:
         raise ProvisionError(
             f"node_groups[{group.name}].ami_id is empty: pin an AMI (`fab ami.latest` proposes one)"
         )
-    image_id = group.ami_id
-    image = aws.ec2.get_ami(
+    return look_up_ami(
+        group.ami_id,
+        f"node_groups[{group.name}]",
+        group.instance_type,
+        f"`fab ami.latest` reads {ami_parameter(group)}",
         # The account's own (what `fab ami.bake` makes), AWS's (Deep Learning AMIs) and Canonical's.
-        owners=["self", "amazon", "099720109477"],
+        owners=("self", "amazon", CANONICAL),
+    )
+
+
+def look_up_ami(
+    image_id: str, field: str, instance_type: str, where_from: str, *, owners: tuple[str, ...]
+) -> MachineImage:
+    """The AMI ``image_id`` that ``field`` pins for hosts of ``instance_type``, of one of ``owners``:
+    refused where its architecture is not the type's (``where_from`` says where a right one comes from)."""
+    arch = architecture(instance_type)
+    image = aws.ec2.get_ami(
+        owners=list(owners),
         filters=[aws.ec2.GetAmiFilterArgs(name="image-id", values=[image_id])],
     )
     if image.architecture != arch:
         raise ProvisionError(
-            f"node_groups[{group.name}].instance_type = {group.instance_type!r}: is {arch}, but the AMI "
-            f"{image_id} pinned in ami_id is {image.architecture} (`fab ami.latest` reads {ami_parameter(group)})"
+            f"{field}.instance_type = {instance_type!r}: is {arch}, but the AMI "
+            f"{image_id} pinned in ami_id is {image.architecture} ({where_from})"
         )
     root = next((m for m in image.block_device_mappings if m.device_name == image.root_device_name), None)
     root_gb = int((root.ebs or {}).get("volume_size") or 0) if root else 0

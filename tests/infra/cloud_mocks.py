@@ -29,6 +29,9 @@ BAKED_TOOLS = (
     "amazon-cloudwatch-agent,amazon-ecr-credential-helper,aws-cli-v2,dcgm,docker,efa,haproxy,"
     "nvidia-container-toolkit,nvidia-driver"
 )
+# What `fab ami.bake --group gateway` installs: the tag of an image looked up for the gateway's hosts,
+# which the program asks of the account and Canonical only (never a Deep Learning AMI).
+GATEWAY_BAKED_TOOLS = "amazon-cloudwatch-agent,aws-cli-v2,gateway-venv,openssl"
 
 
 def fake_ami(parameter: str) -> str:
@@ -163,7 +166,7 @@ class CloudMocks(pulumi.runtime.Mocks):
             "rootDeviceName": ROOT_DEVICE,
             "tags": {}
             if image in self.images or image in self.stock_images
-            else {HOST_TOOLS_TAG: BAKED_TOOLS},
+            else {HOST_TOOLS_TAG: BAKED_TOOLS if "amazon" in args["owners"] else GATEWAY_BAKED_TOOLS},
             "blockDeviceMappings": [
                 {
                     "deviceName": ROOT_DEVICE,

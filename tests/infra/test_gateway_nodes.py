@@ -15,6 +15,7 @@ from infra_mocks import run_program
 
 from frontier import project
 from frontier.targets import load_stack
+from infra.errors import ProvisionError
 
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
@@ -262,3 +263,50 @@ def test_behind_a_gateway_the_deploy_role_may_neither_register_nor_deregister_a_
     }
     assert "DrainAndEnableTargets" not in {s["Sid"] for s in deploy["Statement"]}
     assert not {"elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"} & actions
+
+
+def test_the_mocks_gateway_images_carry_exactly_what_the_gateway_bake_installs() -> None:
+    from frontier.config import host_image
+    from frontier.render.boot import gateway_tools
+    from tests.infra.cloud_mocks import GATEWAY_BAKED_TOOLS
+
+    assert host_image.contents_value(gateway_tools()) == GATEWAY_BAKED_TOOLS
+
+
+def test_a_stock_gateway_image_is_refused_before_anything_is_created_whatever_the_egress(gated) -> None:
+    settings = gated.settings
+    opened = settings.model_copy(
+        update={"network": settings.network.model_copy(update={"egress": "internet"})}
+    )
+    for stack in (settings, opened):
+        with pytest.raises(ProvisionError) as refused:
+            run_program(stack, stock_images=(settings.gateway.ami_id,))
+        [line] = [line.strip() for line in str(refused.value).splitlines() if "gateway.ami_id" in line]
+        assert line == (
+            f"gateway.ami_id = '{settings.gateway.ami_id}': a stock image (no frontier:host-tools tag) without "
+            "gateway-venv, openssl, aws-cli-v2, amazon-cloudwatch-agent; gateway hosts install nothing at boot: "
+            "bake one with `fab ami.bake -s dev --group gateway` and pin it here"
+        )
+
+
+def test_the_gateways_image_is_looked_up_among_the_accounts_and_canonicals_only(gated) -> None:
+    lookups = [args for token, args in gated.invokes if token == "aws:ec2/getAmi:getAmi"]
+    [gateway] = [args for args in lookups if args["filters"][0]["values"] == ["ami-0123456789abcdef0"]]
+    assert gateway["owners"] == ["self", "099720109477"]
+
+
+def test_an_image_baked_for_runtime_hosts_lacks_what_a_gateway_runs() -> None:
+    from frontier.config import host_image
+    from frontier.render.boot import gateway_tools
+    from tests.infra.cloud_mocks import BAKED_TOOLS
+
+    assert host_image.missing_from(BAKED_TOOLS, gateway_tools()) == ["gateway-venv", "openssl"]
+
+
+def test_a_gateway_without_a_pinned_image_is_refused_naming_the_bake(gated) -> None:
+    settings = gated.settings
+    unpinned = settings.model_copy(update={"gateway": settings.gateway.model_copy(update={"ami_id": ""})})
+    with pytest.raises(
+        ProvisionError, match=r"gateway.ami_id is empty: .* `fab ami.bake -s dev --group gateway`"
+    ):
+        run_program(unpinned)
