@@ -18,6 +18,7 @@ from frontier_hostside.names import HOST_TOOLS_PREFIX
 from frontier.capacity.startup import instance_warmup
 from frontier.config.checks import is_production
 from frontier.config.schema import SEVERITIES, NodeGroup, PoolSettings, Settings
+from frontier.identity.gateway import tokenizer_arns
 from frontier.release.history import pool_history_prefix
 from frontier.render.alerts import resource_limits, severities
 from frontier.render.boot import group_pool, render_cloud_init, render_gateway_cloud_init, replica_nodes
@@ -538,6 +539,7 @@ def gateway_nodes(
                     for port in (pool.runtime.kv_events.port, pool.runtime.kv_events.replay_port)
                 }
             ),
+            tokenizer_arns=tokenizer_arns(settings, cloud.partition),
             instance_type=gw.instance_type,
             ami_id=gw.ami_id,
             min_size=gw.min_size,

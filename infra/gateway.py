@@ -40,6 +40,7 @@ from frontier_hostside.names import CLOUDWATCH_NAMESPACE, ROLE_TAG
 from frontier.config import host_image
 from frontier.config.schema import Settings
 from frontier.render.boot import gateway_bake_command, gateway_tools
+from frontier.identity.gateway import tokenizer_statements
 from frontier.targets.ec2.gateway import GATEWAY_REFRESH, GATEWAY_ROLE
 from infra.doors import Rule, open_door
 from infra.nodes import CANONICAL, MachineImage, look_up_ami
@@ -108,6 +109,9 @@ class GatewayNodesArgs:
     # The KV-event ports (publish and replay) of the pools whose runtimes publish their prefix
     # cache's changes (``runtime.kv_events``): the gateway subscribes to each runtime there.
     kv_event_ports: Sequence[int] = ()
+    # The tokenizer objects of the pools it routes by KV events (frontier.identity.gateway): read
+    # once at start, the only objects of the weights it may read.
+    tokenizer_arns: Sequence[str] = ()
     # What must exist before a host boots, made from the gateway's security group once it exists
     # (the quota store admits that group, and hosts read its URL at start): no host boots into a
     # restart loop waiting for it on a first ``pulumi up``.
@@ -347,6 +351,7 @@ def gateway_host_policy(args: GatewayNodesArgs, kms_key_arn: str) -> dict[str, A
                 "Resource": kms_key_arn,
                 "Condition": {"StringEquals": {"kms:ViaService": f"s3.{args.region}.amazonaws.com"}},
             },
+            *tokenizer_statements(list(args.tokenizer_arns)),
             {
                 "Sid": "ReadWhatItBoots",
                 "Effect": "Allow",

@@ -20,6 +20,7 @@ import pulumi_aws as aws
 
 from frontier.config.checks import is_production
 from frontier.config.schema import Kubernetes, Settings
+from frontier.identity.gateway import tokenizer_arns, tokenizer_statements
 from frontier.identity.pools import principal_suffix
 from frontier.targets.kubernetes.gateway import GATEWAY_SERVICE_ACCOUNT
 from frontier.targets.kubernetes.manifests import pool_service_account
@@ -73,6 +74,13 @@ def gateway_pod_policy(settings: Settings, cloud: Cloud, kms_key_arn: str) -> di
         | {p.runtime.api_keys_secret for p in settings.pools if p.runtime.api_keys_secret}
         | ({quota_auth} if quota_auth else set())
     )
+    tokenizers = tokenizer_arns(settings, cloud.partition)
+    # Secrets Manager decrypts its secrets for it; S3 the tokenizer objects it reads, where it routes
+    # a pool by KV events (the weights bucket encrypts with the stack's key too).
+    decrypt_via = [f"secretsmanager.{cloud.region}.{cloud.dns_suffix}"]
+    if tokenizers:
+        decrypt_via.append(f"s3.{cloud.region}.{cloud.dns_suffix}")
+    via: str | list[str] = decrypt_via[0] if len(decrypt_via) == 1 else decrypt_via
     bucket, _, prefix = settings.gateway.metering.uri.removeprefix("s3://").partition("/")
     objects = (
         f"arn:{cloud.partition}:s3:::{bucket}/{prefix.strip('/')}/*"
@@ -94,10 +102,8 @@ def gateway_pod_policy(settings: Settings, cloud: Cloud, kms_key_arn: str) -> di
                 "Effect": "Allow",
                 "Action": "kms:Decrypt",
                 "Resource": kms_key_arn,
-                # Only for Secrets Manager's own reads on the gateway's behalf.
-                "Condition": {
-                    "StringEquals": {"kms:ViaService": f"secretsmanager.{cloud.region}.{cloud.dns_suffix}"}
-                },
+                # Only for the services' own reads on the gateway's behalf.
+                "Condition": {"StringEquals": {"kms:ViaService": via}},
             },
             {"Sid": "WriteMetering", "Effect": "Allow", "Action": "s3:PutObject", "Resource": objects},
             {
@@ -108,6 +114,7 @@ def gateway_pod_policy(settings: Settings, cloud: Cloud, kms_key_arn: str) -> di
                 "Resource": kms_key_arn,
                 "Condition": {"StringEquals": {"kms:ViaService": f"s3.{cloud.region}.{cloud.dns_suffix}"}},
             },
+            *tokenizer_statements(tokenizers),
         ],
     }
 

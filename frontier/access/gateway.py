@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from frontier_gateway.config import GatewayConfig, GatewaySettings
+from frontier_runtime.storage.manifest import version_prefix
 from frontier_settings import problems_of, to_yaml
 from pydantic import ValidationError
 
@@ -42,7 +43,7 @@ def gateway_config(
     models: list[dict[str, Any]] = []
     for pool in settings.pools:
         # The gateway calls each pool's runtimes with the key of that pool's own secret.
-        secret = {"api_keys_secret": pool.runtime.api_keys_secret or ""}
+        secret = {"api_keys_secret": pool.runtime.api_keys_secret or "", **kv_routing(pool)}
         if replicas is None:
             models.append({**discovered_pool(settings, pool), **secret})
             continue
@@ -68,6 +69,29 @@ def gateway_config(
     except ValidationError as exc:
         lines = "\n".join(f"  {p}" for p in problems_of(exc))
         raise FrontierError(f"the gateway refuses the config of stack {settings.stack!r}:\n{lines}") from None
+
+
+def kv_routing(pool: PoolSettings) -> dict[str, Any]:
+    """``pool``'s ``kv_routing`` where its runtimes publish KV events, read off its own runtime
+    section (block size, both ports) and weights version (the tokenizer), never written twice."""
+    events = pool.runtime.kv_events
+    if not events.enabled:
+        return {}
+    return {
+        "kv_routing": {
+            "tokenizer_source": tokenizer_source(pool),
+            "block_size": pool.runtime.block_size,
+            "events_port": events.port,
+            "replay_port": events.replay_port,
+        }
+    }
+
+
+def tokenizer_source(pool: PoolSettings) -> str:
+    """Where the gateway fetches ``pool``'s tokenizer files at start: the weights version its
+    runtimes load (``weights.push`` uploads the model directory, tokenizer files included)."""
+    bucket, prefix = version_prefix(pool.model.weights_uri, pool.model.version)
+    return f"s3://{bucket}/{prefix}"
 
 
 def discovered_pool(settings: Settings, pool: PoolSettings) -> dict[str, Any]:

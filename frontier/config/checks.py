@@ -409,6 +409,28 @@ def pool_problems(s: Settings) -> Iterator[FieldProblem]:
         yield FieldProblem(
             "gateway", None, f"{len(s.pools)} models need a 'frontier:gateway' section to route by model"
         )
+    yield from (
+        FieldProblem(
+            f"pools[{i}].runtime.kv_events.enabled",
+            True,
+            "needs runtime.prefix_caching: the events are the prefix cache's changes",
+        )
+        for i, pool in enumerate(s.pools)
+        if pool.runtime.kv_events.enabled and not pool.runtime.prefix_caching
+    )
+    if s.gateway is None:
+        # The stack's gateway is what reads a pool's KV events (its kv_routing is rendered from
+        # them); without one they would go out to nobody.
+        yield from (
+            FieldProblem(
+                f"pools[{i}].runtime.kv_events.enabled",
+                True,
+                "needs a 'frontier:gateway' section: the gateway is what reads the KV events "
+                "(it routes the pool by them); without one, leave kv_events off",
+            )
+            for i, pool in enumerate(s.pools)
+            if pool.runtime.kv_events.enabled
+        )
     yield from _shared_problems(s)
 
 

@@ -49,8 +49,16 @@ class KvRoutingConfig(_Strict):
     replica holding the longest cached prefix, blended with its requests in flight.
     """
 
+    # Where the model's tokenizer.json and tokenizer_config.json come from: a directory on the
+    # gateway's host, or the pool's weights version in S3 (s3://bucket/prefix/<version>, what the
+    # runtimes load), whose two files the gateway fetches at start. One of the two.
     tokenizer_dir: str = Field(
-        min_length=1, description="A directory with the model's tokenizer.json and tokenizer_config.json."
+        default="", description="A directory with the model's tokenizer.json and tokenizer_config.json."
+    )
+    tokenizer_source: str = Field(
+        default="",
+        pattern=r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?)?$",
+        description="The model's weights version in S3, whose tokenizer files the gateway fetches at start.",
     )
     block_size: int = Field(default=16, ge=1, le=256, description="The replicas' runtime.block_size.")
     events_port: int = Field(default=KV_EVENTS_PORT, ge=1, le=65535)
@@ -71,6 +79,16 @@ class KvRoutingConfig(_Strict):
     stale_after_s: float = Field(
         default=15.0, gt=0, le=3600, description="No events this long while owed: load-only routing."
     )
+
+    @model_validator(mode="after")
+    def _one_tokenizer(self) -> KvRoutingConfig:
+        if bool(self.tokenizer_dir) == bool(self.tokenizer_source):
+            raise ValueError(
+                "kv_routing: give the tokenizer either as tokenizer_dir (a local directory) or as "
+                f"tokenizer_source (s3://…), one of the two (got tokenizer_dir={self.tokenizer_dir!r}, "
+                f"tokenizer_source={self.tokenizer_source!r})"
+            )
+        return self
 
 
 class DisaggregationRouting(_Strict):

@@ -41,6 +41,10 @@ sequence. ``KvIndex`` keeps block key -> replicas from them:
   them) and nothing has come from it for ``stale_after_s``: its entries no longer count. When no
   replica of a decision has live events, the pool routes by load alone; every decision is counted
   by outcome (``frontier_gateway_kv_routing{model, outcome}``).
+- **The tokenizer**: a pool's ``tokenizer_source`` (its weights version in S3) gives the two files
+  the gateway fetches at start into a directory of its own. A fetch that fails, or files that will
+  not load, leave that pool routed by load alone, every decision counted as ``no_tokenizer``: the
+  pool keeps taking requests.
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ KV_HIT = "kv_hit"  # a replica held part of the prompt and took the request
 KV_MISS = "kv_miss"  # no live replica held any of it: the least-cost (least loaded) one took it
 EVENTS_STOPPED = "events_stopped"  # no candidate had live events: load only
 NO_TOKENS = "no_tokens"  # the request could not be tokenized: load only
+NO_TOKENIZER = "no_tokenizer"  # the pool's tokenizer could not be had at start: load only
+# The files the gateway tokenizes with, which it fetches from a pool's tokenizer_source.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, limit: int | None = None) -> list[int]:
@@ -284,11 +291,14 @@ class KvIndex:
             n += 1
         return n
 
-    def choose(self, candidates: Sequence[Any], keys: Sequence[int] | None) -> tuple[Any, str]:
-        """The candidate (anything with ``url`` and ``outstanding``) of least cost, and the outcome."""
+    def choose(
+        self, candidates: Sequence[Any], keys: Sequence[int] | None, without_keys: str = NO_TOKENS
+    ) -> tuple[Any, str]:
+        """The candidate (anything with ``url`` and ``outstanding``) of least cost, and the outcome
+        (``without_keys``: the outcome a decision without keys counts as)."""
         now = self.clock()
         if keys is None:
-            outcome = NO_TOKENS
+            outcome = without_keys
             matches = dict.fromkeys((c.url for c in candidates), 0)
         else:
             live = [c for c in candidates if self.live(c.url)]
@@ -544,9 +554,10 @@ def _template_message(message: dict[str, Any]) -> dict[str, Any]:
 class KvRouting:
     """What a pool with ``kv_routing`` holds: the index, its subscriptions, the model's tokenizer."""
 
-    def __init__(self, config: Any, urls: Iterable[str] = ()) -> None:
-        """``config``: the pool's ``KvRoutingConfig``."""
+    def __init__(self, config: Any, urls: Iterable[str] = (), model: str = "") -> None:
+        """``config``: the pool's ``KvRoutingConfig``; ``model``: the pool's name, for the log."""
         self.config = config
+        self.model = model
         self.index = KvIndex(
             block_size=config.block_size,
             speculative_ttl_s=config.speculative_ttl_s,
@@ -556,11 +567,65 @@ class KvRouting:
         )
         self.subscriber = KvSubscriber(self.index, config.events_port, config.replay_port, dict(config.ports))
         self._tokens: PromptTokens | None = None
+        # Why the pool routes by load alone: its tokenizer could not be fetched or read. Never a
+        # refusal: its requests still go to the least loaded replica, counted as no_tokenizer.
+        self.tokenizer_problem = ""
+        self.tokenizer_dir = Path(config.tokenizer_dir) if config.tokenizer_dir else None
+        if config.tokenizer_source:
+            self.tokenizer_dir = self._fetched(config.tokenizer_source)
         self.subscriber.sync(urls)
+
+    @property
+    def without_keys(self) -> str:
+        """The outcome a decision without block keys counts as."""
+        return NO_TOKENIZER if self.tokenizer_problem else NO_TOKENS
 
     def keys_for(self, body: dict[str, Any]) -> list[int] | None:
         """The block keys a request can hit; None when its tokens are unknown."""
-        if self._tokens is None:
-            self._tokens = PromptTokens(self.config.tokenizer_dir)
-        ids = self._tokens.for_body(body)
+        tokens = self._prompt_tokens()
+        if tokens is None:
+            return None
+        ids = tokens.for_body(body)
         return None if ids is None else request_blocks(ids, self.index.block_size)
+
+    def _prompt_tokens(self) -> PromptTokens | None:
+        if self._tokens is None and not self.tokenizer_problem and self.tokenizer_dir is not None:
+            try:
+                self._tokens = PromptTokens(self.tokenizer_dir)
+            except Exception as exc:  # noqa: BLE001 - a tokenizer that will not load: load only
+                self._give_up(f"cannot read the tokenizer in {self.tokenizer_dir}: {exc}")
+        return self._tokens
+
+    def _fetched(self, source: str) -> Path | None:
+        """The tokenizer files of ``source`` (s3://bucket/prefix) in a fresh local directory, or
+        None (and the pool routes by load) when they cannot be fetched."""
+        import tempfile
+
+        import boto3
+        from botocore.config import Config
+
+        bucket, _, prefix = source.removeprefix("s3://").partition("/")
+        folder = Path(tempfile.mkdtemp(prefix="frontier-tokenizer-"))
+        # A start must not wait long on S3: a few seconds, then load-only routing.
+        client = boto3.client(
+            "s3", config=Config(connect_timeout=3, read_timeout=10, retries={"max_attempts": 2})
+        )
+        try:
+            for name in TOKENIZER_FILES:
+                key = f"{prefix.strip('/')}/{name}".lstrip("/")
+                client.download_file(bucket, key, str(folder / name))
+        except Exception as exc:  # noqa: BLE001 - any failure to fetch means load-only, never a refusal
+            self._give_up(f"cannot fetch the tokenizer from {source}: {exc}")
+            return None
+        log.info(
+            "kv tokenizer fetched",
+            extra={"event": "kv_tokenizer_fetched", "model": self.model, "source": source},
+        )
+        return folder
+
+    def _give_up(self, why: str) -> None:
+        self.tokenizer_problem = why
+        log.warning(
+            "kv routing by load only: no tokenizer",
+            extra={"event": "kv_tokenizer_unavailable", "model": self.model, "why": why},
+        )

@@ -119,7 +119,7 @@ class Pool:
         least = min(r.outstanding for r in ready)
         chosen = None
         if self.kv is not None:
-            chosen, _ = self.kv.index.choose(ready, kv_keys)
+            chosen, _ = self.kv.index.choose(ready, kv_keys, self.kv.without_keys)
             if chosen.outstanding - least >= self.max_imbalance:
                 chosen = None
             elif kv_keys:
@@ -161,7 +161,7 @@ class Pools:
         for c in configs:
             if c.kv_routing is not None:
                 pool = self.by_model[c.name]
-                pool.kv = KvRouting(c.kv_routing, c.replicas)
+                pool.kv = KvRouting(c.kv_routing, c.replicas, c.name)
             if c.disaggregation is not None:
                 from frontier_gateway.disaggregation import Disaggregated  # it builds on Pool
 

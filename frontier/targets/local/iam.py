@@ -57,6 +57,7 @@ from frontier.config.schema import Host, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.identity.cloud import Cloud
 from frontier.identity.documents import deploy_policy, lifecycle_policy, runtime_policy
+from frontier.identity.gateway import tokenizer_arns, tokenizer_statements
 from frontier.identity.key_policies import release_key_policy
 from frontier.identity.pools import StackResources, pool_identity, principal_suffix, stack_identity
 from frontier.release.signing import create_release_key
@@ -190,6 +191,7 @@ def gateway_policy(settings: Settings) -> dict[str, Any]:
         encrypt = _allow("EncryptMetering", "kms:GenerateDataKey", _key_arn(settings))
         encrypt["Condition"] = {"StringEquals": {"kms:ViaService": f"s3.{settings.region}.amazonaws.com"}}
         statements.append(encrypt)
+    statements.extend(tokenizer_statements(tokenizer_arns(settings)))
     return {"Version": "2012-10-17", "Statement": statements}
 
 

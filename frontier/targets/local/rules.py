@@ -22,6 +22,7 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
     yield from _slot_problems(s)
     yield from _disaggregation_problems(s)
     yield from _traffic_split_problems(s)
+    yield from _kv_event_problems(s)
     if s.backup.region:
         # moto keeps a replication configuration but copies nothing: a "backup" here would be empty.
         yield FieldProblem(
@@ -41,6 +42,28 @@ def _disaggregation_problems(s: Settings) -> Iterator[FieldProblem]:
                 "the local stack runs colocated replicas (bench/disaggregation.py runs a prefill "
                 "and a decode runtime side by side here); declare it on an ec2 or kubernetes stack",
             )
+
+
+def _kv_event_problems(s: Settings) -> Iterator[FieldProblem]:
+    """A runtime binds its KV-event ports on every address, and the local slots share this one
+    machine: at most one slot publishes on a port."""
+    publisher: dict[int, str] = {}  # port -> the slot that binds it
+    for i, pool in enumerate(s.pools):
+        events = pool.runtime.kv_events
+        if not events.enabled:
+            continue
+        slots = [host.name for host in pool.hosts]
+        taken = sorted({publisher[p] for p in (events.port, events.replay_port) if p in publisher})
+        if len(slots) > 1 or taken:
+            yield FieldProblem(
+                f"pools[{i}].runtime.kv_events.enabled",
+                True,
+                f"the local slots {[*taken, *slots]} share this machine and a runtime binds its event "
+                f"ports ({events.port}, {events.replay_port}) on every address: turn kv_events on for "
+                "a pool of one host slot, on ports no other pool's events use",
+            )
+            continue
+        publisher.update(dict.fromkeys((events.port, events.replay_port), slots[0] if slots else ""))
 
 
 def _traffic_split_problems(s: Settings) -> Iterator[FieldProblem]:
