@@ -159,8 +159,9 @@ def baseline_diff(c, a, b, stack=None, threshold=DEFAULT_REGRESSION_THRESHOLD):
     before, after = load_archived(settings.stack, a), load_archived(settings.stack, b)
     diffs = diff_baselines(before, after, float(threshold))
     rows = [
-        (f"{d.label} ({'higher' if d.higher_is_better else 'lower'} is better)", f"{d.before:,.1f}",
-         f"{d.after:,.1f}", d.change, d.verdict)
+        (f"{d.label} ({'higher' if d.higher_is_better else 'lower'} is better)",
+         d.before_note if d.before is None else f"{d.before:,.1f}",
+         d.after_note if d.after is None else f"{d.after:,.1f}", d.change, d.verdict)
         for d in diffs
     ]  # fmt: skip
     title = f"baseline {settings.stack}: A {a} ({before.measured_at}) -> B {b} ({after.measured_at})"

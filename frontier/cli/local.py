@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -173,6 +174,7 @@ def default_api_key(settings: Settings) -> str | None:
         "seed": "random seed of arrivals and prompts",
         "timeout": "seconds before one request counts as timed out (default 60)",
         "release": "release id the target runs, recorded in the baseline (default: the last good deploy)",
+        "metrics": "comma-separated base URLs of the replicas whose /metrics give CPU and GPU use (default: --url)",
     },
 )
 @reports_errors
@@ -196,6 +198,7 @@ def loadtest(
     seed=0,
     timeout=60.0,
     release=None,
+    metrics=None,
 ):
     """Load an OpenAI-compatible endpoint with streaming clients; a step load finds the knee."""
     settings = settings_for(stack)
@@ -238,7 +241,15 @@ def loadtest(
         max_in_flight=int(max_in_flight) if max_in_flight else None,
         seed=int(seed),
     )
-    steps = measure(target, shape, slo, console)
+    metrics_urls = tuple(u.strip() for u in str(metrics).split(",") if u.strip()) if metrics else ()
+    steps = measure(
+        target,
+        shape,
+        slo,
+        console,
+        length_edges=settings.capacity.input_length_edges,
+        metrics_urls=metrics_urls,
+    )
     knee = find_knee(steps, slo) if step else None
     console.print(steps_table(steps, slo, knee))
     for note in step_notes(steps, slo):
@@ -284,11 +295,20 @@ def _fail_on_errors(steps: list[StepSummary], slo: SloTargets) -> None:
         raise Exit("SLO not met: " + "; ".join(broken), code=1)
 
 
+def _figure(ms: float) -> float | None:
+    """A latency for the baseline's JSON: rounded, None where nothing was measured (NaN)."""
+    return None if math.isnan(ms) else round(ms, 1)
+
+
 def save_knee_baseline(settings: Settings, knee: Knee, replicas: int, release_id: str) -> Path:
     """Record the knee as the stack's capacity baseline, per replica, for ``fab plan``."""
-    from frontier.capacity.baseline import Baseline, save_baseline
+    from frontier.capacity.baseline import Baseline, LengthFigures, save_baseline
 
     step = knee.step
+    cpu = getattr(step, "cpu_cores", None)
+    gpus = getattr(step, "gpus", None)
+    memory = getattr(step, "gpu_memory_bytes", None)
+    util = getattr(step, "gpu_util_pct", None)
     baseline = Baseline(
         stack=settings.stack,
         measured_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -299,6 +319,27 @@ def save_knee_baseline(settings: Settings, knee: Knee, replicas: int, release_id
         ttft_p99_ms=round(step.ttft.p99_ms, 1),
         hosts_measured=replicas,
         release_id=release_id,
+        p95_latency_ms=_figure(step.e2el.p95_ms),
+        ttft_p50_ms=_figure(step.ttft.p50_ms),
+        ttft_p95_ms=_figure(step.ttft.p95_ms),
+        itl_p50_ms=_figure(step.itl.p50_ms),
+        itl_p95_ms=_figure(step.itl.p95_ms),
+        itl_p99_ms=_figure(step.itl.p99_ms),
+        # Already per replica: the mean over the replicas whose /metrics were read.
+        cpu_cores=None if cpu is None else round(cpu, 3),
+        gpus=gpus,
+        gpu_util_pct=None if util is None else round(util, 1),
+        gpu_memory_bytes=None if memory is None else round(memory),
+        by_length=tuple(
+            LengthFigures(
+                label=b.label,
+                requests=b.requests,
+                ttft_p95_ms=_figure(b.ttft.p95_ms),
+                itl_p95_ms=_figure(b.itl.p95_ms),
+                e2el_p95_ms=_figure(b.e2el.p95_ms),
+            )
+            for b in step.by_length
+        ),
     )
     return save_baseline(baseline)
 

@@ -328,6 +328,24 @@ class Capacity(_Settings):
     avg_prompt_tokens: int = Field(ge=1, le=1_048_576)
     avg_output_tokens: int = Field(ge=1, le=1_048_576)
     assumed_replica_qps: float = Field(gt=0, le=1_000_000, description="Used until a baseline is measured.")
+    input_length_edges: tuple[int, ...] = Field(
+        default=(256, 1024, 4096),
+        max_length=16,
+        description=(
+            "Prompt lengths (tokens) where `fab loadtest` splits its requests into rows: the default "
+            "gives <256, 256-1k, 1k-4k and >=4k. Empty: one row for every length."
+        ),
+    )
+
+    @field_validator("input_length_edges")
+    @classmethod
+    def _edges_increase(cls, edges: tuple[int, ...]) -> tuple[int, ...]:
+        outside = [edge for edge in edges if not 2 <= edge <= 1_048_576]
+        if outside:
+            raise ValueError(f"{list(edges)}: every edge must be 2..1048576 tokens, not {outside[0]}")
+        if any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+            raise ValueError(f"{list(edges)}: the edges must increase strictly")
+        return edges
 
 
 class Releases(_Settings):

@@ -11,19 +11,34 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import httpx
-from frontier_hostside.names import PREFIX_CACHE_HITS_METRIC, PREFIX_CACHE_QUERIES_METRIC
+from frontier_hostside.names import (
+    GPU_MEMORY_USED_METRIC,
+    GPU_UTILIZATION_METRIC,
+    GPUS_METRIC,
+    PREFIX_CACHE_HITS_METRIC,
+    PREFIX_CACHE_QUERIES_METRIC,
+    PROCESS_CPU_METRIC,
+)
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from frontier.loadtest.client import Target, run_concurrency, run_steps
-from frontier.loadtest.stats import Knee, LengthBucket, RequestSample, SloTargets, StepSummary, summarize
+from frontier.loadtest.stats import (
+    Distribution,
+    Knee,
+    LengthBucket,
+    RequestSample,
+    SloTargets,
+    StepSummary,
+    summarize,
+)
 
 
 def wide_console() -> Console:
-    """A console for tables: the terminal's width, or 160 columns when the output is a file or pipe."""
+    """A console for tables: the terminal's width, or 200 columns when the output is a file or pipe (the load table is that wide)."""
     console = Console(highlight=False)
-    return console if console.is_terminal else Console(highlight=False, width=160)
+    return console if console.is_terminal else Console(highlight=False, width=200)
 
 
 @dataclass(frozen=True)
@@ -51,67 +66,218 @@ class LoadShape:
 
 @dataclass(frozen=True)
 class ServedStep(StepSummary):
-    """A step with what the runtime's /metrics said about it: the share of prompt tokens found in
-    its prefix cache (None where /metrics could not be read, e.g. behind a balancer that hides it)."""
+    """A step with what the replicas' /metrics said about it (each None where /metrics could not be
+    read, e.g. behind a balancer that hides it):
+
+    * ``prefix_cache_hit_rate`` — the share of prompt tokens found in the prefix cache;
+    * ``cpu_cores`` — a replica's runtime process's CPU seconds over the step's wall seconds, the
+      mean over the replicas read (1.0 = one core busy throughout);
+    * ``gpus`` — the GPUs a replica sees, 0 on CPU hosts; ``gpu_util_pct`` their mean utilisation
+      over the step's readings and ``gpu_memory_bytes`` the most memory a replica had in use at one
+      reading, both None where there is no GPU or its runtime exports no such series.
+    """
 
     prefix_cache_hit_rate: float | None = None
+    cpu_cores: float | None = None
+    gpus: int | None = None
+    gpu_util_pct: float | None = None
+    gpu_memory_bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """The figures a load test reads off the replicas' /metrics at one moment: the prefix cache's
+    counters summed over the replicas, the resource figures per replica (their mean)."""
+
+    at: float  # the client's perf_counter when the last /metrics answered
+    prefix_queries: float | None
+    prefix_hits: float | None
+    cpu_seconds: float | None
+    gpus: int | None
+    gpu_util_pct: float | None  # mean over every GPU of every replica
+    gpu_memory_bytes: float | None
+
+
+_SCRAPED = (
+    PREFIX_CACHE_QUERIES_METRIC,
+    PREFIX_CACHE_HITS_METRIC,
+    PROCESS_CPU_METRIC,
+    GPUS_METRIC,
+    GPU_UTILIZATION_METRIC,
+    GPU_MEMORY_USED_METRIC,
+)
+
+
+def _families(text: str) -> dict[str, list[float]]:
+    """The samples of the families a load test reads, by family name (``_total`` dropped)."""
+    found: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
+        if name in _SCRAPED:
+            found.setdefault(name, []).append(float(line.rsplit(" ", 1)[1]))
+    return found
+
+
+def scrape(target: Target, metrics_urls: Sequence[str] = ()) -> Scrape | None:
+    """One reading of every replica's /metrics (``metrics_urls``, default the target's own address);
+    None when one cannot be read, as sums over some of them would mislead."""
+    readings = []
+    for base in metrics_urls or (target.base_url,):
+        try:
+            resp = httpx.get(base.rstrip("/") + "/metrics", headers=target.headers(), timeout=5)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        readings.append(_families(resp.text))
+    at = time.perf_counter()
+
+    def total(name: str) -> float | None:
+        if not all(name in r for r in readings):
+            return None
+        return sum(sum(r[name]) for r in readings)
+
+    def per_replica(name: str) -> float | None:
+        summed = total(name)
+        return None if summed is None else summed / len(readings)
+
+    utils = [u for r in readings for u in r.get(GPU_UTILIZATION_METRIC, [])]
+    gpus = per_replica(GPUS_METRIC)
+    return Scrape(
+        at=at,
+        prefix_queries=total(PREFIX_CACHE_QUERIES_METRIC),
+        prefix_hits=total(PREFIX_CACHE_HITS_METRIC),
+        cpu_seconds=per_replica(PROCESS_CPU_METRIC),
+        gpus=None if gpus is None else round(gpus),
+        gpu_util_pct=sum(utils) / len(utils) if utils else None,
+        gpu_memory_bytes=per_replica(GPU_MEMORY_USED_METRIC),
+    )
 
 
 def prefix_cache_counters(target: Target) -> tuple[float, float] | None:
     """(prompt tokens looked up, found) in the prefix cache, summed over /metrics; None if unreadable."""
-    try:
-        text = httpx.get(target.base_url.rstrip("/") + "/metrics", headers=target.headers(), timeout=5).text
-    except httpx.HTTPError:
+    reading = scrape(target)
+    if reading is None or reading.prefix_queries is None or reading.prefix_hits is None:
         return None
-    totals = {PREFIX_CACHE_QUERIES_METRIC: 0.0, PREFIX_CACHE_HITS_METRIC: 0.0}
-    seen = False
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
-        if name in totals and not line.startswith("#"):
-            totals[name] += float(line.rsplit(" ", 1)[1])
-            seen = True
-    return (totals[PREFIX_CACHE_QUERIES_METRIC], totals[PREFIX_CACHE_HITS_METRIC]) if seen else None
+    return reading.prefix_queries, reading.prefix_hits
 
 
-class _PrefixCacheSnapshots:
-    """/metrics read at each step's start (on a thread, so the load's event loop never waits) and at
-    the end; step i's hit rate is the change between snapshot i and i + 1."""
+@dataclass(frozen=True)
+class StepUse:
+    """What the replicas' /metrics said about one step (see :class:`ServedStep`)."""
 
-    def __init__(self, target: Target) -> None:
+    prefix_cache_hit_rate: float | None = None
+    cpu_cores: float | None = None
+    gpus: int | None = None
+    gpu_util_pct: float | None = None
+    gpu_memory_bytes: float | None = None
+
+
+class _Scrapes:
+    """/metrics read at each step's start and at the end (counters: step i's change is between
+    readings i and i + 1), and every ``every_s`` in between (gauges: GPU utilisation and memory are
+    averaged and maxed over the step's readings). Reads run on threads, so the load's event loop
+    never waits."""
+
+    def __init__(self, target: Target, metrics_urls: Sequence[str] = (), every_s: float = 1.0) -> None:
         self.target = target
+        self.metrics_urls = tuple(metrics_urls)
+        self.every_s = every_s
         self.threads: dict[int, threading.Thread] = {}
-        self.values: dict[int, tuple[float, float] | None] = {}
+        self.boundaries: dict[int, Scrape | None] = {}
+        self.readings: list[tuple[int, Scrape]] = []
+        self.current = 0
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll, daemon=True)
 
     def take(self, index: int) -> None:
+        self.current = index
+
         def read() -> None:
-            self.values[index] = prefix_cache_counters(self.target)
+            self.boundaries[index] = scrape(self.target, self.metrics_urls)
 
         self.threads[index] = thread = threading.Thread(target=read, daemon=True)
         thread.start()
+        if index == 0:
+            self._poller.start()
 
-    def rates(self, steps: int) -> list[float | None]:
+    def _poll(self) -> None:
+        while not self._stop.wait(self.every_s):
+            step = self.current
+            reading = scrape(self.target, self.metrics_urls)
+            if reading is not None:
+                self.readings.append((step, reading))
+
+    def uses(self, steps: int) -> list[StepUse]:
+        self._stop.set()
         for thread in self.threads.values():
             thread.join(10)
-        out: list[float | None] = []
-        for i in range(steps):
-            before, after = self.values.get(i), self.values.get(i + 1)
-            if before is None or after is None or after[0] <= before[0]:
-                out.append(None)
-            else:
-                out.append((after[1] - before[1]) / (after[0] - before[0]))
-        return out
+        if self._poller.ident is not None:
+            self._poller.join(10)
+        return [self._use(i) for i in range(steps)]
+
+    def _use(self, i: int) -> StepUse:
+        before, after = self.boundaries.get(i), self.boundaries.get(i + 1)
+        gauges = [r for r in (before, after) if r is not None] + [r for s, r in self.readings if s == i]
+        gpus = next((r.gpus for r in gauges if r.gpus is not None), None)
+        utils = [r.gpu_util_pct for r in gauges if r.gpu_util_pct is not None]
+        memory = [r.gpu_memory_bytes for r in gauges if r.gpu_memory_bytes is not None]
+        return StepUse(
+            prefix_cache_hit_rate=_rate(before, after),
+            cpu_cores=_cpu_cores(before, after),
+            gpus=gpus,
+            gpu_util_pct=sum(utils) / len(utils) if gpus and utils else None,
+            gpu_memory_bytes=max(memory) if gpus and memory else None,
+        )
 
 
-def _with_prefix_cache(steps: list[StepSummary], rates: list[float | None]) -> list[StepSummary]:
+def _rate(before: Scrape | None, after: Scrape | None) -> float | None:
+    if before is None or after is None or before.prefix_queries is None or after.prefix_queries is None:
+        return None
+    if (
+        before.prefix_hits is None
+        or after.prefix_hits is None
+        or after.prefix_queries <= before.prefix_queries
+    ):
+        return None
+    return (after.prefix_hits - before.prefix_hits) / (after.prefix_queries - before.prefix_queries)
+
+
+def _cpu_cores(before: Scrape | None, after: Scrape | None) -> float | None:
+    """CPU seconds per wall second between two readings; None across a restart (the counter fell)."""
+    if before is None or after is None or before.cpu_seconds is None or after.cpu_seconds is None:
+        return None
+    wall = after.at - before.at
+    if wall <= 0 or after.cpu_seconds < before.cpu_seconds:
+        return None
+    return (after.cpu_seconds - before.cpu_seconds) / wall
+
+
+def _served(steps: list[StepSummary], uses: list[StepUse]) -> list[StepSummary]:
     return [
-        ServedStep(**{f.name: getattr(s, f.name) for f in fields(StepSummary)}, prefix_cache_hit_rate=r)
-        for s, r in zip(steps, rates, strict=True)
+        ServedStep(
+            **{f.name: getattr(s, f.name) for f in fields(StepSummary)},
+            **{f.name: getattr(u, f.name) for f in fields(StepUse)},
+        )
+        for s, u in zip(steps, uses, strict=True)
     ]
 
 
-def measure(target: Target, shape: LoadShape, slo: SloTargets, console: Console) -> list[StepSummary]:
-    """Run the load with a live progress bar; one summary per step (one for a single rate or loop)."""
-    snapshots = _PrefixCacheSnapshots(target)
+def measure(
+    target: Target,
+    shape: LoadShape,
+    slo: SloTargets,
+    console: Console,
+    *,
+    length_edges: Sequence[int] = (),
+    metrics_urls: Sequence[str] = (),
+) -> list[StepSummary]:
+    """Run the load with a live progress bar; one summary per step (one for a single rate or loop),
+    its requests split by prompt length at ``length_edges``, its resource use read off the
+    ``metrics_urls`` (default: the target's own /metrics)."""
+    snapshots = _Scrapes(target, metrics_urls)
     snapshots.take(0)
     with LiveProgress(console, shape.total_s, shape.label) as progress:
         if shape.concurrency is not None:
@@ -121,8 +287,14 @@ def measure(target: Target, shape: LoadShape, slo: SloTargets, console: Console)
                 )
             )
             snapshots.take(1)
-            step = summarize(result.samples, window=result.window, slo=slo, concurrency=shape.concurrency)
-            return _with_prefix_cache([step], snapshots.rates(1))
+            step = summarize(
+                result.samples,
+                window=result.window,
+                slo=slo,
+                concurrency=shape.concurrency,
+                length_edges=length_edges,
+            )
+            return _served([step], snapshots.uses(1))
 
         def on_step(index: int, rate: float) -> None:
             if index:
@@ -144,10 +316,17 @@ def measure(target: Target, shape: LoadShape, slo: SloTargets, console: Console)
     snapshots.take(len(results))
     everything = [s for r in results for s in r.samples]
     steps = [
-        summarize(r.samples, window=r.window, slo=slo, offered_rps=r.rate_rps, completions=everything)
+        summarize(
+            r.samples,
+            window=r.window,
+            slo=slo,
+            offered_rps=r.rate_rps,
+            completions=everything,
+            length_edges=length_edges,
+        )
         for r in results
     ]
-    return _with_prefix_cache(steps, snapshots.rates(len(steps)))
+    return _served(steps, snapshots.uses(len(steps)))
 
 
 class LiveProgress:
@@ -207,17 +386,43 @@ def _ms(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:,.0f}"
 
 
+def _p50_95_99(d: Distribution) -> str:
+    return f"{_ms(d.p50_ms)}/{_ms(d.p95_ms)}/{_ms(d.p99_ms)}"
+
+
+def cpu_text(step: StepSummary) -> str:
+    cores = getattr(step, "cpu_cores", None)
+    return "-" if cores is None else f"{cores:.2f}"
+
+
+def gpu_text(step: StepSummary) -> str:
+    """``no GPU`` on CPU hosts (never a 0 %), utilisation and peak memory where the runtime exports
+    them, ``-`` where its /metrics was not read or says nothing of GPUs."""
+    gpus = getattr(step, "gpus", None)
+    if gpus is None:
+        return "-"
+    if gpus == 0:
+        return "no GPU"
+    util, memory = getattr(step, "gpu_util_pct", None), getattr(step, "gpu_memory_bytes", None)
+    if util is None or memory is None:
+        return f"{gpus} GPU, not exported"
+    return f"{util:.0f}% {memory / 2**30:,.1f} GiB"
+
+
 def steps_table(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None = None) -> Table:
-    """One row per step: load, throughput, goodput, latency percentiles and the SLO verdict.
+    """One row per step: load, throughput, goodput, latency percentiles, the replicas' CPU and GPU
+    use and the SLO verdict.
 
     Why a step breaks the SLO, and its errors by kind, are listed by :func:`step_notes` below it.
     """
     table = Table(title="load test", title_justify="left")
     for name in ("offered/s", "sent", "failed", "tput/s", "out tok/s", "goodput/s", "met SLO"):
         table.add_column(name, justify="right")
-    for name in ("TTFT p50/p95/p99", "TPOT p50/p99", "ITL p99", "E2EL p50/p90/p95/p99"):
-        table.add_column(f"{name} ms", justify="right")
+    for name in ("TTFT ms p50/95/99", "TPOT ms p50/99", "ITL ms p50/95/99", "E2EL ms p50/90/95/99"):
+        table.add_column(name, justify="right")
     table.add_column("prefix hit", justify="right")
+    table.add_column("CPU/replica", justify="right")
+    table.add_column("GPU", justify="right")
     table.add_column("SLO")
     for s in steps:
         load = f"{s.offered_rps:g}" if s.offered_rps is not None else f"c={s.concurrency}"
@@ -232,30 +437,27 @@ def steps_table(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None
             f"{s.output_tokens_per_s:,.0f}",
             f"{s.goodput_rps:.2f}",
             f"{s.attainment:.0%}" if s.completed else "-",
-            f"{_ms(s.ttft.p50_ms)}/{_ms(s.ttft.p95_ms)}/{_ms(s.ttft.p99_ms)}",
+            _p50_95_99(s.ttft),
             f"{_ms(s.tpot.p50_ms)}/{_ms(s.tpot.p99_ms)}",
-            _ms(s.itl.p99_ms),
+            _p50_95_99(s.itl),
             f"{_ms(s.e2el.p50_ms)}/{_ms(s.e2el.p90_ms)}/{_ms(s.e2el.p95_ms)}/{_ms(s.e2el.p99_ms)}",
             "-" if (hit := getattr(s, "prefix_cache_hit_rate", None)) is None else f"{hit:.0%}",
+            cpu_text(s),
+            gpu_text(s),
             mark,
         )
     return table
 
 
 def length_table(buckets: Sequence[LengthBucket]) -> Table:
-    """The run's completed requests by prompt length: TTFT and E2EL percentiles per range."""
+    """The run's completed requests by prompt length: TTFT, ITL and E2EL percentiles per range."""
     table = Table(title="by input length (prompt tokens)", title_justify="left")
     table.add_column("prompt tokens")
     table.add_column("requests", justify="right")
-    for name in ("TTFT p50/p95/p99", "E2EL p50/p95/p99"):
-        table.add_column(f"{name} ms", justify="right")
+    for name in ("TTFT ms p50/95/99", "ITL ms p50/95/99", "E2EL ms p50/95/99"):
+        table.add_column(name, justify="right")
     for b in buckets:
-        table.add_row(
-            b.label,
-            str(b.requests),
-            f"{_ms(b.ttft.p50_ms)}/{_ms(b.ttft.p95_ms)}/{_ms(b.ttft.p99_ms)}",
-            f"{_ms(b.e2el.p50_ms)}/{_ms(b.e2el.p95_ms)}/{_ms(b.e2el.p99_ms)}",
-        )
+        table.add_row(b.label, str(b.requests), _p50_95_99(b.ttft), _p50_95_99(b.itl), _p50_95_99(b.e2el))
     return table
 
 

@@ -15,6 +15,7 @@ hand-made samples and check hand-computed answers.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -183,13 +184,16 @@ def summarize(
     offered_rps: float | None = None,
     concurrency: int | None = None,
     completions: Sequence[RequestSample] | None = None,
+    length_edges: Sequence[int] = (),
 ) -> StepSummary:
     """Summarise the requests *sent* in ``window`` (start, end).
 
     Latencies describe those requests wherever they finished. Throughput counts the successful
     ``completions`` (default: ``samples``) that finished inside the window shifted by the median
     E2EL of this step's requests — during a step load pass every sample of the run, so a step's
-    throughput includes the tail of the previous step, as a server would see it.
+    throughput includes the tail of the previous step, as a server would see it. ``length_edges``
+    split the requests by prompt length (:func:`by_input_length`; the stack's
+    ``capacity.input_length_edges``).
     """
     start, end = window
     duration = max(end - start, 1e-9)
@@ -223,7 +227,7 @@ def summarize(
         tpot=Distribution.of_seconds(t for s in ok if (t := s.tpot_s) is not None),
         itl=Distribution.of_seconds(gap for s in ok for gap in s.itl_s),
         e2el=Distribution.of_seconds(s.e2el_s for s in ok if s.e2el_s is not None),
-        by_length=tuple(by_input_length(ok)),
+        by_length=tuple(by_input_length(ok, length_edges)),
     )
 
 
@@ -281,39 +285,52 @@ def find_knee(
 
 @dataclass(frozen=True)
 class LengthBucket:
-    """The requests whose prompt was in one range of lengths (tokens, as the server counted them)."""
+    """The requests whose prompt was in one range of lengths (tokens, as the server counted them):
+    ``low`` inclusive, ``high`` exclusive, None for the open top range."""
 
     low: int
-    high: int
+    high: int | None
     #: Completed requests in the range (a failed one has no prompt length the server counted).
     requests: int
     ttft: Distribution
+    itl: Distribution
     e2el: Distribution
 
     @property
     def label(self) -> str:
-        return f"{self.low}-{self.high}"
+        if self.high is None:
+            return "all" if self.low <= 1 else f">={_tokens(self.low)}"
+        return f"<{_tokens(self.high)}" if self.low <= 1 else f"{_tokens(self.low)}-{_tokens(self.high)}"
 
 
-def by_input_length(samples: Iterable[RequestSample]) -> list[LengthBucket]:
-    """Requests split by prompt length into power-of-two ranges (1-128, 129-256, 257-512, ...), the
-    ranges with none left out: latency grows with the prompt, so one figure over a mix hides it.
-    Completed requests only: the server counts a prompt's tokens in its answer."""
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def by_input_length(samples: Iterable[RequestSample], edges: Sequence[int] = ()) -> list[LengthBucket]:
+    """Completed requests split by prompt length at ``edges`` (e.g. 256, 1024, 4096: <256, 256-1k,
+    1k-4k, >=4k), the ranges with none left out: latency grows with the prompt, so one figure over a
+    mix hides it. No edges: one range of every request. Completed requests only: the server counts a
+    prompt's tokens in its answer."""
+    if any(b <= a for a, b in zip(edges, edges[1:], strict=False)) or any(e < 2 for e in edges):
+        raise ValueError(f"input length edges {list(edges)}: must be >= 2 tokens and increase strictly")
+    bounds = [1, *edges]
     groups: dict[int, list[RequestSample]] = {}
     for sample in samples:
         if not sample.ok or sample.prompt_tokens < 1:
             continue
-        high = max(128, 1 << (sample.prompt_tokens - 1).bit_length())
-        groups.setdefault(high, []).append(sample)
+        index = bisect.bisect_right(bounds, sample.prompt_tokens) - 1
+        groups.setdefault(index, []).append(sample)
     buckets = []
-    for high in sorted(groups):
-        group = groups[high]
+    for index in sorted(groups):
+        group = groups[index]
         buckets.append(
             LengthBucket(
-                low=1 if high == 128 else high // 2 + 1,
-                high=high,
+                low=bounds[index],
+                high=bounds[index + 1] if index + 1 < len(bounds) else None,
                 requests=len(group),
                 ttft=Distribution.of_seconds(s.ttft_s for s in group if s.ttft_s is not None),
+                itl=Distribution.of_seconds(gap for s in group for gap in s.itl_s),
                 e2el=Distribution.of_seconds(s.e2el_s for s in group if s.e2el_s is not None),
             )
         )

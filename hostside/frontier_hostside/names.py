@@ -220,16 +220,27 @@ START_PHASE_LABEL = "phase"
 # and restarts, and the local stack's resource metrics.
 PROCESS_RSS_METRIC = "process_resident_memory_bytes"
 PROCESS_START_METRIC = "process_start_time_seconds"
+# CPU seconds the process has used (a counter, exported as ``_total``): a load test's CPU use.
+PROCESS_CPU_METRIC = "process_cpu_seconds"
 PROCESS_METRIC_NAMES = (
     "process_virtual_memory_bytes",
     PROCESS_RSS_METRIC,
     PROCESS_START_METRIC,
-    "process_cpu_seconds",
+    PROCESS_CPU_METRIC,
     "process_open_fds",
     "process_max_fds",
 )
 
-# Every family the runtime exports, each once.
+# The accelerators the runtime's process sees (0 on a CPU host), and, where NVML answers on a GPU
+# host, each one's utilisation and memory in use: what a load test reports as the replicas' GPU use.
+GPUS_METRIC = "frontier_gpus"  # gauge
+GPU_UTILIZATION_METRIC = "frontier_gpu_utilization_percent"  # gauge {device}
+GPU_MEMORY_USED_METRIC = "frontier_gpu_memory_used_bytes"  # gauge {device}
+DEVICE_LABEL = "device"
+#: Exported only where there is a GPU to describe: a CPU host has no such series, never a 0.
+GPU_METRIC_NAMES = (GPU_UTILIZATION_METRIC, GPU_MEMORY_USED_METRIC)
+
+# Every family the runtime exports on every host, each once (GPU_METRIC_NAMES come on GPU hosts).
 RUNTIME_METRIC_NAMES = (
     HTTP_REQUESTS_METRIC,
     HTTP_DURATION_METRIC,
@@ -271,6 +282,7 @@ RUNTIME_METRIC_NAMES = (
     API_KEYS_RELOAD_FAILURES_METRIC,
     API_KEYS_INFO_METRIC,
     START_PHASE_METRIC,
+    GPUS_METRIC,
     *PROCESS_METRIC_NAMES,
 )
 

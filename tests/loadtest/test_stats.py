@@ -148,14 +148,33 @@ def test_latency_percentiles_ignore_failed_requests():
     assert s.e2el.p50_ms == pytest.approx(300)
 
 
-def test_completed_requests_are_split_by_prompt_length_into_power_of_two_ranges():
+def test_completed_requests_are_split_by_prompt_length_at_the_edges():
     def sample(prompt: int, e2el: float, ok: bool = True) -> RequestSample:
         return RequestSample(
-            sent_at=0, ok=ok, ttft_s=e2el / 4, e2el_s=e2el, prompt_tokens=prompt, output_tokens=8
+            sent_at=0,
+            ok=ok,
+            ttft_s=e2el / 4,
+            e2el_s=e2el,
+            itl_s=(e2el / 8, e2el / 8),
+            prompt_tokens=prompt,
+            output_tokens=3,
         )
 
-    samples = [sample(20, 0.1), sample(128, 0.2), sample(129, 0.4), sample(900, 1.0), sample(1000, 1.2)]
+    samples = [sample(20, 0.1), sample(255, 0.2), sample(256, 0.4), sample(5000, 1.0), sample(9000, 1.2)]
     samples.append(sample(0, 9.0, ok=False))  # failed: no prompt length counted
-    buckets = by_input_length(samples)
-    assert [(b.label, b.requests) for b in buckets] == [("1-128", 2), ("129-256", 1), ("513-1024", 2)]
+    buckets = by_input_length(samples, (256, 1024, 4096))
+    assert [(b.label, b.requests) for b in buckets] == [("<256", 2), ("256-1k", 1), (">=4k", 2)]
     assert buckets[2].e2el.p50_ms == pytest.approx(1100)
+    assert buckets[2].itl.p50_ms == pytest.approx(137.5)
+
+
+def test_without_edges_every_completed_request_is_one_range():
+    samples = [RequestSample(sent_at=0, ok=True, ttft_s=0.1, e2el_s=0.2, prompt_tokens=n) for n in (5, 5000)]
+    (bucket,) = by_input_length(samples)
+    assert (bucket.label, bucket.requests) == ("all", 2)
+
+
+@pytest.mark.parametrize("edges", [(256, 256), (1024, 256), (1, 256)])
+def test_edges_that_do_not_increase_from_2_are_refused(edges):
+    with pytest.raises(ValueError, match="must be >= 2 tokens and increase strictly"):
+        by_input_length([], edges)

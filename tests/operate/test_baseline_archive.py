@@ -15,6 +15,7 @@ from invoke.exceptions import Exit
 from frontier import project
 from frontier.capacity.baseline import (
     Baseline,
+    LengthFigures,
     archive_path,
     archived_releases,
     baseline_path,
@@ -152,3 +153,58 @@ def test_the_archive_is_pretty_json_of_every_field() -> None:
     data = json.loads(archive_path("local", OLD).read_text())
     assert data["release_id"] == OLD and data["replica_qps"] == 16.0 and len(data) == 9
     assert baseline_path("local").read_text() == archive_path("local", OLD).read_text()
+
+
+MEASURED_FULLY = replace(
+    MEASURED,
+    p95_latency_ms=1300.0,
+    ttft_p50_ms=200.0,
+    ttft_p95_ms=450.0,
+    itl_p50_ms=20.0,
+    itl_p95_ms=30.0,
+    itl_p99_ms=40.0,
+    cpu_cores=1.5,
+    gpus=0,
+    by_length=(
+        LengthFigures(label="<256", requests=40, ttft_p95_ms=300.0, itl_p95_ms=25.0, e2el_p95_ms=900.0),
+        LengthFigures(label="1k-4k", requests=10, ttft_p95_ms=900.0, itl_p95_ms=35.0, e2el_p95_ms=2000.0),
+    ),
+)
+
+
+def test_the_diff_covers_p95_itl_and_cpu_use() -> None:
+    after = replace(MEASURED_FULLY, release_id=NEW, ttft_p95_ms=540.0, itl_p95_ms=30.0, cpu_cores=1.9)
+    diffs = {d.name: d for d in diff_baselines(MEASURED_FULLY, after) if not d.length}
+    assert diffs["ttft_p95_ms"].regression and diffs["ttft_p95_ms"].change == "+20.0 %"
+    assert not diffs["itl_p95_ms"].regression
+    assert diffs["cpu_cores"].regression  # 1.9 / 1.5 = +26.7 % more CPU for the same knee
+
+
+def test_the_diff_compares_each_input_length_range_both_measured() -> None:
+    slower = LengthFigures(
+        label="1k-4k", requests=12, ttft_p95_ms=1200.0, itl_p95_ms=35.0, e2el_p95_ms=2100.0
+    )
+    after = replace(MEASURED_FULLY, release_id=NEW, by_length=(MEASURED_FULLY.by_length[0], slower))
+    ranged = [d for d in diff_baselines(MEASURED_FULLY, after) if d.length]
+    assert {(d.length, d.name) for d in ranged if d.regression} == {("1k-4k", "ttft_p95_ms")}
+    assert len(ranged) == 6  # two ranges of three figures
+
+
+def test_a_cpu_host_s_gpu_figures_read_no_gpu_and_are_never_a_regression() -> None:
+    same = replace(MEASURED_FULLY, release_id=NEW)
+    gpu = {d.name: d for d in diff_baselines(MEASURED_FULLY, same) if not d.length}
+    assert (gpu["gpu_util_pct"].before_note, gpu["gpu_util_pct"].verdict) == ("no GPU", "not compared")
+    assert not gpu["gpu_memory_bytes"].regression
+
+
+def test_a_baseline_measured_before_the_new_figures_diffs_them_as_not_measured(capsys) -> None:
+    save_baseline(MEASURED)  # no p95, ITL, CPU or ranges: written before they were measured
+    save_baseline(replace(MEASURED_FULLY, release_id=NEW, measured_at="2026-12-02T10:00:00Z"))
+    baseline_diff(Context(), OLD, NEW, stack="local")
+    row = next(line for line in capsys.readouterr().out.splitlines() if "TTFT p95" in line)
+    assert "not measured" in row and "450.0" in row and "not compared" in row
+
+
+def test_every_new_figure_and_range_survives_the_archive() -> None:
+    save_baseline(MEASURED_FULLY)
+    assert load_archived("local", OLD) == MEASURED_FULLY

@@ -167,6 +167,7 @@ class ServerMetrics:
         # The process's own resident memory, CPU seconds and start time (process_*): what a soak
         # judges for leaks and restarts, and the local stack's resource metrics.
         ProcessCollector(registry=reg)
+        reg.register(_GpuCollector())
         reg.register(_KeysCollector(keys_state or (lambda: (None, None))))
 
     def finished(
@@ -193,6 +194,41 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _GpuCollector(Collector):
+    """The GPUs this process sees, and each one's utilisation and memory in use as NVML reports them
+    (the whole device's, whichever process of the replica drives it). NVML creates no CUDA context,
+    so a scrape costs no GPU memory. A CPU host exports ``frontier_gpus 0`` and no per-GPU series:
+    a utilisation of 0 would read as an idle GPU that is not there."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._cuda = torch.cuda
+        self._count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    def collect(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily(names.GPUS_METRIC, "GPUs this runtime's process sees.", value=self._count)
+        if not self._count:
+            return
+        util = GaugeMetricFamily(
+            names.GPU_UTILIZATION_METRIC, "GPU utilisation over NVML's last sample period, percent.",
+            labels=[names.DEVICE_LABEL],
+        )  # fmt: skip
+        used = GaugeMetricFamily(
+            names.GPU_MEMORY_USED_METRIC,
+            "GPU memory in use on the device, bytes.",
+            labels=[names.DEVICE_LABEL],
+        )
+        try:
+            for device in range(self._count):
+                util.add_metric([str(device)], self._cuda.utilization(device))
+                used.add_metric([str(device)], self._cuda.device_memory_used(device))
+        except (ModuleNotFoundError, RuntimeError):
+            return  # NVML (nvidia-ml-py) absent or not answering: the count alone says GPUs are there
+        yield util
+        yield used
 
 
 class _LiveCollector(Collector):

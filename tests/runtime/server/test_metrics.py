@@ -127,3 +127,9 @@ def test_probes_and_scrapes_are_not_counted_as_traffic(serve) -> None:
     httpx.get(f"{srv.url}/health/live")
     text = httpx.get(f"{srv.url}/metrics").text
     assert 'route="/health' not in text and 'route="/metrics"' not in text
+
+
+def test_a_cpu_host_exports_no_gpus_and_no_gpu_series(serve) -> None:
+    families = _scrape(serve().url)
+    assert [s.value for s in families[names.GPUS_METRIC]] == [0]
+    assert not set(names.GPU_METRIC_NAMES) & set(families)  # no utilisation of 0 for a GPU that is not there
