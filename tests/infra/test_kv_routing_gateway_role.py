@@ -1,15 +1,18 @@
 """An EC2 stack whose pool publishes KV events: the ``gateway.yaml`` its gateway hosts boot from
-(``fab gateway.publish``) routes the pool by them, and the gateway's role, as the program declares it
-when run as ``pulumi up`` runs it (``language_host.py``), may read that pool's tokenizer files and not
-one other object of its weights, evaluated as AWS would by ``@cloud-copilot/iam-simulate``."""
+(``fab gateway.publish``) routes the pool by them, the program runs as ``pulumi up`` runs it
+(``language_host.py``) with the gateway's role policy declared, and that policy, as the program
+renders it under Pulumi's mocks, may read that pool's tokenizer files and not one other object of
+its weights, evaluated as AWS would by ``@cloud-copilot/iam-simulate``."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from infra_mocks import run_program
 from test_kv_event_doors import STACK, declared, dev_with_gateway
 
 from frontier.access.gateway import render_gateway_config
@@ -32,10 +35,14 @@ def run(document: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> d
     return declared(document, tmp_path_factory.mktemp("kv-routing"))
 
 
-def test_the_gateway_yaml_its_hosts_boot_from_routes_the_pool_by_its_kv_events(document, tmp_path) -> None:
-    path = tmp_path / f"Pulumi.{STACK}.yaml"
+def _settings(document: dict[str, Any], folder: Path):
+    path = folder / f"Pulumi.{STACK}.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
-    settings = load_stack(STACK, path=path)
+    return load_stack(STACK, path=path)
+
+
+def test_the_gateway_yaml_its_hosts_boot_from_routes_the_pool_by_its_kv_events(document, tmp_path) -> None:
+    settings = _settings(document, tmp_path)
     (pool,) = yaml.safe_load(render_gateway_config(settings, None))["models"]
     assert pool["discovery"]["node_group"] == settings.only_pool.group.name
     routing = pool["kv_routing"]
@@ -45,9 +52,15 @@ def test_the_gateway_yaml_its_hosts_boot_from_routes_the_pool_by_its_kv_events(d
     assert routing["tokenizer_source"] == f"{model.weights_uri}/{model.version}"
 
 
-def test_the_gateway_role_reads_the_tokenizer_files_and_no_other_weights_object(run, document) -> None:
-    (policy,) = [w for w in run["whole"] if w["name"] == f"{STACK}-gateway-policy"]
-    granted = json.loads(policy["policy"])
+def test_pulumi_up_declares_the_gateways_role_policy_in_a_fresh_interpreter(run) -> None:
+    assert ["aws:iam/rolePolicy:RolePolicy", f"{STACK}-gateway-policy"] in run["resources"]
+
+
+def test_the_gateway_role_reads_the_tokenizer_files_and_no_other_weights_object(document, tmp_path) -> None:
+    graph = run_program(_settings(document, tmp_path))
+    granted = json.loads(
+        graph.one("aws:iam/rolePolicy:RolePolicy", f"{STACK}-gateway-policy").inputs["policy"]
+    )
     model = document["config"]["frontier:model"]
     version = f"arn:aws:s3:::{model['weights_uri'].removeprefix('s3://')}/{model['version']}"
     other = f"arn:aws:s3:::{model['weights_uri'].removeprefix('s3://')}/not-{model['version']}"
