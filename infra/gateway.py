@@ -20,7 +20,8 @@
   anything is created (:func:`gateway_image_problems`), as a host on it would stop at its preflight.
 - The gateway's role reads its tenants' key digests and the runtimes' key (Secrets Manager, KMS),
   lists instances (it finds each pool's runtimes by their tags), reads what it boots from under the
-  history prefix's ``gateway/``, writes metering records under its S3 prefix, ships its logs to its
+  history prefix's ``gateway/``, reads the two tokenizer files of each pool it routes by KV events
+  (:mod:`frontier.identity.gateway`), writes metering records under its S3 prefix, ships its logs to its
   stack's log groups and puts metrics in the runtime's CloudWatch namespace (the held requests the
   from-zero alarms read; infra/monitoring.py alarms on the rest); nothing else.
 """
@@ -39,8 +40,8 @@ from frontier_hostside.names import CLOUDWATCH_NAMESPACE, ROLE_TAG
 
 from frontier.config import host_image
 from frontier.config.schema import Settings
-from frontier.render.boot import gateway_bake_command, gateway_tools
 from frontier.identity.gateway import tokenizer_statements
+from frontier.render.boot import gateway_bake_command, gateway_tools
 from frontier.targets.ec2.gateway import GATEWAY_REFRESH, GATEWAY_ROLE
 from infra.doors import Rule, open_door
 from infra.nodes import CANONICAL, MachineImage, look_up_ami
