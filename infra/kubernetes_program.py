@@ -27,10 +27,11 @@ from frontier.targets.kubernetes.manifests import pool_service_account
 from infra.addons import ClusterAddons, ClusterAddonsArgs, has_web_acl
 from infra.cloud import Cloud, look_up
 from infra.eks import EksArgs, EksCluster
-from infra.foundation import Foundation, FoundationArgs
+from infra.foundation import Foundation, FoundationArgs, retention_days
 from infra.interruptions import notice_queue
 from infra.outputs import KubernetesOutputs
 from infra.placement import GpuPlacement, look_up_placement, node_pool_problems, node_pool_zones
+from infra.pod_logs import PodLogs, PodLogsArgs
 from infra.preflight import certificate_problems, refuse_problems, registry_problems, weights_bucket_problems
 from infra.storage import metering_problems
 from infra.tags import base_tags
@@ -315,6 +316,21 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
             ),
         )
 
+    # The pods' logs go to the groups EC2's hosts write, with the same retention and key.
+    pod_logs = PodLogs(
+        f"{stack}-logs",
+        PodLogsArgs(
+            settings=settings,
+            cloud=cloud,
+            cluster_name=cluster_name,
+            kms_key_arn=secrets.key_arn,
+            retention_days=retention_days(production),
+            tags=tags,
+            oidc_provider_arn=oidc_provider_arn,
+            oidc_issuer=oidc_issuer,
+        ),
+    )
+
     workloads = Workloads(
         f"{stack}-runtime",
         WorkloadsArgs(
@@ -323,6 +339,7 @@ def build_kubernetes(settings: Settings) -> KubernetesOutputs[pulumi.Input[str]]
             context=context,
             role_arns=roles,
             gateway_role_arn=gateway.role_arn if gateway is not None else None,
+            log_shipper_role_arn=pod_logs.role_arn,
             access_logs_bucket=storage.logs_bucket,
             web_acl_arn=web_acl.arn if web_acl is not None else None,
             provider=provider,

@@ -56,7 +56,7 @@ from frontier_hostside.names import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 from frontier.alarms import NAMED_ALARMS
 from frontier.config.schema import SEVERITIES, AlertRoute, Settings, Severity, Slo
 from frontier.identity.cloud import Cloud
-from frontier.identity.documents import LOG_GROUP_ROOT
+from frontier.identity.documents import log_group_name
 from frontier.render import alerts as host
 from frontier.render.alerts import ResourceLimits
 from frontier.render.dashboards import RESOURCE_PANELS
@@ -217,7 +217,7 @@ class Monitoring(pulumi.ComponentResource):
         groups = {
             purpose: aws.cloudwatch.LogGroup(
                 f"{name}-{purpose}",
-                name=f"{LOG_GROUP_ROOT}/{args.stack}/{purpose}",
+                name=log_group_name(args.stack, purpose),
                 retention_in_days=args.log_retention_days,
                 kms_key_id=args.kms_key_arn,
                 tags=tags,

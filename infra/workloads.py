@@ -32,6 +32,10 @@ the kubelet's pod-resources socket (hostPath), runs as root with SYS_ADMIN and n
 tag, which the policy pack's mandatory ``k8s-no-privileged-pods`` and ``k8s-images-by-digest``
 refuse for every workload. ``fab render`` writes it (``kubernetes/monitoring/``) for the monitoring
 stack to apply, until the policy pack admits that one agent by name.
+
+The pods' log shipper (:mod:`frontier.targets.kubernetes.logging`) likewise: its namespace, service
+account, config and NetworkPolicy are applied here, its DaemonSet (the node's log files, as root) is
+written by ``fab render`` (``kubernetes/logging/``) for the cluster's operator to apply.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from frontier.config.checks import is_production
 from frontier.config.schema import Settings
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.gateway import pool_views
+from frontier.targets.kubernetes.logging import logging_objects
 from frontier.targets.kubernetes.manifests import Manifest, Workload, render_workload
 from frontier.targets.kubernetes.monitoring import DCGM_NAME, monitoring_objects
 from frontier.targets.kubernetes.objects import app_labels, kubernetes_of
@@ -110,6 +115,8 @@ class WorkloadsArgs:
     role_arns: Mapping[str, pulumi.Input[str]] | None = None
     #: The gateway's IAM role (IRSA annotates its service account with it), where the stack has one.
     gateway_role_arn: pulumi.Input[str] | None = None
+    #: The pods' log shipper's IAM role (IRSA annotates its service account with it).
+    log_shipper_role_arn: pulumi.Input[str] | None = None
     #: The stack's access-log bucket: an ALB made by the load balancer controller logs there too.
     access_logs_bucket: pulumi.Input[str] | None = None
     #: The stack's web ACL, which the controller puts in front of the ALB it makes for the Ingress.
@@ -183,6 +190,11 @@ def monitoring_namespace(settings: Settings) -> Manifest | None:
     return Manifest("v1", "Namespace", name, None, {}, labels={"kubernetes.io/metadata.name": name})
 
 
+def applied_logging_objects(settings: Settings, role_arn: Any = None) -> list[Manifest]:
+    """The pods' log shipper's objects that Pulumi applies: all but its DaemonSet (node files, root)."""
+    return [m for m in logging_objects(settings, role_arn) if m.kind != "DaemonSet"]
+
+
 def applied_monitoring_objects(settings: Settings) -> list[Manifest]:
     """The Prometheus stack's part that Pulumi applies: all but :data:`NOT_APPLIED`."""
     return [m for m in monitoring_objects(settings) if (m.kind, m.name) not in NOT_APPLIED]
@@ -232,6 +244,14 @@ class Workloads(pulumi.ComponentResource):
             after.append(self._add(f"{name}-monitoring-namespace", monitoring_ns, []))
         for manifest in applied_monitoring_objects(args.settings):
             self._add(f"{name}-monitoring-{manifest.kind.lower()}-{manifest.name}", manifest, after)
+        # The pods' log shipper's namespace, identity, config and policy (its DaemonSet: fab render).
+        shipper_after: list[pulumi.Resource] = []
+        for manifest in applied_logging_objects(args.settings, args.log_shipper_role_arn):
+            added = self._add(
+                f"{name}-logging-{manifest.kind.lower()}-{manifest.name}", manifest, shipper_after
+            )
+            if manifest.kind == "Namespace":
+                shipper_after = [added]
         self.deployment_name, self.namespace = workload.deployment.name, workload.namespace.name
         self.deployments = [d.name for d in workload.runtime_deployments]
         self.register_outputs({"deployment": workload.deployment.name, "namespace": workload.namespace.name})

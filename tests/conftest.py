@@ -107,6 +107,7 @@ PROC_TESTS: dict[str, str] = {
     "tests/kubernetes/test_kv_routing_config.py::test_the_gateways_role_reads_the_tokenizer_objects_and_no_weights_shard": "simulate(): node running tools/iam-simulate",
     "tests/infra/test_two_pools_ec2.py::test_pulumi_up_declares_both_pools_in_a_fresh_interpreter": "a fresh python -I",
     "tests/infra/test_release_key_policy.py": "simulate(): node running tools/iam-simulate",
+    "tests/infra/test_pod_log_actors.py": "simulate(): node running tools/iam-simulate; a fresh python -I",
     "tests/infra/test_spot_capacity.py::test_the_deploy_role_reads_the_notices_on_its_stacks_queue_as_fab_status_does": "simulate(): node running tools/iam-simulate",
     "tests/infra/test_spot_capacity.py::test_the_deploy_role_can_neither_take_send_nor_purge_notices_nor_read_another_stacks_queue": "simulate(): node running tools/iam-simulate",
     "tests/unit/test_local_alarms.py::test_a_process_that_is_gone_is_named": "a process",

@@ -45,7 +45,7 @@ the same documents the local stack renders with its own names.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,6 +258,35 @@ def list_prefix(sid: str, bucket_arn: str, *prefixes: str) -> Statement:
 
 def log_groups_arn(cloud: Cloud, stack: str) -> str:
     return cloud.arn("logs", f"log-group:{LOG_GROUP_ROOT}/{stack}/*")
+
+
+def log_group_name(stack: str, purpose: str) -> str:
+    """``/frontier/<stack>/<purpose>``: where a host's agent (EC2) or the pods' shipper (EKS) writes."""
+    return f"{LOG_GROUP_ROOT}/{stack}/{purpose}"
+
+
+# What a log shipper needs to write into a group that exists: a stream per source, its events, and
+# the streams it finds after a restart.
+LOG_SHIPPER_ACTIONS = ("logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams")
+
+
+def log_shipper_policy(cloud: Cloud, groups: Sequence[str]) -> dict[str, Any]:
+    """Write into exactly ``groups`` (names) and no other: their streams, nothing that makes a group or
+    changes its retention or key."""
+    arns = [cloud.arn("logs", f"log-group:{group}") for group in groups]
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "ShipPodLogs",
+                "Effect": "Allow",
+                "Action": list(LOG_SHIPPER_ACTIONS),
+                # DescribeLogStreams acts on the group (written with or without a trailing ":*"), the
+                # other two on one of its streams (":log-stream:<name>", which ":*" covers).
+                "Resource": [r for arn in arns for r in (arn, f"{arn}:*")],
+            }
+        ],
+    }
 
 
 def boot_read_prefixes(args: IdentityArgs) -> list[str]:

@@ -16,7 +16,8 @@ is how the CLI hands it over. What the language host does, this does in the same
 Only step 0 differs: the engine and AWS are :mod:`cloud_mocks`, loaded by file path so that the tests'
 folder never reaches ``sys.path``. OUT.json receives every resource declared (type and name), each
 resource's own ``name`` input where it has one (``named``: what AWS shows), each security group's id
-and each security-group rule's inputs (``rules``: who may reach whom) and the stack's exported
+each security-group rule's inputs (``rules``: who may reach whom), each log group's and role policy's
+inputs (``whole``: retention, key, document) and the stack's exported
 outputs; a program that fails prints its traceback and exits non-zero, as ``pulumi up`` would.
 """
 
@@ -35,6 +36,8 @@ import pulumi
 from pulumi.runtime.stack import run_pulumi_func
 
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
+# Recorded with all their inputs (retention and key of a log group; a role policy's document).
+RECORDED_WHOLE = ("aws:cloudwatch/logGroup:LogGroup", "aws:iam/rolePolicy:RolePolicy")
 SECURITY_GROUP_RULES = (
     "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
     "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule",
@@ -60,6 +63,7 @@ def main(program_dir: str, project: str, stack: str, out: str) -> None:
     named: list[tuple[str, str, str]] = []
     groups: dict[str, str] = {}
     rules: list[dict[str, Any]] = []
+    whole: list[dict[str, Any]] = []
 
     class Recording(mocks_module.EksCloudMocks):  # type: ignore[misc, name-defined]
         def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
@@ -71,6 +75,8 @@ def main(program_dir: str, project: str, stack: str, out: str) -> None:
                 groups[args.name] = resource_id
             if args.typ in SECURITY_GROUP_RULES:
                 rules.append({"type": args.typ, "name": args.name, **dict(args.inputs)})
+            if args.typ in RECORDED_WHOLE:
+                whole.append({"type": args.typ, "resource": args.name, **dict(args.inputs)})
             return resource_id, outputs
 
     loop = asyncio.new_event_loop()
@@ -89,6 +95,7 @@ def main(program_dir: str, project: str, stack: str, out: str) -> None:
         "named": named,
         "groups": groups,
         "rules": rules,
+        "whole": whole,
         "outputs": outputs,
     }
     Path(out).write_text(json.dumps(produced, default=str))

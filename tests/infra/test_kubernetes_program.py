@@ -35,6 +35,7 @@ from infra.workloads import (
     REPLICA_KEY_LENGTH,
     SKIP_AWAIT,
     WAF_ACL_ANNOTATION,
+    applied_logging_objects,
     applied_monitoring_objects,
     monitoring_namespace,
     release_digest,
@@ -247,7 +248,12 @@ def test_every_rendered_object_is_a_typed_resource_with_the_rendered_properties(
     """The workloads on the graph are exactly the renderer's objects (no Helm, no YAML groups)."""
     settings = eks.settings
     workload = m.render_workload(settings, release_digest(settings))
-    rendered = [*workload.all(), monitoring_namespace(settings), *applied_monitoring_objects(settings)]
+    rendered = [
+        *workload.all(),
+        monitoring_namespace(settings),
+        *applied_monitoring_objects(settings),
+        *applied_logging_objects(settings),
+    ]
     k8s_resources = [r for r in eks.resources if r.type.startswith("kubernetes:") and r.type != HELM_RELEASE]
     assert len(k8s_resources) == len(rendered)
     by_name = {(r.type.rsplit(":", 1)[1], r.inputs["metadata"]["name"]): r for r in k8s_resources}
@@ -318,7 +324,12 @@ def test_irsa_trusts_only_the_runtime_service_account(tmp_path):
         statement["Condition"]["StringEquals"][f"{host}:sub"]
         == "system:serviceaccount:frontier-prod:frontier-runtime"
     )
-    sa = next(r for r in graph.resources if r.type == "kubernetes:core/v1:ServiceAccount")
+    runtime_account = m.pool_service_account(graph.settings, graph.settings.pools[0])
+    sa = next(
+        r
+        for r in graph.of_type("kubernetes:core/v1:ServiceAccount")
+        if r.inputs["metadata"]["name"] == runtime_account
+    )
     assert sa.inputs["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": role.outputs["arn"]}
     assert not graph.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
 
@@ -336,12 +347,19 @@ def test_an_existing_cluster_gets_only_the_workloads_and_the_stacks_aws_resource
         assert not graph.of_type(absent), absent
     provider = graph.one("pulumi:providers:kubernetes")
     assert (provider.inputs["kubeconfig"], provider.inputs["context"]) == (str(kubeconfig), "prod")
-    association = graph.one("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    association = graph.one(
+        "aws:eks/podIdentityAssociation:PodIdentityAssociation", f"{graph.stack}-pods-runtime"
+    )
     assert association.inputs["roleArn"] == "arn:aws:iam::123456789012:role/frontier-runtime"
     assert graph.of_type("aws:s3/bucket:Bucket") and graph.of_type("aws:ecr/repository:Repository")
-    # The workload's objects and the Prometheus stack's part, in that stack's own namespace.
+    # The workload's objects, the Prometheus stack's part in that stack's own namespace, and the pods'
+    # log shipper's.
     rendered = m.render_workload(graph.settings, release_digest(graph.settings)).all()
-    expected = len(rendered) + len(applied_monitoring_objects(graph.settings))
+    expected = (
+        len(rendered)
+        + len(applied_monitoring_objects(graph.settings))
+        + len(applied_logging_objects(graph.settings))
+    )
     assert len([r for r in graph.resources if r.type.startswith("kubernetes:")]) == expected
     assert not [r for r in graph.resources if r.name.endswith("-monitoring-namespace")]
 
@@ -550,6 +568,20 @@ def test_the_load_balancer_controller_changes_only_what_it_tagged_with_this_clus
     assert association.inputs["namespace"] == "kube-system"
     assert association.inputs["roleArn"] == role.outputs["arn"]
     assert association.urn in _release(eks, "load-balancer-controller").dependencies
+
+
+def test_with_irsa_the_log_shipper_trusts_only_its_service_account(tmp_path):
+    graph = run_kubernetes(_variant(tmp_path, {"identity": "irsa"}))
+    role = graph.one("aws:iam/role:Role", "eks-prod-logs-shipper")
+    condition = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]["Condition"]["StringEquals"]
+    host = OIDC_ISSUER.removeprefix("https://")
+    assert condition[f"{host}:sub"] == "system:serviceaccount:frontier-logging:frontier-fluent-bit"
+    sa = next(
+        r
+        for r in graph.of_type("kubernetes:core/v1:ServiceAccount")
+        if r.inputs["metadata"]["name"] == "frontier-fluent-bit"
+    )
+    assert sa.inputs["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": role.outputs["arn"]}
 
 
 def test_with_irsa_the_load_balancer_controller_trusts_only_its_service_account(tmp_path):

@@ -38,9 +38,14 @@ def scan(folder: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def workload(eks_prod) -> dict[str, dict]:
-    """The runtime's objects (the monitoring ones apart: they carry the DCGM exporter's exceptions)."""
+    """The runtime's objects (the monitoring and logging ones apart: they carry the DCGM exporter's and
+    the log shipper's exceptions)."""
     files = backend_for(eks_prod).rendered_files("sha256:" + "ab" * 32)
-    return {Path(rel).name: yaml.safe_load(t) for rel, t in files.items() if "/monitoring/" not in rel}
+    return {
+        Path(rel).name: yaml.safe_load(t)
+        for rel, t in files.items()
+        if "/monitoring/" not in rel and "/logging/" not in rel
+    }
 
 
 @pytest.fixture
@@ -87,3 +92,16 @@ def test_an_exception_without_a_reason_fails_the_scan(tmp_path, workload, deploy
     done = scan(write(tmp_path / "unexplained", workload, weak))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "exceptions without a reason: CKV_K8S_29" in done.stdout
+
+
+def test_the_log_shippers_objects_pass_with_its_two_root_exceptions_only(tmp_path, eks_prod):
+    files = backend_for(eks_prod).rendered_files("sha256:" + "ab" * 32)
+    folder = tmp_path / "logging"
+    folder.mkdir()
+    for rel, text in files.items():
+        if "/logging/" in rel:
+            (folder / Path(rel).name).write_text(text)
+    done = scan(folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "inline exceptions (2)" in done.stdout
+    assert "CKV_K8S_23" in done.stdout and "CKV_K8S_40" in done.stdout

@@ -65,6 +65,7 @@ from frontier.targets.kubernetes import gateway as gw
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.autoscaling import scaled_object
 from frontier.targets.kubernetes.deploy_access import deploy_role
+from frontier.targets.kubernetes.logging import logging_objects
 from frontier.targets.kubernetes.monitoring import monitoring_objects, prometheus_rule, service_monitor
 from frontier.targets.kubernetes.network import ingress_access_annotations
 from frontier.targets.kubernetes.network_policies import network_policies
@@ -685,4 +686,6 @@ def manifest_files(settings: Settings, digest: str) -> dict[str, str]:
     return {
         **yaml_files(render_workload(settings, digest).all()),
         **yaml_files(monitoring_objects(settings), folder="kubernetes/monitoring"),
+        # The pods' log shipper: a namespace of its own, applied beside the workload.
+        **yaml_files(logging_objects(settings), folder="kubernetes/logging"),
     }
