@@ -26,11 +26,12 @@ from frontier.loadtest.report import (
     length_table,
     measure,
     plot,
+    scaling_target,
     step_notes,
     steps_table,
     wide_console,
 )
-from frontier.loadtest.stats import Knee, SloTargets, StepSummary, find_knee
+from frontier.loadtest.stats import Knee, SloTargets, StepSummary, concurrency_knee, find_knee
 from frontier.targets import backend_for
 from frontier.targets.local import cluster as local
 
@@ -160,7 +161,7 @@ def default_api_key(settings: Settings) -> str | None:
         "url": "base URL of an OpenAI-compatible endpoint (default: the local stack's balancer)",
         "rate": "Poisson arrivals at this many requests/s (default: the stack's capacity.peak_qps)",
         "step": "a step load: comma-separated rates, each held --step-duration seconds; finds the knee",
-        "concurrency": "closed loop with this many clients instead of arrivals at a rate",
+        "concurrency": "closed loop with this many clients instead of arrivals at a rate; several, comma-separated and rising (1,2,4,8,16), sweep them --duration each and print the knee as the autoscaling target",
         "duration": "seconds of a single-rate or fixed-concurrency run (default 30)",
         "step_duration": "seconds per rate of a step load (default 20)",
         "burstiness": "gamma shape of the arrival gaps: 1 is Poisson, <1 burstier (default 1)",
@@ -230,7 +231,8 @@ def loadtest(
     if step:
         shape = LoadShape(rates=tuple(_parse_rates(step)), seconds=float(step_duration))
     elif concurrency is not None:
-        shape = LoadShape(concurrency=int(concurrency), seconds=float(duration))
+        levels = _parse_levels(concurrency)
+        shape = LoadShape(concurrency=levels[0], seconds=float(duration))
     else:
         shape = LoadShape(
             rates=(float(rate) if rate is not None else settings.capacity.peak_qps,), seconds=float(duration)
@@ -242,14 +244,21 @@ def loadtest(
         seed=int(seed),
     )
     metrics_urls = tuple(u.strip() for u in str(metrics).split(",") if u.strip()) if metrics else ()
-    steps = measure(
-        target,
-        shape,
-        slo,
-        console,
-        length_edges=settings.capacity.input_length_edges,
-        metrics_urls=metrics_urls,
-    )
+    shapes = [shape]
+    if concurrency is not None:
+        shapes = [replace(shape, concurrency=level) for level in levels]
+    steps = [
+        s
+        for each in shapes
+        for s in measure(
+            target,
+            each,
+            slo,
+            console,
+            length_edges=settings.capacity.input_length_edges,
+            metrics_urls=metrics_urls,
+        )
+    ]
     knee = find_knee(steps, slo) if step else None
     console.print(steps_table(steps, slo, knee))
     for note in step_notes(steps, slo):
@@ -260,6 +269,9 @@ def loadtest(
             load = f"{s.offered_rps:g} req/s" if s.offered_rps is not None else f"concurrency {s.concurrency}"
             table.title = f"{table.title} at {load}"
             console.print(table)
+    if len(shapes) > 1:
+        _print_scaling_target(console, settings, steps, int(replicas))
+        return
     if not step:
         _fail_on_errors(steps, slo)
         return
@@ -287,6 +299,35 @@ def _parse_lengths(value: object) -> tuple[int, ...]:
     if not lengths or any(not 1 <= n <= 1_048_576 for n in lengths):
         raise LoadTestError(f"--prompt-tokens {value}: each length must be 1..1048576 tokens")
     return lengths
+
+
+def _parse_levels(value: object) -> tuple[int, ...]:
+    """``--concurrency``: one number of clients, or several rising, comma-separated, each 1..100,000."""
+    try:
+        levels = tuple(int(part) for part in str(value).split(","))
+    except ValueError:
+        raise LoadTestError(
+            f"--concurrency {value}: give a number of clients, or several rising, separated by commas"
+        ) from None
+    if any(not 1 <= n <= 100_000 for n in levels):
+        raise LoadTestError(f"--concurrency {value}: each level must be 1..100000 clients")
+    if any(b <= a for a, b in zip(levels, levels[1:], strict=False)):
+        raise LoadTestError(f"--concurrency {value}: the levels of a sweep must rise strictly")
+    return levels
+
+
+def _print_scaling_target(
+    console: Console, settings: Settings, steps: list[StepSummary], replicas: int
+) -> None:
+    """The sweep's knee as the chosen pool's scaling target, in the stack file's words; exit 1
+    where the sweep has no knee (fewer than two levels completed requests)."""
+    knee = concurrency_knee(steps)
+    if knee is None:
+        raise Exit("no knee: fewer than two concurrency levels completed requests", code=1)
+    pool = chosen_pool(settings)
+    target = scaling_target(knee, replicas, pool.group.name, pool.runtime.max_concurrency)
+    for line in target.lines(knee):
+        console.print(line, markup=False)
 
 
 def _fail_on_errors(steps: list[StepSummary], slo: SloTargets) -> None:

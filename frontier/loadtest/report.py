@@ -25,6 +25,7 @@ from rich.table import Table
 
 from frontier.loadtest.client import Target, run_concurrency, run_steps
 from frontier.loadtest.stats import (
+    ConcurrencyKnee,
     Distribution,
     Knee,
     LengthBucket,
@@ -524,3 +525,47 @@ def plot(steps: Sequence[StepSummary], slo: SloTargets, knee: Knee | None, out: 
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+@dataclass(frozen=True)
+class ScalingTarget:
+    """The autoscaling target a concurrency knee measures: requests running per replica, as the
+    share of the runtime's ``max_concurrency`` that ``node_groups[].scale_in_utilisation`` holds
+    (every target reads it: the EC2 group's scale-in, KEDA's running trigger, the local autoscaler)."""
+
+    group: str
+    running_per_replica: float
+    max_concurrency: int
+    utilisation: float
+    capped: bool  # the knee lay above max_concurrency: the runtime queues the rest anyway
+
+    def lines(self, knee: ConcurrencyKnee) -> list[str]:
+        why = (
+            f"knee: {knee.concurrency} requests in flight (mean E2EL x{knee.latency_ratio:.2f} for "
+            f"throughput x{knee.throughput_ratio:.2f} at {knee.next_concurrency})"
+            if knee.next_concurrency is not None
+            else f"knee: at or above {knee.concurrency} requests in flight (the sweep's top; sweep higher)"
+        )
+        cap = f", capped at runtime.max_concurrency {self.max_concurrency}" if self.capped else ""
+        return [
+            why,
+            f"autoscaling target: {self.running_per_replica:g} running per replica of "
+            f"runtime.max_concurrency {self.max_concurrency}{cap}; in the stack file:",
+            "  node_groups:",
+            f"    - name: {self.group}",
+            f"      scale_in_utilisation: {self.utilisation:g}"
+            f"  # measured knee, {self.running_per_replica:g}/{self.max_concurrency}",
+        ]
+
+
+def scaling_target(knee: ConcurrencyKnee, replicas: int, group: str, max_concurrency: int) -> ScalingTarget:
+    """The knee per replica as the group's ``scale_in_utilisation`` (0.01..1, two decimals)."""
+    per_replica = knee.concurrency / replicas
+    share = per_replica / max_concurrency
+    return ScalingTarget(
+        group=group,
+        running_per_replica=round(per_replica, 2),
+        max_concurrency=max_concurrency,
+        utilisation=min(1.0, max(0.01, round(share, 2))),
+        capped=share > 1,
+    )

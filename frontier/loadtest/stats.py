@@ -335,3 +335,42 @@ def by_input_length(samples: Iterable[RequestSample], edges: Sequence[int] = ())
             )
         )
     return buckets
+
+
+@dataclass(frozen=True)
+class ConcurrencyKnee:
+    """The knee of a concurrency sweep: the most requests in flight before latency rises faster
+    than throughput. By Little's law concurrency = throughput x latency, so past the knee more than
+    half of each added request's share goes to waiting rather than to work done."""
+
+    concurrency: int
+    step: StepSummary
+    #: The next level of the sweep, and how much throughput and mean E2EL grew to it (None: the
+    #: sweep never passed the knee, so it lies at or above its top).
+    next_concurrency: int | None = None
+    throughput_ratio: float | None = None
+    latency_ratio: float | None = None
+
+
+def concurrency_knee(steps: Sequence[StepSummary]) -> ConcurrencyKnee | None:
+    """The knee of closed-loop steps at rising concurrency: the last level before the first step up
+    whose mean E2EL grows by a larger factor than its throughput. None without two levels that
+    completed requests."""
+    levels = sorted(
+        (s for s in steps if s.concurrency is not None and s.completed and s.throughput_rps > 0),
+        key=lambda s: s.concurrency or 0,
+    )
+    if len(levels) < 2:
+        return None
+    for low, high in zip(levels, levels[1:], strict=False):
+        throughput = high.throughput_rps / low.throughput_rps
+        latency = high.e2el.mean_ms / low.e2el.mean_ms
+        if latency > throughput:
+            return ConcurrencyKnee(
+                concurrency=low.concurrency or 0,
+                step=low,
+                next_concurrency=high.concurrency,
+                throughput_ratio=throughput,
+                latency_ratio=latency,
+            )
+    return ConcurrencyKnee(concurrency=levels[-1].concurrency or 0, step=levels[-1])

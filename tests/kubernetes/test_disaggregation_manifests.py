@@ -143,6 +143,13 @@ def test_the_prefill_scales_on_prompts_waiting_and_the_decode_on_streams_running
     )
 
 
+def test_the_prefill_half_scales_out_on_its_ttft_p90_and_the_decode_half_does_not(workload):
+    scalers = _by(workload, "ScaledObject")
+    (latency,) = [t for t in scalers[PREFILL]["spec"]["triggers"] if t["name"] == "ttft-p90"]
+    assert f'service="{PREFILL}"' in latency["metadata"]["query"]
+    assert "ttft-p90" not in [t["name"] for t in scalers[DECODE]["spec"]["triggers"]]
+
+
 def test_each_half_keeps_its_replicas_while_it_serves_and_goes_to_zero_when_idle(eks_gateway, workload):
     halves = eks_gateway.pool(SMALL).disaggregation
     scalers = _by(workload, "ScaledObject")

@@ -43,3 +43,21 @@ def test_a_light_load_lets_a_replica_go():
     threshold = float(triggers("eks-prod")["running"]["metadata"]["threshold"])
     total = 4 * 0.2 * settings.runtime.max_concurrency
     assert hpa_replicas(total, threshold) < 4
+
+
+def test_a_third_trigger_scales_out_on_the_pools_ttft_p90_over_the_slo():
+    settings = load_stack("eks-prod")
+    latency = triggers("eks-prod")["ttft-p90"]
+    assert latency["metricType"] == "Value"  # the pool's p90, not a per-replica average
+    query = latency["metadata"]["query"]
+    assert query.startswith("(histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{")
+    assert query.endswith("> 0) or vector(0)")  # no traffic reads as 0, never NaN
+    assert float(latency["metadata"]["threshold"]) == settings.slo.ttft_ms / 1000
+
+
+def test_a_ttft_p90_twice_the_slo_doubles_the_replicas_with_nothing_waiting():
+    threshold = float(triggers("eks-prod")["ttft-p90"]["metadata"]["threshold"])
+    # What an HPA asks of a Value metric: current replicas x value / target, rounded up.
+    assert math.ceil(4 * (2 * threshold) / threshold) == 8
+    assert hpa_replicas(0, float(triggers("eks-prod")["queue-depth"]["metadata"]["threshold"])) == 0
+

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from frontier.loadtest.stats import Distribution, SloTargets, StepSummary, find_knee
+from dataclasses import replace
+
+import pytest
+
+from frontier.loadtest.report import scaling_target
+from frontier.loadtest.stats import Distribution, SloTargets, StepSummary, concurrency_knee, find_knee
 
 SLO = SloTargets(ttft_ms=1000, tpot_ms=200, p99_latency_ms=2000, error_rate=0.01)
 
@@ -95,3 +100,48 @@ def test_when_every_step_holds_the_knee_is_the_highest_with_nothing_broken():
 
 def test_a_step_with_no_requests_breaks():
     assert find_knee([step(1, sent=0)], SLO) is None
+
+
+def closed_loop(clients: int, throughput: float, mean_ms: float) -> StepSummary:
+    e2el = Distribution(
+        count=100, mean_ms=mean_ms, p50_ms=mean_ms, p90_ms=mean_ms, p95_ms=mean_ms, p99_ms=mean_ms
+    )
+    return replace(step(1), offered_rps=None, concurrency=clients, throughput_rps=throughput, e2el=e2el)
+
+
+def test_the_concurrency_knee_is_the_last_level_before_latency_outgrows_throughput():
+    # 1 -> 2 -> 4: throughput doubles, latency barely moves; 4 -> 8: throughput x1.25, latency x1.6.
+    sweep = [
+        closed_loop(1, 4, 250),
+        closed_loop(2, 8, 255),
+        closed_loop(4, 15, 270),
+        closed_loop(8, 18.75, 430),
+    ]
+    knee = concurrency_knee(sweep)
+    assert knee is not None
+    assert (knee.concurrency, knee.next_concurrency) == (4, 8)
+    assert knee.throughput_ratio == pytest.approx(1.25) and knee.latency_ratio == pytest.approx(430 / 270)
+
+
+def test_a_sweep_that_never_passes_the_knee_puts_it_at_the_top_level():
+    knee = concurrency_knee([closed_loop(1, 4, 250), closed_loop(2, 8, 250)])
+    assert knee is not None and (knee.concurrency, knee.next_concurrency) == (2, None)
+
+
+def test_one_level_has_no_knee():
+    assert concurrency_knee([closed_loop(4, 15, 270)]) is None
+
+
+def test_the_knee_per_replica_is_the_groups_scale_in_utilisation():
+    knee = concurrency_knee([closed_loop(6, 15, 270), closed_loop(12, 16, 500)])
+    assert knee is not None
+    target = scaling_target(knee, replicas=2, group="gpu", max_concurrency=16)
+    assert (target.running_per_replica, target.utilisation, target.capped) == (3, 0.19, False)
+    assert "      scale_in_utilisation: 0.19  # measured knee, 3/16" in target.lines(knee)
+
+
+def test_a_knee_above_max_concurrency_is_capped_at_all_of_it():
+    knee = concurrency_knee([closed_loop(32, 15, 270), closed_loop(64, 16, 900)])
+    assert knee is not None
+    target = scaling_target(knee, replicas=1, group="gpu", max_concurrency=16)
+    assert (target.utilisation, target.capped) == (1.0, True)

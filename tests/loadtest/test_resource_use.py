@@ -1,6 +1,7 @@
 """A load test against a real runtime process on this CPU host: the report reads the runtime's own
 CPU seconds off its /metrics, says "no GPU" rather than 0, splits the requests by prompt length at
-the stack's edges, and the baseline saved from it carries all of it."""
+the stack's edges, and the baseline saved from it carries all of it; a concurrency sweep prints its
+knee as the pool's scaling target."""
 
 from __future__ import annotations
 
@@ -9,17 +10,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from invoke import Context
+from invoke.exceptions import Exit
 from rich.console import Console
 
 from frontier import project
 from frontier.capacity.baseline import load_baseline
 from frontier.cli.common import settings_for
-from frontier.cli.local import save_knee_baseline
+from frontier.cli.local import loadtest, save_knee_baseline
 from frontier.loadtest.client import Target
 from frontier.loadtest.report import LoadShape, ServedStep, length_table, measure, steps_table
 from frontier.loadtest.stats import SloTargets, StepSummary, find_knee
 from tests.gateway.harness import start_runtime, wait_ready
-from tests.verify.harness import MODEL, SHAPE
+from tests.verify.harness import SHAPE
+
+MODEL = "tiny-llama"  # the local stack's pool, so `fab loadtest -s local --url` asks for it
 
 SLO = SloTargets(ttft_ms=60_000, tpot_ms=60_000, p99_latency_ms=120_000, error_rate=0.01)
 EDGES = (64, 256)
@@ -85,3 +90,22 @@ def test_the_baseline_keeps_p95_itl_cpu_no_gpu_and_the_ranges(
     assert baseline.cpu_cores is not None and baseline.cpu_cores > 0
     assert (baseline.gpus, baseline.gpu_util_pct, baseline.gpu_memory_bytes) == (0, None, None)
     assert {r.label for r in baseline.by_length} <= {"<64", "64-256", ">=256"}
+
+
+def test_a_concurrency_sweep_prints_its_knee_as_the_groups_scale_in_utilisation(
+    runtime: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loadtest(
+        Context(), stack="local", url=runtime, concurrency="1,2,4", duration=2, max_tokens=4, prompt_tokens=16
+    )
+    shown = capsys.readouterr().out
+    assert "knee: " in shown and "requests in flight" in shown
+    assert "autoscaling target: " in shown and "of runtime.max_concurrency" in shown
+    assert "    - name: cpu\n      scale_in_utilisation: " in shown  # the local stack's group
+
+
+def test_a_sweep_whose_levels_do_not_rise_is_refused_naming_the_option() -> None:
+    with pytest.raises(Exit) as exit_:
+        loadtest(Context(), stack="local", url="http://127.0.0.1:9", concurrency="4,2")
+    assert exit_.value.code == 2
+    assert "--concurrency 4,2: the levels of a sweep must rise strictly" in str(exit_.value.message)

@@ -103,8 +103,8 @@ def test_a_window_that_ends_before_it_starts_and_an_unknown_zone_are_refused(cha
 def test_kubernetes_renders_each_window_as_a_keda_cron_trigger_beside_the_queue_depth():
     eks = load_stack("eks-prod")
     triggers = scaled_object(eks).body["spec"]["triggers"]
-    assert [t["name"] for t in triggers] == ["queue-depth", "running", "schedule-weekday-peak"]
-    assert triggers[2]["metadata"] == {
+    assert [t["name"] for t in triggers] == ["queue-depth", "running", "ttft-p90", "schedule-weekday-peak"]
+    assert triggers[3]["metadata"] == {
         "timezone": "America/New_York",
         "start": "30 8 * * 1,2,3,4,5",
         "end": "0 19 * * 1,2,3,4,5",

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 from frontier_gateway.hold import POOL_LABEL, POOL_WAITING_METRIC
-from frontier_hostside.names import RUNNING_METRIC, WAITING_METRIC
+from frontier_hostside.names import RUNNING_METRIC, TTFT_METRIC, WAITING_METRIC
 
 from frontier.config.schedule import cron_of
 from frontier.config.schema import PoolSettings, Settings
@@ -43,6 +43,20 @@ def queue_depth_query(settings: Settings) -> str:
 def running_query(settings: Settings) -> str:
     k = kubernetes_of(settings)
     return f'sum({RUNNING_METRIC}{{namespace="{k.namespace}",service="{app_name(settings)}"}})'
+
+
+#: The window the TTFT p90 is taken over: four of Prometheus's usual 30 s scrapes at least, so one
+#: slow request in a quiet minute does not read as a p90.
+TTFT_WINDOW = "2m"
+
+
+def ttft_p90_query(settings: Settings) -> str:
+    """The pool's TTFT p90 (seconds) from the runtimes' histogram; no traffic (NaN) reads as 0, as
+    ``> 0`` drops a NaN sample and ``or vector(0)`` stands in."""
+    k = kubernetes_of(settings)
+    selector = f'{{namespace="{k.namespace}",service="{app_name(settings)}"}}'
+    rate = f"rate({TTFT_METRIC}_bucket{selector}[{TTFT_WINDOW}])"
+    return f"(histogram_quantile(0.9, sum by (le) ({rate})) > 0) or vector(0)"
 
 
 def running_threshold(pool: PoolSettings) -> float:
@@ -91,11 +105,17 @@ def scaled_object(settings: Settings) -> Manifest:
 
 
 def load_triggers(settings: Settings, pool: PoolSettings) -> list[dict[str, object]]:
-    """The pool's load signals: prompts waiting and requests running. A disaggregated pool's
-    halves take one each: a prefill replica holds a request only for its prompt, so what it owes is
-    the prompts waiting for it; a decode replica holds each stream to its end, so its load is the
-    streams running (at ``scale_in_utilisation`` of its concurrency, which also keeps it from
-    falling to its floor whenever nothing waits)."""
+    """The pool's load signals: prompts waiting, requests running, and the latency users see. A
+    disaggregated pool's halves take theirs: a prefill replica holds a request only for its prompt,
+    so what it owes is the prompts waiting for it and their first token; a decode replica holds
+    each stream to its end, so its load is the streams running (at ``scale_in_utilisation`` of its
+    concurrency, which also keeps it from falling to its floor whenever nothing waits).
+
+    The latency trigger scales out when the pool's TTFT p90 passes the stack's ``slo.ttft_ms``,
+    whatever the queue says: long prompts can slow first tokens with few requests waiting. It is a
+    ``Value`` metric (the HPA asks current x p90 / threshold replicas), so under the SLO it asks for
+    fewer replicas than run and the HPA, taking the largest proposal, leaves scale-in to the
+    running trigger."""
     auto = kubernetes_of(settings).autoscaling
     queue = {
         "type": "prometheus",
@@ -118,12 +138,22 @@ def load_triggers(settings: Settings, pool: PoolSettings) -> list[dict[str, obje
             "threshold": f"{running_threshold(pool):g}",
         },
     }
+    latency = {
+        "type": "prometheus",
+        "name": "ttft-p90",
+        "metricType": "Value",
+        "metadata": {
+            "serverAddress": auto.prometheus_url,
+            "query": ttft_p90_query(settings),
+            "threshold": f"{settings.slo.ttft_ms / 1000:g}",
+        },
+    }
     role = kv_role(pool)
     if role == "prefill":
-        return [queue]
+        return [queue, latency]
     if role == "decode":
         return [running]
-    return [queue, running]
+    return [queue, running, latency]
 
 
 def replica_counts(settings: Settings, pool: PoolSettings) -> dict[str, int]:
