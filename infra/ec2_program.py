@@ -50,6 +50,7 @@ from infra.nodes import (
     refresh_preferences,
     scale_out_signal,
     terminate_timeout_s,
+    ttft_scale_out,
 )
 from infra.outputs import Ec2Outputs
 from infra.placement import GpuPlacement, look_up_placement, placement_problems
@@ -432,6 +433,7 @@ def node_group(
             termination=replica_termination(ground, group),
             max_concurrency=pool.runtime_on(group).max_concurrency,
             scale_on=scale_out_signal(pool, group),
+            ttft_scale_out_ms=ttft_scale_out(settings, pool, group),
             desired_size=half_replicas(pool, group),
         ),
     )

@@ -30,6 +30,7 @@ from frontier_hostside.names import (
     QUEUE_DEPTH_METRIC,
     RUNNING_REQUESTS_METRIC,
     TERMINATE_HOOK,
+    TTFT_CW_METRIC,
 )
 
 from frontier.config import host_image
@@ -200,6 +201,12 @@ def scale_out_signal(pool: PoolSettings, group: NodeGroup) -> ScaleSignal:
     return "queue_depth"
 
 
+def ttft_scale_out(settings: Settings, pool: PoolSettings, group: NodeGroup) -> float | None:
+    """The TTFT p90 (ms) above which ``group`` adds a replica: the stack's ``slo.ttft_ms``, except on
+    a decode half, which makes no first tokens (its prefill half's hosts publish them)."""
+    return None if scale_out_signal(pool, group) == "running_requests" else settings.slo.ttft_ms
+
+
 @dataclass(frozen=True)
 class NodeGroupArgs:
     stack: str
@@ -233,6 +240,10 @@ class NodeGroupArgs:
     # requests running (a decode group: its streams arrive prefilled, so its queue stays short
     # while its concurrency fills). See :func:`scale_out_signal`.
     scale_on: ScaleSignal = "queue_depth"
+    # The stack's slo.ttft_ms: a second scale-out, a replica at a time while the group's
+    # TimeToFirstToken p90 stays above it (see :func:`scale_out_on_ttft`). None: none (a decode
+    # group makes no first tokens).
+    ttft_scale_out_ms: float | None = None
     # Hosts launched at first; None: the group's desired_size (a disaggregated half: its replicas).
     desired_size: int | None = None
 
@@ -406,6 +417,16 @@ class GpuNodeGroup(pulumi.ComponentResource):
             self._track_running_requests(name, asg.name, args, child)
         else:
             self._track_queue_depth(name, asg.name, args, child)
+        if args.ttft_scale_out_ms is not None:
+            scale_out_on_ttft(
+                f"{name}-ttft",
+                asg.name,
+                args.ttft_scale_out_ms,
+                nodes=args.nodes_per_replica,
+                dimensions=(args.stack, group.name),
+                opts=child,
+                warmup_s=args.instance_warmup_s,
+            )
         # Out on its signal (above); in a replica at a time, only when a replica fewer would do.
         scale_in_by_load(
             f"{name}-load",
@@ -539,6 +560,48 @@ def whole_replicas(
         metric_name=QUEUE_DEPTH_METRIC,
         dimensions=dict(zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True)),
         statistic="Average",
+        period=60,
+        opts=opts,
+    )
+
+
+def scale_out_on_ttft(
+    name: str,
+    asg_name: pulumi.Input[str],
+    threshold_ms: float,
+    *,
+    nodes: int,
+    dimensions: tuple[str, str],
+    opts: pulumi.ResourceOptions,
+    warmup_s: int,
+) -> None:
+    """A latency signal beside the queue: a step policy adds one replica (``nodes`` hosts) when the
+    group's TimeToFirstToken p90 stays above ``threshold_ms`` (the stack's ``slo.ttft_ms``) for 3
+    minutes. Long prompts can slow first tokens while few requests wait, which the queue's target
+    never sees. Hosts publish the runtime's TTFT histogram as values with counts, so the p90 is
+    CloudWatch's own percentile over every request of the group, not an average of hosts' p90s.
+    No traffic publishes no TTFT: missing data does not breach. Scale-in stays the load rule's."""
+    out = aws.autoscaling.Policy(
+        f"{name}-out",
+        autoscaling_group_name=asg_name,
+        policy_type="StepScaling",
+        adjustment_type="ChangeInCapacity",
+        step_adjustments=[{"scaling_adjustment": nodes, "metric_interval_lower_bound": "0"}],
+        estimated_instance_warmup=warmup_s,
+        opts=opts,
+    )
+    aws.cloudwatch.MetricAlarm(
+        f"{name}-out",
+        comparison_operator="GreaterThanThreshold",
+        threshold=threshold_ms,
+        evaluation_periods=3,
+        datapoints_to_alarm=3,
+        treat_missing_data="notBreaching",
+        alarm_actions=[out.arn],
+        namespace=CLOUDWATCH_NAMESPACE,
+        metric_name=TTFT_CW_METRIC,
+        dimensions=dict(zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True)),
+        extended_statistic="p90",
         period=60,
         opts=opts,
     )

@@ -102,6 +102,11 @@ def test_the_prefill_group_scales_out_on_prompts_waiting_and_the_decode_group_on
     assert {f"dev-{PREFILL}-load-in", f"dev-{DECODE}-load-in"} <= steps
 
 
+def test_the_prefill_group_also_scales_out_on_its_ttft_p90_and_the_decode_group_does_not(graph):
+    alarms = {a.name for a in graph.of_type("aws:cloudwatch/metricAlarm:MetricAlarm")}
+    assert f"dev-{PREFILL}-ttft-out" in alarms and f"dev-{DECODE}-ttft-out" not in alarms
+
+
 def test_exactly_one_rule_opens_the_transfer_port_from_the_decode_hosts_to_the_prefill_hosts(graph):
     prefill_sg = graph.one(SG, f"dev-sg-kv-{PREFILL}").id
     decode_sg = graph.one(SG, f"dev-sg-kv-{DECODE}").id

@@ -84,7 +84,7 @@ def test_a_spanning_group_scales_on_queue_depth_a_whole_replica_at_a_time(spanni
     policies = {p.name: p.inputs for p in spanning.of_type("aws:autoscaling/policy:Policy")}
     assert all(p["policyType"] == "StepScaling" for p in policies.values())
     steps = sorted(p["stepAdjustments"][0]["scalingAdjustment"] for p in policies.values())
-    assert steps == [-2, 2]
+    assert steps == [-2, 2, 2]  # in on load, out on the queue and out on TTFT p90
     alarms = {a.name: a.inputs for a in spanning.of_type("aws:cloudwatch/metricAlarm:MetricAlarm")}
     out = alarms["prod-multinode-h100x2-queue-depth-out"]
     assert (out["metricName"], out["statistic"], out["threshold"]) == ("QueueDepth", "Average", 16)
@@ -94,8 +94,11 @@ def test_a_single_node_group_keeps_its_target_tracking_out_and_steps_in_a_host_a
     policies = graph_for("prod").of_type("aws:autoscaling/policy:Policy")
     [tracking] = [p.inputs for p in policies if p.inputs["policyType"] == "TargetTrackingScaling"]
     assert tracking["targetTrackingConfiguration"]["disableScaleIn"] is True
-    [step] = [p.inputs for p in policies if p.inputs["policyType"] == "StepScaling"]
-    assert step["stepAdjustments"][0]["scalingAdjustment"] == -1
+    steps = {p.name: p.inputs for p in policies if p.inputs["policyType"] == "StepScaling"}
+    assert {name: step["stepAdjustments"][0]["scalingAdjustment"] for name, step in steps.items()} == {
+        "prod-h100-load-in": -1,
+        "prod-h100-ttft-out": 1,
+    }
 
 
 def runtime_statements(graph) -> dict[str, dict]:

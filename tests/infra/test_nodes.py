@@ -204,6 +204,27 @@ def test_a_target_tracking_policy_scales_on_the_published_queue_depth_per_host(g
     ]
 
 
+def test_a_step_policy_adds_a_replica_while_the_groups_ttft_p90_stays_over_the_slo(graph):
+    group = graph.settings.serving_group
+    name = f"{graph.stack}-{group.name}-ttft-out"
+    policy = graph.one("aws:autoscaling/policy:Policy", name)
+    assert policy.inputs["policyType"] == "StepScaling"
+    assert policy.inputs["adjustmentType"] == "ChangeInCapacity"
+    assert policy.inputs["stepAdjustments"] == [{"scalingAdjustment": 1, "metricIntervalLowerBound": "0"}]
+    alarm = graph.one("aws:cloudwatch/metricAlarm:MetricAlarm", name).inputs
+    # The percentile of every request the group's hosts timed (values with counts), not of hosts.
+    assert (alarm["namespace"], alarm["metricName"], alarm["extendedStatistic"]) == (
+        "Frontier/Runtime",
+        "TimeToFirstToken",
+        "p90",
+    )
+    assert alarm["dimensions"] == {"Stack": graph.stack, "NodeGroup": group.name}
+    assert alarm["threshold"] == graph.settings.slo.ttft_ms  # ms, as hosts publish it
+    assert (alarm["evaluationPeriods"], alarm["datapointsToAlarm"], alarm["period"]) == (3, 3, 60)
+    assert alarm["treatMissingData"] == "notBreaching"  # no traffic publishes no TTFT
+    assert alarm["alarmActions"] == [policy.outputs["arn"]]
+
+
 def test_pulumi_leaves_the_desired_capacity_to_the_scaling_policy(graph):
     assert "desiredCapacity" in asg(graph).ignored_changes
 
