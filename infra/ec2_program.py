@@ -101,7 +101,12 @@ def build_ec2(settings: Settings) -> Ec2Outputs[pulumi.Input[str]]:
     security = security_groups(ground, efa=bool(efa_groups))
     edge = load_balancer(ground, security)
     identity = Identity(
-        f"{ground.stack}-iam", ground.foundation.identity(target_group_arn=edge.target_group_arn)
+        f"{ground.stack}-iam",
+        ground.foundation.identity(
+            target_group_arn=edge.target_group_arn,
+            canary_target_group_arn=edge.canary_target_group_arn or "",
+            api_rule_arn=edge.api_rule_arn or "",
+        ),
     )
     # The release key's policy names its one signer, which exists only now.
     ground.foundation.release_key.signed_by(identity.deploy_role_arn)
@@ -336,6 +341,8 @@ def load_balancer(ground: Ground, security: SecurityGroups) -> Edge:
             deletion_protection=ground.production,
             logs_bucket=storage.logs_bucket,
             tags=ground.tags,
+            # Behind a gateway the ALB's targets are the gateway's hosts: no runtime to weigh.
+            canary_group=bool(settings.rollout.traffic_steps) and settings.gateway is None,
         ),
     )
 
@@ -628,6 +635,8 @@ def outputs(
         history_bucket=storage.history_bucket,
         history_prefix=storage.history_prefix,
         target_group_arn=edge.target_group_arn,
+        canary_target_group_arn=edge.canary_target_group_arn,
+        api_rule_arn=edge.api_rule_arn,
         asg_names=[g.asg_name for g in groups],
         ecr_repository_url=foundation.registry.repository_url,
         api_keys_secret_arn=arns[0] if len(arns := list(secrets.api_keys_secret_arns.values())) == 1 else "",

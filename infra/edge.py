@@ -28,6 +28,7 @@ from frontier_hostside.names import API_PATH_PREFIX, CLOUD_HAPROXY_STATE
 
 from frontier.config.schema import Health, PoolSettings, Settings
 from frontier.render.templates import render_template
+from frontier.targets.ec2.balancer import FULL_WEIGHT
 from infra.storage import LB_LOG_PREFIX
 from infra.waf import WebAclArgs, web_acl
 
@@ -142,6 +143,9 @@ class EdgeArgs:
     target_proxy: TargetProxyFiles | None = None
     # The WAF's allowlist (edge.allow_cidrs), where the stack has a WAF.
     allow_cidrs: Sequence[str] = ()
+    # A rollout by traffic share (rollout.traffic_steps) with the runtimes as targets: a second
+    # target group for the new release's hosts, weighed against the first by the API rule.
+    canary_group: bool = False
 
 
 class Edge(pulumi.ComponentResource):
@@ -151,6 +155,9 @@ class Edge(pulumi.ComponentResource):
     alb_zone_id: pulumi.Output[str]
     target_group_arn: pulumi.Output[str]
     target_group_arn_suffix: pulumi.Output[str]
+    # With EdgeArgs.canary_group: the canary target group and the API rule that weighs the two.
+    canary_target_group_arn: pulumi.Output[str] | None
+    api_rule_arn: pulumi.Output[str] | None
     web_acl_arn: pulumi.Output[str] | None
     # What a booting host fetches from this component: its node group depends on these.
     target_proxy_objects: list[pulumi.Resource]
@@ -158,7 +165,7 @@ class Edge(pulumi.ComponentResource):
     def __init__(self, name: str, args: EdgeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("frontier:edge:Edge", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        tags, health = dict(args.tags), args.health
+        tags = dict(args.tags)
 
         alb = aws.lb.LoadBalancer(
             f"{name}-alb",
@@ -174,29 +181,9 @@ class Edge(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        target_group = aws.lb.TargetGroup(
-            f"{name}-tg",
-            vpc_id=args.vpc_id,
-            target_type="instance",
-            port=args.target_port,
-            protocol=args.target_protocol,
-            protocol_version="HTTP1",
-            deregistration_delay=args.deregistration_delay_s,
-            slow_start=SLOW_START_S,
-            health_check={
-                "enabled": True,
-                "protocol": args.target_protocol,
-                "port": "traffic-port",
-                "path": health.readiness_path,
-                "interval": health.interval_s,
-                "timeout": health.timeout_s,
-                "healthy_threshold": health.healthy_threshold,
-                "unhealthy_threshold": health.unhealthy_threshold,
-                "matcher": "200",
-            },
-            tags=tags,
-            opts=child,
-        )
+        target_group = self._target_group(f"{name}-tg", args, child)
+        # The new release's hosts during a rollout by traffic share: the same port and health check.
+        canary = self._target_group(f"{name}-canary-tg", args, child) if args.canary_group else None
         https = aws.lb.Listener(
             f"{name}-https",
             load_balancer_arn=alb.arn,
@@ -219,12 +206,12 @@ class Edge(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        aws.lb.ListenerRule(
+        api_rule = aws.lb.ListenerRule(
             f"{name}-api",
             listener_arn=https.arn,
             priority=API_RULE_PRIORITY,
             conditions=[{"path_pattern": {"values": list(API_PATH_PATTERNS)}}],
-            actions=[{"type": "forward", "target_group_arn": target_group.arn}],
+            actions=[self._forward(target_group, canary)],
             tags=tags,
             opts=child,
         )
@@ -248,6 +235,8 @@ class Edge(pulumi.ComponentResource):
         self.alb_arn, self.alb_arn_suffix = alb.arn, alb.arn_suffix
         self.alb_dns_name, self.alb_zone_id = alb.dns_name, alb.zone_id
         self.target_group_arn, self.target_group_arn_suffix = target_group.arn, target_group.arn_suffix
+        self.canary_target_group_arn = canary.arn if canary is not None else None
+        self.api_rule_arn = api_rule.arn if canary is not None else None
         self.register_outputs(
             {
                 "alb_dns_name": alb.dns_name,
@@ -255,6 +244,50 @@ class Edge(pulumi.ComponentResource):
                 "web_acl_arn": self.web_acl_arn,
             }
         )
+
+    @staticmethod
+    def _target_group(name: str, args: EdgeArgs, child: pulumi.ResourceOptions) -> aws.lb.TargetGroup:
+        health = args.health
+        return aws.lb.TargetGroup(
+            name,
+            vpc_id=args.vpc_id,
+            target_type="instance",
+            port=args.target_port,
+            protocol=args.target_protocol,
+            protocol_version="HTTP1",
+            deregistration_delay=args.deregistration_delay_s,
+            slow_start=SLOW_START_S,
+            health_check={
+                "enabled": True,
+                "protocol": args.target_protocol,
+                "port": "traffic-port",
+                "path": health.readiness_path,
+                "interval": health.interval_s,
+                "timeout": health.timeout_s,
+                "healthy_threshold": health.healthy_threshold,
+                "unhealthy_threshold": health.unhealthy_threshold,
+                "matcher": "200",
+            },
+            tags=dict(args.tags),
+            opts=child,
+        )
+
+    @staticmethod
+    def _forward(main: aws.lb.TargetGroup, canary: aws.lb.TargetGroup | None) -> dict[str, object]:
+        """The API rule's action: to the main group; with a canary group, weighted, all of it on the
+        main group, as a rollout by traffic share leaves it (frontier/targets/ec2/balancer.py,
+        FULL_WEIGHT) so ``pulumi up`` between rollouts changes nothing."""
+        if canary is None:
+            return {"type": "forward", "target_group_arn": main.arn}
+        return {
+            "type": "forward",
+            "forward": {
+                "target_groups": [
+                    {"arn": main.arn, "weight": FULL_WEIGHT},
+                    {"arn": canary.arn, "weight": 0},
+                ]
+            },
+        }
 
     @staticmethod
     def _target_proxy(

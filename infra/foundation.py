@@ -173,11 +173,17 @@ class Foundation(pulumi.ComponentResource):
             }
         )
 
-    def identity(self, target_group_arn: pulumi.Input[str] = "") -> IdentityInputs:
+    def identity(
+        self,
+        target_group_arn: pulumi.Input[str] = "",
+        canary_target_group_arn: pulumi.Input[str] = "",
+        api_rule_arn: pulumi.Input[str] = "",
+    ) -> IdentityInputs:
         """What the stack's roles are granted: each pool's runtime principal its pool's weights
         prefix, secret and history path; the deploy role the stack's weights root and history, the key,
         every pool's API-keys secret and the repository, and on EC2 draining ``target_group_arn`` (none on
-        Kubernetes: the ALB is the load balancer controller's)."""
+        Kubernetes: the ALB is the load balancer controller's), and where the stack rolls by traffic
+        share, weighing ``canary_target_group_arn`` against it by ``api_rule_arn``."""
         storage = self.storage
         return IdentityInputs(
             settings=self._args.settings,
@@ -191,6 +197,8 @@ class Foundation(pulumi.ComponentResource):
             api_keys_secret_arns=self.secrets.api_keys_secret_arns,
             repository_arn=self.registry.repository_arn,
             target_group_arn=target_group_arn,
+            canary_target_group_arn=canary_target_group_arn,
+            api_rule_arn=api_rule_arn,
             ssm_access=self._args.ssm_access,
             tags=base_tags(self._args.settings.stack),
         )

@@ -49,6 +49,9 @@ class IdentityInputs:
     tags: Mapping[str, str]
     #: The release key (infra/release_key.py): the deploy role signs with it, hosts read its public key.
     release_key_arn: pulumi.Input[str] = ""
+    #: A rollout by traffic share: the canary target group and the API rule weighing it; "" elsewhere.
+    canary_target_group_arn: pulumi.Input[str] = ""
+    api_rule_arn: pulumi.Input[str] = ""
 
     @property
     def stack(self) -> str:
@@ -58,7 +61,7 @@ class IdentityInputs:
         models = list(self.api_keys_secret_arns)
 
         def resources(arns: list[str]) -> IdentityArgs:
-            weights, history, key, repository, target_group, release_key, *secrets = arns
+            weights, history, key, repository, target_group, release_key, canary, rule, *secrets = arns
             return make(
                 StackResources(
                     weights_bucket_arn=weights,
@@ -73,6 +76,8 @@ class IdentityInputs:
                     repository_arn=repository,
                     target_group_arn=target_group or "",
                     release_key_arn=release_key or "",
+                    canary_target_group_arn=canary or "",
+                    api_rule_arn=rule or "",
                 )
             )
 
@@ -83,6 +88,8 @@ class IdentityInputs:
             self.repository_arn,
             self.target_group_arn,
             self.release_key_arn,
+            self.canary_target_group_arn,
+            self.api_rule_arn,
             *self.api_keys_secret_arns.values(),
         ).apply(resources)
 

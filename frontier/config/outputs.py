@@ -56,6 +56,11 @@ class Ec2Outputs(StackOutputs[Value], Generic[Value]):
     """An ``ec2`` stack: its load balancer and target group, node groups, network and alarms."""
 
     target_group_arn: Value
+    #: A stack that rolls by traffic share (``rollout.traffic_steps``) with the ALB in front of its
+    #: runtimes: the second target group the new release's hosts serve from, and the API's listener
+    #: rule whose forward action weighs the two groups. None elsewhere.
+    canary_target_group_arn: Value | None = None
+    api_rule_arn: Value | None = None
     asg_names: list[Value]
     alb_dns_name: Value
     alb_zone_id: Value

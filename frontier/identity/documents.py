@@ -244,6 +244,11 @@ class IdentityArgs:
     # The stack's queue of EC2 interruption notices (infra/interruptions.py): `fab status` reads it.
     # "" where every node group buys on-demand (no queue).
     interruption_queue_arn: str = ""
+    # A rollout by traffic share (rollout.traffic_steps) where the ALB fronts the runtimes: the second
+    # target group the new release's hosts serve from, and the API's listener rule that weighs the
+    # two (frontier/targets/ec2/balancer.py). "" elsewhere.
+    canary_target_group_arn: str = ""
+    api_rule_arn: str = ""
 
 
 def objects(bucket_arn: str, prefix: str) -> str:
@@ -419,16 +424,30 @@ def runtime_pod_policy(args: IdentityArgs) -> PolicyDocument:
 def drain_statements(args: IdentityArgs) -> list[Statement]:
     """A rollout's drain and enable of runtime hosts in the ALB's target group, where the ALB fronts
     them; none where it fronts a gateway (no target group to drain: the runtimes drain themselves,
-    frontier/hosts/gateway_fronted.py) or where the load balancer controller owns it (Kubernetes)."""
+    frontier/hosts/gateway_fronted.py) or where the load balancer controller owns it (Kubernetes).
+    A rollout by traffic share also moves hosts into and out of the canary target group and sets the
+    API rule's weights, on those two resources alone."""
     if not args.target_group_arn:
         return []
-    return [
+    statements = [
         allow(
             "DrainAndEnableTargets",
             ("elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"),
             args.target_group_arn,
         )
     ]
+    if args.canary_target_group_arn and args.api_rule_arn:
+        statements += [
+            allow(
+                "MoveHostsIntoTheCanaryGroup",
+                ("elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"),
+                args.canary_target_group_arn,
+            ),
+            allow("WeighTheTwoGroups", "elasticloadbalancing:ModifyRule", args.api_rule_arn),
+            # Describe calls cannot be scoped to a resource in IAM.
+            allow("ReadTheWeights", "elasticloadbalancing:DescribeRules", "*"),
+        ]
+    return statements
 
 
 def deploy_policy(args: IdentityArgs) -> PolicyDocument:

@@ -36,6 +36,9 @@ class StackResources:
     target_group_arn: str
     #: The release key (frontier.release.signing); "" where the stack has none.
     release_key_arn: str = ""
+    #: A rollout by traffic share: the canary target group and the API rule weighing it; "" elsewhere.
+    canary_target_group_arn: str = ""
+    api_rule_arn: str = ""
 
 
 def weights_prefix(pool: PoolSettings) -> str:
@@ -61,6 +64,8 @@ def stack_identity(
         # Behind a gateway the ALB's targets are the gateway's hosts, which their group registers:
         # the deploy role never registers or deregisters one.
         target_group_arn=found.target_group_arn if settings.gateway is None else "",
+        canary_target_group_arn=found.canary_target_group_arn if settings.gateway is None else "",
+        api_rule_arn=found.api_rule_arn if settings.gateway is None else "",
         release_key_arn=found.release_key_arn,
         ssm_access=ssm_access,
         ssh_user=settings.inventory.ssh_user,

@@ -191,6 +191,8 @@ def documents(
         repository_arn=cloud.arn("ecr", f"repository/{repository}"),
         target_group_arn=saved.target_group_arn,
         release_key_arn=release_key_arn,
+        canary_target_group_arn=saved.canary_target_group_arn or "",
+        api_rule_arn=saved.api_rule_arn or "",
     )
     stack = stack_identity(settings, cloud, found, ssm_access=saved.host_access == "ssm")
     found_documents: dict[str, dict[str, dict[str, Any]]] = {}

@@ -39,14 +39,26 @@ def test_traffic_steps_out_of_range_are_refused_at_load_naming_field_value_and_r
 
 
 # A Kubernetes pool splits by replica ratio: tests/kubernetes/test_traffic_share_deploy.py.
-@pytest.mark.parametrize(("stack", "balancer"), [("prod", "one ALB target group")])
-def test_a_target_whose_balancer_splits_no_traffic_refuses_traffic_steps_at_load(
-    changed_stack, stack, balancer
-):
-    path = changed_stack(stack, {"rollout.traffic_steps": [5, 25, 100]})
+# An EC2 stack whose ALB fronts its runtimes weighs two target groups: tests/operate/test_traffic_share_ec2.py.
+def test_an_ec2_stack_behind_its_gateway_refuses_traffic_steps_at_load_saying_why(changed_stack):
+    gateway = {
+        "port": 8090,
+        "metering": {"uri": "s3://frontier-prod-metering/metering"},
+        "ami_id": "ami-0123456789abcdef0",
+        "instance_type": "c7i.large",
+        "request_timeout_s": 100,
+    }
+    path = changed_stack("prod", {"gateway": gateway, "rollout.traffic_steps": [5, 25, 100]})
     with pytest.raises(StackError) as err:
-        load_stack(stack, path=path)
-    assert "rollout.traffic_steps = [5, 25, 100]" in str(err.value) and balancer in str(err.value)
+        load_stack("prod", path=path)
+    message = str(err.value)
+    assert "rollout.traffic_steps = [5, 25, 100]" in message
+    assert "target group holds the gateway's hosts, not the runtimes" in message
+
+
+def test_an_ec2_stack_whose_alb_fronts_its_runtimes_loads_with_traffic_steps(changed_stack):
+    settings = load_stack("prod", path=changed_stack("prod", {"rollout.traffic_steps": [5, 25, 100]}))
+    assert settings.gateway is None and settings.rollout.traffic_steps == (5, 25, 100)
 
 
 @pytest.mark.parametrize(

@@ -53,7 +53,7 @@ from frontier.rollout.strategy import roll_hosts
 from frontier.targets.ec2 import gateway as gateway_rolls
 from frontier.targets.ec2 import rules
 from frontier.targets.ec2.access import InstanceConnectKey, host_connection
-from frontier.targets.ec2.balancer import AlbBalancer
+from frontier.targets.ec2.balancer import AlbBalancer, weighted_balancer
 from frontier.targets.ec2.discovery import HOST_PYTHON, discover
 from frontier.targets.ec2.group import AsgFleet
 from frontier.targets.ec2.pair_roll import PairRoll
@@ -127,8 +127,10 @@ class Ec2Backend:
                 runtime_drain_s=self.pool.runtime.drain_timeout_s,
                 probe_round_s=gateway.probe.interval_s + gateway.probe.timeout_s,
             )
-        target_group = self.outputs().target_group_arn
-        return AlbBalancer(self.aws_client("elbv2"), target_group, self.settings.runtime.port)
+        outputs = self.outputs()
+        if self.settings.rollout.traffic_steps:
+            return weighted_balancer(self.aws_client("elbv2"), outputs)
+        return AlbBalancer(self.aws_client("elbv2"), outputs.target_group_arn, self.settings.runtime.port)
 
     def history_store(self) -> HistoryStore:
         outputs = self.outputs()

@@ -28,12 +28,14 @@ def stack_problems(s: Settings) -> Iterator[FieldProblem]:
     yield from _pool_problems(s)
     yield from _gateway_problems(s)
     yield from _replica_problems(s)
-    if s.rollout.traffic_steps:
+    if s.rollout.traffic_steps and s.gateway is not None:
+        # Without a gateway the ALB weighs two target groups (frontier/targets/ec2/balancer.py).
         yield FieldProblem(
             "rollout.traffic_steps",
             list(s.rollout.traffic_steps),
-            "an EC2 stack rolls host by host behind one ALB target group per pool, which splits no "
-            "traffic by release; leave it empty here (the local stack rolls by traffic share)",
+            "behind a gateway the ALB's target group holds the gateway's hosts, not the runtimes, so "
+            "its weights cannot split a pool's traffic by release, and the gateway keeps no weights "
+            "per runtime; leave it empty on an EC2 stack with a gateway",
         )
 
 
