@@ -51,6 +51,7 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/gateway/test_traces.py::one_trace": "traced_gateway(): the gateway under uvicorn",
     "tests/gateway/test_traces.py::runtime": "start_runtime(): a process",
     "tests/loadtest/test_resource_use.py::runtime": "start_runtime(): a process",
+    "tests/operate/test_local_autoscaler_scrape.py::runtime": "start_runtime(): a process",
     "tests/infra/test_closed_doors.py::runtime": "an HTTP server",
     "tests/infra/test_kv_event_doors.py::events_on": "declared(): a fresh python -I",
     "tests/infra/test_kv_event_doors.py::events_off": "declared(): a fresh python -I",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from frontier.config.schema import LocalAutoscaler
 from frontier.targets import load_stack
-from frontier.targets.local.autoscaler import Decider, Observation, Policy
+from frontier.targets.local.autoscaler import Decider, Observation, Policy, bucket_p90_ms
 
 TIMING = LocalAutoscaler(interval_s=1, scale_out_after_s=5, scale_in_after_s=10, cooldown_s=3)
 
@@ -109,3 +111,49 @@ def test_fab_scale_on_the_local_stack_refuses_a_size_outside_the_group_and_touch
     err = capsys.readouterr().err
     assert exit_info.value.code != 0
     assert "--replicas 9" in err and "min_size 2 and max_size 4" in err
+
+
+def slow_policy() -> Policy:
+    return Policy(
+        target_queue_depth=4,
+        min_size=1,
+        max_size=4,
+        max_concurrency=8,
+        scale_in_utilisation=0.5,
+        timing=TIMING,
+        ttft_scale_out_ms=1000,
+    )
+
+
+def feed_ttft(decider: Decider, seconds: range, ttft_p90_ms: float | None):
+    seen = (Observation(float(t), 2, 0, 4, ttft_p90_ms=ttft_p90_ms) for t in seconds)
+    return [d for d in map(decider.feed, seen) if d is not None]
+
+
+def test_a_ttft_p90_over_the_slo_adds_a_host_with_nothing_waiting_once_it_has_lasted_the_delay():
+    decider = Decider(slow_policy())
+    assert feed_ttft(decider, range(0, 5), ttft_p90_ms=1500) == []
+    [decision] = feed_ttft(decider, range(5, 6), ttft_p90_ms=1500)
+    assert (decision.current, decision.desired) == (2, 3)
+    assert decision.reason.startswith("TTFT p90 1,500 ms > slo.ttft_ms 1000")
+
+
+def test_a_ttft_p90_under_the_slo_or_unknown_adds_nothing():
+    decider = Decider(slow_policy())
+    assert feed_ttft(decider, range(0, 4), ttft_p90_ms=1500) == []
+    assert feed_ttft(decider, range(4, 5), ttft_p90_ms=None) == []  # no first token since: restarts the delay
+    assert feed_ttft(decider, range(5, 9), ttft_p90_ms=900) == []
+
+
+def test_the_stack_s_slo_ttft_is_the_local_latency_threshold():
+    settings = load_stack("local")
+    assert Policy.of(settings).ttft_scale_out_ms == settings.slo.ttft_ms
+
+
+def test_the_p90_of_what_a_histogram_gained_is_interpolated_within_its_bucket():
+    before = {0.1: 10.0, 0.5: 10.0, 1.0: 10.0, math.inf: 10.0}
+    after = {0.1: 60.0, 0.5: 100.0, 1.0: 110.0, math.inf: 110.0}  # gained 50, 90, 100 cumulative
+    # rank 90 of 100 falls at the top of (0.1, 0.5]: 40 observations there, 40 needed.
+    assert bucket_p90_ms(before, after) == pytest.approx(500)
+    assert bucket_p90_ms(after, after) is None  # nothing observed
+    assert bucket_p90_ms(after, before) is None  # counts fell: a runtime restarted

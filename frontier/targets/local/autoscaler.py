@@ -12,6 +12,10 @@ the autoscaler scrapes each in-service slot's ``/metrics`` and feeds a :class:`D
   ``scale_in_utilisation`` of their concurrency → one host fewer, never below ``min_size``, drained
   first (:meth:`LocalFleet.retire`). A queue that is merely empty is not enough: under a steady load
   that one host fewer could not carry, scaling in would only start the queue again (flapping).
+* **out on latency**: the runtimes' TTFT p90 between two scrapes (their histograms' buckets,
+  summed over the hosts) above the stack's ``slo.ttft_ms`` for ``scale_out_after_s`` → one host
+  more, whatever the queue: long prompts can slow first tokens while few requests wait. The EC2
+  group's step policy and KEDA's ``ttft-p90`` trigger do the same on their side.
 * after any change, ``cooldown_s`` of observation is thrown away before the next decision.
 * **from zero**: a group at zero hosts (``min_size: 0``) with requests held by the gateway for its
   model (``frontier_gateway_pool_waiting{pool}`` on the gateway's admin ``/metrics``: the demand
@@ -44,6 +48,7 @@ from frontier_hostside.names import (
     GATEWAY_REQUESTS_METRIC,
     METRICS_PATH,
     RUNNING_METRIC,
+    TTFT_METRIC,
     WAITING_METRIC,
 )
 from prometheus_client.parser import text_string_to_metric_families
@@ -69,6 +74,9 @@ class Observation:
     held: float | None = None
     answered: float | None = None
     wall: float = 0.0  # unix time of the scrape, for the schedule's windows (0: not known)
+    # The hosts' TTFT p90 (ms) over the requests that got a first token since the last scrape;
+    # None where none did (or a host did not answer).
+    ttft_p90_ms: float | None = None
 
     @property
     def waiting_per_host(self) -> float:
@@ -97,6 +105,8 @@ class Policy:
     timing: LocalAutoscaler
     idle_to_zero_s: float | None = None
     schedule: Schedule | None = None
+    # The stack's slo.ttft_ms: a TTFT p90 above it scales out like a queue over target. None: off.
+    ttft_scale_out_ms: float | None = None
 
     def floor_at(self, wall: float) -> int:
         """The group's floor at unix time ``wall``: ``min_size``, raised inside a schedule window."""
@@ -119,6 +129,7 @@ class Policy:
             settings.local.autoscaler,
             group.idle_to_zero_s,
             group.schedule,
+            settings.slo.ttft_ms,
         )
 
 
@@ -128,6 +139,7 @@ class Decider:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._over_since: float | None = None
+        self._slow_since: float | None = None
         self._calm_since: float | None = None
         self._idle_since: float | None = None
         self._last_answered: float | None = None
@@ -135,7 +147,7 @@ class Decider:
 
     def changed(self, at: float) -> None:
         """A change was made at ``at``: start over after the cooldown."""
-        self._over_since = self._calm_since = self._idle_since = None
+        self._over_since = self._slow_since = self._calm_since = self._idle_since = None
         self._quiet_until = at + self.policy.timing.cooldown_s
 
     def feed(self, seen: Observation) -> Decision | None:
@@ -153,7 +165,7 @@ class Decider:
             return to_zero
         if seen.at < self._quiet_until or seen.hosts == 0 or seen.unreachable:
             # A host that does not answer is starting or going: its queue is not known yet.
-            self._over_since = self._calm_since = None
+            self._over_since = self._slow_since = self._calm_since = None
             return None
         over = seen.waiting_per_host > p.target_queue_depth
         fits_on_fewer = (
@@ -171,7 +183,21 @@ class Decider:
                 f"{seen.waiting_per_host:.1f} waiting per host > target {p.target_queue_depth:g} "
                 f"for {seen.at - self._over_since:.0f}s",
             )
-        if calm and seen.at - self._calm_since >= t.scale_in_after_s and seen.hosts > floor:
+        slow = (
+            p.ttft_scale_out_ms is not None
+            and seen.ttft_p90_ms is not None
+            and seen.ttft_p90_ms > p.ttft_scale_out_ms
+        )
+        self._slow_since = (self._slow_since if self._slow_since is not None else seen.at) if slow else None
+        if slow and seen.at - self._slow_since >= t.scale_out_after_s and seen.hosts < p.max_size:
+            return Decision(
+                seen.at,
+                seen.hosts,
+                seen.hosts + 1,
+                f"TTFT p90 {seen.ttft_p90_ms:,.0f} ms > slo.ttft_ms {p.ttft_scale_out_ms:g} "
+                f"for {seen.at - self._slow_since:.0f}s",
+            )
+        if calm and not slow and seen.at - self._calm_since >= t.scale_in_after_s and seen.hosts > floor:
             return Decision(
                 seen.at,
                 seen.hosts,
@@ -240,19 +266,53 @@ def scrape_gateway(url: str, pool: str, timeout: float = 2.0) -> tuple[float, fl
     return held, answered
 
 
-def scrape(host: HostSpec, port: int, timeout: float = 2.0) -> tuple[float, float] | None:
-    """(waiting, running) from a runtime's /metrics; None when it does not answer."""
+@dataclass(frozen=True)
+class HostScrape:
+    """One runtime's /metrics: its queue, what it runs, and its TTFT histogram's cumulative
+    bucket counts by upper bound (seconds)."""
+
+    waiting: float
+    running: float
+    ttft_buckets: dict[float, float]
+
+
+def scrape(host: HostSpec, port: int, timeout: float = 2.0) -> HostScrape | None:
+    """A runtime's /metrics; None when it does not answer."""
     try:
         with urllib.request.urlopen(f"http://{host.address}:{port}{METRICS_PATH}", timeout=timeout) as reply:
             text = reply.read().decode()
     except OSError:
         return None
     values = {WAITING_METRIC: 0.0, RUNNING_METRIC: 0.0}
+    buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in values:
                 values[sample.name] += sample.value
-    return values[WAITING_METRIC], values[RUNNING_METRIC]
+            elif sample.name == f"{TTFT_METRIC}_bucket":
+                bound = float(sample.labels["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return HostScrape(values[WAITING_METRIC], values[RUNNING_METRIC], buckets)
+
+
+def bucket_p90_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The p90 (ms) of the observations a cumulative histogram gained between two readings, as
+    Prometheus's histogram_quantile takes it: linear within the bucket it falls in. None when
+    nothing was observed or the counts fell (a runtime restarted)."""
+    bounds = sorted(after)
+    gained = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not gained or gained[-1] <= 0 or any(g < 0 for g in gained):
+        return None
+    rank = 0.9 * gained[-1]
+    lower, below = 0.0, 0.0
+    for bound, count in zip(bounds, gained, strict=True):
+        if count >= rank:
+            if math.isinf(bound):
+                return lower * 1000  # past the last finite bound: its bound is all that is known
+            inside = count - below
+            return (lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)) * 1000
+        lower, below = bound, count
+    return None
 
 
 class Autoscaler:
@@ -281,11 +341,13 @@ class Autoscaler:
         self.decisions: list[tuple[Decision, str]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ttft_before: dict[float, float] | None = None
 
     def observe(self) -> Observation:
         hosts = self.fleet.serving()
         scraped = [scrape(h, self.settings.runtime.port) for h in hosts]
         answered = [s for s in scraped if s is not None]
+        ttft = self._ttft_p90(answered if len(answered) == len(scraped) else None)
         demand = None
         if self.gateway_metrics_url is not None:
             demand = scrape_gateway(self.gateway_metrics_url, self.settings.model.name)
@@ -293,12 +355,26 @@ class Autoscaler:
             wall=time.time(),
             at=time.monotonic(),
             hosts=len(hosts),
-            waiting=sum(w for w, _ in answered),
-            running=sum(r for _, r in answered),
+            waiting=sum(s.waiting for s in answered),
+            running=sum(s.running for s in answered),
             unreachable=len(scraped) - len(answered),
             held=None if demand is None else demand[0],
             answered=None if demand is None else demand[1],
+            ttft_p90_ms=ttft,
         )
+
+    def _ttft_p90(self, scrapes: list[HostScrape] | None) -> float | None:
+        """The TTFT p90 since the last scrape, over every host's histogram; None (and no reading
+        kept) when a host did not answer, as a sum over some hosts would not be the pool's."""
+        if scrapes is None:
+            self._ttft_before = None
+            return None
+        summed: dict[float, float] = {}
+        for s in scrapes:
+            for bound, count in s.ttft_buckets.items():
+                summed[bound] = summed.get(bound, 0.0) + count
+        before, self._ttft_before = self._ttft_before, summed
+        return None if before is None else bucket_p90_ms(before, summed)
 
     def step(self) -> Decision | None:
         seen = self.observe()
