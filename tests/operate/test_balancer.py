@@ -132,13 +132,54 @@ def test_an_alb_target_is_deregistered_and_registered_again(monkeypatch):
         arn = elbv2.create_target_group(
             Name="runtime", Protocol="HTTP", Port=8000, VpcId=vpc, TargetType="ip"
         )["TargetGroups"][0]["TargetGroupArn"]
-        alb = AlbBalancer(elbv2, arn, 8000, poll_s=0.01)
+        alb = AlbBalancer(elbv2, arn, poll_s=0.01)
         host = HostSpec("gpu-1", "10.0.1.5", 22, "/opt/frontier", "h100")
 
         alb.enable(host, timeout=5)
         assert alb.state(host) == "healthy"
         assert alb.drain(host, timeout=5) == 0
         assert alb.state(host) == "unused"  # what AWS reports for a target that is not registered
+
+
+def test_an_alb_drain_takes_out_the_target_the_auto_scaling_group_registered_on_the_groups_port(
+    monkeypatch,
+):
+    # The auto scaling group registers each instance on the target group's own port (the hosts'
+    # TLS proxy, not the runtime's): the drain must name that very target.
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        elbv2 = boto3.client("elbv2", region_name="us-east-1")
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        arn = elbv2.create_target_group(
+            Name="runtime", Protocol="HTTPS", Port=8443, VpcId=vpc, TargetType="ip"
+        )["TargetGroups"][0]["TargetGroupArn"]
+        host = HostSpec("gpu-1", "10.0.1.5", 22, "/opt/frontier", "h100")
+        elbv2.register_targets(TargetGroupArn=arn, Targets=[{"Id": host.address}])  # as the group does
+        named = _Naming(elbv2)
+        alb = AlbBalancer(named, arn, poll_s=0.01)
+
+        assert alb.drain(host, timeout=5) == 0
+        assert elbv2.describe_target_health(TargetGroupArn=arn)["TargetHealthDescriptions"] == []
+        # moto ignores a port on deregistering; AWS takes {Id, Port: another} for another target, answers
+        # "unused" for it and leaves the registered one serving. So no call may name another port.
+        assert named.ports <= {None, 8443}
+
+
+class _Naming:
+    """The elbv2 client, noting the port each call names its targets on."""
+
+    def __init__(self, client):
+        self.client, self.ports = client, set()
+
+    def __getattr__(self, name):
+        call = getattr(self.client, name)
+
+        def noted(**kwargs):
+            self.ports |= {target.get("Port") for target in kwargs.get("Targets", [])}
+            return call(**kwargs)
+
+        return noted
 
 
 class _AlwaysDraining:
@@ -154,5 +195,5 @@ class _AlwaysDraining:
 
 
 def test_an_alb_drain_that_outlasts_its_deadline_reports_an_unknown_count_not_a_made_up_one():
-    alb = AlbBalancer(_AlwaysDraining(), "arn:tg", 8000, poll_s=0.01, drain_margin_s=0)
+    alb = AlbBalancer(_AlwaysDraining(), "arn:tg", poll_s=0.01, drain_margin_s=0)
     assert alb.drain(HOST, timeout=0.05) is None

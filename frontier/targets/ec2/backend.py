@@ -130,7 +130,7 @@ class Ec2Backend:
         outputs = self.outputs()
         if self.settings.rollout.traffic_steps:
             return weighted_balancer(self.aws_client("elbv2"), outputs)
-        return AlbBalancer(self.aws_client("elbv2"), outputs.target_group_arn, self.settings.runtime.port)
+        return AlbBalancer(self.aws_client("elbv2"), outputs.target_group_arn)
 
     def history_store(self) -> HistoryStore:
         outputs = self.outputs()

@@ -18,13 +18,15 @@ class AlbBalancer:
 
     elbv2: Any
     target_group_arn: str
-    port: int
     poll_s: float = 2.0
     # The ALB ends draining on its own after the group's deregistration delay; allow it this margin.
     drain_margin_s: float = 30.0
 
     def _target(self, host: HostSpec) -> dict[str, Any]:
-        return {"Id": host.instance_id or host.address, "Port": self.port}
+        # No port: the group's own (the hosts' TLS proxy), the one the auto scaling group registers
+        # its instances on. A target named with another port is another target, which the ALB
+        # would drain while it kept sending requests to the one the group registered.
+        return {"Id": host.instance_id or host.address}
 
     def _health(self, host: HostSpec) -> str | None:
         reply = self.elbv2.describe_target_health(
