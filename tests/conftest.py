@@ -60,6 +60,8 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/kubernetes/test_backend.py::cluster": "FakeApiServer(): an HTTP server",
     "tests/kubernetes/test_backend_pools.py::cluster": "FakeApiServer(): an HTTP server",
     "tests/kubernetes/test_disaggregation_deploy.py::fake": "FakeApiServer(): an HTTP server",
+    "tests/kubernetes/test_traffic_share_deploy.py::fake": "FakeApiServer(): an HTTP server",
+    "tests/infra/test_traffic_share_edge.py::prod_runs": "the program in a fresh python -I",
     "tests/kubernetes/test_disaggregation_deploy.py::verified": "FakeApiServer(), openai_standin(): HTTP servers",
     "tests/kubernetes/test_canary_gates.py::answers": "openai_standin(): an HTTP server",
     "tests/kubernetes/test_canary_gates.py::cluster": "FakeApiServer(): an HTTP server",
