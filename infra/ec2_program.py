@@ -52,6 +52,7 @@ from infra.nodes import (
     terminate_timeout_s,
     ttft_scale_out,
 )
+from infra.out_of_service import OutOfService, OutOfServiceArgs, needs_out_of_service
 from infra.outputs import Ec2Outputs
 from infra.placement import GpuPlacement, look_up_placement, placement_problems
 from infra.preflight import certificate_problems, refuse_problems, registry_problems, weights_bucket_problems
@@ -129,6 +130,22 @@ def build_ec2(settings: Settings) -> Ec2Outputs[pulumi.Input[str]]:
     ]
     # Spot and Capacity Block notices on one queue; a block's hosts move to its fallback at its warning.
     wire_interruptions(ground.stack, ground.tags, settings.node_groups, [g.asg_name for g in groups])
+    if needs_out_of_service(settings):
+        # A warned spot host leaves the ALB's groups at once, not after its failed health checks.
+        OutOfService(
+            f"{ground.stack}-out-of-service",
+            OutOfServiceArgs(
+                stack=ground.stack,
+                cloud=ground.cloud,
+                target_group_arns=[
+                    edge.target_group_arn,
+                    *([edge.canary_target_group_arn] if edge.canary_target_group_arn is not None else []),
+                ],
+                log_retention_days=retention_days(ground.production),
+                kms_key_arn=ground.foundation.secrets.key_arn,
+                tags=ground.tags,
+            ),
+        )
     quota_store = gateway(ground, security, edge) if settings.gateway is not None else None
     monitoring = monitoring_for(ground, edge, groups)
     return outputs(ground, security, edge, identity, groups, monitoring, quota_store)

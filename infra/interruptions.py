@@ -31,11 +31,11 @@ import pulumi_aws as aws
 
 from frontier.config.purchase import CapacityBlock, SpotCapacity, has_notice_queue, notice_queue_name
 from frontier.config.schema import NodeGroup
+from infra.functions.out_of_service import SPOT_WARNING
 
 # EventBridge detail types of the notices (source aws.ec2). Sources: the EC2 user guide's "Spot
-# Instance interruption notices", "EC2 instance rebalance recommendations" and "Monitor Capacity
-# Blocks using EventBridge" pages.
-SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
+# Instance interruption notices" (SPOT_WARNING, beside the function that acts on it),
+# "EC2 instance rebalance recommendations" and "Monitor Capacity Blocks using EventBridge" pages.
 REBALANCE_RECOMMENDATION = "EC2 Instance Rebalance Recommendation"
 CAPACITY_BLOCK_WARNING = "Capacity Block Reservation Expiration Warning"
 NOTICE_TYPES = (SPOT_WARNING, REBALANCE_RECOMMENDATION, CAPACITY_BLOCK_WARNING)

@@ -29,8 +29,8 @@ from frontier_hostside.names import CLOUDWATCH_NAMESPACE
 
 from frontier.alarms import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, probe_job_name
 from frontier.identity.cloud import Cloud
-from frontier.identity.documents import trust
 from infra.functions import synthetic_probe
+from infra.lambda_function import PythonFunction, invoked_by_rule, python_function
 
 FUNCTION_DIR = Path(synthetic_probe.__file__).parent
 # What travels in the function's archive: the handler and the host side's probe with its names.
@@ -41,7 +41,6 @@ FUNCTION_FILES = {
         for name in ("__init__.py", "names.py", "probe.py")
     },
 }
-RUNTIME = "python3.12"
 # The probe's own timeout per model, and room to publish.
 TIMEOUT_S = PROBE_TIMEOUT_S + 10
 SCHEDULE = f"rate({PROBE_INTERVAL_S // 60} minute)"
@@ -98,78 +97,41 @@ def probe_policy(key_secret_arns: Sequence[str], kms_key_arn: str, log_group_arn
 
 def synthetic_probe(name: str, args: SyntheticProbeArgs, parent: pulumi.Resource) -> aws.lambda_.Function:
     """The probe's resources, children of ``parent`` (the stack's monitoring: one concern)."""
-    child = pulumi.ResourceOptions(parent=parent)
-    tags = dict(args.tags)
     function_name = probe_job_name(args.stack)
-    logs = aws.cloudwatch.LogGroup(
-        f"{name}-logs",
-        name=f"/aws/lambda/{function_name}",
-        retention_in_days=args.log_retention_days,
-        kms_key_id=args.kms_key_arn,
-        tags=tags,
-        opts=child,
-    )
-    role = aws.iam.Role(
-        f"{name}-role",
-        description=f"Frontier {args.stack}: the synthetic probe publishes its figures",
-        assume_role_policy=trust({"Service": args.cloud.service_principal("lambda")}),
-        tags=tags,
-        opts=child,
-    )
-    access = aws.iam.RolePolicy(
-        f"{name}-role",
-        role=role.id,
-        policy=pulumi.Output.all(args.kms_key_arn, logs.arn, *args.key_secret_arns).apply(
-            lambda a: probe_policy(list(dict.fromkeys(a[2:])), a[0], a[1])
-        ),
-        opts=child,
-    )
-    function = aws.lambda_.Function(
-        f"{name}-function",
-        name=function_name,
-        description=f"Frontier {args.stack}: a fixed request through the public endpoint every minute",
-        runtime=RUNTIME,
-        handler="synthetic_probe.handler",
-        role=role.arn,
-        timeout=TIMEOUT_S,
-        memory_size=128,
-        code=pulumi.AssetArchive(
-            {path: pulumi.FileAsset(str(source)) for path, source in FUNCTION_FILES.items()}
-        ),
-        environment={
-            "variables": {
+    function = python_function(
+        name,
+        PythonFunction(
+            stack=args.stack,
+            cloud=args.cloud,
+            function_name=function_name,
+            description=f"Frontier {args.stack}: a fixed request through the public endpoint every minute",
+            role_description=f"Frontier {args.stack}: the synthetic probe publishes its figures",
+            handler="synthetic_probe.handler",
+            files=FUNCTION_FILES,
+            timeout_s=TIMEOUT_S,
+            policy=lambda logs: pulumi.Output.all(args.kms_key_arn, logs, *args.key_secret_arns).apply(
+                lambda a: probe_policy(list(dict.fromkeys(a[2:])), a[0], a[1])
+            ),
+            tags=args.tags,
+            log_retention_days=args.log_retention_days,
+            environment={
                 probe.ENDPOINT_ENV: args.endpoint,
                 probe.MODELS_ENV: ",".join(args.models),
                 probe.STACK_ENV: args.stack,
                 probe.KEY_SECRET_ENV: pulumi.Output.all(*args.key_secret_arns).apply(",".join),
                 probe.TIMEOUT_ENV: str(PROBE_TIMEOUT_S),
-            }
-        },
-        tags=tags,
-        # Its first run must find its permissions and its log group.
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=[access, logs]),
+            },
+            log_kms_key_arn=args.kms_key_arn,
+        ),
+        parent,
     )
     schedule = aws.cloudwatch.EventRule(
         f"{name}-schedule",
         name=function_name,
         description=f"Frontier {args.stack}: run the synthetic probe every minute",
         schedule_expression=SCHEDULE,
-        tags=tags,
-        opts=child,
+        tags=dict(args.tags),
+        opts=pulumi.ResourceOptions(parent=parent),
     )
-    # Only this schedule may invoke the function.
-    invoke = aws.lambda_.Permission(
-        f"{name}-schedule",
-        action="lambda:InvokeFunction",
-        function=function.name,
-        principal=args.cloud.service_principal("events"),
-        source_arn=schedule.arn,
-        opts=child,
-    )
-    aws.cloudwatch.EventTarget(
-        f"{name}-target",
-        rule=schedule.name,
-        arn=function.arn,
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=[invoke]),
-    )
+    invoked_by_rule(function, schedule, (f"{name}-schedule", f"{name}-target"), args.cloud, parent)
     return function

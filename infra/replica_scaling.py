@@ -20,8 +20,8 @@ import pulumi_aws as aws
 from frontier_hostside.names import REPLICAS_PREFIX
 
 from frontier.identity.cloud import Cloud
-from frontier.identity.documents import trust
 from infra.functions import replica_terminator
+from infra.lambda_function import PythonFunction, python_function
 
 FUNCTION_DIR = Path(replica_terminator.__file__).parent
 # What travels in the function's archive: the policy, and the slots' layout it reads.
@@ -32,7 +32,6 @@ FUNCTION_FILES = {
         for name in ("__init__.py", "names.py", "rendezvous.py")
     },
 }
-RUNTIME = "python3.12"
 # Auto scaling waits at most 2 s for the answer (and asks again after a failure).
 TIMEOUT_S = 2
 
@@ -74,7 +73,12 @@ def terminator_policy(bucket: str, slots_prefix: str, kms_key_arn: str, log_grou
                     "Action": "s3:GetObject",
                     "Resource": f"arn:aws:s3:::{bucket}/{slots_prefix}*",
                 },
-                {"Sid": "DecryptTheSlots", "Effect": "Allow", "Action": "kms:Decrypt", "Resource": kms_key_arn},
+                {
+                    "Sid": "DecryptTheSlots",
+                    "Effect": "Allow",
+                    "Action": "kms:Decrypt",
+                    "Resource": kms_key_arn,
+                },
                 {
                     "Sid": "WriteItsLogs",
                     "Effect": "Allow",
@@ -92,57 +96,36 @@ class ReplicaTermination(pulumi.ComponentResource):
 
     function_arn: pulumi.Output[str]
 
-    def __init__(self, name: str, args: ReplicaTerminationArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self, name: str, args: ReplicaTerminationArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
         super().__init__("frontier:nodes:ReplicaTermination", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        tags = dict(args.tags)
         function_name = f"frontier-{args.stack}-{args.node_group}-terminator"
         slots_prefix = f"{args.history_prefix}{REPLICAS_PREFIX}{args.node_group}/"
-        logs = aws.cloudwatch.LogGroup(
-            f"{name}-logs",
-            name=f"/aws/lambda/{function_name}",
-            retention_in_days=args.log_retention_days,
-            tags=tags,
-            opts=child,
-        )
-        role = aws.iam.Role(
-            f"{name}-role",
-            description=f"Frontier {args.stack}: {args.node_group}'s termination policy reads its replica slots",
-            assume_role_policy=trust({"Service": args.cloud.service_principal("lambda")}),
-            tags=tags,
-            opts=child,
-        )
-        access = aws.iam.RolePolicy(
-            f"{name}-role",
-            role=role.id,
-            policy=pulumi.Output.all(args.history_bucket, args.kms_key_arn, logs.arn).apply(
-                lambda a: terminator_policy(a[0], slots_prefix, a[1], a[2])
-            ),
-            opts=child,
-        )
-        function = aws.lambda_.Function(
-            f"{name}-function",
-            name=function_name,
-            description=f"Frontier {args.stack}: {args.node_group} gives up whole replicas",
-            runtime=RUNTIME,
-            handler="replica_terminator.handler",
-            role=role.arn,
-            timeout=TIMEOUT_S,
-            memory_size=128,
-            code=pulumi.AssetArchive(
-                {path: pulumi.FileAsset(str(source)) for path, source in FUNCTION_FILES.items()}
-            ),
-            environment={
-                "variables": {
+        function = python_function(
+            name,
+            PythonFunction(
+                stack=args.stack,
+                cloud=args.cloud,
+                function_name=function_name,
+                description=f"Frontier {args.stack}: {args.node_group} gives up whole replicas",
+                role_description=f"Frontier {args.stack}: {args.node_group}'s termination policy reads its replica slots",
+                handler="replica_terminator.handler",
+                files=FUNCTION_FILES,
+                timeout_s=TIMEOUT_S,
+                policy=lambda logs: pulumi.Output.all(args.history_bucket, args.kms_key_arn, logs).apply(
+                    lambda a: terminator_policy(a[0], slots_prefix, a[1], a[2])
+                ),
+                tags=args.tags,
+                log_retention_days=args.log_retention_days,
+                environment={
                     replica_terminator.BUCKET_ENV: args.history_bucket,
                     replica_terminator.PREFIX_ENV: args.history_prefix,
                     replica_terminator.GROUP_ENV: args.node_group,
                     replica_terminator.NODES_ENV: str(args.nodes_per_replica),
-                }
-            },
-            tags=tags,
-            # Its first call must find its permissions and its log group.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[access, logs]),
+                },
+            ),
+            self,
         )
         # An unqualified ARN in the group's policies: the resource policy is on the unpublished
         # version, and only auto scaling's service-linked role may call it.

@@ -180,6 +180,13 @@ def simulate(
     return json.loads(done.stdout)
 
 
+def role_decisions(role_arn: str, document: dict[str, Any], calls: list[tuple[str, str]]) -> list[str]:
+    """What AWS decides for one role holding ``document`` on its ``(action, resource)`` calls."""
+    made = [Call(role_arn, action, resource, (), action.split(":")[1]) for action, resource in calls]
+    found = simulate({"all": {role_arn: [{"name": "policy", "policy": document}]}}, made)["all"]
+    return [d["decision"] for d in found]
+
+
 def policy_set(settings: Settings, documents: dict[str, dict[str, dict[str, Any]]]) -> dict[str, list]:
     return {
         principal_arn(settings, actor): [{"name": name, "policy": doc} for name, doc in policies.items()]
@@ -245,7 +252,9 @@ def evaluate(settings: Settings, log: Iterable[dict[str, Any]], account: Account
     from frontier.identity.key_policies import release_key_policy
 
     if release_key := iam.release_key_arn(settings):
-        keys[release_key] = json.loads(release_key_policy(iam._cloud(settings), principal_arn(settings, "deploy")))
+        keys[release_key] = json.loads(
+            release_key_policy(iam._cloud(settings), principal_arn(settings, "deploy"))
+        )
     results = simulate(sets, calls, keys)
     baseline = results["all"]
     needed_by = {

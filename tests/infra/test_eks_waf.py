@@ -3,8 +3,6 @@ does: the program makes the ACL, the Ingress names it, and the load balancer con
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from k8s_mocks import run_kubernetes
 

@@ -171,15 +171,11 @@ DEPLOY_POLICY = "aws:iam/rolePolicy:RolePolicy"
 def _deploy_decisions(graph: Graph, calls: list[tuple[str, str]]) -> list[str]:
     """What AWS decides for the deploy role's ``(action, resource)`` calls, conditions evaluated
     (``@cloud-copilot/iam-simulate``)."""
-    from tests.e2e.iam_simulation import Call, simulate
+    from tests.e2e.iam_simulation import role_decisions
 
     role = graph.one(DEPLOY_ROLE, f"{graph.stack}-iam-deploy").outputs["arn"]
     document = json.loads(graph.one(DEPLOY_POLICY, f"{graph.stack}-iam-deploy").inputs["policy"])
-    made = [Call(role, action, resource, (), action.split(":")[1]) for action, resource in calls]
-    return [
-        d["decision"]
-        for d in simulate({"all": {role: [{"name": "deploy", "policy": document}]}}, made)["all"]
-    ]
+    return role_decisions(role, document, calls)
 
 
 def test_the_deploy_role_reads_the_notices_on_its_stacks_queue_as_fab_status_does(spot):
