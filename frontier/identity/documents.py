@@ -3,8 +3,9 @@ role ``fab`` assumes, and the lifecycle grant of a host.
 
 The runtime principal can do exactly what a serving host needs: read the objects under its pool's
 prefix of the weights bucket (the manifest names every key: it never lists), write the prepared
-weights of those versions under ``<version>/prepared/`` (what its load computed, for the next host;
-encrypting with the stack's key via S3 only), read its pool's
+weights of those versions under ``<version>/prepared/`` and the GPU kernels it compiled under
+``<version>/kernels/`` (what its start computed, for the next host; encrypting with the stack's key
+via S3 only), read its pool's
 API-keys secret (no other pool's), decrypt with the stack's key (only via S3 and Secrets Manager), pull the runtime image, write
 its own log groups, and put metrics in the ``Frontier/Runtime`` namespace. When hosts are reached
 through Session Manager (no bastion), it also runs the SSM agent.
@@ -100,6 +101,7 @@ POD_STATEMENTS = frozenset(
     {
         "ReadItsModelWeights",
         "KeepItsPreparedWeights",
+        "KeepItsCompiledKernels",
         "ReadItsApiKeys",
         "DecryptWeightsAndSecret",
         "EncryptWhatItWrites",
@@ -368,6 +370,13 @@ def runtime_policy(args: IdentityArgs, *, hosts: bool = False) -> PolicyDocument
             "KeepItsPreparedWeights",
             ("s3:PutObject", "s3:AbortMultipartUpload"),
             objects(args.weights_bucket_arn, f"{args.weights_prefix.strip('/')}/*/prepared".lstrip("/")),
+        ),
+        # The GPU kernels a start compiled (the runtime's storage/kernel_cache.py), kept the same way:
+        # one archive per engine kind under <version>/kernels/.
+        allow(
+            "KeepItsCompiledKernels",
+            "s3:PutObject",
+            objects(args.weights_bucket_arn, f"{args.weights_prefix.strip('/')}/*/kernels".lstrip("/")),
         ),
         allow(
             "ReadItsApiKeys",

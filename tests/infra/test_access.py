@@ -198,9 +198,16 @@ def test_a_booting_host_reads_the_history_and_writes_only_its_boot_record(graph)
         "Resource": f"{history}/boots/*",
     }
     # Nothing lets a host write what the stack serves (records/) or a release; beside its boot record
-    # it writes only the prepared weights of its weights versions (test below).
+    # it writes only the prepared weights and compiled kernels of its weights versions (tests below).
     writes = [s for s in statements.values() if "s3:PutObject" in s["Action"]]
-    assert [s["Sid"] for s in writes] == ["KeepItsPreparedWeights", "RecordItsBoot"]
+    assert [s["Sid"] for s in writes] == ["KeepItsPreparedWeights", "KeepItsCompiledKernels", "RecordItsBoot"]
+
+
+def test_the_runtime_keeps_the_kernels_it_compiled_under_its_versions_kernels_prefix(graph):
+    bucket, prefix = graph.outputs["weights_bucket"], graph.outputs["weights_prefix"]
+    keep = granted(policy(graph, "runtime"))["KeepItsCompiledKernels"]
+    assert keep["Action"] == "s3:PutObject"
+    assert keep["Resource"] == f"arn:aws:s3:::{bucket}/{prefix}/*/kernels/*"
 
 
 def test_the_runtime_writes_in_the_weights_bucket_only_the_prepared_weights_of_a_version(graph):

@@ -169,6 +169,7 @@ def test_the_runtime_pods_assume_a_least_privilege_role_through_pod_identity(eks
     assert set(sids) == {
         "ReadItsModelWeights",
         "KeepItsPreparedWeights",
+        "KeepItsCompiledKernels",
         "ReadItsApiKeys",
         "DecryptWeightsAndSecret",
         "EncryptWhatItWrites",

@@ -57,7 +57,8 @@ class Loaded:
     engine: EngineClient
     codec: TextCodec
     api_keys: ApiKeys | None
-    #: Run once the engine is ready, off the request path: publishes the prepared weights it made.
+    #: Run once the engine is ready, off the request path: publishes the prepared weights it made
+    #: and the kernels it compiled.
     after_ready: Callable[[], None] | None = None
 
 
@@ -124,25 +125,39 @@ def load_runtime(config: RuntimeConfig, model_dir: Path | None, phase: PhaseSink
         from frontier_runtime.storage.secrets import load_api_keys
 
         api_keys = ApiKeys(load_api_keys(config.api_keys_secret))
+    from frontier_runtime.server import warm_start
+
     if model_dir is not None or config.ranks > 1:
         # An explicit directory is loaded as it is; ranks in other processes each load their own
         # slice, so a replica of several has no single prepared file to map.
         directory = resolve_model_dir(config, model_dir, phase)
         _check_tokenizer(directory)
+        # Before any rank compiles (they inherit the directory); an explicit directory is a host's own.
+        kernels = warm_start.kernels(config, remote=model_dir is None)
         started = time.monotonic()
         codec = TextCodec.from_dir(directory)
         engine = build_engine(config, directory)
         phase("load", time.monotonic() - started)
-        return Loaded(engine=engine, codec=codec, api_keys=api_keys)
-    from frontier_runtime.server import warm_start
-
+        return Loaded(engine=engine, codec=codec, api_keys=api_keys, after_ready=_after_ready(kernels.publish))
     source = warm_start.model_source(config, phase)
     _check_tokenizer(source.model_dir)
+    kernels = warm_start.kernels(config)
     started = time.monotonic()
     codec = TextCodec.from_dir(source.model_dir)
-    engine, after_ready = warm_start.build(config, source, build_engine)
+    engine, publish_prepared = warm_start.build(config, source, build_engine)
     phase("load", time.monotonic() - started)
-    return Loaded(engine=engine, codec=codec, api_keys=api_keys, after_ready=after_ready)
+    return Loaded(
+        engine=engine, codec=codec, api_keys=api_keys, after_ready=_after_ready(publish_prepared, kernels.publish)
+    )
+
+
+def _after_ready(*steps: Callable[[], object] | None) -> Callable[[], None]:
+    def run() -> None:
+        for step in steps:
+            if step is not None:
+                step()
+
+    return run
 
 
 def _check_tokenizer(directory: Path) -> None:

@@ -26,8 +26,8 @@ from frontier_runtime.engine.api import EngineClient
 from frontier_runtime.engine.loop import AsyncEngine
 from frontier_runtime.models.llama import prepared
 from frontier_runtime.ops import cpu_kernel
+from frontier_runtime.storage import kernel_cache, prepared_eviction
 from frontier_runtime.storage import prepared as cache
-from frontier_runtime.storage import prepared_eviction
 from frontier_runtime.storage.weights import FetchReport, fetch_weights, is_s3_uri
 
 log = logging.getLogger("frontier_runtime.warm_start")
@@ -76,6 +76,13 @@ def model_source(config: RuntimeConfig, phase: PhaseSink) -> cache.ModelSource:
     return source
 
 
+def kernels(config: RuntimeConfig, remote: bool = True) -> kernel_cache.KernelCache:
+    """Triton's cache for this engine, restored from beside the weights version where a host of the
+    same kind kept one (storage/kernel_cache.py); ``remote=False`` keeps it on this host only."""
+    uri = config.model.weights_uri if remote else config.weights_cache_dir
+    return kernel_cache.open_cache(uri, config.model.version, Path(config.weights_cache_dir), engine_spec(config))
+
+
 def prefetch(config: RuntimeConfig) -> dict[str, object]:
     """Warm this host's weights cache with exactly what a start of ``config`` will read, and return
     what it fetched: the prepared directory of the start's key where S3 holds it, else the
@@ -98,6 +105,7 @@ def prefetch(config: RuntimeConfig) -> dict[str, object]:
     else:
         source = model_source(config, lambda phase, seconds: None)
         reports, key, hit = source.reports, source.key, source.hit
+    compiled = kernels(config)
     return {
         "weights": uri,
         "version": config.model.version,
@@ -108,6 +116,7 @@ def prefetch(config: RuntimeConfig) -> dict[str, object]:
         "files_downloaded": sum(len(r.files_downloaded) for r in reports),
         "files_reused": sum(len(r.files_reused) for r in reports),
         "bytes_downloaded": sum(r.bytes_downloaded for r in reports),
+        "kernel_files": len(compiled.restored),
         "seconds": round(time.monotonic() - started, 3),
     }
 
