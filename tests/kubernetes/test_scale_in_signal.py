@@ -48,16 +48,24 @@ def test_a_light_load_lets_a_replica_go():
 def test_a_third_trigger_scales_out_on_the_pools_ttft_p90_over_the_slo():
     settings = load_stack("eks-prod")
     latency = triggers("eks-prod")["ttft-p90"]
-    assert latency["metricType"] == "Value"  # the pool's p90, not a per-replica average
+    assert latency["metricType"] == "AverageValue"
     query = latency["metadata"]["query"]
-    assert query.startswith("(histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{")
-    assert query.endswith("> 0) or vector(0)")  # no traffic reads as 0, never NaN
+    # The ready replicas times the pool's p90 (not a per-replica figure), no traffic reading as 0.
+    assert query.startswith('(sum(frontier_ready{namespace="frontier-prod",service="frontier-llama-3-1-70b-instruct"}) * (')
+    assert "* ((histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{" in query
+    assert query.endswith("> 0) or vector(0))) or vector(0)")
     assert float(latency["metadata"]["threshold"]) == settings.slo.ttft_ms / 1000
 
 
-def test_a_ttft_p90_twice_the_slo_doubles_the_replicas_with_nothing_waiting():
+def test_a_ttft_p90_twice_the_slo_doubles_the_ready_replicas_with_nothing_waiting():
     threshold = float(triggers("eks-prod")["ttft-p90"]["metadata"]["threshold"])
-    # What an HPA asks of a Value metric: current replicas x value / target, rounded up.
-    assert math.ceil(4 * (2 * threshold) / threshold) == 8
+    assert hpa_replicas(4 * (2 * threshold), threshold) == 8
     assert hpa_replicas(0, float(triggers("eks-prod")["queue-depth"]["metadata"]["threshold"])) == 0
 
+
+def test_while_the_replicas_it_asked_for_load_the_latency_trigger_asks_for_no_more():
+    # Four ready at twice the SLO asked for eight; four of them still load, the p90 is what it was.
+    threshold = float(triggers("eks-prod")["ttft-p90"]["metadata"]["threshold"])
+    ready, p90 = 4, 2 * threshold
+    assert hpa_replicas(ready * p90, threshold) == 8  # not 16: the loading four count for nothing
+    # (A Value metric would have asked current x p90 / SLO = 8 x 2 = 16 at the next scrape, then 32.)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 from frontier_gateway.hold import POOL_LABEL, POOL_WAITING_METRIC
-from frontier_hostside.names import RUNNING_METRIC, TTFT_METRIC, WAITING_METRIC
+from frontier_hostside.names import READY_METRIC, RUNNING_METRIC, TTFT_METRIC, WAITING_METRIC
 
 from frontier.config.schedule import cron_of
 from frontier.config.schema import PoolSettings, Settings
@@ -57,6 +57,16 @@ def ttft_p90_query(settings: Settings) -> str:
     selector = f'{{namespace="{k.namespace}",service="{app_name(settings)}"}}'
     rate = f"rate({TTFT_METRIC}_bucket{selector}[{TTFT_WINDOW}])"
     return f"(histogram_quantile(0.9, sum by (le) ({rate})) > 0) or vector(0)"
+
+
+def ttft_replicas_query(settings: Settings) -> str:
+    """The ready replicas times the pool's TTFT p90: over the SLO as an ``AverageValue`` target, the
+    HPA asks ready x p90 / SLO replicas. Ready ones only: pods still loading serve nothing yet, and
+    counting them (as a ``Value`` metric's current x p90 / SLO does) would ask for more replicas at
+    every scrape while the new ones load, for the same latency."""
+    k = kubernetes_of(settings)
+    ready = f'sum({READY_METRIC}{{namespace="{k.namespace}",service="{app_name(settings)}"}})'
+    return f"({ready} * ({ttft_p90_query(settings)})) or vector(0)"
 
 
 def running_threshold(pool: PoolSettings) -> float:
@@ -112,10 +122,10 @@ def load_triggers(settings: Settings, pool: PoolSettings) -> list[dict[str, obje
     concurrency, which also keeps it from falling to its floor whenever nothing waits).
 
     The latency trigger scales out when the pool's TTFT p90 passes the stack's ``slo.ttft_ms``,
-    whatever the queue says: long prompts can slow first tokens with few requests waiting. It is a
-    ``Value`` metric (the HPA asks current x p90 / threshold replicas), so under the SLO it asks for
-    fewer replicas than run and the HPA, taking the largest proposal, leaves scale-in to the
-    running trigger."""
+    whatever the queue says: long prompts can slow first tokens with few requests waiting. The HPA
+    asks ready x p90 / threshold replicas of it (:func:`ttft_replicas_query`), so under the SLO it
+    asks for fewer replicas than run and the HPA, taking the largest proposal, leaves scale-in to the
+    running trigger; and while the replicas it asked for load, it asks for no more."""
     auto = kubernetes_of(settings).autoscaling
     queue = {
         "type": "prometheus",
@@ -141,10 +151,10 @@ def load_triggers(settings: Settings, pool: PoolSettings) -> list[dict[str, obje
     latency = {
         "type": "prometheus",
         "name": "ttft-p90",
-        "metricType": "Value",
+        "metricType": "AverageValue",
         "metadata": {
             "serverAddress": auto.prometheus_url,
-            "query": ttft_p90_query(settings),
+            "query": ttft_replicas_query(settings),
             "threshold": f"{settings.slo.ttft_ms / 1000:g}",
         },
     }
