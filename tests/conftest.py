@@ -45,6 +45,8 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/runtime/server/test_disaggregated_http.py::decode": "replicas(): a runtime under uvicorn",
     "tests/gateway/conftest.py::standins": "StandIn(): an HTTP server",
     "tests/gateway/test_discovery.py::ec2": "moto's server",
+    "tests/gateway/test_kubernetes_discovery.py::pods": "StandIn(): HTTP servers",
+    "tests/gateway/test_kubernetes_discovery.py::cluster": "FakeApiServer(): an HTTP server",
     "tests/gateway/test_key_reload.py::gateway": "running_gateway(): the gateway under uvicorn",
     "tests/gateway/test_key_reload.py::secrets": "moto's server",
     "tests/gateway/test_key_reload.py::two_pools": "running_gateway(): the gateway under uvicorn",
@@ -103,6 +105,7 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/verify/conftest.py::runtime": "start_runtime(): a process",
 }
 PROC_TESTS: dict[str, str] = {
+    "tests/runtime/server/test_kernel_cache.py": "compile_on_host(): a python process compiling with Triton",
     "tests/gateway/test_disaggregation_pod_layout.py": "start_pod(): a process; running_gateway(): the gateway under uvicorn",
     "tests/runtime/server/test_kv_transfer_flags.py::test_a_colocated_config_served_with_kv_role_prefill_leases_its_blocks_at_the_kv_host": "a process",
     "tests/infra/test_pool_principals.py": "simulate(): node running tools/iam-simulate",

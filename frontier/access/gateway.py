@@ -32,11 +32,14 @@ def gateway_config(
     *,
     metering_uri: str | None = None,
     disaggregated: Mapping[str, Mapping[str, list[str]]] | None = None,
+    discoveries: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> GatewayConfig:
     """The gateway's config for a stack: its gateway section as written, plus its pools (each with
     its runtimes' key secret), tenants and probe path. ``replicas``: base URLs of each model's
     runtimes, or None to find them on EC2 by their tags (each pool's node group). ``disaggregated``: a disaggregated
-    pool's prefill and decode base URLs by model (``{"prefill": [...], "decode": [...]}``)."""
+    pool's prefill and decode base URLs by model (``{"prefill": [...], "decode": [...]}``);
+    ``discoveries``: where the gateway finds a pool's runtimes itself, by model (a Kubernetes pool's
+    EndpointSlices), in place of its ``replicas``."""
     gw = settings.gateway
     if gw is None:
         raise FrontierError(f"stack {settings.stack!r} has no 'frontier:gateway' section")
@@ -46,6 +49,9 @@ def gateway_config(
         secret = {"api_keys_secret": pool.runtime.api_keys_secret or "", **kv_routing(pool)}
         if replicas is None:
             models.append({**discovered_pool(settings, pool), **secret})
+            continue
+        if discoveries and pool.name in discoveries:
+            models.append({"name": pool.name, "discovery": dict(discoveries[pool.name]), **secret})
             continue
         urls = list(replicas.get(pool.name) or ())
         if not urls:

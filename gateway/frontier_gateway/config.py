@@ -41,6 +41,28 @@ class Ec2Discovery(_Strict):
     interval_s: float = Field(default=15.0, gt=0, le=3600)
 
 
+class KubernetesDiscovery(_Strict):
+    """Runtime pods found by their Service's EndpointSlices: each ready endpoint is a replica, at
+    the runtime's container port. The gateway asks the API server with its service account's token
+    every ``interval_s``; its Role may list EndpointSlices in the namespace and nothing more."""
+
+    namespace: str = Field(min_length=1, max_length=63)
+    service: str = Field(min_length=1, max_length=63)
+    port: int = Field(ge=1, le=65535)
+    interval_s: float = Field(default=5.0, gt=0, le=3600)
+    # The API server; empty: the one the pod runs under (KUBERNETES_SERVICE_HOST and _PORT).
+    api_url: str = ""
+    # The service account's token (read at every ask: a projected token is renewed on disk) and the
+    # cluster's CA; an http:// api_url uses neither file's CA.
+    token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+
+
+#: Where a pool's replicas are found, when they are not listed: on EC2 by their tags, or on
+#: Kubernetes by their Service's EndpointSlices (each kind's fields tell them apart).
+Discovery = Ec2Discovery | KubernetesDiscovery
+
+
 class KvRoutingConfig(_Strict):
     """Route a pool's requests by the KV-cache events of its replicas (``kv_index.py``).
 
@@ -139,11 +161,11 @@ class DisaggregationRouting(_Strict):
 
 
 class PoolConfig(_Strict):
-    """One model and the runtimes that serve it: fixed base URLs, or found on EC2."""
+    """One model and the runtimes that serve it: fixed base URLs, or found on EC2 or Kubernetes."""
 
     name: str = Field(min_length=1, max_length=512)
     replicas: tuple[str, ...] = Field(default=(), description="Base URLs, e.g. http://10.0.1.7:8000.")
-    discovery: Ec2Discovery | None = None
+    discovery: Discovery | None = None
     kv_routing: KvRoutingConfig | None = None
     disaggregation: DisaggregationRouting | None = None
     # The secret of the keys this pool's runtimes accept (their runtime.api_keys_secret): the gateway

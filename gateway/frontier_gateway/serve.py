@@ -20,8 +20,8 @@ import httpx
 import uvicorn
 
 from frontier_gateway.app import Gateway, create_admin_app, create_app
-from frontier_gateway.config import Ec2Discovery, GatewayConfig, PoolConfig
-from frontier_gateway.discovery import discover, follow
+from frontier_gateway.config import Discovery, GatewayConfig, PoolConfig
+from frontier_gateway.discovery import find_once, finder_for, follow
 from frontier_gateway.keys import KeyReloader
 from frontier_gateway.metering import flush_forever, open_sink
 from frontier_gateway.metrics import Metrics
@@ -50,16 +50,10 @@ def build_gateway(config: GatewayConfig, *, secrets_client: Any | None = None) -
     )
 
 
-def ec2_client(spec: Ec2Discovery) -> Any:
-    import boto3
-
-    return boto3.client("ec2", region_name=spec.region)
-
-
-def discovered(configs: Iterable[PoolConfig], pools: Pools) -> list[tuple[Pool, Ec2Discovery]]:
-    """Every set of replicas the gateway finds on EC2: a pool's own, and each role of a
-    disaggregated pool whose halves are found there (each half on its node group)."""
-    found = []
+def discovered(configs: Iterable[PoolConfig], pools: Pools) -> list[tuple[Pool, Discovery]]:
+    """Every set of replicas the gateway finds rather than is given: a pool's own, and each role of
+    a disaggregated pool whose halves are found on EC2 (each half on its node group)."""
+    found: list[tuple[Pool, Discovery]] = []
     for pool_config in configs:
         pool = pools.by_model[pool_config.name]
         if pool_config.discovery is not None:
@@ -84,15 +78,15 @@ def lifespan_for(gateway: Gateway):  # type: ignore[no-untyped-def]
             gateway.upstream_client() as upstream,
         ):
             gateway.start(upstream)
-            found = discovered(config.models, gateway.pools)
-            for pool, spec in found:
-                pool.set_urls(await asyncio.to_thread(discover, ec2_client(spec), spec))
+            found = [(pool, finder_for(spec)) for pool, spec in discovered(config.models, gateway.pools)]
+            for pool, finder in found:
+                await find_once(pool, finder)
             # One probe round before taking traffic, so readiness is true from the start when it can be.
             await gateway.pools.probe_once(client, config.readiness_path, config.probe)
             kv_pools = [p.kv for p in gateway.pools.by_model.values() if p.kv is not None]
             for kv in kv_pools:  # subscribe to the KV events of every replica known so far
                 kv.subscriber.start()
-            tasks = [asyncio.create_task(follow(pool, spec, ec2_client(spec))) for pool, spec in found]
+            tasks = [asyncio.create_task(follow(pool, finder)) for pool, finder in found]
             reloader = KeyReloader(gateway, gateway.metrics.registry)
             if reloader.uses_secrets:
                 wake = asyncio.Event()

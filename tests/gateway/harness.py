@@ -182,8 +182,8 @@ class StandIn(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, name: str, *, prompt_tokens: int = 10) -> None:
-        super().__init__(("127.0.0.1", 0), _StandIn)
+    def __init__(self, name: str, *, prompt_tokens: int = 10, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__((host, port), _StandIn)
         self.name = name
         self.prompt_tokens = prompt_tokens
         self.ready = True
@@ -196,7 +196,8 @@ class StandIn(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
 
     def close(self) -> None:
         self.shutdown()

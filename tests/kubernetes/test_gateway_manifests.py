@@ -76,17 +76,48 @@ def test_each_pool_runs_on_the_node_pool_of_its_node_group(eks_gateway, workload
     assert big["containers"][0]["resources"]["limits"][names.GPU_RESOURCE] == "8"
 
 
-def test_the_gateway_config_names_each_pools_service_and_the_gateway_accepts_it(eks_gateway, workload):
+def test_the_gateway_finds_a_pools_pods_by_its_services_endpoint_slices_and_accepts_its_config(
+    eks_gateway, workload
+):
     text = workload.gateway.config_map.to_dict()["data"][gw.GATEWAY_CONFIG_FILE]
     config = parse_config(text)  # the gateway's own parser: what it would refuse fails here
     namespace = eks_gateway.kubernetes.namespace
-    assert {pool.name: pool.replicas for pool in config.models} == {
-        BIG: (f"http://{APP[BIG]}.{namespace}.svc.cluster.local:8000",),
-        # A disaggregated pool's colocated fallback: its decode replicas, which prefill themselves.
-        SMALL: (f"http://{DECODE}.{namespace}.svc.cluster.local:8000",),
-    }
+    pools = {pool.name: pool for pool in config.models}
+    found = pools[BIG].discovery
+    assert pools[BIG].replicas == () and found is not None
+    assert (found.namespace, found.service, found.port) == (namespace, APP[BIG], 8000)
+    assert APP[BIG] in _by(workload.all(), "Service")  # the Service whose slices it reads
+    # A disaggregated pool's colocated fallback: its decode Service, whose replicas prefill themselves.
+    assert pools[SMALL].replicas == (f"http://{DECODE}.{namespace}.svc.cluster.local:8000",)
     assert config.admin_host == "0.0.0.0"
     assert [t.api_key_secret for t in config.tenants] == [t.api_key_secret for t in eks_gateway.tenants]
+
+
+def test_the_gateway_may_list_endpoint_slices_in_its_namespace_and_nothing_else(eks_gateway, workload):
+    roles, bindings = _by(workload.all(), "Role"), _by(workload.all(), "RoleBinding")
+    role = roles[f"{gw.GATEWAY_NAME}-discovery"]
+    assert role["metadata"]["namespace"] == eks_gateway.kubernetes.namespace
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
+    binding = bindings[f"{gw.GATEWAY_NAME}-discovery"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": gw.GATEWAY_SERVICE_ACCOUNT, "namespace": eks_gateway.kubernetes.namespace}
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def test_only_the_gateways_container_gets_a_token_projected_where_clients_look_for_it(workload):
+    pod = workload.gateway.deployment.to_dict()["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    [mount] = [v for v in pod["containers"][0]["volumeMounts"] if v["name"] == gw.API_ACCESS_VOLUME]
+    assert mount == {"name": gw.API_ACCESS_VOLUME, "mountPath": gw.SERVICE_ACCOUNT_DIR, "readOnly": True}
+    [volume] = [v for v in pod["volumes"] if v["name"] == gw.API_ACCESS_VOLUME]
+    sources = volume["projected"]["sources"]
+    assert sources[0]["serviceAccountToken"]["path"] == "token"
+    assert sources[1]["configMap"]["name"] == "kube-root-ca.crt"
+    for runtime in workload.runtime_deployments:  # the runtimes' pods ask the API nothing
+        spec = runtime.to_dict()["spec"]["template"]["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        assert not [v for v in spec.get("volumes", []) if "projected" in v]
 
 
 def test_a_changed_gateway_config_is_a_new_configmap_and_a_new_pod_template(eks_gateway):

@@ -14,29 +14,16 @@ request to them, and every rule to some request.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from frontier.config.schema import Settings
 from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.gateway import pool_views
 from frontier.targets.kubernetes.objects import Manifest, kubernetes_of, stack_labels
+from frontier.targets.kubernetes.rbac import Rule, role_for
+
+__all__ = ["DEPLOY_GROUP", "Rule", "deploy_role", "deploy_rules"]
 
 # The Kubernetes group the deploy role's access entry maps it into (EKS: ``kubernetesGroups``).
 DEPLOY_GROUP = "frontier:deploy"
-RBAC = "rbac.authorization.k8s.io/v1"
-
-
-@dataclass(frozen=True)
-class Rule:
-    api_group: str  # "" is the core group
-    resource: str  # with its subresource, as RBAC names it: "pods/portforward"
-    verbs: tuple[str, ...]
-
-    def allows(self, verb: str, api_group: str, resource: str) -> bool:
-        return (self.api_group, self.resource) == (api_group, resource) and verb in self.verbs
-
-    def to_dict(self) -> dict[str, list[str]]:
-        return {"apiGroups": [self.api_group], "resources": [self.resource], "verbs": list(self.verbs)}
 
 
 def deploy_rules(settings: Settings) -> tuple[Rule, ...]:
@@ -68,25 +55,7 @@ def deploy_rules(settings: Settings) -> tuple[Rule, ...]:
 def deploy_role(settings: Settings) -> tuple[Manifest, Manifest]:
     """The Role and the RoleBinding that give :data:`DEPLOY_GROUP` :func:`deploy_rules`, in the
     stack's namespace only."""
-    namespace = kubernetes_of(settings).namespace
-    name = "frontier-deploy"
-    role = Manifest(
-        RBAC,
-        "Role",
-        name,
-        namespace,
-        {"rules": [rule.to_dict() for rule in deploy_rules(settings)]},
-        labels=stack_labels(),
+    group = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": DEPLOY_GROUP}
+    return role_for(
+        "frontier-deploy", kubernetes_of(settings).namespace, deploy_rules(settings), group, stack_labels()
     )
-    binding = Manifest(
-        RBAC,
-        "RoleBinding",
-        name,
-        namespace,
-        {
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": DEPLOY_GROUP}],
-        },
-        labels=stack_labels(),
-    )
-    return role, binding

@@ -8,10 +8,13 @@ settings, ``Settings.for_pool``) and this gateway in front of them. Choices wort
   CUDA and torch but not ``frontier-gateway``, and the gateway needs neither. It runs the
   ``frontier-gateway`` entry point of ``gateway/pyproject.toml``.
 - **Its config** is ``gateway.yaml`` exactly as other targets render it
-  (:func:`frontier.access.gateway.render_gateway_config`), each pool's one replica being its
-  Service's cluster DNS name: kube-proxy spreads a pool's requests over its ready pods, and a
-  pool at zero pods refuses connections, so the gateway's prober sees it unready and holds its
-  requests (``gateway.hold``). The admin listener (``/metrics``) binds every address here: the
+  (:func:`frontier.access.gateway.render_gateway_config`), each colocated pool's replicas found by
+  its Service's EndpointSlices (:func:`discoveries`): the gateway balances, routes by KV events and
+  migrates among the pods themselves, each at its ready endpoint's address; a pool at zero pods has
+  no replica, so the gateway holds its requests (``gateway.hold``). For that it lists EndpointSlices
+  in the namespace (its Role, :func:`discovery_access`) with a token projected into its container
+  alone (:func:`api_access_volume`), over the HTTPS egress it has already. A disaggregated pool's
+  two hops go to its halves' Services. The admin listener (``/metrics``) binds every address here: the
   pod's loopback is unreachable for Prometheus, so the NetworkPolicy admits the admin port from
   Prometheus only, and the Service names it for the ServiceMonitor alone (the Ingress forwards to
   the public port).
@@ -57,6 +60,7 @@ from frontier.targets.kubernetes.objects import (
     http_probe,
     kubernetes_of,
 )
+from frontier.targets.kubernetes.rbac import Rule, role_for
 
 GATEWAY_NAME = "frontier-gateway"
 GATEWAY_SERVICE_ACCOUNT = "frontier-gateway"
@@ -68,6 +72,11 @@ ALL_ADDRESSES = "0.0.0.0"
 # the pod is Guaranteed, never the first evicted under node pressure.
 GATEWAY_RESOURCES = {"cpu": "1", "memory": "1Gi"}
 GRACE_S = 30
+# The gateway's API access (its pools' EndpointSlices): where a pod's token is looked for, and how
+# long a projected one lives before the kubelet renews it (the kubelet's own default).
+API_ACCESS_VOLUME = "kube-api-access"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_EXPIRATION_S = 3607
 
 
 def gateway_of(settings: Settings) -> Gateway:
@@ -123,11 +132,40 @@ def disaggregated_upstreams(settings: Settings) -> dict[str, dict[str, list[str]
     }
 
 
+def discoveries(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Each colocated pool's pods, found by its Service's EndpointSlices (the gateway's
+    ``KubernetesDiscovery``), so the gateway routes, balances and migrates among pods, not through
+    one Service address. A disaggregated pool's two hops stay its halves' Services."""
+    namespace = kubernetes_of(settings).namespace
+    return {
+        pool.name: {"namespace": namespace, "service": app_name(view), "port": pool.runtime.port}
+        for view, pool in zip(pool_views(settings), settings.pools, strict=True)
+        if pool.disaggregation is None
+    }
+
+
+def discovery_rules() -> tuple[Rule, ...]:
+    """What the gateway asks the API server: its pools' EndpointSlices, listed; nothing else."""
+    return (Rule("discovery.k8s.io", "endpointslices", ("list",)),)
+
+
+def discovery_access(settings: Settings) -> tuple[Manifest, Manifest]:
+    """The gateway's Role (:func:`discovery_rules`) in the stack's namespace, bound to its service account."""
+    namespace = kubernetes_of(settings).namespace
+    account = {"kind": "ServiceAccount", "name": GATEWAY_SERVICE_ACCOUNT, "namespace": namespace}
+    return role_for(f"{GATEWAY_NAME}-discovery", namespace, discovery_rules(), account, gateway_labels())
+
+
 def gateway_yaml(settings: Settings) -> str:
     """``gateway.yaml`` as every target renders it, with the admin listener on every address."""
     gw = gateway_of(settings)
     here = settings.model_copy(update={"gateway": gw.model_copy(update={"admin_host": ALL_ADDRESSES})})
-    return render_gateway_config(here, upstreams(settings), disaggregated=disaggregated_upstreams(settings))
+    return render_gateway_config(
+        here,
+        upstreams(settings),
+        disaggregated=disaggregated_upstreams(settings),
+        discoveries=discoveries(settings),
+    )
 
 
 def config_map_name(config_text: str) -> str:
@@ -207,6 +245,9 @@ def pod_template(settings: Settings, config_text: str) -> dict[str, Any]:
         "volumeMounts": [
             {"name": "config", "mountPath": GATEWAY_CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
+            # The service account's token for the EndpointSlices it lists, and nothing mounted
+            # where it is not needed: the automatic mount stays off.
+            {"name": API_ACCESS_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True},
         ],
     }
     spread = [
@@ -242,6 +283,7 @@ def pod_template(settings: Settings, config_text: str) -> dict[str, Any]:
                 },
             },
             {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+            api_access_volume(),
         ],
     }
     annotations = {K8S_CONFIG_HASH_ANNOTATION: f"sha256:{config_hash(config_text)}"}
@@ -250,6 +292,27 @@ def pod_template(settings: Settings, config_text: str) -> dict[str, Any]:
         json.dumps(template, sort_keys=True).encode()
     ).hexdigest()[:16]
     return template
+
+
+def api_access_volume() -> dict[str, Any]:
+    """What the kubelet's automatic mount would give, made explicit for the gateway's container
+    alone: a token bound to the pod (renewed on disk before it expires), the cluster's CA and the
+    namespace."""
+    return {
+        "name": API_ACCESS_VOLUME,
+        "projected": {
+            "defaultMode": 0o444,
+            "sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_EXPIRATION_S}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {
+                    "downwardAPI": {
+                        "items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]
+                    }
+                },
+            ],
+        },
+    }
 
 
 def deployment(settings: Settings, config_text: str) -> Manifest:

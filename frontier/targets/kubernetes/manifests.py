@@ -550,6 +550,8 @@ def pool_objects(
 @dataclass(frozen=True)
 class GatewayObjects:
     service_account: Manifest
+    # Its Role (EndpointSlices, listed) and the binding to its service account.
+    discovery_access: tuple[Manifest, Manifest]
     config_map: Manifest
     deployment: Manifest
     service: Manifest
@@ -561,6 +563,7 @@ def gateway_objects(settings: Settings, role_arn: Any = None) -> GatewayObjects:
     text = gw.gateway_yaml(settings)
     return GatewayObjects(
         service_account=gw.service_account(settings, role_arn),
+        discovery_access=gw.discovery_access(settings),
         config_map=gw.config_map(settings, text),
         deployment=gw.deployment(settings, text),
         service=gw.service(settings),
@@ -607,7 +610,7 @@ class Workload:
             *self.deploy_access,
             # A disaggregated pool's halves run as the pool's one identity.
             *{p.service_account.name: p.service_account for p in self.pools}.values(),
-            *([g.service_account] if g else []),
+            *([g.service_account, *g.discovery_access] if g else []),
             *self.network_policies,
             *(m for p in self.pools for m in (p.config_map, p.deployment, p.service, p.disruption_budget)),
             *([g.config_map, g.deployment, g.service, g.disruption_budget] if g else []),
