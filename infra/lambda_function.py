@@ -22,7 +22,6 @@ RUNTIME = "python3.12"
 
 @dataclass(frozen=True)
 class PythonFunction:
-    stack: str
     cloud: Cloud
     function_name: str
     description: str

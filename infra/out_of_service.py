@@ -92,7 +92,6 @@ class OutOfService(pulumi.ComponentResource):
         function = python_function(
             name,
             PythonFunction(
-                stack=args.stack,
                 cloud=args.cloud,
                 function_name=function_name(args.stack),
                 description=f"Frontier {args.stack}: a spot host out of the load balancer on its warning",

@@ -101,7 +101,6 @@ def synthetic_probe(name: str, args: SyntheticProbeArgs, parent: pulumi.Resource
     function = python_function(
         name,
         PythonFunction(
-            stack=args.stack,
             cloud=args.cloud,
             function_name=function_name,
             description=f"Frontier {args.stack}: a fixed request through the public endpoint every minute",

@@ -105,7 +105,6 @@ class ReplicaTermination(pulumi.ComponentResource):
         function = python_function(
             name,
             PythonFunction(
-                stack=args.stack,
                 cloud=args.cloud,
                 function_name=function_name,
                 description=f"Frontier {args.stack}: {args.node_group} gives up whole replicas",

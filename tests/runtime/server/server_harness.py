@@ -95,6 +95,26 @@ class ScriptedEngine:
         self.running = False
 
 
+def push_weights(s3: Any, model_dir: Path, bucket: str, prefix: str = "tiny", version: str = "v1") -> None:
+    """``model_dir`` as ``fab weights.push`` leaves a version in S3: every file, then its manifest."""
+    from frontier_runtime.storage.manifest import MANIFEST_NAME, build_manifest
+
+    manifest = build_manifest(model_dir, model=MODEL, version=version)
+    for entry in manifest.files:
+        s3.upload_file(str(model_dir / entry.path), bucket, f"{prefix}/{version}/{entry.path}")
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/{version}/{MANIFEST_NAME}", Body=manifest.to_json().encode())
+
+
+def weights_start_document(weights_uri: str, cache_dir: Path) -> dict[str, Any]:
+    """A CPU runtime.yaml loading version v1 of ``weights_uri`` through the host cache ``cache_dir``."""
+    return {
+        "model": {"name": MODEL, "weights_uri": weights_uri, "version": "v1", "max_seq_len": 128},
+        "weights_cache_dir": str(cache_dir),
+        "cpu_kv_cache_bytes": 4 * 1024 * 1024,
+        "device": "cpu",
+    }
+
+
 def runtime_config(model_dir: Path | str, **overrides: Any) -> RuntimeConfig:
     """A runtime.yaml for tests; ``overrides`` are paths with ``__`` between levels, e.g.
     ``max_concurrency=2`` or ``batch__max_batch_size=2``."""

@@ -25,9 +25,8 @@ import yaml
 from frontier_runtime.config import RuntimeConfig, parse_config
 from frontier_runtime.server import serve, warm_start
 from frontier_runtime.storage import kernel_cache
-from frontier_runtime.storage.manifest import MANIFEST_NAME, build_manifest
 from moto import mock_aws
-from server_harness import MODEL
+from server_harness import push_weights, weights_start_document
 
 BUCKET = "frontier-kernels"
 SOURCE = f"s3://{BUCKET}/tiny"
@@ -79,16 +78,7 @@ def compile_on_host(directory: Path) -> dict:
 
 
 def _config(cache_dir: Path) -> RuntimeConfig:
-    return parse_config(
-        yaml.safe_dump(
-            {
-                "model": {"name": MODEL, "weights_uri": SOURCE, "version": "v1", "max_seq_len": 128},
-                "weights_cache_dir": str(cache_dir),
-                "cpu_kv_cache_bytes": 4 * 1024 * 1024,
-                "device": "cpu",
-            }
-        )
-    )
+    return parse_config(yaml.safe_dump(weights_start_document(SOURCE, cache_dir)))
 
 
 @pytest.fixture
@@ -99,10 +89,7 @@ def s3(tiny_model: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     with mock_aws():
         client = boto3.client("s3")
         client.create_bucket(Bucket=BUCKET)
-        manifest = build_manifest(tiny_model, model=MODEL, version="v1")
-        for entry in manifest.files:
-            client.upload_file(str(tiny_model / entry.path), BUCKET, f"tiny/v1/{entry.path}")
-        client.put_object(Bucket=BUCKET, Key=f"tiny/v1/{MANIFEST_NAME}", Body=manifest.to_json().encode())
+        push_weights(client, tiny_model, BUCKET)
         yield client
 
 

@@ -15,9 +15,8 @@ from frontier_runtime.config import RuntimeConfig, parse_config
 from frontier_runtime.server import warm_start
 from frontier_runtime.server.serve import build_engine
 from frontier_runtime.storage import prepared as cache
-from frontier_runtime.storage.manifest import MANIFEST_NAME, build_manifest
 from moto import mock_aws
-from server_harness import MODEL
+from server_harness import push_weights, weights_start_document
 
 BUCKET = "frontier-prefetch"
 SOURCE = f"s3://{BUCKET}/tiny"
@@ -28,13 +27,7 @@ def _config(weights_uri: str, cache_dir: Path) -> RuntimeConfig:
 
 
 def _document(weights_uri: str, cache_dir: Path) -> dict:
-    return {
-        "model": {"name": MODEL, "weights_uri": weights_uri, "version": "v1", "max_seq_len": 128},
-        "weights_cache_dir": str(cache_dir),
-        "cpu_kv_cache_bytes": 4 * 1024 * 1024,
-        "device": "cpu",
-        "json_logs": False,
-    }
+    return {**weights_start_document(weights_uri, cache_dir), "json_logs": False}
 
 
 @pytest.fixture
@@ -43,10 +36,7 @@ def pushed(tiny_model: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     with mock_aws():
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket=BUCKET)
-        manifest = build_manifest(tiny_model, model=MODEL, version="v1")
-        for entry in manifest.files:
-            s3.upload_file(str(tiny_model / entry.path), BUCKET, f"tiny/v1/{entry.path}")
-        s3.put_object(Bucket=BUCKET, Key=f"tiny/v1/{MANIFEST_NAME}", Body=manifest.to_json().encode())
+        push_weights(s3, tiny_model, BUCKET)
         yield s3
 
 

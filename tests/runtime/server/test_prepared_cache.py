@@ -21,7 +21,7 @@ from frontier_runtime.storage import prepared as cache
 from frontier_runtime.storage import prepared_eviction as eviction
 from frontier_runtime.storage.manifest import MANIFEST_NAME, Manifest, ManifestEntry, build_manifest
 from moto import mock_aws
-from server_harness import MODEL
+from server_harness import MODEL, push_weights, weights_start_document
 
 BUCKET = "frontier-prepared"
 SOURCE = f"s3://{BUCKET}/tiny"
@@ -52,16 +52,7 @@ def test_the_engine_half_of_the_key_names_the_runtime_device_and_settings(tiny_m
 
 
 def _config(weights_uri: str, cache_dir: Path) -> RuntimeConfig:
-    return parse_config(
-        yaml.safe_dump(
-            {
-                "model": {"name": MODEL, "weights_uri": weights_uri, "version": "v1", "max_seq_len": 128},
-                "weights_cache_dir": str(cache_dir),
-                "cpu_kv_cache_bytes": 4 * 1024 * 1024,
-                "device": "cpu",
-            }
-        )
-    )
+    return parse_config(yaml.safe_dump(weights_start_document(weights_uri, cache_dir)))
 
 
 @pytest.fixture
@@ -70,10 +61,7 @@ def pushed(tiny_model: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     with mock_aws():
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket=BUCKET)
-        manifest = build_manifest(tiny_model, model=MODEL, version="v1")
-        for entry in manifest.files:
-            s3.upload_file(str(tiny_model / entry.path), BUCKET, f"tiny/v1/{entry.path}")
-        s3.put_object(Bucket=BUCKET, Key=f"tiny/v1/{MANIFEST_NAME}", Body=manifest.to_json().encode())
+        push_weights(s3, tiny_model, BUCKET)
         yield s3
 
 
