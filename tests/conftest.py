@@ -115,6 +115,8 @@ PROC_TESTS: dict[str, str] = {
     "tests/infra/test_release_key_policy.py": "simulate(): node running tools/iam-simulate",
     "tests/infra/test_pod_log_actors.py": "simulate(): node running tools/iam-simulate; a fresh python -I",
     "tests/infra/test_spot_capacity.py::test_the_deploy_role_reads_the_notices_on_its_stacks_queue_as_fab_status_does": "simulate(): node running tools/iam-simulate",
+    "tests/infra/test_spot_out_of_service_program.py::test_its_role_may_deregister_from_the_stacks_groups_and_nothing_more": "simulate(): node running tools/iam-simulate",
+    "tests/infra/test_spot_out_of_service_program.py::test_pulumi_up_as_the_language_host_runs_it_declares_the_function_its_rule_and_the_grant": "declared(): a fresh python -I",
     "tests/infra/test_spot_capacity.py::test_the_deploy_role_can_neither_take_send_nor_purge_notices_nor_read_another_stacks_queue": "simulate(): node running tools/iam-simulate",
     "tests/unit/test_local_alarms.py::test_a_process_that_is_gone_is_named": "a process",
     "tests/gateway/test_breaker.py::test_a_failing_replica_is_taken_out_and_no_request_fails_after_the_trip": "running_gateway(): the gateway under uvicorn",

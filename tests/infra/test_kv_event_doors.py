@@ -7,17 +7,13 @@ cannot run here. The stack is dev with a gateway, its runtime's events on or off
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from frontier_hostside import names
-from test_language_host import HOST, PROGRAM_DIR, PROJECT
+from test_language_host import declared as declared_as
 
 from frontier import project
 
@@ -55,23 +51,7 @@ def dev_with_gateway(kv_events: dict[str, Any] | None) -> dict[str, Any]:
 
 def declared(document: dict[str, Any], tmp: Path) -> dict[str, Any]:
     """What the language host declares for ``document`` as the stack file ``stacks/Pulumi.dev.yaml``."""
-    stacks = tmp / "stacks"
-    stacks.mkdir()
-    (stacks / f"Pulumi.{STACK}.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
-    config = {k: v if isinstance(v, str) else json.dumps(v) for k, v in document["config"].items()}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "PYTHON", "FRONTIER_"))}
-    env |= {"PULUMI_CONFIG": json.dumps(config), "FRONTIER_STACKS_DIR": str(stacks)}
-    out = tmp / "declared.json"
-    done = subprocess.run(
-        [sys.executable, "-I", str(HOST), str(PROGRAM_DIR), PROJECT["name"], STACK, str(out)],
-        cwd="/",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(out.read_text())
+    return declared_as(STACK, document, tmp)
 
 
 def rules_on_ports(run: dict[str, Any], kind: str, group: str, ports: set[int]) -> list[dict[str, Any]]:

@@ -70,6 +70,28 @@ def run_as_language_host(stack: str, tmp: Path) -> Run:
     return Run(proc.returncode, proc.stderr, [tuple(r) for r in produced["resources"]], produced["outputs"])
 
 
+def declared(stack: str, document: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """What the language host declares for ``document`` as the stack file ``Pulumi.<stack>.yaml``
+    (a variant of a shipped stack, in a stacks directory of its own): the host's whole record."""
+    stacks = tmp / "stacks"
+    stacks.mkdir()
+    (stacks / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    config = {k: v if isinstance(v, str) else json.dumps(v) for k, v in document["config"].items()}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "PYTHON", "FRONTIER_"))}
+    env |= {"PULUMI_CONFIG": json.dumps(config), "FRONTIER_STACKS_DIR": str(stacks)}
+    out = tmp / "declared.json"
+    done = subprocess.run(
+        [sys.executable, "-I", str(HOST), str(PROGRAM_DIR), PROJECT["name"], stack, str(out)],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
 @cache
 def runs() -> dict[str, Run]:
     """All stacks at once, two at a time (the machine's cores): each child pays its own imports."""

@@ -133,3 +133,18 @@ def test_its_logs_are_kept_encrypted_with_the_stacks_key_for_the_stacks_retentio
     logs = spot.one("aws:cloudwatch/logGroup:LogGroup", f"{NAME}-logs")
     assert logs.inputs["name"] == f"/aws/lambda/{function_name('prod')}"
     assert logs.inputs["kmsKeyId"] and logs.inputs["retentionInDays"] >= 30
+
+
+def test_pulumi_up_as_the_language_host_runs_it_declares_the_function_its_rule_and_the_grant(tmp_path):
+    # A fresh interpreter, cwd infra/, runpy.run_path("."), the stack's config in PULUMI_CONFIG.
+    import yaml
+    from test_language_host import declared
+
+    document = yaml.safe_load((project.root() / "stacks" / "Pulumi.prod.yaml").read_text())
+    document["config"]["frontier:node_groups"][0]["capacity"] = SPOT
+    run = declared("prod", document, tmp_path)
+    names_of = {(typ, resource): name for typ, resource, name in run["named"]}
+    assert names_of[(FUNCTION, f"{NAME}-function")] == function_name("prod")
+    assert names_of[(RULE, f"{NAME}-rule")] == function_name("prod")
+    assert (PERMISSION, f"{NAME}-rule") in {tuple(r) for r in run["resources"]}
+    assert (TARGET, f"{NAME}-target") in {tuple(r) for r in run["resources"]}
