@@ -46,7 +46,7 @@ audit: install
 	$(BIN)/python scripts/audit_locks.py
 
 test: system-packages install lock-check audit typecheck scan
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 	$(MAKE) --no-print-directory test-torch-ops
 
 # checkov, a peer scanner, over every stack's rendered Kubernetes manifests, every Dockerfile and the

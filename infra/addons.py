@@ -32,7 +32,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from frontier.config.schema import Settings
+from frontier.config.schema import Kubernetes, Settings
 from infra.cloud import Cloud
 from infra.workload_identity import irsa_trust, pod_identity_trust
 
@@ -305,8 +305,7 @@ def termination_handler_policy(queue_arn: str) -> dict[str, Any]:
 
 def device_plugin_values(settings: Settings) -> dict[str, Any]:
     """On GPU nodes only, through every taint the GPU pools carry."""
-    k = settings.kubernetes
-    assert k is not None
+    k = settings.section(Kubernetes)
     taints = {(t.key, t.effect) for pool in k.node_pools for t in pool.taints}
     return {
         "tolerations": [
@@ -331,8 +330,7 @@ class ClusterAddons(pulumi.ComponentResource):
         self, name: str, args: ClusterAddonsArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("frontier:kubernetes:ClusterAddons", name, None, opts)
-        s, k = args.settings, args.settings.kubernetes
-        assert k is not None
+        s, k = args.settings, args.settings.section(Kubernetes)
         self.releases = {}
         if any(pool.group.accelerator == "gpu" for pool in s.pools):
             self._release(name, args, "device-plugin", device_plugin_values(s))
@@ -386,8 +384,7 @@ class ClusterAddons(pulumi.ComponentResource):
         """An add-on's role for its chart's service account (trusted through Pod Identity or IRSA)
         with ``policy``; the service account's annotations, and what its pods need to exist when they
         start (with Pod Identity, credentials come only if the association exists then)."""
-        k = args.settings.kubernetes
-        assert k is not None
+        k = args.settings.section(Kubernetes)
         child = pulumi.ResourceOptions(parent=self)
         if k.identity == "irsa":
             assert args.oidc_provider_arn is not None and args.oidc_issuer is not None

@@ -47,8 +47,7 @@ from infra.workloads import Workloads, WorkloadsArgs
 
 
 def _k8s(settings: Settings) -> Kubernetes:
-    assert settings.kubernetes is not None
-    return settings.kubernetes
+    return settings.section(Kubernetes)
 
 
 def _problems(s: Settings, cloud: Cloud) -> Iterator[str]:

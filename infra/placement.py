@@ -25,7 +25,7 @@ import pulumi_aws as aws
 
 from frontier.capacity.gpus import INSTANCES
 from frontier.config.purchase import SpotCapacity
-from frontier.config.schema import NodeGroup, Settings
+from frontier.config.schema import Kubernetes, NodeGroup, Settings
 
 
 @dataclass(frozen=True)
@@ -191,19 +191,17 @@ def node_pool_zones(
     settings: Settings, zones: tuple[str, ...], placement: GpuPlacement
 ) -> dict[str, tuple[str, ...]]:
     """Each EKS node pool's zones: those of the stack that offer every type the pool may launch."""
-    assert settings.kubernetes is not None
     groups = {group.name: group for group in settings.node_groups}
     return {
         pool.name: placement.zones_for(groups[pool.node_group], zones, pool.instance_types)
-        for pool in settings.kubernetes.node_pools
+        for pool in settings.section(Kubernetes).node_pools
     }
 
 
 def node_pool_problems(settings: Settings, zones: tuple[str, ...], placement: GpuPlacement) -> Iterator[str]:
     """An EKS node pool no zone of the stack can launch, and a quota below the groups' max_size."""
-    assert settings.kubernetes is not None
     placed = node_pool_zones(settings, zones, placement)
-    for index, pool in enumerate(settings.kubernetes.node_pools):
+    for index, pool in enumerate(settings.section(Kubernetes).node_pools):
         if placed[pool.name]:
             continue
         types = pool.instance_types or (

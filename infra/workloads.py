@@ -51,9 +51,8 @@ import pulumi_random as random
 from frontier_hostside.names import K8S_CONFIG_HASH_ANNOTATION, PLACEHOLDER_DIGEST
 
 from frontier.config.checks import is_production
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.targets.kubernetes import leader_workers as lw
-from frontier.targets.kubernetes.gateway import pool_views
 from frontier.targets.kubernetes.logging import logging_objects
 from frontier.targets.kubernetes.manifests import Manifest, Workload, render_workload
 from frontier.targets.kubernetes.monitoring import DCGM_NAME, monitoring_objects
@@ -224,9 +223,9 @@ class Workloads(pulumi.ComponentResource):
         namespace = self._add(f"{name}-namespace", workload.namespace, [])
         released = {d.name for d in workload.runtime_deployments}
         keys = {
-            lw.set_name(view): self._replica_key(name, view, namespace)
-            for view in pool_views(args.settings)
-            if lw.spans_nodes(view)
+            lw.set_name(pool): self._replica_key(name, pool, namespace)
+            for pool in args.settings.pools
+            if lw.replica_spans_nodes(pool)
         }
         for manifest in workload.all()[1:]:
             if manifest.kind == "Ingress" and args.access_logs_bucket is not None:
@@ -256,10 +255,10 @@ class Workloads(pulumi.ComponentResource):
         self.deployments = [d.name for d in workload.runtime_deployments]
         self.register_outputs({"deployment": workload.deployment.name, "namespace": workload.namespace.name})
 
-    def _replica_key(self, name: str, view: Settings, namespace: pulumi.Resource) -> k8s.core.v1.Secret:
+    def _replica_key(self, name: str, pool: PoolSettings, namespace: pulumi.Resource) -> k8s.core.v1.Secret:
         """The pool's replica key, made once and kept in the state (a secret output), as the Secret its
         pods read it from."""
-        secret = lw.replica_key_secret(view)
+        secret = lw.replica_key_secret(pool)
         key = random.RandomPassword(
             f"{name}-{secret}",
             length=REPLICA_KEY_LENGTH,
@@ -268,7 +267,11 @@ class Workloads(pulumi.ComponentResource):
         )
         resource = k8s.core.v1.Secret(
             f"{name}-secret-{secret}",
-            metadata={"name": secret, "namespace": kubernetes_of(view).namespace, "labels": app_labels(view)},
+            metadata={
+                "name": secret,
+                "namespace": kubernetes_of(self._args.settings).namespace,
+                "labels": app_labels(pool),
+            },
             type="Opaque",
             string_data={lw.REPLICA_KEY_FIELD: key.result},
             opts=pulumi.ResourceOptions(parent=self, provider=self._provider, depends_on=[namespace]),

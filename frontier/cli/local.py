@@ -85,9 +85,10 @@ def local_autoscale(c, stack=None, seconds=None):
     from frontier.targets.local.autoscaler import Autoscaler, Decision, Observation, Policy
 
     settings = settings_for(stack)
-    policy = Policy.of(settings).timing  # refuses a stack that is not local, before anything runs
-    group = chosen_pool(settings).group  # the local stack's one serving group
-    fleet = backend_for(settings).fleet()
+    pool = chosen_pool(settings)  # the local stack's one pool, its group the one that scales
+    policy = Policy.of(settings, pool).timing  # refuses a stack that is not local, before anything runs
+    group = pool.group
+    fleet = backend_for(settings, pool).fleet()
     console = Console()
     size = fleet.size()
     console.print(

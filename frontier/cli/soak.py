@@ -115,7 +115,7 @@ def _knee_fraction(settings: Settings, fraction: float, hosts: int) -> float:
 
 @contextlib.contextmanager
 def _sessions(settings: Settings, backend, hosts) -> Iterator[dict[str, HostSession]]:
-    sessions = {name: HostSession(settings, host, backend.connect(host)) for name, host in hosts.items()}
+    sessions = {name: HostSession(settings, backend.pool, host, backend.connect(host)) for name, host in hosts.items()}
     try:
         yield sessions
     finally:

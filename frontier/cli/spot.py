@@ -9,6 +9,7 @@ from frontier.cli.common import reports_errors, settings_for
 from frontier.errors import FrontierError
 from frontier.targets.local import cluster as local
 from frontier.targets.local import notices
+from frontier.targets.local.iam import pool_of_host
 from frontier.targets.local.imds import SPOT_NOTICE_S
 
 STACK_HELP = "stack name (default $FRONTIER_STACK, else local)"
@@ -49,8 +50,10 @@ def notice(c, host, stack=None, rebalance=False, action="terminate", in_s=None, 
         )
     if not entry.get("out_of_service"):
         console.print(f"{posted.host}: recorded; it keeps serving (the group replaces it before it goes)")
-        # EC2's group answers the recommendation itself; here the local group does, with a warm spare.
-        warmed = notices.warm_replacement(settings, console.print)
+        # EC2's group answers the recommendation itself; here the local group does, with a warm spare
+        # of the pool the host at risk serves.
+        at_risk = pool_of_host(settings, notices.slot(settings, posted.host))
+        warmed = notices.warm_replacement(settings, at_risk, console.print)
         if warmed is None:
             console.print("no spare slot to warm: the group launches its replacement cold")
         else:

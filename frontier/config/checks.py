@@ -444,8 +444,9 @@ def _shared_problems(s: Settings) -> Iterator[FieldProblem]:
             "model.weights_uri": pool.model.weights_uri.removeprefix("s3://").split("/", 1)[0],
         }
 
-    first = shared(s.pools[0])
-    for i, pool in enumerate(s.pools[1:], start=1):
+    written_first, *others = s.pools
+    first = shared(written_first)
+    for i, pool in enumerate(others, start=1):
         for field, value in shared(pool).items():
             if value != first[field]:
                 yield FieldProblem(

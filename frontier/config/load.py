@@ -51,6 +51,17 @@ def chosen_pool(settings: Settings, model: str | None = None) -> PoolSettings:
     return settings.pools[0]
 
 
+def acting_pool(settings: Settings, pool: PoolSettings | None) -> PoolSettings:
+    """The pool a backend was built for; refused, naming the models, where it was built for a whole
+    stack of several (what acts for a pool needs ``--model``)."""
+    if pool is None:
+        raise StackError(
+            f"stack {settings.stack!r} serves {len(settings.pools)} models ({settings.model_names()}): "
+            "name the pool to act for (--model)"
+        )
+    return pool
+
+
 def read_stack(
     stack: str | None = None,
     *,
@@ -96,6 +107,8 @@ def read_stack(
 _ONE_POOL = ("model", "runtime", "disaggregation")
 _COPIED = re.compile(r"^pools\[\d+\]\.(group|hosts\[\d+\])\.")
 _POOL_PATH = re.compile(r"\bpools\[(\d+)\](\.?)")
+# A target's section is typed as ``platform`` under its tag; the file writes it under its own key.
+_SECTION_PATH = re.compile(r"\bplatform\.(local|kubernetes)\b")
 
 
 def _lists_models(raw: dict[str, object], file: Path) -> bool:
@@ -122,14 +135,15 @@ def _with_pools(raw: dict[str, object], listed: bool) -> dict[str, object]:
 
 def _as_written(text: str, listed: bool) -> str:
     """A problem's field paths as the file writes them: ``pools[1].runtime`` is ``models[1].runtime``
-    in a file that lists its models, and ``pools[0].runtime`` is ``runtime`` in a one-model file."""
+    in a file that lists its models, ``pools[0].runtime`` is ``runtime`` in a one-model file, and
+    ``platform.kubernetes.namespace`` is ``kubernetes.namespace``."""
 
     def written(match: re.Match[str]) -> str:
         if listed:
             return f"models[{match.group(1)}]{match.group(2)}"
         return "" if match.group(2) else "model"
 
-    return _POOL_PATH.sub(written, text)
+    return _POOL_PATH.sub(written, _SECTION_PATH.sub(r"\1", text))
 
 
 def _unnamespace(config: dict[str, object], file: Path) -> dict[str, object]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from frontier_gateway.config import GatewaySettings, TenantConfig
 from frontier_hostside.names import HOST_ROOT, RUNTIME_UID
@@ -588,6 +588,10 @@ class LocalAutoscaler(_Settings):
 
 
 class Local(_Settings):
+    """The embedded local stack's own section (``frontier:local``): one machine, moto's server for
+    AWS, HAProxy for the balancer, host slots over SSH on loopback aliases."""
+
+    target: Literal["local"] = "local"
     state_dir: str = ".frontier/local"
     # The balancer and the moto server listen here only: nothing of the local stack leaves the machine.
     bind_address: str = "127.0.0.1"
@@ -712,6 +716,10 @@ class KubernetesMonitoring(_Settings):
 
 
 class Kubernetes(_Settings):
+    """The ``kubernetes`` target's own section (``frontier:kubernetes``): the cluster, its node
+    pools, ingress, autoscaling and the pods' identity."""
+
+    target: Literal["kubernetes"] = "kubernetes"
     cluster: KubernetesCluster
     namespace: str
     node_pools: tuple[NodePool, ...] = Field(min_length=1)
@@ -900,14 +908,35 @@ class Gateway(GatewaySettings):
     max_size: int = Field(default=4, ge=1, le=100)
 
 
+class Ec2(_Settings):
+    """The ``ec2`` target's section: hosts in auto scaling groups (or a static inventory) behind an
+    ALB. What it reads is what every stack declares (node groups, network, edge); the file writes
+    only ``frontier:target: ec2``, or nothing, since it is the default."""
+
+    target: Literal["ec2"] = "ec2"
+
+
+#: Where a stack's fleet runs, one typed section per target, told apart by ``target``.
+TargetSection = Annotated[Local | Ec2 | Kubernetes, Field(discriminator="target")]
+
+#: A stack file's keys for each target's section (``frontier:local``, ``frontier:kubernetes``).
+SECTION_KEYS: dict[str, str] = {"local": "local", "kubernetes": "kubernetes"}
+_FOREIGN_SECTION = {
+    "local": "must be 'local' (or absent) in a stack with a 'local:' section",
+    "kubernetes": "must be 'kubernetes' in a stack with a 'frontier:kubernetes' section",
+}
+TargetT = TypeVar("TargetT", Local, Ec2, Kubernetes)
+
+
 class Settings(_Settings):
     """Every setting of one stack, typed. Built only by :func:`load_stack`."""
 
     stack: str
     source: str
-    #: Where the fleet runs: ``ec2`` hosts, a ``kubernetes`` cluster, or ``local`` (the embedded
-    #: stack, inferred from its ``local:`` section); picks the backend.
-    target: Literal["local", "ec2", "kubernetes"] = "ec2"
+    #: Where the fleet runs and that target's own section: ``ec2`` hosts, a ``kubernetes`` cluster
+    #: (``frontier:kubernetes``) or ``local``, the embedded stack (``frontier:local``, which need not
+    #: also say ``target``). Picks the backend, which reads its section through :meth:`section`.
+    platform: TargetSection = Ec2()
     #: A production stack (``frontier:production: true``): its stateful resources are protected, its
     #: balancer has deletion protection, its logs are kept 90 days, its page alarms must reach
     #: someone, and the policy pack's production rules apply. Read through
@@ -932,19 +961,62 @@ class Settings(_Settings):
     verify: Verify = Verify()
     releases: Releases = Releases()
     backup: Backup = Backup()
-    local: Local | None = None
-    kubernetes: Kubernetes | None = None
     gateway: Gateway | None = None
     tenants: tuple[TenantConfig, ...] = ()
     alerts: Alerts = Alerts()
 
     @model_validator(mode="before")
     @classmethod
-    def _infer_local(cls, data: object) -> object:
+    def _target_section(cls, data: object) -> object:
+        """The file's ``target`` and its target's section as one typed ``platform``; a section of
+        another target, or a target without its section, refused naming both."""
+        if not isinstance(data, dict) or "platform" in data:
+            return data
+        data = dict(data)
+        sections = {target: data.pop(key) for target, key in SECTION_KEYS.items() if data.get(key) is not None}
+        for key in SECTION_KEYS.values():
+            data.pop(key, None)
         # The local stack has always been recognised by its section; it need not say so twice.
-        if isinstance(data, dict) and data.get("local") is not None and "target" not in data:
-            return {**data, "target": "local"}
+        target = data.pop("target", None) or ("local" if "local" in sections else "ec2")
+        if target not in ("local", "ec2", "kubernetes"):
+            raise FieldProblems(FieldProblem("target", target, "must be 'local', 'ec2' or 'kubernetes'"))
+        problems = [FieldProblem("target", target, _FOREIGN_SECTION[other]) for other in sections if other != target]
+        if target in SECTION_KEYS and target not in sections:
+            problems.append(
+                FieldProblem(SECTION_KEYS[target], None, f"target {target!r} needs its 'frontier:{SECTION_KEYS[target]}' section")
+            )
+        if problems:
+            raise FieldProblems(*problems)
+        section = sections.get(target)
+        built = section is not None and not isinstance(section, dict)  # a section already typed
+        data["platform"] = section if built else {**(section or {}), "target": target}
         return data
+
+    @property
+    def target(self) -> Literal["local", "ec2", "kubernetes"]:
+        """Where the fleet runs (``platform``'s tag): printed in tables and history."""
+        return self.platform.target
+
+    def section(self, kind: type[TargetT]) -> TargetT:
+        """This stack's target section as ``kind`` (:class:`Local`, :class:`Ec2`, :class:`Kubernetes`),
+        typed: what a target's code reads instead of an optional section it must check. A stack that
+        runs elsewhere is refused naming its target."""
+        if isinstance(self.platform, kind):
+            return self.platform
+        wanted = kind.model_fields["target"].default
+        raise StackError(f"stack {self.stack!r} runs on target {self.target!r}, not {wanted!r}")
+
+    @property
+    def local(self) -> Local | None:
+        """The local stack's section, None on another target (code of the local target reads
+        ``section(Local)``)."""
+        return self.platform if isinstance(self.platform, Local) else None
+
+    @property
+    def kubernetes(self) -> Kubernetes | None:
+        """The Kubernetes section, None on another target (code of that target reads
+        ``section(Kubernetes)``)."""
+        return self.platform if isinstance(self.platform, Kubernetes) else None
 
     @model_validator(mode="before")
     @classmethod
@@ -1052,7 +1124,8 @@ class Settings(_Settings):
 
     @property
     def model(self) -> Model:
-        """:attr:`only_pool`'s model (code not yet handed its pool reads it here)."""
+        """:attr:`only_pool`'s model: a one-model stack's, for its tests and what-if copies; the
+        toolkit's own code is handed the pool it acts for (``tests/unit/test_pool_reads.py``)."""
         return self.only_pool.model
 
     @property
@@ -1105,7 +1178,8 @@ class Settings(_Settings):
 
     def for_pool(self, name: str) -> Settings:
         """These settings narrowed to the pool serving model ``name``: it is then their only pool,
-        and the inventory holds its hosts. Code not yet handed a pool acts for one through this."""
+        and the inventory holds its hosts: what an entry point (``fab deploy --model``) rolls, its
+        history, lock and hosts those of that pool."""
         pool = self.pool(name)
         inventory = self.inventory.model_copy(update={"hosts": pool.hosts})
         return self.model_copy(update={"pools": (pool,), "inventory": inventory})
@@ -1135,6 +1209,10 @@ class Settings(_Settings):
         """A copy with ``update``, its pools kept on the node groups it declares: new ``node_groups``
         reach the pools that run on them, and a one-pool stack's ``model`` or ``runtime`` is its pool's."""
         changes = dict(update or {})
+        # A target's section is replaced whole, by its own key or by ``platform``.
+        for key in SECTION_KEYS.values():
+            if key in changes:
+                changes["platform"] = changes.pop(key)
         of_pool: dict[str, Any] = {key: changes.pop(key) for key in ("model", "runtime") if key in changes}
         copy = super().model_copy(update=changes, deep=deep)
         if "node_groups" in changes:

@@ -33,7 +33,7 @@ def record_release_a(settings: Settings, model: str, release_a: str) -> Path:
     path = project.root() / CANARY_SET
     outputs = record_golden(
         local.balancer_url(settings),
-        local.api_key(settings),
+        local.api_key(settings, settings.pool(model)),
         read_set(path, model=model, golden=None),
         model=model,
     )

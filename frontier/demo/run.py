@@ -346,7 +346,7 @@ def run(settings: Settings, pool: PoolSettings, rate: float, load_s: float, tall
     _, release_a = roll("deploy", settings, digest)
 
     base_url = local.balancer_url(settings)
-    key = local.api_key(settings)
+    key = local.api_key(settings, pool)
     step(f"6. requests through HAProxy ({base_url}) with the openai client")
     phases.append(Phase("openai client", openai_requests(pool.name, base_url, key)))
     tally.add(phases[-1].samples)
@@ -438,7 +438,7 @@ def fleet_part(settings: Settings, target: Target, rate: float, tally: Tally) ->
     try:
         time.sleep(2.0)
         killed_at = time.time()
-        recovery = kill_and_recover(settings, victim, backend.balancer())
+        recovery = kill_and_recover(settings, backend.pool, victim, backend.balancer())
         time.sleep(2.0)
     finally:
         samples = load.stop()

@@ -126,6 +126,7 @@ def pool_fleet(settings: Settings, model: str, balancer: Balancer | None = None)
         return backend.fleet()
     return LocalFleet(
         pool_settings,
+        backend.pool,
         backend.history_store,
         balancer,
         backend.connect,

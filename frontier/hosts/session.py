@@ -34,7 +34,7 @@ from frontier_hostside.agent import Facts
 from frontier_hostside.names import AGENT_CONFIG_NAME, AGENT_FILE_NAME
 from frontier_hostside.release_signature import SIGNATURE_NAME
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
 from frontier.release.release import MANIFEST, Release
@@ -76,10 +76,10 @@ class HostError(FrontierError):
         self.detail = detail
 
 
-def render_host_agent_config(settings: Settings, host: HostSpec) -> str:
-    """The agent configuration of ``host`` (``frontier-agent.json``)."""
+def render_host_agent_config(settings: Settings, pool: PoolSettings, host: HostSpec) -> str:
+    """The agent configuration of ``host``, a host of ``pool`` (``frontier-agent.json``)."""
     return render_agent_config(
-        settings, settings.only_pool, host=host.name, root=host.root, python=host.python, address=host.address
+        settings, pool, host=host.name, root=host.root, python=host.python, address=host.address
     )
 
 
@@ -98,10 +98,11 @@ def _answer(stdout: str) -> dict[str, Any] | None:
 
 
 class HostSession:
-    """One host during one command: a connection and the host agent."""
+    """One host of ``pool`` during one command: a connection and the host agent."""
 
-    def __init__(self, settings: Settings, host: HostSpec, conn: Connection) -> None:
+    def __init__(self, settings: Settings, pool: PoolSettings, host: HostSpec, conn: Connection) -> None:
         self.settings = settings
+        self.pool = pool
         self.host = host
         self.conn = conn
         self.root = host.root.rstrip("/")
@@ -166,7 +167,7 @@ class HostSession:
             self._mkdirs(remote.rsplit("/", 1)[0])
             self._put_if_changed(data, remote, 0o755 if name == AGENT_FILE_NAME else 0o644)
         self._put_if_changed(
-            render_host_agent_config(self.settings, self.host).encode(), self.config_path, 0o644
+            render_host_agent_config(self.settings, self.pool, self.host).encode(), self.config_path, 0o644
         )
         self._agent_ready = True
 

@@ -475,13 +475,13 @@ class Lease:
             self.lost = exc
 
 
-def stack_history(settings: Settings, s3: Any, bucket: str, prefix: str) -> HistoryStore:
-    """The history of ``settings``' stack under ``prefix`` in ``bucket``.
+def stack_history(settings: Settings, model: str, s3: Any, bucket: str, prefix: str) -> HistoryStore:
+    """The history of pool ``model`` of ``settings``' stack under ``prefix`` in ``bucket``.
 
-    A stack of several models keeps each pool's releases, history and lock apart (``settings`` is
-    then one pool's view); the artifacts (runtime wheels and images) stay the stack's.
+    A stack of several models keeps each pool's releases, history and lock apart; the artifacts
+    (runtime wheels and images) stay the stack's.
     """
-    pool_prefix = pool_history_prefix(settings, settings.model.name, prefix)
+    pool_prefix = pool_history_prefix(settings, model, prefix)
     return HistoryStore(s3, bucket, settings.stack, pool_prefix, artifacts_prefix=prefix)
 
 

@@ -6,16 +6,16 @@ them, so history and hosts can handle stored releases without the templates.
 
 from __future__ import annotations
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.release.artifact import Artifact, check_digest
 from frontier.release.release import Release
 from frontier.render.host import render_release_files
 
 
-def build_release(settings: Settings, artifact: Artifact) -> Release:
-    """Render this stack's files for the artifact (the digest was checked: tags never get here)."""
+def build_release(settings: Settings, pool: PoolSettings, artifact: Artifact) -> Release:
+    """Render ``pool``'s files of this stack for the artifact (the digest was checked: tags never
+    get here)."""
     check_digest(artifact.digest)
     return Release(
-        artifact=artifact,
-        files=dict(sorted(render_release_files(settings, settings.only_pool, artifact.digest).items())),
+        artifact=artifact, files=dict(sorted(render_release_files(settings, pool, artifact.digest).items()))
     )

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.release.history import HistoryStore
 from frontier.rollout.recordings import load_for_stack, store_recording
 from frontier.verify import VerifyReport, VerifySet, record_golden, run_set, set_file
@@ -77,21 +77,21 @@ class CanaryVerification:
 
 
 def canary_verification(
-    settings: Settings, api_key: str | None, store: HistoryStore
+    settings: Settings, pool: PoolSettings, api_key: str | None, store: HistoryStore
 ) -> CanaryVerification | None:
-    """The stack's canary verification, or None where ``rollout.verify_canary`` is off. The set is
-    read (and refused, naming file, line and field), with the golden outputs ``store`` holds for it,
-    before any host is touched."""
+    """The canary verification of ``pool``'s rollouts, or None where ``rollout.verify_canary`` is
+    off. The set is read (and refused, naming file, line and field), with the golden outputs
+    ``store`` holds for it, before any host is touched."""
     if not settings.rollout.verify_canary:
         return None
-    model = settings.model
+    model = pool.model
     set_path = set_file(settings.verify.file)
     return CanaryVerification(
         verify_set=load_for_stack(store, set_path, model=model.name),
         model=model.name,
         context_tokens=model.max_seq_len,
         api_key=api_key,
-        runtime_port=settings.runtime.port,
+        runtime_port=pool.runtime.port,
         min_pass_rate=settings.verify.min_pass_rate,
         max_drop=settings.verify.max_pass_rate_drop,
         store=store,

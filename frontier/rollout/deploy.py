@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.release.artifact import check_digest
 from frontier.release.history import HistoryStore, Lease, iso, now, operator
@@ -26,22 +26,22 @@ from frontier.rollout.target import Target
 from frontier.rollout.weighted import MAX_WINDOWS
 
 
-def lock_ttl_s(settings: Settings, host_count: int) -> float:
+def lock_ttl_s(settings: Settings, pool: PoolSettings, host_count: int) -> float:
     """Long enough for a slow rollout of every host twice (there and back), never under an hour.
 
     The lock is a lease renewed while the deploy runs (a dead deploy's lock lapses within
     ``HistoryStore.lease_s``); this is the horizon beyond which even a live one's lock is up for
     taking, and until which hosts booting mid-deploy trust the release it rolls.
 
-    Where the platform places the replicas (no host list), the serving group's largest size counts.
+    Where the platform places the replicas (no host list), the pool's group's largest size counts.
     """
-    host_count = host_count or settings.serving_group.max_size
+    host_count = host_count or pool.group.max_size
     r = settings.rollout
     per_host = (
         r.deregistration_delay_s
         + r.readiness_timeout_s
         + r.gate.window_s
-        + settings.runtime.drain_timeout_s
+        + pool.runtime.drain_timeout_s
         + 120
     )
     # A rollout by traffic share also holds each step, for up to MAX_WINDOWS gate windows.
@@ -53,7 +53,7 @@ def deploy(target: Target, digest: str, *, reporter: Reporter | None = None) -> 
     """Roll the artifact ``digest`` with this stack's rendered files; raise RolloutFailed on failure."""
     check_digest(digest)  # a mutable tag is refused before anything is touched
     artifact = target.history_store().get_artifact(digest)
-    release = build_release(target.settings, artifact)
+    release = build_release(target.settings, target.pool, artifact)
     return _roll(target, release, "deploy", reporter)
 
 
@@ -89,7 +89,7 @@ def plan(target: Target, release: Release) -> list[PlannedHost]:
 
 def deploy_plan(target: Target, digest: str) -> tuple[Release, list[PlannedHost]]:
     check_digest(digest)
-    release = build_release(target.settings, target.history_store().get_artifact(digest))
+    release = build_release(target.settings, target.pool, target.history_store().get_artifact(digest))
     return release, plan(target, release)
 
 
@@ -151,7 +151,7 @@ def _roll(target: Target, release: Release, kind: str, reporter: Reporter | None
     store.put_release(release)
     started = now()
     with store.leased(
-        f"{kind} {release.id}", ttl_s=lock_ttl_s(target.settings, target.rollout_size())
+        f"{kind} {release.id}", ttl_s=lock_ttl_s(target.settings, target.pool, target.rollout_size())
     ) as lease:
         if lease.info.replaced:
             (reporter or _quiet)(

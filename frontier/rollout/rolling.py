@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.balancer import Balancer
 from frontier.hosts.inventory import HostSpec
@@ -131,11 +131,12 @@ def waves(hosts: list[HostSpec], canary: int, batch: int) -> Iterator[tuple[str,
 
 
 class Rollout:
-    """Rolls one release over a stack's hosts; restores every touched host on failure."""
+    """Rolls one release over the hosts of a stack's pool; restores every touched host on failure."""
 
     def __init__(
         self,
         settings: Settings,
+        pool: PoolSettings,
         hosts: list[HostSpec],
         balancer: Balancer,
         connect: Callable[[HostSpec], Any],
@@ -143,6 +144,7 @@ class Rollout:
         verification: CanaryVerification | None = None,
     ) -> None:
         self.settings = settings
+        self.pool = pool
         self.hosts = hosts
         self.balancer = balancer
         self.connect = connect
@@ -159,7 +161,7 @@ class Rollout:
 
     def session(self, host: HostSpec) -> HostSession:
         if host.name not in self.sessions:
-            self.sessions[host.name] = HostSession(self.settings, host, self.connect(host))
+            self.sessions[host.name] = HostSession(self.settings, self.pool, host, self.connect(host))
         return self.sessions[host.name]
 
     def close(self) -> None:
@@ -414,7 +416,7 @@ class Rollout:
                 res.error = res.error or str(exc)
             res.outcome = "failed"
             all_back = False
-        size = self.settings.runtime.nodes_per_replica
+        size = self.pool.runtime.nodes_per_replica
         for unit in (restorable[i : i + size] for i in range(0, len(restorable), size)):
             try:
                 for host in unit:

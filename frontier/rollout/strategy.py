@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
+from frontier.config.schema import PoolSettings, Settings
 from frontier.config.schema import Rollout as RolloutSettings
-from frontier.config.schema import Settings
 from frontier.errors import FrontierError
 from frontier.hosts.balancer import Balancer
 from frontier.hosts.inventory import HostSpec
@@ -146,6 +146,7 @@ def surge_rollout(
 
 def roll_hosts(
     settings: Settings,
+    pool: PoolSettings,
     store: HistoryStore,
     hosts: list[HostSpec],
     balancer: Balancer,
@@ -160,7 +161,8 @@ def roll_hosts(
     verification: CanaryVerification | None = None,
     in_place_reason: str = "",
 ) -> RolloutResult:
-    """Roll ``release`` over ``hosts`` behind ``balancer``: the host rollout of every host target.
+    """Roll ``release`` over ``hosts``, ``pool``'s, behind ``balancer``: the host rollout of every
+    host target.
 
     The wheel (where the release has one) comes from the history first. ``group``, the node group
     the hosts belong to, holds them against scale-in while the rollout runs. Where ``surge`` is
@@ -175,7 +177,7 @@ def roll_hosts(
     """
     if settings.rollout.traffic_steps:
         return _weighted(
-            settings, store, hosts, balancer, connect, release, kind, reporter, group, verification
+            settings, pool, store, hosts, balancer, connect, release, kind, reporter, group, verification
         )
     strategy = choose(settings.rollout, group.size() if group is not None and surge else None)
     if group is not None and not surge and in_place_reason:  # the caller's own reason not to surge
@@ -183,7 +185,7 @@ def roll_hosts(
     wheel = store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
 
     def roll(over: list[HostSpec]) -> RolloutResult:
-        rollout = Rollout(settings, over, balancer, connect, reporter, verification)
+        rollout = Rollout(settings, pool, over, balancer, connect, reporter, verification)
         # A surge wave's hosts are all new: its canary is judged against a host of the old release.
         rollout.peers = list(hosts)
         return rollout.run(release, wheel, kind)
@@ -206,6 +208,7 @@ def roll_hosts(
 
 def _weighted(
     settings: Settings,
+    pool: PoolSettings,
     store: HistoryStore,
     hosts: list[HostSpec],
     balancer: Balancer,
@@ -225,5 +228,5 @@ def _weighted(
         )
     wheel = store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
     with group.hold(hosts) if group is not None else contextlib.nullcontext():
-        rollout = WeightedRollout(settings, hosts, balancer, connect, reporter, verification)
+        rollout = WeightedRollout(settings, pool, hosts, balancer, connect, reporter, verification)
         return rollout.run(release, wheel, kind)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.hosts.inventory import HostSpec
 from frontier.release.history import HistoryStore
 from frontier.release.release import Release
@@ -59,6 +59,11 @@ class Target(Protocol):
 
     @property
     def settings(self) -> Settings: ...
+
+    @property
+    def pool(self) -> PoolSettings:
+        """The pool the release is rolled for: its model, runtime and node group."""
+        ...
 
     def hosts(self, group: str | None = None) -> list[HostSpec]:
         """The serving hosts (or pods, or those of ``group``) in rollout order."""

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final, Protocol, runtime_checkable
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.balancer import Balancer
 from frontier.hosts.inventory import HostSpec
@@ -94,13 +94,14 @@ class WeightedRollout(Rollout):
     def __init__(
         self,
         settings: Settings,
+        pool: PoolSettings,
         hosts: list[HostSpec],
         balancer: WeightedBalancer,
         connect: Callable[[HostSpec], Any],
         reporter: Reporter | None = None,
         verification: CanaryVerification | None = None,
     ) -> None:
-        super().__init__(settings, hosts, balancer, connect, reporter, verification)
+        super().__init__(settings, pool, hosts, balancer, connect, reporter, verification)
         self.weights = balancer
         #: Whether any weight was changed: a rollout refused before that has nothing to put back.
         self.shifted = False

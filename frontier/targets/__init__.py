@@ -15,29 +15,33 @@ from frontier_settings import FieldProblem
 
 from frontier.config.checks import cross_check
 from frontier.config.load import read_stack
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.targets.base import Backend
 
 __all__ = ["Backend", "backend_for", "load_stack", "stack_problems"]
 
 
-def backend_for(settings: Settings) -> Backend:
-    """The Backend of the stack's target."""
+def backend_for(settings: Settings, pool: PoolSettings | None = None) -> Backend:
+    """The Backend of the stack's target, acting for ``pool``: by default a one-model stack's (or a
+    one-pool view's, :meth:`Settings.for_pool`). On a stack of several models with none named, the
+    backend answers what concerns the whole stack and refuses what acts for a pool."""
+    if pool is None and len(settings.pools) == 1:
+        (pool,) = settings.pools
     # Each return is checked against the Backend protocol by the type checker (`make typecheck`).
     match settings.target:
         case "local":
             from frontier.targets.local.backend import LocalBackend
 
-            return LocalBackend(settings)
+            return LocalBackend(settings, pool)
         case "ec2":
             from frontier.targets.ec2.backend import Ec2Backend
 
-            return Ec2Backend(settings)
+            return Ec2Backend(settings, pool)
         case "kubernetes":
             from frontier.targets.kubernetes.backend import KubernetesBackend
 
-            return KubernetesBackend(settings)
+            return KubernetesBackend(settings, pool)
     raise FrontierError(f"stack {settings.stack!r}: target {settings.target!r} has no backend")
 
 
@@ -51,23 +55,11 @@ def load_stack(stack: str | None = None, *, path: Path | str | None = None) -> S
 
 
 def stack_problems(settings: Settings) -> Iterator[FieldProblem]:
-    """Every rule that spans fields: a section of another target, the target's own, those of all stacks.
+    """Every rule that spans fields: the target's own, those of all stacks (a section of another
+    target is refused as the file is read: :class:`Settings` types one section, its target's).
 
     The target's come first: a candidate of ``fab plan --explore`` that breaks several is counted
     under the first (an instance type without the instance store the model cache asks for, say).
     """
-    yield from _foreign_sections(settings)
     yield from backend_for(settings).stack_problems()
     yield from cross_check(settings)
-
-
-def _foreign_sections(settings: Settings) -> Iterator[FieldProblem]:
-    """A section that belongs to another target: the stack says one target and configures another."""
-    if settings.local is not None and settings.target != "local":
-        yield FieldProblem(
-            "target", settings.target, "must be 'local' (or absent) in a stack with a 'local:' section"
-        )
-    if settings.kubernetes is not None and settings.target != "kubernetes":
-        yield FieldProblem(
-            "target", settings.target, "must be 'kubernetes' in a stack with a 'frontier:kubernetes' section"
-        )

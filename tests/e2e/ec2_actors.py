@@ -417,7 +417,7 @@ class DrainingRollout:
     no AWS call: the ALB's target group holds the gateway's hosts and no rollout touches it
     (tests/operate/test_disaggregated_roll_ec2.py rolls through that balancer)."""
 
-    def __init__(self, settings, hosts, balancer, connect, reporter, verification=None) -> None:  # noqa: ANN001
+    def __init__(self, settings, pool, hosts, balancer, connect, reporter, verification=None) -> None:  # noqa: ANN001
         assert isinstance(balancer, GatewayFronted), type(balancer).__name__
         self.hosts = hosts
 
@@ -522,7 +522,7 @@ def deploy_paths(prod: Prod, mp: pytest.MonkeyPatch) -> dict[str, str]:
     ops.scale(Context(), stack="prod", replicas=group.desired_size)
     # A deploy's rollout: surge, protect, suspend AZRebalance, drain and enable, retire, resume.
     mp.setattr("frontier.rollout.strategy.Rollout", DrainingRollout)
-    backend = Ec2Backend(settings)
+    backend = Ec2Backend(settings, settings.only_pool)
     release = Release(Artifact("sha256:" + "a" * 64, "image"), {"runtime.yaml": "x: 1\n"})
     backend.history_store().put_release(release)
     rolled = backend.roll(release, "deploy", None)
@@ -575,7 +575,7 @@ def host_paths(prod: Prod, mp: pytest.MonkeyPatch, aws_cli: str) -> dict[str, st
     settings, saved, seen = prod.settings, prod.saved, {}
     # The deploy role's record of a good release, for the host to boot.
     as_actor(prod, "deploy", mp)
-    store = stack_history(settings, prod.client("deploy", "s3"), saved.history_bucket, saved.history_prefix)
+    store = stack_history(settings, settings.only_pool.name, prod.client("deploy", "s3"), saved.history_bucket, saved.history_prefix)
     release = Release(Artifact("sha256:" + hashlib.sha256(b"runtime").hexdigest(), "image"), {"x": "1\n"})
     store.put_release(release)
     store.append({"kind": "deploy", "started_at": iso(now()), "release": release.id, "outcome": "succeeded"})

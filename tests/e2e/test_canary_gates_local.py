@@ -58,7 +58,7 @@ def test_a_canary_slower_than_the_old_release_fails_max_p99_ratio_and_is_restore
     target = Target(
         base_url=local.balancer_url(cluster.settings),
         model=cluster.settings.model.name,
-        api_key=local.api_key(cluster.settings),
+        api_key=local.api_key(cluster.settings, cluster.settings.only_pool),
         prompt_tokens=16,
         max_tokens=8,
         timeout_s=60,

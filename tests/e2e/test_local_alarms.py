@@ -69,7 +69,7 @@ def test_a_killed_runtime_pages_with_its_alarm_and_host_and_the_recovery_clears_
     host = backend.hosts()[0]
     receive(settings, lambda found: False, timeout_s=1)  # an empty queue to start from
     killed_at = time.time()
-    recovery = kill_and_recover(settings, host, backend.balancer())
+    recovery = kill_and_recover(settings, backend.pool, host, backend.balancer())
     with capsys.disabled():
         print(f"\n  kill -9 {host.name}: ready again after {recovery.ready_s:.2f}s")
         messages = print_page_messages(settings, host.name, killed_at, timeout_s=30)

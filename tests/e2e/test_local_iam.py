@@ -144,7 +144,7 @@ def two_pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         client["admin"].create_bucket(Bucket=bucket)
         # `fab deploy --model tiny-llama-small`: the wheel under the stack's artifacts, the release and
         # its record under the pool's own prefix.
-        pool = stack_history(settings.for_pool(SECOND_MODEL["name"]), client["deploy"], bucket, prefix)
+        pool = stack_history(settings, SECOND_MODEL["name"], client["deploy"], bucket, prefix)
         wheel = tmp_path / "frontier_runtime-0-py3-none-any.whl"
         wheel.write_bytes(b"the runtime wheel")
         artifact = Artifact(sha256_digest(wheel), "wheel", wheel.name, wheel.stat().st_size)

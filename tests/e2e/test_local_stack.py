@@ -60,10 +60,10 @@ def test_up_creates_the_buckets_and_a_secret_whose_key_only_the_state_file_share
     sm = local.aws_client(settings, "secretsmanager", actor="admin")
     stored = json.loads(sm.get_secret_value(SecretId=settings.runtime.api_keys_secret)["SecretString"])
     key_file = local.state_dir(settings) / local.API_KEY_FILE
-    assert stored["keys"] == [local.api_key(settings)]
+    assert stored["keys"] == [local.api_key(settings, settings.only_pool)]
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     local.up(settings)
-    assert local.api_key(settings) == stored["keys"][0]  # a second up keeps the key
+    assert local.api_key(settings, settings.only_pool) == stored["keys"][0]  # a second up keeps the key
 
 
 def test_host_slots_answer_over_ssh_with_the_aws_environment_pointing_at_moto(running):

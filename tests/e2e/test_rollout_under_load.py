@@ -30,7 +30,7 @@ def steady_load(settings) -> BackgroundLoad:
     target = Target(
         base_url=local.balancer_url(settings),
         model=settings.model.name,
-        api_key=local.api_key(settings),
+        api_key=local.api_key(settings, settings.only_pool),
         prompt_tokens=16,
         max_tokens=16,
         timeout_s=60,
@@ -43,7 +43,7 @@ def steady_load(settings) -> BackgroundLoad:
 def running_releases(settings) -> dict[str, str]:
     out = {}
     for host in backend_for(settings).hosts():
-        session = HostSession(settings, host, backend_for(settings).connect(host))
+        session = HostSession(settings, settings.only_pool, host, backend_for(settings).connect(host))
         try:
             facts = session.facts()
             out[host.name] = facts.running_release if facts.running else ""
@@ -123,7 +123,7 @@ def test_a_canary_that_fails_the_verification_set_is_rolled_back_naming_the_fail
     target = Target(
         base_url=local.balancer_url(settings),
         model=settings.model.name,
-        api_key=local.api_key(settings),
+        api_key=local.api_key(settings, settings.only_pool),
         prompt_tokens=16,
         max_tokens=16,
         timeout_s=60,

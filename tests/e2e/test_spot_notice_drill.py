@@ -141,7 +141,7 @@ def test_a_spot_notice_takes_the_slot_out_of_rotation_within_5_s_and_its_streams
     target = Target(
         base_url=local.balancer_url(settings),
         model=settings.model.name,
-        api_key=local.api_key(settings),
+        api_key=local.api_key(settings, settings.only_pool),
         prompt_tokens=16,
         max_tokens=16,
         timeout_s=60,

@@ -173,7 +173,7 @@ def _first_key(stack: Stack) -> str:
 def test_keys_rotate_under_load_moves_every_replica_and_fails_no_request(stack, capsys):
     settings = stack.settings
     before = _first_key(stack)
-    assert local.api_key(settings) == before
+    assert local.api_key(settings, settings.only_pool) == before
     statuses: list[int] = []
     stop = threading.Event()
     key = [before]
@@ -218,7 +218,7 @@ def test_keys_rotate_under_load_moves_every_replica_and_fails_no_request(stack, 
     assert "1 old key(s) retired" in rotated
     assert len(statuses) >= 10 and [s for s in statuses if s != 200] == []
     # The local stack's client copy (demo, loadtest) follows the rotation.
-    assert local.api_key(settings) == after
+    assert local.api_key(settings, settings.only_pool) == after
     assert "client copy of the new key" in rotated
 
 

@@ -94,7 +94,7 @@ class Watch:
         target = Target(
             base_url=local.balancer_url(self.settings),
             model=self.settings.model.name,
-            api_key=local.api_key(self.settings),
+            api_key=local.api_key(self.settings, self.settings.only_pool),
             prompt_tokens=16,
             max_tokens=16,
             timeout_s=60,

@@ -32,19 +32,19 @@ def test_one_pool_is_its_own_hosts_runtime_and_history(two_models: Path) -> None
     backend = backend_for(small)
     assert [h.name for h in backend.hosts()] == ["host-3"]
     assert small.model.hidden_size == 128
-    store = stack_history(small, backend.aws_client("s3"), "frontier-local-history", "history/local/")
+    store = stack_history(small, "tiny-llama-small", backend.aws_client("s3"), "frontier-local-history", "history/local/")
     assert store.prefix == "history/local/models/tiny-llama-small/"
     assert store.artifacts_prefix == "history/local/"  # one release.build serves every pool
     big = pool_settings("local", "tiny-llama")
     assert [h.name for h in backend_for(big).hosts()] == ["host-1", "host-2"]
-    assert stack_history(big, None, "b", "history/local/").prefix == "history/local/models/tiny-llama/"
+    assert stack_history(big, "tiny-llama", None, "b", "history/local/").prefix == "history/local/models/tiny-llama/"
     # Each pool renders its own runtime.yaml, hence its own release id.
     assert render_runtime_config(small, small.only_pool) != render_runtime_config(big, big.only_pool)
 
 
 def test_a_one_model_stack_keeps_its_history_where_it_was() -> None:
     settings = pool_settings("local", None)
-    assert stack_history(settings, None, "b", "history/local/").prefix == "history/local/"
+    assert stack_history(settings, "tiny-llama", None, "b", "history/local/").prefix == "history/local/"
     assert pool_settings("local", "tiny-llama").inventory == settings.inventory
 
 

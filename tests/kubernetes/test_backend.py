@@ -88,9 +88,8 @@ def cluster(settings: Settings) -> Iterator[FakeApiServer]:
     with FakeApiServer(fake) as server:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
         # What `pulumi up` left: the Deployment with the stack's first image, scaled by KEDA to 3.
-        first = m.deployment(
-            settings, GOOD_A, render_runtime_config(settings, settings.only_pool), replicas=REPLICAS
-        )
+        pool = settings.only_pool
+        first = m.deployment(settings, pool, GOOD_A, render_runtime_config(settings, pool), replicas=REPLICAS)
         fake.put_deployment(first.to_dict())
         fake.requests.clear()
         yield server
@@ -116,7 +115,7 @@ def clock() -> VirtualClock:
 @pytest.fixture
 def backend(settings, cluster, s3, clock) -> KubernetesBackend:
     """As the factory builds it, with the virtual clock handed to it."""
-    return KubernetesBackend(settings, clock=clock)
+    return KubernetesBackend(settings, settings.only_pool, clock=clock)
 
 
 def _stable(cluster: FakeApiServer, settings: Settings) -> dict:
@@ -203,7 +202,7 @@ def _without_canary(settings: Settings) -> Settings:
 
 def test_a_gate_failure_after_the_roll_puts_the_previous_revision_back(settings, cluster, s3, clock):
     settings = _without_canary(settings)
-    backend = KubernetesBackend(settings, clock=clock)
+    backend = KubernetesBackend(settings, settings.only_pool, clock=clock)
     before = _stable(cluster, settings)["spec"]["template"]
     with pytest.raises(RolloutFailed) as err:
         deploy(backend, ERRORS)
@@ -218,7 +217,7 @@ def test_a_gate_failure_after_the_roll_puts_the_previous_revision_back(settings,
 
 def test_a_progress_deadline_rolls_back(settings, cluster, s3, clock):
     settings = _without_canary(settings)
-    backend = KubernetesBackend(settings, clock=clock)
+    backend = KubernetesBackend(settings, settings.only_pool, clock=clock)
     with pytest.raises(RolloutFailed) as err:
         deploy(backend, STUCK)
     result = err.value.result
@@ -258,11 +257,11 @@ def test_deploying_the_release_that_runs_changes_nothing(backend, cluster, setti
 
 def test_a_changed_pod_shape_rolls_even_when_the_release_is_the_same(settings, cluster, s3, clock):
     """The release names the digest and runtime.yaml; a pod-only change (here /dev/shm) rolls too."""
-    backend = KubernetesBackend(settings, clock=clock)
+    backend = KubernetesBackend(settings, settings.only_pool, clock=clock)
     first = deploy(backend, GOOD_B)
     bigger = settings.kubernetes.model_copy(update={"shm_gb": 128})
     changed = settings.model_copy(update={"kubernetes": bigger})
-    backend = KubernetesBackend(changed, clock=clock)
+    backend = KubernetesBackend(changed, changed.only_pool, clock=clock)
     again = deploy(backend, GOOD_B)
     assert again.release == first.release and [h.outcome for h in again.hosts] == ["updated", "updated"]
     volumes = {v["name"]: v for v in _stable(cluster, settings)["spec"]["template"]["spec"]["volumes"]}
@@ -342,9 +341,8 @@ def _fab_on_cluster(capsys, monkeypatch, tmp_path, server, fake, verify_set, sec
     from frontier.targets import load_stack
 
     settings = load_stack("eks-prod")
-    first = m.deployment(
-        settings, GOOD_A, render_runtime_config(settings, settings.only_pool), replicas=REPLICAS
-    )
+    pool = settings.only_pool
+    first = m.deployment(settings, pool, GOOD_A, render_runtime_config(settings, pool), replicas=REPLICAS)
     fake.put_deployment(first.to_dict())
 
     code, out = _fab(capsys, "deploy", "-s", "eks-prod", "--digest", GOOD_A)
@@ -386,7 +384,7 @@ def test_config_maps_beyond_keep_releases_are_pruned_never_the_one_in_use(settin
                 "rollout": settings.rollout.model_copy(update={"keep_releases": 2}),
             }
         )
-        backend = KubernetesBackend(variant, clock=clock)
+        backend = KubernetesBackend(variant, variant.only_pool, clock=clock)
         assert deploy(backend, GOOD_B).outcome == "succeeded"
         names.append(m.config_map_name(variant, render_runtime_config(variant, variant.only_pool)))
     assert sorted(cluster.cluster.config_maps) == sorted(names[-2:])

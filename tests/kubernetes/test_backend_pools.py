@@ -50,9 +50,9 @@ def cluster(settings: Settings) -> Iterator[FakeApiServer]:
         # What `pulumi up` left: each pool's Deployment (the 8B pool's two, one per half) on the
         # stack's first image.
         for pool in settings.pools:
-            for half in pd.role_views(settings.for_pool(pool.name), pool):
-                config = render_runtime_config(half, pd.released_runtime(pool))
-                fake.put_deployment(m.deployment(half, GOOD_A, config, replicas=REPLICAS).to_dict())
+            for half in pd.role_pools(pool):
+                config = render_runtime_config(settings, pd.released_runtime(pool))
+                fake.put_deployment(m.deployment(settings, half, GOOD_A, config, replicas=REPLICAS).to_dict())
         fake.requests.clear()
         yield server
 
@@ -79,7 +79,7 @@ def _pool(settings: Settings, model: str, clock: VirtualClock) -> KubernetesBack
 
 def _deployments(settings: Settings, model: str) -> list[str]:
     """A pool's Deployments: its own, or a disaggregated pool's prefill and decode."""
-    return [m.app_name(view) for view in pd.role_views(settings.for_pool(model), settings.pool(model))]
+    return [m.app_name(half) for half in pd.role_pools(settings.pool(model))]
 
 
 def _snapshot(cluster: FakeApiServer, settings: Settings, model: str) -> tuple[str, list[str]]:
@@ -136,7 +136,7 @@ def test_each_pool_keeps_its_own_history(settings, cluster, s3):
     deploy(_pool(settings, BIG, VirtualClock()), GOOD_B)
     for model in (BIG, SMALL):
         view = settings.for_pool(model)
-        (record,) = stack_history(view, s3, BUCKET, PREFIX).records()
+        (record,) = stack_history(view, view.only_pool.name, s3, BUCKET, PREFIX).records()
         assert record["digest"] == GOOD_B
         assert [h["name"] for h in record["hosts"]][-1] == f"deployment/{_deployments(settings, model)[-1]}"
 

@@ -83,9 +83,8 @@ def cluster(settings: Settings, answers) -> Iterator[FakeCluster]:
     )
     with FakeApiServer(fake) as server:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
-        first = m.deployment(
-            settings, GOOD_A, render_runtime_config(settings, settings.only_pool), replicas=REPLICAS
-        )
+        pool = settings.only_pool
+        first = m.deployment(settings, pool, GOOD_A, render_runtime_config(settings, pool), replicas=REPLICAS)
         fake.put_deployment(first.to_dict())
         yield fake
 
@@ -107,7 +106,7 @@ def store(settings: Settings, saved_outputs) -> Iterator[HistoryStore]:
 
 @pytest.fixture
 def backend(settings, cluster, store) -> KubernetesBackend:
-    return KubernetesBackend(settings, clock=VirtualClock())
+    return KubernetesBackend(settings, settings.only_pool, clock=VirtualClock())
 
 
 def stable_image(cluster: FakeCluster, settings: Settings) -> str:
@@ -190,8 +189,9 @@ def multinode(tmp_path: Path, answers, saved_outputs) -> Iterator[tuple[Kubernet
     saved_outputs.kubernetes(stack, history_bucket=bucket, history_prefix=prefix)
     with FakeApiServer(fake) as server, mock_aws():
         Path(stack.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
-        pod = m.pod_template(stack, GOOD_A, render_runtime_config(stack, stack.only_pool), track="stable")
-        fake.put_group(lw.leader_worker_set(stack, pod, replicas=2).to_dict())
+        pool = stack.only_pool
+        pod = m.pod_template(stack, pool, GOOD_A, render_runtime_config(stack, pool), track="stable")
+        fake.put_group(lw.leader_worker_set(stack, pool, pod, replicas=2).to_dict())
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket=bucket)
         boto3.client("secretsmanager", region_name="us-east-1").create_secret(
@@ -200,7 +200,7 @@ def multinode(tmp_path: Path, answers, saved_outputs) -> Iterator[tuple[Kubernet
         history = HistoryStore(s3, bucket, "eks-multinode", prefix)
         for digest in (GOOD_A, GOOD_B, WRONG):
             history.put_artifact(Artifact(digest=digest, kind="image", image=f"repo@{digest}"), None)
-        yield KubernetesBackend(stack, clock=VirtualClock()), fake
+        yield KubernetesBackend(stack, stack.only_pool, clock=VirtualClock()), fake
 
 
 def leader_image(fake: FakeCluster) -> str:

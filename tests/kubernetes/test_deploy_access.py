@@ -54,14 +54,15 @@ def test_a_deployment_pools_rollouts_use_every_verb_the_role_grants_and_no_other
     settings = settings.model_copy(
         update={"rollout": settings.rollout.model_copy(update={"keep_releases": 1})}
     )
-    backend = KubernetesBackend(settings, clock=VirtualClock())
+    backend = KubernetesBackend(settings, settings.only_pool, clock=VirtualClock())
     deploy(backend, GOOD_A)  # the provisioned image's first release: nothing to record from
     deploy(backend, GOOD_B)  # a canary verified over port-forward and gated on the pods' metrics
     with pytest.raises(RolloutFailed):
         deploy(backend, WRONG)  # a canary that fails its verification, removed
     rollback(backend)
     # A changed runtime setting is a new ConfigMap; the one before it is pruned.
-    deploy(KubernetesBackend(halved_batch(settings), clock=VirtualClock()), GOOD_B)
+    halved = halved_batch(settings)
+    deploy(KubernetesBackend(halved, halved.only_pool, clock=VirtualClock()), GOOD_B)
     # The portforward upgrade is a GET; API servers from 1.31 also ask create of it.
     assert used(cluster) | {("create", "", "pods/portforward")} == granted(deploy_rules(settings))
 

@@ -53,9 +53,9 @@ def fake(settings: Settings) -> Iterator[FakeCluster]:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
         # What `pulumi up` left: each half's Deployment on the stack's first image.
         pool = settings.pool(SMALL)
-        for half in pd.role_views(settings.for_pool(SMALL), pool):
-            config = render_runtime_config(half, pd.released_runtime(pool))
-            cluster.put_deployment(m.deployment(half, GOOD_A, config, replicas=REPLICAS).to_dict())
+        for half in pd.role_pools(pool):
+            config = render_runtime_config(settings, pd.released_runtime(pool))
+            cluster.put_deployment(m.deployment(settings, half, GOOD_A, config, replicas=REPLICAS).to_dict())
         cluster.requests.clear()
         yield cluster
 
@@ -214,9 +214,10 @@ def verified(
         )
         with FakeApiServer(cluster) as server, mock_aws():
             Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
-            for half in pd.role_views(settings.for_pool(SMALL), pool):
-                config = render_runtime_config(half, pd.released_runtime(pool))
-                cluster.put_deployment(m.deployment(half, GOOD_A, config, replicas=REPLICAS).to_dict())
+            for half in pd.role_pools(pool):
+                config = render_runtime_config(settings, pd.released_runtime(pool))
+                manifest = m.deployment(settings, half, GOOD_A, config, replicas=REPLICAS)
+                cluster.put_deployment(manifest.to_dict())
             saved_outputs.kubernetes(settings, history_bucket=BUCKET, history_prefix=PREFIX)
             s3 = boto3.client("s3", region_name="us-east-1")
             s3.create_bucket(Bucket=BUCKET)

@@ -47,9 +47,10 @@ def test_every_object_of_both_halves_and_their_canaries_validates_strictly(eks_g
     for manifest in workload.all():
         validate(manifest.to_dict(), version)
     pool = eks_gateway.pool(SMALL)
-    for half in pd.role_views(eks_gateway.for_pool(SMALL), pool):
-        config = render_runtime_config(half, pd.released_runtime(pool))
-        validate(m.deployment(half, DIGEST, config, track="canary", replicas=1).to_dict(), version)
+    for half in pd.role_pools(pool):
+        config = render_runtime_config(eks_gateway, pd.released_runtime(pool))
+        canary = m.deployment(eks_gateway, half, DIGEST, config, track="canary", replicas=1)
+        validate(canary.to_dict(), version)
 
 
 def test_the_pool_runs_as_two_deployments_each_on_its_halfs_node_pool_with_its_role(eks_gateway, workload):

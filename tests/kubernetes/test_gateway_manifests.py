@@ -44,10 +44,9 @@ def test_every_object_of_the_gateway_stack_validates_strictly(eks_gateway, workl
     version = eks_gateway.kubernetes.cluster.version
     for manifest in workload.all():
         validate(manifest.to_dict(), version)
-    for view in gw.pool_views(eks_gateway):
-        canary = m.deployment(
-            view, DIGEST, render_runtime_config(view, view.only_pool), track="canary", replicas=1
-        )
+    for pool in eks_gateway.pools:
+        config = render_runtime_config(eks_gateway, pool)
+        canary = m.deployment(eks_gateway, pool, DIGEST, config, track="canary", replicas=1)
         validate(canary.to_dict(), version)
 
 

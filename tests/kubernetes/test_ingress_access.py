@@ -13,7 +13,7 @@ import pytest
 
 from frontier.errors import StackError
 from frontier.targets import load_stack
-from frontier.targets.kubernetes.manifests import ingress
+from frontier.targets.kubernetes.manifests import ingress, service
 from frontier.targets.kubernetes.network import (
     BACKEND_PROTOCOL_ANNOTATION,
     INBOUND_CIDRS_ANNOTATION,
@@ -59,7 +59,7 @@ def test_pods_are_reached_over_http_from_the_balancers_subnets_only(internal):
 
 
 def test_the_ingress_with_the_access_annotations_is_valid_strictly(internal):
-    manifest = ingress(internal).to_dict()
+    manifest = ingress(internal, service(internal, internal.only_pool)).to_dict()
     manifest["metadata"]["annotations"].update(ingress_access_annotations(internal))
     kubernetes_validate.validate(manifest, internal.kubernetes.cluster.version, strict=True)
 

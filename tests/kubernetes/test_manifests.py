@@ -113,7 +113,8 @@ def test_every_manifest_of_every_kubernetes_stack_validates_for_its_version(vari
             validate(manifest.to_dict(), settings.kubernetes.cluster.version)
         for pool in settings.pools:
             view = settings.for_pool(pool.name)
-            canary = m.deployment(view, DIGEST, render_runtime_config(view, pool), track="canary", replicas=1)
+            config = render_runtime_config(view, pool)
+            canary = m.deployment(view, pool, DIGEST, config, track="canary", replicas=1)
             validate(canary.to_dict(), settings.kubernetes.cluster.version)
 
 
@@ -123,11 +124,11 @@ def test_the_validators_refuse_what_they_should(eks_prod):
     deployment["spec"]["template"]["spec"]["containers"][0]["gpus"] = 8
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, "1.33", strict=True)
-    scaled = autoscaling.scaled_object(eks_prod).to_dict()
+    scaled = autoscaling.scaled_object(eks_prod, eks_prod.only_pool).to_dict()
     scaled["spec"]["triggers"][0]["metadata"]["threshold"] = 64  # KEDA takes strings only
     with pytest.raises(jsonschema.ValidationError):
         validate(scaled, "1.33")
-    monitor = monitoring.service_monitor(eks_prod).to_dict()
+    monitor = monitoring.service_monitor(eks_prod, eks_prod.only_pool).to_dict()
     monitor["spec"]["endpoints"][0]["intervall"] = "15s"
     with pytest.raises(jsonschema.ValidationError):
         validate(monitor, "1.33")
@@ -280,7 +281,7 @@ def test_rolling_update_surges_first_when_the_pool_can_grow(eks_prod):
     full = eks_prod.model_copy(
         update={"node_groups": (eks_prod.serving_group.model_copy(update={"max_size": 6}),)}
     )
-    assert m.strategy(full)["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 1}
+    assert m.strategy(full, full.only_pool)["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 1}
 
 
 def test_a_config_change_changes_the_config_map_and_the_pod_template(eks_prod):
@@ -304,13 +305,13 @@ def test_the_namespace_enforces_restricted_pod_security(eks_prod):
 
 
 def test_the_disruption_budget_follows_the_rollout_batch(eks_prod):
-    pdb = m.disruption_budget(eks_prod).to_dict()["spec"]
+    pdb = m.disruption_budget(eks_prod, eks_prod.only_pool).to_dict()["spec"]
     assert pdb["maxUnavailable"] == eks_prod.rollout.batch_size
     assert pdb["selector"]["matchLabels"] == m.selector(eks_prod, "stable")
 
 
 def test_keda_scales_on_the_runtimes_queue_depth(eks_prod):
-    spec = autoscaling.scaled_object(eks_prod).to_dict()["spec"]
+    spec = autoscaling.scaled_object(eks_prod, eks_prod.only_pool).to_dict()["spec"]
     auto = eks_prod.kubernetes.autoscaling
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (auto.min_replicas, auto.max_replicas)
     trigger = spec["triggers"][0]
@@ -326,10 +327,15 @@ def _prefix_matches(prefix: str, path: str) -> bool:
     return [p for p in path.split("/") if p][: len(want)] == want
 
 
+def _ingress(settings: Settings) -> dict:
+    """The Ingress of a stack without a gateway: in front of its runtime's Service."""
+    return m.ingress(settings, m.service(settings, settings.only_pool)).to_dict()
+
+
 def test_the_ingress_forwards_only_the_api_paths_as_the_ec2_listener_does(eks_prod, existing):
     # An Ingress path "/" of type Prefix matches every path: /metrics and /health/* would be public.
     for settings in (eks_prod, existing):
-        [rule] = m.ingress(settings).to_dict()["spec"]["rules"]
+        [rule] = _ingress(settings)["spec"]["rules"]
         paths = rule["http"]["paths"]
         # The EC2 listener's one forwarding rule is f"{API_PATH_PREFIX}*".
         assert [(p["path"], p["pathType"]) for p in paths] == [("/v1", "Prefix")]
@@ -341,13 +347,13 @@ def test_the_ingress_forwards_only_the_api_paths_as_the_ec2_listener_does(eks_pr
 
 
 def test_ingress_terminates_tls(eks_prod, existing):
-    alb = m.ingress(eks_prod).to_dict()
+    alb = _ingress(eks_prod)
     assert alb["spec"]["tls"] == [{"hosts": [eks_prod.kubernetes.ingress.host]}]
     annotations = alb["metadata"]["annotations"]
     assert annotations["alb.ingress.kubernetes.io/certificate-arn"] == eks_prod.edge.certificate_arn
     assert json.loads(annotations["alb.ingress.kubernetes.io/listen-ports"]) == [{"HTTPS": 443}]
     assert annotations["alb.ingress.kubernetes.io/healthcheck-path"] == eks_prod.health.readiness_path
-    nginx = m.ingress(existing).to_dict()
+    nginx = _ingress(existing)
     assert nginx["spec"]["tls"][0]["secretName"] == "frontier-tls"
     assert nginx["spec"]["ingressClassName"] == "nginx"
 
@@ -403,7 +409,7 @@ def test_the_service_account_carries_the_irsa_role_only_with_irsa(eks_prod, exis
 
 
 def test_the_service_monitor_scrapes_metrics_with_the_operators_labels(eks_prod):
-    monitor = monitoring.service_monitor(eks_prod).to_dict()
+    monitor = monitoring.service_monitor(eks_prod, eks_prod.only_pool).to_dict()
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
 
@@ -445,9 +451,9 @@ def test_every_version_the_settings_allow_validates_the_manifests(eks_prod, mino
 def test_the_stacks_alert_rules_go_to_the_operator_and_match_the_scrapes_job(eks_prod):
     from frontier.render.alerts import render_alerts
 
-    rule = monitoring.prometheus_rule(eks_prod).to_dict()
+    rule = monitoring.prometheus_rule(eks_prod, eks_prod.only_pool).to_dict()
     assert rule["spec"]["groups"] == yaml.safe_load(render_alerts(eks_prod))["groups"]
-    job = monitoring.service_monitor(eks_prod).to_dict()["spec"]["jobLabel"]
+    job = monitoring.service_monitor(eks_prod, eks_prod.only_pool).to_dict()["spec"]["jobLabel"]
     service_labels = m.service(eks_prod, eks_prod.only_pool).labels
     # Prometheus names the job after the Service's label jobLabel names: the rules' job. The probe's
     # rule reads kube-state-metrics' series of the probe's CronJob instead.

@@ -124,7 +124,7 @@ def test_every_alert_carries_its_alarm_name_and_the_severity_the_stack_gives_it(
     )
     rules = [
         r
-        for rule in (monitoring.prometheus_rule(settings), monitoring.resource_rule(settings))
+        for rule in (monitoring.prometheus_rule(settings, settings.only_pool), monitoring.resource_rule(settings))
         for g in rule.to_dict()["spec"]["groups"]
         for r in g["rules"]
     ]

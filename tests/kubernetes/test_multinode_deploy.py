@@ -49,10 +49,9 @@ def cluster(settings: Settings) -> Iterator[FakeApiServer]:
     with FakeApiServer(fake) as server:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
         # What `pulumi up` left: the LeaderWorkerSet on the stack's first image, scaled by KEDA to 2.
-        pod = m.pod_template(
-            settings, GOOD_A, render_runtime_config(settings, settings.only_pool), track="stable"
-        )
-        fake.put_group(lw.leader_worker_set(settings, pod, replicas=GROUPS).to_dict())
+        pool = settings.only_pool
+        pod = m.pod_template(settings, pool, GOOD_A, render_runtime_config(settings, pool), track="stable")
+        fake.put_group(lw.leader_worker_set(settings, pool, pod, replicas=GROUPS).to_dict())
         fake.requests.clear()
         yield server
 
@@ -71,11 +70,11 @@ def s3(settings, saved_outputs) -> Iterator[HistoryStore]:
 
 @pytest.fixture
 def backend(settings, cluster, s3) -> KubernetesBackend:
-    return KubernetesBackend(settings, clock=VirtualClock())
+    return KubernetesBackend(settings, settings.only_pool, clock=VirtualClock())
 
 
 def _group(cluster: FakeApiServer, settings: Settings) -> dict[str, Any]:
-    return cluster.cluster.groups[lw.set_name(settings)]
+    return cluster.cluster.groups[lw.set_name(settings.only_pool)]
 
 
 def _images(group: dict[str, Any]) -> set[str]:
@@ -103,16 +102,16 @@ def test_deploy_patches_both_templates_and_gates_the_new_leaders_only(backend, c
     leader = group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
     assert leader["metadata"]["annotations"][names.K8S_RELEASE_ANNOTATION] == result.release
     # One JSON patch of the LeaderWorkerSet after the release's ConfigMap; no canary.
-    assert _writes(cluster) == [("POST", "configmaps"), ("PATCH", lw.set_name(settings))]
+    assert _writes(cluster) == [("POST", "configmaps"), ("PATCH", lw.set_name(settings.only_pool))]
     leaders = sorted(
         p for p, v in cluster.cluster.pods.items() if v["metadata"]["labels"][WORKER_INDEX] == "0"
     )
     assert len(leaders) == GROUPS and sorted(cluster.cluster.scrapes) == leaders
     (gate,) = [e for e in events if e.phase == "gate" and e.status == "ok"]
-    assert gate.host == f"leaderworkerset/{lw.set_name(settings)}"
+    assert gate.host == f"leaderworkerset/{lw.set_name(settings.only_pool)}"
     (record,) = s3.records()
     assert [(h["name"], h["outcome"]) for h in record["hosts"]] == [
-        (f"leaderworkerset/{lw.set_name(settings)}", "updated")
+        (f"leaderworkerset/{lw.set_name(settings.only_pool)}", "updated")
     ]
 
 
@@ -123,7 +122,7 @@ def test_a_gate_failure_puts_both_previous_templates_back(backend, cluster, sett
     result = err.value.result
     assert result.outcome == "rolled_back" and "gate on pod" in result.reason
     assert json.dumps(_group(cluster, settings)["spec"]["leaderWorkerTemplate"], sort_keys=True) == before
-    assert [w for w in _writes(cluster) if w[0] == "PATCH"] == [("PATCH", lw.set_name(settings))] * 2
+    assert [w for w in _writes(cluster) if w[0] == "PATCH"] == [("PATCH", lw.set_name(settings.only_pool))] * 2
     assert result.hosts[0].outcome == "restored"
 
 

@@ -132,9 +132,8 @@ def test_the_service_selects_leaders_only(multinode, objects):
 
 
 def test_the_leader_is_a_one_node_replicas_pod_plus_rank_0_the_key_and_the_replica_ports(multinode, group):
-    one_node = m.pod_template(
-        multinode, DIGEST, render_runtime_config(multinode, multinode.only_pool), track="stable"
-    )
+    pool = multinode.only_pool
+    one_node = m.pod_template(multinode, pool, DIGEST, render_runtime_config(multinode, pool), track="stable")
     leader = _template(group, "leaderTemplate")
     expected, container = _container(one_node), _container(leader)
     assert container["command"] == expected["command"]
@@ -247,7 +246,7 @@ def test_a_node_group_without_room_for_a_whole_group_rolls_batch_size_groups_at_
     full = multinode.model_copy(
         update={"node_groups": [multinode.node_groups[0].model_copy(update={"desired_size": 9})]}
     )
-    assert lw.rollout_strategy(full)["rollingUpdateConfiguration"] == {
+    assert lw.rollout_strategy(full, full.only_pool)["rollingUpdateConfiguration"] == {
         "maxSurge": 0,
         "maxUnavailable": multinode.rollout.batch_size,
     }

@@ -11,7 +11,8 @@ from frontier.targets.kubernetes.autoscaling import scaled_object
 
 
 def triggers(stack: str) -> dict[str, dict]:
-    return {t["name"]: t for t in scaled_object(load_stack(stack)).body["spec"]["triggers"]}
+    settings = load_stack(stack)
+    return {t["name"]: t for t in scaled_object(settings, settings.only_pool).body["spec"]["triggers"]}
 
 
 def hpa_replicas(total: float, threshold: float) -> int:

@@ -74,10 +74,11 @@ def fake(settings: Settings, answers) -> Iterator[FakeCluster]:
         # What `pulumi up` left: the Service, the ScaledObject, the Deployment at the pool's replicas.
         service = m.service(settings, settings.only_pool)
         cluster.services[service.name] = service.body["spec"]["selector"]
-        scaler = scaled_object(settings).to_dict()
+        scaler = scaled_object(settings, settings.only_pool).to_dict()
         cluster.scaled_objects[scaler["metadata"]["name"]] = scaler
         config = render_runtime_config(settings, settings.only_pool)
-        cluster.put_deployment(m.deployment(settings, GOOD_A, config, replicas=POOL_REPLICAS).to_dict())
+        manifest = m.deployment(settings, settings.only_pool, GOOD_A, config, replicas=POOL_REPLICAS)
+        cluster.put_deployment(manifest.to_dict())
         cluster.timeline.clear()
         yield cluster
 
@@ -86,7 +87,7 @@ def fake(settings: Settings, answers) -> Iterator[FakeCluster]:
 def backend(settings, fake, store) -> KubernetesBackend:
     for digest in (ERRORS, STUCK):  # an image whose pods answer 500s, one whose pods never get ready
         store.put_artifact(Artifact(digest=digest, kind="image", image=f"repo@{digest}"), None)
-    return KubernetesBackend(settings, clock=VirtualClock())
+    return KubernetesBackend(settings, settings.only_pool, clock=VirtualClock())
 
 
 def counts(fake: FakeCluster, settings: Settings) -> list[tuple[int, int]]:
@@ -288,14 +289,15 @@ def test_rollouts_by_traffic_share_use_every_verb_the_role_grants_and_no_other(b
     settings = settings.model_copy(
         update={"rollout": settings.rollout.model_copy(update={"keep_releases": 1})}
     )
-    backend = KubernetesBackend(settings, clock=VirtualClock())
+    backend = KubernetesBackend(settings, settings.only_pool, clock=VirtualClock())
     deploy(backend, GOOD_A)  # the provisioned image's first release: nothing to record from
     deploy(backend, GOOD_B)  # its canary verified over port-forward at the first step
     with pytest.raises(RolloutFailed):
         deploy(backend, ERRORS)  # a failed step, reverted
     rollback(backend)
     # A changed runtime setting is a new ConfigMap; the one before it is pruned.
-    deploy(KubernetesBackend(halved_batch(settings), clock=VirtualClock()), GOOD_B)
+    halved = halved_batch(settings)
+    deploy(KubernetesBackend(halved, halved.only_pool, clock=VirtualClock()), GOOD_B)
     assert all(allowed for *_, allowed in fake.authorized)
     used = {(verb, group, resource) for verb, group, resource, _ in fake.authorized}
     granted = {(verb, r.api_group, r.resource) for r in deploy_rules(settings) for verb in r.verbs}

@@ -174,8 +174,8 @@ def world(monkeypatch) -> Iterator[World]:
         state = World(answers={"right": right, "wrong": wrong}, slow={SLOW_B.id})
 
         class SimulatedHostsRollout(Rollout):
-            def __init__(self, settings, hosts, balancer, connect, reporter=None, verification=None):  # noqa: ANN001
-                super().__init__(settings, hosts, Rotation(), connect, reporter, verification)
+            def __init__(self, settings, pool, hosts, balancer, connect, reporter=None, verification=None):  # noqa: ANN001
+                super().__init__(settings, pool, hosts, Rotation(), connect, reporter, verification)
 
             def session(self, host: HostSpec) -> SimulatedHost:  # type: ignore[override]
                 return SimulatedHost(state, host)
@@ -201,7 +201,7 @@ def backend(prod, saved_outputs, world, tmp_path) -> Ec2Backend:  # noqa: F811
     boto3.client("secretsmanager", region_name=REGION).put_secret_value(  # the runtimes' key
         SecretId=settings.runtime.api_keys_secret, SecretString=json.dumps({"keys": [API_KEY]})
     )
-    ec2 = Ec2Backend(settings)
+    ec2 = Ec2Backend(settings, settings.only_pool)
     for host in ec2.hosts():
         world.runs[host.name] = RELEASE_A.id  # the group's hosts serve release A
     ec2.history_store().put_release(RELEASE_A)

@@ -25,7 +25,7 @@ import yaml
 from botocore.exceptions import ClientError
 
 from frontier import project
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.hosts.inventory import HostSpec
 from frontier.release.artifact import Artifact
 from frontier.release.history import HistoryStore, LockHeld, LockInfo, LockLost
@@ -93,6 +93,10 @@ class SteppingTarget:
     during: list = field(default_factory=list)
     taken: list[str] = field(default_factory=list)
     locks: list[LockInfo | None] = field(default_factory=list)
+
+    @property
+    def pool(self) -> PoolSettings:
+        return self.settings.only_pool
 
     def hosts(self, group: str | None = None) -> list[HostSpec]:
         return [HostSpec(f"host-{i}", f"10.0.0.{i}", 22, "/srv/frontier", "h100") for i in (1, 2, 3)]

@@ -294,7 +294,7 @@ def account_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
             ec2_actors.as_actor(prod, "deploy", monkeypatch)
             world = World(answers={"right": right, "wrong": wrong})
             switches, failing = Switches(), set()
-            backend = Ec2Backend(settings)
+            backend = Ec2Backend(settings, settings.only_pool)
             store = backend.history_store()
 
             class Host(PairHost):

@@ -175,7 +175,7 @@ def test_an_ec2_stack_reaches_its_hosts_by_the_path_its_outputs_name(
         (tmp_path / "bin" / name).chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     host = HostSpec("h100-abcdef", "10.20.1.7", 22, "/opt/frontier", "h100", INSTANCE)
-    conn = Ec2Backend(dev).connect(host)
+    conn = Ec2Backend(dev, dev.only_pool).connect(host)
     assert isinstance(conn, ProxiedConnection)
     assert conn.proxy_argv == [str(tmp_path / "bin" / "aws"), *ssm_proxy_argv(dev, host)[1:]]
     assert conn.host == INSTANCE and conn.user == dev.inventory.ssh_user

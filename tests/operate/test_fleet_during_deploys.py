@@ -36,7 +36,7 @@ def deployed(prod, saved_outputs):  # noqa: F811
     autoscaling.suspend_processes(
         AutoScalingGroupName=fleet(prod).name, ScalingProcesses=["ReplaceUnhealthy"]
     )
-    backend = Ec2Backend(prod)
+    backend = Ec2Backend(prod, prod.only_pool)
     store = backend.history_store()
     good = release("good")
     store.put_release(good)
@@ -118,7 +118,7 @@ def test_a_host_that_joins_a_deploy_that_succeeds_is_revisited_with_the_new_rele
 
 
 def test_only_in_service_hosts_the_rollout_neither_started_with_nor_launched_have_joined(prod):  # noqa: F811
-    hosts = Ec2Backend(prod).hosts()
+    hosts = Ec2Backend(prod, prod.only_pool).hosts()
     started_with, surge, joined, leaving = hosts[:3], hosts[3], hosts[4], hosts[5]
     result = RolloutResult("deploy", "r-000000000000", hosts=[HostResult(surge.name)])
     in_service = {h.instance_id for h in hosts} - {leaving.instance_id}

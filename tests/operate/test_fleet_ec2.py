@@ -152,7 +152,7 @@ def test_fab_scale_task_sets_it_and_refuses_a_value_outside_with_the_range(prod,
 
 def test_a_deploy_holds_its_hosts_from_scale_in_and_pauses_az_rebalance(prod):
     f = fleet(prod)
-    hosts = Ec2Backend(prod).hosts()
+    hosts = Ec2Backend(prod, prod.only_pool).hosts()
     assert len(hosts) == 6
     with f.hold(hosts):
         state = group_state()
@@ -165,14 +165,14 @@ def test_a_deploy_holds_its_hosts_from_scale_in_and_pauses_az_rebalance(prod):
 
 def test_the_hold_is_undone_when_the_rollout_fails(prod):
     f = fleet(prod)
-    with pytest.raises(RuntimeError), f.hold(Ec2Backend(prod).hosts()):
+    with pytest.raises(RuntimeError), f.hold(Ec2Backend(prod, prod.only_pool).hosts()):
         raise RuntimeError("rollout died")
     assert group_state()["SuspendedProcesses"] == []
 
 
 def test_surge_grows_the_group_with_new_hosts_then_retires_old_ones(prod):
     f = fleet(prod)
-    old = Ec2Backend(prod).hosts()
+    old = Ec2Backend(prod, prod.only_pool).hosts()
     new = f.grow(1, timeout_s=30)
     assert len(new) == 1 and isinstance(new[0], HostSpec)
     assert new[0].instance_id not in {h.instance_id for h in old}
@@ -233,7 +233,7 @@ class RecordedRollout:
 
     seen: list[tuple[list[str], int, list[str]]] = []
 
-    def __init__(self, settings, hosts, balancer, connect, reporter, verification=None) -> None:
+    def __init__(self, settings, pool, hosts, balancer, connect, reporter, verification=None) -> None:
         self.hosts = hosts
 
     def run(self, release, wheel, kind):
@@ -267,9 +267,8 @@ def recorded(monkeypatch) -> list[tuple[list[str], int, list[str]]]:
 def test_an_ec2_rollout_surges_while_holding_the_group_and_says_so(prod, recorded, saved_outputs):
     # A deploy rolls after it stored the release, so the history bucket exists.
     boto3.client("s3", region_name=REGION).create_bucket(Bucket=saved_outputs.ec2(prod).history_bucket)
-    backend = Ec2Backend(
-        prod.model_copy(update={"rollout": prod.rollout.model_copy(update={"max_surge": 2})})
-    )
+    surging = prod.model_copy(update={"rollout": prod.rollout.model_copy(update={"max_surge": 2})})
+    backend = Ec2Backend(surging, surging.only_pool)
     old = {h.instance_id for h in backend.hosts()}
     release = Release(Artifact("sha256:" + "a" * 64, "image"), {"runtime.yaml": "x: 1\n"})
     result = backend.roll(release, "deploy", None)
@@ -288,7 +287,7 @@ def test_an_ec2_rollout_at_max_size_goes_one_unavailable_at_a_time(prod, recorde
     saved_outputs.ec2(prod, target_group_arn="arn:tg", history_bucket="frontier-prod-history")
     boto3.client("s3", region_name=REGION).create_bucket(Bucket="frontier-prod-history")
     fleet(prod).scale(10)
-    result = Ec2Backend(prod).roll(Release(Artifact("sha256:" + "b" * 64, "image"), {}), "deploy", None)
+    result = Ec2Backend(prod, prod.only_pool).roll(Release(Artifact("sha256:" + "b" * 64, "image"), {}), "deploy", None)
     assert result.strategy.startswith(
         "one-unavailable: 1 host(s) out of service at a time (the group is at max_size"
     )

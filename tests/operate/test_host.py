@@ -20,7 +20,7 @@ from frontier.targets.local.connection import LocalConnection
 @pytest.fixture
 def session(tmp_path: Path) -> HostSession:
     host = HostSpec("host-x", "127.0.1.7", 22, str(tmp_path / "root"), "cpu")
-    return HostSession(load_stack("local"), host, LocalConnection(host))
+    return HostSession(local := load_stack("local"), local.only_pool, host, LocalConnection(host))
 
 
 def release(n: int) -> Release:

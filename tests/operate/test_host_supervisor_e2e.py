@@ -52,12 +52,12 @@ def test_a_killed_runtime_is_restarted_by_its_supervisor_and_back_in_rotation_wi
     load = BackgroundLoad(target, RATE, seed=5).start()
     try:
         time.sleep(2.0)  # traffic flows on both hosts first
-        recovery = kill_and_recover(cluster.settings, host, balancer)
+        recovery = kill_and_recover(cluster.settings, cluster.settings.only_pool, host, balancer)
         time.sleep(2.0)  # and traffic flows on the restarted host again
     finally:
         samples = load.stop()
 
-    session = HostSession(cluster.settings, host, LocalConnection(host))
+    session = HostSession(cluster.settings, cluster.settings.only_pool, host, LocalConnection(host))
     try:
         status = session.status()
     finally:

@@ -83,7 +83,7 @@ def test_a_slot_never_deployed_to_bootstraps_the_current_release_and_joins_the_b
     finally:
         samples = load.stop()
 
-    session = HostSession(cluster.settings, spare, LocalConnection(spare))
+    session = HostSession(cluster.settings, cluster.settings.only_pool, spare, LocalConnection(spare))
     try:
         status = session.status()
     finally:

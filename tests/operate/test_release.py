@@ -25,7 +25,7 @@ def wheel(digest: str = DIGEST_A) -> Artifact:
 
 def test_the_same_digest_and_settings_name_the_same_release():
     settings = load_stack("local")
-    first, second = build_release(settings, wheel()), build_release(settings, wheel())
+    first, second = build_release(settings, settings.only_pool, wheel()), build_release(settings, settings.only_pool, wheel())
     assert first.id == second.id and first.manifest() == second.manifest()
     check_release_id(first.id)
 
@@ -40,7 +40,7 @@ def test_a_changed_file_or_digest_names_a_new_release():
 @pytest.mark.parametrize("tag", ["latest", "frontier-runtime:latest", "sha256:abc", "SHA256:" + "a" * 64, ""])
 def test_mutable_tags_and_malformed_digests_are_refused(tag):
     with pytest.raises(FrontierError, match="immutable digest"):
-        build_release(load_stack("local"), wheel(tag))
+        build_release(local := load_stack("local"), local.only_pool, wheel(tag))
 
 
 def test_a_stored_release_with_an_altered_file_is_refused():

@@ -15,7 +15,7 @@ from test_fleet_ec2 import REGION, runtime_secret, tagged_group
 from frontier.release.artifact import Artifact
 from frontier.release.release import Release
 from frontier.rollout.rolling import Event, waves
-from frontier.targets import load_stack
+from frontier.targets import backend_for, load_stack
 from frontier.targets.ec2.backend import Ec2Backend
 from frontier.targets.ec2.group import AsgFleet, FleetError
 
@@ -54,7 +54,7 @@ def claim_slots(settings, outputs, order: list[tuple[int, int]]) -> dict[tuple[i
 def test_a_rollout_takes_the_hosts_of_a_spanning_group_replica_by_replica(multinode) -> None:
     settings, outputs = multinode
     claimed = claim_slots(settings, outputs, [(1, 1), (0, 0), (1, 0), (0, 1)])
-    hosts = Ec2Backend(settings).hosts()
+    hosts = Ec2Backend(settings, settings.only_pool).hosts()
     assert [h.instance_id for h in hosts] == [claimed[s] for s in [(0, 0), (0, 1), (1, 0), (1, 1)]]
 
 
@@ -63,7 +63,7 @@ def test_each_rollout_wave_of_a_spanning_group_holds_whole_replicas(multinode) -
     claimed = claim_slots(settings, outputs, [(1, 1), (0, 0), (1, 0), (0, 1)])
     by_instance = {instance: slot for slot, instance in claimed.items()}
     rollout = settings.rollout
-    for _, wave in waves(Ec2Backend(settings).hosts(), rollout.canary_hosts, rollout.batch_size):
+    for _, wave in waves(Ec2Backend(settings, settings.only_pool).hosts(), rollout.canary_hosts, rollout.batch_size):
         replicas = [by_instance[h.instance_id][0] for h in wave]
         assert len(replicas) == 2 and len(set(replicas)) == 1
 
@@ -82,13 +82,13 @@ def test_a_host_that_holds_no_slot_yet_is_rolled_last(multinode) -> None:
         s3.put_object(
             Bucket=outputs.history_bucket, Key=key, Body=Holder(instance_id, "10.44.1.1", "t").to_bytes()
         )
-    assert Ec2Backend(settings).hosts()[-1].instance_id == instances[0]
+    assert Ec2Backend(settings, settings.only_pool).hosts()[-1].instance_id == instances[0]
 
 
 def test_a_spanning_group_rolls_in_place_never_by_surge(multinode) -> None:
     settings, _ = multinode
-    assert "a replica spans 2 nodes" in Ec2Backend(settings).in_place_reason()
-    assert Ec2Backend(load_stack("prod")).in_place_reason() == ""
+    assert "a replica spans 2 nodes" in Ec2Backend(settings, settings.only_pool).in_place_reason()
+    assert backend_for(load_stack("prod")).in_place_reason() == ""
 
 
 def test_scaling_a_spanning_group_to_part_of_a_replica_is_refused(multinode) -> None:
@@ -108,7 +108,7 @@ def test_scaling_a_spanning_group_to_part_of_a_replica_is_refused(multinode) -> 
 def test_a_deploy_of_a_spanning_group_takes_a_whole_replica_as_its_canary_in_place(multinode) -> None:
     settings, outputs = multinode
     claimed = claim_slots(settings, outputs, [(1, 1), (0, 0), (1, 0), (0, 1)])
-    backend = Ec2Backend(settings)
+    backend = Ec2Backend(settings, settings.only_pool)
     store = backend.history_store()
     artifact = Artifact("sha256:" + "ab" * 32, "image", image=f"registry/runtime@sha256:{'ab' * 32}")
     new = Release(artifact, {"runtime.yaml": "note: new\n"})

@@ -52,7 +52,7 @@ def wheel(cluster: Cluster) -> Artifact:
 
 @pytest.fixture(scope="module")
 def release_a(cluster: Cluster, wheel: Artifact):
-    return build_release(cluster.settings, wheel)
+    return build_release(cluster.settings, cluster.settings.only_pool, wheel)
 
 
 # --- helpers: what a host runs, observed from the outside -------------------------------------------
@@ -204,7 +204,7 @@ def test_deploy_then_rollback_restores_the_previous_digest_and_config_byte_for_b
     cluster, wheel, release_a
 ):
     settings_b = cluster.variant("b", RELEASE_B)
-    release_b = build_release(settings_b, wheel)
+    release_b = build_release(settings_b, settings_b.only_pool, wheel)
     assert release_b.id != release_a.id
 
     deploy(cluster.backend(settings_b), wheel.digest)

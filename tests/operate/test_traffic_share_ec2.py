@@ -258,7 +258,7 @@ def account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Account
                 Watched(real(self, service), alb) if service == "elbv2" else real(self, service)
             ),
         )
-        backend = Ec2Backend(settings)
+        backend = Ec2Backend(settings, settings.only_pool)
         for host in backend.hosts():
             world.runs[host.name] = RELEASE_A.id
         backend.history_store().put_release(RELEASE_A)

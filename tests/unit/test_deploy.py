@@ -14,7 +14,7 @@ import pytest
 from frontier_hostside.agent import Facts
 from moto import mock_aws
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
 from frontier.release.artifact import Artifact
@@ -38,6 +38,10 @@ class FakeBackend:
     running: str = ""
     #: (kind, release id, the deploy lock as it stood while rolling), one per roll.
     rolled: list[tuple[str, str, LockInfo | None]] = field(default_factory=list)
+
+    @property
+    def pool(self) -> PoolSettings:
+        return self.settings.only_pool
 
     def hosts(self, group: str | None = None) -> list[HostSpec]:
         return [HostSpec(f"host-{i}", f"10.0.0.{i}", 22, "/srv/frontier", "h100") for i in (1, 2, 3)]

@@ -80,7 +80,7 @@ def test_a_host_that_does_not_answer_holds_every_decision():
 
 def test_the_policy_comes_from_the_stack():
     settings = load_stack("local")
-    p = Policy.of(settings)
+    p = Policy.of(settings, settings.only_pool)
     group = settings.serving_group
     assert (p.min_size, p.max_size, p.target_queue_depth) == (
         group.min_size,
@@ -147,7 +147,7 @@ def test_a_ttft_p90_under_the_slo_or_unknown_adds_nothing():
 
 def test_the_stack_s_slo_ttft_is_the_local_latency_threshold():
     settings = load_stack("local")
-    assert Policy.of(settings).ttft_scale_out_ms == settings.slo.ttft_ms
+    assert Policy.of(settings, settings.only_pool).ttft_scale_out_ms == settings.slo.ttft_ms
 
 
 def test_the_p90_of_what_a_histogram_gained_is_interpolated_within_its_bucket():

@@ -29,6 +29,7 @@ from frontier.render.stack import render_stack
 from frontier.render.templates import ENV
 from frontier.targets import backend_for, load_stack
 from frontier.targets.local.balancer import render_haproxy
+from tests.gateway.stacks import two_model_config, write_stack
 
 STACKS = ["local", "dev", "staging", "prod"]
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -384,6 +385,36 @@ def test_haproxy_timeouts_outlast_a_streamed_answer(prod):
 def test_haproxy_refuses_duplicate_backend_names(local):
     with pytest.raises(FrontierError, match="distinct names"):
         render_haproxy(local, [("a", "127.0.0.2", 1), ("a", "127.0.0.3", 1)], bind_port=1, stats_socket="/s")
+
+
+def _two_pool_local(tmp_path, **small_runtime):
+    """The local stack as two pools behind a gateway (tests/gateway/stacks.py): its model on host-1
+    and host-2, a second one on host-3 with ``small_runtime``; host-4 a spare."""
+    document = two_model_config()
+    small = document["config"]["frontier:models"][1]
+    small["runtime"].update(small_runtime)
+    return load_stack("local", path=write_stack(tmp_path, document))
+
+
+def test_haproxy_lists_each_slot_of_a_two_pool_stack_at_its_own_pools_runtime_port(local, tmp_path):
+    two = _two_pool_local(tmp_path, port=8001)
+    cfg = backend_for(two).rendered_files(DIGEST)["balancer/haproxy.cfg"]
+    servers = [line.split()[1:] for line in cfg.splitlines() if line.startswith("    server ")]
+    assert servers == [
+        ["host-1", "127.0.0.2:8000"],
+        ["host-2", "127.0.0.3:8000"],
+        ["host-3", "127.0.0.4:8001"],  # the second pool's slot, at its runtime's port
+        ["host-4", "127.0.0.5:8000"],  # a spare slot, listed by no pool: the first pool's port
+    ]
+
+
+def test_haproxy_limits_of_a_two_pool_stack_come_from_each_servers_pool(local, tmp_path):
+    two = _two_pool_local(tmp_path, queue={"max_length": 16, "timeout_ms": 9000})
+    cfg = backend_for(two).rendered_files(DIGEST)["balancer/haproxy.cfg"]
+    # 16 running + 64 queued on each of the first pool's three slots (the spare's too), 16 + 16 on host-3.
+    assert "    maxconn 272\n" in cfg
+    assert "maxconn 32\n" in cfg  # default-server: no runtime handed more than it admits
+    assert "timeout queue 9000ms" in cfg  # the most patient queue
 
 
 # --- alerts ---------------------------------------------------------------------------------------

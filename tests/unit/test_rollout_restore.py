@@ -15,7 +15,8 @@ from frontier.targets import load_stack
 
 class RecordingRollout(Rollout):
     def __init__(self, stack: str, hosts: list[HostSpec], failing: set[str] = frozenset()) -> None:
-        super().__init__(load_stack(stack), hosts, balancer=NoBalancer(), connect=lambda host: None)
+        settings = load_stack(stack)
+        super().__init__(settings, settings.only_pool, hosts, balancer=NoBalancer(), connect=lambda host: None)
         self.switched: list[list[str]] = []
         self.failing = failing
 

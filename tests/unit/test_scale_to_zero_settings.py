@@ -164,7 +164,8 @@ def _eks_at_zero() -> Settings:
 def test_a_kubernetes_pool_that_may_reach_zero_renders_a_scaledobject_with_min_zero_and_the_idle_time() -> (
     None
 ):
-    manifest = scaled_object(_eks_at_zero()).to_dict()
+    settings = _eks_at_zero()
+    manifest = scaled_object(settings, settings.only_pool).to_dict()
     jsonschema.validate(manifest, json.loads(KEDA_SCHEMA.read_text()), cls=jsonschema.Draft202012Validator)
     assert manifest["spec"]["minReplicaCount"] == 0
     assert manifest["spec"]["cooldownPeriod"] == 600
@@ -173,7 +174,9 @@ def test_a_kubernetes_pool_that_may_reach_zero_renders_a_scaledobject_with_min_z
 def test_held_requests_in_the_gateway_activate_a_kubernetes_pool_at_zero() -> None:
     settings = _eks_at_zero()
     [held] = [
-        t for t in scaled_object(settings).to_dict()["spec"]["triggers"] if t["name"] == "held-by-gateway"
+        t
+        for t in scaled_object(settings, settings.only_pool).to_dict()["spec"]["triggers"]
+        if t["name"] == "held-by-gateway"
     ]
     assert held["type"] == "prometheus"
     assert held["metadata"]["query"] == (
@@ -184,7 +187,7 @@ def test_held_requests_in_the_gateway_activate_a_kubernetes_pool_at_zero() -> No
 
 def test_a_kubernetes_pool_with_min_size_above_zero_keeps_its_floor_and_no_demand_trigger() -> None:
     settings = load_stack("eks-prod")
-    spec = scaled_object(settings).to_dict()["spec"]
+    spec = scaled_object(settings, settings.only_pool).to_dict()["spec"]
     assert spec["minReplicaCount"] == settings.kubernetes.autoscaling.min_replicas
     assert "held-by-gateway" not in [t["name"] for t in spec["triggers"]]
 

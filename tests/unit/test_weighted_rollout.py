@@ -15,8 +15,7 @@ from frontier.errors import StackError
 from frontier.hosts.inventory import HostSpec
 from frontier.rollout.rolling import TrafficStep
 from frontier.rollout.weighted import WeightedBalancer, WeightedRollout
-from frontier.targets import load_stack
-from frontier.targets.local.backend import LocalBackend
+from frontier.targets import backend_for, load_stack
 from frontier.targets.local.balancer import HAProxyBalancer, balancer_backends, render_haproxy, split_weights
 
 BAD_STEPS = [
@@ -94,7 +93,7 @@ def test_a_stack_rolling_by_traffic_share_balances_by_weighted_round_robin():
 
 
 def test_the_local_balancer_carries_weights():
-    assert isinstance(LocalBackend(load_stack("local")).balancer(), WeightedBalancer)
+    assert isinstance(backend_for(load_stack("local")).balancer(), WeightedBalancer)
     assert isinstance(HAProxyBalancer("/nonexistent"), WeightedBalancer)
 
 
@@ -141,7 +140,8 @@ class RecordingRollout(WeightedRollout):
     def __init__(self, hosts: list[HostSpec], balancer: RecordingBalancer, failing_at: int | None = None):
         settings = load_stack("local")
         rollout = settings.rollout.model_copy(update={"traffic_steps": (5, 50, 100), "canary_hosts": 1})
-        super().__init__(settings.model_copy(update={"rollout": rollout}), hosts, balancer, lambda h: None)
+        stepped = settings.model_copy(update={"rollout": rollout})
+        super().__init__(stepped, stepped.only_pool, hosts, balancer, lambda h: None)
         self.recorder = balancer
         self.failing_at = failing_at
 
@@ -272,8 +272,8 @@ def test_the_deploy_locks_horizon_covers_every_step_held_for_its_longest():
         update={"gate": settings.rollout.gate.model_copy(update={"window_s": 600}), "traffic_steps": ()}
     )
     stepped = slow.model_copy(update={"traffic_steps": (5, 25, 50, 100)})
-    by_host = lock_ttl_s(settings.model_copy(update={"rollout": slow}), 2)
-    by_share = lock_ttl_s(settings.model_copy(update={"rollout": stepped}), 2)
+    by_host = lock_ttl_s(settings.model_copy(update={"rollout": slow}), settings.only_pool, 2)
+    by_share = lock_ttl_s(settings.model_copy(update={"rollout": stepped}), settings.only_pool, 2)
     assert by_share >= 2 * 4 * MAX_WINDOWS * 600 > by_host
 
 

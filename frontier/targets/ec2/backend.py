@@ -29,6 +29,7 @@ from frontier_runtime.storage.secrets import parse_keys
 from frontier_settings import FieldProblem
 
 from frontier import aws
+from frontier.config.load import acting_pool
 from frontier.config.outputs import Ec2Outputs
 from frontier.config.schema import PoolSettings, Settings
 from frontier.hosts.balancer import Balancer
@@ -67,14 +68,15 @@ class Ec2Backend:
     kind = "ec2"
     creates_buckets = False
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, pool: PoolSettings | None) -> None:
         self.settings = settings
+        self._pool = pool
         self._key: InstanceConnectKey | None = None
 
     @property
     def pool(self) -> PoolSettings:
-        """The pool this backend acts for: ``fab`` builds it from the stack as one pool sees it."""
-        return self.settings.only_pool
+        """The pool this backend acts for (``backend_for``: the one its entry point chose)."""
+        return acting_pool(self.settings, self._pool)
 
     def hosts(self, group: str | None = None) -> list[HostSpec]:
         """The hosts of ``group``; by default the pool's, a disaggregated pool's both halves in the
@@ -135,7 +137,7 @@ class Ec2Backend:
     def history_store(self) -> HistoryStore:
         outputs = self.outputs()
         return stack_history(
-            self.settings, self.aws_client("s3"), outputs.history_bucket, outputs.history_prefix
+            self.settings, self.pool.name, self.aws_client("s3"), outputs.history_bucket, outputs.history_prefix
         )
 
     def fleet(self, group: str | None = None) -> AsgFleet | None:
@@ -243,7 +245,7 @@ class Ec2Backend:
         """What a rollout's canaries are verified with. Read (and refused) before any host is
         touched; only a deploy proves itself on the canary."""
         verify = kind == "deploy" and self.settings.rollout.verify_canary
-        return canary_verification(self.settings, self.runtime_key(), store) if verify else None
+        return canary_verification(self.settings, self.pool, self.runtime_key(), store) if verify else None
 
     def roll_group(
         self,
@@ -261,6 +263,7 @@ class Ec2Backend:
         ``fleet``): canary, gates and surge as every rollout of the stack takes them."""
         return roll_hosts(
             self.settings,
+            self.pool,
             store,
             hosts,
             self.balancer(),
@@ -377,6 +380,7 @@ class Ec2Backend:
         )
         caught_up = roll_hosts(
             self.settings,
+            self.pool,
             store,
             joined,
             self.balancer(),
@@ -407,7 +411,7 @@ class Ec2Backend:
     def runtime_key(self) -> str | None:
         """The runtimes' API key (the first of the stack's secret), for the canary's verification,
         which reaches one runtime directly through its host's SSH connection."""
-        secret_id = self.settings.runtime.api_keys_secret
+        secret_id = self.pool.runtime.api_keys_secret
         if not secret_id:
             return None
         value = self.aws_client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
@@ -424,7 +428,7 @@ class Ec2Backend:
         return host_connection(self.settings, host, host_access, self._key)
 
     def session(self, host: HostSpec) -> HostSession:
-        return HostSession(self.settings, host, self.connect(host))
+        return HostSession(self.settings, self.pool, host, self.connect(host))
 
     def endpoint(self) -> str:
         return self.outputs().endpoint

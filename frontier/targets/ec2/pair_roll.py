@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.hosts.inventory import HostSpec
 from frontier.release.history import HistoryStore
 from frontier.release.release import Release
@@ -46,6 +46,9 @@ class Groups(Protocol):
 
     @property
     def settings(self) -> Settings: ...
+
+    @property
+    def pool(self) -> PoolSettings: ...
 
     def fleet(self, group: str | None = None) -> AsgFleet | None: ...
 
@@ -152,7 +155,7 @@ class PairRoll:
         if verification is None:
             yield None
             return
-        held = canary_verification(self.groups.settings, self.groups.runtime_key(), self.store)
+        held = canary_verification(self.groups.settings, self.groups.pool, self.groups.runtime_key(), self.store)
         assert held is not None  # verification is on: the stack's rollout.verify_canary
         through = self.groups.hosts(prefill)[0]
         conn = self.groups.connect(through)

@@ -35,14 +35,14 @@ from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.objects import Manifest, app_labels, app_name, kubernetes_of, kv_role
 
 
-def queue_depth_query(settings: Settings) -> str:
+def queue_depth_query(settings: Settings, pool: PoolSettings) -> str:
     k = kubernetes_of(settings)
-    return f'sum({WAITING_METRIC}{{namespace="{k.namespace}",service="{app_name(settings)}"}})'
+    return f'sum({WAITING_METRIC}{{namespace="{k.namespace}",service="{app_name(pool)}"}})'
 
 
-def running_query(settings: Settings) -> str:
+def running_query(settings: Settings, pool: PoolSettings) -> str:
     k = kubernetes_of(settings)
-    return f'sum({RUNNING_METRIC}{{namespace="{k.namespace}",service="{app_name(settings)}"}})'
+    return f'sum({RUNNING_METRIC}{{namespace="{k.namespace}",service="{app_name(pool)}"}})'
 
 
 #: The window the TTFT p90 is taken over: four of Prometheus's usual 30 s scrapes at least, so one
@@ -50,23 +50,23 @@ def running_query(settings: Settings) -> str:
 TTFT_WINDOW = "2m"
 
 
-def ttft_p90_query(settings: Settings) -> str:
+def ttft_p90_query(settings: Settings, pool: PoolSettings) -> str:
     """The pool's TTFT p90 (seconds) from the runtimes' histogram; no traffic (NaN) reads as 0, as
     ``> 0`` drops a NaN sample and ``or vector(0)`` stands in."""
     k = kubernetes_of(settings)
-    selector = f'{{namespace="{k.namespace}",service="{app_name(settings)}"}}'
+    selector = f'{{namespace="{k.namespace}",service="{app_name(pool)}"}}'
     rate = f"rate({TTFT_METRIC}_bucket{selector}[{TTFT_WINDOW}])"
     return f"(histogram_quantile(0.9, sum by (le) ({rate})) > 0) or vector(0)"
 
 
-def ttft_replicas_query(settings: Settings) -> str:
+def ttft_replicas_query(settings: Settings, pool: PoolSettings) -> str:
     """The ready replicas times the pool's TTFT p90: over the SLO as an ``AverageValue`` target, the
     HPA asks ready x p90 / SLO replicas. Ready ones only: pods still loading serve nothing yet, and
     counting them (as a ``Value`` metric's current x p90 / SLO does) would ask for more replicas at
     every scrape while the new ones load, for the same latency."""
     k = kubernetes_of(settings)
-    ready = f'sum({READY_METRIC}{{namespace="{k.namespace}",service="{app_name(settings)}"}})'
-    return f"({ready} * ({ttft_p90_query(settings)})) or vector(0)"
+    ready = f'sum({READY_METRIC}{{namespace="{k.namespace}",service="{app_name(pool)}"}})'
+    return f"({ready} * ({ttft_p90_query(settings, pool)})) or vector(0)"
 
 
 def running_threshold(pool: PoolSettings) -> float:
@@ -74,14 +74,14 @@ def running_threshold(pool: PoolSettings) -> float:
     return pool.runtime.max_concurrency * pool.group.scale_in_utilisation
 
 
-def scaled_object(settings: Settings) -> Manifest:
-    """The ScaledObject of ``settings``, one pool's view of its stack (or one half's of a
-    disaggregated pool: see :func:`load_triggers` and :func:`replica_counts`)."""
-    k, pool = kubernetes_of(settings), settings.only_pool
+def scaled_object(settings: Settings, pool: PoolSettings) -> Manifest:
+    """The ScaledObject of ``pool``'s runtime workload (or of one half's of a disaggregated pool:
+    see :func:`load_triggers` and :func:`replica_counts`)."""
+    k = kubernetes_of(settings)
     auto = k.autoscaling
     body = {
         "spec": {
-            "scaleTargetRef": scale_target(settings),
+            "scaleTargetRef": scale_target(pool),
             "pollingInterval": auto.polling_interval_s,
             # KEDA's cooldownPeriod is how long every trigger must be inactive before it scales to
             # zero: the stack's idle_to_zero_s where the group may reach zero.
@@ -110,7 +110,7 @@ def scaled_object(settings: Settings) -> Manifest:
         }
     }
     return Manifest(
-        "keda.sh/v1alpha1", "ScaledObject", app_name(settings), k.namespace, body, labels=app_labels(settings)
+        "keda.sh/v1alpha1", "ScaledObject", app_name(pool), k.namespace, body, labels=app_labels(pool)
     )
 
 
@@ -134,7 +134,7 @@ def load_triggers(settings: Settings, pool: PoolSettings) -> list[dict[str, obje
         # KEDA reads trigger metadata as strings only.
         "metadata": {
             "serverAddress": auto.prometheus_url,
-            "query": queue_depth_query(settings),
+            "query": queue_depth_query(settings, pool),
             "threshold": str(auto.target_queue_depth),
         },
     }
@@ -144,7 +144,7 @@ def load_triggers(settings: Settings, pool: PoolSettings) -> list[dict[str, obje
         "metricType": "AverageValue",
         "metadata": {
             "serverAddress": auto.prometheus_url,
-            "query": running_query(settings),
+            "query": running_query(settings, pool),
             "threshold": f"{running_threshold(pool):g}",
         },
     }
@@ -154,7 +154,7 @@ def load_triggers(settings: Settings, pool: PoolSettings) -> list[dict[str, obje
         "metricType": "AverageValue",
         "metadata": {
             "serverAddress": auto.prometheus_url,
-            "query": ttft_replicas_query(settings),
+            "query": ttft_replicas_query(settings, pool),
             "threshold": f"{settings.slo.ttft_ms / 1000:g}",
         },
     }
@@ -178,11 +178,11 @@ def replica_counts(settings: Settings, pool: PoolSettings) -> dict[str, int]:
     return {"idleReplicaCount": 0, "minReplicaCount": floor} if idle else {"minReplicaCount": floor}
 
 
-def scale_target(settings: Settings) -> dict[str, str]:
+def scale_target(pool: PoolSettings) -> dict[str, str]:
     """The pool's runtime workload: its Deployment, or its LeaderWorkerSet where a replica spans nodes."""
-    if lw.spans_nodes(settings):
-        return {"apiVersion": lw.API_VERSION, "kind": lw.KIND, "name": lw.set_name(settings)}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": app_name(settings)}
+    if lw.replica_spans_nodes(pool):
+        return {"apiVersion": lw.API_VERSION, "kind": lw.KIND, "name": lw.set_name(pool)}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": app_name(pool)}
 
 
 def schedule_triggers(pool: PoolSettings) -> list[dict[str, object]]:

@@ -34,8 +34,9 @@ from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 
 from frontier import aws
+from frontier.config.load import acting_pool
 from frontier.config.outputs import KubernetesOutputs
-from frontier.config.schema import PoolSettings, Settings
+from frontier.config.schema import Kubernetes, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
 from frontier.release.history import HistoryStore, stack_history
@@ -55,9 +56,7 @@ from frontier.targets.kubernetes.weighted import WeightedKubernetesRollout
 
 def kubeconfig_for(settings: Settings) -> tuple[str, str]:
     """(kubeconfig file, context) the stack's cluster is reached with."""
-    k = settings.kubernetes
-    if k is None:
-        raise FrontierError(f"stack {settings.stack!r} has no 'frontier:kubernetes' section")
+    k = settings.section(Kubernetes)
     if k.cluster.mode == "existing":
         return os.path.expanduser(k.cluster.kubeconfig), k.cluster.context
     path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
@@ -68,16 +67,19 @@ class KubernetesBackend:
     kind = "kubernetes"
     creates_buckets = False
 
-    def __init__(self, settings: Settings, api: ApiClient | None = None, clock: Clock | None = None) -> None:
+    def __init__(
+        self, settings: Settings, pool: PoolSettings | None, api: ApiClient | None = None, clock: Clock | None = None
+    ) -> None:
         self.settings = settings
+        self._pool = pool
         self._api = api
         self.clock = clock or Clock()
         self._pods: dict[str, dict[str, Any]] = {}
 
     @property
     def pool(self) -> PoolSettings:
-        """The pool this backend acts for: ``fab`` builds it from the stack as one pool sees it."""
-        return self.settings.only_pool
+        """The pool this backend acts for (``backend_for``: the one its entry point chose)."""
+        return acting_pool(self.settings, self._pool)
 
     def api(self) -> ApiClient:
         if self._api is None:
@@ -98,14 +100,11 @@ class KubernetesBackend:
 
         A rollout does not visit them: the Deployment's controller chooses which pods to replace.
         """
-        assert self.settings.kubernetes is not None
-        namespace, pool = self.settings.kubernetes.namespace, self.pool
-        # A disaggregated pool: both halves' pods, each on its group, in the order they roll
-        # (role_views and pool.groups both list the prefill first).
-        halves = zip(pd.role_views(self.settings, pool), pool.groups, strict=True)
+        namespace = self.settings.section(Kubernetes).namespace
+        # A disaggregated pool: both halves' pods, each on its half's group, in the order they roll.
         listed = [
-            (group or on.name, pod)
-            for half, on in halves
+            (group or half.group.name, pod)
+            for half in pd.role_pools(self.pool)
             for pod in sorted(
                 list_pods(self.api(), namespace, m.selector(half)), key=lambda pod: pod["metadata"]["name"]
             )
@@ -148,7 +147,7 @@ class KubernetesBackend:
     def history_store(self) -> HistoryStore:
         outputs = self.outputs()
         return stack_history(
-            self.settings, self.aws_client("s3"), outputs.history_bucket, outputs.history_prefix
+            self.settings, self.pool.name, self.aws_client("s3"), outputs.history_bucket, outputs.history_prefix
         )
 
     def aws_client(self, service: str) -> Any:
@@ -170,19 +169,23 @@ class KubernetesBackend:
         a disaggregated pool's two Deployments' (prefill, then decode)."""
         if self.pool.disaggregation is not None:
             prefill, decode = (
-                KubernetesRollout(half, self.api(), reporter, self.clock, verification=verification)
-                for half in pd.role_views(self.settings, self.pool)
+                KubernetesRollout(
+                    self.settings, half, self.api(), reporter, self.clock, verification=verification
+                )
+                for half in pd.role_pools(self.pool)
             )
             return PairRollout(prefill, decode)
-        if lw.spans_nodes(self.settings):
+        if lw.replica_spans_nodes(self.pool):
             return LeaderWorkerSetRollout(
-                self.settings, self.api(), reporter, self.clock, verification=verification
+                self.settings, self.pool, self.api(), reporter, self.clock, verification=verification
             )
         if self.settings.rollout.traffic_steps:
             return WeightedKubernetesRollout(
-                self.settings, self.api(), reporter, self.clock, verification=verification, pool=self.pool
+                self.settings, self.pool, self.api(), reporter, self.clock, verification=verification
             )
-        return KubernetesRollout(self.settings, self.api(), reporter, self.clock, verification=verification)
+        return KubernetesRollout(
+            self.settings, self.pool, self.api(), reporter, self.clock, verification=verification
+        )
 
     def runtime_key(self) -> str | None:
         """The pool's runtimes' API key (the first of its own secret), for the canary's verification,
@@ -202,7 +205,7 @@ class KubernetesBackend:
         # Read (and refused) before anything is touched; only a deploy proves itself on the canary.
         verify = kind == "deploy" and self.settings.rollout.verify_canary
         store = self.history_store() if verify else None
-        verification = canary_verification(self.settings, self.runtime_key(), store) if store else None
+        verification = canary_verification(self.settings, self.pool, self.runtime_key(), store) if store else None
         return self.rollout(reporter, verification).run(release, kind)
 
     def stack_problems(self) -> Iterator[FieldProblem]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from frontier.config.schema import Settings
 from frontier.targets.kubernetes import leader_workers as lw
-from frontier.targets.kubernetes.gateway import pool_views
 from frontier.targets.kubernetes.objects import Manifest, kubernetes_of, stack_labels
 from frontier.targets.kubernetes.rbac import Rule, role_for
 
@@ -47,7 +46,7 @@ def deploy_rules(settings: Settings) -> tuple[Rule, ...]:
         # ScaledObject, and counts the Service's ready endpoints after every step.
         rules.append(Rule("keda.sh", "scaledobjects", ("patch",)))
         rules.append(Rule("discovery.k8s.io", "endpointslices", ("list",)))
-    if any(lw.spans_nodes(view) for view in pool_views(settings)):
+    if any(lw.replica_spans_nodes(pool) for pool in settings.pools):
         rules.append(Rule(lw.API_VERSION.partition("/")[0], lw.PLURAL, ("get", "patch")))
     return tuple(rules)
 

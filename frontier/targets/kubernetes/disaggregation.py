@@ -1,8 +1,8 @@
 """A disaggregated pool on Kubernetes: two Deployments, prefill and decode, and the rules that let
 only the pair talk on the transfer port.
 
-A pool with ``disaggregation: {prefill, decode}`` renders each half from a view of its own
-(:func:`role_views`): the pool on that half's node group, with that half's replicas and the
+A pool with ``disaggregation: {prefill, decode}`` renders each half as a pool of its own
+(:func:`role_pool`): the pool on that half's node group, with that half's replicas and the
 runtime its group runs (``PoolSettings.runtime_on``), so every object of the half is named
 ``frontier-<model>-<role>`` (:func:`frontier.targets.kubernetes.objects.app_name`) and selects
 that half's pods only: Deployment, Service, ConfigMap, disruption budget, ScaledObject,
@@ -48,11 +48,12 @@ KV_PORT_NAME = "kv-transfer"
 POD_IP_ENV = "POD_IP"
 
 
-def role_view(view: Settings, pool: PoolSettings, half: str) -> Settings:
-    """The stack as one half of the disaggregated ``pool`` sees it (``view``: as the pool does)."""
+def role_pool(pool: PoolSettings, half: str) -> PoolSettings:
+    """One half of the disaggregated ``pool``, as its workload runs it: on that half's node group,
+    with its replicas and the runtime its group runs."""
     assert pool.disaggregation is not None and half in HALVES
     role = getattr(pool.disaggregation, half)
-    narrowed = pool.model_copy(
+    return pool.model_copy(
         update={
             "group": role.group,
             "replicas": role.replicas,
@@ -60,15 +61,14 @@ def role_view(view: Settings, pool: PoolSettings, half: str) -> Settings:
             "disaggregation": None,
         }
     )
-    return view.model_copy(update={"pools": (narrowed,)})
 
 
-def role_views(view: Settings, pool: PoolSettings) -> list[Settings]:
-    """The views ``pool``'s runtime workloads are rendered from (``view``: the stack as the pool
-    sees it): that one, or its prefill's and its decode's, in rollout order."""
+def role_pools(pool: PoolSettings) -> list[PoolSettings]:
+    """The pools ``pool``'s runtime workloads are rendered for: itself, or its prefill half and its
+    decode half, in rollout order."""
     if pool.disaggregation is None:
-        return [view]
-    return [role_view(view, pool, half) for half in HALVES]
+        return [pool]
+    return [role_pool(pool, half) for half in HALVES]
 
 
 def released_runtime(pool: PoolSettings) -> PoolSettings:
@@ -105,13 +105,13 @@ def role_ports(pool: PoolSettings) -> list[dict[str, Any]]:
     return [{"name": KV_PORT_NAME, "containerPort": pool.runtime.kv_transfer.port, "protocol": "TCP"}]
 
 
-def kv_transfer_policies(view: Settings, pool: PoolSettings) -> list[Manifest]:
+def kv_transfer_policies(settings: Settings, pool: PoolSettings) -> list[Manifest]:
     """The pair's transfer port: into the prefill pods from the decode pods only, and out of the
     decode pods to the prefill pods only (a decode pulls; a prefill never connects back)."""
     if pool.disaggregation is None:
         return []
-    prefill, decode = (role_view(view, pool, half) for half in HALVES)
-    namespace = kubernetes_of(view).namespace
+    prefill, decode = (role_pool(pool, half) for half in HALVES)
+    namespace = kubernetes_of(settings).namespace
     port = [{"protocol": "TCP", "port": pool.runtime.kv_transfer.port}]
     pulls_in = Manifest(
         "networking.k8s.io/v1",

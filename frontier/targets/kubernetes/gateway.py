@@ -1,8 +1,8 @@
 """The gateway on Kubernetes: one Deployment in front of the stack's model pools.
 
 A stack with a ``gateway:`` section and several ``models:`` runs one runtime Deployment per pool
-(:func:`frontier.targets.kubernetes.manifests.render_workload`, each from the pool's view of the
-settings, ``Settings.for_pool``) and this gateway in front of them. Choices worth knowing:
+(:func:`frontier.targets.kubernetes.manifests.render_workload`, each for its pool,
+:func:`workloads`) and this gateway in front of them. Choices worth knowing:
 
 - **Its own image** (``kubernetes.gateway_image``, pinned by digest): the runtime image carries
   CUDA and torch but not ``frontier-gateway``, and the gateway needs neither. It runs the
@@ -93,41 +93,29 @@ def gateway_selector() -> dict[str, str]:
     return {K8S_APP_LABEL: GATEWAY_NAME, K8S_INSTANCE_LABEL: GATEWAY_NAME}
 
 
-def pool_views(settings: Settings) -> list[Settings]:
-    """The stack as each of its model pools sees it."""
-    return [settings.for_pool(pool.name) for pool in settings.pools]
+def workload_pools(settings: Settings) -> list[PoolSettings]:
+    """The pools the runtime workloads run, one runtime Deployment each: one per model pool, a
+    disaggregated pool's two halves in its place (:mod:`.disaggregation`)."""
+    return [half for pool in settings.pools for half in pd.role_pools(pool)]
 
 
-def workload_views(settings: Settings) -> list[Settings]:
-    """The views the runtime workloads are rendered from: one per pool (one runtime Deployment
-    each), a disaggregated pool's two halves in its place (:mod:`.disaggregation`)."""
-    return [
-        half
-        for view, pool in zip(pool_views(settings), settings.pools, strict=True)
-        for half in pd.role_views(view, pool)
-    ]
-
-
-def service_url(view: Settings, pool: PoolSettings) -> str:
+def service_url(settings: Settings, pool: PoolSettings) -> str:
     """A pool's (or a half's) Service: its cluster DNS name at its runtime's port."""
-    namespace = kubernetes_of(view).namespace
-    return f"http://{app_name(view)}.{namespace}.svc.cluster.local:{pool.runtime.port}"
+    namespace = kubernetes_of(settings).namespace
+    return f"http://{app_name(pool)}.{namespace}.svc.cluster.local:{pool.runtime.port}"
 
 
 def upstreams(settings: Settings) -> dict[str, list[str]]:
     """Each pool's one upstream: its Service; a disaggregated pool's decode Service, the colocated
     fallback (a decode replica computes the prompt itself)."""
-    return {
-        pool.name: [service_url(pd.role_views(view, pool)[-1], pool)]
-        for view, pool in zip(pool_views(settings), settings.pools, strict=True)
-    }
+    return {pool.name: [service_url(settings, pd.role_pools(pool)[-1])] for pool in settings.pools}
 
 
 def disaggregated_upstreams(settings: Settings) -> dict[str, dict[str, list[str]]]:
     """Each disaggregated pool's two hops: its prefill Service and its decode Service."""
     return {
-        pool.name: {half: [service_url(pd.role_view(view, pool, half), pool)] for half in pd.HALVES}
-        for view, pool in zip(pool_views(settings), settings.pools, strict=True)
+        pool.name: {half: [service_url(settings, pd.role_pool(pool, half))] for half in pd.HALVES}
+        for pool in settings.pools
         if pool.disaggregation is not None
     }
 
@@ -138,8 +126,8 @@ def discoveries(settings: Settings) -> dict[str, dict[str, Any]]:
     one Service address. A disaggregated pool's two hops stay its halves' Services."""
     namespace = kubernetes_of(settings).namespace
     return {
-        pool.name: {"namespace": namespace, "service": app_name(view), "port": pool.runtime.port}
-        for view, pool in zip(pool_views(settings), settings.pools, strict=True)
+        pool.name: {"namespace": namespace, "service": app_name(pool), "port": pool.runtime.port}
+        for pool in settings.pools
         if pool.disaggregation is None
     }
 

@@ -53,7 +53,7 @@ class LeaderWorkerSetRollout(KubernetesRollout):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.name = lw.set_name(self.settings)
+        self.name = lw.set_name(self.pool)
         self.custom = CustomObjectsApi(self.api)
 
     # --- reading and writing the LeaderWorkerSet --------------------------------------------------
@@ -84,9 +84,14 @@ class LeaderWorkerSetRollout(KubernetesRollout):
 
     def _templates(self, release: Release) -> dict[str, dict[str, Any]]:
         pod = m.pod_template(
-            self.settings, release.digest, release.files[CONFIG_FILE], track="stable", release_id=release.id
+            self.settings,
+            self.pool,
+            release.digest,
+            release.files[CONFIG_FILE],
+            track="stable",
+            release_id=release.id,
         )
-        spec = lw.leader_worker_set(self.settings, pod).body["spec"]["leaderWorkerTemplate"]
+        spec = lw.leader_worker_set(self.settings, self.pool, pod).body["spec"]["leaderWorkerTemplate"]
         return {which: spec[which] for which in TEMPLATES}
 
     def _same_shape(self, live: dict[str, Any], release: Release) -> bool:
@@ -139,7 +144,7 @@ class LeaderWorkerSetRollout(KubernetesRollout):
     def pods(self, track: str, release_id: str) -> list[str]:
         """The release's leader pods: the gate reads the pods that serve."""
         names = []
-        for pod in list_pods(self.api, self.namespace, lw.leader_selector(self.settings)):
+        for pod in list_pods(self.api, self.namespace, lw.leader_selector(self.pool)):
             meta = pod["metadata"]
             if (meta.get("annotations") or {}).get(K8S_RELEASE_ANNOTATION) == release_id and not meta.get(
                 "deletionTimestamp"
@@ -180,7 +185,7 @@ class LeaderWorkerSetRollout(KubernetesRollout):
             group.outcome = "updated"
             # An old ConfigMap left behind is not worth failing a good rollout for.
             with contextlib.suppress(ApiException, HTTPError):
-                in_use = m.config_map_name(self.settings, release.files[CONFIG_FILE])
+                in_use = m.config_map_name(self.pool, release.files[CONFIG_FILE])
                 steps.phase("prune", lambda: self.prune_configs(in_use))
         except (Exception, KeyboardInterrupt) as exc:
             result.reason = self._reason(exc)

@@ -55,7 +55,6 @@ from frontier.targets.kubernetes.objects import (
     app_name,
     kubernetes_of,
     selector,
-    workload_name,
 )
 
 API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -73,33 +72,24 @@ REPLICA_KEY_FIELD = "key"
 NAME_SUFFIX = "-group"
 
 
-def spans_nodes(settings: Settings) -> bool:
-    """Whether a replica of this pool (``Settings.for_pool``) spans several nodes."""
-    return replica_spans_nodes(settings.only_pool)
-
-
 def replica_spans_nodes(pool: PoolSettings) -> bool:
     """Whether a replica of ``pool`` spans several nodes (a LeaderWorkerSet runs it)."""
     return pool.runtime.nodes_per_replica > 1
 
 
-def set_name(settings: Settings) -> str:
-    return f"{app_name(settings)}{NAME_SUFFIX}"
+def set_name(pool: PoolSettings) -> str:
+    """The name of the LeaderWorkerSet of ``pool``'s pool."""
+    return f"{app_name(pool)}{NAME_SUFFIX}"
 
 
-def pool_set_name(pool: PoolSettings) -> str:
-    """The name of ``pool``'s LeaderWorkerSet."""
-    return f"{workload_name(pool)}{NAME_SUFFIX}"
-
-
-def replica_key_secret(settings: Settings) -> str:
+def replica_key_secret(pool: PoolSettings) -> str:
     """The Secret that holds the pool's replica key (made by Pulumi, never rendered)."""
-    return f"{app_name(settings)}-replica-key"
+    return f"{app_name(pool)}-replica-key"
 
 
-def leader_selector(settings: Settings) -> dict[str, str]:
+def leader_selector(pool: PoolSettings) -> dict[str, str]:
     """The pool's leader pods: what its Service selects."""
-    return {**selector(settings), WORKER_INDEX_LABEL: "0"}
+    return {**selector(pool), WORKER_INDEX_LABEL: "0"}
 
 
 def _restamp(template: dict[str, Any]) -> dict[str, Any]:
@@ -111,19 +101,19 @@ def _restamp(template: dict[str, Any]) -> dict[str, Any]:
     return template
 
 
-def _replica_key_env(settings: Settings) -> dict[str, Any]:
+def _replica_key_env(pool: PoolSettings) -> dict[str, Any]:
     return {
         "name": REPLICA_KEY_ENV,
-        "valueFrom": {"secretKeyRef": {"name": replica_key_secret(settings), "key": REPLICA_KEY_FIELD}},
+        "valueFrom": {"secretKeyRef": {"name": replica_key_secret(pool), "key": REPLICA_KEY_FIELD}},
     }
 
 
-def leader_template(runtime_pod: dict[str, Any], settings: Settings) -> dict[str, Any]:
+def leader_template(runtime_pod: dict[str, Any], pool: PoolSettings) -> dict[str, Any]:
     """A one-node replica's pod (``runtime_pod``), as node 0 of the group: rank 0 and the replica key,
     and the ports the other nodes' ranks reach it on."""
     template = copy.deepcopy(runtime_pod)
     container = _runtime_container(template)
-    container["env"] += [{"name": NODE_RANK_ENV, "value": "0"}, _replica_key_env(settings)]
+    container["env"] += [{"name": NODE_RANK_ENV, "value": "0"}, _replica_key_env(pool)]
     container["ports"] += [
         {"name": "replica-step", "containerPort": REPLICA_STEP_PORT, "protocol": "TCP"},
         {"name": "replica-store", "containerPort": REPLICA_STORE_PORT, "protocol": "TCP"},
@@ -131,7 +121,7 @@ def leader_template(runtime_pod: dict[str, Any], settings: Settings) -> dict[str
     return _restamp(template)
 
 
-def worker_template(runtime_pod: dict[str, Any], settings: Settings) -> dict[str, Any]:
+def worker_template(runtime_pod: dict[str, Any], pool: PoolSettings) -> dict[str, Any]:
     """Node k >= 1: ``frontier_runtime node`` in the same image, volumes, resources and placement,
     told its rank and its leader by what LWS injects. No port, probe or preStop: it serves no HTTP
     and takes no traffic; it exits when broken, and the group is recreated."""
@@ -145,7 +135,7 @@ def worker_template(runtime_pod: dict[str, Any], settings: Settings) -> dict[str
         # LWS puts its variables before the container's own, so these expand them.
         {"name": NODE_RANK_ENV, "value": f"$({LWS_WORKER_INDEX_ENV})"},
         {"name": LEADER_ADDRESS_ENV, "value": f"$({LWS_LEADER_ADDRESS_ENV})"},
-        _replica_key_env(settings),
+        _replica_key_env(pool),
     ]
     return _restamp(template)
 
@@ -154,14 +144,15 @@ def _runtime_container(template: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in template["spec"]["containers"] if c["name"] == CONTAINER_NAME)
 
 
-def rollout_strategy(settings: Settings) -> dict[str, Any]:
-    """Surge whole groups where the node group can grow (no replica lost), else batch_size groups out.
+def rollout_strategy(settings: Settings, pool: PoolSettings) -> dict[str, Any]:
+    """Surge whole groups where ``pool``'s node group can grow (no replica lost), else batch_size
+    groups out.
 
     LWS refuses maxUnavailable 0 with maxSurge 0: a node group at its largest size rolls
     ``rollout.batch_size`` groups at a time.
     """
-    rollout, group = settings.rollout, settings.serving_group
-    nodes = settings.runtime.nodes_per_replica
+    rollout, group = settings.rollout, pool.group
+    nodes = pool.runtime.nodes_per_replica
     can_grow = rollout.max_surge > 0 and group.max_size - group.desired_size >= nodes
     return {
         "type": "RollingUpdate",
@@ -173,19 +164,19 @@ def rollout_strategy(settings: Settings) -> dict[str, Any]:
 
 
 def leader_worker_set(
-    settings: Settings, runtime_pod: dict[str, Any], *, replicas: int | None = None
+    settings: Settings, pool: PoolSettings, runtime_pod: dict[str, Any], *, replicas: int | None = None
 ) -> Manifest:
-    """The pool's LeaderWorkerSet: groups of ``runtime.nodes_per_replica`` pods built from
+    """``pool``'s LeaderWorkerSet: groups of ``runtime.nodes_per_replica`` pods built from
     ``runtime_pod`` (a one-node replica's pod template); ``replicas`` None leaves the count to KEDA."""
     k = kubernetes_of(settings)
     spec: dict[str, Any] = {
         "startupPolicy": "LeaderCreated",
-        "rolloutStrategy": rollout_strategy(settings),
+        "rolloutStrategy": rollout_strategy(settings, pool),
         "leaderWorkerTemplate": {
-            "size": settings.runtime.nodes_per_replica,
+            "size": pool.runtime.nodes_per_replica,
             "restartPolicy": "RecreateGroupOnPodRestart",
-            "leaderTemplate": leader_template(runtime_pod, settings),
-            "workerTemplate": worker_template(runtime_pod, settings),
+            "leaderTemplate": leader_template(runtime_pod, pool),
+            "workerTemplate": worker_template(runtime_pod, pool),
         },
     }
     if replicas is not None:
@@ -193,8 +184,8 @@ def leader_worker_set(
     return Manifest(
         API_VERSION,
         KIND,
-        set_name(settings),
+        set_name(pool),
         k.namespace,
         {"spec": spec},
-        labels={**app_labels(settings), K8S_TRACK_LABEL: "stable"},
+        labels={**app_labels(pool), K8S_TRACK_LABEL: "stable"},
     )

@@ -14,13 +14,13 @@ Choices worth knowing (autoscaling: :mod:`frontier.targets.kubernetes.autoscalin
   so the pod's preStop sleeps that long before the runtime gets SIGTERM; the grace period covers
   the sleep plus the runtime's own drain.
 - **Model pools** (a stack's ``models:``): one runtime Deployment per pool, with its own ConfigMap,
-  Service, disruption budget, ScaledObject and ServiceMonitor, all rendered from the pool's view of
-  the settings (``Settings.for_pool``) and so named ``frontier-<model>``. A pool's ``node_group``
-  names a ``node_groups`` entry (its GPUs, sizes, schedule, scale to zero); the pool's pods run on
-  the ``kubernetes.node_pools`` entry whose ``node_group`` is that one (its labels select the
-  nodes, its taints are tolerated). A node group's sizes stay the one truth of capacity, so a node
-  pool never repeats them; two model pools may share a node group (and so a node pool). The
-  stack's SLO alerts come once (they select every runtime of the stack).
+  Service, disruption budget, ScaledObject and ServiceMonitor, each rendered for the pool it is
+  handed and so named ``frontier-<model>``. A pool's ``node_group`` names a ``node_groups`` entry
+  (its GPUs, sizes, schedule, scale to zero); the pool's pods run on the ``kubernetes.node_pools``
+  entry whose ``node_group`` is that one (its labels select the nodes, its taints are tolerated).
+  A node group's sizes stay the one truth of capacity, so a node pool never repeats them; two
+  model pools may share a node group (and so a node pool). The stack's SLO alerts come once (they
+  select every runtime of the stack).
 - **The gateway** (a stack's ``gateway:``): its own Deployment in front of the pools, the Ingress
   pointing at it (:mod:`frontier.targets.kubernetes.gateway`).
 - **A replica over several nodes** (a pool's ``runtime.nodes_per_replica`` above 1): a
@@ -170,9 +170,9 @@ def startup_failure_threshold(settings: Settings) -> int:
     return max(1, math.ceil(settings.rollout.readiness_timeout_s / settings.health.interval_s))
 
 
-def strategy(settings: Settings) -> dict[str, Any]:
-    """Surge first where the node pool can grow (no replica lost), else batch_size out at once."""
-    rollout, group = settings.rollout, settings.serving_group
+def strategy(settings: Settings, pool: PoolSettings) -> dict[str, Any]:
+    """Surge first where ``pool``'s node pool can grow (no replica lost), else batch_size out at once."""
+    rollout, group = settings.rollout, pool.group
     can_grow = rollout.max_surge > 0 and group.max_size > group.desired_size
     return {
         "type": "RollingUpdate",
@@ -232,22 +232,23 @@ def service_account(settings: Settings, pool: PoolSettings, role_arn: Any = None
     )
 
 
-def config_map(settings: Settings, runtime_yaml: str) -> Manifest:
+def config_map(settings: Settings, pool: PoolSettings, runtime_yaml: str) -> Manifest:
+    """``pool``'s release config, named by its content."""
     k = kubernetes_of(settings)
     return Manifest(
         "v1",
         "ConfigMap",
-        config_map_name(settings, runtime_yaml),
+        config_map_name(pool, runtime_yaml),
         k.namespace,
         {"immutable": True, "data": {CONFIG_FILE: runtime_yaml}},
-        labels=app_labels(settings),
+        labels=app_labels(pool),
         annotations={K8S_CONFIG_HASH_ANNOTATION: f"sha256:{config_hash(runtime_yaml)}"},
     )
 
 
-def _tolerations(pool: NodePool) -> list[dict[str, Any]]:
+def _tolerations(node_pool: NodePool) -> list[dict[str, Any]]:
     out = []
-    for taint in pool.taints:
+    for taint in node_pool.taints:
         toleration: dict[str, Any] = {"key": taint.key, "effect": taint.effect}
         if taint.value:
             toleration.update(operator="Equal", value=taint.value)
@@ -258,17 +259,24 @@ def _tolerations(pool: NodePool) -> list[dict[str, Any]]:
 
 
 def pod_template(
-    settings: Settings, digest: str, runtime_yaml: str, *, track: str, release_id: str = ""
+    settings: Settings,
+    pool: PoolSettings,
+    digest: str,
+    runtime_yaml: str,
+    *,
+    track: str,
+    release_id: str = "",
 ) -> dict[str, Any]:
-    k, serving, health = kubernetes_of(settings), settings.only_pool, settings.health
-    rt = serving.runtime
-    pool = serving_pool(settings, serving)
-    gpu = serving.group.accelerator == "gpu"
+    """The pod of ``pool``'s runtime workload (a half's, for a half of a disaggregated pool)."""
+    k, health = kubernetes_of(settings), settings.health
+    rt = pool.runtime
+    node_pool = serving_pool(settings, pool)
+    gpu = pool.group.accelerator == "gpu"
     # Requests equal to limits: the pod is Guaranteed, never the first evicted under node pressure.
     # (Extended resources such as GPUs cannot be overcommitted anyway: their requests must equal limits.)
-    amounts = cpu_and_memory(settings, serving)
+    amounts = cpu_and_memory(settings, pool)
     if gpu:
-        amounts[GPU_RESOURCE] = str(gpus_per_pod(serving))
+        amounts[GPU_RESOURCE] = str(gpus_per_pod(pool))
     resources: dict[str, Any] = {"requests": dict(amounts), "limits": dict(amounts)}
     annotations = {
         K8S_CONFIG_HASH_ANNOTATION: f"sha256:{config_hash(runtime_yaml)}",
@@ -278,7 +286,7 @@ def pod_template(
         annotations[K8S_RELEASE_ANNOTATION] = release_id
     container = {
         "name": CONTAINER_NAME,
-        "image": image_reference(serving, digest),  # the digest is checked there: tags are refused
+        "image": image_reference(pool, digest),  # the digest is checked there: tags are refused
         "imagePullPolicy": "IfNotPresent",
         "command": [
             "python",
@@ -287,11 +295,11 @@ def pod_template(
             "serve",
             "--config",
             f"{CONTAINER_RELEASE_DIR}/{CONFIG_FILE}",
-            *pd.role_arguments(serving),
+            *pd.role_arguments(pool),
         ],
-        "ports": [{"name": "http", "containerPort": rt.port, "protocol": "TCP"}, *pd.role_ports(serving)],
+        "ports": [{"name": "http", "containerPort": rt.port, "protocol": "TCP"}, *pd.role_ports(pool)],
         "env": [
-            *pd.role_env(serving),
+            *pd.role_env(pool),
             {"name": "AWS_REGION", "value": settings.region},
             {"name": "AWS_DEFAULT_REGION", "value": settings.region},
             {"name": "HOME", "value": HOME_DIR},
@@ -316,10 +324,10 @@ def pod_template(
         ],
     }
     spec: dict[str, Any] = {
-        "serviceAccountName": pool_service_account(settings, serving),
+        "serviceAccountName": pool_service_account(settings, pool),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": grace_period_s(settings, serving),
+        "terminationGracePeriodSeconds": grace_period_s(settings, pool),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": k.run_as_user,
@@ -327,14 +335,14 @@ def pod_template(
             "fsGroup": k.run_as_user,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "nodeSelector": dict(pool.labels),
-        "tolerations": _tolerations(pool),
+        "nodeSelector": dict(node_pool.labels),
+        "tolerations": _tolerations(node_pool),
         "affinity": {
             # One replica per node: a node's GPUs belong to one replica, and a node lost takes one.
             "podAntiAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": [
                     {
-                        "labelSelector": {"matchLabels": selector(settings)},
+                        "labelSelector": {"matchLabels": selector(pool)},
                         "topologyKey": "kubernetes.io/hostname",
                     }
                 ]
@@ -345,7 +353,7 @@ def pod_template(
             {
                 "name": "config",
                 "configMap": {
-                    "name": config_map_name(settings, runtime_yaml),
+                    "name": config_map_name(pool, runtime_yaml),
                     "items": [{"key": CONFIG_FILE, "path": CONFIG_FILE}],
                 },
             },
@@ -360,7 +368,7 @@ def pod_template(
         ],
     }
     template = {
-        "metadata": {"labels": {**app_labels(settings), K8S_TRACK_LABEL: track}, "annotations": annotations},
+        "metadata": {"labels": {**app_labels(pool), K8S_TRACK_LABEL: track}, "annotations": annotations},
         "spec": spec,
     }
     shape = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
@@ -370,6 +378,7 @@ def pod_template(
 
 def deployment(
     settings: Settings,
+    pool: PoolSettings,
     digest: str,
     runtime_yaml: str,
     *,
@@ -377,53 +386,52 @@ def deployment(
     replicas: int | None = None,
     release_id: str = "",
 ) -> Manifest:
-    """The runtime's Deployment; ``replicas`` None leaves the count to the autoscaler."""
+    """``pool``'s runtime Deployment; ``replicas`` None leaves the count to the autoscaler."""
     if track not in TRACKS:
         raise FrontierError(f"track {track!r}: expected one of {', '.join(TRACKS)}")
     k = kubernetes_of(settings)
+    template = pod_template(settings, pool, digest, runtime_yaml, track=track, release_id=release_id)
     body: dict[str, Any] = {
         "spec": {
-            "selector": {"matchLabels": selector(settings, track)},
-            "strategy": strategy(settings),
+            "selector": {"matchLabels": selector(pool, track)},
+            "strategy": strategy(settings, pool),
             "progressDeadlineSeconds": k.progress_deadline_s,
             "revisionHistoryLimit": settings.rollout.keep_releases,
             "minReadySeconds": settings.health.interval_s,
-            "template": pod_template(settings, digest, runtime_yaml, track=track, release_id=release_id),
+            "template": template,
         }
     }
     if replicas is not None:
         body["spec"]["replicas"] = replicas
-    name = app_name(settings) if track == "stable" else canary_name(settings)
+    name = app_name(pool) if track == "stable" else canary_name(pool)
     return Manifest(
         "apps/v1",
         "Deployment",
         name,
         k.namespace,
         body,
-        labels={**app_labels(settings), K8S_TRACK_LABEL: track},
+        labels={**app_labels(pool), K8S_TRACK_LABEL: track},
     )
 
 
 def service(settings: Settings, pool: PoolSettings) -> Manifest:
-    """``pool``'s ClusterIP Service (``settings``: the stack as the pool sees it); where a replica
-    spans nodes, in front of its leaders only."""
+    """``pool``'s ClusterIP Service; where a replica spans nodes, in front of its leaders only."""
     k = kubernetes_of(settings)
     port = pool.runtime.port
     body = {
         "spec": {
             "type": "ClusterIP",
-            "selector": lw.leader_selector(settings) if lw.replica_spans_nodes(pool) else selector(settings),
+            "selector": lw.leader_selector(pool) if lw.replica_spans_nodes(pool) else selector(pool),
             "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
         }
     }
-    return Manifest("v1", "Service", app_name(settings), k.namespace, body, labels=app_labels(settings))
+    return Manifest("v1", "Service", app_name(pool), k.namespace, body, labels=app_labels(pool))
 
 
-def ingress(settings: Settings) -> Manifest:
-    """The public entry: to the gateway's Service where the stack has one, else to the runtime's."""
+def ingress(settings: Settings, front: Manifest) -> Manifest:
+    """The public entry, forwarding to ``front``: the gateway's Service where the stack has one,
+    else its runtime's (:func:`render_workload` says which). Named and labelled as ``front``."""
     k, health, edge = kubernetes_of(settings), settings.health, settings.edge
-    front = gw.GATEWAY_NAME if settings.gateway is not None else app_name(settings)
-    labels = gw.gateway_labels() if settings.gateway is not None else app_labels(settings)
     # The ALB checks the pods it forwards to: the gateway answers on its own readiness path.
     ready_path = READINESS_PATH if settings.gateway is not None else health.readiness_path
     annotations: dict[str, str] = {}
@@ -464,7 +472,7 @@ def ingress(settings: Settings) -> Manifest:
                                 # listener forwards; /metrics and /health/* stay inside the cluster.
                                 "path": API_PATH_PREFIX.rstrip("/"),
                                 "pathType": "Prefix",
-                                "backend": {"service": {"name": front, "port": {"name": "http"}}},
+                                "backend": {"service": {"name": front.name, "port": {"name": "http"}}},
                             }
                         ]
                     },
@@ -473,21 +481,27 @@ def ingress(settings: Settings) -> Manifest:
         }
     }
     return Manifest(
-        "networking.k8s.io/v1", "Ingress", front, k.namespace, body, labels=labels, annotations=annotations
+        "networking.k8s.io/v1",
+        "Ingress",
+        front.name,
+        k.namespace,
+        body,
+        labels=dict(front.labels),
+        annotations=annotations,
     )
 
 
-def disruption_budget(settings: Settings) -> Manifest:
-    """Voluntary evictions (node drains, upgrades) take at most a rollout batch at once."""
+def disruption_budget(settings: Settings, pool: PoolSettings) -> Manifest:
+    """Voluntary evictions (node drains, upgrades) take at most a rollout batch of ``pool``'s pods at once."""
     k = kubernetes_of(settings)
     body = {
         "spec": {
             "maxUnavailable": settings.rollout.batch_size,
-            "selector": {"matchLabels": selector(settings, "stable")},
+            "selector": {"matchLabels": selector(pool, "stable")},
         }
     }
     return Manifest(
-        "policy/v1", "PodDisruptionBudget", app_name(settings), k.namespace, body, labels=app_labels(settings)
+        "policy/v1", "PodDisruptionBudget", app_name(pool), k.namespace, body, labels=app_labels(pool)
     )
 
 
@@ -497,8 +511,8 @@ def disruption_budget(settings: Settings) -> Manifest:
 @dataclass(frozen=True)
 class PoolObjects:
     """One model pool's runtime: its release config, Deployment, Service, budget, scaler and
-    monitoring, all named ``frontier-<model>`` (the pool's view of the settings); a disaggregated
-    pool has two, ``frontier-<model>-prefill`` and ``-decode``, one per half."""
+    monitoring, all named ``frontier-<model>`` (:func:`frontier.targets.kubernetes.objects.app_name`);
+    a disaggregated pool has two, ``frontier-<model>-prefill`` and ``-decode``, one per half."""
 
     model: str
     #: The pool's own identity: its pods assume its role alone.
@@ -517,33 +531,33 @@ class PoolObjects:
 
 
 def pool_objects(
-    view: Settings,
+    settings: Settings,
+    pool: PoolSettings,
     digest: str,
     release_id: str = "",
     *,
     first: bool = True,
     role_arns: Mapping[str, Any] | None = None,
 ) -> PoolObjects:
-    """``view``: the stack as one pool sees it (``Settings.for_pool``), or one half of a
-    disaggregated pool (:func:`frontier.targets.kubernetes.disaggregation.role_views`);
-    ``role_arns``: each pool's pods' role by model name (IRSA)."""
-    pool = view.only_pool
-    runtime_yaml = render_runtime_config(view, pd.released_runtime(pool))
-    if lw.spans_nodes(view):
-        pod = pod_template(view, digest, runtime_yaml, track="stable", release_id=release_id)
-        workload = lw.leader_worker_set(view, pod)
+    """The objects of ``pool``, a model pool or one half of a disaggregated pool
+    (:func:`frontier.targets.kubernetes.disaggregation.role_pools`); ``role_arns``: each pool's pods'
+    role by model name (IRSA). The stack's alerting rules come with its ``first`` pool."""
+    runtime_yaml = render_runtime_config(settings, pd.released_runtime(pool))
+    if lw.replica_spans_nodes(pool):
+        pod = pod_template(settings, pool, digest, runtime_yaml, track="stable", release_id=release_id)
+        workload = lw.leader_worker_set(settings, pool, pod)
     else:
-        workload = deployment(view, digest, runtime_yaml, release_id=release_id)
+        workload = deployment(settings, pool, digest, runtime_yaml, release_id=release_id)
     return PoolObjects(
         model=pool.name,
-        service_account=service_account(view, pool, (role_arns or {}).get(pool.name)),
-        config_map=config_map(view, runtime_yaml),
+        service_account=service_account(settings, pool, (role_arns or {}).get(pool.name)),
+        config_map=config_map(settings, pool, runtime_yaml),
         deployment=workload,
-        service=service(view, pool),
-        disruption_budget=disruption_budget(view),
-        scaled_object=scaled_object(view),
-        service_monitor=service_monitor(view),
-        prometheus_rule=prometheus_rule(view) if first else None,
+        service=service(settings, pool),
+        disruption_budget=disruption_budget(settings, pool),
+        scaled_object=scaled_object(settings, pool),
+        service_monitor=service_monitor(settings, pool),
+        prometheus_rule=prometheus_rule(settings, pool) if first else None,
     )
 
 
@@ -587,19 +601,24 @@ class Workload:
     probe: tuple[Manifest, ...] = ()
 
     @property
+    def workloads(self) -> list[Manifest]:
+        """Each pool's runtime workload (its Deployment or LeaderWorkerSet), in the pools' order."""
+        return [pool.deployment for pool in self.pools]
+
+    @property
     def deployment(self) -> Manifest:
         """The first pool's workload, whose name the Pulumi program's workloads component exports."""
-        return self.pools[0].deployment
+        return self.workloads[0]
 
     @property
     def runtime_deployments(self) -> list[Manifest]:
         """The pools' Deployments, which ``fab deploy`` rolls; Pulumi leaves their template and replicas alone."""
-        return [pool.deployment for pool in self.pools if pool.deployment.kind == "Deployment"]
+        return [workload for workload in self.workloads if workload.kind == "Deployment"]
 
     @property
     def leader_worker_sets(self) -> list[Manifest]:
         """The pools whose replicas span nodes: ``fab deploy`` rolls their templates, KEDA their replicas."""
-        return [pool.deployment for pool in self.pools if pool.deployment.kind == lw.KIND]
+        return [workload for workload in self.workloads if workload.kind == lw.KIND]
 
     def all(self) -> list[Manifest]:
         """In apply order: what an object names exists before it (config before Deployment, Service
@@ -633,18 +652,29 @@ def render_workload(
 ) -> Workload:
     """The stack's objects for the runtime image ``digest`` (checked: tags are refused), every
     pool on it: a new pool's first release is the stack's image, then ``fab deploy --model``."""
+    pools = tuple(
+        pool_objects(settings, pool, digest, release_id, first=i == 0, role_arns=role_arns)
+        for i, pool in enumerate(gw.workload_pools(settings))
+    )
+    gateway = gateway_objects(settings, gateway_role_arn) if settings.gateway is not None else None
     return Workload(
         namespace=namespace(settings),
         network_policies=tuple(network_policies(settings)),
-        pools=tuple(
-            pool_objects(view, digest, release_id, first=i == 0, role_arns=role_arns)
-            for i, view in enumerate(gw.workload_views(settings))
-        ),
-        ingress=ingress(settings),
-        gateway=gateway_objects(settings, gateway_role_arn) if settings.gateway is not None else None,
+        pools=pools,
+        ingress=ingress(settings, _front(pools, gateway)),
+        gateway=gateway,
         deploy_access=deploy_role(settings),
         probe=probe_objects(settings, digest),
     )
+
+
+def _front(pools: Sequence[PoolObjects], gateway: GatewayObjects | None) -> Manifest:
+    """The Service the Ingress forwards to: the gateway's, else the runtime's of a stack without a
+    gateway, which serves one model (the stack checks give several models a gateway)."""
+    if gateway is not None:
+        return gateway.service
+    (runtime,) = pools
+    return runtime.service
 
 
 def probe_objects(settings: Settings, digest: str) -> tuple[Manifest, ...]:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from frontier_hostside.names import K8S_APP_LABEL, K8S_INSTANCE_LABEL, K8S_MANAGED_BY_LABEL
 
-from frontier.config.schema import SEVERITIES, NodePool, Settings, Severity
+from frontier.config.schema import SEVERITIES, NodePool, PoolSettings, Settings, Severity
 from frontier.errors import FrontierError
 from frontier.render.alerts import render_alerts, render_resource_alerts
 from frontier.render.dashboards import render_grafana_dashboard
@@ -29,12 +29,13 @@ from frontier.targets.kubernetes.objects import (
 )
 
 
-def service_monitor(settings: Settings) -> Manifest:
+def service_monitor(settings: Settings, pool: PoolSettings) -> Manifest:
+    """What Prometheus scrapes of ``pool``'s runtimes (a half of a disaggregated pool, or the pool)."""
     k = kubernetes_of(settings)
     body = {
         "spec": {
             "jobLabel": K8S_APP_LABEL,
-            "selector": {"matchLabels": selector(settings)},
+            "selector": {"matchLabels": selector(pool)},
             "namespaceSelector": {"matchNames": [k.namespace]},
             "endpoints": [
                 {
@@ -49,24 +50,26 @@ def service_monitor(settings: Settings) -> Manifest:
     return Manifest(
         "monitoring.coreos.com/v1",
         "ServiceMonitor",
-        app_name(settings),
+        app_name(pool),
         k.namespace,
         body,
-        labels={**app_labels(settings), **k.monitoring.service_monitor_labels},
+        labels={**app_labels(pool), **k.monitoring.service_monitor_labels},
     )
 
 
-def prometheus_rule(settings: Settings) -> Manifest:
+def prometheus_rule(settings: Settings, pool: PoolSettings) -> Manifest:
+    """The stack's alerting rules (one set for every pool: the rules select by metric, not by pod),
+    named and labelled after ``pool``'s workload, which carries them."""
     k = kubernetes_of(settings)
     rules = yaml.safe_load(render_alerts(settings))
     return Manifest(
         "monitoring.coreos.com/v1",
         "PrometheusRule",
-        f"{app_name(settings)}-alerts",
+        f"{app_name(pool)}-alerts",
         k.namespace,
         {"spec": {"groups": rules["groups"]}},
         # The operator selects rules by the same labels as ServiceMonitors in common setups.
-        labels={**app_labels(settings), **k.monitoring.service_monitor_labels},
+        labels={**app_labels(pool), **k.monitoring.service_monitor_labels},
     )
 
 

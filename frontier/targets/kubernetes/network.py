@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from frontier.config.schema import Settings
+from frontier.config.schema import Kubernetes, Settings
 
 CONTROL_PLANE_PREFIX = 28
 CONTROL_PLANE_SUBNETS = 2  # EKS wants control-plane ENIs in at least two zones
@@ -35,14 +35,12 @@ def control_plane_subnets(vpc_cidr: str) -> tuple[str, ...]:
 
 def ingress_source_cidrs(settings: Settings) -> tuple[str, ...]:
     """Where an ALB's IP targets are reached from: the stack's setting, else its public subnets."""
-    k = settings.kubernetes
-    assert k is not None
+    k = settings.section(Kubernetes)
     return k.ingress.source_cidrs or (public_range(settings.network.vpc_cidr),)
 
 
 def api_server_cidrs(settings: Settings) -> tuple[str, ...]:
-    k = settings.kubernetes
-    assert k is not None
+    k = settings.section(Kubernetes)
     return k.cluster.api_server_cidrs or control_plane_subnets(settings.network.vpc_cidr)
 
 

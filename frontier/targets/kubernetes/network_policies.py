@@ -69,24 +69,22 @@ def network_policies(settings: Settings) -> list[Manifest]:
         labels=stack_labels(),
     )
     front = front_peers(settings)
-    replicas = [replica_policy(view) for view in gw.pool_views(settings) if lw.spans_nodes(view)]
-    if settings.gateway is None:
-        return [deny, *runtime_policies(settings, front), *replicas]
+    # Without a gateway the runtimes take their port from the front, with one from its pods alone.
     from_gateway = [{"podSelector": {"matchLabels": gw.gateway_selector()}}]
+    sources = front if settings.gateway is None else from_gateway
     runtimes = [
-        policy for view in gw.workload_views(settings) for policy in runtime_policies(view, from_gateway)
+        policy for pool in gw.workload_pools(settings) for policy in runtime_policies(settings, pool, sources)
     ]
+    replicas = [replica_policy(settings, pool) for pool in settings.pools if lw.replica_spans_nodes(pool)]
+    if settings.gateway is None:
+        return [deny, *runtimes, *replicas]
     kv_events = [
-        kv_events_policy(half, pool, from_gateway)
-        for view, pool in zip(gw.pool_views(settings), settings.pools, strict=True)
+        kv_events_policy(settings, half, from_gateway)
+        for pool in settings.pools
         if kv_event_ports(pool)
-        for half in pd.role_views(view, pool)
+        for half in pd.role_pools(pool)
     ]
-    pairs = [
-        policy
-        for view, pool in zip(gw.pool_views(settings), settings.pools, strict=True)
-        for policy in pd.kv_transfer_policies(view, pool)
-    ]
+    pairs = [policy for pool in settings.pools for policy in pd.kv_transfer_policies(settings, pool)]
     return [deny, *runtimes, *kv_events, *replicas, *pairs, *gateway_policies(settings, front)]
 
 
@@ -96,18 +94,18 @@ def kv_event_ports(pool: PoolSettings) -> list[int]:
     return [events.port, events.replay_port] if events.enabled else []
 
 
-def kv_events_policy(view: Settings, pool: PoolSettings, subscribers: list[dict[str, Any]]) -> Manifest:
+def kv_events_policy(settings: Settings, pool: PoolSettings, subscribers: list[dict[str, Any]]) -> Manifest:
     """One pool's (or half's) KV-event ports (publish and replay), from ``subscribers`` only: the
     gateway."""
-    k = kubernetes_of(view)
+    k = kubernetes_of(settings)
     return Manifest(
         "networking.k8s.io/v1",
         "NetworkPolicy",
-        f"{app_name(view)}-kv-events",
+        f"{app_name(pool)}-kv-events",
         k.namespace,
         {
             "spec": {
-                "podSelector": {"matchLabels": selector(view)},
+                "podSelector": {"matchLabels": selector(pool)},
                 "policyTypes": ["Ingress"],
                 "ingress": [
                     {
@@ -117,30 +115,30 @@ def kv_events_policy(view: Settings, pool: PoolSettings, subscribers: list[dict[
                 ],
             }
         },
-        labels=app_labels(view),
+        labels=app_labels(pool),
     )
 
 
-def replica_policy(view: Settings) -> Manifest:
-    """One pool's pods to each other, every TCP port both ways: the ranks of a replica over several
+def replica_policy(settings: Settings, pool: PoolSettings) -> Manifest:
+    """``pool``'s pods to each other, every TCP port both ways: the ranks of a replica over several
     nodes meet on the leader's ports, then gloo and NCCL connect every pair on ephemeral ones."""
-    k = kubernetes_of(view)
-    pool = {"podSelector": {"matchLabels": selector(view)}}
+    k = kubernetes_of(settings)
+    pods = {"podSelector": {"matchLabels": selector(pool)}}
     all_tcp = [{"protocol": "TCP"}]  # no port: every port of the protocol
     return Manifest(
         "networking.k8s.io/v1",
         "NetworkPolicy",
-        f"{app_name(view)}-replica",
+        f"{app_name(pool)}-replica",
         k.namespace,
         {
             "spec": {
-                "podSelector": {"matchLabels": selector(view)},
+                "podSelector": {"matchLabels": selector(pool)},
                 "policyTypes": ["Ingress", "Egress"],
-                "ingress": [{"from": [pool], "ports": all_tcp}],
-                "egress": [{"to": [pool], "ports": all_tcp}],
+                "ingress": [{"from": [pods], "ports": all_tcp}],
+                "egress": [{"to": [pods], "ports": all_tcp}],
             }
         },
-        labels=app_labels(view),
+        labels=app_labels(pool),
     )
 
 
@@ -179,24 +177,25 @@ def common_egress(settings: Settings) -> list[dict[str, Any]]:
     return egress
 
 
-def runtime_policies(view: Settings, sources: list[dict[str, Any]]) -> list[Manifest]:
-    """One pool's runtime: its port from ``sources``, Prometheus and the API server; out as above."""
-    k = kubernetes_of(view)
-    labels = app_labels(view)
-    api_server = [{"ipBlock": {"cidr": cidr}} for cidr in api_server_cidrs(view)]
+def runtime_policies(settings: Settings, pool: PoolSettings, sources: list[dict[str, Any]]) -> list[Manifest]:
+    """``pool``'s runtime (or a half's): its port from ``sources``, Prometheus and the API server;
+    out as above."""
+    k = kubernetes_of(settings)
+    labels = app_labels(pool)
+    api_server = [{"ipBlock": {"cidr": cidr}} for cidr in api_server_cidrs(settings)]
     runtime_in = Manifest(
         "networking.k8s.io/v1",
         "NetworkPolicy",
-        f"{app_name(view)}-ingress",
+        f"{app_name(pool)}-ingress",
         k.namespace,
         {
             "spec": {
-                "podSelector": {"matchLabels": selector(view)},
+                "podSelector": {"matchLabels": selector(pool)},
                 "policyTypes": ["Ingress"],
                 "ingress": [
                     {
-                        "from": [*sources, *_prometheus(view), *api_server],
-                        "ports": [{"protocol": "TCP", "port": view.runtime.port}],
+                        "from": [*sources, *_prometheus(settings), *api_server],
+                        "ports": [{"protocol": "TCP", "port": pool.runtime.port}],
                     }
                 ],
             }
@@ -206,13 +205,13 @@ def runtime_policies(view: Settings, sources: list[dict[str, Any]]) -> list[Mani
     runtime_out = Manifest(
         "networking.k8s.io/v1",
         "NetworkPolicy",
-        f"{app_name(view)}-egress",
+        f"{app_name(pool)}-egress",
         k.namespace,
         {
             "spec": {
-                "podSelector": {"matchLabels": selector(view)},
+                "podSelector": {"matchLabels": selector(pool)},
                 "policyTypes": ["Egress"],
-                "egress": common_egress(view),
+                "egress": common_egress(settings),
             }
         },
         labels=labels,
@@ -252,8 +251,8 @@ def gateway_policies(settings: Settings, front: list[dict[str, Any]]) -> list[Ma
                 {"protocol": "TCP", "port": port} for port in (pool.runtime.port, *kv_event_ports(pool))
             ],
         }
-        for view, pool in zip(gw.pool_views(settings), settings.pools, strict=True)
-        for half in pd.role_views(view, pool)
+        for pool in settings.pools
+        for half in pd.role_pools(pool)
     ]
     egress = [*common_egress(settings), *to_runtimes]
     if section.quota.store == "redis":

@@ -22,7 +22,6 @@ from frontier_hostside.names import (
 from frontier_runtime.config import KvRole
 
 from frontier.config.schema import Kubernetes, PoolSettings, Settings
-from frontier.errors import FrontierError
 
 CONFIG_FILE = "runtime.yaml"
 # On a disaggregated pool's objects and pods: the half they run (kubectl get pods -l ...=prefill).
@@ -69,24 +68,26 @@ class Manifest:
 
 
 def kubernetes_of(settings: Settings) -> Kubernetes:
-    if settings.kubernetes is None:
-        raise FrontierError(f"stack {settings.stack!r} has no 'frontier:kubernetes' section")
-    return settings.kubernetes
+    """The stack's Kubernetes section (a StackError naming the stack's target elsewhere)."""
+    return settings.section(Kubernetes)
 
 
 # --- names and labels -----------------------------------------------------------------------------
 
 
 def kv_role(pool: PoolSettings) -> KvRole | None:
-    """The half of a disaggregated pool whose view holds ``pool`` (``prefill``, ``decode``; see
+    """The half of a disaggregated pool that ``pool`` is (``prefill``, ``decode``; see
     :mod:`frontier.targets.kubernetes.disaggregation`), None for a colocated pool."""
     role = pool.runtime.kv_transfer.role
     return None if role == "both" else role
 
 
-def _instance(settings: Settings) -> tuple[str, str | None]:
-    """The name of the workload this view renders, and its half where it is one."""
-    pool = settings.only_pool
+# A runtime workload is named and selected by its pool: a model pool, or a half of a disaggregated
+# pool as :func:`frontier.targets.kubernetes.disaggregation.role_pools` narrows it.
+
+
+def _instance(pool: PoolSettings) -> tuple[str, str | None]:
+    """The name of ``pool``'s workload, and its half where it is one."""
     return _instance_of(pool, kv_role(pool))
 
 
@@ -102,28 +103,28 @@ def workload_name(pool: PoolSettings, half: str | None = None) -> str:
     return _instance_of(pool, half or kv_role(pool))[0]
 
 
-def app_name(settings: Settings) -> str:
+def app_name(pool: PoolSettings) -> str:
     """``frontier-<model>``: a DNS-1035 label (Service names allow no dots), one per model;
     ``frontier-<model>-<role>`` for each half of a disaggregated pool."""
-    return _instance(settings)[0]
+    return _instance(pool)[0]
 
 
-def canary_name(settings: Settings) -> str:
-    return f"{app_name(settings)}-canary"
+def canary_name(pool: PoolSettings) -> str:
+    return f"{app_name(pool)}-canary"
 
 
-def config_map_name(settings: Settings, runtime_yaml: str) -> str:
-    return f"{app_name(settings)}-config-{config_hash(runtime_yaml)[:10]}"
+def config_map_name(pool: PoolSettings, runtime_yaml: str) -> str:
+    return f"{app_name(pool)}-config-{config_hash(runtime_yaml)[:10]}"
 
 
 def config_hash(runtime_yaml: str) -> str:
     return hashlib.sha256(runtime_yaml.encode()).hexdigest()
 
 
-def app_labels(settings: Settings) -> dict[str, str]:
-    """What every object of the stack carries and what the Service selects (both tracks); a
-    disaggregated pool's half also says its role."""
-    name, role = _instance(settings)
+def app_labels(pool: PoolSettings) -> dict[str, str]:
+    """What every object of ``pool``'s workload carries and what its Service selects (both tracks);
+    a disaggregated pool's half also says its role."""
+    name, role = _instance(pool)
     labels = {K8S_APP_LABEL: CONTAINER_NAME, K8S_INSTANCE_LABEL: name, K8S_MANAGED_BY_LABEL: "frontier"}
     if role is not None:
         labels[KV_ROLE_LABEL] = role
@@ -135,8 +136,9 @@ def stack_labels() -> dict[str, str]:
     return {K8S_APP_LABEL: CONTAINER_NAME, K8S_MANAGED_BY_LABEL: "frontier"}
 
 
-def selector(settings: Settings, track: str | None = None) -> dict[str, str]:
-    labels = {K8S_APP_LABEL: CONTAINER_NAME, K8S_INSTANCE_LABEL: app_name(settings)}
+def selector(pool: PoolSettings, track: str | None = None) -> dict[str, str]:
+    """The pods of ``pool``'s workload: of ``track`` (stable, canary), or of both."""
+    labels = {K8S_APP_LABEL: CONTAINER_NAME, K8S_INSTANCE_LABEL: app_name(pool)}
     if track:
         labels[K8S_TRACK_LABEL] = track
     return labels

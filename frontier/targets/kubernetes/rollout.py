@@ -34,7 +34,7 @@ from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from frontier.config.schema import Settings
+from frontier.config.schema import Kubernetes, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.release.release import Release
 from frontier.rollout.canary import CanaryVerification, judge_verification
@@ -99,7 +99,11 @@ def list_pods(api: ApiClient, namespace: str, labels: dict[str, str]) -> list[di
 
 @dataclass
 class KubernetesRollout:
+    """The rollout of ``pool``'s Deployment: a model pool's, or one half's of a disaggregated pool
+    (:func:`frontier.targets.kubernetes.disaggregation.role_pools`)."""
+
     settings: Settings
+    pool: PoolSettings
     api: ApiClient
     reporter: Reporter | None = None
     clock: Clock = field(default_factory=Clock)
@@ -109,12 +113,10 @@ class KubernetesRollout:
     verification: CanaryVerification | None = None
 
     def __post_init__(self) -> None:
-        k = self.settings.kubernetes
-        if k is None:
-            raise FrontierError(f"stack {self.settings.stack!r} has no 'frontier:kubernetes' section")
+        k = self.settings.section(Kubernetes)
         self.namespace = k.namespace
-        self.name = m.app_name(self.settings)
-        self.canary = m.canary_name(self.settings)
+        self.name = m.app_name(self.pool)
+        self.canary = m.canary_name(self.pool)
         self.apps, self.core = AppsV1Api(self.api), CoreV1Api(self.api)
         self.report: Reporter = self.reporter or (lambda event: None)
         health = self.settings.health
@@ -144,7 +146,7 @@ class KubernetesRollout:
         return str(annotations.get(K8S_RELEASE_ANNOTATION, ""))
 
     def _ensure_config(self, release: Release) -> str:
-        manifest = m.config_map(self.settings, release.files[CONFIG_FILE])
+        manifest = m.config_map(self.settings, self.pool, release.files[CONFIG_FILE])
         try:
             self.core.create_namespaced_config_map(self.namespace, manifest.to_dict(), **CALL)
             return f"created {manifest.name}"
@@ -161,7 +163,12 @@ class KubernetesRollout:
 
     def _template(self, release: Release, track: str) -> dict[str, Any]:
         return m.pod_template(
-            self.settings, release.digest, release.files[CONFIG_FILE], track=track, release_id=release.id
+            self.settings,
+            self.pool,
+            release.digest,
+            release.files[CONFIG_FILE],
+            track=track,
+            release_id=release.id,
         )
 
     def _replace_template(self, template: dict[str, Any]) -> None:
@@ -173,7 +180,7 @@ class KubernetesRollout:
 
         As many as the Deployment keeps revisions of, so a previous revision still finds its config.
         """
-        selector = ",".join(f"{k}={v}" for k, v in m.selector(self.settings).items())
+        selector = ",".join(f"{k}={v}" for k, v in m.selector(self.pool).items())
         listed = _json(self.core.list_namespaced_config_map(self.namespace, label_selector=selector, **CALL))
         newest_first = sorted(
             listed.get("items", []), key=lambda c: c["metadata"].get("creationTimestamp", ""), reverse=True
@@ -232,7 +239,7 @@ class KubernetesRollout:
 
     def pods(self, track: str, release_id: str) -> list[str]:
         names = []
-        for pod in list_pods(self.api, self.namespace, m.selector(self.settings, track)):
+        for pod in list_pods(self.api, self.namespace, m.selector(self.pool, track)):
             meta = pod["metadata"]
             if (meta.get("annotations") or {}).get(K8S_RELEASE_ANNOTATION) != release_id or meta.get(
                 "deletionTimestamp"
@@ -243,14 +250,14 @@ class KubernetesRollout:
 
     def metrics(self, pod: str) -> str:
         response = self.core.connect_get_namespaced_pod_proxy_with_path(
-            f"{pod}:{self.settings.runtime.port}", self.namespace, "metrics", **CALL
+            f"{pod}:{self.pool.runtime.port}", self.namespace, "metrics", **CALL
         )
         return response.data.decode()
 
     def old_pod(self, release_id: str) -> tuple[str, str] | None:
         """A serving pod not on ``release_id``, and the release it runs ("" for the image the stack
         was provisioned with, which no release names), if any."""
-        for pod in list_pods(self.api, self.namespace, m.selector(self.settings, "stable")):
+        for pod in list_pods(self.api, self.namespace, m.selector(self.pool, "stable")):
             meta = pod["metadata"]
             release = str((meta.get("annotations") or {}).get(K8S_RELEASE_ANNOTATION) or "")
             if release != release_id and not meta.get("deletionTimestamp"):
@@ -357,7 +364,7 @@ class KubernetesRollout:
             )
             steps.phase(
                 "rollout",
-                lambda: self.wait_available(self.name, self.settings.kubernetes.progress_deadline_s),
+                lambda: self.wait_available(self.name, self.settings.section(Kubernetes).progress_deadline_s),
             )
             steps.phase("gate", lambda: self.gate(self.pods("stable", release.id)))
             stable.outcome = "updated"
@@ -367,7 +374,7 @@ class KubernetesRollout:
                 canary.outcome = "updated"  # it served the release through its gate, then made way
             # An old ConfigMap left behind is not worth failing a good rollout for.
             with contextlib.suppress(ApiException, HTTPError):
-                in_use = m.config_map_name(self.settings, release.files[CONFIG_FILE])
+                in_use = m.config_map_name(self.pool, release.files[CONFIG_FILE])
                 steps.phase("prune", lambda: self.prune_configs(in_use))
         except (Exception, KeyboardInterrupt) as exc:
             result.reason = self._reason(exc)
@@ -381,6 +388,7 @@ class KubernetesRollout:
     def _canary(self, release: Release, step: _Step, timeout: float) -> None:
         manifest = m.deployment(
             self.settings,
+            self.pool,
             release.digest,
             release.files[CONFIG_FILE],
             track="canary",
@@ -435,7 +443,7 @@ class KubernetesRollout:
             step.phase("restore", lambda: self._replace_template(previous) or "previous template")
             step.phase(
                 "rollout",
-                lambda: self.wait_available(self.name, self.settings.kubernetes.progress_deadline_s),
+                lambda: self.wait_available(self.name, self.settings.section(Kubernetes).progress_deadline_s),
             )
             stable.outcome = "restored"
         except Exception as exc:  # noqa: BLE001

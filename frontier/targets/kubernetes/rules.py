@@ -424,7 +424,7 @@ def replica_group_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]
                 f"{group.name!r} has max_size {group.max_size}; allowed: at most "
                 f"{max(0, (group.max_size - surge) // nodes)}",
             )
-        longest = f"{lw.pool_set_name(pool)}-{max(0, auto.max_replicas + s.rollout.max_surge - 1)}"
+        longest = f"{lw.set_name(pool)}-{max(0, auto.max_replicas + s.rollout.max_surge - 1)}"
         if len(longest) > STATEFULSET_NAME_MAX:
             yield FieldProblem(
                 f"pools[{i}].model.name",

@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
 from kubernetes.client import CustomObjectsApi, DiscoveryV1Api
 from kubernetes.client.exceptions import ApiException
 
-from frontier.config.schema import PoolSettings
 from frontier.errors import FrontierError
 from frontier.release.release import Release
 from frontier.rollout.gate import GateReading, judge, judge_relative, read_series
@@ -88,14 +87,10 @@ class _Split:
 
 @dataclass
 class WeightedKubernetesRollout(KubernetesRollout):
-    """A pool's Deployment rolled by traffic share; ``pool`` is the pool it acts for."""
-
-    pool: PoolSettings | None = field(default=None, kw_only=True)
+    """A pool's Deployment rolled by traffic share."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.pool is None:
-            raise FrontierError("a rollout by traffic share is handed the pool it rolls")
         self.custom = CustomObjectsApi(self.api)
         self.discovery = DiscoveryV1Api(self.api)
         rollout = self.settings.rollout
@@ -105,7 +100,6 @@ class WeightedKubernetesRollout(KubernetesRollout):
     # --- the rollout ------------------------------------------------------------------------------
 
     def run(self, release: Release, kind: str = "deploy") -> RolloutResult:
-        assert self.pool is not None
         started = self.clock.now()
         result = RolloutResult(kind=kind, release=release.id)
         canary = HostResult(f"deployment/{self.canary}", to_release=release.id)
@@ -136,7 +130,7 @@ class WeightedKubernetesRollout(KubernetesRollout):
             self._finish(release, split, stable, canary)
             stable.outcome = canary.outcome = "updated"
             with contextlib.suppress(Exception):  # an old ConfigMap left behind fails no good rollout
-                in_use = m.config_map_name(self.settings, release.files[CONFIG_FILE])
+                in_use = m.config_map_name(self.pool, release.files[CONFIG_FILE])
                 phase("prune", lambda: self.prune_configs(in_use))
         except (Exception, KeyboardInterrupt) as exc:
             result.reason = self._reason(exc)
@@ -159,6 +153,7 @@ class WeightedKubernetesRollout(KubernetesRollout):
     def _create_canary(self, release: Release, split: _Split) -> str:
         manifest = m.deployment(
             self.settings,
+            self.pool,
             release.digest,
             release.files[CONFIG_FILE],
             track="canary",
@@ -300,7 +295,7 @@ class WeightedKubernetesRollout(KubernetesRollout):
 
     def _old_pods(self) -> list[str]:
         """The stable Deployment's live pods: the old release's, while the steps run."""
-        listed = list_pods(self.api, self.namespace, m.selector(self.settings, "stable"))
+        listed = list_pods(self.api, self.namespace, m.selector(self.pool, "stable"))
         return sorted(p["metadata"]["name"] for p in listed if not p["metadata"].get("deletionTimestamp"))
 
     def _scrape(self, pods: list[str]) -> dict[str, str]:

@@ -55,7 +55,7 @@ from frontier.alarms import (
 )
 from frontier.alarms import RuntimeDown as RuntimeDownAlarm
 from frontier.config.load import read_stack
-from frontier.config.schema import SEVERITIES, Settings, Severity
+from frontier.config.schema import SEVERITIES, PoolSettings, Settings, Severity
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
 from frontier.render.alerts import HOST_DIMENSION, HOST_NAMESPACE, PROC_CPU_SYSTEM, PROC_CPU_USER, PROC_RSS
@@ -262,8 +262,9 @@ def local_watches(settings: Settings) -> Watches:
     return watches
 
 
-def scrape(settings: Settings, host: HostSpec) -> Samples:
-    with urllib.request.urlopen(runtime_url(settings, host, METRICS_PATH), timeout=2) as reply:
+def scrape(pool: PoolSettings, host: HostSpec) -> Samples:
+    """The /metrics of ``host``'s runtime, a slot of ``pool``."""
+    with urllib.request.urlopen(runtime_url(pool, host, METRICS_PATH), timeout=2) as reply:
         return parse_prometheus(reply.read().decode())
 
 
@@ -347,7 +348,9 @@ class Evaluator:
 
     def __init__(self, settings: Settings, notifier: Notifier, log: Callable[[str], None] = print) -> None:
         self.settings = settings
-        self.backend = LocalBackend(settings)
+        # The stack's balancer and endpoint; every pool's slots, each watched at its pool's runtime.
+        self.backend = LocalBackend(settings, None)
+        self.pool_backends = tuple(LocalBackend(settings, pool) for pool in settings.pools)
         self.notifier = notifier
         self.log = log
         self.watches = local_watches(settings)
@@ -357,7 +360,7 @@ class Evaluator:
         balancer = self.backend.balancer()
         changes: list[Transition | None] = []
         serving = False
-        for host in self.backend.hosts():
+        for pool, host in self._serving():
             at = time.time() if now is None else now
             serves = (Path(host.root) / CURRENT_LINK).exists()
             serving = serving or serves
@@ -365,10 +368,10 @@ class Evaluator:
                 taken_out = balancer.state(host).startswith(TAKEN_OUT)
             except (FrontierError, OSError, KeyError):
                 taken_out = False  # no balancer answer: judge the runtime alone
-            is_ready = serves and ready(self.settings, host)
+            is_ready = serves and ready(self.settings, pool, host)
             changes.append(self.down.observe(host.name, serves and not taken_out, is_ready, at))
             if is_ready:
-                changes.extend(self._metrics(host, at))
+                changes.extend(self._metrics(pool, host, at))
             else:
                 for watch in self.watches.metrics:
                     watch.forget(host.name)
@@ -384,9 +387,18 @@ class Evaluator:
             self.log(f"{change.subject(self.settings)}: {change.reason}")
         return fired
 
-    def _metrics(self, host: HostSpec, now: float) -> list[Transition | None]:
+    def _serving(self) -> list[tuple[PoolSettings, HostSpec]]:
+        """Every slot in service, with the pool it serves (a spare slot, which every pool's group may
+        launch, once: with the first pool)."""
+        serving: dict[str, tuple[PoolSettings, HostSpec]] = {}
+        for backend in self.pool_backends:
+            for host in backend.hosts():
+                serving.setdefault(host.name, (backend.pool, host))
+        return list(serving.values())
+
+    def _metrics(self, pool: PoolSettings, host: HostSpec, now: float) -> list[Transition | None]:
         try:
-            samples = scrape(self.settings, host)
+            samples = scrape(pool, host)
         except OSError:
             return []  # ready a moment ago, gone now: runtime-down judges that
         return [watch.observe(host.name, samples, now) for watch in self.watches.metrics]

@@ -54,7 +54,7 @@ from frontier_hostside.names import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontier.config.schedule import Schedule
-from frontier.config.schema import LocalAutoscaler, Settings
+from frontier.config.schema import Local, LocalAutoscaler, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
 from frontier.targets.local.group import LocalFleet
@@ -116,17 +116,16 @@ class Policy:
         return self.min_size if window is None else max(self.min_size, window)
 
     @classmethod
-    def of(cls, settings: Settings) -> Policy:
-        if settings.local is None:
-            raise FrontierError(f"stack {settings.stack!r} has no local section: nothing to autoscale here")
-        group = settings.serving_group
+    def of(cls, settings: Settings, pool: PoolSettings) -> Policy:
+        """The policy of ``pool``'s group: its node group's bounds and targets, its runtime's concurrency."""
+        group = pool.group
         return cls(
             group.target_queue_depth,
             group.min_size,
             group.max_size,
-            settings.runtime.max_concurrency,
+            pool.runtime.max_concurrency,
             group.scale_in_utilisation,
-            settings.local.autoscaler,
+            settings.section(Local).autoscaler,
             group.idle_to_zero_s,
             group.schedule,
             settings.slo.ttft_ms,
@@ -316,7 +315,8 @@ def bucket_p90_ms(before: dict[float, float], after: dict[float, float]) -> floa
 
 
 class Autoscaler:
-    """Scrape, decide, act; in the foreground (``run``) or a thread (``start``/``stop``)."""
+    """Scrape, decide, act; in the foreground (``run``) or a thread (``start``/``stop``). It scales
+    ``fleet``, the group of one pool (``fleet.pool``), on that pool's runtimes and gateway demand."""
 
     def __init__(
         self,
@@ -335,7 +335,8 @@ class Autoscaler:
             gateway_metrics_url = f"http://{gateway.admin_host}:{gateway.admin_port}{METRICS_PATH}"
         self.gateway_metrics_url = gateway_metrics_url
         self.fleet = fleet
-        self.decider = Decider(Policy.of(settings))
+        self.pool = fleet.pool
+        self.decider = Decider(Policy.of(settings, self.pool))
         self.on_observation = on_observation or (lambda _seen: None)
         self.on_decision = on_decision or (lambda _decision, _outcome: None)
         self.decisions: list[tuple[Decision, str]] = []
@@ -345,12 +346,12 @@ class Autoscaler:
 
     def observe(self) -> Observation:
         hosts = self.fleet.serving()
-        scraped = [scrape(h, self.settings.runtime.port) for h in hosts]
+        scraped = [scrape(h, self.pool.runtime.port) for h in hosts]
         answered = [s for s in scraped if s is not None]
         ttft = self._ttft_p90(answered if len(answered) == len(scraped) else None)
         demand = None
         if self.gateway_metrics_url is not None:
-            demand = scrape_gateway(self.gateway_metrics_url, self.settings.model.name)
+            demand = scrape_gateway(self.gateway_metrics_url, self.pool.name)
         return Observation(
             wall=time.time(),
             at=time.monotonic(),

@@ -9,7 +9,6 @@ surges (the slots are few, and the spare ones are the autoscaler's).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +16,9 @@ from frontier_hostside.names import HAPROXY_ADMIN_SOCKET
 from frontier_settings import FieldProblem
 
 from frontier import project
-from frontier.config.schema import Settings
-from frontier.hosts.inventory import HostSpec, ssh_connection, static_hosts
+from frontier.config.load import acting_pool
+from frontier.config.schema import Local, PoolSettings, Settings
+from frontier.hosts.inventory import HostSpec, ssh_connection
 from frontier.hosts.session import HostSession
 from frontier.release.history import HistoryStore, stack_history
 from frontier.release.release import Release
@@ -29,27 +29,32 @@ from frontier.targets.local import cluster, rules
 from frontier.targets.local import gateway as local_gateway
 from frontier.targets.local.balancer import HAProxyBalancer, balancer_backends, render_haproxy
 from frontier.targets.local.connection import LocalConnection
-from frontier.targets.local.group import LocalFleet, read_state
+from frontier.targets.local.group import LocalFleet, read_state, slot_specs
 
 
 class LocalBackend:
     kind = "local"
     creates_buckets = True
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, pool: PoolSettings | None) -> None:
         self.settings = settings
+        self._pool = pool
+
+    @property
+    def pool(self) -> PoolSettings:
+        """The pool this backend acts for (``backend_for``: the one its entry point chose)."""
+        return acting_pool(self.settings, self._pool)
 
     def hosts(self, group: str | None = None) -> list[HostSpec]:
-        group_name = group or self.settings.serving_group.name
-        slots = static_hosts(
-            self.settings, group_name, python=sys.executable, resolve_root=lambda p: str(project.resolve(p))
-        )
+        """The pool's slots in service (and any spare slot that serves), in the stack's order."""
+        slots = slot_specs(self.settings, self.pool, group)
         serving = set(read_state(self.settings, cluster.state_dir(self.settings)).in_service)
         return [h for h in slots if h.name in serving]
 
     def fleet(self, group: str | None = None) -> LocalFleet:
         return LocalFleet(
             self.settings,
+            self.pool,
             self.history_store,
             self.balancer(),
             self.connect,
@@ -64,6 +69,7 @@ class LocalBackend:
         store = self.history_store()
         return roll_hosts(
             self.settings,
+            self.pool,
             store,
             self.hosts(),
             self.balancer(),
@@ -73,7 +79,9 @@ class LocalBackend:
             reporter,
             group=self.fleet(),
             # A rollback returns to a release that served; only a deploy proves itself on the canary.
-            verification=canary_verification(self.settings, cluster.api_key(self.settings), store)
+            verification=canary_verification(
+                self.settings, self.pool, cluster.api_key(self.settings, self.pool), store
+            )
             if kind == "deploy" and self.settings.rollout.verify_canary
             else None,
         )
@@ -87,18 +95,19 @@ class LocalBackend:
         return ssh_connection(self.settings, host)
 
     def session(self, host: HostSpec) -> HostSession:
-        return HostSession(self.settings, host, self.connect(host))
+        return HostSession(self.settings, self.pool, host, self.connect(host))
 
     def balancer(self) -> HAProxyBalancer:
         return HAProxyBalancer(self.admin_socket())
 
     def admin_socket(self) -> str:
-        assert self.settings.local is not None
-        return str(project.resolve(f"{self.settings.local.state_dir}/{HAPROXY_ADMIN_SOCKET}"))
+        local = self.settings.section(Local)
+        return str(project.resolve(f"{local.state_dir}/{HAPROXY_ADMIN_SOCKET}"))
 
     def history_store(self) -> HistoryStore:
         store = stack_history(
             self.settings,
+            self.pool.name,
             self.aws_client("s3"),
             cluster.history_bucket(self.settings),
             cluster.history_prefix(self.settings),
@@ -117,7 +126,7 @@ class LocalBackend:
         # The gateway takes tenants' keys only, and which tenant a caller acts as is the caller's to say.
         if self.settings.gateway is not None:
             return None
-        return cluster.api_key(self.settings)
+        return cluster.api_key(self.settings, self.pool)
 
     def api_keys_rotated(self, secret_id: str) -> str | None:
         """The local stack keeps a client copy of its runtimes' first key (``local.up`` writes it for
@@ -130,8 +139,7 @@ class LocalBackend:
 
     def rendered_files(self, digest: str) -> dict[str, str]:
         """The balancer's haproxy.cfg, as ``local.up`` starts HAProxy with it (paths as written)."""
-        local = self.settings.local
-        assert local is not None
+        local = self.settings.section(Local)
         return {
             "balancer/haproxy.cfg": render_haproxy(
                 self.settings,

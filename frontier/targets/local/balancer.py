@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.balancer import BalancerError
 from frontier.hosts.inventory import HostSpec
@@ -30,9 +30,24 @@ from frontier.render.templates import render_template
 HAPROXY_BACKEND = "runtime"
 
 
+def server_pools(settings: Settings) -> dict[str, PoolSettings]:
+    """The pool each host slot of the stack serves, by slot name: the pool that lists it in its
+    ``hosts`` (a one-model stack's pool lists every slot unless its file names them).
+
+    A spare slot, one no pool lists, is given the stack's first pool: a one-model stack's only
+    pool, whose fleet launches it; a stack of several models gives each slot to one pool (``local.up``
+    refuses a slot of none, :func:`frontier.targets.local.iam.pool_of_host`), so there the choice only
+    writes the spare into haproxy.cfg and never decides how it serves."""
+    first, *_ = settings.pools  # the spare slots' pool, as above (not a pool this code acts for)
+    owners = {host.name: pool for pool in reversed(settings.pools) for host in pool.hosts}
+    return {host.name: owners.get(host.name, first) for host in settings.inventory.hosts}
+
+
 def balancer_backends(settings: Settings) -> list[tuple[str, str, int]]:
-    """Every host slot of the stack as an HAProxy server: (name, address, runtime port)."""
-    return [(h.name, h.address, settings.runtime.port) for h in settings.inventory.hosts]
+    """Every host slot of the stack as an HAProxy server: (name, address, runtime port), each at the
+    runtime port of the pool it serves (:func:`server_pools`; a spare slot at its first pool's)."""
+    pools = server_pools(settings)
+    return [(h.name, h.address, pools[h.name].runtime.port) for h in settings.inventory.hosts]
 
 
 def render_haproxy(
@@ -44,11 +59,21 @@ def render_haproxy(
     bind_address: str | None = None,
     stats_port: int | None = None,
 ) -> str:
-    """HAProxy config: active health checks on the readiness path, retries away from draining hosts."""
+    """HAProxy config: active health checks on the readiness path, retries away from draining hosts.
+
+    The limits come from the runtime of the pool each server serves (:func:`server_pools`; a server
+    that names no slot of the stack, its first pool's): HAProxy holds at most what every server's
+    runtime admits (its concurrency and queue) in all, hands no server more than the least of them
+    (one ``default-server`` limit for all), and queues a request as long as the most patient of
+    their queues would. A one-model stack's are its pool's."""
     servers = [(str(name), str(address), int(port)) for name, address, port in backends]
     names = [name for name, _, _ in servers]
     if len(set(names)) != len(names):
         raise FrontierError(f"haproxy backends must have distinct names, got {names}")
+    pools = server_pools(settings)
+    first, *_ = settings.pools  # a server of no slot: as a spare slot is (server_pools)
+    runtimes = [pools.get(name, first).runtime for name in names] or [first.runtime]
+    admitted = [runtime.max_concurrency + runtime.queue.max_length for runtime in runtimes]
     health = settings.health
     # Streams stay open for the whole generation; the runtime sends SSE keep-alives, so an idle
     # timeout comfortably above the keep-alive interval and the slowest answer is enough.
@@ -70,12 +95,10 @@ def render_haproxy(
         check_timeout_ms=health.timeout_s * 1000,
         fall=health.unhealthy_threshold,
         rise=health.healthy_threshold,
-        queue_timeout_ms=settings.runtime.queue.timeout_ms,
+        queue_timeout_ms=max(runtime.queue.timeout_ms for runtime in runtimes),
         stream_timeout_s=stream_timeout_s,
-        maxconn=max(
-            1, (settings.runtime.max_concurrency + settings.runtime.queue.max_length) * max(1, len(servers))
-        ),
-        server_maxconn=settings.runtime.max_concurrency + settings.runtime.queue.max_length,
+        maxconn=max(1, sum(admitted)),
+        server_maxconn=min(admitted),
     )
 
 

@@ -108,16 +108,15 @@ def resolve(path: str | Path) -> Path:
 def require_local(
     settings: Settings, purpose: str = "local.up only runs the embedded local stack (try --stack local)"
 ) -> Local:
-    """The stack's ``local:`` section; LocalStackError saying ``purpose`` where it has none."""
-    if settings.local is None:
+    """The stack's ``local:`` section; LocalStackError saying ``purpose`` where it runs elsewhere."""
+    if not isinstance(settings.platform, Local):
         raise LocalStackError(f"stack {settings.stack!r} has no 'frontier:local' section: {purpose}")
-    return settings.local
+    return settings.platform
 
 
 def state_dir(settings: Settings) -> Path:
-    require_local(settings)
-    assert settings.local is not None
-    return resolve(settings.local.state_dir)
+    local = require_local(settings)
+    return resolve(local.state_dir)
 
 
 def host_root(host: Host) -> Path:
@@ -131,15 +130,13 @@ def ssh_key_file(settings: Settings) -> Path:
 
 
 def moto_endpoint(settings: Settings) -> str:
-    require_local(settings)
-    assert settings.local is not None
-    return f"http://127.0.0.1:{settings.local.moto_port}"
+    local = require_local(settings)
+    return f"http://127.0.0.1:{local.moto_port}"
 
 
 def balancer_url(settings: Settings) -> str:
-    require_local(settings)
-    assert settings.local is not None
-    return f"http://127.0.0.1:{settings.local.balancer_port}"
+    local = require_local(settings)
+    return f"http://127.0.0.1:{local.balancer_port}"
 
 
 def admin_socket(settings: Settings) -> Path:
@@ -197,8 +194,9 @@ def aws_environment(settings: Settings):
 
 
 def bucket_names(settings: Settings) -> dict[str, str]:
-    """The buckets the local stack creates: the model's weights bucket and the history bucket."""
-    weights = settings.model.weights_uri.removeprefix("s3://").split("/", 1)[0]
+    """The buckets the local stack creates: the weights bucket (every pool's, :attr:`Settings.weights_root`)
+    and the history bucket."""
+    weights = settings.weights_root.removeprefix("s3://").split("/", 1)[0]
     return {"weights": weights, "history": history_bucket(settings)}
 
 
@@ -228,10 +226,9 @@ def api_key_file(settings: Settings, pool: PoolSettings) -> Path:
     return state_dir(settings) / f"{API_KEY_FILE}{principal_suffix(settings, pool)}"
 
 
-def api_key(settings: Settings, pool: PoolSettings | None = None) -> str:
-    """The API key of ``pool``'s runtimes (of the only pool, where none is named), from its 0600
-    file (written by ``up``)."""
-    path = api_key_file(settings, pool or settings.only_pool)
+def api_key(settings: Settings, pool: PoolSettings) -> str:
+    """The API key of ``pool``'s runtimes, from its 0600 file (written by ``up``)."""
+    path = api_key_file(settings, pool)
     if not path.exists():
         raise LocalStackError(f"{path}: no API key yet — run `fab local.up --stack {settings.stack}` first")
     return path.read_text().strip()
@@ -263,7 +260,6 @@ def _read_state(settings: Settings) -> dict:
 def up(settings: Settings) -> list[Component]:
     """Bring the local stack up; start only what is not running yet. Returns what it found or did."""
     require_local(settings)
-    assert settings.local is not None
     state = state_dir(settings)
     state.mkdir(parents=True, exist_ok=True)
     connection = _choose_connection()
@@ -291,13 +287,13 @@ def up(settings: Settings) -> list[Component]:
 
 def _check_ports(settings: Settings, state: Path, connection: str) -> None:
     """Fail before starting anything when a port of a service that is not running yet is taken."""
-    assert settings.local is not None
-    wanted = [("moto", "127.0.0.1", settings.local.moto_port)]
+    local = require_local(settings)
+    wanted = [("moto", "127.0.0.1", local.moto_port)]
     if connection == "ssh":
         wanted += [(f"sshd-{h.name}", h.address, h.ssh_port) for h in settings.inventory.hosts]
     wanted += [
-        ("haproxy", "127.0.0.1", settings.local.balancer_port),
-        ("haproxy", "127.0.0.1", settings.local.balancer_stats_port),
+        ("haproxy", "127.0.0.1", local.balancer_port),
+        ("haproxy", "127.0.0.1", local.balancer_stats_port),
     ]
     for name, address, port in wanted:
         if services.find(state, name) is None:
@@ -305,12 +301,12 @@ def _check_ports(settings: Settings, state: Path, connection: str) -> None:
 
 
 def _up_moto(settings: Settings, state: Path) -> Component:
-    assert settings.local is not None
+    local = require_local(settings)
     running = services.find(state, "moto")
     if running is not None:
         return Component("moto", "running", f"{running.endpoint} (pid {running.pid})")
     # IAM enforced from the start: the first calls make the admin user, every later one is checked.
-    service = services.start_moto(settings.local.moto_port, state, env=iam.MOTO_ENV)
+    service = services.start_moto(local.moto_port, state, env=iam.MOTO_ENV)
     return Component(
         "moto",
         "started",
@@ -558,18 +554,18 @@ def haproxy_config_path(settings: Settings) -> Path:
 
 def render_balancer_config(settings: Settings) -> str:
     """The local balancer's haproxy.cfg, rendered from the stack (backends = the host slots)."""
-    assert settings.local is not None
+    local = require_local(settings)
     return render_haproxy(
         settings,
         balancer_backends(settings),
-        bind_port=settings.local.balancer_port,
+        bind_port=local.balancer_port,
         stats_socket=str(admin_socket(settings)),
-        stats_port=settings.local.balancer_stats_port,
+        stats_port=local.balancer_stats_port,
     )
 
 
 def _up_haproxy(settings: Settings, state: Path) -> Component:
-    assert settings.local is not None
+    local = require_local(settings)
     config = haproxy_config_path(settings)
     running = services.find(state, "haproxy")
     if running is not None:
@@ -583,7 +579,7 @@ def _up_haproxy(settings: Settings, state: Path) -> Component:
     admin_socket(settings).unlink(missing_ok=True)
     config.write_text(render_balancer_config(settings))
     service = services.start_haproxy(config, state)
-    stats = f"http://127.0.0.1:{settings.local.balancer_stats_port}/stats"
+    stats = f"http://127.0.0.1:{local.balancer_stats_port}/stats"
     return Component("haproxy", "started", f"{balancer_url(settings)} (pid {service.pid}); stats {stats}")
 
 
@@ -625,9 +621,9 @@ def _up_traces(settings: Settings, state: Path) -> Component:
 
 def _stack_ports(settings: Settings) -> set[int]:
     """Every port the stack file names for a service of this machine."""
-    assert settings.local is not None
-    local = settings.local
-    ports = {local.moto_port, local.balancer_port, local.balancer_stats_port, settings.runtime.port}
+    local = require_local(settings)
+    ports = {local.moto_port, local.balancer_port, local.balancer_stats_port}
+    ports |= {pool.runtime.port for pool in settings.pools}
     ports |= {h.ssh_port for h in settings.inventory.hosts}
     if settings.gateway is not None:
         ports |= {settings.gateway.port, settings.gateway.admin_port}

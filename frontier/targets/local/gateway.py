@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from frontier.access.gateway import new_tenant_key, render_gateway_config, static_replicas
-from frontier.config.schema import Settings
+from frontier.config.schema import Local, Settings
 from frontier.targets.local import cluster, services
 
 SERVICE = "gateway"
@@ -31,8 +31,9 @@ def tenant_key(settings: Settings, tenant: str) -> str:
 
 
 def gateway_url(settings: Settings) -> str:
-    assert settings.gateway is not None and settings.local is not None
-    return f"http://{settings.local.bind_address}:{settings.gateway.port}"
+    assert settings.gateway is not None
+    local = settings.section(Local)
+    return f"http://{local.bind_address}:{settings.gateway.port}"
 
 
 def ensure_tenant_keys(settings: Settings) -> list[cluster.Component]:
@@ -74,7 +75,8 @@ def ensure_tenant_keys(settings: Settings) -> list[cluster.Component]:
 def start(settings: Settings, timeout: float = 30.0) -> list[cluster.Component]:
     """Start the gateway in front of the slots' runtimes (a running one is stopped first: its
     config may be another stack file's)."""
-    assert settings.gateway is not None and settings.local is not None
+    assert settings.gateway is not None
+    local = settings.section(Local)
     # The gateway's user reads the tenants' secrets of this stack file, and every pool's key secret.
     report = [cluster.identities(settings), *cluster.api_key_secrets(settings), *ensure_tenant_keys(settings)]
     state = cluster.state_dir(settings)
@@ -85,7 +87,7 @@ def start(settings: Settings, timeout: float = 30.0) -> list[cluster.Component]:
     config.parent.mkdir(parents=True, exist_ok=True)
     metering = str(cluster.resolve(settings.gateway.metering.uri))
     config.write_text(render_gateway_config(settings, static_replicas(settings), metering_uri=metering))
-    address, port = settings.local.bind_address, settings.gateway.port
+    address, port = local.bind_address, settings.gateway.port
     services.require_free_port(address, port, SERVICE)
     command = [sys.executable, "-m", "frontier_gateway", "serve", "--config", str(config), "--host", address]
     log = state / "gateway" / "gateway.log"

@@ -1,6 +1,7 @@
 """The local stand-in for an auto scaling group: which host slots serve, and how one joins or leaves.
 
-The stack's ``inventory.hosts`` are the slots the serving node group may use; ``min_size``,
+The stack's ``inventory.hosts`` are the slots a pool's node group may use (those the pool lists and
+the spare ones no pool lists: a one-model stack's every slot); ``min_size``,
 ``desired_size`` and ``max_size`` of that group bound how many are *in service*. Which ones are is
 kept in ``<state_dir>/group.json`` (first ``desired_size`` slots until something changes it), so
 ``deploy``, ``rollback``, ``status`` and the load test see the same fleet a cloud stack's group
@@ -46,7 +47,7 @@ from frontier_hostside.names import (
 )
 
 from frontier import project
-from frontier.config.schema import Settings
+from frontier.config.schema import Host, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.balancer import Balancer
 from frontier.hosts.inventory import HostSpec, static_hosts
@@ -111,20 +112,46 @@ class Warmed:
 
 
 def read_state(settings: Settings, state_dir: Path) -> GroupState:
-    """The group's state file; before any launch or retire, the first ``desired_size`` slots serve."""
+    """The stack's group state file; before any launch or retire, the first ``desired_size`` slots
+    of each pool (:func:`pool_slots`, its group's ``desired_size``) serve."""
     try:
         return GroupState(**json.loads((state_dir / STATE_FILE).read_text()))
     except (OSError, ValueError, TypeError):
-        names = [h.name for h in settings.inventory.hosts]
-        return GroupState(in_service=names[: settings.serving_group.desired_size])
+        names = [
+            host.name
+            for pool in settings.pools
+            for host in pool_slots(settings, pool)[: pool.group.desired_size]
+        ]
+        return GroupState(in_service=list(dict.fromkeys(names)))
+
+
+def pool_slots(settings: Settings, pool: PoolSettings) -> list[Host]:
+    """The host slots ``pool``'s group may use, in the stack's order: those the pool lists, and the
+    spare slots no pool lists (a one-model stack's pool, or a one-pool view's, has every slot)."""
+    listed = {host.name for other in settings.pools for host in other.hosts}
+    own = {host.name for host in pool.hosts}
+    return [host for host in settings.inventory.hosts if host.name in own or host.name not in listed]
+
+
+def slot_specs(settings: Settings, pool: PoolSettings, group: str | None = None) -> list[HostSpec]:
+    """:func:`pool_slots` as the hosts a task reaches (of node group ``group``, default the pool's)."""
+    names = {host.name for host in pool_slots(settings, pool)}
+    specs = static_hosts(
+        settings,
+        group or pool.group.name,
+        python=sys.executable,
+        resolve_root=lambda p: str(project.resolve(p)),
+    )
+    return [spec for spec in specs if spec.name in names]
 
 
 class LocalFleet:
-    """The serving node group of a local stack, as an auto scaling group of host slots."""
+    """The node group of ``pool``, one pool of a local stack, as an auto scaling group of host slots."""
 
     def __init__(
         self,
         settings: Settings,
+        pool: PoolSettings,
         history: Callable[[], HistoryStore],
         balancer: Balancer,
         connect: Callable[[HostSpec], object],
@@ -133,8 +160,8 @@ class LocalFleet:
         say: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
-        # The pool this fleet's slots boot (a stack of several models runs a fleet per pool's view).
-        self.pool = settings.only_pool
+        # The pool this fleet's slots boot (a stack of several models runs a fleet per pool).
+        self.pool = pool
         self.group = self.pool.group
         self.name = f"{settings.stack}-{self.group.name}"
         # The history (moto's S3) is reached only when a slot launches: sizes and refusals need none.
@@ -144,14 +171,9 @@ class LocalFleet:
         self.state_path = state_dir / STATE_FILE
         self.say = say or (lambda _line: None)
 
-    # The slots, in the order the stack lists them.
+    # The pool's slots and the spare ones, in the order the stack lists them.
     def slots(self) -> list[HostSpec]:
-        return static_hosts(
-            self.settings,
-            self.group.name,
-            python=sys.executable,
-            resolve_root=lambda p: str(project.resolve(p)),
-        )
+        return slot_specs(self.settings, self.pool)
 
     def _read(self) -> GroupState:
         return read_state(self.settings, self.state_path.parent)
@@ -174,7 +196,7 @@ class LocalFleet:
             self._write(state)
 
     def in_service(self) -> set[str]:
-        # The state file is the stack's; a fleet of one pool (``settings.for_pool``) counts its own slots.
+        # The state file is the stack's; the fleet of one pool counts its own slots (and the spares).
         return set(self._read().in_service) & {h.name for h in self.slots()}
 
     def serving(self) -> list[HostSpec]:
@@ -335,7 +357,7 @@ class LocalFleet:
             left = self.balancer.drain(
                 host, timeout=max(1.0, self.settings.rollout.deregistration_delay_s) + 30
             )
-            session = HostSession(self.settings, host, self.connect(host))
+            session = HostSession(self.settings, self.pool, host, self.connect(host))
             try:
                 stopped = session.stop()
             finally:
@@ -353,7 +375,7 @@ class LocalFleet:
         # `pulumi up` uploads the host tools of a cloud stack; here this checkout's are the truth.
         store = self._history()
         prefix = f"{store.prefix}{HOST_TOOLS_PREFIX}{self.group.name}/"
-        for key in publish_host_tools(self.settings, store):
+        for key in publish_host_tools(self.settings, self.pool, store):
             # Laid out as cloud-init's `aws s3 cp --recursive` lays them out (frontier_hostside/ a folder).
             path = root / "bin" / key[len(prefix) :]
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -391,16 +413,16 @@ class LocalFleet:
         )
 
 
-def publish_host_tools(settings: Settings, store: HistoryStore) -> list[str]:
-    """Upload the agent, the bootstrap, the names they import and the agent's configuration template
-    under ``host/<group>/`` of the history prefix: on EC2 Pulumi does this; on the local stack
-    ``local.up`` and each deploy do. The keys uploaded."""
+def publish_host_tools(settings: Settings, pool: PoolSettings, store: HistoryStore) -> list[str]:
+    """Upload the agent, the bootstrap, the names they import and ``pool``'s agent configuration
+    template under ``host/<group>/`` of the history prefix (its group's): on EC2 Pulumi does this; on
+    the local stack ``local.up`` and each deploy do. The keys uploaded."""
     keys = []
-    group = settings.serving_group
+    group = pool.group
     prefix = f"{store.prefix}{HOST_TOOLS_PREFIX}{group.name}/"
     template = render_agent_config(
         settings,
-        settings.only_pool,
+        pool,
         host=PLACEHOLDER_HOST,
         root="/",
         python=sys.executable,

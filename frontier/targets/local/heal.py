@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from frontier.config.schema import Settings
+from frontier.config.schema import PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.balancer import Balancer
 from frontier.hosts.inventory import HostSpec
@@ -40,13 +40,14 @@ def runtime_pid(host: HostSpec) -> int:
         raise FrontierError(f"{host.name}: no runtime pid in {path}: is a release running there?") from None
 
 
-def runtime_url(settings: Settings, host: HostSpec, path: str) -> str:
-    """``path`` on the runtime of the host slot ``host``."""
-    return f"http://{host.address}:{settings.runtime.port}{path}"
+def runtime_url(pool: PoolSettings, host: HostSpec, path: str) -> str:
+    """``path`` on the runtime of the host slot ``host``, a slot of ``pool``."""
+    return f"http://{host.address}:{pool.runtime.port}{path}"
 
 
-def ready(settings: Settings, host: HostSpec) -> bool:
-    url = runtime_url(settings, host, settings.health.readiness_path)
+def ready(settings: Settings, pool: PoolSettings, host: HostSpec) -> bool:
+    """The runtime of ``host``, a slot of ``pool``, answers its readiness check."""
+    url = runtime_url(pool, host, settings.health.readiness_path)
     try:
         with urllib.request.urlopen(url, timeout=1) as reply:
             return reply.status == 200
@@ -63,9 +64,10 @@ def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def kill_and_recover(
-    settings: Settings, host: HostSpec, balancer: Balancer, timeout: float = 120.0
+    settings: Settings, pool: PoolSettings, host: HostSpec, balancer: Balancer, timeout: float = 120.0
 ) -> Recovery:
-    """SIGKILL the runtime of ``host``; return once its supervisor's restart is back in rotation."""
+    """SIGKILL the runtime of ``host``, a slot of ``pool``; return once its supervisor's restart is
+    back in rotation."""
     killed = runtime_pid(host)
     os.kill(killed, signal.SIGKILL)
     started = time.perf_counter()
@@ -78,7 +80,7 @@ def kill_and_recover(
 
     _until(relaunched, 30, f"{host.name}: the supervisor did not relaunch the runtime")
     relaunched_s = time.perf_counter() - started
-    _until(lambda: ready(settings, host), timeout, f"{host.name}: the relaunched runtime was not ready")
+    _until(lambda: ready(settings, pool, host), timeout, f"{host.name}: the relaunched runtime was not ready")
     ready_s = time.perf_counter() - started
     _until(lambda: balancer.state(host) == "UP", 60, f"{host.name}: HAProxy did not put it back")
     return Recovery(host.name, killed, relaunched_s, ready_s, time.perf_counter() - started)

@@ -117,10 +117,10 @@ def host_actor(settings: Settings, pool: PoolSettings) -> str:
 
 
 def pool_of_host(settings: Settings, host: Host) -> PoolSettings:
-    """The pool whose replica ``host`` runs: the pool that lists it (a one-model stack's every host)."""
-    found = [pool for pool in settings.pools if host in pool.hosts]
-    if len(settings.pools) == 1:
-        return settings.only_pool
+    """The pool whose replica ``host`` runs: the pool that lists it (a one-model stack's every host,
+    the spare slots its pool does not list included)."""
+    alone = len(settings.pools) == 1
+    found = [pool for pool in settings.pools if alone or host in pool.hosts]
     if len(found) != 1:
         raise IdentityError(
             f"inventory host {host.name!r}: listed by {len(found)} pools ({', '.join(p.name for p in found) or 'none'}); "

@@ -20,7 +20,7 @@ from typing import Any
 
 from frontier_hostside.interruption import read_record
 
-from frontier.config.schema import Host, Settings
+from frontier.config.schema import Host, PoolSettings, Settings
 from frontier.targets.local import cluster, services
 from frontier.targets.local.backend import LocalBackend
 from frontier.targets.local.group import Warmed
@@ -93,12 +93,13 @@ def wait_handled(settings: Settings, posted: Posted, timeout_s: float) -> dict[s
         time.sleep(0.1)
 
 
-def warm_replacement(settings: Settings, say: Callable[[str], None]) -> Warmed | None:
+def warm_replacement(settings: Settings, pool: PoolSettings, say: Callable[[str], None]) -> Warmed | None:
     """The group's answer to a rebalance recommendation, as the local stack stands in for it: a
-    spare slot warmed for the current release (staged, its weights cache filled with what its start
-    reads) and left out of service, so the replacement that takes over from the host at risk
-    fetches no weights when it launches. None where the stack has no spare slot."""
-    fleet = LocalBackend(settings).fleet()
+    spare slot of ``pool``'s group (the pool of the host at risk) warmed for its current release
+    (staged, its weights cache filled with what its start reads) and left out of service, so the
+    replacement that takes over from the host at risk fetches no weights when it launches. None
+    where the group has no spare slot."""
+    fleet = LocalBackend(settings, pool).fleet()
     fleet.say = say
     return fleet.warm(settings.rollout.readiness_timeout_s + 60)
 

@@ -14,11 +14,7 @@ from frontier.config.schema import Local, Settings
 
 
 def stack_problems(s: Settings) -> Iterator[FieldProblem]:
-    local = s.local
-    if local is None:
-        yield FieldProblem("target", s.target, "needs a 'local:' section (the embedded stack)")
-        return
-    yield from _port_problems(s, local)
+    yield from _port_problems(s, s.section(Local))
     yield from _slot_problems(s)
     yield from _disaggregation_problems(s)
     yield from _traffic_split_problems(s)
