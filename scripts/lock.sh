@@ -76,7 +76,9 @@ lock gateway "${linux[@]}" -- "-e ./hostside" "-e ./gateway"
 # are in them. PyPI's Linux torch wheels are CUDA builds whose CUDA libraries are nvidia-* wheels
 # (pinned here with the rest); the CPU variant takes torch's CPU wheel, as the toolkit does.
 image=("-e ./hostside" "-e ./runtime" "setuptools>=68" "wheel")
-lock image --python-version 3.12 --python-platform x86_64-manylinux_2_39 -- "${image[@]}"
+# The CUDA image also reads its GPUs' utilisation and memory through NVML (torch.cuda.utilization
+# imports pynvml, which nvidia-ml-py provides): the runtime's GPU gauges and the load report's GPU use.
+lock image --python-version 3.12 --python-platform x86_64-manylinux_2_39 -- "${image[@]}" "nvidia-ml-py>=12.535,<14"
 lock image-cpu "${linux[@]}" -- "${image[@]}"
 # What `fab release.build` runs for each release's SBOM and audit, in its own venv
 # (.frontier/release-tools-venv, frontier/release/sbom.py): CycloneDX's generator and pip-audit.

@@ -355,20 +355,23 @@ class Evaluator:
         self.log = log
         self.watches = local_watches(settings)
         self.down = self.watches.down
+        #: A runtime has answered ready since the evaluator started: from then on the probe runs every
+        #: minute, whatever it finds. Before, the stack is still coming up (its first deploy), and a
+        #: probe then would only fail and wait a minute to try again.
+        self.has_served = False
 
     def round(self, now: float | None = None) -> list[Transition]:
         balancer = self.backend.balancer()
         changes: list[Transition | None] = []
-        serving = False
         for pool, host in self._serving():
             at = time.time() if now is None else now
             serves = (Path(host.root) / CURRENT_LINK).exists()
-            serving = serving or serves
             try:
                 taken_out = balancer.state(host).startswith(TAKEN_OUT)
             except (FrontierError, OSError, KeyError):
                 taken_out = False  # no balancer answer: judge the runtime alone
             is_ready = serves and ready(self.settings, pool, host)
+            self.has_served = self.has_served or is_ready
             changes.append(self.down.observe(host.name, serves and not taken_out, is_ready, at))
             if is_ready:
                 changes.extend(self._metrics(pool, host, at))
@@ -378,8 +381,7 @@ class Evaluator:
             if serves:
                 self._usage(host)
         at = time.time() if now is None else now
-        # Before the first deploy the stack serves nothing, and there is nothing to probe yet.
-        if serving and self.watches.probe.due(at):
+        if self.has_served and self.watches.probe.due(at):
             changes.append(self._probe(at))
         fired = [change for change in changes if change is not None]
         for change in fired:

@@ -31,6 +31,7 @@ from typing import cast
 
 import torch
 
+from frontier_runtime import interconnect
 from frontier_runtime.distributed import (
     Layout,
     Transfer,
@@ -39,7 +40,6 @@ from frontier_runtime.distributed import (
     send_to,
     start_receive,
 )
-from frontier_runtime import interconnect
 from frontier_runtime.engine.config import EngineConfig, resolve_dtype
 from frontier_runtime.engine.sequence import Sequence
 from frontier_runtime.models.llama.config import LlamaConfig

@@ -120,6 +120,13 @@ def test_torch_is_the_version_the_runtime_pins_in_both_image_locks() -> None:
         assert re.search(rf"^{re.escape(pinned)}{re.escape(local)} \\$", text, re.M), lock
 
 
+def test_the_cuda_image_reads_its_gpus_through_nvml() -> None:
+    # torch.cuda.utilization imports pynvml (nvidia-ml-py): without it the runtime's GPU gauges and
+    # the load report's GPU use read nothing on a GPU host. The CPU variant has no GPU to ask.
+    assert re.search(r"^nvidia-ml-py==[0-9.]+ \\$", (REPO / "requirements" / "image.txt").read_text(), re.M)
+    assert "nvidia-ml-py" not in (REPO / "requirements" / "image-cpu.txt").read_text()
+
+
 def test_the_final_stage_checks_the_installed_set_is_whole() -> None:
     runs = " ".join(rest for keyword, rest in _stages()[-1] if keyword == "RUN")
     assert "pip check" in runs
