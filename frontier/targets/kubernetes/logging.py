@@ -25,7 +25,6 @@ from typing import Any
 
 from frontier_hostside.names import (
     CONTAINER_NAME,
-    INSTANCE_METADATA_CIDR,
     K8S_APP_LABEL,
     K8S_INSTANCE_LABEL,
     K8S_MANAGED_BY_LABEL,
@@ -34,8 +33,8 @@ from frontier_hostside.names import (
 from frontier.config.schema import Settings
 from frontier.identity.documents import log_group_name
 from frontier.targets.kubernetes.gateway import GATEWAY_NAME
-from frontier.targets.kubernetes.monitoring import checkov_skips
-from frontier.targets.kubernetes.network_policies import POD_IDENTITY_AGENT
+from frontier.targets.kubernetes.monitoring import checkov_skips, node_agent_probes, root_agent_security
+from frontier.targets.kubernetes.network_policies import common_egress
 from frontier.targets.kubernetes.objects import Manifest, kubernetes_of
 
 # aws-for-fluent-bit 2.34.3.20260805, its linux/amd64 image (`crane digest --platform linux/amd64
@@ -183,28 +182,14 @@ def daemon_set(settings: Settings) -> Manifest:
             {"name": "AWS_DEFAULT_REGION", "value": settings.region},
         ],
         "ports": [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/api/v1/health", "port": HEALTH_PORT}, "periodSeconds": 15},
-        "livenessProbe": {
-            "httpGet": {"path": "/api/v1/health", "port": HEALTH_PORT},
-            "initialDelaySeconds": 30,
-            "periodSeconds": 30,
-            "failureThreshold": 3,
-        },
+        **node_agent_probes("/api/v1/health", HEALTH_PORT, start_s=30),
         "resources": {
             "requests": {"cpu": "50m", "memory": "64Mi"},
             "limits": {"cpu": "500m", "memory": "256Mi"},
         },
         # Root for the files (SHIPPER_CHECKOV_EXCEPTIONS), with no capability: a root process reads
         # what root owns without CAP_DAC_OVERRIDE.
-        "securityContext": {
-            "runAsUser": 0,
-            "runAsNonRoot": False,
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": root_agent_security(),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_PATH, "readOnly": True},
             {"name": "node-logs", "mountPath": NODE_LOGS, "readOnly": True},
@@ -250,26 +235,6 @@ def daemon_set(settings: Settings) -> Manifest:
 def network_policy(settings: Settings) -> Manifest:
     """In from nothing; out to DNS, HTTPS anywhere but the instance metadata service (CloudWatch Logs
     and STS have no fixed addresses), and the Pod Identity agent where the stack uses it."""
-    k = kubernetes_of(settings)
-    egress: list[dict[str, Any]] = [
-        {
-            "to": [
-                {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-                }
-            ],
-            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-        },
-        {
-            "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [INSTANCE_METADATA_CIDR]}}],
-            "ports": [{"protocol": "TCP", "port": 443}],
-        },
-    ]
-    if k.identity == "pod_identity":
-        egress.append(
-            {"to": [{"ipBlock": {"cidr": POD_IDENTITY_AGENT}}], "ports": [{"protocol": "TCP", "port": 80}]}
-        )
     return Manifest(
         "networking.k8s.io/v1",
         "NetworkPolicy",
@@ -280,7 +245,7 @@ def network_policy(settings: Settings) -> Manifest:
                 "podSelector": {"matchLabels": shipper_labels(settings)},
                 "policyTypes": ["Ingress", "Egress"],
                 "ingress": [],
-                "egress": egress,
+                "egress": common_egress(settings),
             }
         },
         labels=shipper_labels(settings),

@@ -139,6 +139,37 @@ def checkov_skips(exceptions: dict[str, str]) -> dict[str, str]:
     }
 
 
+def node_agent_probes(path: str, port: int, *, start_s: int) -> dict[str, Any]:
+    """A node agent's health over HTTP (the GPU exporter's, the log shipper's): ready while ``path``
+    answers; restarted only after three misses in a row, half a minute apart, from ``start_s`` on."""
+    return {
+        "readinessProbe": {"httpGet": {"path": path, "port": port}, "periodSeconds": 15},
+        "livenessProbe": {
+            "httpGet": {"path": path, "port": port},
+            "initialDelaySeconds": start_s,
+            "periodSeconds": 30,
+            "failureThreshold": 3,
+        },
+    }
+
+
+def root_agent_security(*added: str) -> dict[str, Any]:
+    """A node agent that runs as root (each says why in its checkov exceptions): no escalation, not
+    privileged, a read-only image, the runtime's seccomp profile, and no capability but ``added``."""
+    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
+    if added:
+        capabilities["add"] = list(added)
+    return {
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": capabilities,
+    }
+
+
 def dcgm_exporter(settings: Settings) -> list[Manifest]:
     """A DaemonSet on every GPU node, its Service and its ServiceMonitor (none without GPU pools).
 
@@ -168,14 +199,8 @@ def dcgm_exporter(settings: Settings) -> list[Manifest]:
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
         ],
         "ports": [{"name": "metrics", "containerPort": DCGM_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": DCGM_PORT}, "periodSeconds": 15},
         # The embedded host engine takes a while to enumerate the GPUs: restart only a hung exporter.
-        "livenessProbe": {
-            "httpGet": {"path": "/health", "port": DCGM_PORT},
-            "initialDelaySeconds": 60,
-            "periodSeconds": 30,
-            "failureThreshold": 3,
-        },
+        **node_agent_probes("/health", DCGM_PORT, start_s=60),
         "resources": {
             "requests": {"cpu": "100m", "memory": "128Mi"},
             "limits": {"cpu": "500m", "memory": "512Mi"},
@@ -183,15 +208,7 @@ def dcgm_exporter(settings: Settings) -> list[Manifest]:
         # Root with SYS_ADMIN and nothing else (see DCGM_CHECKOV_EXCEPTIONS). no_new_privs still holds:
         # the API server refuses allowPrivilegeEscalation false only beside the spelling CAP_SYS_ADMIN,
         # and a root process keeps the capabilities it starts with.
-        "securityContext": {
-            "runAsUser": 0,
-            "runAsNonRoot": False,
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-            "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
-        },
+        "securityContext": root_agent_security("SYS_ADMIN"),
         "volumeMounts": [
             {"name": "pod-resources", "mountPath": POD_RESOURCES, "readOnly": True},
             # Where the embedded host engine writes (its log, scratch files): the image stays read-only.

@@ -157,6 +157,8 @@ def _prometheus(settings: Settings) -> list[dict[str, Any]]:
 
 
 def common_egress(settings: Settings) -> list[dict[str, Any]]:
+    """Out to DNS, AWS's APIs and the Pod Identity agent where the stack uses it: the way out of
+    every pod of ours (runtimes, gateway, probe, log shipper), each policy adding its own peers."""
     k = kubernetes_of(settings)
     egress: list[dict[str, Any]] = [
         {
@@ -164,8 +166,8 @@ def common_egress(settings: Settings) -> list[dict[str, Any]]:
             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
         },
         {
-            # S3 (weights, metering), Secrets Manager (API keys), STS and ECR: HTTPS anywhere but
-            # the instance metadata service, whose node credentials are not the pods'.
+            # S3 (weights, metering), Secrets Manager (API keys), STS, ECR and CloudWatch Logs: HTTPS
+            # anywhere but the instance metadata service, whose node credentials are not the pods'.
             "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [INSTANCE_METADATA_CIDR]}}],
             "ports": [{"protocol": "TCP", "port": 443}],
         },
