@@ -345,19 +345,7 @@ class Rollout:
             rollout = self.settings.rollout
             for wave_name, wave in waves(self.hosts, rollout.canary_hosts, rollout.batch_size):
                 self.report(Event(",".join(h.name for h in wave), wave_name, "info"))
-                todo = []
-                for host in wave:
-                    res = results[host.name]
-                    facts: HostFacts = self._phase(
-                        res, "check", partial(lambda h: self.session(h).facts(release.id), host)
-                    )
-                    res.from_release = facts.current
-                    if facts.runs(release.id):
-                        res.outcome = "skipped"
-                        self.report(Event(host.name, "check", "info", f"already runs {release.id}"))
-                        continue
-                    self._phase(res, "stage", partial(self._stage, host, release, wheel))
-                    todo.append(host)
+                todo = self._check_and_stage(release, wheel, results, wave)
                 if not todo:
                     continue
                 self._switch(todo, results, {h.name: release.id for h in todo}, touched)
@@ -369,32 +357,65 @@ class Rollout:
                 self._gate(todo, results, old)
                 if canary:
                     self._verify(todo, results, old)
-                for host in todo:
-                    results[host.name].outcome = "updated"
-                    # A release left on disk is not worth failing a good rollout for.
-                    with contextlib.suppress(FrontierError):
-                        self._phase(results[host.name], "prune", partial(self._prune, host))
+                self._updated(todo, results)
         except (Exception, KeyboardInterrupt) as exc:  # any failure, ours, the network's or Ctrl-C, stops it
-            if isinstance(exc, KeyboardInterrupt):
-                result.reason = "interrupted by the operator"
-            elif isinstance(exc, FrontierError):
-                result.reason = str(exc)
-            else:
-                result.reason = f"{type(exc).__name__}: {exc}"
-            failing = next((r for r in result.hosts if r.outcome == "pending" and r.phases), None)
-            if failing is not None:
-                failing.error = result.reason
+            self._stopped(result, exc)
             result.outcome = "rolled_back" if self._restore(touched, results) else "failed"
         finally:
             result.duration_s = round(time.monotonic() - started, 3)
             self.close()
         return result
 
+    def _check_and_stage(
+        self,
+        release: Release,
+        wheel: Any,
+        results: dict[str, HostResult],
+        hosts: list[HostSpec] | None = None,
+    ) -> list[HostSpec]:
+        """The rollout's hosts (or ``hosts`` of them, a wave) not yet on ``release``, with it staged
+        on each while they still serve."""
+        todo = []
+        for host in self.hosts if hosts is None else hosts:
+            res = results[host.name]
+            facts: HostFacts = self._phase(
+                res, "check", partial(lambda h: self.session(h).facts(release.id), host)
+            )
+            res.from_release = facts.current
+            if facts.runs(release.id):
+                res.outcome = "skipped"
+                self.report(Event(host.name, "check", "info", f"already runs {release.id}"))
+                continue
+            self._phase(res, "stage", partial(self._stage, host, release, wheel))
+            todo.append(host)
+        return todo
+
     def _stage(self, host: HostSpec, release: Release, wheel: Any) -> str:
         return "staged" if self.session(host).stage(release, wheel) else "already staged"
 
+    def _updated(self, hosts: list[HostSpec], results: dict[str, HostResult]) -> None:
+        """``hosts`` are on the release: each is updated, then the releases it keeps are pruned."""
+        for host in hosts:
+            results[host.name].outcome = "updated"
+            # A release left on disk is not worth failing a good rollout for.
+            with contextlib.suppress(FrontierError):
+                self._phase(results[host.name], "prune", partial(self._prune, host))
+
     def _prune(self, host: HostSpec) -> str:
         return str(self.session(host).prune(self.settings.rollout.keep_releases))
+
+    @staticmethod
+    def _stopped(result: RolloutResult, exc: BaseException) -> None:
+        """Why the rollout stopped, on ``result`` and on the host whose phase failed (if one did)."""
+        if isinstance(exc, KeyboardInterrupt):
+            result.reason = "interrupted by the operator"
+        elif isinstance(exc, FrontierError):
+            result.reason = str(exc)
+        else:
+            result.reason = f"{type(exc).__name__}: {exc}"
+        failing = next((r for r in result.hosts if r.outcome == "pending" and r.phases), None)
+        if failing is not None:
+            failing.error = result.reason
 
     def _restore(self, touched: list[HostSpec], results: dict[str, HostResult]) -> bool:
         """Return every touched host to the release it ran before; True when all of them are back.

@@ -31,10 +31,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from functools import partial
-from typing import Any, Final, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 
-from frontier.config.schema import PoolSettings, Settings
+from frontier.config.schema import Gate, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.balancer import Balancer
 from frontier.hosts.inventory import HostSpec
@@ -54,6 +54,8 @@ from frontier.rollout.rolling import (
 MAX_WINDOWS: Final = 10
 #: Replicas that must stay routable at every step: one serves; none is an outage.
 ROUTABLE_FLOOR: Final = 1
+#: What serves a release during a step: a host, or a pod (by name).
+Member = TypeVar("Member")
 
 
 class RoutableLost(FrontierError):
@@ -86,6 +88,50 @@ def describe(settings: Settings) -> str:
         f"weighted: {steps} of traffic on {max(1, rollout.canary_hosts)} canary host(s), then the rest "
         f"{rollout.batch_size} at a time (rollout.traffic_steps)"
     )
+
+
+@dataclass(frozen=True)
+class StepGate(Generic[Member]):
+    """How a traffic step is held and judged, whatever serves the releases (hosts, pods): each
+    release's series, its members' /metrics summed (``scrape``), read before and after the gate's
+    window, window after window (up to :data:`MAX_WINDOWS`) until the new release has served
+    ``gate.min_requests``; then the new release's judged against the stack's limits and against
+    the old release's over the same window."""
+
+    gate: Gate
+    scrape: Callable[[list[Member]], dict[str, str]]
+    excluded_routes: set[str]
+    report: Reporter
+    sleep: Callable[[float], None] = time.sleep
+
+    def hold(self, step: TrafficStep, members: Callable[[], tuple[list[Member], list[Member]]]) -> str | None:
+        """The verdict on ``step``, recorded on it; None where it passed. ``members`` (the new
+        release's, the old release's) are asked for only where the step is gated."""
+        gate, label = self.gate, f"{step.percent}%"
+        if gate.window_s <= 0:
+            step.outcome, step.reason = "passed", "not gated: rollout.gate.window_s is 0"
+            self.report(Event(label, "step", "info", step.reason))
+            return None
+        started = time.monotonic()
+        new, old = members()
+        before_new, before_old = self.scrape(new), self.scrape(old)
+        reading = old_reading = GateReading(0, 0, None)
+        for _ in range(MAX_WINDOWS):
+            self.sleep(gate.window_s)
+            reading = read_series(before_new, self.scrape(new), self.excluded_routes)
+            old_reading = read_series(before_old, self.scrape(old), self.excluded_routes)
+            if reading.requests >= gate.min_requests:
+                break
+        step.new, step.old = reading.describe(), old_reading.describe()
+        verdict = judge(reading, gate) or judge_relative(reading, old_reading, gate)
+        elapsed = time.monotonic() - started
+        if verdict:
+            step.outcome, step.reason = "failed", verdict
+            self.report(Event(label, "step", "fail", verdict, elapsed))
+            return verdict
+        step.outcome = "passed"
+        self.report(Event(label, "step", "ok", f"new release: {step.new}; old release: {step.old}", elapsed))
+        return None
 
 
 class WeightedRollout(Rollout):
@@ -137,21 +183,9 @@ class WeightedRollout(Rollout):
                 self._invariant("the last host switched")
             elif canaries:
                 self._traffic_steps(result, results, target, touched, canaries, new, old)
-            for host in todo:
-                results[host.name].outcome = "updated"
-                # A release left on disk is not worth failing a good rollout for.
-                with contextlib.suppress(FrontierError):
-                    self._phase(results[host.name], "prune", partial(self._prune, host))
+            self._updated(todo, results)
         except (Exception, KeyboardInterrupt) as exc:  # any failure, ours, the network's or Ctrl-C, reverts
-            if isinstance(exc, KeyboardInterrupt):
-                result.reason = "interrupted by the operator"
-            elif isinstance(exc, FrontierError):
-                result.reason = str(exc)
-            else:
-                result.reason = f"{type(exc).__name__}: {exc}"
-            failing = next((r for r in result.hosts if r.outcome == "pending" and r.phases), None)
-            if failing is not None:
-                failing.error = result.reason
+            self._stopped(result, exc)
             result.outcome = "rolled_back" if self._revert(touched, results, new, old) else "failed"
         finally:
             result.duration_s = round(time.monotonic() - started, 3)
@@ -166,23 +200,6 @@ class WeightedRollout(Rollout):
                 f"rollout.traffic_steps splits a pool's traffic between two releases on separate hosts; "
                 f"this pool has {len(self.hosts)} serving host(s), it needs at least 2"
             )
-
-    def _check_and_stage(
-        self, release: Release, wheel: Any, results: dict[str, HostResult]
-    ) -> list[HostSpec]:
-        """The hosts not yet on ``release``, with it staged on each (while they still serve)."""
-        todo = []
-        for host in self.hosts:
-            res = results[host.name]
-            facts = self._phase(res, "check", partial(lambda h: self.session(h).facts(release.id), host))
-            res.from_release = facts.current
-            if facts.runs(release.id):
-                res.outcome = "skipped"
-                self.report(Event(host.name, "check", "info", f"already runs {release.id}"))
-                continue
-            self._phase(res, "stage", partial(self._stage, host, release, wheel))
-            todo.append(host)
-        return todo
 
     def _canaries(self, todo: list[HostSpec], serving: list[HostSpec]) -> list[HostSpec]:
         """``rollout.canary_hosts`` of ``todo``, at least one, leaving at least one of ``serving`` (the
@@ -236,31 +253,11 @@ class WeightedRollout(Rollout):
     def _hold_and_gate(self, step: TrafficStep, new: list[HostSpec], old: list[HostSpec]) -> None:
         """Hold the step over the gate's window and judge the new release's series against the
         stack's limits and the old release's series over the same window."""
-        gate = self.settings.rollout.gate
-        label = f"{step.percent}%"
-        if gate.window_s <= 0:
-            step.outcome, step.reason = "passed", "not gated: rollout.gate.window_s is 0"
-            self.report(Event(label, "step", "info", step.reason))
-            return
-        started = time.monotonic()
-        old = [h for h in old if self._serves(h)]  # a host with no release yet has no series
-        before_new, before_old = self._scrape(new), self._scrape(old)
-        reading = old_reading = GateReading(0, 0, None)
-        for _ in range(MAX_WINDOWS):
-            time.sleep(gate.window_s)
-            reading = read_series(before_new, self._scrape(new), self.excluded_routes)
-            old_reading = read_series(before_old, self._scrape(old), self.excluded_routes)
-            if reading.requests >= gate.min_requests:
-                break
-        step.new, step.old = reading.describe(), old_reading.describe()
-        verdict = judge(reading, gate) or judge_relative(reading, old_reading, gate)
-        elapsed = time.monotonic() - started
+        gate = StepGate(self.settings.rollout.gate, self._scrape, self.excluded_routes, self.report)
+        # A host with no release yet has no series.
+        verdict = gate.hold(step, lambda: (new, [h for h in old if self._serves(h)]))
         if verdict:
-            step.outcome, step.reason = "failed", verdict
-            self.report(Event(label, "step", "fail", verdict, elapsed))
             raise FrontierError(f"traffic step {step.percent} %: {verdict}")
-        step.outcome = "passed"
-        self.report(Event(label, "step", "ok", f"new release: {step.new}; old release: {step.old}", elapsed))
 
     def _invariant(self, after: str) -> int:
         """How many replicas are routable after a step; fewer than the floor raises RoutableLost."""

@@ -41,7 +41,7 @@ from frontier.rollout.canary import CanaryVerification, judge_verification
 from frontier.rollout.gate import GateReading, judge, judge_relative, read_gate
 from frontier.rollout.rolling import Event, HostResult, Reporter, RolloutResult
 from frontier.targets.kubernetes import manifests as m
-from frontier.targets.kubernetes.objects import TEMPLATE_HASH_ANNOTATION
+from frontier.targets.kubernetes.objects import TEMPLATE_HASH_ANNOTATION, Manifest
 from frontier.targets.kubernetes.portforward import pod_tunnel
 from frontier.verify import VerifyReport
 
@@ -335,22 +335,12 @@ class KubernetesRollout:
 
     def run(self, release: Release, kind: str = "deploy") -> RolloutResult:
         started = self.clock.now()
-        result = RolloutResult(kind=kind, release=release.id)
-        canary = HostResult(f"deployment/{self.canary}", to_release=release.id)
-        stable = HostResult(f"deployment/{self.name}", to_release=release.id)
-        result.hosts = [canary, stable]
+        result, canary, stable = self._results(release, kind)
         timeout = self.settings.rollout.readiness_timeout_s
         previous: dict[str, Any] | None = None
         try:
-            live = self.deployment(self.name)
+            live = self._check(release, canary, stable)
             if live is None:
-                self.current_release()  # raises, naming what to do
-            assert live is not None
-            stable.from_release = canary.from_release = self.current_release()
-            if stable.from_release == release.id and self._same_shape(live, release):
-                self.wait_available(self.name, timeout)
-                stable.outcome = canary.outcome = "skipped"
-                self.report(Event(stable.name, "check", "info", f"already runs {release.id}"))
                 return result
             steps = _Step(stable, self.report)
             steps.phase("config", lambda: self._ensure_config(release))
@@ -377,28 +367,64 @@ class KubernetesRollout:
                 in_use = m.config_map_name(self.pool, release.files[CONFIG_FILE])
                 steps.phase("prune", lambda: self.prune_configs(in_use))
         except (Exception, KeyboardInterrupt) as exc:
-            result.reason = self._reason(exc)
-            failing = next((r for r in (canary, stable) if r.outcome == "pending" and r.phases), stable)
-            failing.error = result.reason
+            self._stopped(result, exc, canary, stable)
             result.outcome = "rolled_back" if self._restore(canary, stable, previous) else "failed"
         finally:
             result.duration_s = round(self.clock.now() - started, 3)
         return result
 
-    def _canary(self, release: Release, step: _Step, timeout: float) -> None:
-        manifest = m.deployment(
+    def _results(self, release: Release, kind: str) -> tuple[RolloutResult, HostResult, HostResult]:
+        """A run's result, with an entry for the canary Deployment and one for the stable one."""
+        result = RolloutResult(kind=kind, release=release.id)
+        canary = HostResult(f"deployment/{self.canary}", to_release=release.id)
+        stable = HostResult(f"deployment/{self.name}", to_release=release.id)
+        result.hosts = [canary, stable]
+        return result, canary, stable
+
+    def _check(self, release: Release, canary: HostResult, stable: HostResult) -> dict[str, Any] | None:
+        """The live Deployment, the release it runs noted on both entries; None where it runs
+        ``release`` already, in the shape this stack renders (both skipped once it is available)."""
+        live = self.deployment(self.name)
+        if live is None:
+            self.current_release()  # raises, naming what to do
+        assert live is not None
+        stable.from_release = canary.from_release = self.current_release()
+        if stable.from_release == release.id and self._same_shape(live, release):
+            self.wait_available(self.name, self.settings.rollout.readiness_timeout_s)
+            stable.outcome = canary.outcome = "skipped"
+            self.report(Event(stable.name, "check", "info", f"already runs {release.id}"))
+            return None
+        return live
+
+    def _stopped(
+        self, result: RolloutResult, exc: BaseException, canary: HostResult, stable: HostResult
+    ) -> None:
+        """Why the run stopped, on ``result`` and on the Deployment whose phase failed (the stable
+        one where no phase had begun)."""
+        result.reason = self._reason(exc)
+        failing = next((r for r in (canary, stable) if r.outcome == "pending" and r.phases), stable)
+        failing.error = result.reason
+
+    def _canary_deployment(self, release: Release, replicas: int) -> Manifest:
+        return m.deployment(
             self.settings,
             self.pool,
             release.digest,
             release.files[CONFIG_FILE],
             track="canary",
-            replicas=self.settings.rollout.canary_hosts,
+            replicas=replicas,
             release_id=release.id,
         )
 
+    def _create_canary(self, manifest: Manifest) -> None:
+        self._delete_canary()  # a canary left by an interrupted rollout is not this release's
+        self.apps.create_namespaced_deployment(self.namespace, manifest.to_dict(), **CALL)
+
+    def _canary(self, release: Release, step: _Step, timeout: float) -> None:
+        manifest = self._canary_deployment(release, self.settings.rollout.canary_hosts)
+
         def create() -> str:
-            self._delete_canary()  # a canary left by an interrupted rollout is not this release's
-            self.apps.create_namespaced_deployment(self.namespace, manifest.to_dict(), **CALL)
+            self._create_canary(manifest)
             return f"{manifest.name}: {self.settings.rollout.canary_hosts} replica(s)"
 
         step.phase("canary", create)

@@ -33,7 +33,6 @@ pods during a revert than when it began.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
@@ -43,9 +42,8 @@ from kubernetes.client.exceptions import ApiException
 
 from frontier.errors import FrontierError
 from frontier.release.release import Release
-from frontier.rollout.gate import GateReading, judge, judge_relative, read_series
 from frontier.rollout.rolling import Event, HostResult, RolloutResult, TrafficStep
-from frontier.rollout.weighted import MAX_WINDOWS, ROUTABLE_FLOOR, RoutableLost
+from frontier.rollout.weighted import ROUTABLE_FLOOR, RoutableLost, StepGate
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes import shares
 from frontier.targets.kubernetes.rollout import (
@@ -101,21 +99,11 @@ class WeightedKubernetesRollout(KubernetesRollout):
 
     def run(self, release: Release, kind: str = "deploy") -> RolloutResult:
         started = self.clock.now()
-        result = RolloutResult(kind=kind, release=release.id)
-        canary = HostResult(f"deployment/{self.canary}", to_release=release.id)
-        stable = HostResult(f"deployment/{self.name}", to_release=release.id)
-        result.hosts = [canary, stable]
+        result, canary, stable = self._results(release, kind)
         split: _Split | None = None
         try:
-            live = self.deployment(self.name)
+            live = self._check(release, canary, stable)
             if live is None:
-                self.current_release()  # raises, naming what to do
-            assert live is not None
-            stable.from_release = canary.from_release = self.current_release()
-            if stable.from_release == release.id and self._same_shape(live, release):
-                self.wait_available(self.name, self.settings.rollout.readiness_timeout_s)
-                stable.outcome = canary.outcome = "skipped"
-                self.report(Event(stable.name, "check", "info", f"already runs {release.id}"))
                 return result
             running = int(live["spec"].get("replicas", 1))
             split = _Split(total=max(running, shares.rollout_replicas(self.pool)), stable=running)
@@ -125,7 +113,7 @@ class WeightedKubernetesRollout(KubernetesRollout):
             phase("config", lambda: self._ensure_config(release))
             phase("pause", lambda: self._pause(split))
             phase("scale", lambda: self._scale(self.name, split, split.total))
-            _Step(canary, self.report).phase("canary", lambda: self._create_canary(release, split))
+            _Step(canary, self.report).phase("canary", lambda: self._add_canary(release, split))
             self._steps(release, result, split, canary)
             self._finish(release, split, stable, canary)
             stable.outcome = canary.outcome = "updated"
@@ -133,9 +121,7 @@ class WeightedKubernetesRollout(KubernetesRollout):
                 in_use = m.config_map_name(self.pool, release.files[CONFIG_FILE])
                 phase("prune", lambda: self.prune_configs(in_use))
         except (Exception, KeyboardInterrupt) as exc:
-            result.reason = self._reason(exc)
-            failing = next((r for r in (canary, stable) if r.outcome == "pending" and r.phases), stable)
-            failing.error = result.reason
+            self._stopped(result, exc, canary, stable)
             result.outcome = "rolled_back" if self._revert(split, stable, canary) else "failed"
         finally:
             result.duration_s = round(self.clock.now() - started, 3)
@@ -150,18 +136,9 @@ class WeightedKubernetesRollout(KubernetesRollout):
                 f"rollout.traffic_steps on {total} replicas: " + "; ".join(p.describe() for p in problems)
             )
 
-    def _create_canary(self, release: Release, split: _Split) -> str:
-        manifest = m.deployment(
-            self.settings,
-            self.pool,
-            release.digest,
-            release.files[CONFIG_FILE],
-            track="canary",
-            replicas=0,
-            release_id=release.id,
-        )
-        self._delete_canary()  # a canary left by an interrupted rollout is not this release's
-        self.apps.create_namespaced_deployment(self.namespace, manifest.to_dict(), **CALL)
+    def _add_canary(self, release: Release, split: _Split) -> str:
+        manifest = self._canary_deployment(release, replicas=0)
+        self._create_canary(manifest)
         split.canary_made = True
         return f"{manifest.name}: 0 replicas, no traffic yet"
 
@@ -302,31 +279,12 @@ class WeightedKubernetesRollout(KubernetesRollout):
         return {pod: self.metrics(pod) for pod in pods}
 
     def _hold_and_gate(self, step: TrafficStep, release: Release) -> None:
-        gate = self.settings.rollout.gate
-        label = f"{step.percent}%"
-        if gate.window_s <= 0:
-            step.outcome, step.reason = "passed", "not gated: rollout.gate.window_s is 0"
-            self.report(Event(label, "step", "info", step.reason))
-            return
-        new, old = self.pods("canary", release.id), self._old_pods()
-        before_new, before_old = self._scrape(new), self._scrape(old)
-        reading = old_reading = GateReading(0, 0, None)
-        started = time.monotonic()
-        for _ in range(MAX_WINDOWS):
-            self.clock.sleep(gate.window_s)
-            reading = read_series(before_new, self._scrape(new), self.excluded_routes)
-            old_reading = read_series(before_old, self._scrape(old), self.excluded_routes)
-            if reading.requests >= gate.min_requests:
-                break
-        step.new, step.old = reading.describe(), old_reading.describe()
-        verdict = judge(reading, gate) or judge_relative(reading, old_reading, gate)
-        elapsed = time.monotonic() - started
+        gate = StepGate(
+            self.settings.rollout.gate, self._scrape, self.excluded_routes, self.report, self.clock.sleep
+        )
+        verdict = gate.hold(step, lambda: (self.pods("canary", release.id), self._old_pods()))
         if verdict:
-            step.outcome, step.reason = "failed", verdict
-            self.report(Event(label, "step", "fail", verdict, elapsed))
             raise KubernetesRolloutError(f"traffic step {step.percent} %: {verdict}")
-        step.outcome = "passed"
-        self.report(Event(label, "step", "ok", f"new release: {step.new}; old release: {step.old}", elapsed))
 
     # --- the revert -------------------------------------------------------------------------------
 
