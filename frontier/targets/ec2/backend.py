@@ -20,16 +20,15 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
 from frontier_hostside.names import DEPLOYING_POINTER, HOST_ROOT
-from frontier_runtime.storage.secrets import parse_keys
 from frontier_settings import FieldProblem
 
 from frontier import aws
-from frontier.config.load import acting_pool
 from frontier.config.outputs import Ec2Outputs
 from frontier.config.schema import PoolSettings, Settings
 from frontier.hosts.balancer import Balancer
@@ -44,10 +43,10 @@ from frontier.release.history import (
     iso,
     now,
     operator,
-    stack_history,
 )
 from frontier.release.release import Release
 from frontier.render.boot import replica_nodes
+from frontier.rollout.aws_target import AwsTarget
 from frontier.rollout.canary import CanaryVerification, canary_verification
 from frontier.rollout.rolling import Event, Reporter, RolloutResult
 from frontier.rollout.strategy import roll_hosts
@@ -64,19 +63,26 @@ from frontier.targets.ec2.replicas import claimed_slots, in_replica_order
 LAUNCH_ALLOWANCE_S = 900
 
 
-class Ec2Backend:
+@dataclass(frozen=True)
+class RolloutEnd:
+    """How a rollout of ``release`` ended, with what the steps after it need: the stack's history
+    (its lock, its last good release), the result they add to, where they report, and how long
+    they wait for a host the group still launches."""
+
+    store: HistoryStore
+    release: Release
+    result: RolloutResult
+    reporter: Reporter | None
+    launch_timeout_s: float
+
+
+class Ec2Backend(AwsTarget):
     kind = "ec2"
     creates_buckets = False
 
     def __init__(self, settings: Settings, pool: PoolSettings | None) -> None:
-        self.settings = settings
-        self._pool = pool
+        super().__init__(settings, pool)
         self._key: InstanceConnectKey | None = None
-
-    @property
-    def pool(self) -> PoolSettings:
-        """The pool this backend acts for (``backend_for``: the one its entry point chose)."""
-        return acting_pool(self.settings, self._pool)
 
     def hosts(self, group: str | None = None) -> list[HostSpec]:
         """The hosts of ``group``; by default the pool's, a disaggregated pool's both halves in the
@@ -133,12 +139,6 @@ class Ec2Backend:
         if self.settings.rollout.traffic_steps:
             return weighted_balancer(self.aws_client("elbv2"), outputs)
         return AlbBalancer(self.aws_client("elbv2"), outputs.target_group_arn)
-
-    def history_store(self) -> HistoryStore:
-        outputs = self.outputs()
-        return stack_history(
-            self.settings, self.pool.name, self.aws_client("s3"), outputs.history_bucket, outputs.history_prefix
-        )
 
     def fleet(self, group: str | None = None) -> AsgFleet | None:
         """The node group's auto scaling group; None for a static inventory (a fixed fleet)."""
@@ -232,13 +232,8 @@ class Ec2Backend:
             with contextlib.suppress(Exception):
                 withdraw_the_release_being_rolled(store, held)
             raise
-        if not self.still_holds(store, held, result, reporter):
-            return result
-        if result.outcome != "succeeded":
-            withdraw_the_release_being_rolled(store, held)
-        for fleet, rolled in pair.rolled.values():
-            if fleet is not None:
-                self.catch_up(fleet, store, rolled, release, result, reporter, launch_timeout_s)
+        end = RolloutEnd(store, release, result, reporter, launch_timeout_s)
+        self._conclude(end, held, pair.rolled.values())
         return result
 
     def canary_check(self, store: HistoryStore, kind: str) -> CanaryVerification | None:
@@ -300,13 +295,22 @@ class Ec2Backend:
         makes this release the stack's current one behind the new holder's back). Without
         ``held`` (a roll outside any lock) nothing is checked.
         """
-        if not self.still_holds(store, held, result, reporter):
+        self._conclude(
+            RolloutEnd(store, release, result, reporter, launch_timeout_s), held, [(fleet, rolled)]
+        )
+
+    def _conclude(
+        self, end: RolloutEnd, held: LockInfo | None, groups: Iterable[tuple[AsgFleet | None, list[HostSpec]]]
+    ) -> None:
+        """:meth:`conclude` over each group the rollout rolled (none for a fixed fleet), with the
+        hosts it had as the rollout started."""
+        if not self.still_holds(end.store, held, end.result, end.reporter):
             return
-        if result.outcome != "succeeded":
-            withdraw_the_release_being_rolled(store, held)
-        if fleet is None:
-            return
-        self.catch_up(fleet, store, rolled, release, result, reporter, launch_timeout_s)
+        if end.result.outcome != "succeeded":
+            withdraw_the_release_being_rolled(end.store, held)
+        for fleet, rolled in groups:
+            if fleet is not None:
+                self.catch_up(fleet, rolled, end)
 
     def still_holds(
         self, store: HistoryStore, held: LockInfo | None, result: RolloutResult, reporter: Reporter | None
@@ -322,35 +326,17 @@ class Ec2Backend:
         result.reason = "; ".join(part for part in (result.reason, lost) if part)
         return False
 
-    def catch_up(
-        self,
-        fleet: AsgFleet,
-        store: HistoryStore,
-        rolled: list[HostSpec],
-        release: Release,
-        result: RolloutResult,
-        reporter: Reporter | None,
-        launch_timeout_s: float,
-    ) -> None:
-        """The hosts of ``fleet`` that joined while ``result`` ran brought to the release the stack
+    def catch_up(self, fleet: AsgFleet, rolled: list[HostSpec], end: RolloutEnd) -> None:
+        """The hosts of ``fleet`` that joined while the rollout ran brought to the release the stack
         ends on; once a release succeeded, the group's replacement of unhealthy hosts on."""
-        self._final_pass(fleet, store, rolled, release, result, reporter, launch_timeout_s)
-        if result.outcome == "succeeded" and not fleet.replaces_unhealthy():
+        self._final_pass(fleet, rolled, end)
+        if end.result.outcome == "succeeded" and not fleet.replaces_unhealthy():
             fleet.replace_unhealthy()
 
-    def _final_pass(
-        self,
-        fleet: AsgFleet,
-        store: HistoryStore,
-        rolled: list[HostSpec],
-        release: Release,
-        result: RolloutResult,
-        reporter: Reporter | None,
-        launch_timeout_s: float,
-    ) -> None:
-        """Roll the release the stack ends on over the hosts that joined while ``result`` ran."""
-        report = reporter or (lambda event: None)
-        still_launching = fleet.settle(launch_timeout_s)
+    def _final_pass(self, fleet: AsgFleet, rolled: list[HostSpec], end: RolloutEnd) -> None:
+        """Roll the release the stack ends on over the hosts that joined while the rollout ran."""
+        result, report = end.result, end.reporter or (lambda event: None)
+        still_launching = fleet.settle(end.launch_timeout_s)
         if still_launching:
             report(Event("-", "final pass", "info", f"still launching: {', '.join(sorted(still_launching))}"))
         try:
@@ -361,10 +347,10 @@ class Ec2Backend:
         if not joined:
             return
         if result.outcome == "succeeded":
-            wanted: Release | None = release
+            wanted: Release | None = end.release
         else:
-            good = store.last_good()
-            wanted = store.get_release(good["release"]) if good else None
+            good = end.store.last_good()
+            wanted = end.store.get_release(good["release"]) if good else None
         names = ", ".join(h.name for h in joined)
         if wanted is None:
             report(
@@ -381,13 +367,13 @@ class Ec2Backend:
         caught_up = roll_hosts(
             self.settings,
             self.pool,
-            store,
+            end.store,
             joined,
             self.balancer(),
             self.connect,
             wanted,
             result.kind,
-            reporter,
+            end.reporter,
             group=fleet,
         )
         result.hosts += caught_up.hosts
@@ -408,18 +394,6 @@ class Ec2Backend:
             autoscaling, group, refresh_id, timeout_s=timeout_s, poll_s=gateway_rolls.POLL_S, report=report
         )
 
-    def runtime_key(self) -> str | None:
-        """The runtimes' API key (the first of the stack's secret), for the canary's verification,
-        which reaches one runtime directly through its host's SSH connection."""
-        secret_id = self.pool.runtime.api_keys_secret
-        if not secret_id:
-            return None
-        value = self.aws_client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
-        return parse_keys(value, secret_id)[0]  # the runtime's own reading of the secret
-
-    def aws_client(self, service: str) -> Any:
-        return aws.client(self.settings, service)
-
     def connect(self, host: HostSpec) -> Any:
         """SSH to ``host`` by the stack's path (its outputs' ``host_access``), admitted by this run's key."""
         if self._key is None:
@@ -429,15 +403,6 @@ class Ec2Backend:
 
     def session(self, host: HostSpec) -> HostSession:
         return HostSession(self.settings, self.pool, host, self.connect(host))
-
-    def endpoint(self) -> str:
-        return self.outputs().endpoint
-
-    def api_key(self) -> str | None:
-        return None
-
-    def api_keys_rotated(self, secret_id: str) -> str | None:
-        return None  # clients and the gateway read the secret itself
 
     def stack_problems(self) -> Iterator[FieldProblem]:
         return rules.stack_problems(self.settings)

@@ -28,19 +28,17 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from frontier_runtime.storage.secrets import parse_keys
 from frontier_settings import FieldProblem
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 
 from frontier import aws
-from frontier.config.load import acting_pool
 from frontier.config.outputs import KubernetesOutputs
 from frontier.config.schema import Kubernetes, PoolSettings, Settings
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
-from frontier.release.history import HistoryStore, stack_history
 from frontier.release.release import Release
+from frontier.rollout.aws_target import AwsTarget
 from frontier.rollout.canary import CanaryVerification, canary_verification
 from frontier.rollout.rolling import Reporter, RolloutResult
 from frontier.targets.kubernetes import disaggregation as pd
@@ -63,23 +61,17 @@ def kubeconfig_for(settings: Settings) -> tuple[str, str]:
     return path, k.cluster.name
 
 
-class KubernetesBackend:
+class KubernetesBackend(AwsTarget):
     kind = "kubernetes"
     creates_buckets = False
 
     def __init__(
         self, settings: Settings, pool: PoolSettings | None, api: ApiClient | None = None, clock: Clock | None = None
     ) -> None:
-        self.settings = settings
-        self._pool = pool
+        super().__init__(settings, pool)
         self._api = api
         self.clock = clock or Clock()
         self._pods: dict[str, dict[str, Any]] = {}
-
-    @property
-    def pool(self) -> PoolSettings:
-        """The pool this backend acts for (``backend_for``: the one its entry point chose)."""
-        return acting_pool(self.settings, self._pool)
 
     def api(self) -> ApiClient:
         if self._api is None:
@@ -144,24 +136,6 @@ class KubernetesBackend:
         """What ``pulumi up`` of the stack exported, as saved for ``fab``."""
         return aws.stack_outputs(self.settings, KubernetesOutputs[str])
 
-    def history_store(self) -> HistoryStore:
-        outputs = self.outputs()
-        return stack_history(
-            self.settings, self.pool.name, self.aws_client("s3"), outputs.history_bucket, outputs.history_prefix
-        )
-
-    def aws_client(self, service: str) -> Any:
-        return aws.client(self.settings, service)
-
-    def endpoint(self) -> str:
-        return self.outputs().endpoint
-
-    def api_key(self) -> str | None:
-        return None
-
-    def api_keys_rotated(self, secret_id: str) -> str | None:
-        return None  # clients and the gateway read the secret itself
-
     def rollout(
         self, reporter: Reporter | None = None, verification: CanaryVerification | None = None
     ) -> KubernetesRollout | PairRollout:
@@ -186,15 +160,6 @@ class KubernetesBackend:
         return KubernetesRollout(
             self.settings, self.pool, self.api(), reporter, self.clock, verification=verification
         )
-
-    def runtime_key(self) -> str | None:
-        """The pool's runtimes' API key (the first of its own secret), for the canary's verification,
-        which reaches one pod directly over a port-forward stream."""
-        secret_id = self.pool.runtime.api_keys_secret
-        if not secret_id:
-            return None
-        value = self.aws_client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
-        return parse_keys(value, secret_id)[0]  # the runtime's own reading of the secret
 
     def rollout_size(self) -> int:
         """The pods the Deployment may run at most, both halves' of a disaggregated pool (asked
