@@ -129,14 +129,11 @@ def measure(threads: int) -> CpuMeasurement:
         with tempfile.TemporaryDirectory(prefix="frontier-cpu-fit-") as tmp:
             model_dir = make_tiny_checkpoint(Path(tmp) / "tiny")
             per_layer, per_seq = fit_engine_overhead(model_dir, threads, bandwidth, flops)
-            per_request, per_token = fit_server_overhead(
-                model_dir, threads, bandwidth, flops, per_layer, per_seq
-            )
+            engine = FittedEngine(bandwidth, flops, per_layer, per_seq)
+            per_request, per_token = fit_server_overhead(model_dir, threads, engine)
             moe_dir = make_moe_checkpoint(Path(tmp) / "moe")
             tile = ROW_TILE.get(kernel, 1)
-            per_moe_layer, per_expert = fit_moe_overhead(
-                moe_dir, threads, bandwidth, flops, per_layer, per_seq, tile
-            )
+            per_moe_layer, per_expert = fit_moe_overhead(moe_dir, threads, engine, tile)
     finally:
         torch.set_num_threads(previous)
     return CpuMeasurement(
@@ -250,14 +247,26 @@ def make_moe_checkpoint(out: Path) -> Path:
     return model_dir
 
 
+@dataclass(frozen=True)
+class FittedEngine:
+    """The CPU as measured (the engine's bandwidth and FLOP/s) and the engine's own time per layer
+    and per sequence of a step as fitted on the dense checkpoint: the roofline the later fits (the
+    server's overhead, the experts') measure against."""
+
+    bandwidth: float
+    flops: float
+    per_layer: float
+    per_seq: float
+
+    def device(self) -> Any:
+        return _measured_device(self.bandwidth, self.flops)
+
+    def efficiency(self, source: str, **terms: Any) -> Any:
+        return _fitted(source, self.per_layer, self.per_seq, **terms)
+
+
 def fit_moe_overhead(
-    model_dir: Path,
-    threads: int,
-    bandwidth: float,
-    flops: float,
-    per_layer: float,
-    per_seq: float,
-    row_tile: int,
+    model_dir: Path, threads: int, engine: FittedEngine, row_tile: int
 ) -> tuple[float, float]:
     """The engine's own time per sparse layer and per expert GEMM of a decode step: measured steps
     of the sparse checkpoint ``model_dir`` at concurrency 1 and 32, less the roofline of those steps
@@ -268,8 +277,8 @@ def fit_moe_overhead(
     cfg = json.loads((model_dir / "config.json").read_text())
     measured = _engine_decode_steps(model_dir, threads)
     replica = replica_of_config(cfg)
-    device = _measured_device(bandwidth, flops)
-    dense = _fitted("dense fit", per_layer, per_seq, gemm_row_tile=row_tile, expert_gemms="serial")
+    device = engine.device()
+    dense = engine.efficiency("dense fit", gemm_row_tile=row_tile, expert_gemms="serial")
     context = FIT_PROMPT + FIT_OUTPUT / 2
     sh = replica.shape
     per_layer_residual = {
@@ -346,14 +355,7 @@ def replica_of_config(cfg: dict[str, Any], max_batch: int = max(FIT_CONCURRENCY)
     return Replica(shape, 1, kv_per_token, max_batch, 2048, max_batch, True)
 
 
-def fit_server_overhead(
-    model_dir: Path,
-    threads: int,
-    bandwidth: float,
-    flops: float,
-    per_layer: float,
-    per_seq: float,
-) -> tuple[float, float]:
+def fit_server_overhead(model_dir: Path, threads: int, engine: FittedEngine) -> tuple[float, float]:
     """The runtime server's own time per request and per streamed token, where it shares the
     engine's cores: a real runtime process's CPU time over streamed completions sent
     ``SERVER_CONCURRENCY`` at a time, less the engine's steps as the roofline models them at that
@@ -390,13 +392,12 @@ def fit_server_overhead(
                 )
             prompt = _prompt_tokens(client)
     replica = replica_of_config(cfg)
-    device = _measured_device(bandwidth, flops)
-    engine = _fitted("fitted", per_layer, per_seq)
+    device, fitted = engine.device(), engine.efficiency("fitted")
     c = SERVER_CONCURRENCY  # requests arrive together: a step prefills, then decodes, c of them at once
     prefill_s = (
         step(
             device,
-            engine,
+            fitted,
             replica,
             decode_seqs=0,
             prefill_tokens=prompt * c,
@@ -405,7 +406,7 @@ def fit_server_overhead(
         ).total_s
         / c
     )
-    decode_s = step(device, engine, replica, decode_seqs=c, context=prompt + SERVER_TOKENS / 2).total_s / c
+    decode_s = step(device, fitted, replica, decode_seqs=c, context=prompt + SERVER_TOKENS / 2).total_s / c
     (cpu_one, tokens_one), (cpu_many, tokens_many) = one, many
     per_token = (cpu_many - cpu_one - (tokens_many - tokens_one) * decode_s) / max(
         1, tokens_many - tokens_one
