@@ -17,7 +17,7 @@ import base64
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import pulumi
 import pulumi_aws as aws
@@ -414,9 +414,14 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 warmup_s=args.instance_warmup_s,
             )
         elif args.scale_on == "running_requests":
-            self._track_running_requests(name, asg.name, args, child)
+            # Each host held at ``scale_in_utilisation`` of its concurrency: the scale-in rule removes
+            # a replica only when the rest would stay at or under the same share, so the two never
+            # undo each other.
+            target = args.max_concurrency * group.scale_in_utilisation
+            self._track_per_host(f"{name}-running", asg.name, RUNNING_REQUESTS_METRIC, target, args, child)
         else:
-            self._track_queue_depth(name, asg.name, args, child)
+            target = group.target_queue_depth
+            self._track_per_host(f"{name}-queue-depth", asg.name, QUEUE_DEPTH_METRIC, target, args, child)
         if args.ttft_scale_out_ms is not None:
             scale_out_on_ttft(
                 f"{name}-ttft",
@@ -450,57 +455,34 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self.register_outputs({"asg_name": asg.name, "launch_template_id": template.id})
 
     @staticmethod
-    def _track_queue_depth(
-        name: str, asg_name: pulumi.Output[str], args: NodeGroupArgs, opts: pulumi.ResourceOptions
+    def _track_per_host(
+        name: str,
+        asg_name: pulumi.Output[str],
+        metric_name: str,
+        target: float,
+        args: NodeGroupArgs,
+        opts: pulumi.ResourceOptions,
     ) -> None:
+        """Target tracking of ``metric_name`` at ``target`` a host, scale-out only: tracking a queue
+        that is empty at any steady load would take the group to min_size; infra/scale_in.py decides
+        when hosts go."""
         group = args.group
         aws.autoscaling.Policy(
-            f"{name}-queue-depth",
+            name,
             autoscaling_group_name=asg_name,
             policy_type="TargetTrackingScaling",
             estimated_instance_warmup=args.instance_warmup_s,
             target_tracking_configuration={
-                # Scale-out only: tracking a queue that is empty at any steady load would take the
-                # group to min_size; infra/scale_in.py decides when hosts go.
                 "disable_scale_in": True,
-                "target_value": group.target_queue_depth,
+                "target_value": target,
                 "customized_metric_specification": {
                     "namespace": CLOUDWATCH_NAMESPACE,
-                    "metric_name": QUEUE_DEPTH_METRIC,
+                    "metric_name": metric_name,
                     "metric_dimensions": [
                         {"name": key, "value": value}
                         for key, value in zip(CLOUDWATCH_DIMENSIONS, (args.stack, group.name), strict=True)
                     ],
                     # Every host publishes under the group's dimensions: the average is per host.
-                    "statistic": "Average",
-                },
-            },
-            opts=opts,
-        )
-
-    @staticmethod
-    def _track_running_requests(
-        name: str, asg_name: pulumi.Output[str], args: NodeGroupArgs, opts: pulumi.ResourceOptions
-    ) -> None:
-        """Scale-out holding each host at ``scale_in_utilisation`` of its concurrency, on the
-        RunningRequests its hosts publish: the scale-in rule removes a replica only when the rest
-        would stay at or under the same share, so the two never undo each other."""
-        group = args.group
-        aws.autoscaling.Policy(
-            f"{name}-running",
-            autoscaling_group_name=asg_name,
-            policy_type="TargetTrackingScaling",
-            estimated_instance_warmup=args.instance_warmup_s,
-            target_tracking_configuration={
-                "disable_scale_in": True,
-                "target_value": args.max_concurrency * group.scale_in_utilisation,
-                "customized_metric_specification": {
-                    "namespace": CLOUDWATCH_NAMESPACE,
-                    "metric_name": RUNNING_REQUESTS_METRIC,
-                    "metric_dimensions": [
-                        {"name": key, "value": value}
-                        for key, value in zip(CLOUDWATCH_DIMENSIONS, (args.stack, group.name), strict=True)
-                    ],
                     "statistic": "Average",
                 },
             },
@@ -539,29 +521,9 @@ def whole_replicas(
     Scale-in is :func:`infra.scale_in.scale_in_by_load`'s, by ``nodes`` hosts too, and which hosts
     go is the replica termination policy's (infra/replica_scaling.py).
     """
-    out = aws.autoscaling.Policy(
-        f"{name}-out",
-        autoscaling_group_name=asg_name,
-        policy_type="StepScaling",
-        adjustment_type="ChangeInCapacity",
-        step_adjustments=[{"scaling_adjustment": nodes, "metric_interval_lower_bound": "0"}],
-        estimated_instance_warmup=warmup_s,
-        opts=opts,
-    )
-    aws.cloudwatch.MetricAlarm(
-        f"{name}-out",
-        comparison_operator="GreaterThanThreshold",
-        threshold=group.target_queue_depth,
-        evaluation_periods=3,
-        datapoints_to_alarm=3,
-        treat_missing_data="notBreaching",
-        alarm_actions=[out.arn],
-        namespace=CLOUDWATCH_NAMESPACE,
-        metric_name=QUEUE_DEPTH_METRIC,
-        dimensions=dict(zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True)),
-        statistic="Average",
-        period=60,
-        opts=opts,
+    queue = group_metric(QUEUE_DEPTH_METRIC, dimensions, statistic="Average")
+    add_a_replica_above(
+        name, asg_name, queue, group.target_queue_depth, nodes=nodes, warmup_s=warmup_s, opts=opts
     )
 
 
@@ -581,6 +543,33 @@ def scale_out_on_ttft(
     never sees. Hosts publish the runtime's TTFT histogram as values with counts, so the p90 is
     CloudWatch's own percentile over every request of the group, not an average of hosts' p90s.
     No traffic publishes no TTFT: missing data does not breach. Scale-in stays the load rule's."""
+    p90 = group_metric(TTFT_CW_METRIC, dimensions, extended_statistic="p90")
+    add_a_replica_above(name, asg_name, p90, threshold_ms, nodes=nodes, warmup_s=warmup_s, opts=opts)
+
+
+def group_metric(metric_name: str, dimensions: tuple[str, str], **statistic: str) -> dict[str, Any]:
+    """A series the group's hosts publish (under the stack's and the group's name), as an alarm
+    reads it: ``statistic`` (or ``extended_statistic``, a percentile) of each minute."""
+    return {
+        "namespace": CLOUDWATCH_NAMESPACE,
+        "metric_name": metric_name,
+        "dimensions": dict(zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True)),
+        **statistic,
+    }
+
+
+def add_a_replica_above(
+    name: str,
+    asg_name: pulumi.Input[str],
+    metric: dict[str, Any],
+    threshold: float,
+    *,
+    nodes: int,
+    warmup_s: int,
+    opts: pulumi.ResourceOptions,
+) -> None:
+    """A step policy that adds a replica (``nodes`` hosts), and the alarm that runs it: ``metric``
+    above ``threshold`` for 3 minutes in a row. Missing data (no traffic) does not breach."""
     out = aws.autoscaling.Policy(
         f"{name}-out",
         autoscaling_group_name=asg_name,
@@ -593,17 +582,14 @@ def scale_out_on_ttft(
     aws.cloudwatch.MetricAlarm(
         f"{name}-out",
         comparison_operator="GreaterThanThreshold",
-        threshold=threshold_ms,
+        threshold=threshold,
         evaluation_periods=3,
         datapoints_to_alarm=3,
         treat_missing_data="notBreaching",
         alarm_actions=[out.arn],
-        namespace=CLOUDWATCH_NAMESPACE,
-        metric_name=TTFT_CW_METRIC,
-        dimensions=dict(zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True)),
-        extended_statistic="p90",
         period=60,
         opts=opts,
+        **metric,
     )
 
 
