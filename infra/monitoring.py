@@ -111,26 +111,30 @@ class MonitoringArgs:
     gateway: bool = False
 
 
+def query_series(
+    query_id: str, namespace: str, metric: str, dims: Mapping[str, Any], stat: str
+) -> dict[str, Any]:
+    """A series a metric-math alarm reads, ``stat`` of each minute: the alarm watches the expression
+    over its series, not the series themselves."""
+    return {
+        "id": query_id,
+        "return_data": False,
+        "metric": {
+            "namespace": namespace,
+            "metric_name": metric,
+            "dimensions": dict(dims),
+            "period": PERIOD_S,
+            "stat": stat,
+        },
+    }
+
+
 def gateway_error_rate_queries(dims: Mapping[str, str]) -> list[dict[str, Any]]:
     """The gateway's 5xx answers over all its answers per minute (what its hosts publish); a minute
     without requests (its hosts publish 0) is a rate of 0, not 0/0."""
-
-    def count(query_id: str, metric: str) -> dict[str, Any]:
-        return {
-            "id": query_id,
-            "return_data": False,
-            "metric": {
-                "namespace": METRIC_NAMESPACE,
-                "metric_name": metric,
-                "dimensions": dict(dims),
-                "period": PERIOD_S,
-                "stat": "Sum",
-            },
-        }
-
     return [
-        count("errors", GATEWAY_5XX_CW_METRIC),
-        count("answered", GATEWAY_REQUESTS_CW_METRIC),
+        query_series("errors", METRIC_NAMESPACE, GATEWAY_5XX_CW_METRIC, dims, "Sum"),
+        query_series("answered", METRIC_NAMESPACE, GATEWAY_REQUESTS_CW_METRIC, dims, "Sum"),
         {
             "id": "errorrate",
             "expression": "IF(answered > 0, FILL(errors, 0) / answered, 0)",
@@ -142,24 +146,11 @@ def gateway_error_rate_queries(dims: Mapping[str, str]) -> list[dict[str, Any]]:
 
 def error_rate_queries(alb: pulumi.Input[str]) -> list[dict[str, Any]]:
     """(ELB 5xx + target 5xx) / requests per minute; no traffic is no data, not an error rate of 0/0."""
-
-    def count(query_id: str, metric: str) -> dict[str, Any]:
-        return {
-            "id": query_id,
-            "return_data": False,
-            "metric": {
-                "namespace": ALB_NAMESPACE,
-                "metric_name": metric,
-                "dimensions": {"LoadBalancer": alb},
-                "period": PERIOD_S,
-                "stat": "Sum",
-            },
-        }
-
+    lb = {"LoadBalancer": alb}
     return [
-        count("elb5xx", "HTTPCode_ELB_5XX_Count"),
-        count("target5xx", "HTTPCode_Target_5XX_Count"),
-        count("requests", "RequestCount"),
+        query_series("elb5xx", ALB_NAMESPACE, "HTTPCode_ELB_5XX_Count", lb, "Sum"),
+        query_series("target5xx", ALB_NAMESPACE, "HTTPCode_Target_5XX_Count", lb, "Sum"),
+        query_series("requests", ALB_NAMESPACE, "RequestCount", lb, "Sum"),
         {
             "id": "errorrate",
             "expression": "(FILL(elb5xx, 0) + FILL(target5xx, 0)) / requests",
@@ -169,36 +160,28 @@ def error_rate_queries(alb: pulumi.Input[str]) -> list[dict[str, Any]]:
     ]
 
 
-def agent_series(metric: str, dims: Mapping[str, str], stat: str = "Maximum") -> dict[str, Any]:
-    """A CloudWatch agent series rolled up over a node group (the fullest host by default)."""
+def series(namespace: str, metric: str, dims: Mapping[str, str], **statistic: str) -> dict[str, Any]:
+    """The series an alarm watches, minute by minute: ``statistic=`` (or ``extended_statistic=``, a
+    percentile) of ``metric`` under ``dims``."""
     return {
-        "namespace": host.HOST_NAMESPACE,
+        "namespace": namespace,
         "metric_name": metric,
         "dimensions": dict(dims),
-        "statistic": stat,
+        **statistic,
         "period": PERIOD_S,
     }
 
 
+def agent_series(metric: str, dims: Mapping[str, str], stat: str = "Maximum") -> dict[str, Any]:
+    """A CloudWatch agent series rolled up over a node group (the fullest host by default)."""
+    return series(host.HOST_NAMESPACE, metric, dims, statistic=stat)
+
+
 def gpu_memory_queries(dims: Mapping[str, str]) -> list[dict[str, Any]]:
     """The fullest GPU's memory in use, as a fraction: its MiB used over the MiB a GPU has."""
-
-    def series(query_id: str, metric: str) -> dict[str, Any]:
-        return {
-            "id": query_id,
-            "return_data": False,
-            "metric": {
-                "namespace": host.HOST_NAMESPACE,
-                "metric_name": metric,
-                "dimensions": dict(dims),
-                "period": PERIOD_S,
-                "stat": "Maximum",
-            },
-        }
-
     return [
-        series("used", host.GPU_MEM_USED),
-        series("total", host.GPU_MEM_TOTAL),
+        query_series("used", host.HOST_NAMESPACE, host.GPU_MEM_USED, dims, "Maximum"),
+        query_series("total", host.HOST_NAMESPACE, host.GPU_MEM_TOTAL, dims, "Maximum"),
         {"id": "gpumemory", "expression": "used / total", "label": "GPU memory used", "return_data": True},
     ]
 
@@ -327,7 +310,6 @@ class Monitoring(pulumi.ComponentResource):
 
     def _alarms(self) -> None:
         args, slo = self._args, self._args.slo
-        lb_and_tg = {"LoadBalancer": args.alb_arn_suffix, "TargetGroup": args.target_group_arn_suffix}
         self._alarm(
             "5xx-rate",
             f"5xx responses above the SLO error rate ({slo.error_rate:.2%}) for 3 of 5 minutes",
@@ -337,15 +319,18 @@ class Monitoring(pulumi.ComponentResource):
         self._alarm(
             "unhealthy-hosts",
             f"More runtime hosts fail the readiness check than a rollout takes out ({args.unhealthy_allowance})",
-            namespace=ALB_NAMESPACE,
-            metric_name="UnHealthyHostCount",
-            dimensions=lb_and_tg,
-            statistic="Maximum",
-            period=PERIOD_S,
             threshold=args.unhealthy_allowance,
+            **self._unhealthy_hosts(),
         )
         for group, suffix in self._serving_groups():
             self._runtime_alarms(group, suffix)
+
+    def _unhealthy_hosts(self) -> dict[str, Any]:
+        """The hosts of the ALB's target group that fail its health check, at their most each minute:
+        the runtimes', or the gateway's where one fronts them."""
+        args = self._args
+        lb_and_tg = {"LoadBalancer": args.alb_arn_suffix, "TargetGroup": args.target_group_arn_suffix}
+        return series(ALB_NAMESPACE, "UnHealthyHostCount", lb_and_tg, statistic="Maximum")
 
     def _serving_groups(self) -> list[tuple[str, str]]:
         """Each serving group, and what its alarms' names end in: nothing where it is the only one."""
@@ -360,35 +345,24 @@ class Monitoring(pulumi.ComponentResource):
             f"p99-latency{suffix}",
             f"p99 end-to-end request latency above the SLO ({slo.p99_latency_ms:.0f} ms) for 3 of 5 minutes",
             alarm="p99-latency",
-            namespace=METRIC_NAMESPACE,
-            metric_name=E2E_LATENCY_CW_METRIC,  # milliseconds, from the runtime's histogram
-            dimensions=runtime,
-            extended_statistic="p99",
-            period=PERIOD_S,
             threshold=slo.p99_latency_ms,
+            # Milliseconds, from the runtime's histogram.
+            **series(METRIC_NAMESPACE, E2E_LATENCY_CW_METRIC, runtime, extended_statistic="p99"),
         )
         self._alarm(
             f"queue-depth{suffix}",
             f"Requests waiting in a runtime's queue above {args.queue_depth_alarm}",
             alarm="queue-depth",
-            namespace=METRIC_NAMESPACE,
-            metric_name=QUEUE_DEPTH_METRIC,
-            dimensions=runtime,
-            statistic="Maximum",
-            period=PERIOD_S,
             threshold=args.queue_depth_alarm,
+            **series(METRIC_NAMESPACE, QUEUE_DEPTH_METRIC, runtime, statistic="Maximum"),
         )
         self._alarm(
             f"runtime-restarts{suffix}",
             f"Runtimes restarted by their supervisor more than {RESTART_ALARM} times a minute "
             "(crash-looping or failing liveness)",
             alarm="runtime-restarts",
-            namespace=METRIC_NAMESPACE,
-            metric_name=RESTARTS_CW_METRIC,
-            dimensions=runtime,
-            statistic="Sum",
-            period=PERIOD_S,
             threshold=RESTART_ALARM,
+            **series(METRIC_NAMESPACE, RESTARTS_CW_METRIC, runtime, statistic="Sum"),
         )
 
     def _gateway_alarms(self) -> None:
@@ -406,12 +380,8 @@ class Monitoring(pulumi.ComponentResource):
             "gateway-unhealthy-hosts",
             "A gateway host fails the target group's HTTPS health check (a gateway roll keeps every "
             "host healthy: each replacement passes it before an old host goes)",
-            namespace=ALB_NAMESPACE,
-            metric_name="UnHealthyHostCount",
-            dimensions={"LoadBalancer": args.alb_arn_suffix, "TargetGroup": args.target_group_arn_suffix},
-            statistic="Maximum",
-            period=PERIOD_S,
             threshold=0,
+            **self._unhealthy_hosts(),
         )
         self._alarm(
             "gateway-cpu",
@@ -526,17 +496,9 @@ class Monitoring(pulumi.ComponentResource):
                             alb,
                             "TargetGroup",
                             tg,
-                            {"stat": "p50"},
-                        ],
-                        [
-                            ALB_NAMESPACE,
-                            "TargetResponseTime",
-                            "LoadBalancer",
-                            alb,
-                            "TargetGroup",
-                            tg,
-                            {"stat": "p99"},
-                        ],
+                            {"stat": stat},
+                        ]
+                        for stat in ("p50", "p99")
                     ],
                     6,
                     annotations={
