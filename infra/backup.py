@@ -43,7 +43,7 @@ import pulumi_aws as aws
 from frontier.identity.key_policies import account_administers_through_iam
 from frontier.release.restore import backup_bucket_name, backup_key_alias
 from infra.cloud import Cloud
-from infra.storage import PrivateBucket, private_bucket
+from infra.storage import PrivateBucket, noncurrent_rule, private_bucket
 from infra.tags import with_tags
 
 TYPE = "frontier:backup:Backup"
@@ -114,7 +114,7 @@ class Backup(pulumi.ComponentResource):
                 tags=with_tags(dict(args.tags), purpose=f"{source.purpose}-backup"),
                 kms_key_arn=self.key_arn,
                 versioned=True,
-                lifecycle=[_noncurrent_rule(args.noncurrent_days)],
+                lifecycle=[noncurrent_rule(args.noncurrent_days)],
                 provider=self.provider,
             )
         role = aws.iam.Role(
@@ -229,13 +229,4 @@ def replication_policy(
                 "Condition": {"StringEquals": {"kms:ViaService": f"s3.{region}.{cloud.dns_suffix}"}},
             },
         ],
-    }
-
-
-def _noncurrent_rule(days: int) -> dict[str, Any]:
-    return {
-        "id": "expire-noncurrent-versions",
-        "status": "Enabled",
-        "filter": {"prefix": ""},
-        "noncurrent_version_expiration": {"noncurrent_days": days},
     }

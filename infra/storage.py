@@ -127,7 +127,7 @@ class Storage(pulumi.ComponentResource):
             purpose="weights",
             kms_key_arn=args.kms_key_arn,
             versioned=True,
-            lifecycle=[self._noncurrent_rule(args.weights_noncurrent_days)],
+            lifecycle=[noncurrent_rule(args.weights_noncurrent_days)],
             logs_bucket=logs.name,
         )
         history = self._bucket(
@@ -136,7 +136,7 @@ class Storage(pulumi.ComponentResource):
             purpose="history",
             kms_key_arn=args.kms_key_arn,
             versioned=True,
-            lifecycle=[self._noncurrent_rule(args.history_noncurrent_days)],
+            lifecycle=[noncurrent_rule(args.history_noncurrent_days)],
             logs_bucket=logs.name,
         )
         self.metering: PrivateBucket | None = None
@@ -147,7 +147,7 @@ class Storage(pulumi.ComponentResource):
                 purpose="metering",
                 kms_key_arn=args.kms_key_arn,
                 versioned=True,
-                lifecycle=[self._noncurrent_rule(args.history_noncurrent_days)],
+                lifecycle=[noncurrent_rule(args.history_noncurrent_days)],
                 logs_bucket=logs.name,
             )
         self.weights_bucket, self.weights_bucket_arn = weights.name, weights.arn
@@ -230,15 +230,6 @@ class Storage(pulumi.ComponentResource):
                 "Condition": {"StringEquals": {"aws:SourceAccount": cloud.account_id}},
             },
         ]
-
-    @staticmethod
-    def _noncurrent_rule(days: int) -> dict[str, Any]:
-        return {
-            "id": "expire-noncurrent-versions",
-            "status": "Enabled",
-            "filter": {"prefix": ""},
-            "noncurrent_version_expiration": {"noncurrent_days": days},
-        }
 
     @staticmethod
     def _expire_rule(days: int) -> dict[str, Any]:
@@ -341,3 +332,14 @@ def private_bucket(
         opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[block, ownership])),
     )
     return PrivateBucket(name=policy.bucket, arn=bucket.arn, versioning=versioning)
+
+
+def noncurrent_rule(days: int) -> dict[str, Any]:
+    """A versioned bucket's lifecycle rule: a version replaced or deleted goes ``days`` later (the
+    stack's buckets here, and their copies in the backup region, infra/backup.py)."""
+    return {
+        "id": "expire-noncurrent-versions",
+        "status": "Enabled",
+        "filter": {"prefix": ""},
+        "noncurrent_version_expiration": {"noncurrent_days": days},
+    }
