@@ -40,7 +40,7 @@ from frontier_hostside.names import CLOUDWATCH_NAMESPACE, ROLE_TAG
 
 from frontier.config import host_image
 from frontier.config.schema import Settings
-from frontier.identity.gateway import tokenizer_statements
+from frontier.identity.gateway import secret_statements, tokenizer_statements
 from frontier.render.boot import gateway_bake_command, gateway_tools
 from frontier.targets.ec2.gateway import GATEWAY_REFRESH, GATEWAY_ROLE
 from infra.doors import Rule, open_door
@@ -317,18 +317,7 @@ def gateway_host_policy(args: GatewayNodesArgs, kms_key_arn: str) -> dict[str, A
     return {
         "Version": "2012-10-17",
         "Statement": [
-            {
-                "Sid": "ReadKeyDigests",
-                "Effect": "Allow",
-                "Action": "secretsmanager:GetSecretValue",
-                "Resource": secret_arns,
-            },
-            {
-                "Sid": "DecryptSecrets",
-                "Effect": "Allow",
-                "Action": "kms:Decrypt",
-                "Resource": kms_key_arn,
-            },
+            *secret_statements(secret_arns, kms_key_arn),
             {
                 # Replicas are found by their tags; DescribeInstances has no
                 # resource-level permissions.

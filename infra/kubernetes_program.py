@@ -20,7 +20,7 @@ import pulumi_aws as aws
 
 from frontier.config.checks import is_production
 from frontier.config.schema import Kubernetes, Settings
-from frontier.identity.gateway import tokenizer_arns, tokenizer_statements
+from frontier.identity.gateway import secret_statements, tokenizer_arns, tokenizer_statements
 from frontier.identity.pools import principal_suffix
 from frontier.targets.kubernetes.gateway import GATEWAY_SERVICE_ACCOUNT
 from frontier.targets.kubernetes.manifests import pool_service_account
@@ -81,6 +81,8 @@ def gateway_pod_policy(settings: Settings, cloud: Cloud, kms_key_arn: str) -> di
     if tokenizers:
         decrypt_via.append(f"s3.{cloud.region}.{cloud.dns_suffix}")
     via: str | list[str] = decrypt_via[0] if len(decrypt_via) == 1 else decrypt_via
+    # Secrets Manager appends six random characters to a secret's name in its ARN.
+    secret_arns = [cloud.arn("secretsmanager", f"secret:{name}-??????") for name in secrets]
     bucket, _, prefix = settings.gateway.metering.uri.removeprefix("s3://").partition("/")
     objects = (
         f"arn:{cloud.partition}:s3:::{bucket}/{prefix.strip('/')}/*"
@@ -90,21 +92,7 @@ def gateway_pod_policy(settings: Settings, cloud: Cloud, kms_key_arn: str) -> di
     return {
         "Version": "2012-10-17",
         "Statement": [
-            {
-                "Sid": "ReadKeyDigests",
-                "Effect": "Allow",
-                "Action": "secretsmanager:GetSecretValue",
-                # Secrets Manager appends six random characters to a secret's name in its ARN.
-                "Resource": [cloud.arn("secretsmanager", f"secret:{name}-??????") for name in secrets],
-            },
-            {
-                "Sid": "DecryptSecrets",
-                "Effect": "Allow",
-                "Action": "kms:Decrypt",
-                "Resource": kms_key_arn,
-                # Only for the services' own reads on the gateway's behalf.
-                "Condition": {"StringEquals": {"kms:ViaService": via}},
-            },
+            *secret_statements(secret_arns, kms_key_arn, via),
             {"Sid": "WriteMetering", "Effect": "Allow", "Action": "s3:PutObject", "Resource": objects},
             {
                 # The stack's buckets encrypt with its key: a new object needs a data key, via S3 only.

@@ -4,7 +4,8 @@ one other object — never a weights shard, never a listing.
 
 The EC2 gateway role (``infra/gateway.py``), the Kubernetes gateway's role
 (``infra/kubernetes_program.py``) and the local stack's gateway user
-(``frontier/targets/local/iam.py``) add this statement as it is written here.
+(``frontier/targets/local/iam.py``) add this statement as it is written here. The two cloud roles
+also read and decrypt the gateway's secrets with the statements of :func:`secret_statements`.
 """
 
 from __future__ import annotations
@@ -34,3 +35,26 @@ def tokenizer_statements(arns: list[str]) -> list[dict[str, Any]]:
     if not arns:
         return []
     return [{"Sid": SID, "Effect": "Allow", "Action": "s3:GetObject", "Resource": arns}]
+
+
+def secret_statements(
+    secret_arns: list[str], kms_key_arn: str, via: str | list[str] | None = None
+) -> list[dict[str, Any]]:
+    """The gateway's secrets (its tenants' key digests, the runtimes' keys, a quota store's token)
+    read and decrypted with the stack's key; the key only through ``via`` where given (the services
+    that read on the gateway's behalf)."""
+    read = {
+        "Sid": "ReadKeyDigests",
+        "Effect": "Allow",
+        "Action": "secretsmanager:GetSecretValue",
+        "Resource": secret_arns,
+    }
+    decrypt: dict[str, Any] = {
+        "Sid": "DecryptSecrets",
+        "Effect": "Allow",
+        "Action": "kms:Decrypt",
+        "Resource": kms_key_arn,
+    }
+    if via is not None:
+        decrypt["Condition"] = {"StringEquals": {"kms:ViaService": via}}
+    return [read, decrypt]
