@@ -13,23 +13,13 @@ from typing import Any
 from frontier_runtime.storage.secrets import parse_keys
 
 from frontier import aws
-from frontier.config.load import acting_pool
 from frontier.config.outputs import StackOutputs
-from frontier.config.schema import PoolSettings, Settings
 from frontier.release.history import HistoryStore, stack_history
+from frontier.rollout.target import PoolTarget
 
 
-class AwsTarget:
-    """A stack's target on AWS, acting for one pool (``backend_for``: the one its entry point chose)."""
-
-    def __init__(self, settings: Settings, pool: PoolSettings | None) -> None:
-        self.settings = settings
-        self._pool = pool
-
-    @property
-    def pool(self) -> PoolSettings:
-        """The pool this backend acts for; refused where it was built for a stack of several."""
-        return acting_pool(self.settings, self._pool)
+class AwsTarget(PoolTarget):
+    """A stack's target on AWS, acting for one of its pools."""
 
     def outputs(self) -> StackOutputs[str]:
         """What ``pulumi up`` of the stack exported, as saved for ``fab``: each target reads its own model."""

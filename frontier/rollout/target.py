@@ -1,13 +1,15 @@
 """What ``deploy``, ``rollback`` and ``deploy --plan`` ask of the place a stack runs, as protocols.
 
 Every target's backend answers them (:class:`frontier.targets.base.Backend` is :class:`Target`
-plus what the operator's other tasks ask); this room only names the shape, never a target.
+plus what the operator's other tasks ask); this room only names the shape, never a target. Each
+backend starts from :class:`PoolTarget`, the pool it acts for.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from frontier.config.load import acting_pool
 from frontier.config.schema import PoolSettings, Settings
 from frontier.hosts.inventory import HostSpec
 from frontier.release.history import HistoryStore
@@ -86,3 +88,17 @@ class Target(Protocol):
         """Roll ``release`` over the fleet, restoring what it touched on failure; never raises for a
         failed rollout (the result says so)."""
         ...
+
+
+class PoolTarget:
+    """A target of ``settings``, acting for one of its pools (``backend_for``: the one its entry
+    point chose, or None for the whole stack)."""
+
+    def __init__(self, settings: Settings, pool: PoolSettings | None) -> None:
+        self.settings = settings
+        self._pool = pool
+
+    @property
+    def pool(self) -> PoolSettings:
+        """The pool this backend acts for; refused where it was built for a stack of several."""
+        return acting_pool(self.settings, self._pool)

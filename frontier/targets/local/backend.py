@@ -16,8 +16,7 @@ from frontier_hostside.names import HAPROXY_ADMIN_SOCKET
 from frontier_settings import FieldProblem
 
 from frontier import project
-from frontier.config.load import acting_pool
-from frontier.config.schema import Local, PoolSettings, Settings
+from frontier.config.schema import Local
 from frontier.hosts.inventory import HostSpec, ssh_connection
 from frontier.hosts.session import HostSession
 from frontier.release.history import HistoryStore, stack_history
@@ -25,6 +24,7 @@ from frontier.release.release import Release
 from frontier.rollout.canary import canary_verification
 from frontier.rollout.rolling import Reporter, RolloutResult
 from frontier.rollout.strategy import roll_hosts
+from frontier.rollout.target import PoolTarget
 from frontier.targets.local import cluster, rules
 from frontier.targets.local import gateway as local_gateway
 from frontier.targets.local.balancer import HAProxyBalancer, balancer_backends, render_haproxy
@@ -32,18 +32,9 @@ from frontier.targets.local.connection import LocalConnection
 from frontier.targets.local.group import LocalFleet, read_state, slot_specs
 
 
-class LocalBackend:
+class LocalBackend(PoolTarget):
     kind = "local"
     creates_buckets = True
-
-    def __init__(self, settings: Settings, pool: PoolSettings | None) -> None:
-        self.settings = settings
-        self._pool = pool
-
-    @property
-    def pool(self) -> PoolSettings:
-        """The pool this backend acts for (``backend_for``: the one its entry point chose)."""
-        return acting_pool(self.settings, self._pool)
 
     def hosts(self, group: str | None = None) -> list[HostSpec]:
         """The pool's slots in service (and any spare slot that serves), in the stack's order."""
