@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
@@ -26,6 +27,7 @@ import yaml
 from infra_mocks import CLOUD_STACKS, graph_for
 
 from frontier.config.outputs import Ec2Outputs, KubernetesOutputs
+from frontier.project import STACKS_DIR_ENV
 from frontier.targets import load_stack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,9 +43,34 @@ pytestmark = pytest.mark.slow
 
 
 def pulumi_config(stack: str) -> dict[str, str]:
-    """``PULUMI_CONFIG`` as the CLI sets it: ``project:key`` names, non-string values as JSON."""
-    config = yaml.safe_load((REPO / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
+    """``PULUMI_CONFIG`` of a shipped stack as the CLI sets it."""
+    return cli_config(yaml.safe_load((REPO / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"])
+
+
+def cli_config(config: Mapping[str, Any]) -> dict[str, str]:
+    """A stack file's ``config:`` as the CLI passes it: ``project:key`` names, non-string values as JSON."""
     return {key: value if isinstance(value, str) else json.dumps(value) for key, value in config.items()}
+
+
+def launch(
+    stack: str, config: Mapping[str, Any], out: Path, stacks: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``language_host.py`` run for ``stack`` as the CLI starts it: a fresh ``python -I``, none of this
+    interpreter's Pulumi, Python or Frontier environment, ``config`` (the stack file's ``config:``)
+    in ``PULUMI_CONFIG``; ``stacks``: the stacks directory of a variant (``$FRONTIER_STACKS_DIR``,
+    where the program's loader reads its file). What it declared is written to ``out``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "PYTHON", "FRONTIER_"))}
+    env["PULUMI_CONFIG"] = json.dumps(cli_config(config))
+    if stacks is not None:
+        env[STACKS_DIR_ENV] = str(stacks)
+    return subprocess.run(
+        [sys.executable, "-I", str(HOST), str(PROGRAM_DIR), PROJECT["name"], stack, str(out)],
+        cwd="/",  # the CLI's own cwd does not matter: the host changes into the program's folder
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @dataclass(frozen=True)
@@ -56,16 +83,7 @@ class Run:
 
 def run_as_language_host(stack: str, tmp: Path) -> Run:
     out = tmp / f"{stack}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "PYTHON", "FRONTIER_"))}
-    env["PULUMI_CONFIG"] = json.dumps(pulumi_config(stack))
-    proc = subprocess.run(
-        [sys.executable, "-I", str(HOST), str(PROGRAM_DIR), PROJECT["name"], stack, str(out)],
-        cwd="/",  # the CLI's own cwd does not matter: the host changes into the program's folder
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = launch(stack, pulumi_config(stack), out)
     produced = json.loads(out.read_text()) if out.exists() else {"resources": [], "outputs": {}}
     return Run(proc.returncode, proc.stderr, [tuple(r) for r in produced["resources"]], produced["outputs"])
 
@@ -76,18 +94,8 @@ def declared(stack: str, document: dict[str, Any], tmp: Path) -> dict[str, Any]:
     stacks = tmp / "stacks"
     stacks.mkdir()
     (stacks / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
-    config = {k: v if isinstance(v, str) else json.dumps(v) for k, v in document["config"].items()}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "PYTHON", "FRONTIER_"))}
-    env |= {"PULUMI_CONFIG": json.dumps(config), "FRONTIER_STACKS_DIR": str(stacks)}
     out = tmp / "declared.json"
-    done = subprocess.run(
-        [sys.executable, "-I", str(HOST), str(PROGRAM_DIR), PROJECT["name"], stack, str(out)],
-        cwd="/",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = launch(stack, document["config"], out, stacks)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
 

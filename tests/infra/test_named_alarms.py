@@ -6,16 +6,13 @@ strictly), and the local stack's evaluator. Then the synthetic probe's EC2 resou
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
 import pytest
-from test_language_host import HOST, PROGRAM_DIR, PROJECT, pulumi_config
+from test_language_host import launch, pulumi_config
 
 from frontier.alarms import NAMED_ALARMS, PROBE_FAILED_MINUTES, probe_job_name
 from frontier.targets import load_stack
@@ -38,16 +35,7 @@ EC2_STACK, KUBERNETES_STACK, LOCAL_STACK = "prod", "eks-prod", "local"
 def ec2_alarms(stack: str, tmp: Path) -> dict[str, str]:
     """The stack's CloudWatch alarms as the language host declares them: alarm -> its AWS name."""
     out = tmp / f"{stack}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "PYTHON", "FRONTIER_"))}
-    env["PULUMI_CONFIG"] = json.dumps(pulumi_config(stack))
-    done = subprocess.run(
-        [sys.executable, "-I", str(HOST), str(PROGRAM_DIR), PROJECT["name"], stack, str(out)],
-        cwd="/",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = launch(stack, pulumi_config(stack), out)
     assert done.returncode == 0, done.stderr[-4000:]
     prefix = f"frontier-{stack}-"
     return {

@@ -9,9 +9,6 @@ weights, nothing more. The program runs as the CLI's language host runs it, in a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,10 +16,9 @@ from typing import Any
 import pytest
 import yaml
 from infra_mocks import run_program
-from test_language_host import HOST, PROGRAM_DIR, PROJECT, REPO
+from test_language_host import REPO, declared
 
 from frontier.config.outputs import Ec2Outputs
-from frontier.project import STACKS_DIR_ENV
 from frontier.targets.ec2.balancer import FULL_WEIGHT
 
 pytestmark = pytest.mark.slow
@@ -39,26 +35,9 @@ def produced(stack: str, tmp: Path, changes: dict[str, Any]) -> dict[str, Any]:
     document = yaml.safe_load((REPO / "stacks" / f"Pulumi.{stack}.yaml").read_text())
     config = document["config"]
     config["frontier:rollout"] = {**config["frontier:rollout"], **changes}
-    stacks = tmp / ("-".join(map(str, changes.get("traffic_steps", []))) or "shipped")
-    stacks.mkdir()
-    (stacks / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
-    out = stacks / "produced.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "PYTHON", "FRONTIER_"))}
-    env[STACKS_DIR_ENV] = str(stacks)
-    env["PULUMI_CONFIG"] = json.dumps(
-        {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
-    )
-    proc = subprocess.run(
-        [sys.executable, "-I", str(HOST), str(PROGRAM_DIR), PROJECT["name"], stack, str(out)],
-        cwd="/",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run: dict[str, Any] = json.loads(out.read_text())
-    return run
+    variant = tmp / ("-".join(map(str, changes.get("traffic_steps", []))) or "shipped")
+    variant.mkdir()
+    return declared(stack, document, variant)
 
 
 @cache

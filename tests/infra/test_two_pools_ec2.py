@@ -10,15 +10,12 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from infra_mocks import Graph, run_program
-from test_language_host import HOST, PROGRAM_DIR, PROJECT
+from test_language_host import launch
 from test_pool_principals import SMALL, two_model_ec2_document
 
 from frontier.access.gateway import gateway_config
@@ -144,19 +141,7 @@ def test_pulumi_up_declares_both_pools_in_a_fresh_interpreter(stack_file, tmp_pa
     derived stack from a stacks folder of its own."""
     out = tmp_path / "dev.json"
     config = yaml.safe_load(stack_file.read_text())["config"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "PYTHON", "FRONTIER_"))}
-    env["PULUMI_CONFIG"] = json.dumps(
-        {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
-    )
-    env[STACKS_DIR_ENV] = str(stack_file.parent)
-    proc = subprocess.run(
-        [sys.executable, "-I", str(HOST), str(PROGRAM_DIR), PROJECT["name"], "dev", str(out)],
-        cwd="/",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = launch("dev", config, out, stack_file.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     declared = json.loads(out.read_text())
     resources = {tuple(r) for r in declared["resources"]}
