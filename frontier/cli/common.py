@@ -33,10 +33,7 @@ def pool_settings(stack: str | None, model: str | None) -> Settings:
     settings = load_stack(stack)
     if model is None:
         if len(settings.pools) > 1:
-            raise StackError(
-                f"stack {settings.stack!r} serves {len(settings.pools)} models ({settings.model_names()}): "
-                "name the pool to roll with --model"
-            )
+            raise settings.several_models("name the pool to roll with --model")
         return settings
     try:
         return settings.for_pool(model)

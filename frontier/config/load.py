@@ -43,22 +43,14 @@ def chosen_pool(settings: Settings, model: str | None = None) -> PoolSettings:
             return settings.pool(model)
         except KeyError as exc:
             raise StackError(f"--model: {exc.args[0]}") from None
-    if len(settings.pools) != 1:
-        raise StackError(
-            f"stack {settings.stack!r} serves {len(settings.pools)} models ({settings.model_names()}): "
-            "name the pool to act for"
-        )
-    return settings.pools[0]
+    return settings.only_pool
 
 
 def acting_pool(settings: Settings, pool: PoolSettings | None) -> PoolSettings:
     """The pool a backend was built for; refused, naming the models, where it was built for a whole
     stack of several (what acts for a pool needs ``--model``)."""
     if pool is None:
-        raise StackError(
-            f"stack {settings.stack!r} serves {len(settings.pools)} models ({settings.model_names()}): "
-            "name the pool to act for (--model)"
-        )
+        raise settings.several_models("name the pool to act for (--model)")
     return pool
 
 

@@ -919,8 +919,8 @@ class Ec2(_Settings):
 #: Where a stack's fleet runs, one typed section per target, told apart by ``target``.
 TargetSection = Annotated[Local | Ec2 | Kubernetes, Field(discriminator="target")]
 
-#: A stack file's keys for each target's section (``frontier:local``, ``frontier:kubernetes``).
-SECTION_KEYS: dict[str, str] = {"local": "local", "kubernetes": "kubernetes"}
+#: The targets with a section of their own, each written under the target's name (``frontier:local``,
+#: ``frontier:kubernetes``), and what a stack of another target that writes one is told.
 _FOREIGN_SECTION = {
     "local": "must be 'local' (or absent) in a stack with a 'local:' section",
     "kubernetes": "must be 'kubernetes' in a stack with a 'frontier:kubernetes' section",
@@ -973,18 +973,14 @@ class Settings(_Settings):
         if not isinstance(data, dict) or "platform" in data:
             return data
         data = dict(data)
-        sections = {target: data.pop(key) for target, key in SECTION_KEYS.items() if data.get(key) is not None}
-        for key in SECTION_KEYS.values():
-            data.pop(key, None)
+        sections = {name: section for name in _FOREIGN_SECTION if (section := data.pop(name, None)) is not None}
         # The local stack has always been recognised by its section; it need not say so twice.
         target = data.pop("target", None) or ("local" if "local" in sections else "ec2")
         if target not in ("local", "ec2", "kubernetes"):
             raise FieldProblems(FieldProblem("target", target, "must be 'local', 'ec2' or 'kubernetes'"))
         problems = [FieldProblem("target", target, _FOREIGN_SECTION[other]) for other in sections if other != target]
-        if target in SECTION_KEYS and target not in sections:
-            problems.append(
-                FieldProblem(SECTION_KEYS[target], None, f"target {target!r} needs its 'frontier:{SECTION_KEYS[target]}' section")
-            )
+        if target in _FOREIGN_SECTION and target not in sections:
+            problems.append(FieldProblem(target, None, f"target {target!r} needs its 'frontier:{target}' section"))
         if problems:
             raise FieldProblems(*problems)
         section = sections.get(target)
@@ -1116,11 +1112,13 @@ class Settings(_Settings):
         acts for, and reading this there is refused rather than answered with the first pool.
         """
         if len(self.pools) != 1:
-            raise StackError(
-                f"stack {self.stack!r} serves {len(self.pools)} models ({self.model_names()}): "
-                "name the pool to act for"
-            )
+            raise self.several_models("name the pool to act for")
         return self.pools[0]
+
+    def several_models(self, what: str) -> StackError:
+        """The refusal of what acts for one pool on a stack of several, its models named; ``what``
+        says what to do instead."""
+        return StackError(f"stack {self.stack!r} serves {len(self.pools)} models ({self.model_names()}): {what}")
 
     @property
     def model(self) -> Model:
@@ -1210,7 +1208,7 @@ class Settings(_Settings):
         reach the pools that run on them, and a one-pool stack's ``model`` or ``runtime`` is its pool's."""
         changes = dict(update or {})
         # A target's section is replaced whole, by its own key or by ``platform``.
-        for key in SECTION_KEYS.values():
+        for key in _FOREIGN_SECTION:
             if key in changes:
                 changes["platform"] = changes.pop(key)
         of_pool: dict[str, Any] = {key: changes.pop(key) for key in ("model", "runtime") if key in changes}
