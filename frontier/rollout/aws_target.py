@@ -8,6 +8,7 @@ how it reaches its hosts or pods, how it rolls, and which of the outputs' models
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 from frontier_runtime.storage.secrets import parse_keys
@@ -18,12 +19,12 @@ from frontier.release.history import HistoryStore, stack_history
 from frontier.rollout.target import PoolTarget
 
 
-class AwsTarget(PoolTarget):
+class AwsTarget(PoolTarget, ABC):
     """A stack's target on AWS, acting for one of its pools."""
 
+    @abstractmethod
     def outputs(self) -> StackOutputs[str]:
         """What ``pulumi up`` of the stack exported, as saved for ``fab``: each target reads its own model."""
-        raise NotImplementedError
 
     def aws_client(self, service: str) -> Any:
         return aws.client(self.settings, service)
