@@ -25,26 +25,27 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 
 
+def _per_replica(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+    """A gauge with a sample per replica of each pool: by model, replica address and ``labels``."""
+    return GaugeMetricFamily(name, doc, labels=[names.GATEWAY_MODEL_LABEL, "replica", *labels])
+
+
 class _ReplicaCollector(Collector):
     def __init__(self, pools: Pools) -> None:
         self.pools = pools
 
     def collect(self):  # type: ignore[no-untyped-def]
-        ready = GaugeMetricFamily(
-            names.GATEWAY_REPLICA_READY_METRIC,
-            "1 while the replica answers its readiness probe",
-            labels=[names.GATEWAY_MODEL_LABEL, "replica"],
+        ready = _per_replica(
+            names.GATEWAY_REPLICA_READY_METRIC, "1 while the replica answers its readiness probe"
         )
-        outstanding = GaugeMetricFamily(
-            names.GATEWAY_REPLICA_OUTSTANDING_METRIC,
-            "requests the gateway has open on the replica",
-            labels=[names.GATEWAY_MODEL_LABEL, "replica"],
+        outstanding = _per_replica(
+            names.GATEWAY_REPLICA_OUTSTANDING_METRIC, "requests the gateway has open on the replica"
         )
-        breaker = GaugeMetricFamily(
+        breaker = _per_replica(
             names.GATEWAY_REPLICA_BREAKER_METRIC,
             "1 while the replica's circuit breaker keeps it out of rotation (open, or half-open "
             "with its trial request out)",
-            labels=[names.GATEWAY_MODEL_LABEL, "replica", "replica_id"],
+            "replica_id",
         )
         for name, pool in self.pools.by_model.items():
             for replica in pool.replicas:
@@ -62,10 +63,8 @@ class _ReplicaCollector(Collector):
             "routing decisions of pools with KV routing, by outcome",
             labels=[names.GATEWAY_MODEL_LABEL, "outcome"],
         )
-        kv_blocks = GaugeMetricFamily(
-            names.GATEWAY_KV_BLOCKS_METRIC,
-            "cached blocks the KV index holds for the replica",
-            labels=[names.GATEWAY_MODEL_LABEL, "replica"],
+        kv_blocks = _per_replica(
+            names.GATEWAY_KV_BLOCKS_METRIC, "cached blocks the KV index holds for the replica"
         )
         for name, pool in self.pools.by_model.items():
             if pool.kv is not None:
@@ -92,60 +91,44 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         tm = [names.TENANT_LABEL, names.GATEWAY_MODEL_LABEL]
-        self.requests = Counter(
-            names.GATEWAY_REQUESTS_METRIC, "answered requests by status", [*tm, "status"], registry=r
+        model = [names.GATEWAY_MODEL_LABEL]
+
+        def counter(name: str, doc: str, labels: list[str]) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def latency(name: str, doc: str, labels: list[str]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=r)
+
+        self.requests = counter(names.GATEWAY_REQUESTS_METRIC, "answered requests by status", [*tm, "status"])
+        self.duration = latency(
+            names.GATEWAY_DURATION_METRIC, "time from arrival to the end of the answer", tm
         )
-        self.duration = Histogram(
-            names.GATEWAY_DURATION_METRIC,
-            "time from arrival to the end of the answer",
-            tm,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.ttft = Histogram(
-            names.GATEWAY_TTFT_METRIC,
-            "time from arrival to the first streamed token",
-            tm,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.tokens = Counter(
-            names.GATEWAY_TOKENS_METRIC, "tokens from the runtime's usage", [*tm, "kind"], registry=r
-        )
-        self.rate_limited = Counter(
+        self.ttft = latency(names.GATEWAY_TTFT_METRIC, "time from arrival to the first streamed token", tm)
+        self.tokens = counter(names.GATEWAY_TOKENS_METRIC, "tokens from the runtime's usage", [*tm, "kind"])
+        self.rate_limited = counter(
             names.GATEWAY_RATE_LIMITED_METRIC,
             "requests refused by a tenant quota",
             [names.TENANT_LABEL, "limit"],
-            registry=r,
         )
         self.in_flight = Gauge(
             names.GATEWAY_IN_FLIGHT_METRIC, "requests in flight per tenant", [names.TENANT_LABEL], registry=r
         )
-        self.retries = Counter(
-            names.GATEWAY_RETRIES_METRIC,
-            "requests sent again to another replica",
-            [names.GATEWAY_MODEL_LABEL],
-            registry=r,
-        )
-        self.migrations = Counter(
+        self.retries = counter(names.GATEWAY_RETRIES_METRIC, "requests sent again to another replica", model)
+        self.migrations = counter(
             names.GATEWAY_MIGRATIONS_METRIC,
             "generations moved to another replica mid-answer, by why (died, error, aborted, interrupted)",
-            [names.GATEWAY_MODEL_LABEL, "reason"],
-            registry=r,
+            [*model, "reason"],
         )
-        self.migration_stall = Histogram(
+        self.migration_stall = latency(
             names.GATEWAY_MIGRATION_STALL_METRIC,
             "time a migrated generation's client waited: from the failure to the continuation's first chunk",
-            [names.GATEWAY_MODEL_LABEL],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            model,
         )
-        self.migration_failures = Counter(
+        self.migration_failures = counter(
             names.GATEWAY_MIGRATION_FAILURES_METRIC,
             "generations that could not be moved (limit, no_replica, refused, hold_timeout, hold_queue_full): "
             "they end with an error event",
-            [names.GATEWAY_MODEL_LABEL, "why"],
-            registry=r,
+            [*model, "why"],
         )
         r.register(_ReplicaCollector(pools))
 

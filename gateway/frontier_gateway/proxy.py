@@ -190,12 +190,8 @@ class Proxy:
                     replica.url + call.path, headers, call.upstream_body or call.body
                 )
             except UpstreamError as exc:
-                log.warning(
-                    "replica unreachable",
-                    extra={"event": "upstream_error", "replica": replica.url, "error": repr(exc)},
-                )
+                _failed(replica, "replica unreachable", exc)
                 outcome = 0
-                replica.mark_down()
                 return None
             try:
                 if call.upstream_stream and upstream.status == 200 and _event_stream(upstream, call):
@@ -220,12 +216,8 @@ class Proxy:
                 content = await upstream.read()
                 outcome = upstream.status
             except UpstreamError as exc:
-                log.warning(
-                    "replica failed mid-answer",
-                    extra={"event": "upstream_error", "replica": replica.url, "error": repr(exc)},
-                )
+                _failed(replica, "replica failed mid-answer", exc)
                 outcome = 0
-                replica.mark_down()
                 return None
             finally:
                 if not handed_over:
@@ -326,11 +318,7 @@ class Proxy:
             # Bytes already reached the client: the request cannot move; say so in the stream.
             status = 502
             replica.breaker.record(0)
-            replica.mark_down()
-            log.warning(
-                "replica failed mid-stream",
-                extra={"event": "upstream_error", "replica": replica.url, "error": repr(exc)},
-            )
+            _failed(replica, "replica failed mid-stream", exc)
             error = {
                 "error": {
                     "message": f"the replica serving this stream failed: {type(exc).__name__}",
@@ -396,6 +384,12 @@ class Proxy:
             log.exception(
                 "metering write failed", extra={"event": "metering_failed", "request_id": call.request_id}
             )
+
+
+def _failed(replica: Replica, what: str, exc: UpstreamError) -> None:
+    """Log that ``replica`` failed (``what``: how) and take it out until a probe finds it ready."""
+    log.warning(what, extra={"event": "upstream_error", "replica": replica.url, "error": repr(exc)})
+    replica.mark_down()
 
 
 def _event_stream(upstream: Answer, call: Call) -> bool:

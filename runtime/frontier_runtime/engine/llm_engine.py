@@ -448,18 +448,12 @@ class LLMEngine:
         in_flight = getattr(self, "_in_flight", ())
         while in_flight:  # every rank sees each launched step through before it is told to stop
             self.runner.collect(in_flight.popleft().launched)
-        structured = getattr(self, "structured", None)
-        if structured is not None:
-            structured.close()
-        kv_events = getattr(self, "kv_events", None)
-        if kv_events is not None:
-            kv_events.close()
-        kv_transfer = getattr(self, "kv_transfer", None)
-        if kv_transfer is not None:
-            kv_transfer.close()
+        # getattr: a constructor that failed part way leaves the later parts unset.
+        for name in ("structured", "kv_events", "kv_transfer", "workers"):
+            part = getattr(self, name, None)
+            if part is not None:
+                part.close()
         workers = getattr(self, "workers", None)
-        if workers is not None:
-            workers.close()
         runner = getattr(self, "runner", None)
         if runner is not None:
             runner.shutdown()

@@ -181,20 +181,18 @@ class Admission:
         now = time.monotonic()
         # Interactive first; batch only on what interactive leaves free.
         while self._queue and self.running - self.running_batch < self.max_concurrency:
-            nxt = self._queue.popleft()
-            if now >= nxt.deadline:
-                # Expired while its waiter had not yet woken: it must not start late.
-                nxt.state = TicketState.RELEASED
-                nxt._admitted.set()
-                continue
-            self.running += 1
-            nxt._admit()
+            self._admit_first(self._queue, now)
         while self._batch_queue and self._batch_may_start():
-            nxt = self._batch_queue.popleft()
-            if now >= nxt.deadline:
-                nxt.state = TicketState.RELEASED
-                nxt._admitted.set()
-                continue
-            self.running += 1
-            self.running_batch += 1
-            nxt._admit()
+            self._admit_first(self._batch_queue, now)
+
+    def _admit_first(self, queue: deque[Ticket], now: float) -> None:
+        """Admit the ticket at the head of ``queue``, or release it if its deadline has passed."""
+        nxt = queue.popleft()
+        if now >= nxt.deadline:
+            # Expired while its waiter had not yet woken: it must not start late.
+            nxt.state = TicketState.RELEASED
+            nxt._admitted.set()
+            return
+        self.running += 1
+        self.running_batch += nxt.priority == BATCH
+        nxt._admit()

@@ -51,26 +51,29 @@ class CompletionFormat:
     def chunk(
         self, text: str, logprobs: list[TokenLogprob] | None, finish_reason: str | None
     ) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": self.logprobs(logprobs),
-            "finish_reason": finish_reason,
-        }
+        choice = self._choice(self._chunk_content(text, finish_reason), logprobs, finish_reason)
         return self._envelope(self.chunk_object, [choice])
 
     def response(
         self, text: str, logprobs: list[TokenLogprob] | None, finish_reason: str, use: dict[str, Any]
     ) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": self.logprobs(logprobs),
-            "finish_reason": finish_reason,
-        }
+        choice = self._choice(self._response_content(text), logprobs, finish_reason)
         body = self._envelope(self.object_name, [choice])
         body["usage"] = use
         return body
+
+    def _choice(
+        self, content: dict[str, Any], logprobs: list[TokenLogprob] | None, finish_reason: str | None
+    ) -> dict[str, Any]:
+        """The one choice of a chunk or a response: its index, ``content`` (the text, as a delta or a
+        message in chat), its logprobs and its finish reason, in that order."""
+        return {"index": 0, **content, "logprobs": self.logprobs(logprobs), "finish_reason": finish_reason}
+
+    def _chunk_content(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"text": text}
+
+    def _response_content(self, text: str) -> dict[str, Any]:
+        return {"text": text}
 
     def usage_chunk(self, use: dict[str, Any]) -> dict[str, Any]:
         body = self._envelope(self.chunk_object, [])
@@ -105,38 +108,14 @@ class ChatFormat(CompletionFormat):
         self.id = f"chatcmpl-{response_id}"
 
     def opening_chunk(self) -> dict[str, Any] | None:
-        choice = {
-            "index": 0,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": None,
-            "finish_reason": None,
-        }
+        choice = self._choice({"delta": {"role": "assistant", "content": ""}}, None, None)
         return self._envelope(self.chunk_object, [choice])
 
-    def chunk(
-        self, text: str, logprobs: list[TokenLogprob] | None, finish_reason: str | None
-    ) -> dict[str, Any]:
-        delta = {"content": text} if text or finish_reason is None else {}
-        choice = {
-            "index": 0,
-            "delta": delta,
-            "logprobs": self.logprobs(logprobs),
-            "finish_reason": finish_reason,
-        }
-        return self._envelope(self.chunk_object, [choice])
+    def _chunk_content(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"delta": {"content": text} if text or finish_reason is None else {}}
 
-    def response(
-        self, text: str, logprobs: list[TokenLogprob] | None, finish_reason: str, use: dict[str, Any]
-    ) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": self.logprobs(logprobs),
-            "finish_reason": finish_reason,
-        }
-        body = self._envelope(self.object_name, [choice])
-        body["usage"] = use
-        return body
+    def _response_content(self, text: str) -> dict[str, Any]:
+        return {"message": {"role": "assistant", "content": text}}
 
     def logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
         if entries is None:

@@ -9,7 +9,8 @@ and duration histogram let a deploy gate compute the error rate and p99 from one
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from frontier_hostside import names
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -47,98 +48,35 @@ class ServerMetrics:
     ) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
-        labels = [names.MODEL_LABEL]
+        per_model = [names.MODEL_LABEL]
         reg = self.registry
-        self.prompt_tokens = Counter(
-            names.PROMPT_TOKENS_METRIC, "Prompt tokens processed.", labels, registry=reg
-        )
-        self.generation_tokens = Counter(
-            names.GENERATION_TOKENS_METRIC, "Tokens generated.", labels, registry=reg
-        )
-        self.request_success = Counter(
-            names.REQUEST_SUCCESS_METRIC,
-            "Requests finished, by finish reason.",
-            [*labels, names.FINISHED_REASON_LABEL],
-            registry=reg,
-        )
-        self.ttft = Histogram(
-            names.TTFT_METRIC,
-            "Time to first token.",
-            labels,
-            buckets=TTFT_BUCKETS,
-            registry=reg,
-        )
-        self.itl = Histogram(
-            names.ITL_METRIC,
-            "Gap between consecutive output tokens.",
-            labels,
-            buckets=TOKEN_LATENCY_BUCKETS,
-            registry=reg,
-        )
-        self.tpot = Histogram(
-            names.TPOT_METRIC,
-            "(e2e - ttft) / (output tokens - 1) per request.",
-            labels,
-            buckets=TOKEN_LATENCY_BUCKETS,
-            registry=reg,
-        )
-        self.e2e = Histogram(
-            names.E2E_LATENCY_METRIC,
-            "Arrival to last token.",
-            labels,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=reg,
-        )
-        self.queue_time = Histogram(
-            names.QUEUE_TIME_METRIC,
-            "Time spent waiting for admission.",
-            labels,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=reg,
-        )
-        self.request_prompt_tokens = Histogram(
-            names.REQUEST_PROMPT_TOKENS_METRIC,
-            "Prompt length per request.",
-            labels,
-            buckets=TOKEN_COUNT_BUCKETS,
-            registry=reg,
-        )
-        self.request_generation_tokens = Histogram(
-            names.REQUEST_GENERATION_TOKENS_METRIC,
-            "Output length per request.",
-            labels,
-            buckets=TOKEN_COUNT_BUCKETS,
-            registry=reg,
-        )
-        self.failures = Counter(
-            names.REQUEST_FAILURES_METRIC,
-            "Requests refused or failed, by reason.",
-            [names.REASON_LABEL],
-            registry=reg,
-        )
-        self.structured_outputs = Counter(
-            names.STRUCTURED_OUTPUTS_METRIC,
-            "Constrained outputs checked against their constraint (finished with stop).",
-            registry=reg,
-        )
-        self.http_requests = Counter(
-            names.HTTP_REQUESTS_METRIC,
-            "HTTP requests answered, by route and status.",
-            [names.ROUTE_LABEL, names.STATUS_LABEL],
-            registry=reg,
-        )
-        self.http_duration = Histogram(
-            names.HTTP_DURATION_METRIC,
-            "HTTP request duration, by route.",
-            [names.ROUTE_LABEL],
-            buckets=HTTP_BUCKETS,
-            registry=reg,
-        )
-        self.key_reload_failures = Counter(
-            names.API_KEYS_RELOAD_FAILURES_METRIC,
-            "Reloads of the API keys that failed (the keys loaded before stay in use).",
-            registry=reg,
-        )
+
+        def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+            return Counter(name, doc, labels, registry=reg)
+
+        def histogram(
+            name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = per_model
+        ) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=reg)
+
+        # One metric a line: its name, help, buckets where it has them, and labels where not per model.
+        # fmt: off
+        self.prompt_tokens = counter(names.PROMPT_TOKENS_METRIC, "Prompt tokens processed.", per_model)
+        self.generation_tokens = counter(names.GENERATION_TOKENS_METRIC, "Tokens generated.", per_model)
+        self.request_success = counter(names.REQUEST_SUCCESS_METRIC, "Requests finished, by finish reason.", [*per_model, names.FINISHED_REASON_LABEL])
+        self.ttft = histogram(names.TTFT_METRIC, "Time to first token.", TTFT_BUCKETS)
+        self.itl = histogram(names.ITL_METRIC, "Gap between consecutive output tokens.", TOKEN_LATENCY_BUCKETS)
+        self.tpot = histogram(names.TPOT_METRIC, "(e2e - ttft) / (output tokens - 1) per request.", TOKEN_LATENCY_BUCKETS)
+        self.e2e = histogram(names.E2E_LATENCY_METRIC, "Arrival to last token.", REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram(names.QUEUE_TIME_METRIC, "Time spent waiting for admission.", REQUEST_LATENCY_BUCKETS)
+        self.request_prompt_tokens = histogram(names.REQUEST_PROMPT_TOKENS_METRIC, "Prompt length per request.", TOKEN_COUNT_BUCKETS)
+        self.request_generation_tokens = histogram(names.REQUEST_GENERATION_TOKENS_METRIC, "Output length per request.", TOKEN_COUNT_BUCKETS)
+        self.failures = counter(names.REQUEST_FAILURES_METRIC, "Requests refused or failed, by reason.", [names.REASON_LABEL])
+        self.structured_outputs = counter(names.STRUCTURED_OUTPUTS_METRIC, "Constrained outputs checked against their constraint (finished with stop).")
+        self.http_requests = counter(names.HTTP_REQUESTS_METRIC, "HTTP requests answered, by route and status.", [names.ROUTE_LABEL, names.STATUS_LABEL])
+        self.http_duration = histogram(names.HTTP_DURATION_METRIC, "HTTP request duration, by route.", HTTP_BUCKETS, [names.ROUTE_LABEL])
+        self.key_reload_failures = counter(names.API_KEYS_RELOAD_FAILURES_METRIC, "Reloads of the API keys that failed (the keys loaded before stay in use).")
+        # fmt: on
         # No sample before a phase ends: a 0 would read as "took no time".
         self.start_phases = Gauge(
             names.START_PHASE_METRIC,
@@ -231,110 +169,88 @@ class _GpuCollector(Collector):
         yield used
 
 
+# What the engine gauges and counters read before an engine is loaded: 0 each, and no engine info.
+_NO_ENGINE = EngineStats(
+    running=0,
+    waiting=0,
+    kv_blocks_total=0,
+    kv_blocks_free=0,
+    num_preemptions=0,
+    prefix_cache_queries=0,
+    prefix_cache_hits=0,
+    last_batch_size=0,
+    last_step_tokens=0,
+    steps=0,
+)
+
+
+_Family = type[GaugeMetricFamily] | type[CounterMetricFamily]
+# The engine's series exported after running and waiting, in this order: the family, its name and
+# help, and the field of EngineStats it reads.
+_ENGINE_SERIES: tuple[tuple[_Family, str, str, str], ...] = (
+    (GaugeMetricFamily, names.KV_USAGE_METRIC, "Fraction of KV cache blocks in use (0..1).", "kv_usage"),
+    (CounterMetricFamily, names.PREEMPTIONS_METRIC, "Sequences preempted.", "num_preemptions"),
+    (CounterMetricFamily, names.PREFIX_CACHE_QUERIES_METRIC, "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
+    (CounterMetricFamily, names.PREFIX_CACHE_HITS_METRIC, "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
+    (GaugeMetricFamily, names.BATCH_SIZE_METRIC, "Sequences in the engine's last step.", "last_batch_size"),
+    (GaugeMetricFamily, names.STEP_TOKENS_METRIC, "Tokens in the engine's last step.", "last_step_tokens"),
+    (CounterMetricFamily, names.ENGINE_STEPS_METRIC, "Engine steps taken.", "steps"),
+    (GaugeMetricFamily, names.KV_BLOCKS_TOTAL_METRIC, "KV cache blocks.", "kv_blocks_total"),
+    (GaugeMetricFamily, names.KV_BLOCKS_FREE_METRIC, "KV cache blocks free.", "kv_blocks_free"),
+)  # fmt: skip
+# Then prefill/decode disaggregation's (0 on a colocated replica).
+_KV_TRANSFER_SERIES: tuple[tuple[_Family, str, str, str], ...] = (
+    (CounterMetricFamily, names.KV_TRANSFER_BLOCKS_PULLED_METRIC, "KV blocks pulled from prefill replicas.", "kv_blocks_pulled"),
+    (CounterMetricFamily, names.KV_TRANSFER_PULL_FAILURES_METRIC, "KV pulls from prefill replicas that failed.", "kv_pulls_failed"),
+    (GaugeMetricFamily, names.KV_TRANSFER_LEASES_METRIC, "Prompts whose KV blocks wait for a decode replica.", "kv_leases"),
+    (CounterMetricFamily, names.KV_TRANSFER_LEASES_EXPIRED_METRIC, "KV leases that expired unclaimed.", "kv_leases_expired"),
+)  # fmt: skip
+
+
+@dataclass(eq=False)  # the registry keys its collectors by identity
 class _LiveCollector(Collector):
     """Gauges read at scrape time from the engine, the admission queue and the health state."""
 
-    def __init__(
-        self,
-        model_name: str,
-        engine_stats: Callable[[], EngineStats | None],
-        queue_state: Callable[[], tuple[int, int]],
-        health_state: Callable[[], tuple[bool, bool]],
-    ) -> None:
-        self._model = model_name
-        self._engine_stats = engine_stats
-        self._queue_state = queue_state
-        self._health_state = health_state
+    model: str
+    engine_stats: Callable[[], EngineStats | None]
+    queue_state: Callable[[], tuple[int, int]]
+    health_state: Callable[[], tuple[bool, bool]]
 
     def collect(self) -> Iterable[Metric]:
-        stats = self._engine_stats()
-        admitted, queued = self._queue_state()
-        ready, draining = self._health_state()
-        engine_waiting = stats.waiting if stats else 0
+        stats = self.engine_stats() or _NO_ENGINE
+        admitted, queued = self.queue_state()
+        ready, draining = self.health_state()
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=[names.MODEL_LABEL])
-            g.add_metric([self._model], value)
-            return g
+        def sample(name: str, doc: str, value: float, family: _Family = GaugeMetricFamily) -> Metric:
+            """A family with one sample, this model's."""
+            metric = family(name, doc, labels=[names.MODEL_LABEL])
+            metric.add_metric([self.model], value)
+            return metric
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=[names.MODEL_LABEL])
-            c.add_metric([self._model], value)
-            return c
-
-        yield gauge(names.RUNNING_METRIC, "Sequences running in the engine.", stats.running if stats else 0)
-        yield gauge(
+        yield sample(names.RUNNING_METRIC, "Sequences running in the engine.", stats.running)
+        yield sample(
             names.WAITING_METRIC,
             "Requests waiting: in the admission queue plus in the engine's own queue.",
-            queued + engine_waiting,
+            queued + stats.waiting,
         )
-        yield gauge(
-            names.KV_USAGE_METRIC,
-            "Fraction of KV cache blocks in use (0..1).",
-            stats.kv_usage if stats else 0.0,
-        )
-        yield counter(names.PREEMPTIONS_METRIC, "Sequences preempted.", stats.num_preemptions if stats else 0)
-        yield counter(
-            names.PREFIX_CACHE_QUERIES_METRIC,
-            "Prompt tokens looked up in the prefix cache.",
-            stats.prefix_cache_queries if stats else 0,
-        )
-        yield counter(
-            names.PREFIX_CACHE_HITS_METRIC,
-            "Prompt tokens found in the prefix cache.",
-            stats.prefix_cache_hits if stats else 0,
-        )
-        yield gauge(
-            names.BATCH_SIZE_METRIC,
-            "Sequences in the engine's last step.",
-            stats.last_batch_size if stats else 0,
-        )
-        yield gauge(
-            names.STEP_TOKENS_METRIC,
-            "Tokens in the engine's last step.",
-            stats.last_step_tokens if stats else 0,
-        )
-        yield counter(names.ENGINE_STEPS_METRIC, "Engine steps taken.", stats.steps if stats else 0)
-        yield gauge(names.KV_BLOCKS_TOTAL_METRIC, "KV cache blocks.", stats.kv_blocks_total if stats else 0)
-        yield gauge(
-            names.KV_BLOCKS_FREE_METRIC, "KV cache blocks free.", stats.kv_blocks_free if stats else 0
-        )
-        yield counter(
-            names.KV_TRANSFER_BLOCKS_PULLED_METRIC,
-            "KV blocks pulled from prefill replicas.",
-            stats.kv_blocks_pulled if stats else 0,
-        )
-        yield counter(
-            names.KV_TRANSFER_PULL_FAILURES_METRIC,
-            "KV pulls from prefill replicas that failed.",
-            stats.kv_pulls_failed if stats else 0,
-        )
-        yield gauge(
-            names.KV_TRANSFER_LEASES_METRIC,
-            "Prompts whose KV blocks wait for a decode replica.",
-            stats.kv_leases if stats else 0,
-        )
-        yield counter(
-            names.KV_TRANSFER_LEASES_EXPIRED_METRIC,
-            "KV leases that expired unclaimed.",
-            stats.kv_leases_expired if stats else 0,
-        )
-        yield gauge(names.ADMITTED_METRIC, "Requests holding an engine slot.", admitted)
-        yield gauge(names.QUEUED_METRIC, "Requests in the admission queue.", queued)
-        yield gauge(names.READY_METRIC, "1 when the readiness check passes.", 1.0 if ready else 0.0)
-        yield gauge(names.DRAINING_METRIC, "1 while draining before exit.", 1.0 if draining else 0.0)
+        for family, name, doc, field in (*_ENGINE_SERIES, *_KV_TRANSFER_SERIES):
+            yield sample(name, doc, getattr(stats, field), family)
+        yield sample(names.ADMITTED_METRIC, "Requests holding an engine slot.", admitted)
+        yield sample(names.QUEUED_METRIC, "Requests in the admission queue.", queued)
+        yield sample(names.READY_METRIC, "1 when the readiness check passes.", 1.0 if ready else 0.0)
+        yield sample(names.DRAINING_METRIC, "1 while draining before exit.", 1.0 if draining else 0.0)
         info = GaugeMetricFamily(
             names.ENGINE_INFO_METRIC,
             "1, labelled with the engine's attention backend and kernels (no sample before it loads).",
             labels=[names.MODEL_LABEL, names.ATTENTION_BACKEND_LABEL, names.KERNELS_LABEL],
         )
-        if stats and stats.attention_backend:
-            info.add_metric([self._model, stats.attention_backend, stats.kernels], 1.0)
+        if stats.attention_backend:
+            info.add_metric([self.model, stats.attention_backend, stats.kernels], 1.0)
         yield info
-        yield gauge(
+        yield sample(
             names.INTERCONNECT_BUS_METRIC,
             "All-reduce bus bandwidth the replica's ranks measured at start (GB/s, nccl-tests' busbw; 0: one rank).",
-            stats.interconnect_bus_gbps if stats else 0.0,
+            stats.interconnect_bus_gbps,
         )
 
 

@@ -435,9 +435,7 @@ def load_model(
     leftover = sorted(k for k in ckpt.unread if not k.endswith("rotary_emb.inv_freq"))
     if leftover:
         raise ValueError(f"{model_dir}: unexpected tensors in checkpoint: {leftover[:5]}")
-    # Names only: a list of the tensors would keep every weight alive through the transposes below.
-    still_meta = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-    if still_meta:
+    if still_meta := model.unfilled():
         raise ValueError(f"{model_dir}: no checkpoint tensor filled {still_meta[:5]}")
     model.rope_cos, model.rope_sin = rope_tables(cfg, device)
     if device.type == "cpu":

@@ -83,6 +83,11 @@ class LlamaForCausalLM(nn.Module):
     def num_local_kv_heads(self) -> int:
         return self.cfg.num_kv_heads // self.tp.world_size
 
+    def unfilled(self) -> list[str]:
+        """The parameters and buffers that no loaded tensor filled (still on the meta device). Names
+        only: a list of the tensors would keep every weight alive through what the loader does next."""
+        return [name for name, t in (*self.named_parameters(), *self.named_buffers()) if t.is_meta]
+
     def forward(
         self,
         input_ids: torch.Tensor,

@@ -281,8 +281,7 @@ def restore_prepared(
                 setattr(module, attr, tensors.pop(f"{name}#{attr}"))
     if tensors:
         raise PreparedMismatch(f"{model_dir}: tensors no module of this model holds: {sorted(tensors)[:5]}")
-    still_meta = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-    if still_meta:
+    if still_meta := model.unfilled():
         raise PreparedMismatch(f"{model_dir}: fills no tensor for {still_meta[:5]}")
     model.rope_cos, model.rope_sin = rope_tables(cfg, device)
     return model.eval().requires_grad_(False)

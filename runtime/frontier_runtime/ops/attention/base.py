@@ -79,6 +79,13 @@ class AttentionCall:
     v_scale: float = 1.0
     window: int = 0
 
+    def paged_cache(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """What the paged kernels (the C++ and the Triton one) take after the query, in their order:
+        the K and V cache, the block tables and each sequence's row of them, the query starts and
+        the sequence lengths."""
+        meta = self.meta
+        return (self.k_cache, self.v_cache, meta.tables, meta.rows, meta.query_start, meta.seq_lens)
+
 
 @dataclass(frozen=True)
 class RotaryWrite:

@@ -43,18 +43,13 @@ class CpuKernelBackend(AttentionBackend):
 
     @classmethod
     def forward(cls, call: AttentionCall) -> torch.Tensor:
-        q, meta = call.q, call.meta
+        q = call.q
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dense_rows = q.stride(2) == 1 and q.stride(1) == q.shape[2]  # a view into qkv is read in place
         args = (
             out,
             q if dense_rows else q.contiguous(),
-            call.k_cache,
-            call.v_cache,
-            meta.tables,
-            meta.rows,
-            meta.query_start,
-            meta.seq_lens,
+            *call.paged_cache(),
             call.scale,
             call.k_scale,
             call.v_scale,

@@ -23,16 +23,10 @@ class TritonBackend(AttentionBackend):
 
     @classmethod
     def forward(cls, call: AttentionCall) -> torch.Tensor:
-        meta = call.meta
         return triton_attention.paged_attention(
             call.q,
-            call.k_cache,
-            call.v_cache,
-            meta.tables,
-            meta.rows,
-            meta.query_start,
-            meta.seq_lens,
-            meta.max_query_len,
+            *call.paged_cache(),
+            call.meta.max_query_len,
             call.scale,
             call.k_scale,
             call.v_scale,
