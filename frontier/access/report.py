@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-
 from rich.table import Table
 
 from frontier.access.usage import Usage
-
-
-def _table(
-    title: str, columns: Sequence[str], rows: Iterable[Sequence[object]], *, numeric: Iterable[int] = ()
-) -> Table:
-    right = set(numeric)
-    t = Table(title=title, title_justify="left")
-    for i, name in enumerate(columns):
-        t.add_column(name, justify="right" if i in right else "left", overflow="fold")
-    for row in rows:
-        t.add_row(*(str(cell) for cell in row))
-    return t
+from frontier.tables import table
 
 
 def usage_table(stack: str, uri: str, rows: list[Usage], prices: dict[str, float]) -> Table:
@@ -61,4 +48,4 @@ def usage_table(stack: str, uri: str, rows: list[Usage], prices: dict[str, float
         "$/1M out tok",
         "cost",
     )
-    return _table(f"usage of {stack} ({uri})", columns, body, numeric=range(2, 9))
+    return table(f"usage of {stack} ({uri})", columns, body, numeric=range(2, 9))

@@ -12,6 +12,27 @@ from frontier.capacity.quality import QualityPoint, QualityRun
 from frontier.config.schema import PoolSettings, Settings, Slo
 
 
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend: a PNG is written without a display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, out: Path) -> Path:
+    """``fig`` laid out and written to ``out`` (its folder made), then closed; returns ``out``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def _scatter_by(
     ax: Any,
     options: tuple[Option, ...],
@@ -42,11 +63,7 @@ def _scatter_by(
 def pareto_png(ex: Exploration, slo: Slo, out: Path) -> Path:
     """Every option (cost per 1M output tokens vs TPOT at its best SLO point), the front, the stack's
     current choice and the cheapest option."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5.2))
     _scatter_by(ax, ex.options, lambda o: o.candidate.gpu_type, "{}", size=22, alpha=0.55)
     ax.plot(
@@ -94,22 +111,14 @@ def pareto_png(ex: Exploration, slo: Slo, out: Path) -> Path:
     ax.set_title(
         f"stack {ex.stack}: price vs latency of {len(ex.options)} options ({ex.considered} candidates)"
     )
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def expert_parallel_png(
     rows: tuple[ExpertParallelRow, ...], settings: Settings, pool: PoolSettings, out: Path
 ) -> Path:
     """Cost per 1M output tokens and TPOT against expert parallel, inside and across the NVLink domain."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.6))
     ok = [r for r in rows if r.cost_per_million is not None and r.point is not None]
     for inside, colour, label in (
@@ -141,11 +150,7 @@ def expert_parallel_png(
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     ax.legend(handles=handles, fontsize=7, loc="upper left")
     ax.set_title(f"stack {settings.stack}: expert parallel inside vs across the NVLink domain")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def quality_png(
@@ -154,11 +159,7 @@ def quality_png(
     """Two panels side by side: price vs TPOT (every option, the front) and price vs pass rate (each
     variant of weights and KV cache at its cheapest option meeting every SLO, the front marked).
     A variant whose pass rate was not measured is listed under the chart with the reason, never placed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.6))
     cmap = plt.get_cmap("tab10")
     quantizations = _scatter_by(
@@ -244,8 +245,4 @@ def quality_png(
         right.legend(fontsize=7, loc="upper left")
     right.set_title("price vs pass rate, by weights and KV cache dtype")
     fig.suptitle(f"stack {ex.stack}: the price, latency and pass rate of each option")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)

@@ -289,29 +289,38 @@ def loadtest(
         raise Exit("no step held the SLO: no baseline saved", code=1)
 
 
+def _comma_separated(value: object, option: str, most: int, *, give: str, each: str) -> tuple[int, ...]:
+    """``option``'s ``value``: one whole number, or several comma-separated, each 1..``most``; the
+    errors say what to ``give`` and what ``each`` number must be."""
+    try:
+        numbers = tuple(int(part) for part in str(value).split(","))
+    except ValueError:
+        raise LoadTestError(f"{option} {value}: give {give}") from None
+    if any(not 1 <= n <= most for n in numbers):
+        raise LoadTestError(f"{option} {value}: each {each}")
+    return numbers
+
+
 def _parse_lengths(value: object) -> tuple[int, ...]:
     """``--prompt-tokens``: one length, or several comma-separated, each 1..1,048,576 tokens."""
-    try:
-        lengths = tuple(int(part) for part in str(value).split(","))
-    except ValueError:
-        raise LoadTestError(
-            f"--prompt-tokens {value}: give a number of tokens, or several separated by commas"
-        ) from None
-    if not lengths or any(not 1 <= n <= 1_048_576 for n in lengths):
-        raise LoadTestError(f"--prompt-tokens {value}: each length must be 1..1048576 tokens")
-    return lengths
+    return _comma_separated(
+        value,
+        "--prompt-tokens",
+        1_048_576,
+        give="a number of tokens, or several separated by commas",
+        each="length must be 1..1048576 tokens",
+    )
 
 
 def _parse_levels(value: object) -> tuple[int, ...]:
     """``--concurrency``: one number of clients, or several rising, comma-separated, each 1..100,000."""
-    try:
-        levels = tuple(int(part) for part in str(value).split(","))
-    except ValueError:
-        raise LoadTestError(
-            f"--concurrency {value}: give a number of clients, or several rising, separated by commas"
-        ) from None
-    if any(not 1 <= n <= 100_000 for n in levels):
-        raise LoadTestError(f"--concurrency {value}: each level must be 1..100000 clients")
+    levels = _comma_separated(
+        value,
+        "--concurrency",
+        100_000,
+        give="a number of clients, or several rising, separated by commas",
+        each="level must be 1..100000 clients",
+    )
     if any(b <= a for a, b in zip(levels, levels[1:], strict=False)):
         raise LoadTestError(f"--concurrency {value}: the levels of a sweep must rise strictly")
     return levels

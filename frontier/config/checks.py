@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterable, Iterator
+from typing import TypeVar
 
 from frontier_runtime.ops.table import (
     ATTENTION_BACKENDS,
@@ -372,31 +373,39 @@ def certificate_problems(s: Settings) -> Iterator[FieldProblem]:
 
 # --- model pools, the gateway and tenants ----------------------------------------------------------
 
+_Key = TypeVar("_Key", bound=Hashable)
+
+
+def _first_index(values: Iterable[_Key]) -> dict[_Key, int]:
+    """Each of ``values`` with the index it first stands at: one standing later repeats it."""
+    first: dict[_Key, int] = {}
+    for i, value in enumerate(values):
+        first.setdefault(value, i)
+    return first
+
 
 def pool_problems(s: Settings) -> Iterator[FieldProblem]:
     """The pools: a unique name each, and a host runs one pool."""
-    seen: dict[str, int] = {}
+    first_name = _first_index(pool.name for pool in s.pools)
+    first_secret = _first_index(pool.runtime.api_keys_secret or "" for pool in s.pools)
     host_owner: dict[str, str] = {}
-    secret_owner: dict[str, int] = {}
     listed = len(s.pools) > 1
     for i, pool in enumerate(s.pools):
         where = f"pools[{i}]"
-        if pool.name in seen:
+        if (first := first_name[pool.name]) < i:
             yield FieldProblem(
-                f"{where}.model.name", pool.name, f"must be unique among models (pools[{seen[pool.name]}])"
+                f"{where}.model.name", pool.name, f"must be unique among models (pools[{first}])"
             )
-        seen.setdefault(pool.name, i)
         # Each pool's principal reads its own pool's key secret and no other's: a secret two pools
         # shared would let one pool's hosts hold the key that reaches the other's runtimes.
         secret = pool.runtime.api_keys_secret or ""
-        if secret in secret_owner:
+        if (first := first_secret[secret]) < i:
             yield FieldProblem(
                 f"{where}.runtime.api_keys_secret",
                 secret,
-                f"already the secret of pools[{secret_owner[secret]}] "
-                f"({s.pools[secret_owner[secret]].name!r}): each pool's runtimes read a secret of their own",
+                f"already the secret of pools[{first}] "
+                f"({s.pools[first].name!r}): each pool's runtimes read a secret of their own",
             )
-        secret_owner.setdefault(secret, i)
         for j, host in enumerate(pool.hosts):
             if listed and host.name in host_owner:
                 yield FieldProblem(
@@ -469,22 +478,20 @@ def tenant_problems(s: Settings) -> Iterator[FieldProblem]:
             "gateway", None, "tenants need a 'frontier:gateway' section (the gateway enforces their quotas)"
         )
     served = [pool.name for pool in s.pools]
-    names: dict[str, int] = {}
-    secrets: dict[str, int] = {}
+    first_name = _first_index(tenant.name for tenant in s.tenants)
+    first_secret = _first_index(tenant.api_key_secret for tenant in s.tenants)
     for i, tenant in enumerate(s.tenants):
         where = f"tenants[{i}]"
-        if tenant.name in names:
+        if (first := first_name[tenant.name]) < i:
             yield FieldProblem(
-                f"{where}.name", tenant.name, f"must be unique among tenants (tenants[{names[tenant.name]}])"
+                f"{where}.name", tenant.name, f"must be unique among tenants (tenants[{first}])"
             )
-        names.setdefault(tenant.name, i)
-        if tenant.api_key_secret in secrets:
+        if (first := first_secret[tenant.api_key_secret]) < i:
             yield FieldProblem(
                 f"{where}.api_key_secret",
                 tenant.api_key_secret,
-                f"must differ from tenants[{secrets[tenant.api_key_secret]}]'s: a key identifies one tenant",
+                f"must differ from tenants[{first}]'s: a key identifies one tenant",
             )
-        secrets.setdefault(tenant.api_key_secret, i)
         for j, model in enumerate(tenant.models):
             if model not in served:
                 yield FieldProblem(

@@ -12,15 +12,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import yaml
-
 from frontier import project
 from frontier.config.schema import Settings
+from frontier.demo.variants import load_variant, stack_document
 from frontier.loadtest.client import BackgroundLoad, RequestSample, Target
 from frontier.rollout.deploy import deploy
 from frontier.rollout.recordings import store_recording
 from frontier.rollout.rolling import RolloutFailed, RolloutResult
-from frontier.targets import backend_for, load_stack
+from frontier.targets import backend_for
 from frontier.targets.local import cluster as local
 from frontier.verify import read_set, record_golden
 
@@ -45,18 +44,17 @@ def record_release_a(settings: Settings, model: str, release_a: str) -> Path:
 
 def variant_c(settings: Settings, set_path: Path) -> Settings:
     """Release C's settings: an fp8 KV cache, and a canary that must reproduce release A's answers."""
-    document = yaml.safe_load(Path(settings.source).read_text())
+    document = stack_document(settings)
     config = document["config"]
     config["frontier:runtime"]["kv_cache_dtype"] = "fp8"
     config["frontier:rollout"]["verify_canary"] = True
     config["frontier:verify"] = {"file": str(set_path)}
-    path = local.state_dir(settings) / "demo" / "c" / Path(settings.source).name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "# Release C of the demo: release A with an fp8 KV cache, its canary verified (frontier/demo/canary.py).\n"
-        + yaml.safe_dump(document, sort_keys=False)
+    return load_variant(
+        settings,
+        document,
+        local.state_dir(settings) / "demo" / "c" / Path(settings.source).name,
+        "Release C of the demo: release A with an fp8 KV cache, its canary verified (frontier/demo/canary.py).",
     )
-    return load_stack(settings.stack, path=path)
 
 
 def wrong_answers_rolled_back(

@@ -16,16 +16,15 @@ import time
 from pathlib import Path
 
 import httpx
-import yaml
 
 from frontier.access import batch as batches
 from frontier.access.usage import output_token_prices, read_records, sum_usage
 from frontier.config.schema import PoolSettings, Settings
+from frontier.demo.variants import load_variant, stack_document
 from frontier.errors import FrontierError
 from frontier.hosts.inventory import static_hosts
 from frontier.loadtest.client import Target
 from frontier.loadtest.stats import RequestSample
-from frontier.targets import load_stack
 from frontier.targets.local import cluster
 from frontier.targets.local import gateway as local_gateway
 from frontier.targets.local.group import read_state
@@ -44,7 +43,7 @@ SMALL_MAX_SEQ_LEN = 512
 
 def two_model_settings(settings: Settings) -> Settings:
     """The stack file as two pools behind a gateway with two tenants, written under the demo folder."""
-    document = yaml.safe_load(Path(settings.source).read_text())
+    document = stack_document(settings)
     config = document["config"]
     # The slots in service are split between the pools; spare slots stay out of this copy.
     serving = set(read_state(settings, cluster.state_dir(settings)).in_service)
@@ -106,13 +105,12 @@ def two_model_settings(settings: Settings) -> Settings:
             "priority": "batch",
         },
     ]
-    path = cluster.state_dir(settings) / "demo" / "models" / Path(settings.source).name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "# The demo's two models and two tenants: the stack file as two pools behind a gateway.\n"
-        + yaml.safe_dump(document, sort_keys=False)
+    return load_variant(
+        settings,
+        document,
+        cluster.state_dir(settings) / "demo" / "models" / Path(settings.source).name,
+        "The demo's two models and two tenants: the stack file as two pools behind a gateway.",
     )
-    return load_stack(settings.stack, path=path)
 
 
 def small_model_dir(settings: Settings) -> Path:

@@ -61,13 +61,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import yaml
 from botocore.exceptions import ClientError
 from rich.table import Table
 
 from frontier.config.load import chosen_pool, stack_path
 from frontier.config.schema import Model, PoolSettings, Settings
 from frontier.demo.canary import wrong_answers_rolled_back
+from frontier.demo.variants import load_variant, stack_document
 from frontier.errors import FrontierError
 from frontier.loadtest.client import BackgroundLoad, Target, run_steps
 from frontier.loadtest.report import step_notes, steps_table, wide_console
@@ -168,17 +168,16 @@ def build_artifact(settings: Settings) -> str:
 
 def variant_b(settings: Settings) -> Settings:
     """Release B's settings: the stack file with a halved max_batch_size and a 10 ms batch window."""
-    document = yaml.safe_load(Path(settings.source).read_text())
+    document = stack_document(settings)
     batch = document["config"]["frontier:runtime"]["batch"]
     batch["max_batch_size"] = max(1, int(batch["max_batch_size"]) // 2)
     batch["window_ms"] = 10
-    path = local.state_dir(settings) / "demo" / Path(settings.source).name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "# Release B of the demo: the stack file with one batching change (see frontier/demo/run.py).\n"
-        + yaml.safe_dump(document, sort_keys=False)
+    return load_variant(
+        settings,
+        document,
+        local.state_dir(settings) / "demo" / Path(settings.source).name,
+        "Release B of the demo: the stack file with one batching change (see frontier/demo/run.py).",
     )
-    return load_stack(settings.stack, path=path)
 
 
 # --- rollouts -------------------------------------------------------------------------------------

@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import yaml
 from frontier_hostside.names import METRICS_PATH, READINESS_PATH
 
 from frontier.config.schema import Settings
+from frontier.demo.variants import load_variant, stack_document
 from frontier.errors import FrontierError
 from frontier.hosts.balancer import Balancer
 from frontier.hosts.inventory import HostSpec
 from frontier.loadtest.client import Target, stream_request
 from frontier.loadtest.stats import RequestSample
-from frontier.targets import backend_for, load_stack
+from frontier.targets import backend_for
 from frontier.targets.local import cluster
 from frontier.targets.local.autoscaler import Autoscaler, Decision
 from frontier.targets.local.group import LocalFleet
@@ -63,7 +63,7 @@ class ZeroRun:
 def zero_settings(settings: Settings) -> Settings:
     """The stack file with its serving node group allowed to reach zero: ``min_size: 0``, an idle
     time, and a hold queue in the gateway for every model (the rule for ``min_size: 0``)."""
-    document = yaml.safe_load(Path(settings.source).read_text())
+    document = stack_document(settings)
     config = document["config"]
     group = config["frontier:node_groups"][0]
     group["min_size"] = 0
@@ -78,12 +78,12 @@ def zero_settings(settings: Settings) -> Settings:
     # Nothing is sent while a request is held: the balancer's idle timeout must outlast the hold.
     edge = config["frontier:edge"]
     edge["idle_timeout_s"] = max(int(edge.get("idle_timeout_s", 0)), int(hold_s) + 30)
-    path = Path(settings.source).with_name(f"zero-{Path(settings.source).name}")
-    path.write_text(
-        "# The stack with its node group allowed to reach zero, requests held by the gateway meanwhile.\n"
-        + yaml.safe_dump(document, sort_keys=False)
+    return load_variant(
+        settings,
+        document,
+        Path(settings.source).with_name(f"zero-{Path(settings.source).name}"),
+        "The stack with its node group allowed to reach zero, requests held by the gateway meanwhile.",
     )
-    return load_stack(settings.stack, path=path)
 
 
 class GatewayRouted:

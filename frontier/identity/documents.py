@@ -263,6 +263,17 @@ def list_prefix(sid: str, bucket_arn: str, *prefixes: str) -> Statement:
     return allow(sid, "s3:ListBucket", bucket_arn, {"StringLike": {"s3:prefix": keys}})
 
 
+def read_versions(bucket_arn: str, prefix: str, sids: tuple[str, str]) -> list[Statement]:
+    """The versions of the objects under ``prefix``, listed and read (``sids``: the two statements').
+    No s3:DeleteObjectVersion: what reads them never removes a version or a delete marker."""
+    list_sid, read_sid = sids
+    condition = list_prefix("", bucket_arn, prefix).condition
+    return [
+        allow(list_sid, "s3:ListBucketVersions", bucket_arn, condition),
+        allow(read_sid, "s3:GetObjectVersion", objects(bucket_arn, prefix)),
+    ]
+
+
 def log_groups_arn(cloud: Cloud, stack: str) -> str:
     return cloud.arn("logs", f"log-group:{LOG_GROUP_ROOT}/{stack}/*")
 
@@ -472,17 +483,10 @@ def deploy_policy(args: IdentityArgs) -> PolicyDocument:
         ),
         list_prefix("ListDeployHistory", args.history_bucket_arn, args.history_prefix),
         # `fab restore`: the earlier versions of the history's objects, read back and put again.
-        # No s3:DeleteObjectVersion: a restore never removes a version or a delete marker.
-        allow(
-            "ListDeployHistoryVersions",
-            "s3:ListBucketVersions",
+        *read_versions(
             args.history_bucket_arn,
-            list_prefix("", args.history_bucket_arn, args.history_prefix).condition,
-        ),
-        allow(
-            "ReadDeployHistoryVersions",
-            "s3:GetObjectVersion",
-            objects(args.history_bucket_arn, args.history_prefix),
+            args.history_prefix,
+            ("ListDeployHistoryVersions", "ReadDeployHistoryVersions"),
         ),
         allow(
             "PushModelWeights",
@@ -597,16 +601,8 @@ def deploy_policy(args: IdentityArgs) -> PolicyDocument:
     if args.backup_bucket_arn:
         # `fab restore --from backup`: the history's prefix in the backup copy, read as from versions.
         statements += [
-            allow(
-                "ListTheBackupCopy",
-                "s3:ListBucketVersions",
-                args.backup_bucket_arn,
-                list_prefix("", args.backup_bucket_arn, args.history_prefix).condition,
-            ),
-            allow(
-                "ReadTheBackupCopy",
-                "s3:GetObjectVersion",
-                objects(args.backup_bucket_arn, args.history_prefix),
+            *read_versions(
+                args.backup_bucket_arn, args.history_prefix, ("ListTheBackupCopy", "ReadTheBackupCopy")
             ),
             # The backup key's ARN is the backup component's; its alias is known by name, so the
             # key is named by alias (KMS matches kms:ResourceAliases on Decrypt) and only via S3.

@@ -21,6 +21,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
 from frontier.config.schema import PoolSettings, Settings
@@ -176,13 +177,21 @@ def roll_hosts(
     place, through the balancer's weights.
     """
     if settings.rollout.traffic_steps:
-        return _weighted(
-            settings, pool, store, hosts, balancer, connect, release, kind, reporter, group, verification
-        )
+        # By traffic share: in place (no surge), the group held.
+        if not isinstance(balancer, WeightedBalancer):
+            # Each target refuses the setting at load where its balancer has no weights; never ignored.
+            raise FrontierError(
+                f"rollout.traffic_steps {list(settings.rollout.traffic_steps)}: this target's balancer "
+                f"({type(balancer).__name__}) cannot split traffic by weight"
+            )
+        wheel = _wheel(store, release)
+        with _held(group, hosts):
+            weighted = WeightedRollout(settings, pool, hosts, balancer, connect, reporter, verification)
+            return weighted.run(release, wheel, kind)
     strategy = choose(settings.rollout, group.size() if group is not None and surge else None)
     if group is not None and not surge and in_place_reason:  # the caller's own reason not to surge
         strategy = Strategy(IN_PLACE, settings.rollout.batch_size, in_place_reason)
-    wheel = store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
+    wheel = _wheel(store, release)
 
     def roll(over: list[HostSpec]) -> RolloutResult:
         rollout = Rollout(settings, pool, over, balancer, connect, reporter, verification)
@@ -190,7 +199,7 @@ def roll_hosts(
         rollout.peers = list(hosts)
         return rollout.run(release, wheel, kind)
 
-    with group.hold(hosts) if group is not None else contextlib.nullcontext():
+    with _held(group, hosts):
         if group is not None and strategy.kind == SURGE:
             return surge_rollout(
                 group,
@@ -206,27 +215,11 @@ def roll_hosts(
     return result
 
 
-def _weighted(
-    settings: Settings,
-    pool: PoolSettings,
-    store: HistoryStore,
-    hosts: list[HostSpec],
-    balancer: Balancer,
-    connect: Callable[[HostSpec], Any],
-    release: Release,
-    kind: str,
-    reporter: Reporter | None,
-    group: Fleet | None,
-    verification: CanaryVerification | None,
-) -> RolloutResult:
-    """``rollout.traffic_steps``: the rollout by traffic share, in place (no surge), the group held."""
-    if not isinstance(balancer, WeightedBalancer):
-        # Each target refuses the setting at load where its balancer has no weights; never ignored.
-        raise FrontierError(
-            f"rollout.traffic_steps {list(settings.rollout.traffic_steps)}: this target's balancer "
-            f"({type(balancer).__name__}) cannot split traffic by weight"
-        )
-    wheel = store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
-    with group.hold(hosts) if group is not None else contextlib.nullcontext():
-        rollout = WeightedRollout(settings, pool, hosts, balancer, connect, reporter, verification)
-        return rollout.run(release, wheel, kind)
+def _wheel(store: HistoryStore, release: Release) -> Path | None:
+    """The release's wheel, from the history, where its artifact is one."""
+    return store.fetch_artifact(release.artifact) if release.artifact.kind == "wheel" else None
+
+
+def _held(group: Fleet | None, hosts: list[HostSpec]) -> contextlib.AbstractContextManager[None]:
+    """``hosts`` held against ``group``'s scale-in for the length of the ``with`` (no group: nothing)."""
+    return group.hold(hosts) if group is not None else contextlib.nullcontext()

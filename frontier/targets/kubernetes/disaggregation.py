@@ -35,10 +35,9 @@ from typing import Any
 from frontier.config.schema import PoolSettings, Settings
 from frontier.targets.kubernetes.objects import (
     Manifest,
-    app_labels,
-    app_name,
     kubernetes_of,
     kv_role,
+    pool_policy,
     selector,
 )
 
@@ -113,32 +112,9 @@ def kv_transfer_policies(settings: Settings, pool: PoolSettings) -> list[Manifes
     prefill, decode = (role_pool(pool, half) for half in HALVES)
     namespace = kubernetes_of(settings).namespace
     port = [{"protocol": "TCP", "port": pool.runtime.kv_transfer.port}]
-    pulls_in = Manifest(
-        "networking.k8s.io/v1",
-        "NetworkPolicy",
-        f"{app_name(prefill)}-kv-transfer",
-        namespace,
-        {
-            "spec": {
-                "podSelector": {"matchLabels": selector(prefill)},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": [{"podSelector": {"matchLabels": selector(decode)}}], "ports": port}],
-            }
-        },
-        labels=app_labels(prefill),
-    )
-    pulls_out = Manifest(
-        "networking.k8s.io/v1",
-        "NetworkPolicy",
-        f"{app_name(decode)}-kv-transfer",
-        namespace,
-        {
-            "spec": {
-                "podSelector": {"matchLabels": selector(decode)},
-                "policyTypes": ["Egress"],
-                "egress": [{"to": [{"podSelector": {"matchLabels": selector(prefill)}}], "ports": port}],
-            }
-        },
-        labels=app_labels(decode),
-    )
-    return [pulls_in, pulls_out]
+    decode_pods = [{"podSelector": {"matchLabels": selector(decode)}}]
+    prefill_pods = [{"podSelector": {"matchLabels": selector(prefill)}}]
+    return [
+        pool_policy(prefill, "kv-transfer", namespace, ingress=[{"from": decode_pods, "ports": port}]),
+        pool_policy(decode, "kv-transfer", namespace, egress=[{"to": prefill_pods, "ports": port}]),
+    ]

@@ -61,15 +61,24 @@ def prometheus_rule(settings: Settings, pool: PoolSettings) -> Manifest:
     """The stack's alerting rules (one set for every pool: the rules select by metric, not by pod),
     named and labelled after ``pool``'s workload, which carries them."""
     k = kubernetes_of(settings)
-    rules = yaml.safe_load(render_alerts(settings))
+    return _alert_rule(
+        settings, f"{app_name(pool)}-alerts", k.namespace, render_alerts(settings), app_labels(pool)
+    )
+
+
+def _alert_rule(
+    settings: Settings, name: str, namespace: str, alerts: str, labels: dict[str, str]
+) -> Manifest:
+    """A PrometheusRule of the groups of ``alerts`` (an alerts file as ``fab render`` writes it)."""
+    k = kubernetes_of(settings)
     return Manifest(
         "monitoring.coreos.com/v1",
         "PrometheusRule",
-        f"{app_name(pool)}-alerts",
-        k.namespace,
-        {"spec": {"groups": rules["groups"]}},
+        name,
+        namespace,
+        {"spec": {"groups": yaml.safe_load(alerts)["groups"]}},
         # The operator selects rules by the same labels as ServiceMonitors in common setups.
-        labels={**app_labels(pool), **k.monitoring.service_monitor_labels},
+        labels={**labels, **k.monitoring.service_monitor_labels},
     )
 
 
@@ -310,15 +319,12 @@ def dcgm_exporter(settings: Settings) -> list[Manifest]:
 
 def resource_rule(settings: Settings) -> Manifest:
     """The GPU and host alerts, beside the exporters they read."""
-    k = kubernetes_of(settings)
-    rules = yaml.safe_load(render_resource_alerts(settings))
-    return Manifest(
-        "monitoring.coreos.com/v1",
-        "PrometheusRule",
+    return _alert_rule(
+        settings,
         f"frontier-{settings.stack}-resource-alerts",
-        k.monitoring.prometheus_namespace,
-        {"spec": {"groups": rules["groups"]}},
-        labels={**stack_labels(), **k.monitoring.service_monitor_labels},
+        kubernetes_of(settings).monitoring.prometheus_namespace,
+        render_resource_alerts(settings),
+        stack_labels(),
     )
 
 

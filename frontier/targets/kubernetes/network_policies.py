@@ -38,9 +38,8 @@ from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes.network import api_server_cidrs, ingress_source_cidrs
 from frontier.targets.kubernetes.objects import (
     Manifest,
-    app_labels,
-    app_name,
     kubernetes_of,
+    pool_policy,
     selector,
     stack_labels,
 )
@@ -97,48 +96,23 @@ def kv_event_ports(pool: PoolSettings) -> list[int]:
 def kv_events_policy(settings: Settings, pool: PoolSettings, subscribers: list[dict[str, Any]]) -> Manifest:
     """One pool's (or half's) KV-event ports (publish and replay), from ``subscribers`` only: the
     gateway."""
-    k = kubernetes_of(settings)
-    return Manifest(
-        "networking.k8s.io/v1",
-        "NetworkPolicy",
-        f"{app_name(pool)}-kv-events",
-        k.namespace,
-        {
-            "spec": {
-                "podSelector": {"matchLabels": selector(pool)},
-                "policyTypes": ["Ingress"],
-                "ingress": [
-                    {
-                        "from": subscribers,
-                        "ports": [{"protocol": "TCP", "port": port} for port in kv_event_ports(pool)],
-                    }
-                ],
-            }
-        },
-        labels=app_labels(pool),
+    ports = [{"protocol": "TCP", "port": port} for port in kv_event_ports(pool)]
+    return pool_policy(
+        pool, "kv-events", kubernetes_of(settings).namespace, ingress=[{"from": subscribers, "ports": ports}]
     )
 
 
 def replica_policy(settings: Settings, pool: PoolSettings) -> Manifest:
     """``pool``'s pods to each other, every TCP port both ways: the ranks of a replica over several
     nodes meet on the leader's ports, then gloo and NCCL connect every pair on ephemeral ones."""
-    k = kubernetes_of(settings)
     pods = {"podSelector": {"matchLabels": selector(pool)}}
     all_tcp = [{"protocol": "TCP"}]  # no port: every port of the protocol
-    return Manifest(
-        "networking.k8s.io/v1",
-        "NetworkPolicy",
-        f"{app_name(pool)}-replica",
-        k.namespace,
-        {
-            "spec": {
-                "podSelector": {"matchLabels": selector(pool)},
-                "policyTypes": ["Ingress", "Egress"],
-                "ingress": [{"from": [pods], "ports": all_tcp}],
-                "egress": [{"to": [pods], "ports": all_tcp}],
-            }
-        },
-        labels=app_labels(pool),
+    return pool_policy(
+        pool,
+        "replica",
+        kubernetes_of(settings).namespace,
+        ingress=[{"from": [pods], "ports": all_tcp}],
+        egress=[{"to": [pods], "ports": all_tcp}],
     )
 
 
@@ -182,43 +156,16 @@ def common_egress(settings: Settings) -> list[dict[str, Any]]:
 def runtime_policies(settings: Settings, pool: PoolSettings, sources: list[dict[str, Any]]) -> list[Manifest]:
     """``pool``'s runtime (or a half's): its port from ``sources``, Prometheus and the API server;
     out as above."""
-    k = kubernetes_of(settings)
-    labels = app_labels(pool)
+    namespace = kubernetes_of(settings).namespace
     api_server = [{"ipBlock": {"cidr": cidr}} for cidr in api_server_cidrs(settings)]
-    runtime_in = Manifest(
-        "networking.k8s.io/v1",
-        "NetworkPolicy",
-        f"{app_name(pool)}-ingress",
-        k.namespace,
-        {
-            "spec": {
-                "podSelector": {"matchLabels": selector(pool)},
-                "policyTypes": ["Ingress"],
-                "ingress": [
-                    {
-                        "from": [*sources, *_prometheus(settings), *api_server],
-                        "ports": [{"protocol": "TCP", "port": pool.runtime.port}],
-                    }
-                ],
-            }
-        },
-        labels=labels,
-    )
-    runtime_out = Manifest(
-        "networking.k8s.io/v1",
-        "NetworkPolicy",
-        f"{app_name(pool)}-egress",
-        k.namespace,
-        {
-            "spec": {
-                "podSelector": {"matchLabels": selector(pool)},
-                "policyTypes": ["Egress"],
-                "egress": common_egress(settings),
-            }
-        },
-        labels=labels,
-    )
-    return [runtime_in, runtime_out]
+    runtime_in = {
+        "from": [*sources, *_prometheus(settings), *api_server],
+        "ports": [{"protocol": "TCP", "port": pool.runtime.port}],
+    }
+    return [
+        pool_policy(pool, "ingress", namespace, ingress=[runtime_in]),
+        pool_policy(pool, "egress", namespace, egress=common_egress(settings)),
+    ]
 
 
 def gateway_policies(settings: Settings, front: list[dict[str, Any]]) -> list[Manifest]:

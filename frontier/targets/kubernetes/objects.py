@@ -144,6 +144,34 @@ def selector(pool: PoolSettings, track: str | None = None) -> dict[str, str]:
     return labels
 
 
+def pool_policy(
+    pool: PoolSettings,
+    suffix: str,
+    namespace: str,
+    *,
+    ingress: list[dict[str, Any]] | None = None,
+    egress: list[dict[str, Any]] | None = None,
+) -> Manifest:
+    """The NetworkPolicy ``<app>-<suffix>`` over ``pool``'s pods (both tracks): the ``ingress`` and
+    ``egress`` rules given, each of the two a policy type where it is given."""
+    types: list[str] = []
+    spec: dict[str, Any] = {"podSelector": {"matchLabels": selector(pool)}, "policyTypes": types}
+    if ingress is not None:
+        types.append("Ingress")
+        spec["ingress"] = ingress
+    if egress is not None:
+        types.append("Egress")
+        spec["egress"] = egress
+    return Manifest(
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        f"{app_name(pool)}-{suffix}",
+        namespace,
+        {"spec": spec},
+        labels=app_labels(pool),
+    )
+
+
 def http_probe(settings: Settings, path: str, failure_threshold: int, success_threshold: int = 1) -> dict:
     """A probe of ``path`` on the container's ``http`` port, at the stack's health interval and timeout."""
     health = settings.health
