@@ -45,8 +45,22 @@ lock-check:
 audit: install
 	$(BIN)/python scripts/audit_locks.py
 
-test: system-packages install lock-check audit typecheck scan
-	$(BIN)/python -m pytest -q --durations=25
+# Two lanes at once on one machine: the tests that start processes and servers (mostly waiting on
+# sshd, HAProxy, runtimes and moto) stream here, while the work that only computes (the type check,
+# the scan, the tests that start nothing, the torch-ops run) runs beside them into a log printed at
+# the end. Together they run every test; either lane failing fails the target.
+LANE_LOG := .frontier/compute-lane.log
+test: system-packages install lock-check audit
+	@mkdir -p .frontier; rm -f $(LANE_LOG) $(LANE_LOG).rc
+	@( $(MAKE) --no-print-directory test-compute-lane > $(LANE_LOG) 2>&1; echo $$? > $(LANE_LOG).rc ) & \
+	$(BIN)/python -m pytest -q -m "proc or e2e" --durations=25; proc=$$?; \
+	echo "waiting for the compute lane (typecheck, scan, the tests that start nothing, torch ops)"; wait; \
+	echo "--- the compute lane ($(LANE_LOG)):"; cat $(LANE_LOG); \
+	test $$proc -eq 0 && test "$$(cat $(LANE_LOG).rc)" = 0
+
+.PHONY: test-compute-lane
+test-compute-lane: typecheck scan
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not proc and not e2e" --durations=10
 	$(MAKE) --no-print-directory test-torch-ops
 
 # checkov, a peer scanner, over every stack's rendered Kubernetes manifests, every Dockerfile and the
