@@ -34,7 +34,7 @@ import pulumi_kubernetes as k8s
 
 from frontier.config.schema import Kubernetes, Settings
 from infra.cloud import Cloud
-from infra.workload_identity import irsa_trust, pod_identity_trust
+from infra.workload_identity import service_account_trust
 
 # A label the GPU node groups carry; the device plugin's chart selects nodes by it.
 GPU_NODE_LABEL = "nvidia.com/gpu.present"
@@ -386,17 +386,12 @@ class ClusterAddons(pulumi.ComponentResource):
         start (with Pod Identity, credentials come only if the association exists then)."""
         k = args.settings.section(Kubernetes)
         child = pulumi.ResourceOptions(parent=self)
-        if k.identity == "irsa":
-            assert args.oidc_provider_arn is not None and args.oidc_issuer is not None
-            trust: pulumi.Input[str] = pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
-                lambda a: irsa_trust(a[0], a[1], namespace, service_account)
-            )
-        else:
-            trust = pod_identity_trust()
         role = aws.iam.Role(
             name,
             description=f"Frontier {args.settings.stack}: {what}",
-            assume_role_policy=trust,
+            assume_role_policy=service_account_trust(
+                k.identity, namespace, service_account, args.oidc_provider_arn, args.oidc_issuer
+            ),
             tags=dict(args.tags),
             opts=child,
         )

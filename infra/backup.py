@@ -40,9 +40,12 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from frontier.identity.documents import trust
 from frontier.identity.key_policies import account_administers_through_iam
 from frontier.release.restore import backup_bucket_name, backup_key_alias
 from infra.cloud import Cloud
+from infra.component import Component
+from infra.secret_store import symmetric_key
 from infra.storage import PrivateBucket, noncurrent_rule, private_bucket
 from infra.tags import with_tags
 
@@ -70,7 +73,7 @@ class ReplicatedBucket:
     bucket: PrivateBucket
 
 
-class Backup(pulumi.ComponentResource):
+class Backup(Component[BackupArgs]):
     """The backup region's provider and key first (the secret's replica needs the key), then
     :meth:`replicate` the stack's buckets once they exist."""
 
@@ -78,24 +81,15 @@ class Backup(pulumi.ComponentResource):
     backup_buckets: dict[str, PrivateBucket]
 
     def __init__(self, name: str, args: BackupArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(TYPE, name, None, opts)
-        self._name, self._args = name, args
-        self.provider = aws.Provider(
-            f"{name}-region", region=args.region, opts=pulumi.ResourceOptions(parent=self)
-        )
+        super().__init__(TYPE, name, args, opts)
+        self.provider = aws.Provider(f"{name}-region", region=args.region, opts=self._child)
         there = pulumi.ResourceOptions(parent=self, provider=self.provider)
-        key = aws.kms.Key(
+        key = symmetric_key(
             f"{name}-key",
-            description=f"Frontier {args.stack}: the backup copy of history, metering and secrets",
-            key_usage="ENCRYPT_DECRYPT",
-            customer_master_key_spec="SYMMETRIC_DEFAULT",
-            enable_key_rotation=True,
-            deletion_window_in_days=30,
-            policy=json.dumps(
-                {"Version": "2012-10-17", "Statement": [account_administers_through_iam(args.cloud)]}
-            ),
-            tags=with_tags(dict(args.tags), purpose="backup"),
-            opts=there,
+            f"Frontier {args.stack}: the backup copy of history, metering and secrets",
+            json.dumps({"Version": "2012-10-17", "Statement": [account_administers_through_iam(args.cloud)]}),
+            with_tags(dict(args.tags), purpose="backup"),
+            there,
         )
         aws.kms.Alias(
             f"{name}-key", name=backup_key_alias(args.stack), target_key_id=key.key_id, opts=there
@@ -120,21 +114,11 @@ class Backup(pulumi.ComponentResource):
         role = aws.iam.Role(
             f"{self._name}-replication",
             description=f"Frontier {args.stack}: S3 replicates history and metering to {args.region}",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": S3_SERVICE},
-                            "Action": "sts:AssumeRole",
-                            "Condition": {"StringEquals": {"aws:SourceAccount": args.cloud.account_id}},
-                        }
-                    ],
-                }
+            assume_role_policy=trust(
+                {"Service": S3_SERVICE}, {"StringEquals": {"aws:SourceAccount": args.cloud.account_id}}
             ),
             tags=dict(args.tags),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=self._child,
         )
         source_arns = [s.bucket.arn for s in sources]
         backup_arns = [self.backup_buckets[s.purpose].arn for s in sources]
@@ -146,7 +130,7 @@ class Backup(pulumi.ComponentResource):
                     replication_policy(args.cloud, args.region, arns[0], arns[1], arns[2], arns[3])
                 )
             ),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=self._child,
         )
         for source in sources:
             backup = self.backup_buckets[source.purpose]

@@ -44,7 +44,7 @@ from frontier.targets.kubernetes.network import control_plane_subnets
 from frontier.targets.kubernetes.rules import SYSTEM_POOL
 from infra.addons import GPU_NODE_LABEL
 from infra.cloud import Cloud
-from infra.identity import trust
+from infra.identity import service_role
 from infra.interruptions import eks_capacity_type, eks_instance_types
 
 NVIDIA_AMI_TYPE = "AL2023_x86_64_NVIDIA"
@@ -159,12 +159,8 @@ class EksCluster(pulumi.ComponentResource):
                 zip(control_plane_subnets(args.vpc_cidr), args.zones, strict=False)
             )
         ]
-        role = aws.iam.Role(
-            f"{name}-cluster",
-            description=f"Frontier {args.stack}: the EKS control plane",
-            assume_role_policy=trust({"Service": cloud.service_principal("eks")}),
-            tags=tags,
-            opts=child,
+        role = service_role(
+            f"{name}-cluster", "eks", f"Frontier {args.stack}: the EKS control plane", cloud, tags, self
         )
         attachment = aws.iam.RolePolicyAttachment(
             f"{name}-cluster",
@@ -293,13 +289,7 @@ class EksCluster(pulumi.ComponentResource):
         """The GPU node groups, and the system node group (returned)."""
         child = pulumi.ResourceOptions(parent=self)
         tags, cloud = dict(args.tags), args.cloud
-        role = aws.iam.Role(
-            f"{name}-node",
-            description=f"Frontier {args.stack}: EKS nodes",
-            assume_role_policy=trust({"Service": cloud.service_principal("ec2")}),
-            tags=tags,
-            opts=child,
-        )
+        role = service_role(f"{name}-node", "ec2", f"Frontier {args.stack}: EKS nodes", cloud, tags, self)
         attachments = [
             aws.iam.RolePolicyAttachment(
                 f"{name}-node-{policy}", role=role.name, policy_arn=managed_policy(cloud, policy), opts=child

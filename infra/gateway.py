@@ -40,9 +40,11 @@ from frontier_hostside.names import CLOUDWATCH_NAMESPACE, ROLE_TAG
 
 from frontier.config import host_image
 from frontier.config.schema import Settings
+from frontier.identity.documents import trust
 from frontier.identity.gateway import secret_statements, tokenizer_statements
 from frontier.render.boot import gateway_bake_command, gateway_tools
 from frontier.targets.ec2.gateway import GATEWAY_REFRESH, GATEWAY_ROLE
+from infra.component import Component
 from infra.doors import Rule, open_door
 from infra.nodes import CANONICAL, MachineImage, look_up_ami
 from infra.tags import with_tags
@@ -119,15 +121,13 @@ class GatewayNodesArgs:
     boot_dependencies: Callable[[pulumi.Output[str]], Sequence[pulumi.Resource]] | None = None
 
 
-class GatewayNodes(pulumi.ComponentResource):
+class GatewayNodes(Component[GatewayNodesArgs]):
     security_group_id: pulumi.Output[str]
     asg_name: pulumi.Output[str]
     role_arn: pulumi.Output[str]
 
     def __init__(self, name: str, args: GatewayNodesArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("frontier:gateway:GatewayNodes", name, None, opts)
-        self._name, self._args = name, args
-        self._child = pulumi.ResourceOptions(parent=self)
+        super().__init__("frontier:gateway:GatewayNodes", name, args, opts)
         self._tags = with_tags(dict(args.tags), role=GATEWAY_ROLE)
 
         group = self._security_group()
@@ -166,26 +166,31 @@ class GatewayNodes(pulumi.ComponentResource):
             egress=Rule(f"{name}-alb-to-gateway", "Forward to the gateway"),
             opts=child,
         )
+
+        def to_runtimes(port: int, ingress: Rule, egress: Rule) -> None:
+            open_door(
+                port,
+                source=group.id,
+                target=args.runtime_security_group_id,
+                ingress=ingress,
+                egress=egress,
+                opts=child,
+            )
+
         for index, port in enumerate(sorted(set(args.runtime_ports))):
             # The first port keeps its rules' original names, so a one-port stack's rules are not replaced.
             suffix = f"-{port}" if index else ""
-            open_door(
+            to_runtimes(
                 port,
-                source=group.id,
-                target=args.runtime_security_group_id,
-                ingress=Rule(f"{name}-runtime-from-gateway{suffix}", "Requests from the gateway"),
-                egress=Rule(f"{name}-to-runtime{suffix}", "Forward to the runtimes"),
-                opts=child,
+                Rule(f"{name}-runtime-from-gateway{suffix}", "Requests from the gateway"),
+                Rule(f"{name}-to-runtime{suffix}", "Forward to the runtimes"),
             )
         for port in sorted(set(args.kv_event_ports)):
             # Only the gateway subscribes to the runtimes' KV events and asks for their replays.
-            open_door(
+            to_runtimes(
                 port,
-                source=group.id,
-                target=args.runtime_security_group_id,
-                ingress=Rule(f"{name}-runtime-kv-events-{port}-from-gateway", "KV events to the gateway"),
-                egress=Rule(f"{name}-to-runtime-kv-events-{port}", "Subscribe to the runtimes' KV events"),
-                opts=child,
+                Rule(f"{name}-runtime-kv-events-{port}-from-gateway", "KV events to the gateway"),
+                Rule(f"{name}-to-runtime-kv-events-{port}", "Subscribe to the runtimes' KV events"),
             )
         if args.egress == "internet":
             aws.vpc.SecurityGroupEgressRule(
@@ -205,18 +210,7 @@ class GatewayNodes(pulumi.ComponentResource):
         name, args, child = self._name, self._args, self._child
         role = aws.iam.Role(
             f"{name}-role",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": "ec2.amazonaws.com"},
-                            "Action": "sts:AssumeRole",
-                        }
-                    ],
-                }
-            ),
+            assume_role_policy=trust({"Service": "ec2.amazonaws.com"}),
             tags=self._tags,
             opts=child,
         )

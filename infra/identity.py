@@ -118,6 +118,20 @@ def rendered(
     return args.apply(lambda resolved: make(resolved).to_json())
 
 
+def service_role(
+    name: str, service: str, description: str, cloud: Cloud, tags: Mapping[str, str], parent: pulumi.Resource
+) -> aws.iam.Role:
+    """A role that an AWS ``service`` (``ec2``, ``eks``, ``lambda``) assumes for the stack, a child
+    of ``parent``."""
+    return aws.iam.Role(
+        name,
+        description=description,
+        assume_role_policy=trust({"Service": cloud.service_principal(service)}),
+        tags=dict(tags),
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+
+
 @dataclass(frozen=True)
 class PoolRole:
     """One pool's hosts' identity."""
@@ -142,12 +156,13 @@ class Identity(pulumi.ComponentResource):
         self.pools = {}
         for pool in settings.pools:
             suffix = principal_suffix(settings, pool)
-            runtime = aws.iam.Role(
+            runtime = service_role(
                 f"{name}-runtime{suffix}",
-                description=f"Frontier {args.stack}: runtime hosts of {pool.name}",
-                assume_role_policy=trust({"Service": cloud.service_principal("ec2")}),
-                tags=tags,
-                opts=child,
+                "ec2",
+                f"Frontier {args.stack}: runtime hosts of {pool.name}",
+                cloud,
+                tags,
+                self,
             )
             grants = aws.iam.RolePolicy(
                 f"{name}-runtime{suffix}",

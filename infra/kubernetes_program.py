@@ -40,8 +40,7 @@ from infra.workload_identity import (
     KubernetesDeployRole,
     WorkloadIdentity,
     WorkloadIdentityArgs,
-    irsa_trust,
-    pod_identity_trust,
+    service_account_trust,
 )
 from infra.workloads import Workloads, WorkloadsArgs
 
@@ -135,17 +134,12 @@ class GatewayIdentity(pulumi.ComponentResource):
         if k.cluster.mode == "existing":
             self.role_arn = pulumi.Output.from_input(k.gateway_role_arn)
         else:
-            if k.identity == "irsa":
-                assert args.oidc_provider_arn is not None and args.oidc_issuer is not None
-                assume = pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
-                    lambda a: irsa_trust(a[0], a[1], k.namespace, GATEWAY_SERVICE_ACCOUNT)
-                )
-            else:
-                assume = pulumi.Output.from_input(pod_identity_trust())
             role = aws.iam.Role(
                 f"{name}-gateway",
                 description=f"Frontier {args.settings.stack}: gateway pods ({k.namespace}/{GATEWAY_SERVICE_ACCOUNT})",
-                assume_role_policy=assume,
+                assume_role_policy=service_account_trust(
+                    k.identity, k.namespace, GATEWAY_SERVICE_ACCOUNT, args.oidc_provider_arn, args.oidc_issuer
+                ),
                 tags=tags,
                 opts=child,
             )

@@ -15,7 +15,7 @@ import pulumi
 import pulumi_aws as aws
 
 from frontier.identity.cloud import Cloud
-from frontier.identity.documents import trust
+from infra.identity import service_role
 
 RUNTIME = "python3.12"
 
@@ -53,13 +53,7 @@ def python_function(name: str, spec: PythonFunction, parent: pulumi.Resource) ->
         tags=tags,
         opts=child,
     )
-    role = aws.iam.Role(
-        f"{name}-role",
-        description=spec.role_description,
-        assume_role_policy=trust({"Service": spec.cloud.service_principal("lambda")}),
-        tags=tags,
-        opts=child,
-    )
+    role = service_role(f"{name}-role", "lambda", spec.role_description, spec.cloud, tags, parent)
     access = aws.iam.RolePolicy(f"{name}-role", role=role.id, policy=spec.policy(logs.arn), opts=child)
     return aws.lambda_.Function(
         f"{name}-function",
@@ -77,6 +71,16 @@ def python_function(name: str, spec: PythonFunction, parent: pulumi.Resource) ->
         tags=tags,
         opts=pulumi.ResourceOptions(parent=parent, depends_on=[access, logs]),
     )
+
+
+def write_its_logs(log_group_arn: str) -> dict[str, object]:
+    """The statement every function's policy ends with: it writes its own log group, nothing else."""
+    return {
+        "Sid": "WriteItsLogs",
+        "Effect": "Allow",
+        "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+        "Resource": f"{log_group_arn}:*",
+    }
 
 
 def invoked_by_rule(

@@ -60,6 +60,7 @@ from frontier.identity.documents import log_group_name
 from frontier.render import alerts as host
 from frontier.render.alerts import ResourceLimits
 from frontier.render.dashboards import RESOURCE_PANELS
+from infra.component import Component
 from infra.probe import SyntheticProbeArgs, synthetic_probe
 
 ALB_NAMESPACE = "AWS/ApplicationELB"
@@ -186,15 +187,13 @@ def gpu_memory_queries(dims: Mapping[str, str]) -> list[dict[str, Any]]:
     ]
 
 
-class Monitoring(pulumi.ComponentResource):
+class Monitoring(Component[MonitoringArgs]):
     topic_arn: pulumi.Output[str]
     runtime_log_group: pulumi.Output[str]
     dashboard_name: pulumi.Output[str]
 
     def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("frontier:monitoring:Monitoring", name, None, opts)
-        self._name, self._args = name, args
-        self._child = pulumi.ResourceOptions(parent=self)
+        super().__init__("frontier:monitoring:Monitoring", name, args, opts)
         tags = dict(args.tags)
 
         groups = {

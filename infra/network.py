@@ -8,7 +8,6 @@ gateways live in public subnets; GPU hosts never get a public address.
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +16,9 @@ from typing import Literal
 import pulumi
 import pulumi_aws as aws
 
+from frontier.identity.documents import trust
 from infra.cloud import Cloud
+from infra.component import Component
 from infra.errors import ProvisionError
 from infra.tags import with_tags
 
@@ -78,7 +79,7 @@ class NetworkArgs:
     tags: Mapping[str, str]
 
 
-class Network(pulumi.ComponentResource):
+class Network(Component[NetworkArgs]):
     vpc_id: pulumi.Output[str]
     vpc_cidr: str
     public_subnet_ids: list[pulumi.Output[str]]
@@ -90,9 +91,7 @@ class Network(pulumi.ComponentResource):
     endpoints_security_group_id: pulumi.Output[str]
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("frontier:network:Network", name, None, opts)
-        self._name, self._args = name, args
-        self._child = pulumi.ResourceOptions(parent=self)
+        super().__init__("frontier:network:Network", name, args, opts)
         tags = dict(args.tags)
         plan = plan_subnets(args.cidr, len(args.zones))
 
@@ -130,36 +129,14 @@ class Network(pulumi.ComponentResource):
         igw = aws.ec2.InternetGateway(
             f"{name}-igw", vpc_id=vpc.id, tags=tags | {"Name": name}, opts=self._child
         )
-        table = aws.ec2.RouteTable(
-            f"{name}-public-rt",
-            vpc_id=vpc.id,
-            tags=with_tags(tags, tier="public") | {"Name": f"{name}-public"},
-            opts=self._child,
+        # One table routes every public subnet.
+        table = self._route_table(
+            vpc, "public", f"{name}-public", resource_name=f"{name}-public-rt", gateway_id=igw.id
         )
-        aws.ec2.Route(
-            f"{name}-public-default",
-            route_table_id=table.id,
-            destination_cidr_block="0.0.0.0/0",
-            gateway_id=igw.id,
-            opts=self._child,
-        )
-        ids = []
-        for zone, cidr in zip(self._args.zones, cidrs, strict=True):
-            subnet = aws.ec2.Subnet(
-                f"{name}-public-{zone}",
-                vpc_id=vpc.id,
-                cidr_block=cidr,
-                availability_zone=zone,
-                # The ALB and NAT gateways get their own addresses; nothing launched here should.
-                map_public_ip_on_launch=False,
-                tags=with_tags(tags, tier="public") | {"Name": f"{name}-public-{zone}"},
-                opts=self._child,
-            )
-            aws.ec2.RouteTableAssociation(
-                f"{name}-public-{zone}", subnet_id=subnet.id, route_table_id=table.id, opts=self._child
-            )
-            ids.append(subnet.id)
-        return ids
+        return [
+            self._subnet(vpc, "public", zone, cidr, table)
+            for zone, cidr in zip(self._args.zones, cidrs, strict=True)
+        ]
 
     def _nat_gateways(self) -> list[pulumi.Output[str]]:
         """One NAT per AZ (no AZ loses egress when another fails) or a single one to save cost."""
@@ -185,38 +162,59 @@ class Network(pulumi.ComponentResource):
         return ids
 
     def _private_tier(self, vpc: aws.ec2.Vpc, cidrs: Sequence[str]) -> list[pulumi.Output[str]]:
-        name, tags = self._name, dict(self._args.tags)
+        name = self._name
         self.private_subnet_ids, tables = [], []
         for index, (zone, cidr) in enumerate(zip(self._args.zones, cidrs, strict=True)):
-            subnet = aws.ec2.Subnet(
-                f"{name}-private-{zone}",
-                vpc_id=vpc.id,
-                cidr_block=cidr,
-                availability_zone=zone,
-                map_public_ip_on_launch=False,
-                tags=with_tags(tags, tier="private") | {"Name": f"{name}-private-{zone}"},
-                opts=self._child,
-            )
-            table = aws.ec2.RouteTable(
-                f"{name}-private-{zone}",
-                vpc_id=vpc.id,
-                tags=with_tags(tags, tier="private") | {"Name": f"{name}-private-{zone}"},
-                opts=self._child,
-            )
             nat_id = self.nat_gateway_ids[index if self._args.nat == "per_az" else 0]
-            aws.ec2.Route(
-                f"{name}-private-{zone}-default",
-                route_table_id=table.id,
-                destination_cidr_block="0.0.0.0/0",
-                nat_gateway_id=nat_id,
-                opts=self._child,
-            )
-            aws.ec2.RouteTableAssociation(
-                f"{name}-private-{zone}", subnet_id=subnet.id, route_table_id=table.id, opts=self._child
-            )
-            self.private_subnet_ids.append(subnet.id)
+            table = self._route_table(vpc, "private", f"{name}-private-{zone}", nat_gateway_id=nat_id)
+            self.private_subnet_ids.append(self._subnet(vpc, "private", zone, cidr, table))
             tables.append(table.id)
         return tables
+
+    def _route_table(
+        self,
+        vpc: aws.ec2.Vpc,
+        tier: str,
+        label: str,
+        *,
+        resource_name: str | None = None,
+        **default_route: pulumi.Input[str],
+    ) -> aws.ec2.RouteTable:
+        """A route table of ``tier``, named ``label`` (its resource too, unless ``resource_name``),
+        whose default route goes out through ``default_route``: the internet gateway or a NAT gateway."""
+        table = aws.ec2.RouteTable(
+            resource_name or label,
+            vpc_id=vpc.id,
+            tags=with_tags(dict(self._args.tags), tier=tier) | {"Name": label},
+            opts=self._child,
+        )
+        aws.ec2.Route(
+            f"{label}-default",
+            route_table_id=table.id,
+            destination_cidr_block="0.0.0.0/0",
+            **default_route,
+            opts=self._child,
+        )
+        return table
+
+    def _subnet(
+        self, vpc: aws.ec2.Vpc, tier: str, zone: str, cidr: str, table: aws.ec2.RouteTable
+    ) -> pulumi.Output[str]:
+        """A subnet of ``tier`` in ``zone``, routed by ``table``; its id."""
+        subnet = aws.ec2.Subnet(
+            f"{self._name}-{tier}-{zone}",
+            vpc_id=vpc.id,
+            cidr_block=cidr,
+            availability_zone=zone,
+            # The ALB and NAT gateways get their own addresses; nothing launched here should.
+            map_public_ip_on_launch=False,
+            tags=with_tags(dict(self._args.tags), tier=tier) | {"Name": f"{self._name}-{tier}-{zone}"},
+            opts=self._child,
+        )
+        aws.ec2.RouteTableAssociation(
+            f"{self._name}-{tier}-{zone}", subnet_id=subnet.id, route_table_id=table.id, opts=self._child
+        )
+        return subnet.id
 
     def _endpoints(
         self, vpc: aws.ec2.Vpc, private_route_tables: list[pulumi.Output[str]]
@@ -279,18 +277,9 @@ class Network(pulumi.ComponentResource):
         role = aws.iam.Role(
             f"{name}-flow-logs",
             description="VPC flow logs delivery into their own log group",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": args.cloud.service_principal("vpc-flow-logs")},
-                            "Action": "sts:AssumeRole",
-                            "Condition": {"StringEquals": {"aws:SourceAccount": args.cloud.account_id}},
-                        }
-                    ],
-                }
+            assume_role_policy=trust(
+                {"Service": args.cloud.service_principal("vpc-flow-logs")},
+                {"StringEquals": {"aws:SourceAccount": args.cloud.account_id}},
             ),
             tags=tags,
             opts=self._child,

@@ -48,7 +48,7 @@ from frontier.render.boot import host_tools
 from infra.errors import ProvisionError
 from infra.interruptions import capacity_block_template, capacity_rebalance, mixed_instances_policy
 from infra.replica_scaling import ReplicaTermination, ReplicaTerminationArgs
-from infra.scale_in import scale_in_by_load
+from infra.scale_in import scale_in_by_load, step_on_alarm
 from infra.tags import NODE_GROUP_TAG, ROLE_TAG, RUNTIME_ROLE
 
 # Fast volume for weights: loading a 140 GB model at 1000 MiB/s takes ~2.5 min instead of ~19 at gp3's default.
@@ -403,15 +403,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 depends_on=list(args.boot_dependencies),
             ),
         )
+        scaled = ScaledGroup(asg.name, group, (args.stack, group.name), child)
         if args.nodes_per_replica > 1:
             whole_replicas(
-                f"{name}-queue-depth",
-                asg.name,
-                group,
-                args.nodes_per_replica,
-                (args.stack, group.name),
-                child,
-                warmup_s=args.instance_warmup_s,
+                f"{name}-queue-depth", scaled, args.nodes_per_replica, warmup_s=args.instance_warmup_s
             )
         elif args.scale_on == "running_requests":
             # Each host held at ``scale_in_utilisation`` of its concurrency: the scale-in rule removes
@@ -425,11 +420,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
         if args.ttft_scale_out_ms is not None:
             scale_out_on_ttft(
                 f"{name}-ttft",
-                asg.name,
+                scaled,
                 args.ttft_scale_out_ms,
                 nodes=args.nodes_per_replica,
-                dimensions=(args.stack, group.name),
-                opts=child,
                 warmup_s=args.instance_warmup_s,
             )
         # Out on its signal (above); in a replica at a time, only when a replica fewer would do.
@@ -439,18 +432,14 @@ class GpuNodeGroup(pulumi.ComponentResource):
             group,
             nodes=args.nodes_per_replica,
             max_concurrency=args.max_concurrency,
-            dimensions=(args.stack, group.name),
+            dimensions=scaled.dimensions,
             opts=child,
         )
         if group.schedule is not None:
-            scheduled_capacity(
-                f"{name}-schedule", asg.name, group, dimensions=(args.stack, group.name), opts=child
-            )
+            scheduled_capacity(f"{name}-schedule", scaled)
         # From zero means one host: not a replica where it spans several (`fab scale` starts those).
         if group.min_size == 0 and group.idle_to_zero_s is not None and args.nodes_per_replica == 1:
-            from_zero_and_back(
-                f"{name}-zero", asg.name, group, dimensions=(args.stack, group.name), opts=child
-            )
+            from_zero_and_back(f"{name}-zero", scaled)
         self.asg_name, self.asg_arn, self.launch_template_id = asg.name, asg.arn, template.id
         self.register_outputs({"asg_name": asg.name, "launch_template_id": template.id})
 
@@ -502,16 +491,18 @@ class GpuNodeGroup(pulumi.ComponentResource):
         return {"device_name": device, "ebs": ebs}
 
 
-def whole_replicas(
-    name: str,
-    asg_name: pulumi.Input[str],
-    group: NodeGroup,
-    nodes: int,
-    dimensions: tuple[str, str],
-    opts: pulumi.ResourceOptions,
-    *,
-    warmup_s: int,
-) -> None:
+@dataclass(frozen=True)
+class ScaledGroup:
+    """A node group's auto scaling group, as the policies and alarms that scale it name it."""
+
+    asg_name: pulumi.Input[str]
+    group: NodeGroup
+    #: The stack's and the group's name: what its hosts publish their figures under.
+    dimensions: tuple[str, str]
+    opts: pulumi.ResourceOptions
+
+
+def whole_replicas(name: str, scaled: ScaledGroup, nodes: int, *, warmup_s: int) -> None:
     """Queue-depth scale-out of a group whose replica spans ``nodes`` hosts, a whole replica at a time.
 
     Target tracking sets any capacity it likes, and a group of 5 hosts at 2 per replica serves as
@@ -521,21 +512,12 @@ def whole_replicas(
     Scale-in is :func:`infra.scale_in.scale_in_by_load`'s, by ``nodes`` hosts too, and which hosts
     go is the replica termination policy's (infra/replica_scaling.py).
     """
-    queue = group_metric(QUEUE_DEPTH_METRIC, dimensions, statistic="Average")
-    add_a_replica_above(
-        name, asg_name, queue, group.target_queue_depth, nodes=nodes, warmup_s=warmup_s, opts=opts
-    )
+    queue = group_metric(QUEUE_DEPTH_METRIC, scaled.dimensions, statistic="Average")
+    add_a_replica_above(name, scaled, queue, scaled.group.target_queue_depth, nodes=nodes, warmup_s=warmup_s)
 
 
 def scale_out_on_ttft(
-    name: str,
-    asg_name: pulumi.Input[str],
-    threshold_ms: float,
-    *,
-    nodes: int,
-    dimensions: tuple[str, str],
-    opts: pulumi.ResourceOptions,
-    warmup_s: int,
+    name: str, scaled: ScaledGroup, threshold_ms: float, *, nodes: int, warmup_s: int
 ) -> None:
     """A latency signal beside the queue: a step policy adds one replica (``nodes`` hosts) when the
     group's TimeToFirstToken p90 stays above ``threshold_ms`` (the stack's ``slo.ttft_ms``) for 3
@@ -543,8 +525,8 @@ def scale_out_on_ttft(
     never sees. Hosts publish the runtime's TTFT histogram as values with counts, so the p90 is
     CloudWatch's own percentile over every request of the group, not an average of hosts' p90s.
     No traffic publishes no TTFT: missing data does not breach. Scale-in stays the load rule's."""
-    p90 = group_metric(TTFT_CW_METRIC, dimensions, extended_statistic="p90")
-    add_a_replica_above(name, asg_name, p90, threshold_ms, nodes=nodes, warmup_s=warmup_s, opts=opts)
+    p90 = group_metric(TTFT_CW_METRIC, scaled.dimensions, extended_statistic="p90")
+    add_a_replica_above(name, scaled, p90, threshold_ms, nodes=nodes, warmup_s=warmup_s)
 
 
 def group_metric(metric_name: str, dimensions: tuple[str, str], **statistic: str) -> dict[str, Any]:
@@ -559,60 +541,38 @@ def group_metric(metric_name: str, dimensions: tuple[str, str], **statistic: str
 
 
 def add_a_replica_above(
-    name: str,
-    asg_name: pulumi.Input[str],
-    metric: dict[str, Any],
-    threshold: float,
-    *,
-    nodes: int,
-    warmup_s: int,
-    opts: pulumi.ResourceOptions,
+    name: str, scaled: ScaledGroup, metric: dict[str, Any], threshold: float, *, nodes: int, warmup_s: int
 ) -> None:
     """A step policy that adds a replica (``nodes`` hosts), and the alarm that runs it: ``metric``
     above ``threshold`` for 3 minutes in a row. Missing data (no traffic) does not breach."""
-    out = aws.autoscaling.Policy(
+    step_on_alarm(
         f"{name}-out",
-        autoscaling_group_name=asg_name,
-        policy_type="StepScaling",
-        adjustment_type="ChangeInCapacity",
-        step_adjustments=[{"scaling_adjustment": nodes, "metric_interval_lower_bound": "0"}],
-        estimated_instance_warmup=warmup_s,
-        opts=opts,
-    )
-    aws.cloudwatch.MetricAlarm(
-        f"{name}-out",
+        scaled.asg_name,
+        "ChangeInCapacity",
+        nodes,
+        opts=scaled.opts,
+        warmup_s=warmup_s,
         comparison_operator="GreaterThanThreshold",
         threshold=threshold,
         evaluation_periods=3,
         datapoints_to_alarm=3,
-        treat_missing_data="notBreaching",
-        alarm_actions=[out.arn],
         period=60,
-        opts=opts,
         **metric,
     )
 
 
-def from_zero_and_back(
-    name: str,
-    asg_name: pulumi.Input[str],
-    group: NodeGroup,
-    *,
-    dimensions: tuple[str, str],
-    opts: pulumi.ResourceOptions,
-) -> None:
+def from_zero_and_back(name: str, scaled: ScaledGroup) -> None:
     """A group that may reach zero (``min_size: 0``): the queue-depth policy cannot start it (no host
     publishes a queue), so an alarm on the requests the gateway holds for it — while nothing serves —
     sets the desired capacity to 1; another, on nothing running or held for ``idle_to_zero_s``,
     sets it to 0. Both are step policies with an exact capacity, so neither fights the target
     tracking above one host."""
-    dims = dict(zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True))
-    held = {"namespace": CLOUDWATCH_NAMESPACE, "metric_name": HELD_REQUESTS_CW_METRIC, "dimensions": dims}
-    running = {"namespace": CLOUDWATCH_NAMESPACE, "metric_name": RUNNING_REQUESTS_METRIC, "dimensions": dims}
+    held = group_metric(HELD_REQUESTS_CW_METRIC, scaled.dimensions)
+    running = group_metric(RUNNING_REQUESTS_METRIC, scaled.dimensions)
     serving = {
         "namespace": "AWS/AutoScaling",
         "metric_name": "GroupInServiceInstances",
-        "dimensions": {"AutoScalingGroupName": asg_name},
+        "dimensions": {"AutoScalingGroupName": scaled.asg_name},
     }
 
     def queries(expression: str) -> list[dict]:
@@ -629,41 +589,28 @@ def from_zero_and_back(
             "idle",
             0,
             "IF(FILL(held, 0) + FILL(running, 0) == 0 AND FILL(serving, 0) > 0, 1, 0)",
-            max(1, math.ceil((group.idle_to_zero_s or 0) / 60)),
+            max(1, math.ceil((scaled.group.idle_to_zero_s or 0) / 60)),
         ),
     ):
-        policy = aws.autoscaling.Policy(
+        step_on_alarm(
             f"{name}-{action}",
-            autoscaling_group_name=asg_name,
-            policy_type="StepScaling",
-            adjustment_type="ExactCapacity",
-            step_adjustments=[{"scaling_adjustment": capacity, "metric_interval_lower_bound": "0"}],
-            opts=opts,
-        )
-        aws.cloudwatch.MetricAlarm(
-            f"{name}-{action}",
+            scaled.asg_name,
+            "ExactCapacity",
+            capacity,
+            opts=scaled.opts,
             comparison_operator="GreaterThanOrEqualToThreshold",
             threshold=1,
             evaluation_periods=periods,
             datapoints_to_alarm=periods,
-            treat_missing_data="notBreaching",
             metric_queries=queries(expression),
-            alarm_actions=[policy.arn],
-            opts=opts,
         )
 
 
-def scheduled_capacity(
-    name: str,
-    asg_name: pulumi.Input[str],
-    group: NodeGroup,
-    *,
-    dimensions: tuple[str, str],
-    opts: pulumi.ResourceOptions,
-) -> None:
+def scheduled_capacity(name: str, scaled: ScaledGroup) -> None:
     """The group's schedule on its auto scaling group: each window raises the floor at its start and
     gives the group's own back at its end (scheduled actions, in the schedule's time zone); a
     forecast is a predictive scaling policy on the requests the group's hosts publish."""
+    group, asg_name, opts = scaled.group, scaled.asg_name, scaled.opts
     schedule = group.schedule
     assert schedule is not None
     for window in schedule.windows:
@@ -690,7 +637,7 @@ def scheduled_capacity(
         "namespace": CLOUDWATCH_NAMESPACE,
         "metric_name": RUNNING_REQUESTS_METRIC,
         "dimensions": [
-            {"name": k, "value": v} for k, v in zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True)
+            {"name": k, "value": v} for k, v in zip(CLOUDWATCH_DIMENSIONS, scaled.dimensions, strict=True)
         ],
     }
     aws.autoscaling.Policy(

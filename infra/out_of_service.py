@@ -26,7 +26,7 @@ from frontier.config.purchase import SpotCapacity
 from frontier.config.schema import Settings
 from frontier.identity.cloud import Cloud
 from infra.functions import out_of_service
-from infra.lambda_function import PythonFunction, invoked_by_rule, python_function
+from infra.lambda_function import PythonFunction, invoked_by_rule, python_function, write_its_logs
 
 FUNCTION_FILES = {"out_of_service.py": Path(out_of_service.__file__)}
 # Two ELB calls per target group; room for a slow API.
@@ -58,12 +58,7 @@ def out_of_service_policy(target_group_arns: Sequence[str], log_group_arn: str) 
                     "Action": "elasticloadbalancing:DeregisterTargets",
                     "Resource": list(target_group_arns),
                 },
-                {
-                    "Sid": "WriteItsLogs",
-                    "Effect": "Allow",
-                    "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
-                    "Resource": f"{log_group_arn}:*",
-                },
+                write_its_logs(log_group_arn),
             ],
         }
     )

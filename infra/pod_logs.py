@@ -22,7 +22,7 @@ from frontier.config.schema import Settings
 from frontier.identity.cloud import Cloud
 from frontier.identity.documents import log_shipper_policy
 from frontier.targets.kubernetes.logging import LOGGING_NAMESPACE, SHIPPER_SERVICE_ACCOUNT, shipped_groups
-from infra.workload_identity import irsa_trust, pod_identity_trust
+from infra.workload_identity import service_account_trust
 
 
 @dataclass(frozen=True)
@@ -58,21 +58,17 @@ class PodLogs(pulumi.ComponentResource):
             for group in groups
         ]
         identity = settings.kubernetes.identity if settings.kubernetes is not None else "pod_identity"
-        if identity == "irsa":
-            if args.oidc_provider_arn is None or not args.oidc_issuer:
-                raise ValueError(
-                    "kubernetes.identity = 'irsa': the log shipper's role needs the cluster's OIDC provider, "
-                    "which only a cluster this stack creates has here; use 'pod_identity' on an existing cluster"
-                )
-            assume = pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
-                lambda a: irsa_trust(a[0], a[1], LOGGING_NAMESPACE, SHIPPER_SERVICE_ACCOUNT)
+        if identity == "irsa" and (args.oidc_provider_arn is None or not args.oidc_issuer):
+            raise ValueError(
+                "kubernetes.identity = 'irsa': the log shipper's role needs the cluster's OIDC provider, "
+                "which only a cluster this stack creates has here; use 'pod_identity' on an existing cluster"
             )
-        else:
-            assume = pulumi.Output.from_input(pod_identity_trust())
         role = aws.iam.Role(
             f"{name}-shipper",
             description=f"Frontier {settings.stack}: pod log shipper ({LOGGING_NAMESPACE}/{SHIPPER_SERVICE_ACCOUNT})",
-            assume_role_policy=assume,
+            assume_role_policy=service_account_trust(
+                identity, LOGGING_NAMESPACE, SHIPPER_SERVICE_ACCOUNT, args.oidc_provider_arn, args.oidc_issuer
+            ),
             tags=tags,
             opts=child,
         )

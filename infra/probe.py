@@ -30,7 +30,7 @@ from frontier_hostside.names import CLOUDWATCH_NAMESPACE
 from frontier.alarms import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, probe_job_name
 from frontier.identity.cloud import Cloud
 from infra.functions import synthetic_probe
-from infra.lambda_function import PythonFunction, invoked_by_rule, python_function
+from infra.lambda_function import PythonFunction, invoked_by_rule, python_function, write_its_logs
 
 FUNCTION_DIR = Path(synthetic_probe.__file__).parent
 # What travels in the function's archive: the handler and the host side's probe with its names.
@@ -84,12 +84,7 @@ def probe_policy(key_secret_arns: Sequence[str], kms_key_arn: str, log_group_arn
                     "Action": "kms:Decrypt",
                     "Resource": kms_key_arn,
                 },
-                {
-                    "Sid": "WriteItsLogs",
-                    "Effect": "Allow",
-                    "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
-                    "Resource": f"{log_group_arn}:*",
-                },
+                write_its_logs(log_group_arn),
             ],
         }
     )

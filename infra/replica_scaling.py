@@ -21,7 +21,7 @@ from frontier_hostside.names import REPLICAS_PREFIX
 
 from frontier.identity.cloud import Cloud
 from infra.functions import replica_terminator
-from infra.lambda_function import PythonFunction, python_function
+from infra.lambda_function import PythonFunction, python_function, write_its_logs
 
 FUNCTION_DIR = Path(replica_terminator.__file__).parent
 # What travels in the function's archive: the policy, and the slots' layout it reads.
@@ -79,12 +79,7 @@ def terminator_policy(bucket: str, slots_prefix: str, kms_key_arn: str, log_grou
                     "Action": "kms:Decrypt",
                     "Resource": kms_key_arn,
                 },
-                {
-                    "Sid": "WriteItsLogs",
-                    "Effect": "Allow",
-                    "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
-                    "Resource": f"{log_group_arn}:*",
-                },
+                write_its_logs(log_group_arn),
             ],
         }
     )

@@ -14,6 +14,7 @@ per-replica ones) and the group's in-service count.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -39,6 +40,38 @@ def scale_in_expression(nodes: int, room_per_replica: float) -> str:
     )
 
 
+def step_on_alarm(
+    name: str,
+    asg_name: pulumi.Input[str],
+    adjustment_type: str,
+    adjustment: int,
+    *,
+    opts: pulumi.ResourceOptions,
+    warmup_s: int | None = None,
+    **alarm: Any,
+) -> aws.cloudwatch.MetricAlarm:
+    """A step policy on ``asg_name`` that adjusts its capacity by ``adjustment`` (``adjustment_type``:
+    ``ChangeInCapacity`` or ``ExactCapacity``), and the alarm that runs it (``alarm``: its condition and
+    what it reads), both named ``name``."""
+    policy = aws.autoscaling.Policy(
+        name,
+        autoscaling_group_name=asg_name,
+        policy_type="StepScaling",
+        adjustment_type=adjustment_type,
+        step_adjustments=[{"scaling_adjustment": adjustment, "metric_interval_lower_bound": "0"}],
+        estimated_instance_warmup=warmup_s,
+        opts=opts,
+    )
+    return aws.cloudwatch.MetricAlarm(
+        name,
+        # No figures (no traffic, hosts starting, a publisher down) is no evidence either way.
+        treat_missing_data="notBreaching",
+        alarm_actions=[policy.arn],
+        opts=opts,
+        **alarm,
+    )
+
+
 def scale_in_by_load(
     name: str,
     asg_name: pulumi.Input[str],
@@ -50,14 +83,6 @@ def scale_in_by_load(
     opts: pulumi.ResourceOptions,
 ) -> aws.cloudwatch.MetricAlarm:
     """A step policy that removes one replica (``nodes`` hosts) and the alarm that fires it."""
-    policy = aws.autoscaling.Policy(
-        f"{name}-in",
-        autoscaling_group_name=asg_name,
-        policy_type="StepScaling",
-        adjustment_type="ChangeInCapacity",
-        step_adjustments=[{"scaling_adjustment": -nodes, "metric_interval_lower_bound": "0"}],
-        opts=opts,
-    )
     runtime: Mapping[str, str] = dict(zip(CLOUDWATCH_DIMENSIONS, dimensions, strict=True))
 
     def published(query_id: str, metric: str) -> dict:
@@ -73,8 +98,12 @@ def scale_in_by_load(
             "return_data": False,
         }
 
-    return aws.cloudwatch.MetricAlarm(
+    return step_on_alarm(
         f"{name}-in",
+        asg_name,
+        "ChangeInCapacity",
+        -nodes,
+        opts=opts,
         alarm_description=(
             f"{group.name}: nothing waited and the running requests fit on a replica fewer at "
             f"{group.scale_in_utilisation:.0%} of their concurrency, for {SCALE_IN_MINUTES} minutes"
@@ -83,9 +112,6 @@ def scale_in_by_load(
         threshold=1,
         evaluation_periods=SCALE_IN_MINUTES,
         datapoints_to_alarm=SCALE_IN_MINUTES,
-        # No figures (hosts starting, a publisher down) is no evidence that the load went away.
-        treat_missing_data="notBreaching",
-        alarm_actions=[policy.arn],
         metric_queries=[
             published("queue", QUEUE_DEPTH_METRIC),
             published("running", RUNNING_REQUESTS_METRIC),
@@ -107,5 +133,4 @@ def scale_in_by_load(
                 "return_data": True,
             },
         ],
-        opts=opts,
     )

@@ -134,6 +134,24 @@ def key_policy(cloud: Cloud) -> str:
     )
 
 
+def symmetric_key(
+    name: str, description: str, policy: str, tags: Mapping[str, str], opts: pulumi.ResourceOptions
+) -> aws.kms.Key:
+    """A stack's symmetric key: rotated every year, and kept 30 days (AWS's longest) once scheduled
+    for deletion."""
+    return aws.kms.Key(
+        name,
+        description=description,
+        key_usage="ENCRYPT_DECRYPT",
+        customer_master_key_spec="SYMMETRIC_DEFAULT",
+        enable_key_rotation=True,
+        deletion_window_in_days=30,
+        policy=policy,
+        tags=dict(tags),
+        opts=opts,
+    )
+
+
 class Secrets(pulumi.ComponentResource):
     key_arn: pulumi.Output[str]
     key_id: pulumi.Output[str]
@@ -159,16 +177,12 @@ class Secrets(pulumi.ComponentResource):
                 )
             ]
         )
-        key = aws.kms.Key(
+        key = symmetric_key(
             f"{name}-key",
-            description=f"Frontier {args.stack}: weights, history, secrets, logs, alarms",
-            key_usage="ENCRYPT_DECRYPT",
-            customer_master_key_spec="SYMMETRIC_DEFAULT",
-            enable_key_rotation=True,
-            deletion_window_in_days=30,
-            policy=key_policy(args.cloud),
-            tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=linked_role),
+            f"Frontier {args.stack}: weights, history, secrets, logs, alarms",
+            key_policy(args.cloud),
+            tags,
+            pulumi.ResourceOptions(parent=self, depends_on=linked_role),
         )
         aws.kms.Alias(
             f"{name}-key", name=f"alias/frontier-{args.stack}", target_key_id=key.key_id, opts=child

@@ -29,11 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partialmethod
 from typing import Literal
 
 import pulumi
 import pulumi_aws as aws
 
+from infra.component import Component
+from infra.doors import RuleResource
 from infra.tags import RUNTIME_ROLE, with_tags
 
 ANYWHERE = "0.0.0.0/0"
@@ -72,7 +75,7 @@ class KvTransferDoor:
     port: int
 
 
-class SecurityGroups(pulumi.ComponentResource):
+class SecurityGroups(Component[SecurityGroupsArgs]):
     alb_id: pulumi.Output[str]
     runtime_id: pulumi.Output[str]
     monitoring_id: pulumi.Output[str]
@@ -83,9 +86,7 @@ class SecurityGroups(pulumi.ComponentResource):
     def __init__(
         self, name: str, args: SecurityGroupsArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        super().__init__("frontier:security:SecurityGroups", name, None, opts)
-        self._name, self._child = name, pulumi.ResourceOptions(parent=self)
-        self._args = args
+        super().__init__("frontier:security:SecurityGroups", name, args, opts)
         tags, ports = dict(args.tags), sorted(set(args.runtime_ports))
         listed = ", ".join(str(p) for p in ports)
 
@@ -299,28 +300,11 @@ class SecurityGroups(pulumi.ComponentResource):
             args["prefix_list_id"] = prefix_list
         return args
 
-    def _ingress(
+    def _rule(
         self,
+        make: RuleResource,
         key: str,
-        target: aws.ec2.SecurityGroup,
-        port: int | None,
-        *,
-        description: str,
-        cidr: str | None = None,
-        group: aws.ec2.SecurityGroup | None = None,
-    ) -> None:
-        aws.vpc.SecurityGroupIngressRule(
-            f"{self._name}-{key}",
-            security_group_id=target.id,
-            description=description,
-            **self._rule_args(port, cidr, group),
-            opts=self._child,
-        )
-
-    def _egress(
-        self,
-        key: str,
-        source: aws.ec2.SecurityGroup,
+        owner: aws.ec2.SecurityGroup,
         port: int | None,
         *,
         description: str,
@@ -328,10 +312,16 @@ class SecurityGroups(pulumi.ComponentResource):
         group: aws.ec2.SecurityGroup | None = None,
         prefix_list: pulumi.Input[str] | None = None,
     ) -> None:
-        aws.vpc.SecurityGroupEgressRule(
+        """One rule of ``owner``'s, made by ``make`` (an ingress or an egress rule: :attr:`_ingress`,
+        :attr:`_egress`), on TCP ``port`` or on all traffic, with the peer ``cidr``, ``group`` or
+        ``prefix_list``."""
+        make(
             f"{self._name}-{key}",
-            security_group_id=source.id,
+            security_group_id=owner.id,
             description=description,
             **self._rule_args(port, cidr, group, prefix_list),
             opts=self._child,
         )
+
+    _ingress = partialmethod(_rule, aws.vpc.SecurityGroupIngressRule)
+    _egress = partialmethod(_rule, aws.vpc.SecurityGroupEgressRule)

@@ -17,6 +17,7 @@ import pulumi_aws as aws
 
 from frontier.config.schema import Settings
 from infra.cloud import Cloud
+from infra.component import Component
 from infra.tags import with_tags
 
 HISTORY_PREFIX_ROOT = "history"
@@ -96,7 +97,7 @@ class PrivateBucket:
     versioning: aws.s3.BucketVersioning | None = None
 
 
-class Storage(pulumi.ComponentResource):
+class Storage(Component[StorageArgs]):
     weights_bucket: pulumi.Output[str]
     weights_bucket_arn: pulumi.Output[str]
     weights_prefix: str
@@ -106,9 +107,7 @@ class Storage(pulumi.ComponentResource):
     logs_bucket: pulumi.Output[str]
 
     def __init__(self, name: str, args: StorageArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("frontier:storage:Storage", name, None, opts)
-        self._name, self._args = name, args
-        self._child = pulumi.ResourceOptions(parent=self)
+        super().__init__("frontier:storage:Storage", name, args, opts)
         cloud = args.cloud
 
         logs = self._bucket(

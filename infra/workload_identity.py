@@ -79,6 +79,24 @@ def irsa_trust(provider_arn: str, issuer: str, namespace: str, service_account: 
     return json.dumps({"Version": "2012-10-17", "Statement": [statement]})
 
 
+def service_account_trust(
+    mode: str,
+    namespace: str,
+    service_account: str,
+    oidc_provider_arn: pulumi.Input[str] | None,
+    oidc_issuer: pulumi.Input[str] | None,
+) -> pulumi.Output[str]:
+    """Who may assume the role of ``namespace/service_account``: with IRSA (``mode``), that service
+    account alone, through the cluster's OIDC provider; with EKS Pod Identity, the Pod Identity agent
+    (the role's association names the service account whose pods it serves)."""
+    if mode == "irsa":
+        assert oidc_provider_arn is not None and oidc_issuer is not None
+        return pulumi.Output.all(oidc_provider_arn, oidc_issuer).apply(
+            lambda a: irsa_trust(a[0], a[1], namespace, service_account)
+        )
+    return pulumi.Output.from_input(pod_identity_trust())
+
+
 class KubernetesDeployRole(pulumi.ComponentResource):
     """Made before the cluster: the cluster's access entry names it."""
 
@@ -137,15 +155,12 @@ class WorkloadIdentity(pulumi.ComponentResource):
                 self.oidc_provider_arn = provider.arn
             else:
                 self.oidc_provider_arn = pulumi.Output.from_input(args.oidc_provider_arn)
-            assume = pulumi.Output.all(self.oidc_provider_arn, args.oidc_issuer).apply(
-                lambda a: irsa_trust(a[0], a[1], args.namespace, args.service_account)
-            )
-        else:
-            assume = pulumi.Output.from_input(pod_identity_trust())
         runtime = aws.iam.Role(
             f"{name}-runtime",
             description=f"Frontier {base.stack}: runtime pods of {args.pool.name} ({args.namespace}/{args.service_account})",
-            assume_role_policy=assume,
+            assume_role_policy=service_account_trust(
+                args.mode, args.namespace, args.service_account, self.oidc_provider_arn, args.oidc_issuer
+            ),
             tags=tags,
             opts=child,
         )
