@@ -389,6 +389,9 @@ K8S_TRACK_LABEL = "frontier.dev/track"
 # On the pod template: a change of runtime.yaml changes the template, so the Deployment rolls.
 K8S_CONFIG_HASH_ANNOTATION = "frontier.dev/config-hash"
 K8S_RELEASE_ANNOTATION = "frontier.dev/release"
+# A canary pod's readiness gate under rollout.verify_canary: the pod stays out of its Service's
+# endpoints (no traffic) until the rollout, having verified it, sets this condition True.
+K8S_VERIFIED_CONDITION = "frontier.dev/verified"
 GPU_RESOURCE = "nvidia.com/gpu"
 # The EC2 instance metadata service: no pod of ours may reach it (credentials come from Pod
 # Identity or IRSA, never the node's role).

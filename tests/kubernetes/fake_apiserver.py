@@ -20,7 +20,9 @@ POST ``/apis/apps/v1/namespaces/{ns}/deployments``, POST/GET ``/api/v1/namespace
 DELETE ``/api/v1/namespaces/{ns}/configmaps/{name}``,
 GET ``/api/v1/namespaces/{ns}/pods?labelSelector=``, GET
 ``/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics``, GET (WebSocket)
-``/api/v1/namespaces/{ns}/pods/{pod}/portforward?ports=``, GET/PATCH(json-patch)
+``/api/v1/namespaces/{ns}/pods/{pod}/portforward?ports=``, PATCH (json-patch, condition appends)
+``/api/v1/namespaces/{ns}/pods/{pod}/status`` (a pod with readiness gates is Ready, and counts as
+available, only once each gate's condition is True), GET/PATCH(json-patch)
 ``/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets/{name}``, GET
 ``/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=kubernetes.io/service-name=``
 (one slice per Service in ``services``, its endpoints the selected pods, ready as they are), PATCH
@@ -67,6 +69,7 @@ CONFIG_MAPS = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$"
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+):(\d+)/proxy/metrics$")
 PORT_FORWARD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+)/portforward$")
+POD_STATUS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+)/status$")
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 ENDPOINT_SLICES = re.compile(r"^/apis/discovery.k8s.io/v1/namespaces/([^/]+)/endpointslices$")
 SCALED_OBJECTS = re.compile(r"^/apis/keda.sh/v1alpha1/namespaces/([^/]+)/scaledobjects/([^/]+)$")
@@ -113,6 +116,10 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
         "message": message,
         "code": code,
     }
+
+
+def _ready(pod: dict) -> bool:
+    return pod["status"]["conditions"][0]["status"] == "True"
 
 
 def _pointer_set(document: dict, path: str, value: Any) -> None:
@@ -247,18 +254,35 @@ class FakeCluster:
         elif self._pending.get(name, 0) > 0:
             self._pending[name] -= 1
         else:
+            # A pod held by a readiness gate whose condition is not set yet is not Ready, so not
+            # available: the Deployment waits on it as the controller would.
+            ready = sum(1 for pod in self.pods.values() if pod["owner"] == name and _ready(pod))
             live["status"] = {
                 "observedGeneration": live["metadata"]["generation"],
                 "replicas": replicas,
                 "updatedReplicas": replicas,
-                "readyReplicas": replicas,
-                "availableReplicas": replicas,
+                "readyReplicas": ready,
+                "availableReplicas": ready,
                 "conditions": [
-                    {"type": "Available", "status": "True"},
+                    {"type": "Available", "status": "True" if ready >= replicas else "False"},
                     {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
                 ],
             }
         return live
+
+    def set_pod_condition(self, pod: str, condition: dict) -> None:
+        """A condition written to ``pod``'s status: a readiness gate's, once True, makes the pod
+        Ready where its containers are (and so one of its Services' endpoints)."""
+        record = self.pods[pod]
+        conditions = [c for c in record["status"]["conditions"] if c["type"] != condition["type"]]
+        record["status"]["conditions"] = [*conditions, condition]
+        gates_set = all(
+            any(c["type"] == gate and c["status"] == "True" for c in record["status"]["conditions"])
+            for gate in record["gates"]
+        )
+        containers = record["status"]["conditions"][1]["status"] == "True"
+        record["status"]["conditions"][0]["status"] = "True" if containers and gates_set else "False"
+        self._record()
 
     # --- the LeaderWorkerSet controller, simplified ----------------------------------------------
 
@@ -279,9 +303,11 @@ class FakeCluster:
     def _add_pod(self, pod: str, owner: str, template: dict, labels: dict[str, str]) -> None:
         image = template["spec"]["containers"][0]["image"]
         up = self.behaviour(image) != "stuck"
+        gates = [g["conditionType"] for g in template["spec"].get("readinessGates") or []]
         self.pods[pod] = {
             "owner": owner,
             "image": image,
+            "gates": gates,
             "metadata": {
                 "name": pod,
                 "namespace": self.namespace,
@@ -292,7 +318,11 @@ class FakeCluster:
             "status": {
                 "phase": "Running" if up else "Pending",
                 "podIP": f"10.50.1.{len(self.pods) + 10}",
-                "conditions": [{"type": "Ready", "status": "True" if up else "False"}],
+                # Ready first (the endpoints read it), then ContainersReady.
+                "conditions": [
+                    {"type": "Ready", "status": "True" if up and not gates else "False"},
+                    {"type": "ContainersReady", "status": "True" if up else "False"},
+                ],
                 "containerStatuses": [
                     {"image": image, "imageID": image, "state": {"running": {}} if up else {"waiting": {}}}
                 ],
@@ -410,6 +440,8 @@ class _Handler(BaseHTTPRequestHandler):
                     if all(pod["metadata"]["labels"].get(k) == v for k, v in wanted.items())
                 ]
                 return self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+            if (match := POD_STATUS.match(url.path)) and method == "PATCH":
+                return self._pod_status(match.group(2))
             if (match := PROXY.match(url.path)) and method == "GET":
                 pod = match.group(2)
                 if pod not in cluster.pods:
@@ -530,6 +562,21 @@ class _Handler(BaseHTTPRequestHandler):
                 return None
             _pointer_set(updated, op["path"], op["value"])
         return updated
+
+    def _pod_status(self, pod: str) -> None:
+        """A JSON patch that appends conditions to a pod's status (what a readiness gate's
+        controller writes); anything else in it is refused."""
+        if pod not in self.cluster.pods:
+            return self._send(404, _status(404, "NotFound", f'pods "{pod}" not found'))
+        if self.headers.get("Content-Type") != "application/json-patch+json":
+            return self._send(415, _status(415, "UnsupportedMediaType", self.headers.get("Content-Type", "")))
+        ops = self._body()
+        if any(op["op"] != "add" or op["path"] != "/status/conditions/-" for op in ops):
+            return self._send(422, _status(422, "Invalid", f"only condition appends: {ops}"))
+        for op in ops:
+            self.cluster.set_pod_condition(pod, op["value"])
+        record = self.cluster.pods[pod]
+        return self._send(200, {key: record[key] for key in ("metadata", "spec", "status")})
 
     def _group(self, method: str, name: str) -> None:
         cluster = self.cluster

@@ -70,16 +70,29 @@ def settings(eks_prod: Settings, tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def cluster(settings: Settings, answers) -> Iterator[FakeCluster]:
+def endpoints_at_forward() -> list[tuple[str, list[str]]]:
+    """For each port-forward opened: the image it reached and the pool Service's ready endpoints then."""
+    return []
+
+
+@pytest.fixture
+def cluster(settings: Settings, answers, endpoints_at_forward) -> Iterator[FakeCluster]:
     port = settings.runtime.port
+    service = m.app_name(settings.only_pool)
 
     def forwards(image: str, to: int) -> tuple[str, int] | None:
+        ready = [e["targetRef"]["name"] for e in fake.ready_endpoints(service)]
+        endpoints_at_forward.append((image, ready))
         if to != port:
             return None
         return answers["wrong"] if image.endswith("@" + WRONG) else answers["right"]
 
     fake = FakeCluster(
-        namespace=settings.kubernetes.namespace, behaviour=behaviours, forwards=forwards, rules=deploy_rules(settings)
+        namespace=settings.kubernetes.namespace,
+        behaviour=behaviours,
+        forwards=forwards,
+        rules=deploy_rules(settings),
+        services={service: m.selector(settings.only_pool)},
     )
     with FakeApiServer(fake) as server:
         Path(settings.kubernetes.cluster.kubeconfig).write_text(server.kubeconfig("fake"))
@@ -144,6 +157,59 @@ def test_a_canary_that_answers_wrongly_is_removed_and_the_deployment_never_chang
     assert record["outcome"] == "rolled_back" and "verify on pod" in record["reason"]
 
 
+def canary_pods_forwarded(endpoints_at_forward, digest: str) -> list[list[str]]:
+    """The Service's ready endpoints at each port-forward to a pod of ``digest``."""
+    return [ready for image, ready in endpoints_at_forward if image.endswith("@" + digest)]
+
+
+def test_a_verified_canary_takes_no_request_until_its_verification_passes_then_joins_the_service(
+    backend, cluster, settings, endpoints_at_forward
+):
+    deploy(backend, GOOD_A)
+    cluster.requests.clear()
+    assert deploy(backend, GOOD_B).outcome == "succeeded"
+    canary = m.canary_name(settings)
+    forwarded = canary_pods_forwarded(endpoints_at_forward, GOOD_B)
+    assert forwarded and all(not any(pod.startswith(canary) for pod in ready) for ready in forwarded)
+    admitted = [
+        i
+        for i, (method, path) in enumerate(cluster.requests)
+        if method == "PATCH" and path.endswith("/status")
+    ]
+    tunnels = [i for i, (_, path) in enumerate(cluster.requests) if path.endswith("/portforward")]
+    assert len(admitted) == settings.rollout.canary_hosts and max(tunnels) < min(admitted)
+    # Once admitted, the canary's pods were the Service's: the timeline counts them among its endpoints.
+    service = f"service/{m.app_name(settings)}"
+    assert (
+        max(moment.get(service, 0) for moment in cluster.timeline) == REPLICAS + settings.rollout.canary_hosts
+    )
+
+
+def test_a_canary_that_fails_its_verification_never_joins_the_service(
+    backend, cluster, settings, endpoints_at_forward
+):
+    deploy(backend, GOOD_A)
+    cluster.requests.clear()
+    cluster.timeline.clear()
+    with pytest.raises(RolloutFailed):
+        deploy(backend, WRONG)
+    forwarded = canary_pods_forwarded(endpoints_at_forward, WRONG)
+    canary = m.canary_name(settings)
+    assert forwarded and all(not any(pod.startswith(canary) for pod in ready) for ready in forwarded)
+    assert not [path for method, path in cluster.requests if method == "PATCH" and path.endswith("/status")]
+    service = f"service/{m.app_name(settings)}"
+    assert max(moment.get(service, 0) for moment in cluster.timeline) == REPLICAS
+
+
+def test_the_deploy_role_may_set_a_pods_status_only_where_canaries_are_verified(settings):
+    status = [rule for rule in deploy_rules(settings) if rule.resource == "pods/status"]
+    assert [rule.verbs for rule in status] == [("patch",)]
+    unverified = settings.model_copy(
+        update={"rollout": settings.rollout.model_copy(update={"verify_canary": False})}
+    )
+    assert not [rule for rule in deploy_rules(unverified) if rule.resource == "pods/status"]
+
+
 def test_a_canary_slower_than_the_old_release_by_more_than_max_p99_ratio_is_removed(
     backend, cluster, settings, store
 ):
@@ -182,7 +248,10 @@ def multinode(tmp_path: Path, answers, saved_outputs) -> Iterator[tuple[Kubernet
         return answers["wrong"] if image.endswith("@" + WRONG) else answers["right"]
 
     fake = FakeCluster(
-        namespace=stack.kubernetes.namespace, behaviour=behaviour, forwards=forwards, rules=deploy_rules(stack)
+        namespace=stack.kubernetes.namespace,
+        behaviour=behaviour,
+        forwards=forwards,
+        rules=deploy_rules(stack),
     )
     prefix = "history/eks-multinode/"
     bucket = "frontier-eks-multinode-history"

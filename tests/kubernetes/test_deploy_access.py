@@ -20,6 +20,7 @@ from test_canary_gates import (  # noqa: F401 (fixtures)
     WRONG,
     answers,
     cluster,
+    endpoints_at_forward,
     multinode,
     settings,
     store,

@@ -34,6 +34,7 @@ from frontier.rollout.deploy import deploy, rollback
 from frontier.rollout.rolling import RolloutFailed
 from frontier.targets import load_stack
 from frontier.targets.kubernetes import manifests as m
+from frontier.targets.kubernetes import shares
 from frontier.targets.kubernetes.autoscaling import scaled_object
 from frontier.targets.kubernetes.backend import KubernetesBackend
 from frontier.targets.kubernetes.deploy_access import deploy_rules
@@ -61,7 +62,12 @@ def settings(eks_prod: Settings, tmp_path: Path) -> Settings:
 @pytest.fixture
 def fake(settings: Settings, answers) -> Iterator[FakeCluster]:
     def forwards(image: str, to: int) -> tuple[str, int] | None:
+        # The Service's ready endpoints as each port-forward opens: what verification saw.
+        ready = [e["targetRef"]["name"] for e in cluster.ready_endpoints(m.app_name(settings))]
+        forwarded.append((image, ready))
         return answers["right"] if to == settings.runtime.port else None
+
+    forwarded: list[tuple[str, list[str]]] = []
 
     cluster = FakeCluster(
         namespace=settings.kubernetes.namespace,
@@ -80,6 +86,7 @@ def fake(settings: Settings, answers) -> Iterator[FakeCluster]:
         manifest = m.deployment(settings, settings.only_pool, GOOD_A, config, replicas=POOL_REPLICAS)
         cluster.put_deployment(manifest.to_dict())
         cluster.timeline.clear()
+        cluster.forwarded = forwarded  # type: ignore[attr-defined]
         yield cluster
 
 
@@ -269,6 +276,23 @@ def test_a_canary_that_never_becomes_ready_is_removed_without_the_stable_deploym
     assert failed.value.result.outcome == "rolled_back"
     assert counts(fake, settings) == [(6, 0), (6, 2), (6, 0)]
     assert m.canary_name(settings) not in fake.deployments
+
+
+def test_the_first_steps_canary_pods_are_verified_out_of_the_service_then_admitted(backend, fake, settings):
+    deploy(backend, GOOD_A)
+    fake.forwarded.clear()
+    fake.requests.clear()
+    deploy(backend, GOOD_B)
+    canary = m.canary_name(settings)
+    on_canary = [ready for image, ready in fake.forwarded if image.endswith("@" + GOOD_B)]
+    assert on_canary and all(not any(pod.startswith(canary) for pod in ready) for ready in on_canary)
+    admitted = [
+        i for i, (method, path) in enumerate(fake.requests) if method == "PATCH" and path.endswith("/status")
+    ]
+    tunnels = [i for i, (_, path) in enumerate(fake.requests) if path.endswith("/portforward")]
+    # Every canary pod the steps raised was admitted, each once, the first after the verification.
+    assert max(tunnels) < min(admitted)
+    assert len(admitted) == shares.canary_replicas(STEPS[-1], POOL_REPLICAS)
 
 
 def test_a_rollback_rolls_by_traffic_share_too(backend, fake, settings):

@@ -41,6 +41,9 @@ def deploy_rules(settings: Settings) -> tuple[Rule, ...]:
         # from 1.31 authorize as create as well (AuthorizePodWebsocketUpgradeCreatePermission).
         Rule("", "pods/portforward", ("get", "create")),
     ]
+    if settings.rollout.verify_canary:
+        # A verified canary pod is admitted to its Service by setting its readiness gate's condition.
+        rules.append(Rule("", "pods/status", ("patch",)))
     if settings.rollout.traffic_steps:
         # A rollout by traffic share holds the replica counts itself: it pauses the pool's
         # ScaledObject, and counts the Service's ready endpoints after every step.

@@ -52,6 +52,7 @@ from frontier_hostside.names import (
     K8S_CONFIG_HASH_ANNOTATION,
     K8S_RELEASE_ANNOTATION,
     K8S_TRACK_LABEL,
+    K8S_VERIFIED_CONDITION,
     READINESS_PATH,
 )
 
@@ -385,12 +386,21 @@ def deployment(
     track: str = "stable",
     replicas: int | None = None,
     release_id: str = "",
+    held_until_verified: bool = False,
 ) -> Manifest:
-    """``pool``'s runtime Deployment; ``replicas`` None leaves the count to the autoscaler."""
+    """``pool``'s runtime Deployment; ``replicas`` None leaves the count to the autoscaler.
+
+    ``held_until_verified`` (a canary under ``rollout.verify_canary``): each pod carries the
+    readiness gate :data:`K8S_VERIFIED_CONDITION`, so it is not Ready, and not among its Service's
+    endpoints, until the rollout has verified it and set that condition. The gate sits outside the
+    template's shape hash: it says how the pod joins, not what it runs.
+    """
     if track not in TRACKS:
         raise FrontierError(f"track {track!r}: expected one of {', '.join(TRACKS)}")
     k = kubernetes_of(settings)
     template = pod_template(settings, pool, digest, runtime_yaml, track=track, release_id=release_id)
+    if held_until_verified:
+        template["spec"]["readinessGates"] = [{"conditionType": K8S_VERIFIED_CONDITION}]
     body: dict[str, Any] = {
         "spec": {
             "selector": {"matchLabels": selector(pool, track)},

@@ -6,9 +6,14 @@
    gate reads its pods' ``/metrics`` (through the API server's pod proxy) before and after
    ``rollout.gate.window_s`` and judges them with the host targets' gate (:mod:`frontier.rollout.gate`):
    with ``rollout.gate.max_p99_ratio``, against a pod still on the old release over the same window.
-   With ``rollout.verify_canary`` the stack's verification set then runs on each canary pod and on
-   that old pod (over port-forward streams, :mod:`.portforward`), judged as on the host targets
-   (:mod:`frontier.rollout.canary`).
+   With ``rollout.verify_canary`` the canary is verified before it takes any request: its pods
+   carry the readiness gate ``frontier.dev/verified``, so once their containers are ready they are
+   still out of the Service; the stack's verification set runs on each of them and on that old pod
+   (over port-forward streams, :mod:`.portforward`, which reach a pod that is not Ready), judged
+   as on the host targets (:mod:`frontier.rollout.canary`); only then does the rollout set the
+   condition (``pods/status``), the pods turn Ready and the Service sends them requests, and the
+   metric gate above runs on that traffic. The verification has the Deployment's progress deadline
+   (``kubernetes.progress_deadline_s``) to finish in.
 3. **Roll**: the stable Deployment's pod template is replaced (a JSON patch) and Kubernetes rolls
    it with the stack's maxSurge / maxUnavailable; the rollout's status is read until every replica
    is updated and available, or the Deployment reports ``ProgressDeadlineExceeded``.
@@ -27,9 +32,10 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-from frontier_hostside.names import K8S_RELEASE_ANNOTATION
+from frontier_hostside.names import K8S_RELEASE_ANNOTATION, K8S_VERIFIED_CONDITION
 from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
@@ -88,6 +94,12 @@ class _Step:
 
 def _json(response: Any) -> dict[str, Any]:
     return json.loads(response.data)
+
+
+def _condition(pod: dict[str, Any], kind: str) -> bool:
+    """Whether ``pod``'s status condition ``kind`` is True."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
 
 
 def list_pods(api: ApiClient, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
@@ -237,16 +249,17 @@ class KubernetesRollout:
 
     # --- the gate ---------------------------------------------------------------------------------
 
+    def _pods_of(self, track: str, release_id: str) -> list[dict[str, Any]]:
+        """The live pods of ``track`` that run ``release_id``."""
+        return [
+            pod
+            for pod in list_pods(self.api, self.namespace, m.selector(self.pool, track))
+            if (pod["metadata"].get("annotations") or {}).get(K8S_RELEASE_ANNOTATION) == release_id
+            and not pod["metadata"].get("deletionTimestamp")
+        ]
+
     def pods(self, track: str, release_id: str) -> list[str]:
-        names = []
-        for pod in list_pods(self.api, self.namespace, m.selector(self.pool, track)):
-            meta = pod["metadata"]
-            if (meta.get("annotations") or {}).get(K8S_RELEASE_ANNOTATION) != release_id or meta.get(
-                "deletionTimestamp"
-            ):
-                continue
-            names.append(meta["name"])
-        return sorted(names)
+        return sorted(pod["metadata"]["name"] for pod in self._pods_of(track, release_id))
 
     def metrics(self, pod: str) -> str:
         response = self.core.connect_get_namespaced_pod_proxy_with_path(
@@ -331,6 +344,41 @@ class KubernetesRollout:
             )
         return "; ".join(passed)
 
+    def started(self, release_id: str, want: int, timeout_s: float) -> list[str]:
+        """The canary's pods of ``release_id`` once ``want`` of them have every container ready: held
+        by their readiness gate, they are not Ready, so the Deployment is not available yet."""
+        deadline = self.clock.now() + timeout_s
+        while True:
+            up = sorted(
+                pod["metadata"]["name"]
+                for pod in self._pods_of("canary", release_id)
+                if _condition(pod, "ContainersReady")
+            )
+            if len(up) >= want:
+                return up
+            if self.clock.now() >= deadline:
+                raise KubernetesRolloutError(
+                    f"deployment {self.canary}: {len(up)}/{want} pod(s) started after {timeout_s:.0f} s"
+                )
+            self.clock.sleep(self.poll_s)
+
+    def admit(self, pods: list[str], timeout_s: float) -> str:
+        """Each verified pod's gate condition set True (its status, as a controller sets one): the
+        pods turn Ready, the Service sends them requests, and the canary Deployment is available."""
+        condition = {
+            "type": K8S_VERIFIED_CONDITION,
+            "status": "True",
+            "reason": "Verified",
+            "message": "the stack's verification set passed on this pod",
+            "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        for pod in pods:
+            # A JSON patch: the client library sends a patch body as one, and it appends the
+            # condition without rewriting the kubelet's.
+            patch = [{"op": "add", "path": "/status/conditions/-", "value": condition}]
+            self.core.patch_namespaced_pod_status(pod, self.namespace, patch, **CALL)
+        return f"{len(pods)} pod(s) admitted; {self.wait_available(self.canary, timeout_s)}"
+
     # --- the rollout ------------------------------------------------------------------------------
 
     def run(self, release: Release, kind: str = "deploy") -> RolloutResult:
@@ -414,6 +462,7 @@ class KubernetesRollout:
             track="canary",
             replicas=replicas,
             release_id=release.id,
+            held_until_verified=self.verification is not None,
         )
 
     def _create_canary(self, manifest: Manifest) -> None:
@@ -428,14 +477,17 @@ class KubernetesRollout:
             return f"{manifest.name}: {self.settings.rollout.canary_hosts} replica(s)"
 
         step.phase("canary", create)
-        step.phase("readiness", lambda: self.wait_available(self.canary, timeout))
         rollout = self.settings.rollout
         wants_old = self.verification is not None or rollout.gate.max_p99_ratio is not None
         old = self.old_pod(release.id) if wants_old else None
-        pods = self.pods("canary", release.id)
-        step.phase("gate", lambda: self.gate(pods, old[0] if old is not None else None))
-        if self.verification is not None:
+        if self.verification is None:
+            step.phase("readiness", lambda: self.wait_available(self.canary, timeout))
+            pods = self.pods("canary", release.id)
+        else:  # verified before any request reaches it, then admitted to the Service
+            pods = step.phase("readiness", lambda: self.started(release.id, rollout.canary_hosts, timeout))
             step.phase("verify", lambda: self.verify(pods, self.verify_old(old)))
+            step.phase("admit", lambda: self.admit(pods, timeout))
+        step.phase("gate", lambda: self.gate(pods, old[0] if old is not None else None))
 
     def undo(self, stable: HostResult) -> bool:
         """Put back the template the last run replaced, once its release had passed (a later step

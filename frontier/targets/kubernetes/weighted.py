@@ -19,8 +19,10 @@ beside the asked one. The gateway, where one fronts the pool, reaches it by that
    ``rollout.gate.window_s`` (window after window until the new release served ``gate.min_requests``)
    and is gated on each release's own series, its pods' ``/metrics`` summed: the new release's
    errors and p99 against the stack's limits and, with ``gate.max_p99_ratio``, against the old
-   release's over the same window. With ``rollout.verify_canary`` the verification set runs on the
-   canary's pods at the first step.
+   release's over the same window. With ``rollout.verify_canary`` the canary's pods are held out
+   of the Service by their readiness gate (:mod:`.rollout`): at the first step the verification
+   set runs on them before they are admitted, so no request reaches an unverified pod; a later
+   step's new canary pods, of a release already verified, are admitted as they start.
 3. At 100 % the stable Deployment, at 0 replicas, takes the new template and the pods move back to
    it the same way (stable up, canary down); the canary is deleted and the ScaledObject resumed.
 
@@ -33,7 +35,7 @@ pods during a revert than when it began.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final
 
@@ -81,6 +83,11 @@ class _Split:
     previous: dict[str, Any] | None = None
     paused: bool = False
     canary_made: bool = False
+    #: With ``rollout.verify_canary``: the canary's result (where its verification is recorded),
+    #: whether the new release passed it, and the canary pods admitted to the Service so far.
+    verifying: HostResult | None = None
+    verified: bool = False
+    admitted: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -114,6 +121,7 @@ class WeightedKubernetesRollout(KubernetesRollout):
             phase("pause", lambda: self._pause(split))
             phase("scale", lambda: self._scale(self.name, split, split.total))
             _Step(canary, self.report).phase("canary", lambda: self._add_canary(release, split))
+            split.verifying = canary
             self._steps(release, result, split, canary)
             self._finish(release, split, stable, canary)
             stable.outcome = canary.outcome = "updated"
@@ -143,7 +151,6 @@ class WeightedKubernetesRollout(KubernetesRollout):
         return f"{manifest.name}: 0 replicas, no traffic yet"
 
     def _steps(self, release: Release, result: RolloutResult, split: _Split, canary: HostResult) -> None:
-        verified = self.verification is None
         for percent in self.settings.rollout.traffic_steps:
             count = shares.canary_replicas(percent, split.total)
             step = TrafficStep(percent, realised=shares.share(count, split.total))
@@ -158,16 +165,9 @@ class WeightedKubernetesRollout(KubernetesRollout):
                     f"({step.realised:.0f} % realised)",
                 )
             )
-            self._shift(split, count)
+            self._shift(split, count, release.id)
             step.routable = self._invariant(f"{percent} % of traffic on the new release")
-            if not verified:
-                _Step(canary, self.report).phase("verify", partial(self._verify_canary, release))
-                verified = True
             self._hold_and_gate(step, release)
-
-    def _verify_canary(self, release: Release) -> str:
-        """The verification set on the canary's pods, against a pod still on the old release."""
-        return self.verify(self.pods("canary", release.id), self.verify_old(self.old_pod(release.id)))
 
     def _finish(self, release: Release, split: _Split, stable: HostResult, canary: HostResult) -> None:
         """Every pod on the canary: the stable Deployment takes the new template at 0 replicas and
@@ -185,7 +185,7 @@ class WeightedKubernetesRollout(KubernetesRollout):
 
     # --- moving pods between the two Deployments --------------------------------------------------
 
-    def _scale(self, name: str, split: _Split, replicas: int) -> str:
+    def _scale(self, name: str, split: _Split, replicas: int, release_id: str = "") -> str:
         """``name`` to ``replicas``; a Deployment that rises is waited for until its pods are
         available, one that falls is not (its pods leave the Service's endpoints as they terminate)."""
         current = split.stable if name == self.name else split.canary
@@ -200,15 +200,34 @@ class WeightedKubernetesRollout(KubernetesRollout):
         self.report(Event(f"deployment/{name}", "scale", "info", f"{current} -> {replicas} replicas"))
         if replicas < current:
             return f"{replicas} replicas"
+        if name == self.canary and self.verification is not None:
+            return self._admit_canary(split, release_id)
         return self.wait_available(name, self.settings.rollout.readiness_timeout_s)
 
-    def _shift(self, split: _Split, canary: int) -> None:
+    def _admit_canary(self, split: _Split, release_id: str) -> str:
+        """The canary's new pods, held by their readiness gate, admitted once started: at the first
+        step after the verification set passed on them against a pod of the old release."""
+        timeout = self.settings.rollout.readiness_timeout_s
+        started = self.started(release_id, split.canary, timeout)
+        new = [pod for pod in started if pod not in split.admitted]
+        if not split.verified:
+            assert split.verifying is not None  # set as the canary is made, before any step
+            verify = partial(self.verify, new, self.verify_old(self.old_pod(release_id)))
+            _Step(split.verifying, self.report).phase("verify", verify)
+            split.verified = True
+        admitted = self.admit(new, timeout)
+        split.admitted.update(new)
+        return admitted
+
+    def _shift(self, split: _Split, canary: int, release_id: str = "") -> None:
         """The canary to ``canary`` replicas and the stable to the rest of the pool's, ``room`` pods
         at a time, the rising Deployment's new pods available before the other loses as many."""
         stable = split.total - canary
         while (split.canary, split.stable) != (canary, stable):
             if split.canary < canary:
-                self._scale(self.canary, split, split.canary + min(self.room, canary - split.canary))
+                self._scale(
+                    self.canary, split, split.canary + min(self.room, canary - split.canary), release_id
+                )
                 self._scale(self.name, split, max(stable, split.total - split.canary))
             else:
                 if split.stable < stable:
