@@ -375,12 +375,30 @@ def _starts_something(item: pytest.Item) -> bool:
     return False
 
 
+# Tests marked ``slow`` by their measured time rather than by a decorator each (tests/slow.txt).
+SLOW_LIST = REPO / "tests" / "slow.txt"
+
+
+def _measured_slow() -> frozenset[str]:
+    lines = SLOW_LIST.read_text().splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:  # noqa: ARG001
-    """Mark ``proc`` before ``-m`` deselects: only the tiers choose by it, ``make test`` runs them all."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``proc`` and the measured ``slow`` before ``-m`` deselects: only the tiers choose by
+    them, ``make test`` runs them all."""
+    slow = _measured_slow()
     for item in items:
         if _starts_something(item):
             item.add_marker(pytest.mark.proc)
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
+    # On a whole collection (no path, no -k), a listed test that no longer exists is a stale line.
+    whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.getoption("keyword")
+    stale = slow - {item.nodeid for item in items} if whole else set()
+    if stale:
+        raise pytest.UsageError(f"{SLOW_LIST.name} names tests that do not exist: {sorted(stale)}")
 
 
 # -- the quick tier's watch -------------------------------------------------------------------------
