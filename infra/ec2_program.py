@@ -37,6 +37,7 @@ from infra.gateway import GatewayNodes, GatewayNodesArgs, gateway_image_problems
 from infra.host_tools import HostTools, HostToolsArgs
 from infra.identity import Identity
 from infra.interruptions import wire_interruptions
+from infra.lambda_function import FunctionVpc
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network
 from infra.nodes import (
@@ -56,6 +57,7 @@ from infra.out_of_service import OutOfService, OutOfServiceArgs, needs_out_of_se
 from infra.outputs import Ec2Outputs
 from infra.placement import GpuPlacement, look_up_placement, placement_problems
 from infra.preflight import certificate_problems, refuse_problems, registry_problems, weights_bucket_problems
+from infra.probe import probe_door
 from infra.quota_store import QuotaStore, QuotaStoreArgs, provisions_store, store_problems
 from infra.replica_scaling import ReplicaTerminationArgs
 from infra.secret_store import autoscaling_service_role
@@ -147,7 +149,7 @@ def build_ec2(settings: Settings) -> Ec2Outputs[pulumi.Input[str]]:
             ),
         )
     quota_store = gateway(ground, security, edge) if settings.gateway is not None else None
-    monitoring = monitoring_for(ground, edge, groups)
+    monitoring = monitoring_for(ground, security, edge, groups)
     return outputs(ground, security, edge, identity, groups, monitoring, quota_store)
 
 
@@ -309,6 +311,7 @@ def security_groups(ground: Ground, efa: bool) -> SecurityGroups:
             egress=settings.network.egress,
             vpc_cidr=settings.network.vpc_cidr,
             s3_prefix_list_id=network.s3_prefix_list_id,
+            probe=probe_door(settings.edge, settings.network.vpc_cidr, network.nat_public_ips),
             kv_transfers=[
                 KvTransferDoor(
                     prefill_group=pool.disaggregation.prefill.group.name,
@@ -433,7 +436,9 @@ def node_group(
             # Only the zones that offer the group's type (an EFA group takes the first of them).
             subnet_ids=[
                 subnet
-                for subnet, zone in zip(ground.network.private_subnet_ids, ground.foundation.zones, strict=True)
+                for subnet, zone in zip(
+                    ground.network.private_subnet_ids, ground.foundation.zones, strict=True
+                )
                 if zone in zones
             ],
             target_group_arns=[edge.target_group_arn] if serving else [],
@@ -595,7 +600,9 @@ def gateway_nodes(
     )
 
 
-def monitoring_for(ground: Ground, edge: Edge, groups: list[GpuNodeGroup]) -> Monitoring:
+def monitoring_for(
+    ground: Ground, security: SecurityGroups, edge: Edge, groups: list[GpuNodeGroup]
+) -> Monitoring:
     settings = ground.settings
     return Monitoring(
         f"{ground.stack}-monitoring",
@@ -621,6 +628,11 @@ def monitoring_for(ground: Ground, edge: Edge, groups: list[GpuNodeGroup]) -> Mo
             cloud=ground.cloud,
             endpoint=public_endpoint(settings, edge),
             probe_key_secret_arns=ground.foundation.secrets.api_keys_secret_arns,
+            probe_vpc=None
+            if security.probe_id is None
+            else FunctionVpc(
+                subnet_ids=ground.network.private_subnet_ids, security_group_ids=[security.probe_id]
+            ),
         ),
     )
 

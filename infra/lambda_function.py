@@ -7,7 +7,7 @@ permission is the caller's concern, beside the function it makes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,14 @@ from frontier.identity.cloud import Cloud
 from infra.identity import service_role
 
 RUNTIME = "python3.12"
+
+
+@dataclass(frozen=True)
+class FunctionVpc:
+    """Where a function runs inside the stack's VPC: subnets (one per zone) and its security groups."""
+
+    subnet_ids: Sequence[pulumi.Input[str]]
+    security_group_ids: Sequence[pulumi.Input[str]]
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,8 @@ class PythonFunction:
     environment: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
     # Encrypts the log group where set (a function whose logs may carry what the stack keeps secret).
     log_kms_key_arn: pulumi.Input[str] | None = None
+    # Inside the VPC where set (its policy must then hold :func:`reach_its_vpc`); else AWS's network.
+    vpc: FunctionVpc | None = None
 
 
 def python_function(name: str, spec: PythonFunction, parent: pulumi.Resource) -> aws.lambda_.Function:
@@ -68,9 +78,34 @@ def python_function(name: str, spec: PythonFunction, parent: pulumi.Resource) ->
             {path: pulumi.FileAsset(str(source)) for path, source in spec.files.items()}
         ),
         environment={"variables": dict(spec.environment)},
+        vpc_config=None
+        if spec.vpc is None
+        else {
+            "subnet_ids": list(spec.vpc.subnet_ids),
+            "security_group_ids": list(spec.vpc.security_group_ids),
+        },
         tags=tags,
         opts=pulumi.ResourceOptions(parent=parent, depends_on=[access, logs]),
     )
+
+
+def reach_its_vpc() -> dict[str, object]:
+    """The statement a function in a VPC needs: Lambda attaches it through network interfaces it
+    makes, describes and removes with the function's role. Resource "*" as AWS's own
+    AWSLambdaVPCAccessExecutionRole has it: Lambda checks these actions when the function is made,
+    and a role scoped by resource or condition fails that check."""
+    return {
+        "Sid": "ReachItsVpc",
+        "Effect": "Allow",
+        "Action": [
+            "ec2:CreateNetworkInterface",
+            "ec2:DescribeNetworkInterfaces",
+            "ec2:DeleteNetworkInterface",
+            "ec2:AssignPrivateIpAddresses",
+            "ec2:UnassignPrivateIpAddresses",
+        ],
+        "Resource": "*",
+    }
 
 
 def write_its_logs(log_group_arn: str) -> dict[str, object]:

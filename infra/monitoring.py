@@ -61,6 +61,7 @@ from frontier.render import alerts as host
 from frontier.render.alerts import ResourceLimits
 from frontier.render.dashboards import RESOURCE_PANELS
 from infra.component import Component
+from infra.lambda_function import FunctionVpc
 from infra.probe import SyntheticProbeArgs, synthetic_probe
 
 ALB_NAMESPACE = "AWS/ApplicationELB"
@@ -108,6 +109,8 @@ class MonitoringArgs:
     cloud: Cloud
     endpoint: pulumi.Input[str]
     probe_key_secret_arns: Mapping[str, pulumi.Input[str]]
+    # Where the probe runs inside the VPC (infra.probe.probe_door); None: from AWS's network.
+    probe_vpc: FunctionVpc | None = None
     # The ALB's targets are the gateway's hosts (infra/gateway.py): its log group and alarms.
     gateway: bool = False
 
@@ -223,6 +226,7 @@ class Monitoring(Component[MonitoringArgs]):
                 kms_key_arn=args.kms_key_arn,
                 log_retention_days=args.log_retention_days,
                 tags=tags,
+                vpc=args.probe_vpc,
             ),
             self,
         )

@@ -85,6 +85,8 @@ class Network(Component[NetworkArgs]):
     public_subnet_ids: list[pulumi.Output[str]]
     private_subnet_ids: list[pulumi.Output[str]]
     nat_gateway_ids: list[pulumi.Output[str]]
+    # The NATs' public addresses: where the private subnets' traffic to the internet comes from.
+    nat_public_ips: list[pulumi.Output[str]]
     # The S3 gateway endpoint's prefix list (pl-...): S3's address ranges in the region, which a
     # security group's egress can name where the gateway endpoint carries the traffic.
     s3_prefix_list_id: pulumi.Output[str]
@@ -142,7 +144,7 @@ class Network(Component[NetworkArgs]):
         """One NAT per AZ (no AZ loses egress when another fails) or a single one to save cost."""
         name, tags = self._name, dict(self._args.tags)
         count = len(self._args.zones) if self._args.nat == "per_az" else 1
-        ids = []
+        ids, self.nat_public_ips = [], []
         for zone, subnet_id in list(zip(self._args.zones, self.public_subnet_ids, strict=True))[:count]:
             eip = aws.ec2.Eip(
                 f"{name}-nat-{zone}",
@@ -159,6 +161,7 @@ class Network(Component[NetworkArgs]):
                 opts=self._child,
             )
             ids.append(nat.id)
+            self.nat_public_ips.append(eip.public_ip)
         return ids
 
     def _private_tier(self, vpc: aws.ec2.Vpc, cidrs: Sequence[str]) -> list[pulumi.Output[str]]:

@@ -44,6 +44,20 @@ LISTENER_PORTS = (443, 80)  # HTTPS, and the port that only redirects to it
 
 
 @dataclass(frozen=True)
+class ProbeDoor:
+    """The synthetic probe inside the VPC (``infra.probe.probe_door``): its HTTPS egress, and what the
+    load balancer adds to admit it where its client ranges would not."""
+
+    # The VPC (an internal balancer and the service endpoints) or anywhere, through the NATs.
+    egress_cidr: str
+    # An internal balancer that lists client ranges: it admits the probe's security group too.
+    from_group: bool = False
+    # An internet-facing balancer that lists client ranges: it admits the NATs' addresses on 443,
+    # the address the probe's requests come from.
+    from_addresses: Sequence[pulumi.Input[str]] = ()
+
+
+@dataclass(frozen=True)
 class SecurityGroupsArgs:
     vpc_id: pulumi.Input[str]
     # Every pool's runtime port (one stack may serve pools on different ports).
@@ -63,6 +77,8 @@ class SecurityGroupsArgs:
     s3_prefix_list_id: pulumi.Input[str] | None = None
     # Disaggregated pools: the door from each decode group to its prefill group.
     kv_transfers: Sequence[KvTransferDoor] = ()
+    # The synthetic probe, where it runs inside the VPC; None: it calls from AWS's network.
+    probe: ProbeDoor | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,7 @@ class SecurityGroups(Component[SecurityGroupsArgs]):
                     cidr=cidr,
                     description=f"Clients on {listener_port} (80 only redirects to HTTPS)",
                 )
+        self.probe_id = self._probe(alb, args.probe) if args.probe is not None else None
         if args.alb_to_runtime:
             target = args.alb_target_port or ports[0]
             self._egress(
@@ -268,6 +285,30 @@ class SecurityGroups(Component[SecurityGroupsArgs]):
                 opts=self._child,
             )
 
+    def _probe(self, alb: aws.ec2.SecurityGroup, door: ProbeDoor) -> pulumi.Output[str]:
+        """The probe's group (HTTPS out only) and the load balancer's rules that let it in."""
+        args = self._args
+        probe = self._group(
+            "probe",
+            "Synthetic probe: HTTPS to the load balancer and AWS's APIs",
+            args.vpc_id,
+            with_tags(dict(args.tags), role="probe"),
+        )
+        self._egress(
+            "probe-https", probe, 443, cidr=door.egress_cidr, description="HTTPS: the endpoint, AWS's APIs"
+        )
+        if door.from_group:
+            self._ingress("alb-443-from-probe", alb, 443, group=probe, description="The synthetic probe")
+        for index, address in enumerate(door.from_addresses):
+            self._ingress(
+                f"alb-443-from-nat-{index}",
+                alb,
+                443,
+                cidr=pulumi.Output.from_input(address).apply(lambda ip: f"{ip}/32"),
+                description="The synthetic probe, through the VPC's NAT",
+            )
+        return probe.id
+
     def _group(
         self, key: str, description: str, vpc_id: pulumi.Input[str], tags: dict[str, str]
     ) -> aws.ec2.SecurityGroup:
@@ -283,7 +324,7 @@ class SecurityGroups(Component[SecurityGroupsArgs]):
     def _rule_args(
         self,
         port: int | None,
-        cidr: str | None,
+        cidr: pulumi.Input[str] | None,
         group: aws.ec2.SecurityGroup | None,
         prefix_list: pulumi.Input[str] | None = None,
     ) -> dict:
@@ -308,7 +349,7 @@ class SecurityGroups(Component[SecurityGroupsArgs]):
         port: int | None,
         *,
         description: str,
-        cidr: str | None = None,
+        cidr: pulumi.Input[str] | None = None,
         group: aws.ec2.SecurityGroup | None = None,
         prefix_list: pulumi.Input[str] | None = None,
     ) -> None:

@@ -144,6 +144,7 @@ PROC_TESTS: dict[str, str] = {
     "tests/gateway/test_upstream_adversarial.py": "Replica(): a raw TCP server",
     "tests/gateway/test_usage_and_batch.py": "StandIn(): an HTTP server; _fab(): a process",
     "tests/infra/test_closed_doors.py::test_the_hosts_haproxy_answers_https_with_the_certificate_made_at_boot": "a process",
+    "tests/infra/test_closed_doors.py::test_pulumi_up_as_the_language_host_runs_it_puts_an_internal_balancers_probe_in_the_vpc": "declared(): a fresh python -I",
     "tests/infra/test_language_host.py": "runs(): a process",
     "tests/infra/test_replica_scaling.py::test_the_functions_archive_imports_in_a_bare_interpreter": "a bare interpreter (subprocess)",
     "tests/kubernetes/test_backend.py::test_fab_deploy_history_and_rollback_on_a_kubernetes_stack": "FakeApiServer(): an HTTP server",

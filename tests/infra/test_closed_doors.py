@@ -56,17 +56,22 @@ EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
 ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
 OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
 ASG = "aws:autoscaling/group:Group"
+EIP = "aws:ec2/eip:Eip"
+FUNCTION = "aws:lambda/function:Function"
 ALLOWED = ["203.0.113.0/24", "198.51.100.16/28"]
 S3_PREFIX_LIST = "pl-63a5400a"
 
 
 class PrefixListMocks(_Recorder):
-    """The shared mocks, plus the prefix list id AWS gives every S3 gateway endpoint."""
+    """The shared mocks, plus the prefix list id AWS gives every S3 gateway endpoint and the public
+    address it gives every Elastic IP (from the documentation range, one per address made)."""
 
     def new_resource(self, args: MockResourceArgs) -> tuple[str, dict[str, Any]]:
         resource_id, outputs = super().new_resource(args)
         if args.typ == ENDPOINT and args.inputs.get("vpcEndpointType") == "Gateway":
             outputs["prefixListId"] = S3_PREFIX_LIST
+        if args.typ == EIP:
+            outputs["publicIp"] = f"203.0.113.{10 + sum(1 for a, *_ in self.created if a.typ == EIP)}"
         return resource_id, outputs
 
 
@@ -123,8 +128,77 @@ def test_an_internal_balancer_lives_in_the_private_subnets(internal):
     assert len(alb["subnets"]) == len(private) and set(alb["subnets"]) == private
 
 
-def test_the_allowlist_is_the_only_way_into_the_balancer(internal):
-    assert _rules(internal, INGRESS, "alb") == {(cidr, "tcp", port) for cidr in ALLOWED for port in (443, 80)}
+def test_the_allowlist_and_the_stacks_probe_are_the_only_ways_into_the_balancer(internal):
+    probe = (_group_id(internal, "probe"), "tcp", 443)
+    assert _rules(internal, INGRESS, "alb") == {
+        (cidr, "tcp", port) for cidr in ALLOWED for port in (443, 80)
+    } | {probe}
+
+
+# --- the synthetic probe where the balancer would not admit AWS's network -----------------------------
+
+
+@pytest.fixture(scope="module")
+def allowlisted(tmp_path_factory: pytest.TempPathFactory) -> Graph:
+    """prod, its internet-facing balancer admitting two client ranges."""
+    return run_with_prefix_list(stack_with(tmp_path_factory, "prod", edge={"allow_cidrs": ALLOWED}), "prod")
+
+
+def _probe_function(graph: Graph) -> dict[str, Any]:
+    [function] = [f for f in graph.of_type(FUNCTION) if f.inputs["name"] == f"frontier-{graph.stack}-probe"]
+    return function.inputs
+
+
+def _private_subnets(graph: Graph) -> set[str]:
+    return {s.id for s in graph.of_type(SUBNET) if s.inputs["tags"]["frontier:tier"] == "private"}
+
+
+def test_an_open_balancers_probe_calls_from_awss_network_as_a_client_does():
+    prod = graph_for("prod")
+    assert "vpcConfig" not in _probe_function(prod)
+    assert not [g for g in prod.of_type(SG) if g.name == "prod-sg-probe"]
+
+
+def test_an_internal_balancers_probe_runs_in_the_private_subnets_with_https_to_the_vpc_alone(internal):
+    vpc = _probe_function(internal)["vpcConfig"]
+    assert set(vpc["subnetIds"]) == _private_subnets(internal)
+    assert vpc["securityGroupIds"] == [_group_id(internal, "probe")]
+    assert _rules(internal, EGRESS, "probe") == {(internal.settings.network.vpc_cidr, "tcp", 443)}
+    assert not _rules(internal, INGRESS, "probe")
+
+
+def test_an_allowlisted_internet_facing_balancer_admits_the_probe_at_the_nats_addresses_on_443_alone(
+    allowlisted,
+):
+    nats = {f"{eip.outputs['publicIp']}/32" for eip in allowlisted.of_type(EIP) if "-nat-" in eip.name}
+    network = allowlisted.settings.network
+    assert len(nats) == (network.availability_zones if network.nat == "per_az" else 1)
+    assert _rules(allowlisted, INGRESS, "alb") == {(c, "tcp", p) for c in ALLOWED for p in (443, 80)} | {
+        (nat, "tcp", 443) for nat in nats
+    }
+    vpc = _probe_function(allowlisted)["vpcConfig"]
+    assert set(vpc["subnetIds"]) == _private_subnets(allowlisted)
+    assert _rules(allowlisted, EGRESS, "probe") == {(ANYWHERE, "tcp", 443)}
+
+
+def test_a_probe_in_the_vpc_may_manage_its_network_interfaces_and_an_open_balancers_may_not(internal):
+    def statements(graph: Graph) -> dict[str, dict]:
+        [policy] = [
+            p
+            for p in graph.of_type("aws:iam/rolePolicy:RolePolicy")
+            if p.name == f"{graph.stack}-monitoring-probe-role"
+        ]
+        return {s["Sid"]: s for s in json.loads(policy.inputs["policy"])["Statement"]}
+
+    reach = statements(internal)["ReachItsVpc"]
+    assert set(reach["Action"]) == {
+        "ec2:CreateNetworkInterface",
+        "ec2:DescribeNetworkInterfaces",
+        "ec2:DeleteNetworkInterface",
+        "ec2:AssignPrivateIpAddresses",
+        "ec2:UnassignPrivateIpAddresses",
+    }
+    assert "ReachItsVpc" not in statements(graph_for("prod"))
 
 
 def test_with_a_waf_the_allowlist_is_also_its_ip_set_and_everyone_else_is_blocked(internal):
@@ -426,3 +500,15 @@ def test_an_internal_alb_sits_where_the_runtimes_network_policy_admits_it(eks):
 
 def test_an_internet_facing_alb_goes_to_the_public_subnets_alone(eks):
     assert _subnets_tagged(eks, ALB_SUBNET_TAG) == _tier(eks, "public")
+
+
+def test_pulumi_up_as_the_language_host_runs_it_puts_an_internal_balancers_probe_in_the_vpc(tmp_path):
+    # A fresh interpreter, cwd infra/, runpy.run_path("."), the variant's config in PULUMI_CONFIG.
+    from test_language_host import declared
+
+    document = yaml.safe_load((project.root() / "stacks" / "Pulumi.prod.yaml").read_text())
+    document["config"]["frontier:edge"].update({"scheme": "internal", "allow_cidrs": ALLOWED})
+    resources = {tuple(r) for r in declared("prod", document, tmp_path)["resources"]}
+    assert (SG, "prod-sg-probe") in resources
+    assert (EGRESS, "prod-sg-probe-https") in resources
+    assert (INGRESS, "prod-sg-alb-443-from-probe") in resources
