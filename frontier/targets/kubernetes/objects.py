@@ -98,15 +98,11 @@ def _instance_of(pool: PoolSettings, role: str | None) -> tuple[str, str | None]
     return f"{f'frontier-{slug}'[: 47 - len(role)].rstrip('-')}-{role}", role
 
 
-def workload_name(pool: PoolSettings, half: str | None = None) -> str:
-    """:func:`app_name` of ``pool``'s workload, or of its ``half`` where it is disaggregated."""
-    return _instance_of(pool, half or kv_role(pool))[0]
-
-
-def app_name(pool: PoolSettings) -> str:
+def app_name(pool: PoolSettings, half: str | None = None) -> str:
     """``frontier-<model>``: a DNS-1035 label (Service names allow no dots), one per model;
-    ``frontier-<model>-<role>`` for each half of a disaggregated pool."""
-    return _instance(pool)[0]
+    ``frontier-<model>-<role>`` for each half of a disaggregated pool (``pool`` narrowed to it, or
+    named by ``half``)."""
+    return _instance_of(pool, half or kv_role(pool))[0]
 
 
 def canary_name(pool: PoolSettings) -> str:

@@ -41,7 +41,7 @@ from frontier.targets.kubernetes import leader_workers as lw
 from frontier.targets.kubernetes import shares
 from frontier.targets.kubernetes.interruption import interruption_problems
 from frontier.targets.kubernetes.manifests import gpus_per_pod, pod_gpus_formula, startup_failure_threshold
-from frontier.targets.kubernetes.objects import workload_name
+from frontier.targets.kubernetes.objects import app_name
 
 # RFC 1123 label: what Kubernetes accepts as a namespace name.
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -286,7 +286,7 @@ def pool_problems(s: Settings, k: Kubernetes) -> Iterator[FieldProblem]:
         where = f"pools[{i}]"
         # A disaggregated pool's halves are named apart too (frontier-<model>-prefill, -decode).
         halves = pd.HALVES if pool.disaggregation is not None else ()
-        for name in dict.fromkeys(workload_name(pool, half) for half in (None, *halves)):
+        for name in dict.fromkeys(app_name(pool, half) for half in (None, *halves)):
             if names.get(name, i) != i:
                 yield FieldProblem(
                     f"{where}.model.name",

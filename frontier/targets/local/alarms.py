@@ -60,7 +60,7 @@ from frontier.errors import FrontierError
 from frontier.hosts.inventory import HostSpec
 from frontier.render.alerts import HOST_DIMENSION, HOST_NAMESPACE, PROC_CPU_SYSTEM, PROC_CPU_USER, PROC_RSS
 from frontier.targets.local import cluster
-from frontier.targets.local.backend import LocalBackend
+from frontier.targets.local.backend import LocalBackend, slots_in_service
 from frontier.targets.local.heal import ready, runtime_pid, runtime_url
 
 RUNTIME_DOWN = RuntimeDownAlarm.name
@@ -350,7 +350,6 @@ class Evaluator:
         self.settings = settings
         # The stack's balancer and endpoint; every pool's slots, each watched at its pool's runtime.
         self.backend = LocalBackend(settings, None)
-        self.pool_backends = tuple(LocalBackend(settings, pool) for pool in settings.pools)
         self.notifier = notifier
         self.log = log
         self.watches = local_watches(settings)
@@ -390,13 +389,7 @@ class Evaluator:
         return fired
 
     def _serving(self) -> list[tuple[PoolSettings, HostSpec]]:
-        """Every slot in service, with the pool it serves (a spare slot, which every pool's group may
-        launch, once: with the first pool)."""
-        serving: dict[str, tuple[PoolSettings, HostSpec]] = {}
-        for backend in self.pool_backends:
-            for host in backend.hosts():
-                serving.setdefault(host.name, (backend.pool, host))
-        return list(serving.values())
+        return slots_in_service(self.settings)
 
     def _metrics(self, pool: PoolSettings, host: HostSpec, now: float) -> list[Transition | None]:
         try:

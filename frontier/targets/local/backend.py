@@ -16,7 +16,7 @@ from frontier_hostside.names import HAPROXY_ADMIN_SOCKET
 from frontier_settings import FieldProblem
 
 from frontier import project
-from frontier.config.schema import Local
+from frontier.config.schema import Local, PoolSettings, Settings
 from frontier.hosts.inventory import HostSpec, ssh_connection
 from frontier.hosts.session import HostSession
 from frontier.release.history import HistoryStore, stack_history
@@ -30,6 +30,18 @@ from frontier.targets.local import gateway as local_gateway
 from frontier.targets.local.balancer import HAProxyBalancer, balancer_backends, render_haproxy
 from frontier.targets.local.connection import LocalConnection
 from frontier.targets.local.group import LocalFleet, read_state, slot_specs
+
+
+def slots_in_service(settings: Settings) -> list[tuple[PoolSettings, HostSpec]]:
+    """Every slot of the stack in service, with the pool it serves, from one read of the fleet's
+    state (a spare slot, which every pool's group may launch, once: with the first pool)."""
+    in_service = set(read_state(settings, cluster.state_dir(settings)).in_service)
+    serving: dict[str, tuple[PoolSettings, HostSpec]] = {}
+    for pool in settings.pools:
+        for host in slot_specs(settings, pool, None):
+            if host.name in in_service:
+                serving.setdefault(host.name, (pool, host))
+    return list(serving.values())
 
 
 class LocalBackend(PoolTarget):

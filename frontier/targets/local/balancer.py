@@ -30,6 +30,12 @@ from frontier.render.templates import render_template
 HAPROXY_BACKEND = "runtime"
 
 
+def spare_pool(settings: Settings) -> PoolSettings:
+    """The pool a slot no pool lists is written into haproxy.cfg for (:func:`server_pools`)."""
+    first, *_ = settings.pools  # not a pool this code acts for: see server_pools
+    return first
+
+
 def server_pools(settings: Settings) -> dict[str, PoolSettings]:
     """The pool each host slot of the stack serves, by slot name: the pool that lists it in its
     ``hosts`` (a one-model stack's pool lists every slot unless its file names them).
@@ -38,9 +44,9 @@ def server_pools(settings: Settings) -> dict[str, PoolSettings]:
     pool, whose fleet launches it; a stack of several models gives each slot to one pool (``local.up``
     refuses a slot of none, :func:`frontier.targets.local.iam.pool_of_host`), so there the choice only
     writes the spare into haproxy.cfg and never decides how it serves."""
-    first, *_ = settings.pools  # the spare slots' pool, as above (not a pool this code acts for)
+    spare = spare_pool(settings)
     owners = {host.name: pool for pool in reversed(settings.pools) for host in pool.hosts}
-    return {host.name: owners.get(host.name, first) for host in settings.inventory.hosts}
+    return {host.name: owners.get(host.name, spare) for host in settings.inventory.hosts}
 
 
 def balancer_backends(settings: Settings) -> list[tuple[str, str, int]]:
@@ -71,8 +77,8 @@ def render_haproxy(
     if len(set(names)) != len(names):
         raise FrontierError(f"haproxy backends must have distinct names, got {names}")
     pools = server_pools(settings)
-    first, *_ = settings.pools  # a server of no slot: as a spare slot is (server_pools)
-    runtimes = [pools.get(name, first).runtime for name in names] or [first.runtime]
+    spare = spare_pool(settings)  # a server of no slot: as a spare slot is
+    runtimes = [pools.get(name, spare).runtime for name in names] or [spare.runtime]
     admitted = [runtime.max_concurrency + runtime.queue.max_length for runtime in runtimes]
     health = settings.health
     # Streams stay open for the whole generation; the runtime sends SSE keep-alives, so an idle
