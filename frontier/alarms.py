@@ -42,9 +42,9 @@ PERIOD_S = 60
 EVALUATION_PERIODS = 5
 DATAPOINTS_TO_ALARM = 3
 RUNTIME_JOB = 'job="frontier-runtime"'
-# On the cloud targets a runtime that loads (a new replica, a rollout's host) is not ready and
-# nothing marks it as taken out, as the local stack's balancer does: runtime-down waits at least this.
-CLOUD_DOWN_FLOOR_S = 300
+# On the cloud targets runtime-down counts minutes in a row, at least this many: one reading may fall
+# between a release's stop on a host and its next launch, where nothing answers yet.
+CLOUD_DOWN_MIN_MINUTES = 2
 
 # One scrape of a runtime's /metrics: (name, labels, value) per sample.
 Samples = Sequence[tuple[str, dict[str, str], float]]
@@ -350,29 +350,40 @@ class StructuredOutputFailures(RuntimeMetricAlarm):
 @named
 class RuntimeDown(FailingMinutesAlarm):
     name = "runtime-down"
-    series = f"`{names.READY_METRIC}` (EC2: `{names.RUNTIME_READY_CW_METRIC}`, the least ready host)"
+    series = (
+        f"`{names.READY_METRIC}`, `{names.DRAINING_METRIC}`, `{names.PROCESS_START_METRIC}` "
+        f"(EC2: `{names.RUNTIME_UP_CW_METRIC}`, the host's verdict, the group's worst host)"
+    )
     fires = (
-        "a runtime not ready for `alerts.runtime_down_for_s` (on EC2 and Kubernetes at least "
-        f"{CLOUD_DOWN_FLOOR_S // 60} minutes: a loading replica is not ready either; locally a "
-        "rollout's own hosts are excepted)"
+        "a runtime down for `alerts.runtime_down_for_s`: not ready, not draining, and past its start "
+        "(its process older than `rollout.readiness_timeout_s`; on EC2 a runtime that does not answer, "
+        f"unless launched or its host booted that recently); on EC2 and Kubernetes whole minutes, at "
+        f"least {CLOUD_DOWN_MIN_MINUTES}; locally a rollout's own hosts are excepted"
     )
 
-    # A host publishes 0 when its runtime does not answer; the group's Minimum is its worst host.
-    cloudwatch_metric = names.RUNTIME_READY_CW_METRIC
+    # Each host publishes 1 (up: ready, draining or starting) or 0 (down): see
+    # frontier_hostside.node_boot.runtime_down; the group's Minimum is its worst host.
+    cloudwatch_metric = names.RUNTIME_UP_CW_METRIC
 
     def threshold(self, settings: Settings) -> float:
         return settings.alerts.runtime_down_for_s
 
     def minutes(self, settings: Settings) -> int:
-        """On the cloud targets: whole minutes, at least :data:`CLOUD_DOWN_FLOOR_S`."""
-        return math.ceil(max(self.threshold(settings), CLOUD_DOWN_FLOOR_S) / PERIOD_S)
+        """On the cloud targets: whole minutes, at least :data:`CLOUD_DOWN_MIN_MINUTES`."""
+        return max(CLOUD_DOWN_MIN_MINUTES, math.ceil(self.threshold(settings) / PERIOD_S))
 
     def prometheus(self, settings: Settings) -> PrometheusCondition:
+        """Not ready, unless draining or younger than a start may take (the process's start time)."""
+        job, allowance = RUNTIME_JOB, math.ceil(settings.rollout.readiness_timeout_s)
         return PrometheusCondition(
             alert="FrontierHostNotReady",
-            expr=f"{names.READY_METRIC}{{{RUNTIME_JOB}}} == 0",
+            expr=(
+                f"({names.READY_METRIC}{{{job}}} == 0)"
+                f" unless on(instance) ({names.DRAINING_METRIC}{{{job}}} == 1)"
+                f" unless on(instance) (time() - {names.PROCESS_START_METRIC}{{{job}}} < {allowance})"
+            ),
             for_s=int(self.minutes(settings) * PERIOD_S),
-            summary=f"{{{{ $labels.instance }}}} has not been ready for {self.minutes(settings)} minute(s)",
+            summary=f"{{{{ $labels.instance }}}} has been down for {self.minutes(settings)} minute(s)",
         )
 
 

@@ -29,7 +29,7 @@ Alarms:
 Each host's bootstrap (``frontier_hostside/bootstrap.py watch``) scrapes the runtime's /metrics and
 publishes ``QueueDepth``, ``RunningRequests``, ``EndToEndLatency`` and ``TimeToFirstToken`` (values
 with counts), ``KVCacheUsage``, ``StructuredOutputs`` and ``StructuredOutputFailures``,
-``RuntimeReady`` and ``RuntimeRestarts`` in the ``Frontier/Runtime`` namespace under the dimensions ``Stack`` and ``NodeGroup`` (see
+``RuntimeUp`` and ``RuntimeRestarts`` in the ``Frontier/Runtime`` namespace under the dimensions ``Stack`` and ``NodeGroup`` (see
 :func:`runtime_dimensions`); the alarms, the dashboard and the scaling policy read exactly those.
 The log groups receive the CloudWatch agent's files (``templates/cloudwatch-agent.json.j2``).
 """

@@ -26,6 +26,7 @@ from frontier_hostside.names import (
     CACHE_DEVICE_NAME,
     CLOUDWATCH_DIMENSIONS,
     CLOUDWATCH_NAMESPACE,
+    HOST_BOOT_ALLOWANCE_S,
     LAUNCH_HOOK,
     QUEUE_DEPTH_METRIC,
     RUNNING_REQUESTS_METRIC,
@@ -59,8 +60,7 @@ METADATA_HOP_LIMIT = 2
 MAX_GRACE_S = 7200
 # Lifecycle hooks wait at most 2 h (AWS's limit for one heartbeat timeout).
 MAX_HOOK_S = 7200
-# A first boot before the runtime starts: drivers checked, cache formatted, image pulled.
-BOOT_ALLOWANCE_S = 900
+BOOT_ALLOWANCE_S = HOST_BOOT_ALLOWANCE_S
 # Beyond the drain itself, before a terminating host is let go regardless.
 TERMINATE_MARGIN_S = 60
 # The process the first successful deploy resumes (frontier/targets/ec2/group.py: REPLACE_UNHEALTHY).

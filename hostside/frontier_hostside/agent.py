@@ -81,6 +81,7 @@ from frontier_hostside.names import (
     METRICS_PATH,
     PREVIOUS_LINK,
     RELEASES_DIR,
+    RUNTIME_PID_NAME,
     SUPERVISE_COMMAND,
     SUPERVISOR_PID_NAME,
     WATCHDOG_UNIT,
@@ -205,7 +206,7 @@ class Agent:
         self.releases_dir = self.root / RELEASES_DIR
         self.order_file = self.root / "releases.json"
         self.run_dir = self.root / "run"
-        self.pid_file = self.run_dir / "runtime.pid"
+        self.pid_file = self.run_dir / RUNTIME_PID_NAME
         self.release_file = self.run_dir / "runtime.release"
         self.log_file = self.root / "logs" / "runtime.log"
         self.history_file = self.root / "logs" / HISTORY_NAME

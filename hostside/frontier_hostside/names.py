@@ -71,6 +71,11 @@ BOOTSTRAP_FILE_NAME = "frontier-bootstrap.py"
 WATCHDOG_UNIT = "frontier-agent"
 SUPERVISE_COMMAND = "supervise"
 SUPERVISOR_PID_NAME = "supervisor.pid"
+# In the host root's run/: the runtime's pid, written at each launch (its mtime: when it was launched).
+RUNTIME_PID_NAME = "runtime.pid"
+# A first boot before the runtime starts: drivers checked, cache formatted, image pulled. The launch
+# hook waits this plus rollout.readiness_timeout_s; the runtime-down alarm excepts a host as long.
+HOST_BOOT_ALLOWANCE_S = 900
 # The host name and address the uploaded agent configuration carries until a host fills in its own.
 PLACEHOLDER_HOST = "bootstrap"
 PLACEHOLDER_ADDRESS = "0.0.0.0"
@@ -339,13 +344,14 @@ E2E_LATENCY_CW_METRIC = "EndToEndLatency"
 RESTARTS_CW_METRIC = "RuntimeRestarts"
 # The series the named alarms (frontier/alarms.py) read on EC2: time to first token in milliseconds
 # (values with counts, as EndToEndLatency), the fullest KV cache (a fraction), constrained outputs
-# checked and those that failed their constraint since the last publish, and whether the runtime
-# answers its readiness check (1) or not (0: a runtime that does not answer its /metrics either).
+# checked and those that failed their constraint since the last publish, and whether the runtime is
+# up (1: ready, draining, or starting — within rollout.readiness_timeout_s of its launch, or of the
+# host's boot before any launch) or down (0: not ready past its start, or not answering its /metrics).
 TTFT_CW_METRIC = "TimeToFirstToken"
 KV_USAGE_CW_METRIC = "KVCacheUsage"
 STRUCTURED_OUTPUTS_CW_METRIC = "StructuredOutputs"
 STRUCTURED_FAILURES_CW_METRIC = "StructuredOutputFailures"
-RUNTIME_READY_CW_METRIC = "RuntimeReady"
+RUNTIME_UP_CW_METRIC = "RuntimeUp"
 # Seconds one start of the runtime spent in each phase (START_PHASE_METRIC's: fetch, verify, load,
 # warmup, and ready, the whole start), under the group's dimensions plus Phase, once per start: what
 # a group's instance warm-up (NodeGroup.instance_warmup_s) is set from, beside the host's boot.

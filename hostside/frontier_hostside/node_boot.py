@@ -27,6 +27,8 @@ from frontier_hostside.names import (
     BOOT_RECORDS_PREFIX,
     CLOUDWATCH_DIMENSIONS,
     DEPLOYING_POINTER,
+    DRAINING_METRIC,
+    HOST_BOOT_ALLOWANCE_S,
     HOST_TOOLS_PREFIX,
     KV_USAGE_CW_METRIC,
     KV_USAGE_METRIC,
@@ -41,7 +43,8 @@ from frontier_hostside.names import (
     RELEASE_MANIFEST,
     REQUEST_FAILURES_METRIC,
     RESTARTS_CW_METRIC,
-    RUNTIME_READY_CW_METRIC,
+    RUNTIME_PID_NAME,
+    RUNTIME_UP_CW_METRIC,
     START_PHASE_LABEL,
     START_PHASE_METRIC,
     STARTUP_CW_METRIC,
@@ -542,25 +545,81 @@ def _since(before: Any, now: float) -> float:
     return now - earlier if now >= earlier else now
 
 
-def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
+def host_booted_at() -> float:
+    """When this host booted (wall clock), from ``/proc/uptime``; 0 where that cannot be read."""
+    try:
+        return time.time() - float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def runtime_down(
+    samples: list[tuple[str, dict[str, str], float]] | None,
+    now: float,
+    launched_at: float | None,
+    booted_at: float,
+    start_allowance_s: float,
+) -> bool:
+    """Whether the runtime-down alarm counts this host's runtime as down (``samples``: its /metrics,
+    None where they do not answer). Not down: ready; draining (a rollout or a scale-in stopping it);
+    or starting — its process younger than the start allowance (``rollout.readiness_timeout_s``:
+    loading), or, not answering yet, its last launch by the agent (``launched_at``) younger than
+    that, or, before any launch, the host's boot younger than the launch hook waits for it
+    (:data:`HOST_BOOT_ALLOWANCE_S` more). A replica that loads longer than a rollout would wait for
+    it is down."""
+    if samples is not None:
+        if any(value >= 1 for name, _, value in samples if name in (READY_METRIC, DRAINING_METRIC)):
+            return False
+        started = next((value for name, _, value in samples if name == PROCESS_START_METRIC), None)
+        if started is not None:
+            return now - started >= start_allowance_s
+    if launched_at is not None:
+        return now - launched_at >= start_allowance_s
+    return now - booted_at >= HOST_BOOT_ALLOWANCE_S + start_allowance_s
+
+
+def _launched_at(config: NodeConfig) -> float | None:
+    try:
+        return (Path(config.root) / "run" / RUNTIME_PID_NAME).stat().st_mtime
+    except OSError:
+        return None
+
+
+def publish(config: NodeConfig, aws: Aws, booted_at: float | None = None) -> dict[str, Any]:
     """One scrape of the runtime, into CloudWatch: the queue, the requests running, the end-to-end
     latency and the time to first token (values with counts of what finished since the last
     publish), the fullest KV cache, the constrained outputs checked and failed since the last
-    publish, readiness and restarts, and once per runtime start its phases (StartupSeconds). A
-    runtime that does not answer is published as not ready (what the runtime-down alarm reads) and
-    nothing else."""
+    publish, whether the runtime is up (:func:`runtime_down`: what the runtime-down alarm reads)
+    and restarts, and once per runtime start its phases (StartupSeconds). A runtime that does not
+    answer is published as up or down and nothing else."""
     stack_dimension, group_dimension = CLOUDWATCH_DIMENSIONS
     dimensions = [
         {"Name": stack_dimension, "Value": config.stack},
         {"Name": group_dimension, "Value": config.node_group},
     ]
+    booted = host_booted_at() if booted_at is None else booted_at
+
+    def down(samples: list[tuple[str, dict[str, str], float]] | None) -> bool:
+        return runtime_down(samples, time.time(), _launched_at(config), booted, config.readiness_timeout_s)
+
     try:
         with urllib.request.urlopen(config.metrics_url, timeout=5) as answer:
             samples = parse_prometheus(answer.read().decode())
     except OSError as exc:
-        down = {"MetricName": RUNTIME_READY_CW_METRIC, "Dimensions": dimensions, "Value": 0, "Unit": "Count"}
-        aws.put_metrics(config.namespace, [down])
-        return {"ok": False, "ready": False, "error": f"the runtime's metrics do not answer: {exc}"}
+        is_down = down(None)
+        up = {
+            "MetricName": RUNTIME_UP_CW_METRIC,
+            "Dimensions": dimensions,
+            "Value": 0 if is_down else 1,
+            "Unit": "Count",
+        }
+        aws.put_metrics(config.namespace, [up])
+        return {
+            "ok": False,
+            "ready": False,
+            "down": is_down,
+            "error": f"the runtime's metrics do not answer: {exc}",
+        }
     waiting = sum(v for name, _, v in samples if name == config.waiting_series)
     running = sum(v for name, _, v in samples if name == config.running_series)
     buckets = histogram_buckets(samples, config.e2e_series)
@@ -575,6 +634,7 @@ def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
     values, counts = latency_values(before, buckets)
     ttft_values, ttft_counts = latency_values(ttft_before, ttft_buckets)
     ready = any(v >= 1 for name, _, v in samples if name == READY_METRIC)
+    is_down = down(samples)
     kv_usage = [v for name, _, v in samples if name == KV_USAGE_METRIC]
     checked = counter_total(samples, STRUCTURED_OUTPUTS_METRIC)
     failed = counter_total(samples, REQUEST_FAILURES_METRIC, **{REASON_LABEL: STRUCTURED_OUTPUT_INVALID})
@@ -585,7 +645,7 @@ def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
     data: list[dict[str, Any]] = [
         count(config.queue_metric, waiting),
         count(config.running_metric, running),
-        count(RUNTIME_READY_CW_METRIC, 1 if ready else 0),
+        count(RUNTIME_UP_CW_METRIC, 0 if is_down else 1),
         count(STRUCTURED_OUTPUTS_CW_METRIC, _since(before_state.get("structured_checked"), checked)),
         count(STRUCTURED_FAILURES_CW_METRIC, _since(before_state.get("structured_failed"), failed)),
     ]
@@ -650,6 +710,7 @@ def publish(config: NodeConfig, aws: Aws) -> dict[str, Any]:
     return {
         "ok": True,
         "ready": ready,
+        "down": is_down,
         "queue_depth": waiting,
         "running": running,
         "latency_requests": sum(counts),

@@ -289,7 +289,7 @@ def test_queue_depth_running_requests_and_latency_reach_cloudwatch(cloud):
         "RunningRequests",
         "EndToEndLatency",
         "RuntimeRestarts",
-        "RuntimeReady",
+        "RuntimeUp",
         "StructuredOutputs",
         "StructuredOutputFailures",
     }
@@ -367,7 +367,7 @@ def test_every_series_the_named_alarms_read_on_ec2_is_published_by_the_host(clou
         "KVCacheUsage",
         "StructuredOutputFailures",
         "StructuredOutputs",
-        "RuntimeReady",
+        "RuntimeUp",
     }
     assert read <= published
     assert published_values(cloudwatch, "KVCacheUsage", dims, "Maximum") == [0.97]
@@ -412,14 +412,28 @@ def test_each_start_of_the_runtime_is_published_once_phase_by_phase(cloud):
         assert values == [max(first[phase], second[phase])], phase
 
 
-def test_a_runtime_that_does_not_answer_is_published_as_not_ready(cloud):
+def test_a_runtime_that_does_not_answer_long_after_its_host_booted_is_published_as_down(cloud):
     config, *_ = cloud
     config = replace(config, metrics_url=f"http://127.0.0.1:{services.free_port()}/metrics")
-    answer = node_boot.publish(config, Aws(config.region, command=AWS_CLI or "aws"))
-    assert answer["ok"] is False and answer["ready"] is False
+    # Never launched, on a host that booted long ago: no start explains the silence.
+    answer = node_boot.publish(config, Aws(config.region, command=AWS_CLI or "aws"), booted_at=0.0)
+    assert answer["ok"] is False and answer["ready"] is False and answer["down"] is True
     cloudwatch = boto3.client("cloudwatch", region_name="us-east-1")
     dims = [{"Name": "Stack", "Value": config.stack}, {"Name": "NodeGroup", "Value": config.node_group}]
-    assert published_values(cloudwatch, "RuntimeReady", dims, "Maximum") == [0.0]
+    assert published_values(cloudwatch, "RuntimeUp", dims, "Maximum") == [0.0]
+
+
+def test_a_runtime_that_does_not_answer_just_after_its_launch_is_published_as_up(cloud):
+    config, *_ = cloud
+    config = replace(config, metrics_url=f"http://127.0.0.1:{services.free_port()}/metrics")
+    run = Path(config.root) / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "runtime.pid").write_text("4242\n")  # what the agent writes as it launches the runtime
+    answer = node_boot.publish(config, Aws(config.region, command=AWS_CLI or "aws"), booted_at=0.0)
+    assert answer["down"] is False
+    cloudwatch = boto3.client("cloudwatch", region_name="us-east-1")
+    dims = [{"Name": "Stack", "Value": config.stack}, {"Name": "NodeGroup", "Value": config.node_group}]
+    assert published_values(cloudwatch, "RuntimeUp", dims, "Minimum") == [1.0]
 
 
 def test_restarts_are_published_as_the_count_since_the_last_publish(cloud, monkeypatch):
