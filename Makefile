@@ -50,7 +50,11 @@ audit: install
 # the scan, the tests that start nothing, the torch-ops run) runs beside them into a log printed at
 # the end. Together they run every test; either lane failing fails the target.
 LANE_LOG := .frontier/compute-lane.log
-test: system-packages install lock-check audit
+# checkov's venv before the lanes split: the scan runs in the compute lane, and the proc lane's
+# tests of the scan (tests/kubernetes/test_security_scan.py) need it there from their start.
+CHECKOV_VENV := .frontier/checkov-venv
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+test: system-packages install lock-check audit $(CHECKOV_STAMP)
 	@mkdir -p .frontier; rm -f $(LANE_LOG) $(LANE_LOG).rc
 	@( $(MAKE) --no-print-directory test-compute-lane > $(LANE_LOG) 2>&1; echo $$? > $(LANE_LOG).rc ) & \
 	$(BIN)/python -m pytest -q -m "proc or e2e" --durations=25; proc=$$?; \
@@ -66,8 +70,6 @@ test-compute-lane: typecheck scan
 # checkov, a peer scanner, over every stack's rendered Kubernetes manifests, every Dockerfile and the
 # Pulumi programs' policy documents; each exception sits on the object it excuses (scripts/security_scan.py).
 # checkov's own pins clash with ours: it gets its own venv, every wheel pinned by hash.
-CHECKOV_VENV := .frontier/checkov-venv
-CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
 $(CHECKOV_STAMP): tools/checkov/requirements.txt
 	test -x $(CHECKOV_VENV)/bin/python || $(PY) -m venv $(CHECKOV_VENV)

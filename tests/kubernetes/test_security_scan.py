@@ -8,6 +8,7 @@ Marked e2e: each case starts the scan script and checkov (processes, ~10 s each)
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,12 @@ CHECKOV = REPO / ".frontier" / "checkov-venv" / "bin" / "checkov"
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(not CHECKOV.exists(), reason="checkov's venv is absent: `make scan` installs it"),
+    # Skipped where checkov's venv was never made (a bare pytest run); in CI (`make test` makes it
+    # first) a missing venv runs the tests, which then fail naming the missing checkov.
+    pytest.mark.skipif(
+        not CHECKOV.exists() and not os.environ.get("CI"),
+        reason="checkov's venv is absent: `make scan` installs it",
+    ),
 ]
 
 
