@@ -345,17 +345,14 @@ class KubernetesRollout:
         return "; ".join(passed)
 
     def started(self, release_id: str, want: int, timeout_s: float) -> list[str]:
-        """The canary's pods of ``release_id`` once ``want`` of them have every container ready: held
-        by their readiness gate, they are not Ready, so the Deployment is not available yet."""
+        """Once ``want`` of the canary's pods of ``release_id`` have every container ready: those of
+        them their readiness gate still holds (not Ready, so the Deployment is not available yet),
+        i.e. every one not admitted before."""
         deadline = self.clock.now() + timeout_s
         while True:
-            up = sorted(
-                pod["metadata"]["name"]
-                for pod in self._pods_of("canary", release_id)
-                if _condition(pod, "ContainersReady")
-            )
+            up = [pod for pod in self._pods_of("canary", release_id) if _condition(pod, "ContainersReady")]
             if len(up) >= want:
-                return up
+                return sorted(p["metadata"]["name"] for p in up if not _condition(p, K8S_VERIFIED_CONDITION))
             if self.clock.now() >= deadline:
                 raise KubernetesRolloutError(
                     f"deployment {self.canary}: {len(up)}/{want} pod(s) started after {timeout_s:.0f} s"

@@ -35,7 +35,7 @@ pods during a revert than when it began.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
@@ -83,11 +83,10 @@ class _Split:
     previous: dict[str, Any] | None = None
     paused: bool = False
     canary_made: bool = False
-    #: With ``rollout.verify_canary``: the canary's result (where its verification is recorded),
-    #: whether the new release passed it, and the canary pods admitted to the Service so far.
+    #: With ``rollout.verify_canary``: the canary's result (where its verification is recorded) and
+    #: whether the new release passed it. Which pods are admitted, their own status says.
     verifying: HostResult | None = None
     verified: bool = False
-    admitted: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -208,16 +207,13 @@ class WeightedKubernetesRollout(KubernetesRollout):
         """The canary's new pods, held by their readiness gate, admitted once started: at the first
         step after the verification set passed on them against a pod of the old release."""
         timeout = self.settings.rollout.readiness_timeout_s
-        started = self.started(release_id, split.canary, timeout)
-        new = [pod for pod in started if pod not in split.admitted]
+        new = self.started(release_id, split.canary, timeout)
         if not split.verified:
             assert split.verifying is not None  # set as the canary is made, before any step
             verify = partial(self.verify, new, self.verify_old(self.old_pod(release_id)))
             _Step(split.verifying, self.report).phase("verify", verify)
             split.verified = True
-        admitted = self.admit(new, timeout)
-        split.admitted.update(new)
-        return admitted
+        return self.admit(new, timeout)
 
     def _shift(self, split: _Split, canary: int, release_id: str = "") -> None:
         """The canary to ``canary`` replicas and the stable to the rest of the pool's, ``room`` pods
