@@ -49,7 +49,6 @@ from frontier_hostside.names import (
     GATEWAY_NODE_GROUP,
     GATEWAY_REQUESTS_CW_METRIC,
     QUEUE_DEPTH_METRIC,
-    RESTARTS_CW_METRIC,
 )
 from frontier_hostside.names import CLOUDWATCH_NAMESPACE as METRIC_NAMESPACE
 
@@ -66,8 +65,6 @@ from infra.probe import SyntheticProbeArgs, synthetic_probe
 
 ALB_NAMESPACE = "AWS/ApplicationELB"
 PERIOD_S = 60
-# One restart is a host healing itself; more than this a minute, on 3 of 5 minutes, is a crash loop.
-RESTART_ALARM = 1
 EVALUATION_PERIODS = 5
 DATAPOINTS_TO_ALARM = 3
 # The busiest gateway host's CPU (percent, as the agent publishes it): past this for 3 of 5 minutes
@@ -341,7 +338,7 @@ class Monitoring(Component[MonitoringArgs]):
         return [(group, "" if len(groups) == 1 else f"-{group}") for group in groups]
 
     def _runtime_alarms(self, group: str, suffix: str) -> None:
-        """What one serving group's runtimes publish: p99 latency, queue depth and restarts."""
+        """What one serving group's runtimes publish: p99 latency and queue depth (the named alarms read the rest)."""
         args, slo = self._args, self._args.slo
         runtime = runtime_dimensions(args.stack, group)
         self._alarm(
@@ -358,14 +355,6 @@ class Monitoring(Component[MonitoringArgs]):
             alarm="queue-depth",
             threshold=args.queue_depth_alarm,
             **series(METRIC_NAMESPACE, QUEUE_DEPTH_METRIC, runtime, statistic="Maximum"),
-        )
-        self._alarm(
-            f"runtime-restarts{suffix}",
-            f"Runtimes restarted by their supervisor more than {RESTART_ALARM} times a minute "
-            "(crash-looping or failing liveness)",
-            alarm="runtime-restarts",
-            threshold=RESTART_ALARM,
-            **series(METRIC_NAMESPACE, RESTARTS_CW_METRIC, runtime, statistic="Sum"),
         )
 
     def _gateway_alarms(self) -> None:

@@ -84,6 +84,7 @@ from frontier_hostside.names import (
     RUNTIME_PID_NAME,
     SUPERVISE_COMMAND,
     SUPERVISOR_PID_NAME,
+    SUPERVISOR_STATE_NAME,
     WATCHDOG_UNIT,
 )
 from frontier_hostside.processes import atomic_write, command_line, now, pid_alive, terminate_then_kill
@@ -211,7 +212,7 @@ class Agent:
         self.log_file = self.root / "logs" / "runtime.log"
         self.history_file = self.root / "logs" / HISTORY_NAME
         self.supervisor_pid_file = self.run_dir / SUPERVISOR_PID_NAME
-        self.supervisor_state_file = self.run_dir / "supervisor.json"
+        self.supervisor_state_file = self.run_dir / SUPERVISOR_STATE_NAME
         self._supervisor: subprocess.Popen[bytes] | None = None
         self.systemd_run_dir = Path(environ.get(SYSTEMD_RUN_DIR_ENV, "/run/systemd/system"))
         self.unit_dir = Path(environ.get(UNIT_DIR_ENV, "/etc/systemd/system"))

@@ -71,6 +71,8 @@ BOOTSTRAP_FILE_NAME = "frontier-bootstrap.py"
 WATCHDOG_UNIT = "frontier-agent"
 SUPERVISE_COMMAND = "supervise"
 SUPERVISOR_PID_NAME = "supervisor.pid"
+# The supervisor's state beside it: its restarts of the runtime (``restarts``) and the last one's why.
+SUPERVISOR_STATE_NAME = "supervisor.json"
 # In the host root's run/: the runtime's pid, written at each launch (its mtime: when it was launched).
 RUNTIME_PID_NAME = "runtime.pid"
 # A first boot before the runtime starts: drivers checked, cache formatted, image pulled. The launch

@@ -119,6 +119,8 @@ def test_a_crash_looping_runtime_raises_the_restarts_alarm(graph):
     restarts = alarm(graph, "runtime-restarts")
     assert restarts["metricName"] == "RuntimeRestarts" and restarts["statistic"] == "Sum"
     assert restarts["threshold"] >= 1  # one restart is a host healing itself
+    # One period spans the window: two restarts ten minutes apart (a long back-off) still fire.
+    assert restarts["period"] == 600 and restarts["evaluationPeriods"] == 1
 
 
 def test_every_runtime_alarm_reads_a_series_the_hosts_publish(graph):

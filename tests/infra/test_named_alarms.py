@@ -72,7 +72,14 @@ def test_every_target_raises_the_same_named_alarms(tmp_path):
     print("\nalarm | EC2 CloudWatch alarm | Kubernetes alert | local watch")
     for alarm, (on_ec2, on_kubernetes, on_local) in table.items():
         print(f"{alarm} | {on_ec2} | {on_kubernetes} | {on_local}")
-    assert named == ["ttft", "kv-cache-full", "structured-output-failures", "runtime-down", "probe-failing"]
+    assert named == [
+        "ttft",
+        "kv-cache-full",
+        "structured-output-failures",
+        "runtime-down",
+        "runtime-restarts",
+        "probe-failing",
+    ]
     assert all(on_ec2 == f"frontier-{EC2_STACK}-{alarm}" for alarm, (on_ec2, _, _) in table.items()), table
     assert all(on_kubernetes for _, on_kubernetes, _ in table.values()), table
     assert sorted(local) == sorted(named)

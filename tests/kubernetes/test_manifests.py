@@ -456,14 +456,23 @@ def test_the_stacks_alert_rules_go_to_the_operator_and_match_the_scrapes_job(eks
     job = monitoring.service_monitor(eks_prod, eks_prod.only_pool).to_dict()["spec"]["jobLabel"]
     service_labels = m.service(eks_prod, eks_prod.only_pool).labels
     # Prometheus names the job after the Service's label jobLabel names: the rules' job. The probe's
-    # rule reads kube-state-metrics' series of the probe's CronJob instead.
+    # and the restarts' rules read kube-state-metrics' series (of the probe's CronJob, of the pods'
+    # runtime container) instead.
     rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    kube_state = ("probe-failing", "runtime-restarts")
     assert all(
-        f'job="{service_labels[job]}"' in r["expr"] for r in rules if r["labels"]["alarm"] != "probe-failing"
+        f'job="{service_labels[job]}"' in r["expr"] for r in rules if r["labels"]["alarm"] not in kube_state
     )
     [probe] = [r for r in rules if r["labels"]["alarm"] == "probe-failing"]
-    [cron_job] = [o for o in m.render_workload(eks_prod, DIGEST).all() if o.kind == "CronJob"]
+    workload = m.render_workload(eks_prod, DIGEST).all()
+    [cron_job] = [o for o in workload if o.kind == "CronJob"]
     assert f'cronjob=~"{cron_job.name}(-.+)?"' in probe["expr"]
+    [restarts] = [r for r in rules if r["labels"]["alarm"] == "runtime-restarts"]
+    [deployment] = [
+        o for o in workload if o.kind == "Deployment" and o.name == m.app_name(eks_prod.only_pool)
+    ]
+    runtime = deployment.to_dict()["spec"]["template"]["spec"]["containers"][0]["name"]
+    assert f'namespace="{deployment.namespace}",container="{runtime}"' in restarts["expr"]
     broken = json.loads(json.dumps(rule))
     broken["spec"]["groups"][0]["rules"][0]["for"] = "ten minutes"
     with pytest.raises(jsonschema.ValidationError):

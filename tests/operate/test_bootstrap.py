@@ -368,6 +368,7 @@ def test_every_series_the_named_alarms_read_on_ec2_is_published_by_the_host(clou
         "StructuredOutputFailures",
         "StructuredOutputs",
         "RuntimeUp",
+        "RuntimeRestarts",
     }
     assert read <= published
     assert published_values(cloudwatch, "KVCacheUsage", dims, "Maximum") == [0.97]

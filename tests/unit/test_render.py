@@ -429,6 +429,7 @@ def test_alerts_follow_the_slos(prod):
         "FrontierQueueDeep",
         "FrontierKVCacheFull",
         "FrontierHostNotReady",
+        "FrontierRuntimeRestarting",
         "FrontierStructuredOutputFailing",
         "FrontierProbeFailing",
     }

@@ -12,7 +12,8 @@ A service of the local stack (``local.up`` starts it, ``local.down`` stops it) t
   taken it out for a rollout, maintenance or drain, and its runtime has not answered its readiness
   check for ``alerts.runtime_down_for_s``; it recovers once the runtime answers again); ``ttft``,
   ``kv-cache-full`` and ``structured-output-failures`` per slot, each its declaration's measure of
-  the runtime's /metrics since the last round against its threshold; ``probe-failing``: every
+  the runtime's /metrics since the last round against its threshold; ``runtime-restarts`` per slot,
+  its supervisor's restarts of the runtime within the window (``run/supervisor.json``); ``probe-failing``: every
   minute, once a slot serves a release, the synthetic probe (``frontier_hostside/probe.py``) sends
   its fixed request through the stack's endpoint (the balancer, or the gateway), publishes ``ProbeSuccess`` and ``ProbeLatency``
   to moto's CloudWatch as the EC2 probe does, and fires after the declared minutes of failures;
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from frontier_hostside import probe
-from frontier_hostside.names import CLOUDWATCH_DIMENSIONS, CURRENT_LINK, METRICS_PATH
+from frontier_hostside.names import CLOUDWATCH_DIMENSIONS, CURRENT_LINK, METRICS_PATH, SUPERVISOR_STATE_NAME
 from frontier_hostside.node_boot import parse_prometheus
 
 from frontier.alarms import (
@@ -49,8 +50,11 @@ from frontier.alarms import (
     PROBE_FAILED_MINUTES,
     PROBE_INTERVAL_S,
     PROBE_TIMEOUT_S,
+    RESTARTS_ALLOWED,
+    RESTARTS_WINDOW_S,
     ProbeFailing,
     RuntimeMetricAlarm,
+    RuntimeRestarts,
     Samples,
 )
 from frontier.alarms import RuntimeDown as RuntimeDownAlarm
@@ -64,6 +68,7 @@ from frontier.targets.local.backend import LocalBackend, slots_in_service
 from frontier.targets.local.heal import ready, runtime_pid, runtime_url
 
 RUNTIME_DOWN = RuntimeDownAlarm.name
+RUNTIME_RESTARTS = RuntimeRestarts.name
 PROBE_FAILING = ProbeFailing.name
 # The probe's figures are the stack's, not a slot's.
 ENDPOINT = "endpoint"
@@ -170,6 +175,50 @@ class RuntimeDown:
 
 
 @dataclass
+class RestartsWatch:
+    """``runtime-restarts`` of every host slot: more than ``allowed`` restarts by the slot's
+    supervisor within ``window_s`` -> ALARM; back within the allowance -> OK. A crash loop keeps
+    ``runtime-down`` quiet on the cloud targets (each start is young), never here."""
+
+    severity: Severity
+    allowed: int = RESTARTS_ALLOWED
+    window_s: float = RESTARTS_WINDOW_S
+    #: Per slot, (when, its supervisor's count) readings: the oldest is the window's baseline.
+    readings: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    alarming: set[str] = field(default_factory=set)
+
+    def observe(self, host: str, restarts: int, now: float) -> Transition | None:
+        history = self.readings.setdefault(host, [])
+        if history and restarts < history[-1][1]:
+            history.clear()  # a new supervisor counts from zero
+        history.append((now, restarts))
+        while len(history) > 1 and history[1][0] <= now - self.window_s:
+            history.pop(0)
+        within = restarts - history[0][1]
+        minutes = f"{self.window_s / 60:g} minutes"
+        if within > self.allowed and host not in self.alarming:
+            self.alarming.add(host)
+            reason = (
+                f"its supervisor restarted the runtime {within} times in {minutes} (allowed {self.allowed})"
+            )
+            return Transition(RUNTIME_RESTARTS, self.severity, host, "OK", "ALARM", reason, now)
+        if within <= self.allowed and host in self.alarming:
+            self.alarming.discard(host)
+            reason = f"{within} restart(s) in the last {minutes}"
+            return Transition(RUNTIME_RESTARTS, self.severity, host, "ALARM", "OK", reason, now)
+        return None
+
+
+def supervisor_restarts(host: HostSpec) -> int:
+    """How often the slot's supervisor restarted its runtime (its state file); 0 while it has none."""
+    try:
+        state = json.loads((Path(host.root) / "run" / SUPERVISOR_STATE_NAME).read_text())
+        return int(state.get("restarts", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+@dataclass
 class MetricWatch:
     """A named alarm on the runtime's metrics, per host slot: its declaration's measure since the
     slot's last scrape above the threshold -> ALARM; at or below -> OK; nothing to measure (no
@@ -238,17 +287,19 @@ class Watches:
     """One watch per named alarm: what the local stack evaluates, by the declaration's names."""
 
     down: RuntimeDown
+    restarts: RestartsWatch
     metrics: list[MetricWatch]
     probe: ProbeWatch
 
     def names(self) -> list[str]:
-        return [RUNTIME_DOWN, *(w.alarm.name for w in self.metrics), PROBE_FAILING]
+        return [RUNTIME_DOWN, RUNTIME_RESTARTS, *(w.alarm.name for w in self.metrics), PROBE_FAILING]
 
 
 def local_watches(settings: Settings) -> Watches:
     """The watches of this stack, thresholds and severities from its settings; every named alarm has one."""
     watches = Watches(
         down=RuntimeDown(settings.alerts.severity(RUNTIME_DOWN), settings.alerts.runtime_down_for_s),
+        restarts=RestartsWatch(settings.alerts.severity(RUNTIME_RESTARTS)),
         metrics=[
             MetricWatch(alarm, alarm.severity(settings), alarm.threshold(settings))
             for alarm in NAMED_ALARMS.values()
@@ -378,6 +429,7 @@ class Evaluator:
                 for watch in self.watches.metrics:
                     watch.forget(host.name)
             if serves:
+                changes.append(self.watches.restarts.observe(host.name, supervisor_restarts(host), at))
                 self._usage(host)
         at = time.time() if now is None else now
         if self.has_served and self.watches.probe.due(at):
