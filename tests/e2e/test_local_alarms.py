@@ -4,7 +4,8 @@ CloudWatch), the runtime deployed on a host slot, and the stack's alarm evaluato
 host-1's runtime gets SIGKILL; the page queue subscribed to the page topic receives an ALARM naming
 the alarm and the host, then an OK once the supervisor's restart answers its readiness check. The
 stack file's short evaluation periods (``alerts.evaluation_interval_s``, ``runtime_down_for_s``) keep
-it to seconds.
+it to seconds. Its ``runtime-restarts`` pages here (a warning elsewhere), so the same queue hears a
+crash loop: a runtime killed again within the window.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from frontier.alarms import RESTARTS_ALLOWED
 from frontier.config.schema import Settings
 from frontier.demo.alerts import page_queue_url, print_page_messages, receive
 from frontier.targets import backend_for, load_stack
@@ -30,7 +32,8 @@ def cluster(tmp_path_factory):
     """One host slot over real sshd, HAProxy, moto and the alarm evaluator; release A deployed."""
     root = tmp_path_factory.mktemp("alarms")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FRONTIER_STACKS_DIR", str(write_local_stack(root, hosts=1)))
+        page_restarts = {"alerts": {"severities": {"runtime-restarts": "page"}}}
+        mp.setenv("FRONTIER_STACKS_DIR", str(write_local_stack(root, hosts=1, edit=page_restarts)))
         mp.delenv(local.CONNECTION_ENV, raising=False)
         settings = load_stack("local")
         try:
@@ -82,6 +85,23 @@ def test_a_killed_runtime_pages_with_its_alarm_and_host_and_the_recovery_clears_
     assert alarm.changed_at - killed_at >= settings.alerts.runtime_down_for_s
     assert killed_at < alarm.changed_at < ok.changed_at <= killed_at + recovery.ready_s + 2
     assert all(m.host == host.name for m in messages)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_runtime_its_supervisor_keeps_restarting_raises_runtime_restarts_once(cluster):
+    settings = cluster.settings
+    backend = backend_for(settings)
+    host = backend.hosts()[0]
+    receive(settings, lambda found: False, timeout_s=1)
+    killed_at = time.time()
+    for _ in range(RESTARTS_ALLOWED + 1):
+        kill_and_recover(settings, backend.pool, host, backend.balancer())
+    name = f"frontier-{settings.stack}-runtime-restarts"
+    messages = receive(settings, lambda found: any(m.alarm == name for m in found), timeout_s=10)
+    [fired] = [m for m in messages if m.alarm == name]
+    assert (fired.state, fired.old_state, fired.host) == ("ALARM", "OK", host.name)
+    assert fired.changed_at > killed_at and "restarted the runtime" in fired.reason
 
 
 @pytest.mark.e2e
