@@ -1,16 +1,9 @@
-"""OpenAI-style error answers: ``{"error": {"message", "type", "param", "code"}}``."""
+"""The gateway's error answers: the body both servers answer (:mod:`frontier_settings.openai_errors`)."""
 
 from __future__ import annotations
 
+from frontier_settings.openai_errors import error_body, error_type
 from starlette.responses import JSONResponse
-
-TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    404: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "requests",
-}
 
 
 class GatewayError(Exception):
@@ -29,11 +22,11 @@ class GatewayError(Exception):
         self.message = message
         self.code = code
         self.param = param
-        self.type = type_ or TYPES.get(status, "server_error")
+        self.type = type_ or error_type(status)
         self.headers = dict(headers or {})
 
     def response(self, extra_headers: dict[str, str] | None = None) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        body = error_body(self.message, self.status, param=self.param, code=self.code, type_=self.type)
         return JSONResponse(body, status_code=self.status, headers={**self.headers, **(extra_headers or {})})
 
 

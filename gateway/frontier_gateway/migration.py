@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from frontier_hostside import names
+from frontier_settings.openai_errors import error_body
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -460,7 +461,7 @@ def _limit_event(limit: int, attempts: int, why: str, reason: str) -> bytes:
     else:
         message = f"the replica serving this stream failed ({why}) and no other replica could continue it"
         code = "upstream_failed"
-    error = {"error": {"message": message, "type": "server_error", "code": code}}
+    error = error_body(message, 502, code=code)
     return f"data: {json.dumps(error)}\n\n".encode()
 
 

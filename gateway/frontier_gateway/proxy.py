@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from frontier_hostside import names
+from frontier_settings.openai_errors import error_body
 from starlette.responses import Response, StreamingResponse
 
 from frontier_gateway.errors import GatewayError
@@ -319,13 +320,8 @@ class Proxy:
             status = 502
             replica.breaker.record(0)
             _failed(replica, "replica failed mid-stream", exc)
-            error = {
-                "error": {
-                    "message": f"the replica serving this stream failed: {type(exc).__name__}",
-                    "type": "server_error",
-                    "code": "upstream_failed",
-                }
-            }
+            message = f"the replica serving this stream failed: {type(exc).__name__}"
+            error = error_body(message, status, code="upstream_failed")
             yield f"data: {json.dumps(error)}\n\n".encode()
         except BaseException:
             status = 499  # the client left

@@ -70,10 +70,13 @@ def test_a_key_not_allowed_a_model_gets_404_and_no_key_401(standins, tmp_path) -
         refused = _complete(gw.url, NIGHTLY, "model-a")
         assert refused.status_code == 404
         assert "does not exist or you do not have access to it" in refused.json()["error"]["message"]
+        assert refused.json()["error"]["type"] == "invalid_request_error"
         assert not standins["a1"].requests and not standins["a2"].requests
-        assert (
-            httpx.post(f"{gw.url}/v1/completions", json={"model": "model-a", "prompt": "x"}).status_code
-            == 401
+        keyless = httpx.post(f"{gw.url}/v1/completions", json={"model": "model-a", "prompt": "x"})
+        assert keyless.status_code == 401
+        assert (keyless.json()["error"]["code"], keyless.json()["error"]["type"]) == (
+            "invalid_api_key",
+            "invalid_request_error",
         )
         assert _complete(gw.url, "sk-wrong", "model-a").status_code == 401
 

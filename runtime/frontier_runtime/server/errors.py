@@ -1,22 +1,12 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the right status."""
+"""OpenAI-shaped errors with the right status; their body is the one both servers answer
+(:mod:`frontier_settings.openai_errors`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from frontier_settings.openai_errors import error_body, error_type
 from starlette.responses import JSONResponse
-
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "internal_server_error",
-    503: "service_unavailable_error",
-}
 
 
 class APIError(Exception):
@@ -42,10 +32,10 @@ class APIError(Exception):
 
     @property
     def type(self) -> str:
-        return _TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        return error_type(self.status)
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return error_body(self.message, self.status, param=self.param, code=self.code)
 
     def response(self, request_id: str | None = None) -> JSONResponse:
         headers = dict(self.headers)

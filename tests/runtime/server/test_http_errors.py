@@ -122,7 +122,7 @@ def test_unknown_model_is_404(srv) -> None:
         ),
         404,
     )
-    assert error["code"] == "model_not_found"
+    assert (error["code"], error["type"]) == ("model_not_found", "invalid_request_error")
 
 
 def test_unknown_route_and_wrong_method_are_json_errors(srv) -> None:
@@ -164,7 +164,11 @@ def test_auth_guards_every_inference_route_but_not_health(serve) -> None:
         ("/v1/models", "GET", None),
     ]:
         r = httpx.request(method, f"{srv.url}{path}", json=payload)
-        assert _error(r, 401)["code"] == "invalid_api_key"
+        # OpenAI's type for a bad key, as the gateway answers it: a client's mistake.
+        assert (_error(r, 401)["code"], _error(r, 401)["type"]) == (
+            "invalid_api_key",
+            "invalid_request_error",
+        )
         assert r.headers["www-authenticate"] == "Bearer"
         wrong = httpx.request(
             method, f"{srv.url}{path}", json=payload, headers={"Authorization": "Bearer sk-wrong"}
