@@ -128,6 +128,7 @@ PROC_TESTS: dict[str, str] = {
     "tests/runtime/engine/test_kv_transfer.py": "a prefill engine's KV transfer listener; a prefill process and a relay",
     "tests/gateway/test_discovery.py::test_gateway_publish_uploads_a_config_that_finds_replicas_by_tag_and_the_wheels": "moto's server",
     "tests/gateway/test_gateway.py": "StandIn(): an HTTP server; running_gateway(): the gateway under uvicorn",
+    "tests/gateway/test_offline_pool.py": "StandIn(): an HTTP server; start_runtime(): processes; running_gateway(): the gateway under uvicorn",
     "tests/gateway/test_gateway_runtimes.py": "running_gateway(): the gateway under uvicorn; start_runtime(): a process",
     "tests/gateway/test_hold_queue.py": "running_gateway(): the gateway under uvicorn",
     "tests/gateway/test_migration.py": "start_runtime(): processes; Relay(): a TCP server; running_gateway(): the gateway under uvicorn",

@@ -201,8 +201,7 @@ async def _generate(request: Request, path: str) -> Response:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise invalid("model: a model name is required", "model")
-        pool = gw.pools.get(model)
-        if pool is None or model not in tenant.models:
+        if model not in gw.pools.by_model or model not in tenant.models:
             allowed = ", ".join(sorted(tenant.models))
             raise GatewayError(
                 404,
@@ -219,6 +218,7 @@ async def _generate(request: Request, path: str) -> Response:
         # A tenant's class is the most it gets; any tenant may ask for batch on its own.
         priority = names.BATCH if names.BATCH in (tenant.priority, asked) else names.INTERACTIVE
         body[names.PRIORITY_FIELD] = priority
+        pool = gw.pools.route(model, priority)
         stream = bool(body.get("stream"))
         asked_options = body.get("stream_options")
         options: dict[str, Any] = asked_options if isinstance(asked_options, dict) else {}

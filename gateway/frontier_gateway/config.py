@@ -172,6 +172,10 @@ class PoolConfig(_Strict):
     # presents its first key to them, and the probe's tenant is known by every key of it. Each pool
     # has its own; empty: the pool's runtimes take no key.
     api_keys_secret: str = ""
+    # The pool that takes this model's batch work (another entry of models, whose runtimes answer to
+    # this model's name too): a batch request for this model goes there and never to these replicas,
+    # and interactive requests never go there. Empty: batch work shares these replicas.
+    offline: str = Field(default="", max_length=512)
 
     @model_validator(mode="after")
     def _one_source(self) -> PoolConfig:
@@ -380,6 +384,17 @@ class GatewayConfig(GatewaySettings):
         unheld = [name for name in self.hold if name not in served]
         if unheld:
             raise ValueError(f"hold names models {unheld} that no pool serves ({served})")
+        offline = {pool.name: pool.offline for pool in self.models if pool.offline}
+        for name, taker in offline.items():
+            if taker not in served or taker == name:
+                raise ValueError(
+                    f"model {name!r}: offline names {taker!r}, which must be another pool of models ({served})"
+                )
+            if taker in offline:
+                raise ValueError(
+                    f"model {name!r}: offline names {taker!r}, which sends its own batch work to "
+                    f"{offline[taker]!r}: an offline pool takes batch work, it does not pass it on"
+                )
         return self
 
 

@@ -313,7 +313,7 @@ class Migrator:
             names.REQUEST_ID_HEADER: call.request_id,
             names.TOKEN_IDS_HEADER: "1",
         }
-        key = self.upstream_auth.get(call.model)
+        key = self.upstream_auth.get(pool.name)
         if key:
             headers["authorization"] = f"Bearer {key}"
         open_hop(replica, headers)

@@ -10,6 +10,9 @@ Readiness comes from active probes of each replica's readiness path and, between
 the proxy: a replica that refused a connection is out until a probe finds it ready again. A ready
 replica whose answers keep failing is out while its circuit breaker is open (``breaker.py``).
 
+A model may name an offline pool (``PoolConfig.offline``): its batch requests go there and never to
+its own replicas, so batch work does not take the replicas interactive requests wait for.
+
 A pool with a hold queue (``hold.py``) keeps requests that find no available replica until a probe
 finds one ready, instead of refusing them at once: how a pool scales from zero without losing one.
 
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import httpx
+from frontier_hostside.names import BATCH
 
 from frontier_gateway.breaker import Breaker
 from frontier_gateway.config import BreakerConfig, HoldConfig, PoolConfig, ProbeConfig
@@ -158,6 +162,8 @@ class Pools:
         key = secrets.token_bytes(32) if id_key is None else id_key
         configs = tuple(configs)
         self.by_model = {c.name: Pool(c.name, c.replicas, max_imbalance, breaker, key) for c in configs}
+        #: Model -> the pool that takes its batch work, where it names one (PoolConfig.offline).
+        self.offline = {c.name: c.offline for c in configs if c.offline}
         for c in configs:
             if c.kv_routing is not None:
                 pool = self.by_model[c.name]
@@ -171,6 +177,13 @@ class Pools:
 
     def get(self, model: str) -> Pool | None:
         return self.by_model.get(model)
+
+    def route(self, model: str, priority: str) -> Pool:
+        """The pool that takes a request for ``model`` (one of :attr:`by_model`) of ``priority``: the
+        model's own, or for batch work the offline pool it names (whose runtimes answer to the
+        model's name)."""
+        offline = self.offline.get(model)
+        return self.by_model[offline if offline is not None and priority == BATCH else model]
 
     def set_holds(self, holds: dict[str, HoldConfig]) -> None:
         """Give each pool named in ``holds`` its hold queue (gateway.hold)."""
@@ -186,12 +199,15 @@ class Pools:
     def ready(self) -> bool:
         """True only while every model can take a request: it has a ready replica, or a hold queue
         its requests wait in while one starts (a pool at zero must stay reachable: its requests
-        are what starts it)."""
+        are what starts it). An offline pool does not count: batch work waits or is refused there,
+        and a gateway out of its balancer would refuse interactive work too."""
+        takers = set(self.offline.values())
         return all(
             pool.ready_count
             or pool.hold is not None
             or (pool.disaggregated and pool.disaggregated.ready_count)
-            for pool in self.by_model.values()
+            for name, pool in self.by_model.items()
+            if name not in takers
         )
 
     def summary(self) -> dict[str, dict[str, int]]:

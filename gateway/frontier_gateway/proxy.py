@@ -106,7 +106,7 @@ class Proxy:
     async def forward(self, call: Call, pool: Pool) -> Response:
         if pool.disaggregated is not None:  # prefill, then decode (disaggregation.py)
             handed = await pool.disaggregated.forward(
-                call, self.upstream, self.upstream_auth.get(call.model), self.forward
+                call, self.upstream, self.upstream_auth.get(pool.name), self.forward
             )
             if handed is not None:
                 return handed
@@ -174,7 +174,7 @@ class Proxy:
             "content-type": "application/json",
             names.REQUEST_ID_HEADER: call.request_id,
         }
-        key = self.upstream_auth.get(call.model)  # the key of this model's pool's runtimes
+        key = self.upstream_auth.get(pool.name)  # the key of the runtimes of the pool that takes it
         if key:
             headers["authorization"] = f"Bearer {key}"
         migrating = self.migrator.enabled and call.upstream_stream

@@ -60,6 +60,11 @@ class ModelConfig(Strict):
     """The model a runtime serves: the runtime's part of the stack's ``model:`` section."""
 
     name: str = Field(min_length=1, description="Model id served under /v1/models.")
+    aliases: tuple[str, ...] = Field(
+        default=(),
+        description="Other names requests may give this model, answered under the name they gave: "
+        "an offline pool's runtimes answer to the name of the pool whose batch work they take.",
+    )
     weights_uri: str = Field(
         min_length=1,
         description="s3://bucket/prefix (with a manifest.json written by weights.push) or a local directory.",
@@ -76,6 +81,18 @@ class ModelConfig(Strict):
         ),
     )
     max_seq_len: int = Field(ge=16, le=1_048_576, description="Longest prompt + completion, in tokens.")
+
+    @model_validator(mode="after")
+    def _aliases_are_other_names(self) -> ModelConfig:
+        if any(not alias for alias in self.aliases) or len(set(self.aliases)) != len(self.aliases):
+            raise FieldProblems(
+                FieldProblem("aliases", list(self.aliases), "must be distinct, non-empty names")
+            )
+        if self.name in self.aliases:
+            raise FieldProblems(
+                FieldProblem("aliases", list(self.aliases), f"must not repeat name ({self.name!r})")
+            )
+        return self
 
 
 class HealthConfig(Strict):

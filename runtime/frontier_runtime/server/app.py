@@ -265,16 +265,19 @@ def _too_large(size: int, limit: int) -> APIError:
 
 
 def _check_model(state: ServerState, model: str | None) -> str:
-    served = state.config.model.name
-    if model is not None and model != served:
+    """The name the answer carries: the one the request gave, if this server answers to it."""
+    served = state.config.model
+    if model is None:
+        return served.name
+    if model != served.name and model not in served.aliases:
         raise APIError(
             404,
-            f"The model {model!r} does not exist on this server; it serves {served!r}.",
+            f"The model {model!r} does not exist on this server; it serves {served.name!r}.",
             param="model",
             code="model_not_found",
             reason="not_found",
         )
-    return served
+    return model
 
 
 def _enter_queue(state: ServerState, priority: str) -> Ticket:

@@ -125,6 +125,25 @@ def test_unknown_model_is_404(srv) -> None:
     assert (error["code"], error["type"]) == ("model_not_found", "invalid_request_error")
 
 
+def test_a_runtime_answers_to_its_aliases_under_the_name_asked_and_lists_only_its_own(serve) -> None:
+    srv = serve(model__aliases=["interactive-name"])
+    body = {"model": "interactive-name", "prompt": "x", "max_tokens": 1}
+    answer = httpx.post(f"{srv.url}/v1/completions", json=body)
+    assert answer.status_code == 200 and answer.json()["model"] == "interactive-name"
+    assert httpx.post(f"{srv.url}/v1/completions", json={**body, "model": MODEL}).json()["model"] == MODEL
+    assert _error(httpx.post(f"{srv.url}/v1/completions", json={**body, "model": "nope"}), 404)
+    assert [card["id"] for card in httpx.get(f"{srv.url}/v1/models").json()["data"]] == [MODEL]
+
+
+@pytest.mark.parametrize("aliases", [[MODEL], ["a", "a"], [""]])
+def test_aliases_that_repeat_a_name_are_refused(aliases) -> None:
+    from frontier_runtime.config import ConfigError
+    from server_harness import runtime_config
+
+    with pytest.raises(ConfigError, match="aliases"):
+        runtime_config("/weights", model__aliases=aliases)
+
+
 def test_unknown_route_and_wrong_method_are_json_errors(srv) -> None:
     assert _error(httpx.get(f"{srv.url}/v1/engines"), 404)["code"] == "not_found"
     assert _error(httpx.get(f"{srv.url}/v1/completions"), 405)["code"] == "method_not_allowed"
