@@ -44,9 +44,13 @@ def gateway_config(
     if gw is None:
         raise FrontierError(f"stack {settings.stack!r} has no 'frontier:gateway' section")
     models: list[dict[str, Any]] = []
+    # Each model's offline pool, where one takes its batch work.
+    offline = {pool.offline_for: pool.name for pool in settings.pools if pool.offline_for}
     for pool in settings.pools:
         # The gateway calls each pool's runtimes with the key of that pool's own secret.
         secret = {"api_keys_secret": pool.runtime.api_keys_secret or "", **kv_routing(pool)}
+        if pool.name in offline:
+            secret["offline"] = offline[pool.name]
         if replicas is None:
             models.append({**discovered_pool(settings, pool), **secret})
             continue

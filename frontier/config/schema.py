@@ -813,6 +813,13 @@ class PoolSettings(_Settings):
         default=(), description="Static inventory: the inventory.hosts that run this pool."
     )
     disaggregation: Disaggregation | None = None
+    offline_for: str = Field(
+        default="",
+        max_length=512,
+        description="An offline pool: the model whose batch work it takes. The gateway sends that "
+        "model's batch requests here and never to its own replicas, and no interactive request here; "
+        "its runtimes answer to that model's name too.",
+    )
 
     @model_validator(mode="after")
     def _disaggregated_on_its_decode_group(self) -> PoolSettings:
@@ -973,14 +980,20 @@ class Settings(_Settings):
         if not isinstance(data, dict) or "platform" in data:
             return data
         data = dict(data)
-        sections = {name: section for name in _FOREIGN_SECTION if (section := data.pop(name, None)) is not None}
+        sections = {
+            name: section for name in _FOREIGN_SECTION if (section := data.pop(name, None)) is not None
+        }
         # The local stack has always been recognised by its section; it need not say so twice.
         target = data.pop("target", None) or ("local" if "local" in sections else "ec2")
         if target not in ("local", "ec2", "kubernetes"):
             raise FieldProblems(FieldProblem("target", target, "must be 'local', 'ec2' or 'kubernetes'"))
-        problems = [FieldProblem("target", target, _FOREIGN_SECTION[other]) for other in sections if other != target]
+        problems = [
+            FieldProblem("target", target, _FOREIGN_SECTION[other]) for other in sections if other != target
+        ]
         if target in _FOREIGN_SECTION and target not in sections:
-            problems.append(FieldProblem(target, None, f"target {target!r} needs its 'frontier:{target}' section"))
+            problems.append(
+                FieldProblem(target, None, f"target {target!r} needs its 'frontier:{target}' section")
+            )
         if problems:
             raise FieldProblems(*problems)
         section = sections.get(target)
@@ -1055,10 +1068,13 @@ class Settings(_Settings):
             if pool.group not in self.node_groups
         ]
         problems.extend(self._disaggregation_problems())
+        problems.extend(self._offline_problems())
         if self.backup.region == self.region:
             problems.append(
                 FieldProblem(
-                    "backup.region", self.backup.region, f"must differ from the stack's region {self.region!r}"
+                    "backup.region",
+                    self.backup.region,
+                    f"must differ from the stack's region {self.region!r}",
                 )
             )
         sizes = {g.name: g.max_size for g in self.node_groups}
@@ -1104,6 +1120,66 @@ class Settings(_Settings):
             )
         return problems
 
+    def _offline_problems(self) -> list[FieldProblem]:
+        """An offline pool takes the batch work of another pool of the stack, through the gateway
+        (where requests are told apart by priority), and serves the same weights."""
+        problems: list[FieldProblem] = []
+        by_name = {pool.name: pool for pool in self.pools}
+        for i, pool in enumerate(self.pools):
+            if pool.model.aliases:
+                problems.append(
+                    FieldProblem(
+                        f"pools[{i}].model.aliases",
+                        list(pool.model.aliases),
+                        "is not written in a stack: an offline pool's runtimes answer to the name of "
+                        "the model it names in offline_for",
+                    )
+                )
+            if not pool.offline_for:
+                continue
+            where, taken = f"pools[{i}].offline_for", by_name.get(pool.offline_for)
+            if taken is None or taken is pool:
+                others = sorted(name for name in by_name if name != pool.name)
+                problems.append(
+                    FieldProblem(where, pool.offline_for, f"must name another model of the stack ({others})")
+                )
+                continue
+            if taken.offline_for:
+                problems.append(
+                    FieldProblem(
+                        where,
+                        pool.offline_for,
+                        f"names an offline pool itself (it takes {taken.offline_for!r}'s batch work): "
+                        "name the model whose interactive pool it is",
+                    )
+                )
+            givers = [p.name for p in self.pools if p.offline_for == pool.offline_for]
+            if len(givers) > 1:
+                problems.append(
+                    FieldProblem(
+                        where, pool.offline_for, f"is named by {givers}: a model has one offline pool"
+                    )
+                )
+            if (pool.model.weights_uri, pool.model.version) != (taken.model.weights_uri, taken.model.version):
+                problems.append(
+                    FieldProblem(
+                        f"pools[{i}].model.weights_uri",
+                        pool.model.weights_uri,
+                        f"must be {pool.offline_for!r}'s weights ({taken.model.weights_uri}, version "
+                        f"{taken.model.version!r}): batch requests for that model get its answers",
+                    )
+                )
+            if self.gateway is None:
+                problems.append(
+                    FieldProblem(
+                        where,
+                        pool.offline_for,
+                        "needs the stack's gateway (frontier:gateway): it tells batch requests from "
+                        "interactive ones and sends each to its pool",
+                    )
+                )
+        return problems
+
     @property
     def only_pool(self) -> PoolSettings:
         """The pool of a stack that serves one model, or of one pool's view (:meth:`for_pool`).
@@ -1118,7 +1194,9 @@ class Settings(_Settings):
     def several_models(self, what: str) -> StackError:
         """The refusal of what acts for one pool on a stack of several, its models named; ``what``
         says what to do instead."""
-        return StackError(f"stack {self.stack!r} serves {len(self.pools)} models ({self.model_names()}): {what}")
+        return StackError(
+            f"stack {self.stack!r} serves {len(self.pools)} models ({self.model_names()}): {what}"
+        )
 
     @property
     def model(self) -> Model:

@@ -57,7 +57,10 @@ def runtime_config_for(settings: Settings, pool: PoolSettings) -> RuntimeConfig:
     if on_cpu and "cpu_kv_cache_bytes" not in pool.runtime.model_fields_set:
         # Unless the stack sizes it: max_batch_size x max_seq_len tokens of KV cache in host memory.
         derived["cpu_kv_cache_bytes"] = cpu_kv_cache_bytes(pool)
-    return runtime_config(pool.model, pool.runtime, **derived)
+    model = pool.model
+    if pool.offline_for:  # an offline pool's runtimes answer to the name of the model it serves batch work of
+        model = model.model_copy(update={"aliases": (pool.offline_for,)})
+    return runtime_config(model, pool.runtime, **derived)
 
 
 def render_runtime_config(settings: Settings, pool: PoolSettings) -> str:
