@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from frontier_gateway.config import parse_config
 
-from frontier.access.gateway import gateway_config
+from frontier.access.gateway import render_gateway_config, static_replicas
 from frontier.errors import StackError
 from frontier.render.host import runtime_config_for
 from frontier.targets import load_stack
+from frontier.targets.kubernetes.gateway import gateway_yaml as kubernetes_gateway_yaml
 from frontier.targets.kubernetes.manifests import render_workload
 
 MODEL, OFFLINE = "llama-3.1-8b-instruct", "llama-3.1-8b-batch"
@@ -56,10 +58,24 @@ def load(document: dict, tmp_path: Path):
     return load_stack("eks-gateway", path=path)
 
 
-def test_the_gateway_sends_the_models_batch_work_to_its_offline_pool(tmp_path):
+def offline_of(gateway_yaml: str) -> dict[str, str]:
+    """Each model's offline pool in a rendered gateway.yaml, as the gateway reads it."""
+    return {pool.name: pool.offline for pool in parse_config(gateway_yaml).models}
+
+
+def test_the_gateway_sends_the_models_batch_work_to_its_offline_pool_on_kubernetes_and_ec2(tmp_path):
     settings = load(with_offline_pool(), tmp_path)
-    offline = {pool.name: pool.offline for pool in gateway_config(settings, None).models}
-    assert offline == {"llama-3.1-70b-instruct": "", MODEL: OFFLINE, OFFLINE: ""}
+    expected = {"llama-3.1-70b-instruct": "", MODEL: OFFLINE, OFFLINE: ""}
+    assert offline_of(kubernetes_gateway_yaml(settings)) == expected  # its pools found by EndpointSlices
+    assert offline_of(render_gateway_config(settings, None)) == expected  # on EC2: by their groups' tags
+
+
+def test_the_local_gateway_sends_the_models_batch_work_to_the_offline_pools_slots(tmp_path):
+    settings = local_with_offline_pool(tmp_path, gateway=True)
+    config = parse_config(render_gateway_config(settings, static_replicas(settings)))
+    by_name = {pool.name: pool for pool in config.models}
+    assert by_name["tiny-llama"].offline == "tiny-llama-batch"
+    assert by_name["tiny-llama-batch"].replicas == ("http://127.0.0.4:8001",)
 
 
 def test_the_offline_pools_runtimes_answer_to_the_models_name_and_no_other_pools_do(tmp_path):
@@ -136,19 +152,41 @@ def test_a_stack_writing_model_aliases_is_refused(tmp_path):
     )
 
 
-def test_an_offline_pool_without_a_gateway_is_refused(tmp_path):
+def local_with_offline_pool(tmp_path: Path, *, gateway: bool):
+    """The local stack's model on host-1 and host-2, its offline pool on host-3 (at port 8001)."""
     settings = load_stack("local")
     document = yaml.safe_load(Path(settings.source).read_text())
     config = document["config"]
     pool = {key: config.pop(f"frontier:{key}") for key in ("model", "runtime")}
     batch = copy.deepcopy(pool)
     batch["model"]["name"] = "tiny-llama-batch"
-    batch["runtime"]["api_keys_secret"] = "frontier/local/batch-api-keys"
+    batch["runtime"].update(api_keys_secret="frontier/local/batch-api-keys", port=8001)
     config["frontier:models"] = [
         {**pool, "hosts": ["host-1", "host-2"]},
         {**batch, "hosts": ["host-3"], "offline_for": pool["model"]["name"]},
     ]
+    if gateway:
+        config["frontier:gateway"] = {
+            "port": 8090,
+            "admin_port": 8091,
+            "metering": {"uri": str(tmp_path / "m.jsonl")},
+        }
+        config["frontier:tenants"] = [
+            {
+                "name": "nightly",
+                "api_key_secret": "frontier/local/tenants/nightly",
+                "models": ["tiny-llama"],
+                "requests_per_minute": 600,
+                "tokens_per_minute": 200_000,
+                "max_concurrent_requests": 16,
+                "priority": "batch",
+            }
+        ]
     path = tmp_path / "Pulumi.local.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return load_stack("local", path=path)
+
+
+def test_an_offline_pool_without_a_gateway_is_refused(tmp_path):
     with pytest.raises(StackError, match="offline_for = 'tiny-llama': needs the stack's gateway"):
-        load_stack("local", path=path)
+        local_with_offline_pool(tmp_path, gateway=False)
