@@ -817,7 +817,7 @@ class PoolSettings(_Settings):
         default="",
         max_length=512,
         description="An offline pool: the model whose batch work it takes. The gateway sends that "
-        "model's batch requests here and never to its own replicas, and no interactive request here; "
+        "model's batch requests here and never to its own replicas, and none of its interactive ones; "
         "its runtimes answer to that model's name too.",
     )
 

@@ -174,7 +174,7 @@ class PoolConfig(_Strict):
     api_keys_secret: str = ""
     # The pool that takes this model's batch work (another entry of models, whose runtimes answer to
     # this model's name too): a batch request for this model goes there and never to these replicas,
-    # and interactive requests never go there. Empty: batch work shares these replicas.
+    # and its interactive requests never go there. Empty: batch work shares these replicas.
     offline: str = Field(default="", max_length=512)
 
     @model_validator(mode="after")
