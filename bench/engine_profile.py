@@ -3,8 +3,9 @@
     python bench/engine_profile.py [--model llama-100m] [--dtype float32] [--threads 2] [--ops]
 
 Runs the 64 requests of ``bench/engine_vs_vllm.py`` (same checkpoint, same settings) through
-``LLMEngine`` alone. Each ``ModelRunner.execute`` is timed and filed under its step kind (prefill,
-decode of more than 16 sequences, decode of at most 16); with ``--ops`` each linear layer is
+``LLMEngine`` alone. Each ``ModelRunner.launch`` (the forward the engine's step calls) is timed
+and filed under its step kind (prefill, decode of more than 16 sequences, decode of at most 16);
+with ``--ops`` each linear layer is
 timed too, filed by the rows it multiplies (with its GFLOPS), and each attention call. Timers
 wrap the calls with ``time.perf_counter``: no profiler hooks in the kernels, so the figures are
 the run's own (the ``--ops`` timers add a few microseconds per call). One table, biggest first.
@@ -65,15 +66,16 @@ def main() -> None:
         calls[key] += 1
         return out
 
-    execute = model_runner.ModelRunner.execute
+    # What the engine's step calls: launch (the forward; on CPU all of it) then collect.
+    launch = model_runner.ModelRunner.launch
 
-    def execute_timed(self, step):
+    def launch_timed(self, step):
         kind = "prefill" if not step.is_decode_only else "decode, > 16 sequences"
         if step.is_decode_only and len(step.rows) <= 16:
             kind = "decode, <= 16 sequences"
-        return timed(f"step: {kind}", execute, self, step)
+        return timed(f"step: {kind}", launch, self, step)
 
-    model_runner.ModelRunner.execute = execute_timed
+    model_runner.ModelRunner.launch = launch_timed
     if args.ops:
         forward = layers.Linear.forward
 

@@ -405,24 +405,28 @@ def decode_step_time(engine: LLMEngine, streams: int, new: int, device: str) -> 
 
 def step_breakdown(engine: LLMEngine, streams: int, new: int, device: str) -> dict[str, float]:
     """Where a decode step's time goes: the model (graph replay or forward, timed to the device's
-    completion) and everything else of ``LLMEngine.step`` (scheduling, inputs, sampling, outputs)."""
+    completion) and everything else of ``LLMEngine.step`` (scheduling, inputs, sampling, outputs).
+    The model is ``ModelRunner.launch``, what the engine's step calls (it collects the logits
+    after), so the hook is on the code that runs; a step that never reached it reads 0 and fails."""
     runner = engine.runner
-    execute = runner.execute
+    launch = runner.launch
     spent = [0.0]
+    launched = [0]
 
-    def timed(step: Any) -> torch.Tensor:
+    def timed(step: Any) -> Any:
         sync(device)
         start = time.perf_counter()
-        out = execute(step)
+        out = launch(step)
         sync(device)
         spent[0] += time.perf_counter() - start
+        launched[0] += 1
         return out
 
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts(streams, 32, seed=9)):
         engine.add_request(f"split-{time.monotonic_ns()}-{i}", p, params)
     engine.step()  # the prefill
-    runner.execute = timed  # type: ignore[method-assign]
+    runner.launch = timed  # type: ignore[method-assign]
     try:
         steps, start = 0, time.perf_counter()
         while engine.has_unfinished():
@@ -430,7 +434,9 @@ def step_breakdown(engine: LLMEngine, streams: int, new: int, device: str) -> di
             steps += 1
         total = time.perf_counter() - start
     finally:
-        runner.execute = execute  # type: ignore[method-assign]
+        runner.launch = launch  # type: ignore[method-assign]
+    if not launched[0]:
+        raise RuntimeError("step_breakdown: the engine's steps never called ModelRunner.launch")
     steps = max(steps, 1)
     return {
         "streams": streams,

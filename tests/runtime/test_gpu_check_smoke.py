@@ -72,3 +72,15 @@ def test_the_env_phase_reports_each_backends_block_sizes(
     assert row["block_sizes"]["flash-varlen"]["16"] == "it needs a GPU"
     assert row["block_sizes"]["triton"]["16"] == "ok"  # under the interpreter
     assert row["block_sizes"]["sdpa-gather"]["256"] == "ok"
+
+
+@pytest.mark.slow
+def test_the_step_breakdown_times_the_forward_the_engine_runs(
+    smoke_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    _, out = smoke_run
+    row = json.loads((out / "phase3_graphs.json").read_text())
+    for streams, split in row["breakdown"].items():
+        # The hook sits on what the step calls: the model's share is measured, not 0.
+        assert split["model_ms"] > 0, (streams, split)
+        assert split["model_ms"] + split["rest_ms"] == pytest.approx(split["step_ms"], abs=0.01)
