@@ -410,25 +410,24 @@ class RuntimeRestarts(NamedAlarm):
         return RESTARTS_ALLOWED
 
     def prometheus(self, settings: Settings) -> PrometheusCondition:
-        """On Kubernetes the kubelet's count (kube-state-metrics), which sees a container that dies
-        before any scrape; elsewhere each new process start of a runtime, a rollout's included."""
+        """One rule for every Prometheus: where kube-state-metrics runs, the kubelet's count of the
+        runtime container's restarts (it sees a container that dies before any scrape), and the
+        scraped runtime's own process starts only for what no pod of the cluster's is (hosts
+        scraped elsewhere: there a rollout's restart counts too)."""
         window = f"{RESTARTS_WINDOW_S // 60}m"
-        kubernetes = settings.kubernetes
-        if kubernetes is not None:
-            restarts = (
-                f"kube_pod_container_status_restarts_total"
-                f'{{namespace="{kubernetes.namespace}",container="{names.CONTAINER_NAME}"}}'
-            )
-            expr = f"sum by (namespace, pod) (increase({restarts}[{window}])) > {RESTARTS_ALLOWED}"
-            where = "{{ $labels.pod }}"
-        else:
-            expr = f"changes({names.PROCESS_START_METRIC}{{{RUNTIME_JOB}}}[{window}]) > {RESTARTS_ALLOWED}"
-            where = "{{ $labels.instance }}"
+        restarts = f'kube_pod_container_status_restarts_total{{container="{names.CONTAINER_NAME}"}}'
+        starts = f"{names.PROCESS_START_METRIC}{{{RUNTIME_JOB}}}"
         return PrometheusCondition(
             alert="FrontierRuntimeRestarting",
-            expr=expr,
+            expr=(
+                f"(sum by (namespace, pod) (increase({restarts}[{window}])) > {RESTARTS_ALLOWED})"
+                f" or (changes({starts}[{window}]) > {RESTARTS_ALLOWED} unless on(namespace, pod) kube_pod_info)"
+            ),
             for_s=PERIOD_S,
-            summary=f"{where} restarted its runtime more than {RESTARTS_ALLOWED} time(s) in {window}",
+            summary=(
+                "{{ $labels.pod }}{{ $labels.instance }} restarted its runtime more than "
+                f"{RESTARTS_ALLOWED} time(s) in {window}"
+            ),
             description="A crash loop or failing liveness: the runtime's log says why it exited "
             "(fab logs, or the pod's previous container).",
         )

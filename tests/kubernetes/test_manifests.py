@@ -472,7 +472,7 @@ def test_the_stacks_alert_rules_go_to_the_operator_and_match_the_scrapes_job(eks
         o for o in workload if o.kind == "Deployment" and o.name == m.app_name(eks_prod.only_pool)
     ]
     runtime = deployment.to_dict()["spec"]["template"]["spec"]["containers"][0]["name"]
-    assert f'namespace="{deployment.namespace}",container="{runtime}"' in restarts["expr"]
+    assert f'kube_pod_container_status_restarts_total{{container="{runtime}"}}' in restarts["expr"]
     broken = json.loads(json.dumps(rule))
     broken["spec"]["groups"][0]["rules"][0]["for"] = "ten minutes"
     with pytest.raises(jsonschema.ValidationError):
