@@ -240,7 +240,6 @@ async def _generate(request: Request, path: str) -> Response:
                     503,
                     f"{exc}; the request was not admitted. Retry shortly.",
                     code="quota_store_unavailable",
-                    type_="server_error",
                     headers={"Retry-After": "1"},
                 ) from None
             headers.update(admitted.levels.headers())

@@ -131,6 +131,5 @@ class HoldQueue:
             503,
             f"{why}; retry in {retry} s.",
             code=code,
-            type_="server_error",
             headers={"Retry-After": str(retry)},
         )

@@ -421,7 +421,6 @@ def _no_replica(call: Call, pool: Pool, tried: list[str]) -> GatewayError:
         503,
         why,
         code="no_replica",
-        type_="server_error",
         headers={"Retry-After": str(wait)},
     )
 
