@@ -174,6 +174,27 @@ class RuntimeDown:
         return None
 
 
+@dataclass(frozen=True)
+class Crossing:
+    """One threshold watch's alarm on one host slot at one moment, and why it would change state."""
+
+    alarm: str
+    severity: Severity
+    host: str
+    now: float
+
+    def judge(self, alarming: set[str], above: bool, why_up: str, why_down: str) -> Transition | None:
+        """Into ALARM when ``above`` and the slot was not in ``alarming`` (the watch's set, kept
+        here), back to OK when not ``above`` and it was; None while the state holds."""
+        if above and self.host not in alarming:
+            alarming.add(self.host)
+            return Transition(self.alarm, self.severity, self.host, "OK", "ALARM", why_up, self.now)
+        if not above and self.host in alarming:
+            alarming.discard(self.host)
+            return Transition(self.alarm, self.severity, self.host, "ALARM", "OK", why_down, self.now)
+        return None
+
+
 @dataclass
 class RestartsWatch:
     """``runtime-restarts`` of every host slot: more than ``allowed`` restarts by the slot's
@@ -196,17 +217,12 @@ class RestartsWatch:
             history.pop(0)
         within = restarts - history[0][1]
         minutes = f"{self.window_s / 60:g} minutes"
-        if within > self.allowed and host not in self.alarming:
-            self.alarming.add(host)
-            reason = (
-                f"its supervisor restarted the runtime {within} times in {minutes} (allowed {self.allowed})"
-            )
-            return Transition(RUNTIME_RESTARTS, self.severity, host, "OK", "ALARM", reason, now)
-        if within <= self.allowed and host in self.alarming:
-            self.alarming.discard(host)
-            reason = f"{within} restart(s) in the last {minutes}"
-            return Transition(RUNTIME_RESTARTS, self.severity, host, "ALARM", "OK", reason, now)
-        return None
+        return Crossing(RUNTIME_RESTARTS, self.severity, host, now).judge(
+            self.alarming,
+            within > self.allowed,
+            f"its supervisor restarted the runtime {within} times in {minutes} (allowed {self.allowed})",
+            f"{within} restart(s) in the last {minutes}",
+        )
 
 
 def supervisor_restarts(host: HostSpec) -> int:
@@ -235,16 +251,12 @@ class MetricWatch:
         self.scrapes[host] = samples
         if value is None:
             return None
-        name = self.alarm.name
-        if value > self.threshold and host not in self.alarming:
-            self.alarming.add(host)
-            reason = f"{value:g} is above the threshold {self.threshold:g}"
-            return Transition(name, self.severity, host, "OK", "ALARM", reason, now)
-        if value <= self.threshold and host in self.alarming:
-            self.alarming.discard(host)
-            reason = f"{value:g} is back at or below the threshold {self.threshold:g}"
-            return Transition(name, self.severity, host, "ALARM", "OK", reason, now)
-        return None
+        return Crossing(self.alarm.name, self.severity, host, now).judge(
+            self.alarming,
+            value > self.threshold,
+            f"{value:g} is above the threshold {self.threshold:g}",
+            f"{value:g} is back at or below the threshold {self.threshold:g}",
+        )
 
     def forget(self, host: str) -> None:
         """A slot that serves nothing (or is between runtimes) starts its next measure afresh."""
