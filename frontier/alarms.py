@@ -62,6 +62,33 @@ def probe_job_name(stack: str) -> str:
 
 
 @dataclass(frozen=True)
+class Scope:
+    """The label matchers that keep one stack's rules to that stack's series.
+
+    One Prometheus often scrapes several stacks (a cluster's staging and production namespaces): a
+    rule that selects by the runtime's job alone would page production for staging's errors. On
+    Kubernetes the stack's namespace scopes every series its rules read (the operator labels each
+    scraped target with its namespace; kube-state-metrics labels each object's series with the
+    object's). Hosts scraped outside a cluster have no such label: there the scope is empty and a
+    Prometheus that scrapes two stacks' hosts gives each its own job.
+    """
+
+    namespace: str | None = None
+
+    def select(self, metric: str, *matchers: str) -> str:
+        """``metric{matchers, the scope's}``: a vector selector of this stack's series."""
+        labels = [*matchers, *([f'namespace="{self.namespace}"'] if self.namespace else [])]
+        return f"{metric}{{{','.join(labels)}}}" if labels else metric
+
+    def runtime(self, metric: str, *matchers: str) -> str:
+        """A series the stack's runtimes export, as its Prometheus scrapes them."""
+        return self.select(metric, RUNTIME_JOB, *matchers)
+
+
+HOSTS = Scope()
+
+
+@dataclass(frozen=True)
 class CloudWatchCondition:
     """A CloudWatch alarm's condition on the series of :data:`names.CLOUDWATCH_NAMESPACE`: one
     metric with a statistic (``pNN`` is an extended statistic), or ``failed / checked`` sums."""
@@ -165,7 +192,7 @@ class NamedAlarm(ABC):
     def threshold(self, settings: Settings) -> float: ...
 
     @abstractmethod
-    def prometheus(self, settings: Settings) -> PrometheusCondition: ...
+    def prometheus(self, settings: Settings, scope: Scope) -> PrometheusCondition: ...
 
     @abstractmethod
     def cloudwatch(self, settings: Settings) -> CloudWatchCondition: ...
@@ -246,14 +273,12 @@ class TtftP99(SeriesAboveAlarm):
     def threshold(self, settings: Settings) -> float:
         return settings.slo.ttft_ms
 
-    def prometheus(self, settings: Settings) -> PrometheusCondition:
+    def prometheus(self, settings: Settings, scope: Scope) -> PrometheusCondition:
         seconds = self.threshold(settings) / 1000
+        buckets = scope.runtime(f"{names.TTFT_METRIC}_bucket")
         return PrometheusCondition(
             alert="FrontierTTFTHigh",
-            expr=(
-                f"histogram_quantile(0.99, sum by (le) (rate({names.TTFT_METRIC}_bucket{{{RUNTIME_JOB}}}"
-                f"[{WINDOW}]))) > {seconds}"
-            ),
+            expr=f"histogram_quantile(0.99, sum by (le) (rate({buckets}[{WINDOW}]))) > {seconds}",
             for_s=600,
             summary=f"p99 time to first token is above the SLO of {seconds} s",
             description="Requests wait too long for their first token: queueing or prefill is saturated. "
@@ -289,11 +314,11 @@ class KvCacheFull(SeriesAboveAlarm):
     def threshold(self, settings: Settings) -> float:
         return settings.monitoring.kv_usage_alarm
 
-    def prometheus(self, settings: Settings) -> PrometheusCondition:
+    def prometheus(self, settings: Settings, scope: Scope) -> PrometheusCondition:
         limit = self.threshold(settings)
         return PrometheusCondition(
             alert="FrontierKVCacheFull",
-            expr=f"max by (instance) ({names.KV_USAGE_METRIC}{{{RUNTIME_JOB}}}) > {limit}",
+            expr=f"max by (instance) ({scope.runtime(names.KV_USAGE_METRIC)}) > {limit}",
             for_s=600,
             summary=f"{{{{ $labels.instance }}}} uses more than {round(limit * 100)}% of its KV cache",
             description="Sequences are being preempted and recomputed; lower max_batch_size or add replicas.",
@@ -317,9 +342,10 @@ class StructuredOutputFailures(RuntimeMetricAlarm):
     def threshold(self, settings: Settings) -> float:
         return settings.slo.error_rate
 
-    def prometheus(self, settings: Settings) -> PrometheusCondition:
-        failed = f'{names.REQUEST_FAILURES_METRIC}_total{{{RUNTIME_JOB},reason="{names.STRUCTURED_OUTPUT_INVALID}"}}'
-        checked = f"{names.STRUCTURED_OUTPUTS_METRIC}_total{{{RUNTIME_JOB}}}"
+    def prometheus(self, settings: Settings, scope: Scope) -> PrometheusCondition:
+        reason = f'{names.REASON_LABEL}="{names.STRUCTURED_OUTPUT_INVALID}"'
+        failed = scope.runtime(f"{names.REQUEST_FAILURES_METRIC}_total", reason)
+        checked = scope.runtime(f"{names.STRUCTURED_OUTPUTS_METRIC}_total")
         return PrometheusCondition(
             alert="FrontierStructuredOutputFailing",
             expr=(
@@ -378,15 +404,15 @@ class RuntimeDown(FailingMinutesAlarm):
         """On the cloud targets: whole minutes, at least :data:`CLOUD_DOWN_MIN_MINUTES`."""
         return max(CLOUD_DOWN_MIN_MINUTES, math.ceil(self.threshold(settings) / PERIOD_S))
 
-    def prometheus(self, settings: Settings) -> PrometheusCondition:
+    def prometheus(self, settings: Settings, scope: Scope) -> PrometheusCondition:
         """Not ready, unless draining or younger than a start may take (the process's start time)."""
-        job, allowance = RUNTIME_JOB, math.ceil(settings.rollout.readiness_timeout_s)
+        allowance = math.ceil(settings.rollout.readiness_timeout_s)
         return PrometheusCondition(
             alert="FrontierHostNotReady",
             expr=(
-                f"({names.READY_METRIC}{{{job}}} == 0)"
-                f" unless on(instance) ({names.DRAINING_METRIC}{{{job}}} == 1)"
-                f" unless on(instance) (time() - {names.PROCESS_START_METRIC}{{{job}}} < {allowance})"
+                f"({scope.runtime(names.READY_METRIC)} == 0)"
+                f" unless on(instance) ({scope.runtime(names.DRAINING_METRIC)} == 1)"
+                f" unless on(instance) (time() - {scope.runtime(names.PROCESS_START_METRIC)} < {allowance})"
             ),
             for_s=int(self.minutes(settings) * PERIOD_S),
             summary=f"{{{{ $labels.instance }}}} has been down for {self.minutes(settings)} minute(s)",
@@ -409,19 +435,22 @@ class RuntimeRestarts(NamedAlarm):
     def threshold(self, settings: Settings) -> float:
         return RESTARTS_ALLOWED
 
-    def prometheus(self, settings: Settings) -> PrometheusCondition:
+    def prometheus(self, settings: Settings, scope: Scope) -> PrometheusCondition:
         """One rule for every Prometheus: where kube-state-metrics runs, the kubelet's count of the
         runtime container's restarts (it sees a container that dies before any scrape), and the
         scraped runtime's own process starts only for what no pod of the cluster's is (hosts
         scraped elsewhere: there a rollout's restart counts too)."""
         window = f"{RESTARTS_WINDOW_S // 60}m"
-        restarts = f'kube_pod_container_status_restarts_total{{container="{names.CONTAINER_NAME}"}}'
-        starts = f"{names.PROCESS_START_METRIC}{{{RUNTIME_JOB}}}"
+        restarts = scope.select(
+            "kube_pod_container_status_restarts_total", f'container="{names.CONTAINER_NAME}"'
+        )
+        starts = scope.runtime(names.PROCESS_START_METRIC)
+        pods = scope.select("kube_pod_info")
         return PrometheusCondition(
             alert="FrontierRuntimeRestarting",
             expr=(
                 f"(sum by (namespace, pod) (increase({restarts}[{window}])) > {RESTARTS_ALLOWED})"
-                f" or (changes({starts}[{window}]) > {RESTARTS_ALLOWED} unless on(namespace, pod) kube_pod_info)"
+                f" or (changes({starts}[{window}]) > {RESTARTS_ALLOWED} unless on(namespace, pod) {pods})"
             ),
             for_s=PERIOD_S,
             summary=(
@@ -463,11 +492,11 @@ class ProbeFailing(FailingMinutesAlarm):
     def minutes(self, settings: Settings) -> int:
         return PROBE_FAILED_MINUTES
 
-    def prometheus(self, settings: Settings) -> PrometheusCondition:
+    def prometheus(self, settings: Settings, scope: Scope) -> PrometheusCondition:
         # kube-state-metrics (of the Prometheus stack) publishes each CronJob's last successful run:
         # the stalest of the stack's probes (one per model) is the one that fires.
         name = probe_job_name(settings.stack)
-        job = f'kube_cronjob_status_last_successful_time{{cronjob=~"{name}(-.+)?"}}'
+        job = scope.select("kube_cronjob_status_last_successful_time", f'cronjob=~"{name}(-.+)?"')
         stale_s = (PROBE_FAILED_MINUTES + 1) * PROBE_INTERVAL_S
         return PrometheusCondition(
             alert="FrontierProbeFailing",

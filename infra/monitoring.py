@@ -58,7 +58,7 @@ from frontier.identity.cloud import Cloud
 from frontier.identity.documents import log_group_name
 from frontier.render import alerts as host
 from frontier.render.alerts import ResourceLimits
-from frontier.render.dashboards import RESOURCE_PANELS
+from frontier.render.dashboards import resource_panels
 from infra.component import Component
 from infra.lambda_function import FunctionVpc
 from infra.probe import SyntheticProbeArgs, synthetic_probe
@@ -449,7 +449,7 @@ class Monitoring(Component[MonitoringArgs]):
         def resource_widgets(y: int) -> list[dict[str, Any]]:
             """The resource panels of every target's dashboard (frontier.render.dashboards)."""
             gpu = any(args.node_groups.get(group, False) for group in args.serving_groups)
-            shown = [p for p in RESOURCE_PANELS if gpu or not p.title.startswith("GPU")]
+            shown = [p for p in resource_panels() if gpu or not p.title.startswith("GPU")]
             return [
                 widget(
                     panel.title,

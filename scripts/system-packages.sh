@@ -9,6 +9,9 @@ packages=(openssh-server openssh-client haproxy socat redis-server g++ g++-aarch
 # The runtime image's test: podman with runc (crun cannot run here), buildah, uidmap, and debootstrap
 # for the base built from Debian's packages (scripts/build-debian-base.sh).
 packages+=(podman buildah runc uidmap debootstrap)
+# promtool (Debian's prometheus package; its server is not started here) evaluates the rendered
+# alerting rules over synthetic series in the tests.
+packages+=(prometheus)
 # The host bootstrap shells out to `aws`; the tests run it against moto. Any aws on PATH will do.
 command -v aws >/dev/null 2>&1 || packages+=(awscli)
 missing=()

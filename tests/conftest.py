@@ -107,6 +107,7 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/verify/conftest.py::runtime": "start_runtime(): a process",
 }
 PROC_TESTS: dict[str, str] = {
+    "tests/kubernetes/test_stack_scoped_rules.py": "fired(): promtool evaluating the rules",
     "tests/runtime/server/test_kernel_cache.py": "compile_on_host(): a python process compiling with Triton",
     "tests/gateway/test_disaggregation_pod_layout.py": "start_pod(): a process; running_gateway(): the gateway under uvicorn",
     "tests/runtime/server/test_kv_transfer_flags.py::test_a_colocated_config_served_with_kv_role_prefill_leases_its_blocks_at_the_kv_host": "a process",
@@ -377,6 +378,18 @@ def _starts_something(item: pytest.Item) -> bool:
     return False
 
 
+# -- two workers for the process tier (``make test``: ``-n 2 --dist loadgroup``) ------------------------
+# The proc tier mostly waits (sshd, HAProxy, runtimes starting, moto), so two workers halve its wall
+# time. What two tests of one group share (a room's fixed addresses and ports: the operate harness's
+# sshd on 127.0.1.x:2222, the gateway's stand-ins on 127.0.0.x:8000) keeps a room's tests on one
+# worker; each end-to-end module builds a private local stack on free ports (tests/e2e/stackcopy.py)
+# and is a group of its own, so those spread over both.
+def _worker_group(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    parts = path.split("/")
+    return path if parts[1] == "e2e" else "/".join(parts[:2])
+
+
 # Tests marked ``slow`` by their measured time rather than by a decorator each (tests/slow.txt).
 SLOW_LIST = REPO / "tests" / "slow.txt"
 
@@ -394,6 +407,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _starts_something(item):
             item.add_marker(pytest.mark.proc)
+        if config.pluginmanager.hasplugin("xdist"):
+            item.add_marker(pytest.mark.xdist_group(_worker_group(item.nodeid)))
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
     # On a whole collection (no path, no -k), a listed test that no longer exists is a stale line.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from frontier_hostside import names
 from frontier_hostside.names import CACHE_MOUNT, CLOUDWATCH_DIMENSIONS, CLOUDWATCH_NAMESPACE
 
-from frontier.alarms import NAMED_ALARMS
+from frontier.alarms import HOSTS, NAMED_ALARMS, Scope
 from frontier.config.schema import ALARM_SEVERITIES, NodeGroup, Settings, Severity
 from frontier.render.templates import render_template
 
@@ -37,10 +37,10 @@ class NamedRule:
     description: str
 
 
-def named_rules(settings: Settings) -> list[NamedRule]:
+def named_rules(settings: Settings, scope: Scope = HOSTS) -> list[NamedRule]:
     rules = []
     for alarm in NAMED_ALARMS.values():
-        rule = alarm.prometheus(settings)
+        rule = alarm.prometheus(settings, scope)
         rules.append(
             NamedRule(
                 alarm.name,
@@ -123,19 +123,21 @@ def severities(settings: Settings) -> dict[str, Severity]:
     return {alarm: settings.alerts.severity(alarm) for alarm in ALARM_SEVERITIES}
 
 
-def render_alerts(settings: Settings) -> str:
-    """Prometheus alerting rules from the stack's SLOs, on the runtime's metrics."""
+def render_alerts(settings: Settings, scope: Scope = HOSTS) -> str:
+    """Prometheus alerting rules from the stack's SLOs, on the runtime's metrics of ``scope``
+    (the stack's namespace on Kubernetes; the hosts' job elsewhere)."""
     slo = settings.slo
     return render_template(
         "alerts.yaml.j2",
         stack=settings.stack,
-        metrics=METRICS,
+        series={key: scope.runtime(metric) for key, metric in METRICS.items()},
+        errors=scope.runtime(METRICS["http_requests_total"], 'status=~"5.."'),
         severity=severities(settings),
         ttft_s=slo.ttft_ms / 1000,
         p99_s=slo.p99_latency_ms / 1000,
         error_rate=slo.error_rate,
         queue_depth=settings.monitoring.queue_depth_alarm,
-        named=named_rules(settings),
+        named=named_rules(settings, scope),
     )
 
 

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 from frontier_hostside import names
 
+from frontier.alarms import HOSTS, Scope
 from frontier.config.schema import Settings
 from frontier.render import alerts as a
 from frontier.render.templates import render_template
-
-RUNTIME_JOB = '{job="frontier-runtime"}'
 
 
 @dataclass(frozen=True)
@@ -38,39 +37,39 @@ class Panel:
     cloudwatch: tuple[Series, ...] = ()
 
 
-def _rate(metric: str) -> str:
-    return f"sum(rate({metric}{RUNTIME_JOB}[5m]))"
+def serving_panels(scope: Scope = HOSTS) -> tuple[Panel, ...]:
+    """The runtime's own series, of ``scope``'s runtimes only (the stack's namespace on Kubernetes)."""
+    requests = scope.runtime(f"{names.HTTP_REQUESTS_METRIC}_total")
+    failed = scope.runtime(f"{names.HTTP_REQUESTS_METRIC}_total", 'status=~"5.."')
+    waiting = scope.runtime(names.WAITING_METRIC)
 
+    def p99(histogram: str) -> str:
+        return f"histogram_quantile(0.99, sum by (le) (rate({scope.runtime(f'{histogram}_bucket')}[5m])))"
 
-def _p99(histogram: str) -> str:
-    return f"histogram_quantile(0.99, sum by (le) (rate({histogram}_bucket{RUNTIME_JOB}[5m])))"
-
-
-SERVING_PANELS = (
-    Panel("Requests / s", "reqps", (_rate(f"{names.HTTP_REQUESTS_METRIC}_total"),)),
-    Panel(
-        "5xx / requests",
-        "percentunit",
-        (
-            f'sum(rate({names.HTTP_REQUESTS_METRIC}_total{{job="frontier-runtime",status=~"5.."}}[5m])) / '
-            f"clamp_min({_rate(f'{names.HTTP_REQUESTS_METRIC}_total')}, 1e-9)",
+    return (
+        Panel("Requests / s", "reqps", (f"sum(rate({requests}[5m]))",)),
+        Panel(
+            "5xx / requests",
+            "percentunit",
+            (f"sum(rate({failed}[5m])) / clamp_min(sum(rate({requests}[5m])), 1e-9)",),
         ),
-    ),
-    Panel(
-        "p99 latency and time to first token (s)",
-        "s",
-        (_p99(names.E2E_LATENCY_METRIC), _p99(names.TTFT_METRIC)),
-        (Series(names.E2E_LATENCY_CW_METRIC, "p99"),),
-    ),
-    Panel(
-        "Runtime queue depth",
-        "short",
-        (f"max({names.WAITING_METRIC}{RUNTIME_JOB})", f"avg({names.WAITING_METRIC}{RUNTIME_JOB})"),
-        (Series(names.QUEUE_DEPTH_METRIC, "Maximum"), Series(names.QUEUE_DEPTH_METRIC, "Average")),
-    ),
-)
+        Panel(
+            "p99 latency and time to first token (s)",
+            "s",
+            (p99(names.E2E_LATENCY_METRIC), p99(names.TTFT_METRIC)),
+            (Series(names.E2E_LATENCY_CW_METRIC, "p99"),),
+        ),
+        Panel(
+            "Runtime queue depth",
+            "short",
+            (f"max({waiting})", f"avg({waiting})"),
+            (Series(names.QUEUE_DEPTH_METRIC, "Maximum"), Series(names.QUEUE_DEPTH_METRIC, "Average")),
+        ),
+    )
 
-RESOURCE_PANELS = (
+
+# The GPUs' and the nodes' series: a node's, whichever stack's pods it runs.
+NODE_PANELS = (
     Panel(
         "GPU utilisation (%)",
         "percent",
@@ -122,27 +121,38 @@ RESOURCE_PANELS = (
         ),
         (Series(a.DISK_USED, "Maximum"),),
     ),
-    Panel(
-        "Runtime process CPU (s/s) and RSS (bytes)",
-        "short",
-        (
-            'sum(rate(container_cpu_usage_seconds_total{container="frontier-runtime"}[5m]))',
-            'max(container_memory_rss{container="frontier-runtime"})',
-        ),
-        (Series(a.PROC_CPU_USER, "Average"), Series(a.PROC_RSS, "Maximum")),
-    ),
 )
 
-PANELS = SERVING_PANELS + RESOURCE_PANELS
+
+def resource_panels(scope: Scope = HOSTS) -> tuple[Panel, ...]:
+    """The nodes' panels, then the runtime process's (the kubelet's container series, of ``scope``)."""
+    container = f'container="{names.CONTAINER_NAME}"'
+    return (
+        *NODE_PANELS,
+        Panel(
+            "Runtime process CPU (s/s) and RSS (bytes)",
+            "short",
+            (
+                f"sum(rate({scope.select('container_cpu_usage_seconds_total', container)}[5m]))",
+                f"max({scope.select('container_memory_rss', container)})",
+            ),
+            (Series(a.PROC_CPU_USER, "Average"), Series(a.PROC_RSS, "Maximum")),
+        ),
+    )
 
 
-def render_grafana_dashboard(settings: Settings) -> str:
-    """The stack's Grafana dashboard (JSON model), for the Grafana of the Prometheus stack."""
+def panels(scope: Scope = HOSTS) -> tuple[Panel, ...]:
+    return serving_panels(scope) + resource_panels(scope)
+
+
+def render_grafana_dashboard(settings: Settings, scope: Scope = HOSTS) -> str:
+    """The stack's Grafana dashboard (JSON model), for the Grafana of the Prometheus stack; its
+    runtime series those of ``scope`` (the stack's namespace on Kubernetes)."""
     text = render_template(
         "grafana-dashboard.json.j2",
         stack=settings.stack,
         uid=f"frontier-{settings.stack}"[:40],
-        panels=PANELS,
+        panels=panels(scope),
     )
     json.loads(text)  # a template typo fails here, not in Grafana
     return text

@@ -18,7 +18,7 @@ from infra_mocks import Graph, run_program
 from test_gateway_nodes import gated  # noqa: F401 - fixture
 
 from frontier.config.schema import ALARM_SEVERITIES, NodeGroup, Settings
-from frontier.render.dashboards import RESOURCE_PANELS
+from frontier.render.dashboards import resource_panels
 from frontier.targets import load_stack
 from infra.host_tools import host_tools
 from infra.monitoring import GATEWAY_CPU_PERCENT
@@ -396,7 +396,7 @@ def test_every_resource_alarm_reads_a_series_the_agent_collects(graph):
 def test_the_dashboard_has_every_resource_panel_of_the_grafana_dashboard(graph):
     body = json.loads(graph.one("aws:cloudwatch/dashboard:Dashboard").inputs["dashboardBody"])
     titles = {w["properties"]["title"] for w in body["widgets"]}
-    assert {p.title for p in RESOURCE_PANELS} <= titles
+    assert {p.title for p in resource_panels()} <= titles
     gpu = next(w for w in body["widgets"] if w["properties"]["title"] == "GPU utilisation (%)")
     assert [
         "Frontier/Runtime",

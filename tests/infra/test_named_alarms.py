@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 from test_language_host import launch, pulumi_config
 
-from frontier.alarms import NAMED_ALARMS, PROBE_FAILED_MINUTES, probe_job_name
+from frontier.alarms import HOSTS, NAMED_ALARMS, PROBE_FAILED_MINUTES, probe_job_name
 from frontier.targets import load_stack
 from frontier.targets.kubernetes.manifests import render_workload
 from frontier.targets.local.alarms import local_watches
@@ -102,7 +102,7 @@ def test_each_model_has_its_probe_cron_job_run_as_its_pools_identity():
         assert name.startswith(f"frontier-{settings.stack}-probe-") and len(name) <= 52
         assert pod["serviceAccountName"] in accounts
         assert job["spec"]["schedule"] == "*/1 * * * *" and job["spec"]["concurrencyPolicy"] == "Forbid"
-        assert re.search(NAMED_ALARMS["probe-failing"].prometheus(settings).expr.split('"')[1], name)
+        assert re.search(NAMED_ALARMS["probe-failing"].prometheus(settings, HOSTS).expr.split('"')[1], name)
 
 
 def test_each_target_compares_the_same_threshold_from_the_stacks_settings(prod):
@@ -113,7 +113,7 @@ def test_each_target_compares_the_same_threshold_from_the_stacks_settings(prod):
         assert inputs["threshold"] == condition.threshold
         assert inputs["comparisonOperator"] == condition.comparison
     assert prod.one(ALARM, "prod-monitoring-ttft").inputs["threshold"] == settings.slo.ttft_ms
-    ttft_rule = NAMED_ALARMS["ttft"].prometheus(settings)
+    ttft_rule = NAMED_ALARMS["ttft"].prometheus(settings, HOSTS)
     assert ttft_rule.expr.endswith(f"> {settings.slo.ttft_ms / 1000}")  # seconds, as the histogram
     kv = prod.one(ALARM, "prod-monitoring-kv-cache-full").inputs
     assert kv["threshold"] == settings.monitoring.kv_usage_alarm and kv["statistic"] == "Maximum"

@@ -452,7 +452,8 @@ def test_the_stacks_alert_rules_go_to_the_operator_and_match_the_scrapes_job(eks
     from frontier.render.alerts import render_alerts
 
     rule = monitoring.prometheus_rule(eks_prod, eks_prod.only_pool).to_dict()
-    assert rule["spec"]["groups"] == yaml.safe_load(render_alerts(eks_prod))["groups"]
+    scoped = render_alerts(eks_prod, monitoring.stack_scope(eks_prod))
+    assert rule["spec"]["groups"] == yaml.safe_load(scoped)["groups"]
     job = monitoring.service_monitor(eks_prod, eks_prod.only_pool).to_dict()["spec"]["jobLabel"]
     service_labels = m.service(eks_prod, eks_prod.only_pool).labels
     # Prometheus names the job after the Service's label jobLabel names: the rules' job. The probe's
@@ -472,7 +473,11 @@ def test_the_stacks_alert_rules_go_to_the_operator_and_match_the_scrapes_job(eks
         o for o in workload if o.kind == "Deployment" and o.name == m.app_name(eks_prod.only_pool)
     ]
     runtime = deployment.to_dict()["spec"]["template"]["spec"]["containers"][0]["name"]
-    assert f'kube_pod_container_status_restarts_total{{container="{runtime}"}}' in restarts["expr"]
+    namespace = eks_prod.kubernetes.namespace
+    assert (
+        f'kube_pod_container_status_restarts_total{{container="{runtime}",namespace="{namespace}"}}'
+        in restarts["expr"]
+    )
     broken = json.loads(json.dumps(rule))
     broken["spec"]["groups"][0]["rules"][0]["for"] = "ten minutes"
     with pytest.raises(jsonschema.ValidationError):

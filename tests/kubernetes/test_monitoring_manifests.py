@@ -17,7 +17,7 @@ import yaml
 
 from frontier.config.schema import ALARM_SEVERITIES, Settings
 from frontier.errors import FrontierError
-from frontier.render.dashboards import PANELS
+from frontier.render.dashboards import panels
 from frontier.targets import load_stack
 from frontier.targets.kubernetes import manifests as m
 from frontier.targets.kubernetes import monitoring
@@ -179,7 +179,7 @@ def test_the_dashboard_config_map_carries_grafanas_label_and_every_panel(eks_pro
     [(name, text)] = config_map["data"].items()
     assert name.endswith(".json")
     dashboard = json.loads(text)
-    assert [p["title"] for p in dashboard["panels"]] == [p.title for p in PANELS]
+    assert [p["title"] for p in dashboard["panels"]] == [p.title for p in panels()]
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     assert any("DCGM_FI_DEV_GPU_UTIL" in e for e in exprs) and any(
         "node_memory_MemAvailable_bytes" in e for e in exprs

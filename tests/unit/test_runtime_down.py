@@ -7,7 +7,7 @@ from __future__ import annotations
 from frontier_hostside.names import DRAINING_METRIC, HOST_BOOT_ALLOWANCE_S, PROCESS_START_METRIC, READY_METRIC
 from frontier_hostside.node_boot import runtime_down
 
-from frontier.alarms import NAMED_ALARMS
+from frontier.alarms import HOSTS, NAMED_ALARMS
 from frontier.targets import load_stack
 
 NOW = 1_000_000.0
@@ -61,7 +61,7 @@ def test_a_booting_host_before_its_first_launch_is_starting_as_long_as_its_launc
 def test_the_kubernetes_rule_excepts_draining_and_young_processes_and_counts_at_least_two_minutes():
     settings = load_stack("eks-prod")
     alarm = NAMED_ALARMS["runtime-down"]
-    rule = alarm.prometheus(settings)
+    rule = alarm.prometheus(settings, HOSTS)
     allowance = int(settings.rollout.readiness_timeout_s)
     assert rule.expr.startswith('(frontier_ready{job="frontier-runtime"} == 0)')
     assert 'unless on(instance) (frontier_draining{job="frontier-runtime"} == 1)' in rule.expr

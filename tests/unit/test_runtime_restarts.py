@@ -12,7 +12,7 @@ import pytest
 import yaml
 from frontier_hostside.names import CONTAINER_NAME, SUPERVISOR_STATE_NAME
 
-from frontier.alarms import NAMED_ALARMS, RESTARTS_ALLOWED, RESTARTS_WINDOW_S
+from frontier.alarms import HOSTS, NAMED_ALARMS, RESTARTS_ALLOWED, RESTARTS_WINDOW_S
 from frontier.config.load import available_stacks
 from frontier.hosts.inventory import HostSpec
 from frontier.render.alerts import render_alerts, render_resource_alerts
@@ -73,7 +73,7 @@ def test_the_slots_count_is_read_from_its_supervisors_state_file(tmp_path):
 
 
 def test_the_rule_counts_the_kubelets_restarts_of_the_runtime_container_where_kube_state_metrics_runs():
-    rule = NAMED_ALARMS["runtime-restarts"].prometheus(load_stack("eks-prod"))
+    rule = NAMED_ALARMS["runtime-restarts"].prometheus(load_stack("eks-prod"), HOSTS)
     expr = promql_parser.parse(rule.expr)
     assert isinstance(expr, promql_parser.BinaryExpr)
     kube_state, scraped = rule.expr.split(" or ")
@@ -88,7 +88,7 @@ def test_the_rule_counts_the_kubelets_restarts_of_the_runtime_container_where_ku
 
 def test_every_target_renders_the_same_rule():
     rules = {
-        stack: NAMED_ALARMS["runtime-restarts"].prometheus(load_stack(stack)).expr
+        stack: NAMED_ALARMS["runtime-restarts"].prometheus(load_stack(stack), HOSTS).expr
         for stack in ("prod", "eks-prod", "local")
     }
     assert len(set(rules.values())) == 1, rules

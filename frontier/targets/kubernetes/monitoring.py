@@ -6,6 +6,8 @@ The alerts are the same rules ``fab render`` writes for every stack (``templates
 from the stack's SLOs), handed to the Prometheus Operator. They select the runtime by
 ``job="frontier-runtime"``: the ServiceMonitor takes its job name from the Service's
 ``app.kubernetes.io/name`` label, which is exactly that, so one set of rules serves every target.
+Here every selector also names the stack's namespace (:func:`stack_scope`): one Prometheus usually
+scrapes a cluster's every namespace, and another stack's runtimes carry the same job.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import yaml
 from frontier_hostside.names import K8S_APP_LABEL, K8S_INSTANCE_LABEL, K8S_MANAGED_BY_LABEL
 
+from frontier.alarms import Scope
 from frontier.config.schema import SEVERITIES, NodePool, PoolSettings, Settings, Severity
 from frontier.errors import FrontierError
 from frontier.render.alerts import render_alerts, render_resource_alerts
@@ -57,12 +60,21 @@ def service_monitor(settings: Settings, pool: PoolSettings) -> Manifest:
     )
 
 
+def stack_scope(settings: Settings) -> Scope:
+    """This stack's series in a Prometheus that may scrape other stacks' namespaces too."""
+    return Scope(namespace=kubernetes_of(settings).namespace)
+
+
 def prometheus_rule(settings: Settings, pool: PoolSettings) -> Manifest:
     """The stack's alerting rules (one set for every pool: the rules select by metric, not by pod),
     named and labelled after ``pool``'s workload, which carries them."""
     k = kubernetes_of(settings)
     return _alert_rule(
-        settings, f"{app_name(pool)}-alerts", k.namespace, render_alerts(settings), app_labels(pool)
+        settings,
+        f"{app_name(pool)}-alerts",
+        k.namespace,
+        render_alerts(settings, stack_scope(settings)),
+        app_labels(pool),
     )
 
 
@@ -411,7 +423,11 @@ def dashboard_config_map(settings: Settings) -> Manifest:
         "ConfigMap",
         name,
         k.monitoring.prometheus_namespace,
-        {"data": {f"frontier-{settings.stack}.json": render_grafana_dashboard(settings)}},
+        {
+            "data": {
+                f"frontier-{settings.stack}.json": render_grafana_dashboard(settings, stack_scope(settings))
+            }
+        },
         labels={**stack_labels(), GRAFANA_DASHBOARD_LABEL: "1"},
     )
 
