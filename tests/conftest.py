@@ -107,6 +107,7 @@ PROC_FIXTURES: dict[str, str] = {
     "tests/verify/conftest.py::runtime": "start_runtime(): a process",
 }
 PROC_TESTS: dict[str, str] = {
+    "tests/runtime/engine/test_quantized_weights.py::test_torchs_int8_weight_gemm_crashes_on_an_input_width_not_a_multiple_of_16": "python processes calling torch",
     "tests/kubernetes/test_stack_scoped_rules.py": "fired(): promtool evaluating the rules",
     "tests/runtime/server/test_kernel_cache.py": "compile_on_host(): a python process compiling with Triton",
     "tests/gateway/test_disaggregation_pod_layout.py": "start_pod(): a process; running_gateway(): the gateway under uvicorn",

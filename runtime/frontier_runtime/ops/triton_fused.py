@@ -264,8 +264,67 @@ def _kernels() -> SimpleNamespace:
             v = tl.load(v_lo + part * HALF * stride_vd, mask=ok, other=0.0)
             store_cache(vc_lo + part * HALF * stride_vcd, v, v_inv_scale, ok, FP8_CACHE, BY_BITS)
 
+    @triton.jit
+    def weight_only_gemm_kernel(
+        out_ptr,
+        x_ptr,
+        w_ptr,
+        scale_ptr,
+        bias_ptr,
+        rows,
+        outs,
+        ins,
+        stride_out,
+        stride_x,
+        stride_w,
+        HAS_BIAS: tl.constexpr,
+        FP8_WEIGHT: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        BY_BITS: tl.constexpr,
+    ):
+        dtype = out_ptr.dtype.element_ty
+        m = tl.arange(0, BLOCK_M)
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = tl.arange(0, BLOCK_K)
+        m_ok, n_ok = m < rows, n < outs
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for start in range(0, ins, BLOCK_K):
+            kk = start + k
+            k_ok = kk < ins
+            x = tl.load(
+                x_ptr + m[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0
+            )
+            # The weight tile [BLOCK_K, BLOCK_N] in its stored bytes (an fp8 weight comes as uint8: a
+            # masked lane reads 0, never a NaN pattern), widened in registers: int8 and e4m3 values
+            # are exact in bfloat16, float16 and float32.
+            w = tl.load(
+                w_ptr + n[None, :] * stride_w + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0
+            )
+            if FP8_WEIGHT:
+                w = w.to(tl.float8e4nv, bitcast=True)
+            if BY_BITS or dtype == tl.float32:
+                # The interpreter's numpy has no bfloat16; products of two 16-bit floats are exact in
+                # float32, so this is the tensor cores' product.
+                acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            else:
+                acc += tl.dot(x, w.to(dtype))
+        # Rounded where ``QuantizationMethod.linear``'s torch expression rounds: the product in the
+        # activations' dtype, then scaled per output channel in float32, then the bias added.
+        product = to_dtype(acc, dtype, BY_BITS).to(tl.float32)
+        scale = tl.load(scale_ptr + n, mask=n_ok, other=0.0)
+        out = to_dtype(product * scale[None, :], dtype, BY_BITS)
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+            out = to_dtype(out.to(tl.float32) + bias[None, :], dtype, BY_BITS)
+        tl.store(out_ptr + m[:, None] * stride_out + n[None, :], out, mask=m_ok[:, None] & n_ok[None, :])
+
     return SimpleNamespace(
-        rms_norm=rms_norm_kernel, silu_and_mul=silu_and_mul_kernel, rotary_kv=rotary_kv_kernel
+        rms_norm=rms_norm_kernel,
+        silu_and_mul=silu_and_mul_kernel,
+        rotary_kv=rotary_kv_kernel,
+        weight_only_gemm=weight_only_gemm_kernel,
     )
 
 
@@ -333,6 +392,61 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
             enable_fp_fusion=False,
         )
     return out
+
+
+# A decode step's rows: at most this many, one tile of rows covers them all and each weight tile is
+# read from memory once. Past it (prefill) torch's GEMM, which reuses each weight tile across rows.
+WEIGHT_ONLY_ROWS = 16
+# Tile sizes chosen on paper (32 output channels a program, so a 4096-wide projection fills 128 SMs;
+# 128 bytes of int8 weight a row per step): bench/gpu_check.py's quantized phase measures them.
+_WO_BLOCK_N, _WO_BLOCK_K = 32, 128
+
+
+def weight_only_applies(x: torch.Tensor) -> bool:
+    """Whether ``weight_only_linear`` takes ``x``: the kernels apply, and a decode step's few rows."""
+    return applies(x) and x.numel() <= WEIGHT_ONLY_ROWS * x.shape[-1]
+
+
+def weight_only_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``x @ (qweight * scale).T + bias`` for int8 or float8_e4m3fn ``qweight`` [out, in] with one
+    float32 ``scale`` per output channel, in x's dtype, as ``QuantizationMethod.linear`` computes it
+    but without a dequantized copy of the weight: each weight tile is widened in registers, so a
+    decode step streams the weight's own bytes once (half of bf16's for int8 and fp8).
+
+    At most ``WEIGHT_ONLY_ROWS`` rows of ``x``; its last dimension contiguous."""
+    ins, outs = x.shape[-1], qweight.shape[0]
+    rows = x.numel() // ins if ins else 0
+    assert rows <= WEIGHT_ONLY_ROWS, f"{rows} rows: weight_only_linear takes at most {WEIGHT_ONLY_ROWS}"
+    x2 = x.reshape(rows, ins)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = x.new_empty((rows, outs))
+    fp8 = qweight.dtype == FP8
+    if rows and outs:
+        _kernels().weight_only_gemm[(-(-outs // _WO_BLOCK_N),)](
+            out,
+            x2,
+            qweight.view(torch.uint8) if fp8 else qweight,
+            scale,
+            out if bias is None else bias,
+            rows,
+            outs,
+            ins,
+            out.stride(0),
+            x2.stride(0),
+            qweight.stride(0),
+            HAS_BIAS=bias is not None,
+            FP8_WEIGHT=fp8,
+            BLOCK_M=WEIGHT_ONLY_ROWS,
+            BLOCK_N=_WO_BLOCK_N,
+            BLOCK_K=_WO_BLOCK_K,
+            BY_BITS=_interpreted(),
+            num_warps=4,
+            enable_fp_fusion=False,
+        )
+    return out.view(*x.shape[:-1], outs)
 
 
 def rotary_and_write_kv(

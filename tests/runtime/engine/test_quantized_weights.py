@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -301,6 +304,38 @@ def test_int8_without_the_panel_gemm_multiplies_by_the_dequantized_weights(
     torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
     # bfloat16 activations go through torch._weight_int8pack_mm: within a few bfloat16 ulps.
     torch.testing.assert_close(layer(x.bfloat16()).float(), want, rtol=1.6e-2, atol=0.06)
+
+
+def test_torchs_int8_weight_gemm_crashes_on_an_input_width_not_a_multiple_of_16() -> None:
+    """Why the dequantized path takes such layers: the process dies (SIGSEGV) rather than raising."""
+    program = (
+        "import torch; x = torch.randn(20, {k}).bfloat16(); q = torch.ones(8, {k}, dtype=torch.int8); "
+        "torch._weight_int8pack_mm(x, q, torch.ones(8).bfloat16())"
+    )
+    run = [sys.executable, "-c"]
+    assert subprocess.run([*run, program.format(k=32)], capture_output=True).returncode == 0
+    assert subprocess.run([*run, program.format(k=40)], capture_output=True).returncode == -signal.SIGSEGV
+
+
+@pytest.mark.parametrize(("width", "int8pack"), [(64, True), (100, False)])
+def test_bf16_activations_take_torchs_int8_weight_gemm_only_at_a_width_it_reads(
+    width: int, int8pack: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = torch._weight_int8pack_mm
+
+    def spied(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[-1])
+        return real(x, q, scale)
+
+    monkeypatch.setattr(torch, "_weight_int8pack_mm", spied)
+    torch.manual_seed(4)
+    q = quant.quantize(torch.randn(24, width), "int8")
+    x = torch.randn(5, width).bfloat16()
+    out = quant.Int8.linear(x, q.qweight, q.scale, None, panels=False)
+    assert calls == ([width] if int8pack else [])
+    want = x.float() @ q.dequantize().t()
+    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=0.06)
 
 
 # ---- refused ----------------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from engine_fixtures import Reference  # noqa: E402
 from frontier_runtime.engine.llm_engine import LLMEngine  # noqa: E402
-from frontier_runtime.ops import fused, triton_fused  # noqa: E402
+from frontier_runtime.models.llama import quant  # noqa: E402
+from frontier_runtime.ops import fused, panel_gemm, triton_fused  # noqa: E402
 from frontier_runtime.ops.attention import AttentionMetadata, RotaryWrite, TritonBackend, backend  # noqa: E402
 from frontier_runtime.requests import SamplingParams  # noqa: E402
 
@@ -342,5 +343,74 @@ def test_a_bf16_engine_with_an_fp8_cache_gives_the_same_tokens_through_the_kerne
     )
     got = greedy(LLMEngine(tied_ref.model_dir, **settings), tied_ref.prompts[:PROMPTS])
     assert all(kernel_calls.values()), kernel_calls
+    triton_fused.force_on_cpu(False)
+    assert greedy(LLMEngine(tied_ref.model_dir, **settings), tied_ref.prompts[:PROMPTS]) == got
+
+
+# -- weight-only GEMM: int8 and fp8 weights widened in registers -------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("method", [quant.Int8, quant.Fp8], ids=lambda m: m.name)
+@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_weight_only_linear_matches_the_dequantize_then_multiply_expression(
+    dtype: torch.dtype, method: type[quant.QuantizationMethod], rows: int, with_bias: bool
+) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    ins, outs = 300, 200  # neither a multiple of a tile
+    x = torch.randn(rows, ins, generator=gen).to(dtype)
+    weight = method.quantize(torch.randn(outs, ins, generator=gen))
+    bias = torch.randn(outs, generator=gen).to(dtype) if with_bias else None
+    got = triton_fused.weight_only_linear(x, weight.qweight, weight.scale, bias)
+    want = quant.QuantizationMethod.linear(x, weight.qweight, weight.scale, bias, panels=False)
+    if dtype == torch.bfloat16:
+        # Products of bfloat16 and a widened int8 or e4m3 are exact in float32, and the sums here
+        # round to the same bfloat16 whatever their order.
+        assert torch.equal(got, want)
+    else:
+        # float32 sums in another order: within a few ulps of the largest partial sum.
+        magnitude = (x.abs() @ weight.dequantize().abs().T) + (bias.abs() if bias is not None else 0)
+        assert ((got - want).abs() <= 8 * torch.finfo(torch.float32).eps * magnitude).all()
+
+
+def test_weight_only_linear_keeps_the_leading_dimensions_and_reads_strided_rows() -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight = quant.Int8.quantize(torch.randn(48, 40, generator=gen))
+    wide = torch.randn(2, 3, 80, generator=gen)[..., ::2]  # last dimension strided
+    got = triton_fused.weight_only_linear(wide, weight.qweight, weight.scale, None)
+    want = quant.QuantizationMethod.linear(
+        wide.contiguous(), weight.qweight, weight.scale, None, panels=False
+    )
+    assert got.shape == (2, 3, 48)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("rows", "kernel"), [(1, True), (triton_fused.WEIGHT_ONLY_ROWS, True), (17, False)])
+def test_a_decode_steps_rows_take_the_weight_only_kernel_and_a_prefills_do_not(
+    rows: int, kernel: bool, forced_on_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = {"weight_only_linear": 0}
+    spied = counting(calls, "weight_only_linear", triton_fused.weight_only_linear)
+    monkeypatch.setattr(triton_fused, "weight_only_linear", spied)
+    weight = quant.Int8.quantize(torch.randn(32, 64))
+    x = torch.randn(rows, 64)
+    out = quant.Int8.linear(x, weight.qweight, weight.scale, None, panels=False)
+    assert calls["weight_only_linear"] == int(kernel) and out.shape == (rows, 32)
+
+
+@pytest.mark.slow
+def test_an_int8_engine_decodes_the_same_tokens_through_the_weight_only_kernel_as_through_torch(
+    tied_ref: Reference, forced_on_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every decode step's projections through the kernel (prefill's rows past the tile stay torch's);
+    against the same engine on torch's int8 weight GEMM, the native panels off as on a GPU host."""
+    monkeypatch.setattr(panel_gemm, "available", lambda: False)
+    calls = {"weight_only_linear": 0}
+    spied = counting(calls, "weight_only_linear", triton_fused.weight_only_linear)
+    monkeypatch.setattr(triton_fused, "weight_only_linear", spied)
+    settings = dict(attention_backend="triton", dtype="bfloat16", quantization="int8", max_batch_size=PROMPTS)
+    got = greedy(LLMEngine(tied_ref.model_dir, **settings), tied_ref.prompts[:PROMPTS])
+    assert calls["weight_only_linear"] > 0
     triton_fused.force_on_cpu(False)
     assert greedy(LLMEngine(tied_ref.model_dir, **settings), tied_ref.prompts[:PROMPTS]) == got

@@ -4,11 +4,13 @@
 
 - ``int8``: each output channel (row of an [out, in] weight) gets one symmetric float32 scale,
   ``amax(|row|) / 127``; the weight is stored as int8 and the activations stay in the model dtype.
-  On CPU the panel GEMM widens the int8 panels inside the kernel (``ops/panel_gemm.py``), elsewhere
-  torch's int8 weight GEMM or dequantize-then-matmul runs.
-- ``fp8``: the same per-channel scales with ``amax / 448`` and float8_e4m3fn weights. CUDA only: on
-  sm90 the step's activations are quantized per token and ``torch._scaled_mm`` multiplies the two
-  fp8 operands; elsewhere the weight is dequantized and multiplied in the model dtype.
+  On CPU the panel GEMM widens the int8 panels inside the kernel (``ops/panel_gemm.py``); on CUDA a
+  decode step's few rows go through a Triton kernel that widens each weight tile in registers
+  (``triton_fused.weight_only_linear``); elsewhere torch's int8 weight GEMM or dequantize-then-matmul.
+- ``fp8``: the same per-channel scales with ``amax / 448`` and float8_e4m3fn weights. CUDA only: a decode
+  step's few rows through the same Triton kernel as int8; more rows on sm90 have their activations
+  quantized per token and ``torch._scaled_mm`` multiplies the two fp8 operands; elsewhere the weight
+  is dequantized and multiplied in the model dtype.
 
 Only the linear projections are quantized (q/k/v/o, gate/up/down, the experts'): they hold nearly
 all the parameters and each decode step streams them from memory once. The embedding is a lookup
@@ -42,7 +44,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from frontier_runtime.distributed import TPGroup
-from frontier_runtime.ops import panel_gemm, table
+from frontier_runtime.ops import panel_gemm, table, triton_fused
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -51,6 +53,9 @@ COMPRESSED_TENSORS = "compressed-tensors"
 # compressed-tensors formats whose tensors this loader reads (each stores per-channel scales).
 DENSE_WEIGHT_FORMATS = ("int-quantized", "naive-quantized", "float-quantized")
 PACKED_FORMAT = "pack-quantized"
+# torch's CPU int8 weight GEMM (``torch._weight_int8pack_mm``) reads the inputs 16 at a time and
+# crashes the process (SIGSEGV, torch 2.13) on any other width: narrower layers take the dequantized path.
+INT8PACK_WIDTH_MULTIPLE = 16
 
 
 class QuantizationError(ValueError):
@@ -137,7 +142,9 @@ class Int8(QuantizationMethod):
             bias32 = None if bias is None else bias.float()
             out = panel_gemm.linear_int8(x32, qweight, scale, bias32)
             return out if x.dtype == torch.float32 else out.to(x.dtype)
-        if x.device.type == "cpu" and x.dtype != torch.float32:
+        if triton_fused.weight_only_applies(x):
+            return triton_fused.weight_only_linear(x, qweight, scale, bias)
+        if x.device.type == "cpu" and x.dtype != torch.float32 and x.shape[-1] % INT8PACK_WIDTH_MULTIPLE == 0:
             # torch's int8 weight GEMM (one scale per output channel, in x's dtype). Not for float32
             # activations: its float32 kernel is ~30x slower than this at 128 rows (measured here).
             rows = x.reshape(-1, x.shape[-1])
@@ -162,6 +169,10 @@ class Fp8(QuantizationMethod):
 
     @classmethod
     def linear(cls, x: Tensor, qweight: Tensor, scale: Tensor, bias: Tensor | None, panels: bool) -> Tensor:
+        """A decode step's few rows: the weight widened in registers (no activation to quantize);
+        more rows on sm90: both operands fp8 through ``torch._scaled_mm``."""
+        if triton_fused.weight_only_applies(x):
+            return triton_fused.weight_only_linear(x, qweight, scale, bias)
         if scaled_mm_applies(x, qweight):
             return fp8_scaled_mm(x, qweight, scale, bias)
         return super().linear(x, qweight, scale, bias, panels)
