@@ -46,7 +46,8 @@ audit: install
 	$(BIN)/python scripts/audit_locks.py
 
 # Two lanes at once on one machine: the tests that start processes and servers (mostly waiting on
-# sshd, HAProxy, runtimes and moto) stream here, while the work that only computes (the type check,
+# sshd, HAProxy, runtimes and moto) run here on two workers, a room's tests on one of them
+# (tests/conftest.py says which rooms share what), while the work that only computes (the type check,
 # the scan, the tests that start nothing, the torch-ops run) runs beside them into a log printed at
 # the end. Together they run every test; either lane failing fails the target.
 LANE_LOG := .frontier/compute-lane.log
@@ -57,7 +58,7 @@ CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 test: system-packages install lock-check audit $(CHECKOV_STAMP)
 	@mkdir -p .frontier; rm -f $(LANE_LOG) $(LANE_LOG).rc
 	@( $(MAKE) --no-print-directory test-compute-lane > $(LANE_LOG) 2>&1; echo $$? > $(LANE_LOG).rc ) & \
-	$(BIN)/python -m pytest -q -m "proc or e2e" --durations=25; proc=$$?; \
+	$(BIN)/python -m pytest -q -m "proc or e2e" -n 2 --dist loadgroup --durations=25; proc=$$?; \
 	echo "waiting for the compute lane (typecheck, scan, the tests that start nothing, torch ops)"; wait; \
 	echo "--- the compute lane ($(LANE_LOG)):"; cat $(LANE_LOG); \
 	test $$proc -eq 0 && test "$$(cat $(LANE_LOG).rc)" = 0

@@ -380,15 +380,18 @@ def _starts_something(item: pytest.Item) -> bool:
 
 
 # -- two workers for the process tier (``make test``: ``-n 2 --dist loadgroup``) ------------------------
-# The proc tier mostly waits (sshd, HAProxy, runtimes starting, moto), so two workers halve its wall
-# time. What two tests of one group share (a room's fixed addresses and ports: the operate harness's
-# sshd on 127.0.1.x:2222, the gateway's stand-ins on 127.0.0.x:8000) keeps a room's tests on one
-# worker; each end-to-end module builds a private local stack on free ports (tests/e2e/stackcopy.py)
-# and is a group of its own, so those spread over both.
+# The proc tier mostly waits (sshd, HAProxy, runtimes starting, moto), so two workers share it. A
+# group runs on one worker, one test after another. Every test that brings up a local stack (the
+# e2e tier, the operate room's clusters) is one group: they are all stacks named ``local``, whose
+# files under the checkout's .frontier (outputs, artifacts, the image's wheelhouse) they share, and
+# the operate clusters listen on fixed ports (127.0.1.x:2222). Every other room is a group of its own
+# (the gateway's stand-ins on fixed 127.0.0.x:8000, for one), so at most two rooms run at once.
+LOCAL_STACK_ROOMS = ("e2e", "operate")
+
+
 def _worker_group(nodeid: str) -> str:
-    path = nodeid.split("::")[0]
-    parts = path.split("/")
-    return path if parts[1] == "e2e" else "/".join(parts[:2])
+    room = nodeid.split("::")[0].split("/")[1]
+    return "local-stacks" if room in LOCAL_STACK_ROOMS else f"tests/{room}"
 
 
 # Tests marked ``slow`` by their measured time rather than by a decorator each (tests/slow.txt).
