@@ -58,7 +58,7 @@ CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 test: system-packages install lock-check audit $(CHECKOV_STAMP)
 	@mkdir -p .frontier; rm -f $(LANE_LOG) $(LANE_LOG).rc
 	@( $(MAKE) --no-print-directory test-compute-lane > $(LANE_LOG) 2>&1; echo $$? > $(LANE_LOG).rc ) & \
-	$(BIN)/python -m pytest -q -m "proc or e2e" -n 2 --dist loadgroup --durations=25; proc=$$?; \
+	$(BIN)/python -m pytest -q -m "proc or e2e" -n 2 --dist loadscope --durations=25; proc=$$?; \
 	echo "waiting for the compute lane (typecheck, scan, the tests that start nothing, torch ops)"; wait; \
 	echo "--- the compute lane ($(LANE_LOG)):"; cat $(LANE_LOG); \
 	test $$proc -eq 0 && test "$$(cat $(LANE_LOG).rc)" = 0

@@ -379,19 +379,31 @@ def _starts_something(item: pytest.Item) -> bool:
     return False
 
 
-# -- two workers for the process tier (``make test``: ``-n 2 --dist loadgroup``) ------------------------
+# -- two workers for the process tier (``make test``: ``-n 2 --dist loadscope``) ------------------------
 # The proc tier mostly waits (sshd, HAProxy, runtimes starting, moto), so two workers share it. A
 # group runs on one worker, one test after another. Every test that brings up a local stack (the
 # e2e tier, the operate room's clusters) is one group: they are all stacks named ``local``, whose
 # files under the checkout's .frontier (outputs, artifacts, the image's wheelhouse) they share, and
 # the operate clusters listen on fixed ports (127.0.1.x:2222). Every other room is a group of its own
 # (the gateway's stand-ins on fixed 127.0.0.x:8000, for one), so at most two rooms run at once.
+# The groups are given to xdist's scope scheduler through its scheduler hook: its ``xdist_group``
+# marks work by renaming each test's node id, which pytest 9 no longer lets a plugin do.
 LOCAL_STACK_ROOMS = ("e2e", "operate")
 
 
-def _worker_group(nodeid: str) -> str:
+def worker_group(nodeid: str) -> str:
     room = nodeid.split("::")[0].split("/")[1]
     return "local-stacks" if room in LOCAL_STACK_ROOMS else f"tests/{room}"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByRoom(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return ByRoom(config, log)
 
 
 # Tests marked ``slow`` by their measured time rather than by a decorator each (tests/slow.txt).
@@ -411,8 +423,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _starts_something(item):
             item.add_marker(pytest.mark.proc)
-        if config.pluginmanager.hasplugin("xdist"):
-            item.add_marker(pytest.mark.xdist_group(_worker_group(item.nodeid)))
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
     # On a whole collection (no path, no -k), a listed test that no longer exists is a stale line.
