@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
+import promql_parser
 import pytest
 import yaml
 
@@ -184,6 +185,26 @@ def test_the_dashboard_config_map_carries_grafanas_label_and_every_panel(eks_pro
     assert any("DCGM_FI_DEV_GPU_UTIL" in e for e in exprs) and any(
         "node_memory_MemAvailable_bytes" in e for e in exprs
     )
+
+
+def test_the_dashboards_runtime_and_container_series_are_the_stacks_namespaces_only(eks_prod):
+    """Another stack's runtimes in the same Prometheus carry the same job and container name."""
+    config_map = objects(eks_prod)["ConfigMap"]
+    dashboard = json.loads(next(iter(config_map["data"].values())))
+    namespace = eks_prod.kubernetes.namespace
+    selectors: list[promql_parser.VectorSelector] = []
+
+    def keep(node: promql_parser.Expr) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            selectors.append(node)
+
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            promql_parser.walk(promql_parser.parse(target["expr"]), keep)
+    labels = [{m.name: m.value for m in s.matchers.matchers} for s in selectors]
+    stack_series = [found for found in labels if "job" in found or "container" in found]
+    assert len(stack_series) >= 6, labels
+    assert all(found.get("namespace") == namespace for found in stack_series), stack_series
 
 
 def test_fab_render_writes_the_monitoring_objects_beside_the_workload(eks_prod):
