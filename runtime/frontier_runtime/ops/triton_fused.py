@@ -402,9 +402,16 @@ WEIGHT_ONLY_ROWS = 16
 _WO_BLOCK_N, _WO_BLOCK_K = 32, 128
 
 
-def weight_only_applies(x: torch.Tensor) -> bool:
-    """Whether ``weight_only_linear`` takes ``x``: the kernels apply, and a decode step's few rows."""
-    return applies(x) and x.numel() <= WEIGHT_ONLY_ROWS * x.shape[-1]
+def weight_only_applies(x: torch.Tensor, qweight: torch.Tensor) -> bool:
+    """Whether ``weight_only_linear`` takes ``x`` times ``qweight``: the kernels apply, a decode
+    step's few rows, and a GPU whose Triton multiplies these types: bf16 products need sm80+, and
+    e4m3 (``float8e4nv``) exists in Triton from sm89 (an A100's fp8 weights stay dequantized)."""
+    if not applies(x) or x.numel() > WEIGHT_ONLY_ROWS * x.shape[-1]:
+        return False
+    if not x.is_cuda:
+        return True  # forced on CPU tensors, under the interpreter
+    needs = (8, 9) if qweight.dtype == FP8 else (8, 0)
+    return torch.cuda.get_device_capability(x.device) >= needs
 
 
 def weight_only_linear(

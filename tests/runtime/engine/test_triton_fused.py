@@ -414,3 +414,40 @@ def test_an_int8_engine_decodes_the_same_tokens_through_the_weight_only_kernel_a
     assert calls["weight_only_linear"] > 0
     triton_fused.force_on_cpu(False)
     assert greedy(LLMEngine(tied_ref.model_dir, **settings), tied_ref.prompts[:PROMPTS]) == got
+
+
+@dataclass
+class CudaRows:
+    """What ``weight_only_applies`` reads of a CUDA tensor (no GPU here: the capability is injected)."""
+
+    rows: int
+    width: int = 64
+    is_cuda: bool = True
+    device: str = "cuda:0"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.width)
+
+    def numel(self) -> int:
+        return self.rows * self.width
+
+
+@pytest.mark.parametrize(
+    ("capability", "weights", "takes"),
+    [
+        ((7, 5), torch.int8, False),  # no bf16 tensor-core products
+        ((8, 0), torch.int8, True),
+        ((8, 0), FP8, False),  # Triton has no float8e4nv before sm89: an A100 keeps dequantizing
+        ((8, 9), FP8, True),
+        ((9, 0), FP8, True),
+    ],
+)
+def test_the_weight_only_kernel_is_offered_only_to_gpus_whose_triton_multiplies_the_weight_type(
+    capability: tuple[int, int], weights: torch.dtype, takes: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(triton_fused, "applies", lambda x: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    qweight = torch.zeros(32, 64, dtype=weights)
+    assert triton_fused.weight_only_applies(CudaRows(rows=4), qweight) is takes  # type: ignore[arg-type]
+    assert not triton_fused.weight_only_applies(CudaRows(rows=17), qweight)  # type: ignore[arg-type]

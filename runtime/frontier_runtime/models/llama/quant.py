@@ -142,7 +142,7 @@ class Int8(QuantizationMethod):
             bias32 = None if bias is None else bias.float()
             out = panel_gemm.linear_int8(x32, qweight, scale, bias32)
             return out if x.dtype == torch.float32 else out.to(x.dtype)
-        if triton_fused.weight_only_applies(x):
+        if triton_fused.weight_only_applies(x, qweight):
             return triton_fused.weight_only_linear(x, qweight, scale, bias)
         if x.device.type == "cpu" and x.dtype != torch.float32 and x.shape[-1] % INT8PACK_WIDTH_MULTIPLE == 0:
             # torch's int8 weight GEMM (one scale per output channel, in x's dtype). Not for float32
@@ -171,7 +171,7 @@ class Fp8(QuantizationMethod):
     def linear(cls, x: Tensor, qweight: Tensor, scale: Tensor, bias: Tensor | None, panels: bool) -> Tensor:
         """A decode step's few rows: the weight widened in registers (no activation to quantize);
         more rows on sm90: both operands fp8 through ``torch._scaled_mm``."""
-        if triton_fused.weight_only_applies(x):
+        if triton_fused.weight_only_applies(x, qweight):
             return triton_fused.weight_only_linear(x, qweight, scale, bias)
         if scaled_mm_applies(x, qweight):
             return fp8_scaled_mm(x, qweight, scale, bias)
