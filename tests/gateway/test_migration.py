@@ -201,7 +201,12 @@ def _stream(url: str, path: str, body: dict, into: Streamed) -> Streamed:
 
 
 def _metric(gw: RunningGateway, name: str) -> float:
-    text = httpx.get(gw.admin_url + names.METRICS_PATH, timeout=10).text
+    return _scraped(gw.admin_url, name)
+
+
+def _scraped(url: str, name: str) -> float:
+    """The sum of the series ``name`` on the /metrics page of ``url``, over its labels."""
+    text = httpx.get(url + names.METRICS_PATH, timeout=10).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -293,12 +298,7 @@ def test_kill_9_of_a_replica_under_30_greedy_streams_fails_none_and_every_output
 
         # The client's count lags the replica's under load: the victim must itself still be generating
         # (its own running count), or every stream "caught" may already have ended there.
-        def generating() -> float:
-            text = httpx.get(victim.url + names.METRICS_PATH, timeout=10).text
-            found = [line for line in text.splitlines() if line.startswith(names.RUNNING_METRIC)]
-            return sum(float(line.rsplit(" ", 1)[1]) for line in found)
-
-        _until(lambda: len(mid_stream()) >= 6 and generating() >= 3)
+        _until(lambda: len(mid_stream()) >= 6 and _scraped(victim.url, names.RUNNING_METRIC) >= 3)
         caught = mid_stream()
         killed_at = time.monotonic()
         victim.kill()

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from frontier_hostside import names
 
+from frontier.alarms import probe_job_name
 from frontier.config.schema import Settings
 from frontier.render.alerts import render_alerts
 from frontier.targets import load_stack
@@ -42,6 +43,10 @@ class Exporter:
             found |= {"namespace": self.namespace, "pod": self.instance}
         return "{" + ",".join(f'{k}="{v}"' for k, v in found.items()) + "}"
 
+    def series(self, metric: str, values: str, **labels: str) -> dict[str, str]:
+        """One of this runtime's series as promtool's ``input_series`` takes it."""
+        return {"series": metric + self.labels(**labels), "values": values}
+
 
 def _counter(per_minute: float) -> str:
     return f"0+{per_minute}x{MINUTES}"
@@ -54,31 +59,27 @@ def _gauge(value: float) -> str:
 def _histogram(metric: str, runtime: Exporter, *, slow: bool) -> list[dict[str, str]]:
     """60 requests a minute, every one above the highest finite bound when ``slow``, else below the lowest."""
     return [
-        {
-            "series": f"{metric}_bucket{runtime.labels(le=le)}",
-            "values": _counter(60 if (le == "+Inf" or not slow) else 0),
-        }
+        runtime.series(f"{metric}_bucket", _counter(60 if (le == "+Inf" or not slow) else 0), le=le)
         for le in ("0.5", "60", "+Inf")
     ]
 
 
+HTTP_REQUESTS = f"{names.HTTP_REQUESTS_METRIC}_total"
+
+
 def failing(runtime: Exporter) -> list[dict[str, str]]:
     """What a runtime in every kind of trouble exports: slow, failing, queueing, full, not ready."""
-    http = f"{names.HTTP_REQUESTS_METRIC}_total"
+    invalid = {names.REASON_LABEL: names.STRUCTURED_OUTPUT_INVALID}
     series = [
-        {"series": f"{http}{runtime.labels(status='500')}", "values": _counter(60)},
-        {"series": f"{http}{runtime.labels(status='200')}", "values": _counter(60)},
-        {"series": f"{names.WAITING_METRIC}{runtime.labels()}", "values": _gauge(10_000)},
-        {"series": f"{names.KV_USAGE_METRIC}{runtime.labels()}", "values": _gauge(0.999)},
-        {"series": f"{names.READY_METRIC}{runtime.labels()}", "values": _gauge(0)},
-        {"series": f"{names.DRAINING_METRIC}{runtime.labels()}", "values": _gauge(0)},
-        {"series": f"{names.PROCESS_START_METRIC}{runtime.labels()}", "values": _gauge(0)},
-        {"series": f"{names.STRUCTURED_OUTPUTS_METRIC}_total{runtime.labels()}", "values": _counter(20)},
-        {
-            "series": f"{names.REQUEST_FAILURES_METRIC}_total"
-            + runtime.labels(**{names.REASON_LABEL: names.STRUCTURED_OUTPUT_INVALID}),
-            "values": _counter(10),
-        },
+        runtime.series(HTTP_REQUESTS, _counter(60), status="500"),
+        runtime.series(HTTP_REQUESTS, _counter(60), status="200"),
+        runtime.series(names.WAITING_METRIC, _gauge(10_000)),
+        runtime.series(names.KV_USAGE_METRIC, _gauge(0.999)),
+        runtime.series(names.READY_METRIC, _gauge(0)),
+        runtime.series(names.DRAINING_METRIC, _gauge(0)),
+        runtime.series(names.PROCESS_START_METRIC, _gauge(0)),
+        runtime.series(f"{names.STRUCTURED_OUTPUTS_METRIC}_total", _counter(20)),
+        runtime.series(f"{names.REQUEST_FAILURES_METRIC}_total", _counter(10), **invalid),
         *_histogram(names.E2E_LATENCY_METRIC, runtime, slow=True),
         *_histogram(names.TTFT_METRIC, runtime, slow=True),
     ]
@@ -95,12 +96,11 @@ def failing(runtime: Exporter) -> list[dict[str, str]]:
 
 def healthy(runtime: Exporter, settings: Settings) -> list[dict[str, str]]:
     """A runtime serving well, and its stack's probe succeeding every minute (test time starts at 0)."""
-    http = f"{names.HTTP_REQUESTS_METRIC}_total"
     series = [
-        {"series": f"{http}{runtime.labels(status='200')}", "values": _counter(60)},
-        {"series": f"{names.WAITING_METRIC}{runtime.labels()}", "values": _gauge(0)},
-        {"series": f"{names.KV_USAGE_METRIC}{runtime.labels()}", "values": _gauge(0.2)},
-        {"series": f"{names.READY_METRIC}{runtime.labels()}", "values": _gauge(1)},
+        runtime.series(HTTP_REQUESTS, _counter(60), status="200"),
+        runtime.series(names.WAITING_METRIC, _gauge(0)),
+        runtime.series(names.KV_USAGE_METRIC, _gauge(0.2)),
+        runtime.series(names.READY_METRIC, _gauge(1)),
         *_histogram(names.E2E_LATENCY_METRIC, runtime, slow=False),
         *_histogram(names.TTFT_METRIC, runtime, slow=False),
     ]
@@ -108,7 +108,7 @@ def healthy(runtime: Exporter, settings: Settings) -> list[dict[str, str]]:
         series.append(
             {
                 "series": "kube_cronjob_status_last_successful_time"
-                f'{{cronjob="frontier-{settings.stack}-probe",namespace="{runtime.namespace}"}}',
+                f'{{cronjob="{probe_job_name(settings.stack)}",namespace="{runtime.namespace}"}}',
                 "values": _counter(60),
             }
         )
@@ -182,6 +182,6 @@ def test_on_hosts_scraped_outside_a_cluster_the_same_rules_fire_on_the_hosts_ser
     restarting = Exporter("10.0.1.9:8000")
     series = [
         *failing(Exporter("10.0.1.8:8000")),
-        {"series": f"{names.PROCESS_START_METRIC}{restarting.labels()}", "values": _counter(60)},
+        restarting.series(names.PROCESS_START_METRIC, _counter(60)),
     ]
     fired(tmp_path, groups, series, alert_names(groups))

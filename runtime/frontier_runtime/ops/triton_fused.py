@@ -398,7 +398,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 # read from memory once. Past it (prefill) torch's GEMM, which reuses each weight tile across rows.
 WEIGHT_ONLY_ROWS = 16
 # Tile sizes chosen on paper (32 output channels a program, so a 4096-wide projection fills 128 SMs;
-# 128 bytes of int8 weight a row per step): bench/gpu_check.py's quantized phase measures them.
+# 128 bytes of int8 weight a row per step): `bench/quantized_weights.py --gpu-engine` measures them.
 _WO_BLOCK_N, _WO_BLOCK_K = 32, 128
 
 
